@@ -1,0 +1,175 @@
+//! Overlay address allocation: deterministic, honouring pins, and stable given the previous
+//! allocation (see adr/0007-overlay-address-allocation.md).
+//!
+//! Order of precedence for each node and family: its pin; else the address it held in the
+//! previous allocation, if still in the pool and not pinned by another node; else a slot derived
+//! from SHA-256 of the mesh and node names, probing upward to the next free address. New nodes are
+//! placed in name order, so the same inputs always give the same addresses.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use ipnet::{Ipv4Net, Ipv6Net};
+use sha2::{Digest, Sha256};
+
+use crate::decl::Declaration;
+use crate::diag::Diagnostic;
+
+/// Overlay addresses per node name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Allocation {
+    pub ipv4: BTreeMap<String, Ipv4Addr>,
+    pub ipv6: BTreeMap<String, Ipv6Addr>,
+}
+
+/// Allocates addresses for every node of `decl`. Fails only when a pool is exhausted.
+pub fn allocate(decl: &Declaration, previous: &Allocation) -> Result<Allocation, Diagnostic> {
+    let mut out = Allocation::default();
+    if let Some(pool) = decl.mesh.overlay_ipv4 {
+        let space = Space::v4(pool);
+        out.ipv4 = assign(
+            decl,
+            &space,
+            |n| n.address_ipv4.map(|a| space.offset_v4(a)),
+            |name| previous.ipv4.get(name).and_then(|a| space.usable_v4(*a)),
+        )
+        .map_err(|_| exhausted(decl, "overlay_ipv4", &pool.to_string(), space.usable))?
+        .into_iter()
+        .map(|(n, off)| (n, space.v4_at(off)))
+        .collect();
+    }
+    if let Some(pool) = decl.mesh.overlay_ipv6 {
+        let space = Space::v6(pool);
+        out.ipv6 = assign(
+            decl,
+            &space,
+            |n| n.address_ipv6.map(|a| space.offset_v6(a)),
+            |name| previous.ipv6.get(name).and_then(|a| space.usable_v6(*a)),
+        )
+        .map_err(|_| exhausted(decl, "overlay_ipv6", &pool.to_string(), space.usable))?
+        .into_iter()
+        .map(|(n, off)| (n, space.v6_at(off)))
+        .collect();
+    }
+    Ok(out)
+}
+
+fn exhausted(decl: &Declaration, key: &str, pool: &str, usable: u128) -> Diagnostic {
+    Diagnostic::error(
+        &decl.mesh.loc,
+        format!("`{key}` {pool} is exhausted: {} nodes are declared but it holds {usable} usable addresses; use a larger pool", decl.nodes.len()),
+    )
+}
+
+/// A pool as a range of offsets from its network address. Offset 0 (the network address) is never
+/// used, nor, in IPv4, the broadcast address.
+struct Space {
+    base: u128,
+    usable: u128,
+    salt: String,
+}
+
+impl Space {
+    fn v4(pool: Ipv4Net) -> Space {
+        let size = 1u128 << (32 - pool.prefix_len());
+        Space {
+            base: u32::from(pool.network()) as u128,
+            usable: size - 2,
+            salt: pool.to_string(),
+        }
+    }
+
+    fn v6(pool: Ipv6Net) -> Space {
+        let bits = 128 - pool.prefix_len() as u32;
+        // Offsets are u128, so a pool wider than 2^127 is treated as 2^127 addresses.
+        let size = if bits >= 127 {
+            1u128 << 127
+        } else {
+            1u128 << bits
+        };
+        Space {
+            base: u128::from(pool.network()),
+            usable: size - 1,
+            salt: pool.to_string(),
+        }
+    }
+
+    fn offset_v4(&self, a: Ipv4Addr) -> u128 {
+        (u32::from(a) as u128).wrapping_sub(self.base)
+    }
+
+    fn offset_v6(&self, a: Ipv6Addr) -> u128 {
+        u128::from(a).wrapping_sub(self.base)
+    }
+
+    fn usable_v4(&self, a: Ipv4Addr) -> Option<u128> {
+        Some(self.offset_v4(a)).filter(|o| (1..=self.usable).contains(o))
+    }
+
+    fn usable_v6(&self, a: Ipv6Addr) -> Option<u128> {
+        Some(self.offset_v6(a)).filter(|o| (1..=self.usable).contains(o))
+    }
+
+    fn v4_at(&self, off: u128) -> Ipv4Addr {
+        Ipv4Addr::from((self.base + off) as u32)
+    }
+
+    fn v6_at(&self, off: u128) -> Ipv6Addr {
+        Ipv6Addr::from(self.base + off)
+    }
+
+    /// The first slot tried for a new node: stable for a name, spread over the pool.
+    fn preferred(&self, mesh: &str, node: &str) -> u128 {
+        let mut h = Sha256::new();
+        h.update(b"trellis address v1\0");
+        h.update(self.salt.as_bytes());
+        h.update(b"\0");
+        h.update(mesh.as_bytes());
+        h.update(b"\0");
+        h.update(node.as_bytes());
+        let d = h.finalize();
+        let n = u128::from_be_bytes(d[..16].try_into().expect("16 bytes"));
+        1 + n % self.usable
+    }
+}
+
+struct Exhausted;
+
+fn assign(
+    decl: &Declaration,
+    space: &Space,
+    pin: impl Fn(&crate::decl::Node) -> Option<u128>,
+    previous: impl Fn(&str) -> Option<u128>,
+) -> Result<Vec<(String, u128)>, Exhausted> {
+    if decl.nodes.len() as u128 > space.usable {
+        return Err(Exhausted);
+    }
+    let mut used: HashSet<u128> = HashSet::with_capacity(decl.nodes.len());
+    let mut out: Vec<(String, u128)> = Vec::with_capacity(decl.nodes.len());
+    let mut rest = Vec::new();
+    for n in &decl.nodes {
+        if let Some(off) = pin(n) {
+            used.insert(off);
+            out.push((n.name.clone(), off));
+        }
+    }
+    for n in &decl.nodes {
+        if pin(n).is_some() {
+            continue;
+        }
+        match previous(&n.name) {
+            Some(off) if used.insert(off) => out.push((n.name.clone(), off)),
+            _ => rest.push(n.name.as_str()),
+        }
+    }
+    rest.sort_unstable();
+    for name in rest {
+        let mut off = space.preferred(&decl.mesh.name, name);
+        // Terminates: fewer nodes than usable addresses were checked above.
+        while !used.insert(off) {
+            off = if off == space.usable { 1 } else { off + 1 };
+        }
+        out.push((name.to_string(), off));
+    }
+    Ok(out)
+}

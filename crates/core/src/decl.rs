@@ -1,0 +1,277 @@
+//! The declaration model: a validated mesh as the operator wrote it, with where each part was
+//! written. Built only by [`crate::load`], so every name in it refers to something declared.
+
+use std::fmt;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use ipnet::{Ipv4Net, Ipv6Net};
+
+use crate::diag::Loc;
+
+/// A whole mesh: `mesh.toml` plus the module manifests.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Declaration {
+    pub mesh: MeshSettings,
+    pub networks: Vec<Network>,
+    pub groups: Vec<Group>,
+    pub nodes: Vec<Node>,
+    pub modules: Vec<Module>,
+    pub tests: Vec<PolicyTest>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct MeshSettings {
+    pub name: String,
+    pub domain: String,
+    pub overlay_ipv4: Option<Ipv4Net>,
+    pub overlay_ipv6: Option<Ipv6Net>,
+    pub port: u16,
+    pub interface: String,
+    pub mtu: u16,
+    pub loc: Loc,
+}
+
+pub const DEFAULT_PORT: u16 = 51820;
+pub const DEFAULT_INTERFACE: &str = "trellis0";
+pub const DEFAULT_MTU: u16 = 1420;
+/// Seconds between keepalives sent by the side that dials.
+pub const KEEPALIVE_SECS: u16 = 25;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Network {
+    pub name: String,
+    pub loc: Loc,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Group {
+    pub name: String,
+    pub members: Vec<String>,
+    pub loc: Loc,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    pub name: String,
+    pub hub: bool,
+    pub networks: Vec<String>,
+    pub groups: Vec<String>,
+    pub modules: Vec<String>,
+    pub address_ipv4: Option<Ipv4Addr>,
+    pub address_ipv6: Option<Ipv6Addr>,
+    pub endpoints: Vec<Endpoint>,
+    /// A WireGuard public key declared for a node managed outside trellis.
+    pub public_key: Option<PublicKey>,
+    pub loc: Loc,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Endpoint {
+    pub address: SocketAddr,
+    pub reachable_from: Vec<String>,
+    pub loc: Loc,
+}
+
+/// A WireGuard (X25519) public key.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PublicKey(pub [u8; 32]);
+
+impl PublicKey {
+    /// Parses the base64 form WireGuard tools print: 44 characters, 32 bytes.
+    pub fn parse(s: &str) -> Option<PublicKey> {
+        use base64::Engine;
+        let bytes = base64::engine::general_purpose::STANDARD.decode(s).ok()?;
+        Some(PublicKey(bytes.try_into().ok()?))
+    }
+}
+
+impl fmt::Display for PublicKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use base64::Engine;
+        f.write_str(&base64::engine::general_purpose::STANDARD.encode(self.0))
+    }
+}
+
+impl fmt::Debug for PublicKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PublicKey({self})")
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Module {
+    pub name: String,
+    pub allow: Vec<Rule>,
+    pub loc: Loc,
+}
+
+/// One allow rule of a module: traffic of `proto` to `ports` on every node running the
+/// module, from the named sources.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rule {
+    pub proto: Proto,
+    pub ports: Vec<PortRange>,
+    pub from: Vec<Source>,
+    /// Where each source of `from` was written, for diagnostics.
+    pub from_locs: Vec<Loc>,
+    pub loc: Loc,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Proto {
+    Tcp,
+    Udp,
+    Icmp,
+}
+
+impl Proto {
+    pub fn parse(s: &str) -> Option<Proto> {
+        match s {
+            "tcp" => Some(Proto::Tcp),
+            "udp" => Some(Proto::Udp),
+            "icmp" => Some(Proto::Icmp),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+            Proto::Icmp => "icmp",
+        }
+    }
+}
+
+impl fmt::Display for Proto {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An inclusive port range; a single port has `first == last`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PortRange {
+    pub first: u16,
+    pub last: u16,
+}
+
+impl PortRange {
+    /// Parses `"5432"` or `"8000-8100"`. Port 0 is refused.
+    pub fn parse(s: &str) -> Option<PortRange> {
+        let port = |p: &str| -> Option<u16> {
+            if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            p.parse::<u16>().ok().filter(|&n| n > 0)
+        };
+        let (first, last) = match s.split_once('-') {
+            Some((a, b)) => (port(a)?, port(b)?),
+            None => (port(s)?, port(s)?),
+        };
+        (first <= last).then_some(PortRange { first, last })
+    }
+
+    pub fn contains(self, port: u16) -> bool {
+        self.first <= port && port <= self.last
+    }
+}
+
+impl fmt::Display for PortRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.first == self.last {
+            write!(f, "{}", self.first)
+        } else {
+            write!(f, "{}-{}", self.first, self.last)
+        }
+    }
+}
+
+/// A named source of traffic in a rule's `from`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Source {
+    Node(String),
+    Group(String),
+    Module(String),
+    Mesh,
+}
+
+impl Source {
+    pub fn parse(s: &str) -> Option<Source> {
+        if s == "mesh" {
+            return Some(Source::Mesh);
+        }
+        let (kind, name) = s.split_once(':')?;
+        let name = name.to_string();
+        match kind {
+            "node" => Some(Source::Node(name)),
+            "group" => Some(Source::Group(name)),
+            "module" => Some(Source::Module(name)),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Node(n) => write!(f, "node:{n}"),
+            Source::Group(n) => write!(f, "group:{n}"),
+            Source::Module(n) => write!(f, "module:{n}"),
+            Source::Mesh => f.write_str("mesh"),
+        }
+    }
+}
+
+/// What a policy test expects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expect {
+    Allow,
+    Deny,
+}
+
+impl Expect {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Expect::Allow => "allow",
+            Expect::Deny => "deny",
+        }
+    }
+}
+
+/// The target of a policy test: one node, or every node running a module.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    Node(String),
+    Module(String),
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Node(n) => write!(f, "node:{n}"),
+            Target::Module(n) => write!(f, "module:{n}"),
+        }
+    }
+}
+
+/// A `[[test]]`: traffic from one node to a target that the policy must allow or deny.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyTest {
+    pub from: String,
+    pub to: Target,
+    pub proto: Proto,
+    pub port: Option<u16>,
+    pub expect: Expect,
+    pub loc: Loc,
+}
+
+impl Declaration {
+    pub fn node(&self, name: &str) -> Option<&Node> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+
+    pub fn module(&self, name: &str) -> Option<&Module> {
+        self.modules.iter().find(|m| m.name == name)
+    }
+}

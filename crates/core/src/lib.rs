@@ -1,0 +1,19 @@
+//! The pure core of trellis: the declaration model and its validation, overlay address
+//! allocation, the path rule, and the compiler that turns a declared mesh into each node's file
+//! resources. No async runtime, no database, no filesystem and no clock: values in, values out.
+
+pub mod alloc;
+pub mod compile;
+pub mod decl;
+pub mod diag;
+pub mod explain;
+pub mod load;
+mod par;
+pub mod render;
+pub mod topology;
+
+pub use alloc::{allocate, Allocation};
+pub use compile::{compile, Compiled, FileResource, NodePlan};
+pub use decl::Declaration;
+pub use diag::{Diagnostic, Loc, Severity};
+pub use load::{load, Loaded, SourceFile};

@@ -1,0 +1,250 @@
+//! Rendering plans into the files a node receives: `wireguard.conf` (wg-quick format without
+//! `PrivateKey`), `nftables.conf` (one `table inet trellis`, replaced atomically by `nft -f`) and
+//! `mesh.zone` (a master file for the mesh domain).
+
+use std::fmt::Write;
+use std::net::IpAddr;
+
+use sha2::{Digest, Sha256};
+
+use crate::compile::{FileResource, NodePlan, MESH_ZONE, NFTABLES_CONF, WIREGUARD_CONF};
+use crate::decl::{Proto, KEEPALIVE_SECS};
+use crate::topology::{ResolvedRule, Topology};
+
+pub fn files(plan: &NodePlan) -> Vec<FileResource> {
+    vec![
+        FileResource {
+            path: WIREGUARD_CONF.into(),
+            mode: 0o600,
+            content: wireguard(plan).into(),
+        },
+        FileResource {
+            path: NFTABLES_CONF.into(),
+            mode: 0o644,
+            content: nftables(plan).into(),
+        },
+        FileResource {
+            path: MESH_ZONE.into(),
+            mode: 0o644,
+            content: plan.common.zone.clone(),
+        },
+    ]
+}
+
+pub fn wireguard(plan: &NodePlan) -> String {
+    let c = &plan.common;
+    let mut s = String::with_capacity(256 + plan.peers.len() * 220);
+    let _ = writeln!(
+        s,
+        "# trellis: WireGuard overlay of node {} in mesh {}. Generated; do not edit.",
+        plan.node, c.mesh
+    );
+    s.push_str("# The agent adds the PrivateKey it holds; the controller never sees it.\n");
+    s.push_str("[Interface]\n");
+    let mut addrs = Vec::new();
+    if let Some(a) = plan.ipv4 {
+        addrs.push(format!("{a}/{}", c.ipv4_prefix));
+    }
+    if let Some(a) = plan.ipv6 {
+        addrs.push(format!("{a}/{}", c.ipv6_prefix));
+    }
+    let _ = writeln!(s, "Address = {}", addrs.join(", "));
+    let _ = writeln!(s, "ListenPort = {}", c.port);
+    let _ = writeln!(s, "MTU = {}", c.mtu);
+    for p in &plan.peers {
+        s.push('\n');
+        let how = match (p.endpoint, p.keepalive) {
+            (Some(_), true) => "this node dials it and keeps the path open",
+            (Some(_), false) => "either side dials",
+            (None, _) => "it dials this node",
+        };
+        let _ = write!(s, "# {}: {how}", p.name);
+        if !p.relays_for.is_empty() {
+            let names: Vec<&str> = p.relays_for.iter().map(|n| &**n).collect();
+            let _ = write!(s, "; relays for {}", names.join(", "));
+        }
+        s.push('\n');
+        s.push_str("[Peer]\n");
+        let _ = writeln!(s, "PublicKey = {}", p.key);
+        s.push_str("AllowedIPs = ");
+        for (i, a) in p.allowed.iter().enumerate() {
+            if i > 0 {
+                s.push_str(", ");
+            }
+            match a {
+                IpAddr::V4(a) => {
+                    let _ = write!(s, "{a}/32");
+                }
+                IpAddr::V6(a) => {
+                    let _ = write!(s, "{a}/128");
+                }
+            }
+        }
+        s.push('\n');
+        if let Some(e) = p.endpoint {
+            let _ = writeln!(s, "Endpoint = {e}");
+        }
+        if p.keepalive {
+            let _ = writeln!(s, "PersistentKeepalive = {KEEPALIVE_SECS}");
+        }
+    }
+    if !plan.left_out.is_empty() {
+        let names: Vec<&str> = plan.left_out.iter().map(|n| &**n).collect();
+        let _ = writeln!(
+            s,
+            "\n# Left out until they enrol (no public key yet): {}",
+            names.join(", ")
+        );
+    }
+    if !plan.no_path.is_empty() {
+        let names: Vec<&str> = plan.no_path.iter().map(|n| &**n).collect();
+        let _ = writeln!(
+            s,
+            "\n# No path (see `trellis explain`): {}",
+            names.join(", ")
+        );
+    }
+    s
+}
+
+pub fn nftables(plan: &NodePlan) -> String {
+    let iface = &plan.common.interface;
+    let mut s = String::with_capacity(512 + plan.rules.iter().map(|r| r.len()).sum::<usize>());
+    let _ = writeln!(
+        s,
+        "# trellis: inbound filter of node {} in mesh {}. Generated; do not edit.",
+        plan.node, plan.common.mesh
+    );
+    s.push_str("# Loaded with `nft -f`: the whole file is one transaction, so the table is replaced atomically.\n");
+    s.push_str("table inet trellis {\n}\ndelete table inet trellis\n\n");
+    s.push_str("table inet trellis {\n\tchain input {\n\t\ttype filter hook input priority filter; policy accept;\n");
+    let _ = writeln!(s, "\t\tiifname != \"{iface}\" accept");
+    s.push_str("\t\tct state established,related accept\n\t\tct state invalid drop\n");
+    for r in &plan.rules {
+        s.push_str(r);
+    }
+    let _ = writeln!(
+        s,
+        "\t\tiifname \"{iface}\" drop comment \"trellis: no rule admits this new inbound traffic\""
+    );
+    s.push_str("\t}\n}\n");
+    s
+}
+
+/// The filter lines of one rule: the same on every node that runs the module.
+pub fn rule_block(topo: &Topology, r: &ResolvedRule) -> String {
+    let iface = &topo.decl.mesh.interface;
+    let from: Vec<String> = r.rule.from.iter().map(|s| s.to_string()).collect();
+    let from = from.join(", ");
+    let ports: Vec<String> = r.rule.ports.iter().map(|p| p.to_string()).collect();
+    let what = match r.rule.proto {
+        Proto::Icmp => "icmp".to_string(),
+        p => format!("{p} {}", ports.join(", ")),
+    };
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\t\t# module {}, rule {}: {what} from {from}",
+        r.module, r.number
+    );
+    let mut comment = format!("{} rule {}: from {from}", r.module, r.number);
+    if comment.len() > 120 {
+        let mut cut = 117;
+        while !comment.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        comment.truncate(cut);
+        comment.push_str("...");
+    }
+    let mut v4: Vec<_> = r
+        .sources
+        .iter()
+        .filter_map(|&i| topo.ipv4[i as usize])
+        .collect();
+    let mut v6: Vec<_> = r
+        .sources
+        .iter()
+        .filter_map(|&i| topo.ipv6[i as usize])
+        .collect();
+    v4.sort_unstable();
+    v6.sort_unstable();
+    if v4.is_empty() && v6.is_empty() {
+        s.push_str("\t\t# its sources name no node: nothing is accepted\n");
+        return s;
+    }
+    let family = |s: &mut String, fam: &str, l4: &str, addrs: &[String]| {
+        let _ = write!(
+            s,
+            "\t\tiifname \"{iface}\" {fam} saddr {{ {} }} ",
+            addrs.join(", ")
+        );
+        match r.rule.proto {
+            Proto::Icmp => {
+                let _ = write!(s, "meta l4proto {l4}");
+            }
+            p => {
+                let _ = write!(s, "{p} dport {{ {} }}", ports.join(", "));
+            }
+        }
+        let _ = writeln!(s, " accept comment \"{comment}\"");
+    };
+    if !v4.is_empty() {
+        family(
+            &mut s,
+            "ip",
+            "icmp",
+            &v4.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        );
+    }
+    if !v6.is_empty() {
+        family(
+            &mut s,
+            "ip6",
+            "ipv6-icmp",
+            &v6.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        );
+    }
+    s
+}
+
+/// The mesh zone: every node by name, and every module by name with the addresses of all the
+/// nodes that run it. The serial is derived from the records, so it changes when they do.
+pub fn zone(topo: &Topology) -> String {
+    let domain = &topo.decl.mesh.domain;
+    let mut records = String::new();
+    let push = |records: &mut String, name: &str, i: usize| {
+        if let Some(a) = topo.ipv4[i] {
+            let _ = writeln!(records, "{name}\tIN\tA\t{a}");
+        }
+        if let Some(a) = topo.ipv6[i] {
+            let _ = writeln!(records, "{name}\tIN\tAAAA\t{a}");
+        }
+    };
+    for (i, n) in topo.nodes.iter().enumerate() {
+        push(&mut records, &n.name, i);
+    }
+    let mut modules: Vec<&str> = topo.runners.keys().copied().collect();
+    modules.sort_unstable();
+    for m in modules {
+        for &i in &topo.runners[m] {
+            push(&mut records, m, i as usize);
+        }
+    }
+    let digest = Sha256::digest(records.as_bytes());
+    let serial = u32::from_be_bytes(digest[..4].try_into().expect("4 bytes")) & 0x7fff_ffff;
+    let mut s = String::with_capacity(records.len() + 256);
+    let _ = writeln!(
+        s,
+        "; trellis: zone {domain} of mesh {}. Generated; do not edit.",
+        topo.decl.mesh.name
+    );
+    let _ = writeln!(s, "$ORIGIN {domain}.");
+    s.push_str("$TTL 60\n");
+    let _ = writeln!(
+        s,
+        "@\tIN\tSOA\tns.{domain}. hostmaster.{domain}. {serial} 3600 600 86400 60"
+    );
+    let _ = writeln!(s, "@\tIN\tNS\tns.{domain}.");
+    s.push_str(&records);
+    s
+}

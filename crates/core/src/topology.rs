@@ -1,0 +1,365 @@
+//! The mesh as an index: nodes by position, network sets as bits, groups and module runners
+//! as node sets, rules with their sources resolved, and the path rule between two nodes.
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use crate::alloc::Allocation;
+use crate::decl::{Declaration, Node, PortRange, Proto, PublicKey, Rule, Source};
+
+/// A set of networks, one bit each.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Bits(Box<[u64]>);
+
+impl Bits {
+    fn new(words: usize) -> Bits {
+        Bits(vec![0; words].into_boxed_slice())
+    }
+
+    fn set(&mut self, i: usize) {
+        self.0[i / 64] |= 1 << (i % 64);
+    }
+
+    fn meets(&self, other: &Bits) -> bool {
+        self.0.iter().zip(other.0.iter()).any(|(a, b)| a & b != 0)
+    }
+
+    fn union(&mut self, other: &Bits) {
+        for (a, b) in self.0.iter_mut().zip(other.0.iter()) {
+            *a |= b;
+        }
+    }
+}
+
+/// A node set: sorted, without repeats, of node positions.
+pub type NodeSet = Vec<u32>;
+
+/// A rule of a module with its sources resolved to nodes.
+#[derive(Debug)]
+pub struct ResolvedRule<'d> {
+    pub module: &'d str,
+    /// 1-based position of the rule in its manifest.
+    pub number: usize,
+    pub rule: &'d Rule,
+    pub sources: NodeSet,
+}
+
+impl ResolvedRule<'_> {
+    pub fn admits(&self, proto: Proto, port: Option<u16>) -> bool {
+        self.rule.proto == proto
+            && match port {
+                None => true,
+                Some(p) => self.rule.ports.iter().any(|r: &PortRange| r.contains(p)),
+            }
+    }
+}
+
+/// How two nodes reach each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// At least one side dials the other. Each field is the endpoint (index into the other
+    /// node's endpoints) that side dials, if it can.
+    Direct {
+        a_dials: Option<usize>,
+        b_dials: Option<usize>,
+    },
+    /// Neither can dial the other; both dial, or are dialled by, this hub.
+    Relay {
+        hub: u32,
+    },
+    None,
+}
+
+pub struct Topology<'d> {
+    pub decl: &'d Declaration,
+    /// Nodes in name order; a node's position here is its index everywhere else.
+    pub nodes: Vec<&'d Node>,
+    pub index: HashMap<&'d str, u32>,
+    pub ipv4: Vec<Option<Ipv4Addr>>,
+    pub ipv6: Vec<Option<Ipv6Addr>>,
+    pub keys: Vec<Option<PublicKey>>,
+    pub network_index: HashMap<&'d str, usize>,
+    nets: Vec<Bits>,
+    reach: Vec<Bits>,
+    endpoint_reach: Vec<Vec<Bits>>,
+    pub hubs: Vec<u32>,
+    /// Per node, the hubs (as bits over `hubs`) it has a direct path with.
+    hub_links: Vec<Bits>,
+    /// The hubs whose key is known, as bits over `hubs`.
+    keyed_hubs: Bits,
+    pub groups: HashMap<&'d str, NodeSet>,
+    pub runners: HashMap<&'d str, NodeSet>,
+    pub rules: Vec<ResolvedRule<'d>>,
+    /// The rules of each module, as a range of `rules`.
+    pub module_rules: HashMap<&'d str, std::ops::Range<usize>>,
+}
+
+fn hubs_len_words(hubs: &[u32]) -> usize {
+    hubs.len().div_ceil(64).max(1)
+}
+
+fn set_of(mut v: Vec<u32>) -> NodeSet {
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+impl<'d> Topology<'d> {
+    /// Indexes a validated declaration. `keys` are the WireGuard keys known for nodes (enrolled
+    /// or declared); a key declared in the mesh wins over one given here.
+    pub fn new(
+        decl: &'d Declaration,
+        alloc: &Allocation,
+        keys: &HashMap<String, PublicKey>,
+    ) -> Self {
+        let mut nodes: Vec<&Node> = decl.nodes.iter().collect();
+        nodes.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        let index: HashMap<&str, u32> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.name.as_str(), i as u32))
+            .collect();
+        let network_index: HashMap<&str, usize> = decl
+            .networks
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.name.as_str(), i))
+            .collect();
+        let words = decl.networks.len().div_ceil(64).max(1);
+        let bits_of = |names: &[String]| {
+            let mut b = Bits::new(words);
+            for n in names {
+                if let Some(&i) = network_index.get(n.as_str()) {
+                    b.set(i);
+                }
+            }
+            b
+        };
+        let nets = nodes.iter().map(|n| bits_of(&n.networks)).collect();
+        let endpoint_reach: Vec<Vec<Bits>> = nodes
+            .iter()
+            .map(|n| {
+                n.endpoints
+                    .iter()
+                    .map(|e| bits_of(&e.reachable_from))
+                    .collect()
+            })
+            .collect();
+        let reach = endpoint_reach
+            .iter()
+            .map(|eps| {
+                let mut b = Bits::new(words);
+                eps.iter().for_each(|e| b.union(e));
+                b
+            })
+            .collect();
+        let hubs: Vec<u32> = (0..nodes.len() as u32)
+            .filter(|&i| nodes[i as usize].hub)
+            .collect();
+
+        let mut groups: HashMap<&str, Vec<u32>> = decl
+            .groups
+            .iter()
+            .map(|g| {
+                (
+                    g.name.as_str(),
+                    g.members
+                        .iter()
+                        .filter_map(|m| index.get(m.as_str()).copied())
+                        .collect(),
+                )
+            })
+            .collect();
+        let mut runners: HashMap<&str, Vec<u32>> = decl
+            .modules
+            .iter()
+            .map(|m| (m.name.as_str(), Vec::new()))
+            .collect();
+        for (i, n) in nodes.iter().enumerate() {
+            for g in &n.groups {
+                groups.entry(g.as_str()).or_default().push(i as u32);
+            }
+            for m in &n.modules {
+                runners.entry(m.as_str()).or_default().push(i as u32);
+            }
+        }
+        let groups: HashMap<&str, NodeSet> =
+            groups.into_iter().map(|(k, v)| (k, set_of(v))).collect();
+        let runners: HashMap<&str, NodeSet> =
+            runners.into_iter().map(|(k, v)| (k, set_of(v))).collect();
+
+        let all: NodeSet = (0..nodes.len() as u32).collect();
+        let mut rules = Vec::new();
+        let mut module_rules = HashMap::new();
+        for m in &decl.modules {
+            let start = rules.len();
+            for (i, rule) in m.allow.iter().enumerate() {
+                let mut sources = Vec::new();
+                for s in &rule.from {
+                    match s {
+                        Source::Node(n) => sources.extend(index.get(n.as_str())),
+                        Source::Group(g) => {
+                            sources.extend(groups.get(g.as_str()).into_iter().flatten())
+                        }
+                        Source::Module(m) => {
+                            sources.extend(runners.get(m.as_str()).into_iter().flatten())
+                        }
+                        Source::Mesh => sources.extend(&all),
+                    }
+                }
+                rules.push(ResolvedRule {
+                    module: &m.name,
+                    number: i + 1,
+                    rule,
+                    sources: set_of(sources),
+                });
+            }
+            module_rules.insert(m.name.as_str(), start..rules.len());
+        }
+
+        let ipv4 = nodes
+            .iter()
+            .map(|n| alloc.ipv4.get(&n.name).copied())
+            .collect();
+        let ipv6 = nodes
+            .iter()
+            .map(|n| alloc.ipv6.get(&n.name).copied())
+            .collect();
+        let keys: Vec<Option<PublicKey>> = nodes
+            .iter()
+            .map(|n| n.public_key.or_else(|| keys.get(&n.name).copied()))
+            .collect();
+        let hub_words = hubs_len_words(&hubs);
+        let mut keyed_hubs = Bits::new(hub_words);
+        for (j, &h) in hubs.iter().enumerate() {
+            if keys[h as usize].is_some() {
+                keyed_hubs.set(j);
+            }
+        }
+        let mut topo = Topology {
+            decl,
+            nodes,
+            index,
+            ipv4,
+            ipv6,
+            keys,
+            network_index,
+            nets,
+            reach,
+            endpoint_reach,
+            hubs,
+            hub_links: Vec::new(),
+            keyed_hubs,
+            groups,
+            runners,
+            rules,
+            module_rules,
+        };
+        topo.hub_links = (0..topo.nodes.len() as u32)
+            .map(|a| {
+                let mut b = Bits::new(hub_words);
+                for (j, &h) in topo.hubs.iter().enumerate() {
+                    if h != a && topo.direct(a, h) {
+                        b.set(j);
+                    }
+                }
+                b
+            })
+            .collect();
+        topo
+    }
+
+    pub fn name(&self, i: u32) -> &'d str {
+        &self.nodes[i as usize].name
+    }
+
+    /// The endpoint of `b` that `a` dials: the first whose `reachable_from` meets `a`'s networks.
+    pub fn dials(&self, a: u32, b: u32) -> Option<usize> {
+        let (a, b) = (a as usize, b as usize);
+        if !self.nets[a].meets(&self.reach[b]) {
+            return None;
+        }
+        self.endpoint_reach[b]
+            .iter()
+            .position(|e| self.nets[a].meets(e))
+    }
+
+    pub fn direct(&self, a: u32, b: u32) -> bool {
+        self.dials(a, b).is_some() || self.dials(b, a).is_some()
+    }
+
+    /// The path rule. With `need_keys`, only hubs whose key is known may relay.
+    pub fn path(&self, a: u32, b: u32, need_keys: bool) -> Path {
+        let (a_dials, b_dials) = (self.dials(a, b), self.dials(b, a));
+        if a_dials.is_some() || b_dials.is_some() {
+            return Path::Direct { a_dials, b_dials };
+        }
+        // A hub never links to itself, so the hubs common to both are neither `a` nor `b`.
+        let (la, lb) = (&self.hub_links[a as usize].0, &self.hub_links[b as usize].0);
+        for (w, (x, y)) in la.iter().zip(lb.iter()).enumerate() {
+            let mut both = x & y;
+            if need_keys {
+                both &= self.keyed_hubs.0[w];
+            }
+            if both != 0 {
+                return Path::Relay {
+                    hub: self.hubs[w * 64 + both.trailing_zeros() as usize],
+                };
+            }
+        }
+        Path::None
+    }
+
+    /// The rules of the modules `node` runs, in manifest order of module names.
+    pub fn inbound_rules(&self, node: u32) -> impl Iterator<Item = (usize, &ResolvedRule<'d>)> {
+        let mut modules: Vec<&str> = self.nodes[node as usize]
+            .modules
+            .iter()
+            .map(String::as_str)
+            .collect();
+        modules.sort_unstable();
+        modules.dedup();
+        modules
+            .into_iter()
+            .flat_map(move |m| self.module_rules.get(m).cloned().unwrap_or(0..0))
+            .map(move |i| (i, &self.rules[i]))
+    }
+
+    /// For every node, the nodes it has any allowed traffic with, in either direction.
+    pub fn partners(&self) -> Vec<NodeSet> {
+        let mut out: Vec<Vec<u32>> = vec![Vec::new(); self.nodes.len()];
+        for m in &self.decl.modules {
+            let targets = &self.runners[m.name.as_str()];
+            for r in &self.rules[self.module_rules[m.name.as_str()].clone()] {
+                for &t in targets {
+                    out[t as usize].extend_from_slice(&r.sources);
+                }
+                for &s in &r.sources {
+                    out[s as usize].extend_from_slice(targets);
+                }
+            }
+        }
+        out.into_iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let mut v = set_of(v);
+                v.retain(|&p| p != i as u32);
+                v
+            })
+            .collect()
+    }
+
+    /// The rules on `to` that admit traffic from `from` with this protocol and port.
+    pub fn admitting(
+        &self,
+        from: u32,
+        to: u32,
+        proto: Proto,
+        port: Option<u16>,
+    ) -> Vec<&ResolvedRule<'d>> {
+        self.inbound_rules(to)
+            .map(|(_, r)| r)
+            .filter(|r| r.sources.binary_search(&from).is_ok() && r.admits(proto, port))
+            .collect()
+    }
+}

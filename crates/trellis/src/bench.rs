@@ -1,0 +1,282 @@
+//! `trellis bench`: figures for the compiler on a generated mesh, printed for people (or as
+//! JSON). Time is measured here, at the edge; the compiler itself has no clock.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use clap::{Args, Subcommand};
+use serde_json::json;
+use trellis_core::decl::PublicKey;
+use trellis_core::{compile, load, Compiled, SourceFile};
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Full compile of every node, and a one-node change recompiling only what it affects
+    Compile(CompileArgs),
+}
+
+#[derive(Args)]
+pub struct CompileArgs {
+    #[arg(long, default_value_t = 10_000)]
+    nodes: usize,
+    #[arg(long, default_value_t = 500)]
+    groups: usize,
+    #[arg(long, default_value_t = 50)]
+    modules: usize,
+    #[arg(long, default_value_t = 20)]
+    networks: usize,
+    #[arg(long, default_value_t = 10)]
+    hubs: usize,
+    /// How many full compiles to time (the median is reported)
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Print the figures as JSON
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
+    match cmd {
+        BenchCommand::Compile(a) => bench_compile(&a),
+    }
+}
+
+fn key(i: usize) -> String {
+    let mut b = [0u8; 32];
+    b[..8].copy_from_slice(&(i as u64 + 1).to_le_bytes());
+    b[31] = 0x5a;
+    PublicKey(b).to_string()
+}
+
+/// A mesh shaped like a fleet: every node in one group and on one network, a third of them with
+/// an endpoint; every node runs one service module and the shared `base` module; services admit
+/// two groups over TCP and one over ICMP; `base` admits the `ops` group (SSH from operators).
+pub fn generate(a: &CompileArgs) -> (SourceFile, Vec<SourceFile>) {
+    let (n, g, m, w, h) = (
+        a.nodes,
+        a.groups.max(2),
+        a.modules.max(2),
+        a.networks.max(1),
+        a.hubs,
+    );
+    let mut s = String::with_capacity(n * 200);
+    s.push_str("[mesh]\nname = \"bench\"\ndomain = \"bench.mesh\"\noverlay_ipv4 = \"10.88.0.0/16\"\noverlay_ipv6 = \"fd88::/64\"\n\n[networks]\n");
+    for i in 0..w {
+        let _ = writeln!(s, "net-{i} = {{}}");
+    }
+    let mut members: Vec<Vec<String>> = vec![Vec::new(); g];
+    let name = |i: usize| {
+        if i < h {
+            format!("hub-{i}")
+        } else {
+            format!("node-{i:05}")
+        }
+    };
+    for i in 0..n {
+        members[i % g].push(name(i));
+    }
+    s.push_str("\n[groups]\n");
+    for (i, list) in members.iter().enumerate() {
+        let quoted: Vec<String> = list.iter().map(|m| format!("\"{m}\"")).collect();
+        let label = if i == 0 {
+            "ops".to_string()
+        } else {
+            format!("grp-{i}")
+        };
+        let _ = writeln!(s, "{label} = [{}]", quoted.join(", "));
+    }
+    let all_nets: Vec<String> = (0..w).map(|i| format!("\"net-{i}\"")).collect();
+    for i in 0..n {
+        let _ = write!(s, "\n[[node]]\nname = \"{}\"\nnetworks = [\"net-{}\"]\nmodules = [\"svc-{}\", \"base\"]\npublic_key = \"{}\"\n", name(i), i % w, i % (m - 1), key(i));
+        if i < h {
+            let _ = write!(s, "hub = true\n[[node.endpoint]]\naddress = \"198.51.100.{}:51820\"\nreachable_from = [{}]\n", i + 1, all_nets.join(", "));
+        } else if i % 3 == 0 {
+            let _ = write!(s, "[[node.endpoint]]\naddress = \"203.0.{}.{}:51820\"\nreachable_from = [\"net-{}\", \"net-{}\"]\n", (i / 250) % 250, i % 250 + 1, i % w, (i + 1) % w);
+        }
+    }
+    let mut modules = Vec::new();
+    for j in 0..m - 1 {
+        let (g1, g2, g3) = (
+            1 + (j * 7) % (g - 1),
+            1 + (j * 7 + 1) % (g - 1),
+            1 + (j * 7 + 2) % (g - 1),
+        );
+        let text = format!("[module]\nname = \"svc-{j}\"\n\n[[allow]]\nproto = \"tcp\"\nports = [\"{}\", \"8000-8100\"]\nfrom = [\"group:grp-{g1}\", \"group:grp-{g2}\"]\n\n[[allow]]\nproto = \"icmp\"\nfrom = [\"group:grp-{g3}\"]\n", 1000 + j);
+        modules.push(SourceFile {
+            path: format!("modules/svc-{j}.toml"),
+            text,
+        });
+    }
+    modules.push(SourceFile { path: "modules/base.toml".into(), text: "[module]\nname = \"base\"\n\n[[allow]]\nproto = \"tcp\"\nports = [\"22\"]\nfrom = [\"group:ops\"]\n".into() });
+    (
+        SourceFile {
+            path: "mesh.toml".into(),
+            text: s,
+        },
+        modules,
+    )
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn bench_compile(a: &CompileArgs) -> Result<ExitCode> {
+    if a.nodes <= a.hubs || a.runs == 0 {
+        bail!("--nodes must exceed --hubs and --runs must be at least 1");
+    }
+    let (mesh, modules) = generate(a);
+    let t = Instant::now();
+    let loaded = load(&mesh, &modules);
+    let load_time = t.elapsed();
+    let Some(decl) = loaded.declaration else {
+        bail!(
+            "the generated mesh does not validate: {}",
+            loaded
+                .diagnostics
+                .first()
+                .map(|d| d.to_string())
+                .unwrap_or_default()
+        );
+    };
+    let keys = HashMap::new();
+    let full = |prev: Option<&Compiled>| {
+        compile(&decl, &keys, &Default::default(), prev).map_err(|d| anyhow::anyhow!("{d}"))
+    };
+    let mut times = Vec::new();
+    let mut last = None;
+    for _ in 0..a.runs {
+        let t = Instant::now();
+        let c = full(None)?;
+        times.push(t.elapsed());
+        last = Some(c);
+    }
+    let base = last.expect("runs >= 1");
+    let bytes: usize = base
+        .nodes
+        .values()
+        .flat_map(|o| o.files.iter())
+        .filter(|f| !f.path.ends_with("mesh.zone"))
+        .map(|f| f.content.len())
+        .sum();
+    let zone_bytes = base
+        .nodes
+        .values()
+        .next()
+        .map_or(0, |o| o.files[2].content.len());
+    let peers: usize = base.nodes.values().map(|o| o.plan.peers.len()).sum();
+    let max_peers = base
+        .nodes
+        .values()
+        .map(|o| o.plan.peers.len())
+        .max()
+        .unwrap_or(0);
+
+    // One-node changes: a node re-enrols with a new key; a node moves to another group.
+    let target = format!("node-{:05}", a.hubs + 7);
+    let mut rekeyed = decl.clone();
+    rekeyed
+        .nodes
+        .iter_mut()
+        .find(|n| n.name == target)
+        .expect("generated")
+        .public_key = Some(PublicKey([0xee; 32]));
+    let t = Instant::now();
+    let c1 = compile(&rekeyed, &keys, &Default::default(), Some(&base))
+        .map_err(|d| anyhow::anyhow!("{d}"))?;
+    let rekey_time = t.elapsed();
+    let mut moved = decl.clone();
+    for grp in &mut moved.groups {
+        grp.members.retain(|m| *m != target);
+    }
+    moved
+        .groups
+        .iter_mut()
+        .find(|g| g.name == "grp-1")
+        .expect("generated")
+        .members
+        .push(target.clone());
+    let t = Instant::now();
+    let c2 = compile(&moved, &keys, &Default::default(), Some(&base))
+        .map_err(|d| anyhow::anyhow!("{d}"))?;
+    let move_time = t.elapsed();
+    let t = Instant::now();
+    let c3 = compile(&decl, &keys, &Default::default(), Some(&base))
+        .map_err(|d| anyhow::anyhow!("{d}"))?;
+    let same_time = t.elapsed();
+    let peak = peak_rss_kib();
+
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "nodes": a.nodes, "groups": a.groups, "modules": a.modules, "networks": a.networks, "hubs": a.hubs,
+                "load_ms": ms(load_time),
+                "full_compile_ms": {"median": ms(median(times.clone())), "runs": times.iter().map(|d| ms(*d)).collect::<Vec<_>>()},
+                "peers_total": peers, "peers_max": max_peers, "bytes_without_zone": bytes, "zone_bytes": zone_bytes,
+                "rekey_one_node": {"ms": ms(rekey_time), "rendered": c1.rendered.len()},
+                "regroup_one_node": {"ms": ms(move_time), "rendered": c2.rendered.len()},
+                "no_change": {"ms": ms(same_time), "rendered": c3.rendered.len()},
+                "peak_rss_kib": peak,
+            }))?
+        );
+    } else {
+        println!(
+            "generated mesh: {} nodes, {} groups, {} modules, {} networks, {} hubs",
+            a.nodes, a.groups, a.modules, a.networks, a.hubs
+        );
+        println!("load and validate:           {:8.1} ms", ms(load_time));
+        println!(
+            "full compile (median of {}):  {:8.1} ms   runs: {}",
+            a.runs,
+            ms(median(times.clone())),
+            times
+                .iter()
+                .map(|d| format!("{:.0}", ms(*d)))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        println!("output: {peers} peer entries (max {max_peers} on one node), {:.1} MiB of wireguard.conf+nftables.conf, zone {:.1} KiB shared", bytes as f64 / 1048576.0, zone_bytes as f64 / 1024.0);
+        println!(
+            "one node re-keyed:           {:8.1} ms   rendered {} of {} nodes",
+            ms(rekey_time),
+            c1.rendered.len(),
+            a.nodes
+        );
+        println!(
+            "one node changes group:      {:8.1} ms   rendered {} of {} nodes",
+            ms(move_time),
+            c2.rendered.len(),
+            a.nodes
+        );
+        println!(
+            "no change:                   {:8.1} ms   rendered {} of {} nodes",
+            ms(same_time),
+            c3.rendered.len(),
+            a.nodes
+        );
+        if let Some(p) = peak {
+            println!("peak resident memory:        {:8.1} MiB", p as f64 / 1024.0);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,221 @@
+//! The offline commands: `check`, `compile` and `explain` over a declaration directory.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+use trellis_core::explain;
+use trellis_core::topology::Topology;
+use trellis_core::{compile as core_compile, Declaration, Diagnostic, Loaded};
+
+use crate::declfs;
+
+fn diag_json(d: &Diagnostic) -> serde_json::Value {
+    json!({
+        "severity": d.severity.as_str(),
+        "file": &*d.loc.file,
+        "line": d.loc.line,
+        "column": d.loc.col,
+        "message": d.message,
+    })
+}
+
+fn print_diagnostics(diags: &[Diagnostic]) {
+    let mut err = std::io::stderr().lock();
+    for d in diags {
+        let _ = writeln!(err, "{d}");
+    }
+}
+
+/// Loads a directory, failing with every error printed when it does not validate.
+fn load_valid(dir: &Path) -> Result<(Declaration, Vec<Diagnostic>)> {
+    let Loaded {
+        declaration,
+        diagnostics,
+    } = declfs::read(dir)?;
+    match declaration {
+        Some(d) => Ok((d, diagnostics)),
+        None => {
+            print_diagnostics(&diagnostics);
+            let n = diagnostics.iter().filter(|d| d.is_error()).count();
+            bail!("{} is not a valid declaration: {n} error(s); run `trellis check {}` for the full list", dir.display(), dir.display())
+        }
+    }
+}
+
+pub fn check(dir: &Path, json_out: bool) -> Result<ExitCode> {
+    let Loaded {
+        declaration,
+        mut diagnostics,
+    } = declfs::read(dir)?;
+    if let Some(decl) = &declaration {
+        diagnostics.extend(explain::check(decl));
+        trellis_core::diag::sort(&mut diagnostics);
+    }
+    let errors = diagnostics.iter().filter(|d| d.is_error()).count();
+    let warnings = diagnostics.len() - errors;
+    if json_out {
+        let summary = declaration.as_ref().map(|d| json!({
+            "mesh": d.mesh.name, "nodes": d.nodes.len(), "modules": d.modules.len(), "tests": d.tests.len(),
+        }));
+        let doc = json!({
+            "valid": errors == 0,
+            "errors": errors,
+            "warnings": warnings,
+            "declaration": summary,
+            "diagnostics": diagnostics.iter().map(diag_json).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        print_diagnostics(&diagnostics);
+        match (&declaration, errors) {
+            (Some(d), 0) => println!(
+                "{}: mesh {} is valid: {} nodes, {} modules, {} policy tests passed{}",
+                dir.display(),
+                d.mesh.name,
+                d.nodes.len(),
+                d.modules.len(),
+                d.tests.len(),
+                if warnings > 0 {
+                    format!(", {warnings} warning(s)")
+                } else {
+                    String::new()
+                }
+            ),
+            _ => eprintln!(
+                "{}: {errors} error(s), {warnings} warning(s)",
+                dir.display()
+            ),
+        }
+    }
+    Ok(if errors == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn check_errors(decl: &Declaration) -> Result<()> {
+    let diags: Vec<Diagnostic> = explain::check(decl)
+        .into_iter()
+        .filter(|d| d.is_error())
+        .collect();
+    if !diags.is_empty() {
+        print_diagnostics(&diags);
+        bail!(
+            "the declaration does not pass `trellis check`: {} error(s)",
+            diags.len()
+        );
+    }
+    Ok(())
+}
+
+pub fn compile(dir: &Path, node: Option<&str>, out: &Path, json_out: bool) -> Result<ExitCode> {
+    let (decl, _) = load_valid(dir)?;
+    check_errors(&decl)?;
+    if let Some(n) = node {
+        if decl.node(n).is_none() {
+            let mut names: Vec<&str> = decl.nodes.iter().map(|n| n.name.as_str()).collect();
+            names.sort_unstable();
+            bail!(
+                "node `{n}` is not declared in {} (declared: {})",
+                dir.display(),
+                names.join(", ")
+            );
+        }
+    }
+    let compiled = core_compile(&decl, &HashMap::new(), &Default::default(), None)
+        .map_err(|d| anyhow::anyhow!("{d}"))?;
+    print_diagnostics(&compiled.diagnostics);
+    let mut written = Vec::new();
+    for (name, output) in &compiled.nodes {
+        let base = match node {
+            Some(n) if n != name => continue,
+            Some(_) => out.to_path_buf(),
+            None => out.join(name),
+        };
+        for f in &output.files {
+            let path = base.join(&f.path);
+            write_file(&path, f.content.as_bytes(), f.mode)?;
+            written.push(json!({"node": name, "path": path.display().to_string(), "mode": format!("{:o}", f.mode), "bytes": f.content.len()}));
+        }
+    }
+    if json_out {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &json!({"written": written, "diagnostics": compiled.diagnostics.iter().map(diag_json).collect::<Vec<_>>()})
+            )?
+        );
+    } else {
+        let nodes = if node.is_some() {
+            1
+        } else {
+            compiled.nodes.len()
+        };
+        println!(
+            "wrote {} files for {nodes} node(s) under {}",
+            written.len(),
+            out.display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Writes a file with its mode set at creation, through a temporary file and a rename.
+fn write_file(path: &Path, content: &[u8], mode: u32) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path.parent().context("file path has no parent")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("file")
+    ));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&tmp)
+        .with_context(|| format!("cannot create {}", tmp.display()))?;
+    f.write_all(content)
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    drop(f);
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
+    Ok(())
+}
+
+pub fn explain(dir: &Path, from: &str, to: &str, json_out: bool) -> Result<ExitCode> {
+    let (decl, _) = load_valid(dir)?;
+    for n in [from, to] {
+        if decl.node(n).is_none() {
+            bail!("node `{n}` is not declared in {}", dir.display());
+        }
+    }
+    let alloc =
+        trellis_core::allocate(&decl, &Default::default()).map_err(|d| anyhow::anyhow!("{d}"))?;
+    let topo = Topology::new(&decl, &alloc, &HashMap::new());
+    let e = explain::explain(&topo, from, to).context("nodes are declared")?;
+    if json_out {
+        let rules = |list: &[explain::RuleMatch]| -> Vec<serde_json::Value> {
+            list.iter().map(|m| json!({
+                "module": m.module, "rule": m.rule, "at": m.at.to_string(), "proto": m.proto.as_str(),
+                "ports": m.ports, "matched": m.matched,
+            })).collect()
+        };
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "from": e.from, "to": e.to, "path": e.path, "hub": e.hub, "reasons": e.reasons,
+                "forward": rules(&e.forward), "reverse": rules(&e.reverse),
+            }))?
+        );
+    } else {
+        print!("{}", e.to_text());
+    }
+    Ok(ExitCode::SUCCESS)
+}
