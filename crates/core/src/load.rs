@@ -837,7 +837,6 @@ fn parse_rule(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Rule>
         match PortRange::parse(p) {
             Some(r) => ranges.push(r),
             None => {
-                ok = false;
                 diags.push(Diagnostic::error(loc, format!("port {p:?} is not a port (1-65535) or a range \"FIRST-LAST\" with FIRST <= LAST")));
             }
         }
@@ -879,7 +878,7 @@ fn parse_rule(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Rule>
         match Source::parse(s) {
             Some(src) => sources.push((src, loc.clone())),
             None => {
-                ok = false;
+                // Reported; the rule keeps its other sources so they are checked too.
                 diags.push(Diagnostic::error(loc, format!("source {s:?} must be \"node:NAME\", \"group:NAME\", \"module:NAME\" or \"mesh\"")));
             }
         }

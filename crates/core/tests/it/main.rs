@@ -1,1 +1,7 @@
-mod smoke {}
+//! Integration tests of the core: diagnostics, golden renderings, allocation and properties.
+
+mod allocation;
+mod diagnostics;
+mod golden;
+mod props;
+mod support;

@@ -1,0 +1,231 @@
+//! Every problem `trellis check` must report, each with its place, through one helper.
+
+use crate::support::{lines, load_text};
+
+/// Loads `mesh` (and modules) and compares every diagnostic, in order, with `expect`.
+#[track_caller]
+fn check(mesh: &str, modules: &[(&str, &str)], expect: &[&str]) {
+    let loaded = load_text(mesh, modules);
+    let mut diags = loaded.diagnostics.clone();
+    if let Some(decl) = &loaded.declaration {
+        diags.extend(trellis_core::explain::check(decl));
+    }
+    let got = lines(&diags);
+    let want: String = expect.iter().map(|l| format!("{l}\n")).collect();
+    assert_eq!(got, want, "\n--- got ---\n{got}--- want ---\n{want}");
+    let has_errors = diags.iter().any(|d| d.is_error());
+    assert_eq!(has_errors, expect.iter().any(|l| l.contains(": error: ")));
+}
+
+const HEAD: &str = "[mesh]\nname = \"t\"\ndomain = \"t.mesh\"\noverlay_ipv4 = \"10.88.0.0/24\"\n";
+
+const PG: &str = "[module]\nname = \"pg\"\n\n[[allow]]\nproto = \"tcp\"\nports = [\"5432\"]\nfrom = [\"node:a\"]\n";
+
+#[test]
+fn a_valid_mesh_has_no_diagnostics() {
+    check(&format!("{HEAD}[networks]\nlan = {{}}\n[[node]]\nname = \"a\"\nnetworks = [\"lan\"]\n[[node]]\nname = \"b\"\nmodules = [\"pg\"]\n[[node.endpoint]]\naddress = \"192.0.2.1:51820\"\nreachable_from = [\"lan\"]\n"), &[("pg.toml", PG)], &[]);
+}
+
+#[test]
+fn unknown_keys_are_named_with_the_keys_allowed_there() {
+    check(
+        &format!("{HEAD}colour = \"red\"\n[[node]]\nname = \"a\"\nscope = \"internal\"\n"),
+        &[("pg.toml", "[module]\nname = \"pg\"\n[[allow]]\nproto = \"tcp\"\nports = [\"5432\"]\nfrom = [\"node:a\"]\nscope = \"lan\"\n")],
+        &[
+            "mesh.toml:5:1: error: unknown key `colour` in [mesh]; allowed keys: name, domain, overlay_ipv4, overlay_ipv6, port, interface, mtu",
+            "mesh.toml:8:1: error: unknown key `scope` in [[node]]; allowed keys: name, hub, networks, groups, modules, address_ipv4, address_ipv6, endpoint, public_key",
+            "modules/pg.toml:7:1: error: unknown key `scope` in [[allow]]; allowed keys: proto, ports, from",
+        ],
+    );
+}
+
+#[test]
+fn a_rule_must_name_its_sources() {
+    check(
+        &format!("{HEAD}[[node]]\nname = \"a\"\n"),
+        &[("pg.toml", "[module]\nname = \"pg\"\n\n[[allow]]\nproto = \"tcp\"\nports = [\"5432\"]\n\n[[allow]]\nproto = \"tcp\"\nports = [\"5433\"]\nfrom = []\n")],
+        &[
+            "modules/pg.toml:4:1: error: [[allow]] has no `from`: every rule must name its sources (\"node:NAME\", \"group:NAME\", \"module:NAME\" or \"mesh\")",
+            "modules/pg.toml:8:1: error: [[allow]] has an empty `from`: every rule must name its sources (\"node:NAME\", \"group:NAME\", \"module:NAME\" or \"mesh\")",
+        ],
+    );
+}
+
+#[test]
+fn sources_must_name_declared_things() {
+    check(
+        &format!("{HEAD}[groups]\nops = [\"a\"]\n[[node]]\nname = \"a\"\nmodules = [\"pg\"]\n"),
+        &[("pg.toml", "[module]\nname = \"pg\"\n[[allow]]\nproto = \"tcp\"\nports = [\"5432\"]\nfrom = [\"node:ghost\", \"group:devs\", \"module:api\", \"mesh\", \"host:a\"]\n")],
+        &[
+            "modules/pg.toml:6:9: error: rule of module `pg` names source `node:ghost`, but no node `ghost` is declared (declared: a)",
+            "modules/pg.toml:6:23: error: rule of module `pg` names source `group:devs`, but no group `devs` is declared (declared: ops)",
+            "modules/pg.toml:6:37: error: rule of module `pg` names source `module:api`, but no module `api` is declared (declared: pg)",
+            "modules/pg.toml:6:59: error: source \"host:a\" must be \"node:NAME\", \"group:NAME\", \"module:NAME\" or \"mesh\"",
+        ],
+    );
+}
+
+#[test]
+fn nodes_must_name_declared_networks_groups_and_modules() {
+    check(
+        &format!("{HEAD}[networks]\nlan = {{}}\n[[node]]\nname = \"a\"\nnetworks = [\"wan\"]\ngroups = [\"ops\"]\nmodules = [\"web\"]\n"),
+        &[],
+        &[
+            "mesh.toml:7:1: error: node `a` names group `ops`, which is not declared in [groups] (none are declared)",
+            "mesh.toml:7:1: error: node `a` runs module `web`, which has no manifest in modules/ (none are declared)",
+            "mesh.toml:7:1: error: node `a` sits on network `wan`, which is not declared in [networks] (declared: lan)",
+        ],
+    );
+}
+
+#[test]
+fn duplicate_names_are_refused() {
+    check(
+        &format!("{HEAD}[[node]]\nname = \"a\"\n[[node]]\nname = \"a\"\n[[node]]\nname = \"pg\"\n"),
+        &[("pg.toml", PG), ("pg2.toml", PG)],
+        &[
+            "mesh.toml:7:1: error: duplicate node `a`: already declared at mesh.toml:5:1",
+            "modules/pg.toml:1:1: error: module `pg` has the name of node declared at mesh.toml:9:1; nodes and modules share the DNS zone, so their names must differ",
+            "modules/pg2.toml:1:1: error: duplicate module `pg`: already declared at modules/pg.toml:1:1",
+            "modules/pg2.toml:1:1: error: module `pg` has the name of node declared at mesh.toml:9:1; nodes and modules share the DNS zone, so their names must differ",
+        ],
+    );
+}
+
+#[test]
+fn cidrs_must_be_valid_and_must_not_overlap() {
+    check(
+        "[mesh]\nname = \"t\"\ndomain = \"t.mesh\"\noverlay_ipv4 = \"10.88.0.1/16\"\noverlay_ipv6 = \"fd88::/200\"\n",
+        &[],
+        &[
+            "mesh.toml:4:16: error: `overlay_ipv4` 10.88.0.1/16 has host bits set; did you mean 10.88.0.0/16?",
+            "mesh.toml:5:16: error: `overlay_ipv6` \"fd88::/200\" is not a valid CIDR of its address family",
+        ],
+    );
+    check(
+        &format!("{HEAD}[networks]\nlan = {{}}\n[[node]]\nname = \"a\"\n[[node.endpoint]]\naddress = \"10.88.0.9:51820\"\nreachable_from = [\"lan\"]\n"),
+        &[],
+        &["mesh.toml:9:1: error: endpoint 10.88.0.9:51820 of node `a` lies inside the overlay pool; an underlay address must not overlap the overlay"],
+    );
+    check("[mesh]\nname = \"t\"\ndomain = \"t.mesh\"\n", &[], &["mesh.toml:1:1: error: [mesh] needs `overlay_ipv4`, `overlay_ipv6` or both: the overlay has no address pool"]);
+}
+
+#[test]
+fn pinned_addresses_must_be_in_the_pool_and_unique() {
+    check(
+        &format!("{HEAD}[[node]]\nname = \"a\"\naddress_ipv4 = \"10.99.0.1\"\n[[node]]\nname = \"b\"\naddress_ipv4 = \"10.88.0.7\"\n[[node]]\nname = \"c\"\naddress_ipv4 = \"10.88.0.7\"\n[[node]]\nname = \"d\"\naddress_ipv4 = \"10.88.0.255\"\n"),
+        &[],
+        &[
+            "mesh.toml:5:1: error: node `a` pins `address_ipv4` 10.99.0.1, which is not a usable address of the pool 10.88.0.0/24",
+            "mesh.toml:11:1: error: node `c` pins 10.88.0.7, which node `b` pins already",
+            "mesh.toml:14:1: error: node `d` pins `address_ipv4` 10.88.0.255, which is not a usable address of the pool 10.88.0.0/24",
+        ],
+    );
+}
+
+#[test]
+fn an_exhausted_pool_is_reported() {
+    let mut mesh =
+        "[mesh]\nname = \"t\"\ndomain = \"t.mesh\"\noverlay_ipv4 = \"10.88.0.0/30\"\n".to_string();
+    for n in ["a", "b", "c"] {
+        mesh.push_str(&format!("[[node]]\nname = \"{n}\"\n"));
+    }
+    check(&mesh, &[], &["mesh.toml:1:1: error: `overlay_ipv4` 10.88.0.0/30 is exhausted: 3 nodes are declared but it holds 2 usable addresses; use a larger pool"]);
+}
+
+#[test]
+fn ports_must_be_valid_and_icmp_has_none() {
+    check(
+        &format!("{HEAD}[[node]]\nname = \"a\"\n"),
+        &[("m.toml", "[module]\nname = \"m\"\n[[allow]]\nproto = \"tcp\"\nports = [\"0\", \"70000\", \"90-80\", \"http\", \"8000-8100\"]\nfrom = [\"mesh\"]\n[[allow]]\nproto = \"icmp\"\nports = [\"1\"]\nfrom = [\"mesh\"]\n[[allow]]\nproto = \"udp\"\nfrom = [\"mesh\"]\n[[allow]]\nproto = \"sctp\"\nfrom = [\"mesh\"]\n")],
+        &[
+            "modules/m.toml:5:10: error: port \"0\" is not a port (1-65535) or a range \"FIRST-LAST\" with FIRST <= LAST",
+            "modules/m.toml:5:15: error: port \"70000\" is not a port (1-65535) or a range \"FIRST-LAST\" with FIRST <= LAST",
+            "modules/m.toml:5:24: error: port \"90-80\" is not a port (1-65535) or a range \"FIRST-LAST\" with FIRST <= LAST",
+            "modules/m.toml:5:33: error: port \"http\" is not a port (1-65535) or a range \"FIRST-LAST\" with FIRST <= LAST",
+            "modules/m.toml:7:1: error: [[allow]] with proto \"icmp\" takes no `ports`: ICMP has no ports",
+            "modules/m.toml:11:1: error: [[allow]] with proto \"udp\" needs `ports`; an allow rule without ports would open every port",
+            "modules/m.toml:15:9: error: `proto` \"sctp\" must be \"tcp\", \"udp\" or \"icmp\"",
+        ],
+    );
+}
+
+#[test]
+fn hubs_need_endpoints_and_endpoints_declared_networks() {
+    check(
+        &format!("{HEAD}[networks]\nlan = {{}}\n[[node]]\nname = \"h\"\nhub = true\n[[node]]\nname = \"a\"\n[[node.endpoint]]\naddress = \"192.0.2.1:51820\"\nreachable_from = [\"wan\"]\n[[node.endpoint]]\naddress = \"192.0.2.1\"\nreachable_from = []\n"),
+        &[],
+        &[
+            "mesh.toml:7:1: error: hub `h` has no [[node.endpoint]]: a hub relays for nodes that dial it, so it needs an endpoint they can reach",
+            "mesh.toml:12:1: error: endpoint 192.0.2.1:51820 of node `a` is reachable from `wan`, which is not declared in [networks] (declared: lan)",
+            "mesh.toml:16:11: error: endpoint `address` \"192.0.2.1\" must be IP:PORT or [IPv6]:PORT, with a port from 1 to 65535",
+        ],
+    );
+}
+
+#[test]
+fn public_keys_must_be_wireguard_keys() {
+    check(
+        &format!("{HEAD}[[node]]\nname = \"a\"\npublic_key = \"not-a-key\"\n[[node]]\nname = \"b\"\npublic_key = \"AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=\"\n[[node]]\nname = \"c\"\npublic_key = \"AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=\"\n"),
+        &[],
+        &[
+            "mesh.toml:7:14: error: `public_key` \"not-a-key\" is not a WireGuard public key (44 characters of base64, 32 bytes)",
+            "mesh.toml:11:1: error: node `c` declares the same `public_key` as node `b`; every node needs its own key",
+        ],
+    );
+}
+
+#[test]
+fn wrong_types_and_missing_keys_are_named() {
+    check(
+        "[mesh]\nname = \"t\"\ndomain = \"t.mesh\"\noverlay_ipv4 = \"10.88.0.0/24\"\nport = \"51820\"\n[[node]]\nhub = \"yes\"\n",
+        &[],
+        &[
+            "mesh.toml:5:8: error: `port` in [mesh] must be an integer, found string",
+            "mesh.toml:6:1: error: [[node]] is missing the required key `name`",
+            "mesh.toml:7:7: error: `hub` in [[node]] must be true or false, found string",
+        ],
+    );
+}
+
+#[test]
+fn toml_syntax_errors_have_a_place() {
+    let loaded = load_text("[mesh]\nname = \"t\n", &[]);
+    assert!(loaded.declaration.is_none());
+    let got = lines(&loaded.diagnostics);
+    assert!(
+        got.starts_with("mesh.toml:2:10: error: invalid TOML: "),
+        "{got}"
+    );
+}
+
+#[test]
+fn every_problem_is_reported_at_once_sorted_by_file_and_line() {
+    check(
+        &format!("{HEAD}[[node]]\nname = \"a\"\nmodules = [\"nope\"]\n[[node]]\nname = \"B\"\n"),
+        &[("x.toml", "[module]\nname = \"x\"\n[[allow]]\nproto = \"tcp\"\nports = [\"1\"]\n"), ("w.toml", "[modul]\n")],
+        &[
+            "mesh.toml:5:1: error: node `a` runs module `nope`, which has no manifest in modules/ (declared: x)",
+            "mesh.toml:8:1: error: node name \"B\" must be a DNS label: 1-63 of a-z, 0-9 and '-', not starting or ending with '-'",
+            "modules/w.toml:1:1: error: a module manifest needs a [module] table with `name`",
+            "modules/w.toml:1:2: error: unknown key `modul` in modules/w.toml; allowed keys: module, allow",
+            "modules/x.toml:3:1: error: [[allow]] has no `from`: every rule must name its sources (\"node:NAME\", \"group:NAME\", \"module:NAME\" or \"mesh\")",
+        ],
+    );
+}
+
+#[test]
+fn failing_policy_tests_say_what_the_policy_does() {
+    let mesh = format!("{HEAD}[networks]\nlan = {{}}\n[[node]]\nname = \"a\"\nnetworks = [\"lan\"]\n[[node]]\nname = \"b\"\nmodules = [\"pg\"]\nnetworks = [\"lan\"]\n[[node.endpoint]]\naddress = \"192.0.2.1:51820\"\nreachable_from = [\"lan\"]\n[[node]]\nname = \"c\"\n\n[[test]]\nfrom = \"node:a\"\nto = \"module:pg\"\nproto = \"tcp\"\nport = 5432\nexpect = \"deny\"\n\n[[test]]\nfrom = \"node:c\"\nto = \"node:b\"\nproto = \"tcp\"\nport = 5432\nexpect = \"allow\"\n\n[[test]]\nfrom = \"node:a\"\nto = \"node:b\"\nproto = \"icmp\"\nexpect = \"allow\"\n\n[[test]]\nfrom = \"node:a\"\nto = \"node:b\"\nproto = \"tcp\"\nport = 5432\nexpect = \"allow\"\n");
+    let pg_from_a_and_c = "[module]\nname = \"pg\"\n\n[[allow]]\nproto = \"tcp\"\nports = [\"5432\"]\nfrom = [\"node:a\", \"node:c\"]\n";
+    check(
+        &mesh,
+        &[("pg.toml", pg_from_a_and_c)],
+        &[
+            "mesh.toml:10:1: warning: no path between `b` and `c`: neither can dial an endpoint of the other and the mesh declares no hub; declare an endpoint reachable from the other's networks, or a hub both can reach",
+            "mesh.toml:20:1: error: test from node:a to module:pg (tcp 5432) expects deny, but the policy allows it on b by module pg rule 1 (modules/pg.toml:4:1)",
+            "mesh.toml:27:1: error: test from node:c to node:b (tcp 5432) expects allow, but the filter on b admits it and there is no path between c and b",
+            "mesh.toml:34:1: error: test from node:a to node:b (icmp) expects allow, but the policy denies it on b: no rule of its modules [pg] admits a on icmp",
+        ],
+    );
+}
