@@ -1,1 +1,6 @@
+//! End-to-end tests that drive the real `trellis` binary, and, as root, real network
+//! namespaces with real nftables.
 
+mod cli;
+mod nft;
+mod support;

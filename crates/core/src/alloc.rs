@@ -1,5 +1,5 @@
 //! Overlay address allocation: deterministic, honouring pins, and stable given the previous
-//! allocation (see adr/0007-overlay-address-allocation.md).
+//! allocation (see adr/0009-overlay-address-allocation.md).
 //!
 //! Order of precedence for each node and family: its pin; else the address it held in the
 //! previous allocation, if still in the pool and not pinned by another node; else a slot derived
