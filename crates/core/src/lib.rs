@@ -10,6 +10,7 @@ pub mod explain;
 pub mod load;
 mod par;
 pub mod render;
+pub mod token;
 pub mod topology;
 
 pub use alloc::{allocate, Allocation};

@@ -1,0 +1,236 @@
+//! The enrolment token: one line a person pastes on a new node. It carries where the controller
+//! is, the SHA-256 fingerprint of the mesh CA, a one-time secret, the node name and the expiry,
+//! with a checksum so that a damaged paste is caught before any network traffic (ADR 0002).
+//!
+//! Text form: `trellis1.` followed by unpadded base64url of
+//! `version(1) | count(1) | count × (len(1) | "host:port") | ca_sha256(32) | id(8) |
+//!  secret(24) | len(1) | node | expires_unix(8, big endian) | sha256(all before)[..4]`.
+
+use base64::Engine;
+use sha2::{Digest, Sha256};
+
+pub const PREFIX: &str = "trellis1.";
+pub const MAX_LEN: usize = 400;
+const VERSION: u8 = 1;
+
+#[derive(Clone, PartialEq, Eq)]
+pub struct EnrolmentToken {
+    pub controllers: Vec<String>,
+    pub ca_fingerprint: [u8; 32],
+    /// Names the token in the controller's records; not secret.
+    pub id: [u8; 8],
+    /// 192 bits; stored only hashed by the controller.
+    pub secret: [u8; 24],
+    pub node: String,
+    /// Unix seconds.
+    pub expires: u64,
+}
+
+impl std::fmt::Debug for EnrolmentToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EnrolmentToken")
+            .field("controllers", &self.controllers)
+            .field("id", &hex(&self.id))
+            .field("node", &self.node)
+            .field("expires", &self.expires)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum TokenError {
+    /// Not a trellis token at all.
+    NotAToken,
+    /// The right shape, but bytes were lost or changed on the way.
+    Damaged,
+    /// A newer token format than this program knows.
+    UnknownVersion(u8),
+    /// The token would not fit on one pasteable line.
+    TooLong(usize),
+    /// A field cannot be encoded (empty or too long).
+    Invalid(&'static str),
+}
+
+impl std::fmt::Display for TokenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TokenError::NotAToken => write!(f, "this is not a trellis enrolment token (it should start with `{PREFIX}`)"),
+            TokenError::Damaged => f.write_str("token is damaged: its checksum does not match; copy it again, as one line"),
+            TokenError::UnknownVersion(v) => write!(f, "token format version {v} is newer than this agent understands; upgrade trellis-agent"),
+            TokenError::TooLong(n) => write!(f, "token would be {n} characters, over the limit of {MAX_LEN}; advertise fewer or shorter controller addresses"),
+            TokenError::Invalid(what) => write!(f, "token cannot carry this {what}"),
+        }
+    }
+}
+
+impl std::error::Error for TokenError {}
+
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+impl EnrolmentToken {
+    pub fn encode(&self) -> Result<String, TokenError> {
+        let mut b = vec![VERSION];
+        if self.controllers.is_empty() || self.controllers.len() > 8 {
+            return Err(TokenError::Invalid(
+                "number of controller addresses (1 to 8)",
+            ));
+        }
+        b.push(self.controllers.len() as u8);
+        for c in &self.controllers {
+            if c.is_empty() || c.len() > 255 {
+                return Err(TokenError::Invalid("controller address"));
+            }
+            b.push(c.len() as u8);
+            b.extend_from_slice(c.as_bytes());
+        }
+        b.extend_from_slice(&self.ca_fingerprint);
+        b.extend_from_slice(&self.id);
+        b.extend_from_slice(&self.secret);
+        if self.node.is_empty() || self.node.len() > 63 {
+            return Err(TokenError::Invalid("node name"));
+        }
+        b.push(self.node.len() as u8);
+        b.extend_from_slice(self.node.as_bytes());
+        b.extend_from_slice(&self.expires.to_be_bytes());
+        let sum = Sha256::digest(&b);
+        b.extend_from_slice(&sum[..4]);
+        let text = format!(
+            "{PREFIX}{}",
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&b)
+        );
+        if text.len() > MAX_LEN {
+            return Err(TokenError::TooLong(text.len()));
+        }
+        Ok(text)
+    }
+
+    /// Parses a pasted token. Surrounding whitespace is forgiven; anything else that differs from
+    /// what was issued is `Damaged`.
+    pub fn decode(text: &str) -> Result<EnrolmentToken, TokenError> {
+        let text = text.trim();
+        let Some(body) = text.strip_prefix(PREFIX) else {
+            return Err(if text.starts_with("trellis") {
+                TokenError::Damaged
+            } else {
+                TokenError::NotAToken
+            });
+        };
+        if text.len() > MAX_LEN {
+            return Err(TokenError::Damaged);
+        }
+        let b = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(body)
+            .map_err(|_| TokenError::Damaged)?;
+        if b.len() < 5 {
+            return Err(TokenError::Damaged);
+        }
+        let (payload, sum) = b.split_at(b.len() - 4);
+        if Sha256::digest(payload)[..4] != *sum {
+            return Err(TokenError::Damaged);
+        }
+        if payload[0] != VERSION {
+            return Err(TokenError::UnknownVersion(payload[0]));
+        }
+        let mut r = Reader { b: &payload[1..] };
+        let n = r.u8()?;
+        let mut controllers = Vec::new();
+        for _ in 0..n {
+            let len = r.u8()? as usize;
+            controllers
+                .push(String::from_utf8(r.take(len)?.to_vec()).map_err(|_| TokenError::Damaged)?);
+        }
+        let ca_fingerprint = r.take(32)?.try_into().expect("32");
+        let id = r.take(8)?.try_into().expect("8");
+        let secret = r.take(24)?.try_into().expect("24");
+        let len = r.u8()? as usize;
+        let node = String::from_utf8(r.take(len)?.to_vec()).map_err(|_| TokenError::Damaged)?;
+        let expires = u64::from_be_bytes(r.take(8)?.try_into().expect("8"));
+        if !r.b.is_empty() || controllers.is_empty() {
+            return Err(TokenError::Damaged);
+        }
+        Ok(EnrolmentToken {
+            controllers,
+            ca_fingerprint,
+            id,
+            secret,
+            node,
+            expires,
+        })
+    }
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], TokenError> {
+        if self.b.len() < n {
+            return Err(TokenError::Damaged);
+        }
+        let (h, t) = self.b.split_at(n);
+        self.b = t;
+        Ok(h)
+    }
+
+    fn u8(&mut self) -> Result<u8, TokenError> {
+        Ok(self.take(1)?[0])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> EnrolmentToken {
+        EnrolmentToken {
+            controllers: vec!["198.51.100.2:8443".into(), "[2001:db8::2]:8443".into()],
+            ca_fingerprint: [7; 32],
+            id: [1, 2, 3, 4, 5, 6, 7, 8],
+            secret: [9; 24],
+            node: "db-1".into(),
+            expires: 1_900_000_000,
+        }
+    }
+
+    #[test]
+    fn round_trips_on_one_short_line() {
+        let t = sample();
+        let s = t.encode().unwrap();
+        assert!(
+            s.len() <= MAX_LEN && !s.contains(char::is_whitespace),
+            "{s}"
+        );
+        assert_eq!(EnrolmentToken::decode(&format!("  {s}\n")).unwrap(), t);
+    }
+
+    #[test]
+    fn any_changed_or_lost_character_is_damage() {
+        let s = sample().encode().unwrap();
+        for i in PREFIX.len()..s.len() {
+            let mut chars: Vec<char> = s.chars().collect();
+            chars[i] = if chars[i] == 'A' { 'B' } else { 'A' };
+            let changed: String = chars.iter().collect();
+            assert_eq!(
+                EnrolmentToken::decode(&changed),
+                Err(TokenError::Damaged),
+                "changed at {i}"
+            );
+            let mut cut = s.clone();
+            cut.remove(i);
+            assert!(EnrolmentToken::decode(&cut).is_err(), "cut at {i}");
+        }
+        assert_eq!(
+            EnrolmentToken::decode(&s[..s.len() - 1]),
+            Err(TokenError::Damaged)
+        );
+        assert_eq!(EnrolmentToken::decode("hello"), Err(TokenError::NotAToken));
+    }
+
+    #[test]
+    fn the_debug_form_hides_the_secret() {
+        assert!(!format!("{:?}", sample()).contains("9, 9"));
+    }
+}

@@ -1,0 +1,301 @@
+//! The mesh CA: creating it, certificates for the controller and for nodes (from CSRs whose
+//! names the CA decides), the node's own key and CSR, fingerprints and inspection. No IO and no
+//! clock: `now` is an argument.
+
+use std::time::{Duration, SystemTime};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName,
+    DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType, SerialNumber,
+};
+use sha2::{Digest, Sha256};
+use time::OffsetDateTime;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PkiError {
+    #[error("certificate signing request is not valid: {0}")]
+    BadCsr(String),
+    #[error("cannot parse certificate: {0}")]
+    BadCert(String),
+    #[error("cannot parse private key: {0}")]
+    BadKey(String),
+    #[error("cannot create certificate: {0}")]
+    Sign(#[from] rcgen::Error),
+}
+
+/// A certificate and its private key, both PEM.
+#[derive(Clone)]
+pub struct Pair {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+fn odt(t: SystemTime) -> OffsetDateTime {
+    OffsetDateTime::from(t)
+}
+
+fn random_serial() -> SerialNumber {
+    let mut b: [u8; 16] = rand::random();
+    b[0] &= 0x7f; // a positive serial
+    SerialNumber::from_slice(&b)
+}
+
+/// Creates the mesh CA: ECDSA P-256, valid for ten years from `now`.
+pub fn create_ca(mesh: &str, now: SystemTime) -> Result<Pair, PkiError> {
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, format!("trellis mesh CA {mesh}"));
+    dn.push(DnType::OrganizationName, "trellis");
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    params.not_before = odt(now - Duration::from_secs(300));
+    params.not_after = odt(now + Duration::from_secs(10 * 365 * 86400));
+    params.serial_number = Some(random_serial());
+    let cert = params.self_signed(&key)?;
+    Ok(Pair {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
+}
+
+/// The mesh CA, loaded for signing.
+pub struct Ca {
+    cert_pem: String,
+    cert_der: Vec<u8>,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl Ca {
+    pub fn load(cert_pem: &str, key_pem: &str) -> Result<Ca, PkiError> {
+        let key = KeyPair::from_pem(key_pem).map_err(|e| PkiError::BadKey(e.to_string()))?;
+        let cert_der = pem_to_der(cert_pem, "CERTIFICATE")?;
+        let issuer = Issuer::from_ca_cert_pem(cert_pem, key)?;
+        Ok(Ca {
+            cert_pem: cert_pem.to_string(),
+            cert_der,
+            issuer,
+        })
+    }
+
+    pub fn cert_pem(&self) -> &str {
+        &self.cert_pem
+    }
+
+    /// SHA-256 of the CA certificate (DER): what enrolment tokens carry.
+    pub fn fingerprint(&self) -> [u8; 32] {
+        fingerprint(&self.cert_der)
+    }
+
+    /// The controller's TLS certificate, naming every advertised host (IP address or DNS name).
+    pub fn server_cert(&self, hosts: &[String], now: SystemTime) -> Result<Pair, PkiError> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        for h in hosts {
+            params
+                .subject_alt_names
+                .push(match h.parse::<std::net::IpAddr>() {
+                    Ok(ip) => SanType::IpAddress(ip),
+                    Err(_) => SanType::DnsName(h.clone().try_into()?),
+                });
+        }
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, "trellis controller");
+        params.distinguished_name = dn;
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.not_before = odt(now - Duration::from_secs(300));
+        params.not_after = odt(now + Duration::from_secs(5 * 365 * 86400));
+        params.serial_number = Some(random_serial());
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok(Pair {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
+    }
+
+    /// Signs a node's CSR. The signature on the CSR proves possession of the key; every name
+    /// in it is ignored: the certificate names the node the controller says it is.
+    pub fn sign_node(
+        &self,
+        csr_pem: &str,
+        node: &str,
+        mesh: &str,
+        now: SystemTime,
+        lifetime: Duration,
+    ) -> Result<IssuedCert, PkiError> {
+        let csr = CertificateSigningRequestParams::from_pem(csr_pem)
+            .map_err(|e| PkiError::BadCsr(e.to_string()))?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, node);
+        dn.push(DnType::OrganizationalUnitName, format!("mesh {mesh}"));
+        params.distinguished_name = dn;
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        // A minute of grace for clocks that run slightly behind the controller's.
+        params.not_before = odt(now - Duration::from_secs(60));
+        let not_after = now + lifetime;
+        params.not_after = odt(not_after);
+        let serial = random_serial();
+        params.serial_number = Some(serial.clone());
+        let signed = CertificateSigningRequestParams {
+            params,
+            public_key: csr.public_key,
+        }
+        .signed_by(&self.issuer)?;
+        Ok(IssuedCert {
+            cert_pem: signed.pem(),
+            serial: hex::encode(serial.to_bytes()),
+            not_after: not_after
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64),
+        })
+    }
+}
+
+pub struct IssuedCert {
+    pub cert_pem: String,
+    /// Lower-case hex of the serial number.
+    pub serial: String,
+    /// Unix seconds.
+    pub not_after: i64,
+}
+
+/// A node's TLS key and a CSR for it, made on the node.
+pub fn node_key_and_csr(node: &str) -> Result<(String, String), PkiError> {
+    let key = KeyPair::generate()?;
+    let csr = csr_for(&key, node)?;
+    Ok((key.serialize_pem(), csr))
+}
+
+/// A CSR for an existing key (renewal keeps the key the node holds).
+pub fn csr_from_key(key_pem: &str, node: &str) -> Result<String, PkiError> {
+    let key = KeyPair::from_pem(key_pem).map_err(|e| PkiError::BadKey(e.to_string()))?;
+    csr_for(&key, node)
+}
+
+fn csr_for(key: &KeyPair, node: &str) -> Result<String, PkiError> {
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, node);
+    params.distinguished_name = dn;
+    Ok(params.serialize_request(key)?.pem()?)
+}
+
+pub fn fingerprint(der: &[u8]) -> [u8; 32] {
+    Sha256::digest(der).into()
+}
+
+/// The DER of the first PEM block with this label.
+pub fn pem_to_der(pem_text: &str, label: &str) -> Result<Vec<u8>, PkiError> {
+    let begin = format!("-----BEGIN {label}-----");
+    let end = format!("-----END {label}-----");
+    let start = pem_text
+        .find(&begin)
+        .ok_or_else(|| PkiError::BadCert(format!("no {label} block")))?
+        + begin.len();
+    let stop = pem_text[start..]
+        .find(&end)
+        .ok_or_else(|| PkiError::BadCert(format!("unterminated {label} block")))?
+        + start;
+    let b64: String = pem_text[start..stop]
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect();
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .map_err(|_| PkiError::BadCert(format!("{label} block is not base64")))
+}
+
+/// What a certificate says, for display and checks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CertInfo {
+    pub common_name: String,
+    pub serial: String,
+    pub not_before: i64,
+    pub not_after: i64,
+    pub fingerprint: [u8; 32],
+}
+
+pub fn inspect_der(der: &[u8]) -> Result<CertInfo, PkiError> {
+    use x509_parser::prelude::*;
+    let (_, cert) = X509Certificate::from_der(der).map_err(|e| PkiError::BadCert(e.to_string()))?;
+    let common_name = cert
+        .subject()
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    Ok(CertInfo {
+        common_name,
+        serial: hex::encode(cert.raw_serial()),
+        not_before: cert.validity().not_before.timestamp(),
+        not_after: cert.validity().not_after.timestamp(),
+        fingerprint: fingerprint(der),
+    })
+}
+
+pub fn inspect_pem(pem_text: &str) -> Result<CertInfo, PkiError> {
+    inspect_der(&pem_to_der(pem_text, "CERTIFICATE")?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_certificate_names_the_node_the_ca_says() {
+        let now = SystemTime::now();
+        let ca_pair = create_ca("acme", now).unwrap();
+        let ca = Ca::load(&ca_pair.cert_pem, &ca_pair.key_pem).unwrap();
+        // The node asks for another name; the CA ignores it.
+        let (_key, csr) = node_key_and_csr("db-1-but-call-me-admin").unwrap();
+        let issued = ca
+            .sign_node(&csr, "db-1", "acme", now, Duration::from_secs(86400))
+            .unwrap();
+        let info = inspect_pem(&issued.cert_pem).unwrap();
+        assert_eq!(info.common_name, "db-1");
+        assert_eq!(info.serial, issued.serial);
+        assert!((info.not_after - issued.not_after).abs() <= 1);
+        assert_eq!(
+            ca.fingerprint(),
+            inspect_pem(&ca_pair.cert_pem).unwrap().fingerprint
+        );
+    }
+
+    #[test]
+    fn a_tampered_csr_is_refused() {
+        let ca_pair = create_ca("acme", SystemTime::now()).unwrap();
+        let ca = Ca::load(&ca_pair.cert_pem, &ca_pair.key_pem).unwrap();
+        let (_key, csr) = node_key_and_csr("db-1").unwrap();
+        let der = pem_to_der(&csr, "CERTIFICATE REQUEST").unwrap();
+        // Flip one bit inside the subject: the signature no longer matches.
+        let mut bad = der.clone();
+        let at = bad.len() / 3;
+        bad[at] ^= 1;
+        let pem = format!(
+            "-----BEGIN CERTIFICATE REQUEST-----\n{}\n-----END CERTIFICATE REQUEST-----\n",
+            {
+                use base64::Engine;
+                base64::engine::general_purpose::STANDARD.encode(&bad)
+            }
+        );
+        assert!(ca
+            .sign_node(
+                &pem,
+                "db-1",
+                "acme",
+                SystemTime::now(),
+                Duration::from_secs(60)
+            )
+            .is_err());
+    }
+}

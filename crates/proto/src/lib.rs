@@ -1,0 +1,145 @@
+//! The JSON shapes of the controller's HTTP API. Shared by the controller, the admin CLI and the
+//! agent so the three cannot drift apart. Every request type refuses unknown fields.
+
+use serde::{Deserialize, Serialize};
+
+/// Every error answer: one sentence, and a stable code a script can match.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+    pub code: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Diagnostic {
+    pub severity: String,
+    pub file: String,
+    pub line: u32,
+    pub column: u32,
+    pub message: String,
+}
+
+impl std::fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}: {}: {}",
+            self.file, self.line, self.column, self.severity, self.message
+        )
+    }
+}
+
+/// One declaration file, named relative to the declaration directory (`mesh.toml`,
+/// `modules/postgres.toml`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct DeclFile {
+    pub path: String,
+    pub text: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApplyRequest {
+    pub files: Vec<DeclFile>,
+    /// Fail with a conflict unless the current revision is this one (0: none yet).
+    #[serde(default)]
+    pub expect_revision: Option<i64>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ApplyResponse {
+    pub revision: i64,
+    pub diagnostics: Vec<Diagnostic>,
+    pub unchanged: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenRequest {
+    pub node: String,
+    pub ttl_secs: u64,
+    #[serde(default)]
+    pub require_approval: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TokenCreated {
+    pub token: String,
+    pub id: String,
+    pub node: String,
+    pub expires_at: i64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TokenInfo {
+    pub id: String,
+    pub node: String,
+    pub created_at: i64,
+    pub expires_at: i64,
+    pub used_at: Option<i64>,
+    pub revoked_at: Option<i64>,
+    pub require_approval: bool,
+    /// "valid", "used", "expired" or "revoked".
+    pub state: String,
+}
+
+/// Sent by `trellis-agent enrol`: the token's id and secret, and the public halves of the keys
+/// the node made.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnrolRequest {
+    pub token_id: String,
+    /// Base64 of the 24-byte secret.
+    pub secret: String,
+    pub node: String,
+    pub csr_pem: String,
+    pub wireguard_public_key: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct EnrolResponse {
+    pub node: String,
+    pub mesh: String,
+    /// "active", or "pending" until an operator approves the node.
+    pub state: String,
+    pub node_cert_pem: String,
+    pub ca_pem: String,
+    /// Base64 of the controller's ed25519 bundle-signing public key.
+    pub signing_public_key: String,
+    pub controllers: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RenewRequest {
+    pub csr_pem: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RenewResponse {
+    pub node_cert_pem: String,
+    pub not_after: i64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NodeInfo {
+    pub name: String,
+    /// "declared", "pending", "active", "revoked", or "removed" (enrolled, no longer declared).
+    pub state: String,
+    pub ipv4: Option<String>,
+    pub ipv6: Option<String>,
+    /// SHA-256 of the WireGuard public key, first 16 hex digits.
+    pub key_fingerprint: Option<String>,
+    pub wireguard_public_key: Option<String>,
+    pub cert_not_after: Option<i64>,
+    pub last_contact: Option<i64>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WhoAmI {
+    pub node: String,
+    pub state: String,
+}

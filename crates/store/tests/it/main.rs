@@ -1,0 +1,232 @@
+//! The store against SQLite and PostgreSQL: revisions with conflicts, tokens used once under
+//! concurrency, key uniqueness, state changes and the audit chain.
+
+use std::sync::Arc;
+
+use trellis_core::Allocation;
+use trellis_store::{testdb, verify_audit, Audit, NodeRecord, Store, StoreError, TokenRecord};
+
+fn audit(action: &str) -> Audit<'static> {
+    Audit {
+        at: 1_000,
+        actor: "test",
+        action: Box::leak(action.to_string().into_boxed_str()),
+        subject: "s",
+        detail: String::new(),
+    }
+}
+
+fn token(id: &str, node: &str) -> TokenRecord {
+    TokenRecord {
+        id: id.into(),
+        node: node.into(),
+        secret_sha256: "00".into(),
+        created_at: 1,
+        expires_at: 2_000_000_000,
+        used_at: None,
+        revoked_at: None,
+        require_approval: false,
+    }
+}
+
+fn node(name: &str, key: &str) -> NodeRecord {
+    NodeRecord {
+        name: name.into(),
+        state: "active".into(),
+        wg_public_key: Some(key.into()),
+        cert_serial: Some("aa".into()),
+        prev_cert_serial: None,
+        cert_not_after: Some(5),
+        enrolled_at: 1_000,
+        last_contact: None,
+    }
+}
+
+async fn each_backend<F, Fut>(f: F)
+where
+    F: Fn(Store) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    for url in testdb::both().await {
+        let store = Store::open(&url)
+            .await
+            .unwrap_or_else(|e| panic!("open {url}: {e}"));
+        f(store).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revisions_increase_and_expect_revision_detects_a_race() {
+    each_backend(|s| async move {
+        assert!(s.current_revision().await.unwrap().is_none());
+        let files = vec![("mesh.toml".to_string(), "x".to_string())];
+        let mut alloc = Allocation::default();
+        alloc.ipv4.insert("a".into(), "10.0.0.1".parse().unwrap());
+        assert_eq!(
+            s.apply(&files, "d1", &alloc, Some(0), &audit("apply"))
+                .await
+                .unwrap(),
+            1
+        );
+        assert_eq!(
+            s.apply(&files, "d2", &alloc, None, &audit("apply"))
+                .await
+                .unwrap(),
+            2
+        );
+        match s
+            .apply(&files, "d3", &alloc, Some(1), &audit("apply"))
+            .await
+        {
+            Err(StoreError::Conflict {
+                current: 2,
+                expected: 1,
+            }) => {}
+            other => panic!("{:?}: expected a conflict, got {other:?}", s.backend),
+        }
+        let cur = s.current_revision().await.unwrap().unwrap();
+        assert_eq!(
+            (cur.number, cur.digest.as_str(), cur.files.clone()),
+            (2, "d2", files.clone())
+        );
+        assert_eq!(s.allocation().await.unwrap(), alloc);
+
+        // Two applies that both expect revision 2: exactly one wins.
+        let s = Arc::new(s);
+        let tasks: Vec<_> = (0..2)
+            .map(|i| {
+                let s = s.clone();
+                let files = files.clone();
+                let alloc = alloc.clone();
+                tokio::spawn(async move {
+                    s.apply(&files, &format!("r{i}"), &alloc, Some(2), &audit("apply"))
+                        .await
+                })
+            })
+            .collect();
+        let mut ok = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(3) => ok += 1,
+                Err(StoreError::Conflict { current: 3, .. }) => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(ok, 1, "{:?}: exactly one concurrent apply wins", s.backend);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_is_used_once_even_when_redeemed_concurrently() {
+    each_backend(|s| async move {
+        s.create_token(&token("t1", "db-1"), &audit("token issued"))
+            .await
+            .unwrap();
+        let s = Arc::new(s);
+        let tasks: Vec<_> = (0..8)
+            .map(|i| {
+                let s = s.clone();
+                tokio::spawn(async move {
+                    s.enrol(
+                        "t1",
+                        &node("db-1", &format!("key{i}")),
+                        &audit("node enrolled"),
+                    )
+                    .await
+                })
+            })
+            .collect();
+        let mut won = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(()) => won += 1,
+                Err(StoreError::TokenUsed) => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(won, 1, "{:?}: one redemption wins", s.backend);
+        let t = s.token("t1").await.unwrap().unwrap();
+        assert!(t.used_at.is_some());
+        assert!(
+            !s.revoke_token("t1", &audit("token revoked")).await.unwrap(),
+            "a used token cannot be revoked"
+        );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_held_by_another_node_is_refused_and_the_token_stays_unused() {
+    each_backend(|s| async move {
+        s.create_token(&token("t1", "a"), &audit("t"))
+            .await
+            .unwrap();
+        s.create_token(&token("t2", "b"), &audit("t"))
+            .await
+            .unwrap();
+        s.enrol("t1", &node("a", "K"), &audit("e")).await.unwrap();
+        match s.enrol("t2", &node("b", "K"), &audit("e")).await {
+            Err(StoreError::KeyTaken(holder)) => assert_eq!(holder, "a"),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            s.token("t2").await.unwrap().unwrap().used_at.is_none(),
+            "a refused enrolment leaves the token unused"
+        );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn states_change_and_every_decision_is_in_a_verifiable_audit_chain() {
+    each_backend(|s| async move {
+        s.create_token(&token("t1", "a"), &audit("token issued"))
+            .await
+            .unwrap();
+        let mut n = node("a", "K");
+        n.state = "pending".into();
+        s.enrol("t1", &n, &audit("node enrolled")).await.unwrap();
+        assert_eq!(
+            s.set_state("a", &["pending"], "active", &audit("node approved"))
+                .await
+                .unwrap(),
+            "pending"
+        );
+        assert!(s
+            .set_state("a", &["pending"], "active", &audit("node approved"))
+            .await
+            .is_err());
+        s.set_state(
+            "a",
+            &["active", "pending"],
+            "revoked",
+            &audit("node revoked"),
+        )
+        .await
+        .unwrap();
+        let rec = s.node("a").await.unwrap().unwrap();
+        assert_eq!((rec.state.as_str(), rec.cert_serial), ("revoked", None));
+
+        let chain = s.audit().await.unwrap();
+        let actions: Vec<&str> = chain.iter().map(|r| r.action.as_str()).collect();
+        assert_eq!(
+            actions,
+            [
+                "token issued",
+                "node enrolled",
+                "node approved",
+                "node revoked"
+            ]
+        );
+        assert_eq!(verify_audit(&chain), Ok(4));
+        s.execute_raw("UPDATE audit SET subject = 'b' WHERE seq = 2")
+            .await
+            .unwrap();
+        assert_eq!(
+            verify_audit(&s.audit().await.unwrap()),
+            Err("audit record 2 was altered: its hash does not match its content".into())
+        );
+    })
+    .await;
+}
