@@ -2,5 +2,6 @@
 //! namespaces with real nftables.
 
 mod cli;
+mod controller;
 mod nft;
 mod support;

@@ -2,6 +2,8 @@
 //! names the CA decides), the node's own key and CSR, fingerprints and inspection. No IO and no
 //! clock: `now` is an argument.
 
+pub mod tls;
+
 use std::time::{Duration, SystemTime};
 
 use rcgen::{

@@ -1,8 +1,10 @@
 //! `trellis`: the controller, the admin CLI, the offline tools and the lab, as one binary.
 
+mod admin;
 mod bench;
 mod declfs;
 mod offline;
+mod time;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -60,11 +62,85 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Create a controller: mesh CA, TLS certificate, bundle-signing key, admin credential, database
+    Init {
+        /// Where the controller keeps its keys, configuration and (by default) its SQLite database
+        #[arg(long)]
+        state_dir: PathBuf,
+        /// HOST:PORT where nodes and admins reach the controller; repeat for several
+        #[arg(long, required = true)]
+        advertise: Vec<String>,
+        /// The socket address to listen on (default 0.0.0.0 with the first advertised port)
+        #[arg(long)]
+        listen: Option<String>,
+        /// sqlite://PATH or postgres://... (default: sqlite in the state directory)
+        #[arg(long)]
+        database_url: Option<String>,
+        /// Lifetime of node certificates: 24h, 90m, 7d; nodes renew at two thirds of it
+        #[arg(long, default_value = "24h", value_parser = admin::parse_duration)]
+        cert_lifetime: u64,
+    },
+    /// Run the controller: HTTPS API for enrolment, nodes and admins
+    Serve {
+        #[arg(long)]
+        state_dir: PathBuf,
+        /// Override the database: sqlite://PATH or postgres://USER@HOST/DB (several controllers may share one PostgreSQL)
+        #[arg(long)]
+        database_url: Option<String>,
+        /// Override the listen address
+        #[arg(long)]
+        listen: Option<String>,
+    },
+    /// Publish a declaration directory to the controller as a new revision (validated exactly like check)
+    Apply {
+        dir: PathBuf,
+        /// Fail with a conflict unless the current revision is N (0 before the first apply)
+        #[arg(long)]
+        expect_revision: Option<i64>,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        conn: admin::Conn,
+    },
+    /// Enrolment tokens: create, list, revoke
+    Token {
+        #[command(subcommand)]
+        cmd: admin::TokenCommand,
+        #[command(flatten)]
+        conn: admin::Conn,
+    },
+    /// Every node: state, overlay addresses, key fingerprint, certificate expiry, last contact
+    Nodes {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        conn: admin::Conn,
+    },
+    /// Approve or revoke a node
+    Node {
+        #[command(subcommand)]
+        cmd: admin::NodeCommand,
+        #[command(flatten)]
+        conn: admin::Conn,
+    },
+    /// Verify the audit chain of every governance decision
+    Audit {
+        #[command(subcommand)]
+        cmd: AuditCommand,
+        #[command(flatten)]
+        conn: admin::Conn,
+    },
     /// Measure the compiler on a generated mesh and print the figures
     Bench {
         #[command(subcommand)]
         what: bench::BenchCommand,
     },
+}
+
+#[derive(Subcommand)]
+enum AuditCommand {
+    /// Check that every audit record follows the one before it, unaltered
+    Verify,
 }
 
 fn main() -> ExitCode {
@@ -85,6 +161,31 @@ fn main() -> ExitCode {
             json,
         } => offline::explain(&dir, &from, &to, json),
         Command::Bench { what } => bench::run(what),
+        Command::Init {
+            state_dir,
+            advertise,
+            listen,
+            database_url,
+            cert_lifetime,
+        } => admin::init(&state_dir, advertise, listen, database_url, cert_lifetime),
+        Command::Serve {
+            state_dir,
+            database_url,
+            listen,
+        } => admin::serve(&state_dir, database_url, listen),
+        Command::Apply {
+            dir,
+            expect_revision,
+            json,
+            conn,
+        } => admin::apply(&conn, &dir, expect_revision, json),
+        Command::Token { cmd, conn } => admin::token(&conn, cmd),
+        Command::Nodes { json, conn } => admin::nodes(&conn, json),
+        Command::Node { cmd, conn } => admin::node(&conn, cmd),
+        Command::Audit {
+            cmd: AuditCommand::Verify,
+            conn,
+        } => admin::audit_verify(&conn),
     };
     match result {
         Ok(code) => code,

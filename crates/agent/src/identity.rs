@@ -1,0 +1,285 @@
+//! The node's identity: its WireGuard and TLS keys (made here, mode 0600 from the first byte),
+//! its certificate, the mesh CA, and `identity.toml` (who it is and where the controller is).
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use trellis_core::token::EnrolmentToken;
+use trellis_proto as proto;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Identity {
+    pub node: String,
+    pub mesh: String,
+    pub controllers: Vec<String>,
+    /// Base64 of the controller's ed25519 bundle-signing public key.
+    pub signing_public_key: String,
+    /// "active" or "pending" as of enrolment.
+    pub state: String,
+}
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+/// Writes a file atomically: a temporary file created with `mode` before any byte is written,
+/// synced, then renamed over `path`.
+fn write_file(path: &Path, content: &[u8], mode: u32) -> Result<()> {
+    let dir = path.parent().context("path has no parent")?;
+    let tmp = dir.join(format!(
+        ".{}.tmp",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("file")
+    ));
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)
+        .with_context(|| format!("cannot create {}", tmp.display()))?;
+    f.write_all(content)
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    f.sync_all()
+        .with_context(|| format!("cannot sync {}", tmp.display()))?;
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
+/// The node's WireGuard key pair, made on first use and kept.
+fn wireguard_key(dir: &Path) -> Result<String> {
+    let path = dir.join("wireguard.key");
+    let secret =
+        if path.exists() {
+            let bytes = B64
+                .decode(read(&path)?.trim())
+                .ok()
+                .and_then(|b| <[u8; 32]>::try_from(b).ok());
+            x25519_dalek::StaticSecret::from(bytes.with_context(|| {
+                format!("{} does not hold a WireGuard private key", path.display())
+            })?)
+        } else {
+            let s = x25519_dalek::StaticSecret::random_from_rng(rand::rngs::OsRng);
+            write_file(
+                &path,
+                format!("{}\n", B64.encode(s.to_bytes())).as_bytes(),
+                0o600,
+            )?;
+            s
+        };
+    Ok(B64.encode(x25519_dalek::PublicKey::from(&secret).as_bytes()))
+}
+
+fn http_client(tls: rustls::ClientConfig) -> Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .timeout(std::time::Duration::from_secs(30))
+        .build()?)
+}
+
+async fn answer<T: serde::de::DeserializeOwned>(resp: reqwest::Response) -> Result<T> {
+    let status = resp.status();
+    if status.is_success() {
+        return resp
+            .json()
+            .await
+            .context("the controller's answer is not what this agent expects");
+    }
+    let text = resp.text().await.unwrap_or_default();
+    match serde_json::from_str::<proto::ErrorBody>(&text) {
+        Ok(b) => bail!("the controller refused: {}", b.error),
+        Err(_) => bail!("the controller answered {status}: {text}"),
+    }
+}
+
+pub async fn enrol(token_text: &str, dir: &Path, force: bool) -> Result<()> {
+    // A damaged token fails here, before any key is made or any packet is sent.
+    let token = EnrolmentToken::decode(token_text).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if dir.join("identity.toml").exists() && !force {
+        bail!(
+            "{} already holds the identity of a node; pass --force to enrol again",
+            dir.display()
+        );
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("cannot set the mode of {}", dir.display()))?;
+    }
+    let wg_public = wireguard_key(dir)?;
+    let (tls_key, csr) = trellis_pki::node_key_and_csr(&token.node)?;
+    let req = proto::EnrolRequest {
+        token_id: trellis_core::token::hex(&token.id),
+        secret: B64.encode(token.secret),
+        node: token.node.clone(),
+        csr_pem: csr,
+        wireguard_public_key: wg_public.clone(),
+    };
+    let mut last_error = None;
+    for controller in &token.controllers {
+        let (tls, report) = trellis_pki::tls::pinned_client_config(token.ca_fingerprint);
+        let client = http_client(tls)?;
+        match client
+            .post(format!("https://{controller}/v1/enrol"))
+            .json(&req)
+            .send()
+            .await
+        {
+            Ok(resp) => {
+                let resp: proto::EnrolResponse = answer(resp).await?;
+                write_file(&dir.join("node.key"), tls_key.as_bytes(), 0o600)?;
+                write_file(&dir.join("node.pem"), resp.node_cert_pem.as_bytes(), 0o644)?;
+                write_file(&dir.join("ca.pem"), resp.ca_pem.as_bytes(), 0o644)?;
+                let id = Identity {
+                    node: resp.node.clone(),
+                    mesh: resp.mesh.clone(),
+                    controllers: resp.controllers,
+                    signing_public_key: resp.signing_public_key,
+                    state: resp.state.clone(),
+                };
+                write_file(
+                    &dir.join("identity.toml"),
+                    toml::to_string(&id)?.as_bytes(),
+                    0o644,
+                )?;
+                let info = trellis_pki::inspect_pem(&resp.node_cert_pem)?;
+                println!(
+                    "enrolled node {} in mesh {} ({}); certificate valid until {} (unix); WireGuard public key {wg_public}",
+                    resp.node, resp.mesh, resp.state, info.not_after
+                );
+                return Ok(());
+            }
+            Err(e) => {
+                if let Some(msg) = report.lock().expect("pin report").mismatch.clone() {
+                    bail!("{controller}: {msg}");
+                }
+                last_error = Some(format!("{controller}: {e}"));
+            }
+        }
+    }
+    bail!(
+        "cannot reach any controller named in the token: {}",
+        last_error.unwrap_or_default()
+    )
+}
+
+pub fn load(dir: &Path) -> Result<Identity> {
+    let path = dir.join("identity.toml");
+    let text = read(&path).with_context(|| {
+        format!(
+            "{} holds no enrolled node; run `trellis-agent enrol TOKEN --state-dir {}`",
+            dir.display(),
+            dir.display()
+        )
+    })?;
+    toml::from_str(&text).with_context(|| format!("{} is not a valid identity", path.display()))
+}
+
+/// A client presenting this node's certificate and trusting only the mesh CA.
+pub fn node_client(dir: &Path) -> Result<reqwest::Client> {
+    let tls = trellis_pki::tls::client_config(
+        &read(&dir.join("ca.pem"))?,
+        Some((&read(&dir.join("node.pem"))?, &read(&dir.join("node.key"))?)),
+    )?;
+    http_client(tls)
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// Whether a certificate is due for renewal: two thirds of its lifetime have passed.
+pub fn renewal_due(not_before: i64, not_after: i64, now: i64) -> bool {
+    now >= not_before + (not_after - not_before) * 2 / 3
+}
+
+pub async fn renew(dir: &Path, force: bool) -> Result<()> {
+    let id = load(dir)?;
+    let cert = read(&dir.join("node.pem"))?;
+    let info = trellis_pki::inspect_pem(&cert)?;
+    let now = unix_now();
+    if now >= info.not_after {
+        bail!("the certificate of node {} expired at {} (unix): it cannot renew; enrol again with a new token", id.node, info.not_after);
+    }
+    if !force && !renewal_due(info.not_before, info.not_after, now) {
+        println!("certificate of node {} is not due for renewal until two thirds of its lifetime; it expires at {}", id.node, info.not_after);
+        return Ok(());
+    }
+    let csr = trellis_pki::csr_from_key(&read(&dir.join("node.key"))?, &id.node)?;
+    let client = node_client(dir)?;
+    let mut last_error = None;
+    for controller in &id.controllers {
+        match client
+            .post(format!("https://{controller}/v1/renew"))
+            .json(&proto::RenewRequest {
+                csr_pem: csr.clone(),
+            })
+            .send()
+            .await
+        {
+            Ok(resp) => {
+                let resp: proto::RenewResponse = answer(resp).await?;
+                write_file(&dir.join("node.pem"), resp.node_cert_pem.as_bytes(), 0o644)?;
+                println!(
+                    "renewed the certificate of node {}; valid until {} (unix)",
+                    id.node, resp.not_after
+                );
+                return Ok(());
+            }
+            Err(e) => last_error = Some(format!("{controller}: {e}")),
+        }
+    }
+    bail!(
+        "cannot reach the controller: {}",
+        last_error.unwrap_or_default()
+    )
+}
+
+pub fn status(dir: &Path, json: bool) -> Result<()> {
+    let id = load(dir)?;
+    let info = trellis_pki::inspect_pem(&read(&dir.join("node.pem"))?)?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "node": id.node, "mesh": id.mesh, "controllers": id.controllers, "state_at_enrolment": id.state,
+                "certificate": {"serial": info.serial, "not_before": info.not_before, "not_after": info.not_after,
+                                "renewal_due": renewal_due(info.not_before, info.not_after, unix_now())},
+            }))?
+        );
+    } else {
+        println!(
+            "node {} in mesh {} (at enrolment: {})",
+            id.node, id.mesh, id.state
+        );
+        println!("controllers: {}", id.controllers.join(", "));
+        println!(
+            "certificate: serial {}, valid until {} (unix)",
+            info.serial, info.not_after
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn renewal_is_due_at_two_thirds() {
+        assert!(!super::renewal_due(0, 90, 59));
+        assert!(super::renewal_due(0, 90, 60));
+    }
+}

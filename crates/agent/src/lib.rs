@@ -1,0 +1,79 @@
+//! `trellis-agent`: enrols a node with a pasted token, and keeps its identity current. The
+//! binary of the same name (in the `trellis` package) only calls [`main`].
+
+pub mod identity;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "trellis-agent",
+    version,
+    about = "The trellis host agent: enrol this node, then pull and apply what the controller decided for it",
+    long_about = "The trellis host agent. Enrol this node by pasting the token `trellis token create NODE` printed; its private keys are made here and never leave this machine.\n\nExit status: 0 on success, 1 when something is wrong (the message says what), 2 on a usage error."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Enrol this node: make its keys, check the controller against the token's CA fingerprint, get its certificate
+    Enrol {
+        /// The token, as printed by `trellis token create` (one line)
+        token: String,
+        /// Where the node's keys, certificate and identity are kept
+        #[arg(long)]
+        state_dir: PathBuf,
+        /// Enrol again even if the state directory already holds an identity (keeps the WireGuard key)
+        #[arg(long)]
+        force: bool,
+    },
+    /// Renew the node certificate over mutual TLS once two thirds of its lifetime have passed
+    Renew {
+        #[arg(long)]
+        state_dir: PathBuf,
+        /// Renew now, whatever the certificate's age
+        #[arg(long)]
+        force: bool,
+    },
+    /// Show this node's identity and certificate
+    Status {
+        #[arg(long)]
+        state_dir: PathBuf,
+        /// Print as JSON
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The whole command line of `trellis-agent`.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let result = rt.block_on(async {
+        match cli.command {
+            Command::Enrol {
+                token,
+                state_dir,
+                force,
+            } => identity::enrol(&token, &state_dir, force).await,
+            Command::Renew { state_dir, force } => identity::renew(&state_dir, force).await,
+            Command::Status { state_dir, json } => identity::status(&state_dir, json),
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

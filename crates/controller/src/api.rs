@@ -1,0 +1,757 @@
+//! The HTTP API: `fn app(ctx) -> Router`. Handlers parse, call the core or the store, and map
+//! errors; authentication is two extractors, `Admin` (bearer credential) and `NodeIdentity`
+//! (a client certificate issued by the mesh CA, for a node that is neither revoked nor replaced).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, State};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use base64::Engine;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use trellis_core::decl::PublicKey;
+use trellis_core::token::EnrolmentToken;
+use trellis_core::{Declaration, SourceFile};
+use trellis_proto as proto;
+use trellis_store::{Audit, NodeRecord, Store, TokenRecord};
+
+use crate::error::ApiError;
+use crate::now;
+use crate::state::Config;
+
+/// Everything a handler needs.
+pub struct Ctx {
+    pub store: Store,
+    pub ca: trellis_pki::Ca,
+    pub config: Config,
+    pub signing_public_key: [u8; 32],
+    pub admin_sha256: [u8; 32],
+}
+
+/// The DER of the client certificate of this connection, if one was presented.
+#[derive(Clone, Debug, Default)]
+pub struct PeerCert(pub Option<Arc<Vec<u8>>>);
+
+type Shared = Arc<Ctx>;
+
+pub fn app(ctx: Shared) -> Router {
+    Router::new()
+        .route("/v1/health", get(|| async { "ok\n" }))
+        .route(
+            "/v1/enrol",
+            post(enrol).layer(DefaultBodyLimit::max(64 * 1024)),
+        )
+        .route(
+            "/v1/renew",
+            post(renew).layer(DefaultBodyLimit::max(64 * 1024)),
+        )
+        .route("/v1/whoami", get(whoami))
+        .route(
+            "/v1/admin/apply",
+            post(apply).layer(DefaultBodyLimit::max(16 * 1024 * 1024)),
+        )
+        .route("/v1/admin/tokens", post(create_token).get(list_tokens))
+        .route("/v1/admin/tokens/{id}", delete(revoke_token))
+        .route("/v1/admin/nodes", get(list_nodes))
+        .route("/v1/admin/nodes/{name}/approve", post(approve))
+        .route("/v1/admin/nodes/{name}/revoke", post(revoke))
+        .route("/v1/admin/audit", get(audit_log))
+        .layer(DefaultBodyLimit::max(256 * 1024))
+        .with_state(ctx)
+}
+
+// --- authentication --------------------------------------------------------------------------
+
+/// An administrator: the request carries the admin credential as a bearer token.
+pub struct Admin;
+
+impl FromRequestParts<Shared> for Admin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, ctx: &Shared) -> Result<Self, ApiError> {
+        let given = parts
+            .headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or_else(|| {
+                ApiError::unauthorized(
+                    "admin_required",
+                    "this needs the admin credential (Authorization: Bearer ...)",
+                )
+            })?;
+        let digest: [u8; 32] = Sha256::digest(given.trim().as_bytes()).into();
+        if bool::from(digest.ct_eq(&ctx.admin_sha256)) {
+            Ok(Admin)
+        } else {
+            Err(ApiError::unauthorized(
+                "admin_denied",
+                "the admin credential is wrong",
+            ))
+        }
+    }
+}
+
+/// A node, proven by its certificate.
+pub struct NodeIdentity {
+    pub record: NodeRecord,
+    pub serial: String,
+}
+
+impl FromRequestParts<Shared> for NodeIdentity {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, ctx: &Shared) -> Result<Self, ApiError> {
+        let cert = parts
+            .extensions
+            .get::<PeerCert>()
+            .and_then(|p| p.0.clone())
+            .ok_or_else(|| {
+                ApiError::unauthorized(
+                    "node_certificate_required",
+                    "this needs a node certificate (mutual TLS)",
+                )
+            })?;
+        let info = trellis_pki::inspect_der(&cert)
+            .map_err(|e| ApiError::unauthorized("bad_certificate", e.to_string()))?;
+        let node = info.common_name;
+        let record = ctx.store.node(&node).await?.ok_or_else(|| {
+            ApiError::forbidden("unknown_node", format!("node `{node}` is not enrolled"))
+        })?;
+        if record.state == "revoked" {
+            return Err(ApiError::forbidden(
+                "node_revoked",
+                format!("node `{node}` has been revoked"),
+            ));
+        }
+        let current = [
+            record.cert_serial.as_deref(),
+            record.prev_cert_serial.as_deref(),
+        ];
+        if !current.contains(&Some(info.serial.as_str())) {
+            return Err(ApiError::forbidden(
+                "certificate_replaced",
+                format!("this certificate of node `{node}` has been replaced; enrol again"),
+            ));
+        }
+        ctx.store.touch(&node, now()).await?;
+        Ok(NodeIdentity {
+            record,
+            serial: info.serial,
+        })
+    }
+}
+
+// --- declarations ----------------------------------------------------------------------------
+
+fn diag(d: &trellis_core::Diagnostic) -> proto::Diagnostic {
+    proto::Diagnostic {
+        severity: d.severity.as_str().to_string(),
+        file: d.loc.file.to_string(),
+        line: d.loc.line,
+        column: d.loc.col,
+        message: d.message.clone(),
+    }
+}
+
+fn valid_path(p: &str) -> bool {
+    p == "mesh.toml"
+        || p.strip_prefix("modules/")
+            .and_then(|n| n.strip_suffix(".toml"))
+            .is_some_and(|n| {
+                !n.is_empty()
+                    && n.len() <= 64
+                    && n.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            })
+}
+
+/// Loads a stored or submitted set of files, mesh.toml first.
+pub fn load_files(files: &[(String, String)]) -> trellis_core::Loaded {
+    let mesh = files
+        .iter()
+        .find(|(p, _)| p == "mesh.toml")
+        .map(|(p, t)| SourceFile {
+            path: p.clone(),
+            text: t.clone(),
+        });
+    let mut modules: Vec<SourceFile> = files
+        .iter()
+        .filter(|(p, _)| p != "mesh.toml")
+        .map(|(p, t)| SourceFile {
+            path: p.clone(),
+            text: t.clone(),
+        })
+        .collect();
+    modules.sort_by(|a, b| a.path.cmp(&b.path));
+    trellis_core::load(
+        &mesh.unwrap_or(SourceFile {
+            path: "mesh.toml".into(),
+            text: String::new(),
+        }),
+        &modules,
+    )
+}
+
+/// The declaration of the current revision, if any.
+pub async fn current_declaration(store: &Store) -> Result<Option<(i64, Declaration)>, ApiError> {
+    let Some(rev) = store.current_revision().await? else {
+        return Ok(None);
+    };
+    let loaded = load_files(&rev.files);
+    match loaded.declaration {
+        Some(d) => Ok(Some((rev.number, d))),
+        None => Err(ApiError::internal(
+            "loading the stored revision",
+            "it no longer validates",
+        )),
+    }
+}
+
+async fn apply(
+    State(ctx): State<Shared>,
+    _: Admin,
+    Json(req): Json<proto::ApplyRequest>,
+) -> Result<Json<proto::ApplyResponse>, ApiError> {
+    let mut files: Vec<(String, String)> = Vec::new();
+    for f in &req.files {
+        if !valid_path(&f.path) {
+            return Err(ApiError::bad_request(format!(
+                "file {:?} is neither mesh.toml nor modules/NAME.toml",
+                f.path
+            )));
+        }
+        if files.iter().any(|(p, _)| *p == f.path) {
+            return Err(ApiError::bad_request(format!(
+                "file {:?} is sent twice",
+                f.path
+            )));
+        }
+        files.push((f.path.clone(), f.text.clone()));
+    }
+    if !files.iter().any(|(p, _)| p == "mesh.toml") {
+        return Err(ApiError::bad_request("the declaration has no mesh.toml"));
+    }
+    files.sort();
+    let loaded = load_files(&files);
+    let mut diagnostics = loaded.diagnostics.clone();
+    let decl = loaded.declaration;
+    if let Some(d) = &decl {
+        diagnostics.extend(trellis_core::explain::check(d));
+        trellis_core::diag::sort(&mut diagnostics);
+    }
+    let out: Vec<proto::Diagnostic> = diagnostics.iter().map(diag).collect();
+    let errors = diagnostics.iter().filter(|d| d.is_error()).count();
+    let Some(decl) = decl.filter(|_| errors == 0) else {
+        let mut e = ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_declaration",
+            format!("the declaration has {errors} error(s); nothing was changed"),
+        );
+        e.diagnostics = out;
+        return Err(e);
+    };
+    let digest = {
+        let mut h = Sha256::new();
+        for (p, t) in &files {
+            h.update((p.len() as u64).to_be_bytes());
+            h.update(p.as_bytes());
+            h.update((t.len() as u64).to_be_bytes());
+            h.update(t.as_bytes());
+        }
+        hex::encode(h.finalize())
+    };
+    let current = ctx.store.current_revision().await?;
+    if let Some(cur) = &current {
+        if let Some(expected) = req.expect_revision {
+            if expected != cur.number {
+                return Err(trellis_store::StoreError::Conflict {
+                    current: cur.number,
+                    expected,
+                }
+                .into());
+            }
+        }
+        if cur.digest == digest {
+            return Ok(Json(proto::ApplyResponse {
+                revision: cur.number,
+                diagnostics: out,
+                unchanged: true,
+            }));
+        }
+    }
+    let previous = ctx.store.allocation().await?;
+    let allocation = trellis_core::allocate(&decl, &previous).map_err(|d| {
+        let mut e = ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_declaration",
+            d.message.clone(),
+        );
+        e.diagnostics = vec![diag(&d)];
+        e
+    })?;
+    let audit = Audit {
+        at: now(),
+        actor: "admin",
+        action: "declaration applied",
+        subject: &decl.mesh.name,
+        detail: format!("sha256 {digest}"),
+    };
+    let revision = ctx
+        .store
+        .apply(&files, &digest, &allocation, req.expect_revision, &audit)
+        .await?;
+    Ok(Json(proto::ApplyResponse {
+        revision,
+        diagnostics: out,
+        unchanged: false,
+    }))
+}
+
+// --- tokens ----------------------------------------------------------------------------------
+
+const MAX_TTL: u64 = 30 * 86400;
+
+async fn create_token(
+    State(ctx): State<Shared>,
+    _: Admin,
+    Json(req): Json<proto::TokenRequest>,
+) -> Result<Json<proto::TokenCreated>, ApiError> {
+    if req.ttl_secs == 0 || req.ttl_secs > MAX_TTL {
+        return Err(ApiError::bad_request(format!(
+            "token lifetime must be between 1 second and 30 days, not {} seconds",
+            req.ttl_secs
+        )));
+    }
+    let Some((rev, decl)) = current_declaration(&ctx.store).await? else {
+        return Err(ApiError::conflict(
+            "no_declaration",
+            "no declaration has been applied yet; run `trellis apply DIR` first",
+        ));
+    };
+    let Some(node) = decl.node(&req.node) else {
+        return Err(ApiError::not_found(format!(
+            "node `{}` is not declared in revision {rev}; declare it and apply first",
+            req.node
+        )));
+    };
+    if node.public_key.is_some() {
+        return Err(ApiError::conflict(
+            "node_managed_outside",
+            format!(
+                "node `{}` declares a public_key: it is managed outside trellis and does not enrol",
+                req.node
+            ),
+        ));
+    }
+    let id: [u8; 8] = rand::random();
+    let secret: [u8; 24] = rand::random();
+    let created = now();
+    let expires = created + req.ttl_secs as i64;
+    let token = EnrolmentToken {
+        controllers: ctx.config.advertise.clone(),
+        ca_fingerprint: ctx.ca.fingerprint(),
+        id,
+        secret,
+        node: req.node.clone(),
+        expires: expires as u64,
+    };
+    let text = token
+        .encode()
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let record = TokenRecord {
+        id: hex::encode(id),
+        node: req.node.clone(),
+        secret_sha256: hex::encode(Sha256::digest(secret)),
+        created_at: created,
+        expires_at: expires,
+        used_at: None,
+        revoked_at: None,
+        require_approval: req.require_approval,
+    };
+    let audit = Audit {
+        at: created,
+        actor: "admin",
+        action: "token issued",
+        subject: &req.node,
+        detail: format!("token {} expires {expires}", record.id),
+    };
+    ctx.store.create_token(&record, &audit).await?;
+    Ok(Json(proto::TokenCreated {
+        token: text,
+        id: record.id,
+        node: req.node,
+        expires_at: expires,
+    }))
+}
+
+fn token_info(t: &TokenRecord, now: i64) -> proto::TokenInfo {
+    let state = if t.revoked_at.is_some() {
+        "revoked"
+    } else if t.used_at.is_some() {
+        "used"
+    } else if now >= t.expires_at {
+        "expired"
+    } else {
+        "valid"
+    };
+    proto::TokenInfo {
+        id: t.id.clone(),
+        node: t.node.clone(),
+        created_at: t.created_at,
+        expires_at: t.expires_at,
+        used_at: t.used_at,
+        revoked_at: t.revoked_at,
+        require_approval: t.require_approval,
+        state: state.to_string(),
+    }
+}
+
+async fn list_tokens(
+    State(ctx): State<Shared>,
+    _: Admin,
+) -> Result<Json<Vec<proto::TokenInfo>>, ApiError> {
+    let n = now();
+    Ok(Json(
+        ctx.store
+            .tokens()
+            .await?
+            .iter()
+            .map(|t| token_info(t, n))
+            .collect(),
+    ))
+}
+
+async fn revoke_token(
+    State(ctx): State<Shared>,
+    _: Admin,
+    Path(id): Path<String>,
+) -> Result<Json<proto::TokenInfo>, ApiError> {
+    let Some(t) = ctx.store.token(&id).await? else {
+        return Err(ApiError::not_found(format!("no token {id}")));
+    };
+    let audit = Audit {
+        at: now(),
+        actor: "admin",
+        action: "token revoked",
+        subject: &t.node,
+        detail: format!("token {id}"),
+    };
+    if !ctx.store.revoke_token(&id, &audit).await? {
+        let state = token_info(&t, now()).state;
+        return Err(ApiError::conflict(
+            "token_not_revocable",
+            format!("token {id} is {state}; only an unused token can be revoked"),
+        ));
+    }
+    let t = ctx.store.token(&id).await?.expect("just revoked");
+    Ok(Json(token_info(&t, now())))
+}
+
+// --- enrolment -------------------------------------------------------------------------------
+
+async fn enrol(
+    State(ctx): State<Shared>,
+    Json(req): Json<proto::EnrolRequest>,
+) -> Result<Json<proto::EnrolResponse>, ApiError> {
+    let secret = base64::engine::general_purpose::STANDARD
+        .decode(&req.secret)
+        .ok()
+        .filter(|s| s.len() == 24)
+        .ok_or_else(|| ApiError::bad_request("the token secret is malformed"))?;
+    let token = ctx.store.token(&req.token_id).await?.ok_or_else(|| {
+        ApiError::unauthorized("token_unknown", "token is not known to this controller")
+    })?;
+    let stored =
+        hex::decode(&token.secret_sha256).map_err(|e| ApiError::internal("reading a token", e))?;
+    let given = Sha256::digest(&secret);
+    if !bool::from(given.as_slice().ct_eq(&stored)) {
+        return Err(ApiError::unauthorized(
+            "token_wrong",
+            "token secret does not match; copy the token again",
+        ));
+    }
+    let t = now();
+    if token.revoked_at.is_some() {
+        return Err(ApiError::unauthorized(
+            "token_revoked",
+            "token has been revoked",
+        ));
+    }
+    if token.used_at.is_some() {
+        return Err(ApiError::conflict("token_used", "token already used"));
+    }
+    if t >= token.expires_at {
+        return Err(ApiError::unauthorized(
+            "token_expired",
+            "token has expired; ask for a new one",
+        ));
+    }
+    if req.node != token.node {
+        return Err(ApiError::forbidden(
+            "token_node",
+            format!("token is for node `{}`, not `{}`", token.node, req.node),
+        ));
+    }
+    let Some((rev, decl)) = current_declaration(&ctx.store).await? else {
+        return Err(ApiError::conflict(
+            "no_declaration",
+            "no declaration has been applied",
+        ));
+    };
+    let Some(node) = decl.node(&req.node) else {
+        return Err(ApiError::forbidden(
+            "node_undeclared",
+            format!("node `{}` is no longer declared (revision {rev})", req.node),
+        ));
+    };
+    if node.public_key.is_some() {
+        return Err(ApiError::forbidden(
+            "node_managed_outside",
+            format!(
+                "node `{}` declares a public_key and does not enrol",
+                req.node
+            ),
+        ));
+    }
+    let key = PublicKey::parse(&req.wireguard_public_key).ok_or_else(|| {
+        ApiError::bad_request(
+            "wireguard_public_key is not a WireGuard public key (44 characters of base64)",
+        )
+    })?;
+    if let Some(holder) = decl.nodes.iter().find(|n| n.public_key == Some(key)) {
+        return Err(ApiError::conflict(
+            "key_taken",
+            format!(
+                "WireGuard public key is already held by node `{}`",
+                holder.name
+            ),
+        ));
+    }
+    let lifetime = Duration::from_secs(ctx.config.node_cert_secs);
+    let issued = ctx
+        .ca
+        .sign_node(
+            &req.csr_pem,
+            &req.node,
+            &decl.mesh.name,
+            std::time::SystemTime::now(),
+            lifetime,
+        )
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let state = if token.require_approval {
+        "pending"
+    } else {
+        "active"
+    };
+    let record = NodeRecord {
+        name: req.node.clone(),
+        state: state.to_string(),
+        wg_public_key: Some(key.to_string()),
+        cert_serial: Some(issued.serial.clone()),
+        prev_cert_serial: None,
+        cert_not_after: Some(issued.not_after),
+        enrolled_at: t,
+        last_contact: Some(t),
+    };
+    let audit = Audit {
+        at: t,
+        actor: &format!("token {}", token.id),
+        action: "node enrolled",
+        subject: &req.node,
+        detail: format!("state {state}, key {key}, certificate {}", issued.serial),
+    };
+    ctx.store.enrol(&token.id, &record, &audit).await?;
+    Ok(Json(proto::EnrolResponse {
+        node: req.node,
+        mesh: decl.mesh.name.clone(),
+        state: state.to_string(),
+        node_cert_pem: issued.cert_pem,
+        ca_pem: ctx.ca.cert_pem().to_string(),
+        signing_public_key: base64::engine::general_purpose::STANDARD
+            .encode(ctx.signing_public_key),
+        controllers: ctx.config.advertise.clone(),
+    }))
+}
+
+async fn renew(
+    State(ctx): State<Shared>,
+    who: NodeIdentity,
+    Json(req): Json<proto::RenewRequest>,
+) -> Result<Json<proto::RenewResponse>, ApiError> {
+    let name = who.record.name.clone();
+    let mesh = current_declaration(&ctx.store)
+        .await?
+        .map(|(_, d)| d.mesh.name)
+        .unwrap_or_default();
+    let issued = ctx
+        .ca
+        .sign_node(
+            &req.csr_pem,
+            &name,
+            &mesh,
+            std::time::SystemTime::now(),
+            Duration::from_secs(ctx.config.node_cert_secs),
+        )
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let audit = Audit {
+        at: now(),
+        actor: &format!("node {name}"),
+        action: "certificate renewed",
+        subject: &name,
+        detail: format!("{} replaces {}", issued.serial, who.serial),
+    };
+    ctx.store
+        .renew(&name, &who.serial, &issued.serial, issued.not_after, &audit)
+        .await?;
+    Ok(Json(proto::RenewResponse {
+        node_cert_pem: issued.cert_pem,
+        not_after: issued.not_after,
+    }))
+}
+
+async fn whoami(who: NodeIdentity) -> Json<proto::WhoAmI> {
+    Json(proto::WhoAmI {
+        node: who.record.name,
+        state: who.record.state,
+    })
+}
+
+// --- nodes -----------------------------------------------------------------------------------
+
+fn key_fingerprint(key: &str) -> Option<String> {
+    PublicKey::parse(key).map(|k| hex::encode(&Sha256::digest(k.0)[..8]))
+}
+
+async fn list_nodes(
+    State(ctx): State<Shared>,
+    _: Admin,
+) -> Result<Json<Vec<proto::NodeInfo>>, ApiError> {
+    let decl = current_declaration(&ctx.store).await?.map(|(_, d)| d);
+    let records = ctx.store.nodes().await?;
+    let alloc = ctx.store.allocation().await?;
+    let mut out = Vec::new();
+    let mut names: Vec<String> = decl
+        .iter()
+        .flat_map(|d| d.nodes.iter().map(|n| n.name.clone()))
+        .collect();
+    names.extend(records.iter().map(|r| r.name.clone()));
+    names.sort();
+    names.dedup();
+    for name in names {
+        let declared = decl.as_ref().and_then(|d| d.node(&name));
+        let rec = records.iter().find(|r| r.name == name);
+        let key = declared
+            .and_then(|n| n.public_key.map(|k| k.to_string()))
+            .or_else(|| rec.and_then(|r| r.wg_public_key.clone()));
+        let state = match (declared, rec) {
+            (None, _) => "removed".to_string(),
+            (Some(n), None) if n.public_key.is_some() => "external".to_string(),
+            (Some(_), None) => "declared".to_string(),
+            (Some(_), Some(r)) => r.state.clone(),
+        };
+        out.push(proto::NodeInfo {
+            ipv4: alloc.ipv4.get(&name).map(|a| a.to_string()),
+            ipv6: alloc.ipv6.get(&name).map(|a| a.to_string()),
+            key_fingerprint: key.as_deref().and_then(key_fingerprint),
+            wireguard_public_key: key,
+            cert_not_after: rec.and_then(|r| r.cert_not_after),
+            last_contact: rec.and_then(|r| r.last_contact),
+            name,
+            state,
+        });
+    }
+    Ok(Json(out))
+}
+
+async fn approve(
+    State(ctx): State<Shared>,
+    _: Admin,
+    Path(name): Path<String>,
+) -> Result<Json<proto::WhoAmI>, ApiError> {
+    let audit = Audit {
+        at: now(),
+        actor: "admin",
+        action: "node approved",
+        subject: &name,
+        detail: String::new(),
+    };
+    ctx.store
+        .set_state(&name, &["pending"], "active", &audit)
+        .await
+        .map_err(|e| match e {
+            trellis_store::StoreError::NotFound(_) => ApiError::conflict(
+                "not_pending",
+                format!("node `{name}` is not pending approval"),
+            ),
+            other => other.into(),
+        })?;
+    Ok(Json(proto::WhoAmI {
+        node: name,
+        state: "active".into(),
+    }))
+}
+
+async fn revoke(
+    State(ctx): State<Shared>,
+    _: Admin,
+    Path(name): Path<String>,
+) -> Result<Json<proto::WhoAmI>, ApiError> {
+    let audit = Audit {
+        at: now(),
+        actor: "admin",
+        action: "node revoked",
+        subject: &name,
+        detail: String::new(),
+    };
+    ctx.store
+        .set_state(&name, &["pending", "active"], "revoked", &audit)
+        .await
+        .map_err(|e| match e {
+            trellis_store::StoreError::NotFound(_) => ApiError::conflict(
+                "not_revocable",
+                format!("node `{name}` is not enrolled, or is revoked already"),
+            ),
+            other => other.into(),
+        })?;
+    Ok(Json(proto::WhoAmI {
+        node: name,
+        state: "revoked".into(),
+    }))
+}
+
+#[derive(serde::Serialize)]
+pub struct AuditEntry {
+    pub seq: i64,
+    pub at: i64,
+    pub actor: String,
+    pub action: String,
+    pub subject: String,
+    pub detail: String,
+    pub prev_hash: String,
+    pub hash: String,
+}
+
+async fn audit_log(State(ctx): State<Shared>, _: Admin) -> Result<Json<Vec<AuditEntry>>, ApiError> {
+    Ok(Json(
+        ctx.store
+            .audit()
+            .await?
+            .into_iter()
+            .map(|r| AuditEntry {
+                seq: r.seq,
+                at: r.at,
+                actor: r.actor,
+                action: r.action,
+                subject: r.subject,
+                detail: r.detail,
+                prev_hash: r.prev_hash,
+                hash: r.hash,
+            })
+            .collect(),
+    ))
+}

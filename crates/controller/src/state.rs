@@ -1,0 +1,187 @@
+//! The controller's state directory: mesh CA, TLS certificate, bundle-signing key, admin
+//! credential and configuration, made once by `trellis init`.
+
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use anyhow::{bail, Context, Result};
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::files;
+
+pub const CONFIG: &str = "controller.toml";
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Where agents and admins reach the controller, HOST:PORT; carried in every token.
+    pub advertise: Vec<String>,
+    /// The socket address `serve` listens on.
+    pub listen: String,
+    pub database_url: String,
+    /// SHA-256 (hex) of the admin credential; the credential itself is in `admin.token`.
+    pub admin_token_sha256: String,
+    /// Lifetime of node certificates, in seconds.
+    pub node_cert_secs: u64,
+}
+
+pub struct StateDir {
+    pub dir: PathBuf,
+    pub config: Config,
+}
+
+impl StateDir {
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    pub fn load(dir: &Path) -> Result<StateDir> {
+        let path = dir.join(CONFIG);
+        let text = files::read(&path).with_context(|| {
+            format!(
+                "{} holds no controller; run `trellis init --state-dir {}` first",
+                dir.display(),
+                dir.display()
+            )
+        })?;
+        let config: Config = toml::from_str(&text).with_context(|| {
+            format!("{} is not a valid controller configuration", path.display())
+        })?;
+        Ok(StateDir {
+            dir: dir.to_path_buf(),
+            config,
+        })
+    }
+
+    pub fn read(&self, name: &str) -> Result<String> {
+        files::read(&self.path(name))
+    }
+
+    pub fn signing_key(&self) -> Result<ed25519_dalek::SigningKey> {
+        let text = self.read("signing.key")?;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(text.trim())
+            .context("signing.key is not base64")?;
+        let seed: [u8; 32] = bytes
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("signing.key does not hold 32 bytes"))?;
+        Ok(ed25519_dalek::SigningKey::from_bytes(&seed))
+    }
+}
+
+pub struct InitOptions {
+    pub advertise: Vec<String>,
+    pub listen: Option<String>,
+    pub database_url: Option<String>,
+    pub node_cert_secs: u64,
+}
+
+/// Splits HOST:PORT (with `[v6]:PORT`) into host and port.
+pub fn split_host_port(s: &str) -> Result<(String, u16)> {
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let (h, p) = rest
+            .split_once("]:")
+            .with_context(|| format!("{s:?} is not [IPv6]:PORT"))?;
+        (h.to_string(), p)
+    } else {
+        let (h, p) = s
+            .rsplit_once(':')
+            .with_context(|| format!("advertise address {s:?} needs a port, as HOST:PORT"))?;
+        if h.contains(':') {
+            bail!("advertise address {s:?}: write an IPv6 address as [ADDRESS]:PORT");
+        }
+        (h.to_string(), p)
+    };
+    let port: u16 = port
+        .parse()
+        .ok()
+        .filter(|p| *p > 0)
+        .with_context(|| format!("advertise address {s:?} has no valid port"))?;
+    if host.is_empty() {
+        bail!("advertise address {s:?} has no host");
+    }
+    Ok((host, port))
+}
+
+/// Creates a controller in `dir`. Refuses a directory that already holds one.
+pub async fn init(dir: &Path, opts: &InitOptions) -> Result<StateDir> {
+    if opts.advertise.is_empty() {
+        bail!(
+            "give at least one --advertise HOST:PORT: it is where nodes will reach the controller"
+        );
+    }
+    let mut hosts = Vec::new();
+    for a in &opts.advertise {
+        hosts.push(split_host_port(a)?.0);
+    }
+    if dir.join(CONFIG).exists() || dir.join("ca.key").exists() {
+        bail!(
+            "{} already holds a controller ({}); refusing to overwrite it",
+            dir.display(),
+            CONFIG
+        );
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("cannot set the mode of {}", dir.display()))?;
+    }
+    let now = SystemTime::now();
+    let ca = trellis_pki::create_ca("trellis", now)?;
+    let ca_loaded = trellis_pki::Ca::load(&ca.cert_pem, &ca.key_pem)?;
+    let server = ca_loaded.server_cert(&hosts, now)?;
+    let signing = ed25519_dalek::SigningKey::generate(&mut rand::rngs::OsRng);
+    let admin: [u8; 32] = rand::random();
+    let admin_token = format!("trellis-admin-{}", hex::encode(admin));
+    let (_, port) = split_host_port(&opts.advertise[0])?;
+    let listen = opts
+        .listen
+        .clone()
+        .unwrap_or_else(|| format!("0.0.0.0:{port}"));
+    listen.parse::<std::net::SocketAddr>().with_context(|| {
+        format!("--listen {listen:?} is not a socket address such as 0.0.0.0:8443")
+    })?;
+    let database_url = opts
+        .database_url
+        .clone()
+        .unwrap_or_else(|| format!("sqlite://{}?mode=rwc", dir.join("trellis.db").display()));
+    let config = Config {
+        advertise: opts.advertise.clone(),
+        listen,
+        database_url: database_url.clone(),
+        admin_token_sha256: hex::encode(Sha256::digest(admin_token.as_bytes())),
+        node_cert_secs: opts.node_cert_secs,
+    };
+    files::create_new(&dir.join("ca.key"), ca.key_pem.as_bytes(), 0o600)?;
+    files::create_new(&dir.join("ca.pem"), ca.cert_pem.as_bytes(), 0o644)?;
+    files::create_new(&dir.join("server.key"), server.key_pem.as_bytes(), 0o600)?;
+    files::create_new(&dir.join("server.pem"), server.cert_pem.as_bytes(), 0o644)?;
+    files::create_new(
+        &dir.join("signing.key"),
+        base64::engine::general_purpose::STANDARD
+            .encode(signing.to_bytes())
+            .as_bytes(),
+        0o600,
+    )?;
+    files::create_new(
+        &dir.join("admin.token"),
+        format!("{admin_token}\n").as_bytes(),
+        0o600,
+    )?;
+    trellis_store::Store::open(&database_url)
+        .await
+        .with_context(|| format!("cannot create the database {database_url}"))?;
+    // The configuration is written last: its presence means the controller is complete.
+    files::create_new(
+        &dir.join(CONFIG),
+        toml::to_string(&config)?.as_bytes(),
+        0o600,
+    )?;
+    Ok(StateDir {
+        dir: dir.to_path_buf(),
+        config,
+    })
+}

@@ -1,0 +1,176 @@
+//! rustls configurations for trellis: the controller's server side (mutual TLS optional, so
+//! enrolment works without a client certificate), clients that trust the mesh CA, and the
+//! first contact of a new node, which trusts only a CA whose fingerprint the token carries.
+
+use std::sync::{Arc, Mutex};
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
+
+use crate::{fingerprint, pem_to_der, PkiError};
+
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn key_der(key_pem: &str) -> Result<PrivateKeyDer<'static>, PkiError> {
+    let der = pem_to_der(key_pem, "PRIVATE KEY")?;
+    Ok(PrivateKeyDer::Pkcs8(der.into()))
+}
+
+fn roots(ca_pem: &str) -> Result<RootCertStore, PkiError> {
+    let mut roots = RootCertStore::empty();
+    roots
+        .add(CertificateDer::from(pem_to_der(ca_pem, "CERTIFICATE")?))
+        .map_err(|e| PkiError::BadCert(e.to_string()))?;
+    Ok(roots)
+}
+
+/// The controller: presents `[server, ca]`, and asks for (but does not require) a client
+/// certificate issued by the mesh CA. Handlers decide which endpoints need one.
+pub fn server_config(
+    server_pem: &str,
+    server_key_pem: &str,
+    ca_pem: &str,
+) -> Result<ServerConfig, PkiError> {
+    let verifier =
+        WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca_pem)?), provider())
+            .allow_unauthenticated()
+            .build()
+            .map_err(|e| PkiError::BadCert(e.to_string()))?;
+    let chain = vec![
+        CertificateDer::from(pem_to_der(server_pem, "CERTIFICATE")?),
+        CertificateDer::from(pem_to_der(ca_pem, "CERTIFICATE")?),
+    ];
+    let mut cfg = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| PkiError::BadCert(e.to_string()))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key_der(server_key_pem)?)
+        .map_err(|e| PkiError::BadKey(e.to_string()))?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
+/// A client that trusts the mesh CA, optionally presenting a node certificate.
+pub fn client_config(ca_pem: &str, client: Option<(&str, &str)>) -> Result<ClientConfig, PkiError> {
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| PkiError::BadCert(e.to_string()))?
+        .with_root_certificates(roots(ca_pem)?);
+    let cfg = match client {
+        None => builder.with_no_client_auth(),
+        Some((cert_pem, key_pem)) => builder
+            .with_client_auth_cert(
+                vec![CertificateDer::from(pem_to_der(cert_pem, "CERTIFICATE")?)],
+                key_der(key_pem)?,
+            )
+            .map_err(|e| PkiError::BadKey(e.to_string()))?,
+    };
+    Ok(cfg)
+}
+
+/// What the pinned first contact saw, for a clear message when it refuses.
+#[derive(Clone, Debug, Default)]
+pub struct PinReport {
+    pub mismatch: Option<String>,
+}
+
+/// A client for the first contact of a new node: the server must present, in its chain, a CA
+/// certificate whose SHA-256 is `fingerprint`, and its certificate must be issued by that CA for
+/// the address dialled. Anything else fails the handshake, before any request is sent.
+pub fn pinned_client_config(fingerprint: [u8; 32]) -> (ClientConfig, Arc<Mutex<PinReport>>) {
+    let report = Arc::new(Mutex::new(PinReport::default()));
+    let verifier = Arc::new(PinnedCa {
+        fingerprint,
+        provider: provider(),
+        report: report.clone(),
+    });
+    let cfg = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default versions")
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
+    (cfg, report)
+}
+
+#[derive(Debug)]
+struct PinnedCa {
+    fingerprint: [u8; 32],
+    provider: Arc<CryptoProvider>,
+    report: Arc<Mutex<PinReport>>,
+}
+
+impl ServerCertVerifier for PinnedCa {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let Some(ca) = intermediates
+            .iter()
+            .find(|c| fingerprint(c) == self.fingerprint)
+        else {
+            let seen: Vec<String> = intermediates
+                .iter()
+                .map(|c| hex::encode(fingerprint(c)))
+                .collect();
+            let msg = format!(
+                "the controller's CA does not match the token: expected SHA-256 {}, the controller presented {}; refusing to send the token's secret",
+                hex::encode(self.fingerprint),
+                if seen.is_empty() { "no CA certificate".to_string() } else { seen.join(", ") }
+            );
+            self.report.lock().expect("pin report").mismatch = Some(msg.clone());
+            return Err(rustls::Error::General(msg));
+        };
+        let mut roots = RootCertStore::empty();
+        roots.add(ca.clone().into_owned())?;
+        let inner =
+            WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
+                .build()
+                .map_err(|e| rustls::Error::General(e.to_string()))?;
+        inner.verify_server_cert(end_entity, &[], server_name, ocsp, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}

@@ -1,0 +1,358 @@
+//! The controller commands: `init`, `serve`, and the admin commands that talk to a running
+//! controller (`apply`, `token`, `nodes`, `node`, `audit`).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use serde_json::json;
+use trellis_controller::client::{AdminClient, Refused};
+use trellis_controller::state::{self, InitOptions};
+use trellis_proto as proto;
+
+/// How an admin command finds the controller.
+#[derive(Args, Clone)]
+pub struct Conn {
+    /// The controller's state directory, on the machine it runs on
+    #[arg(long, global = true, conflicts_with = "server")]
+    state_dir: Option<PathBuf>,
+    /// The controller's address (HOST:PORT or https://...) from elsewhere; needs --admin-token-file and --ca-file
+    #[arg(long, global = true, requires_all = ["admin_token_file", "ca_file"])]
+    server: Option<String>,
+    /// A file holding the admin credential (the controller's admin.token)
+    #[arg(long, global = true)]
+    admin_token_file: Option<PathBuf>,
+    /// The mesh CA certificate (the controller's ca.pem)
+    #[arg(long, global = true)]
+    ca_file: Option<PathBuf>,
+}
+
+impl Conn {
+    fn client(&self) -> Result<AdminClient> {
+        match (&self.state_dir, &self.server) {
+            (Some(dir), _) => AdminClient::from_state_dir(dir),
+            (None, Some(server)) => AdminClient::from_args(server, self.admin_token_file.as_ref().expect("required"), self.ca_file.as_ref().expect("required")),
+            (None, None) => bail!("say where the controller is: --state-dir DIR on its machine, or --server HOST:PORT --admin-token-file F --ca-file F"),
+        }
+    }
+}
+
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+pub fn init(
+    dir: &Path,
+    advertise: Vec<String>,
+    listen: Option<String>,
+    database_url: Option<String>,
+    cert_secs: u64,
+) -> Result<ExitCode> {
+    if cert_secs == 0 {
+        bail!("--cert-lifetime must be longer than zero");
+    }
+    let opts = InitOptions {
+        advertise,
+        listen,
+        database_url,
+        node_cert_secs: cert_secs,
+    };
+    let st = runtime().block_on(state::init(dir, &opts))?;
+    println!("created a trellis controller in {}", dir.display());
+    println!(
+        "  mesh CA fingerprint (SHA-256): {}",
+        trellis_controller::server::ca_fingerprint_hex(&st)?
+    );
+    println!("  advertised at: {}", st.config.advertise.join(", "));
+    println!("  listens on: {}", st.config.listen);
+    println!(
+        "  database: {}",
+        trellis_controller::server::redact(&st.config.database_url)
+    );
+    println!(
+        "  admin credential: {} (mode 0600)",
+        dir.join("admin.token").display()
+    );
+    println!("next: trellis serve --state-dir {}", dir.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn serve(dir: &Path, database_url: Option<String>, listen: Option<String>) -> Result<ExitCode> {
+    let st = state::StateDir::load(dir)?;
+    runtime().block_on(async {
+        let server = trellis_controller::server::Server::bind(
+            &st,
+            database_url.as_deref(),
+            listen.as_deref(),
+        )
+        .await?;
+        let url = database_url.as_deref().unwrap_or(&st.config.database_url);
+        eprintln!(
+            "trellis serve: listening on {} ({}); database {}",
+            server.local_addr(),
+            st.config.advertise.join(", "),
+            trellis_controller::server::redact(url)
+        );
+        let shutdown = async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("signal handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {},
+                _ = term.recv() => {},
+            }
+            eprintln!("trellis serve: stopping");
+        };
+        server.run(shutdown).await
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_refusal(e: &anyhow::Error, prefix: &Path) {
+    if let Some(r) = e.downcast_ref::<Refused>() {
+        for d in &r.body.diagnostics {
+            let mut d = d.clone();
+            d.file = prefix.join(&d.file).display().to_string();
+            eprintln!("{d}");
+        }
+    }
+}
+
+pub fn apply(
+    conn: &Conn,
+    dir: &Path,
+    expect_revision: Option<i64>,
+    json_out: bool,
+) -> Result<ExitCode> {
+    // Read exactly what `check` reads, and send it as written.
+    let mut files = vec![proto::DeclFile {
+        path: "mesh.toml".into(),
+        text: std::fs::read_to_string(dir.join("mesh.toml"))
+            .with_context(|| format!("cannot read {}", dir.join("mesh.toml").display()))?,
+    }];
+    let modules = dir.join("modules");
+    if modules.is_dir() {
+        let mut names: Vec<PathBuf> = std::fs::read_dir(&modules)
+            .with_context(|| format!("cannot list {}", modules.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+            .collect();
+        names.sort();
+        for p in names {
+            let name = p
+                .file_name()
+                .and_then(|n| n.to_str())
+                .context("module file name is not UTF-8")?;
+            files.push(proto::DeclFile {
+                path: format!("modules/{name}"),
+                text: std::fs::read_to_string(&p)
+                    .with_context(|| format!("cannot read {}", p.display()))?,
+            });
+        }
+    }
+    let client = conn.client()?;
+    let result = runtime().block_on(client.apply(&proto::ApplyRequest {
+        files,
+        expect_revision,
+    }));
+    match result {
+        Ok(r) => {
+            for d in &r.diagnostics {
+                let mut d = d.clone();
+                d.file = dir.join(&d.file).display().to_string();
+                eprintln!("{d}");
+            }
+            if json_out {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(
+                        &json!({"revision": r.revision, "unchanged": r.unchanged})
+                    )?
+                );
+            } else if r.unchanged {
+                println!(
+                    "unchanged: revision {} already holds this declaration",
+                    r.revision
+                );
+            } else {
+                println!("applied {} as revision {}", dir.display(), r.revision);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            print_refusal(&e, dir);
+            Err(e)
+        }
+    }
+}
+
+#[derive(Subcommand)]
+pub enum TokenCommand {
+    /// Create a one-time enrolment token for a declared node; prints one line to paste on it
+    Create {
+        /// The node, as declared
+        node: String,
+        /// How long the token stays valid: 90s, 30m, 1h, 7d
+        #[arg(long, default_value = "1h", value_parser = parse_duration)]
+        ttl: u64,
+        /// The node waits in "pending" until `trellis node approve NAME`
+        #[arg(long)]
+        require_approval: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List tokens and their state (valid, used, expired, revoked); secrets are never shown
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke an unused token by its id
+    Revoke { id: String },
+}
+
+pub fn parse_duration(s: &str) -> Result<u64, String> {
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration such as 90s, 30m, 1h or 7d"))?;
+    let mult = match unit {
+        "s" | "" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => return Err(format!("{s:?}: the unit must be s, m, h or d")),
+    };
+    Ok(n * mult)
+}
+
+pub fn token(conn: &Conn, cmd: TokenCommand) -> Result<ExitCode> {
+    let client = conn.client()?;
+    let rt = runtime();
+    match cmd {
+        TokenCommand::Create {
+            node,
+            ttl,
+            require_approval,
+            json,
+        } => {
+            let t = rt.block_on(client.create_token(&proto::TokenRequest {
+                node,
+                ttl_secs: ttl,
+                require_approval,
+            }))?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(
+                        &json!({"token": t.token, "id": t.id, "node": t.node, "expires_at": t.expires_at})
+                    )?
+                );
+            } else {
+                eprintln!("token {} for node {}, valid until {}; paste on the node: trellis-agent enrol TOKEN --state-dir DIR", t.id, t.node, crate::time::fmt(t.expires_at));
+                println!("{}", t.token);
+            }
+        }
+        TokenCommand::List { json } => {
+            let list = rt.block_on(client.tokens())?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                println!(
+                    "{:<18} {:<20} {:<8} {:<22} APPROVAL",
+                    "ID", "NODE", "STATE", "EXPIRES"
+                );
+                for t in list {
+                    println!(
+                        "{:<18} {:<20} {:<8} {:<22} {}",
+                        t.id,
+                        t.node,
+                        t.state,
+                        crate::time::fmt(t.expires_at),
+                        if t.require_approval { "required" } else { "-" }
+                    );
+                }
+            }
+        }
+        TokenCommand::Revoke { id } => {
+            let t = rt.block_on(client.revoke_token(&id))?;
+            println!("token {} for node {} is {}", t.id, t.node, t.state);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn nodes(conn: &Conn, json_out: bool) -> Result<ExitCode> {
+    let list = runtime().block_on(conn.client()?.nodes())?;
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&list)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:<20} {:<9} {:<16} {:<28} {:<17} {:<22} LAST CONTACT",
+        "NODE", "STATE", "IPV4", "IPV6", "KEY", "CERT EXPIRES"
+    );
+    for n in list {
+        let opt = |o: Option<String>| o.unwrap_or_else(|| "-".into());
+        println!(
+            "{:<20} {:<9} {:<16} {:<28} {:<17} {:<22} {}",
+            n.name,
+            n.state,
+            opt(n.ipv4),
+            opt(n.ipv6),
+            opt(n.key_fingerprint),
+            n.cert_not_after.map_or("-".into(), crate::time::fmt),
+            n.last_contact.map_or("-".into(), crate::time::fmt)
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Subcommand)]
+pub enum NodeCommand {
+    /// Let a node that enrolled with --require-approval take part
+    Approve { name: String },
+    /// Revoke a node: its certificate is refused at once
+    Revoke { name: String },
+}
+
+pub fn node(conn: &Conn, cmd: NodeCommand) -> Result<ExitCode> {
+    let client = conn.client()?;
+    let rt = runtime();
+    let r = match cmd {
+        NodeCommand::Approve { name } => rt.block_on(client.approve(&name))?,
+        NodeCommand::Revoke { name } => rt.block_on(client.revoke(&name))?,
+    };
+    println!("node {} is {}", r.node, r.state);
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn audit_verify(conn: &Conn) -> Result<ExitCode> {
+    let records = runtime().block_on(conn.client()?.audit())?;
+    let parsed: Vec<trellis_store::AuditRecord> = records
+        .iter()
+        .map(|v| trellis_store::AuditRecord {
+            seq: v["seq"].as_i64().unwrap_or(-1),
+            at: v["at"].as_i64().unwrap_or(0),
+            actor: v["actor"].as_str().unwrap_or_default().into(),
+            action: v["action"].as_str().unwrap_or_default().into(),
+            subject: v["subject"].as_str().unwrap_or_default().into(),
+            detail: v["detail"].as_str().unwrap_or_default().into(),
+            prev_hash: v["prev_hash"].as_str().unwrap_or_default().into(),
+            hash: v["hash"].as_str().unwrap_or_default().into(),
+        })
+        .collect();
+    match trellis_store::verify_audit(&parsed) {
+        Ok(n) => {
+            println!(
+                "audit chain verified: {n} records, head {}",
+                parsed.last().map_or("-", |r| r.hash.as_str())
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => bail!("{e}"),
+    }
+}

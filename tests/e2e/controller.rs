@@ -1,0 +1,605 @@
+//! The controller and enrolment end to end: real `trellis init` and `serve` (on SQLite and on
+//! PostgreSQL), real `trellis-agent enrol`, over HTTPS on loopback.
+
+use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use trellis_core::token::EnrolmentToken;
+
+use crate::support::{describe, repo, tempdir, TempDir};
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn agent_bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_trellis-agent"));
+    c.current_dir(repo());
+    c
+}
+
+/// A running controller; killed on drop.
+pub struct Controller {
+    pub dir: TempDir,
+    pub state: PathBuf,
+    pub port: u16,
+    pub database_url: Option<String>,
+    serves: Vec<Child>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum Db {
+    Sqlite,
+    Postgres,
+}
+
+pub fn database_url(db: Db) -> Option<String> {
+    match db {
+        Db::Sqlite => None,
+        Db::Postgres => Some(
+            tokio::runtime::Runtime::new()
+                .unwrap()
+                .block_on(trellis_store::testdb::postgres_url()),
+        ),
+    }
+}
+
+impl Controller {
+    pub fn start(db: Db) -> Controller {
+        Self::start_with(db, &[])
+    }
+
+    pub fn start_with(db: Db, extra: &[&str]) -> Controller {
+        let dir = tempdir("ctl");
+        let state = dir.0.join("state");
+        let port = free_port();
+        let advertise = format!("127.0.0.1:{port}");
+        let listen = format!("127.0.0.1:{port}");
+        let database_url = database_url(db);
+        let mut init = trellis_cmd(&[
+            "init",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--advertise",
+            &advertise,
+            "--listen",
+            &listen,
+        ]);
+        if let Some(u) = &database_url {
+            init.args(["--database-url", u]);
+        }
+        init.args(extra);
+        must(init);
+        let mut c = Controller {
+            dir,
+            state,
+            port,
+            database_url,
+            serves: Vec::new(),
+        };
+        c.serve(port);
+        c
+    }
+
+    /// Starts (another) `trellis serve` on this state directory and database, on `port`.
+    pub fn serve(&mut self, port: u16) {
+        let mut cmd = trellis_cmd(&[
+            "serve",
+            "--state-dir",
+            self.state.to_str().unwrap(),
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+        ]);
+        if let Some(u) = &self.database_url {
+            cmd.args(["--database-url", u]);
+        }
+        let log = std::fs::File::create(self.dir.0.join(format!("serve-{port}.log"))).unwrap();
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn trellis serve");
+        self.serves.push(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "trellis serve did not listen on {port}: {}",
+                self.log(port)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log(&self, port: u16) -> String {
+        std::fs::read_to_string(self.dir.0.join(format!("serve-{port}.log"))).unwrap_or_default()
+    }
+
+    pub fn admin(&self, args: &[&str]) -> Command {
+        let mut c = trellis_cmd(args);
+        c.args(["--state-dir", self.state.to_str().unwrap()]);
+        c
+    }
+
+    pub fn ok(&self, args: &[&str]) -> String {
+        must(self.admin(args))
+    }
+
+    pub fn token(&self, node: &str, extra: &[&str]) -> String {
+        let mut a = vec!["token", "create", node];
+        a.extend_from_slice(extra);
+        self.ok(&a).trim().to_string()
+    }
+
+    pub fn nodes(&self) -> serde_json::Value {
+        serde_json::from_str(&self.ok(&["nodes", "--json"])).unwrap()
+    }
+
+    pub fn node_state(&self, name: &str) -> String {
+        let v = self.nodes();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == name)
+            .map(|n| n["state"].as_str().unwrap().to_string())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        for c in &mut self.serves {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn trellis_cmd(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_trellis"));
+    c.current_dir(repo()).args(args);
+    c
+}
+
+#[track_caller]
+pub fn must(mut cmd: Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "command failed\n{}",
+        describe(&cmd, &out)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+pub fn run(mut cmd: Command) -> (Output, String) {
+    let out = cmd.output().unwrap();
+    let d = describe(&cmd, &out);
+    (out, d)
+}
+
+#[track_caller]
+pub fn fails_with(cmd: Command, text: &str) -> String {
+    let (out, d) = run(cmd);
+    assert_eq!(out.status.code(), Some(1), "expected exit 1\n{d}");
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(err.contains(text), "expected {text:?} in stderr\n{d}");
+    err
+}
+
+pub fn enrol(token: &str, dir: &Path) -> Command {
+    let mut c = agent_bin();
+    c.args(["enrol", token, "--state-dir", dir.to_str().unwrap()]);
+    c
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .permissions()
+        .mode()
+        & 0o777
+}
+
+fn both(f: impl Fn(Db)) {
+    for db in [Db::Sqlite, Db::Postgres] {
+        f(db);
+    }
+}
+
+#[test]
+fn init_creates_keys_with_mode_0600_and_refuses_to_run_twice() {
+    let c = Controller::start(Db::Sqlite);
+    for f in [
+        "ca.key",
+        "server.key",
+        "signing.key",
+        "admin.token",
+        "controller.toml",
+    ] {
+        assert_eq!(mode(&c.state.join(f)), 0o600, "{f}");
+    }
+    let config = std::fs::read_to_string(c.state.join("controller.toml")).unwrap();
+    let token = std::fs::read_to_string(c.state.join("admin.token")).unwrap();
+    assert!(
+        !config.contains(token.trim()),
+        "the admin credential is stored hashed, not in the configuration"
+    );
+    fails_with(
+        trellis_cmd(&[
+            "init",
+            "--state-dir",
+            c.state.to_str().unwrap(),
+            "--advertise",
+            "127.0.0.1:1",
+        ]),
+        "already holds a controller",
+    );
+}
+
+#[test]
+fn a_node_enrols_with_one_pasted_line_and_its_keys_never_leave_it() {
+    both(|db| {
+        let c = Controller::start(db);
+        c.ok(&["apply", "lab/basic"]);
+        let token = c.token("db-1", &[]);
+        assert!(
+            token.len() <= 400 && !token.contains(char::is_whitespace),
+            "{token}"
+        );
+        let node = tempdir("node");
+        let out = must(enrol(&token, &node.0));
+        assert!(
+            out.contains("enrolled node db-1 in mesh basic (active)"),
+            "{out}"
+        );
+        for (f, m) in [
+            ("wireguard.key", 0o600),
+            ("node.key", 0o600),
+            ("node.pem", 0o644),
+            ("ca.pem", 0o644),
+            ("identity.toml", 0o644),
+        ] {
+            assert_eq!(mode(&node.0.join(f)), m, "{f}");
+        }
+        let identity = std::fs::read_to_string(node.0.join("identity.toml")).unwrap();
+        assert!(
+            identity.contains("node = \"db-1\"")
+                && identity.contains(&format!("127.0.0.1:{}", c.port))
+                && identity.contains("signing_public_key"),
+            "{identity}"
+        );
+        // The private keys are not in anything the controller holds.
+        let wg_private = std::fs::read_to_string(node.0.join("wireguard.key")).unwrap();
+        let tls_private = std::fs::read_to_string(node.0.join("node.key")).unwrap();
+        let nodes = c.ok(&["nodes", "--json"]);
+        assert!(
+            !nodes.contains(wg_private.trim()) && !nodes.contains(&tls_private[40..80]),
+            "{nodes}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&nodes).unwrap();
+        let db1 = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == "db-1")
+            .unwrap();
+        assert_eq!(db1["state"], "active", "{db:?}");
+        assert!(
+            db1["cert_not_after"].as_i64().unwrap() > 0
+                && db1["key_fingerprint"].is_string()
+                && db1["ipv4"].is_string()
+        );
+        let text = c.ok(&["nodes"]);
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("op-1") && l.contains("declared")),
+            "{text}"
+        );
+        // The certificate names db-1, and the controller recorded its serial.
+        let status: serde_json::Value = serde_json::from_str(&must({
+            let mut a = agent_bin();
+            a.args(["status", "--state-dir", node.0.to_str().unwrap(), "--json"]);
+            a
+        }))
+        .unwrap();
+        assert_eq!(status["node"], "db-1");
+        let audit = c.ok(&["audit", "verify"]);
+        assert!(audit.contains("audit chain verified: 3 records"), "{audit}");
+    });
+}
+
+#[test]
+fn a_token_works_once_even_when_two_nodes_race() {
+    both(|db| {
+        let c = Controller::start(db);
+        c.ok(&["apply", "lab/basic"]);
+        let token = c.token("api-1", &[]);
+        let dirs = [tempdir("race-a"), tempdir("race-b")];
+        let children: Vec<Child> = dirs
+            .iter()
+            .map(|d| {
+                enrol(&token, &d.0)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let outs: Vec<Output> = children
+            .into_iter()
+            .map(|c| c.wait_with_output().unwrap())
+            .collect();
+        let won = outs.iter().filter(|o| o.status.success()).count();
+        assert_eq!(won, 1, "{db:?}: exactly one wins: {outs:?}");
+        let loser = outs.iter().find(|o| !o.status.success()).unwrap();
+        assert!(
+            String::from_utf8_lossy(&loser.stderr).contains("token already used"),
+            "{loser:?}"
+        );
+    });
+}
+
+#[test]
+fn damaged_expired_revoked_and_mismatched_tokens_are_refused_with_those_words() {
+    let c = Controller::start(Db::Sqlite);
+    c.ok(&["apply", "lab/basic"]);
+
+    // Damaged: caught before anything is made or sent.
+    let token = c.token("op-1", &[]);
+    let mut damaged: Vec<char> = token.chars().collect();
+    let i = damaged.len() / 2;
+    damaged[i] = if damaged[i] == 'x' { 'y' } else { 'x' };
+    let damaged: String = damaged.into_iter().collect();
+    let node = tempdir("dmg");
+    let nodedir = node.0.join("n");
+    fails_with(enrol(&damaged, &nodedir), "token is damaged");
+    assert!(!nodedir.exists(), "nothing is made for a damaged token");
+
+    // Another CA's fingerprint: the agent aborts before sending the secret, so the token stays valid.
+    let mut t = EnrolmentToken::decode(&token).unwrap();
+    t.ca_fingerprint[0] ^= 0xff;
+    fails_with(
+        enrol(&t.encode().unwrap(), &nodedir),
+        "does not match the token",
+    );
+    let list = c.ok(&["token", "list", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&list).unwrap();
+    assert_eq!(v[0]["state"], "valid", "the secret was never sent: {list}");
+
+    // Revoked.
+    let id = v[0]["id"].as_str().unwrap().to_string();
+    c.ok(&["token", "revoke", &id]);
+    fails_with(
+        enrol(&token, &tempdir("rev").0.join("n")),
+        "token has been revoked",
+    );
+
+    // Expired.
+    let short = c.token("op-1", &["--ttl", "1s"]);
+    std::thread::sleep(Duration::from_millis(2100));
+    fails_with(
+        enrol(&short, &tempdir("exp").0.join("n")),
+        "token has expired",
+    );
+
+    // Tokens only for declared nodes that enrol.
+    fails_with(
+        c.admin(&["token", "create", "ghost"]),
+        "node `ghost` is not declared",
+    );
+    let list = c.ok(&["token", "list"]);
+    assert!(
+        list.contains("revoked") && list.contains("expired"),
+        "{list}"
+    );
+}
+
+#[test]
+fn a_wireguard_key_held_by_another_node_is_refused() {
+    let c = Controller::start(Db::Sqlite);
+    c.ok(&["apply", "lab/basic"]);
+    let a = tempdir("key-a");
+    must(enrol(&c.token("db-1", &[]), &a.0));
+    // A second node that somehow holds the same WireGuard key.
+    let b = tempdir("key-b");
+    std::fs::create_dir_all(&b.0).unwrap();
+    std::fs::copy(a.0.join("wireguard.key"), b.0.join("wireguard.key")).unwrap();
+    let token = c.token("op-1", &[]);
+    fails_with(enrol(&token, &b.0), "already held by node `db-1`");
+    assert_eq!(c.node_state("op-1"), "declared");
+}
+
+#[test]
+fn renewal_needs_the_node_certificate_and_revocation_refuses_it_at_once() {
+    both(|db| {
+        let c = Controller::start(db);
+        c.ok(&["apply", "lab/basic"]);
+        let node = tempdir("renew");
+        must(enrol(&c.token("db-1", &[]), &node.0));
+        let renew = |force: bool| {
+            let mut a = agent_bin();
+            a.args(["renew", "--state-dir", node.0.to_str().unwrap()]);
+            if force {
+                a.arg("--force");
+            }
+            a
+        };
+        let before = std::fs::read_to_string(node.0.join("node.pem")).unwrap();
+        let out = must(renew(false));
+        assert!(out.contains("not due for renewal"), "{out}");
+        must(renew(true));
+        let after = std::fs::read_to_string(node.0.join("node.pem")).unwrap();
+        assert_ne!(before, after, "a new certificate was written");
+        c.ok(&["node", "revoke", "db-1"]);
+        fails_with(renew(true), "node `db-1` has been revoked");
+        assert_eq!(c.node_state("db-1"), "revoked");
+        let audit = c.ok(&["audit", "verify"]);
+        assert!(audit.contains("5 records"), "{db:?} {audit}");
+    });
+}
+
+#[test]
+fn an_expired_certificate_cannot_renew() {
+    let c = Controller::start_with(Db::Sqlite, &["--cert-lifetime", "2s"]);
+    c.ok(&["apply", "lab/basic"]);
+    let node = tempdir("expired");
+    must(enrol(&c.token("db-1", &[]), &node.0));
+    std::thread::sleep(Duration::from_millis(2500));
+    let mut a = agent_bin();
+    a.args(["renew", "--state-dir", node.0.to_str().unwrap(), "--force"]);
+    fails_with(a, "enrol again with a new token");
+}
+
+#[test]
+fn approval_holds_a_node_in_pending() {
+    let c = Controller::start(Db::Sqlite);
+    c.ok(&["apply", "lab/basic"]);
+    let node = tempdir("pending");
+    let out = must(enrol(&c.token("op-1", &["--require-approval"]), &node.0));
+    assert!(out.contains("(pending)"), "{out}");
+    assert_eq!(c.node_state("op-1"), "pending");
+    c.ok(&["node", "approve", "op-1"]);
+    assert_eq!(c.node_state("op-1"), "active");
+    fails_with(
+        c.admin(&["node", "approve", "op-1"]),
+        "is not pending approval",
+    );
+}
+
+#[test]
+fn a_rejected_apply_changes_nothing_and_expect_revision_catches_a_race() {
+    both(|db| {
+        let c = Controller::start(db);
+        let out = c.ok(&["apply", "lab/basic", "--expect-revision", "0", "--json"]);
+        assert!(out.contains("\"revision\": 1"), "{out}");
+        let bad = tempdir("bad");
+        std::fs::create_dir_all(bad.0.join("modules")).unwrap();
+        std::fs::write(bad.0.join("mesh.toml"), "[mesh]\nname = \"basic\"\ndomain = \"basic.mesh\"\noverlay_ipv4 = \"10.88.0.0/16\"\n[[node]]\nname = \"a\"\nscope = 1\n").unwrap();
+        let err = fails_with(
+            c.admin(&["apply", bad.0.to_str().unwrap()]),
+            "nothing was changed",
+        );
+        assert!(
+            err.contains(&format!(
+                "{}/mesh.toml:7:1: error: unknown key `scope`",
+                bad.0.display()
+            )),
+            "{err}"
+        );
+        // Still revision 1, and tokens for its nodes still work.
+        c.token("db-1", &[]);
+        let again = c.ok(&["apply", "lab/basic"]);
+        assert!(again.contains("unchanged: revision 1"), "{again}");
+        fails_with(
+            c.admin(&["apply", "lab/basic", "--expect-revision", "0"]),
+            "the current revision is 1, not 0",
+        );
+    });
+}
+
+#[test]
+fn admin_commands_need_the_credential() {
+    let c = Controller::start(Db::Sqlite);
+    let wrong = tempdir("wrong");
+    std::fs::write(wrong.0.join("token"), "trellis-admin-nope\n").unwrap();
+    let mut cmd = trellis_cmd(&[
+        "nodes",
+        "--server",
+        &format!("127.0.0.1:{}", c.port),
+        "--admin-token-file",
+    ]);
+    cmd.arg(wrong.0.join("token"))
+        .arg("--ca-file")
+        .arg(c.state.join("ca.pem"));
+    fails_with(cmd, "the admin credential is wrong");
+    let mut cmd = trellis_cmd(&[
+        "nodes",
+        "--server",
+        &format!("127.0.0.1:{}", c.port),
+        "--admin-token-file",
+    ]);
+    cmd.arg(c.state.join("admin.token"))
+        .arg("--ca-file")
+        .arg(c.state.join("ca.pem"));
+    must(cmd);
+}
+
+#[test]
+fn two_controllers_share_one_postgresql() {
+    let mut c = Controller::start(Db::Postgres);
+    let second = free_port();
+    c.serve(second);
+    c.ok(&["apply", "lab/basic"]);
+    // A token issued through the first controller is redeemed through the second.
+    let token = c.token("db-1", &[]);
+    let mut t = EnrolmentToken::decode(&token).unwrap();
+    t.controllers = vec![format!("127.0.0.1:{second}")];
+    let node = tempdir("replica");
+    must(enrol(&t.encode().unwrap(), &node.0));
+    assert_eq!(c.node_state("db-1"), "active");
+    // The same token through the first controller: already used, whichever replica answers.
+    fails_with(enrol(&token, &tempdir("replica2").0), "token already used");
+    // Two applies of a changed declaration race through the two replicas, both expecting
+    // revision 1: exactly one wins, the other sees the conflict.
+    let changed = tempdir("changed");
+    copy_dir(&repo().join("lab/basic"), &changed.0);
+    let mesh = std::fs::read_to_string(changed.0.join("mesh.toml")).unwrap();
+    std::fs::write(
+        changed.0.join("mesh.toml"),
+        mesh + "\n[[node]]\nname = \"extra-1\"\n",
+    )
+    .unwrap();
+    let spawn = |port: u16| {
+        let mut cmd = trellis_cmd(&[
+            "apply",
+            changed.0.to_str().unwrap(),
+            "--expect-revision",
+            "1",
+            "--server",
+            &format!("127.0.0.1:{port}"),
+        ]);
+        cmd.arg("--admin-token-file")
+            .arg(c.state.join("admin.token"))
+            .arg("--ca-file")
+            .arg(c.state.join("ca.pem"));
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let children = vec![spawn(c.port), spawn(second)];
+    let outs: Vec<Output> = children
+        .into_iter()
+        .map(|ch| ch.wait_with_output().unwrap())
+        .collect();
+    assert_eq!(
+        outs.iter().filter(|o| o.status.success()).count(),
+        1,
+        "{outs:?}"
+    );
+    let loser = outs.iter().find(|o| !o.status.success()).unwrap();
+    assert!(
+        String::from_utf8_lossy(&loser.stderr).contains("the current revision is 2, not 1"),
+        "{loser:?}"
+    );
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
