@@ -118,6 +118,15 @@ impl Controller {
         }
     }
 
+    /// Stops every `trellis serve` of this controller.
+    pub fn stop_serving(&mut self) {
+        for c in &mut self.serves {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.serves.clear();
+    }
+
     pub fn log(&self, port: u16) -> String {
         std::fs::read_to_string(self.dir.0.join(format!("serve-{port}.log"))).unwrap_or_default()
     }
@@ -602,4 +611,45 @@ fn copy_dir(from: &Path, to: &Path) {
             std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
         }
     }
+}
+
+#[test]
+fn a_second_controller_with_another_ca_at_the_tokens_address_gets_no_secret() {
+    let mut real = Controller::start(Db::Sqlite);
+    real.ok(&["apply", "lab/basic"]);
+    let token = real.token("db-1", &[]);
+    real.stop_serving();
+    // An impostor: a controller of its own, with its own CA, answering at the token's address.
+    let impostor = tempdir("impostor");
+    let state = impostor.0.join("state");
+    let addr = format!("127.0.0.1:{}", real.port);
+    must(trellis_cmd(&[
+        "init",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--advertise",
+        &addr,
+        "--listen",
+        &addr,
+    ]));
+    let mut serve = trellis_cmd(&["serve", "--state-dir", state.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(&addr).is_err() {
+        assert!(Instant::now() < deadline, "impostor did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let node = tempdir("victim");
+    let err = fails_with(enrol(&token, &node.0), "does not match the token");
+    assert!(err.contains("refusing to send the token's secret"), "{err}");
+    let _ = serve.kill();
+    let _ = serve.wait();
+    // The real controller never saw the secret: the token still works, once.
+    real.serve(real.port);
+    assert!(real.ok(&["token", "list"]).contains("valid"));
+    must(enrol(&token, &node.0.join("again")));
+    assert_eq!(real.node_state("db-1"), "active");
 }

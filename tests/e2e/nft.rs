@@ -142,11 +142,22 @@ fn compiled_ruleset_loads_and_enforces_the_policy() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
         let listening = db.ok(&["ss", "-ltnH"]);
-        let bound = ["22", "5432", "8000"].iter().map(|p| listening.lines().filter(|l| l.contains(&format!(":{p} "))).count()).sum::<usize>();
+        let bound = ["22", "5432", "8000"]
+            .iter()
+            .map(|p| {
+                listening
+                    .lines()
+                    .filter(|l| l.contains(&format!(":{p} ")))
+                    .count()
+            })
+            .sum::<usize>();
         if bound >= 6 {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "listeners did not start: {listening}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "listeners did not start: {listening}"
+        );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 

@@ -30,6 +30,9 @@ pub struct Ctx {
     pub config: Config,
     pub signing_public_key: [u8; 32],
     pub admin_sha256: [u8; 32],
+    /// The parsed declaration of the newest revision seen, keyed by its number. A cache only:
+    /// the database says which revision is current.
+    pub declaration: tokio::sync::Mutex<Option<(i64, Arc<Declaration>)>>,
 }
 
 /// The DER of the client certificate of this connection, if one was presented.
@@ -43,16 +46,16 @@ pub fn app(ctx: Shared) -> Router {
         .route("/v1/health", get(|| async { "ok\n" }))
         .route(
             "/v1/enrol",
-            post(enrol).layer(DefaultBodyLimit::max(64 * 1024)),
+            post(enrol).layer(DefaultBodyLimit::max(SMALL_BODY)),
         )
         .route(
             "/v1/renew",
-            post(renew).layer(DefaultBodyLimit::max(64 * 1024)),
+            post(renew).layer(DefaultBodyLimit::max(SMALL_BODY)),
         )
         .route("/v1/whoami", get(whoami))
         .route(
             "/v1/admin/apply",
-            post(apply).layer(DefaultBodyLimit::max(16 * 1024 * 1024)),
+            post(apply).layer(DefaultBodyLimit::max(DECLARATION_BODY)),
         )
         .route("/v1/admin/tokens", post(create_token).get(list_tokens))
         .route("/v1/admin/tokens/{id}", delete(revoke_token))
@@ -60,8 +63,73 @@ pub fn app(ctx: Shared) -> Router {
         .route("/v1/admin/nodes/{name}/approve", post(approve))
         .route("/v1/admin/nodes/{name}/revoke", post(revoke))
         .route("/v1/admin/audit", get(audit_log))
-        .layer(DefaultBodyLimit::max(256 * 1024))
+        .layer(DefaultBodyLimit::max(SMALL_BODY))
         .with_state(ctx)
+}
+
+// --- request bodies --------------------------------------------------------------------------
+
+/// A JSON body whose every rejection (wrong content type, malformed JSON, unknown or missing
+/// fields, too large) is one clear sentence in the API's error shape.
+/// `MAX` bounds the body: one announced as larger is refused from its headers, before a byte of
+/// it is read; one that turns out larger while read (chunked) is cut off by the route's
+/// `DefaultBodyLimit`.
+pub struct Body<T, const MAX: usize = SMALL_BODY>(pub T);
+
+pub const SMALL_BODY: usize = 64 * 1024;
+pub const DECLARATION_BODY: usize = 16 * 1024 * 1024;
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync, const MAX: usize> axum::extract::FromRequest<S>
+    for Body<T, MAX>
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        use axum::extract::rejection::JsonRejection;
+        let announced = req
+            .headers()
+            .get(axum::http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if announced.is_some_and(|n| n > MAX as u64) {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                "the request body is larger than this endpoint accepts",
+            ));
+        }
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(Body(v)),
+            Err(JsonRejection::MissingJsonContentType(_)) => Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "content_type",
+                "the request body must be JSON (Content-Type: application/json)",
+            )),
+            Err(JsonRejection::JsonSyntaxError(e)) => Err(ApiError::bad_request(format!(
+                "the request body is not valid JSON: {}",
+                inner(&e)
+            ))),
+            Err(JsonRejection::JsonDataError(e)) => Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "bad_fields",
+                format!("the request body does not fit: {}", inner(&e)),
+            )),
+            Err(JsonRejection::BytesRejection(_)) => Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                "the request body is larger than this endpoint accepts",
+            )),
+            Err(other) => Err(ApiError::bad_request(other.body_text())),
+        }
+    }
+}
+
+fn inner(e: &dyn std::error::Error) -> String {
+    let mut e = e;
+    while let Some(s) = e.source() {
+        e = s;
+    }
+    e.to_string()
 }
 
 // --- authentication --------------------------------------------------------------------------
@@ -197,25 +265,31 @@ pub fn load_files(files: &[(String, String)]) -> trellis_core::Loaded {
     )
 }
 
-/// The declaration of the current revision, if any.
-pub async fn current_declaration(store: &Store) -> Result<Option<(i64, Declaration)>, ApiError> {
-    let Some(rev) = store.current_revision().await? else {
+/// The declaration of the current revision, if any: parsed once per revision.
+pub async fn current_declaration(ctx: &Ctx) -> Result<Option<(i64, Arc<Declaration>)>, ApiError> {
+    let Some((number, _)) = ctx.store.current_revision_head().await? else {
         return Ok(None);
     };
-    let loaded = load_files(&rev.files);
-    match loaded.declaration {
-        Some(d) => Ok(Some((rev.number, d))),
-        None => Err(ApiError::internal(
-            "loading the stored revision",
-            "it no longer validates",
-        )),
+    let mut cache = ctx.declaration.lock().await;
+    if let Some((n, d)) = cache.as_ref() {
+        if *n == number {
+            return Ok(Some((number, d.clone())));
+        }
     }
+    let Some(rev) = ctx.store.current_revision().await? else {
+        return Ok(None);
+    };
+    let decl = load_files(&rev.files).declaration.ok_or_else(|| {
+        ApiError::internal("loading the stored revision", "it no longer validates")
+    })?;
+    let decl = Arc::new(decl);
+    *cache = Some((rev.number, decl.clone()));
+    Ok(Some((rev.number, decl)))
 }
-
 async fn apply(
     State(ctx): State<Shared>,
     _: Admin,
-    Json(req): Json<proto::ApplyRequest>,
+    Body(req): Body<proto::ApplyRequest, DECLARATION_BODY>,
 ) -> Result<Json<proto::ApplyResponse>, ApiError> {
     let mut files: Vec<(String, String)> = Vec::new();
     for f in &req.files {
@@ -319,7 +393,7 @@ const MAX_TTL: u64 = 30 * 86400;
 async fn create_token(
     State(ctx): State<Shared>,
     _: Admin,
-    Json(req): Json<proto::TokenRequest>,
+    Body(req): Body<proto::TokenRequest>,
 ) -> Result<Json<proto::TokenCreated>, ApiError> {
     if req.ttl_secs == 0 || req.ttl_secs > MAX_TTL {
         return Err(ApiError::bad_request(format!(
@@ -327,7 +401,7 @@ async fn create_token(
             req.ttl_secs
         )));
     }
-    let Some((rev, decl)) = current_declaration(&ctx.store).await? else {
+    let Some((rev, decl)) = current_declaration(&ctx).await? else {
         return Err(ApiError::conflict(
             "no_declaration",
             "no declaration has been applied yet; run `trellis apply DIR` first",
@@ -456,8 +530,37 @@ async fn revoke_token(
 
 async fn enrol(
     State(ctx): State<Shared>,
-    Json(req): Json<proto::EnrolRequest>,
+    Body(req): Body<proto::EnrolRequest>,
 ) -> Result<Json<proto::EnrolResponse>, ApiError> {
+    let (token_id, node) = (req.token_id.clone(), req.node.clone());
+    match redeem(&ctx, req).await {
+        Ok(r) => Ok(r),
+        Err(e) => {
+            // A refused redemption is a governance event too; its record changes nothing else.
+            let audit = Audit {
+                at: now(),
+                actor: &format!("token {token_id}"),
+                action: "token redemption refused",
+                subject: &node,
+                detail: e.message.clone(),
+            };
+            if let Err(ae) = ctx.store.record(&audit).await {
+                eprintln!("trellis serve: cannot audit a refused redemption: {ae}");
+            }
+            Err(e)
+        }
+    }
+}
+
+async fn redeem(
+    ctx: &Shared,
+    req: proto::EnrolRequest,
+) -> Result<Json<proto::EnrolResponse>, ApiError> {
+    if req.token_id.len() != 16 || req.node.len() > 63 || req.csr_pem.len() > 16 * 1024 {
+        return Err(ApiError::bad_request(
+            "the enrolment request is malformed (token id, node name or CSR size)",
+        ));
+    }
     let secret = base64::engine::general_purpose::STANDARD
         .decode(&req.secret)
         .ok()
@@ -497,7 +600,7 @@ async fn enrol(
             format!("token is for node `{}`, not `{}`", token.node, req.node),
         ));
     }
-    let Some((rev, decl)) = current_declaration(&ctx.store).await? else {
+    let Some((rev, decl)) = current_declaration(ctx).await? else {
         return Err(ApiError::conflict(
             "no_declaration",
             "no declaration has been applied",
@@ -581,12 +684,12 @@ async fn enrol(
 async fn renew(
     State(ctx): State<Shared>,
     who: NodeIdentity,
-    Json(req): Json<proto::RenewRequest>,
+    Body(req): Body<proto::RenewRequest>,
 ) -> Result<Json<proto::RenewResponse>, ApiError> {
     let name = who.record.name.clone();
-    let mesh = current_declaration(&ctx.store)
+    let mesh = current_declaration(&ctx)
         .await?
-        .map(|(_, d)| d.mesh.name)
+        .map(|(_, d)| d.mesh.name.clone())
         .unwrap_or_default();
     let issued = ctx
         .ca
@@ -631,7 +734,7 @@ async fn list_nodes(
     State(ctx): State<Shared>,
     _: Admin,
 ) -> Result<Json<Vec<proto::NodeInfo>>, ApiError> {
-    let decl = current_declaration(&ctx.store).await?.map(|(_, d)| d);
+    let decl = current_declaration(&ctx).await?.map(|(_, d)| d);
     let records = ctx.store.nodes().await?;
     let alloc = ctx.store.allocation().await?;
     let mut out = Vec::new();

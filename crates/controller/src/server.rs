@@ -50,6 +50,7 @@ impl Server {
             config: state.config.clone(),
             signing_public_key: signing.verifying_key().to_bytes(),
             admin_sha256,
+            declaration: Default::default(),
         });
         let addr: SocketAddr = listen
             .unwrap_or(&state.config.listen)

@@ -340,6 +340,15 @@ impl Store {
         .transpose()
     }
 
+    /// The number and digest of the current revision, without its files.
+    pub async fn current_revision_head(&self) -> Result<Option<(i64, String)>> {
+        let row = sqlx::query("SELECT number, digest FROM revisions ORDER BY number DESC LIMIT 1")
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| Ok((r.try_get("number")?, r.try_get("digest")?)))
+            .transpose()
+    }
+
     /// Stores a declaration as the next revision with its address allocation, atomically. With
     /// `expect`, fails with `Conflict` unless the current revision is that one (0 for none).
     pub async fn apply(
@@ -641,6 +650,11 @@ impl Store {
     }
 
     // --- audit -----------------------------------------------------------------------------
+
+    /// Records an event that changes nothing else, such as a refused token redemption.
+    pub async fn record(&self, audit: &Audit<'_>) -> Result<()> {
+        self.decide(audit, |_| Box::pin(async { Ok(()) })).await
+    }
 
     pub async fn audit(&self) -> Result<Vec<AuditRecord>> {
         let rows = sqlx::query("SELECT seq, at, actor, action, subject, detail, prev_hash, hash FROM audit ORDER BY seq").fetch_all(&self.pool).await?;

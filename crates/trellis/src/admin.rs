@@ -356,3 +356,27 @@ pub fn audit_verify(conn: &Conn) -> Result<ExitCode> {
         Err(e) => bail!("{e}"),
     }
 }
+
+pub fn audit_list(conn: &Conn, json_out: bool) -> Result<ExitCode> {
+    let records = runtime().block_on(conn.client()?.audit())?;
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&records)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:>5}  {:<20}  {:<26}  {:<20}  {:<24}  DETAIL",
+        "SEQ", "AT", "ACTION", "SUBJECT", "ACTOR"
+    );
+    for r in &records {
+        println!(
+            "{:>5}  {:<20}  {:<26}  {:<20}  {:<24}  {}",
+            r["seq"],
+            crate::time::fmt(r["at"].as_i64().unwrap_or(0)),
+            r["action"].as_str().unwrap_or_default(),
+            r["subject"].as_str().unwrap_or_default(),
+            r["actor"].as_str().unwrap_or_default(),
+            r["detail"].as_str().unwrap_or_default()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

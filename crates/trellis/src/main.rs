@@ -139,7 +139,12 @@ enum Command {
 
 #[derive(Subcommand)]
 enum AuditCommand {
-    /// Check that every audit record follows the one before it, unaltered
+    /// List every governance decision: tokens, redemptions, enrolments, approvals, revocations, renewals, applies
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check that every audit record follows the one before it, unaltered; names the first that does not
     Verify,
 }
 
@@ -186,6 +191,10 @@ fn main() -> ExitCode {
             cmd: AuditCommand::Verify,
             conn,
         } => admin::audit_verify(&conn),
+        Command::Audit {
+            cmd: AuditCommand::List { json },
+            conn,
+        } => admin::audit_list(&conn, json),
     };
     match result {
         Ok(code) => code,
