@@ -1,6 +1,7 @@
 //! `trellis-agent`: enrols a node with a pasted token, and keeps its identity current. The
 //! binary of the same name (in the `trellis` package) only calls [`main`].
 
+pub mod bundle;
 pub mod identity;
 
 use std::path::PathBuf;
@@ -41,6 +42,32 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// Save the node's current bundle exactly as the controller sends it
+    Fetch {
+        #[arg(long)]
+        state_dir: PathBuf,
+        /// Where to save it
+        #[arg(long)]
+        out: PathBuf,
+        /// Long-poll: wait up to this many seconds for a version newer than --held
+        #[arg(long, default_value_t = 0)]
+        wait: u64,
+        /// The version already held (sent as If-None-Match)
+        #[arg(long)]
+        held: Option<i64>,
+    },
+    /// Verify a saved bundle with the agent's own checks; prints why when it refuses (exit 1)
+    Verify {
+        /// A bundle saved by `fetch`
+        file: PathBuf,
+        #[arg(long)]
+        state_dir: PathBuf,
+        /// Refuse versions not greater than this one, as the agent would
+        #[arg(long)]
+        last_version: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Show this node's identity and certificate
     Status {
         #[arg(long)]
@@ -67,6 +94,18 @@ pub fn main() -> ExitCode {
             } => identity::enrol(&token, &state_dir, force).await,
             Command::Renew { state_dir, force } => identity::renew(&state_dir, force).await,
             Command::Status { state_dir, json } => identity::status(&state_dir, json),
+            Command::Fetch {
+                state_dir,
+                out,
+                wait,
+                held,
+            } => bundle::fetch(&state_dir, &out, wait.min(60), held).await,
+            Command::Verify {
+                file,
+                state_dir,
+                last_version,
+                json,
+            } => bundle::verify(&file, &state_dir, last_version, json),
         }
     });
     match result {

@@ -28,7 +28,9 @@ pub struct Ctx {
     pub store: Store,
     pub ca: trellis_pki::Ca,
     pub config: Config,
+    pub signing_key: ed25519_dalek::SigningKey,
     pub signing_public_key: [u8; 32],
+    pub publisher: crate::publish::Publisher,
     pub admin_sha256: [u8; 32],
     /// The parsed declaration of the newest revision seen, keyed by its number. A cache only:
     /// the database says which revision is current.
@@ -53,6 +55,12 @@ pub fn app(ctx: Shared) -> Router {
             post(renew).layer(DefaultBodyLimit::max(SMALL_BODY)),
         )
         .route("/v1/whoami", get(whoami))
+        .route("/v1/bundle", get(bundle))
+        .route(
+            "/v1/evidence",
+            post(evidence).layer(DefaultBodyLimit::max(EVIDENCE_BODY)),
+        )
+        .route("/v1/admin/status", get(status))
         .route(
             "/v1/admin/apply",
             post(apply).layer(DefaultBodyLimit::max(DECLARATION_BODY)),
@@ -78,6 +86,7 @@ pub struct Body<T, const MAX: usize = SMALL_BODY>(pub T);
 
 pub const SMALL_BODY: usize = 64 * 1024;
 pub const DECLARATION_BODY: usize = 16 * 1024 * 1024;
+pub const EVIDENCE_BODY: usize = 4 * 1024 * 1024;
 
 impl<T: serde::de::DeserializeOwned, S: Send + Sync, const MAX: usize> axum::extract::FromRequest<S>
     for Body<T, MAX>
@@ -164,9 +173,13 @@ impl FromRequestParts<Shared> for Admin {
     }
 }
 
-/// A node, proven by its certificate.
+/// A node, proven by its certificate: issued by the mesh CA (checked by TLS), with the serial the
+/// node currently holds (or just replaced), for a node that is not revoked. Answered from the
+/// publisher's table, so a long-poll or a `304` needs no database; a node it does not know yet
+/// (just enrolled on another replica) is looked up in the database.
 pub struct NodeIdentity {
-    pub record: NodeRecord,
+    pub name: String,
+    pub state: String,
     pub serial: String,
 }
 
@@ -187,30 +200,50 @@ impl FromRequestParts<Shared> for NodeIdentity {
         let info = trellis_pki::inspect_der(&cert)
             .map_err(|e| ApiError::unauthorized("bad_certificate", e.to_string()))?;
         let node = info.common_name;
-        let record = ctx.store.node(&node).await?.ok_or_else(|| {
-            ApiError::forbidden("unknown_node", format!("node `{node}` is not enrolled"))
-        })?;
-        if record.state == "revoked" {
+        let entry = match ctx.publisher.auth(&node) {
+            Some(e) if e.serials.contains(&info.serial) || e.state == "revoked" => e,
+            _ => {
+                let record = ctx.store.node(&node).await?.ok_or_else(|| {
+                    ApiError::forbidden("unknown_node", format!("node `{node}` is not enrolled"))
+                })?;
+                crate::publish::AuthEntry {
+                    state: record.state,
+                    serials: [record.cert_serial, record.prev_cert_serial]
+                        .into_iter()
+                        .flatten()
+                        .collect(),
+                }
+            }
+        };
+        if entry.state == "revoked" {
             return Err(ApiError::forbidden(
                 "node_revoked",
                 format!("node `{node}` has been revoked"),
             ));
         }
-        let current = [
-            record.cert_serial.as_deref(),
-            record.prev_cert_serial.as_deref(),
-        ];
-        if !current.contains(&Some(info.serial.as_str())) {
+        if !entry.serials.contains(&info.serial) {
             return Err(ApiError::forbidden(
                 "certificate_replaced",
                 format!("this certificate of node `{node}` has been replaced; enrol again"),
             ));
         }
-        ctx.store.touch(&node, now()).await?;
+        ctx.publisher.contact(&node, now());
         Ok(NodeIdentity {
-            record,
+            name: node,
+            state: entry.state,
             serial: info.serial,
         })
+    }
+}
+
+/// Publishes after a decision. The decision stands even if publishing fails; the background
+/// task retries.
+async fn republish(ctx: &Ctx) {
+    if let Err(e) = ctx.publisher.publish(ctx).await {
+        eprintln!(
+            "trellis serve: publishing after a decision failed ({}); will retry",
+            e.message
+        );
     }
 }
 
@@ -379,6 +412,7 @@ async fn apply(
         .store
         .apply(&files, &digest, &allocation, req.expect_revision, &audit)
         .await?;
+    republish(&ctx).await;
     Ok(Json(proto::ApplyResponse {
         revision,
         diagnostics: out,
@@ -660,6 +694,7 @@ async fn redeem(
         cert_not_after: Some(issued.not_after),
         enrolled_at: t,
         last_contact: Some(t),
+        cert_pem: Some(issued.cert_pem.clone()),
     };
     let audit = Audit {
         at: t,
@@ -669,6 +704,7 @@ async fn redeem(
         detail: format!("state {state}, key {key}, certificate {}", issued.serial),
     };
     ctx.store.enrol(&token.id, &record, &audit).await?;
+    republish(ctx).await;
     Ok(Json(proto::EnrolResponse {
         node: req.node,
         mesh: decl.mesh.name.clone(),
@@ -686,7 +722,7 @@ async fn renew(
     who: NodeIdentity,
     Body(req): Body<proto::RenewRequest>,
 ) -> Result<Json<proto::RenewResponse>, ApiError> {
-    let name = who.record.name.clone();
+    let name = who.name.clone();
     let mesh = current_declaration(&ctx)
         .await?
         .map(|(_, d)| d.mesh.name.clone())
@@ -709,8 +745,16 @@ async fn renew(
         detail: format!("{} replaces {}", issued.serial, who.serial),
     };
     ctx.store
-        .renew(&name, &who.serial, &issued.serial, issued.not_after, &audit)
+        .renew(
+            &name,
+            &who.serial,
+            &issued.serial,
+            issued.not_after,
+            &issued.cert_pem,
+            &audit,
+        )
         .await?;
+    republish(&ctx).await;
     Ok(Json(proto::RenewResponse {
         node_cert_pem: issued.cert_pem,
         not_after: issued.not_after,
@@ -719,8 +763,8 @@ async fn renew(
 
 async fn whoami(who: NodeIdentity) -> Json<proto::WhoAmI> {
     Json(proto::WhoAmI {
-        node: who.record.name,
-        state: who.record.state,
+        node: who.name,
+        state: who.state,
     })
 }
 
@@ -793,6 +837,7 @@ async fn approve(
             ),
             other => other.into(),
         })?;
+    republish(&ctx).await;
     Ok(Json(proto::WhoAmI {
         node: name,
         state: "active".into(),
@@ -821,6 +866,7 @@ async fn revoke(
             ),
             other => other.into(),
         })?;
+    republish(&ctx).await;
     Ok(Json(proto::WhoAmI {
         node: name,
         state: "revoked".into(),
@@ -857,4 +903,186 @@ async fn audit_log(State(ctx): State<Shared>, _: Admin) -> Result<Json<Vec<Audit
             })
             .collect(),
     ))
+}
+
+// --- delivery --------------------------------------------------------------------------------
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BundleQuery {
+    /// Seconds to wait for a newer bundle than the one named in If-None-Match (at most 60).
+    #[serde(default)]
+    wait: u64,
+}
+
+pub const MAX_WAIT: u64 = 60;
+
+fn etag(version: i64) -> String {
+    format!("\"{version}\"")
+}
+
+/// `GET /v1/bundle`: the node's current signed bundle, `304` when it already holds it. With
+/// `wait`, the answer comes as soon as a newer one exists. Every answer carries a signed
+/// freshness stamp.
+async fn bundle(
+    State(ctx): State<Shared>,
+    who: NodeIdentity,
+    headers: axum::http::HeaderMap,
+    axum::extract::Query(q): axum::extract::Query<BundleQuery>,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::http::header;
+    use axum::response::IntoResponse;
+    if who.state == "pending" {
+        return Err(ApiError::forbidden(
+            "pending_approval",
+            format!(
+                "node `{}` is pending approval; an operator runs `trellis node approve {}`",
+                who.name, who.name
+            ),
+        ));
+    }
+    let held = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(q.wait.min(MAX_WAIT));
+    let mut changes = ctx.publisher.subscribe();
+    loop {
+        let current = ctx.publisher.current(&who.name);
+        let stamp = ctx.publisher.stamp(&ctx);
+        if let Some(p) = &current {
+            if held.as_deref() != Some(etag(p.version).as_str()) {
+                let body = axum::body::Body::from(p.bytes.as_ref().clone());
+                return Ok((
+                    [
+                        (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+                        (header::ETAG, etag(p.version)),
+                        (
+                            header::HeaderName::from_static("x-trellis-freshness"),
+                            stamp.to_string(),
+                        ),
+                    ],
+                    body,
+                )
+                    .into_response());
+            }
+        }
+        let wait = tokio::time::timeout_at(deadline, changes.changed()).await;
+        if !matches!(wait, Ok(Ok(()))) {
+            return match current {
+                Some(p) => Ok((
+                    StatusCode::NOT_MODIFIED,
+                    [
+                        (header::ETAG, etag(p.version)),
+                        (
+                            header::HeaderName::from_static("x-trellis-freshness"),
+                            stamp.to_string(),
+                        ),
+                    ],
+                )
+                    .into_response()),
+                None => Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "no_bundle_yet",
+                    format!("no bundle has been published for node `{}` yet", who.name),
+                )),
+            };
+        }
+    }
+}
+
+async fn evidence(
+    State(ctx): State<Shared>,
+    who: NodeIdentity,
+    Body(batch): Body<proto::EvidenceBatch, EVIDENCE_BODY>,
+) -> Result<Json<proto::EvidenceAck>, ApiError> {
+    if batch.records.len() > proto::MAX_EVIDENCE_BATCH {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!(
+                "an evidence batch holds at most {} records",
+                proto::MAX_EVIDENCE_BATCH
+            ),
+        ));
+    }
+    let mut records = Vec::with_capacity(batch.records.len());
+    for r in &batch.records {
+        if r.seq < 1 || r.version < 1 {
+            return Err(ApiError::bad_request(format!(
+                "evidence record {}: sequence numbers and versions start at 1",
+                r.seq
+            )));
+        }
+        if r.result != "applied" && r.result != "failed" {
+            return Err(ApiError::bad_request(format!(
+                "evidence record {}: result must be \"applied\" or \"failed\", not {:?}",
+                r.seq, r.result
+            )));
+        }
+        records.push(trellis_store::EvidenceRecord {
+            seq: r.seq,
+            version: r.version,
+            result: r.result.clone(),
+            error: r.error.clone(),
+            files: serde_json::to_string(&r.files).expect("evidence files serialize"),
+            at: r.at,
+        });
+    }
+    let (accepted, duplicates) = ctx.store.add_evidence(&who.name, &records, now()).await?;
+    Ok(Json(proto::EvidenceAck {
+        accepted,
+        duplicates,
+    }))
+}
+
+async fn status(
+    State(ctx): State<Shared>,
+    _: Admin,
+) -> Result<Json<Vec<proto::NodeStatus>>, ApiError> {
+    ctx.publisher.flush_contacts(&ctx).await;
+    let decl = current_declaration(&ctx).await?.map(|(_, d)| d);
+    let records = ctx.store.nodes().await?;
+    let bundles = ctx.store.bundles().await?;
+    let evidence = ctx.store.evidence_summary().await?;
+    let t = now();
+    let mut names: Vec<String> = decl
+        .iter()
+        .flat_map(|d| d.nodes.iter().map(|n| n.name.clone()))
+        .collect();
+    names.extend(records.iter().map(|r| r.name.clone()));
+    names.sort();
+    names.dedup();
+    let out = names
+        .into_iter()
+        .map(|name| {
+            let rec = records.iter().find(|r| r.name == name);
+            let declared = decl.as_ref().and_then(|d| d.node(&name));
+            let state = match (declared, rec) {
+                (None, _) => "removed".to_string(),
+                (Some(n), None) if n.public_key.is_some() => "external".to_string(),
+                (Some(_), None) => "declared".to_string(),
+                (Some(_), Some(r)) => r.state.clone(),
+            };
+            let b = bundles.get(&name).filter(|_| state == "active");
+            let e = evidence.get(&name);
+            let applied = e.and_then(|e| e.applied_version);
+            let stale = b.is_some_and(|b| applied.is_none_or(|a| a < b.version));
+            proto::NodeStatus {
+                state,
+                desired_version: b.map(|b| b.version),
+                applied_version: applied,
+                last_contact: rec.and_then(|r| r.last_contact),
+                cert_not_after: rec.and_then(|r| r.cert_not_after),
+                stale,
+                stale_for: b.filter(|_| stale).map(|b| t - b.issued_at),
+                last_result: e.and_then(|e| e.last_result.clone()),
+                last_error: e.and_then(|e| e.last_error.clone()),
+                evidence_records: e.map_or(0, |e| e.records),
+                evidence_missing: e.map_or(0, |e| e.missing()),
+                name,
+            }
+        })
+        .collect();
+    Ok(Json(out))
 }

@@ -144,6 +144,10 @@ impl AdminClient {
             .await
     }
 
+    pub async fn status(&self) -> Result<Vec<proto::NodeStatus>> {
+        self.get("/v1/admin/status").await
+    }
+
     pub async fn audit(&self) -> Result<Vec<serde_json::Value>> {
         self.get("/v1/admin/audit").await
     }

@@ -6,6 +6,7 @@ pub mod api;
 pub mod client;
 pub mod error;
 pub mod files;
+pub mod publish;
 pub mod server;
 pub mod state;
 

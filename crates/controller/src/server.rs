@@ -49,6 +49,8 @@ impl Server {
             ca,
             config: state.config.clone(),
             signing_public_key: signing.verifying_key().to_bytes(),
+            signing_key: signing,
+            publisher: Default::default(),
             admin_sha256,
             declaration: Default::default(),
         });
@@ -73,6 +75,38 @@ impl Server {
     /// Serves until `shutdown` resolves.
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
         let router = app(self.ctx.clone());
+        // Publish what the database holds, then follow decisions made by other replicas.
+        if let Err(e) = self.ctx.publisher.publish(&self.ctx).await {
+            eprintln!("trellis serve: first publish failed: {}", e.message);
+        }
+        let watcher = {
+            let ctx = self.ctx.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_millis(500));
+                let mut n = 0u64;
+                loop {
+                    tick.tick().await;
+                    if let Err(e) = ctx.publisher.publish_if_moved(&ctx).await {
+                        eprintln!("trellis serve: publishing failed: {}", e.message);
+                    }
+                    n += 1;
+                    if n % 10 == 0 {
+                        ctx.publisher.flush_contacts(&ctx).await;
+                    }
+                }
+            })
+        };
+        let result = self.accept_loop(router, shutdown).await;
+        watcher.abort();
+        self.ctx.publisher.flush_contacts(&self.ctx).await;
+        result
+    }
+
+    async fn accept_loop(
+        &self,
+        router: axum::Router,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<()> {
         tokio::pin!(shutdown);
         loop {
             let (tcp, _peer) = tokio::select! {

@@ -3,6 +3,7 @@
 //! resources. No async runtime, no database, no filesystem and no clock: values in, values out.
 
 pub mod alloc;
+pub mod bundle;
 pub mod compile;
 pub mod decl;
 pub mod diag;

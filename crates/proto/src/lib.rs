@@ -143,3 +143,62 @@ pub struct WhoAmI {
     pub node: String,
     pub state: String,
 }
+
+/// The largest evidence batch an agent may send.
+pub const MAX_EVIDENCE_BATCH: usize = 1000;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvidenceBatch {
+    pub records: Vec<Evidence>,
+}
+
+/// What an agent did with one bundle: append-only, numbered per node from 1.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Evidence {
+    pub seq: i64,
+    pub version: i64,
+    /// "applied" or "failed".
+    pub result: String,
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub files: Vec<EvidenceFile>,
+    /// Unix seconds, by the node's clock.
+    pub at: i64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct EvidenceFile {
+    pub path: String,
+    pub sha256: String,
+    /// "written", "unchanged", "removed" or "failed".
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct EvidenceAck {
+    pub accepted: usize,
+    pub duplicates: usize,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NodeStatus {
+    pub name: String,
+    pub state: String,
+    pub desired_version: Option<i64>,
+    pub applied_version: Option<i64>,
+    pub last_contact: Option<i64>,
+    pub cert_not_after: Option<i64>,
+    /// The node has not applied its desired version.
+    pub stale: bool,
+    /// Seconds since the desired version was issued, while stale.
+    pub stale_for: Option<i64>,
+    pub last_result: Option<String>,
+    pub last_error: Option<String>,
+    pub evidence_records: i64,
+    /// Sequence numbers missing between 1 and the highest received.
+    pub evidence_missing: i64,
+}

@@ -69,6 +69,7 @@ pub struct NodeRecord {
     pub cert_not_after: Option<i64>,
     pub enrolled_at: i64,
     pub last_contact: Option<i64>,
+    pub cert_pem: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -169,6 +170,7 @@ fn node_record(r: &AnyRow) -> Result<NodeRecord> {
         cert_not_after: r.try_get("cert_not_after")?,
         enrolled_at: r.try_get("enrolled_at")?,
         last_contact: r.try_get("last_contact")?,
+        cert_pem: r.try_get("cert_pem")?,
     })
 }
 
@@ -185,7 +187,7 @@ fn token_record(r: &AnyRow) -> Result<TokenRecord> {
     })
 }
 
-const NODE_COLUMNS: &str = "name, state, wg_public_key, cert_serial, prev_cert_serial, cert_not_after, enrolled_at, last_contact";
+const NODE_COLUMNS: &str = "name, state, wg_public_key, cert_serial, prev_cert_serial, cert_not_after, enrolled_at, last_contact, cert_pem";
 const TOKEN_COLUMNS: &str =
     "id, node, secret_sha256, created_at, expires_at, used_at, revoked_at, require_approval";
 
@@ -198,6 +200,46 @@ fn is_unique_violation(e: &sqlx::Error) -> bool {
         }
         _ => false,
     }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BundleVersion {
+    pub version: i64,
+    pub digest: String,
+    pub issued_at: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EvidenceRecord {
+    pub seq: i64,
+    pub version: i64,
+    /// "applied" or "failed".
+    pub result: String,
+    pub error: Option<String>,
+    /// JSON: per-file path, SHA-256 and result.
+    pub files: String,
+    pub at: i64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EvidenceSummary {
+    pub records: i64,
+    pub highest_seq: i64,
+    pub applied_version: Option<i64>,
+    pub last_result: Option<String>,
+    pub last_error: Option<String>,
+    pub last_at: Option<i64>,
+}
+
+impl EvidenceSummary {
+    /// Sequence numbers missing between 1 and the highest received.
+    pub fn missing(&self) -> i64 {
+        self.highest_seq - self.records
+    }
+}
+
+fn is_serialization(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("40001") || d.code().as_deref() == Some("40P01"))
 }
 
 /// What a decision writes to the audit chain.
@@ -534,10 +576,10 @@ impl Store {
                         }
                     }
                     sqlx::query(&format!(
-                        "INSERT INTO nodes ({NODE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                        "INSERT INTO nodes ({NODE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
                          ON CONFLICT (name) DO UPDATE SET state = excluded.state, wg_public_key = excluded.wg_public_key, \
                          cert_serial = excluded.cert_serial, prev_cert_serial = excluded.prev_cert_serial, \
-                         cert_not_after = excluded.cert_not_after, enrolled_at = excluded.enrolled_at, last_contact = excluded.last_contact"
+                         cert_not_after = excluded.cert_not_after, enrolled_at = excluded.enrolled_at, last_contact = excluded.last_contact, cert_pem = excluded.cert_pem"
                     ))
                     .bind(node.name)
                     .bind(node.state)
@@ -547,6 +589,7 @@ impl Store {
                     .bind(node.cert_not_after)
                     .bind(node.enrolled_at)
                     .bind(node.last_contact)
+                    .bind(node.cert_pem)
                     .execute(&mut **tx)
                     .await?;
                     Ok(())
@@ -616,20 +659,23 @@ impl Store {
         old_serial: &str,
         new_serial: &str,
         not_after: i64,
+        cert_pem: &str,
         audit: &Audit<'_>,
     ) -> Result<()> {
-        let (name, old, new) = (
+        let (name, old, new, pem) = (
             name.to_string(),
             old_serial.to_string(),
             new_serial.to_string(),
+            cert_pem.to_string(),
         );
         self.decide(audit, |tx| {
-            let (name, old, new) = (name.clone(), old.clone(), new.clone());
+            let (name, old, new, pem) = (name.clone(), old.clone(), new.clone(), pem.clone());
             Box::pin(async move {
-                let n = sqlx::query("UPDATE nodes SET prev_cert_serial = $1, cert_serial = $2, cert_not_after = $3 WHERE name = $4 AND state <> 'revoked'")
+                let n = sqlx::query("UPDATE nodes SET prev_cert_serial = $1, cert_serial = $2, cert_not_after = $3, cert_pem = $4 WHERE name = $5 AND state <> 'revoked'")
                     .bind(old)
                     .bind(new)
                     .bind(not_after)
+                    .bind(pem)
                     .bind(name.clone())
                     .execute(&mut **tx)
                     .await?
@@ -647,6 +693,182 @@ impl Store {
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+
+    // --- bundles ---------------------------------------------------------------------------
+
+    /// Version, content digest and issue time of every node's current bundle.
+    pub async fn bundles(&self) -> Result<std::collections::HashMap<String, BundleVersion>> {
+        let rows = sqlx::query("SELECT node, version, digest, issued_at FROM bundles")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get("node")?,
+                    BundleVersion {
+                        version: r.try_get("version")?,
+                        digest: r.try_get("digest")?,
+                        issued_at: r.try_get("issued_at")?,
+                    },
+                ))
+            })
+            .collect()
+    }
+
+    /// Records new content for these nodes: each whose digest differs from its stored one gets
+    /// the next version, in one transaction. A node whose stored digest already matches (another
+    /// replica published it first) keeps its version. Returns the versions now in force.
+    pub async fn publish(
+        &self,
+        changes: &[(String, String)],
+        now: i64,
+    ) -> Result<Vec<(String, BundleVersion)>> {
+        let mut attempt = 0;
+        loop {
+            let mut tx = self.begin().await?;
+            let mut out = Vec::with_capacity(changes.len());
+            let r: Result<()> = async {
+                for (node, digest) in changes {
+                    sqlx::query("INSERT INTO bundles (node, version, digest, issued_at) VALUES ($1, 0, '', $2) ON CONFLICT (node) DO NOTHING")
+                        .bind(node.clone())
+                        .bind(now)
+                        .execute(&mut *tx)
+                        .await?;
+                    sqlx::query("UPDATE bundles SET version = version + 1, digest = $1, issued_at = $2 WHERE node = $3 AND digest <> $1")
+                        .bind(digest.clone())
+                        .bind(now)
+                        .bind(node.clone())
+                        .execute(&mut *tx)
+                        .await?;
+                    let r = sqlx::query("SELECT version, digest, issued_at FROM bundles WHERE node = $1").bind(node.clone()).fetch_one(&mut *tx).await?;
+                    out.push((node.clone(), BundleVersion { version: r.try_get("version")?, digest: r.try_get("digest")?, issued_at: r.try_get("issued_at")? }));
+                }
+                Ok(())
+            }
+            .await;
+            match r {
+                Ok(()) => match tx.commit().await {
+                    Ok(()) => return Ok(out),
+                    Err(e) if (is_unique_violation(&e) || is_serialization(&e)) && attempt < 20 => {
+                        attempt += 1
+                    }
+                    Err(e) => return Err(e.into()),
+                },
+                Err(StoreError::Db(e))
+                    if (is_unique_violation(&e) || is_serialization(&e)) && attempt < 20 =>
+                {
+                    let _ = tx.rollback().await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    // --- evidence --------------------------------------------------------------------------
+
+    /// Appends evidence records; a record whose (node, seq) is already stored is a re-send and is
+    /// ignored. Returns (accepted, duplicates).
+    pub async fn add_evidence(
+        &self,
+        node: &str,
+        records: &[EvidenceRecord],
+        received_at: i64,
+    ) -> Result<(usize, usize)> {
+        let mut tx = self.begin().await?;
+        let mut accepted = 0;
+        for r in records {
+            let n = sqlx::query("INSERT INTO evidence (node, seq, version, result, error, files, at, received_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (node, seq) DO NOTHING")
+                .bind(node)
+                .bind(r.seq)
+                .bind(r.version)
+                .bind(r.result.clone())
+                .bind(r.error.clone())
+                .bind(r.files.clone())
+                .bind(r.at)
+                .bind(received_at)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            accepted += n as usize;
+        }
+        tx.commit().await?;
+        Ok((accepted, records.len() - accepted))
+    }
+
+    /// Per node: how many records, the highest sequence number, the newest applied version, and
+    /// the result and error of the newest record.
+    pub async fn evidence_summary(
+        &self,
+    ) -> Result<std::collections::HashMap<String, EvidenceSummary>> {
+        let rows =
+            sqlx::query("SELECT node, COUNT(*) AS n, MAX(seq) AS top FROM evidence GROUP BY node")
+                .fetch_all(&self.pool)
+                .await?;
+        let mut out = std::collections::HashMap::new();
+        for r in rows {
+            let node: String = r.try_get("node")?;
+            out.insert(
+                node,
+                EvidenceSummary {
+                    records: r.try_get("n")?,
+                    highest_seq: r.try_get("top")?,
+                    ..Default::default()
+                },
+            );
+        }
+        let applied = sqlx::query(
+            "SELECT node, MAX(version) AS v FROM evidence WHERE result = 'applied' GROUP BY node",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        for r in applied {
+            let node: String = r.try_get("node")?;
+            if let Some(s) = out.get_mut(&node) {
+                s.applied_version = r.try_get("v")?;
+            }
+        }
+        let last = sqlx::query(
+            "SELECT e.node, e.result, e.error, e.at FROM evidence e JOIN (SELECT node, MAX(seq) AS top FROM evidence GROUP BY node) m ON e.node = m.node AND e.seq = m.top",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        for r in last {
+            let node: String = r.try_get("node")?;
+            if let Some(s) = out.get_mut(&node) {
+                s.last_result = Some(r.try_get("result")?);
+                s.last_error = r.try_get("error")?;
+                s.last_at = Some(r.try_get("at")?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every evidence record of one node, in sequence order.
+    pub async fn evidence(&self, node: &str) -> Result<Vec<EvidenceRecord>> {
+        let rows = sqlx::query("SELECT seq, version, result, error, files, at FROM evidence WHERE node = $1 ORDER BY seq").bind(node).fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(EvidenceRecord {
+                    seq: r.try_get("seq")?,
+                    version: r.try_get("version")?,
+                    result: r.try_get("result")?,
+                    error: r.try_get("error")?,
+                    files: r.try_get("files")?,
+                    at: r.try_get("at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// The newest audit sequence number: every governance decision moves it, so replicas watch
+    /// it to learn that something changed.
+    pub async fn audit_head(&self) -> Result<i64> {
+        let r = sqlx::query("SELECT MAX(seq) AS top FROM audit")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(r.try_get::<Option<i64>, _>("top")?.unwrap_or(0))
     }
 
     // --- audit -----------------------------------------------------------------------------

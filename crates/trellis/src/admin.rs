@@ -380,3 +380,37 @@ pub fn audit_list(conn: &Conn, json_out: bool) -> Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+pub fn status(conn: &Conn, json_out: bool) -> Result<ExitCode> {
+    let list = runtime().block_on(conn.client()?.status())?;
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&list)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:<20} {:<9} {:>7} {:>7}  {:<14} {:<22} {:<22} {:>4}  LAST ERROR",
+        "NODE", "STATE", "DESIRED", "APPLIED", "STALENESS", "LAST CONTACT", "CERT EXPIRES", "GAPS"
+    );
+    for n in list {
+        let num = |v: Option<i64>| v.map_or("-".to_string(), |v| v.to_string());
+        let staleness = match (n.stale, n.stale_for) {
+            (true, Some(s)) => format!("stale {s}s"),
+            (true, None) => "stale".to_string(),
+            (false, _) if n.desired_version.is_some() => "current".to_string(),
+            _ => "-".to_string(),
+        };
+        println!(
+            "{:<20} {:<9} {:>7} {:>7}  {:<14} {:<22} {:<22} {:>4}  {}",
+            n.name,
+            n.state,
+            num(n.desired_version),
+            num(n.applied_version),
+            staleness,
+            n.last_contact.map_or("-".into(), crate::time::fmt),
+            n.cert_not_after.map_or("-".into(), crate::time::fmt),
+            n.evidence_missing,
+            n.last_error.unwrap_or_default()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -116,6 +116,13 @@ enum Command {
         #[command(flatten)]
         conn: admin::Conn,
     },
+    /// Per node: desired and applied bundle version, staleness, last contact, certificate expiry, last error, evidence gaps
+    Status {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        conn: admin::Conn,
+    },
     /// Approve or revoke a node
     Node {
         #[command(subcommand)]
@@ -187,6 +194,7 @@ fn main() -> ExitCode {
         Command::Token { cmd, conn } => admin::token(&conn, cmd),
         Command::Nodes { json, conn } => admin::nodes(&conn, json),
         Command::Node { cmd, conn } => admin::node(&conn, cmd),
+        Command::Status { json, conn } => admin::status(&conn, json),
         Command::Audit {
             cmd: AuditCommand::Verify,
             conn,

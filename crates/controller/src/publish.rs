@@ -1,0 +1,254 @@
+//! Publishing bundles: on every change, recompile, give a new version (from the database) only to
+//! nodes whose files changed, sign, and hold the signed bytes in memory so that an unchanged
+//! bundle is answered `304` without recompiling or re-signing. Long-polls wait on a watch channel.
+//!
+//! Every governance decision moves the audit head; a replica that sees the head move (another
+//! replica decided something) publishes too, so all replicas converge on the same versions. The
+//! signed bytes for one version are identical everywhere: the body is deterministic and ed25519
+//! signatures are too.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
+
+use base64::Engine;
+use trellis_core::bundle::{Bundle, BundleFile};
+use trellis_core::decl::PublicKey;
+use trellis_core::Compiled;
+
+use crate::api::{current_declaration, Ctx};
+use crate::error::ApiError;
+use crate::now;
+
+/// One node's current bundle, signed.
+pub struct Published {
+    pub version: i64,
+    pub bytes: Arc<Vec<u8>>,
+}
+
+/// What the node endpoints need to authenticate a certificate without the database.
+#[derive(Clone, Debug)]
+pub struct AuthEntry {
+    pub state: String,
+    pub serials: Vec<String>,
+}
+
+#[derive(Default)]
+struct Run {
+    compiled: Option<Compiled>,
+    /// Per node: the digest last published and the certificate it carried.
+    published: HashMap<String, (String, Option<String>)>,
+    audit_head: i64,
+}
+
+pub struct Publisher {
+    run: tokio::sync::Mutex<Run>,
+    table: RwLock<HashMap<String, Arc<Published>>>,
+    auth: RwLock<HashMap<String, AuthEntry>>,
+    changes: tokio::sync::watch::Sender<u64>,
+    mesh: RwLock<String>,
+    stamp: Mutex<(i64, Arc<str>)>,
+    contacts: Mutex<HashMap<String, i64>>,
+}
+
+impl Default for Publisher {
+    fn default() -> Self {
+        Publisher {
+            run: Default::default(),
+            table: Default::default(),
+            auth: Default::default(),
+            changes: tokio::sync::watch::channel(0).0,
+            mesh: Default::default(),
+            stamp: Mutex::new((0, Arc::from(""))),
+            contacts: Default::default(),
+        }
+    }
+}
+
+impl Publisher {
+    pub fn current(&self, node: &str) -> Option<Arc<Published>> {
+        self.table.read().expect("bundle table").get(node).cloned()
+    }
+
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    pub fn auth(&self, node: &str) -> Option<AuthEntry> {
+        self.auth.read().expect("auth table").get(node).cloned()
+    }
+
+    /// Remembers that a node made contact; written to the database in batches.
+    pub fn contact(&self, node: &str, at: i64) {
+        self.contacts
+            .lock()
+            .expect("contacts")
+            .insert(node.to_string(), at);
+    }
+
+    pub async fn flush_contacts(&self, ctx: &Ctx) {
+        let batch: Vec<(String, i64)> = self.contacts.lock().expect("contacts").drain().collect();
+        for (node, at) in batch {
+            if let Err(e) = ctx.store.touch(&node, at).await {
+                eprintln!("trellis serve: cannot record contact of {node}: {e}");
+            }
+        }
+    }
+
+    /// The freshness stamp (base64), signed at most once a second.
+    pub fn stamp(&self, ctx: &Ctx) -> Arc<str> {
+        let t = now();
+        let mut s = self.stamp.lock().expect("stamp");
+        if s.0 != t {
+            let mesh = self.mesh.read().expect("mesh").clone();
+            let bytes = trellis_core::bundle::sign_stamp(&ctx.signing_key, &mesh, t);
+            *s = (
+                t,
+                Arc::from(base64::engine::general_purpose::STANDARD.encode(bytes)),
+            );
+        }
+        s.1.clone()
+    }
+
+    /// Publishes if another replica decided something since the last run.
+    pub async fn publish_if_moved(&self, ctx: &Ctx) -> Result<(), ApiError> {
+        let head = ctx.store.audit_head().await?;
+        if head != self.run.lock().await.audit_head {
+            self.publish(ctx).await?;
+        }
+        Ok(())
+    }
+
+    /// Recompiles and publishes every node whose files changed. Runs one at a time.
+    pub async fn publish(&self, ctx: &Ctx) -> Result<usize, ApiError> {
+        let mut run = self.run.lock().await;
+        let head = ctx.store.audit_head().await?;
+        let records = ctx.store.nodes().await?;
+        self.set_auth(&records);
+        let Some((_, decl)) = current_declaration(ctx).await? else {
+            run.audit_head = head;
+            return Ok(0);
+        };
+        *self.mesh.write().expect("mesh") = decl.mesh.name.clone();
+        let active: Vec<&trellis_store::NodeRecord> = records
+            .iter()
+            .filter(|r| r.state == "active" && decl.node(&r.name).is_some())
+            .collect();
+        let keys: HashMap<String, PublicKey> = active
+            .iter()
+            .filter_map(|r| {
+                r.wg_public_key
+                    .as_deref()
+                    .and_then(PublicKey::parse)
+                    .map(|k| (r.name.clone(), k))
+            })
+            .collect();
+        let allocation = ctx.store.allocation().await?;
+        let compiled = trellis_core::compile(&decl, &keys, &allocation, run.compiled.as_ref())
+            .map_err(|d| ApiError::internal("compiling", d))?;
+        let rendered: HashSet<&str> = compiled.rendered.iter().map(String::as_str).collect();
+        let ca_pem = ctx.ca.cert_pem().as_bytes().to_vec();
+
+        let mut pending: Vec<(String, Vec<BundleFile>, String)> = Vec::new();
+        for r in &active {
+            let Some(out) = compiled.nodes.get(&r.name) else {
+                continue;
+            };
+            let previous = run.published.get(&r.name);
+            let unchanged = previous.is_some_and(|(_, cert)| *cert == r.cert_pem)
+                && !rendered.contains(r.name.as_str())
+                && self.current(&r.name).is_some();
+            if unchanged {
+                continue;
+            }
+            let mut files: Vec<BundleFile> = out
+                .files
+                .iter()
+                .map(|f| BundleFile::new(f.path.clone(), f.mode, f.content.as_bytes().to_vec()))
+                .collect();
+            files.push(BundleFile::new("etc/trellis/ca.pem", 0o644, ca_pem.clone()));
+            if let Some(pem) = &r.cert_pem {
+                files.push(BundleFile::new(
+                    "etc/trellis/node.pem",
+                    0o644,
+                    pem.as_bytes().to_vec(),
+                ));
+            }
+            files.sort_by(|a, b| a.path.cmp(&b.path));
+            let digest = hex::encode(trellis_core::bundle::content_digest(&files));
+            pending.push((r.name.clone(), files, digest));
+        }
+        let changes: Vec<(String, String)> = pending
+            .iter()
+            .map(|(n, _, d)| (n.clone(), d.clone()))
+            .collect();
+        let versions: HashMap<String, trellis_store::BundleVersion> = ctx
+            .store
+            .publish(&changes, now())
+            .await?
+            .into_iter()
+            .collect();
+        let mut count = 0;
+        let mut table = HashMap::new();
+        for (node, files, digest) in pending {
+            let v = &versions[&node];
+            if v.digest != digest {
+                // Another replica published other content for this node: ours is stale; the
+                // next run (its audit head moved) will catch up.
+                continue;
+            }
+            let bundle = Bundle {
+                mesh: decl.mesh.name.clone(),
+                node: node.clone(),
+                version: v.version as u64,
+                issued_at: v.issued_at,
+                files,
+            };
+            let bytes = bundle.sign(&ctx.signing_key);
+            let cert = records
+                .iter()
+                .find(|r| r.name == node)
+                .and_then(|r| r.cert_pem.clone());
+            run.published.insert(node.clone(), (digest, cert));
+            table.insert(
+                node,
+                Arc::new(Published {
+                    version: v.version,
+                    bytes: Arc::new(bytes),
+                }),
+            );
+            count += 1;
+        }
+        {
+            let mut t = self.table.write().expect("bundle table");
+            t.extend(table);
+            let live: HashSet<&str> = active.iter().map(|r| r.name.as_str()).collect();
+            t.retain(|n, _| live.contains(n.as_str()));
+            run.published.retain(|n, _| live.contains(n.as_str()));
+        }
+        run.compiled = Some(compiled);
+        run.audit_head = head;
+        self.changes.send_modify(|g| *g += 1);
+        Ok(count)
+    }
+
+    fn set_auth(&self, records: &[trellis_store::NodeRecord]) {
+        let map = records
+            .iter()
+            .map(|r| {
+                let serials = [r.cert_serial.clone(), r.prev_cert_serial.clone()]
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                (
+                    r.name.clone(),
+                    AuthEntry {
+                        state: r.state.clone(),
+                        serials,
+                    },
+                )
+            })
+            .collect();
+        *self.auth.write().expect("auth table") = map;
+        self.changes.send_modify(|g| *g += 1);
+    }
+}

@@ -1,0 +1,526 @@
+//! Bundles: the signed, versioned set of files the controller decides for one node, and the one
+//! function that verifies them (used by the agent and by `trellis-agent verify`). Pure: the
+//! signing key, the expected node and the last applied version are arguments (ADR 0012).
+//!
+//! Wire form: `TRB1` | ed25519 signature (64) | body. The signature covers
+//! `"trellis bundle signature v1\0" || body`. The body is the canonical encoding:
+//! `"trellis-bundle-v1\n"` | str mesh | str node | u64 version | i64 issued_at | u32 n |
+//! n × (str path | u32 mode | [32] sha256 | bytes content), where str and bytes are a u32 length
+//! then the bytes, and integers are big endian.
+
+use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
+use sha2::{Digest, Sha256};
+
+pub const MAGIC: &[u8; 4] = b"TRB1";
+pub const FORMAT: &str = "trellis-bundle-v1\n";
+const SIGNING_CONTEXT: &[u8] = b"trellis bundle signature v1\0";
+/// The largest bundle anyone signs or accepts.
+pub const MAX_BUNDLE: usize = 16 * 1024 * 1024;
+pub const MAX_FILES: usize = 256;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BundleFile {
+    pub path: String,
+    pub mode: u32,
+    pub sha256: [u8; 32],
+    pub content: Vec<u8>,
+}
+
+impl BundleFile {
+    pub fn new(path: impl Into<String>, mode: u32, content: Vec<u8>) -> BundleFile {
+        BundleFile {
+            path: path.into(),
+            mode,
+            sha256: Sha256::digest(&content).into(),
+            content,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bundle {
+    pub mesh: String,
+    pub node: String,
+    pub version: u64,
+    /// Unix seconds.
+    pub issued_at: i64,
+    pub files: Vec<BundleFile>,
+}
+
+/// Why a bundle was refused. Each refusal has its own variant and sentence.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BundleError {
+    TooLarge { size: usize, max: usize },
+    UnknownFormat,
+    BadSignature,
+    Malformed(&'static str),
+    WrongMesh { bundle: String, ours: String },
+    WrongNode { bundle: String, ours: String },
+    NotNewer { version: u64, last: u64 },
+    EqualVersionOtherContent { version: u64 },
+    FileDigest { path: String },
+    UnsafePath { path: String },
+}
+
+impl std::fmt::Display for BundleError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BundleError::TooLarge { size, max } => write!(f, "bundle is {size} bytes, over the bound of {max}"),
+            BundleError::UnknownFormat => f.write_str("bundle is in an unknown format; refusing it (fail closed)"),
+            BundleError::BadSignature => f.write_str("bundle signature does not verify with the controller's key"),
+            BundleError::Malformed(what) => write!(f, "bundle is malformed: {what}"),
+            BundleError::WrongMesh { bundle, ours } => write!(f, "bundle is for mesh `{bundle}`, this node is in mesh `{ours}`"),
+            BundleError::WrongNode { bundle, ours } => write!(f, "bundle is for node `{bundle}`, not for this node `{ours}`"),
+            BundleError::NotNewer { version, last } => write!(f, "bundle version {version} is not greater than the last applied version {last}; refusing a rollback"),
+            BundleError::EqualVersionOtherContent { version } => write!(f, "bundle version {version} equals the last applied version but its content differs"),
+            BundleError::FileDigest { path } => write!(f, "file {path} does not match its SHA-256 in the bundle"),
+            BundleError::UnsafePath { path } => write!(f, "file path {path:?} is absolute, empty or climbs out of the root with `..`"),
+        }
+    }
+}
+
+impl std::error::Error for BundleError {}
+
+fn put_str(out: &mut Vec<u8>, s: &[u8]) {
+    out.extend_from_slice(&(s.len() as u32).to_be_bytes());
+    out.extend_from_slice(s);
+}
+
+impl Bundle {
+    /// The canonical body that is signed.
+    pub fn body(&self) -> Vec<u8> {
+        let size: usize = self
+            .files
+            .iter()
+            .map(|f| f.content.len() + f.path.len() + 48)
+            .sum();
+        let mut out = Vec::with_capacity(size + 128);
+        out.extend_from_slice(FORMAT.as_bytes());
+        put_str(&mut out, self.mesh.as_bytes());
+        put_str(&mut out, self.node.as_bytes());
+        out.extend_from_slice(&self.version.to_be_bytes());
+        out.extend_from_slice(&self.issued_at.to_be_bytes());
+        out.extend_from_slice(&(self.files.len() as u32).to_be_bytes());
+        for f in &self.files {
+            put_str(&mut out, f.path.as_bytes());
+            out.extend_from_slice(&f.mode.to_be_bytes());
+            out.extend_from_slice(&f.sha256);
+            put_str(&mut out, &f.content);
+        }
+        out
+    }
+
+    /// Signs the bundle. ed25519 signatures are deterministic: the same bundle signed by the same
+    /// key gives the same bytes, so replicas hand out identical bundles for one version.
+    pub fn sign(&self, key: &SigningKey) -> Vec<u8> {
+        let body = self.body();
+        let mut msg = Vec::with_capacity(SIGNING_CONTEXT.len() + body.len());
+        msg.extend_from_slice(SIGNING_CONTEXT);
+        msg.extend_from_slice(&body);
+        let sig = key.sign(&msg);
+        let mut out = Vec::with_capacity(4 + 64 + body.len());
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&sig.to_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    /// SHA-256 over what the node will hold: every file's path, mode and content. Version and
+    /// issue time are not part of it, so two versions with the same files have the same digest.
+    pub fn content_digest(&self) -> [u8; 32] {
+        content_digest(&self.files)
+    }
+}
+
+pub fn content_digest(files: &[BundleFile]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(b"trellis bundle content v1\0");
+    for f in files {
+        h.update((f.path.len() as u64).to_be_bytes());
+        h.update(f.path.as_bytes());
+        h.update(f.mode.to_be_bytes());
+        h.update(f.sha256);
+    }
+    h.finalize().into()
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], BundleError> {
+        if self.b.len() < n {
+            return Err(BundleError::Malformed("it ends early"));
+        }
+        let (h, t) = self.b.split_at(n);
+        self.b = t;
+        Ok(h)
+    }
+
+    fn u32(&mut self) -> Result<u32, BundleError> {
+        Ok(u32::from_be_bytes(self.take(4)?.try_into().expect("4")))
+    }
+
+    fn u64(&mut self) -> Result<u64, BundleError> {
+        Ok(u64::from_be_bytes(self.take(8)?.try_into().expect("8")))
+    }
+
+    fn bytes(&mut self) -> Result<&'a [u8], BundleError> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+
+    fn string(&mut self) -> Result<String, BundleError> {
+        String::from_utf8(self.bytes()?.to_vec())
+            .map_err(|_| BundleError::Malformed("a name is not UTF-8"))
+    }
+}
+
+/// A path that stays inside the agent's root: relative, no `..`, no empty parts.
+pub fn safe_path(p: &str) -> bool {
+    !p.is_empty()
+        && !p.starts_with('/')
+        && !p.contains('\0')
+        && !p.contains('\\')
+        && p.split('/')
+            .all(|part| !part.is_empty() && part != "." && part != "..")
+}
+
+/// What the verifier knows of the last bundle applied on this node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Applied {
+    pub version: u64,
+    /// Its content digest, when known: with it, receiving the same version again is recognised
+    /// as a re-delivery instead of refused.
+    pub digest: Option<[u8; 32]>,
+}
+
+/// The outcome of a successful verification.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verified {
+    pub bundle: Bundle,
+    /// True when this is the version already applied, with the same content.
+    pub redelivery: bool,
+}
+
+/// Verifies a bundle as received. Checks, in order: size, format, signature (strict ed25519),
+/// structure, mesh and node, version against the last applied, every path and every file digest.
+pub fn verify(
+    bytes: &[u8],
+    key: &VerifyingKey,
+    mesh: &str,
+    node: &str,
+    last: Option<Applied>,
+) -> Result<Verified, BundleError> {
+    if bytes.len() > MAX_BUNDLE {
+        return Err(BundleError::TooLarge {
+            size: bytes.len(),
+            max: MAX_BUNDLE,
+        });
+    }
+    if bytes.len() < 4 + 64 + FORMAT.len()
+        || &bytes[..4] != MAGIC
+        || &bytes[68..68 + FORMAT.len()] != FORMAT.as_bytes()
+    {
+        return Err(BundleError::UnknownFormat);
+    }
+    let sig = Signature::from_bytes(bytes[4..68].try_into().expect("64"));
+    let body = &bytes[68..];
+    let mut msg = Vec::with_capacity(SIGNING_CONTEXT.len() + body.len());
+    msg.extend_from_slice(SIGNING_CONTEXT);
+    msg.extend_from_slice(body);
+    key.verify_strict(&msg, &sig)
+        .map_err(|_| BundleError::BadSignature)?;
+
+    let mut r = Reader {
+        b: &body[FORMAT.len()..],
+    };
+    let bundle_mesh = r.string()?;
+    let bundle_node = r.string()?;
+    let version = r.u64()?;
+    let issued_at = r.u64()? as i64;
+    let n = r.u32()? as usize;
+    if n > MAX_FILES {
+        return Err(BundleError::Malformed("too many files"));
+    }
+    let mut files = Vec::with_capacity(n);
+    for _ in 0..n {
+        let path = r.string()?;
+        let mode = r.u32()?;
+        let sha256: [u8; 32] = r.take(32)?.try_into().expect("32");
+        let content = r.bytes()?.to_vec();
+        files.push(BundleFile {
+            path,
+            mode,
+            sha256,
+            content,
+        });
+    }
+    if !r.b.is_empty() {
+        return Err(BundleError::Malformed("bytes follow the last file"));
+    }
+    if bundle_mesh != mesh {
+        return Err(BundleError::WrongMesh {
+            bundle: bundle_mesh,
+            ours: mesh.to_string(),
+        });
+    }
+    if bundle_node != node {
+        return Err(BundleError::WrongNode {
+            bundle: bundle_node,
+            ours: node.to_string(),
+        });
+    }
+    let bundle = Bundle {
+        mesh: bundle_mesh,
+        node: bundle_node,
+        version,
+        issued_at,
+        files,
+    };
+    let mut redelivery = false;
+    if let Some(last) = last {
+        if version < last.version {
+            return Err(BundleError::NotNewer {
+                version,
+                last: last.version,
+            });
+        }
+        if version == last.version {
+            match last.digest {
+                Some(d) if d == bundle.content_digest() => redelivery = true,
+                Some(_) => return Err(BundleError::EqualVersionOtherContent { version }),
+                None => {
+                    return Err(BundleError::NotNewer {
+                        version,
+                        last: last.version,
+                    })
+                }
+            }
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    for f in &bundle.files {
+        if !safe_path(&f.path) {
+            return Err(BundleError::UnsafePath {
+                path: f.path.clone(),
+            });
+        }
+        if !seen.insert(f.path.as_str()) {
+            return Err(BundleError::Malformed("a path appears twice"));
+        }
+        if f.mode & !0o777 != 0 {
+            return Err(BundleError::Malformed("a file mode has bits beyond 0777"));
+        }
+        if <[u8; 32]>::from(Sha256::digest(&f.content)) != f.sha256 {
+            return Err(BundleError::FileDigest {
+                path: f.path.clone(),
+            });
+        }
+    }
+    Ok(Verified { bundle, redelivery })
+}
+
+/// A signed freshness stamp: the controller's clock, signed, so an agent can tell how old the
+/// controller's newest word is even when nothing changed (a frozen channel shows up as stale).
+/// Wire form: `TRF1` | signature (64) | "trellis-freshness-v1\n" | str mesh | i64 at.
+pub fn sign_stamp(key: &SigningKey, mesh: &str, at: i64) -> Vec<u8> {
+    let mut body = b"trellis-freshness-v1\n".to_vec();
+    put_str(&mut body, mesh.as_bytes());
+    body.extend_from_slice(&at.to_be_bytes());
+    let sig = key.sign(&body);
+    let mut out = b"TRF1".to_vec();
+    out.extend_from_slice(&sig.to_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Verifies a freshness stamp and returns the time it carries.
+pub fn verify_stamp(bytes: &[u8], key: &VerifyingKey, mesh: &str) -> Result<i64, BundleError> {
+    const HEAD: &[u8] = b"trellis-freshness-v1\n";
+    if bytes.len() < 68 + HEAD.len()
+        || &bytes[..4] != b"TRF1"
+        || &bytes[68..68 + HEAD.len()] != HEAD
+    {
+        return Err(BundleError::UnknownFormat);
+    }
+    let sig = Signature::from_bytes(bytes[4..68].try_into().expect("64"));
+    key.verify_strict(&bytes[68..], &sig)
+        .map_err(|_| BundleError::BadSignature)?;
+    let mut r = Reader {
+        b: &bytes[68 + HEAD.len()..],
+    };
+    let stamp_mesh = r.string()?;
+    let at = r.u64()? as i64;
+    if stamp_mesh != mesh {
+        return Err(BundleError::WrongMesh {
+            bundle: stamp_mesh,
+            ours: mesh.to_string(),
+        });
+    }
+    Ok(at)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> SigningKey {
+        SigningKey::from_bytes(&[7; 32])
+    }
+
+    fn sample(version: u64) -> Bundle {
+        Bundle {
+            mesh: "acme".into(),
+            node: "db-1".into(),
+            version,
+            issued_at: 1_800_000_000,
+            files: vec![
+                BundleFile::new(
+                    "etc/trellis/wireguard.conf",
+                    0o600,
+                    b"[Interface]\n".to_vec(),
+                ),
+                BundleFile::new(
+                    "etc/trellis/ca.pem",
+                    0o644,
+                    b"-----BEGIN CERTIFICATE-----\n".to_vec(),
+                ),
+            ],
+        }
+    }
+
+    fn check(bytes: &[u8], last: Option<Applied>) -> Result<Verified, BundleError> {
+        verify(bytes, &key().verifying_key(), "acme", "db-1", last)
+    }
+
+    #[test]
+    fn a_signed_bundle_verifies_and_signing_is_deterministic() {
+        let b = sample(3);
+        let bytes = b.sign(&key());
+        assert_eq!(bytes, b.sign(&key()));
+        let v = check(
+            &bytes,
+            Some(Applied {
+                version: 2,
+                digest: None,
+            }),
+        )
+        .unwrap();
+        assert_eq!((v.bundle, v.redelivery), (b.clone(), false));
+        let again = check(
+            &bytes,
+            Some(Applied {
+                version: 3,
+                digest: Some(b.content_digest()),
+            }),
+        )
+        .unwrap();
+        assert!(again.redelivery);
+    }
+
+    #[test]
+    fn every_refusal_has_its_own_reason() {
+        let bytes = sample(3).sign(&key());
+        // One byte changed anywhere is refused; in the body or signature, as a bad signature.
+        for i in 0..bytes.len() {
+            let mut t = bytes.clone();
+            t[i] ^= 0x20;
+            let e = check(&t, None).unwrap_err();
+            if i < 4 || (68..68 + FORMAT.len()).contains(&i) {
+                assert_eq!(e, BundleError::UnknownFormat, "byte {i}");
+            } else {
+                assert_eq!(e, BundleError::BadSignature, "byte {i}");
+            }
+        }
+        assert_eq!(
+            check(
+                &bytes,
+                Some(Applied {
+                    version: 5,
+                    digest: None
+                })
+            ),
+            Err(BundleError::NotNewer {
+                version: 3,
+                last: 5
+            })
+        );
+        assert_eq!(
+            check(
+                &bytes,
+                Some(Applied {
+                    version: 3,
+                    digest: None
+                })
+            ),
+            Err(BundleError::NotNewer {
+                version: 3,
+                last: 3
+            })
+        );
+        assert_eq!(
+            check(
+                &bytes,
+                Some(Applied {
+                    version: 3,
+                    digest: Some([0; 32])
+                })
+            ),
+            Err(BundleError::EqualVersionOtherContent { version: 3 })
+        );
+        let mut other = sample(3);
+        other.node = "db-2".into();
+        assert_eq!(
+            check(&other.sign(&key()), None),
+            Err(BundleError::WrongNode {
+                bundle: "db-2".into(),
+                ours: "db-1".into()
+            })
+        );
+        let mut lying = sample(3);
+        lying.files[0].content = b"changed".to_vec();
+        assert_eq!(
+            check(&lying.sign(&key()), None),
+            Err(BundleError::FileDigest {
+                path: "etc/trellis/wireguard.conf".into()
+            })
+        );
+        for bad in ["/etc/passwd", "etc/../../root", "", "etc//x"] {
+            let mut b = sample(3);
+            b.files[0] = BundleFile::new(bad, 0o644, vec![]);
+            assert_eq!(
+                check(&b.sign(&key()), None),
+                Err(BundleError::UnsafePath { path: bad.into() }),
+                "{bad}"
+            );
+        }
+        let huge = vec![0u8; MAX_BUNDLE + 1];
+        assert_eq!(
+            check(&huge, None),
+            Err(BundleError::TooLarge {
+                size: MAX_BUNDLE + 1,
+                max: MAX_BUNDLE
+            })
+        );
+        let other_key = SigningKey::from_bytes(&[8; 32]);
+        assert_eq!(
+            check(&sample(3).sign(&other_key), None),
+            Err(BundleError::BadSignature)
+        );
+    }
+
+    #[test]
+    fn stamps_carry_the_time_and_refuse_tampering() {
+        let s = sign_stamp(&key(), "acme", 1234);
+        assert_eq!(verify_stamp(&s, &key().verifying_key(), "acme"), Ok(1234));
+        let mut t = s.clone();
+        let last = t.len() - 1;
+        t[last] ^= 1;
+        assert_eq!(
+            verify_stamp(&t, &key().verifying_key(), "acme"),
+            Err(BundleError::BadSignature)
+        );
+    }
+}
