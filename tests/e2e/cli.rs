@@ -13,10 +13,7 @@ fn args(a: &[&str]) -> std::process::Command {
 #[test]
 fn check_accepts_the_shipped_lab_declarations() {
     let out = ok(args(&["check", "lab/basic"]));
-    assert!(
-        out.contains("mesh basic is valid: 3 nodes, 6 modules, 3 policy tests passed"),
-        "{out}"
-    );
+    assert!(out.contains("mesh basic is valid: 3 nodes, 6 modules, 3 policy tests passed"), "{out}");
 }
 
 #[test]
@@ -24,22 +21,12 @@ fn check_reports_every_error_with_its_place_and_exits_1() {
     let dir = tempdir("check");
     std::fs::create_dir_all(dir.0.join("modules")).unwrap();
     std::fs::write(dir.0.join("mesh.toml"), "[mesh]\nname = \"x\"\ndomain = \"x.mesh\"\noverlay_ipv4 = \"10.1.0.0/16\"\n[[node]]\nname = \"a\"\nmodules = [\"web\"]\ncolour = 1\n").unwrap();
-    std::fs::write(
-        dir.0.join("modules/web.toml"),
-        "[module]\nname = \"web\"\n[[allow]]\nproto = \"tcp\"\nports = [\"80\"]\n",
-    )
-    .unwrap();
+    std::fs::write(dir.0.join("modules/web.toml"), "[module]\nname = \"web\"\n[[allow]]\nproto = \"tcp\"\nports = [\"80\"]\n").unwrap();
     let (out, d) = run(args(&["check", dir.0.to_str().unwrap()]));
     assert_eq!(out.status.code(), Some(1), "{d}");
     let err = String::from_utf8_lossy(&out.stderr);
-    let mesh = format!(
-        "{}/mesh.toml:8:1: error: unknown key `colour` in [[node]]",
-        dir.0.display()
-    );
-    let web = format!(
-        "{}/modules/web.toml:3:1: error: [[allow]] has no `from`",
-        dir.0.display()
-    );
+    let mesh = format!("{}/mesh.toml:8:1: error: unknown key `colour` in [[node]]", dir.0.display());
+    let web = format!("{}/modules/web.toml:3:1: error: [[allow]] has no `from`", dir.0.display());
     assert!(err.contains(&mesh) && err.contains(&web), "{d}");
     assert!(err.find(&mesh) < err.find(&web), "sorted by file: {d}");
 
@@ -56,69 +43,31 @@ fn usage_errors_exit_2_and_a_missing_directory_exits_1() {
     let (out, d) = run(args(&["check"]));
     assert_eq!(out.status.code(), Some(2), "{d}");
     let (out, d) = run(args(&["compile", "lab/basic", "--out", "/tmp/x"]));
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "--node or --all is required: {d}"
-    );
+    assert_eq!(out.status.code(), Some(2), "--node or --all is required: {d}");
     let (out, d) = run(args(&["check", "/nonexistent/decl"]));
     assert_eq!(out.status.code(), Some(1), "{d}");
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("/nonexistent/decl is not a directory"),
-        "{d}"
-    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/decl is not a directory"), "{d}");
 }
 
 #[test]
 fn compile_writes_a_node_and_all_nodes_with_their_modes() {
     let out = tempdir("compile");
     let one = out.0.join("one");
-    ok(args(&[
-        "compile",
-        "lab/basic",
-        "--node",
-        "db-1",
-        "--out",
-        one.to_str().unwrap(),
-    ]));
-    for (f, mode) in [
-        ("wireguard.conf", 0o600),
-        ("nftables.conf", 0o644),
-        ("mesh.zone", 0o644),
-    ] {
+    ok(args(&["compile", "lab/basic", "--node", "db-1", "--out", one.to_str().unwrap()]));
+    for (f, mode) in [("wireguard.conf", 0o600), ("nftables.conf", 0o644), ("mesh.zone", 0o644)] {
         let meta = std::fs::metadata(one.join("etc/trellis").join(f)).unwrap();
         assert_eq!(meta.permissions().mode() & 0o777, mode, "{f}");
     }
     let all = out.0.join("all");
-    let text = ok(args(&[
-        "compile",
-        "lab/basic",
-        "--all",
-        "--out",
-        all.to_str().unwrap(),
-        "--json",
-    ]));
+    let text = ok(args(&["compile", "lab/basic", "--all", "--out", all.to_str().unwrap(), "--json"]));
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["written"].as_array().unwrap().len(), 9);
     for n in ["api-1", "db-1", "op-1"] {
-        assert!(
-            all.join(n).join("etc/trellis/nftables.conf").is_file(),
-            "{n}"
-        );
+        assert!(all.join(n).join("etc/trellis/nftables.conf").is_file(), "{n}");
     }
-    let (o, d) = run(args(&[
-        "compile",
-        "lab/basic",
-        "--node",
-        "ghost",
-        "--out",
-        "/tmp/x",
-    ]));
+    let (o, d) = run(args(&["compile", "lab/basic", "--node", "ghost", "--out", "/tmp/x"]));
     assert_eq!(o.status.code(), Some(1), "{d}");
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains("node `ghost` is not declared"),
-        "{d}"
-    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("node `ghost` is not declared"), "{d}");
 }
 
 #[test]
@@ -129,41 +78,17 @@ fn explain_says_why_and_what_passes() {
     let json = ok(args(&["explain", "lab/basic", "api-1", "db-1", "--json"]));
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v["path"], "direct");
-    let modules: Vec<&str> = v["forward"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["module"].as_str().unwrap())
-        .collect();
+    let modules: Vec<&str> = v["forward"].as_array().unwrap().iter().map(|m| m["module"].as_str().unwrap()).collect();
     assert_eq!(modules, ["ping", "postgres"]);
 }
 
 #[test]
 fn bench_compile_prints_its_figures() {
-    let text = ok(args(&[
-        "bench",
-        "compile",
-        "--nodes",
-        "300",
-        "--groups",
-        "20",
-        "--modules",
-        "6",
-        "--hubs",
-        "3",
-        "--runs",
-        "1",
-        "--json",
-    ]));
+    let text =
+        ok(args(&["bench", "compile", "--nodes", "300", "--groups", "20", "--modules", "6", "--hubs", "3", "--runs", "1", "--json"]));
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["nodes"], 300);
-    assert_eq!(
-        v["no_change"]["rendered"], 0,
-        "an unchanged mesh renders nothing: {text}"
-    );
+    assert_eq!(v["no_change"]["rendered"], 0, "an unchanged mesh renders nothing: {text}");
     let rekeyed = v["rekey_one_node"]["rendered"].as_u64().unwrap();
-    assert!(
-        (1..300).contains(&rekeyed),
-        "a new key re-renders the node's peers only: {text}"
-    );
+    assert!((1..300).contains(&rekeyed), "a new key re-renders the node's peers only: {text}");
 }

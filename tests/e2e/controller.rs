@@ -12,11 +12,7 @@ use trellis_core::token::EnrolmentToken;
 use crate::support::{describe, repo, tempdir, TempDir};
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 pub fn agent_bin() -> Command {
@@ -43,11 +39,7 @@ pub enum Db {
 pub fn database_url(db: Db) -> Option<String> {
     match db {
         Db::Sqlite => None,
-        Db::Postgres => Some(
-            tokio::runtime::Runtime::new()
-                .unwrap()
-                .block_on(trellis_store::testdb::postgres_url()),
-        ),
+        Db::Postgres => Some(tokio::runtime::Runtime::new().unwrap().block_on(trellis_store::testdb::postgres_url())),
     }
 }
 
@@ -63,57 +55,29 @@ impl Controller {
         let advertise = format!("127.0.0.1:{port}");
         let listen = format!("127.0.0.1:{port}");
         let database_url = database_url(db);
-        let mut init = trellis_cmd(&[
-            "init",
-            "--state-dir",
-            state.to_str().unwrap(),
-            "--advertise",
-            &advertise,
-            "--listen",
-            &listen,
-        ]);
+        let mut init = trellis_cmd(&["init", "--state-dir", state.to_str().unwrap(), "--advertise", &advertise, "--listen", &listen]);
         if let Some(u) = &database_url {
             init.args(["--database-url", u]);
         }
         init.args(extra);
         must(init);
-        let mut c = Controller {
-            dir,
-            state,
-            port,
-            database_url,
-            serves: Vec::new(),
-        };
+        let mut c = Controller { dir, state, port, database_url, serves: Vec::new() };
         c.serve(port);
         c
     }
 
     /// Starts (another) `trellis serve` on this state directory and database, on `port`.
     pub fn serve(&mut self, port: u16) {
-        let mut cmd = trellis_cmd(&[
-            "serve",
-            "--state-dir",
-            self.state.to_str().unwrap(),
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-        ]);
+        let mut cmd = trellis_cmd(&["serve", "--state-dir", self.state.to_str().unwrap(), "--listen", &format!("127.0.0.1:{port}")]);
         if let Some(u) = &self.database_url {
             cmd.args(["--database-url", u]);
         }
         let log = std::fs::File::create(self.dir.0.join(format!("serve-{port}.log"))).unwrap();
-        let child = cmd
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn trellis serve");
+        let child = cmd.stdout(Stdio::null()).stderr(log).spawn().expect("spawn trellis serve");
         self.serves.push(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "trellis serve did not listen on {port}: {}",
-                self.log(port)
-            );
+            assert!(Instant::now() < deadline, "trellis serve did not listen on {port}: {}", self.log(port));
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -153,12 +117,7 @@ impl Controller {
 
     pub fn node_state(&self, name: &str) -> String {
         let v = self.nodes();
-        v.as_array()
-            .unwrap()
-            .iter()
-            .find(|n| n["name"] == name)
-            .map(|n| n["state"].as_str().unwrap().to_string())
-            .unwrap_or_default()
+        v.as_array().unwrap().iter().find(|n| n["name"] == name).map(|n| n["state"].as_str().unwrap().to_string()).unwrap_or_default()
     }
 }
 
@@ -180,11 +139,7 @@ pub fn trellis_cmd(args: &[&str]) -> Command {
 #[track_caller]
 pub fn must(mut cmd: Command) -> String {
     let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "command failed\n{}",
-        describe(&cmd, &out)
-    );
+    assert!(out.status.success(), "command failed\n{}", describe(&cmd, &out));
     String::from_utf8(out.stdout).unwrap()
 }
 
@@ -210,11 +165,7 @@ pub fn enrol(token: &str, dir: &Path) -> Command {
 }
 
 fn mode(p: &Path) -> u32 {
-    std::fs::metadata(p)
-        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-        .permissions()
-        .mode()
-        & 0o777
+    std::fs::metadata(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())).permissions().mode() & 0o777
 }
 
 fn both(f: impl Fn(Db)) {
@@ -226,29 +177,14 @@ fn both(f: impl Fn(Db)) {
 #[test]
 fn init_creates_keys_with_mode_0600_and_refuses_to_run_twice() {
     let c = Controller::start(Db::Sqlite);
-    for f in [
-        "ca.key",
-        "server.key",
-        "signing.key",
-        "admin.token",
-        "controller.toml",
-    ] {
+    for f in ["ca.key", "server.key", "signing.key", "admin.token", "controller.toml"] {
         assert_eq!(mode(&c.state.join(f)), 0o600, "{f}");
     }
     let config = std::fs::read_to_string(c.state.join("controller.toml")).unwrap();
     let token = std::fs::read_to_string(c.state.join("admin.token")).unwrap();
-    assert!(
-        !config.contains(token.trim()),
-        "the admin credential is stored hashed, not in the configuration"
-    );
+    assert!(!config.contains(token.trim()), "the admin credential is stored hashed, not in the configuration");
     fails_with(
-        trellis_cmd(&[
-            "init",
-            "--state-dir",
-            c.state.to_str().unwrap(),
-            "--advertise",
-            "127.0.0.1:1",
-        ]),
+        trellis_cmd(&["init", "--state-dir", c.state.to_str().unwrap(), "--advertise", "127.0.0.1:1"]),
         "already holds a controller",
     );
 }
@@ -259,23 +195,11 @@ fn a_node_enrols_with_one_pasted_line_and_its_keys_never_leave_it() {
         let c = Controller::start(db);
         c.ok(&["apply", "lab/basic"]);
         let token = c.token("db-1", &[]);
-        assert!(
-            token.len() <= 400 && !token.contains(char::is_whitespace),
-            "{token}"
-        );
+        assert!(token.len() <= 400 && !token.contains(char::is_whitespace), "{token}");
         let node = tempdir("node");
         let out = must(enrol(&token, &node.0));
-        assert!(
-            out.contains("enrolled node db-1 in mesh basic (active)"),
-            "{out}"
-        );
-        for (f, m) in [
-            ("wireguard.key", 0o600),
-            ("node.key", 0o600),
-            ("node.pem", 0o644),
-            ("ca.pem", 0o644),
-            ("identity.toml", 0o644),
-        ] {
+        assert!(out.contains("enrolled node db-1 in mesh basic (active)"), "{out}");
+        for (f, m) in [("wireguard.key", 0o600), ("node.key", 0o600), ("node.pem", 0o644), ("ca.pem", 0o644), ("identity.toml", 0o644)] {
             assert_eq!(mode(&node.0.join(f)), m, "{f}");
         }
         let identity = std::fs::read_to_string(node.0.join("identity.toml")).unwrap();
@@ -289,29 +213,13 @@ fn a_node_enrols_with_one_pasted_line_and_its_keys_never_leave_it() {
         let wg_private = std::fs::read_to_string(node.0.join("wireguard.key")).unwrap();
         let tls_private = std::fs::read_to_string(node.0.join("node.key")).unwrap();
         let nodes = c.ok(&["nodes", "--json"]);
-        assert!(
-            !nodes.contains(wg_private.trim()) && !nodes.contains(&tls_private[40..80]),
-            "{nodes}"
-        );
+        assert!(!nodes.contains(wg_private.trim()) && !nodes.contains(&tls_private[40..80]), "{nodes}");
         let v: serde_json::Value = serde_json::from_str(&nodes).unwrap();
-        let db1 = v
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|n| n["name"] == "db-1")
-            .unwrap();
+        let db1 = v.as_array().unwrap().iter().find(|n| n["name"] == "db-1").unwrap();
         assert_eq!(db1["state"], "active", "{db:?}");
-        assert!(
-            db1["cert_not_after"].as_i64().unwrap() > 0
-                && db1["key_fingerprint"].is_string()
-                && db1["ipv4"].is_string()
-        );
+        assert!(db1["cert_not_after"].as_i64().unwrap() > 0 && db1["key_fingerprint"].is_string() && db1["ipv4"].is_string());
         let text = c.ok(&["nodes"]);
-        assert!(
-            text.lines()
-                .any(|l| l.starts_with("op-1") && l.contains("declared")),
-            "{text}"
-        );
+        assert!(text.lines().any(|l| l.starts_with("op-1") && l.contains("declared")), "{text}");
         // The certificate names db-1, and the controller recorded its serial.
         let status: serde_json::Value = serde_json::from_str(&must({
             let mut a = agent_bin();
@@ -332,27 +240,13 @@ fn a_token_works_once_even_when_two_nodes_race() {
         c.ok(&["apply", "lab/basic"]);
         let token = c.token("api-1", &[]);
         let dirs = [tempdir("race-a"), tempdir("race-b")];
-        let children: Vec<Child> = dirs
-            .iter()
-            .map(|d| {
-                enrol(&token, &d.0)
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
-        let outs: Vec<Output> = children
-            .into_iter()
-            .map(|c| c.wait_with_output().unwrap())
-            .collect();
+        let children: Vec<Child> =
+            dirs.iter().map(|d| enrol(&token, &d.0).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()).collect();
+        let outs: Vec<Output> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
         let won = outs.iter().filter(|o| o.status.success()).count();
         assert_eq!(won, 1, "{db:?}: exactly one wins: {outs:?}");
         let loser = outs.iter().find(|o| !o.status.success()).unwrap();
-        assert!(
-            String::from_utf8_lossy(&loser.stderr).contains("token already used"),
-            "{loser:?}"
-        );
+        assert!(String::from_utf8_lossy(&loser.stderr).contains("token already used"), "{loser:?}");
     });
 }
 
@@ -375,10 +269,7 @@ fn damaged_expired_revoked_and_mismatched_tokens_are_refused_with_those_words() 
     // Another CA's fingerprint: the agent aborts before sending the secret, so the token stays valid.
     let mut t = EnrolmentToken::decode(&token).unwrap();
     t.ca_fingerprint[0] ^= 0xff;
-    fails_with(
-        enrol(&t.encode().unwrap(), &nodedir),
-        "does not match the token",
-    );
+    fails_with(enrol(&t.encode().unwrap(), &nodedir), "does not match the token");
     let list = c.ok(&["token", "list", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&list).unwrap();
     assert_eq!(v[0]["state"], "valid", "the secret was never sent: {list}");
@@ -386,29 +277,17 @@ fn damaged_expired_revoked_and_mismatched_tokens_are_refused_with_those_words() 
     // Revoked.
     let id = v[0]["id"].as_str().unwrap().to_string();
     c.ok(&["token", "revoke", &id]);
-    fails_with(
-        enrol(&token, &tempdir("rev").0.join("n")),
-        "token has been revoked",
-    );
+    fails_with(enrol(&token, &tempdir("rev").0.join("n")), "token has been revoked");
 
     // Expired.
     let short = c.token("op-1", &["--ttl", "1s"]);
     std::thread::sleep(Duration::from_millis(2100));
-    fails_with(
-        enrol(&short, &tempdir("exp").0.join("n")),
-        "token has expired",
-    );
+    fails_with(enrol(&short, &tempdir("exp").0.join("n")), "token has expired");
 
     // Tokens only for declared nodes that enrol.
-    fails_with(
-        c.admin(&["token", "create", "ghost"]),
-        "node `ghost` is not declared",
-    );
+    fails_with(c.admin(&["token", "create", "ghost"]), "node `ghost` is not declared");
     let list = c.ok(&["token", "list"]);
-    assert!(
-        list.contains("revoked") && list.contains("expired"),
-        "{list}"
-    );
+    assert!(list.contains("revoked") && list.contains("expired"), "{list}");
 }
 
 #[test]
@@ -477,10 +356,7 @@ fn approval_holds_a_node_in_pending() {
     assert_eq!(c.node_state("op-1"), "pending");
     c.ok(&["node", "approve", "op-1"]);
     assert_eq!(c.node_state("op-1"), "active");
-    fails_with(
-        c.admin(&["node", "approve", "op-1"]),
-        "is not pending approval",
-    );
+    fails_with(c.admin(&["node", "approve", "op-1"]), "is not pending approval");
 }
 
 #[test]
@@ -491,26 +367,18 @@ fn a_rejected_apply_changes_nothing_and_expect_revision_catches_a_race() {
         assert!(out.contains("\"revision\": 1"), "{out}");
         let bad = tempdir("bad");
         std::fs::create_dir_all(bad.0.join("modules")).unwrap();
-        std::fs::write(bad.0.join("mesh.toml"), "[mesh]\nname = \"basic\"\ndomain = \"basic.mesh\"\noverlay_ipv4 = \"10.88.0.0/16\"\n[[node]]\nname = \"a\"\nscope = 1\n").unwrap();
-        let err = fails_with(
-            c.admin(&["apply", bad.0.to_str().unwrap()]),
-            "nothing was changed",
-        );
-        assert!(
-            err.contains(&format!(
-                "{}/mesh.toml:7:1: error: unknown key `scope`",
-                bad.0.display()
-            )),
-            "{err}"
-        );
+        std::fs::write(
+            bad.0.join("mesh.toml"),
+            "[mesh]\nname = \"basic\"\ndomain = \"basic.mesh\"\noverlay_ipv4 = \"10.88.0.0/16\"\n[[node]]\nname = \"a\"\nscope = 1\n",
+        )
+        .unwrap();
+        let err = fails_with(c.admin(&["apply", bad.0.to_str().unwrap()]), "nothing was changed");
+        assert!(err.contains(&format!("{}/mesh.toml:7:1: error: unknown key `scope`", bad.0.display())), "{err}");
         // Still revision 1, and tokens for its nodes still work.
         c.token("db-1", &[]);
         let again = c.ok(&["apply", "lab/basic"]);
         assert!(again.contains("unchanged: revision 1"), "{again}");
-        fails_with(
-            c.admin(&["apply", "lab/basic", "--expect-revision", "0"]),
-            "the current revision is 1, not 0",
-        );
+        fails_with(c.admin(&["apply", "lab/basic", "--expect-revision", "0"]), "the current revision is 1, not 0");
     });
 }
 
@@ -519,25 +387,11 @@ fn admin_commands_need_the_credential() {
     let c = Controller::start(Db::Sqlite);
     let wrong = tempdir("wrong");
     std::fs::write(wrong.0.join("token"), "trellis-admin-nope\n").unwrap();
-    let mut cmd = trellis_cmd(&[
-        "nodes",
-        "--server",
-        &format!("127.0.0.1:{}", c.port),
-        "--admin-token-file",
-    ]);
-    cmd.arg(wrong.0.join("token"))
-        .arg("--ca-file")
-        .arg(c.state.join("ca.pem"));
+    let mut cmd = trellis_cmd(&["nodes", "--server", &format!("127.0.0.1:{}", c.port), "--admin-token-file"]);
+    cmd.arg(wrong.0.join("token")).arg("--ca-file").arg(c.state.join("ca.pem"));
     fails_with(cmd, "the admin credential is wrong");
-    let mut cmd = trellis_cmd(&[
-        "nodes",
-        "--server",
-        &format!("127.0.0.1:{}", c.port),
-        "--admin-token-file",
-    ]);
-    cmd.arg(c.state.join("admin.token"))
-        .arg("--ca-file")
-        .arg(c.state.join("ca.pem"));
+    let mut cmd = trellis_cmd(&["nodes", "--server", &format!("127.0.0.1:{}", c.port), "--admin-token-file"]);
+    cmd.arg(c.state.join("admin.token")).arg("--ca-file").arg(c.state.join("ca.pem"));
     must(cmd);
 }
 
@@ -561,44 +415,18 @@ fn two_controllers_share_one_postgresql() {
     let changed = tempdir("changed");
     copy_dir(&repo().join("lab/basic"), &changed.0);
     let mesh = std::fs::read_to_string(changed.0.join("mesh.toml")).unwrap();
-    std::fs::write(
-        changed.0.join("mesh.toml"),
-        mesh + "\n[[node]]\nname = \"extra-1\"\n",
-    )
-    .unwrap();
+    std::fs::write(changed.0.join("mesh.toml"), mesh + "\n[[node]]\nname = \"extra-1\"\n").unwrap();
     let spawn = |port: u16| {
-        let mut cmd = trellis_cmd(&[
-            "apply",
-            changed.0.to_str().unwrap(),
-            "--expect-revision",
-            "1",
-            "--server",
-            &format!("127.0.0.1:{port}"),
-        ]);
-        cmd.arg("--admin-token-file")
-            .arg(c.state.join("admin.token"))
-            .arg("--ca-file")
-            .arg(c.state.join("ca.pem"));
-        cmd.stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
+        let mut cmd =
+            trellis_cmd(&["apply", changed.0.to_str().unwrap(), "--expect-revision", "1", "--server", &format!("127.0.0.1:{port}")]);
+        cmd.arg("--admin-token-file").arg(c.state.join("admin.token")).arg("--ca-file").arg(c.state.join("ca.pem"));
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
     };
     let children = vec![spawn(c.port), spawn(second)];
-    let outs: Vec<Output> = children
-        .into_iter()
-        .map(|ch| ch.wait_with_output().unwrap())
-        .collect();
-    assert_eq!(
-        outs.iter().filter(|o| o.status.success()).count(),
-        1,
-        "{outs:?}"
-    );
+    let outs: Vec<Output> = children.into_iter().map(|ch| ch.wait_with_output().unwrap()).collect();
+    assert_eq!(outs.iter().filter(|o| o.status.success()).count(), 1, "{outs:?}");
     let loser = outs.iter().find(|o| !o.status.success()).unwrap();
-    assert!(
-        String::from_utf8_lossy(&loser.stderr).contains("the current revision is 2, not 1"),
-        "{loser:?}"
-    );
+    assert!(String::from_utf8_lossy(&loser.stderr).contains("the current revision is 2, not 1"), "{loser:?}");
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -623,20 +451,9 @@ fn a_second_controller_with_another_ca_at_the_tokens_address_gets_no_secret() {
     let impostor = tempdir("impostor");
     let state = impostor.0.join("state");
     let addr = format!("127.0.0.1:{}", real.port);
-    must(trellis_cmd(&[
-        "init",
-        "--state-dir",
-        state.to_str().unwrap(),
-        "--advertise",
-        &addr,
-        "--listen",
-        &addr,
-    ]));
-    let mut serve = trellis_cmd(&["serve", "--state-dir", state.to_str().unwrap()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    must(trellis_cmd(&["init", "--state-dir", state.to_str().unwrap(), "--advertise", &addr, "--listen", &addr]));
+    let mut serve =
+        trellis_cmd(&["serve", "--state-dir", state.to_str().unwrap()]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::net::TcpStream::connect(&addr).is_err() {
         assert!(Instant::now() < deadline, "impostor did not start");

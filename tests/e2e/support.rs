@@ -5,10 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
 }
 
 pub fn trellis() -> Command {
@@ -28,9 +25,7 @@ pub fn describe(cmd: &Command, out: &Output) -> String {
 
 /// Runs a command and returns its output, whatever its status.
 pub fn run(mut cmd: Command) -> (Output, String) {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
     let d = describe(&cmd, &out);
     (out, d)
 }
@@ -50,11 +45,7 @@ pub fn sh(program: &str, args: &[&str]) -> Command {
 }
 
 pub fn tempdir(tag: &str) -> TempDir {
-    let p = std::env::temp_dir().join(format!(
-        "trellis-{tag}-{}-{}",
-        std::process::id(),
-        rand_suffix()
-    ));
+    let p = std::env::temp_dir().join(format!("trellis-{tag}-{}-{}", std::process::id(), rand_suffix()));
     std::fs::create_dir_all(&p).unwrap();
     TempDir(p)
 }
@@ -77,11 +68,7 @@ impl Drop for TempDir {
 pub fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(1) == Some("0"))
-        })
+        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(1) == Some("0")))
         .unwrap_or(false)
 }
 
@@ -93,10 +80,7 @@ pub struct Netns {
 impl Netns {
     #[track_caller]
     pub fn new(tag: &str) -> Netns {
-        assert!(
-            is_root(),
-            "this test needs root for network namespaces (CI runs as root)"
-        );
+        assert!(is_root(), "this test needs root for network namespaces (CI runs as root)");
         let name = format!("trl{}-{tag}", std::process::id() % 100_000);
         let _ = Command::new("ip").args(["netns", "del", &name]).output();
         ok(sh("ip", &["netns", "add", &name]));
@@ -119,16 +103,11 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        if let Ok(out) = Command::new("ip")
-            .args(["netns", "pids", &self.name])
-            .output()
-        {
+        if let Ok(out) = Command::new("ip").args(["netns", "pids", &self.name]).output() {
             for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
                 let _ = Command::new("kill").args(["-9", pid]).output();
             }
         }
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
     }
 }

@@ -29,10 +29,7 @@ const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STA
 /// synced, then renamed over `path`.
 fn write_file(path: &Path, content: &[u8], mode: u32) -> Result<()> {
     let dir = path.parent().context("path has no parent")?;
-    let tmp = dir.join(format!(
-        ".{}.tmp",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("file")
-    ));
+    let tmp = dir.join(format!(".{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("file")));
     let _ = std::fs::remove_file(&tmp);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
@@ -40,12 +37,9 @@ fn write_file(path: &Path, content: &[u8], mode: u32) -> Result<()> {
         .mode(mode)
         .open(&tmp)
         .with_context(|| format!("cannot create {}", tmp.display()))?;
-    f.write_all(content)
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    f.sync_all()
-        .with_context(|| format!("cannot sync {}", tmp.display()))?;
-    std::fs::rename(&tmp, path)
-        .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
+    f.write_all(content).with_context(|| format!("cannot write {}", tmp.display()))?;
+    f.sync_all().with_context(|| format!("cannot sync {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
     if let Ok(d) = std::fs::File::open(dir) {
         let _ = d.sync_all();
     }
@@ -59,24 +53,14 @@ fn read(path: &Path) -> Result<String> {
 /// The node's WireGuard key pair, made on first use and kept.
 fn wireguard_key(dir: &Path) -> Result<String> {
     let path = dir.join("wireguard.key");
-    let secret =
-        if path.exists() {
-            let bytes = B64
-                .decode(read(&path)?.trim())
-                .ok()
-                .and_then(|b| <[u8; 32]>::try_from(b).ok());
-            x25519_dalek::StaticSecret::from(bytes.with_context(|| {
-                format!("{} does not hold a WireGuard private key", path.display())
-            })?)
-        } else {
-            let s = x25519_dalek::StaticSecret::random_from_rng(rand::rngs::OsRng);
-            write_file(
-                &path,
-                format!("{}\n", B64.encode(s.to_bytes())).as_bytes(),
-                0o600,
-            )?;
-            s
-        };
+    let secret = if path.exists() {
+        let bytes = B64.decode(read(&path)?.trim()).ok().and_then(|b| <[u8; 32]>::try_from(b).ok());
+        x25519_dalek::StaticSecret::from(bytes.with_context(|| format!("{} does not hold a WireGuard private key", path.display()))?)
+    } else {
+        let s = x25519_dalek::StaticSecret::random_from_rng(rand::rngs::OsRng);
+        write_file(&path, format!("{}\n", B64.encode(s.to_bytes())).as_bytes(), 0o600)?;
+        s
+    };
     Ok(B64.encode(x25519_dalek::PublicKey::from(&secret).as_bytes()))
 }
 
@@ -91,10 +75,7 @@ fn http_client(tls: rustls::ClientConfig) -> Result<reqwest::Client> {
 async fn answer<T: serde::de::DeserializeOwned>(resp: reqwest::Response) -> Result<T> {
     let status = resp.status();
     if status.is_success() {
-        return resp
-            .json()
-            .await
-            .context("the controller's answer is not what this agent expects");
+        return resp.json().await.context("the controller's answer is not what this agent expects");
     }
     let text = resp.text().await.unwrap_or_default();
     match serde_json::from_str::<proto::ErrorBody>(&text) {
@@ -107,10 +88,7 @@ pub async fn enrol(token_text: &str, dir: &Path, force: bool) -> Result<()> {
     // A damaged token fails here, before any key is made or any packet is sent.
     let token = EnrolmentToken::decode(token_text).map_err(|e| anyhow::anyhow!("{e}"))?;
     if dir.join("identity.toml").exists() && !force {
-        bail!(
-            "{} already holds the identity of a node; pass --force to enrol again",
-            dir.display()
-        );
+        bail!("{} already holds the identity of a node; pass --force to enrol again", dir.display());
     }
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     {
@@ -131,12 +109,7 @@ pub async fn enrol(token_text: &str, dir: &Path, force: bool) -> Result<()> {
     for controller in &token.controllers {
         let (tls, report) = trellis_pki::tls::pinned_client_config(token.ca_fingerprint);
         let client = http_client(tls)?;
-        match client
-            .post(format!("https://{controller}/v1/enrol"))
-            .json(&req)
-            .send()
-            .await
-        {
+        match client.post(format!("https://{controller}/v1/enrol")).json(&req).send().await {
             Ok(resp) => {
                 let resp: proto::EnrolResponse = answer(resp).await?;
                 write_file(&dir.join("node.key"), tls_key.as_bytes(), 0o600)?;
@@ -149,11 +122,7 @@ pub async fn enrol(token_text: &str, dir: &Path, force: bool) -> Result<()> {
                     signing_public_key: resp.signing_public_key,
                     state: resp.state.clone(),
                 };
-                write_file(
-                    &dir.join("identity.toml"),
-                    toml::to_string(&id)?.as_bytes(),
-                    0o644,
-                )?;
+                write_file(&dir.join("identity.toml"), toml::to_string(&id)?.as_bytes(), 0o644)?;
                 let info = trellis_pki::inspect_pem(&resp.node_cert_pem)?;
                 println!(
                     "enrolled node {} in mesh {} ({}); certificate valid until {} (unix); WireGuard public key {wg_public}",
@@ -169,37 +138,26 @@ pub async fn enrol(token_text: &str, dir: &Path, force: bool) -> Result<()> {
             }
         }
     }
-    bail!(
-        "cannot reach any controller named in the token: {}",
-        last_error.unwrap_or_default()
-    )
+    bail!("cannot reach any controller named in the token: {}", last_error.unwrap_or_default())
 }
 
 pub fn load(dir: &Path) -> Result<Identity> {
     let path = dir.join("identity.toml");
     let text = read(&path).with_context(|| {
-        format!(
-            "{} holds no enrolled node; run `trellis-agent enrol TOKEN --state-dir {}`",
-            dir.display(),
-            dir.display()
-        )
+        format!("{} holds no enrolled node; run `trellis-agent enrol TOKEN --state-dir {}`", dir.display(), dir.display())
     })?;
     toml::from_str(&text).with_context(|| format!("{} is not a valid identity", path.display()))
 }
 
 /// A client presenting this node's certificate and trusting only the mesh CA.
 pub fn node_client(dir: &Path) -> Result<reqwest::Client> {
-    let tls = trellis_pki::tls::client_config(
-        &read(&dir.join("ca.pem"))?,
-        Some((&read(&dir.join("node.pem"))?, &read(&dir.join("node.key"))?)),
-    )?;
+    let tls =
+        trellis_pki::tls::client_config(&read(&dir.join("ca.pem"))?, Some((&read(&dir.join("node.pem"))?, &read(&dir.join("node.key"))?)))?;
     http_client(tls)
 }
 
 fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
 }
 
 /// Whether a certificate is due for renewal: two thirds of its lifetime have passed.
@@ -216,37 +174,27 @@ pub async fn renew(dir: &Path, force: bool) -> Result<()> {
         bail!("the certificate of node {} expired at {} (unix): it cannot renew; enrol again with a new token", id.node, info.not_after);
     }
     if !force && !renewal_due(info.not_before, info.not_after, now) {
-        println!("certificate of node {} is not due for renewal until two thirds of its lifetime; it expires at {}", id.node, info.not_after);
+        println!(
+            "certificate of node {} is not due for renewal until two thirds of its lifetime; it expires at {}",
+            id.node, info.not_after
+        );
         return Ok(());
     }
     let csr = trellis_pki::csr_from_key(&read(&dir.join("node.key"))?, &id.node)?;
     let client = node_client(dir)?;
     let mut last_error = None;
     for controller in &id.controllers {
-        match client
-            .post(format!("https://{controller}/v1/renew"))
-            .json(&proto::RenewRequest {
-                csr_pem: csr.clone(),
-            })
-            .send()
-            .await
-        {
+        match client.post(format!("https://{controller}/v1/renew")).json(&proto::RenewRequest { csr_pem: csr.clone() }).send().await {
             Ok(resp) => {
                 let resp: proto::RenewResponse = answer(resp).await?;
                 write_file(&dir.join("node.pem"), resp.node_cert_pem.as_bytes(), 0o644)?;
-                println!(
-                    "renewed the certificate of node {}; valid until {} (unix)",
-                    id.node, resp.not_after
-                );
+                println!("renewed the certificate of node {}; valid until {} (unix)", id.node, resp.not_after);
                 return Ok(());
             }
             Err(e) => last_error = Some(format!("{controller}: {e}")),
         }
     }
-    bail!(
-        "cannot reach the controller: {}",
-        last_error.unwrap_or_default()
-    )
+    bail!("cannot reach the controller: {}", last_error.unwrap_or_default())
 }
 
 pub fn status(dir: &Path, json: bool) -> Result<()> {
@@ -262,15 +210,9 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
             }))?
         );
     } else {
-        println!(
-            "node {} in mesh {} (at enrolment: {})",
-            id.node, id.mesh, id.state
-        );
+        println!("node {} in mesh {} (at enrolment: {})", id.node, id.mesh, id.state);
         println!("controllers: {}", id.controllers.join(", "));
-        println!(
-            "certificate: serial {}, valid until {} (unix)",
-            info.serial, info.not_after
-        );
+        println!("certificate: serial {}, valid until {} (unix)", info.serial, info.not_after);
     }
     Ok(())
 }

@@ -63,8 +63,12 @@ enum Command {
         #[arg(long)]
         state_dir: PathBuf,
         /// Refuse versions not greater than this one, as the agent would
-        #[arg(long)]
+        #[arg(long, conflicts_with = "last_bundle")]
         last_version: Option<u64>,
+        /// The bundle applied before (a file saved by `fetch`): its version and content are what
+        /// the new one is checked against; the same version with other content is refused
+        #[arg(long)]
+        last_bundle: Option<PathBuf>,
         #[arg(long)]
         json: bool,
     },
@@ -81,31 +85,16 @@ enum Command {
 /// The whole command line of `trellis-agent`.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
     let result = rt.block_on(async {
         match cli.command {
-            Command::Enrol {
-                token,
-                state_dir,
-                force,
-            } => identity::enrol(&token, &state_dir, force).await,
+            Command::Enrol { token, state_dir, force } => identity::enrol(&token, &state_dir, force).await,
             Command::Renew { state_dir, force } => identity::renew(&state_dir, force).await,
             Command::Status { state_dir, json } => identity::status(&state_dir, json),
-            Command::Fetch {
-                state_dir,
-                out,
-                wait,
-                held,
-            } => bundle::fetch(&state_dir, &out, wait.min(60), held).await,
-            Command::Verify {
-                file,
-                state_dir,
-                last_version,
-                json,
-            } => bundle::verify(&file, &state_dir, last_version, json),
+            Command::Fetch { state_dir, out, wait, held } => bundle::fetch(&state_dir, &out, wait.min(60), held).await,
+            Command::Verify { file, state_dir, last_version, last_bundle, json } => {
+                bundle::verify(&file, &state_dir, last_version, last_bundle.as_deref(), json)
+            }
         }
     });
     match result {

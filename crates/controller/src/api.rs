@@ -46,25 +46,13 @@ type Shared = Arc<Ctx>;
 pub fn app(ctx: Shared) -> Router {
     Router::new()
         .route("/v1/health", get(|| async { "ok\n" }))
-        .route(
-            "/v1/enrol",
-            post(enrol).layer(DefaultBodyLimit::max(SMALL_BODY)),
-        )
-        .route(
-            "/v1/renew",
-            post(renew).layer(DefaultBodyLimit::max(SMALL_BODY)),
-        )
+        .route("/v1/enrol", post(enrol).layer(DefaultBodyLimit::max(SMALL_BODY)))
+        .route("/v1/renew", post(renew).layer(DefaultBodyLimit::max(SMALL_BODY)))
         .route("/v1/whoami", get(whoami))
         .route("/v1/bundle", get(bundle))
-        .route(
-            "/v1/evidence",
-            post(evidence).layer(DefaultBodyLimit::max(EVIDENCE_BODY)),
-        )
+        .route("/v1/evidence", post(evidence).layer(DefaultBodyLimit::max(EVIDENCE_BODY)))
         .route("/v1/admin/status", get(status))
-        .route(
-            "/v1/admin/apply",
-            post(apply).layer(DefaultBodyLimit::max(DECLARATION_BODY)),
-        )
+        .route("/v1/admin/apply", post(apply).layer(DefaultBodyLimit::max(DECLARATION_BODY)))
         .route("/v1/admin/tokens", post(create_token).get(list_tokens))
         .route("/v1/admin/tokens/{id}", delete(revoke_token))
         .route("/v1/admin/nodes", get(list_nodes))
@@ -88,24 +76,15 @@ pub const SMALL_BODY: usize = 64 * 1024;
 pub const DECLARATION_BODY: usize = 16 * 1024 * 1024;
 pub const EVIDENCE_BODY: usize = 4 * 1024 * 1024;
 
-impl<T: serde::de::DeserializeOwned, S: Send + Sync, const MAX: usize> axum::extract::FromRequest<S>
-    for Body<T, MAX>
-{
+impl<T: serde::de::DeserializeOwned, S: Send + Sync, const MAX: usize> axum::extract::FromRequest<S> for Body<T, MAX> {
     type Rejection = ApiError;
 
     async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
         use axum::extract::rejection::JsonRejection;
-        let announced = req
-            .headers()
-            .get(axum::http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
+        let announced =
+            req.headers().get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
         if announced.is_some_and(|n| n > MAX as u64) {
-            return Err(ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "too_large",
-                "the request body is larger than this endpoint accepts",
-            ));
+            return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "the request body is larger than this endpoint accepts"));
         }
         match Json::<T>::from_request(req, state).await {
             Ok(Json(v)) => Ok(Body(v)),
@@ -114,20 +93,15 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync, const MAX: usize> axum::ext
                 "content_type",
                 "the request body must be JSON (Content-Type: application/json)",
             )),
-            Err(JsonRejection::JsonSyntaxError(e)) => Err(ApiError::bad_request(format!(
-                "the request body is not valid JSON: {}",
-                inner(&e)
-            ))),
-            Err(JsonRejection::JsonDataError(e)) => Err(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "bad_fields",
-                format!("the request body does not fit: {}", inner(&e)),
-            )),
-            Err(JsonRejection::BytesRejection(_)) => Err(ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "too_large",
-                "the request body is larger than this endpoint accepts",
-            )),
+            Err(JsonRejection::JsonSyntaxError(e)) => {
+                Err(ApiError::bad_request(format!("the request body is not valid JSON: {}", inner(&e))))
+            }
+            Err(JsonRejection::JsonDataError(e)) => {
+                Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "bad_fields", format!("the request body does not fit: {}", inner(&e))))
+            }
+            Err(JsonRejection::BytesRejection(_)) => {
+                Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "the request body is larger than this endpoint accepts"))
+            }
             Err(other) => Err(ApiError::bad_request(other.body_text())),
         }
     }
@@ -155,20 +129,12 @@ impl FromRequestParts<Shared> for Admin {
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
-            .ok_or_else(|| {
-                ApiError::unauthorized(
-                    "admin_required",
-                    "this needs the admin credential (Authorization: Bearer ...)",
-                )
-            })?;
+            .ok_or_else(|| ApiError::unauthorized("admin_required", "this needs the admin credential (Authorization: Bearer ...)"))?;
         let digest: [u8; 32] = Sha256::digest(given.trim().as_bytes()).into();
         if bool::from(digest.ct_eq(&ctx.admin_sha256)) {
             Ok(Admin)
         } else {
-            Err(ApiError::unauthorized(
-                "admin_denied",
-                "the admin credential is wrong",
-            ))
+            Err(ApiError::unauthorized("admin_denied", "the admin credential is wrong"))
         }
     }
 }
@@ -191,35 +157,25 @@ impl FromRequestParts<Shared> for NodeIdentity {
             .extensions
             .get::<PeerCert>()
             .and_then(|p| p.0.clone())
-            .ok_or_else(|| {
-                ApiError::unauthorized(
-                    "node_certificate_required",
-                    "this needs a node certificate (mutual TLS)",
-                )
-            })?;
-        let info = trellis_pki::inspect_der(&cert)
-            .map_err(|e| ApiError::unauthorized("bad_certificate", e.to_string()))?;
+            .ok_or_else(|| ApiError::unauthorized("node_certificate_required", "this needs a node certificate (mutual TLS)"))?;
+        let info = trellis_pki::inspect_der(&cert).map_err(|e| ApiError::unauthorized("bad_certificate", e.to_string()))?;
         let node = info.common_name;
         let entry = match ctx.publisher.auth(&node) {
             Some(e) if e.serials.contains(&info.serial) || e.state == "revoked" => e,
             _ => {
-                let record = ctx.store.node(&node).await?.ok_or_else(|| {
-                    ApiError::forbidden("unknown_node", format!("node `{node}` is not enrolled"))
-                })?;
+                let record = ctx
+                    .store
+                    .node(&node)
+                    .await?
+                    .ok_or_else(|| ApiError::forbidden("unknown_node", format!("node `{node}` is not enrolled")))?;
                 crate::publish::AuthEntry {
                     state: record.state,
-                    serials: [record.cert_serial, record.prev_cert_serial]
-                        .into_iter()
-                        .flatten()
-                        .collect(),
+                    serials: [record.cert_serial, record.prev_cert_serial].into_iter().flatten().collect(),
                 }
             }
         };
         if entry.state == "revoked" {
-            return Err(ApiError::forbidden(
-                "node_revoked",
-                format!("node `{node}` has been revoked"),
-            ));
+            return Err(ApiError::forbidden("node_revoked", format!("node `{node}` has been revoked")));
         }
         if !entry.serials.contains(&info.serial) {
             return Err(ApiError::forbidden(
@@ -228,11 +184,7 @@ impl FromRequestParts<Shared> for NodeIdentity {
             ));
         }
         ctx.publisher.contact(&node, now());
-        Ok(NodeIdentity {
-            name: node,
-            state: entry.state,
-            serial: info.serial,
-        })
+        Ok(NodeIdentity { name: node, state: entry.state, serial: info.serial })
     }
 }
 
@@ -240,10 +192,7 @@ impl FromRequestParts<Shared> for NodeIdentity {
 /// task retries.
 async fn republish(ctx: &Ctx) {
     if let Err(e) = ctx.publisher.publish(ctx).await {
-        eprintln!(
-            "trellis serve: publishing after a decision failed ({}); will retry",
-            e.message
-        );
+        eprintln!("trellis serve: publishing after a decision failed ({}); will retry", e.message);
     }
 }
 
@@ -263,39 +212,16 @@ fn valid_path(p: &str) -> bool {
     p == "mesh.toml"
         || p.strip_prefix("modules/")
             .and_then(|n| n.strip_suffix(".toml"))
-            .is_some_and(|n| {
-                !n.is_empty()
-                    && n.len() <= 64
-                    && n.bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-            })
+            .is_some_and(|n| !n.is_empty() && n.len() <= 64 && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'))
 }
 
 /// Loads a stored or submitted set of files, mesh.toml first.
 pub fn load_files(files: &[(String, String)]) -> trellis_core::Loaded {
-    let mesh = files
-        .iter()
-        .find(|(p, _)| p == "mesh.toml")
-        .map(|(p, t)| SourceFile {
-            path: p.clone(),
-            text: t.clone(),
-        });
-    let mut modules: Vec<SourceFile> = files
-        .iter()
-        .filter(|(p, _)| p != "mesh.toml")
-        .map(|(p, t)| SourceFile {
-            path: p.clone(),
-            text: t.clone(),
-        })
-        .collect();
+    let mesh = files.iter().find(|(p, _)| p == "mesh.toml").map(|(p, t)| SourceFile { path: p.clone(), text: t.clone() });
+    let mut modules: Vec<SourceFile> =
+        files.iter().filter(|(p, _)| p != "mesh.toml").map(|(p, t)| SourceFile { path: p.clone(), text: t.clone() }).collect();
     modules.sort_by(|a, b| a.path.cmp(&b.path));
-    trellis_core::load(
-        &mesh.unwrap_or(SourceFile {
-            path: "mesh.toml".into(),
-            text: String::new(),
-        }),
-        &modules,
-    )
+    trellis_core::load(&mesh.unwrap_or(SourceFile { path: "mesh.toml".into(), text: String::new() }), &modules)
 }
 
 /// The declaration of the current revision, if any: parsed once per revision.
@@ -312,9 +238,8 @@ pub async fn current_declaration(ctx: &Ctx) -> Result<Option<(i64, Arc<Declarati
     let Some(rev) = ctx.store.current_revision().await? else {
         return Ok(None);
     };
-    let decl = load_files(&rev.files).declaration.ok_or_else(|| {
-        ApiError::internal("loading the stored revision", "it no longer validates")
-    })?;
+    let decl =
+        load_files(&rev.files).declaration.ok_or_else(|| ApiError::internal("loading the stored revision", "it no longer validates"))?;
     let decl = Arc::new(decl);
     *cache = Some((rev.number, decl.clone()));
     Ok(Some((rev.number, decl)))
@@ -327,16 +252,10 @@ async fn apply(
     let mut files: Vec<(String, String)> = Vec::new();
     for f in &req.files {
         if !valid_path(&f.path) {
-            return Err(ApiError::bad_request(format!(
-                "file {:?} is neither mesh.toml nor modules/NAME.toml",
-                f.path
-            )));
+            return Err(ApiError::bad_request(format!("file {:?} is neither mesh.toml nor modules/NAME.toml", f.path)));
         }
         if files.iter().any(|(p, _)| *p == f.path) {
-            return Err(ApiError::bad_request(format!(
-                "file {:?} is sent twice",
-                f.path
-            )));
+            return Err(ApiError::bad_request(format!("file {:?} is sent twice", f.path)));
         }
         files.push((f.path.clone(), f.text.clone()));
     }
@@ -376,48 +295,24 @@ async fn apply(
     if let Some(cur) = &current {
         if let Some(expected) = req.expect_revision {
             if expected != cur.number {
-                return Err(trellis_store::StoreError::Conflict {
-                    current: cur.number,
-                    expected,
-                }
-                .into());
+                return Err(trellis_store::StoreError::Conflict { current: cur.number, expected }.into());
             }
         }
         if cur.digest == digest {
-            return Ok(Json(proto::ApplyResponse {
-                revision: cur.number,
-                diagnostics: out,
-                unchanged: true,
-            }));
+            return Ok(Json(proto::ApplyResponse { revision: cur.number, diagnostics: out, unchanged: true }));
         }
     }
     let previous = ctx.store.allocation().await?;
     let allocation = trellis_core::allocate(&decl, &previous).map_err(|d| {
-        let mut e = ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_declaration",
-            d.message.clone(),
-        );
+        let mut e = ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_declaration", d.message.clone());
         e.diagnostics = vec![diag(&d)];
         e
     })?;
-    let audit = Audit {
-        at: now(),
-        actor: "admin",
-        action: "declaration applied",
-        subject: &decl.mesh.name,
-        detail: format!("sha256 {digest}"),
-    };
-    let revision = ctx
-        .store
-        .apply(&files, &digest, &allocation, req.expect_revision, &audit)
-        .await?;
+    let audit =
+        Audit { at: now(), actor: "admin", action: "declaration applied", subject: &decl.mesh.name, detail: format!("sha256 {digest}") };
+    let revision = ctx.store.apply(&files, &digest, &allocation, req.expect_revision, &audit).await?;
     republish(&ctx).await;
-    Ok(Json(proto::ApplyResponse {
-        revision,
-        diagnostics: out,
-        unchanged: false,
-    }))
+    Ok(Json(proto::ApplyResponse { revision, diagnostics: out, unchanged: false }))
 }
 
 // --- tokens ----------------------------------------------------------------------------------
@@ -430,30 +325,18 @@ async fn create_token(
     Body(req): Body<proto::TokenRequest>,
 ) -> Result<Json<proto::TokenCreated>, ApiError> {
     if req.ttl_secs == 0 || req.ttl_secs > MAX_TTL {
-        return Err(ApiError::bad_request(format!(
-            "token lifetime must be between 1 second and 30 days, not {} seconds",
-            req.ttl_secs
-        )));
+        return Err(ApiError::bad_request(format!("token lifetime must be between 1 second and 30 days, not {} seconds", req.ttl_secs)));
     }
     let Some((rev, decl)) = current_declaration(&ctx).await? else {
-        return Err(ApiError::conflict(
-            "no_declaration",
-            "no declaration has been applied yet; run `trellis apply DIR` first",
-        ));
+        return Err(ApiError::conflict("no_declaration", "no declaration has been applied yet; run `trellis apply DIR` first"));
     };
     let Some(node) = decl.node(&req.node) else {
-        return Err(ApiError::not_found(format!(
-            "node `{}` is not declared in revision {rev}; declare it and apply first",
-            req.node
-        )));
+        return Err(ApiError::not_found(format!("node `{}` is not declared in revision {rev}; declare it and apply first", req.node)));
     };
     if node.public_key.is_some() {
         return Err(ApiError::conflict(
             "node_managed_outside",
-            format!(
-                "node `{}` declares a public_key: it is managed outside trellis and does not enrol",
-                req.node
-            ),
+            format!("node `{}` declares a public_key: it is managed outside trellis and does not enrol", req.node),
         ));
     }
     let id: [u8; 8] = rand::random();
@@ -468,9 +351,7 @@ async fn create_token(
         node: req.node.clone(),
         expires: expires as u64,
     };
-    let text = token
-        .encode()
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let text = token.encode().map_err(|e| ApiError::bad_request(e.to_string()))?;
     let record = TokenRecord {
         id: hex::encode(id),
         node: req.node.clone(),
@@ -489,12 +370,7 @@ async fn create_token(
         detail: format!("token {} expires {expires}", record.id),
     };
     ctx.store.create_token(&record, &audit).await?;
-    Ok(Json(proto::TokenCreated {
-        token: text,
-        id: record.id,
-        node: req.node,
-        expires_at: expires,
-    }))
+    Ok(Json(proto::TokenCreated { token: text, id: record.id, node: req.node, expires_at: expires }))
 }
 
 fn token_info(t: &TokenRecord, now: i64) -> proto::TokenInfo {
@@ -519,42 +395,19 @@ fn token_info(t: &TokenRecord, now: i64) -> proto::TokenInfo {
     }
 }
 
-async fn list_tokens(
-    State(ctx): State<Shared>,
-    _: Admin,
-) -> Result<Json<Vec<proto::TokenInfo>>, ApiError> {
+async fn list_tokens(State(ctx): State<Shared>, _: Admin) -> Result<Json<Vec<proto::TokenInfo>>, ApiError> {
     let n = now();
-    Ok(Json(
-        ctx.store
-            .tokens()
-            .await?
-            .iter()
-            .map(|t| token_info(t, n))
-            .collect(),
-    ))
+    Ok(Json(ctx.store.tokens().await?.iter().map(|t| token_info(t, n)).collect()))
 }
 
-async fn revoke_token(
-    State(ctx): State<Shared>,
-    _: Admin,
-    Path(id): Path<String>,
-) -> Result<Json<proto::TokenInfo>, ApiError> {
+async fn revoke_token(State(ctx): State<Shared>, _: Admin, Path(id): Path<String>) -> Result<Json<proto::TokenInfo>, ApiError> {
     let Some(t) = ctx.store.token(&id).await? else {
         return Err(ApiError::not_found(format!("no token {id}")));
     };
-    let audit = Audit {
-        at: now(),
-        actor: "admin",
-        action: "token revoked",
-        subject: &t.node,
-        detail: format!("token {id}"),
-    };
+    let audit = Audit { at: now(), actor: "admin", action: "token revoked", subject: &t.node, detail: format!("token {id}") };
     if !ctx.store.revoke_token(&id, &audit).await? {
         let state = token_info(&t, now()).state;
-        return Err(ApiError::conflict(
-            "token_not_revocable",
-            format!("token {id} is {state}; only an unused token can be revoked"),
-        ));
+        return Err(ApiError::conflict("token_not_revocable", format!("token {id} is {state}; only an unused token can be revoked")));
     }
     let t = ctx.store.token(&id).await?.expect("just revoked");
     Ok(Json(token_info(&t, now())))
@@ -562,10 +415,7 @@ async fn revoke_token(
 
 // --- enrolment -------------------------------------------------------------------------------
 
-async fn enrol(
-    State(ctx): State<Shared>,
-    Body(req): Body<proto::EnrolRequest>,
-) -> Result<Json<proto::EnrolResponse>, ApiError> {
+async fn enrol(State(ctx): State<Shared>, Body(req): Body<proto::EnrolRequest>) -> Result<Json<proto::EnrolResponse>, ApiError> {
     let (token_id, node) = (req.token_id.clone(), req.node.clone());
     match redeem(&ctx, req).await {
         Ok(r) => Ok(r),
@@ -586,105 +436,58 @@ async fn enrol(
     }
 }
 
-async fn redeem(
-    ctx: &Shared,
-    req: proto::EnrolRequest,
-) -> Result<Json<proto::EnrolResponse>, ApiError> {
+async fn redeem(ctx: &Shared, req: proto::EnrolRequest) -> Result<Json<proto::EnrolResponse>, ApiError> {
     if req.token_id.len() != 16 || req.node.len() > 63 || req.csr_pem.len() > 16 * 1024 {
-        return Err(ApiError::bad_request(
-            "the enrolment request is malformed (token id, node name or CSR size)",
-        ));
+        return Err(ApiError::bad_request("the enrolment request is malformed (token id, node name or CSR size)"));
     }
     let secret = base64::engine::general_purpose::STANDARD
         .decode(&req.secret)
         .ok()
         .filter(|s| s.len() == 24)
         .ok_or_else(|| ApiError::bad_request("the token secret is malformed"))?;
-    let token = ctx.store.token(&req.token_id).await?.ok_or_else(|| {
-        ApiError::unauthorized("token_unknown", "token is not known to this controller")
-    })?;
-    let stored =
-        hex::decode(&token.secret_sha256).map_err(|e| ApiError::internal("reading a token", e))?;
+    let token = ctx
+        .store
+        .token(&req.token_id)
+        .await?
+        .ok_or_else(|| ApiError::unauthorized("token_unknown", "token is not known to this controller"))?;
+    let stored = hex::decode(&token.secret_sha256).map_err(|e| ApiError::internal("reading a token", e))?;
     let given = Sha256::digest(&secret);
     if !bool::from(given.as_slice().ct_eq(&stored)) {
-        return Err(ApiError::unauthorized(
-            "token_wrong",
-            "token secret does not match; copy the token again",
-        ));
+        return Err(ApiError::unauthorized("token_wrong", "token secret does not match; copy the token again"));
     }
     let t = now();
     if token.revoked_at.is_some() {
-        return Err(ApiError::unauthorized(
-            "token_revoked",
-            "token has been revoked",
-        ));
+        return Err(ApiError::unauthorized("token_revoked", "token has been revoked"));
     }
     if token.used_at.is_some() {
         return Err(ApiError::conflict("token_used", "token already used"));
     }
     if t >= token.expires_at {
-        return Err(ApiError::unauthorized(
-            "token_expired",
-            "token has expired; ask for a new one",
-        ));
+        return Err(ApiError::unauthorized("token_expired", "token has expired; ask for a new one"));
     }
     if req.node != token.node {
-        return Err(ApiError::forbidden(
-            "token_node",
-            format!("token is for node `{}`, not `{}`", token.node, req.node),
-        ));
+        return Err(ApiError::forbidden("token_node", format!("token is for node `{}`, not `{}`", token.node, req.node)));
     }
     let Some((rev, decl)) = current_declaration(ctx).await? else {
-        return Err(ApiError::conflict(
-            "no_declaration",
-            "no declaration has been applied",
-        ));
+        return Err(ApiError::conflict("no_declaration", "no declaration has been applied"));
     };
     let Some(node) = decl.node(&req.node) else {
-        return Err(ApiError::forbidden(
-            "node_undeclared",
-            format!("node `{}` is no longer declared (revision {rev})", req.node),
-        ));
+        return Err(ApiError::forbidden("node_undeclared", format!("node `{}` is no longer declared (revision {rev})", req.node)));
     };
     if node.public_key.is_some() {
-        return Err(ApiError::forbidden(
-            "node_managed_outside",
-            format!(
-                "node `{}` declares a public_key and does not enrol",
-                req.node
-            ),
-        ));
+        return Err(ApiError::forbidden("node_managed_outside", format!("node `{}` declares a public_key and does not enrol", req.node)));
     }
-    let key = PublicKey::parse(&req.wireguard_public_key).ok_or_else(|| {
-        ApiError::bad_request(
-            "wireguard_public_key is not a WireGuard public key (44 characters of base64)",
-        )
-    })?;
+    let key = PublicKey::parse(&req.wireguard_public_key)
+        .ok_or_else(|| ApiError::bad_request("wireguard_public_key is not a WireGuard public key (44 characters of base64)"))?;
     if let Some(holder) = decl.nodes.iter().find(|n| n.public_key == Some(key)) {
-        return Err(ApiError::conflict(
-            "key_taken",
-            format!(
-                "WireGuard public key is already held by node `{}`",
-                holder.name
-            ),
-        ));
+        return Err(ApiError::conflict("key_taken", format!("WireGuard public key is already held by node `{}`", holder.name)));
     }
     let lifetime = Duration::from_secs(ctx.config.node_cert_secs);
     let issued = ctx
         .ca
-        .sign_node(
-            &req.csr_pem,
-            &req.node,
-            &decl.mesh.name,
-            std::time::SystemTime::now(),
-            lifetime,
-        )
+        .sign_node(&req.csr_pem, &req.node, &decl.mesh.name, std::time::SystemTime::now(), lifetime)
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let state = if token.require_approval {
-        "pending"
-    } else {
-        "active"
-    };
+    let state = if token.require_approval { "pending" } else { "active" };
     let record = NodeRecord {
         name: req.node.clone(),
         state: state.to_string(),
@@ -711,8 +514,7 @@ async fn redeem(
         state: state.to_string(),
         node_cert_pem: issued.cert_pem,
         ca_pem: ctx.ca.cert_pem().to_string(),
-        signing_public_key: base64::engine::general_purpose::STANDARD
-            .encode(ctx.signing_public_key),
+        signing_public_key: base64::engine::general_purpose::STANDARD.encode(ctx.signing_public_key),
         controllers: ctx.config.advertise.clone(),
     }))
 }
@@ -723,19 +525,10 @@ async fn renew(
     Body(req): Body<proto::RenewRequest>,
 ) -> Result<Json<proto::RenewResponse>, ApiError> {
     let name = who.name.clone();
-    let mesh = current_declaration(&ctx)
-        .await?
-        .map(|(_, d)| d.mesh.name.clone())
-        .unwrap_or_default();
+    let mesh = current_declaration(&ctx).await?.map(|(_, d)| d.mesh.name.clone()).unwrap_or_default();
     let issued = ctx
         .ca
-        .sign_node(
-            &req.csr_pem,
-            &name,
-            &mesh,
-            std::time::SystemTime::now(),
-            Duration::from_secs(ctx.config.node_cert_secs),
-        )
+        .sign_node(&req.csr_pem, &name, &mesh, std::time::SystemTime::now(), Duration::from_secs(ctx.config.node_cert_secs))
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let audit = Audit {
         at: now(),
@@ -744,28 +537,13 @@ async fn renew(
         subject: &name,
         detail: format!("{} replaces {}", issued.serial, who.serial),
     };
-    ctx.store
-        .renew(
-            &name,
-            &who.serial,
-            &issued.serial,
-            issued.not_after,
-            &issued.cert_pem,
-            &audit,
-        )
-        .await?;
+    ctx.store.renew(&name, &who.serial, &issued.serial, issued.not_after, &issued.cert_pem, &audit).await?;
     republish(&ctx).await;
-    Ok(Json(proto::RenewResponse {
-        node_cert_pem: issued.cert_pem,
-        not_after: issued.not_after,
-    }))
+    Ok(Json(proto::RenewResponse { node_cert_pem: issued.cert_pem, not_after: issued.not_after }))
 }
 
 async fn whoami(who: NodeIdentity) -> Json<proto::WhoAmI> {
-    Json(proto::WhoAmI {
-        node: who.name,
-        state: who.state,
-    })
+    Json(proto::WhoAmI { node: who.name, state: who.state })
 }
 
 // --- nodes -----------------------------------------------------------------------------------
@@ -774,27 +552,19 @@ fn key_fingerprint(key: &str) -> Option<String> {
     PublicKey::parse(key).map(|k| hex::encode(&Sha256::digest(k.0)[..8]))
 }
 
-async fn list_nodes(
-    State(ctx): State<Shared>,
-    _: Admin,
-) -> Result<Json<Vec<proto::NodeInfo>>, ApiError> {
+async fn list_nodes(State(ctx): State<Shared>, _: Admin) -> Result<Json<Vec<proto::NodeInfo>>, ApiError> {
     let decl = current_declaration(&ctx).await?.map(|(_, d)| d);
     let records = ctx.store.nodes().await?;
     let alloc = ctx.store.allocation().await?;
     let mut out = Vec::new();
-    let mut names: Vec<String> = decl
-        .iter()
-        .flat_map(|d| d.nodes.iter().map(|n| n.name.clone()))
-        .collect();
+    let mut names: Vec<String> = decl.iter().flat_map(|d| d.nodes.iter().map(|n| n.name.clone())).collect();
     names.extend(records.iter().map(|r| r.name.clone()));
     names.sort();
     names.dedup();
     for name in names {
         let declared = decl.as_ref().and_then(|d| d.node(&name));
         let rec = records.iter().find(|r| r.name == name);
-        let key = declared
-            .and_then(|n| n.public_key.map(|k| k.to_string()))
-            .or_else(|| rec.and_then(|r| r.wg_public_key.clone()));
+        let key = declared.and_then(|n| n.public_key.map(|k| k.to_string())).or_else(|| rec.and_then(|r| r.wg_public_key.clone()));
         let state = match (declared, rec) {
             (None, _) => "removed".to_string(),
             (Some(n), None) if n.public_key.is_some() => "external".to_string(),
@@ -815,62 +585,26 @@ async fn list_nodes(
     Ok(Json(out))
 }
 
-async fn approve(
-    State(ctx): State<Shared>,
-    _: Admin,
-    Path(name): Path<String>,
-) -> Result<Json<proto::WhoAmI>, ApiError> {
-    let audit = Audit {
-        at: now(),
-        actor: "admin",
-        action: "node approved",
-        subject: &name,
-        detail: String::new(),
-    };
-    ctx.store
-        .set_state(&name, &["pending"], "active", &audit)
-        .await
-        .map_err(|e| match e {
-            trellis_store::StoreError::NotFound(_) => ApiError::conflict(
-                "not_pending",
-                format!("node `{name}` is not pending approval"),
-            ),
-            other => other.into(),
-        })?;
+async fn approve(State(ctx): State<Shared>, _: Admin, Path(name): Path<String>) -> Result<Json<proto::WhoAmI>, ApiError> {
+    let audit = Audit { at: now(), actor: "admin", action: "node approved", subject: &name, detail: String::new() };
+    ctx.store.set_state(&name, &["pending"], "active", &audit).await.map_err(|e| match e {
+        trellis_store::StoreError::NotFound(_) => ApiError::conflict("not_pending", format!("node `{name}` is not pending approval")),
+        other => other.into(),
+    })?;
     republish(&ctx).await;
-    Ok(Json(proto::WhoAmI {
-        node: name,
-        state: "active".into(),
-    }))
+    Ok(Json(proto::WhoAmI { node: name, state: "active".into() }))
 }
 
-async fn revoke(
-    State(ctx): State<Shared>,
-    _: Admin,
-    Path(name): Path<String>,
-) -> Result<Json<proto::WhoAmI>, ApiError> {
-    let audit = Audit {
-        at: now(),
-        actor: "admin",
-        action: "node revoked",
-        subject: &name,
-        detail: String::new(),
-    };
-    ctx.store
-        .set_state(&name, &["pending", "active"], "revoked", &audit)
-        .await
-        .map_err(|e| match e {
-            trellis_store::StoreError::NotFound(_) => ApiError::conflict(
-                "not_revocable",
-                format!("node `{name}` is not enrolled, or is revoked already"),
-            ),
-            other => other.into(),
-        })?;
+async fn revoke(State(ctx): State<Shared>, _: Admin, Path(name): Path<String>) -> Result<Json<proto::WhoAmI>, ApiError> {
+    let audit = Audit { at: now(), actor: "admin", action: "node revoked", subject: &name, detail: String::new() };
+    ctx.store.set_state(&name, &["pending", "active"], "revoked", &audit).await.map_err(|e| match e {
+        trellis_store::StoreError::NotFound(_) => {
+            ApiError::conflict("not_revocable", format!("node `{name}` is not enrolled, or is revoked already"))
+        }
+        other => other.into(),
+    })?;
     republish(&ctx).await;
-    Ok(Json(proto::WhoAmI {
-        node: name,
-        state: "revoked".into(),
-    }))
+    Ok(Json(proto::WhoAmI { node: name, state: "revoked".into() }))
 }
 
 #[derive(serde::Serialize)]
@@ -935,16 +669,10 @@ async fn bundle(
     if who.state == "pending" {
         return Err(ApiError::forbidden(
             "pending_approval",
-            format!(
-                "node `{}` is pending approval; an operator runs `trellis node approve {}`",
-                who.name, who.name
-            ),
+            format!("node `{}` is pending approval; an operator runs `trellis node approve {}`", who.name, who.name),
         ));
     }
-    let held = headers
-        .get(header::IF_NONE_MATCH)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
+    let held = headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()).map(str::to_string);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(q.wait.min(MAX_WAIT));
     let mut changes = ctx.publisher.subscribe();
     loop {
@@ -957,10 +685,7 @@ async fn bundle(
                     [
                         (header::CONTENT_TYPE, "application/octet-stream".to_string()),
                         (header::ETAG, etag(p.version)),
-                        (
-                            header::HeaderName::from_static("x-trellis-freshness"),
-                            stamp.to_string(),
-                        ),
+                        (header::HeaderName::from_static("x-trellis-freshness"), stamp.to_string()),
                     ],
                     body,
                 )
@@ -972,13 +697,7 @@ async fn bundle(
             return match current {
                 Some(p) => Ok((
                     StatusCode::NOT_MODIFIED,
-                    [
-                        (header::ETAG, etag(p.version)),
-                        (
-                            header::HeaderName::from_static("x-trellis-freshness"),
-                            stamp.to_string(),
-                        ),
-                    ],
+                    [(header::ETAG, etag(p.version)), (header::HeaderName::from_static("x-trellis-freshness"), stamp.to_string())],
                 )
                     .into_response()),
                 None => Err(ApiError::new(
@@ -1000,19 +719,13 @@ async fn evidence(
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "too_large",
-            format!(
-                "an evidence batch holds at most {} records",
-                proto::MAX_EVIDENCE_BATCH
-            ),
+            format!("an evidence batch holds at most {} records", proto::MAX_EVIDENCE_BATCH),
         ));
     }
     let mut records = Vec::with_capacity(batch.records.len());
     for r in &batch.records {
         if r.seq < 1 || r.version < 1 {
-            return Err(ApiError::bad_request(format!(
-                "evidence record {}: sequence numbers and versions start at 1",
-                r.seq
-            )));
+            return Err(ApiError::bad_request(format!("evidence record {}: sequence numbers and versions start at 1", r.seq)));
         }
         if r.result != "applied" && r.result != "failed" {
             return Err(ApiError::bad_request(format!(
@@ -1030,26 +743,17 @@ async fn evidence(
         });
     }
     let (accepted, duplicates) = ctx.store.add_evidence(&who.name, &records, now()).await?;
-    Ok(Json(proto::EvidenceAck {
-        accepted,
-        duplicates,
-    }))
+    Ok(Json(proto::EvidenceAck { accepted, duplicates }))
 }
 
-async fn status(
-    State(ctx): State<Shared>,
-    _: Admin,
-) -> Result<Json<Vec<proto::NodeStatus>>, ApiError> {
+async fn status(State(ctx): State<Shared>, _: Admin) -> Result<Json<Vec<proto::NodeStatus>>, ApiError> {
     ctx.publisher.flush_contacts(&ctx).await;
     let decl = current_declaration(&ctx).await?.map(|(_, d)| d);
     let records = ctx.store.nodes().await?;
     let bundles = ctx.store.bundles().await?;
     let evidence = ctx.store.evidence_summary().await?;
     let t = now();
-    let mut names: Vec<String> = decl
-        .iter()
-        .flat_map(|d| d.nodes.iter().map(|n| n.name.clone()))
-        .collect();
+    let mut names: Vec<String> = decl.iter().flat_map(|d| d.nodes.iter().map(|n| n.name.clone())).collect();
     names.extend(records.iter().map(|r| r.name.clone()));
     names.sort();
     names.dedup();

@@ -44,56 +44,29 @@ impl AdminClient {
             .connect_timeout(std::time::Duration::from_secs(10))
             .timeout(std::time::Duration::from_secs(120))
             .build()?;
-        Ok(AdminClient {
-            http,
-            base: base.trim_end_matches('/').to_string(),
-            token: token.trim().to_string(),
-        })
+        Ok(AdminClient { http, base: base.trim_end_matches('/').to_string(), token: token.trim().to_string() })
     }
 
     pub fn from_state_dir(dir: &Path) -> Result<AdminClient> {
         let state = StateDir::load(dir)?;
-        let host = state
-            .config
-            .advertise
-            .first()
-            .context("controller.toml advertises no address")?;
-        Self::new(
-            &base_url(host),
-            &state.read("ca.pem")?,
-            &state.read("admin.token")?,
-        )
+        let host = state.config.advertise.first().context("controller.toml advertises no address")?;
+        Self::new(&base_url(host), &state.read("ca.pem")?, &state.read("admin.token")?)
     }
 
     pub fn from_args(server: &str, token_file: &Path, ca_file: &Path) -> Result<AdminClient> {
-        let base = if server.starts_with("https://") {
-            server.to_string()
-        } else {
-            base_url(server)
-        };
+        let base = if server.starts_with("https://") { server.to_string() } else { base_url(server) };
         Self::new(&base, &files::read(ca_file)?, &files::read(token_file)?)
     }
 
     async fn send<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> Result<T> {
-        let resp = req
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .with_context(|| format!("cannot reach the controller at {}", self.base))?;
+        let resp = req.bearer_auth(&self.token).send().await.with_context(|| format!("cannot reach the controller at {}", self.base))?;
         let status = resp.status();
         if status.is_success() {
-            return resp
-                .json()
-                .await
-                .context("the controller's answer is not what this trellis expects");
+            return resp.json().await.context("the controller's answer is not what this trellis expects");
         }
         let text = resp.text().await.unwrap_or_default();
         match serde_json::from_str::<proto::ErrorBody>(&text) {
-            Ok(body) => Err(Refused {
-                status: status.as_u16(),
-                body,
-            }
-            .into()),
+            Ok(body) => Err(Refused { status: status.as_u16(), body }.into()),
             Err(_) => bail!("the controller answered {status}: {text}"),
         }
     }
@@ -123,11 +96,7 @@ impl AdminClient {
     }
 
     pub async fn revoke_token(&self, id: &str) -> Result<proto::TokenInfo> {
-        self.send(
-            self.http
-                .delete(self.url(&format!("/v1/admin/tokens/{id}"))),
-        )
-        .await
+        self.send(self.http.delete(self.url(&format!("/v1/admin/tokens/{id}")))).await
     }
 
     pub async fn nodes(&self) -> Result<Vec<proto::NodeInfo>> {
@@ -135,13 +104,11 @@ impl AdminClient {
     }
 
     pub async fn approve(&self, node: &str) -> Result<proto::WhoAmI> {
-        self.post(&format!("/v1/admin/nodes/{node}/approve"), &())
-            .await
+        self.post(&format!("/v1/admin/nodes/{node}/approve"), &()).await
     }
 
     pub async fn revoke(&self, node: &str) -> Result<proto::WhoAmI> {
-        self.post(&format!("/v1/admin/nodes/{node}/revoke"), &())
-            .await
+        self.post(&format!("/v1/admin/nodes/{node}/revoke"), &()).await
     }
 
     pub async fn status(&self) -> Result<Vec<proto::NodeStatus>> {

@@ -16,12 +16,7 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        ApiError {
-            status,
-            code,
-            message: message.into(),
-            diagnostics: Vec::new(),
-        }
+        ApiError { status, code, message: message.into(), diagnostics: Vec::new() }
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -47,11 +42,7 @@ impl ApiError {
     pub fn internal(context: &str, e: impl std::fmt::Display) -> Self {
         // The detail goes to the controller's log, not to the client.
         eprintln!("trellis serve: {context}: {e}");
-        Self::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            format!("{context} failed inside the controller; see its log"),
-        )
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("{context} failed inside the controller; see its log"))
     }
 }
 
@@ -69,11 +60,7 @@ impl From<StoreError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = ErrorBody {
-            error: self.message,
-            code: self.code.to_string(),
-            diagnostics: self.diagnostics,
-        };
+        let body = ErrorBody { error: self.message, code: self.code.to_string(), diagnostics: self.diagnostics };
         (self.status, Json(body)).into_response()
     }
 }

@@ -15,25 +15,18 @@ pub fn create_new(path: &Path, content: &[u8], mode: u32) -> Result<()> {
         .mode(mode)
         .open(path)
         .with_context(|| format!("cannot create {}", path.display()))?;
-    f.write_all(content)
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    f.sync_all()
-        .with_context(|| format!("cannot sync {}", path.display()))?;
+    f.write_all(content).with_context(|| format!("cannot write {}", path.display()))?;
+    f.sync_all().with_context(|| format!("cannot sync {}", path.display()))?;
     Ok(())
 }
 
 /// Replaces `path` atomically with `content`, with `mode` from the start.
 pub fn replace(path: &Path, content: &[u8], mode: u32) -> Result<()> {
     let dir = path.parent().context("path has no parent directory")?;
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("file"),
-        std::process::id()
-    ));
+    let tmp = dir.join(format!(".{}.{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("file"), std::process::id()));
     let _ = std::fs::remove_file(&tmp);
     create_new(&tmp, content, mode)?;
-    std::fs::rename(&tmp, path)
-        .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
     if let Ok(d) = std::fs::File::open(dir) {
         let _ = d.sync_all();
     }

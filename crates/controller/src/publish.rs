@@ -79,10 +79,7 @@ impl Publisher {
 
     /// Remembers that a node made contact; written to the database in batches.
     pub fn contact(&self, node: &str, at: i64) {
-        self.contacts
-            .lock()
-            .expect("contacts")
-            .insert(node.to_string(), at);
+        self.contacts.lock().expect("contacts").insert(node.to_string(), at);
     }
 
     pub async fn flush_contacts(&self, ctx: &Ctx) {
@@ -101,10 +98,7 @@ impl Publisher {
         if s.0 != t {
             let mesh = self.mesh.read().expect("mesh").clone();
             let bytes = trellis_core::bundle::sign_stamp(&ctx.signing_key, &mesh, t);
-            *s = (
-                t,
-                Arc::from(base64::engine::general_purpose::STANDARD.encode(bytes)),
-            );
+            *s = (t, Arc::from(base64::engine::general_purpose::STANDARD.encode(bytes)));
         }
         s.1.clone()
     }
@@ -129,22 +123,13 @@ impl Publisher {
             return Ok(0);
         };
         *self.mesh.write().expect("mesh") = decl.mesh.name.clone();
-        let active: Vec<&trellis_store::NodeRecord> = records
-            .iter()
-            .filter(|r| r.state == "active" && decl.node(&r.name).is_some())
-            .collect();
-        let keys: HashMap<String, PublicKey> = active
-            .iter()
-            .filter_map(|r| {
-                r.wg_public_key
-                    .as_deref()
-                    .and_then(PublicKey::parse)
-                    .map(|k| (r.name.clone(), k))
-            })
-            .collect();
+        let active: Vec<&trellis_store::NodeRecord> =
+            records.iter().filter(|r| r.state == "active" && decl.node(&r.name).is_some()).collect();
+        let keys: HashMap<String, PublicKey> =
+            active.iter().filter_map(|r| r.wg_public_key.as_deref().and_then(PublicKey::parse).map(|k| (r.name.clone(), k))).collect();
         let allocation = ctx.store.allocation().await?;
-        let compiled = trellis_core::compile(&decl, &keys, &allocation, run.compiled.as_ref())
-            .map_err(|d| ApiError::internal("compiling", d))?;
+        let compiled =
+            trellis_core::compile(&decl, &keys, &allocation, run.compiled.as_ref()).map_err(|d| ApiError::internal("compiling", d))?;
         let rendered: HashSet<&str> = compiled.rendered.iter().map(String::as_str).collect();
         let ca_pem = ctx.ca.cert_pem().as_bytes().to_vec();
 
@@ -160,33 +145,18 @@ impl Publisher {
             if unchanged {
                 continue;
             }
-            let mut files: Vec<BundleFile> = out
-                .files
-                .iter()
-                .map(|f| BundleFile::new(f.path.clone(), f.mode, f.content.as_bytes().to_vec()))
-                .collect();
+            let mut files: Vec<BundleFile> =
+                out.files.iter().map(|f| BundleFile::new(f.path.clone(), f.mode, f.content.as_bytes().to_vec())).collect();
             files.push(BundleFile::new("etc/trellis/ca.pem", 0o644, ca_pem.clone()));
             if let Some(pem) = &r.cert_pem {
-                files.push(BundleFile::new(
-                    "etc/trellis/node.pem",
-                    0o644,
-                    pem.as_bytes().to_vec(),
-                ));
+                files.push(BundleFile::new("etc/trellis/node.pem", 0o644, pem.as_bytes().to_vec()));
             }
             files.sort_by(|a, b| a.path.cmp(&b.path));
             let digest = hex::encode(trellis_core::bundle::content_digest(&files));
             pending.push((r.name.clone(), files, digest));
         }
-        let changes: Vec<(String, String)> = pending
-            .iter()
-            .map(|(n, _, d)| (n.clone(), d.clone()))
-            .collect();
-        let versions: HashMap<String, trellis_store::BundleVersion> = ctx
-            .store
-            .publish(&changes, now())
-            .await?
-            .into_iter()
-            .collect();
+        let changes: Vec<(String, String)> = pending.iter().map(|(n, _, d)| (n.clone(), d.clone())).collect();
+        let versions: HashMap<String, trellis_store::BundleVersion> = ctx.store.publish(&changes, now()).await?.into_iter().collect();
         let mut count = 0;
         let mut table = HashMap::new();
         for (node, files, digest) in pending {
@@ -196,26 +166,12 @@ impl Publisher {
                 // next run (its audit head moved) will catch up.
                 continue;
             }
-            let bundle = Bundle {
-                mesh: decl.mesh.name.clone(),
-                node: node.clone(),
-                version: v.version as u64,
-                issued_at: v.issued_at,
-                files,
-            };
+            let bundle =
+                Bundle { mesh: decl.mesh.name.clone(), node: node.clone(), version: v.version as u64, issued_at: v.issued_at, files };
             let bytes = bundle.sign(&ctx.signing_key);
-            let cert = records
-                .iter()
-                .find(|r| r.name == node)
-                .and_then(|r| r.cert_pem.clone());
+            let cert = records.iter().find(|r| r.name == node).and_then(|r| r.cert_pem.clone());
             run.published.insert(node.clone(), (digest, cert));
-            table.insert(
-                node,
-                Arc::new(Published {
-                    version: v.version,
-                    bytes: Arc::new(bytes),
-                }),
-            );
+            table.insert(node, Arc::new(Published { version: v.version, bytes: Arc::new(bytes) }));
             count += 1;
         }
         {
@@ -235,17 +191,8 @@ impl Publisher {
         let map = records
             .iter()
             .map(|r| {
-                let serials = [r.cert_serial.clone(), r.prev_cert_serial.clone()]
-                    .into_iter()
-                    .flatten()
-                    .collect();
-                (
-                    r.name.clone(),
-                    AuthEntry {
-                        state: r.state.clone(),
-                        serials,
-                    },
-                )
+                let serials = [r.cert_serial.clone(), r.prev_cert_serial.clone()].into_iter().flatten().collect();
+                (r.name.clone(), AuthEntry { state: r.state.clone(), serials })
             })
             .collect();
         *self.auth.write().expect("auth table") = map;

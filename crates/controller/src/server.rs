@@ -24,21 +24,11 @@ pub struct Server {
 
 impl Server {
     /// Opens the store (running migrations), loads keys and binds the listener.
-    pub async fn bind(
-        state: &StateDir,
-        database_url: Option<&str>,
-        listen: Option<&str>,
-    ) -> Result<Server> {
+    pub async fn bind(state: &StateDir, database_url: Option<&str>, listen: Option<&str>) -> Result<Server> {
         let url = database_url.unwrap_or(&state.config.database_url);
-        let store = trellis_store::Store::open(url)
-            .await
-            .with_context(|| format!("cannot open the database {}", redact(url)))?;
+        let store = trellis_store::Store::open(url).await.with_context(|| format!("cannot open the database {}", redact(url)))?;
         let ca = trellis_pki::Ca::load(&state.read("ca.pem")?, &state.read("ca.key")?)?;
-        let tls = trellis_pki::tls::server_config(
-            &state.read("server.pem")?,
-            &state.read("server.key")?,
-            &state.read("ca.pem")?,
-        )?;
+        let tls = trellis_pki::tls::server_config(&state.read("server.pem")?, &state.read("server.key")?, &state.read("ca.pem")?)?;
         let signing = state.signing_key()?;
         let admin_sha256: [u8; 32] = hex::decode(&state.config.admin_token_sha256)
             .ok()
@@ -54,18 +44,9 @@ impl Server {
             admin_sha256,
             declaration: Default::default(),
         });
-        let addr: SocketAddr = listen
-            .unwrap_or(&state.config.listen)
-            .parse()
-            .context("the listen address is not IP:PORT")?;
-        let listener = TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("cannot listen on {addr}"))?;
-        Ok(Server {
-            listener,
-            ctx,
-            acceptor: TlsAcceptor::from(Arc::new(tls)),
-        })
+        let addr: SocketAddr = listen.unwrap_or(&state.config.listen).parse().context("the listen address is not IP:PORT")?;
+        let listener = TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        Ok(Server { listener, ctx, acceptor: TlsAcceptor::from(Arc::new(tls)) })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -102,11 +83,7 @@ impl Server {
         result
     }
 
-    async fn accept_loop(
-        &self,
-        router: axum::Router,
-        shutdown: impl std::future::Future<Output = ()>,
-    ) -> Result<()> {
+    async fn accept_loop(&self, router: axum::Router, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
         tokio::pin!(shutdown);
         loop {
             let (tcp, _peer) = tokio::select! {
@@ -124,19 +101,11 @@ impl Server {
             let acceptor = self.acceptor.clone();
             let router = router.clone();
             tokio::spawn(async move {
-                let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp))
-                    .await
-                {
+                let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
                     Ok(Ok(t)) => t,
                     _ => return,
                 };
-                let peer = PeerCert(
-                    tls.get_ref()
-                        .1
-                        .peer_certificates()
-                        .and_then(|c| c.first())
-                        .map(|c| Arc::new(c.to_vec())),
-                );
+                let peer = PeerCert(tls.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|c| Arc::new(c.to_vec())));
                 let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
                     req.extensions_mut().insert(peer.clone());
                     router.clone().oneshot(req.map(axum::body::Body::new))

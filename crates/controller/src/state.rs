@@ -39,20 +39,11 @@ impl StateDir {
 
     pub fn load(dir: &Path) -> Result<StateDir> {
         let path = dir.join(CONFIG);
-        let text = files::read(&path).with_context(|| {
-            format!(
-                "{} holds no controller; run `trellis init --state-dir {}` first",
-                dir.display(),
-                dir.display()
-            )
-        })?;
-        let config: Config = toml::from_str(&text).with_context(|| {
-            format!("{} is not a valid controller configuration", path.display())
-        })?;
-        Ok(StateDir {
-            dir: dir.to_path_buf(),
-            config,
-        })
+        let text = files::read(&path)
+            .with_context(|| format!("{} holds no controller; run `trellis init --state-dir {}` first", dir.display(), dir.display()))?;
+        let config: Config =
+            toml::from_str(&text).with_context(|| format!("{} is not a valid controller configuration", path.display()))?;
+        Ok(StateDir { dir: dir.to_path_buf(), config })
     }
 
     pub fn read(&self, name: &str) -> Result<String> {
@@ -61,12 +52,8 @@ impl StateDir {
 
     pub fn signing_key(&self) -> Result<ed25519_dalek::SigningKey> {
         let text = self.read("signing.key")?;
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(text.trim())
-            .context("signing.key is not base64")?;
-        let seed: [u8; 32] = bytes
-            .try_into()
-            .map_err(|_| anyhow::anyhow!("signing.key does not hold 32 bytes"))?;
+        let bytes = base64::engine::general_purpose::STANDARD.decode(text.trim()).context("signing.key is not base64")?;
+        let seed: [u8; 32] = bytes.try_into().map_err(|_| anyhow::anyhow!("signing.key does not hold 32 bytes"))?;
         Ok(ed25519_dalek::SigningKey::from_bytes(&seed))
     }
 }
@@ -81,24 +68,16 @@ pub struct InitOptions {
 /// Splits HOST:PORT (with `[v6]:PORT`) into host and port.
 pub fn split_host_port(s: &str) -> Result<(String, u16)> {
     let (host, port) = if let Some(rest) = s.strip_prefix('[') {
-        let (h, p) = rest
-            .split_once("]:")
-            .with_context(|| format!("{s:?} is not [IPv6]:PORT"))?;
+        let (h, p) = rest.split_once("]:").with_context(|| format!("{s:?} is not [IPv6]:PORT"))?;
         (h.to_string(), p)
     } else {
-        let (h, p) = s
-            .rsplit_once(':')
-            .with_context(|| format!("advertise address {s:?} needs a port, as HOST:PORT"))?;
+        let (h, p) = s.rsplit_once(':').with_context(|| format!("advertise address {s:?} needs a port, as HOST:PORT"))?;
         if h.contains(':') {
             bail!("advertise address {s:?}: write an IPv6 address as [ADDRESS]:PORT");
         }
         (h.to_string(), p)
     };
-    let port: u16 = port
-        .parse()
-        .ok()
-        .filter(|p| *p > 0)
-        .with_context(|| format!("advertise address {s:?} has no valid port"))?;
+    let port: u16 = port.parse().ok().filter(|p| *p > 0).with_context(|| format!("advertise address {s:?} has no valid port"))?;
     if host.is_empty() {
         bail!("advertise address {s:?} has no host");
     }
@@ -108,20 +87,14 @@ pub fn split_host_port(s: &str) -> Result<(String, u16)> {
 /// Creates a controller in `dir`. Refuses a directory that already holds one.
 pub async fn init(dir: &Path, opts: &InitOptions) -> Result<StateDir> {
     if opts.advertise.is_empty() {
-        bail!(
-            "give at least one --advertise HOST:PORT: it is where nodes will reach the controller"
-        );
+        bail!("give at least one --advertise HOST:PORT: it is where nodes will reach the controller");
     }
     let mut hosts = Vec::new();
     for a in &opts.advertise {
         hosts.push(split_host_port(a)?.0);
     }
     if dir.join(CONFIG).exists() || dir.join("ca.key").exists() {
-        bail!(
-            "{} already holds a controller ({}); refusing to overwrite it",
-            dir.display(),
-            CONFIG
-        );
+        bail!("{} already holds a controller ({}); refusing to overwrite it", dir.display(), CONFIG);
     }
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     {
@@ -137,17 +110,9 @@ pub async fn init(dir: &Path, opts: &InitOptions) -> Result<StateDir> {
     let admin: [u8; 32] = rand::random();
     let admin_token = format!("trellis-admin-{}", hex::encode(admin));
     let (_, port) = split_host_port(&opts.advertise[0])?;
-    let listen = opts
-        .listen
-        .clone()
-        .unwrap_or_else(|| format!("0.0.0.0:{port}"));
-    listen.parse::<std::net::SocketAddr>().with_context(|| {
-        format!("--listen {listen:?} is not a socket address such as 0.0.0.0:8443")
-    })?;
-    let database_url = opts
-        .database_url
-        .clone()
-        .unwrap_or_else(|| format!("sqlite://{}?mode=rwc", dir.join("trellis.db").display()));
+    let listen = opts.listen.clone().unwrap_or_else(|| format!("0.0.0.0:{port}"));
+    listen.parse::<std::net::SocketAddr>().with_context(|| format!("--listen {listen:?} is not a socket address such as 0.0.0.0:8443"))?;
+    let database_url = opts.database_url.clone().unwrap_or_else(|| format!("sqlite://{}?mode=rwc", dir.join("trellis.db").display()));
     let config = Config {
         advertise: opts.advertise.clone(),
         listen,
@@ -159,29 +124,10 @@ pub async fn init(dir: &Path, opts: &InitOptions) -> Result<StateDir> {
     files::create_new(&dir.join("ca.pem"), ca.cert_pem.as_bytes(), 0o644)?;
     files::create_new(&dir.join("server.key"), server.key_pem.as_bytes(), 0o600)?;
     files::create_new(&dir.join("server.pem"), server.cert_pem.as_bytes(), 0o644)?;
-    files::create_new(
-        &dir.join("signing.key"),
-        base64::engine::general_purpose::STANDARD
-            .encode(signing.to_bytes())
-            .as_bytes(),
-        0o600,
-    )?;
-    files::create_new(
-        &dir.join("admin.token"),
-        format!("{admin_token}\n").as_bytes(),
-        0o600,
-    )?;
-    trellis_store::Store::open(&database_url)
-        .await
-        .with_context(|| format!("cannot create the database {database_url}"))?;
+    files::create_new(&dir.join("signing.key"), base64::engine::general_purpose::STANDARD.encode(signing.to_bytes()).as_bytes(), 0o600)?;
+    files::create_new(&dir.join("admin.token"), format!("{admin_token}\n").as_bytes(), 0o600)?;
+    trellis_store::Store::open(&database_url).await.with_context(|| format!("cannot create the database {database_url}"))?;
     // The configuration is written last: its presence means the controller is complete.
-    files::create_new(
-        &dir.join(CONFIG),
-        toml::to_string(&config)?.as_bytes(),
-        0o600,
-    )?;
-    Ok(StateDir {
-        dir: dir.to_path_buf(),
-        config,
-    })
+    files::create_new(&dir.join(CONFIG), toml::to_string(&config)?.as_bytes(), 0o600)?;
+    Ok(StateDir { dir: dir.to_path_buf(), config })
 }

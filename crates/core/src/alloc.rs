@@ -57,7 +57,10 @@ pub fn allocate(decl: &Declaration, previous: &Allocation) -> Result<Allocation,
 fn exhausted(decl: &Declaration, key: &str, pool: &str, usable: u128) -> Diagnostic {
     Diagnostic::error(
         &decl.mesh.loc,
-        format!("`{key}` {pool} is exhausted: {} nodes are declared but it holds {usable} usable addresses; use a larger pool", decl.nodes.len()),
+        format!(
+            "`{key}` {pool} is exhausted: {} nodes are declared but it holds {usable} usable addresses; use a larger pool",
+            decl.nodes.len()
+        ),
     )
 }
 
@@ -72,26 +75,14 @@ struct Space {
 impl Space {
     fn v4(pool: Ipv4Net) -> Space {
         let size = 1u128 << (32 - pool.prefix_len());
-        Space {
-            base: u32::from(pool.network()) as u128,
-            usable: size - 2,
-            salt: pool.to_string(),
-        }
+        Space { base: u32::from(pool.network()) as u128, usable: size - 2, salt: pool.to_string() }
     }
 
     fn v6(pool: Ipv6Net) -> Space {
         let bits = 128 - pool.prefix_len() as u32;
         // Offsets are u128, so a pool wider than 2^127 is treated as 2^127 addresses.
-        let size = if bits >= 127 {
-            1u128 << 127
-        } else {
-            1u128 << bits
-        };
-        Space {
-            base: u128::from(pool.network()),
-            usable: size - 1,
-            salt: pool.to_string(),
-        }
+        let size = if bits >= 127 { 1u128 << 127 } else { 1u128 << bits };
+        Space { base: u128::from(pool.network()), usable: size - 1, salt: pool.to_string() }
     }
 
     fn offset_v4(&self, a: Ipv4Addr) -> u128 {

@@ -28,12 +28,7 @@ pub struct BundleFile {
 
 impl BundleFile {
     pub fn new(path: impl Into<String>, mode: u32, content: Vec<u8>) -> BundleFile {
-        BundleFile {
-            path: path.into(),
-            mode,
-            sha256: Sha256::digest(&content).into(),
-            content,
-        }
+        BundleFile { path: path.into(), mode, sha256: Sha256::digest(&content).into(), content }
     }
 }
 
@@ -71,8 +66,12 @@ impl std::fmt::Display for BundleError {
             BundleError::Malformed(what) => write!(f, "bundle is malformed: {what}"),
             BundleError::WrongMesh { bundle, ours } => write!(f, "bundle is for mesh `{bundle}`, this node is in mesh `{ours}`"),
             BundleError::WrongNode { bundle, ours } => write!(f, "bundle is for node `{bundle}`, not for this node `{ours}`"),
-            BundleError::NotNewer { version, last } => write!(f, "bundle version {version} is not greater than the last applied version {last}; refusing a rollback"),
-            BundleError::EqualVersionOtherContent { version } => write!(f, "bundle version {version} equals the last applied version but its content differs"),
+            BundleError::NotNewer { version, last } => {
+                write!(f, "bundle version {version} is not greater than the last applied version {last}; refusing a rollback")
+            }
+            BundleError::EqualVersionOtherContent { version } => {
+                write!(f, "bundle version {version} equals the last applied version but its content differs")
+            }
             BundleError::FileDigest { path } => write!(f, "file {path} does not match its SHA-256 in the bundle"),
             BundleError::UnsafePath { path } => write!(f, "file path {path:?} is absolute, empty or climbs out of the root with `..`"),
         }
@@ -89,11 +88,7 @@ fn put_str(out: &mut Vec<u8>, s: &[u8]) {
 impl Bundle {
     /// The canonical body that is signed.
     pub fn body(&self) -> Vec<u8> {
-        let size: usize = self
-            .files
-            .iter()
-            .map(|f| f.content.len() + f.path.len() + 48)
-            .sum();
+        let size: usize = self.files.iter().map(|f| f.content.len() + f.path.len() + 48).sum();
         let mut out = Vec::with_capacity(size + 128);
         out.extend_from_slice(FORMAT.as_bytes());
         put_str(&mut out, self.mesh.as_bytes());
@@ -172,8 +167,7 @@ impl<'a> Reader<'a> {
     }
 
     fn string(&mut self) -> Result<String, BundleError> {
-        String::from_utf8(self.bytes()?.to_vec())
-            .map_err(|_| BundleError::Malformed("a name is not UTF-8"))
+        String::from_utf8(self.bytes()?.to_vec()).map_err(|_| BundleError::Malformed("a name is not UTF-8"))
     }
 }
 
@@ -183,8 +177,7 @@ pub fn safe_path(p: &str) -> bool {
         && !p.starts_with('/')
         && !p.contains('\0')
         && !p.contains('\\')
-        && p.split('/')
-            .all(|part| !part.is_empty() && part != "." && part != "..")
+        && p.split('/').all(|part| !part.is_empty() && part != "." && part != "..")
 }
 
 /// What the verifier knows of the last bundle applied on this node.
@@ -206,23 +199,11 @@ pub struct Verified {
 
 /// Verifies a bundle as received. Checks, in order: size, format, signature (strict ed25519),
 /// structure, mesh and node, version against the last applied, every path and every file digest.
-pub fn verify(
-    bytes: &[u8],
-    key: &VerifyingKey,
-    mesh: &str,
-    node: &str,
-    last: Option<Applied>,
-) -> Result<Verified, BundleError> {
+pub fn verify(bytes: &[u8], key: &VerifyingKey, mesh: &str, node: &str, last: Option<Applied>) -> Result<Verified, BundleError> {
     if bytes.len() > MAX_BUNDLE {
-        return Err(BundleError::TooLarge {
-            size: bytes.len(),
-            max: MAX_BUNDLE,
-        });
+        return Err(BundleError::TooLarge { size: bytes.len(), max: MAX_BUNDLE });
     }
-    if bytes.len() < 4 + 64 + FORMAT.len()
-        || &bytes[..4] != MAGIC
-        || &bytes[68..68 + FORMAT.len()] != FORMAT.as_bytes()
-    {
+    if bytes.len() < 4 + 64 + FORMAT.len() || &bytes[..4] != MAGIC || &bytes[68..68 + FORMAT.len()] != FORMAT.as_bytes() {
         return Err(BundleError::UnknownFormat);
     }
     let sig = Signature::from_bytes(bytes[4..68].try_into().expect("64"));
@@ -230,12 +211,9 @@ pub fn verify(
     let mut msg = Vec::with_capacity(SIGNING_CONTEXT.len() + body.len());
     msg.extend_from_slice(SIGNING_CONTEXT);
     msg.extend_from_slice(body);
-    key.verify_strict(&msg, &sig)
-        .map_err(|_| BundleError::BadSignature)?;
+    key.verify_strict(&msg, &sig).map_err(|_| BundleError::BadSignature)?;
 
-    let mut r = Reader {
-        b: &body[FORMAT.len()..],
-    };
+    let mut r = Reader { b: &body[FORMAT.len()..] };
     let bundle_mesh = r.string()?;
     let bundle_node = r.string()?;
     let version = r.u64()?;
@@ -250,62 +228,35 @@ pub fn verify(
         let mode = r.u32()?;
         let sha256: [u8; 32] = r.take(32)?.try_into().expect("32");
         let content = r.bytes()?.to_vec();
-        files.push(BundleFile {
-            path,
-            mode,
-            sha256,
-            content,
-        });
+        files.push(BundleFile { path, mode, sha256, content });
     }
     if !r.b.is_empty() {
         return Err(BundleError::Malformed("bytes follow the last file"));
     }
     if bundle_mesh != mesh {
-        return Err(BundleError::WrongMesh {
-            bundle: bundle_mesh,
-            ours: mesh.to_string(),
-        });
+        return Err(BundleError::WrongMesh { bundle: bundle_mesh, ours: mesh.to_string() });
     }
     if bundle_node != node {
-        return Err(BundleError::WrongNode {
-            bundle: bundle_node,
-            ours: node.to_string(),
-        });
+        return Err(BundleError::WrongNode { bundle: bundle_node, ours: node.to_string() });
     }
-    let bundle = Bundle {
-        mesh: bundle_mesh,
-        node: bundle_node,
-        version,
-        issued_at,
-        files,
-    };
+    let bundle = Bundle { mesh: bundle_mesh, node: bundle_node, version, issued_at, files };
     let mut redelivery = false;
     if let Some(last) = last {
         if version < last.version {
-            return Err(BundleError::NotNewer {
-                version,
-                last: last.version,
-            });
+            return Err(BundleError::NotNewer { version, last: last.version });
         }
         if version == last.version {
             match last.digest {
                 Some(d) if d == bundle.content_digest() => redelivery = true,
                 Some(_) => return Err(BundleError::EqualVersionOtherContent { version }),
-                None => {
-                    return Err(BundleError::NotNewer {
-                        version,
-                        last: last.version,
-                    })
-                }
+                None => return Err(BundleError::NotNewer { version, last: last.version }),
             }
         }
     }
     let mut seen = std::collections::HashSet::new();
     for f in &bundle.files {
         if !safe_path(&f.path) {
-            return Err(BundleError::UnsafePath {
-                path: f.path.clone(),
-            });
+            return Err(BundleError::UnsafePath { path: f.path.clone() });
         }
         if !seen.insert(f.path.as_str()) {
             return Err(BundleError::Malformed("a path appears twice"));
@@ -314,9 +265,7 @@ pub fn verify(
             return Err(BundleError::Malformed("a file mode has bits beyond 0777"));
         }
         if <[u8; 32]>::from(Sha256::digest(&f.content)) != f.sha256 {
-            return Err(BundleError::FileDigest {
-                path: f.path.clone(),
-            });
+            return Err(BundleError::FileDigest { path: f.path.clone() });
         }
     }
     Ok(Verified { bundle, redelivery })
@@ -339,25 +288,16 @@ pub fn sign_stamp(key: &SigningKey, mesh: &str, at: i64) -> Vec<u8> {
 /// Verifies a freshness stamp and returns the time it carries.
 pub fn verify_stamp(bytes: &[u8], key: &VerifyingKey, mesh: &str) -> Result<i64, BundleError> {
     const HEAD: &[u8] = b"trellis-freshness-v1\n";
-    if bytes.len() < 68 + HEAD.len()
-        || &bytes[..4] != b"TRF1"
-        || &bytes[68..68 + HEAD.len()] != HEAD
-    {
+    if bytes.len() < 68 + HEAD.len() || &bytes[..4] != b"TRF1" || &bytes[68..68 + HEAD.len()] != HEAD {
         return Err(BundleError::UnknownFormat);
     }
     let sig = Signature::from_bytes(bytes[4..68].try_into().expect("64"));
-    key.verify_strict(&bytes[68..], &sig)
-        .map_err(|_| BundleError::BadSignature)?;
-    let mut r = Reader {
-        b: &bytes[68 + HEAD.len()..],
-    };
+    key.verify_strict(&bytes[68..], &sig).map_err(|_| BundleError::BadSignature)?;
+    let mut r = Reader { b: &bytes[68 + HEAD.len()..] };
     let stamp_mesh = r.string()?;
     let at = r.u64()? as i64;
     if stamp_mesh != mesh {
-        return Err(BundleError::WrongMesh {
-            bundle: stamp_mesh,
-            ours: mesh.to_string(),
-        });
+        return Err(BundleError::WrongMesh { bundle: stamp_mesh, ours: mesh.to_string() });
     }
     Ok(at)
 }
@@ -377,16 +317,8 @@ mod tests {
             version,
             issued_at: 1_800_000_000,
             files: vec![
-                BundleFile::new(
-                    "etc/trellis/wireguard.conf",
-                    0o600,
-                    b"[Interface]\n".to_vec(),
-                ),
-                BundleFile::new(
-                    "etc/trellis/ca.pem",
-                    0o644,
-                    b"-----BEGIN CERTIFICATE-----\n".to_vec(),
-                ),
+                BundleFile::new("etc/trellis/wireguard.conf", 0o600, b"[Interface]\n".to_vec()),
+                BundleFile::new("etc/trellis/ca.pem", 0o644, b"-----BEGIN CERTIFICATE-----\n".to_vec()),
             ],
         }
     }
@@ -400,23 +332,9 @@ mod tests {
         let b = sample(3);
         let bytes = b.sign(&key());
         assert_eq!(bytes, b.sign(&key()));
-        let v = check(
-            &bytes,
-            Some(Applied {
-                version: 2,
-                digest: None,
-            }),
-        )
-        .unwrap();
+        let v = check(&bytes, Some(Applied { version: 2, digest: None })).unwrap();
         assert_eq!((v.bundle, v.redelivery), (b.clone(), false));
-        let again = check(
-            &bytes,
-            Some(Applied {
-                version: 3,
-                digest: Some(b.content_digest()),
-            }),
-        )
-        .unwrap();
+        let again = check(&bytes, Some(Applied { version: 3, digest: Some(b.content_digest()) })).unwrap();
         assert!(again.redelivery);
     }
 
@@ -434,81 +352,27 @@ mod tests {
                 assert_eq!(e, BundleError::BadSignature, "byte {i}");
             }
         }
+        assert_eq!(check(&bytes, Some(Applied { version: 5, digest: None })), Err(BundleError::NotNewer { version: 3, last: 5 }));
+        assert_eq!(check(&bytes, Some(Applied { version: 3, digest: None })), Err(BundleError::NotNewer { version: 3, last: 3 }));
         assert_eq!(
-            check(
-                &bytes,
-                Some(Applied {
-                    version: 5,
-                    digest: None
-                })
-            ),
-            Err(BundleError::NotNewer {
-                version: 3,
-                last: 5
-            })
-        );
-        assert_eq!(
-            check(
-                &bytes,
-                Some(Applied {
-                    version: 3,
-                    digest: None
-                })
-            ),
-            Err(BundleError::NotNewer {
-                version: 3,
-                last: 3
-            })
-        );
-        assert_eq!(
-            check(
-                &bytes,
-                Some(Applied {
-                    version: 3,
-                    digest: Some([0; 32])
-                })
-            ),
+            check(&bytes, Some(Applied { version: 3, digest: Some([0; 32]) })),
             Err(BundleError::EqualVersionOtherContent { version: 3 })
         );
         let mut other = sample(3);
         other.node = "db-2".into();
-        assert_eq!(
-            check(&other.sign(&key()), None),
-            Err(BundleError::WrongNode {
-                bundle: "db-2".into(),
-                ours: "db-1".into()
-            })
-        );
+        assert_eq!(check(&other.sign(&key()), None), Err(BundleError::WrongNode { bundle: "db-2".into(), ours: "db-1".into() }));
         let mut lying = sample(3);
         lying.files[0].content = b"changed".to_vec();
-        assert_eq!(
-            check(&lying.sign(&key()), None),
-            Err(BundleError::FileDigest {
-                path: "etc/trellis/wireguard.conf".into()
-            })
-        );
+        assert_eq!(check(&lying.sign(&key()), None), Err(BundleError::FileDigest { path: "etc/trellis/wireguard.conf".into() }));
         for bad in ["/etc/passwd", "etc/../../root", "", "etc//x"] {
             let mut b = sample(3);
             b.files[0] = BundleFile::new(bad, 0o644, vec![]);
-            assert_eq!(
-                check(&b.sign(&key()), None),
-                Err(BundleError::UnsafePath { path: bad.into() }),
-                "{bad}"
-            );
+            assert_eq!(check(&b.sign(&key()), None), Err(BundleError::UnsafePath { path: bad.into() }), "{bad}");
         }
         let huge = vec![0u8; MAX_BUNDLE + 1];
-        assert_eq!(
-            check(&huge, None),
-            Err(BundleError::TooLarge {
-                size: MAX_BUNDLE + 1,
-                max: MAX_BUNDLE
-            })
-        );
+        assert_eq!(check(&huge, None), Err(BundleError::TooLarge { size: MAX_BUNDLE + 1, max: MAX_BUNDLE }));
         let other_key = SigningKey::from_bytes(&[8; 32]);
-        assert_eq!(
-            check(&sample(3).sign(&other_key), None),
-            Err(BundleError::BadSignature)
-        );
+        assert_eq!(check(&sample(3).sign(&other_key), None), Err(BundleError::BadSignature));
     }
 
     #[test]
@@ -518,9 +382,6 @@ mod tests {
         let mut t = s.clone();
         let last = t.len() - 1;
         t[last] ^= 1;
-        assert_eq!(
-            verify_stamp(&t, &key().verifying_key(), "acme"),
-            Err(BundleError::BadSignature)
-        );
+        assert_eq!(verify_stamp(&t, &key().verifying_key(), "acme"), Err(BundleError::BadSignature));
     }
 }

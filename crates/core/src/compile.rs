@@ -97,26 +97,15 @@ pub fn compile(
     previous_allocation: &Allocation,
     previous: Option<&Compiled>,
 ) -> Result<Compiled, Diagnostic> {
-    let allocation = allocate(
-        decl,
-        previous.map_or(previous_allocation, |p| &p.allocation),
-    )?;
+    let allocation = allocate(decl, previous.map_or(previous_allocation, |p| &p.allocation))?;
     let topo = Topology::new(decl, &allocation, keys);
     let (plans, rule_blocks) = plan(&topo, previous);
     let mut diagnostics = diagnose(&topo, &plans);
     diag::sort(&mut diagnostics);
 
-    let render_needed: Vec<bool> = plans
-        .iter()
-        .map(|p| {
-            previous
-                .and_then(|c| c.nodes.get(&*p.node))
-                .is_none_or(|o| o.plan != *p)
-        })
-        .collect();
-    let files = par::map(plans.len(), |i| {
-        render_needed[i].then(|| render::files(&plans[i]))
-    });
+    let render_needed: Vec<bool> =
+        plans.iter().map(|p| previous.and_then(|c| c.nodes.get(&*p.node)).is_none_or(|o| o.plan != *p)).collect();
+    let files = par::map(plans.len(), |i| render_needed[i].then(|| render::files(&plans[i])));
     let mut nodes = BTreeMap::new();
     let mut rendered = Vec::new();
     for (plan, files) in plans.into_iter().zip(files) {
@@ -126,21 +115,11 @@ pub fn compile(
                 rendered.push(name.clone());
                 f
             }
-            None => previous
-                .expect("only re-used with a previous compile")
-                .nodes[&name]
-                .files
-                .clone(),
+            None => previous.expect("only re-used with a previous compile").nodes[&name].files.clone(),
         };
         nodes.insert(name, NodeOutput { plan, files });
     }
-    Ok(Compiled {
-        allocation,
-        nodes,
-        diagnostics,
-        rendered,
-        rule_blocks,
-    })
+    Ok(Compiled { allocation, nodes, diagnostics, rendered, rule_blocks })
 }
 
 /// Every node's plan, in name order. Parts shared by many nodes (the common settings and zone,
@@ -148,18 +127,9 @@ pub fn compile(
 /// with its previous one is a pointer comparison for them.
 pub fn plan(topo: &Topology, previous: Option<&Compiled>) -> (Vec<NodePlan>, Vec<Arc<str>>) {
     let n = topo.nodes.len();
-    let names: Vec<Arc<str>> = topo
-        .nodes
-        .iter()
-        .map(|n| Arc::from(n.name.as_str()))
-        .collect();
+    let names: Vec<Arc<str>> = topo.nodes.iter().map(|n| Arc::from(n.name.as_str())).collect();
     let partners = topo.partners();
-    let paths: Vec<Vec<(u32, Path)>> = par::map(n, |a| {
-        partners[a]
-            .iter()
-            .map(|&b| (b, topo.path(a as u32, b, true)))
-            .collect()
-    });
+    let paths: Vec<Vec<(u32, Path)>> = par::map(n, |a| partners[a].iter().map(|&b| (b, topo.path(a as u32, b, true))).collect());
     // Hubs keep a peer entry for every node they relay for.
     let mut relayed_by: Vec<Vec<u32>> = vec![Vec::new(); n];
     for (a, list) in paths.iter().enumerate() {
@@ -183,37 +153,25 @@ pub fn plan(topo: &Topology, previous: Option<&Compiled>) -> (Vec<NodePlan>, Vec
         ipv6_prefix: topo.decl.mesh.overlay_ipv6.map_or(128, |p| p.prefix_len()),
         zone,
     };
-    let old_common = previous
-        .and_then(|c| c.nodes.values().next())
-        .map(|o| &o.plan.common);
+    let old_common = previous.and_then(|c| c.nodes.values().next()).map(|o| &o.plan.common);
     let common = match old_common {
         Some(old) if **old == common => old.clone(),
         _ => Arc::new(common),
     };
-    let old_blocks: HashMap<&str, &Arc<str>> = previous
-        .into_iter()
-        .flat_map(|c| c.rule_blocks.iter())
-        .map(|b| (&**b, b))
-        .collect();
+    let old_blocks: HashMap<&str, &Arc<str>> = previous.into_iter().flat_map(|c| c.rule_blocks.iter()).map(|b| (&**b, b)).collect();
     let rule_blocks: Vec<Arc<str>> = topo
         .rules
         .iter()
         .map(|r| {
             let text = render::rule_block(topo, r);
-            old_blocks
-                .get(text.as_str())
-                .map_or_else(|| Arc::from(text), |b| (*b).clone())
+            old_blocks.get(text.as_str()).map_or_else(|| Arc::from(text), |b| (*b).clone())
         })
         .collect();
     let plans = par::map(n, |a| {
         let me = a as u32;
         let addrs = |i: u32| -> Vec<IpAddr> {
             let i = i as usize;
-            topo.ipv4[i]
-                .map(IpAddr::V4)
-                .into_iter()
-                .chain(topo.ipv6[i].map(IpAddr::V6))
-                .collect()
+            topo.ipv4[i].map(IpAddr::V4).into_iter().chain(topo.ipv6[i].map(IpAddr::V6)).collect()
         };
         let mut peers: BTreeMap<u32, PeerPlan> = BTreeMap::new();
         let entry = |peers: &mut BTreeMap<u32, PeerPlan>, b: u32| {
@@ -252,10 +210,7 @@ pub fn plan(topo: &Topology, previous: Option<&Compiled>) -> (Vec<NodePlan>, Vec
                 entry(&mut peers, c);
             }
         }
-        let rules = topo
-            .inbound_rules(me)
-            .map(|(i, _)| rule_blocks[i].clone())
-            .collect();
+        let rules = topo.inbound_rules(me).map(|(i, _)| rule_blocks[i].clone()).collect();
         NodePlan {
             node: names[a].clone(),
             common: common.clone(),
@@ -281,10 +236,7 @@ fn diagnose(topo: &Topology, plans: &[NodePlan]) -> Vec<Diagnostic> {
         for b in &p.no_path {
             if *p.node < **b {
                 let node = topo.nodes[topo.index[&*p.node] as usize];
-                out.push(Diagnostic::warning(
-                    &node.loc,
-                    no_path_message(topo, &p.node, b),
-                ));
+                out.push(Diagnostic::warning(&node.loc, no_path_message(topo, &p.node, b)));
             }
         }
     }
@@ -292,7 +244,9 @@ fn diagnose(topo: &Topology, plans: &[NodePlan]) -> Vec<Diagnostic> {
         let node = topo.nodes[topo.index[b] as usize];
         out.push(Diagnostic::warning(
             &node.loc,
-            format!("node `{b}` has no public key yet (not enrolled); it is left out of the peer lists of {count} node(s) until it has one"),
+            format!(
+                "node `{b}` has no public key yet (not enrolled); it is left out of the peer lists of {count} node(s) until it has one"
+            ),
         ));
     }
     out
@@ -306,10 +260,7 @@ pub fn no_path_message(topo: &Topology, a: &str, b: &str) -> String {
             topo.name(hub)
         );
     }
-    let hubs = if topo.hubs.is_empty() {
-        "the mesh declares no hub".to_string()
-    } else {
-        "no declared hub can be reached by both".to_string()
-    };
+    let hubs =
+        if topo.hubs.is_empty() { "the mesh declares no hub".to_string() } else { "no declared hub can be reached by both".to_string() };
     format!("no path between `{a}` and `{b}`: neither can dial an endpoint of the other and {hubs}; declare an endpoint reachable from the other's networks, or a hub both can reach")
 }

@@ -42,19 +42,11 @@ pub struct Diagnostic {
 
 impl Diagnostic {
     pub fn error(loc: &Loc, message: impl Into<String>) -> Self {
-        Diagnostic {
-            severity: Severity::Error,
-            loc: loc.clone(),
-            message: message.into(),
-        }
+        Diagnostic { severity: Severity::Error, loc: loc.clone(), message: message.into() }
     }
 
     pub fn warning(loc: &Loc, message: impl Into<String>) -> Self {
-        Diagnostic {
-            severity: Severity::Warning,
-            loc: loc.clone(),
-            message: message.into(),
-        }
+        Diagnostic { severity: Severity::Warning, loc: loc.clone(), message: message.into() }
     }
 
     pub fn is_error(&self) -> bool {
@@ -64,13 +56,7 @@ impl Diagnostic {
 
 impl fmt::Display for Diagnostic {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}: {}: {}",
-            self.loc,
-            self.severity.as_str(),
-            self.message
-        )
+        write!(f, "{}: {}: {}", self.loc, self.severity.as_str(), self.message)
     }
 }
 
@@ -92,25 +78,14 @@ impl LineIndex {
     pub(crate) fn new(file: Arc<str>, text: &str) -> Self {
         let mut starts = vec![0];
         starts.extend(text.match_indices('\n').map(|(i, _)| i + 1));
-        LineIndex {
-            file,
-            starts,
-            text_len: text.len(),
-        }
+        LineIndex { file, starts, text_len: text.len() }
     }
 
     pub(crate) fn loc(&self, text: &str, offset: usize) -> Loc {
         let offset = offset.min(self.text_len);
         let line = self.starts.partition_point(|&s| s <= offset) - 1;
         let start = self.starts[line];
-        let col = text
-            .get(start..offset)
-            .map_or(offset - start, |s| s.chars().count())
-            + 1;
-        Loc {
-            file: self.file.clone(),
-            line: line as u32 + 1,
-            col: col as u32,
-        }
+        let col = text.get(start..offset).map_or(offset - start, |s| s.chars().count()) + 1;
+        Loc { file: self.file.clone(), line: line as u32 + 1, col: col as u32 }
     }
 }

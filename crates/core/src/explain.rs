@@ -37,39 +37,21 @@ impl Explanation {
     pub fn to_text(&self) -> String {
         let mut s = String::new();
         let _ = match (&self.path, &self.hub) {
-            (&"relayed", Some(h)) => writeln!(
-                s,
-                "path {} <-> {}: relayed through hub {h}",
-                self.from, self.to
-            ),
+            (&"relayed", Some(h)) => writeln!(s, "path {} <-> {}: relayed through hub {h}", self.from, self.to),
             (p, _) => writeln!(s, "path {} <-> {}: {p}", self.from, self.to),
         };
         for r in &self.reasons {
             let _ = writeln!(s, "  {r}");
         }
-        for (a, b, rules) in [
-            (&self.from, &self.to, &self.forward),
-            (&self.to, &self.from, &self.reverse),
-        ] {
+        for (a, b, rules) in [(&self.from, &self.to, &self.forward), (&self.to, &self.from, &self.reverse)] {
             if rules.is_empty() {
                 let _ = writeln!(s, "traffic {a} -> {b}: nothing allowed (no rule on {b} names a source containing {a})");
                 continue;
             }
             let _ = writeln!(s, "traffic {a} -> {b}:");
             for m in rules {
-                let what = if m.proto == Proto::Icmp {
-                    "icmp".to_string()
-                } else {
-                    format!("{} {}", m.proto, m.ports.join(", "))
-                };
-                let _ = writeln!(
-                    s,
-                    "  {what}: module {} rule {} ({}) via {}",
-                    m.module,
-                    m.rule,
-                    m.at,
-                    m.matched.join(", ")
-                );
+                let what = if m.proto == Proto::Icmp { "icmp".to_string() } else { format!("{} {}", m.proto, m.ports.join(", ")) };
+                let _ = writeln!(s, "  {what}: module {} rule {} ({}) via {}", m.module, m.rule, m.at, m.matched.join(", "));
             }
         }
         s
@@ -90,12 +72,7 @@ fn dial_reason(topo: &Topology, a: u32, b: u32) -> String {
     match topo.dials(a, b) {
         Some(e) => {
             let ep = &nb.endpoints[e];
-            let common: Vec<String> = na
-                .networks
-                .iter()
-                .filter(|n| ep.reachable_from.contains(n))
-                .cloned()
-                .collect();
+            let common: Vec<String> = na.networks.iter().filter(|n| ep.reachable_from.contains(n)).cloned().collect();
             format!(
                 "{} dials {} at {} (it sits on {}, which that endpoint is reachable from)",
                 na.name,
@@ -104,16 +81,10 @@ fn dial_reason(topo: &Topology, a: u32, b: u32) -> String {
                 names(&common)
             )
         }
-        None if nb.endpoints.is_empty() => format!(
-            "{} cannot dial {}: {} declares no endpoint",
-            na.name, nb.name, nb.name
-        ),
+        None if nb.endpoints.is_empty() => format!("{} cannot dial {}: {} declares no endpoint", na.name, nb.name, nb.name),
         None => {
-            let eps: Vec<String> = nb
-                .endpoints
-                .iter()
-                .map(|e| format!("{} reachable from {}", e.address, names(&e.reachable_from)))
-                .collect();
+            let eps: Vec<String> =
+                nb.endpoints.iter().map(|e| format!("{} reachable from {}", e.address, names(&e.reachable_from))).collect();
             format!(
                 "{} cannot dial {}: it sits on {}, and {}'s endpoints are {}",
                 na.name,
@@ -134,17 +105,10 @@ fn matches(topo: &Topology, from: u32, r: &ResolvedRule) -> RuleMatch {
         .iter()
         .filter_map(|s| match s {
             Source::Node(n) if *n == node.name => Some(s.to_string()),
-            Source::Group(g)
-                if topo
-                    .groups
-                    .get(g.as_str())
-                    .is_some_and(|m| m.binary_search(&from).is_ok()) =>
-            {
+            Source::Group(g) if topo.groups.get(g.as_str()).is_some_and(|m| m.binary_search(&from).is_ok()) => {
                 Some(format!("{s} ({} is a member)", node.name))
             }
-            Source::Module(m) if node.modules.contains(m) => {
-                Some(format!("{s} ({} runs it)", node.name))
-            }
+            Source::Module(m) if node.modules.contains(m) => Some(format!("{s} ({} runs it)", node.name)),
             Source::Mesh => Some("mesh".to_string()),
             _ => None,
         })
@@ -164,11 +128,7 @@ fn matches(topo: &Topology, from: u32, r: &ResolvedRule) -> RuleMatch {
 pub fn explain(topo: &Topology, from: &str, to: &str) -> Option<Explanation> {
     let (a, b) = (*topo.index.get(from)?, *topo.index.get(to)?);
     let allowed = |x: u32, y: u32| -> Vec<RuleMatch> {
-        topo.inbound_rules(y)
-            .map(|(_, r)| r)
-            .filter(|r| r.sources.binary_search(&x).is_ok())
-            .map(|r| matches(topo, x, r))
-            .collect()
+        topo.inbound_rules(y).map(|(_, r)| r).filter(|r| r.sources.binary_search(&x).is_ok()).map(|r| matches(topo, x, r)).collect()
     };
     let forward = allowed(a, b);
     let reverse = allowed(b, a);
@@ -183,11 +143,7 @@ pub fn explain(topo: &Topology, from: &str, to: &str) -> Option<Explanation> {
             reasons.push(dial_reason(topo, a, b));
             reasons.push(dial_reason(topo, b, a));
             for x in [a, b] {
-                let r = if topo.dials(x, hub).is_some() {
-                    dial_reason(topo, x, hub)
-                } else {
-                    dial_reason(topo, hub, x)
-                };
+                let r = if topo.dials(x, hub).is_some() { dial_reason(topo, x, hub) } else { dial_reason(topo, hub, x) };
                 reasons.push(r);
             }
             ("relayed", Some(topo.name(hub).to_string()))
@@ -202,16 +158,8 @@ pub fn explain(topo: &Topology, from: &str, to: &str) -> Option<Explanation> {
                 if h == a || h == b {
                     continue;
                 }
-                let lacking: Vec<&str> = [a, b]
-                    .into_iter()
-                    .filter(|&x| !topo.direct(x, h))
-                    .map(|x| topo.name(x))
-                    .collect();
-                reasons.push(format!(
-                    "hub {} cannot relay: no direct path with {}",
-                    topo.name(h),
-                    lacking.join(" or ")
-                ));
+                let lacking: Vec<&str> = [a, b].into_iter().filter(|&x| !topo.direct(x, h)).map(|x| topo.name(x)).collect();
+                reasons.push(format!("hub {} cannot relay: no direct path with {}", topo.name(h), lacking.join(" or ")));
             }
             ("none", None)
         }
@@ -219,25 +167,13 @@ pub fn explain(topo: &Topology, from: &str, to: &str) -> Option<Explanation> {
     if forward.is_empty() && reverse.is_empty() {
         reasons.push("no rule allows traffic either way, so they are not peers".to_string());
     }
-    Some(Explanation {
-        from: from.to_string(),
-        to: to.to_string(),
-        path,
-        hub,
-        reasons,
-        forward,
-        reverse,
-    })
+    Some(Explanation { from: from.to_string(), to: to.to_string(), path, hub, reasons, forward, reverse })
 }
 
 /// Evaluates every `[[test]]`; a failing test becomes an error that names it, its traffic and
 /// what the policy actually does.
 pub fn run_tests(topo: &Topology) -> Vec<Diagnostic> {
-    topo.decl
-        .tests
-        .iter()
-        .filter_map(|t| run_test(topo, t).err())
-        .collect()
+    topo.decl.tests.iter().filter_map(|t| run_test(topo, t).err()).collect()
 }
 
 fn run_test(topo: &Topology, t: &PolicyTest) -> Result<(), Diagnostic> {
@@ -250,12 +186,7 @@ fn run_test(topo: &Topology, t: &PolicyTest) -> Result<(), Diagnostic> {
         Some(p) => format!("{} {p}", t.proto),
         None => t.proto.to_string(),
     };
-    let head = format!(
-        "test from node:{} to {} ({traffic}) expects {}",
-        t.from,
-        t.to,
-        t.expect.as_str()
-    );
+    let head = format!("test from node:{} to {} ({traffic}) expects {}", t.from, t.to, t.expect.as_str());
     let fail = |msg: String| Err(Diagnostic::error(&t.loc, format!("{head}, but {msg}")));
     if targets.is_empty() {
         return match t.expect {
@@ -269,11 +200,7 @@ fn run_test(topo: &Topology, t: &PolicyTest) -> Result<(), Diagnostic> {
         let to_name = topo.name(to);
         match t.expect {
             Expect::Allow if rules.is_empty() => {
-                let mods: Vec<&str> = topo.nodes[to as usize]
-                    .modules
-                    .iter()
-                    .map(String::as_str)
-                    .collect();
+                let mods: Vec<&str> = topo.nodes[to as usize].modules.iter().map(String::as_str).collect();
                 return fail(format!(
                     "the policy denies it on {to_name}: no rule of its modules [{}] admits {} on {traffic}",
                     mods.join(", "),
@@ -284,14 +211,8 @@ fn run_test(topo: &Topology, t: &PolicyTest) -> Result<(), Diagnostic> {
                 return fail(format!("the filter on {to_name} admits it and there is no path between {} and {to_name}", t.from));
             }
             Expect::Deny if !rules.is_empty() => {
-                let by: Vec<String> = rules
-                    .iter()
-                    .map(|r| format!("module {} rule {} ({})", r.module, r.number, r.rule.loc))
-                    .collect();
-                return fail(format!(
-                    "the policy allows it on {to_name} by {}",
-                    by.join(", ")
-                ));
+                let by: Vec<String> = rules.iter().map(|r| format!("module {} rule {} ({})", r.module, r.number, r.rule.loc)).collect();
+                return fail(format!("the policy allows it on {to_name} by {}", by.join(", ")));
             }
             _ => {}
         }
@@ -312,10 +233,7 @@ pub fn check(decl: &crate::Declaration) -> Vec<Diagnostic> {
         for &b in partners.iter().filter(|&&b| b > a as u32) {
             if topo.path(a as u32, b, false) == Path::None {
                 let (na, nb) = (topo.name(a as u32), topo.name(b));
-                out.push(Diagnostic::warning(
-                    &topo.nodes[a].loc,
-                    crate::compile::no_path_message(&topo, na, nb),
-                ));
+                out.push(Diagnostic::warning(&topo.nodes[a].loc, crate::compile::no_path_message(&topo, na, nb)));
             }
         }
     }
@@ -323,10 +241,7 @@ pub fn check(decl: &crate::Declaration) -> Vec<Diagnostic> {
         if r.sources.is_empty() {
             out.push(Diagnostic::warning(
                 &r.rule.loc,
-                format!(
-                    "rule {} of module `{}` names sources that contain no node; it admits nothing",
-                    r.number, r.module
-                ),
+                format!("rule {} of module `{}` names sources that contain no node; it admits nothing", r.number, r.module),
             ));
         }
     }

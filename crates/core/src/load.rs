@@ -47,16 +47,10 @@ pub fn load(mesh: &SourceFile, modules: &[SourceFile]) -> Loaded {
         validate(&decl, &mut diags);
         let has_errors = diags.iter().any(Diagnostic::is_error);
         diag::sort(&mut diags);
-        return Loaded {
-            declaration: (!has_errors).then_some(decl),
-            diagnostics: diags,
-        };
+        return Loaded { declaration: (!has_errors).then_some(decl), diagnostics: diags };
     }
     diag::sort(&mut diags);
-    Loaded {
-        declaration: None,
-        diagnostics: diags,
-    }
+    Loaded { declaration: None, diagnostics: diags }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -71,11 +65,7 @@ struct Doc<'a> {
 impl<'a> Doc<'a> {
     fn new(file: &'a SourceFile) -> Self {
         let name: Arc<str> = Arc::from(file.path.as_str());
-        Doc {
-            lines: LineIndex::new(name.clone(), &file.text),
-            file: name,
-            text: &file.text,
-        }
+        Doc { lines: LineIndex::new(name.clone(), &file.text), file: name, text: &file.text }
     }
 
     fn loc(&self, span: &Range<usize>) -> Loc {
@@ -84,11 +74,7 @@ impl<'a> Doc<'a> {
 
     /// The whole file, for problems that belong to no one line.
     fn start(&self) -> Loc {
-        Loc {
-            file: self.file.clone(),
-            line: 1,
-            col: 1,
-        }
+        Loc { file: self.file.clone(), line: 1, col: 1 }
     }
 }
 
@@ -113,20 +99,12 @@ impl<'t, 'i> Table<'t, 'i> {
         let what = what.into();
         match value.get_ref() {
             DeValue::Table(table) => {
-                let t = Table {
-                    what,
-                    table,
-                    loc: doc.loc(&value.span()),
-                    allowed,
-                };
+                let t = Table { what, table, loc: doc.loc(&value.span()), allowed };
                 t.refuse_unknown(doc, diags);
                 Some(t)
             }
             other => {
-                diags.push(Diagnostic::error(
-                    &doc.loc(&value.span()),
-                    format!("{what} must be a table, found {}", other.type_str()),
-                ));
+                diags.push(Diagnostic::error(&doc.loc(&value.span()), format!("{what} must be a table, found {}", other.type_str())));
                 None
             }
         }
@@ -140,14 +118,8 @@ impl<'t, 'i> Table<'t, 'i> {
                 } else {
                     format!("allowed keys: {}", self.allowed.join(", "))
                 };
-                diags.push(Diagnostic::error(
-                    &doc.loc(&key.span()),
-                    format!(
-                        "unknown key `{}` in {}; {allowed}",
-                        key.get_ref(),
-                        self.what
-                    ),
-                ));
+                diags
+                    .push(Diagnostic::error(&doc.loc(&key.span()), format!("unknown key `{}` in {}; {allowed}", key.get_ref(), self.what)));
             }
         }
     }
@@ -158,10 +130,7 @@ impl<'t, 'i> Table<'t, 'i> {
     }
 
     fn missing(&self, key: &str, diags: &mut Vec<Diagnostic>) {
-        diags.push(Diagnostic::error(
-            &self.loc,
-            format!("{} is missing the required key `{key}`", self.what),
-        ));
+        diags.push(Diagnostic::error(&self.loc, format!("{} is missing the required key `{key}`", self.what)));
     }
 
     fn str(&self, doc: &Doc, key: &str, diags: &mut Vec<Diagnostic>) -> Option<(String, Loc)> {
@@ -175,12 +144,7 @@ impl<'t, 'i> Table<'t, 'i> {
         }
     }
 
-    fn required_str(
-        &self,
-        doc: &Doc,
-        key: &str,
-        diags: &mut Vec<Diagnostic>,
-    ) -> Option<(String, Loc)> {
+    fn required_str(&self, doc: &Doc, key: &str, diags: &mut Vec<Diagnostic>) -> Option<(String, Loc)> {
         if self.get(key).is_none() {
             self.missing(key, diags);
             return None;
@@ -203,18 +167,13 @@ impl<'t, 'i> Table<'t, 'i> {
         let v = self.get(key)?;
         let loc = doc.loc(&v.span());
         match v.get_ref() {
-            DeValue::Integer(i) => {
-                match i64::from_str_radix(&i.as_str().replace('_', ""), i.radix()) {
-                    Ok(n) => Some((n, loc)),
-                    Err(_) => {
-                        diags.push(Diagnostic::error(
-                            &loc,
-                            format!("`{key}` in {} is out of range", self.what),
-                        ));
-                        None
-                    }
+            DeValue::Integer(i) => match i64::from_str_radix(&i.as_str().replace('_', ""), i.radix()) {
+                Ok(n) => Some((n, loc)),
+                Err(_) => {
+                    diags.push(Diagnostic::error(&loc, format!("`{key}` in {} is out of range", self.what)));
+                    None
                 }
-            }
+            },
             other => {
                 diags.push(type_error(doc, v, key, &self.what, "an integer", other));
                 None
@@ -223,12 +182,7 @@ impl<'t, 'i> Table<'t, 'i> {
     }
 
     /// An array of strings, each with its location. Absent means empty.
-    fn strings(
-        &self,
-        doc: &Doc,
-        key: &str,
-        diags: &mut Vec<Diagnostic>,
-    ) -> Option<Vec<(String, Loc)>> {
+    fn strings(&self, doc: &Doc, key: &str, diags: &mut Vec<Diagnostic>) -> Option<Vec<(String, Loc)>> {
         let v = self.get(key)?;
         strings_of(doc, v, &format!("`{key}` in {}", self.what), diags)
     }
@@ -241,26 +195,14 @@ impl<'t, 'i> Table<'t, 'i> {
         match v.get_ref() {
             DeValue::Array(items) => items.iter().collect(),
             other => {
-                diags.push(type_error(
-                    doc,
-                    v,
-                    key,
-                    &self.what,
-                    "an array of tables",
-                    other,
-                ));
+                diags.push(type_error(doc, v, key, &self.what, "an array of tables", other));
                 Vec::new()
             }
         }
     }
 }
 
-fn strings_of(
-    doc: &Doc,
-    v: &Value,
-    what: &str,
-    diags: &mut Vec<Diagnostic>,
-) -> Option<Vec<(String, Loc)>> {
+fn strings_of(doc: &Doc, v: &Value, what: &str, diags: &mut Vec<Diagnostic>) -> Option<Vec<(String, Loc)>> {
     match v.get_ref() {
         DeValue::Array(items) => {
             let mut out = Vec::new();
@@ -276,67 +218,33 @@ fn strings_of(
             Some(out)
         }
         other => {
-            diags.push(Diagnostic::error(
-                &doc.loc(&v.span()),
-                format!(
-                    "{what} must be an array of strings, found {}",
-                    other.type_str()
-                ),
-            ));
+            diags.push(Diagnostic::error(&doc.loc(&v.span()), format!("{what} must be an array of strings, found {}", other.type_str())));
             None
         }
     }
 }
 
 /// A table whose keys are names the operator chooses, such as `[networks]`.
-fn map_of<'t, 'i>(
-    doc: &Doc,
-    what: &str,
-    v: &'t Value<'i>,
-    diags: &mut Vec<Diagnostic>,
-) -> Option<&'t DeTable<'i>> {
+fn map_of<'t, 'i>(doc: &Doc, what: &str, v: &'t Value<'i>, diags: &mut Vec<Diagnostic>) -> Option<&'t DeTable<'i>> {
     match v.get_ref() {
         DeValue::Table(t) => Some(t),
         other => {
-            diags.push(Diagnostic::error(
-                &doc.loc(&v.span()),
-                format!("{what} must be a table, found {}", other.type_str()),
-            ));
+            diags.push(Diagnostic::error(&doc.loc(&v.span()), format!("{what} must be a table, found {}", other.type_str())));
             None
         }
     }
 }
 
-fn type_error(
-    doc: &Doc,
-    v: &Value,
-    key: &str,
-    what: &str,
-    want: &str,
-    found: &DeValue,
-) -> Diagnostic {
-    Diagnostic::error(
-        &doc.loc(&v.span()),
-        format!(
-            "`{key}` in {what} must be {want}, found {}",
-            found.type_str()
-        ),
-    )
+fn type_error(doc: &Doc, v: &Value, key: &str, what: &str, want: &str, found: &DeValue) -> Diagnostic {
+    Diagnostic::error(&doc.loc(&v.span()), format!("`{key}` in {what} must be {want}, found {}", found.type_str()))
 }
 
-fn parse_document<'i>(
-    doc: &Doc,
-    text: &'i str,
-    diags: &mut Vec<Diagnostic>,
-) -> Option<Spanned<DeTable<'i>>> {
+fn parse_document<'i>(doc: &Doc, text: &'i str, diags: &mut Vec<Diagnostic>) -> Option<Spanned<DeTable<'i>>> {
     match DeTable::parse(text) {
         Ok(t) => Some(t),
         Err(e) => {
             let loc = e.span().map_or_else(|| doc.start(), |s| doc.loc(&s));
-            diags.push(Diagnostic::error(
-                &loc,
-                format!("invalid TOML: {}", e.message().trim_end_matches('\n')),
-            ));
+            diags.push(Diagnostic::error(&loc, format!("invalid TOML: {}", e.message().trim_end_matches('\n'))));
             None
         }
     }
@@ -349,12 +257,7 @@ fn root<'t, 'i>(
     allowed: &'static [&'static str],
     diags: &mut Vec<Diagnostic>,
 ) -> Table<'t, 'i> {
-    let t = Table {
-        what: what.to_string(),
-        table: table.get_ref(),
-        loc: doc.start(),
-        allowed,
-    };
+    let t = Table { what: what.to_string(), table: table.get_ref(), loc: doc.start(), allowed };
     t.refuse_unknown(doc, diags);
     t
 }
@@ -388,26 +291,8 @@ impl Parsed {
 }
 
 const MESH_FILE_KEYS: &[&str] = &["mesh", "networks", "groups", "node", "test"];
-const MESH_KEYS: &[&str] = &[
-    "name",
-    "domain",
-    "overlay_ipv4",
-    "overlay_ipv6",
-    "port",
-    "interface",
-    "mtu",
-];
-const NODE_KEYS: &[&str] = &[
-    "name",
-    "hub",
-    "networks",
-    "groups",
-    "modules",
-    "address_ipv4",
-    "address_ipv6",
-    "endpoint",
-    "public_key",
-];
+const MESH_KEYS: &[&str] = &["name", "domain", "overlay_ipv4", "overlay_ipv6", "port", "interface", "mtu"];
+const NODE_KEYS: &[&str] = &["name", "hub", "networks", "groups", "modules", "address_ipv4", "address_ipv6", "endpoint", "public_key"];
 const ENDPOINT_KEYS: &[&str] = &["address", "reachable_from"];
 const TEST_KEYS: &[&str] = &["from", "to", "proto", "port", "expect"];
 const MODULE_FILE_KEYS: &[&str] = &["module", "allow"];
@@ -423,7 +308,10 @@ fn parse_mesh(file: &SourceFile, diags: &mut Vec<Diagnostic>) -> Parsed {
     let top = root(&doc, &table, file.path.as_str(), MESH_FILE_KEYS, diags);
 
     match top.get("mesh") {
-        None => diags.push(Diagnostic::error(&doc.start(), "the declaration has no [mesh] table; add one with at least `name`, `domain` and `overlay_ipv4` or `overlay_ipv6`")),
+        None => diags.push(Diagnostic::error(
+            &doc.start(),
+            "the declaration has no [mesh] table; add one with at least `name`, `domain` and `overlay_ipv4` or `overlay_ipv6`",
+        )),
         Some(v) => out.mesh = Table::new(&doc, "[mesh]", v, MESH_KEYS, diags).and_then(|t| parse_mesh_settings(&doc, &t, diags)),
     }
     if let Some(v) = top.get("networks") {
@@ -433,10 +321,7 @@ fn parse_mesh(file: &SourceFile, diags: &mut Vec<Diagnostic>) -> Parsed {
                 let name = key.get_ref().to_string();
                 let what = format!("network `{name}`");
                 if Table::new(&doc, what, value, &[], diags).is_some() {
-                    out.networks.push(Network {
-                        name,
-                        loc: doc.loc(&key.span()),
-                    });
+                    out.networks.push(Network { name, loc: doc.loc(&key.span()) });
                 }
             }
         }
@@ -447,11 +332,7 @@ fn parse_mesh(file: &SourceFile, diags: &mut Vec<Diagnostic>) -> Parsed {
                 let name = key.get_ref().to_string();
                 let what = format!("group `{name}` in [groups]");
                 if let Some(members) = strings_of(&doc, value, &what, diags) {
-                    out.groups.push(Group {
-                        name,
-                        members: members.into_iter().map(|(m, _)| m).collect(),
-                        loc: doc.loc(&key.span()),
-                    });
+                    out.groups.push(Group { name, members: members.into_iter().map(|(m, _)| m).collect(), loc: doc.loc(&key.span()) });
                 }
             }
         }
@@ -476,26 +357,16 @@ fn parse_mesh(file: &SourceFile, diags: &mut Vec<Diagnostic>) -> Parsed {
 fn parse_mesh_settings(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<MeshSettings> {
     let name = t.required_str(doc, "name", diags);
     let domain = t.required_str(doc, "domain", diags);
-    let v4 = t
-        .str(doc, "overlay_ipv4", diags)
-        .and_then(|(s, loc)| parse_pool::<Ipv4Net>(&s, &loc, "overlay_ipv4", 30, diags));
-    let v6 = t
-        .str(doc, "overlay_ipv6", diags)
-        .and_then(|(s, loc)| parse_pool::<Ipv6Net>(&s, &loc, "overlay_ipv6", 126, diags));
+    let v4 = t.str(doc, "overlay_ipv4", diags).and_then(|(s, loc)| parse_pool::<Ipv4Net>(&s, &loc, "overlay_ipv4", 30, diags));
+    let v6 = t.str(doc, "overlay_ipv6", diags).and_then(|(s, loc)| parse_pool::<Ipv6Net>(&s, &loc, "overlay_ipv6", 126, diags));
     if t.get("overlay_ipv4").is_none() && t.get("overlay_ipv6").is_none() {
-        diags.push(Diagnostic::error(
-            &t.loc,
-            "[mesh] needs `overlay_ipv4`, `overlay_ipv6` or both: the overlay has no address pool",
-        ));
+        diags.push(Diagnostic::error(&t.loc, "[mesh] needs `overlay_ipv4`, `overlay_ipv6` or both: the overlay has no address pool"));
     }
     let port = match t.int(doc, "port", diags) {
         None => DEFAULT_PORT,
         Some((p, _)) if (1..=65535).contains(&p) => p as u16,
         Some((p, loc)) => {
-            diags.push(Diagnostic::error(
-                &loc,
-                format!("`port` {p} is not a valid UDP port (1-65535)"),
-            ));
+            diags.push(Diagnostic::error(&loc, format!("`port` {p} is not a valid UDP port (1-65535)")));
             DEFAULT_PORT
         }
     };
@@ -503,57 +374,32 @@ fn parse_mesh_settings(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Opt
         None => DEFAULT_MTU,
         Some((m, _)) if (1280..=9000).contains(&m) => m as u16,
         Some((m, loc)) => {
-            diags.push(Diagnostic::error(
-                &loc,
-                format!("`mtu` {m} is out of range (1280-9000)"),
-            ));
+            diags.push(Diagnostic::error(&loc, format!("`mtu` {m} is out of range (1280-9000)")));
             DEFAULT_MTU
         }
     };
     let interface = match t.str(doc, "interface", diags) {
         None => DEFAULT_INTERFACE.to_string(),
         Some((i, loc)) => {
-            if i.is_empty()
-                || i.len() > 15
-                || !i
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
-            {
-                diags.push(Diagnostic::error(&loc, format!("`interface` {i:?} is not a valid interface name (1-15 of letters, digits, '-', '_', '.')")));
+            if i.is_empty() || i.len() > 15 || !i.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.') {
+                diags.push(Diagnostic::error(
+                    &loc,
+                    format!("`interface` {i:?} is not a valid interface name (1-15 of letters, digits, '-', '_', '.')"),
+                ));
             }
             i
         }
     };
     let (name, name_loc) = name?;
-    if name.is_empty()
-        || name.len() > 32
-        || !name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-    {
-        diags.push(Diagnostic::error(
-            &name_loc,
-            format!("mesh name {name:?} must be 1-32 of a-z, 0-9 and '-'"),
-        ));
+    if name.is_empty() || name.len() > 32 || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
+        diags.push(Diagnostic::error(&name_loc, format!("mesh name {name:?} must be 1-32 of a-z, 0-9 and '-'")));
     }
     let (domain, domain_loc) = domain?;
     let domain = domain.trim_end_matches('.').to_string();
     if domain.is_empty() || domain.len() > 200 || !domain.split('.').all(is_dns_label) {
-        diags.push(Diagnostic::error(
-            &domain_loc,
-            format!("`domain` {domain:?} is not a valid DNS name (labels of a-z, 0-9 and '-')"),
-        ));
+        diags.push(Diagnostic::error(&domain_loc, format!("`domain` {domain:?} is not a valid DNS name (labels of a-z, 0-9 and '-')")));
     }
-    Some(MeshSettings {
-        name,
-        domain,
-        overlay_ipv4: v4,
-        overlay_ipv6: v6,
-        port,
-        interface,
-        mtu,
-        loc: t.loc.clone(),
-    })
+    Some(MeshSettings { name, domain, overlay_ipv4: v4, overlay_ipv6: v6, port, interface, mtu, loc: t.loc.clone() })
 }
 
 trait Pool: Sized + std::str::FromStr + std::fmt::Display + Copy + PartialEq {
@@ -577,37 +423,17 @@ impl Pool for Ipv6Net {
     }
 }
 
-fn parse_pool<P: Pool>(
-    s: &str,
-    loc: &Loc,
-    key: &str,
-    max_prefix: u8,
-    diags: &mut Vec<Diagnostic>,
-) -> Option<P> {
+fn parse_pool<P: Pool>(s: &str, loc: &Loc, key: &str, max_prefix: u8, diags: &mut Vec<Diagnostic>) -> Option<P> {
     let Ok(net) = s.parse::<P>() else {
-        diags.push(Diagnostic::error(
-            loc,
-            format!("`{key}` {s:?} is not a valid CIDR of its address family"),
-        ));
+        diags.push(Diagnostic::error(loc, format!("`{key}` {s:?} is not a valid CIDR of its address family")));
         return None;
     };
     if net.trunc() != net {
-        diags.push(Diagnostic::error(
-            loc,
-            format!(
-                "`{key}` {s} has host bits set; did you mean {}?",
-                net.trunc()
-            ),
-        ));
+        diags.push(Diagnostic::error(loc, format!("`{key}` {s} has host bits set; did you mean {}?", net.trunc())));
         return None;
     }
     if net.prefix() > max_prefix {
-        diags.push(Diagnostic::error(
-            loc,
-            format!(
-                "`{key}` {s} is too small for a mesh; use a prefix of /{max_prefix} or shorter"
-            ),
-        ));
+        diags.push(Diagnostic::error(loc, format!("`{key}` {s} is too small for a mesh; use a prefix of /{max_prefix} or shorter")));
         return None;
     }
     Some(net)
@@ -616,44 +442,33 @@ fn parse_pool<P: Pool>(
 fn parse_node(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Node> {
     let name = t.required_str(doc, "name", diags);
     let names = |key: &str, diags: &mut Vec<Diagnostic>| -> Vec<String> {
-        t.strings(doc, key, diags)
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(s, _)| s)
-            .collect()
+        t.strings(doc, key, diags).unwrap_or_default().into_iter().map(|(s, _)| s).collect()
     };
     let networks = names("networks", diags);
     let groups = names("groups", diags);
     let modules = names("modules", diags);
     let hub = t.bool(doc, "hub", diags).unwrap_or(false);
-    let address_ipv4 = t
-        .str(doc, "address_ipv4", diags)
-        .and_then(|(s, loc)| match s.parse() {
-            Ok(a) => Some(a),
-            Err(_) => {
-                diags.push(Diagnostic::error(
-                    &loc,
-                    format!("`address_ipv4` {s:?} is not an IPv4 address"),
-                ));
-                None
-            }
-        });
-    let address_ipv6 = t
-        .str(doc, "address_ipv6", diags)
-        .and_then(|(s, loc)| match s.parse() {
-            Ok(a) => Some(a),
-            Err(_) => {
-                diags.push(Diagnostic::error(
-                    &loc,
-                    format!("`address_ipv6` {s:?} is not an IPv6 address"),
-                ));
-                None
-            }
-        });
+    let address_ipv4 = t.str(doc, "address_ipv4", diags).and_then(|(s, loc)| match s.parse() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            diags.push(Diagnostic::error(&loc, format!("`address_ipv4` {s:?} is not an IPv4 address")));
+            None
+        }
+    });
+    let address_ipv6 = t.str(doc, "address_ipv6", diags).and_then(|(s, loc)| match s.parse() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            diags.push(Diagnostic::error(&loc, format!("`address_ipv6` {s:?} is not an IPv6 address")));
+            None
+        }
+    });
     let public_key = t.str(doc, "public_key", diags).and_then(|(s, loc)| match PublicKey::parse(&s) {
         Some(k) => Some(k),
         None => {
-            diags.push(Diagnostic::error(&loc, format!("`public_key` {s:?} is not a WireGuard public key (44 characters of base64, 32 bytes)")));
+            diags.push(Diagnostic::error(
+                &loc,
+                format!("`public_key` {s:?} is not a WireGuard public key (44 characters of base64, 32 bytes)"),
+            ));
             None
         }
     });
@@ -665,7 +480,10 @@ fn parse_node(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Node>
         let address = e.required_str(doc, "address", diags).and_then(|(s, loc)| match s.parse::<SocketAddr>() {
             Ok(a) if a.port() != 0 => Some(a),
             _ => {
-                diags.push(Diagnostic::error(&loc, format!("endpoint `address` {s:?} must be IP:PORT or [IPv6]:PORT, with a port from 1 to 65535")));
+                diags.push(Diagnostic::error(
+                    &loc,
+                    format!("endpoint `address` {s:?} must be IP:PORT or [IPv6]:PORT, with a port from 1 to 65535"),
+                ));
                 None
             }
         });
@@ -679,51 +497,28 @@ fn parse_node(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Node>
             }
         };
         if let Some(address) = address {
-            endpoints.push(Endpoint {
-                address,
-                reachable_from,
-                loc: e.loc.clone(),
-            });
+            endpoints.push(Endpoint { address, reachable_from, loc: e.loc.clone() });
         }
     }
     let (name, _) = name?;
-    Some(Node {
-        name,
-        hub,
-        networks,
-        groups,
-        modules,
-        address_ipv4,
-        address_ipv6,
-        endpoints,
-        public_key,
-        loc: t.loc.clone(),
-    })
+    Some(Node { name, hub, networks, groups, modules, address_ipv4, address_ipv6, endpoints, public_key, loc: t.loc.clone() })
 }
 
 fn parse_test(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<PolicyTest> {
-    let from =
-        t.required_str(doc, "from", diags)
-            .and_then(|(s, loc)| match s.strip_prefix("node:") {
-                Some(n) => Some(n.to_string()),
-                None => {
-                    diags.push(Diagnostic::error(
-                        &loc,
-                        format!("test `from` {s:?} must name one node, as \"node:NAME\""),
-                    ));
-                    None
-                }
-            });
+    let from = t.required_str(doc, "from", diags).and_then(|(s, loc)| match s.strip_prefix("node:") {
+        Some(n) => Some(n.to_string()),
+        None => {
+            diags.push(Diagnostic::error(&loc, format!("test `from` {s:?} must name one node, as \"node:NAME\"")));
+            None
+        }
+    });
     let to = t.required_str(doc, "to", diags).and_then(|(s, loc)| {
         if let Some(n) = s.strip_prefix("node:") {
             Some(Target::Node(n.to_string()))
         } else if let Some(m) = s.strip_prefix("module:") {
             Some(Target::Module(m.to_string()))
         } else {
-            diags.push(Diagnostic::error(
-                &loc,
-                format!("test `to` {s:?} must be \"node:NAME\" or \"module:NAME\""),
-            ));
+            diags.push(Diagnostic::error(&loc, format!("test `to` {s:?} must be \"node:NAME\" or \"module:NAME\"")));
             None
         }
     });
@@ -732,66 +527,41 @@ fn parse_test(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Polic
         None => None,
         Some((p, _)) if (1..=65535).contains(&p) => Some(p as u16),
         Some((p, loc)) => {
-            diags.push(Diagnostic::error(
-                &loc,
-                format!("test `port` {p} is not a valid port (1-65535)"),
-            ));
+            diags.push(Diagnostic::error(&loc, format!("test `port` {p} is not a valid port (1-65535)")));
             return None;
         }
     };
-    let expect = t
-        .required_str(doc, "expect", diags)
-        .and_then(|(s, loc)| match s.as_str() {
-            "allow" => Some(Expect::Allow),
-            "deny" => Some(Expect::Deny),
-            _ => {
-                diags.push(Diagnostic::error(
-                    &loc,
-                    format!("test `expect` {s:?} must be \"allow\" or \"deny\""),
-                ));
-                None
-            }
-        });
+    let expect = t.required_str(doc, "expect", diags).and_then(|(s, loc)| match s.as_str() {
+        "allow" => Some(Expect::Allow),
+        "deny" => Some(Expect::Deny),
+        _ => {
+            diags.push(Diagnostic::error(&loc, format!("test `expect` {s:?} must be \"allow\" or \"deny\"")));
+            None
+        }
+    });
     let proto = proto?;
     match (proto, port) {
         (Proto::Icmp, Some(_)) => {
-            diags.push(Diagnostic::error(
-                &t.loc,
-                "[[test]] with proto \"icmp\" takes no `port`",
-            ));
+            diags.push(Diagnostic::error(&t.loc, "[[test]] with proto \"icmp\" takes no `port`"));
             return None;
         }
         (Proto::Tcp | Proto::Udp, None) => {
-            diags.push(Diagnostic::error(
-                &t.loc,
-                format!("[[test]] with proto \"{proto}\" needs a `port`"),
-            ));
+            diags.push(Diagnostic::error(&t.loc, format!("[[test]] with proto \"{proto}\" needs a `port`")));
             return None;
         }
         _ => {}
     }
-    Some(PolicyTest {
-        from: from?,
-        to: to?,
-        proto,
-        port,
-        expect: expect?,
-        loc: t.loc.clone(),
-    })
+    Some(PolicyTest { from: from?, to: to?, proto, port, expect: expect?, loc: t.loc.clone() })
 }
 
 fn parse_proto(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Proto> {
-    t.required_str(doc, "proto", diags)
-        .and_then(|(s, loc)| match Proto::parse(&s) {
-            Some(p) => Some(p),
-            None => {
-                diags.push(Diagnostic::error(
-                    &loc,
-                    format!("`proto` {s:?} must be \"tcp\", \"udp\" or \"icmp\""),
-                ));
-                None
-            }
-        })
+    t.required_str(doc, "proto", diags).and_then(|(s, loc)| match Proto::parse(&s) {
+        Some(p) => Some(p),
+        None => {
+            diags.push(Diagnostic::error(&loc, format!("`proto` {s:?} must be \"tcp\", \"udp\" or \"icmp\"")));
+            None
+        }
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -802,10 +572,7 @@ fn parse_module(file: &SourceFile, diags: &mut Vec<Diagnostic>) -> Option<Module
     let table = parse_document(&doc, &file.text, diags)?;
     let top = root(&doc, &table, file.path.as_str(), MODULE_FILE_KEYS, diags);
     let Some(v) = top.get("module") else {
-        diags.push(Diagnostic::error(
-            &doc.start(),
-            "a module manifest needs a [module] table with `name`",
-        ));
+        diags.push(Diagnostic::error(&doc.start(), "a module manifest needs a [module] table with `name`"));
         return None;
     };
     let header = Table::new(&doc, "[module]", v, MODULE_KEYS, diags)?;
@@ -821,11 +588,7 @@ fn parse_module(file: &SourceFile, diags: &mut Vec<Diagnostic>) -> Option<Module
         }
     }
     let (name, _) = name?;
-    Some(Module {
-        name,
-        allow,
-        loc: header.loc,
-    })
+    Some(Module { name, allow, loc: header.loc })
 }
 
 fn parse_rule(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Rule> {
@@ -837,34 +600,37 @@ fn parse_rule(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Rule>
         match PortRange::parse(p) {
             Some(r) => ranges.push(r),
             None => {
-                diags.push(Diagnostic::error(loc, format!("port {p:?} is not a port (1-65535) or a range \"FIRST-LAST\" with FIRST <= LAST")));
+                diags.push(Diagnostic::error(
+                    loc,
+                    format!("port {p:?} is not a port (1-65535) or a range \"FIRST-LAST\" with FIRST <= LAST"),
+                ));
             }
         }
     }
     match (proto, &ports) {
         (Some(Proto::Icmp), Some(_)) => {
-            diags.push(Diagnostic::error(
-                &t.loc,
-                "[[allow]] with proto \"icmp\" takes no `ports`: ICMP has no ports",
-            ));
+            diags.push(Diagnostic::error(&t.loc, "[[allow]] with proto \"icmp\" takes no `ports`: ICMP has no ports"));
             ok = false;
         }
         (Some(p @ (Proto::Tcp | Proto::Udp)), None) => {
-            diags.push(Diagnostic::error(&t.loc, format!("[[allow]] with proto \"{p}\" needs `ports`; an allow rule without ports would open every port")));
+            diags.push(Diagnostic::error(
+                &t.loc,
+                format!("[[allow]] with proto \"{p}\" needs `ports`; an allow rule without ports would open every port"),
+            ));
             ok = false;
         }
         (Some(p @ (Proto::Tcp | Proto::Udp)), Some(list)) if list.is_empty() => {
-            diags.push(Diagnostic::error(
-                &t.loc,
-                format!("[[allow]] with proto \"{p}\" has an empty `ports` list"),
-            ));
+            diags.push(Diagnostic::error(&t.loc, format!("[[allow]] with proto \"{p}\" has an empty `ports` list")));
             ok = false;
         }
         _ => {}
     }
     let from = match t.strings(doc, "from", diags) {
         None if t.get("from").is_none() => {
-            diags.push(Diagnostic::error(&t.loc, "[[allow]] has no `from`: every rule must name its sources (\"node:NAME\", \"group:NAME\", \"module:NAME\" or \"mesh\")"));
+            diags.push(Diagnostic::error(
+                &t.loc,
+                "[[allow]] has no `from`: every rule must name its sources (\"node:NAME\", \"group:NAME\", \"module:NAME\" or \"mesh\")",
+            ));
             None
         }
         Some(list) if list.is_empty() => {
@@ -879,7 +645,10 @@ fn parse_rule(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Rule>
             Some(src) => sources.push((src, loc.clone())),
             None => {
                 // Reported; the rule keeps its other sources so they are checked too.
-                diags.push(Diagnostic::error(loc, format!("source {s:?} must be \"node:NAME\", \"group:NAME\", \"module:NAME\" or \"mesh\"")));
+                diags.push(Diagnostic::error(
+                    loc,
+                    format!("source {s:?} must be \"node:NAME\", \"group:NAME\", \"module:NAME\" or \"mesh\""),
+                ));
             }
         }
     }
@@ -887,13 +656,7 @@ fn parse_rule(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Rule>
         return None;
     }
     let (from, from_locs) = sources.into_iter().unzip();
-    Some(Rule {
-        proto: proto?,
-        ports: ranges,
-        from,
-        from_locs,
-        loc: t.loc.clone(),
-    })
+    Some(Rule { proto: proto?, ports: ranges, from, from_locs, loc: t.loc.clone() })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -903,8 +666,7 @@ pub(crate) fn is_dns_label(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && b.len() <= 63
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
         && b[0] != b'-'
         && b[b.len() - 1] != b'-'
 }
@@ -938,10 +700,7 @@ fn validate_into(decl: &Declaration, errors: &mut Vec<Diagnostic>, warnings: &mu
             if kind == "module" {
                 err(loc, format!("module `{name}` has the name of node declared at {first}; nodes and modules share the DNS zone, so their names must differ"));
             } else {
-                err(
-                    loc,
-                    format!("duplicate {kind} `{name}`: already declared at {first}"),
-                );
+                err(loc, format!("duplicate {kind} `{name}`: already declared at {first}"));
             }
         } else {
             seen.insert((zone_kind, name.as_str()), loc);
@@ -950,10 +709,7 @@ fn validate_into(decl: &Declaration, errors: &mut Vec<Diagnostic>, warnings: &mu
     let mut module_names = HashMap::new();
     for m in &decl.modules {
         if let Some(first) = module_names.insert(m.name.as_str(), &m.loc) {
-            err(
-                &m.loc,
-                format!("duplicate module `{}`: already declared at {first}", m.name),
-            );
+            err(&m.loc, format!("duplicate module `{}`: already declared at {first}", m.name));
         }
     }
     let networks: HashSet<&str> = decl.networks.iter().map(|n| n.name.as_str()).collect();
@@ -973,13 +729,7 @@ fn validate_into(decl: &Declaration, errors: &mut Vec<Diagnostic>, warnings: &mu
     for g in &decl.groups {
         for m in &g.members {
             if !nodes.contains(m.as_str()) {
-                err(
-                    &g.loc,
-                    format!(
-                        "group `{}` lists `{m}`, which is not a declared node",
-                        g.name
-                    ),
-                );
+                err(&g.loc, format!("group `{}` lists `{m}`, which is not a declared node", g.name));
             }
         }
     }
@@ -991,51 +741,63 @@ fn validate_into(decl: &Declaration, errors: &mut Vec<Diagnostic>, warnings: &mu
     for n in &decl.nodes {
         for net in &n.networks {
             if !networks.contains(net.as_str()) {
-                err(&n.loc, format!("node `{}` sits on network `{net}`, which is not declared in [networks] ({})", n.name, list(&networks)));
+                err(
+                    &n.loc,
+                    format!("node `{}` sits on network `{net}`, which is not declared in [networks] ({})", n.name, list(&networks)),
+                );
             }
         }
         for g in &n.groups {
             if !groups.contains(g.as_str()) {
-                err(
-                    &n.loc,
-                    format!(
-                        "node `{}` names group `{g}`, which is not declared in [groups] ({})",
-                        n.name,
-                        list(&groups)
-                    ),
-                );
+                err(&n.loc, format!("node `{}` names group `{g}`, which is not declared in [groups] ({})", n.name, list(&groups)));
             }
         }
         for m in &n.modules {
             if !modules.contains(m.as_str()) {
-                err(
-                    &n.loc,
-                    format!(
-                        "node `{}` runs module `{m}`, which has no manifest in modules/ ({})",
-                        n.name,
-                        list(&modules)
-                    ),
-                );
+                err(&n.loc, format!("node `{}` runs module `{m}`, which has no manifest in modules/ ({})", n.name, list(&modules)));
             }
         }
         if n.hub && n.endpoints.is_empty() {
-            err(&n.loc, format!("hub `{}` has no [[node.endpoint]]: a hub relays for nodes that dial it, so it needs an endpoint they can reach", n.name));
+            err(
+                &n.loc,
+                format!(
+                    "hub `{}` has no [[node.endpoint]]: a hub relays for nodes that dial it, so it needs an endpoint they can reach",
+                    n.name
+                ),
+            );
         }
         for e in &n.endpoints {
             for net in &e.reachable_from {
                 if !networks.contains(net.as_str()) {
-                    err(&e.loc, format!("endpoint {} of node `{}` is reachable from `{net}`, which is not declared in [networks] ({})", e.address, n.name, list(&networks)));
+                    err(
+                        &e.loc,
+                        format!(
+                            "endpoint {} of node `{}` is reachable from `{net}`, which is not declared in [networks] ({})",
+                            e.address,
+                            n.name,
+                            list(&networks)
+                        ),
+                    );
                 }
             }
             if e.reachable_from.is_empty() {
-                warnings.push(Diagnostic::warning(&e.loc, format!("endpoint {} of node `{}` is reachable from no network: nobody will dial it", e.address, n.name)));
+                warnings.push(Diagnostic::warning(
+                    &e.loc,
+                    format!("endpoint {} of node `{}` is reachable from no network: nobody will dial it", e.address, n.name),
+                ));
             }
             let inside = match e.address.ip() {
                 IpAddr::V4(a) => v4.is_some_and(|p| p.contains(&a)),
                 IpAddr::V6(a) => v6.is_some_and(|p| p.contains(&a)),
             };
             if inside {
-                err(&e.loc, format!("endpoint {} of node `{}` lies inside the overlay pool; an underlay address must not overlap the overlay", e.address, n.name));
+                err(
+                    &e.loc,
+                    format!(
+                        "endpoint {} of node `{}` lies inside the overlay pool; an underlay address must not overlap the overlay",
+                        e.address, n.name
+                    ),
+                );
             }
         }
         if let Some(a) = n.address_ipv4 {
@@ -1047,13 +809,7 @@ fn validate_into(decl: &Declaration, errors: &mut Vec<Diagnostic>, warnings: &mu
                 _ => {}
             }
             if let Some(other) = pinned.insert(IpAddr::V4(a), &n.name) {
-                err(
-                    &n.loc,
-                    format!(
-                        "node `{}` pins {a}, which node `{other}` pins already",
-                        n.name
-                    ),
-                );
+                err(&n.loc, format!("node `{}` pins {a}, which node `{other}` pins already", n.name));
             }
         }
         if let Some(a) = n.address_ipv6 {
@@ -1065,13 +821,7 @@ fn validate_into(decl: &Declaration, errors: &mut Vec<Diagnostic>, warnings: &mu
                 _ => {}
             }
             if let Some(other) = pinned.insert(IpAddr::V6(a), &n.name) {
-                err(
-                    &n.loc,
-                    format!(
-                        "node `{}` pins {a}, which node `{other}` pins already",
-                        n.name
-                    ),
-                );
+                err(&n.loc, format!("node `{}` pins {a}, which node `{other}` pins already", n.name));
             }
         }
         if let Some(k) = n.public_key {
@@ -1091,7 +841,10 @@ fn validate_into(decl: &Declaration, errors: &mut Vec<Diagnostic>, warnings: &mu
                     Source::Mesh => continue,
                 };
                 if !set.contains(name.as_str()) {
-                    err(loc, format!("rule of module `{}` names source `{src}`, but no {kind} `{name}` is declared ({})", m.name, list(set)));
+                    err(
+                        loc,
+                        format!("rule of module `{}` names source `{src}`, but no {kind} `{name}` is declared ({})", m.name, list(set)),
+                    );
                 }
             }
         }
@@ -1099,20 +852,13 @@ fn validate_into(decl: &Declaration, errors: &mut Vec<Diagnostic>, warnings: &mu
 
     for t in &decl.tests {
         if !nodes.contains(t.from.as_str()) {
-            err(
-                &t.loc,
-                format!("test `from` names node `{}`, which is not declared", t.from),
-            );
+            err(&t.loc, format!("test `from` names node `{}`, which is not declared", t.from));
         }
         match &t.to {
-            Target::Node(n) if !nodes.contains(n.as_str()) => err(
-                &t.loc,
-                format!("test `to` names node `{n}`, which is not declared"),
-            ),
-            Target::Module(m) if !modules.contains(m.as_str()) => err(
-                &t.loc,
-                format!("test `to` names module `{m}`, which has no manifest"),
-            ),
+            Target::Node(n) if !nodes.contains(n.as_str()) => err(&t.loc, format!("test `to` names node `{n}`, which is not declared")),
+            Target::Module(m) if !modules.contains(m.as_str()) => {
+                err(&t.loc, format!("test `to` names module `{m}`, which has no manifest"))
+            }
             _ => {}
         }
     }

@@ -13,32 +13,16 @@ use crate::topology::{ResolvedRule, Topology};
 
 pub fn files(plan: &NodePlan) -> Vec<FileResource> {
     vec![
-        FileResource {
-            path: WIREGUARD_CONF.into(),
-            mode: 0o600,
-            content: wireguard(plan).into(),
-        },
-        FileResource {
-            path: NFTABLES_CONF.into(),
-            mode: 0o644,
-            content: nftables(plan).into(),
-        },
-        FileResource {
-            path: MESH_ZONE.into(),
-            mode: 0o644,
-            content: plan.common.zone.clone(),
-        },
+        FileResource { path: WIREGUARD_CONF.into(), mode: 0o600, content: wireguard(plan).into() },
+        FileResource { path: NFTABLES_CONF.into(), mode: 0o644, content: nftables(plan).into() },
+        FileResource { path: MESH_ZONE.into(), mode: 0o644, content: plan.common.zone.clone() },
     ]
 }
 
 pub fn wireguard(plan: &NodePlan) -> String {
     let c = &plan.common;
     let mut s = String::with_capacity(256 + plan.peers.len() * 220);
-    let _ = writeln!(
-        s,
-        "# trellis: WireGuard overlay of node {} in mesh {}. Generated; do not edit.",
-        plan.node, c.mesh
-    );
+    let _ = writeln!(s, "# trellis: WireGuard overlay of node {} in mesh {}. Generated; do not edit.", plan.node, c.mesh);
     s.push_str("# The agent adds the PrivateKey it holds; the controller never sees it.\n");
     s.push_str("[Interface]\n");
     let mut addrs = Vec::new();
@@ -90,19 +74,11 @@ pub fn wireguard(plan: &NodePlan) -> String {
     }
     if !plan.left_out.is_empty() {
         let names: Vec<&str> = plan.left_out.iter().map(|n| &**n).collect();
-        let _ = writeln!(
-            s,
-            "\n# Left out until they enrol (no public key yet): {}",
-            names.join(", ")
-        );
+        let _ = writeln!(s, "\n# Left out until they enrol (no public key yet): {}", names.join(", "));
     }
     if !plan.no_path.is_empty() {
         let names: Vec<&str> = plan.no_path.iter().map(|n| &**n).collect();
-        let _ = writeln!(
-            s,
-            "\n# No path (see `trellis explain`): {}",
-            names.join(", ")
-        );
+        let _ = writeln!(s, "\n# No path (see `trellis explain`): {}", names.join(", "));
     }
     s
 }
@@ -110,11 +86,7 @@ pub fn wireguard(plan: &NodePlan) -> String {
 pub fn nftables(plan: &NodePlan) -> String {
     let iface = &plan.common.interface;
     let mut s = String::with_capacity(512 + plan.rules.iter().map(|r| r.len()).sum::<usize>());
-    let _ = writeln!(
-        s,
-        "# trellis: inbound filter of node {} in mesh {}. Generated; do not edit.",
-        plan.node, plan.common.mesh
-    );
+    let _ = writeln!(s, "# trellis: inbound filter of node {} in mesh {}. Generated; do not edit.", plan.node, plan.common.mesh);
     s.push_str("# Loaded with `nft -f`: the whole file is one transaction, so the table is replaced atomically.\n");
     s.push_str("table inet trellis {\n}\ndelete table inet trellis\n\n");
     s.push_str("table inet trellis {\n\tchain input {\n\t\ttype filter hook input priority filter; policy accept;\n");
@@ -123,10 +95,7 @@ pub fn nftables(plan: &NodePlan) -> String {
     for r in &plan.rules {
         s.push_str(r);
     }
-    let _ = writeln!(
-        s,
-        "\t\tiifname \"{iface}\" drop comment \"trellis: no rule admits this new inbound traffic\""
-    );
+    let _ = writeln!(s, "\t\tiifname \"{iface}\" drop comment \"trellis: no rule admits this new inbound traffic\"");
     s.push_str("\t}\n}\n");
     s
 }
@@ -142,11 +111,7 @@ pub fn rule_block(topo: &Topology, r: &ResolvedRule) -> String {
         p => format!("{p} {}", ports.join(", ")),
     };
     let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "\t\t# module {}, rule {}: {what} from {from}",
-        r.module, r.number
-    );
+    let _ = writeln!(s, "\t\t# module {}, rule {}: {what} from {from}", r.module, r.number);
     let mut comment = format!("{} rule {}: from {from}", r.module, r.number);
     if comment.len() > 120 {
         let mut cut = 117;
@@ -156,16 +121,8 @@ pub fn rule_block(topo: &Topology, r: &ResolvedRule) -> String {
         comment.truncate(cut);
         comment.push_str("...");
     }
-    let mut v4: Vec<_> = r
-        .sources
-        .iter()
-        .filter_map(|&i| topo.ipv4[i as usize])
-        .collect();
-    let mut v6: Vec<_> = r
-        .sources
-        .iter()
-        .filter_map(|&i| topo.ipv6[i as usize])
-        .collect();
+    let mut v4: Vec<_> = r.sources.iter().filter_map(|&i| topo.ipv4[i as usize]).collect();
+    let mut v6: Vec<_> = r.sources.iter().filter_map(|&i| topo.ipv6[i as usize]).collect();
     v4.sort_unstable();
     v6.sort_unstable();
     if v4.is_empty() && v6.is_empty() {
@@ -173,11 +130,7 @@ pub fn rule_block(topo: &Topology, r: &ResolvedRule) -> String {
         return s;
     }
     let family = |s: &mut String, fam: &str, l4: &str, addrs: &[String]| {
-        let _ = write!(
-            s,
-            "\t\tiifname \"{iface}\" {fam} saddr {{ {} }} ",
-            addrs.join(", ")
-        );
+        let _ = write!(s, "\t\tiifname \"{iface}\" {fam} saddr {{ {} }} ", addrs.join(", "));
         match r.rule.proto {
             Proto::Icmp => {
                 let _ = write!(s, "meta l4proto {l4}");
@@ -189,20 +142,10 @@ pub fn rule_block(topo: &Topology, r: &ResolvedRule) -> String {
         let _ = writeln!(s, " accept comment \"{comment}\"");
     };
     if !v4.is_empty() {
-        family(
-            &mut s,
-            "ip",
-            "icmp",
-            &v4.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
-        );
+        family(&mut s, "ip", "icmp", &v4.iter().map(|a| a.to_string()).collect::<Vec<_>>());
     }
     if !v6.is_empty() {
-        family(
-            &mut s,
-            "ip6",
-            "ipv6-icmp",
-            &v6.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
-        );
+        family(&mut s, "ip6", "ipv6-icmp", &v6.iter().map(|a| a.to_string()).collect::<Vec<_>>());
     }
     s
 }
@@ -233,17 +176,10 @@ pub fn zone(topo: &Topology) -> String {
     let digest = Sha256::digest(records.as_bytes());
     let serial = u32::from_be_bytes(digest[..4].try_into().expect("4 bytes")) & 0x7fff_ffff;
     let mut s = String::with_capacity(records.len() + 256);
-    let _ = writeln!(
-        s,
-        "; trellis: zone {domain} of mesh {}. Generated; do not edit.",
-        topo.decl.mesh.name
-    );
+    let _ = writeln!(s, "; trellis: zone {domain} of mesh {}. Generated; do not edit.", topo.decl.mesh.name);
     let _ = writeln!(s, "$ORIGIN {domain}.");
     s.push_str("$TTL 60\n");
-    let _ = writeln!(
-        s,
-        "@\tIN\tSOA\tns.{domain}. hostmaster.{domain}. {serial} 3600 600 86400 60"
-    );
+    let _ = writeln!(s, "@\tIN\tSOA\tns.{domain}. hostmaster.{domain}. {serial} 3600 600 86400 60");
     let _ = writeln!(s, "@\tIN\tNS\tns.{domain}.");
     s.push_str(&records);
     s

@@ -56,8 +56,12 @@ impl std::fmt::Display for TokenError {
         match self {
             TokenError::NotAToken => write!(f, "this is not a trellis enrolment token (it should start with `{PREFIX}`)"),
             TokenError::Damaged => f.write_str("token is damaged: its checksum does not match; copy it again, as one line"),
-            TokenError::UnknownVersion(v) => write!(f, "token format version {v} is newer than this agent understands; upgrade trellis-agent"),
-            TokenError::TooLong(n) => write!(f, "token would be {n} characters, over the limit of {MAX_LEN}; advertise fewer or shorter controller addresses"),
+            TokenError::UnknownVersion(v) => {
+                write!(f, "token format version {v} is newer than this agent understands; upgrade trellis-agent")
+            }
+            TokenError::TooLong(n) => {
+                write!(f, "token would be {n} characters, over the limit of {MAX_LEN}; advertise fewer or shorter controller addresses")
+            }
             TokenError::Invalid(what) => write!(f, "token cannot carry this {what}"),
         }
     }
@@ -73,9 +77,7 @@ impl EnrolmentToken {
     pub fn encode(&self) -> Result<String, TokenError> {
         let mut b = vec![VERSION];
         if self.controllers.is_empty() || self.controllers.len() > 8 {
-            return Err(TokenError::Invalid(
-                "number of controller addresses (1 to 8)",
-            ));
+            return Err(TokenError::Invalid("number of controller addresses (1 to 8)"));
         }
         b.push(self.controllers.len() as u8);
         for c in &self.controllers {
@@ -96,10 +98,7 @@ impl EnrolmentToken {
         b.extend_from_slice(&self.expires.to_be_bytes());
         let sum = Sha256::digest(&b);
         b.extend_from_slice(&sum[..4]);
-        let text = format!(
-            "{PREFIX}{}",
-            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&b)
-        );
+        let text = format!("{PREFIX}{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&b));
         if text.len() > MAX_LEN {
             return Err(TokenError::TooLong(text.len()));
         }
@@ -111,18 +110,12 @@ impl EnrolmentToken {
     pub fn decode(text: &str) -> Result<EnrolmentToken, TokenError> {
         let text = text.trim();
         let Some(body) = text.strip_prefix(PREFIX) else {
-            return Err(if text.starts_with("trellis") {
-                TokenError::Damaged
-            } else {
-                TokenError::NotAToken
-            });
+            return Err(if text.starts_with("trellis") { TokenError::Damaged } else { TokenError::NotAToken });
         };
         if text.len() > MAX_LEN {
             return Err(TokenError::Damaged);
         }
-        let b = base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .decode(body)
-            .map_err(|_| TokenError::Damaged)?;
+        let b = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(body).map_err(|_| TokenError::Damaged)?;
         if b.len() < 5 {
             return Err(TokenError::Damaged);
         }
@@ -138,8 +131,7 @@ impl EnrolmentToken {
         let mut controllers = Vec::new();
         for _ in 0..n {
             let len = r.u8()? as usize;
-            controllers
-                .push(String::from_utf8(r.take(len)?.to_vec()).map_err(|_| TokenError::Damaged)?);
+            controllers.push(String::from_utf8(r.take(len)?.to_vec()).map_err(|_| TokenError::Damaged)?);
         }
         let ca_fingerprint = r.take(32)?.try_into().expect("32");
         let id = r.take(8)?.try_into().expect("8");
@@ -150,14 +142,7 @@ impl EnrolmentToken {
         if !r.b.is_empty() || controllers.is_empty() {
             return Err(TokenError::Damaged);
         }
-        Ok(EnrolmentToken {
-            controllers,
-            ca_fingerprint,
-            id,
-            secret,
-            node,
-            expires,
-        })
+        Ok(EnrolmentToken { controllers, ca_fingerprint, id, secret, node, expires })
     }
 }
 
@@ -199,10 +184,7 @@ mod tests {
     fn round_trips_on_one_short_line() {
         let t = sample();
         let s = t.encode().unwrap();
-        assert!(
-            s.len() <= MAX_LEN && !s.contains(char::is_whitespace),
-            "{s}"
-        );
+        assert!(s.len() <= MAX_LEN && !s.contains(char::is_whitespace), "{s}");
         assert_eq!(EnrolmentToken::decode(&format!("  {s}\n")).unwrap(), t);
     }
 
@@ -213,19 +195,12 @@ mod tests {
             let mut chars: Vec<char> = s.chars().collect();
             chars[i] = if chars[i] == 'A' { 'B' } else { 'A' };
             let changed: String = chars.iter().collect();
-            assert_eq!(
-                EnrolmentToken::decode(&changed),
-                Err(TokenError::Damaged),
-                "changed at {i}"
-            );
+            assert_eq!(EnrolmentToken::decode(&changed), Err(TokenError::Damaged), "changed at {i}");
             let mut cut = s.clone();
             cut.remove(i);
             assert!(EnrolmentToken::decode(&cut).is_err(), "cut at {i}");
         }
-        assert_eq!(
-            EnrolmentToken::decode(&s[..s.len() - 1]),
-            Err(TokenError::Damaged)
-        );
+        assert_eq!(EnrolmentToken::decode(&s[..s.len() - 1]), Err(TokenError::Damaged));
         assert_eq!(EnrolmentToken::decode("hello"), Err(TokenError::NotAToken));
     }
 

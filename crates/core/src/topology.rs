@@ -107,24 +107,11 @@ fn set_of(mut v: Vec<u32>) -> NodeSet {
 impl<'d> Topology<'d> {
     /// Indexes a validated declaration. `keys` are the WireGuard keys known for nodes (enrolled
     /// or declared); a key declared in the mesh wins over one given here.
-    pub fn new(
-        decl: &'d Declaration,
-        alloc: &Allocation,
-        keys: &HashMap<String, PublicKey>,
-    ) -> Self {
+    pub fn new(decl: &'d Declaration, alloc: &Allocation, keys: &HashMap<String, PublicKey>) -> Self {
         let mut nodes: Vec<&Node> = decl.nodes.iter().collect();
         nodes.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-        let index: HashMap<&str, u32> = nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (n.name.as_str(), i as u32))
-            .collect();
-        let network_index: HashMap<&str, usize> = decl
-            .networks
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (n.name.as_str(), i))
-            .collect();
+        let index: HashMap<&str, u32> = nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i as u32)).collect();
+        let network_index: HashMap<&str, usize> = decl.networks.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
         let words = decl.networks.len().div_ceil(64).max(1);
         let bits_of = |names: &[String]| {
             let mut b = Bits::new(words);
@@ -136,15 +123,8 @@ impl<'d> Topology<'d> {
             b
         };
         let nets = nodes.iter().map(|n| bits_of(&n.networks)).collect();
-        let endpoint_reach: Vec<Vec<Bits>> = nodes
-            .iter()
-            .map(|n| {
-                n.endpoints
-                    .iter()
-                    .map(|e| bits_of(&e.reachable_from))
-                    .collect()
-            })
-            .collect();
+        let endpoint_reach: Vec<Vec<Bits>> =
+            nodes.iter().map(|n| n.endpoints.iter().map(|e| bits_of(&e.reachable_from)).collect()).collect();
         let reach = endpoint_reach
             .iter()
             .map(|eps| {
@@ -153,28 +133,14 @@ impl<'d> Topology<'d> {
                 b
             })
             .collect();
-        let hubs: Vec<u32> = (0..nodes.len() as u32)
-            .filter(|&i| nodes[i as usize].hub)
-            .collect();
+        let hubs: Vec<u32> = (0..nodes.len() as u32).filter(|&i| nodes[i as usize].hub).collect();
 
         let mut groups: HashMap<&str, Vec<u32>> = decl
             .groups
             .iter()
-            .map(|g| {
-                (
-                    g.name.as_str(),
-                    g.members
-                        .iter()
-                        .filter_map(|m| index.get(m.as_str()).copied())
-                        .collect(),
-                )
-            })
+            .map(|g| (g.name.as_str(), g.members.iter().filter_map(|m| index.get(m.as_str()).copied()).collect()))
             .collect();
-        let mut runners: HashMap<&str, Vec<u32>> = decl
-            .modules
-            .iter()
-            .map(|m| (m.name.as_str(), Vec::new()))
-            .collect();
+        let mut runners: HashMap<&str, Vec<u32>> = decl.modules.iter().map(|m| (m.name.as_str(), Vec::new())).collect();
         for (i, n) in nodes.iter().enumerate() {
             for g in &n.groups {
                 groups.entry(g.as_str()).or_default().push(i as u32);
@@ -183,10 +149,8 @@ impl<'d> Topology<'d> {
                 runners.entry(m.as_str()).or_default().push(i as u32);
             }
         }
-        let groups: HashMap<&str, NodeSet> =
-            groups.into_iter().map(|(k, v)| (k, set_of(v))).collect();
-        let runners: HashMap<&str, NodeSet> =
-            runners.into_iter().map(|(k, v)| (k, set_of(v))).collect();
+        let groups: HashMap<&str, NodeSet> = groups.into_iter().map(|(k, v)| (k, set_of(v))).collect();
+        let runners: HashMap<&str, NodeSet> = runners.into_iter().map(|(k, v)| (k, set_of(v))).collect();
 
         let all: NodeSet = (0..nodes.len() as u32).collect();
         let mut rules = Vec::new();
@@ -198,37 +162,19 @@ impl<'d> Topology<'d> {
                 for s in &rule.from {
                     match s {
                         Source::Node(n) => sources.extend(index.get(n.as_str())),
-                        Source::Group(g) => {
-                            sources.extend(groups.get(g.as_str()).into_iter().flatten())
-                        }
-                        Source::Module(m) => {
-                            sources.extend(runners.get(m.as_str()).into_iter().flatten())
-                        }
+                        Source::Group(g) => sources.extend(groups.get(g.as_str()).into_iter().flatten()),
+                        Source::Module(m) => sources.extend(runners.get(m.as_str()).into_iter().flatten()),
                         Source::Mesh => sources.extend(&all),
                     }
                 }
-                rules.push(ResolvedRule {
-                    module: &m.name,
-                    number: i + 1,
-                    rule,
-                    sources: set_of(sources),
-                });
+                rules.push(ResolvedRule { module: &m.name, number: i + 1, rule, sources: set_of(sources) });
             }
             module_rules.insert(m.name.as_str(), start..rules.len());
         }
 
-        let ipv4 = nodes
-            .iter()
-            .map(|n| alloc.ipv4.get(&n.name).copied())
-            .collect();
-        let ipv6 = nodes
-            .iter()
-            .map(|n| alloc.ipv6.get(&n.name).copied())
-            .collect();
-        let keys: Vec<Option<PublicKey>> = nodes
-            .iter()
-            .map(|n| n.public_key.or_else(|| keys.get(&n.name).copied()))
-            .collect();
+        let ipv4 = nodes.iter().map(|n| alloc.ipv4.get(&n.name).copied()).collect();
+        let ipv6 = nodes.iter().map(|n| alloc.ipv6.get(&n.name).copied()).collect();
+        let keys: Vec<Option<PublicKey>> = nodes.iter().map(|n| n.public_key.or_else(|| keys.get(&n.name).copied())).collect();
         let hub_words = hubs_len_words(&hubs);
         let mut keyed_hubs = Bits::new(hub_words);
         for (j, &h) in hubs.iter().enumerate() {
@@ -279,9 +225,7 @@ impl<'d> Topology<'d> {
         if !self.nets[a].meets(&self.reach[b]) {
             return None;
         }
-        self.endpoint_reach[b]
-            .iter()
-            .position(|e| self.nets[a].meets(e))
+        self.endpoint_reach[b].iter().position(|e| self.nets[a].meets(e))
     }
 
     pub fn direct(&self, a: u32, b: u32) -> bool {
@@ -302,9 +246,7 @@ impl<'d> Topology<'d> {
                 both &= self.keyed_hubs.0[w];
             }
             if both != 0 {
-                return Path::Relay {
-                    hub: self.hubs[w * 64 + both.trailing_zeros() as usize],
-                };
+                return Path::Relay { hub: self.hubs[w * 64 + both.trailing_zeros() as usize] };
             }
         }
         Path::None
@@ -312,17 +254,10 @@ impl<'d> Topology<'d> {
 
     /// The rules of the modules `node` runs, in manifest order of module names.
     pub fn inbound_rules(&self, node: u32) -> impl Iterator<Item = (usize, &ResolvedRule<'d>)> {
-        let mut modules: Vec<&str> = self.nodes[node as usize]
-            .modules
-            .iter()
-            .map(String::as_str)
-            .collect();
+        let mut modules: Vec<&str> = self.nodes[node as usize].modules.iter().map(String::as_str).collect();
         modules.sort_unstable();
         modules.dedup();
-        modules
-            .into_iter()
-            .flat_map(move |m| self.module_rules.get(m).cloned().unwrap_or(0..0))
-            .map(move |i| (i, &self.rules[i]))
+        modules.into_iter().flat_map(move |m| self.module_rules.get(m).cloned().unwrap_or(0..0)).map(move |i| (i, &self.rules[i]))
     }
 
     /// For every node, the nodes it has any allowed traffic with, in either direction.
@@ -350,16 +285,7 @@ impl<'d> Topology<'d> {
     }
 
     /// The rules on `to` that admit traffic from `from` with this protocol and port.
-    pub fn admitting(
-        &self,
-        from: u32,
-        to: u32,
-        proto: Proto,
-        port: Option<u16>,
-    ) -> Vec<&ResolvedRule<'d>> {
-        self.inbound_rules(to)
-            .map(|(_, r)| r)
-            .filter(|r| r.sources.binary_search(&from).is_ok() && r.admits(proto, port))
-            .collect()
+    pub fn admitting(&self, from: u32, to: u32, proto: Proto, port: Option<u16>) -> Vec<&ResolvedRule<'d>> {
+        self.inbound_rules(to).map(|(_, r)| r).filter(|r| r.sources.binary_search(&from).is_ok() && r.admits(proto, port)).collect()
     }
 }

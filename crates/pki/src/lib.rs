@@ -7,8 +7,8 @@ pub mod tls;
 use std::time::{Duration, SystemTime};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName,
-    DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType, SerialNumber,
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+    KeyPair, KeyUsagePurpose, SanType, SerialNumber,
 };
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
@@ -51,19 +51,12 @@ pub fn create_ca(mesh: &str, now: SystemTime) -> Result<Pair, PkiError> {
     dn.push(DnType::OrganizationName, "trellis");
     params.distinguished_name = dn;
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
     params.not_before = odt(now - Duration::from_secs(300));
     params.not_after = odt(now + Duration::from_secs(10 * 365 * 86400));
     params.serial_number = Some(random_serial());
     let cert = params.self_signed(&key)?;
-    Ok(Pair {
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
-    })
+    Ok(Pair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
 }
 
 /// The mesh CA, loaded for signing.
@@ -78,11 +71,7 @@ impl Ca {
         let key = KeyPair::from_pem(key_pem).map_err(|e| PkiError::BadKey(e.to_string()))?;
         let cert_der = pem_to_der(cert_pem, "CERTIFICATE")?;
         let issuer = Issuer::from_ca_cert_pem(cert_pem, key)?;
-        Ok(Ca {
-            cert_pem: cert_pem.to_string(),
-            cert_der,
-            issuer,
-        })
+        Ok(Ca { cert_pem: cert_pem.to_string(), cert_der, issuer })
     }
 
     pub fn cert_pem(&self) -> &str {
@@ -99,12 +88,10 @@ impl Ca {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         for h in hosts {
-            params
-                .subject_alt_names
-                .push(match h.parse::<std::net::IpAddr>() {
-                    Ok(ip) => SanType::IpAddress(ip),
-                    Err(_) => SanType::DnsName(h.clone().try_into()?),
-                });
+            params.subject_alt_names.push(match h.parse::<std::net::IpAddr>() {
+                Ok(ip) => SanType::IpAddress(ip),
+                Err(_) => SanType::DnsName(h.clone().try_into()?),
+            });
         }
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, "trellis controller");
@@ -115,24 +102,13 @@ impl Ca {
         params.not_after = odt(now + Duration::from_secs(5 * 365 * 86400));
         params.serial_number = Some(random_serial());
         let cert = params.signed_by(&key, &self.issuer)?;
-        Ok(Pair {
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-        })
+        Ok(Pair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
     }
 
     /// Signs a node's CSR. The signature on the CSR proves possession of the key; every name
     /// in it is ignored: the certificate names the node the controller says it is.
-    pub fn sign_node(
-        &self,
-        csr_pem: &str,
-        node: &str,
-        mesh: &str,
-        now: SystemTime,
-        lifetime: Duration,
-    ) -> Result<IssuedCert, PkiError> {
-        let csr = CertificateSigningRequestParams::from_pem(csr_pem)
-            .map_err(|e| PkiError::BadCsr(e.to_string()))?;
+    pub fn sign_node(&self, csr_pem: &str, node: &str, mesh: &str, now: SystemTime, lifetime: Duration) -> Result<IssuedCert, PkiError> {
+        let csr = CertificateSigningRequestParams::from_pem(csr_pem).map_err(|e| PkiError::BadCsr(e.to_string()))?;
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, node);
@@ -146,17 +122,11 @@ impl Ca {
         params.not_after = odt(not_after);
         let serial = random_serial();
         params.serial_number = Some(serial.clone());
-        let signed = CertificateSigningRequestParams {
-            params,
-            public_key: csr.public_key,
-        }
-        .signed_by(&self.issuer)?;
+        let signed = CertificateSigningRequestParams { params, public_key: csr.public_key }.signed_by(&self.issuer)?;
         Ok(IssuedCert {
             cert_pem: signed.pem(),
             serial: hex::encode(serial.to_bytes()),
-            not_after: not_after
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs() as i64),
+            not_after: not_after.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64),
         })
     }
 }
@@ -198,22 +168,11 @@ pub fn fingerprint(der: &[u8]) -> [u8; 32] {
 pub fn pem_to_der(pem_text: &str, label: &str) -> Result<Vec<u8>, PkiError> {
     let begin = format!("-----BEGIN {label}-----");
     let end = format!("-----END {label}-----");
-    let start = pem_text
-        .find(&begin)
-        .ok_or_else(|| PkiError::BadCert(format!("no {label} block")))?
-        + begin.len();
-    let stop = pem_text[start..]
-        .find(&end)
-        .ok_or_else(|| PkiError::BadCert(format!("unterminated {label} block")))?
-        + start;
-    let b64: String = pem_text[start..stop]
-        .chars()
-        .filter(|c| !c.is_whitespace())
-        .collect();
+    let start = pem_text.find(&begin).ok_or_else(|| PkiError::BadCert(format!("no {label} block")))? + begin.len();
+    let stop = pem_text[start..].find(&end).ok_or_else(|| PkiError::BadCert(format!("unterminated {label} block")))? + start;
+    let b64: String = pem_text[start..stop].chars().filter(|c| !c.is_whitespace()).collect();
     use base64::Engine;
-    base64::engine::general_purpose::STANDARD
-        .decode(b64)
-        .map_err(|_| PkiError::BadCert(format!("{label} block is not base64")))
+    base64::engine::general_purpose::STANDARD.decode(b64).map_err(|_| PkiError::BadCert(format!("{label} block is not base64")))
 }
 
 /// What a certificate says, for display and checks.
@@ -229,13 +188,7 @@ pub struct CertInfo {
 pub fn inspect_der(der: &[u8]) -> Result<CertInfo, PkiError> {
     use x509_parser::prelude::*;
     let (_, cert) = X509Certificate::from_der(der).map_err(|e| PkiError::BadCert(e.to_string()))?;
-    let common_name = cert
-        .subject()
-        .iter_common_name()
-        .next()
-        .and_then(|cn| cn.as_str().ok())
-        .unwrap_or_default()
-        .to_string();
+    let common_name = cert.subject().iter_common_name().next().and_then(|cn| cn.as_str().ok()).unwrap_or_default().to_string();
     Ok(CertInfo {
         common_name,
         serial: hex::encode(cert.raw_serial()),
@@ -260,17 +213,12 @@ mod tests {
         let ca = Ca::load(&ca_pair.cert_pem, &ca_pair.key_pem).unwrap();
         // The node asks for another name; the CA ignores it.
         let (_key, csr) = node_key_and_csr("db-1-but-call-me-admin").unwrap();
-        let issued = ca
-            .sign_node(&csr, "db-1", "acme", now, Duration::from_secs(86400))
-            .unwrap();
+        let issued = ca.sign_node(&csr, "db-1", "acme", now, Duration::from_secs(86400)).unwrap();
         let info = inspect_pem(&issued.cert_pem).unwrap();
         assert_eq!(info.common_name, "db-1");
         assert_eq!(info.serial, issued.serial);
         assert!((info.not_after - issued.not_after).abs() <= 1);
-        assert_eq!(
-            ca.fingerprint(),
-            inspect_pem(&ca_pair.cert_pem).unwrap().fingerprint
-        );
+        assert_eq!(ca.fingerprint(), inspect_pem(&ca_pair.cert_pem).unwrap().fingerprint);
     }
 
     #[test]
@@ -283,21 +231,10 @@ mod tests {
         let mut bad = der.clone();
         let at = bad.len() / 3;
         bad[at] ^= 1;
-        let pem = format!(
-            "-----BEGIN CERTIFICATE REQUEST-----\n{}\n-----END CERTIFICATE REQUEST-----\n",
-            {
-                use base64::Engine;
-                base64::engine::general_purpose::STANDARD.encode(&bad)
-            }
-        );
-        assert!(ca
-            .sign_node(
-                &pem,
-                "db-1",
-                "acme",
-                SystemTime::now(),
-                Duration::from_secs(60)
-            )
-            .is_err());
+        let pem = format!("-----BEGIN CERTIFICATE REQUEST-----\n{}\n-----END CERTIFICATE REQUEST-----\n", {
+            use base64::Engine;
+            base64::engine::general_purpose::STANDARD.encode(&bad)
+        });
+        assert!(ca.sign_node(&pem, "db-1", "acme", SystemTime::now(), Duration::from_secs(60)).is_err());
     }
 }

@@ -24,28 +24,19 @@ fn key_der(key_pem: &str) -> Result<PrivateKeyDer<'static>, PkiError> {
 
 fn roots(ca_pem: &str) -> Result<RootCertStore, PkiError> {
     let mut roots = RootCertStore::empty();
-    roots
-        .add(CertificateDer::from(pem_to_der(ca_pem, "CERTIFICATE")?))
-        .map_err(|e| PkiError::BadCert(e.to_string()))?;
+    roots.add(CertificateDer::from(pem_to_der(ca_pem, "CERTIFICATE")?)).map_err(|e| PkiError::BadCert(e.to_string()))?;
     Ok(roots)
 }
 
 /// The controller: presents `[server, ca]`, and asks for (but does not require) a client
 /// certificate issued by the mesh CA. Handlers decide which endpoints need one.
-pub fn server_config(
-    server_pem: &str,
-    server_key_pem: &str,
-    ca_pem: &str,
-) -> Result<ServerConfig, PkiError> {
-    let verifier =
-        WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca_pem)?), provider())
-            .allow_unauthenticated()
-            .build()
-            .map_err(|e| PkiError::BadCert(e.to_string()))?;
-    let chain = vec![
-        CertificateDer::from(pem_to_der(server_pem, "CERTIFICATE")?),
-        CertificateDer::from(pem_to_der(ca_pem, "CERTIFICATE")?),
-    ];
+pub fn server_config(server_pem: &str, server_key_pem: &str, ca_pem: &str) -> Result<ServerConfig, PkiError> {
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca_pem)?), provider())
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| PkiError::BadCert(e.to_string()))?;
+    let chain =
+        vec![CertificateDer::from(pem_to_der(server_pem, "CERTIFICATE")?), CertificateDer::from(pem_to_der(ca_pem, "CERTIFICATE")?)];
     let mut cfg = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| PkiError::BadCert(e.to_string()))?
@@ -65,10 +56,7 @@ pub fn client_config(ca_pem: &str, client: Option<(&str, &str)>) -> Result<Clien
     let cfg = match client {
         None => builder.with_no_client_auth(),
         Some((cert_pem, key_pem)) => builder
-            .with_client_auth_cert(
-                vec![CertificateDer::from(pem_to_der(cert_pem, "CERTIFICATE")?)],
-                key_der(key_pem)?,
-            )
+            .with_client_auth_cert(vec![CertificateDer::from(pem_to_der(cert_pem, "CERTIFICATE")?)], key_der(key_pem)?)
             .map_err(|e| PkiError::BadKey(e.to_string()))?,
     };
     Ok(cfg)
@@ -85,11 +73,7 @@ pub struct PinReport {
 /// the address dialled. Anything else fails the handshake, before any request is sent.
 pub fn pinned_client_config(fingerprint: [u8; 32]) -> (ClientConfig, Arc<Mutex<PinReport>>) {
     let report = Arc::new(Mutex::new(PinReport::default()));
-    let verifier = Arc::new(PinnedCa {
-        fingerprint,
-        provider: provider(),
-        report: report.clone(),
-    });
+    let verifier = Arc::new(PinnedCa { fingerprint, provider: provider(), report: report.clone() });
     let cfg = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .expect("ring supports the default versions")
@@ -115,14 +99,8 @@ impl ServerCertVerifier for PinnedCa {
         ocsp: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let Some(ca) = intermediates
-            .iter()
-            .find(|c| fingerprint(c) == self.fingerprint)
-        else {
-            let seen: Vec<String> = intermediates
-                .iter()
-                .map(|c| hex::encode(fingerprint(c)))
-                .collect();
+        let Some(ca) = intermediates.iter().find(|c| fingerprint(c) == self.fingerprint) else {
+            let seen: Vec<String> = intermediates.iter().map(|c| hex::encode(fingerprint(c))).collect();
             let msg = format!(
                 "the controller's CA does not match the token: expected SHA-256 {}, the controller presented {}; refusing to send the token's secret",
                 hex::encode(self.fingerprint),
@@ -133,10 +111,9 @@ impl ServerCertVerifier for PinnedCa {
         };
         let mut roots = RootCertStore::empty();
         roots.add(ca.clone().into_owned())?;
-        let inner =
-            WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
-                .build()
-                .map_err(|e| rustls::Error::General(e.to_string()))?;
+        let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
+            .build()
+            .map_err(|e| rustls::Error::General(e.to_string()))?;
         inner.verify_server_cert(end_entity, &[], server_name, ocsp, now)
     }
 
@@ -146,12 +123,7 @@ impl ServerCertVerifier for PinnedCa {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
     }
 
     fn verify_tls13_signature(
@@ -160,17 +132,10 @@ impl ServerCertVerifier for PinnedCa {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.provider.signature_verification_algorithms.supported_schemes()
     }
 }

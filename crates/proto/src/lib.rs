@@ -23,11 +23,7 @@ pub struct Diagnostic {
 
 impl std::fmt::Display for Diagnostic {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}:{}:{}: {}: {}",
-            self.file, self.line, self.column, self.severity, self.message
-        )
+        write!(f, "{}:{}:{}: {}: {}", self.file, self.line, self.column, self.severity, self.message)
     }
 }
 

@@ -97,25 +97,9 @@ pub struct AuditRecord {
 }
 
 /// The hash that chains an audit record to the one before it.
-pub fn audit_hash(
-    seq: i64,
-    at: i64,
-    actor: &str,
-    action: &str,
-    subject: &str,
-    detail: &str,
-    prev_hash: &str,
-) -> String {
+pub fn audit_hash(seq: i64, at: i64, actor: &str, action: &str, subject: &str, detail: &str, prev_hash: &str) -> String {
     let mut h = Sha256::new();
-    for part in [
-        &seq.to_string(),
-        &at.to_string(),
-        actor,
-        action,
-        subject,
-        detail,
-        prev_hash,
-    ] {
+    for part in [&seq.to_string(), &at.to_string(), actor, action, subject, detail, prev_hash] {
         h.update((part.len() as u64).to_be_bytes());
         h.update(part.as_bytes());
     }
@@ -127,33 +111,14 @@ pub fn verify_audit(records: &[AuditRecord]) -> std::result::Result<usize, Strin
     let mut prev = String::new();
     for (i, r) in records.iter().enumerate() {
         if r.seq != i as i64 + 1 {
-            return Err(format!(
-                "audit record {} is missing (found {} in its place)",
-                i + 1,
-                r.seq
-            ));
+            return Err(format!("audit record {} is missing (found {} in its place)", i + 1, r.seq));
         }
         if r.prev_hash != prev {
-            return Err(format!(
-                "audit record {} does not follow record {}: the chain is broken",
-                r.seq,
-                r.seq - 1
-            ));
+            return Err(format!("audit record {} does not follow record {}: the chain is broken", r.seq, r.seq - 1));
         }
-        let h = audit_hash(
-            r.seq,
-            r.at,
-            &r.actor,
-            &r.action,
-            &r.subject,
-            &r.detail,
-            &r.prev_hash,
-        );
+        let h = audit_hash(r.seq, r.at, &r.actor, &r.action, &r.subject, &r.detail, &r.prev_hash);
         if h != r.hash {
-            return Err(format!(
-                "audit record {} was altered: its hash does not match its content",
-                r.seq
-            ));
+            return Err(format!("audit record {} was altered: its hash does not match its content", r.seq));
         }
         prev = r.hash.clone();
     }
@@ -188,15 +153,12 @@ fn token_record(r: &AnyRow) -> Result<TokenRecord> {
 }
 
 const NODE_COLUMNS: &str = "name, state, wg_public_key, cert_serial, prev_cert_serial, cert_not_after, enrolled_at, last_contact, cert_pem";
-const TOKEN_COLUMNS: &str =
-    "id, node, secret_sha256, created_at, expires_at, used_at, revoked_at, require_approval";
+const TOKEN_COLUMNS: &str = "id, node, secret_sha256, created_at, expires_at, used_at, revoked_at, require_approval";
 
 fn is_unique_violation(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Database(d) => {
-            d.is_unique_violation()
-                || d.message().contains("UNIQUE constraint failed")
-                || d.code().as_deref() == Some("23505")
+            d.is_unique_violation() || d.message().contains("UNIQUE constraint failed") || d.code().as_deref() == Some("23505")
         }
         _ => false,
     }
@@ -262,20 +224,13 @@ impl Store {
         } else {
             return Err(StoreError::BadUrl(url.to_string()));
         };
-        let mut opts =
-            AnyPoolOptions::new().max_connections(if backend == Backend::Sqlite { 4 } else { 8 });
+        let mut opts = AnyPoolOptions::new().max_connections(if backend == Backend::Sqlite { 4 } else { 8 });
         if backend == Backend::Sqlite {
             opts = opts.after_connect(|conn, _| {
                 Box::pin(async move {
-                    sqlx::query("PRAGMA busy_timeout = 10000")
-                        .execute(&mut *conn)
-                        .await?;
-                    sqlx::query("PRAGMA journal_mode = WAL")
-                        .execute(&mut *conn)
-                        .await?;
-                    sqlx::query("PRAGMA synchronous = NORMAL")
-                        .execute(&mut *conn)
-                        .await?;
+                    sqlx::query("PRAGMA busy_timeout = 10000").execute(&mut *conn).await?;
+                    sqlx::query("PRAGMA journal_mode = WAL").execute(&mut *conn).await?;
+                    sqlx::query("PRAGMA synchronous = NORMAL").execute(&mut *conn).await?;
                     Ok(())
                 })
             });
@@ -299,14 +254,9 @@ impl Store {
     }
 
     async fn append_audit(tx: &mut Transaction<'static, Any>, a: &Audit<'_>) -> Result<()> {
-        let last = sqlx::query("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1")
-            .fetch_optional(&mut **tx)
-            .await?;
+        let last = sqlx::query("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetch_optional(&mut **tx).await?;
         let (seq, prev) = match last {
-            Some(r) => (
-                r.try_get::<i64, _>("seq")? + 1,
-                r.try_get::<String, _>("hash")?,
-            ),
+            Some(r) => (r.try_get::<i64, _>("seq")? + 1, r.try_get::<String, _>("hash")?),
             None => (1, String::new()),
         };
         let hash = audit_hash(seq, a.at, a.actor, a.action, a.subject, &a.detail, &prev);
@@ -328,11 +278,7 @@ impl Store {
     /// same audit sequence number first.
     async fn decide<T, F>(&self, audit: &Audit<'_>, mut f: F) -> Result<T>
     where
-        F: for<'t> FnMut(
-            &'t mut Transaction<'static, Any>,
-        ) -> std::pin::Pin<
-            Box<dyn std::future::Future<Output = Result<T>> + Send + 't>,
-        >,
+        F: for<'t> FnMut(&'t mut Transaction<'static, Any>) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<T>> + Send + 't>>,
     {
         let mut attempt = 0;
         loop {
@@ -364,31 +310,21 @@ impl Store {
     // --- revisions -------------------------------------------------------------------------
 
     pub async fn current_revision(&self) -> Result<Option<Revision>> {
-        let row = sqlx::query(
-            "SELECT number, created_at, digest, files FROM revisions ORDER BY number DESC LIMIT 1",
-        )
-        .fetch_optional(&self.pool)
-        .await?;
+        let row = sqlx::query("SELECT number, created_at, digest, files FROM revisions ORDER BY number DESC LIMIT 1")
+            .fetch_optional(&self.pool)
+            .await?;
         row.map(|r| {
             let files: String = r.try_get("files")?;
             let files: Vec<(String, String)> = serde_json::from_str(&files).unwrap_or_default();
-            Ok(Revision {
-                number: r.try_get("number")?,
-                created_at: r.try_get("created_at")?,
-                digest: r.try_get("digest")?,
-                files,
-            })
+            Ok(Revision { number: r.try_get("number")?, created_at: r.try_get("created_at")?, digest: r.try_get("digest")?, files })
         })
         .transpose()
     }
 
     /// The number and digest of the current revision, without its files.
     pub async fn current_revision_head(&self) -> Result<Option<(i64, String)>> {
-        let row = sqlx::query("SELECT number, digest FROM revisions ORDER BY number DESC LIMIT 1")
-            .fetch_optional(&self.pool)
-            .await?;
-        row.map(|r| Ok((r.try_get("number")?, r.try_get("digest")?)))
-            .transpose()
+        let row = sqlx::query("SELECT number, digest FROM revisions ORDER BY number DESC LIMIT 1").fetch_optional(&self.pool).await?;
+        row.map(|r| Ok((r.try_get("number")?, r.try_get("digest")?))).transpose()
     }
 
     /// Stores a declaration as the next revision with its address allocation, atomically. With
@@ -410,7 +346,8 @@ impl Store {
                 let digest = digest.to_string();
                 let allocation = allocation.clone();
                 Box::pin(async move {
-                    let current: Option<i64> = sqlx::query("SELECT MAX(number) AS n FROM revisions").fetch_one(&mut **tx).await?.try_get("n")?;
+                    let current: Option<i64> =
+                        sqlx::query("SELECT MAX(number) AS n FROM revisions").fetch_one(&mut **tx).await?.try_get("n")?;
                     let current = current.unwrap_or(0);
                     if let Some(expected) = expect {
                         if expected != current {
@@ -434,7 +371,12 @@ impl Store {
                         names.entry(n.as_str()).or_default().1 = Some(a.to_string());
                     }
                     for (n, (v4, v6)) in names {
-                        sqlx::query("INSERT INTO addresses (node, ipv4, ipv6) VALUES ($1, $2, $3)").bind(n).bind(v4).bind(v6).execute(&mut **tx).await?;
+                        sqlx::query("INSERT INTO addresses (node, ipv4, ipv6) VALUES ($1, $2, $3)")
+                            .bind(n)
+                            .bind(v4)
+                            .bind(v6)
+                            .execute(&mut **tx)
+                            .await?;
                     }
                     Ok(next)
                 })
@@ -444,32 +386,21 @@ impl Store {
             // Two applies raced for the same number: the loser sees who won.
             Err(StoreError::Db(e)) if is_unique_violation(&e) => {
                 let current = self.current_revision().await?.map_or(0, |r| r.number);
-                Err(StoreError::Conflict {
-                    current,
-                    expected: expect.unwrap_or(current - 1),
-                })
+                Err(StoreError::Conflict { current, expected: expect.unwrap_or(current - 1) })
             }
             other => other,
         }
     }
 
     pub async fn allocation(&self) -> Result<Allocation> {
-        let rows = sqlx::query("SELECT node, ipv4, ipv6 FROM addresses")
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = sqlx::query("SELECT node, ipv4, ipv6 FROM addresses").fetch_all(&self.pool).await?;
         let mut a = Allocation::default();
         for r in rows {
             let node: String = r.try_get("node")?;
-            if let Some(v4) = r
-                .try_get::<Option<String>, _>("ipv4")?
-                .and_then(|s| s.parse().ok())
-            {
+            if let Some(v4) = r.try_get::<Option<String>, _>("ipv4")?.and_then(|s| s.parse().ok()) {
                 a.ipv4.insert(node.clone(), v4);
             }
-            if let Some(v6) = r
-                .try_get::<Option<String>, _>("ipv6")?
-                .and_then(|s| s.parse().ok())
-            {
+            if let Some(v6) = r.try_get::<Option<String>, _>("ipv6")?.and_then(|s| s.parse().ok()) {
                 a.ipv6.insert(node, v6);
             }
         }
@@ -483,19 +414,17 @@ impl Store {
         self.decide(audit, |tx| {
             let t = t.clone();
             Box::pin(async move {
-                sqlx::query(&format!(
-                    "INSERT INTO tokens ({TOKEN_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
-                ))
-                .bind(t.id)
-                .bind(t.node)
-                .bind(t.secret_sha256)
-                .bind(t.created_at)
-                .bind(t.expires_at)
-                .bind(t.used_at)
-                .bind(t.revoked_at)
-                .bind(t.require_approval as i64)
-                .execute(&mut **tx)
-                .await?;
+                sqlx::query(&format!("INSERT INTO tokens ({TOKEN_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"))
+                    .bind(t.id)
+                    .bind(t.node)
+                    .bind(t.secret_sha256)
+                    .bind(t.created_at)
+                    .bind(t.expires_at)
+                    .bind(t.used_at)
+                    .bind(t.revoked_at)
+                    .bind(t.require_approval as i64)
+                    .execute(&mut **tx)
+                    .await?;
                 Ok(())
             })
         })
@@ -503,19 +432,12 @@ impl Store {
     }
 
     pub async fn token(&self, id: &str) -> Result<Option<TokenRecord>> {
-        let row = sqlx::query(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE id = $1"))
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?;
+        let row = sqlx::query(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE id = $1")).bind(id).fetch_optional(&self.pool).await?;
         row.as_ref().map(token_record).transpose()
     }
 
     pub async fn tokens(&self) -> Result<Vec<TokenRecord>> {
-        let rows = sqlx::query(&format!(
-            "SELECT {TOKEN_COLUMNS} FROM tokens ORDER BY created_at, id"
-        ))
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(&format!("SELECT {TOKEN_COLUMNS} FROM tokens ORDER BY created_at, id")).fetch_all(&self.pool).await?;
         rows.iter().map(token_record).collect()
     }
 
@@ -533,7 +455,11 @@ impl Store {
                         .execute(&mut **tx)
                         .await?
                         .rows_affected();
-                    if n == 1 { Ok(()) } else { Err(StoreError::NotFound(format!("unused token {id}"))) }
+                    if n == 1 {
+                        Ok(())
+                    } else {
+                        Err(StoreError::NotFound(format!("unused token {id}")))
+                    }
                 })
             })
             .await;
@@ -597,37 +523,24 @@ impl Store {
             })
             .await;
         match r {
-            Err(StoreError::Db(e)) if is_unique_violation(&e) => {
-                Err(StoreError::KeyTaken("another node".into()))
-            }
+            Err(StoreError::Db(e)) if is_unique_violation(&e) => Err(StoreError::KeyTaken("another node".into())),
             other => other,
         }
     }
 
     pub async fn node(&self, name: &str) -> Result<Option<NodeRecord>> {
-        let row = sqlx::query(&format!("SELECT {NODE_COLUMNS} FROM nodes WHERE name = $1"))
-            .bind(name)
-            .fetch_optional(&self.pool)
-            .await?;
+        let row = sqlx::query(&format!("SELECT {NODE_COLUMNS} FROM nodes WHERE name = $1")).bind(name).fetch_optional(&self.pool).await?;
         row.as_ref().map(node_record).transpose()
     }
 
     pub async fn nodes(&self) -> Result<Vec<NodeRecord>> {
-        let rows = sqlx::query(&format!("SELECT {NODE_COLUMNS} FROM nodes ORDER BY name"))
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = sqlx::query(&format!("SELECT {NODE_COLUMNS} FROM nodes ORDER BY name")).fetch_all(&self.pool).await?;
         rows.iter().map(node_record).collect()
     }
 
     /// Moves a node from one of `from` states to `to`. Revocation also forgets its certificates,
     /// so they are refused at once. Returns the state it was in, or `NotFound`.
-    pub async fn set_state(
-        &self,
-        name: &str,
-        from: &[&str],
-        to: &str,
-        audit: &Audit<'_>,
-    ) -> Result<String> {
+    pub async fn set_state(&self, name: &str, from: &[&str], to: &str, audit: &Audit<'_>) -> Result<String> {
         let name = name.to_string();
         let from: Vec<String> = from.iter().map(|s| s.to_string()).collect();
         let to = to.to_string();
@@ -662,12 +575,7 @@ impl Store {
         cert_pem: &str,
         audit: &Audit<'_>,
     ) -> Result<()> {
-        let (name, old, new, pem) = (
-            name.to_string(),
-            old_serial.to_string(),
-            new_serial.to_string(),
-            cert_pem.to_string(),
-        );
+        let (name, old, new, pem) = (name.to_string(), old_serial.to_string(), new_serial.to_string(), cert_pem.to_string());
         self.decide(audit, |tx| {
             let (name, old, new, pem) = (name.clone(), old.clone(), new.clone(), pem.clone());
             Box::pin(async move {
@@ -687,11 +595,7 @@ impl Store {
     }
 
     pub async fn touch(&self, name: &str, now: i64) -> Result<()> {
-        sqlx::query("UPDATE nodes SET last_contact = $1 WHERE name = $2")
-            .bind(now)
-            .bind(name)
-            .execute(&self.pool)
-            .await?;
+        sqlx::query("UPDATE nodes SET last_contact = $1 WHERE name = $2").bind(now).bind(name).execute(&self.pool).await?;
         Ok(())
     }
 
@@ -699,18 +603,12 @@ impl Store {
 
     /// Version, content digest and issue time of every node's current bundle.
     pub async fn bundles(&self) -> Result<std::collections::HashMap<String, BundleVersion>> {
-        let rows = sqlx::query("SELECT node, version, digest, issued_at FROM bundles")
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = sqlx::query("SELECT node, version, digest, issued_at FROM bundles").fetch_all(&self.pool).await?;
         rows.iter()
             .map(|r| {
                 Ok((
                     r.try_get("node")?,
-                    BundleVersion {
-                        version: r.try_get("version")?,
-                        digest: r.try_get("digest")?,
-                        issued_at: r.try_get("issued_at")?,
-                    },
+                    BundleVersion { version: r.try_get("version")?, digest: r.try_get("digest")?, issued_at: r.try_get("issued_at")? },
                 ))
             })
             .collect()
@@ -719,30 +617,34 @@ impl Store {
     /// Records new content for these nodes: each whose digest differs from its stored one gets
     /// the next version, in one transaction. A node whose stored digest already matches (another
     /// replica published it first) keeps its version. Returns the versions now in force.
-    pub async fn publish(
-        &self,
-        changes: &[(String, String)],
-        now: i64,
-    ) -> Result<Vec<(String, BundleVersion)>> {
+    pub async fn publish(&self, changes: &[(String, String)], now: i64) -> Result<Vec<(String, BundleVersion)>> {
         let mut attempt = 0;
         loop {
             let mut tx = self.begin().await?;
             let mut out = Vec::with_capacity(changes.len());
             let r: Result<()> = async {
                 for (node, digest) in changes {
-                    sqlx::query("INSERT INTO bundles (node, version, digest, issued_at) VALUES ($1, 0, '', $2) ON CONFLICT (node) DO NOTHING")
-                        .bind(node.clone())
-                        .bind(now)
-                        .execute(&mut *tx)
-                        .await?;
+                    sqlx::query(
+                        "INSERT INTO bundles (node, version, digest, issued_at) VALUES ($1, 0, '', $2) ON CONFLICT (node) DO NOTHING",
+                    )
+                    .bind(node.clone())
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
                     sqlx::query("UPDATE bundles SET version = version + 1, digest = $1, issued_at = $2 WHERE node = $3 AND digest <> $1")
                         .bind(digest.clone())
                         .bind(now)
                         .bind(node.clone())
                         .execute(&mut *tx)
                         .await?;
-                    let r = sqlx::query("SELECT version, digest, issued_at FROM bundles WHERE node = $1").bind(node.clone()).fetch_one(&mut *tx).await?;
-                    out.push((node.clone(), BundleVersion { version: r.try_get("version")?, digest: r.try_get("digest")?, issued_at: r.try_get("issued_at")? }));
+                    let r = sqlx::query("SELECT version, digest, issued_at FROM bundles WHERE node = $1")
+                        .bind(node.clone())
+                        .fetch_one(&mut *tx)
+                        .await?;
+                    out.push((
+                        node.clone(),
+                        BundleVersion { version: r.try_get("version")?, digest: r.try_get("digest")?, issued_at: r.try_get("issued_at")? },
+                    ));
                 }
                 Ok(())
             }
@@ -750,14 +652,10 @@ impl Store {
             match r {
                 Ok(()) => match tx.commit().await {
                     Ok(()) => return Ok(out),
-                    Err(e) if (is_unique_violation(&e) || is_serialization(&e)) && attempt < 20 => {
-                        attempt += 1
-                    }
+                    Err(e) if (is_unique_violation(&e) || is_serialization(&e)) && attempt < 20 => attempt += 1,
                     Err(e) => return Err(e.into()),
                 },
-                Err(StoreError::Db(e))
-                    if (is_unique_violation(&e) || is_serialization(&e)) && attempt < 20 =>
-                {
+                Err(StoreError::Db(e)) if (is_unique_violation(&e) || is_serialization(&e)) && attempt < 20 => {
                     let _ = tx.rollback().await;
                     attempt += 1;
                 }
@@ -770,12 +668,7 @@ impl Store {
 
     /// Appends evidence records; a record whose (node, seq) is already stored is a re-send and is
     /// ignored. Returns (accepted, duplicates).
-    pub async fn add_evidence(
-        &self,
-        node: &str,
-        records: &[EvidenceRecord],
-        received_at: i64,
-    ) -> Result<(usize, usize)> {
+    pub async fn add_evidence(&self, node: &str, records: &[EvidenceRecord], received_at: i64) -> Result<(usize, usize)> {
         let mut tx = self.begin().await?;
         let mut accepted = 0;
         for r in records {
@@ -799,30 +692,16 @@ impl Store {
 
     /// Per node: how many records, the highest sequence number, the newest applied version, and
     /// the result and error of the newest record.
-    pub async fn evidence_summary(
-        &self,
-    ) -> Result<std::collections::HashMap<String, EvidenceSummary>> {
-        let rows =
-            sqlx::query("SELECT node, COUNT(*) AS n, MAX(seq) AS top FROM evidence GROUP BY node")
-                .fetch_all(&self.pool)
-                .await?;
+    pub async fn evidence_summary(&self) -> Result<std::collections::HashMap<String, EvidenceSummary>> {
+        let rows = sqlx::query("SELECT node, COUNT(*) AS n, MAX(seq) AS top FROM evidence GROUP BY node").fetch_all(&self.pool).await?;
         let mut out = std::collections::HashMap::new();
         for r in rows {
             let node: String = r.try_get("node")?;
-            out.insert(
-                node,
-                EvidenceSummary {
-                    records: r.try_get("n")?,
-                    highest_seq: r.try_get("top")?,
-                    ..Default::default()
-                },
-            );
+            out.insert(node, EvidenceSummary { records: r.try_get("n")?, highest_seq: r.try_get("top")?, ..Default::default() });
         }
-        let applied = sqlx::query(
-            "SELECT node, MAX(version) AS v FROM evidence WHERE result = 'applied' GROUP BY node",
-        )
-        .fetch_all(&self.pool)
-        .await?;
+        let applied = sqlx::query("SELECT node, MAX(version) AS v FROM evidence WHERE result = 'applied' GROUP BY node")
+            .fetch_all(&self.pool)
+            .await?;
         for r in applied {
             let node: String = r.try_get("node")?;
             if let Some(s) = out.get_mut(&node) {
@@ -847,7 +726,10 @@ impl Store {
 
     /// Every evidence record of one node, in sequence order.
     pub async fn evidence(&self, node: &str) -> Result<Vec<EvidenceRecord>> {
-        let rows = sqlx::query("SELECT seq, version, result, error, files, at FROM evidence WHERE node = $1 ORDER BY seq").bind(node).fetch_all(&self.pool).await?;
+        let rows = sqlx::query("SELECT seq, version, result, error, files, at FROM evidence WHERE node = $1 ORDER BY seq")
+            .bind(node)
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter()
             .map(|r| {
                 Ok(EvidenceRecord {
@@ -865,9 +747,7 @@ impl Store {
     /// The newest audit sequence number: every governance decision moves it, so replicas watch
     /// it to learn that something changed.
     pub async fn audit_head(&self) -> Result<i64> {
-        let r = sqlx::query("SELECT MAX(seq) AS top FROM audit")
-            .fetch_one(&self.pool)
-            .await?;
+        let r = sqlx::query("SELECT MAX(seq) AS top FROM audit").fetch_one(&self.pool).await?;
         Ok(r.try_get::<Option<i64>, _>("top")?.unwrap_or(0))
     }
 
@@ -879,7 +759,9 @@ impl Store {
     }
 
     pub async fn audit(&self) -> Result<Vec<AuditRecord>> {
-        let rows = sqlx::query("SELECT seq, at, actor, action, subject, detail, prev_hash, hash FROM audit ORDER BY seq").fetch_all(&self.pool).await?;
+        let rows = sqlx::query("SELECT seq, at, actor, action, subject, detail, prev_hash, hash FROM audit ORDER BY seq")
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter()
             .map(|r| {
                 Ok(AuditRecord {

@@ -7,9 +7,7 @@ static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 fn unique(tag: &str) -> String {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     format!("{tag}_{}_{n}_{t}", std::process::id())
 }
 
@@ -27,13 +25,8 @@ pub async fn postgres_url() -> String {
     });
     sqlx::any::install_default_drivers();
     let name = unique("trellis_test");
-    let mut conn = <sqlx::AnyConnection as sqlx::Connection>::connect(&admin)
-        .await
-        .expect("connect to TRELLIS_TEST_POSTGRES_URL");
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&mut conn)
-        .await
-        .expect("create test database");
+    let mut conn = <sqlx::AnyConnection as sqlx::Connection>::connect(&admin).await.expect("connect to TRELLIS_TEST_POSTGRES_URL");
+    sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut conn).await.expect("create test database");
     let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
     format!("{base}/{name}")
 }

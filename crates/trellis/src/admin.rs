@@ -32,51 +32,32 @@ impl Conn {
     fn client(&self) -> Result<AdminClient> {
         match (&self.state_dir, &self.server) {
             (Some(dir), _) => AdminClient::from_state_dir(dir),
-            (None, Some(server)) => AdminClient::from_args(server, self.admin_token_file.as_ref().expect("required"), self.ca_file.as_ref().expect("required")),
-            (None, None) => bail!("say where the controller is: --state-dir DIR on its machine, or --server HOST:PORT --admin-token-file F --ca-file F"),
+            (None, Some(server)) => {
+                AdminClient::from_args(server, self.admin_token_file.as_ref().expect("required"), self.ca_file.as_ref().expect("required"))
+            }
+            (None, None) => {
+                bail!("say where the controller is: --state-dir DIR on its machine, or --server HOST:PORT --admin-token-file F --ca-file F")
+            }
         }
     }
 }
 
 pub fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime")
 }
 
-pub fn init(
-    dir: &Path,
-    advertise: Vec<String>,
-    listen: Option<String>,
-    database_url: Option<String>,
-    cert_secs: u64,
-) -> Result<ExitCode> {
+pub fn init(dir: &Path, advertise: Vec<String>, listen: Option<String>, database_url: Option<String>, cert_secs: u64) -> Result<ExitCode> {
     if cert_secs == 0 {
         bail!("--cert-lifetime must be longer than zero");
     }
-    let opts = InitOptions {
-        advertise,
-        listen,
-        database_url,
-        node_cert_secs: cert_secs,
-    };
+    let opts = InitOptions { advertise, listen, database_url, node_cert_secs: cert_secs };
     let st = runtime().block_on(state::init(dir, &opts))?;
     println!("created a trellis controller in {}", dir.display());
-    println!(
-        "  mesh CA fingerprint (SHA-256): {}",
-        trellis_controller::server::ca_fingerprint_hex(&st)?
-    );
+    println!("  mesh CA fingerprint (SHA-256): {}", trellis_controller::server::ca_fingerprint_hex(&st)?);
     println!("  advertised at: {}", st.config.advertise.join(", "));
     println!("  listens on: {}", st.config.listen);
-    println!(
-        "  database: {}",
-        trellis_controller::server::redact(&st.config.database_url)
-    );
-    println!(
-        "  admin credential: {} (mode 0600)",
-        dir.join("admin.token").display()
-    );
+    println!("  database: {}", trellis_controller::server::redact(&st.config.database_url));
+    println!("  admin credential: {} (mode 0600)", dir.join("admin.token").display());
     println!("next: trellis serve --state-dir {}", dir.display());
     Ok(ExitCode::SUCCESS)
 }
@@ -84,12 +65,7 @@ pub fn init(
 pub fn serve(dir: &Path, database_url: Option<String>, listen: Option<String>) -> Result<ExitCode> {
     let st = state::StateDir::load(dir)?;
     runtime().block_on(async {
-        let server = trellis_controller::server::Server::bind(
-            &st,
-            database_url.as_deref(),
-            listen.as_deref(),
-        )
-        .await?;
+        let server = trellis_controller::server::Server::bind(&st, database_url.as_deref(), listen.as_deref()).await?;
         let url = database_url.as_deref().unwrap_or(&st.config.database_url);
         eprintln!(
             "trellis serve: listening on {} ({}); database {}",
@@ -98,9 +74,7 @@ pub fn serve(dir: &Path, database_url: Option<String>, listen: Option<String>) -
             trellis_controller::server::redact(url)
         );
         let shutdown = async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("signal handler");
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {},
                 _ = term.recv() => {},
@@ -122,17 +96,11 @@ fn print_refusal(e: &anyhow::Error, prefix: &Path) {
     }
 }
 
-pub fn apply(
-    conn: &Conn,
-    dir: &Path,
-    expect_revision: Option<i64>,
-    json_out: bool,
-) -> Result<ExitCode> {
+pub fn apply(conn: &Conn, dir: &Path, expect_revision: Option<i64>, json_out: bool) -> Result<ExitCode> {
     // Read exactly what `check` reads, and send it as written.
     let mut files = vec![proto::DeclFile {
         path: "mesh.toml".into(),
-        text: std::fs::read_to_string(dir.join("mesh.toml"))
-            .with_context(|| format!("cannot read {}", dir.join("mesh.toml").display()))?,
+        text: std::fs::read_to_string(dir.join("mesh.toml")).with_context(|| format!("cannot read {}", dir.join("mesh.toml").display()))?,
     }];
     let modules = dir.join("modules");
     if modules.is_dir() {
@@ -143,22 +111,15 @@ pub fn apply(
             .collect();
         names.sort();
         for p in names {
-            let name = p
-                .file_name()
-                .and_then(|n| n.to_str())
-                .context("module file name is not UTF-8")?;
+            let name = p.file_name().and_then(|n| n.to_str()).context("module file name is not UTF-8")?;
             files.push(proto::DeclFile {
                 path: format!("modules/{name}"),
-                text: std::fs::read_to_string(&p)
-                    .with_context(|| format!("cannot read {}", p.display()))?,
+                text: std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?,
             });
         }
     }
     let client = conn.client()?;
-    let result = runtime().block_on(client.apply(&proto::ApplyRequest {
-        files,
-        expect_revision,
-    }));
+    let result = runtime().block_on(client.apply(&proto::ApplyRequest { files, expect_revision }));
     match result {
         Ok(r) => {
             for d in &r.diagnostics {
@@ -167,17 +128,9 @@ pub fn apply(
                 eprintln!("{d}");
             }
             if json_out {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(
-                        &json!({"revision": r.revision, "unchanged": r.unchanged})
-                    )?
-                );
+                println!("{}", serde_json::to_string_pretty(&json!({"revision": r.revision, "unchanged": r.unchanged}))?);
             } else if r.unchanged {
-                println!(
-                    "unchanged: revision {} already holds this declaration",
-                    r.revision
-                );
+                println!("unchanged: revision {} already holds this declaration", r.revision);
             } else {
                 println!("applied {} as revision {}", dir.display(), r.revision);
             }
@@ -216,9 +169,7 @@ pub enum TokenCommand {
 
 pub fn parse_duration(s: &str) -> Result<u64, String> {
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration such as 90s, 30m, 1h or 7d"))?;
+    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a duration such as 90s, 30m, 1h or 7d"))?;
     let mult = match unit {
         "s" | "" => 1,
         "m" => 60,
@@ -233,26 +184,20 @@ pub fn token(conn: &Conn, cmd: TokenCommand) -> Result<ExitCode> {
     let client = conn.client()?;
     let rt = runtime();
     match cmd {
-        TokenCommand::Create {
-            node,
-            ttl,
-            require_approval,
-            json,
-        } => {
-            let t = rt.block_on(client.create_token(&proto::TokenRequest {
-                node,
-                ttl_secs: ttl,
-                require_approval,
-            }))?;
+        TokenCommand::Create { node, ttl, require_approval, json } => {
+            let t = rt.block_on(client.create_token(&proto::TokenRequest { node, ttl_secs: ttl, require_approval }))?;
             if json {
                 println!(
                     "{}",
-                    serde_json::to_string_pretty(
-                        &json!({"token": t.token, "id": t.id, "node": t.node, "expires_at": t.expires_at})
-                    )?
+                    serde_json::to_string_pretty(&json!({"token": t.token, "id": t.id, "node": t.node, "expires_at": t.expires_at}))?
                 );
             } else {
-                eprintln!("token {} for node {}, valid until {}; paste on the node: trellis-agent enrol TOKEN --state-dir DIR", t.id, t.node, crate::time::fmt(t.expires_at));
+                eprintln!(
+                    "token {} for node {}, valid until {}; paste on the node: trellis-agent enrol TOKEN --state-dir DIR",
+                    t.id,
+                    t.node,
+                    crate::time::fmt(t.expires_at)
+                );
                 println!("{}", t.token);
             }
         }
@@ -261,10 +206,7 @@ pub fn token(conn: &Conn, cmd: TokenCommand) -> Result<ExitCode> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&list)?);
             } else {
-                println!(
-                    "{:<18} {:<20} {:<8} {:<22} APPROVAL",
-                    "ID", "NODE", "STATE", "EXPIRES"
-                );
+                println!("{:<18} {:<20} {:<8} {:<22} APPROVAL", "ID", "NODE", "STATE", "EXPIRES");
                 for t in list {
                     println!(
                         "{:<18} {:<20} {:<8} {:<22} {}",
@@ -291,10 +233,7 @@ pub fn nodes(conn: &Conn, json_out: bool) -> Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&list)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
-        "{:<20} {:<9} {:<16} {:<28} {:<17} {:<22} LAST CONTACT",
-        "NODE", "STATE", "IPV4", "IPV6", "KEY", "CERT EXPIRES"
-    );
+    println!("{:<20} {:<9} {:<16} {:<28} {:<17} {:<22} LAST CONTACT", "NODE", "STATE", "IPV4", "IPV6", "KEY", "CERT EXPIRES");
     for n in list {
         let opt = |o: Option<String>| o.unwrap_or_else(|| "-".into());
         println!(
@@ -347,10 +286,7 @@ pub fn audit_verify(conn: &Conn) -> Result<ExitCode> {
         .collect();
     match trellis_store::verify_audit(&parsed) {
         Ok(n) => {
-            println!(
-                "audit chain verified: {n} records, head {}",
-                parsed.last().map_or("-", |r| r.hash.as_str())
-            );
+            println!("audit chain verified: {n} records, head {}", parsed.last().map_or("-", |r| r.hash.as_str()));
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => bail!("{e}"),
@@ -363,10 +299,7 @@ pub fn audit_list(conn: &Conn, json_out: bool) -> Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&records)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
-        "{:>5}  {:<20}  {:<26}  {:<20}  {:<24}  DETAIL",
-        "SEQ", "AT", "ACTION", "SUBJECT", "ACTOR"
-    );
+    println!("{:>5}  {:<20}  {:<26}  {:<20}  {:<24}  DETAIL", "SEQ", "AT", "ACTION", "SUBJECT", "ACTOR");
     for r in &records {
         println!(
             "{:>5}  {:<20}  {:<26}  {:<20}  {:<24}  {}",

@@ -73,15 +73,11 @@ fn key(i: usize) -> String {
 /// an endpoint; every node runs one service module and the shared `base` module; services admit
 /// two groups over TCP and one over ICMP; `base` admits the `ops` group (SSH from operators).
 pub fn generate(a: &CompileArgs) -> (SourceFile, Vec<SourceFile>) {
-    let (n, g, m, w, h) = (
-        a.nodes,
-        a.groups.max(2),
-        a.modules.max(2),
-        a.networks.max(1),
-        a.hubs,
-    );
+    let (n, g, m, w, h) = (a.nodes, a.groups.max(2), a.modules.max(2), a.networks.max(1), a.hubs);
     let mut s = String::with_capacity(n * 200);
-    s.push_str("[mesh]\nname = \"bench\"\ndomain = \"bench.mesh\"\noverlay_ipv4 = \"10.88.0.0/16\"\noverlay_ipv6 = \"fd88::/64\"\n\n[networks]\n");
+    s.push_str(
+        "[mesh]\nname = \"bench\"\ndomain = \"bench.mesh\"\noverlay_ipv4 = \"10.88.0.0/16\"\noverlay_ipv6 = \"fd88::/64\"\n\n[networks]\n",
+    );
     for i in 0..w {
         let _ = writeln!(s, "net-{i} = {{}}");
     }
@@ -99,43 +95,48 @@ pub fn generate(a: &CompileArgs) -> (SourceFile, Vec<SourceFile>) {
     s.push_str("\n[groups]\n");
     for (i, list) in members.iter().enumerate() {
         let quoted: Vec<String> = list.iter().map(|m| format!("\"{m}\"")).collect();
-        let label = if i == 0 {
-            "ops".to_string()
-        } else {
-            format!("grp-{i}")
-        };
+        let label = if i == 0 { "ops".to_string() } else { format!("grp-{i}") };
         let _ = writeln!(s, "{label} = [{}]", quoted.join(", "));
     }
     let all_nets: Vec<String> = (0..w).map(|i| format!("\"net-{i}\"")).collect();
     for i in 0..n {
-        let _ = write!(s, "\n[[node]]\nname = \"{}\"\nnetworks = [\"net-{}\"]\nmodules = [\"svc-{}\", \"base\"]\npublic_key = \"{}\"\n", name(i), i % w, i % (m - 1), key(i));
+        let _ = write!(
+            s,
+            "\n[[node]]\nname = \"{}\"\nnetworks = [\"net-{}\"]\nmodules = [\"svc-{}\", \"base\"]\npublic_key = \"{}\"\n",
+            name(i),
+            i % w,
+            i % (m - 1),
+            key(i)
+        );
         if i < h {
-            let _ = write!(s, "hub = true\n[[node.endpoint]]\naddress = \"198.51.100.{}:51820\"\nreachable_from = [{}]\n", i + 1, all_nets.join(", "));
+            let _ = write!(
+                s,
+                "hub = true\n[[node.endpoint]]\naddress = \"198.51.100.{}:51820\"\nreachable_from = [{}]\n",
+                i + 1,
+                all_nets.join(", ")
+            );
         } else if i % 3 == 0 {
-            let _ = write!(s, "[[node.endpoint]]\naddress = \"203.0.{}.{}:51820\"\nreachable_from = [\"net-{}\", \"net-{}\"]\n", (i / 250) % 250, i % 250 + 1, i % w, (i + 1) % w);
+            let _ = write!(
+                s,
+                "[[node.endpoint]]\naddress = \"203.0.{}.{}:51820\"\nreachable_from = [\"net-{}\", \"net-{}\"]\n",
+                (i / 250) % 250,
+                i % 250 + 1,
+                i % w,
+                (i + 1) % w
+            );
         }
     }
     let mut modules = Vec::new();
     for j in 0..m - 1 {
-        let (g1, g2, g3) = (
-            1 + (j * 7) % (g - 1),
-            1 + (j * 7 + 1) % (g - 1),
-            1 + (j * 7 + 2) % (g - 1),
-        );
+        let (g1, g2, g3) = (1 + (j * 7) % (g - 1), 1 + (j * 7 + 1) % (g - 1), 1 + (j * 7 + 2) % (g - 1));
         let text = format!("[module]\nname = \"svc-{j}\"\n\n[[allow]]\nproto = \"tcp\"\nports = [\"{}\", \"8000-8100\"]\nfrom = [\"group:grp-{g1}\", \"group:grp-{g2}\"]\n\n[[allow]]\nproto = \"icmp\"\nfrom = [\"group:grp-{g3}\"]\n", 1000 + j);
-        modules.push(SourceFile {
-            path: format!("modules/svc-{j}.toml"),
-            text,
-        });
+        modules.push(SourceFile { path: format!("modules/svc-{j}.toml"), text });
     }
-    modules.push(SourceFile { path: "modules/base.toml".into(), text: "[module]\nname = \"base\"\n\n[[allow]]\nproto = \"tcp\"\nports = [\"22\"]\nfrom = [\"group:ops\"]\n".into() });
-    (
-        SourceFile {
-            path: "mesh.toml".into(),
-            text: s,
-        },
-        modules,
-    )
+    modules.push(SourceFile {
+        path: "modules/base.toml".into(),
+        text: "[module]\nname = \"base\"\n\n[[allow]]\nproto = \"tcp\"\nports = [\"22\"]\nfrom = [\"group:ops\"]\n".into(),
+    });
+    (SourceFile { path: "mesh.toml".into(), text: s }, modules)
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -145,13 +146,7 @@ fn median(mut v: Vec<Duration>) -> Duration {
 
 fn peak_rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+    status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()
 }
 
 fn ms(d: Duration) -> f64 {
@@ -167,19 +162,10 @@ fn bench_compile(a: &CompileArgs) -> Result<ExitCode> {
     let loaded = load(&mesh, &modules);
     let load_time = t.elapsed();
     let Some(decl) = loaded.declaration else {
-        bail!(
-            "the generated mesh does not validate: {}",
-            loaded
-                .diagnostics
-                .first()
-                .map(|d| d.to_string())
-                .unwrap_or_default()
-        );
+        bail!("the generated mesh does not validate: {}", loaded.diagnostics.first().map(|d| d.to_string()).unwrap_or_default());
     };
     let keys = HashMap::new();
-    let full = |prev: Option<&Compiled>| {
-        compile(&decl, &keys, &Default::default(), prev).map_err(|d| anyhow::anyhow!("{d}"))
-    };
+    let full = |prev: Option<&Compiled>| compile(&decl, &keys, &Default::default(), prev).map_err(|d| anyhow::anyhow!("{d}"));
     let mut times = Vec::new();
     let mut last = None;
     for _ in 0..a.runs {
@@ -189,57 +175,29 @@ fn bench_compile(a: &CompileArgs) -> Result<ExitCode> {
         last = Some(c);
     }
     let base = last.expect("runs >= 1");
-    let bytes: usize = base
-        .nodes
-        .values()
-        .flat_map(|o| o.files.iter())
-        .filter(|f| !f.path.ends_with("mesh.zone"))
-        .map(|f| f.content.len())
-        .sum();
-    let zone_bytes = base
-        .nodes
-        .values()
-        .next()
-        .map_or(0, |o| o.files[2].content.len());
+    let bytes: usize =
+        base.nodes.values().flat_map(|o| o.files.iter()).filter(|f| !f.path.ends_with("mesh.zone")).map(|f| f.content.len()).sum();
+    let zone_bytes = base.nodes.values().next().map_or(0, |o| o.files[2].content.len());
     let peers: usize = base.nodes.values().map(|o| o.plan.peers.len()).sum();
-    let max_peers = base
-        .nodes
-        .values()
-        .map(|o| o.plan.peers.len())
-        .max()
-        .unwrap_or(0);
+    let max_peers = base.nodes.values().map(|o| o.plan.peers.len()).max().unwrap_or(0);
 
     // One-node changes: a node re-enrols with a new key; a node moves to another group.
     let target = format!("node-{:05}", a.hubs + 7);
     let mut rekeyed = decl.clone();
-    rekeyed
-        .nodes
-        .iter_mut()
-        .find(|n| n.name == target)
-        .expect("generated")
-        .public_key = Some(PublicKey([0xee; 32]));
+    rekeyed.nodes.iter_mut().find(|n| n.name == target).expect("generated").public_key = Some(PublicKey([0xee; 32]));
     let t = Instant::now();
-    let c1 = compile(&rekeyed, &keys, &Default::default(), Some(&base))
-        .map_err(|d| anyhow::anyhow!("{d}"))?;
+    let c1 = compile(&rekeyed, &keys, &Default::default(), Some(&base)).map_err(|d| anyhow::anyhow!("{d}"))?;
     let rekey_time = t.elapsed();
     let mut moved = decl.clone();
     for grp in &mut moved.groups {
         grp.members.retain(|m| *m != target);
     }
-    moved
-        .groups
-        .iter_mut()
-        .find(|g| g.name == "grp-1")
-        .expect("generated")
-        .members
-        .push(target.clone());
+    moved.groups.iter_mut().find(|g| g.name == "grp-1").expect("generated").members.push(target.clone());
     let t = Instant::now();
-    let c2 = compile(&moved, &keys, &Default::default(), Some(&base))
-        .map_err(|d| anyhow::anyhow!("{d}"))?;
+    let c2 = compile(&moved, &keys, &Default::default(), Some(&base)).map_err(|d| anyhow::anyhow!("{d}"))?;
     let move_time = t.elapsed();
     let t = Instant::now();
-    let c3 = compile(&decl, &keys, &Default::default(), Some(&base))
-        .map_err(|d| anyhow::anyhow!("{d}"))?;
+    let c3 = compile(&decl, &keys, &Default::default(), Some(&base)).map_err(|d| anyhow::anyhow!("{d}"))?;
     let same_time = t.elapsed();
     let peak = peak_rss_kib();
 
@@ -258,40 +216,22 @@ fn bench_compile(a: &CompileArgs) -> Result<ExitCode> {
             }))?
         );
     } else {
-        println!(
-            "generated mesh: {} nodes, {} groups, {} modules, {} networks, {} hubs",
-            a.nodes, a.groups, a.modules, a.networks, a.hubs
-        );
+        println!("generated mesh: {} nodes, {} groups, {} modules, {} networks, {} hubs", a.nodes, a.groups, a.modules, a.networks, a.hubs);
         println!("load and validate:           {:8.1} ms", ms(load_time));
         println!(
             "full compile (median of {}):  {:8.1} ms   runs: {}",
             a.runs,
             ms(median(times.clone())),
-            times
-                .iter()
-                .map(|d| format!("{:.0}", ms(*d)))
-                .collect::<Vec<_>>()
-                .join(" ")
-        );
-        println!("output: {peers} peer entries (max {max_peers} on one node), {:.1} MiB of wireguard.conf+nftables.conf, zone {:.1} KiB shared", bytes as f64 / 1048576.0, zone_bytes as f64 / 1024.0);
-        println!(
-            "one node re-keyed:           {:8.1} ms   rendered {} of {} nodes",
-            ms(rekey_time),
-            c1.rendered.len(),
-            a.nodes
+            times.iter().map(|d| format!("{:.0}", ms(*d))).collect::<Vec<_>>().join(" ")
         );
         println!(
-            "one node changes group:      {:8.1} ms   rendered {} of {} nodes",
-            ms(move_time),
-            c2.rendered.len(),
-            a.nodes
+            "output: {peers} peer entries (max {max_peers} on one node), {:.1} MiB of wireguard.conf+nftables.conf, zone {:.1} KiB shared",
+            bytes as f64 / 1048576.0,
+            zone_bytes as f64 / 1024.0
         );
-        println!(
-            "no change:                   {:8.1} ms   rendered {} of {} nodes",
-            ms(same_time),
-            c3.rendered.len(),
-            a.nodes
-        );
+        println!("one node re-keyed:           {:8.1} ms   rendered {} of {} nodes", ms(rekey_time), c1.rendered.len(), a.nodes);
+        println!("one node changes group:      {:8.1} ms   rendered {} of {} nodes", ms(move_time), c2.rendered.len(), a.nodes);
+        println!("no change:                   {:8.1} ms   rendered {} of {} nodes", ms(same_time), c3.rendered.len(), a.nodes);
         if let Some(p) = peak {
             println!("peak resident memory:        {:8.1} MiB", p as f64 / 1024.0);
         }
@@ -307,9 +247,7 @@ async fn bench_enrol(a: &EnrolArgs) -> Result<ExitCode> {
     }
     let dir = std::env::temp_dir().join(format!("trellis-bench-enrol-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let addr = format!("127.0.0.1:{port}");
     let opts = state::InitOptions {
         advertise: vec![addr.clone()],
@@ -324,33 +262,22 @@ async fn bench_enrol(a: &EnrolArgs) -> Result<ExitCode> {
         let _ = stopped.await;
     }));
     let admin = AdminClient::from_state_dir(&dir)?;
-    let mut mesh = String::from(
-        "[mesh]\nname = \"bench\"\ndomain = \"bench.mesh\"\noverlay_ipv4 = \"10.88.0.0/16\"\n",
-    );
+    let mut mesh = String::from("[mesh]\nname = \"bench\"\ndomain = \"bench.mesh\"\noverlay_ipv4 = \"10.88.0.0/16\"\n");
     for i in 0..a.nodes {
         let _ = write!(mesh, "[[node]]\nname = \"n{i:05}\"\n");
     }
     admin
         .apply(&trellis_proto::ApplyRequest {
-            files: vec![trellis_proto::DeclFile {
-                path: "mesh.toml".into(),
-                text: mesh,
-            }],
+            files: vec![trellis_proto::DeclFile { path: "mesh.toml".into(), text: mesh }],
             expect_revision: None,
         })
         .await?;
     // Tokens and the nodes' own keys and CSRs are made first: the figure is the controller's.
     let mut requests = Vec::with_capacity(a.nodes);
     for i in 0..a.nodes {
-        let t = admin
-            .create_token(&trellis_proto::TokenRequest {
-                node: format!("n{i:05}"),
-                ttl_secs: 3600,
-                require_approval: false,
-            })
-            .await?;
-        let token = trellis_core::token::EnrolmentToken::decode(&t.token)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let t =
+            admin.create_token(&trellis_proto::TokenRequest { node: format!("n{i:05}"), ttl_secs: 3600, require_approval: false }).await?;
+        let token = trellis_core::token::EnrolmentToken::decode(&t.token).map_err(|e| anyhow::anyhow!("{e}"))?;
         let (_key, csr) = trellis_pki::node_key_and_csr(&token.node)?;
         let mut wg = [0u8; 32];
         wg[..8].copy_from_slice(&(i as u64 + 1).to_le_bytes());
@@ -363,18 +290,12 @@ async fn bench_enrol(a: &EnrolArgs) -> Result<ExitCode> {
         });
     }
     let ca = std::fs::read_to_string(dir.join("ca.pem"))?;
-    let http = reqwest::Client::builder()
-        .use_preconfigured_tls(trellis_pki::tls::client_config(&ca, None)?)
-        .build()?;
+    let http = reqwest::Client::builder().use_preconfigured_tls(trellis_pki::tls::client_config(&ca, None)?).build()?;
     let queue = std::sync::Arc::new(tokio::sync::Mutex::new(requests));
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..a.concurrency {
-        let (queue, http, url) = (
-            queue.clone(),
-            http.clone(),
-            format!("https://{addr}/v1/enrol"),
-        );
+        let (queue, http, url) = (queue.clone(), http.clone(), format!("https://{addr}/v1/enrol"));
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             loop {
@@ -384,11 +305,7 @@ async fn bench_enrol(a: &EnrolArgs) -> Result<ExitCode> {
                 let t = Instant::now();
                 let resp = http.post(&url).json(&req).send().await?;
                 if !resp.status().is_success() {
-                    bail!(
-                        "enrolment of {} failed: {}",
-                        req.node,
-                        resp.text().await.unwrap_or_default()
-                    );
+                    bail!("enrolment of {} failed: {}", req.node, resp.text().await.unwrap_or_default());
                 }
                 latencies.push(t.elapsed());
             }
@@ -404,15 +321,7 @@ async fn bench_enrol(a: &EnrolArgs) -> Result<ExitCode> {
     latencies.sort();
     let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p).round() as usize];
     let rate = a.nodes as f64 / wall.as_secs_f64();
-    let db = if a
-        .database_url
-        .as_deref()
-        .is_some_and(|u| u.starts_with("postgres"))
-    {
-        "postgresql"
-    } else {
-        "sqlite"
-    };
+    let db = if a.database_url.as_deref().is_some_and(|u| u.starts_with("postgres")) { "postgresql" } else { "sqlite" };
     if a.json {
         println!(
             "{}",
@@ -422,7 +331,14 @@ async fn bench_enrol(a: &EnrolArgs) -> Result<ExitCode> {
             }))?
         );
     } else {
-        println!("{} enrolments ({db}, {} at a time) in {:.0} ms: {rate:.0} per second; latency p50 {:.1} ms, p99 {:.1} ms", a.nodes, a.concurrency, ms(wall), ms(pct(0.5)), ms(pct(0.99)));
+        println!(
+            "{} enrolments ({db}, {} at a time) in {:.0} ms: {rate:.0} per second; latency p50 {:.1} ms, p99 {:.1} ms",
+            a.nodes,
+            a.concurrency,
+            ms(wall),
+            ms(pct(0.5)),
+            ms(pct(0.99))
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -159,50 +159,20 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Check { dir, json } => offline::check(&dir, json),
-        Command::Compile {
-            dir,
-            node,
-            all: _,
-            out,
-            json,
-        } => offline::compile(&dir, node.as_deref(), &out, json),
-        Command::Explain {
-            dir,
-            from,
-            to,
-            json,
-        } => offline::explain(&dir, &from, &to, json),
+        Command::Compile { dir, node, all: _, out, json } => offline::compile(&dir, node.as_deref(), &out, json),
+        Command::Explain { dir, from, to, json } => offline::explain(&dir, &from, &to, json),
         Command::Bench { what } => bench::run(what),
-        Command::Init {
-            state_dir,
-            advertise,
-            listen,
-            database_url,
-            cert_lifetime,
-        } => admin::init(&state_dir, advertise, listen, database_url, cert_lifetime),
-        Command::Serve {
-            state_dir,
-            database_url,
-            listen,
-        } => admin::serve(&state_dir, database_url, listen),
-        Command::Apply {
-            dir,
-            expect_revision,
-            json,
-            conn,
-        } => admin::apply(&conn, &dir, expect_revision, json),
+        Command::Init { state_dir, advertise, listen, database_url, cert_lifetime } => {
+            admin::init(&state_dir, advertise, listen, database_url, cert_lifetime)
+        }
+        Command::Serve { state_dir, database_url, listen } => admin::serve(&state_dir, database_url, listen),
+        Command::Apply { dir, expect_revision, json, conn } => admin::apply(&conn, &dir, expect_revision, json),
         Command::Token { cmd, conn } => admin::token(&conn, cmd),
         Command::Nodes { json, conn } => admin::nodes(&conn, json),
         Command::Node { cmd, conn } => admin::node(&conn, cmd),
         Command::Status { json, conn } => admin::status(&conn, json),
-        Command::Audit {
-            cmd: AuditCommand::Verify,
-            conn,
-        } => admin::audit_verify(&conn),
-        Command::Audit {
-            cmd: AuditCommand::List { json },
-            conn,
-        } => admin::audit_list(&conn, json),
+        Command::Audit { cmd: AuditCommand::Verify, conn } => admin::audit_verify(&conn),
+        Command::Audit { cmd: AuditCommand::List { json }, conn } => admin::audit_list(&conn, json),
     };
     match result {
         Ok(code) => code,

@@ -32,10 +32,7 @@ fn print_diagnostics(diags: &[Diagnostic]) {
 
 /// Loads a directory, failing with every error printed when it does not validate.
 fn load_valid(dir: &Path) -> Result<(Declaration, Vec<Diagnostic>)> {
-    let Loaded {
-        declaration,
-        diagnostics,
-    } = declfs::read(dir)?;
+    let Loaded { declaration, diagnostics } = declfs::read(dir)?;
     match declaration {
         Some(d) => Ok((d, diagnostics)),
         None => {
@@ -47,10 +44,7 @@ fn load_valid(dir: &Path) -> Result<(Declaration, Vec<Diagnostic>)> {
 }
 
 pub fn check(dir: &Path, json_out: bool) -> Result<ExitCode> {
-    let Loaded {
-        declaration,
-        mut diagnostics,
-    } = declfs::read(dir)?;
+    let Loaded { declaration, mut diagnostics } = declfs::read(dir)?;
     if let Some(decl) = &declaration {
         diagnostics.extend(explain::check(decl));
         trellis_core::diag::sort(&mut diagnostics);
@@ -58,9 +52,11 @@ pub fn check(dir: &Path, json_out: bool) -> Result<ExitCode> {
     let errors = diagnostics.iter().filter(|d| d.is_error()).count();
     let warnings = diagnostics.len() - errors;
     if json_out {
-        let summary = declaration.as_ref().map(|d| json!({
-            "mesh": d.mesh.name, "nodes": d.nodes.len(), "modules": d.modules.len(), "tests": d.tests.len(),
-        }));
+        let summary = declaration.as_ref().map(|d| {
+            json!({
+                "mesh": d.mesh.name, "nodes": d.nodes.len(), "modules": d.modules.len(), "tests": d.tests.len(),
+            })
+        });
         let doc = json!({
             "valid": errors == 0,
             "errors": errors,
@@ -79,36 +75,19 @@ pub fn check(dir: &Path, json_out: bool) -> Result<ExitCode> {
                 d.nodes.len(),
                 d.modules.len(),
                 d.tests.len(),
-                if warnings > 0 {
-                    format!(", {warnings} warning(s)")
-                } else {
-                    String::new()
-                }
+                if warnings > 0 { format!(", {warnings} warning(s)") } else { String::new() }
             ),
-            _ => eprintln!(
-                "{}: {errors} error(s), {warnings} warning(s)",
-                dir.display()
-            ),
+            _ => eprintln!("{}: {errors} error(s), {warnings} warning(s)", dir.display()),
         }
     }
-    Ok(if errors == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    Ok(if errors == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
 fn check_errors(decl: &Declaration) -> Result<()> {
-    let diags: Vec<Diagnostic> = explain::check(decl)
-        .into_iter()
-        .filter(|d| d.is_error())
-        .collect();
+    let diags: Vec<Diagnostic> = explain::check(decl).into_iter().filter(|d| d.is_error()).collect();
     if !diags.is_empty() {
         print_diagnostics(&diags);
-        bail!(
-            "the declaration does not pass `trellis check`: {} error(s)",
-            diags.len()
-        );
+        bail!("the declaration does not pass `trellis check`: {} error(s)", diags.len());
     }
     Ok(())
 }
@@ -120,15 +99,10 @@ pub fn compile(dir: &Path, node: Option<&str>, out: &Path, json_out: bool) -> Re
         if decl.node(n).is_none() {
             let mut names: Vec<&str> = decl.nodes.iter().map(|n| n.name.as_str()).collect();
             names.sort_unstable();
-            bail!(
-                "node `{n}` is not declared in {} (declared: {})",
-                dir.display(),
-                names.join(", ")
-            );
+            bail!("node `{n}` is not declared in {} (declared: {})", dir.display(), names.join(", "));
         }
     }
-    let compiled = core_compile(&decl, &HashMap::new(), &Default::default(), None)
-        .map_err(|d| anyhow::anyhow!("{d}"))?;
+    let compiled = core_compile(&decl, &HashMap::new(), &Default::default(), None).map_err(|d| anyhow::anyhow!("{d}"))?;
     print_diagnostics(&compiled.diagnostics);
     let mut written = Vec::new();
     for (name, output) in &compiled.nodes {
@@ -140,7 +114,8 @@ pub fn compile(dir: &Path, node: Option<&str>, out: &Path, json_out: bool) -> Re
         for f in &output.files {
             let path = base.join(&f.path);
             write_file(&path, f.content.as_bytes(), f.mode)?;
-            written.push(json!({"node": name, "path": path.display().to_string(), "mode": format!("{:o}", f.mode), "bytes": f.content.len()}));
+            written
+                .push(json!({"node": name, "path": path.display().to_string(), "mode": format!("{:o}", f.mode), "bytes": f.content.len()}));
         }
     }
     if json_out {
@@ -151,16 +126,8 @@ pub fn compile(dir: &Path, node: Option<&str>, out: &Path, json_out: bool) -> Re
             )?
         );
     } else {
-        let nodes = if node.is_some() {
-            1
-        } else {
-            compiled.nodes.len()
-        };
-        println!(
-            "wrote {} files for {nodes} node(s) under {}",
-            written.len(),
-            out.display()
-        );
+        let nodes = if node.is_some() { 1 } else { compiled.nodes.len() };
+        println!("wrote {} files for {nodes} node(s) under {}", written.len(), out.display());
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -170,10 +137,7 @@ fn write_file(path: &Path, content: &[u8], mode: u32) -> Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let dir = path.parent().context("file path has no parent")?;
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("file")
-    ));
+    let tmp = dir.join(format!(".{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("file")));
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -181,11 +145,9 @@ fn write_file(path: &Path, content: &[u8], mode: u32) -> Result<()> {
         .mode(mode)
         .open(&tmp)
         .with_context(|| format!("cannot create {}", tmp.display()))?;
-    f.write_all(content)
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    f.write_all(content).with_context(|| format!("cannot write {}", tmp.display()))?;
     drop(f);
-    std::fs::rename(&tmp, path)
-        .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
     Ok(())
 }
 
@@ -196,16 +158,19 @@ pub fn explain(dir: &Path, from: &str, to: &str, json_out: bool) -> Result<ExitC
             bail!("node `{n}` is not declared in {}", dir.display());
         }
     }
-    let alloc =
-        trellis_core::allocate(&decl, &Default::default()).map_err(|d| anyhow::anyhow!("{d}"))?;
+    let alloc = trellis_core::allocate(&decl, &Default::default()).map_err(|d| anyhow::anyhow!("{d}"))?;
     let topo = Topology::new(&decl, &alloc, &HashMap::new());
     let e = explain::explain(&topo, from, to).context("nodes are declared")?;
     if json_out {
         let rules = |list: &[explain::RuleMatch]| -> Vec<serde_json::Value> {
-            list.iter().map(|m| json!({
-                "module": m.module, "rule": m.rule, "at": m.at.to_string(), "proto": m.proto.as_str(),
-                "ports": m.ports, "matched": m.matched,
-            })).collect()
+            list.iter()
+                .map(|m| {
+                    json!({
+                        "module": m.module, "rule": m.rule, "at": m.at.to_string(), "proto": m.proto.as_str(),
+                        "ports": m.ports, "matched": m.matched,
+                    })
+                })
+                .collect()
         };
         println!(
             "{}",

@@ -36,16 +36,8 @@ impl Drop for Running {
 }
 
 async fn start(database_url: String) -> Running {
-    let dir = std::env::temp_dir().join(format!(
-        "trellis-api-{}-{}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let dir = std::env::temp_dir().join(format!("trellis-api-{}-{}", std::process::id(), rand::random::<u32>()));
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let opts = InitOptions {
         advertise: vec![format!("127.0.0.1:{port}")],
         listen: Some(format!("127.0.0.1:{port}")),
@@ -59,10 +51,7 @@ async fn start(database_url: String) -> Running {
         let _ = rx.await;
     }));
     let ca = state.read("ca.pem").unwrap();
-    let http = reqwest::Client::builder()
-        .use_preconfigured_tls(trellis_pki::tls::client_config(&ca, None).unwrap())
-        .build()
-        .unwrap();
+    let http = reqwest::Client::builder().use_preconfigured_tls(trellis_pki::tls::client_config(&ca, None).unwrap()).build().unwrap();
     let admin = state.read("admin.token").unwrap().trim().to_string();
     let r = Running {
         ca_path: dir.join("s/ca.pem"),
@@ -76,45 +65,23 @@ async fn start(database_url: String) -> Running {
         .iter()
         .map(|p| json!({"path": p, "text": std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lab/basic").join(p)).unwrap()}))
         .collect();
-    let (status, body) = r
-        .admin_post("/v1/admin/apply", json!({"files": files}))
-        .await;
+    let (status, body) = r.admin_post("/v1/admin/apply", json!({"files": files})).await;
     assert_eq!(status, 200, "{body}");
     r
 }
 
 impl Running {
     async fn admin_post(&self, path: &str, body: Value) -> (u16, Value) {
-        let resp = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .bearer_auth(&self.admin)
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        (
-            resp.status().as_u16(),
-            resp.json().await.unwrap_or(Value::Null),
-        )
+        let resp = self.http.post(format!("{}{path}", self.base)).bearer_auth(&self.admin).json(&body).send().await.unwrap();
+        (resp.status().as_u16(), resp.json().await.unwrap_or(Value::Null))
     }
 
     async fn admin_get(&self, path: &str) -> Value {
-        self.http
-            .get(format!("{}{path}", self.base))
-            .bearer_auth(&self.admin)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        self.http.get(format!("{}{path}", self.base)).bearer_auth(&self.admin).send().await.unwrap().json().await.unwrap()
     }
 
     async fn token(&self, node: &str) -> EnrolmentToken {
-        let (status, body) = self
-            .admin_post("/v1/admin/tokens", json!({"node": node, "ttl_secs": 600}))
-            .await;
+        let (status, body) = self.admin_post("/v1/admin/tokens", json!({"node": node, "ttl_secs": 600})).await;
         assert_eq!(status, 200, "{body}");
         EnrolmentToken::decode(body["token"].as_str().unwrap()).unwrap()
     }
@@ -122,14 +89,7 @@ impl Running {
     async fn token_state(&self, id: &[u8]) -> String {
         let list = self.admin_get("/v1/admin/tokens").await;
         let id = trellis_core::token::hex(id);
-        list.as_array()
-            .unwrap()
-            .iter()
-            .find(|t| t["id"] == id.as_str())
-            .unwrap()["state"]
-            .as_str()
-            .unwrap()
-            .to_string()
+        list.as_array().unwrap().iter().find(|t| t["id"] == id.as_str()).unwrap()["state"].as_str().unwrap().to_string()
     }
 
     /// Sends raw bytes over TLS and returns whatever the controller answers before it closes.
@@ -145,9 +105,7 @@ impl Running {
         tls.write_all(request.as_bytes()).await.unwrap();
         let mut buf = vec![0u8; 4096];
         let mut out = Vec::new();
-        while let Ok(Ok(n)) =
-            tokio::time::timeout(std::time::Duration::from_secs(5), tls.read(&mut buf)).await
-        {
+        while let Ok(Ok(n)) = tokio::time::timeout(std::time::Duration::from_secs(5), tls.read(&mut buf)).await {
             if n == 0 {
                 break;
             }
@@ -160,21 +118,10 @@ impl Running {
     }
 
     async fn post_raw(&self, path: &str, content_type: &str, body: Vec<u8>) -> (u16, Value) {
-        let resp = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .header("content-type", content_type)
-            .body(body)
-            .send()
-            .await
-            .unwrap();
+        let resp = self.http.post(format!("{}{path}", self.base)).header("content-type", content_type).body(body).send().await.unwrap();
         let status = resp.status().as_u16();
         let text = resp.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text)
-                .unwrap_or_else(|_| panic!("error bodies are JSON, got {status}: {text}")),
-        )
+        (status, serde_json::from_str(&text).unwrap_or_else(|_| panic!("error bodies are JSON, got {status}: {text}")))
     }
 }
 
@@ -202,14 +149,7 @@ async fn twenty_concurrent_redemptions_of_one_token_have_one_winner() {
             .map(|i| {
                 let r = r.clone();
                 let body = enrol_body(&t, i + 1);
-                tokio::spawn(async move {
-                    r.post_raw(
-                        "/v1/enrol",
-                        "application/json",
-                        serde_json::to_vec(&body).unwrap(),
-                    )
-                    .await
-                })
+                tokio::spawn(async move { r.post_raw("/v1/enrol", "application/json", serde_json::to_vec(&body).unwrap()).await })
             })
             .collect();
         let mut ok = 0;
@@ -225,12 +165,7 @@ async fn twenty_concurrent_redemptions_of_one_token_have_one_winner() {
         assert_eq!((ok, used), (1, 19), "{url}");
         // Every refused redemption is in the audit chain, and the chain holds.
         let audit = r.admin_get("/v1/admin/audit").await;
-        let refused = audit
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|a| a["action"] == "token redemption refused")
-            .count();
+        let refused = audit.as_array().unwrap().iter().filter(|a| a["action"] == "token redemption refused").count();
         assert_eq!(refused, 19, "{url}: {audit}");
     }
 }
@@ -243,70 +178,30 @@ async fn bad_input_gets_a_4xx_sentence_and_changes_nothing() {
         let good = enrol_body(&t, 9);
 
         // A body announced as larger than the bound is refused from its headers, before it is read.
-        let head = r.raw_request("POST /v1/enrol HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 10000000\r\n\r\n{").await;
-        assert!(head.starts_with("HTTP/1.1 413"), "{head}");
-        assert!(
-            head.contains("the request body is larger than this endpoint accepts"),
-            "{head}"
-        );
-
-        let (s, b) = r
-            .post_raw("/v1/enrol", "application/json", b"{\"token_id\": ".to_vec())
+        let head = r
+            .raw_request("POST /v1/enrol HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 10000000\r\n\r\n{")
             .await;
+        assert!(head.starts_with("HTTP/1.1 413"), "{head}");
+        assert!(head.contains("the request body is larger than this endpoint accepts"), "{head}");
+
+        let (s, b) = r.post_raw("/v1/enrol", "application/json", b"{\"token_id\": ".to_vec()).await;
         assert_eq!(s, 400, "{b}");
-        assert!(
-            b["error"]
-                .as_str()
-                .unwrap()
-                .starts_with("the request body is not valid JSON"),
-            "{b}"
-        );
+        assert!(b["error"].as_str().unwrap().starts_with("the request body is not valid JSON"), "{b}");
 
         let mut extra = good.clone();
         extra["scope"] = json!("all");
-        let (s, b) = r
-            .post_raw(
-                "/v1/enrol",
-                "application/json",
-                serde_json::to_vec(&extra).unwrap(),
-            )
-            .await;
+        let (s, b) = r.post_raw("/v1/enrol", "application/json", serde_json::to_vec(&extra).unwrap()).await;
         assert_eq!(s, 422, "{b}");
-        assert!(
-            b["error"]
-                .as_str()
-                .unwrap()
-                .contains("unknown field `scope`"),
-            "{b}"
-        );
+        assert!(b["error"].as_str().unwrap().contains("unknown field `scope`"), "{b}");
 
-        let (s, b) = r
-            .post_raw(
-                "/v1/enrol",
-                "text/plain",
-                serde_json::to_vec(&good).unwrap(),
-            )
-            .await;
+        let (s, b) = r.post_raw("/v1/enrol", "text/plain", serde_json::to_vec(&good).unwrap()).await;
         assert_eq!(s, 415, "{b}");
 
         let mut bad_csr = good.clone();
-        bad_csr["csr_pem"] =
-            json!("-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n");
-        let (s, b) = r
-            .post_raw(
-                "/v1/enrol",
-                "application/json",
-                serde_json::to_vec(&bad_csr).unwrap(),
-            )
-            .await;
+        bad_csr["csr_pem"] = json!("-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n");
+        let (s, b) = r.post_raw("/v1/enrol", "application/json", serde_json::to_vec(&bad_csr).unwrap()).await;
         assert_eq!(s, 400, "{b}");
-        assert!(
-            b["error"]
-                .as_str()
-                .unwrap()
-                .starts_with("certificate signing request is not valid"),
-            "{b}"
-        );
+        assert!(b["error"].as_str().unwrap().starts_with("certificate signing request is not valid"), "{b}");
 
         // A CSR whose signature does not match its key: flip a bit in the signature.
         let csr = good["csr_pem"].as_str().unwrap();
@@ -318,59 +213,23 @@ async fn bad_input_gets_a_4xx_sentence_and_changes_nothing() {
             "-----BEGIN CERTIFICATE REQUEST-----\n{}\n-----END CERTIFICATE REQUEST-----\n",
             base64::engine::general_purpose::STANDARD.encode(&der)
         ));
-        let (s, b) = r
-            .post_raw(
-                "/v1/enrol",
-                "application/json",
-                serde_json::to_vec(&forged).unwrap(),
-            )
-            .await;
+        let (s, b) = r.post_raw("/v1/enrol", "application/json", serde_json::to_vec(&forged).unwrap()).await;
         assert_eq!(s, 400, "{b}");
-        assert!(
-            b["error"]
-                .as_str()
-                .unwrap()
-                .starts_with("certificate signing request is not valid"),
-            "{b}"
-        );
+        assert!(b["error"].as_str().unwrap().starts_with("certificate signing request is not valid"), "{b}");
 
         let mut wrong_secret = good.clone();
         wrong_secret["secret"] = json!(base64::engine::general_purpose::STANDARD.encode([0u8; 24]));
-        let (s, b) = r
-            .post_raw(
-                "/v1/enrol",
-                "application/json",
-                serde_json::to_vec(&wrong_secret).unwrap(),
-            )
-            .await;
-        assert_eq!(
-            (s, b["error"].as_str()),
-            (
-                401,
-                Some("token secret does not match; copy the token again")
-            ),
-            "{b}"
-        );
+        let (s, b) = r.post_raw("/v1/enrol", "application/json", serde_json::to_vec(&wrong_secret).unwrap()).await;
+        assert_eq!((s, b["error"].as_str()), (401, Some("token secret does not match; copy the token again")), "{b}");
 
         // Nothing changed: the token is still valid, the node still only declared.
         assert_eq!(r.token_state(&t.id).await, "valid", "{url}");
         let nodes = r.admin_get("/v1/admin/nodes").await;
-        let op = nodes
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|n| n["name"] == "op-1")
-            .unwrap();
+        let op = nodes.as_array().unwrap().iter().find(|n| n["name"] == "op-1").unwrap();
         assert_eq!(op["state"], "declared", "{url}");
 
         // And the good request still works afterwards.
-        let (s, b) = r
-            .post_raw(
-                "/v1/enrol",
-                "application/json",
-                serde_json::to_vec(&good).unwrap(),
-            )
-            .await;
+        let (s, b) = r.post_raw("/v1/enrol", "application/json", serde_json::to_vec(&good).unwrap()).await;
         assert_eq!(s, 200, "{b}");
     }
 }
@@ -378,37 +237,16 @@ async fn bad_input_gets_a_4xx_sentence_and_changes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_and_node_endpoints_refuse_without_credentials() {
     let r = start(testdb::sqlite_url()).await;
-    let resp = r
-        .http
-        .get(format!("{}/v1/admin/nodes", r.base))
-        .send()
-        .await
-        .unwrap();
+    let resp = r.http.get(format!("{}/v1/admin/nodes", r.base)).send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 401);
-    let resp = r
-        .http
-        .get(format!("{}/v1/admin/nodes", r.base))
-        .bearer_auth("trellis-admin-0000")
-        .send()
-        .await
-        .unwrap();
+    let resp = r.http.get(format!("{}/v1/admin/nodes", r.base)).bearer_auth("trellis-admin-0000").send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 401);
     let b: Value = resp.json().await.unwrap();
     assert_eq!(b["error"], "the admin credential is wrong");
-    let resp = r
-        .http
-        .get(format!("{}/v1/whoami", r.base))
-        .send()
-        .await
-        .unwrap();
+    let resp = r.http.get(format!("{}/v1/whoami", r.base)).send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 401);
     let b: Value = resp.json().await.unwrap();
     assert_eq!(b["code"], "node_certificate_required");
-    let (s, b) = r
-        .admin_post(
-            "/v1/admin/apply",
-            json!({"files": [{"path": "../etc/passwd", "text": ""}]}),
-        )
-        .await;
+    let (s, b) = r.admin_post("/v1/admin/apply", json!({"files": [{"path": "../etc/passwd", "text": ""}]})).await;
     assert_eq!(s, 400, "{b}");
 }

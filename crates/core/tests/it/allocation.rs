@@ -44,13 +44,7 @@ fn a_new_pin_takes_its_address_and_the_previous_holder_moves() {
     let d1 = valid(&mesh(&["a", "b"], ""), &[]);
     let a1 = allocate(&d1, &Allocation::default()).unwrap();
     let taken = a1.ipv4["a"];
-    let d2 = valid(
-        &mesh(
-            &["a"],
-            &format!("[[node]]\nname = \"b\"\naddress_ipv4 = \"{taken}\"\n"),
-        ),
-        &[],
-    );
+    let d2 = valid(&mesh(&["a"], &format!("[[node]]\nname = \"b\"\naddress_ipv4 = \"{taken}\"\n")), &[]);
     let a2 = allocate(&d2, &a1).unwrap();
     assert_eq!(a2.ipv4["b"], taken);
     assert_ne!(a2.ipv4["a"], taken);

@@ -107,7 +107,11 @@ fn cidrs_must_be_valid_and_must_not_overlap() {
         &[],
         &["mesh.toml:9:1: error: endpoint 10.88.0.9:51820 of node `a` lies inside the overlay pool; an underlay address must not overlap the overlay"],
     );
-    check("[mesh]\nname = \"t\"\ndomain = \"t.mesh\"\n", &[], &["mesh.toml:1:1: error: [mesh] needs `overlay_ipv4`, `overlay_ipv6` or both: the overlay has no address pool"]);
+    check(
+        "[mesh]\nname = \"t\"\ndomain = \"t.mesh\"\n",
+        &[],
+        &["mesh.toml:1:1: error: [mesh] needs `overlay_ipv4`, `overlay_ipv6` or both: the overlay has no address pool"],
+    );
 }
 
 #[test]
@@ -125,8 +129,7 @@ fn pinned_addresses_must_be_in_the_pool_and_unique() {
 
 #[test]
 fn an_exhausted_pool_is_reported() {
-    let mut mesh =
-        "[mesh]\nname = \"t\"\ndomain = \"t.mesh\"\noverlay_ipv4 = \"10.88.0.0/30\"\n".to_string();
+    let mut mesh = "[mesh]\nname = \"t\"\ndomain = \"t.mesh\"\noverlay_ipv4 = \"10.88.0.0/30\"\n".to_string();
     for n in ["a", "b", "c"] {
         mesh.push_str(&format!("[[node]]\nname = \"{n}\"\n"));
     }
@@ -193,10 +196,7 @@ fn toml_syntax_errors_have_a_place() {
     let loaded = load_text("[mesh]\nname = \"t\n", &[]);
     assert!(loaded.declaration.is_none());
     let got = lines(&loaded.diagnostics);
-    assert!(
-        got.starts_with("mesh.toml:2:10: error: invalid TOML: "),
-        "{got}"
-    );
+    assert!(got.starts_with("mesh.toml:2:10: error: invalid TOML: "), "{got}");
 }
 
 #[test]

@@ -36,38 +36,15 @@ struct GenRule {
 fn gen() -> impl Strategy<Value = Gen> {
     (1usize..4, 2usize..14, 1usize..4, 1usize..4).prop_flat_map(|(nets, n, groups, mods)| {
         let subset = move |k: usize| proptest::collection::vec(0..k, 0..=k.min(3));
-        let node = (
-            subset(nets),
-            proptest::collection::vec(subset(nets), 0..3),
-            any::<bool>(),
-            subset(groups),
-            subset(mods),
-        )
-            .prop_map(|(networks, endpoints, hub, groups, modules)| {
+        let node = (subset(nets), proptest::collection::vec(subset(nets), 0..3), any::<bool>(), subset(groups), subset(mods)).prop_map(
+            |(networks, endpoints, hub, groups, modules)| {
                 let hub = hub && !endpoints.is_empty();
-                GenNode {
-                    networks,
-                    endpoints,
-                    hub,
-                    groups,
-                    modules,
-                }
-            });
-        let rule = (
-            0u8..3,
-            proptest::collection::vec((0u8..4, 0usize..16), 1..4),
-        )
-            .prop_map(|(proto, sources)| GenRule { proto, sources });
-        (
-            proptest::collection::vec(node, n),
-            proptest::collection::vec(proptest::collection::vec(rule, 1..3), mods),
-        )
-            .prop_map(move |(nodes, modules)| Gen {
-                networks: nets,
-                nodes,
-                groups,
-                modules,
-            })
+                GenNode { networks, endpoints, hub, groups, modules }
+            },
+        );
+        let rule = (0u8..3, proptest::collection::vec((0u8..4, 0usize..16), 1..4)).prop_map(|(proto, sources)| GenRule { proto, sources });
+        (proptest::collection::vec(node, n), proptest::collection::vec(proptest::collection::vec(rule, 1..3), mods))
+            .prop_map(move |(nodes, modules)| Gen { networks: nets, nodes, groups, modules })
     })
 }
 
@@ -83,12 +60,10 @@ fn render(g: &Gen) -> (String, Vec<(String, String)>) {
         let mut v: Vec<usize> = items.to_vec();
         v.sort_unstable();
         v.dedup();
-        v.iter()
-            .map(|i| format!("\"{prefix}{i}\""))
-            .collect::<Vec<_>>()
-            .join(", ")
+        v.iter().map(|i| format!("\"{prefix}{i}\"")).collect::<Vec<_>>().join(", ")
     };
-    let mut s = "[mesh]\nname = \"p\"\ndomain = \"p.mesh\"\noverlay_ipv4 = \"10.88.0.0/24\"\noverlay_ipv6 = \"fd88::/64\"\n[networks]\n".to_string();
+    let mut s = "[mesh]\nname = \"p\"\ndomain = \"p.mesh\"\noverlay_ipv4 = \"10.88.0.0/24\"\noverlay_ipv6 = \"fd88::/64\"\n[networks]\n"
+        .to_string();
     for i in 0..g.networks {
         s.push_str(&format!("net{i} = {{}}\n"));
     }
@@ -101,7 +76,11 @@ fn render(g: &Gen) -> (String, Vec<(String, String)>) {
     for (i, n) in g.nodes.iter().enumerate() {
         s.push_str(&format!(
             "[[node]]\nname = \"n{i}\"\nhub = {}\nnetworks = [{}]\ngroups = [{}]\nmodules = [{}]\npublic_key = \"{}\"\n",
-            n.hub, list("net", &n.networks), list("g", &n.groups), list("m", &n.modules), key(i)
+            n.hub,
+            list("net", &n.networks),
+            list("g", &n.groups),
+            list("m", &n.modules),
+            key(i)
         ));
         for (e, reach) in n.endpoints.iter().enumerate() {
             s.push_str(&format!(
@@ -135,10 +114,7 @@ fn render(g: &Gen) -> (String, Vec<(String, String)>) {
                     1 => ("udp", "ports = [\"53\"]\n"),
                     _ => ("icmp", ""),
                 };
-                t.push_str(&format!(
-                    "[[allow]]\nproto = \"{proto}\"\n{ports}from = [{}]\n",
-                    from.join(", ")
-                ));
+                t.push_str(&format!("[[allow]]\nproto = \"{proto}\"\n{ports}from = [{}]\n", from.join(", ")));
             }
             (format!("m{mi}.toml"), t)
         })
@@ -148,10 +124,7 @@ fn render(g: &Gen) -> (String, Vec<(String, String)>) {
 
 fn declaration(g: &Gen) -> Declaration {
     let (mesh, modules) = render(g);
-    let refs: Vec<(&str, &str)> = modules
-        .iter()
-        .map(|(a, b)| (a.as_str(), b.as_str()))
-        .collect();
+    let refs: Vec<(&str, &str)> = modules.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
     valid(&mesh, &refs)
 }
 
@@ -162,10 +135,7 @@ struct Oracle<'d> {
 
 impl<'d> Oracle<'d> {
     fn in_group(&self, node: &str, g: &str) -> bool {
-        self.d
-            .groups
-            .iter()
-            .any(|gr| gr.name == g && gr.members.iter().any(|m| m == node))
+        self.d.groups.iter().any(|gr| gr.name == g && gr.members.iter().any(|m| m == node))
             || self.d.node(node).unwrap().groups.iter().any(|x| x == g)
     }
 
@@ -179,24 +149,17 @@ impl<'d> Oracle<'d> {
     }
 
     fn allowed(&self, from: &str, to: &str) -> bool {
-        self.d.node(to).unwrap().modules.iter().any(|m| {
-            self.d
-                .module(m)
-                .unwrap()
-                .allow
-                .iter()
-                .any(|r| r.from.iter().any(|s| self.source_has(s, from)))
-        })
+        self.d
+            .node(to)
+            .unwrap()
+            .modules
+            .iter()
+            .any(|m| self.d.module(m).unwrap().allow.iter().any(|r| r.from.iter().any(|s| self.source_has(s, from))))
     }
 
     fn dials(&self, a: &str, b: &str) -> bool {
         let a = self.d.node(a).unwrap();
-        self.d
-            .node(b)
-            .unwrap()
-            .endpoints
-            .iter()
-            .any(|e| e.reachable_from.iter().any(|n| a.networks.contains(n)))
+        self.d.node(b).unwrap().endpoints.iter().any(|e| e.reachable_from.iter().any(|n| a.networks.contains(n)))
     }
 
     fn direct(&self, a: &str, b: &str) -> bool {
@@ -204,16 +167,9 @@ impl<'d> Oracle<'d> {
     }
 
     fn relay(&self, a: &str, b: &str) -> Option<&'d str> {
-        let mut hubs: Vec<&str> = self
-            .d
-            .nodes
-            .iter()
-            .filter(|n| n.hub)
-            .map(|n| n.name.as_str())
-            .collect();
+        let mut hubs: Vec<&str> = self.d.nodes.iter().filter(|n| n.hub).map(|n| n.name.as_str()).collect();
         hubs.sort_unstable();
-        hubs.into_iter()
-            .find(|&h| h != a && h != b && self.direct(a, h) && self.direct(b, h))
+        hubs.into_iter().find(|&h| h != a && h != b && self.direct(a, h) && self.direct(b, h))
     }
 
     /// The expected peers of every node, with the nodes each peer entry carries.
@@ -229,20 +185,12 @@ impl<'d> Oracle<'d> {
                     continue;
                 }
                 if self.direct(a, b) {
-                    out.get_mut(a)
-                        .unwrap()
-                        .entry(b.to_string())
-                        .or_default()
-                        .insert(b.to_string());
+                    out.get_mut(a).unwrap().entry(b.to_string()).or_default().insert(b.to_string());
                 } else if let Some(h) = self.relay(a, b) {
                     let e = out.get_mut(a).unwrap().entry(h.to_string()).or_default();
                     e.insert(h.to_string());
                     e.insert(b.to_string());
-                    out.get_mut(h)
-                        .unwrap()
-                        .entry(a.to_string())
-                        .or_default()
-                        .insert(a.to_string());
+                    out.get_mut(h).unwrap().entry(a.to_string()).or_default().insert(a.to_string());
                 }
             }
         }

@@ -6,18 +6,12 @@ use std::path::{Path, PathBuf};
 use trellis_core::{load, Compiled, Declaration, Loaded, SourceFile};
 
 pub fn source(path: &str, text: &str) -> SourceFile {
-    SourceFile {
-        path: path.to_string(),
-        text: text.to_string(),
-    }
+    SourceFile { path: path.to_string(), text: text.to_string() }
 }
 
 /// Loads a mesh given as text, with modules as (file name, text).
 pub fn load_text(mesh: &str, modules: &[(&str, &str)]) -> Loaded {
-    let modules: Vec<SourceFile> = modules
-        .iter()
-        .map(|(p, t)| source(&format!("modules/{p}"), t))
-        .collect();
+    let modules: Vec<SourceFile> = modules.iter().map(|(p, t)| source(&format!("modules/{p}"), t)).collect();
     load(&source("mesh.toml", mesh), &modules)
 }
 
@@ -25,10 +19,7 @@ pub fn valid(mesh: &str, modules: &[(&str, &str)]) -> Declaration {
     let loaded = load_text(mesh, modules);
     match loaded.declaration {
         Some(d) => d,
-        None => panic!(
-            "declaration should be valid, got:\n{}",
-            lines(&loaded.diagnostics)
-        ),
+        None => panic!("declaration should be valid, got:\n{}", lines(&loaded.diagnostics)),
     }
 }
 
@@ -37,39 +28,19 @@ pub fn lines(diags: &[trellis_core::Diagnostic]) -> String {
 }
 
 pub fn fixture_dir(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
 }
 
 /// Loads a fixture directory the way the CLI does, naming files relative to the fixture.
 pub fn fixture(name: &str) -> Declaration {
     let dir = fixture_dir(name);
-    let read = |p: &Path, shown: String| {
-        source(
-            &shown,
-            &std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
-        )
-    };
+    let read = |p: &Path, shown: String| source(&shown, &std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())));
     let mesh = read(&dir.join("mesh.toml"), "mesh.toml".into());
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir.join("modules"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir.join("modules")).unwrap().map(|e| e.unwrap().path()).collect();
     paths.sort();
-    let modules: Vec<SourceFile> = paths
-        .iter()
-        .map(|p| {
-            read(
-                p,
-                format!("modules/{}", p.file_name().unwrap().to_str().unwrap()),
-            )
-        })
-        .collect();
+    let modules: Vec<SourceFile> = paths.iter().map(|p| read(p, format!("modules/{}", p.file_name().unwrap().to_str().unwrap()))).collect();
     let loaded = load(&mesh, &modules);
-    loaded
-        .declaration
-        .unwrap_or_else(|| panic!("fixture {name} is invalid:\n{}", lines(&loaded.diagnostics)))
+    loaded.declaration.unwrap_or_else(|| panic!("fixture {name} is invalid:\n{}", lines(&loaded.diagnostics)))
 }
 
 pub fn compile_all(decl: &Declaration) -> Compiled {

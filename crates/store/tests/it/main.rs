@@ -4,16 +4,10 @@
 use std::sync::Arc;
 
 use trellis_core::Allocation;
-use trellis_store::{testdb, verify_audit, Audit, NodeRecord, Store, StoreError, TokenRecord};
+use trellis_store::{testdb, verify_audit, Audit, EvidenceRecord, NodeRecord, Store, StoreError, TokenRecord};
 
 fn audit(action: &str) -> Audit<'static> {
-    Audit {
-        at: 1_000,
-        actor: "test",
-        action: Box::leak(action.to_string().into_boxed_str()),
-        subject: "s",
-        detail: String::new(),
-    }
+    Audit { at: 1_000, actor: "test", action: Box::leak(action.to_string().into_boxed_str()), subject: "s", detail: String::new() }
 }
 
 fn token(id: &str, node: &str) -> TokenRecord {
@@ -39,6 +33,7 @@ fn node(name: &str, key: &str) -> NodeRecord {
         cert_not_after: Some(5),
         enrolled_at: 1_000,
         last_contact: None,
+        cert_pem: Some("PEM".into()),
     }
 }
 
@@ -48,9 +43,7 @@ where
     Fut: std::future::Future<Output = ()>,
 {
     for url in testdb::both().await {
-        let store = Store::open(&url)
-            .await
-            .unwrap_or_else(|e| panic!("open {url}: {e}"));
+        let store = Store::open(&url).await.unwrap_or_else(|e| panic!("open {url}: {e}"));
         f(store).await;
     }
 }
@@ -62,33 +55,14 @@ async fn revisions_increase_and_expect_revision_detects_a_race() {
         let files = vec![("mesh.toml".to_string(), "x".to_string())];
         let mut alloc = Allocation::default();
         alloc.ipv4.insert("a".into(), "10.0.0.1".parse().unwrap());
-        assert_eq!(
-            s.apply(&files, "d1", &alloc, Some(0), &audit("apply"))
-                .await
-                .unwrap(),
-            1
-        );
-        assert_eq!(
-            s.apply(&files, "d2", &alloc, None, &audit("apply"))
-                .await
-                .unwrap(),
-            2
-        );
-        match s
-            .apply(&files, "d3", &alloc, Some(1), &audit("apply"))
-            .await
-        {
-            Err(StoreError::Conflict {
-                current: 2,
-                expected: 1,
-            }) => {}
+        assert_eq!(s.apply(&files, "d1", &alloc, Some(0), &audit("apply")).await.unwrap(), 1);
+        assert_eq!(s.apply(&files, "d2", &alloc, None, &audit("apply")).await.unwrap(), 2);
+        match s.apply(&files, "d3", &alloc, Some(1), &audit("apply")).await {
+            Err(StoreError::Conflict { current: 2, expected: 1 }) => {}
             other => panic!("{:?}: expected a conflict, got {other:?}", s.backend),
         }
         let cur = s.current_revision().await.unwrap().unwrap();
-        assert_eq!(
-            (cur.number, cur.digest.as_str(), cur.files.clone()),
-            (2, "d2", files.clone())
-        );
+        assert_eq!((cur.number, cur.digest.as_str(), cur.files.clone()), (2, "d2", files.clone()));
         assert_eq!(s.allocation().await.unwrap(), alloc);
 
         // Two applies that both expect revision 2: exactly one wins.
@@ -98,10 +72,7 @@ async fn revisions_increase_and_expect_revision_detects_a_race() {
                 let s = s.clone();
                 let files = files.clone();
                 let alloc = alloc.clone();
-                tokio::spawn(async move {
-                    s.apply(&files, &format!("r{i}"), &alloc, Some(2), &audit("apply"))
-                        .await
-                })
+                tokio::spawn(async move { s.apply(&files, &format!("r{i}"), &alloc, Some(2), &audit("apply")).await })
             })
             .collect();
         let mut ok = 0;
@@ -120,21 +91,12 @@ async fn revisions_increase_and_expect_revision_detects_a_race() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_is_used_once_even_when_redeemed_concurrently() {
     each_backend(|s| async move {
-        s.create_token(&token("t1", "db-1"), &audit("token issued"))
-            .await
-            .unwrap();
+        s.create_token(&token("t1", "db-1"), &audit("token issued")).await.unwrap();
         let s = Arc::new(s);
         let tasks: Vec<_> = (0..8)
             .map(|i| {
                 let s = s.clone();
-                tokio::spawn(async move {
-                    s.enrol(
-                        "t1",
-                        &node("db-1", &format!("key{i}")),
-                        &audit("node enrolled"),
-                    )
-                    .await
-                })
+                tokio::spawn(async move { s.enrol("t1", &node("db-1", &format!("key{i}")), &audit("node enrolled")).await })
             })
             .collect();
         let mut won = 0;
@@ -148,10 +110,7 @@ async fn a_token_is_used_once_even_when_redeemed_concurrently() {
         assert_eq!(won, 1, "{:?}: one redemption wins", s.backend);
         let t = s.token("t1").await.unwrap().unwrap();
         assert!(t.used_at.is_some());
-        assert!(
-            !s.revoke_token("t1", &audit("token revoked")).await.unwrap(),
-            "a used token cannot be revoked"
-        );
+        assert!(!s.revoke_token("t1", &audit("token revoked")).await.unwrap(), "a used token cannot be revoked");
     })
     .await;
 }
@@ -159,21 +118,14 @@ async fn a_token_is_used_once_even_when_redeemed_concurrently() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_held_by_another_node_is_refused_and_the_token_stays_unused() {
     each_backend(|s| async move {
-        s.create_token(&token("t1", "a"), &audit("t"))
-            .await
-            .unwrap();
-        s.create_token(&token("t2", "b"), &audit("t"))
-            .await
-            .unwrap();
+        s.create_token(&token("t1", "a"), &audit("t")).await.unwrap();
+        s.create_token(&token("t2", "b"), &audit("t")).await.unwrap();
         s.enrol("t1", &node("a", "K"), &audit("e")).await.unwrap();
         match s.enrol("t2", &node("b", "K"), &audit("e")).await {
             Err(StoreError::KeyTaken(holder)) => assert_eq!(holder, "a"),
             other => panic!("{other:?}"),
         }
-        assert!(
-            s.token("t2").await.unwrap().unwrap().used_at.is_none(),
-            "a refused enrolment leaves the token unused"
-        );
+        assert!(s.token("t2").await.unwrap().unwrap().used_at.is_none(), "a refused enrolment leaves the token unused");
     })
     .await;
 }
@@ -181,52 +133,85 @@ async fn a_key_held_by_another_node_is_refused_and_the_token_stays_unused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn states_change_and_every_decision_is_in_a_verifiable_audit_chain() {
     each_backend(|s| async move {
-        s.create_token(&token("t1", "a"), &audit("token issued"))
-            .await
-            .unwrap();
+        s.create_token(&token("t1", "a"), &audit("token issued")).await.unwrap();
         let mut n = node("a", "K");
         n.state = "pending".into();
         s.enrol("t1", &n, &audit("node enrolled")).await.unwrap();
-        assert_eq!(
-            s.set_state("a", &["pending"], "active", &audit("node approved"))
-                .await
-                .unwrap(),
-            "pending"
-        );
-        assert!(s
-            .set_state("a", &["pending"], "active", &audit("node approved"))
-            .await
-            .is_err());
-        s.set_state(
-            "a",
-            &["active", "pending"],
-            "revoked",
-            &audit("node revoked"),
-        )
-        .await
-        .unwrap();
+        assert_eq!(s.set_state("a", &["pending"], "active", &audit("node approved")).await.unwrap(), "pending");
+        assert!(s.set_state("a", &["pending"], "active", &audit("node approved")).await.is_err());
+        s.set_state("a", &["active", "pending"], "revoked", &audit("node revoked")).await.unwrap();
         let rec = s.node("a").await.unwrap().unwrap();
         assert_eq!((rec.state.as_str(), rec.cert_serial), ("revoked", None));
 
         let chain = s.audit().await.unwrap();
         let actions: Vec<&str> = chain.iter().map(|r| r.action.as_str()).collect();
-        assert_eq!(
-            actions,
-            [
-                "token issued",
-                "node enrolled",
-                "node approved",
-                "node revoked"
-            ]
-        );
+        assert_eq!(actions, ["token issued", "node enrolled", "node approved", "node revoked"]);
         assert_eq!(verify_audit(&chain), Ok(4));
-        s.execute_raw("UPDATE audit SET subject = 'b' WHERE seq = 2")
-            .await
-            .unwrap();
-        assert_eq!(
-            verify_audit(&s.audit().await.unwrap()),
-            Err("audit record 2 was altered: its hash does not match its content".into())
-        );
+        s.execute_raw("UPDATE audit SET subject = 'b' WHERE seq = 2").await.unwrap();
+        assert_eq!(verify_audit(&s.audit().await.unwrap()), Err("audit record 2 was altered: its hash does not match its content".into()));
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bundle_versions_rise_only_when_content_changes_even_across_replicas() {
+    each_backend(|s| async move {
+        let c = |d: &str| vec![("db-1".to_string(), d.to_string())];
+        assert_eq!(s.publish(&c("d1"), 10).await.unwrap()[0].1.version, 1);
+        // The same content again (a restart, or another replica): same version, same issue time.
+        let again = s.publish(&c("d1"), 20).await.unwrap();
+        assert_eq!((again[0].1.version, again[0].1.issued_at), (1, 10));
+        assert_eq!(s.publish(&c("d2"), 30).await.unwrap()[0].1.version, 2);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_publishers_on_one_database_agree_on_versions() {
+    let url = testdb::postgres_url().await;
+    let a = Arc::new(Store::open(&url).await.unwrap());
+    let b = Arc::new(Store::open(&url).await.unwrap());
+    let changes: Vec<(String, String)> = (0..50).map(|i| (format!("n{i}"), "d1".to_string())).collect();
+    a.publish(&changes, 1).await.unwrap();
+    let next: Vec<(String, String)> = (0..50).map(|i| (format!("n{i}"), "d2".to_string())).collect();
+    let (ra, rb) = tokio::join!(
+        {
+            let (a, n) = (a.clone(), next.clone());
+            async move { a.publish(&n, 2).await }
+        },
+        {
+            let (b, n) = (b.clone(), next.clone());
+            async move { b.publish(&n, 3).await }
+        }
+    );
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    for ((na, va), (nb, vb)) in ra.iter().zip(rb.iter()) {
+        assert_eq!(na, nb);
+        assert_eq!(va, vb, "both replicas see one version for {na}");
+        assert_eq!(va.version, 2, "one bump for one change of {na}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evidence_is_append_only_idempotent_and_shows_gaps() {
+    each_backend(|s| async move {
+        let rec = |seq: i64, version: i64, result: &str, error: Option<&str>| EvidenceRecord {
+            seq,
+            version,
+            result: result.into(),
+            error: error.map(str::to_string),
+            files: "[]".into(),
+            at: 100 + seq,
+        };
+        let batch = vec![rec(1, 1, "applied", None), rec(2, 2, "applied", None), rec(4, 3, "failed", Some("nft refused the ruleset"))];
+        assert_eq!(s.add_evidence("db-1", &batch, 200).await.unwrap(), (3, 0));
+        // A re-send changes nothing; a record with a used seq cannot rewrite history.
+        assert_eq!(s.add_evidence("db-1", &[rec(2, 9, "failed", Some("rewrite"))], 201).await.unwrap(), (0, 1));
+        let sum = s.evidence_summary().await.unwrap().remove("db-1").unwrap();
+        assert_eq!((sum.records, sum.highest_seq, sum.missing()), (3, 4, 1));
+        assert_eq!(sum.applied_version, Some(2));
+        assert_eq!((sum.last_result.as_deref(), sum.last_error.as_deref()), (Some("failed"), Some("nft refused the ruleset")));
+        assert_eq!(s.evidence("db-1").await.unwrap()[1].version, 2);
     })
     .await;
 }
