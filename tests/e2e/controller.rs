@@ -429,7 +429,7 @@ fn two_controllers_share_one_postgresql() {
     assert!(String::from_utf8_lossy(&loser.stderr).contains("the current revision is 2, not 1"), "{loser:?}");
 }
 
-fn copy_dir(from: &Path, to: &Path) {
+pub fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {
         let e = e.unwrap();

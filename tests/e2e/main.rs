@@ -3,5 +3,6 @@
 
 mod cli;
 mod controller;
+mod delivery;
 mod nft;
 mod support;

@@ -250,3 +250,161 @@ async fn admin_and_node_endpoints_refuse_without_credentials() {
     let (s, b) = r.admin_post("/v1/admin/apply", json!({"files": [{"path": "../etc/passwd", "text": ""}]})).await;
     assert_eq!(s, 400, "{b}");
 }
+
+/// An enrolled node as the tests hold it: a client presenting its certificate.
+struct Node {
+    http: reqwest::Client,
+    signing: ed25519_dalek::VerifyingKey,
+}
+
+impl Running {
+    async fn enrol_node(&self, node: &str, key_byte: u8, approval: bool) -> Node {
+        let (status, body) =
+            self.admin_post("/v1/admin/tokens", json!({"node": node, "ttl_secs": 600, "require_approval": approval})).await;
+        assert_eq!(status, 200, "{body}");
+        let t = EnrolmentToken::decode(body["token"].as_str().unwrap()).unwrap();
+        let (key, csr) = trellis_pki::node_key_and_csr(node).unwrap();
+        let mut req = enrol_body(&t, key_byte);
+        req["csr_pem"] = json!(csr);
+        let (s, resp) = self.post_raw("/v1/enrol", "application/json", serde_json::to_vec(&req).unwrap()).await;
+        assert_eq!(s, 200, "{resp}");
+        let ca = std::fs::read_to_string(&self.ca_path).unwrap();
+        let cfg = trellis_pki::tls::client_config(&ca, Some((resp["node_cert_pem"].as_str().unwrap(), &key))).unwrap();
+        let http = reqwest::Client::builder().use_preconfigured_tls(cfg).build().unwrap();
+        let sk: [u8; 32] =
+            base64::engine::general_purpose::STANDARD.decode(resp["signing_public_key"].as_str().unwrap()).unwrap().try_into().unwrap();
+        Node { http, signing: ed25519_dalek::VerifyingKey::from_bytes(&sk).unwrap() }
+    }
+}
+
+struct Fetched {
+    status: u16,
+    version: Option<u64>,
+    bytes: Vec<u8>,
+    stamp: Option<Vec<u8>>,
+}
+
+impl Node {
+    async fn fetch(&self, base: &str, held: Option<u64>, wait: u64) -> Fetched {
+        let mut req = self.http.get(format!("{base}/v1/bundle?wait={wait}"));
+        if let Some(v) = held {
+            req = req.header("if-none-match", format!("\"{v}\""));
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let version = resp.headers().get("etag").and_then(|v| v.to_str().ok()).and_then(|v| v.trim_matches('"').parse().ok());
+        let stamp =
+            resp.headers().get("x-trellis-freshness").map(|v| base64::engine::general_purpose::STANDARD.decode(v.as_bytes()).unwrap());
+        Fetched { status, version, bytes: resp.bytes().await.unwrap().to_vec(), stamp }
+    }
+
+    fn open(&self, f: &Fetched, node: &str) -> trellis_core::bundle::Bundle {
+        trellis_core::bundle::verify(&f.bytes, &self.signing, "basic", node, None).unwrap_or_else(|e| panic!("{e}")).bundle
+    }
+
+    async fn evidence(&self, base: &str, records: Value) -> (u16, Value) {
+        let resp = self.http.post(format!("{base}/v1/evidence")).json(&json!({"records": records})).send().await.unwrap();
+        (resp.status().as_u16(), resp.json().await.unwrap())
+    }
+}
+
+fn file<'a>(b: &'a trellis_core::bundle::Bundle, path: &str) -> &'a str {
+    std::str::from_utf8(&b.files.iter().find(|f| f.path == path).unwrap_or_else(|| panic!("no {path}")).content).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bundles_are_versioned_signed_long_polled_and_answered_304() {
+    for url in backends().await {
+        let r = Arc::new(start(url.clone()).await);
+        let db = r.enrol_node("db-1", 1, false).await;
+        let api = r.enrol_node("api-1", 2, false).await;
+        let first = db.fetch(&r.base, None, 0).await;
+        assert_eq!(first.status, 200, "{url}");
+        let b1 = db.open(&first, "db-1");
+        assert_eq!(Some(b1.version), first.version);
+        let paths: Vec<&str> = b1.files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "etc/trellis/ca.pem",
+                "etc/trellis/mesh.zone",
+                "etc/trellis/nftables.conf",
+                "etc/trellis/node.pem",
+                "etc/trellis/wireguard.conf"
+            ]
+        );
+        let api_key = base64::engine::general_purpose::STANDARD.encode([2u8; 32]);
+        assert!(file(&b1, "etc/trellis/wireguard.conf").contains(&api_key), "db-1 peers with api-1");
+
+        // Unchanged: 304, with a signed freshness stamp of now.
+        let same = db.fetch(&r.base, Some(b1.version), 0).await;
+        assert_eq!((same.status, same.version), (304, Some(b1.version)), "{url}");
+        let at = trellis_core::bundle::verify_stamp(same.stamp.as_deref().unwrap(), &db.signing, "basic").unwrap();
+        assert!((trellis_controller::now() - at).abs() <= 2);
+
+        // Long-poll: the answer comes when op-1 enrols (it gains traffic with db-1), well before the wait ends.
+        let waiting = {
+            let (r, held) = (r.clone(), b1.version);
+            let db = Node { http: db.http.clone(), signing: db.signing };
+            tokio::spawn(async move {
+                let t = std::time::Instant::now();
+                (db.fetch(&r.base, Some(held), 30).await, t.elapsed())
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let op = r.enrol_node("op-1", 3, false).await;
+        let (second, took) = waiting.await.unwrap();
+        assert_eq!(second.status, 200, "{url}");
+        assert!(took < std::time::Duration::from_secs(10), "{url}: long-poll took {took:?}");
+        let b2 = db.open(&second, "db-1");
+        assert!(b2.version > b1.version, "{url}: versions rise");
+        assert!(file(&b2, "etc/trellis/wireguard.conf").contains(&base64::engine::general_purpose::STANDARD.encode([3u8; 32])));
+
+        // Evidence: appended, re-sends ignored, gaps and errors visible; desired state unchanged.
+        let rec = |seq: i64, v: u64, result: &str| json!({"seq": seq, "version": v, "result": result, "files": [], "at": 1});
+        let (s, ack) = db
+            .evidence(&r.base, json!([rec(1, b1.version, "applied"), rec(2, b2.version, "applied"), rec(1, b1.version, "applied")]))
+            .await;
+        assert_eq!((s, ack["accepted"].as_u64(), ack["duplicates"].as_u64()), (200, Some(2), Some(1)), "{ack}");
+        let status = r.admin_get("/v1/admin/status").await;
+        let st = status.as_array().unwrap().iter().find(|n| n["name"] == "db-1").unwrap().clone();
+        assert_eq!(
+            (st["desired_version"].as_u64(), st["applied_version"].as_u64(), st["stale"].as_bool()),
+            (Some(b2.version), Some(b2.version), Some(false)),
+            "{st}"
+        );
+        let mut failed = rec(4, b2.version, "failed");
+        failed["error"] = json!("nft: syntax error");
+        db.evidence(&r.base, json!([failed])).await;
+        let status = r.admin_get("/v1/admin/status").await;
+        let st = status.as_array().unwrap().iter().find(|n| n["name"] == "db-1").unwrap().clone();
+        assert_eq!((st["evidence_missing"].as_i64(), st["last_error"].as_str()), (Some(1), Some("nft: syntax error")), "{st}");
+        assert_eq!(st["desired_version"].as_u64(), Some(b2.version), "evidence never changes desired state");
+
+        // Revocation: db-1's next bundle drops op-1; op-1 is refused at once.
+        let (s, b) = r.admin_post("/v1/admin/nodes/op-1/revoke", json!(null)).await;
+        assert_eq!(s, 200, "{b}");
+        let third = db.fetch(&r.base, Some(b2.version), 10).await;
+        let b3 = db.open(&third, "db-1");
+        assert!(
+            b3.version > b2.version
+                && !file(&b3, "etc/trellis/wireguard.conf").contains(&base64::engine::general_purpose::STANDARD.encode([3u8; 32]))
+        );
+        assert_eq!(op.fetch(&r.base, None, 0).await.status, 403, "{url}");
+        drop(api);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_node_gets_no_bundle_until_approved() {
+    let r = start(testdb::sqlite_url()).await;
+    let op = r.enrol_node("op-1", 5, true).await;
+    let f = op.fetch(&r.base, None, 0).await;
+    assert_eq!(f.status, 403);
+    assert!(String::from_utf8_lossy(&f.bytes).contains("pending approval"));
+    let (s, _) = r.admin_post("/v1/admin/nodes/op-1/approve", json!(null)).await;
+    assert_eq!(s, 200);
+    let f = op.fetch(&r.base, None, 0).await;
+    assert_eq!(f.status, 200);
+    op.open(&f, "op-1");
+}

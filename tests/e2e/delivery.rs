@@ -1,0 +1,101 @@
+//! Signed delivery as an operator debugs it: `trellis-agent fetch` saves the bundle as received,
+//! `trellis-agent verify` checks it with the agent's own code and says exactly why it refuses.
+
+use std::path::Path;
+
+use base64::Engine;
+use trellis_core::bundle::{Bundle, BundleFile};
+
+use crate::controller::{agent_bin, enrol, fails_with, must, Controller, Db};
+use crate::support::tempdir;
+
+fn fetch(node: &Path, out: &Path) -> String {
+    let mut c = agent_bin();
+    c.args(["fetch", "--state-dir", node.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    must(c)
+}
+
+fn verify(file: &Path, node: &Path, extra: &[&str]) -> std::process::Command {
+    let mut c = agent_bin();
+    c.args(["verify", file.to_str().unwrap(), "--state-dir", node.to_str().unwrap()]).args(extra);
+    c
+}
+
+#[test]
+fn fetch_and_verify_and_every_refusal_with_its_reason() {
+    let c = Controller::start(Db::Sqlite);
+    c.ok(&["apply", "lab/basic"]);
+    let work = tempdir("delivery");
+    let (db, op) = (work.0.join("db-1"), work.0.join("op-1"));
+    must(enrol(&c.token("db-1", &[]), &db));
+    must(enrol(&c.token("op-1", &[]), &op));
+    let v_a = work.0.join("a.bundle");
+    let out = fetch(&db, &v_a);
+    assert!(out.contains("saved the bundle") && out.contains("signed word is"), "{out}");
+
+    // A change that touches every node (a node more in the zone) gives db-1 a newer version.
+    let changed = work.0.join("decl");
+    crate::controller::copy_dir(&crate::support::repo().join("lab/basic"), &changed);
+    let mesh = std::fs::read_to_string(changed.join("mesh.toml")).unwrap();
+    std::fs::write(changed.join("mesh.toml"), mesh + "\n[[node]]\nname = \"extra-1\"\n").unwrap();
+    c.ok(&["apply", changed.to_str().unwrap()]);
+    let v_b = work.0.join("b.bundle");
+    fetch(&db, &v_b);
+
+    let ok = must(verify(&v_b, &db, &["--last-bundle", v_a.to_str().unwrap()]));
+    assert!(ok.contains("valid bundle for node db-1 in mesh basic"), "{ok}");
+    assert!(ok.contains("etc/trellis/wireguard.conf") && ok.contains("etc/trellis/node.pem"), "{ok}");
+    let b =
+        trellis_core::bundle::verify(&std::fs::read(&v_b).unwrap(), &signing(&c).verifying_key(), "basic", "db-1", None).unwrap().bundle;
+    let a =
+        trellis_core::bundle::verify(&std::fs::read(&v_a).unwrap(), &signing(&c).verifying_key(), "basic", "db-1", None).unwrap().bundle;
+    assert!(b.version > a.version);
+
+    // Replay of the older bundle.
+    fails_with(
+        verify(&v_a, &db, &["--last-bundle", v_b.to_str().unwrap()]),
+        &format!("bundle version {} is not greater than the last applied version {}", a.version, b.version),
+    );
+
+    // One byte changed.
+    let mut bytes = std::fs::read(&v_b).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x01;
+    let tampered = work.0.join("tampered.bundle");
+    std::fs::write(&tampered, &bytes).unwrap();
+    fails_with(verify(&tampered, &db, &[]), "bundle signature does not verify");
+
+    // Another node's bundle.
+    let theirs = work.0.join("op.bundle");
+    fetch(&op, &theirs);
+    fails_with(verify(&theirs, &db, &[]), "bundle is for node `op-1`, not for this node `db-1`");
+
+    // The same version with other content, validly signed (as a compromised replica could).
+    let mut forged = b.clone();
+    forged.files.push(BundleFile::new("etc/trellis/extra.conf", 0o644, b"x".to_vec()));
+    forged.files.sort_by(|x, y| x.path.cmp(&y.path));
+    let forged_path = work.0.join("forged.bundle");
+    std::fs::write(&forged_path, Bundle::sign(&forged, &signing(&c))).unwrap();
+    fails_with(
+        verify(&forged_path, &db, &["--last-bundle", v_b.to_str().unwrap()]),
+        &format!("bundle version {} equals the last applied version but its content differs", b.version),
+    );
+
+    // Too large, and an unknown format.
+    let mut huge = b"TRB1".to_vec();
+    huge.resize(trellis_core::bundle::MAX_BUNDLE + 1, 0);
+    let huge_path = work.0.join("huge.bundle");
+    std::fs::write(&huge_path, &huge).unwrap();
+    fails_with(verify(&huge_path, &db, &[]), "over the bound of 16777216");
+    let mut unknown = std::fs::read(&v_b).unwrap();
+    unknown[..4].copy_from_slice(b"TRB9");
+    let unknown_path = work.0.join("unknown.bundle");
+    std::fs::write(&unknown_path, &unknown).unwrap();
+    fails_with(verify(&unknown_path, &db, &[]), "unknown format");
+}
+
+fn signing(c: &Controller) -> ed25519_dalek::SigningKey {
+    let seed = std::fs::read_to_string(c.state.join("signing.key")).unwrap();
+    let seed: [u8; 32] = base64::engine::general_purpose::STANDARD.decode(seed.trim()).unwrap().try_into().unwrap();
+    ed25519_dalek::SigningKey::from_bytes(&seed)
+}
