@@ -57,13 +57,18 @@ fn fetch_and_verify_and_every_refusal_with_its_reason() {
         &format!("bundle version {} is not greater than the last applied version {}", a.version, b.version),
     );
 
-    // One byte changed.
-    let mut bytes = std::fs::read(&v_b).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0x01;
+    // One byte changed: in the signed manifest (the node name's first byte), or in a file.
+    let original = std::fs::read(&v_b).unwrap();
     let tampered = work.0.join("tampered.bundle");
+    let mut bytes = original.clone();
+    bytes[72 + "trellis-bundle-v1\n".len() + 4 + 4 + 4] ^= 0x01;
     std::fs::write(&tampered, &bytes).unwrap();
     fails_with(verify(&tampered, &db, &[]), "bundle signature does not verify");
+    let mut bytes = original.clone();
+    let last = bytes.len() - 10;
+    bytes[last] ^= 0x01;
+    std::fs::write(&tampered, &bytes).unwrap();
+    fails_with(verify(&tampered, &db, &[]), "file etc/trellis/wireguard.conf does not match its SHA-256 in the bundle");
 
     // Another node's bundle.
     let theirs = work.0.join("op.bundle");
@@ -75,7 +80,7 @@ fn fetch_and_verify_and_every_refusal_with_its_reason() {
     forged.files.push(BundleFile::new("etc/trellis/extra.conf", 0o644, b"x".to_vec()));
     forged.files.sort_by(|x, y| x.path.cmp(&y.path));
     let forged_path = work.0.join("forged.bundle");
-    std::fs::write(&forged_path, Bundle::sign(&forged, &signing(&c))).unwrap();
+    std::fs::write(&forged_path, Bundle::sign(&forged, &signing(&c)).to_vec()).unwrap();
     fails_with(
         verify(&forged_path, &db, &["--last-bundle", v_b.to_str().unwrap()]),
         &format!("bundle version {} equals the last applied version but its content differs", b.version),

@@ -680,7 +680,7 @@ async fn bundle(
         let stamp = ctx.publisher.stamp(&ctx);
         if let Some(p) = &current {
             if held.as_deref() != Some(etag(p.version).as_str()) {
-                let body = axum::body::Body::from(p.bytes.as_ref().clone());
+                let body = axum::body::Body::new(Chunks(p.signed.head.clone(), p.signed.contents.iter().cloned().collect()));
                 return Ok((
                     [
                         (header::CONTENT_TYPE, "application/octet-stream".to_string()),
@@ -789,4 +789,25 @@ async fn status(State(ctx): State<Shared>, _: Admin) -> Result<Json<Vec<proto::N
         })
         .collect();
     Ok(Json(out))
+}
+
+/// A response body made of shared chunks: the bundle's head and its contents, sent without
+/// copying them into one buffer.
+struct Chunks(bytes::Bytes, std::collections::VecDeque<bytes::Bytes>);
+
+impl http_body::Body for Chunks {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        let next = if self.0.is_empty() { self.1.pop_front() } else { Some(std::mem::take(&mut self.0)) };
+        std::task::Poll::Ready(next.map(|b| Ok(http_body::Frame::data(b))))
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact((self.0.len() + self.1.iter().map(bytes::Bytes::len).sum::<usize>()) as u64)
+    }
 }

@@ -22,7 +22,37 @@ use crate::now;
 /// One node's current bundle, signed.
 pub struct Published {
     pub version: i64,
-    pub bytes: Arc<Vec<u8>>,
+    pub signed: trellis_core::bundle::Signed,
+}
+
+/// Compiled file contents as `Bytes` without copying, each hashed once however many bundles
+/// share it (the mesh zone is one allocation shared by every node).
+#[derive(Default)]
+struct Contents(HashMap<usize, (bytes::Bytes, [u8; 32])>);
+
+struct ArcStr(Arc<str>);
+
+impl AsRef<[u8]> for ArcStr {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+impl Contents {
+    fn file(&mut self, path: &str, mode: u32, content: &Arc<str>) -> BundleFile {
+        use sha2::Digest;
+        let key = Arc::as_ptr(content) as *const u8 as usize;
+        let (bytes, digest) = self
+            .0
+            .entry(key)
+            .or_insert_with(|| {
+                let bytes = bytes::Bytes::from_owner(ArcStr(content.clone()));
+                let digest: [u8; 32] = sha2::Sha256::digest(&bytes).into();
+                (bytes, digest)
+            })
+            .clone();
+        BundleFile::with_digest(path, mode, bytes, digest)
+    }
 }
 
 /// What the node endpoints need to authenticate a certificate without the database.
@@ -131,7 +161,8 @@ impl Publisher {
         let compiled =
             trellis_core::compile(&decl, &keys, &allocation, run.compiled.as_ref()).map_err(|d| ApiError::internal("compiling", d))?;
         let rendered: HashSet<&str> = compiled.rendered.iter().map(String::as_str).collect();
-        let ca_pem = ctx.ca.cert_pem().as_bytes().to_vec();
+        let ca_pem = BundleFile::new("etc/trellis/ca.pem", 0o644, ctx.ca.cert_pem().as_bytes().to_vec());
+        let mut contents = Contents::default();
 
         let mut pending: Vec<(String, Vec<BundleFile>, String)> = Vec::new();
         for r in &active {
@@ -145,9 +176,8 @@ impl Publisher {
             if unchanged {
                 continue;
             }
-            let mut files: Vec<BundleFile> =
-                out.files.iter().map(|f| BundleFile::new(f.path.clone(), f.mode, f.content.as_bytes().to_vec())).collect();
-            files.push(BundleFile::new("etc/trellis/ca.pem", 0o644, ca_pem.clone()));
+            let mut files: Vec<BundleFile> = out.files.iter().map(|f| contents.file(&f.path, f.mode, &f.content)).collect();
+            files.push(ca_pem.clone());
             if let Some(pem) = &r.cert_pem {
                 files.push(BundleFile::new("etc/trellis/node.pem", 0o644, pem.as_bytes().to_vec()));
             }
@@ -168,10 +198,10 @@ impl Publisher {
             }
             let bundle =
                 Bundle { mesh: decl.mesh.name.clone(), node: node.clone(), version: v.version as u64, issued_at: v.issued_at, files };
-            let bytes = bundle.sign(&ctx.signing_key);
+            let signed = bundle.sign(&ctx.signing_key);
             let cert = records.iter().find(|r| r.name == node).and_then(|r| r.cert_pem.clone());
             run.published.insert(node.clone(), (digest, cert));
-            table.insert(node, Arc::new(Published { version: v.version, bytes: Arc::new(bytes) }));
+            table.insert(node, Arc::new(Published { version: v.version, signed }));
             count += 1;
         }
         {

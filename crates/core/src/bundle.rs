@@ -2,12 +2,15 @@
 //! function that verifies them (used by the agent and by `trellis-agent verify`). Pure: the
 //! signing key, the expected node and the last applied version are arguments (ADR 0012).
 //!
-//! Wire form: `TRB1` | ed25519 signature (64) | body. The signature covers
-//! `"trellis bundle signature v1\0" || body`. The body is the canonical encoding:
+//! Wire form: `TRB1` | ed25519 signature (64) | u32 manifest length | manifest | contents. The
+//! signature covers `"trellis bundle signature v1\0" || manifest`; the manifest is canonical:
 //! `"trellis-bundle-v1\n"` | str mesh | str node | u64 version | i64 issued_at | u32 n |
-//! n × (str path | u32 mode | [32] sha256 | bytes content), where str and bytes are a u32 length
-//! then the bytes, and integers are big endian.
+//! n × (str path | u32 mode | [32] sha256 | u64 length), where str is a u32 length and the bytes,
+//! integers big endian. The contents follow in manifest order; each is bound to the signature by
+//! its SHA-256 in the manifest. Signing the manifest, not the contents, keeps signing cheap and
+//! lets a content shared by many bundles (the mesh zone) be hashed once and held once.
 
+use bytes::Bytes;
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use sha2::{Digest, Sha256};
 
@@ -23,12 +26,45 @@ pub struct BundleFile {
     pub path: String,
     pub mode: u32,
     pub sha256: [u8; 32],
-    pub content: Vec<u8>,
+    pub content: Bytes,
 }
 
 impl BundleFile {
-    pub fn new(path: impl Into<String>, mode: u32, content: Vec<u8>) -> BundleFile {
+    pub fn new(path: impl Into<String>, mode: u32, content: impl Into<Bytes>) -> BundleFile {
+        let content = content.into();
         BundleFile { path: path.into(), mode, sha256: Sha256::digest(&content).into(), content }
+    }
+
+    /// A file whose digest is already known (a content shared by many bundles, hashed once).
+    pub fn with_digest(path: impl Into<String>, mode: u32, content: Bytes, sha256: [u8; 32]) -> BundleFile {
+        BundleFile { path: path.into(), mode, sha256, content }
+    }
+}
+
+/// A signed bundle as sent: the head (magic, signature, manifest) and the contents, kept apart
+/// so that a content shared by many bundles is not copied into each.
+#[derive(Clone, Debug)]
+pub struct Signed {
+    pub head: Bytes,
+    pub contents: Vec<Bytes>,
+}
+
+impl Signed {
+    pub fn len(&self) -> usize {
+        self.head.len() + self.contents.iter().map(Bytes::len).sum::<usize>()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len());
+        out.extend_from_slice(&self.head);
+        for c in &self.contents {
+            out.extend_from_slice(c);
+        }
+        out
     }
 }
 
@@ -86,10 +122,9 @@ fn put_str(out: &mut Vec<u8>, s: &[u8]) {
 }
 
 impl Bundle {
-    /// The canonical body that is signed.
-    pub fn body(&self) -> Vec<u8> {
-        let size: usize = self.files.iter().map(|f| f.content.len() + f.path.len() + 48).sum();
-        let mut out = Vec::with_capacity(size + 128);
+    /// The canonical manifest that is signed.
+    pub fn manifest(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(128 + self.files.iter().map(|f| f.path.len() + 48).sum::<usize>());
         out.extend_from_slice(FORMAT.as_bytes());
         put_str(&mut out, self.mesh.as_bytes());
         put_str(&mut out, self.node.as_bytes());
@@ -100,24 +135,25 @@ impl Bundle {
             put_str(&mut out, f.path.as_bytes());
             out.extend_from_slice(&f.mode.to_be_bytes());
             out.extend_from_slice(&f.sha256);
-            put_str(&mut out, &f.content);
+            out.extend_from_slice(&(f.content.len() as u64).to_be_bytes());
         }
         out
     }
 
     /// Signs the bundle. ed25519 signatures are deterministic: the same bundle signed by the same
     /// key gives the same bytes, so replicas hand out identical bundles for one version.
-    pub fn sign(&self, key: &SigningKey) -> Vec<u8> {
-        let body = self.body();
-        let mut msg = Vec::with_capacity(SIGNING_CONTEXT.len() + body.len());
+    pub fn sign(&self, key: &SigningKey) -> Signed {
+        let manifest = self.manifest();
+        let mut msg = Vec::with_capacity(SIGNING_CONTEXT.len() + manifest.len());
         msg.extend_from_slice(SIGNING_CONTEXT);
-        msg.extend_from_slice(&body);
+        msg.extend_from_slice(&manifest);
         let sig = key.sign(&msg);
-        let mut out = Vec::with_capacity(4 + 64 + body.len());
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&sig.to_bytes());
-        out.extend_from_slice(&body);
-        out
+        let mut head = Vec::with_capacity(4 + 64 + 4 + manifest.len());
+        head.extend_from_slice(MAGIC);
+        head.extend_from_slice(&sig.to_bytes());
+        head.extend_from_slice(&(manifest.len() as u32).to_be_bytes());
+        head.extend_from_slice(&manifest);
+        Signed { head: head.into(), contents: self.files.iter().map(|f| f.content.clone()).collect() }
     }
 
     /// SHA-256 over what the node will hold: every file's path, mode and content. Version and
@@ -203,17 +239,22 @@ pub fn verify(bytes: &[u8], key: &VerifyingKey, mesh: &str, node: &str, last: Op
     if bytes.len() > MAX_BUNDLE {
         return Err(BundleError::TooLarge { size: bytes.len(), max: MAX_BUNDLE });
     }
-    if bytes.len() < 4 + 64 + FORMAT.len() || &bytes[..4] != MAGIC || &bytes[68..68 + FORMAT.len()] != FORMAT.as_bytes() {
+    let start = 4 + 64 + 4;
+    if bytes.len() < start + FORMAT.len() || &bytes[..4] != MAGIC || &bytes[start..start + FORMAT.len()] != FORMAT.as_bytes() {
         return Err(BundleError::UnknownFormat);
     }
     let sig = Signature::from_bytes(bytes[4..68].try_into().expect("64"));
-    let body = &bytes[68..];
-    let mut msg = Vec::with_capacity(SIGNING_CONTEXT.len() + body.len());
+    let manifest_len = u32::from_be_bytes(bytes[68..72].try_into().expect("4")) as usize;
+    if manifest_len > bytes.len() - start {
+        return Err(BundleError::Malformed("the manifest is longer than the bundle"));
+    }
+    let manifest = &bytes[start..start + manifest_len];
+    let mut msg = Vec::with_capacity(SIGNING_CONTEXT.len() + manifest.len());
     msg.extend_from_slice(SIGNING_CONTEXT);
-    msg.extend_from_slice(body);
+    msg.extend_from_slice(manifest);
     key.verify_strict(&msg, &sig).map_err(|_| BundleError::BadSignature)?;
 
-    let mut r = Reader { b: &body[FORMAT.len()..] };
+    let mut r = Reader { b: &manifest[FORMAT.len()..] };
     let bundle_mesh = r.string()?;
     let bundle_node = r.string()?;
     let version = r.u64()?;
@@ -222,15 +263,28 @@ pub fn verify(bytes: &[u8], key: &VerifyingKey, mesh: &str, node: &str, last: Op
     if n > MAX_FILES {
         return Err(BundleError::Malformed("too many files"));
     }
-    let mut files = Vec::with_capacity(n);
+    let mut heads = Vec::with_capacity(n);
     for _ in 0..n {
         let path = r.string()?;
         let mode = r.u32()?;
         let sha256: [u8; 32] = r.take(32)?.try_into().expect("32");
-        let content = r.bytes()?.to_vec();
-        files.push(BundleFile { path, mode, sha256, content });
+        let len = r.u64()? as usize;
+        heads.push((path, mode, sha256, len));
     }
     if !r.b.is_empty() {
+        return Err(BundleError::Malformed("bytes follow the last entry of the manifest"));
+    }
+    let mut rest = &bytes[start + manifest_len..];
+    let mut files = Vec::with_capacity(n);
+    for (path, mode, sha256, len) in heads {
+        if rest.len() < len {
+            return Err(BundleError::Malformed("a file is shorter than the manifest says"));
+        }
+        let (content, tail) = rest.split_at(len);
+        rest = tail;
+        files.push(BundleFile { path, mode, sha256, content: Bytes::copy_from_slice(content) });
+    }
+    if !rest.is_empty() {
         return Err(BundleError::Malformed("bytes follow the last file"));
     }
     if bundle_mesh != mesh {
@@ -317,8 +371,8 @@ mod tests {
             version,
             issued_at: 1_800_000_000,
             files: vec![
-                BundleFile::new("etc/trellis/wireguard.conf", 0o600, b"[Interface]\n".to_vec()),
                 BundleFile::new("etc/trellis/ca.pem", 0o644, b"-----BEGIN CERTIFICATE-----\n".to_vec()),
+                BundleFile::new("etc/trellis/wireguard.conf", 0o600, b"[Interface]\n".to_vec()),
             ],
         }
     }
@@ -330,8 +384,8 @@ mod tests {
     #[test]
     fn a_signed_bundle_verifies_and_signing_is_deterministic() {
         let b = sample(3);
-        let bytes = b.sign(&key());
-        assert_eq!(bytes, b.sign(&key()));
+        let bytes = b.sign(&key()).to_vec();
+        assert_eq!(bytes, b.sign(&key()).to_vec());
         let v = check(&bytes, Some(Applied { version: 2, digest: None })).unwrap();
         assert_eq!((v.bundle, v.redelivery), (b.clone(), false));
         let again = check(&bytes, Some(Applied { version: 3, digest: Some(b.content_digest()) })).unwrap();
@@ -340,16 +394,22 @@ mod tests {
 
     #[test]
     fn every_refusal_has_its_own_reason() {
-        let bytes = sample(3).sign(&key());
-        // One byte changed anywhere is refused; in the body or signature, as a bad signature.
+        let signed = sample(3).sign(&key());
+        let bytes = signed.to_vec();
+        // One byte changed anywhere is refused: in the signature or manifest as a bad signature,
+        // in a file as a digest mismatch.
         for i in 0..bytes.len() {
             let mut t = bytes.clone();
             t[i] ^= 0x20;
             let e = check(&t, None).unwrap_err();
-            if i < 4 || (68..68 + FORMAT.len()).contains(&i) {
+            if i < 4 || (72..72 + FORMAT.len()).contains(&i) {
                 assert_eq!(e, BundleError::UnknownFormat, "byte {i}");
-            } else {
+            } else if (68..72).contains(&i) {
+                assert!(matches!(e, BundleError::Malformed(_) | BundleError::BadSignature), "byte {i}: {e:?}");
+            } else if i < signed.head.len() {
                 assert_eq!(e, BundleError::BadSignature, "byte {i}");
+            } else {
+                assert!(matches!(e, BundleError::FileDigest { .. }), "byte {i}: {e:?}");
             }
         }
         assert_eq!(check(&bytes, Some(Applied { version: 5, digest: None })), Err(BundleError::NotNewer { version: 3, last: 5 }));
@@ -360,19 +420,19 @@ mod tests {
         );
         let mut other = sample(3);
         other.node = "db-2".into();
-        assert_eq!(check(&other.sign(&key()), None), Err(BundleError::WrongNode { bundle: "db-2".into(), ours: "db-1".into() }));
+        assert_eq!(check(&other.sign(&key()).to_vec(), None), Err(BundleError::WrongNode { bundle: "db-2".into(), ours: "db-1".into() }));
         let mut lying = sample(3);
-        lying.files[0].content = b"changed".to_vec();
-        assert_eq!(check(&lying.sign(&key()), None), Err(BundleError::FileDigest { path: "etc/trellis/wireguard.conf".into() }));
+        lying.files[1].content = Bytes::from_static(b"changed");
+        assert_eq!(check(&lying.sign(&key()).to_vec(), None), Err(BundleError::FileDigest { path: "etc/trellis/wireguard.conf".into() }));
         for bad in ["/etc/passwd", "etc/../../root", "", "etc//x"] {
             let mut b = sample(3);
-            b.files[0] = BundleFile::new(bad, 0o644, vec![]);
-            assert_eq!(check(&b.sign(&key()), None), Err(BundleError::UnsafePath { path: bad.into() }), "{bad}");
+            b.files[0] = BundleFile::new(bad, 0o644, Vec::new());
+            assert_eq!(check(&b.sign(&key()).to_vec(), None), Err(BundleError::UnsafePath { path: bad.into() }), "{bad}");
         }
         let huge = vec![0u8; MAX_BUNDLE + 1];
         assert_eq!(check(&huge, None), Err(BundleError::TooLarge { size: MAX_BUNDLE + 1, max: MAX_BUNDLE }));
         let other_key = SigningKey::from_bytes(&[8; 32]);
-        assert_eq!(check(&sample(3).sign(&other_key), None), Err(BundleError::BadSignature));
+        assert_eq!(check(&sample(3).sign(&other_key).to_vec(), None), Err(BundleError::BadSignature));
     }
 
     #[test]

@@ -38,7 +38,9 @@ fn odt(t: SystemTime) -> OffsetDateTime {
 
 fn random_serial() -> SerialNumber {
     let mut b: [u8; 16] = rand::random();
-    b[0] &= 0x7f; // a positive serial
+    // Positive, and with no leading zero byte, so that its DER encoding (which x509 parsers
+    // report) is these exact 16 bytes.
+    b[0] = (b[0] & 0x7f) | 0x40;
     SerialNumber::from_slice(&b)
 }
 
@@ -219,6 +221,19 @@ mod tests {
         assert_eq!(info.serial, issued.serial);
         assert!((info.not_after - issued.not_after).abs() <= 1);
         assert_eq!(ca.fingerprint(), inspect_pem(&ca_pair.cert_pem).unwrap().fingerprint);
+    }
+
+    #[test]
+    fn the_recorded_serial_is_the_one_in_the_certificate_every_time() {
+        // A serial whose DER form loses a leading zero byte would lock its node out.
+        let now = SystemTime::now();
+        let ca_pair = create_ca("acme", now).unwrap();
+        let ca = Ca::load(&ca_pair.cert_pem, &ca_pair.key_pem).unwrap();
+        let (_key, csr) = node_key_and_csr("n").unwrap();
+        for _ in 0..400 {
+            let issued = ca.sign_node(&csr, "n", "acme", now, Duration::from_secs(60)).unwrap();
+            assert_eq!(inspect_pem(&issued.cert_pem).unwrap().serial, issued.serial);
+        }
     }
 
     #[test]

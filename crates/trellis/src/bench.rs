@@ -18,6 +18,24 @@ pub enum BenchCommand {
     Compile(CompileArgs),
     /// Enrolments per second against an in-process controller on loopback (CSR signing included)
     Enrol(EnrolArgs),
+    /// N simulated agents against a real `trellis serve` on loopback: 304s per second, and the
+    /// time from one `apply` until every long-polling agent holds its new bundle
+    Delivery(DeliveryArgs),
+}
+
+#[derive(Args)]
+pub struct DeliveryArgs {
+    /// How many simulated agents (each enrols, then long-polls)
+    #[arg(long, default_value_t = 2000)]
+    pub agents: usize,
+    /// How many `304` requests to time (spread over 64 concurrent agents)
+    #[arg(long, default_value_t = 20000)]
+    pub requests: usize,
+    /// sqlite://... or postgres://... (default: SQLite in a temporary state directory)
+    #[arg(long)]
+    pub database_url: Option<String>,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args)]
@@ -59,6 +77,7 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
     match cmd {
         BenchCommand::Compile(a) => bench_compile(&a),
         BenchCommand::Enrol(a) => crate::admin::runtime().block_on(bench_enrol(&a)),
+        BenchCommand::Delivery(a) => crate::admin::runtime().block_on(crate::loadtest::run(&a)),
     }
 }
 

@@ -3,6 +3,7 @@
 mod admin;
 mod bench;
 mod declfs;
+mod loadtest;
 mod offline;
 mod time;
 

@@ -1,0 +1,263 @@
+//! `trellis bench delivery`: simulated agents against a real `trellis serve` process on loopback.
+//! Every loop is bounded in count and time; every address is 127.0.0.1.
+
+use std::process::{Child, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use base64::Engine;
+use serde_json::json;
+use trellis_controller::client::AdminClient;
+use trellis_proto as proto;
+
+use crate::bench::DeliveryArgs;
+
+struct Serve(Child);
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn raise_fd_limit() {
+    // Thousands of connections need thousands of descriptors, on both ends.
+    unsafe {
+        let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 && l.rlim_cur < l.rlim_max {
+            l.rlim_cur = l.rlim_max.min(1 << 20);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+        }
+    }
+}
+
+fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn mesh(n: usize, extra: bool) -> String {
+    let mut s = String::from("[mesh]\nname = \"load\"\ndomain = \"load.mesh\"\noverlay_ipv4 = \"10.80.0.0/12\"\n\n[networks]\nlan = {}\n\n[groups]\nops = [\"a00000\", \"a00001\"]\n");
+    for i in 0..n {
+        s.push_str(&format!("\n[[node]]\nname = \"a{i:05}\"\nnetworks = [\"lan\"]\nmodules = [\"svc\"]\n[[node.endpoint]]\naddress = \"192.0.2.1:{}\"\nreachable_from = [\"lan\"]\n", 10000 + i));
+    }
+    if extra {
+        s.push_str("\n[[node]]\nname = \"late-1\"\n");
+    }
+    s
+}
+
+const SVC: &str = "[module]\nname = \"svc\"\n\n[[allow]]\nproto = \"tcp\"\nports = [\"22\"]\nfrom = [\"group:ops\"]\n";
+
+struct Agent {
+    name: String,
+    http: reqwest::Client,
+    version: u64,
+}
+
+async fn get(agent: &Agent, base: &str, held: Option<u64>, wait: u64) -> Result<(u16, Option<u64>)> {
+    let mut req = agent.http.get(format!("{base}/v1/bundle?wait={wait}")).timeout(Duration::from_secs(wait + 30));
+    if let Some(v) = held {
+        req = req.header("if-none-match", format!("\"{v}\""));
+    }
+    let resp = req.send().await?;
+    let status = resp.status().as_u16();
+    let version = resp.headers().get("etag").and_then(|v| v.to_str().ok()).and_then(|v| v.trim_matches('"').parse().ok());
+    let body = resp.bytes().await?;
+    if status != 200 && status != 304 {
+        bail!("{} got {status}: {}", agent.name, String::from_utf8_lossy(&body));
+    }
+    Ok((status, version))
+}
+
+pub async fn run(a: &DeliveryArgs) -> Result<std::process::ExitCode> {
+    if a.agents == 0 || a.agents > 20_000 {
+        bail!("--agents must be between 1 and 20000");
+    }
+    raise_fd_limit();
+    let dir = std::env::temp_dir().join(format!("trellis-bench-delivery-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let addr = format!("127.0.0.1:{port}");
+    let base = format!("https://{addr}");
+    let opts = trellis_controller::state::InitOptions {
+        advertise: vec![addr.clone()],
+        listen: Some(addr.clone()),
+        database_url: a.database_url.clone(),
+        node_cert_secs: 86400,
+    };
+    trellis_controller::state::init(&dir, &opts).await?;
+    let log = std::fs::File::create(dir.join("serve.log"))?;
+    let serve = Serve(
+        std::process::Command::new(std::env::current_exe()?)
+            .args(["serve", "--state-dir", dir.to_str().context("temp dir is not UTF-8")?])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("cannot start trellis serve")?,
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(&addr).is_err() {
+        if Instant::now() > deadline {
+            bail!("trellis serve did not start; see {}", dir.join("serve.log").display());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let admin = AdminClient::from_state_dir(&dir)?;
+    let files = |extra: bool| {
+        vec![
+            proto::DeclFile { path: "mesh.toml".into(), text: mesh(a.agents, extra) },
+            proto::DeclFile { path: "modules/svc.toml".into(), text: SVC.into() },
+        ]
+    };
+    admin.apply(&proto::ApplyRequest { files: files(false), expect_revision: None }).await?;
+
+    // Enrol every agent: tokens, keys and CSRs made here, 16 enrolments in flight.
+    eprintln!("enrolling {} agents...", a.agents);
+    let ca = std::fs::read_to_string(dir.join("ca.pem"))?;
+    let plain = reqwest::Client::builder().use_preconfigured_tls(trellis_pki::tls::client_config(&ca, None)?).build()?;
+    let mut agents = Vec::with_capacity(a.agents);
+    let started = Instant::now();
+    for chunk in (0..a.agents).collect::<Vec<_>>().chunks(16) {
+        let mut tasks = Vec::new();
+        for &i in chunk {
+            let name = format!("a{i:05}");
+            let t = admin.create_token(&proto::TokenRequest { node: name.clone(), ttl_secs: 3600, require_approval: false }).await?;
+            let token = trellis_core::token::EnrolmentToken::decode(&t.token).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let (plain, base, ca) = (plain.clone(), base.clone(), ca.clone());
+            tasks.push(tokio::spawn(async move {
+                let (key, csr) = trellis_pki::node_key_and_csr(&name)?;
+                let mut wg = [0u8; 32];
+                wg[..8].copy_from_slice(&(i as u64 + 1).to_le_bytes());
+                let req = proto::EnrolRequest {
+                    token_id: trellis_core::token::hex(&token.id),
+                    secret: base64::engine::general_purpose::STANDARD.encode(token.secret),
+                    node: name.clone(),
+                    csr_pem: csr,
+                    wireguard_public_key: base64::engine::general_purpose::STANDARD.encode(wg),
+                };
+                let resp = plain.post(format!("{base}/v1/enrol")).json(&req).send().await?;
+                if !resp.status().is_success() {
+                    bail!("enrolment of {name} failed: {}", resp.text().await.unwrap_or_default());
+                }
+                let r: proto::EnrolResponse = resp.json().await?;
+                let cfg = trellis_pki::tls::client_config(&ca, Some((&r.node_cert_pem, &key)))?;
+                let http = reqwest::Client::builder().use_preconfigured_tls(cfg).pool_max_idle_per_host(1).build()?;
+                Ok::<_, anyhow::Error>(Agent { name, http, version: 0 })
+            }));
+        }
+        for t in tasks {
+            agents.push(t.await??);
+        }
+        if agents.len() % 500 == 0 {
+            eprintln!("  {} enrolled ({:.0}s)", agents.len(), started.elapsed().as_secs_f64());
+        }
+    }
+    // Every agent takes its first bundle.
+    for agent in agents.iter_mut() {
+        let (status, v) = get(agent, &base, None, 0).await?;
+        if status != 200 {
+            bail!("{} got {status} for its first bundle", agent.name);
+        }
+        agent.version = v.context("no ETag")?;
+    }
+    let agents: Arc<Vec<Agent>> = Arc::new(agents);
+
+    // 304s per second: bounded count, 64 in flight.
+    eprintln!("timing {} unchanged-bundle requests...", a.requests);
+    let per_task = a.requests.div_ceil(64);
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for k in 0..64usize {
+        let (agents, base) = (agents.clone(), base.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut n304 = 0usize;
+            for j in 0..per_task {
+                let agent = &agents[(k * per_task + j) % agents.len()];
+                if get(agent, &base, Some(agent.version), 0).await?.0 == 304 {
+                    n304 += 1;
+                }
+            }
+            Ok::<_, anyhow::Error>(n304)
+        }));
+    }
+    let mut n304 = 0;
+    for task in tasks {
+        n304 += task.await??;
+    }
+    let not_modified_rate = n304 as f64 / t.elapsed().as_secs_f64();
+
+    // Long-poll: every agent waits; one apply changes every bundle (a node joins the zone).
+    eprintln!("{} agents long-polling; applying a change...", agents.len());
+    let mut waits = Vec::new();
+    for i in 0..agents.len() {
+        let (agents, base) = (agents.clone(), base.clone());
+        waits.push(tokio::spawn(async move {
+            let agent = &agents[i];
+            let (status, v) = get(agent, &base, Some(agent.version), 60).await?;
+            Ok::<_, anyhow::Error>((status, v, Instant::now()))
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let t0 = Instant::now();
+    admin.apply(&proto::ApplyRequest { files: files(true), expect_revision: None }).await?;
+    let apply_time = t0.elapsed();
+    let mut lat = Vec::new();
+    let mut missed = 0;
+    for (i, w) in waits.into_iter().enumerate() {
+        let (status, v, at) = w.await??;
+        if status == 200 && v > Some(agents[i].version) {
+            lat.push(at.saturating_duration_since(t0));
+        } else {
+            missed += 1;
+        }
+    }
+    lat.sort();
+    let peak = peak_rss_kib(serve.0.id());
+    drop(serve);
+    let _ = std::fs::remove_dir_all(&dir);
+    if lat.is_empty() {
+        bail!("no agent received the new bundle");
+    }
+    let db = if a.database_url.as_deref().is_some_and(|u| u.starts_with("postgres")) { "postgresql" } else { "sqlite" };
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "agents": agents.len(), "database": db,
+                "not_modified_per_second": not_modified_rate,
+                "apply_ms": ms(apply_time),
+                "apply_to_bundle_ms": {"p50": ms(pct(&lat, 0.5)), "p99": ms(pct(&lat, 0.99)), "max": ms(*lat.last().expect("non-empty"))},
+                "agents_missed": missed,
+                "serve_peak_rss_kib": peak,
+            }))?
+        );
+    } else {
+        println!("{} agents against trellis serve ({db}) on loopback", agents.len());
+        println!("304 answers:                  {not_modified_rate:8.0} per second ({n304} timed, 64 in flight)");
+        println!("apply request took:           {:8.1} ms", ms(apply_time));
+        println!(
+            "apply -> agent holds bundle:  p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} of {} agents{})",
+            ms(pct(&lat, 0.5)),
+            ms(pct(&lat, 0.99)),
+            ms(*lat.last().expect("non-empty")),
+            lat.len(),
+            agents.len(),
+            if missed > 0 { format!(", {missed} missed") } else { String::new() }
+        );
+        if let Some(p) = peak {
+            println!("trellis serve peak memory:    {:8.1} MiB", p as f64 / 1024.0);
+        }
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
