@@ -621,47 +621,44 @@ impl Store {
         let mut attempt = 0;
         loop {
             let mut tx = self.begin().await?;
-            let mut out = Vec::with_capacity(changes.len());
             let r: Result<()> = async {
-                for (node, digest) in changes {
-                    sqlx::query(
-                        "INSERT INTO bundles (node, version, digest, issued_at) VALUES ($1, 0, '', $2) ON CONFLICT (node) DO NOTHING",
-                    )
-                    .bind(node.clone())
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await?;
-                    sqlx::query("UPDATE bundles SET version = version + 1, digest = $1, issued_at = $2 WHERE node = $3 AND digest <> $1")
-                        .bind(digest.clone())
-                        .bind(now)
-                        .bind(node.clone())
-                        .execute(&mut *tx)
-                        .await?;
-                    let r = sqlx::query("SELECT version, digest, issued_at FROM bundles WHERE node = $1")
-                        .bind(node.clone())
-                        .fetch_one(&mut *tx)
-                        .await?;
-                    out.push((
-                        node.clone(),
-                        BundleVersion { version: r.try_get("version")?, digest: r.try_get("digest")?, issued_at: r.try_get("issued_at")? },
-                    ));
+                // Multi-row upserts: a node's version moves only when its digest changes.
+                for chunk in changes.chunks(250) {
+                    let mut sql = String::from("INSERT INTO bundles (node, version, digest, issued_at) VALUES ");
+                    for k in 0..chunk.len() {
+                        if k > 0 {
+                            sql.push_str(", ");
+                        }
+                        sql.push_str(&format!("(${}, 1, ${}, ${})", 3 * k + 1, 3 * k + 2, 3 * k + 3));
+                    }
+                    sql.push_str(
+                        " ON CONFLICT (node) DO UPDATE SET version = bundles.version + 1, digest = excluded.digest, \
+                         issued_at = excluded.issued_at WHERE bundles.digest <> excluded.digest",
+                    );
+                    let mut q = sqlx::query(&sql);
+                    for (node, digest) in chunk {
+                        q = q.bind(node.clone()).bind(digest.clone()).bind(now);
+                    }
+                    q.execute(&mut *tx).await?;
                 }
                 Ok(())
             }
             .await;
-            match r {
-                Ok(()) => match tx.commit().await {
-                    Ok(()) => return Ok(out),
-                    Err(e) if (is_unique_violation(&e) || is_serialization(&e)) && attempt < 20 => attempt += 1,
-                    Err(e) => return Err(e.into()),
-                },
-                Err(StoreError::Db(e)) if (is_unique_violation(&e) || is_serialization(&e)) && attempt < 20 => {
+            let r = match r {
+                Ok(()) => tx.commit().await.map_err(StoreError::from),
+                Err(e) => {
                     let _ = tx.rollback().await;
-                    attempt += 1;
+                    Err(e)
                 }
+            };
+            match r {
+                Ok(()) => break,
+                Err(StoreError::Db(e)) if (is_unique_violation(&e) || is_serialization(&e)) && attempt < 20 => attempt += 1,
                 Err(e) => return Err(e),
             }
         }
+        let all = self.bundles().await?;
+        Ok(changes.iter().filter_map(|(node, _)| all.get(node).map(|v| (node.clone(), v.clone()))).collect())
     }
 
     // --- evidence --------------------------------------------------------------------------
