@@ -607,36 +607,8 @@ async fn revoke(State(ctx): State<Shared>, _: Admin, Path(name): Path<String>) -
     Ok(Json(proto::WhoAmI { node: name, state: "revoked".into() }))
 }
 
-#[derive(serde::Serialize)]
-pub struct AuditEntry {
-    pub seq: i64,
-    pub at: i64,
-    pub actor: String,
-    pub action: String,
-    pub subject: String,
-    pub detail: String,
-    pub prev_hash: String,
-    pub hash: String,
-}
-
-async fn audit_log(State(ctx): State<Shared>, _: Admin) -> Result<Json<Vec<AuditEntry>>, ApiError> {
-    Ok(Json(
-        ctx.store
-            .audit()
-            .await?
-            .into_iter()
-            .map(|r| AuditEntry {
-                seq: r.seq,
-                at: r.at,
-                actor: r.actor,
-                action: r.action,
-                subject: r.subject,
-                detail: r.detail,
-                prev_hash: r.prev_hash,
-                hash: r.hash,
-            })
-            .collect(),
-    ))
+async fn audit_log(State(ctx): State<Shared>, _: Admin) -> Result<Json<Vec<trellis_store::AuditRecord>>, ApiError> {
+    Ok(Json(ctx.store.audit().await?))
 }
 
 // --- delivery --------------------------------------------------------------------------------

@@ -84,7 +84,8 @@ pub struct TokenRecord {
     pub require_approval: bool,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One audit record; also its wire form in `GET /v1/admin/audit`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct AuditRecord {
     pub seq: i64,
     pub at: i64,

@@ -271,22 +271,9 @@ pub fn node(conn: &Conn, cmd: NodeCommand) -> Result<ExitCode> {
 
 pub fn audit_verify(conn: &Conn) -> Result<ExitCode> {
     let records = runtime().block_on(conn.client()?.audit())?;
-    let parsed: Vec<trellis_store::AuditRecord> = records
-        .iter()
-        .map(|v| trellis_store::AuditRecord {
-            seq: v["seq"].as_i64().unwrap_or(-1),
-            at: v["at"].as_i64().unwrap_or(0),
-            actor: v["actor"].as_str().unwrap_or_default().into(),
-            action: v["action"].as_str().unwrap_or_default().into(),
-            subject: v["subject"].as_str().unwrap_or_default().into(),
-            detail: v["detail"].as_str().unwrap_or_default().into(),
-            prev_hash: v["prev_hash"].as_str().unwrap_or_default().into(),
-            hash: v["hash"].as_str().unwrap_or_default().into(),
-        })
-        .collect();
-    match trellis_store::verify_audit(&parsed) {
+    match trellis_store::verify_audit(&records) {
         Ok(n) => {
-            println!("audit chain verified: {n} records, head {}", parsed.last().map_or("-", |r| r.hash.as_str()));
+            println!("audit chain verified: {n} records, head {}", records.last().map_or("-", |r| r.hash.as_str()));
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => bail!("{e}"),
@@ -301,15 +288,7 @@ pub fn audit_list(conn: &Conn, json_out: bool) -> Result<ExitCode> {
     }
     println!("{:>5}  {:<20}  {:<26}  {:<20}  {:<24}  DETAIL", "SEQ", "AT", "ACTION", "SUBJECT", "ACTOR");
     for r in &records {
-        println!(
-            "{:>5}  {:<20}  {:<26}  {:<20}  {:<24}  {}",
-            r["seq"],
-            crate::time::fmt(r["at"].as_i64().unwrap_or(0)),
-            r["action"].as_str().unwrap_or_default(),
-            r["subject"].as_str().unwrap_or_default(),
-            r["actor"].as_str().unwrap_or_default(),
-            r["detail"].as_str().unwrap_or_default()
-        );
+        println!("{:>5}  {:<20}  {:<26}  {:<20}  {:<24}  {}", r.seq, crate::time::fmt(r.at), r.action, r.subject, r.actor, r.detail);
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -113,7 +113,9 @@ pub fn compile(dir: &Path, node: Option<&str>, out: &Path, json_out: bool) -> Re
         };
         for f in &output.files {
             let path = base.join(&f.path);
-            write_file(&path, f.content.as_bytes(), f.mode)?;
+            let dir = path.parent().context("file path has no parent")?;
+            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            trellis_controller::files::replace(&path, f.content.as_bytes(), f.mode)?;
             written
                 .push(json!({"node": name, "path": path.display().to_string(), "mode": format!("{:o}", f.mode), "bytes": f.content.len()}));
         }
@@ -130,25 +132,6 @@ pub fn compile(dir: &Path, node: Option<&str>, out: &Path, json_out: bool) -> Re
         println!("wrote {} files for {nodes} node(s) under {}", written.len(), out.display());
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Writes a file with its mode set at creation, through a temporary file and a rename.
-fn write_file(path: &Path, content: &[u8], mode: u32) -> Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = path.parent().context("file path has no parent")?;
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let tmp = dir.join(format!(".{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("file")));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&tmp)
-        .with_context(|| format!("cannot create {}", tmp.display()))?;
-    f.write_all(content).with_context(|| format!("cannot write {}", tmp.display()))?;
-    drop(f);
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
-    Ok(())
 }
 
 pub fn explain(dir: &Path, from: &str, to: &str, json_out: bool) -> Result<ExitCode> {
