@@ -1,6 +1,7 @@
 //! End-to-end tests that drive the real `trellis` binary, and, as root, real network
 //! namespaces with real nftables.
 
+mod agent;
 mod cli;
 mod controller;
 mod delivery;

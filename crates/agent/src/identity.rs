@@ -27,7 +27,7 @@ const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STA
 
 /// Writes a file atomically: a temporary file created with `mode` before any byte is written,
 /// synced, then renamed over `path`.
-fn write_file(path: &Path, content: &[u8], mode: u32) -> Result<()> {
+pub fn write_file(path: &Path, content: &[u8], mode: u32) -> Result<()> {
     let dir = path.parent().context("path has no parent")?;
     let tmp = dir.join(format!(".{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("file")));
     let _ = std::fs::remove_file(&tmp);
@@ -167,6 +167,26 @@ pub fn renewal_due(not_before: i64, not_after: i64, now: i64) -> bool {
 
 pub async fn renew(dir: &Path, force: bool) -> Result<()> {
     let id = load(dir)?;
+    match renew_inner(dir, force).await? {
+        Some(not_after) => println!("renewed the certificate of node {}; valid until {not_after} (unix)", id.node),
+        None => {
+            let info = trellis_pki::inspect_pem(&read(&dir.join("node.pem"))?)?;
+            println!(
+                "certificate of node {} is not due for renewal until two thirds of its lifetime; it expires at {}",
+                id.node, info.not_after
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Renews when two thirds of the certificate's lifetime have passed (the run loop's check).
+pub async fn renew_if_due(dir: &Path) -> Result<()> {
+    renew_inner(dir, false).await.map(|_| ())
+}
+
+async fn renew_inner(dir: &Path, force: bool) -> Result<Option<i64>> {
+    let id = load(dir)?;
     let cert = read(&dir.join("node.pem"))?;
     let info = trellis_pki::inspect_pem(&cert)?;
     let now = unix_now();
@@ -174,11 +194,7 @@ pub async fn renew(dir: &Path, force: bool) -> Result<()> {
         bail!("the certificate of node {} expired at {} (unix): it cannot renew; enrol again with a new token", id.node, info.not_after);
     }
     if !force && !renewal_due(info.not_before, info.not_after, now) {
-        println!(
-            "certificate of node {} is not due for renewal until two thirds of its lifetime; it expires at {}",
-            id.node, info.not_after
-        );
-        return Ok(());
+        return Ok(None);
     }
     let csr = trellis_pki::csr_from_key(&read(&dir.join("node.key"))?, &id.node)?;
     let client = node_client(dir)?;
@@ -188,8 +204,7 @@ pub async fn renew(dir: &Path, force: bool) -> Result<()> {
             Ok(resp) => {
                 let resp: proto::RenewResponse = answer(resp).await?;
                 write_file(&dir.join("node.pem"), resp.node_cert_pem.as_bytes(), 0o644)?;
-                println!("renewed the certificate of node {}; valid until {} (unix)", id.node, resp.not_after);
-                return Ok(());
+                return Ok(Some(resp.not_after));
             }
             Err(e) => last_error = Some(format!("{controller}: {e}")),
         }
@@ -200,19 +215,59 @@ pub async fn renew(dir: &Path, force: bool) -> Result<()> {
 pub fn status(dir: &Path, json: bool) -> Result<()> {
     let id = load(dir)?;
     let info = trellis_pki::inspect_pem(&read(&dir.join("node.pem"))?)?;
+    let run = crate::run::load_status(dir);
+    let manifest = crate::run::load_manifest(dir);
+    let now = unix_now();
+    let staleness = run.fresh_at.map(|f| now - f);
     if json {
         println!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
                 "node": id.node, "mesh": id.mesh, "controllers": id.controllers, "state_at_enrolment": id.state,
                 "certificate": {"serial": info.serial, "not_before": info.not_before, "not_after": info.not_after,
-                                "renewal_due": renewal_due(info.not_before, info.not_after, unix_now())},
+                                "renewal_due": renewal_due(info.not_before, info.not_after, now)},
+                "bundle_version": manifest.version,
+                "last_contact": run.last_contact,
+                "staleness_seconds": staleness,
+                "interface": run.interface,
+                "peers": run.peers,
+                "ruleset_loaded": run.ruleset_loaded,
+                "buffered_evidence": run.buffered_evidence,
+                "dropped_evidence": run.dropped_evidence,
+                "last_error": run.last_error,
+                "updated_at": run.updated_at,
             }))?
         );
     } else {
         println!("node {} in mesh {} (at enrolment: {})", id.node, id.mesh, id.state);
         println!("controllers: {}", id.controllers.join(", "));
         println!("certificate: serial {}, valid until {} (unix)", info.serial, info.not_after);
+        println!("bundle version: {}", manifest.version);
+        println!("last contact: {}", run.last_contact.map_or("never".into(), |t| format!("{}s ago", now - t)));
+        println!(
+            "staleness: {}",
+            staleness.map_or("unknown (no signed word from the controller yet)".into(), |s| format!(
+                "the controller's newest signed word is {s}s old"
+            ))
+        );
+        println!("interface: {}", run.interface.as_deref().unwrap_or("-"));
+        for p in &run.peers {
+            println!(
+                "  peer {} endpoint {} last handshake {}",
+                p.public_key,
+                p.endpoint.as_deref().unwrap_or("-"),
+                p.last_handshake.map_or("never".into(), |t| format!("{}s ago", now - t as i64))
+            );
+        }
+        println!("ruleset loaded: {}", if run.ruleset_loaded { "yes" } else { "no" });
+        println!(
+            "buffered evidence: {} record(s){}",
+            run.buffered_evidence,
+            if run.dropped_evidence > 0 { format!(", {} dropped", run.dropped_evidence) } else { String::new() }
+        );
+        if let Some(e) = &run.last_error {
+            println!("last error: {e}");
+        }
     }
     Ok(())
 }

@@ -1,8 +1,10 @@
 //! `trellis-agent`: enrols a node with a pasted token, and keeps its identity current. The
 //! binary of the same name (in the `trellis` package) only calls [`main`].
 
+pub mod apply;
 pub mod bundle;
 pub mod identity;
+pub mod run;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -72,6 +74,29 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Pull, verify, write and apply this node's bundles until stopped; keeps the overlay up when the controller is away
+    Run {
+        #[arg(long)]
+        state_dir: PathBuf,
+        /// Where file resources are written (a directory per host in the lab)
+        #[arg(long, default_value = "/")]
+        root: PathBuf,
+        /// WireGuard backend
+        #[arg(long, value_enum, default_value = "auto")]
+        wireguard: apply::WgMode,
+        /// Write the files only: no interface, no ruleset
+        #[arg(long)]
+        files_only: bool,
+        /// Long-poll wait in seconds (at most 60)
+        #[arg(long, default_value_t = 55)]
+        wait: u64,
+        /// Stop after applying this many bundles (0: run until stopped)
+        #[arg(long, default_value_t = 0)]
+        max_applies: u64,
+        /// The longest wait between retries while the controller is unreachable, in seconds
+        #[arg(long, default_value_t = 30)]
+        max_backoff: u64,
+    },
     /// Show this node's identity and certificate
     Status {
         #[arg(long)]
@@ -91,6 +116,10 @@ pub fn main() -> ExitCode {
             Command::Enrol { token, state_dir, force } => identity::enrol(&token, &state_dir, force).await,
             Command::Renew { state_dir, force } => identity::renew(&state_dir, force).await,
             Command::Status { state_dir, json } => identity::status(&state_dir, json),
+            Command::Run { state_dir, root, wireguard, files_only, wait, max_applies, max_backoff } => {
+                let opts = run::Options { state_dir, root, wireguard, files_only, wait: wait.min(60), max_applies, max_backoff };
+                run::Agent::new(opts)?.run().await
+            }
             Command::Fetch { state_dir, out, wait, held } => bundle::fetch(&state_dir, &out, wait.min(60), held).await,
             Command::Verify { file, state_dir, last_version, last_bundle, json } => {
                 bundle::verify(&file, &state_dir, last_version, last_bundle.as_deref(), json)

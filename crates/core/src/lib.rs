@@ -13,6 +13,7 @@ mod par;
 pub mod render;
 pub mod token;
 pub mod topology;
+pub mod wgconf;
 
 pub use alloc::{allocate, Allocation};
 pub use compile::{compile, Compiled, FileResource, NodePlan};

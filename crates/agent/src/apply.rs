@@ -1,0 +1,295 @@
+//! The host side effects, each behind a narrow trait with one implementation per backend:
+//! files (atomic, staged), WireGuard (kernel or embedded userspace boringtun, through
+//! defguard_wireguard_rs), and nftables (`nft -f`). The run loop talks only to the traits.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use anyhow::{bail, Context, Result};
+use sha2::{Digest, Sha256};
+use trellis_core::bundle::BundleFile;
+use trellis_core::wgconf::WgConf;
+
+// --- files -----------------------------------------------------------------------------------
+
+/// What happened to one file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileOutcome {
+    pub path: String,
+    pub sha256: String,
+    /// "written", "unchanged" or "removed".
+    pub result: &'static str,
+}
+
+/// Writes a bundle's files under a root: every file staged (temporary file in the same
+/// directory, final mode from creation, written, fsynced) before any is committed (renamed into
+/// place, directory fsynced). A crash leaves each file old or new, never a mix.
+pub trait FileWriter {
+    fn write_all(&mut self, files: &[BundleFile], dropped: &[String]) -> Result<Vec<FileOutcome>>;
+}
+
+pub struct DiskWriter {
+    pub root: PathBuf,
+}
+
+fn sha_hex(b: &[u8]) -> String {
+    hex::encode(Sha256::digest(b))
+}
+
+impl DiskWriter {
+    fn target(&self, rel: &str) -> PathBuf {
+        self.root.join(rel)
+    }
+}
+
+fn stage_path(target: &Path) -> PathBuf {
+    let name = target.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    target.with_file_name(format!(".{name}.trellis-new"))
+}
+
+fn sync_dir(dir: &Path) {
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+impl FileWriter for DiskWriter {
+    fn write_all(&mut self, files: &[BundleFile], dropped: &[String]) -> Result<Vec<FileOutcome>> {
+        let mut outcomes = Vec::new();
+        let mut staged: Vec<(PathBuf, PathBuf)> = Vec::new();
+        for f in files {
+            let target = self.target(&f.path);
+            let sha = hex::encode(f.sha256);
+            let same = std::fs::read(&target).is_ok_and(|old| Sha256::digest(&old)[..] == f.sha256[..]);
+            let mode_same = {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::metadata(&target).is_ok_and(|m| m.permissions().mode() & 0o777 == f.mode)
+            };
+            if same && mode_same {
+                outcomes.push(FileOutcome { path: f.path.clone(), sha256: sha, result: "unchanged" });
+                continue;
+            }
+            let dir = target.parent().context("file has no directory")?;
+            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            let tmp = stage_path(&target);
+            let _ = std::fs::remove_file(&tmp);
+            let mut out = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(f.mode)
+                .open(&tmp)
+                .with_context(|| format!("cannot create {}", tmp.display()))?;
+            out.write_all(&f.content).with_context(|| format!("cannot write {}", tmp.display()))?;
+            out.sync_all().with_context(|| format!("cannot sync {}", tmp.display()))?;
+            staged.push((tmp, target));
+            outcomes.push(FileOutcome { path: f.path.clone(), sha256: sha, result: "written" });
+        }
+        // Everything is staged; now commit.
+        for (tmp, target) in &staged {
+            std::fs::rename(tmp, target).with_context(|| format!("cannot rename {} to {}", tmp.display(), target.display()))?;
+        }
+        let mut dirs: Vec<&Path> = staged.iter().filter_map(|(_, t)| t.parent()).collect();
+        dirs.sort();
+        dirs.dedup();
+        for d in dirs {
+            sync_dir(d);
+        }
+        for path in dropped {
+            let target = self.target(path);
+            match std::fs::remove_file(&target) {
+                Ok(()) => outcomes.push(FileOutcome { path: path.clone(), sha256: String::new(), result: "removed" }),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).with_context(|| format!("cannot remove {}", target.display())),
+            }
+        }
+        Ok(outcomes)
+    }
+}
+
+/// The SHA-256 of a file on disk, if it exists.
+pub fn disk_sha(path: &Path) -> Option<String> {
+    std::fs::read(path).ok().map(|b| sha_hex(&b))
+}
+
+// --- WireGuard -------------------------------------------------------------------------------
+
+/// One peer as the interface sees it.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct PeerState {
+    pub public_key: String,
+    pub endpoint: Option<String>,
+    /// Unix seconds of the last handshake, if any.
+    pub last_handshake: Option<u64>,
+}
+
+pub trait Wireguard {
+    /// Brings the interface to this configuration: created on first use, peers changed in place.
+    fn apply(&mut self, conf: &WgConf, private_key: &str) -> Result<()>;
+    fn peers(&self) -> Result<Vec<PeerState>>;
+    fn describe(&self) -> String;
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum WgMode {
+    /// The kernel module where it exists, the embedded userspace implementation otherwise
+    Auto,
+    Kernel,
+    Userspace,
+}
+
+pub struct Defguard<T> {
+    ifname: String,
+    api: Option<defguard_wireguard_rs::WGApi<T>>,
+    current: Option<WgConf>,
+    backend: &'static str,
+}
+
+fn dg_peer(p: &trellis_core::wgconf::WgPeer) -> Result<defguard_wireguard_rs::peer::Peer> {
+    use defguard_wireguard_rs::{key::Key, net::IpAddrMask, peer::Peer};
+    let key = Key::from_str(&p.public_key).map_err(|e| anyhow::anyhow!("peer key {}: {e}", p.public_key))?;
+    let mut peer = Peer::new(key);
+    peer.endpoint = p.endpoint;
+    peer.persistent_keepalive_interval = p.keepalive;
+    for a in &p.allowed_ips {
+        peer.allowed_ips.push(IpAddrMask::from_str(a).map_err(|e| anyhow::anyhow!("allowed IP {a}: {e}"))?);
+    }
+    Ok(peer)
+}
+
+macro_rules! defguard_backend {
+    ($t:ty, $name:expr) => {
+        impl Defguard<$t> {
+            pub fn new(ifname: &str) -> Self {
+                Defguard { ifname: ifname.to_string(), api: None, current: None, backend: $name }
+            }
+        }
+
+        impl Wireguard for Defguard<$t> {
+            fn apply(&mut self, conf: &WgConf, private_key: &str) -> Result<()> {
+                use defguard_wireguard_rs::{net::IpAddrMask, InterfaceConfiguration, WGApi, WireguardInterfaceApi};
+                let same_interface = self
+                    .current
+                    .as_ref()
+                    .is_some_and(|c| c.addresses == conf.addresses && c.listen_port == conf.listen_port && c.mtu == conf.mtu);
+                if same_interface {
+                    // Peers change in place: the interface and its sessions stay up.
+                    let api = self.api.as_ref().expect("interface exists");
+                    let old = self.current.as_ref().expect("configured");
+                    for gone in old.peers.iter().filter(|o| !conf.peers.iter().any(|n| n.public_key == o.public_key)) {
+                        let key = defguard_wireguard_rs::key::Key::from_str(&gone.public_key).map_err(|e| anyhow::anyhow!("{e}"))?;
+                        api.remove_peer(&key).map_err(|e| anyhow::anyhow!("removing peer {}: {e}", gone.public_key))?;
+                    }
+                    for p in conf.peers.iter().filter(|n| !old.peers.contains(n)) {
+                        api.configure_peer(&dg_peer(p)?).map_err(|e| anyhow::anyhow!("configuring peer {}: {e}", p.public_key))?;
+                    }
+                } else {
+                    if let Some(api) = self.api.as_mut() {
+                        let _ = api.remove_interface();
+                    }
+                    let mut api = WGApi::<$t>::new(self.ifname.clone()).map_err(|e| anyhow::anyhow!("{}: {e}", self.ifname))?;
+                    api.create_interface()
+                        .map_err(|e| anyhow::anyhow!("cannot create WireGuard interface {} ({}): {e}", self.ifname, $name))?;
+                    let addresses = conf
+                        .addresses
+                        .iter()
+                        .map(|a| IpAddrMask::from_str(a).map_err(|e| anyhow::anyhow!("address {a}: {e}")))
+                        .collect::<Result<Vec<_>>>()?;
+                    let peers = conf.peers.iter().map(dg_peer).collect::<Result<Vec<_>>>()?;
+                    let cfg = InterfaceConfiguration {
+                        name: self.ifname.clone(),
+                        prvkey: private_key.to_string(),
+                        addresses,
+                        port: conf.listen_port.unwrap_or(51820),
+                        peers,
+                        mtu: conf.mtu,
+                        fwmark: None,
+                    };
+                    api.configure_interface(&cfg).map_err(|e| anyhow::anyhow!("cannot configure {}: {e}", self.ifname))?;
+                    self.api = Some(api);
+                }
+                self.current = Some(conf.clone());
+                Ok(())
+            }
+
+            fn peers(&self) -> Result<Vec<PeerState>> {
+                use defguard_wireguard_rs::WireguardInterfaceApi;
+                let Some(api) = &self.api else { return Ok(Vec::new()) };
+                let host = api.read_interface_data().map_err(|e| anyhow::anyhow!("{e}"))?;
+                Ok(host
+                    .peers
+                    .values()
+                    .map(|p| PeerState {
+                        public_key: p.public_key.to_string(),
+                        endpoint: p.endpoint.map(|e| e.to_string()),
+                        last_handshake: p.last_handshake.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_secs()),
+                    })
+                    .collect())
+            }
+
+            fn describe(&self) -> String {
+                format!("{} ({})", self.ifname, self.backend)
+            }
+        }
+    };
+}
+
+defguard_backend!(defguard_wireguard_rs::Kernel, "kernel");
+defguard_backend!(defguard_wireguard_rs::Userspace, "userspace");
+
+/// Picks the backend: with `auto`, the kernel module if an interface can be made with it.
+pub fn wireguard(mode: WgMode, ifname: &str) -> Box<dyn Wireguard + Send> {
+    match mode {
+        WgMode::Kernel => Box::new(Defguard::<defguard_wireguard_rs::Kernel>::new(ifname)),
+        WgMode::Userspace => Box::new(Defguard::<defguard_wireguard_rs::Userspace>::new(ifname)),
+        WgMode::Auto => {
+            let probe = std::process::Command::new("ip").args(["link", "add", "trellis-probe0", "type", "wireguard"]).output();
+            if probe.is_ok_and(|o| o.status.success()) {
+                let _ = std::process::Command::new("ip").args(["link", "del", "trellis-probe0"]).output();
+                Box::new(Defguard::<defguard_wireguard_rs::Kernel>::new(ifname))
+            } else {
+                Box::new(Defguard::<defguard_wireguard_rs::Userspace>::new(ifname))
+            }
+        }
+    }
+}
+
+// --- nftables --------------------------------------------------------------------------------
+
+pub trait Firewall {
+    /// Loads the ruleset file in one transaction; on refusal nothing changes.
+    fn apply(&mut self, ruleset: &Path) -> Result<()>;
+    fn loaded(&self) -> bool;
+}
+
+pub struct Nft {
+    loaded: bool,
+}
+
+impl Nft {
+    pub fn new() -> Self {
+        Nft { loaded: false }
+    }
+}
+
+impl Default for Nft {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Firewall for Nft {
+    fn apply(&mut self, ruleset: &Path) -> Result<()> {
+        let out = std::process::Command::new("nft").arg("-f").arg(ruleset).output().context("cannot run nft (is nftables installed?)")?;
+        if !out.status.success() {
+            bail!("nft refused {}: {}", ruleset.display(), String::from_utf8_lossy(&out.stderr).trim());
+        }
+        self.loaded = true;
+        Ok(())
+    }
+
+    fn loaded(&self) -> bool {
+        self.loaded
+    }
+}

