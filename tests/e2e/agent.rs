@@ -41,7 +41,7 @@ impl Site {
         let bridge = Netns::new("br");
         bridge.ok(&["ip", "link", "add", "br0", "type", "bridge"]);
         bridge.ok(&["ip", "link", "set", "br0", "up"]);
-        let mut attach = |tag: &'static str, addr: &str| {
+        let attach = |tag: &'static str, addr: &str| {
             let ns = Netns::new(tag);
             let veth = format!("v-{tag}");
             ok(sh("ip", &["link", "add", &veth, "netns", &bridge.name, "type", "veth", "peer", "name", "eth0", "netns", &ns.name]));
