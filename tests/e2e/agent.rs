@@ -196,6 +196,21 @@ fn two_agents_bring_up_the_overlay_enforce_the_policy_and_survive_an_outage() {
     let listed = db_ns.ok(&["nft", "list", "table", "inet", "trellis"]);
     assert!(listed.contains("postgres rule 1"), "{listed}");
 
+    // DNS: each node answers the mesh zone on its overlay address; api-1 runs the resolver
+    // module, so db-1 may ask it over the overlay.
+    let api = site.overlay_v4("api-1");
+    let dig = |ns: &Netns, server: &str, name: &str| -> String {
+        ns.ok(&["dig", "+short", "+time=2", "+tries=2", &format!("@{server}"), name, "A"]).trim().to_string()
+    };
+    assert_eq!(dig(api_ns, &api, "db-1.basic.mesh"), db, "api-1 answers for db-1");
+    assert_eq!(dig(db_ns, &api, "postgres.basic.mesh"), db, "the module name resolves to the nodes running it");
+    let mut ping_answer: Vec<String> = dig(db_ns, &api, "ping.basic.mesh").lines().map(str::to_string).collect();
+    ping_answer.sort();
+    // op-1 is declared (not enrolled yet) and runs `ping` too: the zone is the declaration's.
+    let mut want = vec![api.clone(), db.clone(), site.overlay_v4("op-1")];
+    want.sort();
+    assert_eq!(ping_answer, want, "every node running `ping`");
+
     // The controller goes away: the overlay keeps working and the files stay as they were.
     let before = file_hashes(&site.root("api-1"));
     site.serve = None;

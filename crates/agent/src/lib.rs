@@ -3,6 +3,7 @@
 
 pub mod apply;
 pub mod bundle;
+pub mod dns;
 pub mod identity;
 pub mod run;
 
@@ -90,6 +91,9 @@ enum Command {
         /// Long-poll wait in seconds (at most 60)
         #[arg(long, default_value_t = 55)]
         wait: u64,
+        /// The port the mesh zone is served on, on the node's overlay addresses
+        #[arg(long, default_value_t = 53)]
+        dns_port: u16,
         /// Stop after applying this many bundles (0: run until stopped)
         #[arg(long, default_value_t = 0)]
         max_applies: u64,
@@ -116,8 +120,8 @@ pub fn main() -> ExitCode {
             Command::Enrol { token, state_dir, force } => identity::enrol(&token, &state_dir, force).await,
             Command::Renew { state_dir, force } => identity::renew(&state_dir, force).await,
             Command::Status { state_dir, json } => identity::status(&state_dir, json),
-            Command::Run { state_dir, root, wireguard, files_only, wait, max_applies, max_backoff } => {
-                let opts = run::Options { state_dir, root, wireguard, files_only, wait: wait.min(60), max_applies, max_backoff };
+            Command::Run { state_dir, root, wireguard, files_only, wait, max_applies, max_backoff, dns_port } => {
+                let opts = run::Options { state_dir, root, wireguard, files_only, wait: wait.min(60), max_applies, max_backoff, dns_port };
                 run::Agent::new(opts)?.run().await
             }
             Command::Fetch { state_dir, out, wait, held } => bundle::fetch(&state_dir, &out, wait.min(60), held).await,

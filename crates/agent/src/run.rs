@@ -27,6 +27,7 @@ pub struct Options {
     pub max_applies: u64,
     /// The longest wait between retries while the controller is unreachable, seconds.
     pub max_backoff: u64,
+    pub dns_port: u16,
 }
 
 /// What the agent last applied, kept on disk so a restart resumes without rewriting anything.
@@ -57,6 +58,10 @@ pub struct AgentStatus {
     pub interface: Option<String>,
     pub peers: Vec<apply::PeerState>,
     pub ruleset_loaded: bool,
+    pub dns_serving: Vec<String>,
+    /// Milliseconds from a bundle's arrival to its files written and interface, ruleset and DNS
+    /// updated, for the last one applied.
+    pub last_apply_ms: Option<u64>,
     pub buffered_evidence: usize,
     pub dropped_evidence: u64,
 }
@@ -127,6 +132,7 @@ pub struct Agent {
     files: Box<dyn FileWriter + Send>,
     wg: Option<Box<dyn Wireguard + Send>>,
     fw: Option<Box<dyn Firewall + Send>>,
+    dns: Option<Box<dyn crate::dns::Resolver>>,
     evidence: EvidenceBuffer,
     status: AgentStatus,
     manifest: Manifest,
@@ -149,6 +155,7 @@ impl Agent {
             id,
             key,
             wg,
+            dns: if opts.files_only { None } else { Some(Box::new(crate::dns::Hickory::default())) },
             fw,
             manifest,
             http,
@@ -167,18 +174,19 @@ impl Agent {
 
     /// Applies the bundle the manifest names again after a restart: the files are in place, the
     /// interface and ruleset are not (they lived in the previous process or were flushed).
-    fn resume(&mut self) -> Result<()> {
+    async fn resume(&mut self) -> Result<()> {
         if self.manifest.version == 0 || self.opts.files_only {
             return Ok(());
         }
         let Ok(bytes) = std::fs::read(self.opts.state_dir.join("bundle.last")) else { return Ok(()) };
         let v =
             verify(&bytes, &self.key, &self.id.mesh, &self.id.node, None).map_err(|e| anyhow::anyhow!("the last applied bundle: {e}"))?;
-        self.apply_network(&v.bundle)
+        self.apply_network(&v.bundle).await
     }
 
-    fn apply_network(&mut self, bundle: &Bundle) -> Result<()> {
+    async fn apply_network(&mut self, bundle: &Bundle) -> Result<()> {
         let conf_text = bundle.files.iter().find(|f| f.path == trellis_core::compile::WIREGUARD_CONF).map(|f| f.content.clone());
+        let mut listen = Vec::new();
         if let Some(text) = conf_text {
             let conf = trellis_core::wgconf::parse(std::str::from_utf8(&text).context("wireguard.conf is not UTF-8")?)
                 .map_err(|e| anyhow::anyhow!(e))?;
@@ -187,6 +195,11 @@ impl Agent {
             let wg = self.wg.get_or_insert_with(|| apply::wireguard(self.opts.wireguard, &ifname));
             wg.apply(&conf, private.trim())?;
             self.status.interface = Some(wg.describe());
+            for a in &conf.addresses {
+                if let Some(ip) = a.split('/').next().and_then(|ip| ip.parse::<std::net::IpAddr>().ok()) {
+                    listen.push(std::net::SocketAddr::new(ip, self.opts.dns_port));
+                }
+            }
         }
         if let Some(fw) = self.fw.as_mut() {
             if bundle.files.iter().any(|f| f.path == trellis_core::compile::NFTABLES_CONF) {
@@ -194,22 +207,34 @@ impl Agent {
                 self.status.ruleset_loaded = fw.loaded();
             }
         }
+        if let Some(dns) = self.dns.as_mut() {
+            if bundle.files.iter().any(|f| f.path == trellis_core::compile::MESH_ZONE) && !listen.is_empty() {
+                let origin = zone_origin(bundle).unwrap_or_default();
+                dns.apply(&self.opts.root.join(trellis_core::compile::MESH_ZONE), &origin, &listen).await?;
+                self.status.dns_serving = dns.serving().iter().map(|a| a.to_string()).collect();
+            }
+        }
         Ok(())
     }
 
     /// Writes and applies a verified bundle; on failure restores the previous files and state.
-    fn apply(&mut self, bytes: &[u8], bundle: Bundle) -> proto::Evidence {
+    async fn apply(&mut self, bytes: &[u8], bundle: Bundle) -> proto::Evidence {
+        let started = std::time::Instant::now();
         let dropped: Vec<String> =
             self.manifest.files.iter().filter(|m| !bundle.files.iter().any(|f| f.path == m.path)).map(|m| m.path.clone()).collect();
         let mut evidence =
             proto::Evidence { seq: 0, version: bundle.version as i64, result: "applied".into(), error: None, files: Vec::new(), at: now() };
-        let result = self.files.write_all(&bundle.files, &dropped).and_then(|outcomes| {
-            evidence.files = outcomes
-                .iter()
-                .map(|o| proto::EvidenceFile { path: o.path.clone(), sha256: o.sha256.clone(), result: o.result.to_string() })
-                .collect();
-            self.apply_network(&bundle)
-        });
+        let result = match self.files.write_all(&bundle.files, &dropped) {
+            Ok(outcomes) => {
+                evidence.files = outcomes
+                    .iter()
+                    .map(|o| proto::EvidenceFile { path: o.path.clone(), sha256: o.sha256.clone(), result: o.result.to_string() })
+                    .collect();
+                self.apply_network(&bundle).await
+            }
+            Err(e) => Err(e),
+        };
+        self.status.last_apply_ms = Some(started.elapsed().as_millis() as u64);
         match result {
             Ok(()) => {
                 let manifest = Manifest {
@@ -236,14 +261,14 @@ impl Agent {
                 evidence.result = "failed".into();
                 evidence.error = Some(format!("{e:#}"));
                 self.status.last_error = evidence.error.clone();
-                self.restore(&bundle);
+                self.restore(&bundle).await;
             }
         }
         evidence
     }
 
     /// Puts the last good bundle's files back and applies them again.
-    fn restore(&mut self, failed: &Bundle) {
+    async fn restore(&mut self, failed: &Bundle) {
         let Ok(bytes) = std::fs::read(self.opts.state_dir.join("bundle.last")) else { return };
         let Ok(v) = verify(&bytes, &self.key, &self.id.mesh, &self.id.node, None) else { return };
         let extra: Vec<String> =
@@ -251,7 +276,7 @@ impl Agent {
         if let Err(e) = self.files.write_all(&v.bundle.files, &extra) {
             eprintln!("trellis-agent: cannot restore the previous files: {e:#}");
         }
-        if let Err(e) = self.apply_network(&v.bundle) {
+        if let Err(e) = self.apply_network(&v.bundle).await {
             eprintln!("trellis-agent: cannot re-apply the previous configuration: {e:#}");
         }
     }
@@ -324,7 +349,7 @@ impl Agent {
     }
 
     pub async fn run(mut self) -> Result<()> {
-        if let Err(e) = self.resume() {
+        if let Err(e) = self.resume().await {
             self.status.last_error = Some(format!("resuming: {e:#}"));
             eprintln!("trellis-agent: resuming the last bundle failed: {e:#}");
         }
@@ -348,7 +373,7 @@ impl Agent {
                     match verify(&bytes, &self.key, &self.id.mesh, &self.id.node, last.filter(|l| l.version > 0)) {
                         Ok(v) if v.redelivery => {}
                         Ok(v) => {
-                            let ev = self.apply(&bytes, v.bundle);
+                            let ev = self.apply(&bytes, v.bundle).await;
                             let dropped = self.evidence.push(ev)?;
                             self.status.dropped_evidence += dropped;
                             applies += 1;
@@ -392,6 +417,13 @@ fn interface_name(bundle: &Bundle) -> Option<String> {
     let text = std::str::from_utf8(&nft.content).ok()?;
     let line = text.lines().find(|l| l.contains("iifname != \""))?;
     Some(line.split('"').nth(1)?.to_string())
+}
+
+/// The zone's origin, from its `$ORIGIN` line.
+fn zone_origin(bundle: &Bundle) -> Option<String> {
+    let zone = bundle.files.iter().find(|f| f.path == trellis_core::compile::MESH_ZONE)?;
+    let text = std::str::from_utf8(&zone.content).ok()?;
+    Some(text.lines().find_map(|l| l.strip_prefix("$ORIGIN "))?.trim().to_string())
 }
 
 pub fn load_status(dir: &Path) -> AgentStatus {
