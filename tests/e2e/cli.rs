@@ -61,7 +61,7 @@ fn compile_writes_a_node_and_all_nodes_with_their_modes() {
     let all = out.0.join("all");
     let text = ok(args(&["compile", "lab/basic", "--all", "--out", all.to_str().unwrap(), "--json"]));
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(v["written"].as_array().unwrap().len(), 9);
+    assert_eq!(v["written"].as_array().unwrap().len(), 12);
     for n in ["api-1", "db-1", "op-1"] {
         assert!(all.join(n).join("etc/trellis/nftables.conf").is_file(), "{n}");
     }

@@ -185,13 +185,20 @@ impl Agent {
     }
 
     async fn apply_network(&mut self, bundle: &Bundle) -> Result<()> {
+        let settings = node_settings(bundle)?;
+        if settings.hub {
+            // A hub forwards between the overlay peers it relays for.
+            for knob in ["/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"] {
+                std::fs::write(knob, "1").with_context(|| format!("cannot enable forwarding ({knob})"))?;
+            }
+        }
         let conf_text = bundle.files.iter().find(|f| f.path == trellis_core::compile::WIREGUARD_CONF).map(|f| f.content.clone());
         let mut listen = Vec::new();
         if let Some(text) = conf_text {
             let conf = trellis_core::wgconf::parse(std::str::from_utf8(&text).context("wireguard.conf is not UTF-8")?)
                 .map_err(|e| anyhow::anyhow!(e))?;
             let private = std::fs::read_to_string(self.opts.state_dir.join("wireguard.key")).context("cannot read wireguard.key")?;
-            let ifname = interface_name(bundle).unwrap_or_else(|| "trellis0".to_string());
+            let ifname = settings.interface.clone();
             let wg = self.wg.get_or_insert_with(|| apply::wireguard(self.opts.wireguard, &ifname));
             wg.apply(&conf, private.trim())?;
             self.status.interface = Some(wg.describe());
@@ -209,8 +216,7 @@ impl Agent {
         }
         if let Some(dns) = self.dns.as_mut() {
             if bundle.files.iter().any(|f| f.path == trellis_core::compile::MESH_ZONE) && !listen.is_empty() {
-                let origin = zone_origin(bundle).unwrap_or_default();
-                dns.apply(&self.opts.root.join(trellis_core::compile::MESH_ZONE), &origin, &listen).await?;
+                dns.apply(&self.opts.root.join(trellis_core::compile::MESH_ZONE), &settings.zone, &listen).await?;
                 self.status.dns_serving = dns.serving().iter().map(|a| a.to_string()).collect();
             }
         }
@@ -411,19 +417,22 @@ impl Agent {
     }
 }
 
-/// The interface name: the mesh's, as the ruleset names it.
-fn interface_name(bundle: &Bundle) -> Option<String> {
-    let nft = bundle.files.iter().find(|f| f.path == trellis_core::compile::NFTABLES_CONF)?;
-    let text = std::str::from_utf8(&nft.content).ok()?;
-    let line = text.lines().find(|l| l.contains("iifname != \""))?;
-    Some(line.split('"').nth(1)?.to_string())
+/// `etc/trellis/node.toml`: the interface, the zone's name, and whether this node is a hub.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeSettings {
+    #[allow(dead_code)]
+    node: String,
+    #[allow(dead_code)]
+    mesh: String,
+    interface: String,
+    zone: String,
+    hub: bool,
 }
 
-/// The zone's origin, from its `$ORIGIN` line.
-fn zone_origin(bundle: &Bundle) -> Option<String> {
-    let zone = bundle.files.iter().find(|f| f.path == trellis_core::compile::MESH_ZONE)?;
-    let text = std::str::from_utf8(&zone.content).ok()?;
-    Some(text.lines().find_map(|l| l.strip_prefix("$ORIGIN "))?.trim().to_string())
+fn node_settings(bundle: &Bundle) -> Result<NodeSettings> {
+    let f = bundle.files.iter().find(|f| f.path == trellis_core::compile::NODE_TOML).context("the bundle has no etc/trellis/node.toml")?;
+    toml::from_str(std::str::from_utf8(&f.content).context("node.toml is not UTF-8")?).context("etc/trellis/node.toml is not valid")
 }
 
 pub fn load_status(dir: &Path) -> AgentStatus {

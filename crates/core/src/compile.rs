@@ -18,6 +18,7 @@ use crate::topology::{Path, Topology};
 pub const WIREGUARD_CONF: &str = "etc/trellis/wireguard.conf";
 pub const NFTABLES_CONF: &str = "etc/trellis/nftables.conf";
 pub const MESH_ZONE: &str = "etc/trellis/mesh.zone";
+pub const NODE_TOML: &str = "etc/trellis/node.toml";
 
 /// One file to write on a node, relative to the agent's root.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,6 +55,8 @@ pub struct Common {
     pub ipv4_prefix: u8,
     pub ipv6_prefix: u8,
     pub zone: Arc<str>,
+    /// The DNS zone's name (the mesh domain).
+    pub domain: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -152,6 +155,7 @@ pub fn plan(topo: &Topology, previous: Option<&Compiled>) -> (Vec<NodePlan>, Vec
         ipv4_prefix: topo.decl.mesh.overlay_ipv4.map_or(32, |p| p.prefix_len()),
         ipv6_prefix: topo.decl.mesh.overlay_ipv6.map_or(128, |p| p.prefix_len()),
         zone,
+        domain: topo.decl.mesh.domain.clone(),
     };
     let old_common = previous.and_then(|c| c.nodes.values().next()).map(|o| &o.plan.common);
     let common = match old_common {

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 
 use sha2::{Digest, Sha256};
 
-use crate::compile::{FileResource, NodePlan, MESH_ZONE, NFTABLES_CONF, WIREGUARD_CONF};
+use crate::compile::{FileResource, NodePlan, MESH_ZONE, NFTABLES_CONF, NODE_TOML, WIREGUARD_CONF};
 use crate::decl::{Proto, KEEPALIVE_SECS};
 use crate::topology::{ResolvedRule, Topology};
 
@@ -16,7 +16,18 @@ pub fn files(plan: &NodePlan) -> Vec<FileResource> {
         FileResource { path: WIREGUARD_CONF.into(), mode: 0o600, content: wireguard(plan).into() },
         FileResource { path: NFTABLES_CONF.into(), mode: 0o644, content: nftables(plan).into() },
         FileResource { path: MESH_ZONE.into(), mode: 0o644, content: plan.common.zone.clone() },
+        FileResource { path: NODE_TOML.into(), mode: 0o644, content: node_toml(plan).into() },
     ]
+}
+
+/// What the agent needs to know about its own node beyond the three files: the interface, the
+/// zone's name, and whether it relays for others (a hub forwards between overlay peers).
+pub fn node_toml(plan: &NodePlan) -> String {
+    let c = &plan.common;
+    format!(
+        "# trellis: settings of node {} in mesh {}. Generated; do not edit.\nnode = \"{}\"\nmesh = \"{}\"\ninterface = \"{}\"\nzone = \"{}\"\nhub = {}\n",
+        plan.node, c.mesh, plan.node, c.mesh, c.interface, c.domain, plan.hub
+    )
 }
 
 pub fn wireguard(plan: &NodePlan) -> String {
