@@ -2,7 +2,7 @@
 //! bridge, real WireGuard (embedded userspace boringtun), real nftables, real traffic. And a crash
 //! test: agents killed with SIGKILL in the middle of applies leave every file old or new.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -245,4 +245,107 @@ fn two_agents_bring_up_the_overlay_enforce_the_policy_and_survive_an_outage() {
         assert!(e["evidence_records"].as_i64().unwrap() >= 2, "{e}");
     }
     assert!(ping(&site.nodes["api-1"], &db), "still up after catching up");
+}
+
+fn pseudo_random(n: u64) -> u64 {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos() as u64;
+    (t ^ (t >> 7)).wrapping_mul(0x9E37_79B9_7F4A_7C15) % n.max(1)
+}
+
+#[test]
+fn an_agent_killed_at_any_moment_leaves_every_file_old_or_new() {
+    use crate::controller::{agent_bin, enrol, Controller, Db};
+    let c = Controller::start(Db::Sqlite);
+    c.ok(&["apply", "lab/basic"]);
+    let work = tempdir("crash");
+    let (state, root) = (work.0.join("db-1"), work.0.join("root"));
+    ok(enrol(&c.token("db-1", &[]), &state));
+
+    // Every content each file has had in any version: a file on disk must be one of them.
+    let mut known: HashMap<String, HashSet<String>> = HashMap::new();
+    let mut learn = |known: &mut HashMap<String, HashSet<String>>| {
+        let out = work.0.join("latest.bundle");
+        let mut f = agent_bin();
+        f.args(["fetch", "--state-dir", state.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+        ok(f);
+        let mut v = agent_bin();
+        v.args(["verify", out.to_str().unwrap(), "--state-dir", state.to_str().unwrap(), "--json"]);
+        let json: serde_json::Value = serde_json::from_str(&ok(v)).unwrap();
+        for file in json["files"].as_array().unwrap() {
+            known.entry(file["path"].as_str().unwrap().to_string()).or_default().insert(file["sha256"].as_str().unwrap().to_string());
+        }
+    };
+    learn(&mut known);
+
+    let decl = tempdir("crash-decl");
+    copy_dir(&repo().join("lab/basic"), &decl.0);
+    let base = std::fs::read_to_string(decl.0.join("mesh.toml")).unwrap();
+    let rounds = 25;
+    for round in 0..rounds {
+        let mut agent = Proc(
+            agent_bin()
+                .args([
+                    "run",
+                    "--files-only",
+                    "--max-backoff",
+                    "1",
+                    "--state-dir",
+                    state.to_str().unwrap(),
+                    "--root",
+                    root.to_str().unwrap(),
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        // A new version: another node joins, so every file of db-1 that lists nodes changes.
+        let extra: String = (0..=round % 4).map(|k| format!("\n[[node]]\nname = \"extra-{round}-{k}\"\nmodules = [\"ping\"]\n")).collect();
+        std::fs::write(decl.0.join("mesh.toml"), format!("{base}{extra}")).unwrap();
+        c.ok(&["apply", decl.0.to_str().unwrap()]);
+        learn(&mut known);
+        // Kills land before, during and after the write: the apply takes a few milliseconds.
+        std::thread::sleep(Duration::from_millis(pseudo_random(60)));
+        let _ = agent.0.kill(); // SIGKILL
+        let _ = agent.0.wait();
+        for (path, hashes) in &known {
+            let p = root.join(path);
+            if let Ok(bytes) = std::fs::read(&p) {
+                let sha = hex::encode(Sha256::digest(&bytes));
+                assert!(hashes.contains(&sha), "round {round}: {path} is neither an old nor a new version of itself");
+            }
+        }
+        let manifest = std::fs::read(state.join("manifest.json"));
+        if let Ok(m) = manifest {
+            serde_json::from_slice::<serde_json::Value>(&m).unwrap_or_else(|e| panic!("round {round}: manifest.json is torn: {e}"));
+        }
+    }
+    // Restarted once more, it resumes and ends on exactly the newest bundle.
+    let _agent = Proc(
+        agent_bin()
+            .args(["run", "--files-only", "--state-dir", state.to_str().unwrap(), "--root", root.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let newest = work.0.join("newest.bundle");
+    let mut f = agent_bin();
+    f.args(["fetch", "--state-dir", state.to_str().unwrap(), "--out", newest.to_str().unwrap()]);
+    ok(f);
+    let mut v = agent_bin();
+    v.args(["verify", newest.to_str().unwrap(), "--state-dir", state.to_str().unwrap(), "--json"]);
+    let json: serde_json::Value = serde_json::from_str(&ok(v)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let all_new = json["files"].as_array().unwrap().iter().all(|file| {
+            std::fs::read(root.join(file["path"].as_str().unwrap()))
+                .is_ok_and(|b| hex::encode(Sha256::digest(&b)) == file["sha256"].as_str().unwrap())
+        });
+        if all_new {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the restarted agent did not reach the newest bundle");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
