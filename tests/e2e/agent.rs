@@ -263,7 +263,7 @@ fn an_agent_killed_at_any_moment_leaves_every_file_old_or_new() {
 
     // Every content each file has had in any version: a file on disk must be one of them.
     let mut known: HashMap<String, HashSet<String>> = HashMap::new();
-    let mut learn = |known: &mut HashMap<String, HashSet<String>>| {
+    let learn = |known: &mut HashMap<String, HashSet<String>>| {
         let out = work.0.join("latest.bundle");
         let mut f = agent_bin();
         f.args(["fetch", "--state-dir", state.to_str().unwrap(), "--out", out.to_str().unwrap()]);
