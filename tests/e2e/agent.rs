@@ -349,3 +349,58 @@ fn an_agent_killed_at_any_moment_leaves_every_file_old_or_new() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+#[test]
+fn a_ruleset_nft_refuses_leaves_the_previous_one_loaded_and_the_failure_in_status() {
+    use base64::Engine;
+    let mut site = Site::new();
+    site.ctl.ok(&[TRELLIS, "init", "--state-dir", site.state().to_str().unwrap(), "--advertise", "192.0.2.1:8443"]);
+    site.start_controller();
+    site.admin(&["apply", repo().join("lab/basic").to_str().unwrap()]);
+    site.enrol_and_run("db-1");
+    site.converge(&["db-1"]);
+    site.agents.clear(); // stop the running agent; its ruleset stays loaded in the kernel
+    let db_ns = &site.nodes["db-1"];
+    let state = site.agent_dir("db-1");
+    let root = site.root("db-1");
+    let saved = site.dir.0.join("current.bundle");
+    db_ns.ok(&[AGENT, "fetch", "--state-dir", state.to_str().unwrap(), "--out", saved.to_str().unwrap()]);
+    let seed = std::fs::read_to_string(site.state().join("signing.key")).unwrap();
+    let key =
+        ed25519_dalek::SigningKey::from_bytes(&base64::engine::general_purpose::STANDARD.decode(seed.trim()).unwrap().try_into().unwrap());
+    let current =
+        trellis_core::bundle::verify(&std::fs::read(&saved).unwrap(), &key.verifying_key(), "basic", "db-1", None).unwrap().bundle;
+    let before_rules = db_ns.ok(&["nft", "list", "table", "inet", "trellis"]);
+    let before_file = std::fs::read(root.join("etc/trellis/nftables.conf")).unwrap();
+
+    // A validly signed, newer bundle whose ruleset nft refuses.
+    let mut bad = current.clone();
+    bad.version += 1;
+    for f in bad.files.iter_mut().filter(|f| f.path == "etc/trellis/nftables.conf") {
+        let text = format!("{}\ntable inet trellis {{ chain broken {{ this is not nft }} }}\n", String::from_utf8_lossy(&f.content));
+        *f = trellis_core::bundle::BundleFile::new(f.path.clone(), f.mode, text.into_bytes());
+    }
+    let forged = site.dir.0.join("refused.bundle");
+    std::fs::write(&forged, bad.sign(&key).to_vec()).unwrap();
+    let (out, d) = run(db_ns.cmd(&[
+        AGENT,
+        "apply",
+        forged.to_str().unwrap(),
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--root",
+        root.to_str().unwrap(),
+        "--wireguard",
+        "none",
+    ]));
+    assert_eq!(out.status.code(), Some(1), "{d}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("failed and the previous configuration was restored") && err.contains("nft refused"), "{d}");
+
+    assert_eq!(db_ns.ok(&["nft", "list", "table", "inet", "trellis"]), before_rules, "the previous ruleset is still the one loaded");
+    assert_eq!(std::fs::read(root.join("etc/trellis/nftables.conf")).unwrap(), before_file, "the previous file is back");
+    let s = site.status();
+    let e = s.as_array().unwrap().iter().find(|x| x["name"] == "db-1").unwrap();
+    assert!(e["last_error"].as_str().unwrap_or_default().contains("nft refused"), "{e}");
+    assert_eq!(e["applied_version"].as_u64(), Some(current.version), "{e}");
+}

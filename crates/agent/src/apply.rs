@@ -137,6 +137,8 @@ pub enum WgMode {
     Auto,
     Kernel,
     Userspace,
+    /// Leave the WireGuard interface alone (managed elsewhere)
+    None,
 }
 
 pub struct Defguard<T> {
@@ -239,8 +241,9 @@ defguard_backend!(defguard_wireguard_rs::Kernel, "kernel");
 defguard_backend!(defguard_wireguard_rs::Userspace, "userspace");
 
 /// Picks the backend: with `auto`, the kernel module if an interface can be made with it.
-pub fn wireguard(mode: WgMode, ifname: &str) -> Box<dyn Wireguard + Send> {
-    match mode {
+pub fn wireguard(mode: WgMode, ifname: &str) -> Option<Box<dyn Wireguard + Send>> {
+    Some(match mode {
+        WgMode::None => return None,
         WgMode::Kernel => Box::new(Defguard::<defguard_wireguard_rs::Kernel>::new(ifname)),
         WgMode::Userspace => Box::new(Defguard::<defguard_wireguard_rs::Userspace>::new(ifname)),
         WgMode::Auto => {
@@ -252,7 +255,7 @@ pub fn wireguard(mode: WgMode, ifname: &str) -> Box<dyn Wireguard + Send> {
                 Box::new(Defguard::<defguard_wireguard_rs::Userspace>::new(ifname))
             }
         }
-    }
+    })
 }
 
 // --- nftables --------------------------------------------------------------------------------

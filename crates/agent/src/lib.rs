@@ -101,6 +101,21 @@ enum Command {
         #[arg(long, default_value_t = 30)]
         max_backoff: u64,
     },
+    /// Apply one saved bundle now, exactly as `run` would (verify, write, apply, roll back on failure, report)
+    Apply {
+        /// A bundle saved by `fetch`
+        file: PathBuf,
+        #[arg(long)]
+        state_dir: PathBuf,
+        #[arg(long, default_value = "/")]
+        root: PathBuf,
+        #[arg(long, value_enum, default_value = "auto")]
+        wireguard: apply::WgMode,
+        #[arg(long)]
+        files_only: bool,
+        #[arg(long, default_value_t = 53)]
+        dns_port: u16,
+    },
     /// Show this node's identity and certificate
     Status {
         #[arg(long)]
@@ -123,6 +138,21 @@ pub fn main() -> ExitCode {
             Command::Run { state_dir, root, wireguard, files_only, wait, max_applies, max_backoff, dns_port } => {
                 let opts = run::Options { state_dir, root, wireguard, files_only, wait: wait.min(60), max_applies, max_backoff, dns_port };
                 run::Agent::new(opts)?.run().await
+            }
+            Command::Apply { file, state_dir, root, wireguard, files_only, dns_port } => {
+                let opts = run::Options { state_dir, root, wireguard, files_only, wait: 0, max_applies: 0, max_backoff: 1, dns_port };
+                let ev = run::Agent::new(opts)?.apply_file(&file).await?;
+                match ev.error {
+                    None => {
+                        println!("applied version {} from {}", ev.version, file.display());
+                        Ok(())
+                    }
+                    Some(e) => Err(anyhow::anyhow!(
+                        "version {} from {} failed and the previous configuration was restored: {e}",
+                        ev.version,
+                        file.display()
+                    )),
+                }
             }
             Command::Fetch { state_dir, out, wait, held } => bundle::fetch(&state_dir, &out, wait.min(60), held).await,
             Command::Verify { file, state_dir, last_version, last_bundle, json } => {

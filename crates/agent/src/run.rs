@@ -199,12 +199,17 @@ impl Agent {
                 .map_err(|e| anyhow::anyhow!(e))?;
             let private = std::fs::read_to_string(self.opts.state_dir.join("wireguard.key")).context("cannot read wireguard.key")?;
             let ifname = settings.interface.clone();
-            let wg = self.wg.get_or_insert_with(|| apply::wireguard(self.opts.wireguard, &ifname));
-            wg.apply(&conf, private.trim())?;
-            self.status.interface = Some(wg.describe());
-            for a in &conf.addresses {
-                if let Some(ip) = a.split('/').next().and_then(|ip| ip.parse::<std::net::IpAddr>().ok()) {
-                    listen.push(std::net::SocketAddr::new(ip, self.opts.dns_port));
+            if self.wg.is_none() {
+                self.wg = apply::wireguard(self.opts.wireguard, &ifname);
+            }
+            if let Some(wg) = self.wg.as_mut() {
+                wg.apply(&conf, private.trim())?;
+                self.status.interface = Some(wg.describe());
+                // The zone is served on the overlay addresses of the interface the agent manages.
+                for a in &conf.addresses {
+                    if let Some(ip) = a.split('/').next().and_then(|ip| ip.parse::<std::net::IpAddr>().ok()) {
+                        listen.push(std::net::SocketAddr::new(ip, self.opts.dns_port));
+                    }
                 }
             }
         }
@@ -352,6 +357,28 @@ impl Agent {
             };
         }
         bail!("cannot reach the controller: {}", last.unwrap_or_default())
+    }
+
+    /// Applies one saved bundle (as `fetch` saved it) the way `run` applies what it pulls, and
+    /// reports the outcome as evidence. Returns the evidence record.
+    pub async fn apply_file(mut self, file: &Path) -> Result<proto::Evidence> {
+        let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
+        let last = Some(Applied {
+            version: self.manifest.version,
+            digest: hex::decode(&self.manifest.digest).ok().and_then(|d| d.try_into().ok()),
+        });
+        let v = verify(&bytes, &self.key, &self.id.mesh, &self.id.node, last.filter(|l| l.version > 0))
+            .map_err(|e| anyhow::anyhow!("{}: refused: {e}", file.display()))?;
+        if let Err(e) = self.resume().await {
+            eprintln!("trellis-agent: re-applying the running bundle first failed: {e:#}");
+        }
+        let ev = self.apply(&bytes, v.bundle).await;
+        self.evidence.push(ev.clone())?;
+        if let Err(e) = self.flush_evidence().await {
+            eprintln!("trellis-agent: evidence kept for later: {e:#}");
+        }
+        self.save_status();
+        Ok(ev)
     }
 
     pub async fn run(mut self) -> Result<()> {
