@@ -469,3 +469,49 @@ pub fn load_status(dir: &Path) -> AgentStatus {
 pub fn load_manifest(dir: &Path) -> Manifest {
     read_json(&dir.join("manifest.json"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(version: i64) -> proto::Evidence {
+        proto::Evidence { seq: 0, version, result: "applied".into(), error: None, files: Vec::new(), at: 1 }
+    }
+
+    #[test]
+    fn evidence_is_numbered_kept_in_order_and_acknowledged_from_the_front() {
+        let dir = std::env::temp_dir().join(format!("trellis-evidence-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let buf = EvidenceBuffer::new(&dir);
+        for v in 1..=5 {
+            assert_eq!(buf.push(record(v)).unwrap(), 0);
+        }
+        let seqs: Vec<i64> = buf.pending().iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, [1, 2, 3, 4, 5]);
+        buf.ack(2).unwrap();
+        buf.push(record(6)).unwrap();
+        let seqs: Vec<i64> = buf.pending().iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, [3, 4, 5, 6], "numbers keep rising after an acknowledgement");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_buffer_is_bounded_and_drops_the_oldest() {
+        let dir = std::env::temp_dir().join(format!("trellis-evidence-bound-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let buf = EvidenceBuffer::new(&dir);
+        let mut big = record(1);
+        big.error = Some("x".repeat(1024 * 1024));
+        let mut dropped = 0;
+        for _ in 0..12 {
+            dropped += buf.push(big.clone()).unwrap();
+        }
+        assert!(dropped >= 2, "dropped {dropped}");
+        let size = std::fs::metadata(dir.join("evidence.jsonl")).unwrap().len();
+        assert!(size <= EVIDENCE_BOUND, "{size}");
+        let seqs: Vec<i64> = buf.pending().iter().map(|r| r.seq).collect();
+        assert_eq!(*seqs.last().unwrap(), 12, "the newest is kept");
+        assert_eq!(seqs.first().copied(), Some(12 - seqs.len() as i64 + 1), "the oldest went first; the gap is visible by number");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
