@@ -403,4 +403,48 @@ fn a_ruleset_nft_refuses_leaves_the_previous_one_loaded_and_the_failure_in_statu
     let e = s.as_array().unwrap().iter().find(|x| x["name"] == "db-1").unwrap();
     assert!(e["last_error"].as_str().unwrap_or_default().contains("nft refused"), "{e}");
     assert_eq!(e["applied_version"].as_u64(), Some(current.version), "{e}");
+
+    // Evidence made while the controller is away is kept on disk and arrives later, in order.
+    let decl = tempdir("outage-decl");
+    copy_dir(&repo().join("lab/basic"), &decl.0);
+    let mesh = std::fs::read_to_string(decl.0.join("mesh.toml")).unwrap();
+    std::fs::write(decl.0.join("mesh.toml"), mesh + "\n[[node]]\nname = \"extra-1\"\n").unwrap();
+    site.admin(&["apply", decl.0.to_str().unwrap()]);
+    let newer = site.dir.0.join("newer.bundle");
+    db_ns.ok(&[AGENT, "fetch", "--state-dir", state.to_str().unwrap(), "--out", newer.to_str().unwrap()]);
+    site.serve = None;
+    let (out, d) = run(db_ns.cmd(&[
+        AGENT,
+        "apply",
+        newer.to_str().unwrap(),
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--root",
+        root.to_str().unwrap(),
+        "--wireguard",
+        "none",
+    ]));
+    assert!(out.status.success(), "{d}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("evidence kept for later"), "{d}");
+    let local: serde_json::Value = serde_json::from_str(&ok({
+        let mut c = Command::new(AGENT);
+        c.args(["status", "--state-dir", state.to_str().unwrap(), "--json"]);
+        c
+    }))
+    .unwrap();
+    assert_eq!(local["buffered_evidence"], 1, "{local}");
+    site.start_controller();
+    site.run_agent("db-1");
+    site.converge(&["db-1"]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = site.status();
+        let e = s.as_array().unwrap().iter().find(|x| x["name"] == "db-1").unwrap().clone();
+        if e["last_result"] == "applied" && e["evidence_records"].as_i64() == Some(3) {
+            assert_eq!(e["evidence_missing"], 0, "{e}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "buffered evidence did not arrive: {e}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

@@ -395,6 +395,9 @@ impl Agent {
             } else if let Ok(c) = identity::node_client(&self.opts.state_dir) {
                 self.http = c;
             }
+            // Evidence waiting from before (an outage, a restart) goes out before the next long
+            // poll, which may hold the connection for most of a minute.
+            let _ = self.flush_evidence().await;
             let outcome = self.poll().await;
             match outcome {
                 Ok(Some(bytes)) => {
