@@ -81,7 +81,10 @@ impl Netns {
     #[track_caller]
     pub fn new(tag: &str) -> Netns {
         assert!(is_root(), "this test needs root for network namespaces (CI runs as root)");
-        let name = format!("trl{}-{tag}", std::process::id() % 100_000);
+        // Unique per process and per call: tests run in parallel threads of one process.
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("trl{}n{n}-{tag}", std::process::id() % 100_000);
         let _ = Command::new("ip").args(["netns", "del", &name]).output();
         ok(sh("ip", &["netns", "add", &name]));
         let ns = Netns { name };
