@@ -227,6 +227,7 @@ fn two_agents_bring_up_the_overlay_enforce_the_policy_and_survive_an_outage() {
     assert!(v["last_error"].as_str().unwrap_or_default().contains("cannot reach the controller"), "{local}");
     assert_eq!(v["ruleset_loaded"], true, "the ruleset stays loaded: {local}");
     assert_eq!(v["interface"], "trellis0 (userspace)", "{local}");
+    assert_eq!(v["dns_serving"].as_array().map(Vec::len), Some(2), "DNS on both overlay addresses: {local}");
 
     drop(listeners);
     // It comes back with a change (a node more): both agents catch up, and the evidence of every

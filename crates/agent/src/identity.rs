@@ -232,6 +232,8 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
                 "interface": run.interface,
                 "peers": run.peers,
                 "ruleset_loaded": run.ruleset_loaded,
+                "dns_serving": run.dns_serving,
+                "last_apply_ms": run.last_apply_ms,
                 "buffered_evidence": run.buffered_evidence,
                 "dropped_evidence": run.dropped_evidence,
                 "last_error": run.last_error,
@@ -260,6 +262,7 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
             );
         }
         println!("ruleset loaded: {}", if run.ruleset_loaded { "yes" } else { "no" });
+        println!("DNS serving: {}", if run.dns_serving.is_empty() { "no".to_string() } else { run.dns_serving.join(", ") });
         println!(
             "buffered evidence: {} record(s){}",
             run.buffered_evidence,
