@@ -246,6 +246,15 @@ fn two_agents_bring_up_the_overlay_enforce_the_policy_and_survive_an_outage() {
         assert!(e["evidence_records"].as_i64().unwrap() >= 2, "{e}");
     }
     assert!(ping(&site.nodes["api-1"], &db), "still up after catching up");
+
+    // Revocation: db-1 drops api-1's traffic once its next bundle leaves api-1 out.
+    let t0 = Instant::now();
+    site.admin(&["node", "revoke", "api-1"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ping(&site.nodes["api-1"], &db) {
+        assert!(Instant::now() < deadline, "db-1 still answers the revoked api-1");
+    }
+    println!("revocation -> former peer drops the revoked node's traffic: {} ms", t0.elapsed().as_millis());
 }
 
 fn pseudo_random(n: u64) -> u64 {

@@ -5,5 +5,6 @@ mod agent;
 mod cli;
 mod controller;
 mod delivery;
+mod lab;
 mod nft;
 mod support;

@@ -184,6 +184,12 @@ macro_rules! defguard_backend {
                         api.remove_peer(&key).map_err(|e| anyhow::anyhow!("removing peer {}: {e}", gone.public_key))?;
                     }
                     for p in conf.peers.iter().filter(|n| !old.peers.contains(n)) {
+                        // A peer whose settings changed is removed and added again: the embedded
+                        // boringtun refuses (panics) to modify an existing peer in place.
+                        if old.peers.iter().any(|o| o.public_key == p.public_key) {
+                            let key = defguard_wireguard_rs::key::Key::from_str(&p.public_key).map_err(|e| anyhow::anyhow!("{e}"))?;
+                            api.remove_peer(&key).map_err(|e| anyhow::anyhow!("removing peer {} to change it: {e}", p.public_key))?;
+                        }
                         api.configure_peer(&dg_peer(p)?).map_err(|e| anyhow::anyhow!("configuring peer {}: {e}", p.public_key))?;
                     }
                 } else {

@@ -110,7 +110,9 @@ pub async fn init(dir: &Path, opts: &InitOptions) -> Result<StateDir> {
     let admin: [u8; 32] = rand::random();
     let admin_token = format!("trellis-admin-{}", hex::encode(admin));
     let (_, port) = split_host_port(&opts.advertise[0])?;
-    let listen = opts.listen.clone().unwrap_or_else(|| format!("0.0.0.0:{port}"));
+    let (first_host, _) = split_host_port(&opts.advertise[0])?;
+    let any = if first_host.contains(':') { "[::]" } else { "0.0.0.0" };
+    let listen = opts.listen.clone().unwrap_or_else(|| format!("{any}:{port}"));
     listen.parse::<std::net::SocketAddr>().with_context(|| format!("--listen {listen:?} is not a socket address such as 0.0.0.0:8443"))?;
     let database_url = opts.database_url.clone().unwrap_or_else(|| format!("sqlite://{}?mode=rwc", dir.join("trellis.db").display()));
     let config = Config {

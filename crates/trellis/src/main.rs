@@ -3,6 +3,7 @@
 mod admin;
 mod bench;
 mod declfs;
+mod lab;
 mod loadtest;
 mod offline;
 mod time;
@@ -138,11 +139,28 @@ enum Command {
         #[command(flatten)]
         conn: admin::Conn,
     },
+    /// Lab topologies in network namespaces with the real controller and agents (needs root)
+    Lab {
+        #[command(subcommand)]
+        cmd: LabCommand,
+    },
     /// Measure the compiler on a generated mesh and print the figures
     Bench {
         #[command(subcommand)]
         what: bench::BenchCommand,
     },
+}
+
+#[derive(Subcommand)]
+enum LabCommand {
+    /// Build the namespaces, start the controller and an agent per node, wait for convergence
+    Up { file: PathBuf },
+    /// Run every expectation through the overlay and print expected versus seen; exit 1 on a mismatch
+    Check { file: PathBuf },
+    /// Remove every namespace and process the lab made
+    Down { file: PathBuf },
+    /// up, check and down
+    Run { file: PathBuf },
 }
 
 #[derive(Subcommand)]
@@ -163,6 +181,12 @@ fn main() -> ExitCode {
         Command::Compile { dir, node, all: _, out, json } => offline::compile(&dir, node.as_deref(), &out, json),
         Command::Explain { dir, from, to, json } => offline::explain(&dir, &from, &to, json),
         Command::Bench { what } => bench::run(what),
+        Command::Lab { cmd } => match cmd {
+            LabCommand::Up { file } => lab::up(&file).map(|_| ExitCode::SUCCESS),
+            LabCommand::Check { file } => lab::check(&file).map(|ok| if ok { ExitCode::SUCCESS } else { ExitCode::from(1) }),
+            LabCommand::Down { file } => lab::down(&file).map(|_| ExitCode::SUCCESS),
+            LabCommand::Run { file } => lab::run(&file),
+        },
         Command::Init { state_dir, advertise, listen, database_url, cert_lifetime } => {
             admin::init(&state_dir, advertise, listen, database_url, cert_lifetime)
         }
