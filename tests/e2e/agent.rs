@@ -392,17 +392,20 @@ fn a_ruleset_nft_refuses_leaves_the_previous_one_loaded_and_the_failure_in_statu
     }
     let forged = site.dir.0.join("refused.bundle");
     std::fs::write(&forged, bad.sign(&key).to_vec()).unwrap();
-    let (out, d) = run(db_ns.cmd(&[
-        AGENT,
-        "apply",
-        forged.to_str().unwrap(),
-        "--state-dir",
-        state.to_str().unwrap(),
-        "--root",
-        root.to_str().unwrap(),
-        "--wireguard",
-        "none",
-    ]));
+    let apply = |file: &Path| {
+        run(db_ns.cmd(&[
+            AGENT,
+            "apply",
+            file.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--root",
+            root.to_str().unwrap(),
+            "--wireguard",
+            "none",
+        ]))
+    };
+    let (out, d) = apply(&forged);
     assert_eq!(out.status.code(), Some(1), "{d}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("failed and the previous configuration was restored") && err.contains("nft refused"), "{d}");
@@ -423,17 +426,7 @@ fn a_ruleset_nft_refuses_leaves_the_previous_one_loaded_and_the_failure_in_statu
     let newer = site.dir.0.join("newer.bundle");
     db_ns.ok(&[AGENT, "fetch", "--state-dir", state.to_str().unwrap(), "--out", newer.to_str().unwrap()]);
     site.serve = None;
-    let (out, d) = run(db_ns.cmd(&[
-        AGENT,
-        "apply",
-        newer.to_str().unwrap(),
-        "--state-dir",
-        state.to_str().unwrap(),
-        "--root",
-        root.to_str().unwrap(),
-        "--wireguard",
-        "none",
-    ]));
+    let (out, d) = apply(&newer);
     assert!(out.status.success(), "{d}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("evidence kept for later"), "{d}");
     let local: serde_json::Value = serde_json::from_str(&ok({

@@ -135,7 +135,9 @@ pub trait Wireguard {
 pub enum WgMode {
     /// The kernel module where it exists, the embedded userspace implementation otherwise
     Auto,
+    /// The kernel module (fails where it is missing)
     Kernel,
+    /// The embedded userspace boringtun: a TUN device served by the agent process itself
     Userspace,
     /// Leave the WireGuard interface alone (managed elsewhere)
     None,

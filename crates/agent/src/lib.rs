@@ -24,6 +24,41 @@ struct Cli {
     command: Command,
 }
 
+/// Where and how a bundle is applied on this host.
+#[derive(clap::Args)]
+struct HostArgs {
+    /// Where the node's keys, certificate, identity, manifest and evidence buffer are kept
+    #[arg(long)]
+    state_dir: PathBuf,
+    /// Where file resources are written (a directory per host in the lab)
+    #[arg(long, default_value = "/")]
+    root: PathBuf,
+    /// WireGuard backend
+    #[arg(long, value_enum, default_value = "auto")]
+    wireguard: apply::WgMode,
+    /// Write the files only: no interface, no ruleset, no DNS
+    #[arg(long)]
+    files_only: bool,
+    /// The port the mesh zone is served on, on the node's overlay addresses
+    #[arg(long, default_value_t = 53)]
+    dns_port: u16,
+}
+
+impl HostArgs {
+    fn options(self, wait: u64, max_applies: u64, max_backoff: u64) -> run::Options {
+        run::Options {
+            state_dir: self.state_dir,
+            root: self.root,
+            wireguard: self.wireguard,
+            files_only: self.files_only,
+            wait,
+            max_applies,
+            max_backoff,
+            dns_port: self.dns_port,
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Enrol this node: make its keys, check the controller against the token's CA fingerprint, get its certificate
@@ -77,23 +112,11 @@ enum Command {
     },
     /// Pull, verify, write and apply this node's bundles until stopped; keeps the overlay up when the controller is away
     Run {
-        #[arg(long)]
-        state_dir: PathBuf,
-        /// Where file resources are written (a directory per host in the lab)
-        #[arg(long, default_value = "/")]
-        root: PathBuf,
-        /// WireGuard backend
-        #[arg(long, value_enum, default_value = "auto")]
-        wireguard: apply::WgMode,
-        /// Write the files only: no interface, no ruleset
-        #[arg(long)]
-        files_only: bool,
+        #[command(flatten)]
+        host: HostArgs,
         /// Long-poll wait in seconds (at most 60)
         #[arg(long, default_value_t = 55)]
         wait: u64,
-        /// The port the mesh zone is served on, on the node's overlay addresses
-        #[arg(long, default_value_t = 53)]
-        dns_port: u16,
         /// Stop after applying this many bundles (0: run until stopped)
         #[arg(long, default_value_t = 0)]
         max_applies: u64,
@@ -105,16 +128,8 @@ enum Command {
     Apply {
         /// A bundle saved by `fetch`
         file: PathBuf,
-        #[arg(long)]
-        state_dir: PathBuf,
-        #[arg(long, default_value = "/")]
-        root: PathBuf,
-        #[arg(long, value_enum, default_value = "auto")]
-        wireguard: apply::WgMode,
-        #[arg(long)]
-        files_only: bool,
-        #[arg(long, default_value_t = 53)]
-        dns_port: u16,
+        #[command(flatten)]
+        host: HostArgs,
     },
     /// Show this node's identity and certificate
     Status {
@@ -135,13 +150,11 @@ pub fn main() -> ExitCode {
             Command::Enrol { token, state_dir, force } => identity::enrol(&token, &state_dir, force).await,
             Command::Renew { state_dir, force } => identity::renew(&state_dir, force).await,
             Command::Status { state_dir, json } => identity::status(&state_dir, json),
-            Command::Run { state_dir, root, wireguard, files_only, wait, max_applies, max_backoff, dns_port } => {
-                let opts = run::Options { state_dir, root, wireguard, files_only, wait: wait.min(60), max_applies, max_backoff, dns_port };
-                run::Agent::new(opts)?.run().await
+            Command::Run { host, wait, max_applies, max_backoff } => {
+                run::Agent::new(host.options(wait.min(60), max_applies, max_backoff))?.run().await
             }
-            Command::Apply { file, state_dir, root, wireguard, files_only, dns_port } => {
-                let opts = run::Options { state_dir, root, wireguard, files_only, wait: 0, max_applies: 0, max_backoff: 1, dns_port };
-                let ev = run::Agent::new(opts)?.apply_file(&file).await?;
+            Command::Apply { file, host } => {
+                let ev = run::Agent::new(host.options(0, 0, 1))?.apply_file(&file).await?;
                 match ev.error {
                     None => {
                         println!("applied version {} from {}", ev.version, file.display());
