@@ -56,10 +56,7 @@ pub async fn fetch(dir: &Path, out: &Path, wait: u64, held: Option<i64>) -> Resu
             bail!("the controller refused: {msg}");
         }
         let etag = resp.headers().get("etag").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-        let bytes = resp.bytes().await.context("reading the bundle")?;
-        if bytes.len() > trellis_core::bundle::MAX_BUNDLE {
-            bail!("the bundle is {} bytes, over the bound of {}", bytes.len(), trellis_core::bundle::MAX_BUNDLE);
-        }
+        let bytes = read_bounded(resp).await?;
         std::fs::write(out, &bytes).with_context(|| format!("cannot write {}", out.display()))?;
         println!("saved the bundle (version {}, {} bytes) to {} ({fresh})", etag.trim_matches('"'), bytes.len(), out.display());
         return Ok(());
@@ -108,4 +105,23 @@ pub fn verify(file: &Path, dir: &Path, last_version: Option<u64>, last_bundle: O
         }
     }
     Ok(())
+}
+
+/// Reads a bundle from the network, refusing one larger than the bound before holding it: the
+/// announced length is checked first, then every chunk as it arrives.
+pub async fn read_bounded(mut resp: reqwest::Response) -> Result<Vec<u8>> {
+    let max = trellis_core::bundle::MAX_BUNDLE;
+    if let Some(n) = resp.content_length() {
+        if n as usize > max {
+            bail!("the bundle is {n} bytes, over the bound of {max}");
+        }
+    }
+    let mut out = Vec::new();
+    while let Some(chunk) = resp.chunk().await.context("reading the bundle")? {
+        if out.len() + chunk.len() > max {
+            bail!("the bundle is over the bound of {max} bytes");
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
 }

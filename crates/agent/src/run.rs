@@ -30,6 +30,12 @@ pub struct Options {
     pub dns_port: u16,
 }
 
+struct Polled {
+    body: Result<Option<Vec<u8>>>,
+    answered: bool,
+    fresh_at: Option<i64>,
+}
+
 /// What the agent last applied, kept on disk so a restart resumes without rewriting anything.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Manifest {
@@ -317,9 +323,12 @@ impl Agent {
     }
 
     /// One long-poll. Returns the bundle bytes when there is a newer one.
-    async fn poll(&mut self) -> Result<Option<Vec<u8>>> {
+    /// One long-poll. The bundle bytes when there is a newer one; also whether the controller
+    /// answered and the time in its signed freshness stamp. Takes `&self` so that the status
+    /// can be refreshed while it waits.
+    async fn poll(&self) -> Polled {
         let mut last = None;
-        for c in self.id.controllers.clone() {
+        for c in &self.id.controllers {
             let mut req =
                 self.http.get(format!("https://{c}/v1/bundle?wait={}", self.opts.wait)).timeout(Duration::from_secs(self.opts.wait + 30));
             if self.manifest.version > 0 {
@@ -332,31 +341,34 @@ impl Agent {
                     continue;
                 }
             };
-            self.status.last_contact = Some(now());
-            if let Some(stamp) =
-                resp.headers().get("x-trellis-freshness").and_then(|v| base64::engine::general_purpose::STANDARD.decode(v.as_bytes()).ok())
-            {
-                if let Ok(at) = trellis_core::bundle::verify_stamp(&stamp, &self.key, &self.id.mesh) {
-                    self.status.fresh_at = Some(self.status.fresh_at.map_or(at, |f| f.max(at)));
-                }
-            }
-            return match resp.status().as_u16() {
+            let fresh_at = resp
+                .headers()
+                .get("x-trellis-freshness")
+                .and_then(|v| base64::engine::general_purpose::STANDARD.decode(v.as_bytes()).ok())
+                .and_then(|stamp| trellis_core::bundle::verify_stamp(&stamp, &self.key, &self.id.mesh).ok());
+            let body = match resp.status().as_u16() {
                 304 => Ok(None),
-                200 => {
-                    let bytes = resp.bytes().await?;
-                    if bytes.len() > trellis_core::bundle::MAX_BUNDLE {
-                        bail!("bundle of {} bytes is over the bound", bytes.len());
-                    }
-                    Ok(Some(bytes.to_vec()))
-                }
+                200 => crate::bundle::read_bounded(resp).await.map(Some),
                 s => {
                     let text = resp.text().await.unwrap_or_default();
                     let msg = serde_json::from_str::<proto::ErrorBody>(&text).map(|b| b.error).unwrap_or(text);
-                    bail!("the controller answered {s}: {msg}")
+                    Err(anyhow::anyhow!("the controller answered {s}: {msg}"))
                 }
             };
+            return Polled { body, answered: true, fresh_at };
         }
-        bail!("cannot reach the controller: {}", last.unwrap_or_default())
+        Polled { body: Err(anyhow::anyhow!("cannot reach the controller: {}", last.unwrap_or_default())), answered: false, fresh_at: None }
+    }
+
+    /// Writes the status with the interface's live peers, without touching the loop's state.
+    fn snapshot(&self) {
+        let mut status = self.status.clone();
+        status.updated_at = now();
+        if let Some(wg) = &self.wg {
+            status.peers = wg.peers().unwrap_or_default();
+        }
+        status.buffered_evidence = self.evidence.pending().len();
+        let _ = write_json(&self.opts.state_dir.join("agent-status.json"), &status);
     }
 
     /// Applies one saved bundle (as `fetch` saved it) the way `run` applies what it pulls, and
@@ -398,7 +410,27 @@ impl Agent {
             // Evidence waiting from before (an outage, a restart) goes out before the next long
             // poll, which may hold the connection for most of a minute.
             let _ = self.flush_evidence().await;
-            let outcome = self.poll().await;
+            let polled = {
+                // While the long-poll waits, the status file is refreshed every ten seconds so
+                // that `trellis-agent status` shows live peers and handshakes.
+                let poll = self.poll();
+                tokio::pin!(poll);
+                let mut tick = tokio::time::interval(Duration::from_secs(10));
+                tick.tick().await;
+                loop {
+                    tokio::select! {
+                        p = &mut poll => break p,
+                        _ = tick.tick() => self.snapshot(),
+                    }
+                }
+            };
+            if polled.answered {
+                self.status.last_contact = Some(now());
+            }
+            if let Some(at) = polled.fresh_at {
+                self.status.fresh_at = Some(self.status.fresh_at.map_or(at, |f| f.max(at)));
+            }
+            let outcome = polled.body;
             match outcome {
                 Ok(Some(bytes)) => {
                     failures = 0;
