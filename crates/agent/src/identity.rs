@@ -181,8 +181,9 @@ pub async fn renew(dir: &Path, force: bool) -> Result<()> {
 }
 
 /// Renews when two thirds of the certificate's lifetime have passed (the run loop's check).
-pub async fn renew_if_due(dir: &Path) -> Result<()> {
-    renew_inner(dir, false).await.map(|_| ())
+/// Returns whether a new certificate was written.
+pub async fn renew_if_due(dir: &Path) -> Result<bool> {
+    renew_inner(dir, false).await.map(|renewed| renewed.is_some())
 }
 
 async fn renew_inner(dir: &Path, force: bool) -> Result<Option<i64>> {

@@ -170,12 +170,7 @@ impl Agent {
     }
 
     fn save_status(&mut self) {
-        self.status.updated_at = now();
-        self.status.buffered_evidence = self.evidence.pending().len();
-        if let Some(wg) = &self.wg {
-            self.status.peers = wg.peers().unwrap_or_default();
-        }
-        let _ = write_json(&self.opts.state_dir.join("agent-status.json"), &self.status);
+        self.status = self.snapshot();
     }
 
     /// Applies the bundle the manifest names again after a restart: the files are in place, the
@@ -360,8 +355,9 @@ impl Agent {
         Polled { body: Err(anyhow::anyhow!("cannot reach the controller: {}", last.unwrap_or_default())), answered: false, fresh_at: None }
     }
 
-    /// Writes the status with the interface's live peers, without touching the loop's state.
-    fn snapshot(&self) {
+    /// The status with the live fields filled in (time, peers and handshakes, buffered
+    /// evidence), written to disk. Needs only `&self`, so it also runs while a long-poll waits.
+    fn snapshot(&self) -> AgentStatus {
         let mut status = self.status.clone();
         status.updated_at = now();
         if let Some(wg) = &self.wg {
@@ -369,6 +365,7 @@ impl Agent {
         }
         status.buffered_evidence = self.evidence.pending().len();
         let _ = write_json(&self.opts.state_dir.join("agent-status.json"), &status);
+        status
     }
 
     /// Applies one saved bundle (as `fetch` saved it) the way `run` applies what it pulls, and
@@ -402,10 +399,14 @@ impl Agent {
         let mut failures: u32 = 0;
         let mut applies = 0u64;
         loop {
-            if let Err(e) = identity::renew_if_due(&self.opts.state_dir).await {
-                eprintln!("trellis-agent: certificate renewal: {e:#}");
-            } else if let Ok(c) = identity::node_client(&self.opts.state_dir) {
-                self.http = c;
+            match identity::renew_if_due(&self.opts.state_dir).await {
+                // Only a new certificate needs a new client; otherwise the connection is reused.
+                Ok(true) => match identity::node_client(&self.opts.state_dir) {
+                    Ok(c) => self.http = c,
+                    Err(e) => eprintln!("trellis-agent: loading the renewed certificate: {e:#}"),
+                },
+                Ok(false) => {}
+                Err(e) => eprintln!("trellis-agent: certificate renewal: {e:#}"),
             }
             // Evidence waiting from before (an outage, a restart) goes out before the next long
             // poll, which may hold the connection for most of a minute.
@@ -420,7 +421,7 @@ impl Agent {
                 loop {
                     tokio::select! {
                         p = &mut poll => break p,
-                        _ = tick.tick() => self.snapshot(),
+                        _ = tick.tick() => { self.snapshot(); }
                     }
                 }
             };

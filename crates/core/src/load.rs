@@ -43,7 +43,7 @@ pub fn load(mesh: &SourceFile, modules: &[SourceFile]) -> Loaded {
             parsed.modules.push(m);
         }
     }
-    if let Some(decl) = parsed.finish(&mut diags) {
+    if let Some(decl) = parsed.finish() {
         validate(&decl, &mut diags);
         let has_errors = diags.iter().any(Diagnostic::is_error);
         diag::sort(&mut diags);
@@ -278,7 +278,7 @@ struct Parsed {
 }
 
 impl Parsed {
-    fn finish(self, _diags: &mut [Diagnostic]) -> Option<Declaration> {
+    fn finish(self) -> Option<Declaration> {
         Some(Declaration {
             mesh: self.mesh?,
             networks: self.networks,
