@@ -552,36 +552,61 @@ fn key_fingerprint(key: &str) -> Option<String> {
     PublicKey::parse(key).map(|k| hex::encode(&Sha256::digest(k.0)[..8]))
 }
 
-async fn list_nodes(State(ctx): State<Shared>, _: Admin) -> Result<Json<Vec<proto::NodeInfo>>, ApiError> {
-    let decl = current_declaration(&ctx).await?.map(|(_, d)| d);
-    let records = ctx.store.nodes().await?;
-    let alloc = ctx.store.allocation().await?;
-    let mut out = Vec::new();
+/// A node the controller knows of, declared or enrolled (or both), with its lifecycle state.
+struct RosterEntry {
+    name: String,
+    /// "declared", "external" (declares its own key), "pending", "active", "revoked", or
+    /// "removed" (enrolled but no longer declared).
+    state: String,
+    declared_key: Option<PublicKey>,
+    record: Option<NodeRecord>,
+}
+
+/// Every node, in name order. Contacts held in memory are written first, so they show.
+async fn roster(ctx: &Ctx) -> Result<Vec<RosterEntry>, ApiError> {
+    ctx.publisher.flush_contacts(ctx).await;
+    let decl = current_declaration(ctx).await?.map(|(_, d)| d);
+    let mut records: std::collections::HashMap<String, NodeRecord> =
+        ctx.store.nodes().await?.into_iter().map(|r| (r.name.clone(), r)).collect();
     let mut names: Vec<String> = decl.iter().flat_map(|d| d.nodes.iter().map(|n| n.name.clone())).collect();
-    names.extend(records.iter().map(|r| r.name.clone()));
+    names.extend(records.keys().cloned());
     names.sort();
     names.dedup();
-    for name in names {
-        let declared = decl.as_ref().and_then(|d| d.node(&name));
-        let rec = records.iter().find(|r| r.name == name);
-        let key = declared.and_then(|n| n.public_key.map(|k| k.to_string())).or_else(|| rec.and_then(|r| r.wg_public_key.clone()));
-        let state = match (declared, rec) {
-            (None, _) => "removed".to_string(),
-            (Some(n), None) if n.public_key.is_some() => "external".to_string(),
-            (Some(_), None) => "declared".to_string(),
-            (Some(_), Some(r)) => r.state.clone(),
-        };
-        out.push(proto::NodeInfo {
-            ipv4: alloc.ipv4.get(&name).map(|a| a.to_string()),
-            ipv6: alloc.ipv6.get(&name).map(|a| a.to_string()),
-            key_fingerprint: key.as_deref().and_then(key_fingerprint),
-            wireguard_public_key: key,
-            cert_not_after: rec.and_then(|r| r.cert_not_after),
-            last_contact: rec.and_then(|r| r.last_contact),
-            name,
-            state,
-        });
-    }
+    Ok(names
+        .into_iter()
+        .map(|name| {
+            let declared = decl.as_ref().and_then(|d| d.node(&name));
+            let record = records.remove(&name);
+            let state = match (declared, &record) {
+                (None, _) => "removed".to_string(),
+                (Some(n), None) if n.public_key.is_some() => "external".to_string(),
+                (Some(_), None) => "declared".to_string(),
+                (Some(_), Some(r)) => r.state.clone(),
+            };
+            RosterEntry { state, declared_key: declared.and_then(|n| n.public_key), record, name }
+        })
+        .collect())
+}
+
+async fn list_nodes(State(ctx): State<Shared>, _: Admin) -> Result<Json<Vec<proto::NodeInfo>>, ApiError> {
+    let alloc = ctx.store.allocation().await?;
+    let out = roster(&ctx)
+        .await?
+        .into_iter()
+        .map(|e| {
+            let key = e.declared_key.map(|k| k.to_string()).or_else(|| e.record.as_ref().and_then(|r| r.wg_public_key.clone()));
+            proto::NodeInfo {
+                ipv4: alloc.ipv4.get(&e.name).map(|a| a.to_string()),
+                ipv6: alloc.ipv6.get(&e.name).map(|a| a.to_string()),
+                key_fingerprint: key.as_deref().and_then(key_fingerprint),
+                wireguard_public_key: key,
+                cert_not_after: e.record.as_ref().and_then(|r| r.cert_not_after),
+                last_contact: e.record.as_ref().and_then(|r| r.last_contact),
+                name: e.name,
+                state: e.state,
+            }
+        })
+        .collect();
     Ok(Json(out))
 }
 
@@ -719,44 +744,30 @@ async fn evidence(
 }
 
 async fn status(State(ctx): State<Shared>, _: Admin) -> Result<Json<Vec<proto::NodeStatus>>, ApiError> {
-    ctx.publisher.flush_contacts(&ctx).await;
-    let decl = current_declaration(&ctx).await?.map(|(_, d)| d);
-    let records = ctx.store.nodes().await?;
+    let roster = roster(&ctx).await?;
     let bundles = ctx.store.bundles().await?;
     let evidence = ctx.store.evidence_summary().await?;
     let t = now();
-    let mut names: Vec<String> = decl.iter().flat_map(|d| d.nodes.iter().map(|n| n.name.clone())).collect();
-    names.extend(records.iter().map(|r| r.name.clone()));
-    names.sort();
-    names.dedup();
-    let out = names
+    let out = roster
         .into_iter()
-        .map(|name| {
-            let rec = records.iter().find(|r| r.name == name);
-            let declared = decl.as_ref().and_then(|d| d.node(&name));
-            let state = match (declared, rec) {
-                (None, _) => "removed".to_string(),
-                (Some(n), None) if n.public_key.is_some() => "external".to_string(),
-                (Some(_), None) => "declared".to_string(),
-                (Some(_), Some(r)) => r.state.clone(),
-            };
-            let b = bundles.get(&name).filter(|_| state == "active");
-            let e = evidence.get(&name);
-            let applied = e.and_then(|e| e.applied_version);
+        .map(|e| {
+            let b = bundles.get(&e.name).filter(|_| e.state == "active");
+            let ev = evidence.get(&e.name);
+            let applied = ev.and_then(|ev| ev.applied_version);
             let stale = b.is_some_and(|b| applied.is_none_or(|a| a < b.version));
             proto::NodeStatus {
-                state,
                 desired_version: b.map(|b| b.version),
                 applied_version: applied,
-                last_contact: rec.and_then(|r| r.last_contact),
-                cert_not_after: rec.and_then(|r| r.cert_not_after),
+                last_contact: e.record.as_ref().and_then(|r| r.last_contact),
+                cert_not_after: e.record.as_ref().and_then(|r| r.cert_not_after),
                 stale,
                 stale_for: b.filter(|_| stale).map(|b| t - b.issued_at),
-                last_result: e.and_then(|e| e.last_result.clone()),
-                last_error: e.and_then(|e| e.last_error.clone()),
-                evidence_records: e.map_or(0, |e| e.records),
-                evidence_missing: e.map_or(0, |e| e.missing()),
-                name,
+                last_result: ev.and_then(|ev| ev.last_result.clone()),
+                last_error: ev.and_then(|ev| ev.last_error.clone()),
+                evidence_records: ev.map_or(0, |ev| ev.records),
+                evidence_missing: ev.map_or(0, |ev| ev.missing()),
+                state: e.state,
+                name: e.name,
             }
         })
         .collect();

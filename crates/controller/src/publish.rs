@@ -150,6 +150,7 @@ impl Publisher {
         self.set_auth(&records);
         let Some((_, decl)) = current_declaration(ctx).await? else {
             run.audit_head = head;
+            self.changes.send_modify(|g| *g += 1);
             return Ok(0);
         };
         *self.mesh.write().expect("mesh") = decl.mesh.name.clone();
@@ -226,6 +227,5 @@ impl Publisher {
             })
             .collect();
         *self.auth.write().expect("auth table") = map;
-        self.changes.send_modify(|g| *g += 1);
     }
 }
