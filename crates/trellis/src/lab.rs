@@ -230,6 +230,15 @@ fn add_ns(st: &mut LabState, name: &str) -> Result<String> {
     Ok(ns)
 }
 
+/// Adds an address; IPv6 ones skip duplicate address detection, so they are usable at once.
+fn add_addr(ns: &str, cidr: &str, dev: &str) -> Result<()> {
+    let mut args = vec!["ip", "addr", "add", cidr, "dev", dev];
+    if cidr.contains(':') {
+        args.push("nodad");
+    }
+    in_ns(ns, &args).map(|_| ())
+}
+
 fn link(sw: &str, net: &str, ns: &str, ifname: &str, counter: &mut u32) -> Result<()> {
     *counter += 1;
     let veth = format!("v{counter}");
@@ -259,14 +268,7 @@ fn build(lab: &LabFile, decl_dir: &Path, decl: &trellis_core::Declaration, st: &
             let n = lab.net.iter().find(|x| &x.name == net).expect("checked");
             let v6 = addr.contains(':');
             let len = prefix_len(n, v6).context("address family not in net")?;
-            let mut args = vec!["ip", "addr", "add"];
-            let a = format!("{addr}/{len}");
-            args.push(&a);
-            args.extend_from_slice(&["dev", &ifname]);
-            if v6 {
-                args.push("nodad");
-            }
-            in_ns(&ns, &args)?;
+            add_addr(&ns, &format!("{addr}/{len}"), &ifname)?;
         }
         host_ns.insert(h.name.clone(), ns);
     }
@@ -287,22 +289,8 @@ fn build(lab: &LabFile, decl_dir: &Path, decl: &trellis_core::Declaration, st: &
             let tnet = lab.net.iter().find(|x| &x.name == target).expect("checked");
             let (il, ol) = (prefix_len(n, v6).expect("family"), prefix_len(tnet, v6).expect("family"));
             let fam = if v6 { "-6" } else { "-4" };
-            in_ns(
-                &ns,
-                &["ip", fam, "addr", "add", &format!("{inside}/{il}"), "dev", "inside", "nodad"]
-                    .iter()
-                    .filter(|a| v6 || **a != "nodad")
-                    .copied()
-                    .collect::<Vec<_>>(),
-            )?;
-            in_ns(
-                &ns,
-                &["ip", fam, "addr", "add", &format!("{outside}/{ol}"), "dev", "outside", "nodad"]
-                    .iter()
-                    .filter(|a| v6 || **a != "nodad")
-                    .copied()
-                    .collect::<Vec<_>>(),
-            )?;
+            add_addr(&ns, &format!("{inside}/{il}"), "inside")?;
+            add_addr(&ns, &format!("{outside}/{ol}"), "outside")?;
             // Hosts inside send everything else to the router.
             for h in lab.host.iter().filter(|h| h.addresses.get(&n.name).is_some_and(|a| a.contains(':') == v6)) {
                 in_ns(&host_ns[&h.name], &["ip", fam, "route", "add", "default", "via", &inside])?;
