@@ -19,8 +19,7 @@ use trellis_core::wgconf::WgConf;
 pub struct FileOutcome {
     pub path: String,
     pub sha256: String,
-    /// "written", "unchanged" or "removed".
-    pub result: &'static str,
+    pub result: trellis_proto::FileResult,
 }
 
 /// Writes a bundle's files under a root: every file staged (temporary file in the same
@@ -68,7 +67,7 @@ impl FileWriter for DiskWriter {
                 std::fs::metadata(&target).is_ok_and(|m| m.permissions().mode() & 0o777 == f.mode)
             };
             if same && mode_same {
-                outcomes.push(FileOutcome { path: f.path.clone(), sha256: sha, result: "unchanged" });
+                outcomes.push(FileOutcome { path: f.path.clone(), sha256: sha, result: trellis_proto::FileResult::Unchanged });
                 continue;
             }
             let dir = target.parent().context("file has no directory")?;
@@ -84,7 +83,7 @@ impl FileWriter for DiskWriter {
             out.write_all(&f.content).with_context(|| format!("cannot write {}", tmp.display()))?;
             out.sync_all().with_context(|| format!("cannot sync {}", tmp.display()))?;
             staged.push((tmp, target));
-            outcomes.push(FileOutcome { path: f.path.clone(), sha256: sha, result: "written" });
+            outcomes.push(FileOutcome { path: f.path.clone(), sha256: sha, result: trellis_proto::FileResult::Written });
         }
         // Everything is staged; now commit.
         for (tmp, target) in &staged {
@@ -99,7 +98,7 @@ impl FileWriter for DiskWriter {
         for path in dropped {
             let target = self.target(path);
             match std::fs::remove_file(&target) {
-                Ok(()) => outcomes.push(FileOutcome { path: path.clone(), sha256: String::new(), result: "removed" }),
+                Ok(()) => outcomes.push(FileOutcome { path: path.clone(), sha256: String::new(), result: trellis_proto::FileResult::Removed }),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(e).with_context(|| format!("cannot remove {}", target.display())),
             }

@@ -19,8 +19,8 @@ pub struct Identity {
     pub controllers: Vec<String>,
     /// Base64 of the controller's ed25519 bundle-signing public key.
     pub signing_public_key: String,
-    /// "active" or "pending" as of enrolment.
-    pub state: String,
+    /// As of enrolment.
+    pub state: proto::EnrolledState,
 }
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
@@ -120,7 +120,7 @@ pub async fn enrol(token_text: &str, dir: &Path, force: bool) -> Result<()> {
                     mesh: resp.mesh.clone(),
                     controllers: resp.controllers,
                     signing_public_key: resp.signing_public_key,
-                    state: resp.state.clone(),
+                    state: resp.state,
                 };
                 write_file(&dir.join("identity.toml"), toml::to_string(&id)?.as_bytes(), 0o644)?;
                 let info = trellis_pki::inspect_pem(&resp.node_cert_pem)?;

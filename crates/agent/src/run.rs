@@ -235,12 +235,12 @@ impl Agent {
         let dropped: Vec<String> =
             self.manifest.files.iter().filter(|m| !bundle.files.iter().any(|f| f.path == m.path)).map(|m| m.path.clone()).collect();
         let mut evidence =
-            proto::Evidence { seq: 0, version: bundle.version as i64, result: "applied".into(), error: None, files: Vec::new(), at: now() };
+            proto::Evidence { seq: 0, version: bundle.version as i64, result: proto::EvidenceResult::Applied, error: None, files: Vec::new(), at: now() };
         let result = match self.files.write_all(&bundle.files, &dropped) {
             Ok(outcomes) => {
                 evidence.files = outcomes
                     .iter()
-                    .map(|o| proto::EvidenceFile { path: o.path.clone(), sha256: o.sha256.clone(), result: o.result.to_string() })
+                    .map(|o| proto::EvidenceFile { path: o.path.clone(), sha256: o.sha256.clone(), result: o.result })
                     .collect();
                 self.apply_network(&bundle).await
             }
@@ -261,7 +261,7 @@ impl Agent {
                 let saved = identity::write_file(&self.opts.state_dir.join("bundle.last"), bytes, 0o600)
                     .and_then(|_| write_json(&self.opts.state_dir.join("manifest.json"), &manifest));
                 if let Err(e) = saved {
-                    evidence.result = "failed".into();
+                    evidence.result = proto::EvidenceResult::Failed;
                     evidence.error = Some(format!("{e:#}"));
                     return evidence;
                 }
@@ -270,7 +270,7 @@ impl Agent {
                 self.status.last_error = None;
             }
             Err(e) => {
-                evidence.result = "failed".into();
+                evidence.result = proto::EvidenceResult::Failed;
                 evidence.error = Some(format!("{e:#}"));
                 self.status.last_error = evidence.error.clone();
                 self.restore(&bundle).await;
@@ -511,7 +511,7 @@ mod tests {
     use super::*;
 
     fn record(version: i64) -> proto::Evidence {
-        proto::Evidence { seq: 0, version, result: "applied".into(), error: None, files: Vec::new(), at: 1 }
+        proto::Evidence { seq: 0, version, result: proto::EvidenceResult::Applied, error: None, files: Vec::new(), at: 1 }
     }
 
     #[test]

@@ -17,6 +17,7 @@ use trellis_core::decl::PublicKey;
 use trellis_core::token::EnrolmentToken;
 use trellis_core::{Declaration, SourceFile};
 use trellis_proto as proto;
+use trellis_proto::{EnrolledState, EvidenceResult, NodeState, TokenState};
 use trellis_store::{Audit, NodeRecord, Store, TokenRecord};
 
 use crate::error::ApiError;
@@ -145,7 +146,7 @@ impl FromRequestParts<Shared> for Admin {
 /// (just enrolled on another replica) is looked up in the database.
 pub struct NodeIdentity {
     pub name: String,
-    pub state: String,
+    pub state: EnrolledState,
     pub serial: String,
 }
 
@@ -161,7 +162,7 @@ impl FromRequestParts<Shared> for NodeIdentity {
         let info = trellis_pki::inspect_der(&cert).map_err(|e| ApiError::unauthorized("bad_certificate", e.to_string()))?;
         let node = info.common_name;
         let entry = match ctx.publisher.auth(&node) {
-            Some(e) if e.serials.contains(&info.serial) || e.state == "revoked" => e,
+            Some(e) if e.serials.contains(&info.serial) || e.state == EnrolledState::Revoked => e,
             _ => {
                 let record = ctx
                     .store
@@ -174,7 +175,7 @@ impl FromRequestParts<Shared> for NodeIdentity {
                 }
             }
         };
-        if entry.state == "revoked" {
+        if entry.state == EnrolledState::Revoked {
             return Err(ApiError::forbidden("node_revoked", format!("node `{node}` has been revoked")));
         }
         if !entry.serials.contains(&info.serial) {
@@ -375,13 +376,13 @@ async fn create_token(
 
 fn token_info(t: &TokenRecord, now: i64) -> proto::TokenInfo {
     let state = if t.revoked_at.is_some() {
-        "revoked"
+        TokenState::Revoked
     } else if t.used_at.is_some() {
-        "used"
+        TokenState::Used
     } else if now >= t.expires_at {
-        "expired"
+        TokenState::Expired
     } else {
-        "valid"
+        TokenState::Valid
     };
     proto::TokenInfo {
         id: t.id.clone(),
@@ -391,7 +392,7 @@ fn token_info(t: &TokenRecord, now: i64) -> proto::TokenInfo {
         used_at: t.used_at,
         revoked_at: t.revoked_at,
         require_approval: t.require_approval,
-        state: state.to_string(),
+        state,
     }
 }
 
@@ -487,10 +488,10 @@ async fn redeem(ctx: &Shared, req: proto::EnrolRequest) -> Result<Json<proto::En
         .ca
         .sign_node(&req.csr_pem, &req.node, &decl.mesh.name, std::time::SystemTime::now(), lifetime)
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let state = if token.require_approval { "pending" } else { "active" };
+    let state = if token.require_approval { EnrolledState::Pending } else { EnrolledState::Active };
     let record = NodeRecord {
         name: req.node.clone(),
-        state: state.to_string(),
+        state,
         wg_public_key: Some(key.to_string()),
         cert_serial: Some(issued.serial.clone()),
         prev_cert_serial: None,
@@ -511,7 +512,7 @@ async fn redeem(ctx: &Shared, req: proto::EnrolRequest) -> Result<Json<proto::En
     Ok(Json(proto::EnrolResponse {
         node: req.node,
         mesh: decl.mesh.name.clone(),
-        state: state.to_string(),
+        state,
         node_cert_pem: issued.cert_pem,
         ca_pem: ctx.ca.cert_pem().to_string(),
         signing_public_key: base64::engine::general_purpose::STANDARD.encode(ctx.signing_public_key),
@@ -555,9 +556,7 @@ fn key_fingerprint(key: &str) -> Option<String> {
 /// A node the controller knows of, declared or enrolled (or both), with its lifecycle state.
 struct RosterEntry {
     name: String,
-    /// "declared", "external" (declares its own key), "pending", "active", "revoked", or
-    /// "removed" (enrolled but no longer declared).
-    state: String,
+    state: NodeState,
     declared_key: Option<PublicKey>,
     record: Option<NodeRecord>,
 }
@@ -578,10 +577,10 @@ async fn roster(ctx: &Ctx) -> Result<Vec<RosterEntry>, ApiError> {
             let declared = decl.as_ref().and_then(|d| d.node(&name));
             let record = records.remove(&name);
             let state = match (declared, &record) {
-                (None, _) => "removed".to_string(),
-                (Some(n), None) if n.public_key.is_some() => "external".to_string(),
-                (Some(_), None) => "declared".to_string(),
-                (Some(_), Some(r)) => r.state.clone(),
+                (None, _) => NodeState::Removed,
+                (Some(n), None) if n.public_key.is_some() => NodeState::External,
+                (Some(_), None) => NodeState::Declared,
+                (Some(_), Some(r)) => r.state.into(),
             };
             RosterEntry { state, declared_key: declared.and_then(|n| n.public_key), record, name }
         })
@@ -612,27 +611,27 @@ async fn list_nodes(State(ctx): State<Shared>, _: Admin) -> Result<Json<Vec<prot
 
 async fn approve(State(ctx): State<Shared>, _: Admin, Path(name): Path<String>) -> Result<Json<proto::WhoAmI>, ApiError> {
     let audit = Audit { at: now(), actor: "admin", action: "node approved", subject: &name, detail: String::new() };
-    ctx.store.set_state(&name, &["pending"], "active", &audit).await.map_err(|e| match e {
+    ctx.store.set_state(&name, &[EnrolledState::Pending], EnrolledState::Active, &audit).await.map_err(|e| match e {
         trellis_store::StoreError::NotFound(_) => ApiError::conflict("not_pending", format!("node `{name}` is not pending approval")),
         other => other.into(),
     })?;
     republish(&ctx).await;
-    Ok(Json(proto::WhoAmI { node: name, state: "active".into() }))
+    Ok(Json(proto::WhoAmI { node: name, state: EnrolledState::Active }))
 }
 
 async fn revoke(State(ctx): State<Shared>, _: Admin, Path(name): Path<String>) -> Result<Json<proto::WhoAmI>, ApiError> {
     let audit = Audit { at: now(), actor: "admin", action: "node revoked", subject: &name, detail: String::new() };
-    ctx.store.set_state(&name, &["pending", "active"], "revoked", &audit).await.map_err(|e| match e {
+    ctx.store.set_state(&name, &[EnrolledState::Pending, EnrolledState::Active], EnrolledState::Revoked, &audit).await.map_err(|e| match e {
         trellis_store::StoreError::NotFound(_) => {
             ApiError::conflict("not_revocable", format!("node `{name}` is not enrolled, or is revoked already"))
         }
         other => other.into(),
     })?;
     republish(&ctx).await;
-    Ok(Json(proto::WhoAmI { node: name, state: "revoked".into() }))
+    Ok(Json(proto::WhoAmI { node: name, state: EnrolledState::Revoked }))
 }
 
-async fn audit_log(State(ctx): State<Shared>, _: Admin) -> Result<Json<Vec<trellis_store::AuditRecord>>, ApiError> {
+async fn audit_log(State(ctx): State<Shared>, _: Admin) -> Result<Json<Vec<proto::AuditRecord>>, ApiError> {
     Ok(Json(ctx.store.audit().await?))
 }
 
@@ -663,7 +662,7 @@ async fn bundle(
 ) -> Result<axum::response::Response, ApiError> {
     use axum::http::header;
     use axum::response::IntoResponse;
-    if who.state == "pending" {
+    if who.state == EnrolledState::Pending {
         return Err(ApiError::forbidden(
             "pending_approval",
             format!("node `{}` is pending approval; an operator runs `trellis node approve {}`", who.name, who.name),
@@ -724,16 +723,10 @@ async fn evidence(
         if r.seq < 1 || r.version < 1 {
             return Err(ApiError::bad_request(format!("evidence record {}: sequence numbers and versions start at 1", r.seq)));
         }
-        if r.result != "applied" && r.result != "failed" {
-            return Err(ApiError::bad_request(format!(
-                "evidence record {}: result must be \"applied\" or \"failed\", not {:?}",
-                r.seq, r.result
-            )));
-        }
         records.push(trellis_store::EvidenceRecord {
             seq: r.seq,
             version: r.version,
-            result: r.result.clone(),
+            result: r.result,
             error: r.error.clone(),
             files: serde_json::to_string(&r.files).expect("evidence files serialize"),
             at: r.at,
@@ -751,7 +744,7 @@ async fn status(State(ctx): State<Shared>, _: Admin) -> Result<Json<Vec<proto::N
     let out = roster
         .into_iter()
         .map(|e| {
-            let b = bundles.get(&e.name).filter(|_| e.state == "active");
+            let b = bundles.get(&e.name).filter(|_| e.state == NodeState::Active);
             let ev = evidence.get(&e.name);
             let applied = ev.and_then(|ev| ev.applied_version);
             let stale = b.is_some_and(|b| applied.is_none_or(|a| a < b.version));
@@ -762,7 +755,7 @@ async fn status(State(ctx): State<Shared>, _: Admin) -> Result<Json<Vec<proto::N
                 cert_not_after: e.record.as_ref().and_then(|r| r.cert_not_after),
                 stale,
                 stale_for: b.filter(|_| stale).map(|b| t - b.issued_at),
-                last_result: ev.and_then(|ev| ev.last_result.clone()),
+                last_result: ev.and_then(|ev| ev.last_result),
                 last_error: ev.and_then(|ev| ev.last_error.clone()),
                 evidence_records: ev.map_or(0, |ev| ev.records),
                 evidence_missing: ev.map_or(0, |ev| ev.missing()),

@@ -115,7 +115,7 @@ impl AdminClient {
         self.get("/v1/admin/status").await
     }
 
-    pub async fn audit(&self) -> Result<Vec<trellis_store::AuditRecord>> {
+    pub async fn audit(&self) -> Result<Vec<proto::AuditRecord>> {
         self.get("/v1/admin/audit").await
     }
 }

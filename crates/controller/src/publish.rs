@@ -58,7 +58,7 @@ impl Contents {
 /// What the node endpoints need to authenticate a certificate without the database.
 #[derive(Clone, Debug)]
 pub struct AuthEntry {
-    pub state: String,
+    pub state: trellis_proto::EnrolledState,
     pub serials: Vec<String>,
 }
 
@@ -155,7 +155,7 @@ impl Publisher {
         };
         *self.mesh.write().expect("mesh") = decl.mesh.name.clone();
         let active: Vec<&trellis_store::NodeRecord> =
-            records.iter().filter(|r| r.state == "active" && decl.node(&r.name).is_some()).collect();
+            records.iter().filter(|r| r.state == trellis_proto::EnrolledState::Active && decl.node(&r.name).is_some()).collect();
         let keys: HashMap<String, PublicKey> =
             active.iter().filter_map(|r| r.wg_public_key.as_deref().and_then(PublicKey::parse).map(|k| (r.name.clone(), k))).collect();
         let allocation = ctx.store.allocation().await?;
@@ -223,7 +223,7 @@ impl Publisher {
             .iter()
             .map(|r| {
                 let serials = [r.cert_serial.clone(), r.prev_cert_serial.clone()].into_iter().flatten().collect();
-                (r.name.clone(), AuthEntry { state: r.state.clone(), serials })
+                (r.name.clone(), AuthEntry { state: r.state, serials })
             })
             .collect();
         *self.auth.write().expect("auth table") = map;

@@ -19,4 +19,4 @@ pub use alloc::{allocate, Allocation};
 pub use compile::{compile, Compiled, FileResource, NodePlan};
 pub use decl::Declaration;
 pub use diag::{Diagnostic, Loc, Severity};
-pub use load::{load, Loaded, SourceFile};
+pub use load::{load, load_relative, Loaded, SourceFile};

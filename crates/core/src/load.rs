@@ -53,6 +53,22 @@ pub fn load(mesh: &SourceFile, modules: &[SourceFile]) -> Loaded {
     Loaded { declaration: None, diagnostics: diags }
 }
 
+/// The file of a declaration directory that holds the mesh; the others are `modules/NAME.toml`.
+pub const MESH_FILE: &str = "mesh.toml";
+
+/// Loads a declaration given as its files, each named relative to the declaration directory
+/// (`mesh.toml`, `modules/NAME.toml`), in any order: the modules are read in name order, and a
+/// missing `mesh.toml` loads as an empty one (which reports what it lacks). `display` names a
+/// file in diagnostics (the directory it was read from, or nothing).
+pub fn load_relative(files: &[(String, String)], display: impl Fn(&str) -> String) -> Loaded {
+    let file = |(p, t): &(String, String)| SourceFile { path: display(p), text: t.clone() };
+    let mesh = files.iter().find(|(p, _)| p == MESH_FILE).map(file).unwrap_or(SourceFile { path: display(MESH_FILE), text: String::new() });
+    let mut modules: Vec<&(String, String)> = files.iter().filter(|(p, _)| p != MESH_FILE).collect();
+    modules.sort_by(|a, b| a.0.cmp(&b.0));
+    let modules: Vec<SourceFile> = modules.into_iter().map(file).collect();
+    load(&mesh, &modules)
+}
+
 // ---------------------------------------------------------------------------------------------
 // The schema walker
 

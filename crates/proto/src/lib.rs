@@ -3,6 +3,12 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod audit;
+pub mod state;
+
+pub use audit::AuditRecord;
+pub use state::{EnrolledState, EvidenceResult, FileResult, NodeState, TokenState};
+
 /// Every error answer: one sentence, and a stable code a script can match.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ErrorBody {
@@ -78,8 +84,7 @@ pub struct TokenInfo {
     pub used_at: Option<i64>,
     pub revoked_at: Option<i64>,
     pub require_approval: bool,
-    /// "valid", "used", "expired" or "revoked".
-    pub state: String,
+    pub state: TokenState,
 }
 
 /// Sent by `trellis-agent enrol`: the token's id and secret, and the public halves of the keys
@@ -99,8 +104,8 @@ pub struct EnrolRequest {
 pub struct EnrolResponse {
     pub node: String,
     pub mesh: String,
-    /// "active", or "pending" until an operator approves the node.
-    pub state: String,
+    /// Active, or pending until an operator approves the node.
+    pub state: EnrolledState,
     pub node_cert_pem: String,
     pub ca_pem: String,
     /// Base64 of the controller's ed25519 bundle-signing public key.
@@ -123,8 +128,7 @@ pub struct RenewResponse {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct NodeInfo {
     pub name: String,
-    /// "declared", "pending", "active", "revoked", or "removed" (enrolled, no longer declared).
-    pub state: String,
+    pub state: NodeState,
     pub ipv4: Option<String>,
     pub ipv6: Option<String>,
     /// SHA-256 of the WireGuard public key, first 16 hex digits.
@@ -137,7 +141,7 @@ pub struct NodeInfo {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct WhoAmI {
     pub node: String,
-    pub state: String,
+    pub state: EnrolledState,
 }
 
 /// The largest evidence batch an agent may send.
@@ -155,8 +159,7 @@ pub struct EvidenceBatch {
 pub struct Evidence {
     pub seq: i64,
     pub version: i64,
-    /// "applied" or "failed".
-    pub result: String,
+    pub result: EvidenceResult,
     #[serde(default)]
     pub error: Option<String>,
     #[serde(default)]
@@ -170,8 +173,7 @@ pub struct Evidence {
 pub struct EvidenceFile {
     pub path: String,
     pub sha256: String,
-    /// "written", "unchanged", "removed" or "failed".
-    pub result: String,
+    pub result: FileResult,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -183,7 +185,7 @@ pub struct EvidenceAck {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct NodeStatus {
     pub name: String,
-    pub state: String,
+    pub state: NodeState,
     pub desired_version: Option<i64>,
     pub applied_version: Option<i64>,
     pub last_contact: Option<i64>,
@@ -192,7 +194,7 @@ pub struct NodeStatus {
     pub stale: bool,
     /// Seconds since the desired version was issued, while stale.
     pub stale_for: Option<i64>,
-    pub last_result: Option<String>,
+    pub last_result: Option<EvidenceResult>,
     pub last_error: Option<String>,
     pub evidence_records: i64,
     /// Sequence numbers missing between 1 and the highest received.

@@ -7,10 +7,12 @@
 
 use std::collections::BTreeMap;
 
-use sha2::{Digest, Sha256};
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{Any, AnyPool, Row, Transaction};
 use trellis_core::Allocation;
+pub use trellis_proto::audit::verify as verify_audit;
+pub use trellis_proto::AuditRecord;
+use trellis_proto::{EnrolledState, EvidenceResult};
 
 pub mod testdb;
 
@@ -29,6 +31,8 @@ pub enum StoreError {
     NotFound(String),
     #[error("database URL {0:?} is neither sqlite:// nor postgres://")]
     BadUrl(String),
+    #[error("the database holds what this trellis does not understand: {0}")]
+    Corrupt(String),
     #[error("database: {0}")]
     Db(#[from] sqlx::Error),
     #[error("database migration: {0}")]
@@ -61,8 +65,7 @@ pub struct Revision {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeRecord {
     pub name: String,
-    /// "pending", "active" or "revoked".
-    pub state: String,
+    pub state: EnrolledState,
     pub wg_public_key: Option<String>,
     pub cert_serial: Option<String>,
     pub prev_cert_serial: Option<String>,
@@ -84,52 +87,16 @@ pub struct TokenRecord {
     pub require_approval: bool,
 }
 
-/// One audit record; also its wire form in `GET /v1/admin/audit`.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct AuditRecord {
-    pub seq: i64,
-    pub at: i64,
-    pub actor: String,
-    pub action: String,
-    pub subject: String,
-    pub detail: String,
-    pub prev_hash: String,
-    pub hash: String,
-}
-
-/// The hash that chains an audit record to the one before it.
-pub fn audit_hash(seq: i64, at: i64, actor: &str, action: &str, subject: &str, detail: &str, prev_hash: &str) -> String {
-    let mut h = Sha256::new();
-    for part in [&seq.to_string(), &at.to_string(), actor, action, subject, detail, prev_hash] {
-        h.update((part.len() as u64).to_be_bytes());
-        h.update(part.as_bytes());
-    }
-    hex::encode(h.finalize())
-}
-
-/// Checks the whole audit chain; on a break, says at which record.
-pub fn verify_audit(records: &[AuditRecord]) -> std::result::Result<usize, String> {
-    let mut prev = String::new();
-    for (i, r) in records.iter().enumerate() {
-        if r.seq != i as i64 + 1 {
-            return Err(format!("audit record {} is missing (found {} in its place)", i + 1, r.seq));
-        }
-        if r.prev_hash != prev {
-            return Err(format!("audit record {} does not follow record {}: the chain is broken", r.seq, r.seq - 1));
-        }
-        let h = audit_hash(r.seq, r.at, &r.actor, &r.action, &r.subject, &r.detail, &r.prev_hash);
-        if h != r.hash {
-            return Err(format!("audit record {} was altered: its hash does not match its content", r.seq));
-        }
-        prev = r.hash.clone();
-    }
-    Ok(records.len())
+/// A state read back from the database; a name no enum knows means the database was written by
+/// something else.
+fn parse<T: std::str::FromStr<Err = trellis_proto::state::UnknownState>>(s: String) -> Result<T> {
+    s.parse().map_err(|e: trellis_proto::state::UnknownState| StoreError::Corrupt(e.to_string()))
 }
 
 fn node_record(r: &AnyRow) -> Result<NodeRecord> {
     Ok(NodeRecord {
         name: r.try_get("name")?,
-        state: r.try_get("state")?,
+        state: parse(r.try_get::<String, _>("state")?)?,
         wg_public_key: r.try_get("wg_public_key")?,
         cert_serial: r.try_get("cert_serial")?,
         prev_cert_serial: r.try_get("prev_cert_serial")?,
@@ -176,8 +143,7 @@ pub struct BundleVersion {
 pub struct EvidenceRecord {
     pub seq: i64,
     pub version: i64,
-    /// "applied" or "failed".
-    pub result: String,
+    pub result: EvidenceResult,
     pub error: Option<String>,
     /// JSON: per-file path, SHA-256 and result.
     pub files: String,
@@ -189,7 +155,7 @@ pub struct EvidenceSummary {
     pub records: i64,
     pub highest_seq: i64,
     pub applied_version: Option<i64>,
-    pub last_result: Option<String>,
+    pub last_result: Option<EvidenceResult>,
     pub last_error: Option<String>,
     pub last_at: Option<i64>,
 }
@@ -260,7 +226,7 @@ impl Store {
             Some(r) => (r.try_get::<i64, _>("seq")? + 1, r.try_get::<String, _>("hash")?),
             None => (1, String::new()),
         };
-        let hash = audit_hash(seq, a.at, a.actor, a.action, a.subject, &a.detail, &prev);
+        let hash = trellis_proto::audit::hash(seq, a.at, a.actor, a.action, a.subject, &a.detail, &prev);
         sqlx::query("INSERT INTO audit (seq, at, actor, action, subject, detail, prev_hash, hash) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)")
             .bind(seq)
             .bind(a.at)
@@ -509,7 +475,7 @@ impl Store {
                          cert_not_after = excluded.cert_not_after, enrolled_at = excluded.enrolled_at, last_contact = excluded.last_contact, cert_pem = excluded.cert_pem"
                     ))
                     .bind(node.name)
-                    .bind(node.state)
+                    .bind(node.state.as_str())
                     .bind(node.wg_public_key)
                     .bind(node.cert_serial)
                     .bind(node.prev_cert_serial)
@@ -541,25 +507,25 @@ impl Store {
 
     /// Moves a node from one of `from` states to `to`. Revocation also forgets its certificates,
     /// so they are refused at once. Returns the state it was in, or `NotFound`.
-    pub async fn set_state(&self, name: &str, from: &[&str], to: &str, audit: &Audit<'_>) -> Result<String> {
+    pub async fn set_state(&self, name: &str, from: &[EnrolledState], to: EnrolledState, audit: &Audit<'_>) -> Result<EnrolledState> {
         let name = name.to_string();
-        let from: Vec<String> = from.iter().map(|s| s.to_string()).collect();
-        let to = to.to_string();
+        let from = from.to_vec();
         self.decide(audit, |tx| {
-            let (name, from, to) = (name.clone(), from.clone(), to.clone());
+            let (name, from) = (name.clone(), from.clone());
             Box::pin(async move {
                 let row = sqlx::query("SELECT state FROM nodes WHERE name = $1").bind(name.clone()).fetch_optional(&mut **tx).await?;
                 let Some(row) = row else { return Err(StoreError::NotFound(format!("enrolled node `{name}`"))) };
-                let state: String = row.try_get("state")?;
+                let state: EnrolledState = parse(row.try_get("state")?)?;
                 if !from.contains(&state) {
-                    return Err(StoreError::NotFound(format!("node `{name}` in state {}", from.join(" or "))));
+                    let names: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
+                    return Err(StoreError::NotFound(format!("node `{name}` in state {}", names.join(" or "))));
                 }
-                let sql = if to == "revoked" {
+                let sql = if to == EnrolledState::Revoked {
                     "UPDATE nodes SET state = $1, cert_serial = NULL, prev_cert_serial = NULL WHERE name = $2"
                 } else {
                     "UPDATE nodes SET state = $1 WHERE name = $2"
                 };
-                sqlx::query(sql).bind(to).bind(name).execute(&mut **tx).await?;
+                sqlx::query(sql).bind(to.as_str()).bind(name).execute(&mut **tx).await?;
                 Ok(state)
             })
         })
@@ -580,12 +546,13 @@ impl Store {
         self.decide(audit, |tx| {
             let (name, old, new, pem) = (name.clone(), old.clone(), new.clone(), pem.clone());
             Box::pin(async move {
-                let n = sqlx::query("UPDATE nodes SET prev_cert_serial = $1, cert_serial = $2, cert_not_after = $3, cert_pem = $4 WHERE name = $5 AND state <> 'revoked'")
+                let n = sqlx::query("UPDATE nodes SET prev_cert_serial = $1, cert_serial = $2, cert_not_after = $3, cert_pem = $4 WHERE name = $5 AND state <> $6")
                     .bind(old)
                     .bind(new)
                     .bind(not_after)
                     .bind(pem)
                     .bind(name.clone())
+                    .bind(EnrolledState::Revoked.as_str())
                     .execute(&mut **tx)
                     .await?
                     .rows_affected();
@@ -674,7 +641,7 @@ impl Store {
                 .bind(node)
                 .bind(r.seq)
                 .bind(r.version)
-                .bind(r.result.clone())
+                .bind(r.result.as_str())
                 .bind(r.error.clone())
                 .bind(r.files.clone())
                 .bind(r.at)
@@ -697,7 +664,8 @@ impl Store {
             let node: String = r.try_get("node")?;
             out.insert(node, EvidenceSummary { records: r.try_get("n")?, highest_seq: r.try_get("top")?, ..Default::default() });
         }
-        let applied = sqlx::query("SELECT node, MAX(version) AS v FROM evidence WHERE result = 'applied' GROUP BY node")
+        let applied = sqlx::query("SELECT node, MAX(version) AS v FROM evidence WHERE result = $1 GROUP BY node")
+            .bind(EvidenceResult::Applied.as_str())
             .fetch_all(&self.pool)
             .await?;
         for r in applied {
@@ -714,7 +682,7 @@ impl Store {
         for r in last {
             let node: String = r.try_get("node")?;
             if let Some(s) = out.get_mut(&node) {
-                s.last_result = Some(r.try_get("result")?);
+                s.last_result = Some(parse(r.try_get("result")?)?);
                 s.last_error = r.try_get("error")?;
                 s.last_at = Some(r.try_get("at")?);
             }
@@ -733,7 +701,7 @@ impl Store {
                 Ok(EvidenceRecord {
                     seq: r.try_get("seq")?,
                     version: r.try_get("version")?,
-                    result: r.try_get("result")?,
+                    result: parse(r.try_get("result")?)?,
                     error: r.try_get("error")?,
                     files: r.try_get("files")?,
                     at: r.try_get("at")?,

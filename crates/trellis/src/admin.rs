@@ -98,26 +98,7 @@ fn print_refusal(e: &anyhow::Error, prefix: &Path) {
 
 pub fn apply(conn: &Conn, dir: &Path, expect_revision: Option<i64>, json_out: bool) -> Result<ExitCode> {
     // Read exactly what `check` reads, and send it as written.
-    let mut files = vec![proto::DeclFile {
-        path: "mesh.toml".into(),
-        text: std::fs::read_to_string(dir.join("mesh.toml")).with_context(|| format!("cannot read {}", dir.join("mesh.toml").display()))?,
-    }];
-    let modules = dir.join("modules");
-    if modules.is_dir() {
-        let mut names: Vec<PathBuf> = std::fs::read_dir(&modules)
-            .with_context(|| format!("cannot list {}", modules.display()))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|e| e == "toml"))
-            .collect();
-        names.sort();
-        for p in names {
-            let name = p.file_name().and_then(|n| n.to_str()).context("module file name is not UTF-8")?;
-            files.push(proto::DeclFile {
-                path: format!("modules/{name}"),
-                text: std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?,
-            });
-        }
-    }
+    let files = crate::declfs::files(dir)?.into_iter().map(|(path, text)| proto::DeclFile { path, text }).collect();
     let client = conn.client()?;
     let result = runtime().block_on(client.apply(&proto::ApplyRequest { files, expect_revision }));
     match result {
@@ -271,7 +252,7 @@ pub fn node(conn: &Conn, cmd: NodeCommand) -> Result<ExitCode> {
 
 pub fn audit_verify(conn: &Conn) -> Result<ExitCode> {
     let records = runtime().block_on(conn.client()?.audit())?;
-    match trellis_store::verify_audit(&records) {
+    match trellis_proto::audit::verify(&records) {
         Ok(n) => {
             println!("audit chain verified: {n} records, head {}", records.last().map_or("-", |r| r.hash.as_str()));
             Ok(ExitCode::SUCCESS)

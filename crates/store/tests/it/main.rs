@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use trellis_core::Allocation;
+use trellis_proto::{EnrolledState, EvidenceResult};
 use trellis_store::{testdb, verify_audit, Audit, EvidenceRecord, NodeRecord, Store, StoreError, TokenRecord};
 
 fn audit(action: &str) -> Audit<'static> {
@@ -26,7 +27,7 @@ fn token(id: &str, node: &str) -> TokenRecord {
 fn node(name: &str, key: &str) -> NodeRecord {
     NodeRecord {
         name: name.into(),
-        state: "active".into(),
+        state: EnrolledState::Active,
         wg_public_key: Some(key.into()),
         cert_serial: Some("aa".into()),
         prev_cert_serial: None,
@@ -135,13 +136,13 @@ async fn states_change_and_every_decision_is_in_a_verifiable_audit_chain() {
     each_backend(|s| async move {
         s.create_token(&token("t1", "a"), &audit("token issued")).await.unwrap();
         let mut n = node("a", "K");
-        n.state = "pending".into();
+        n.state = EnrolledState::Pending;
         s.enrol("t1", &n, &audit("node enrolled")).await.unwrap();
-        assert_eq!(s.set_state("a", &["pending"], "active", &audit("node approved")).await.unwrap(), "pending");
-        assert!(s.set_state("a", &["pending"], "active", &audit("node approved")).await.is_err());
-        s.set_state("a", &["active", "pending"], "revoked", &audit("node revoked")).await.unwrap();
+        assert_eq!(s.set_state("a", &[EnrolledState::Pending], EnrolledState::Active, &audit("node approved")).await.unwrap(), EnrolledState::Pending);
+        assert!(s.set_state("a", &[EnrolledState::Pending], EnrolledState::Active, &audit("node approved")).await.is_err());
+        s.set_state("a", &[EnrolledState::Active, EnrolledState::Pending], EnrolledState::Revoked, &audit("node revoked")).await.unwrap();
         let rec = s.node("a").await.unwrap().unwrap();
-        assert_eq!((rec.state.as_str(), rec.cert_serial), ("revoked", None));
+        assert_eq!((rec.state, rec.cert_serial), (EnrolledState::Revoked, None));
 
         let chain = s.audit().await.unwrap();
         let actions: Vec<&str> = chain.iter().map(|r| r.action.as_str()).collect();
@@ -195,22 +196,22 @@ async fn concurrent_publishers_on_one_database_agree_on_versions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evidence_is_append_only_idempotent_and_shows_gaps() {
     each_backend(|s| async move {
-        let rec = |seq: i64, version: i64, result: &str, error: Option<&str>| EvidenceRecord {
+        let rec = |seq: i64, version: i64, result: EvidenceResult, error: Option<&str>| EvidenceRecord {
             seq,
             version,
-            result: result.into(),
+            result,
             error: error.map(str::to_string),
             files: "[]".into(),
             at: 100 + seq,
         };
-        let batch = vec![rec(1, 1, "applied", None), rec(2, 2, "applied", None), rec(4, 3, "failed", Some("nft refused the ruleset"))];
+        let batch = vec![rec(1, 1, EvidenceResult::Applied, None), rec(2, 2, EvidenceResult::Applied, None), rec(4, 3, EvidenceResult::Failed, Some("nft refused the ruleset"))];
         assert_eq!(s.add_evidence("db-1", &batch, 200).await.unwrap(), (3, 0));
         // A re-send changes nothing; a record with a used seq cannot rewrite history.
-        assert_eq!(s.add_evidence("db-1", &[rec(2, 9, "failed", Some("rewrite"))], 201).await.unwrap(), (0, 1));
+        assert_eq!(s.add_evidence("db-1", &[rec(2, 9, EvidenceResult::Failed, Some("rewrite"))], 201).await.unwrap(), (0, 1));
         let sum = s.evidence_summary().await.unwrap().remove("db-1").unwrap();
         assert_eq!((sum.records, sum.highest_seq, sum.missing()), (3, 4, 1));
         assert_eq!(sum.applied_version, Some(2));
-        assert_eq!((sum.last_result.as_deref(), sum.last_error.as_deref()), (Some("failed"), Some("nft refused the ruleset")));
+        assert_eq!((sum.last_result, sum.last_error.as_deref()), (Some(EvidenceResult::Failed), Some("nft refused the ruleset")));
         assert_eq!(s.evidence("db-1").await.unwrap()[1].version, 2);
     })
     .await;

@@ -1,0 +1,155 @@
+//! The states of the domain as enums with their wire names: a node in the roster, an enrolled
+//! node, a token, an evidence record and one file of it. The same names are stored in the
+//! database and printed by the CLI, so each is spelled once, here.
+
+use serde::{Deserialize, Serialize};
+
+/// A stored or received name that is none of an enum's states.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownState {
+    pub kind: &'static str,
+    pub given: String,
+}
+
+impl std::fmt::Display for UnknownState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?} is not a {} state", self.given, self.kind)
+    }
+}
+
+impl std::error::Error for UnknownState {}
+
+macro_rules! states {
+    ($(#[$doc:meta])* $name:ident, $kind:literal { $($(#[$vdoc:meta])* $variant:ident = $text:literal),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(rename_all = "lowercase")]
+        pub enum $name {
+            $($(#[$vdoc])* $variant),+
+        }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text),+
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.pad(self.as_str())
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = UnknownState;
+
+            fn from_str(s: &str) -> Result<Self, UnknownState> {
+                match s {
+                    $($text => Ok($name::$variant),)+
+                    _ => Err(UnknownState { kind: $kind, given: s.to_string() }),
+                }
+            }
+        }
+    };
+}
+
+states! {
+    /// The state of an enrolled node, as stored.
+    EnrolledState, "node" {
+        /// Enrolled with a token that needs approval; receives no bundle until approved.
+        Pending = "pending",
+        Active = "active",
+        /// Refused on its next request; its peers drop it.
+        Revoked = "revoked",
+    }
+}
+
+states! {
+    /// A node as the roster shows it: declared, enrolled, or both.
+    NodeState, "node" {
+        /// Declared, not enrolled yet.
+        Declared = "declared",
+        /// Declared with its own public key: managed outside trellis, never enrols.
+        External = "external",
+        Pending = "pending",
+        Active = "active",
+        Revoked = "revoked",
+        /// Enrolled, no longer declared.
+        Removed = "removed",
+    }
+}
+
+impl From<EnrolledState> for NodeState {
+    fn from(s: EnrolledState) -> Self {
+        match s {
+            EnrolledState::Pending => NodeState::Pending,
+            EnrolledState::Active => NodeState::Active,
+            EnrolledState::Revoked => NodeState::Revoked,
+        }
+    }
+}
+
+states! {
+    /// An enrolment token.
+    TokenState, "token" {
+        Valid = "valid",
+        Used = "used",
+        Expired = "expired",
+        Revoked = "revoked",
+    }
+}
+
+states! {
+    /// What an agent did with one bundle.
+    EvidenceResult, "evidence result" {
+        Applied = "applied",
+        Failed = "failed",
+    }
+}
+
+states! {
+    /// What an agent did with one file of a bundle.
+    FileResult, "file result" {
+        Written = "written",
+        Unchanged = "unchanged",
+        Removed = "removed",
+        Failed = "failed",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The wire name, the stored name and the printed name are one.
+    fn round_trips<T>(all: &[T])
+    where
+        T: Copy + std::fmt::Debug + PartialEq + std::fmt::Display + std::str::FromStr + Serialize + for<'de> Deserialize<'de>,
+        T::Err: std::fmt::Debug,
+    {
+        for s in all {
+            let text = s.to_string();
+            assert_eq!(serde_json::to_string(s).unwrap(), format!("\"{text}\""));
+            assert_eq!(serde_json::from_str::<T>(&format!("\"{text}\"")).unwrap(), *s);
+            assert_eq!(text.parse::<T>().unwrap(), *s);
+        }
+    }
+
+    #[test]
+    fn every_state_has_one_name() {
+        round_trips(EnrolledState::ALL);
+        round_trips(NodeState::ALL);
+        round_trips(TokenState::ALL);
+        round_trips(EvidenceResult::ALL);
+        round_trips(FileResult::ALL);
+        for s in EnrolledState::ALL {
+            assert_eq!(NodeState::from(*s).as_str(), s.as_str());
+        }
+        assert_eq!(format!("{:<9}|", NodeState::Active), "active   |", "tables pad states like strings");
+        assert_eq!("approved".parse::<EnrolledState>().unwrap_err().to_string(), "\"approved\" is not a node state");
+    }
+}
