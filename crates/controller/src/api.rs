@@ -17,7 +17,7 @@ use trellis_core::decl::PublicKey;
 use trellis_core::token::EnrolmentToken;
 use trellis_core::{Declaration, SourceFile};
 use trellis_proto as proto;
-use trellis_proto::{EnrolledState, EvidenceResult, NodeState, TokenState};
+use trellis_proto::{EnrolledState, NodeState, TokenState};
 use trellis_store::{Audit, NodeRecord, Store, TokenRecord};
 
 use crate::error::ApiError;
