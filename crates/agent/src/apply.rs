@@ -98,7 +98,9 @@ impl FileWriter for DiskWriter {
         for path in dropped {
             let target = self.target(path);
             match std::fs::remove_file(&target) {
-                Ok(()) => outcomes.push(FileOutcome { path: path.clone(), sha256: String::new(), result: trellis_proto::FileResult::Removed }),
+                Ok(()) => {
+                    outcomes.push(FileOutcome { path: path.clone(), sha256: String::new(), result: trellis_proto::FileResult::Removed })
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(e).with_context(|| format!("cannot remove {}", target.display())),
             }

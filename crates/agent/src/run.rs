@@ -234,8 +234,14 @@ impl Agent {
         let started = std::time::Instant::now();
         let dropped: Vec<String> =
             self.manifest.files.iter().filter(|m| !bundle.files.iter().any(|f| f.path == m.path)).map(|m| m.path.clone()).collect();
-        let mut evidence =
-            proto::Evidence { seq: 0, version: bundle.version as i64, result: proto::EvidenceResult::Applied, error: None, files: Vec::new(), at: now() };
+        let mut evidence = proto::Evidence {
+            seq: 0,
+            version: bundle.version as i64,
+            result: proto::EvidenceResult::Applied,
+            error: None,
+            files: Vec::new(),
+            at: now(),
+        };
         let result = match self.files.write_all(&bundle.files, &dropped) {
             Ok(outcomes) => {
                 evidence.files = outcomes

@@ -8,8 +8,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use trellis_proto as proto;
 
-use crate::files;
 use crate::state::StateDir;
+use trellis_files as files;
 
 pub struct AdminClient {
     http: reqwest::Client,

@@ -1,66 +1,193 @@
-//! API errors: one sentence and a stable code, mapped to an HTTP status once, here.
+//! The controller's refusals: one variant per reason, each one sentence and a stable code a
+//! script can match. Which HTTP status a variant becomes is decided once, in `trellis-server`.
 
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
-use trellis_proto::{Diagnostic, ErrorBody};
+use trellis_proto::{Diagnostic, TokenState};
 use trellis_store::StoreError;
 
-#[derive(Debug)]
-pub struct ApiError {
-    pub status: StatusCode,
-    pub code: &'static str,
-    pub message: String,
-    pub diagnostics: Vec<Diagnostic>,
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    // --- the request itself ------------------------------------------------------------------
+    /// The request is malformed in a way the body's type could not say.
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    TooLarge(String),
+
+    // --- administrators ----------------------------------------------------------------------
+    #[error("this needs the admin credential (Authorization: Bearer ...)")]
+    AdminRequired,
+    #[error("the admin credential is wrong")]
+    AdminDenied,
+
+    // --- declarations ------------------------------------------------------------------------
+    /// The declaration does not validate; nothing was changed.
+    #[error("{message}")]
+    InvalidDeclaration { message: String, diagnostics: Vec<Diagnostic> },
+    #[error("the current revision is {current}, not {expected}: someone applied in between; re-check and apply again")]
+    RevisionConflict { current: i64, expected: i64 },
+    #[error("{0}")]
+    NoDeclaration(&'static str),
+
+    // --- tokens ------------------------------------------------------------------------------
+    #[error("node `{node}` is not declared in revision {revision}; declare it and apply first")]
+    NodeNotDeclared { node: String, revision: i64 },
+    #[error("node `{0}` declares a public_key: it is managed outside trellis and does not enrol")]
+    NodeManagedOutside(String),
+    #[error("no token {0}")]
+    TokenNotFound(String),
+    #[error("token {id} is {state}; only an unused token can be revoked")]
+    TokenNotRevocable { id: String, state: TokenState },
+
+    // --- enrolment ---------------------------------------------------------------------------
+    #[error("{0}")]
+    Redemption(#[from] Redemption),
+    #[error("WireGuard public key is already held by node `{0}`")]
+    KeyTaken(String),
+
+    // --- nodes -------------------------------------------------------------------------------
+    #[error("{0}")]
+    Node(#[from] NodeRefusal),
+    #[error("node `{0}` is not pending approval")]
+    NotPending(String),
+    #[error("node `{0}` is not enrolled, or is revoked already")]
+    NotRevocable(String),
+    #[error("no bundle has been published for node `{0}` yet")]
+    NoBundleYet(String),
+
+    #[error("no {0}")]
+    NotFound(String),
+
+    // --- inside ------------------------------------------------------------------------------
+    /// Something failed inside the controller; the detail goes to its log, not to the client.
+    #[error("{context} failed inside the controller; see its log")]
+    Internal { context: &'static str, detail: String },
 }
 
-impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        ApiError { status, code, message: message.into(), diagnostics: Vec::new() }
-    }
-
-    pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
-    }
-
-    pub fn unauthorized(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, code, message)
-    }
-
-    pub fn forbidden(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::FORBIDDEN, code, message)
-    }
-
-    pub fn not_found(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", message)
-    }
-
-    pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::CONFLICT, code, message)
-    }
-
-    pub fn internal(context: &str, e: impl std::fmt::Display) -> Self {
-        // The detail goes to the controller's log, not to the client.
-        eprintln!("trellis serve: {context}: {e}");
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("{context} failed inside the controller; see its log"))
-    }
+/// Why a token redemption was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum Redemption {
+    #[error("the enrolment request is malformed (token id, node name or CSR size)")]
+    Malformed,
+    #[error("the token secret is malformed")]
+    SecretMalformed,
+    #[error("token is not known to this controller")]
+    Unknown,
+    #[error("token secret does not match; copy the token again")]
+    Wrong,
+    #[error("token has been revoked")]
+    Revoked,
+    #[error("token already used")]
+    Used,
+    #[error("token has expired; ask for a new one")]
+    Expired,
+    #[error("token is for node `{token}`, not `{asked}`")]
+    OtherNode { token: String, asked: String },
+    #[error("no declaration has been applied")]
+    NoDeclaration,
+    #[error("node `{node}` is no longer declared (revision {revision})")]
+    NodeUndeclared { node: String, revision: i64 },
+    #[error("node `{0}` declares a public_key and does not enrol")]
+    NodeManagedOutside(String),
+    #[error("wireguard_public_key is not a WireGuard public key (44 characters of base64)")]
+    BadKey,
+    #[error("{0}")]
+    BadCsr(String),
 }
 
-impl From<StoreError> for ApiError {
-    fn from(e: StoreError) -> Self {
-        match e {
-            StoreError::Conflict { .. } => ApiError::conflict("revision_conflict", e.to_string()),
-            StoreError::TokenUsed => ApiError::conflict("token_used", "token already used"),
-            StoreError::KeyTaken(_) => ApiError::conflict("key_taken", e.to_string()),
-            StoreError::NotFound(what) => ApiError::not_found(format!("no {what}")),
-            other => ApiError::internal("database access", other),
+/// Why a node's request was refused before it was heard.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeRefusal {
+    #[error("this needs a node certificate (mutual TLS)")]
+    CertificateRequired,
+    #[error("{0}")]
+    BadCertificate(String),
+    #[error("node `{0}` is not enrolled")]
+    Unknown(String),
+    #[error("node `{0}` has been revoked")]
+    Revoked(String),
+    #[error("this certificate of node `{0}` has been replaced; enrol again")]
+    CertificateReplaced(String),
+    #[error("node `{0}` is pending approval; an operator runs `trellis node approve {0}`")]
+    PendingApproval(String),
+}
+
+impl Error {
+    pub fn internal(context: &'static str, detail: impl std::fmt::Display) -> Self {
+        Error::Internal { context, detail: detail.to_string() }
+    }
+
+    /// The stable code of the error body.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Error::BadRequest(_) => "bad_request",
+            Error::TooLarge(_) => "too_large",
+            Error::AdminRequired => "admin_required",
+            Error::AdminDenied => "admin_denied",
+            Error::InvalidDeclaration { .. } => "invalid_declaration",
+            Error::RevisionConflict { .. } => "revision_conflict",
+            Error::NoDeclaration(_) => "no_declaration",
+            Error::NodeNotDeclared { .. } | Error::TokenNotFound(_) => "not_found",
+            Error::NodeManagedOutside(_) => "node_managed_outside",
+            Error::TokenNotRevocable { .. } => "token_not_revocable",
+            Error::Redemption(r) => r.code(),
+            Error::KeyTaken(_) => "key_taken",
+            Error::Node(n) => n.code(),
+            Error::NotPending(_) => "not_pending",
+            Error::NotRevocable(_) => "not_revocable",
+            Error::NoBundleYet(_) => "no_bundle_yet",
+            Error::NotFound(_) => "not_found",
+            Error::Internal { .. } => "internal",
+        }
+    }
+
+    pub fn diagnostics(&self) -> &[Diagnostic] {
+        match self {
+            Error::InvalidDeclaration { diagnostics, .. } => diagnostics,
+            _ => &[],
         }
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = ErrorBody { error: self.message, code: self.code.to_string(), diagnostics: self.diagnostics };
-        (self.status, Json(body)).into_response()
+impl Redemption {
+    pub fn code(&self) -> &'static str {
+        match self {
+            Redemption::Malformed | Redemption::SecretMalformed | Redemption::BadKey | Redemption::BadCsr(_) => "bad_request",
+            Redemption::Unknown => "token_unknown",
+            Redemption::Wrong => "token_wrong",
+            Redemption::Revoked => "token_revoked",
+            Redemption::Used => "token_used",
+            Redemption::Expired => "token_expired",
+            Redemption::OtherNode { .. } => "token_node",
+            Redemption::NoDeclaration => "no_declaration",
+            Redemption::NodeUndeclared { .. } => "node_undeclared",
+            Redemption::NodeManagedOutside(_) => "node_managed_outside",
+        }
     }
 }
+
+impl NodeRefusal {
+    pub fn code(&self) -> &'static str {
+        match self {
+            NodeRefusal::CertificateRequired => "node_certificate_required",
+            NodeRefusal::BadCertificate(_) => "bad_certificate",
+            NodeRefusal::Unknown(_) => "unknown_node",
+            NodeRefusal::Revoked(_) => "node_revoked",
+            NodeRefusal::CertificateReplaced(_) => "certificate_replaced",
+            NodeRefusal::PendingApproval(_) => "pending_approval",
+        }
+    }
+}
+
+impl From<StoreError> for Error {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Conflict { current, expected } => Error::RevisionConflict { current, expected },
+            StoreError::TokenUsed => Error::Redemption(Redemption::Used),
+            StoreError::KeyTaken(holder) => Error::KeyTaken(holder),
+            StoreError::NotFound(what) => Error::NotFound(what),
+            other => Error::internal("database access", other),
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,15 +1,134 @@
-//! The trellis controller: its state directory (`init`), the HTTPS API over rustls (`serve`),
-//! enrolment, and the admin client the CLI uses. Policy is decided by `trellis-core`; records
-//! live in `trellis-store`; this crate is the edge that does IO and reads the clock.
+//! The controller's decisions, with no HTTP in them: apply a declaration, issue and redeem
+//! tokens, enrol and renew nodes, approve and revoke them, the roster and status, evidence, and
+//! publishing signed bundles. Records live in `trellis-store`; policy is computed by
+//! `trellis-core`; `trellis-server` adapts HTTP requests to the functions here. The clock and the
+//! randomness are injected, so every decision can be tested in process with fixed values.
 
-pub mod api;
 pub mod client;
+pub mod declarations;
+pub mod enrolment;
 pub mod error;
-pub mod files;
+pub mod nodes;
 pub mod publish;
-pub mod server;
 pub mod state;
+pub mod tokens;
 
-pub fn now() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+use std::sync::Arc;
+
+use trellis_core::Declaration;
+use trellis_store::Store;
+
+pub use enrolment::NodeIdentity;
+pub use error::{Error, NodeRefusal, Redemption, Result};
+pub use publish::{Published, Publisher};
+
+/// The time, in Unix seconds. Injected so that expiry and renewal are tested without waiting.
+pub trait Clock: Send + Sync {
+    fn now(&self) -> i64;
+}
+
+/// The system's clock.
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> i64 {
+        unix_now()
+    }
+}
+
+pub use trellis_files::unix_now;
+
+/// Where token ids and secrets come from. Injected so that tests can name what they expect.
+pub trait Entropy: Send + Sync {
+    fn fill(&self, buf: &mut [u8]);
+}
+
+/// The operating system's random number generator.
+pub struct OsEntropy;
+
+impl Entropy for OsEntropy {
+    fn fill(&self, buf: &mut [u8]) {
+        use rand::RngCore;
+        rand::rngs::OsRng.fill_bytes(buf);
+    }
+}
+
+/// The keys a controller decides with.
+pub struct Keys {
+    pub ca: trellis_pki::Ca,
+    /// Signs every bundle and freshness stamp.
+    pub signing_key: ed25519_dalek::SigningKey,
+    /// SHA-256 of the admin credential.
+    pub admin_sha256: [u8; 32],
+}
+
+/// One controller: its records, keys, configuration, the bundles it publishes, and its clock.
+pub struct Controller {
+    pub store: Store,
+    pub config: state::Config,
+    keys: Keys,
+    signing_public_key: [u8; 32],
+    pub publisher: Publisher,
+    /// The parsed declaration of the newest revision seen, keyed by its number. A cache only:
+    /// the database says which revision is current.
+    declaration: tokio::sync::Mutex<Option<(i64, Arc<Declaration>)>>,
+    clock: Arc<dyn Clock>,
+    entropy: Arc<dyn Entropy>,
+}
+
+impl Controller {
+    pub fn new(store: Store, config: state::Config, keys: Keys, clock: Arc<dyn Clock>, entropy: Arc<dyn Entropy>) -> Controller {
+        Controller {
+            store,
+            config,
+            signing_public_key: keys.signing_key.verifying_key().to_bytes(),
+            keys,
+            publisher: Publisher::default(),
+            declaration: Default::default(),
+            clock,
+            entropy,
+        }
+    }
+
+    /// The controller a state directory describes, on the system clock and randomness. Opens the
+    /// store (running migrations); `database_url` overrides the configured one.
+    pub async fn open(state: &state::StateDir, database_url: Option<&str>) -> anyhow::Result<Controller> {
+        use anyhow::Context;
+        let url = database_url.unwrap_or(&state.config.database_url);
+        let store = Store::open(url).await.with_context(|| format!("cannot open the database {}", state::redact(url)))?;
+        let ca = trellis_pki::Ca::load(&state.read("ca.pem")?, &state.read("ca.key")?)?;
+        let admin_sha256: [u8; 32] = hex::decode(&state.config.admin_token_sha256)
+            .ok()
+            .and_then(|b| b.try_into().ok())
+            .context("admin_token_sha256 in controller.toml is not 64 hex digits")?;
+        let keys = Keys { ca, signing_key: state.signing_key()?, admin_sha256 };
+        Ok(Controller::new(store, state.config.clone(), keys, Arc::new(SystemClock), Arc::new(OsEntropy)))
+    }
+
+    pub fn now(&self) -> i64 {
+        self.clock.now()
+    }
+
+    fn random<const N: usize>(&self) -> [u8; N] {
+        let mut b = [0u8; N];
+        self.entropy.fill(&mut b);
+        b
+    }
+
+    pub fn ca(&self) -> &trellis_pki::Ca {
+        &self.keys.ca
+    }
+
+    /// Checks the admin credential, in constant time.
+    pub fn authenticate_admin(&self, given: Option<&str>) -> Result<()> {
+        use sha2::{Digest, Sha256};
+        use subtle::ConstantTimeEq;
+        let given = given.ok_or(Error::AdminRequired)?;
+        let digest: [u8; 32] = Sha256::digest(given.trim().as_bytes()).into();
+        if bool::from(digest.ct_eq(&self.keys.admin_sha256)) {
+            Ok(())
+        } else {
+            Err(Error::AdminDenied)
+        }
+    }
 }

@@ -15,9 +15,7 @@ use trellis_core::bundle::{Bundle, BundleFile};
 use trellis_core::decl::PublicKey;
 use trellis_core::Compiled;
 
-use crate::api::{current_declaration, Ctx};
-use crate::error::ApiError;
-use crate::now;
+use crate::{Controller, Error, Result};
 
 /// One node's current bundle, signed.
 pub struct Published {
@@ -112,57 +110,81 @@ impl Publisher {
         self.contacts.lock().expect("contacts").insert(node.to_string(), at);
     }
 
-    pub async fn flush_contacts(&self, ctx: &Ctx) {
-        let batch: Vec<(String, i64)> = self.contacts.lock().expect("contacts").drain().collect();
+    fn set_auth(&self, records: &[trellis_store::NodeRecord]) {
+        let map = records
+            .iter()
+            .map(|r| {
+                let serials = [r.cert_serial.clone(), r.prev_cert_serial.clone()].into_iter().flatten().collect();
+                (r.name.clone(), AuthEntry { state: r.state, serials })
+            })
+            .collect();
+        *self.auth.write().expect("auth table") = map;
+    }
+}
+
+impl Controller {
+    /// Writes the contacts held in memory to the database.
+    pub async fn flush_contacts(&self) {
+        let batch: Vec<(String, i64)> = self.publisher.contacts.lock().expect("contacts").drain().collect();
         for (node, at) in batch {
-            if let Err(e) = ctx.store.touch(&node, at).await {
+            if let Err(e) = self.store.touch(&node, at).await {
                 eprintln!("trellis serve: cannot record contact of {node}: {e}");
             }
         }
     }
 
     /// The freshness stamp (base64), signed at most once a second.
-    pub fn stamp(&self, ctx: &Ctx) -> Arc<str> {
-        let t = now();
-        let mut s = self.stamp.lock().expect("stamp");
+    pub fn stamp(&self) -> Arc<str> {
+        let p = &self.publisher;
+        let t = self.now();
+        let mut s = p.stamp.lock().expect("stamp");
         if s.0 != t {
-            let mesh = self.mesh.read().expect("mesh").clone();
-            let bytes = trellis_core::bundle::sign_stamp(&ctx.signing_key, &mesh, t);
+            let mesh = p.mesh.read().expect("mesh").clone();
+            let bytes = trellis_core::bundle::sign_stamp(&self.keys.signing_key, &mesh, t);
             *s = (t, Arc::from(base64::engine::general_purpose::STANDARD.encode(bytes)));
         }
         s.1.clone()
     }
 
+    /// Publishes after a decision. The decision stands even if publishing fails; the watcher
+    /// retries.
+    pub(crate) async fn republish(&self) {
+        if let Err(e) = self.publish().await {
+            eprintln!("trellis serve: publishing after a decision failed ({e}); will retry");
+        }
+    }
+
     /// Publishes if another replica decided something since the last run.
-    pub async fn publish_if_moved(&self, ctx: &Ctx) -> Result<(), ApiError> {
-        let head = ctx.store.audit_head().await?;
-        if head != self.run.lock().await.audit_head {
-            self.publish(ctx).await?;
+    pub async fn publish_if_moved(&self) -> Result<()> {
+        let head = self.store.audit_head().await?;
+        if head != self.publisher.run.lock().await.audit_head {
+            self.publish().await?;
         }
         Ok(())
     }
 
     /// Recompiles and publishes every node whose files changed. Runs one at a time.
-    pub async fn publish(&self, ctx: &Ctx) -> Result<usize, ApiError> {
-        let mut run = self.run.lock().await;
-        let head = ctx.store.audit_head().await?;
-        let records = ctx.store.nodes().await?;
-        self.set_auth(&records);
-        let Some((_, decl)) = current_declaration(ctx).await? else {
+    pub async fn publish(&self) -> Result<usize> {
+        let p = &self.publisher;
+        let mut run = p.run.lock().await;
+        let head = self.store.audit_head().await?;
+        let records = self.store.nodes().await?;
+        p.set_auth(&records);
+        let Some((_, decl)) = self.current_declaration().await? else {
             run.audit_head = head;
-            self.changes.send_modify(|g| *g += 1);
+            p.changes.send_modify(|g| *g += 1);
             return Ok(0);
         };
-        *self.mesh.write().expect("mesh") = decl.mesh.name.clone();
+        *p.mesh.write().expect("mesh") = decl.mesh.name.clone();
         let active: Vec<&trellis_store::NodeRecord> =
             records.iter().filter(|r| r.state == trellis_proto::EnrolledState::Active && decl.node(&r.name).is_some()).collect();
         let keys: HashMap<String, PublicKey> =
             active.iter().filter_map(|r| r.wg_public_key.as_deref().and_then(PublicKey::parse).map(|k| (r.name.clone(), k))).collect();
-        let allocation = ctx.store.allocation().await?;
+        let allocation = self.store.allocation().await?;
         let compiled =
-            trellis_core::compile(&decl, &keys, &allocation, run.compiled.as_ref()).map_err(|d| ApiError::internal("compiling", d))?;
+            trellis_core::compile(&decl, &keys, &allocation, run.compiled.as_ref()).map_err(|d| Error::internal("compiling", d))?;
         let rendered: HashSet<&str> = compiled.rendered.iter().map(String::as_str).collect();
-        let ca_pem = BundleFile::new("etc/trellis/ca.pem", 0o644, ctx.ca.cert_pem().as_bytes().to_vec());
+        let ca_pem = BundleFile::new("etc/trellis/ca.pem", 0o644, self.ca().cert_pem().as_bytes().to_vec());
         let mut contents = Contents::default();
 
         let mut pending: Vec<(String, Vec<BundleFile>, String)> = Vec::new();
@@ -173,7 +195,7 @@ impl Publisher {
             let previous = run.published.get(&r.name);
             let unchanged = previous.is_some_and(|(_, cert)| *cert == r.cert_pem)
                 && !rendered.contains(r.name.as_str())
-                && self.current(&r.name).is_some();
+                && p.current(&r.name).is_some();
             if unchanged {
                 continue;
             }
@@ -187,7 +209,7 @@ impl Publisher {
             pending.push((r.name.clone(), files, digest));
         }
         let changes: Vec<(String, String)> = pending.iter().map(|(n, _, d)| (n.clone(), d.clone())).collect();
-        let versions: HashMap<String, trellis_store::BundleVersion> = ctx.store.publish(&changes, now()).await?.into_iter().collect();
+        let versions: HashMap<String, trellis_store::BundleVersion> = self.store.publish(&changes, self.now()).await?.into_iter().collect();
         let mut count = 0;
         let mut table = HashMap::new();
         for (node, files, digest) in pending {
@@ -199,14 +221,14 @@ impl Publisher {
             }
             let bundle =
                 Bundle { mesh: decl.mesh.name.clone(), node: node.clone(), version: v.version as u64, issued_at: v.issued_at, files };
-            let signed = bundle.sign(&ctx.signing_key);
+            let signed = bundle.sign(&self.keys.signing_key);
             let cert = records.iter().find(|r| r.name == node).and_then(|r| r.cert_pem.clone());
             run.published.insert(node.clone(), (digest, cert));
             table.insert(node, Arc::new(Published { version: v.version, signed }));
             count += 1;
         }
         {
-            let mut t = self.table.write().expect("bundle table");
+            let mut t = p.table.write().expect("bundle table");
             t.extend(table);
             let live: HashSet<&str> = active.iter().map(|r| r.name.as_str()).collect();
             t.retain(|n, _| live.contains(n.as_str()));
@@ -214,18 +236,7 @@ impl Publisher {
         }
         run.compiled = Some(compiled);
         run.audit_head = head;
-        self.changes.send_modify(|g| *g += 1);
+        p.changes.send_modify(|g| *g += 1);
         Ok(count)
-    }
-
-    fn set_auth(&self, records: &[trellis_store::NodeRecord]) {
-        let map = records
-            .iter()
-            .map(|r| {
-                let serials = [r.cert_serial.clone(), r.prev_cert_serial.clone()].into_iter().flatten().collect();
-                (r.name.clone(), AuthEntry { state: r.state, serials })
-            })
-            .collect();
-        *self.auth.write().expect("auth table") = map;
     }
 }

@@ -9,7 +9,7 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::files;
+use trellis_files as files;
 
 pub const CONFIG: &str = "controller.toml";
 
@@ -47,7 +47,7 @@ impl StateDir {
     }
 
     pub fn read(&self, name: &str) -> Result<String> {
-        files::read(&self.path(name))
+        Ok(files::read(&self.path(name))?)
     }
 
     pub fn signing_key(&self) -> Result<ed25519_dalek::SigningKey> {
@@ -132,4 +132,22 @@ pub async fn init(dir: &Path, opts: &InitOptions) -> Result<StateDir> {
     // The configuration is written last: its presence means the controller is complete.
     files::create_new(&dir.join(CONFIG), toml::to_string(&config)?.as_bytes(), 0o600)?;
     Ok(StateDir { dir: dir.to_path_buf(), config })
+}
+
+/// A database URL without its password, for messages.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            let user = creds.split(':').next().unwrap_or("");
+            format!("{}{user}:***{}", &url[..s + 3], &url[at..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// SHA-256 fingerprint of the mesh CA, hex, for display.
+pub fn ca_fingerprint_hex(state: &StateDir) -> Result<String> {
+    let der = trellis_pki::pem_to_der(&state.read("ca.pem")?, "CERTIFICATE")?;
+    Ok(hex::encode(Sha256::digest(der)))
 }

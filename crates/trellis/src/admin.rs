@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 use serde_json::json;
 use trellis_controller::client::{AdminClient, Refused};
@@ -53,10 +53,10 @@ pub fn init(dir: &Path, advertise: Vec<String>, listen: Option<String>, database
     let opts = InitOptions { advertise, listen, database_url, node_cert_secs: cert_secs };
     let st = runtime().block_on(state::init(dir, &opts))?;
     println!("created a trellis controller in {}", dir.display());
-    println!("  mesh CA fingerprint (SHA-256): {}", trellis_controller::server::ca_fingerprint_hex(&st)?);
+    println!("  mesh CA fingerprint (SHA-256): {}", state::ca_fingerprint_hex(&st)?);
     println!("  advertised at: {}", st.config.advertise.join(", "));
     println!("  listens on: {}", st.config.listen);
-    println!("  database: {}", trellis_controller::server::redact(&st.config.database_url));
+    println!("  database: {}", state::redact(&st.config.database_url));
     println!("  admin credential: {} (mode 0600)", dir.join("admin.token").display());
     println!("next: trellis serve --state-dir {}", dir.display());
     Ok(ExitCode::SUCCESS)
@@ -65,13 +65,13 @@ pub fn init(dir: &Path, advertise: Vec<String>, listen: Option<String>, database
 pub fn serve(dir: &Path, database_url: Option<String>, listen: Option<String>) -> Result<ExitCode> {
     let st = state::StateDir::load(dir)?;
     runtime().block_on(async {
-        let server = trellis_controller::server::Server::bind(&st, database_url.as_deref(), listen.as_deref()).await?;
+        let server = trellis_server::Server::bind(&st, database_url.as_deref(), listen.as_deref()).await?;
         let url = database_url.as_deref().unwrap_or(&st.config.database_url);
         eprintln!(
             "trellis serve: listening on {} ({}); database {}",
             server.local_addr(),
             st.config.advertise.join(", "),
-            trellis_controller::server::redact(url)
+            state::redact(url)
         );
         let shutdown = async {
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");

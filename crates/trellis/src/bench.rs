@@ -260,7 +260,8 @@ fn bench_compile(a: &CompileArgs) -> Result<ExitCode> {
 
 async fn bench_enrol(a: &EnrolArgs) -> Result<ExitCode> {
     use base64::Engine as _;
-    use trellis_controller::{client::AdminClient, server::Server, state};
+    use trellis_controller::{client::AdminClient, state};
+    use trellis_server::Server;
     if a.nodes == 0 || a.concurrency == 0 {
         bail!("--nodes and --concurrency must be at least 1");
     }

@@ -1,411 +1,217 @@
-//! The HTTP API through the real router and TLS stack, in process, on SQLite and PostgreSQL:
-//! concurrent redemptions and every kind of bad input.
+//! The controller's decisions in process, with no HTTP: a clock the test moves and randomness
+//! the test chooses, on SQLite and PostgreSQL. (The HTTP mapping is tested in `trellis-server`.)
 
 use std::path::Path;
+use std::sync::atomic::{AtomicI64, AtomicU8, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
 
 use base64::Engine;
-use serde_json::{json, Value};
-use trellis_controller::server::Server;
-use trellis_controller::state::{self, InitOptions};
-use trellis_core::token::EnrolmentToken;
-use trellis_store::testdb;
+use trellis_controller::state::Config;
+use trellis_controller::{Clock, Controller, Entropy, Error, Keys, NodeRefusal, Redemption};
+use trellis_proto::{self as proto, EnrolledState, NodeState, TokenState};
+use trellis_store::{testdb, Store};
 
-struct Running {
-    _dir: TempDir,
-    ca_path: std::path::PathBuf,
-    base: String,
-    admin: String,
-    http: reqwest::Client,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-}
+/// A clock that moves only when the test says so.
+struct TestClock(AtomicI64);
 
-struct TempDir(std::path::PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+impl Clock for TestClock {
+    fn now(&self) -> i64 {
+        self.0.load(Ordering::SeqCst)
     }
 }
 
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
+/// Bytes that count up from one, so token ids are known in advance.
+struct Counting(AtomicU8);
+
+impl Entropy for Counting {
+    fn fill(&self, buf: &mut [u8]) {
+        for b in buf {
+            *b = self.0.fetch_add(1, Ordering::SeqCst).wrapping_add(1);
         }
     }
 }
 
-async fn start(database_url: String) -> Running {
-    let dir = std::env::temp_dir().join(format!("trellis-api-{}-{}", std::process::id(), rand::random::<u32>()));
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let opts = InitOptions {
-        advertise: vec![format!("127.0.0.1:{port}")],
-        listen: Some(format!("127.0.0.1:{port}")),
-        database_url: Some(database_url),
+const T0: i64 = 1_900_000_000;
+const ADMIN: &str = "trellis-admin-test";
+
+struct Fixture {
+    c: Controller,
+    clock: Arc<TestClock>,
+}
+
+async fn controller(url: String) -> Fixture {
+    use sha2::Digest;
+    let store = Store::open(&url).await.unwrap();
+    let ca = trellis_pki::create_ca("trellis", UNIX_EPOCH + Duration::from_secs(T0 as u64)).unwrap();
+    let keys = Keys {
+        ca: trellis_pki::Ca::load(&ca.cert_pem, &ca.key_pem).unwrap(),
+        signing_key: ed25519_dalek::SigningKey::from_bytes(&[7; 32]),
+        admin_sha256: sha2::Sha256::digest(ADMIN.as_bytes()).into(),
+    };
+    let config = Config {
+        advertise: vec!["127.0.0.1:8443".into()],
+        listen: "127.0.0.1:8443".into(),
+        database_url: url,
+        admin_token_sha256: String::new(),
         node_cert_secs: 3600,
     };
-    let state = state::init(&dir.join("s"), &opts).await.unwrap();
-    let server = Server::bind(&state, None, None).await.unwrap();
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(server.run(async {
-        let _ = rx.await;
-    }));
-    let ca = state.read("ca.pem").unwrap();
-    let http = reqwest::Client::builder().use_preconfigured_tls(trellis_pki::tls::client_config(&ca, None).unwrap()).build().unwrap();
-    let admin = state.read("admin.token").unwrap().trim().to_string();
-    let r = Running {
-        ca_path: dir.join("s/ca.pem"),
-        _dir: TempDir(dir),
-        base: format!("https://127.0.0.1:{port}"),
-        admin,
-        http,
-        stop: Some(tx),
+    let clock = Arc::new(TestClock(AtomicI64::new(T0)));
+    let c = Controller::new(store, config, keys, clock.clone(), Arc::new(Counting(AtomicU8::new(0))));
+    let lab = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lab/basic");
+    let mut files = vec![proto::DeclFile { path: "mesh.toml".into(), text: std::fs::read_to_string(lab.join("mesh.toml")).unwrap() }];
+    for m in ["api", "http", "ping", "postgres", "resolver", "ssh"] {
+        files.push(proto::DeclFile {
+            path: format!("modules/{m}.toml"),
+            text: std::fs::read_to_string(lab.join(format!("modules/{m}.toml"))).unwrap(),
+        });
+    }
+    let applied = c.apply(&files, Some(0)).await.unwrap();
+    assert_eq!((applied.revision, applied.unchanged), (1, false));
+    let again = c.apply(&files, None).await.unwrap();
+    assert_eq!((again.revision, again.unchanged), (1, true), "the same files are answered as unchanged");
+    Fixture { c, clock }
+}
+
+fn enrol_request(token: &str) -> (proto::EnrolRequest, String) {
+    let t = trellis_core::token::EnrolmentToken::decode(token).unwrap();
+    let (key, csr) = trellis_pki::node_key_and_csr(&t.node).unwrap();
+    let wg = x25519_public(t.id[0]);
+    let req = proto::EnrolRequest {
+        token_id: trellis_core::token::hex(&t.id),
+        secret: base64::engine::general_purpose::STANDARD.encode(t.secret),
+        node: t.node.clone(),
+        csr_pem: csr,
+        wireguard_public_key: wg,
     };
-    let files: Vec<Value> = ["mesh.toml", "modules/api.toml", "modules/http.toml", "modules/ping.toml", "modules/postgres.toml", "modules/resolver.toml", "modules/ssh.toml"]
-        .iter()
-        .map(|p| json!({"path": p, "text": std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lab/basic").join(p)).unwrap()}))
-        .collect();
-    let (status, body) = r.admin_post("/v1/admin/apply", json!({"files": files})).await;
-    assert_eq!(status, 200, "{body}");
-    r
+    (req, key)
 }
 
-impl Running {
-    async fn admin_post(&self, path: &str, body: Value) -> (u16, Value) {
-        let resp = self.http.post(format!("{}{path}", self.base)).bearer_auth(&self.admin).json(&body).send().await.unwrap();
-        (resp.status().as_u16(), resp.json().await.unwrap_or(Value::Null))
-    }
+/// A distinct valid WireGuard public key (any 32 bytes are one).
+fn x25519_public(seed: u8) -> String {
+    base64::engine::general_purpose::STANDARD.encode([seed.wrapping_add(100); 32])
+}
 
-    async fn admin_get(&self, path: &str) -> Value {
-        self.http.get(format!("{}{path}", self.base)).bearer_auth(&self.admin).send().await.unwrap().json().await.unwrap()
-    }
-
-    async fn token(&self, node: &str) -> EnrolmentToken {
-        let (status, body) = self.admin_post("/v1/admin/tokens", json!({"node": node, "ttl_secs": 600})).await;
-        assert_eq!(status, 200, "{body}");
-        EnrolmentToken::decode(body["token"].as_str().unwrap()).unwrap()
-    }
-
-    async fn token_state(&self, id: &[u8]) -> String {
-        let list = self.admin_get("/v1/admin/tokens").await;
-        let id = trellis_core::token::hex(id);
-        list.as_array().unwrap().iter().find(|t| t["id"] == id.as_str()).unwrap()["state"].as_str().unwrap().to_string()
-    }
-
-    /// Sends raw bytes over TLS and returns whatever the controller answers before it closes.
-    async fn raw_request(&self, request: &str) -> String {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let ca = std::fs::read_to_string(&self.ca_path).unwrap();
-        let cfg = trellis_pki::tls::client_config(&ca, None).unwrap();
-        let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
-        let addr = self.base.trim_start_matches("https://").to_string();
-        let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
-        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
-        let mut tls = connector.connect(name, tcp).await.unwrap();
-        tls.write_all(request.as_bytes()).await.unwrap();
-        let mut buf = vec![0u8; 4096];
-        let mut out = Vec::new();
-        while let Ok(Ok(n)) = tokio::time::timeout(std::time::Duration::from_secs(5), tls.read(&mut buf)).await {
-            if n == 0 {
-                break;
-            }
-            out.extend_from_slice(&buf[..n]);
-            if String::from_utf8_lossy(&out).contains("\"code\"") {
-                break;
-            }
-        }
-        String::from_utf8_lossy(&out).to_string()
-    }
-
-    async fn post_raw(&self, path: &str, content_type: &str, body: Vec<u8>) -> (u16, Value) {
-        let resp = self.http.post(format!("{}{path}", self.base)).header("content-type", content_type).body(body).send().await.unwrap();
-        let status = resp.status().as_u16();
-        let text = resp.text().await.unwrap();
-        (status, serde_json::from_str(&text).unwrap_or_else(|_| panic!("error bodies are JSON, got {status}: {text}")))
+async fn on_both<F, Fut>(f: F)
+where
+    F: Fn(Fixture) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    for url in testdb::both().await {
+        f(controller(url).await).await;
     }
 }
 
-fn enrol_body(t: &EnrolmentToken, key_byte: u8) -> Value {
-    let (_key, csr) = trellis_pki::node_key_and_csr(&t.node).unwrap();
-    json!({
-        "token_id": trellis_core::token::hex(&t.id),
-        "secret": base64::engine::general_purpose::STANDARD.encode(t.secret),
-        "node": t.node,
-        "csr_pem": csr,
-        "wireguard_public_key": base64::engine::general_purpose::STANDARD.encode([key_byte; 32]),
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_expire_by_the_injected_clock_and_their_ids_come_from_the_injected_randomness() {
+    on_both(|fx| async move {
+        let c = &fx.c;
+        let created = c.create_token(&proto::TokenRequest { node: "db-1".into(), ttl_secs: 60, require_approval: false }).await.unwrap();
+        // The first 8 bytes drawn are the id, the next 24 the secret.
+        assert_eq!(created.id, "0102030405060708");
+        assert_eq!(created.expires_at, T0 + 60);
+        let token = trellis_core::token::EnrolmentToken::decode(&created.token).unwrap();
+        assert_eq!(token.secret[0], 9);
+        assert_eq!(c.tokens().await.unwrap()[0].state, TokenState::Valid);
+
+        fx.clock.0.store(T0 + 60, Ordering::SeqCst);
+        assert_eq!(c.tokens().await.unwrap()[0].state, TokenState::Expired);
+        let (req, _) = enrol_request(&created.token);
+        let refused = c.enrol(req).await.unwrap_err();
+        assert!(matches!(refused, Error::Redemption(Redemption::Expired)), "{refused:?}");
+        assert_eq!(refused.code(), "token_expired");
+        let audit = c.audit().await.unwrap();
+        let last = audit.last().unwrap();
+        assert_eq!((last.action.as_str(), last.subject.as_str(), last.at), ("token redemption refused", "db-1", T0 + 60));
+        assert_eq!(trellis_proto::audit::verify(&audit), Ok(audit.len()));
     })
-}
-
-async fn backends() -> Vec<String> {
-    testdb::both().await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn twenty_concurrent_redemptions_of_one_token_have_one_winner() {
-    for url in backends().await {
-        let r = Arc::new(start(url.clone()).await);
-        let t = r.token("db-1").await;
-        let tasks: Vec<_> = (0..20u8)
-            .map(|i| {
-                let r = r.clone();
-                let body = enrol_body(&t, i + 1);
-                tokio::spawn(async move { r.post_raw("/v1/enrol", "application/json", serde_json::to_vec(&body).unwrap()).await })
-            })
-            .collect();
-        let mut ok = 0;
-        let mut used = 0;
-        for task in tasks {
-            let (status, body) = task.await.unwrap();
-            match status {
-                200 => ok += 1,
-                409 if body["error"] == "token already used" => used += 1,
-                _ => panic!("{url}: unexpected {status} {body}"),
-            }
-        }
-        assert_eq!((ok, used), (1, 19), "{url}");
-        // Every refused redemption is in the audit chain, and the chain holds.
-        let audit = r.admin_get("/v1/admin/audit").await;
-        let refused = audit.as_array().unwrap().iter().filter(|a| a["action"] == "token redemption refused").count();
-        assert_eq!(refused, 19, "{url}: {audit}");
-    }
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_input_gets_a_4xx_sentence_and_changes_nothing() {
-    for url in backends().await {
-        let r = start(url.clone()).await;
-        let t = r.token("op-1").await;
-        let good = enrol_body(&t, 9);
+async fn enrolment_certificates_and_approval_follow_the_clock_and_the_states() {
+    on_both(|fx| async move {
+        let c = &fx.c;
+        let created = c.create_token(&proto::TokenRequest { node: "db-1".into(), ttl_secs: 600, require_approval: true }).await.unwrap();
+        fx.clock.0.store(T0 + 100, Ordering::SeqCst);
+        let (req, _key) = enrol_request(&created.token);
+        let enrolled = c.enrol(req.clone()).await.unwrap();
+        assert_eq!(enrolled.state, EnrolledState::Pending);
+        let cert = trellis_pki::inspect_pem(&enrolled.node_cert_pem).unwrap();
+        assert_eq!(cert.not_after, T0 + 100 + 3600, "the certificate's lifetime runs from the injected clock");
+        assert_eq!(cert.not_before, T0 + 100 - 60, "a minute of grace before it");
 
-        // A body announced as larger than the bound is refused from its headers, before it is read.
-        let head = r
-            .raw_request("POST /v1/enrol HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 10000000\r\n\r\n{")
-            .await;
-        assert!(head.starts_with("HTTP/1.1 413"), "{head}");
-        assert!(head.contains("the request body is larger than this endpoint accepts"), "{head}");
+        // A second redemption of the same token is refused as used.
+        let again = c.enrol(req).await.unwrap_err();
+        assert!(matches!(again, Error::Redemption(Redemption::Used)), "{again:?}");
 
-        let (s, b) = r.post_raw("/v1/enrol", "application/json", b"{\"token_id\": ".to_vec()).await;
-        assert_eq!(s, 400, "{b}");
-        assert!(b["error"].as_str().unwrap().starts_with("the request body is not valid JSON"), "{b}");
-
-        let mut extra = good.clone();
-        extra["scope"] = json!("all");
-        let (s, b) = r.post_raw("/v1/enrol", "application/json", serde_json::to_vec(&extra).unwrap()).await;
-        assert_eq!(s, 422, "{b}");
-        assert!(b["error"].as_str().unwrap().contains("unknown field `scope`"), "{b}");
-
-        let (s, b) = r.post_raw("/v1/enrol", "text/plain", serde_json::to_vec(&good).unwrap()).await;
-        assert_eq!(s, 415, "{b}");
-
-        let mut bad_csr = good.clone();
-        bad_csr["csr_pem"] = json!("-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n");
-        let (s, b) = r.post_raw("/v1/enrol", "application/json", serde_json::to_vec(&bad_csr).unwrap()).await;
-        assert_eq!(s, 400, "{b}");
-        assert!(b["error"].as_str().unwrap().starts_with("certificate signing request is not valid"), "{b}");
-
-        // A CSR whose signature does not match its key: flip a bit in the signature.
-        let csr = good["csr_pem"].as_str().unwrap();
-        let mut der = trellis_pki::pem_to_der(csr, "CERTIFICATE REQUEST").unwrap();
-        let last = der.len() - 3;
-        der[last] ^= 0x01;
-        let mut forged = good.clone();
-        forged["csr_pem"] = json!(format!(
-            "-----BEGIN CERTIFICATE REQUEST-----\n{}\n-----END CERTIFICATE REQUEST-----\n",
-            base64::engine::general_purpose::STANDARD.encode(&der)
-        ));
-        let (s, b) = r.post_raw("/v1/enrol", "application/json", serde_json::to_vec(&forged).unwrap()).await;
-        assert_eq!(s, 400, "{b}");
-        assert!(b["error"].as_str().unwrap().starts_with("certificate signing request is not valid"), "{b}");
-
-        let mut wrong_secret = good.clone();
-        wrong_secret["secret"] = json!(base64::engine::general_purpose::STANDARD.encode([0u8; 24]));
-        let (s, b) = r.post_raw("/v1/enrol", "application/json", serde_json::to_vec(&wrong_secret).unwrap()).await;
-        assert_eq!((s, b["error"].as_str()), (401, Some("token secret does not match; copy the token again")), "{b}");
-
-        // Nothing changed: the token is still valid, the node still only declared.
-        assert_eq!(r.token_state(&t.id).await, "valid", "{url}");
-        let nodes = r.admin_get("/v1/admin/nodes").await;
-        let op = nodes.as_array().unwrap().iter().find(|n| n["name"] == "op-1").unwrap();
-        assert_eq!(op["state"], "declared", "{url}");
-
-        // And the good request still works afterwards.
-        let (s, b) = r.post_raw("/v1/enrol", "application/json", serde_json::to_vec(&good).unwrap()).await;
-        assert_eq!(s, 200, "{b}");
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn admin_and_node_endpoints_refuse_without_credentials() {
-    let r = start(testdb::sqlite_url()).await;
-    let resp = r.http.get(format!("{}/v1/admin/nodes", r.base)).send().await.unwrap();
-    assert_eq!(resp.status().as_u16(), 401);
-    let resp = r.http.get(format!("{}/v1/admin/nodes", r.base)).bearer_auth("trellis-admin-0000").send().await.unwrap();
-    assert_eq!(resp.status().as_u16(), 401);
-    let b: Value = resp.json().await.unwrap();
-    assert_eq!(b["error"], "the admin credential is wrong");
-    let resp = r.http.get(format!("{}/v1/whoami", r.base)).send().await.unwrap();
-    assert_eq!(resp.status().as_u16(), 401);
-    let b: Value = resp.json().await.unwrap();
-    assert_eq!(b["code"], "node_certificate_required");
-    let (s, b) = r.admin_post("/v1/admin/apply", json!({"files": [{"path": "../etc/passwd", "text": ""}]})).await;
-    assert_eq!(s, 400, "{b}");
-}
-
-/// An enrolled node as the tests hold it: a client presenting its certificate.
-struct Node {
-    http: reqwest::Client,
-    signing: ed25519_dalek::VerifyingKey,
-}
-
-impl Running {
-    async fn enrol_node(&self, node: &str, key_byte: u8, approval: bool) -> Node {
-        let (status, body) =
-            self.admin_post("/v1/admin/tokens", json!({"node": node, "ttl_secs": 600, "require_approval": approval})).await;
-        assert_eq!(status, 200, "{body}");
-        let t = EnrolmentToken::decode(body["token"].as_str().unwrap()).unwrap();
-        let (key, csr) = trellis_pki::node_key_and_csr(node).unwrap();
-        let mut req = enrol_body(&t, key_byte);
-        req["csr_pem"] = json!(csr);
-        let (s, resp) = self.post_raw("/v1/enrol", "application/json", serde_json::to_vec(&req).unwrap()).await;
-        assert_eq!(s, 200, "{resp}");
-        let ca = std::fs::read_to_string(&self.ca_path).unwrap();
-        let cfg = trellis_pki::tls::client_config(&ca, Some((resp["node_cert_pem"].as_str().unwrap(), &key))).unwrap();
-        let http = reqwest::Client::builder().use_preconfigured_tls(cfg).build().unwrap();
-        let sk: [u8; 32] =
-            base64::engine::general_purpose::STANDARD.decode(resp["signing_public_key"].as_str().unwrap()).unwrap().try_into().unwrap();
-        Node { http, signing: ed25519_dalek::VerifyingKey::from_bytes(&sk).unwrap() }
-    }
-}
-
-struct Fetched {
-    status: u16,
-    version: Option<u64>,
-    bytes: Vec<u8>,
-    stamp: Option<Vec<u8>>,
-}
-
-impl Node {
-    async fn fetch(&self, base: &str, held: Option<u64>, wait: u64) -> Fetched {
-        let mut req = self.http.get(format!("{base}/v1/bundle?wait={wait}"));
-        if let Some(v) = held {
-            req = req.header("if-none-match", format!("\"{v}\""));
-        }
-        let resp = req.send().await.unwrap();
-        let status = resp.status().as_u16();
-        let version = resp.headers().get("etag").and_then(|v| v.to_str().ok()).and_then(|v| v.trim_matches('"').parse().ok());
-        let stamp =
-            resp.headers().get("x-trellis-freshness").map(|v| base64::engine::general_purpose::STANDARD.decode(v.as_bytes()).unwrap());
-        Fetched { status, version, bytes: resp.bytes().await.unwrap().to_vec(), stamp }
-    }
-
-    fn open(&self, f: &Fetched, node: &str) -> trellis_core::bundle::Bundle {
-        trellis_core::bundle::verify(&f.bytes, &self.signing, "basic", node, None).unwrap_or_else(|e| panic!("{e}")).bundle
-    }
-
-    async fn evidence(&self, base: &str, records: Value) -> (u16, Value) {
-        let resp = self.http.post(format!("{base}/v1/evidence")).json(&json!({"records": records})).send().await.unwrap();
-        (resp.status().as_u16(), resp.json().await.unwrap())
-    }
-}
-
-fn file<'a>(b: &'a trellis_core::bundle::Bundle, path: &str) -> &'a str {
-    std::str::from_utf8(&b.files.iter().find(|f| f.path == path).unwrap_or_else(|| panic!("no {path}")).content).unwrap()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn bundles_are_versioned_signed_long_polled_and_answered_304() {
-    for url in backends().await {
-        let r = Arc::new(start(url.clone()).await);
-        let db = r.enrol_node("db-1", 1, false).await;
-        let api = r.enrol_node("api-1", 2, false).await;
-        let first = db.fetch(&r.base, None, 0).await;
-        assert_eq!(first.status, 200, "{url}");
-        let b1 = db.open(&first, "db-1");
-        assert_eq!(Some(b1.version), first.version);
-        let paths: Vec<&str> = b1.files.iter().map(|f| f.path.as_str()).collect();
-        assert_eq!(
-            paths,
-            [
-                "etc/trellis/ca.pem",
-                "etc/trellis/mesh.zone",
-                "etc/trellis/nftables.conf",
-                "etc/trellis/node.pem",
-                "etc/trellis/node.toml",
-                "etc/trellis/wireguard.conf"
-            ]
-        );
-        let api_key = base64::engine::general_purpose::STANDARD.encode([2u8; 32]);
-        assert!(file(&b1, "etc/trellis/wireguard.conf").contains(&api_key), "db-1 peers with api-1");
-
-        // Unchanged: 304, with a signed freshness stamp of now.
-        let same = db.fetch(&r.base, Some(b1.version), 0).await;
-        assert_eq!((same.status, same.version), (304, Some(b1.version)), "{url}");
-        let at = trellis_core::bundle::verify_stamp(same.stamp.as_deref().unwrap(), &db.signing, "basic").unwrap();
-        assert!((trellis_controller::now() - at).abs() <= 2);
-
-        // Long-poll: the answer comes when op-1 enrols (it gains traffic with db-1), well before the wait ends.
-        let waiting = {
-            let (r, held) = (r.clone(), b1.version);
-            let db = Node { http: db.http.clone(), signing: db.signing };
-            tokio::spawn(async move {
-                let t = std::time::Instant::now();
-                (db.fetch(&r.base, Some(held), 30).await, t.elapsed())
-            })
+        let der = trellis_pki::pem_to_der(&enrolled.node_cert_pem, "CERTIFICATE").unwrap();
+        let who = c.authenticate_node(Some(&der)).await.unwrap();
+        assert_eq!((who.name.as_str(), who.state), ("db-1", EnrolledState::Pending));
+        let pending = c.may_fetch(&who).unwrap_err();
+        assert!(matches!(pending, Error::Node(NodeRefusal::PendingApproval(_))), "{pending:?}");
+        let node = |name: &str| {
+            let name = name.to_string();
+            async move { c.nodes().await.unwrap().into_iter().find(|n| n.name == name).unwrap().state }
         };
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-        let op = r.enrol_node("op-1", 3, false).await;
-        let (second, took) = waiting.await.unwrap();
-        assert_eq!(second.status, 200, "{url}");
-        assert!(took < std::time::Duration::from_secs(10), "{url}: long-poll took {took:?}");
-        let b2 = db.open(&second, "db-1");
-        assert!(b2.version > b1.version, "{url}: versions rise");
-        assert!(file(&b2, "etc/trellis/wireguard.conf").contains(&base64::engine::general_purpose::STANDARD.encode([3u8; 32])));
+        assert_eq!(node("db-1").await, NodeState::Pending);
+        assert_eq!(node("api-1").await, NodeState::Declared);
 
-        // Evidence: appended, re-sends ignored, gaps and errors visible; desired state unchanged.
-        let rec = |seq: i64, v: u64, result: &str| json!({"seq": seq, "version": v, "result": result, "files": [], "at": 1});
-        let (s, ack) = db
-            .evidence(&r.base, json!([rec(1, b1.version, "applied"), rec(2, b2.version, "applied"), rec(1, b1.version, "applied")]))
-            .await;
-        assert_eq!((s, ack["accepted"].as_u64(), ack["duplicates"].as_u64()), (200, Some(2), Some(1)), "{ack}");
-        let status = r.admin_get("/v1/admin/status").await;
-        let st = status.as_array().unwrap().iter().find(|n| n["name"] == "db-1").unwrap().clone();
-        assert_eq!(
-            (st["desired_version"].as_u64(), st["applied_version"].as_u64(), st["stale"].as_bool()),
-            (Some(b2.version), Some(b2.version), Some(false)),
-            "{st}"
-        );
-        let mut failed = rec(4, b2.version, "failed");
-        failed["error"] = json!("nft: syntax error");
-        db.evidence(&r.base, json!([failed])).await;
-        let status = r.admin_get("/v1/admin/status").await;
-        let st = status.as_array().unwrap().iter().find(|n| n["name"] == "db-1").unwrap().clone();
-        assert_eq!((st["evidence_missing"].as_i64(), st["last_error"].as_str()), (Some(1), Some("nft: syntax error")), "{st}");
-        assert_eq!(st["desired_version"].as_u64(), Some(b2.version), "evidence never changes desired state");
+        assert_eq!(c.approve("db-1").await.unwrap().state, EnrolledState::Active);
+        assert!(matches!(c.approve("db-1").await.unwrap_err(), Error::NotPending(n) if n == "db-1"));
+        c.publish().await.unwrap();
+        let who = c.authenticate_node(Some(&der)).await.unwrap();
+        c.may_fetch(&who).unwrap();
+        assert!(c.publisher.current("db-1").is_some(), "an active node has a bundle");
 
-        // Revocation: db-1's next bundle drops op-1; op-1 is refused at once.
-        let (s, b) = r.admin_post("/v1/admin/nodes/op-1/revoke", json!(null)).await;
-        assert_eq!(s, 200, "{b}");
-        let third = db.fetch(&r.base, Some(b2.version), 10).await;
-        let b3 = db.open(&third, "db-1");
-        assert!(
-            b3.version > b2.version
-                && !file(&b3, "etc/trellis/wireguard.conf").contains(&base64::engine::general_purpose::STANDARD.encode([3u8; 32]))
-        );
-        assert_eq!(op.fetch(&r.base, None, 0).await.status, 403, "{url}");
-        drop(api);
-    }
+        assert_eq!(c.revoke("db-1").await.unwrap().state, EnrolledState::Revoked);
+        let refused = c.authenticate_node(Some(&der)).await.unwrap_err();
+        assert!(matches!(refused, Error::Node(NodeRefusal::Revoked(_))), "{refused:?}");
+        assert!(matches!(c.revoke("db-1").await.unwrap_err(), Error::NotRevocable(_)));
+        assert!(c.publisher.current("db-1").is_none(), "a revoked node's bundle is withdrawn");
+        assert_eq!(node("db-1").await, NodeState::Revoked);
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pending_node_gets_no_bundle_until_approved() {
-    let r = start(testdb::sqlite_url()).await;
-    let op = r.enrol_node("op-1", 5, true).await;
-    let f = op.fetch(&r.base, None, 0).await;
-    assert_eq!(f.status, 403);
-    assert!(String::from_utf8_lossy(&f.bytes).contains("pending approval"));
-    let (s, _) = r.admin_post("/v1/admin/nodes/op-1/approve", json!(null)).await;
-    assert_eq!(s, 200);
-    let f = op.fetch(&r.base, None, 0).await;
-    assert_eq!(f.status, 200);
-    op.open(&f, "op-1");
+async fn refusals_are_typed_and_leave_the_records_as_they_were() {
+    on_both(|fx| async move {
+        let c = &fx.c;
+        assert!(matches!(c.authenticate_admin(None), Err(Error::AdminRequired)));
+        assert!(matches!(c.authenticate_admin(Some("wrong")), Err(Error::AdminDenied)));
+        c.authenticate_admin(Some(ADMIN)).unwrap();
+
+        let r = c.create_token(&proto::TokenRequest { node: "nobody".into(), ttl_secs: 60, require_approval: false }).await;
+        assert!(matches!(r, Err(Error::NodeNotDeclared { ref node, revision: 1 }) if node == "nobody"), "{r:?}");
+        let r = c.create_token(&proto::TokenRequest { node: "db-1".into(), ttl_secs: 0, require_approval: false }).await;
+        assert!(matches!(r, Err(Error::BadRequest(_))), "{r:?}");
+
+        let mesh = proto::DeclFile { path: "mesh.toml".into(), text: "[mesh]\nname = \"x\"\nbogus = 1\n".into() };
+        match c.apply(&[mesh], None).await {
+            Err(Error::InvalidDeclaration { diagnostics, .. }) => {
+                assert!(diagnostics.iter().any(|d| d.message.contains("bogus")), "{diagnostics:?}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let stale = proto::DeclFile {
+            path: "mesh.toml".into(),
+            text: "[mesh]\nname = \"x\"\ndomain = \"x.mesh\"\noverlay_ipv4 = \"10.9.0.0/16\"\n".into(),
+        };
+        let r = c.apply(&[stale], Some(0)).await;
+        assert!(matches!(r, Err(Error::RevisionConflict { current: 1, expected: 0 })), "{r:?}");
+        assert_eq!(c.store.current_revision_head().await.unwrap().unwrap().0, 1, "a refused apply leaves the revision in force");
+
+        let t = c.create_token(&proto::TokenRequest { node: "db-1".into(), ttl_secs: 60, require_approval: false }).await.unwrap();
+        let (mut req, _) = enrol_request(&t.token);
+        req.node = "api-1".into();
+        let r = c.enrol(req).await.unwrap_err();
+        assert!(matches!(&r, Error::Redemption(Redemption::OtherNode { token, asked }) if token == "db-1" && asked == "api-1"), "{r:?}");
+        assert_eq!(r.to_string(), "token is for node `db-1`, not `api-1`");
+        assert_eq!(c.tokens().await.unwrap().iter().find(|x| x.id == t.id).unwrap().state, TokenState::Valid);
+        assert_eq!(c.revoke_token(&t.id).await.unwrap().state, TokenState::Revoked);
+        let r = c.revoke_token(&t.id).await.unwrap_err();
+        assert!(matches!(r, Error::TokenNotRevocable { state: TokenState::Revoked, .. }), "{r:?}");
+    })
+    .await;
 }

@@ -1,5 +1,7 @@
 //! `trellis serve`: HTTPS over rustls with optional client certificates, one task per
-//! connection, the client certificate handed to handlers as a request extension.
+//! connection, the client certificate handed to handlers as a request extension; and the
+//! background work a serving controller does (publishing what other replicas decided, writing
+//! contacts).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -8,45 +10,29 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
+use trellis_controller::state::StateDir;
+use trellis_controller::Controller;
 
-use crate::api::{app, Ctx, PeerCert};
-use crate::state::StateDir;
+use crate::auth::PeerCert;
+use crate::routes::app;
 
 pub struct Server {
     pub listener: TcpListener,
-    pub ctx: Arc<Ctx>,
+    pub controller: Arc<Controller>,
     acceptor: TlsAcceptor,
 }
 
 impl Server {
     /// Opens the store (running migrations), loads keys and binds the listener.
     pub async fn bind(state: &StateDir, database_url: Option<&str>, listen: Option<&str>) -> Result<Server> {
-        let url = database_url.unwrap_or(&state.config.database_url);
-        let store = trellis_store::Store::open(url).await.with_context(|| format!("cannot open the database {}", redact(url)))?;
-        let ca = trellis_pki::Ca::load(&state.read("ca.pem")?, &state.read("ca.key")?)?;
+        let controller = Controller::open(state, database_url).await?;
         let tls = trellis_pki::tls::server_config(&state.read("server.pem")?, &state.read("server.key")?, &state.read("ca.pem")?)?;
-        let signing = state.signing_key()?;
-        let admin_sha256: [u8; 32] = hex::decode(&state.config.admin_token_sha256)
-            .ok()
-            .and_then(|b| b.try_into().ok())
-            .context("admin_token_sha256 in controller.toml is not 64 hex digits")?;
-        let ctx = Arc::new(Ctx {
-            store,
-            ca,
-            config: state.config.clone(),
-            signing_public_key: signing.verifying_key().to_bytes(),
-            signing_key: signing,
-            publisher: Default::default(),
-            admin_sha256,
-            declaration: Default::default(),
-        });
         let addr: SocketAddr = listen.unwrap_or(&state.config.listen).parse().context("the listen address is not IP:PORT")?;
         let listener = TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
-        Ok(Server { listener, ctx, acceptor: TlsAcceptor::from(Arc::new(tls)) })
+        Ok(Server { listener, controller: Arc::new(controller), acceptor: TlsAcceptor::from(Arc::new(tls)) })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -55,31 +41,31 @@ impl Server {
 
     /// Serves until `shutdown` resolves.
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
-        let router = app(self.ctx.clone());
+        let router = app(self.controller.clone());
         // Publish what the database holds, then follow decisions made by other replicas.
-        if let Err(e) = self.ctx.publisher.publish(&self.ctx).await {
-            eprintln!("trellis serve: first publish failed: {}", e.message);
+        if let Err(e) = self.controller.publish().await {
+            eprintln!("trellis serve: first publish failed: {e}");
         }
         let watcher = {
-            let ctx = self.ctx.clone();
+            let c = self.controller.clone();
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(Duration::from_millis(500));
                 let mut n = 0u64;
                 loop {
                     tick.tick().await;
-                    if let Err(e) = ctx.publisher.publish_if_moved(&ctx).await {
-                        eprintln!("trellis serve: publishing failed: {}", e.message);
+                    if let Err(e) = c.publish_if_moved().await {
+                        eprintln!("trellis serve: publishing failed: {e}");
                     }
                     n += 1;
                     if n % 10 == 0 {
-                        ctx.publisher.flush_contacts(&ctx).await;
+                        c.flush_contacts().await;
                     }
                 }
             })
         };
         let result = self.accept_loop(router, shutdown).await;
         watcher.abort();
-        self.ctx.publisher.flush_contacts(&self.ctx).await;
+        self.controller.flush_contacts().await;
         result
     }
 
@@ -118,22 +104,4 @@ impl Server {
             });
         }
     }
-}
-
-/// A database URL without its password, for messages.
-pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
-            let user = creds.split(':').next().unwrap_or("");
-            format!("{}{user}:***{}", &url[..s + 3], &url[at..])
-        }
-        _ => url.to_string(),
-    }
-}
-
-/// SHA-256 fingerprint of the mesh CA, hex, for display.
-pub fn ca_fingerprint_hex(state: &StateDir) -> Result<String> {
-    let der = trellis_pki::pem_to_der(&state.read("ca.pem")?, "CERTIFICATE")?;
-    Ok(hex::encode(Sha256::digest(der)))
 }

@@ -1,0 +1,124 @@
+//! Declarations: applying a new revision (validated exactly like `trellis check`, allocated,
+//! stored with its audit record) and the parsed declaration of the current revision.
+
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+use trellis_core::Declaration;
+use trellis_proto as proto;
+use trellis_store::Audit;
+
+use crate::{Controller, Error, Result};
+
+pub fn diagnostic(d: &trellis_core::Diagnostic) -> proto::Diagnostic {
+    proto::Diagnostic {
+        severity: d.severity.as_str().to_string(),
+        file: d.loc.file.to_string(),
+        line: d.loc.line,
+        column: d.loc.col,
+        message: d.message.clone(),
+    }
+}
+
+fn valid_path(p: &str) -> bool {
+    p == trellis_core::load::MESH_FILE
+        || p.strip_prefix("modules/")
+            .and_then(|n| n.strip_suffix(".toml"))
+            .is_some_and(|n| !n.is_empty() && n.len() <= 64 && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'))
+}
+
+/// Loads a stored or submitted set of files, named as in the declaration directory.
+pub fn load_files(files: &[(String, String)]) -> trellis_core::Loaded {
+    trellis_core::load_relative(files, str::to_string)
+}
+
+/// The digest that says whether two revisions hold the same files.
+fn digest(files: &[(String, String)]) -> String {
+    let mut h = Sha256::new();
+    for (p, t) in files {
+        h.update((p.len() as u64).to_be_bytes());
+        h.update(p.as_bytes());
+        h.update((t.len() as u64).to_be_bytes());
+        h.update(t.as_bytes());
+    }
+    hex::encode(h.finalize())
+}
+
+impl Controller {
+    /// The declaration of the current revision, if any: parsed once per revision.
+    pub async fn current_declaration(&self) -> Result<Option<(i64, Arc<Declaration>)>> {
+        let Some((number, _)) = self.store.current_revision_head().await? else {
+            return Ok(None);
+        };
+        let mut cache = self.declaration.lock().await;
+        if let Some((n, d)) = cache.as_ref() {
+            if *n == number {
+                return Ok(Some((number, d.clone())));
+            }
+        }
+        let Some(rev) = self.store.current_revision().await? else {
+            return Ok(None);
+        };
+        let decl =
+            load_files(&rev.files).declaration.ok_or_else(|| Error::internal("loading the stored revision", "it no longer validates"))?;
+        let decl = Arc::new(decl);
+        *cache = Some((rev.number, decl.clone()));
+        Ok(Some((rev.number, decl)))
+    }
+
+    /// Applies a declaration as a new revision, unless it has errors (then nothing changes) or
+    /// the current revision is not `expect_revision`. The same files as the current revision are
+    /// answered as unchanged.
+    pub async fn apply(&self, submitted: &[proto::DeclFile], expect_revision: Option<i64>) -> Result<proto::ApplyResponse> {
+        let mut files: Vec<(String, String)> = Vec::new();
+        for f in submitted {
+            if !valid_path(&f.path) {
+                return Err(Error::BadRequest(format!("file {:?} is neither mesh.toml nor modules/NAME.toml", f.path)));
+            }
+            if files.iter().any(|(p, _)| *p == f.path) {
+                return Err(Error::BadRequest(format!("file {:?} is sent twice", f.path)));
+            }
+            files.push((f.path.clone(), f.text.clone()));
+        }
+        if !files.iter().any(|(p, _)| p == trellis_core::load::MESH_FILE) {
+            return Err(Error::BadRequest("the declaration has no mesh.toml".into()));
+        }
+        files.sort();
+        let loaded = load_files(&files);
+        let mut diagnostics = loaded.diagnostics;
+        let decl = loaded.declaration;
+        if let Some(d) = &decl {
+            diagnostics.extend(trellis_core::explain::check(d));
+            trellis_core::diag::sort(&mut diagnostics);
+        }
+        let out: Vec<proto::Diagnostic> = diagnostics.iter().map(diagnostic).collect();
+        let errors = diagnostics.iter().filter(|d| d.is_error()).count();
+        let Some(decl) = decl.filter(|_| errors == 0) else {
+            return Err(Error::InvalidDeclaration {
+                message: format!("the declaration has {errors} error(s); nothing was changed"),
+                diagnostics: out,
+            });
+        };
+        let digest = digest(&files);
+        if let Some(cur) = self.store.current_revision_head().await? {
+            // The store refuses a stale expectation too, inside the transaction; this answers an
+            // unchanged declaration without writing anything.
+            if expect_revision.is_none_or(|e| e == cur.0) && cur.1 == digest {
+                return Ok(proto::ApplyResponse { revision: cur.0, diagnostics: out, unchanged: true });
+            }
+        }
+        let previous = self.store.allocation().await?;
+        let allocation = trellis_core::allocate(&decl, &previous)
+            .map_err(|d| Error::InvalidDeclaration { message: d.message.clone(), diagnostics: vec![diagnostic(&d)] })?;
+        let audit = Audit {
+            at: self.now(),
+            actor: "admin",
+            action: "declaration applied",
+            subject: &decl.mesh.name,
+            detail: format!("sha256 {digest}"),
+        };
+        let revision = self.store.apply(&files, &digest, &allocation, expect_revision, &audit).await?;
+        self.republish().await;
+        Ok(proto::ApplyResponse { revision, diagnostics: out, unchanged: false })
+    }
+}

@@ -1,0 +1,185 @@
+//! Enrolment and identity: redeeming a token for a node certificate, renewing it over the
+//! authenticated session, and recognising a node by the certificate it presents.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::Engine;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use trellis_core::decl::PublicKey;
+use trellis_proto as proto;
+use trellis_proto::EnrolledState;
+use trellis_store::{Audit, NodeRecord};
+
+use crate::error::{NodeRefusal, Redemption};
+use crate::publish::AuthEntry;
+use crate::{Controller, Error, Result};
+
+/// A node, proven by its certificate.
+#[derive(Clone, Debug)]
+pub struct NodeIdentity {
+    pub name: String,
+    pub state: EnrolledState,
+    /// The serial of the certificate it presented.
+    pub serial: String,
+}
+
+impl Controller {
+    fn system_time(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(self.now().max(0) as u64)
+    }
+
+    /// Redeems a token: the node's CSR and WireGuard key become its certificate and record. A
+    /// refused redemption is a governance event too: it is audited, and changes nothing else.
+    pub async fn enrol(&self, req: proto::EnrolRequest) -> Result<proto::EnrolResponse> {
+        let (token_id, node) = (req.token_id.clone(), req.node.clone());
+        match self.redeem(req).await {
+            Ok(r) => Ok(r),
+            Err(e) => {
+                let audit = Audit {
+                    at: self.now(),
+                    actor: &format!("token {token_id}"),
+                    action: "token redemption refused",
+                    subject: &node,
+                    detail: e.to_string(),
+                };
+                if let Err(ae) = self.store.record(&audit).await {
+                    eprintln!("trellis serve: cannot audit a refused redemption: {ae}");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn redeem(&self, req: proto::EnrolRequest) -> Result<proto::EnrolResponse> {
+        if req.token_id.len() != 16 || req.node.len() > 63 || req.csr_pem.len() > 16 * 1024 {
+            return Err(Redemption::Malformed.into());
+        }
+        let secret = base64::engine::general_purpose::STANDARD
+            .decode(&req.secret)
+            .ok()
+            .filter(|s| s.len() == 24)
+            .ok_or(Redemption::SecretMalformed)?;
+        let token = self.store.token(&req.token_id).await?.ok_or(Redemption::Unknown)?;
+        let stored = hex::decode(&token.secret_sha256).map_err(|e| Error::internal("reading a token", e))?;
+        let given = Sha256::digest(&secret);
+        if !bool::from(given.as_slice().ct_eq(&stored)) {
+            return Err(Redemption::Wrong.into());
+        }
+        let t = self.now();
+        if token.revoked_at.is_some() {
+            return Err(Redemption::Revoked.into());
+        }
+        if token.used_at.is_some() {
+            return Err(Redemption::Used.into());
+        }
+        if t >= token.expires_at {
+            return Err(Redemption::Expired.into());
+        }
+        if req.node != token.node {
+            return Err(Redemption::OtherNode { token: token.node.clone(), asked: req.node.clone() }.into());
+        }
+        let Some((revision, decl)) = self.current_declaration().await? else {
+            return Err(Redemption::NoDeclaration.into());
+        };
+        let Some(node) = decl.node(&req.node) else {
+            return Err(Redemption::NodeUndeclared { node: req.node.clone(), revision }.into());
+        };
+        if node.public_key.is_some() {
+            return Err(Redemption::NodeManagedOutside(req.node.clone()).into());
+        }
+        let key = PublicKey::parse(&req.wireguard_public_key).ok_or(Redemption::BadKey)?;
+        if let Some(holder) = decl.nodes.iter().find(|n| n.public_key == Some(key)) {
+            return Err(Error::KeyTaken(holder.name.clone()));
+        }
+        let lifetime = Duration::from_secs(self.config.node_cert_secs);
+        let issued = self
+            .ca()
+            .sign_node(&req.csr_pem, &req.node, &decl.mesh.name, self.system_time(), lifetime)
+            .map_err(|e| Redemption::BadCsr(e.to_string()))?;
+        let state = if token.require_approval { EnrolledState::Pending } else { EnrolledState::Active };
+        let record = NodeRecord {
+            name: req.node.clone(),
+            state,
+            wg_public_key: Some(key.to_string()),
+            cert_serial: Some(issued.serial.clone()),
+            prev_cert_serial: None,
+            cert_not_after: Some(issued.not_after),
+            enrolled_at: t,
+            last_contact: Some(t),
+            cert_pem: Some(issued.cert_pem.clone()),
+        };
+        let audit = Audit {
+            at: t,
+            actor: &format!("token {}", token.id),
+            action: "node enrolled",
+            subject: &req.node,
+            detail: format!("state {state}, key {key}, certificate {}", issued.serial),
+        };
+        self.store.enrol(&token.id, &record, &audit).await?;
+        self.republish().await;
+        Ok(proto::EnrolResponse {
+            node: req.node,
+            mesh: decl.mesh.name.clone(),
+            state,
+            node_cert_pem: issued.cert_pem,
+            ca_pem: self.ca().cert_pem().to_string(),
+            signing_public_key: base64::engine::general_purpose::STANDARD.encode(self.signing_public_key),
+            controllers: self.config.advertise.clone(),
+        })
+    }
+
+    /// A new certificate for a node, from a CSR it sent over its authenticated session. The
+    /// certificate it replaces stays valid until it expires.
+    pub async fn renew(&self, who: &NodeIdentity, req: &proto::RenewRequest) -> Result<proto::RenewResponse> {
+        let name = who.name.clone();
+        let mesh = self.current_declaration().await?.map(|(_, d)| d.mesh.name.clone()).unwrap_or_default();
+        let issued = self
+            .ca()
+            .sign_node(&req.csr_pem, &name, &mesh, self.system_time(), Duration::from_secs(self.config.node_cert_secs))
+            .map_err(|e| Error::BadRequest(e.to_string()))?;
+        let audit = Audit {
+            at: self.now(),
+            actor: &format!("node {name}"),
+            action: "certificate renewed",
+            subject: &name,
+            detail: format!("{} replaces {}", issued.serial, who.serial),
+        };
+        self.store.renew(&name, &who.serial, &issued.serial, issued.not_after, &issued.cert_pem, &audit).await?;
+        self.republish().await;
+        Ok(proto::RenewResponse { node_cert_pem: issued.cert_pem, not_after: issued.not_after })
+    }
+
+    /// Recognises a node by the DER of the client certificate it presented (TLS has checked that
+    /// the mesh CA issued it): the serial must be the node's current (or just replaced) one, and
+    /// the node not revoked. Answered from the publisher's table, so a long-poll or a `304` needs
+    /// no database; a node it does not know yet (just enrolled on another replica) is looked up.
+    pub async fn authenticate_node(&self, cert_der: Option<&[u8]>) -> Result<NodeIdentity> {
+        let cert = cert_der.ok_or(NodeRefusal::CertificateRequired)?;
+        let info = trellis_pki::inspect_der(cert).map_err(|e| NodeRefusal::BadCertificate(e.to_string()))?;
+        let node = info.common_name;
+        let entry = match self.publisher.auth(&node) {
+            Some(e) if e.serials.contains(&info.serial) || e.state == EnrolledState::Revoked => e,
+            _ => {
+                let record = self.store.node(&node).await?.ok_or_else(|| NodeRefusal::Unknown(node.clone()))?;
+                AuthEntry { state: record.state, serials: [record.cert_serial, record.prev_cert_serial].into_iter().flatten().collect() }
+            }
+        };
+        if entry.state == EnrolledState::Revoked {
+            return Err(NodeRefusal::Revoked(node).into());
+        }
+        if !entry.serials.contains(&info.serial) {
+            return Err(NodeRefusal::CertificateReplaced(node).into());
+        }
+        self.publisher.contact(&node, self.now());
+        Ok(NodeIdentity { name: node, state: entry.state, serial: info.serial })
+    }
+
+    /// Whether a node may fetch its bundle: an enrolled node pending approval may not.
+    pub fn may_fetch(&self, who: &NodeIdentity) -> Result<()> {
+        if who.state == EnrolledState::Pending {
+            return Err(NodeRefusal::PendingApproval(who.name.clone()).into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,156 @@
+//! Nodes: the roster (declared and enrolled, with each one's lifecycle state), approval and
+//! revocation, the evidence agents send, desired versus applied status, and the audit chain.
+
+use std::collections::HashMap;
+
+use sha2::{Digest, Sha256};
+use trellis_core::decl::PublicKey;
+use trellis_proto as proto;
+use trellis_proto::{EnrolledState, NodeState};
+use trellis_store::{Audit, NodeRecord, StoreError};
+
+use crate::{Controller, Error, NodeIdentity, Result};
+
+/// A node the controller knows of, declared or enrolled (or both), with its lifecycle state.
+pub struct RosterEntry {
+    pub name: String,
+    pub state: NodeState,
+    pub declared_key: Option<PublicKey>,
+    pub record: Option<NodeRecord>,
+}
+
+fn key_fingerprint(key: &str) -> Option<String> {
+    PublicKey::parse(key).map(|k| hex::encode(&Sha256::digest(k.0)[..8]))
+}
+
+impl Controller {
+    /// Every node, in name order. Contacts held in memory are written first, so they show.
+    pub async fn roster(&self) -> Result<Vec<RosterEntry>> {
+        self.flush_contacts().await;
+        let decl = self.current_declaration().await?.map(|(_, d)| d);
+        let mut records: HashMap<String, NodeRecord> = self.store.nodes().await?.into_iter().map(|r| (r.name.clone(), r)).collect();
+        let mut names: Vec<String> = decl.iter().flat_map(|d| d.nodes.iter().map(|n| n.name.clone())).collect();
+        names.extend(records.keys().cloned());
+        names.sort();
+        names.dedup();
+        Ok(names
+            .into_iter()
+            .map(|name| {
+                let declared = decl.as_ref().and_then(|d| d.node(&name));
+                let record = records.remove(&name);
+                let state = match (declared, &record) {
+                    (None, _) => NodeState::Removed,
+                    (Some(n), None) if n.public_key.is_some() => NodeState::External,
+                    (Some(_), None) => NodeState::Declared,
+                    (Some(_), Some(r)) => r.state.into(),
+                };
+                RosterEntry { state, declared_key: declared.and_then(|n| n.public_key), record, name }
+            })
+            .collect())
+    }
+
+    pub async fn nodes(&self) -> Result<Vec<proto::NodeInfo>> {
+        let alloc = self.store.allocation().await?;
+        Ok(self
+            .roster()
+            .await?
+            .into_iter()
+            .map(|e| {
+                let key = e.declared_key.map(|k| k.to_string()).or_else(|| e.record.as_ref().and_then(|r| r.wg_public_key.clone()));
+                proto::NodeInfo {
+                    ipv4: alloc.ipv4.get(&e.name).map(|a| a.to_string()),
+                    ipv6: alloc.ipv6.get(&e.name).map(|a| a.to_string()),
+                    key_fingerprint: key.as_deref().and_then(key_fingerprint),
+                    wireguard_public_key: key,
+                    cert_not_after: e.record.as_ref().and_then(|r| r.cert_not_after),
+                    last_contact: e.record.as_ref().and_then(|r| r.last_contact),
+                    name: e.name,
+                    state: e.state,
+                }
+            })
+            .collect())
+    }
+
+    /// Lets a node that enrolled pending approval take part.
+    pub async fn approve(&self, name: &str) -> Result<proto::WhoAmI> {
+        let audit = Audit { at: self.now(), actor: "admin", action: "node approved", subject: name, detail: String::new() };
+        self.store.set_state(name, &[EnrolledState::Pending], EnrolledState::Active, &audit).await.map_err(|e| match e {
+            StoreError::NotFound(_) => Error::NotPending(name.to_string()),
+            other => other.into(),
+        })?;
+        self.republish().await;
+        Ok(proto::WhoAmI { node: name.to_string(), state: EnrolledState::Active })
+    }
+
+    /// Revokes a node: its certificates are refused on its next request, and its peers drop it.
+    pub async fn revoke(&self, name: &str) -> Result<proto::WhoAmI> {
+        let audit = Audit { at: self.now(), actor: "admin", action: "node revoked", subject: name, detail: String::new() };
+        self.store.set_state(name, &[EnrolledState::Pending, EnrolledState::Active], EnrolledState::Revoked, &audit).await.map_err(
+            |e| match e {
+                StoreError::NotFound(_) => Error::NotRevocable(name.to_string()),
+                other => other.into(),
+            },
+        )?;
+        self.republish().await;
+        Ok(proto::WhoAmI { node: name.to_string(), state: EnrolledState::Revoked })
+    }
+
+    /// Appends what a node reports it did; re-sent records are counted, not stored twice.
+    /// Evidence never changes desired state.
+    pub async fn evidence(&self, who: &NodeIdentity, batch: &proto::EvidenceBatch) -> Result<proto::EvidenceAck> {
+        if batch.records.len() > proto::MAX_EVIDENCE_BATCH {
+            return Err(Error::TooLarge(format!("an evidence batch holds at most {} records", proto::MAX_EVIDENCE_BATCH)));
+        }
+        let mut records = Vec::with_capacity(batch.records.len());
+        for r in &batch.records {
+            if r.seq < 1 || r.version < 1 {
+                return Err(Error::BadRequest(format!("evidence record {}: sequence numbers and versions start at 1", r.seq)));
+            }
+            records.push(trellis_store::EvidenceRecord {
+                seq: r.seq,
+                version: r.version,
+                result: r.result,
+                error: r.error.clone(),
+                files: serde_json::to_string(&r.files).map_err(|e| Error::internal("recording evidence", e))?,
+                at: r.at,
+            });
+        }
+        let (accepted, duplicates) = self.store.add_evidence(&who.name, &records, self.now()).await?;
+        Ok(proto::EvidenceAck { accepted, duplicates })
+    }
+
+    /// Every node with its desired and applied versions, staleness and evidence.
+    pub async fn status(&self) -> Result<Vec<proto::NodeStatus>> {
+        let roster = self.roster().await?;
+        let bundles = self.store.bundles().await?;
+        let evidence = self.store.evidence_summary().await?;
+        let t = self.now();
+        Ok(roster
+            .into_iter()
+            .map(|e| {
+                let b = bundles.get(&e.name).filter(|_| e.state == NodeState::Active);
+                let ev = evidence.get(&e.name);
+                let applied = ev.and_then(|ev| ev.applied_version);
+                let stale = b.is_some_and(|b| applied.is_none_or(|a| a < b.version));
+                proto::NodeStatus {
+                    desired_version: b.map(|b| b.version),
+                    applied_version: applied,
+                    last_contact: e.record.as_ref().and_then(|r| r.last_contact),
+                    cert_not_after: e.record.as_ref().and_then(|r| r.cert_not_after),
+                    stale,
+                    stale_for: b.filter(|_| stale).map(|b| t - b.issued_at),
+                    last_result: ev.and_then(|ev| ev.last_result),
+                    last_error: ev.and_then(|ev| ev.last_error.clone()),
+                    evidence_records: ev.map_or(0, |ev| ev.records),
+                    evidence_missing: ev.map_or(0, |ev| ev.missing()),
+                    state: e.state,
+                    name: e.name,
+                }
+            })
+            .collect())
+    }
+
+    pub async fn audit(&self) -> Result<Vec<proto::AuditRecord>> {
+        Ok(self.store.audit().await?)
+    }
+}

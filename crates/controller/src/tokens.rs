@@ -1,0 +1,108 @@
+//! Enrolment tokens: issued for a declared node (the secret is kept only as its SHA-256),
+//! listed with their state, and revoked while unused.
+
+use sha2::{Digest, Sha256};
+use trellis_core::token::EnrolmentToken;
+use trellis_proto as proto;
+use trellis_proto::TokenState;
+use trellis_store::{Audit, TokenRecord};
+
+use crate::{Controller, Error, Result};
+
+/// The longest lifetime a token may have.
+pub const MAX_TTL: u64 = 30 * 86400;
+
+/// A token's state at `now`.
+pub fn token_state(t: &TokenRecord, now: i64) -> TokenState {
+    if t.revoked_at.is_some() {
+        TokenState::Revoked
+    } else if t.used_at.is_some() {
+        TokenState::Used
+    } else if now >= t.expires_at {
+        TokenState::Expired
+    } else {
+        TokenState::Valid
+    }
+}
+
+fn token_info(t: &TokenRecord, now: i64) -> proto::TokenInfo {
+    proto::TokenInfo {
+        id: t.id.clone(),
+        node: t.node.clone(),
+        created_at: t.created_at,
+        expires_at: t.expires_at,
+        used_at: t.used_at,
+        revoked_at: t.revoked_at,
+        require_approval: t.require_approval,
+        state: token_state(t, now),
+    }
+}
+
+impl Controller {
+    /// Issues a token for a node of the current declaration; the answer holds the only copy of
+    /// its secret.
+    pub async fn create_token(&self, req: &proto::TokenRequest) -> Result<proto::TokenCreated> {
+        if req.ttl_secs == 0 || req.ttl_secs > MAX_TTL {
+            return Err(Error::BadRequest(format!("token lifetime must be between 1 second and 30 days, not {} seconds", req.ttl_secs)));
+        }
+        let Some((revision, decl)) = self.current_declaration().await? else {
+            return Err(Error::NoDeclaration("no declaration has been applied yet; run `trellis apply DIR` first"));
+        };
+        let Some(node) = decl.node(&req.node) else {
+            return Err(Error::NodeNotDeclared { node: req.node.clone(), revision });
+        };
+        if node.public_key.is_some() {
+            return Err(Error::NodeManagedOutside(req.node.clone()));
+        }
+        let id: [u8; 8] = self.random();
+        let secret: [u8; 24] = self.random();
+        let created = self.now();
+        let expires = created + req.ttl_secs as i64;
+        let token = EnrolmentToken {
+            controllers: self.config.advertise.clone(),
+            ca_fingerprint: self.ca().fingerprint(),
+            id,
+            secret,
+            node: req.node.clone(),
+            expires: expires as u64,
+        };
+        let text = token.encode().map_err(|e| Error::BadRequest(e.to_string()))?;
+        let record = TokenRecord {
+            id: hex::encode(id),
+            node: req.node.clone(),
+            secret_sha256: hex::encode(Sha256::digest(secret)),
+            created_at: created,
+            expires_at: expires,
+            used_at: None,
+            revoked_at: None,
+            require_approval: req.require_approval,
+        };
+        let audit = Audit {
+            at: created,
+            actor: "admin",
+            action: "token issued",
+            subject: &req.node,
+            detail: format!("token {} expires {expires}", record.id),
+        };
+        self.store.create_token(&record, &audit).await?;
+        Ok(proto::TokenCreated { token: text, id: record.id, node: req.node.clone(), expires_at: expires })
+    }
+
+    pub async fn tokens(&self) -> Result<Vec<proto::TokenInfo>> {
+        let now = self.now();
+        Ok(self.store.tokens().await?.iter().map(|t| token_info(t, now)).collect())
+    }
+
+    /// Revokes an unused token.
+    pub async fn revoke_token(&self, id: &str) -> Result<proto::TokenInfo> {
+        let Some(t) = self.store.token(id).await? else {
+            return Err(Error::TokenNotFound(id.to_string()));
+        };
+        let audit = Audit { at: self.now(), actor: "admin", action: "token revoked", subject: &t.node, detail: format!("token {id}") };
+        if !self.store.revoke_token(id, &audit).await? {
+            return Err(Error::TokenNotRevocable { id: id.to_string(), state: token_state(&t, self.now()) });
+        }
+        let t = self.store.token(id).await?.ok_or_else(|| Error::internal("revoking a token", "it vanished"))?;
+        Ok(token_info(&t, self.now()))
+    }
+}

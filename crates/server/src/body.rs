@@ -1,0 +1,58 @@
+//! Request bodies: JSON whose every rejection (wrong content type, malformed JSON, unknown or
+//! missing fields, too large) is one clear sentence in the API's error shape.
+
+use axum::extract::rejection::JsonRejection;
+use axum::http::StatusCode;
+use axum::Json;
+
+use crate::error::ApiError;
+
+pub const SMALL_BODY: usize = 64 * 1024;
+pub const DECLARATION_BODY: usize = 16 * 1024 * 1024;
+pub const EVIDENCE_BODY: usize = 4 * 1024 * 1024;
+
+/// A JSON body of type `T`, at most `MAX` bytes: one announced as larger is refused from its
+/// headers, before a byte of it is read; one that turns out larger while read (chunked) is cut
+/// off by the route's `DefaultBodyLimit`.
+pub struct Body<T, const MAX: usize = SMALL_BODY>(pub T);
+
+fn too_large() -> ApiError {
+    ApiError::body(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "the request body is larger than this endpoint accepts")
+}
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync, const MAX: usize> axum::extract::FromRequest<S> for Body<T, MAX> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        let announced =
+            req.headers().get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+        if announced.is_some_and(|n| n > MAX as u64) {
+            return Err(too_large());
+        }
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(Body(v)),
+            Err(JsonRejection::MissingJsonContentType(_)) => Err(ApiError::body(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "content_type",
+                "the request body must be JSON (Content-Type: application/json)",
+            )),
+            Err(JsonRejection::JsonSyntaxError(e)) => {
+                Err(ApiError::body(StatusCode::BAD_REQUEST, "bad_request", format!("the request body is not valid JSON: {}", inner(&e))))
+            }
+            Err(JsonRejection::JsonDataError(e)) => {
+                Err(ApiError::body(StatusCode::UNPROCESSABLE_ENTITY, "bad_fields", format!("the request body does not fit: {}", inner(&e))))
+            }
+            Err(JsonRejection::BytesRejection(_)) => Err(too_large()),
+            Err(other) => Err(ApiError::body(StatusCode::BAD_REQUEST, "bad_request", other.body_text())),
+        }
+    }
+}
+
+/// The innermost cause: serde's sentence without axum's wrapping.
+fn inner(e: &dyn std::error::Error) -> String {
+    let mut e = e;
+    while let Some(s) = e.source() {
+        e = s;
+    }
+    e.to_string()
+}

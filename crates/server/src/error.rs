@@ -1,0 +1,73 @@
+//! The one mapping from a controller refusal to an HTTP status and the API's error body.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use trellis_controller::{Error, NodeRefusal, Redemption};
+use trellis_proto::ErrorBody;
+
+/// A refusal on its way to the client: a decision's, or the HTTP layer's own when a request
+/// body could not be read as its type.
+#[derive(Debug)]
+pub enum ApiError {
+    Refused(Error),
+    Body { status: StatusCode, code: &'static str, message: String },
+}
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        ApiError::Refused(e)
+    }
+}
+
+impl ApiError {
+    pub fn body(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError::Body { status, code, message: message.into() }
+    }
+}
+
+/// The HTTP status of each refusal.
+pub fn status(e: &Error) -> StatusCode {
+    match e {
+        Error::BadRequest(_) => StatusCode::BAD_REQUEST,
+        Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+        Error::AdminRequired | Error::AdminDenied => StatusCode::UNAUTHORIZED,
+        Error::InvalidDeclaration { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+        Error::RevisionConflict { .. } | Error::NoDeclaration(_) => StatusCode::CONFLICT,
+        Error::NodeNotDeclared { .. } | Error::TokenNotFound(_) | Error::NotFound(_) => StatusCode::NOT_FOUND,
+        Error::NodeManagedOutside(_) | Error::TokenNotRevocable { .. } | Error::KeyTaken(_) => StatusCode::CONFLICT,
+        Error::NotPending(_) | Error::NotRevocable(_) => StatusCode::CONFLICT,
+        Error::Redemption(r) => match r {
+            Redemption::Malformed | Redemption::SecretMalformed | Redemption::BadKey | Redemption::BadCsr(_) => StatusCode::BAD_REQUEST,
+            Redemption::Unknown | Redemption::Wrong | Redemption::Revoked | Redemption::Expired => StatusCode::UNAUTHORIZED,
+            Redemption::Used | Redemption::NoDeclaration => StatusCode::CONFLICT,
+            Redemption::OtherNode { .. } | Redemption::NodeUndeclared { .. } | Redemption::NodeManagedOutside(_) => StatusCode::FORBIDDEN,
+        },
+        Error::Node(n) => match n {
+            NodeRefusal::CertificateRequired | NodeRefusal::BadCertificate(_) => StatusCode::UNAUTHORIZED,
+            NodeRefusal::Unknown(_) | NodeRefusal::Revoked(_) | NodeRefusal::CertificateReplaced(_) | NodeRefusal::PendingApproval(_) => {
+                StatusCode::FORBIDDEN
+            }
+        },
+        Error::NoBundleYet(_) => StatusCode::SERVICE_UNAVAILABLE,
+        Error::Internal { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, body) = match self {
+            ApiError::Refused(e) => {
+                if let Error::Internal { context, detail } = &e {
+                    // The detail goes to the controller's log, not to the client.
+                    eprintln!("trellis serve: {context}: {detail}");
+                }
+                (status(&e), ErrorBody { error: e.to_string(), code: e.code().to_string(), diagnostics: e.diagnostics().to_vec() })
+            }
+            ApiError::Body { status, code, message } => {
+                (status, ErrorBody { error: message, code: code.to_string(), diagnostics: Vec::new() })
+            }
+        };
+        (status, Json(body)).into_response()
+    }
+}

@@ -1,0 +1,13 @@
+//! The controller's HTTPS API: `fn app(controller) -> Router` and the TLS listener. Handlers are
+//! thin adapters: an extractor parses the body or recognises the caller, the handler calls one
+//! decision of `trellis-controller`, and `error` maps its refusal to an HTTP status, once.
+//! Long-polls wait here, on the publisher's change channel.
+
+pub mod auth;
+pub mod body;
+pub mod error;
+pub mod listener;
+pub mod routes;
+
+pub use listener::Server;
+pub use routes::app;

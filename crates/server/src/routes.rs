@@ -1,0 +1,170 @@
+//! The routes: each handler parses, calls one decision, and answers. The long-poll for bundles
+//! waits here, on the publisher's change channel.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use trellis_controller::{Controller, Error};
+use trellis_proto as proto;
+
+use crate::auth::{Admin, Node};
+use crate::body::{Body, DECLARATION_BODY, EVIDENCE_BODY, SMALL_BODY};
+use crate::error::ApiError;
+
+type Shared = Arc<Controller>;
+type Answer<T> = Result<Json<T>, ApiError>;
+
+pub fn app(controller: Shared) -> Router {
+    Router::new()
+        .route("/v1/health", get(|| async { "ok\n" }))
+        .route("/v1/enrol", post(enrol).layer(DefaultBodyLimit::max(SMALL_BODY)))
+        .route("/v1/renew", post(renew).layer(DefaultBodyLimit::max(SMALL_BODY)))
+        .route("/v1/whoami", get(whoami))
+        .route("/v1/bundle", get(bundle))
+        .route("/v1/evidence", post(evidence).layer(DefaultBodyLimit::max(EVIDENCE_BODY)))
+        .route("/v1/admin/status", get(status))
+        .route("/v1/admin/apply", post(apply).layer(DefaultBodyLimit::max(DECLARATION_BODY)))
+        .route("/v1/admin/tokens", post(create_token).get(list_tokens))
+        .route("/v1/admin/tokens/{id}", delete(revoke_token))
+        .route("/v1/admin/nodes", get(list_nodes))
+        .route("/v1/admin/nodes/{name}/approve", post(approve))
+        .route("/v1/admin/nodes/{name}/revoke", post(revoke))
+        .route("/v1/admin/audit", get(audit_log))
+        .layer(DefaultBodyLimit::max(SMALL_BODY))
+        .with_state(controller)
+}
+
+// --- administrators --------------------------------------------------------------------------
+
+async fn apply(State(c): State<Shared>, _: Admin, Body(req): Body<proto::ApplyRequest, DECLARATION_BODY>) -> Answer<proto::ApplyResponse> {
+    Ok(Json(c.apply(&req.files, req.expect_revision).await?))
+}
+
+async fn create_token(State(c): State<Shared>, _: Admin, Body(req): Body<proto::TokenRequest>) -> Answer<proto::TokenCreated> {
+    Ok(Json(c.create_token(&req).await?))
+}
+
+async fn list_tokens(State(c): State<Shared>, _: Admin) -> Answer<Vec<proto::TokenInfo>> {
+    Ok(Json(c.tokens().await?))
+}
+
+async fn revoke_token(State(c): State<Shared>, _: Admin, Path(id): Path<String>) -> Answer<proto::TokenInfo> {
+    Ok(Json(c.revoke_token(&id).await?))
+}
+
+async fn list_nodes(State(c): State<Shared>, _: Admin) -> Answer<Vec<proto::NodeInfo>> {
+    Ok(Json(c.nodes().await?))
+}
+
+async fn approve(State(c): State<Shared>, _: Admin, Path(name): Path<String>) -> Answer<proto::WhoAmI> {
+    Ok(Json(c.approve(&name).await?))
+}
+
+async fn revoke(State(c): State<Shared>, _: Admin, Path(name): Path<String>) -> Answer<proto::WhoAmI> {
+    Ok(Json(c.revoke(&name).await?))
+}
+
+async fn status(State(c): State<Shared>, _: Admin) -> Answer<Vec<proto::NodeStatus>> {
+    Ok(Json(c.status().await?))
+}
+
+async fn audit_log(State(c): State<Shared>, _: Admin) -> Answer<Vec<proto::AuditRecord>> {
+    Ok(Json(c.audit().await?))
+}
+
+// --- nodes -----------------------------------------------------------------------------------
+
+async fn enrol(State(c): State<Shared>, Body(req): Body<proto::EnrolRequest>) -> Answer<proto::EnrolResponse> {
+    Ok(Json(c.enrol(req).await?))
+}
+
+async fn renew(State(c): State<Shared>, Node(who): Node, Body(req): Body<proto::RenewRequest>) -> Answer<proto::RenewResponse> {
+    Ok(Json(c.renew(&who, &req).await?))
+}
+
+async fn whoami(Node(who): Node) -> Json<proto::WhoAmI> {
+    Json(proto::WhoAmI { node: who.name, state: who.state })
+}
+
+async fn evidence(
+    State(c): State<Shared>,
+    Node(who): Node,
+    Body(batch): Body<proto::EvidenceBatch, EVIDENCE_BODY>,
+) -> Answer<proto::EvidenceAck> {
+    Ok(Json(c.evidence(&who, &batch).await?))
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BundleQuery {
+    /// Seconds to wait for a newer bundle than the one named in If-None-Match (at most 60).
+    #[serde(default)]
+    wait: u64,
+}
+
+pub const MAX_WAIT: u64 = 60;
+
+fn etag(version: i64) -> String {
+    format!("\"{version}\"")
+}
+
+/// `GET /v1/bundle`: the node's current signed bundle, `304` when it already holds it. With
+/// `wait`, the answer comes as soon as a newer one exists. Every answer carries a signed
+/// freshness stamp.
+async fn bundle(State(c): State<Shared>, Node(who): Node, headers: HeaderMap, Query(q): Query<BundleQuery>) -> Result<Response, ApiError> {
+    c.may_fetch(&who)?;
+    let held = headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(q.wait.min(MAX_WAIT));
+    let mut changes = c.publisher.subscribe();
+    let freshness = header::HeaderName::from_static("x-trellis-freshness");
+    loop {
+        let current = c.publisher.current(&who.name);
+        let stamp = c.stamp();
+        if let Some(p) = &current {
+            if held.as_deref() != Some(etag(p.version).as_str()) {
+                let body = axum::body::Body::new(Chunks(p.signed.head.clone(), p.signed.contents.iter().cloned().collect()));
+                let headers = [
+                    (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+                    (header::ETAG, etag(p.version)),
+                    (freshness, stamp.to_string()),
+                ];
+                return Ok((headers, body).into_response());
+            }
+        }
+        let wait = tokio::time::timeout_at(deadline, changes.changed()).await;
+        if !matches!(wait, Ok(Ok(()))) {
+            return match current {
+                Some(p) => {
+                    Ok((StatusCode::NOT_MODIFIED, [(header::ETAG, etag(p.version)), (freshness, stamp.to_string())]).into_response())
+                }
+                None => Err(Error::NoBundleYet(who.name).into()),
+            };
+        }
+    }
+}
+
+/// A response body made of shared chunks: the bundle's head and its contents, sent without
+/// copying them into one buffer.
+struct Chunks(bytes::Bytes, std::collections::VecDeque<bytes::Bytes>);
+
+impl http_body::Body for Chunks {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        let next = if self.0.is_empty() { self.1.pop_front() } else { Some(std::mem::take(&mut self.0)) };
+        std::task::Poll::Ready(next.map(|b| Ok(http_body::Frame::data(b))))
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact((self.0.len() + self.1.iter().map(bytes::Bytes::len).sum::<usize>()) as u64)
+    }
+}
