@@ -138,7 +138,10 @@ async fn states_change_and_every_decision_is_in_a_verifiable_audit_chain() {
         let mut n = node("a", "K");
         n.state = EnrolledState::Pending;
         s.enrol("t1", &n, &audit("node enrolled")).await.unwrap();
-        assert_eq!(s.set_state("a", &[EnrolledState::Pending], EnrolledState::Active, &audit("node approved")).await.unwrap(), EnrolledState::Pending);
+        assert_eq!(
+            s.set_state("a", &[EnrolledState::Pending], EnrolledState::Active, &audit("node approved")).await.unwrap(),
+            EnrolledState::Pending
+        );
         assert!(s.set_state("a", &[EnrolledState::Pending], EnrolledState::Active, &audit("node approved")).await.is_err());
         s.set_state("a", &[EnrolledState::Active, EnrolledState::Pending], EnrolledState::Revoked, &audit("node revoked")).await.unwrap();
         let rec = s.node("a").await.unwrap().unwrap();
@@ -204,7 +207,11 @@ async fn evidence_is_append_only_idempotent_and_shows_gaps() {
             files: "[]".into(),
             at: 100 + seq,
         };
-        let batch = vec![rec(1, 1, EvidenceResult::Applied, None), rec(2, 2, EvidenceResult::Applied, None), rec(4, 3, EvidenceResult::Failed, Some("nft refused the ruleset"))];
+        let batch = vec![
+            rec(1, 1, EvidenceResult::Applied, None),
+            rec(2, 2, EvidenceResult::Applied, None),
+            rec(4, 3, EvidenceResult::Failed, Some("nft refused the ruleset")),
+        ];
         assert_eq!(s.add_evidence("db-1", &batch, 200).await.unwrap(), (3, 0));
         // A re-send changes nothing; a record with a used seq cannot rewrite history.
         assert_eq!(s.add_evidence("db-1", &[rec(2, 9, EvidenceResult::Failed, Some("rewrite"))], 201).await.unwrap(), (0, 1));
