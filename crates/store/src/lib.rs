@@ -15,6 +15,8 @@ mod bundles;
 mod evidence;
 mod nodes;
 mod revisions;
+// Test hooks only with the `testing` feature, so no product binary carries them.
+#[cfg(feature = "testing")]
 pub mod testdb;
 mod tokens;
 
@@ -151,6 +153,7 @@ impl Store {
     }
 
     /// For tests: run raw SQL (used to tamper with the audit chain on purpose).
+    #[cfg(feature = "testing")]
     pub async fn execute_raw(&self, sql: &str) -> Result<u64> {
         Ok(sqlx::query(sql).execute(&self.pool).await?.rows_affected())
     }
