@@ -687,193 +687,260 @@ pub(crate) fn is_dns_label(s: &str) -> bool {
         && b[b.len() - 1] != b'-'
 }
 
+/// The checks that span the whole mesh, each adding its diagnostics; `load` sorts them.
 fn validate(decl: &Declaration, diags: &mut Vec<Diagnostic>) {
-    let mut errors = Vec::new();
-    let mut warnings = Vec::new();
-    validate_into(decl, &mut errors, &mut warnings);
-    diags.extend(errors);
-    diags.extend(warnings);
+    names(decl, diags);
+    zone_names(decl, diags);
+    let declared = Declared::of(decl);
+    groups(decl, &declared, diags);
+    for n in &decl.nodes {
+        node_references(n, &declared, diags);
+        endpoints(n, &decl.mesh, &declared, diags);
+    }
+    pinned_addresses(decl, diags);
+    public_keys(decl, diags);
+    module_sources(decl, &declared, diags);
+    tests(decl, &declared, diags);
 }
 
-fn validate_into(decl: &Declaration, errors: &mut Vec<Diagnostic>, warnings: &mut Vec<Diagnostic>) {
-    let mut err = |loc: &Loc, msg: String| errors.push(Diagnostic::error(loc, msg));
+/// The names declared of each kind, for checking what refers to them.
+struct Declared<'d> {
+    networks: HashSet<&'d str>,
+    groups: HashSet<&'d str>,
+    nodes: HashSet<&'d str>,
+    modules: HashSet<&'d str>,
+}
 
-    // Names: DNS labels, unique within their kind; nodes and modules share the zone.
-    let mut seen: HashMap<(&str, &str), &Loc> = HashMap::new();
-    let kinds = decl
-        .networks
-        .iter()
-        .map(|n| ("network", &n.name, &n.loc))
-        .chain(decl.groups.iter().map(|g| ("group", &g.name, &g.loc)))
-        .chain(decl.nodes.iter().map(|n| ("node", &n.name, &n.loc)))
-        .chain(decl.modules.iter().map(|m| ("module", &m.name, &m.loc)));
-    for (kind, name, loc) in kinds {
+impl<'d> Declared<'d> {
+    fn of(decl: &'d Declaration) -> Self {
+        Declared {
+            networks: decl.networks.iter().map(|n| n.name.as_str()).collect(),
+            groups: decl.groups.iter().map(|g| g.name.as_str()).collect(),
+            nodes: decl.nodes.iter().map(|n| n.name.as_str()).collect(),
+            modules: decl.modules.iter().map(|m| m.name.as_str()).collect(),
+        }
+    }
+}
+
+/// The names of a set, for a diagnostic that says what could have been meant.
+fn listing(set: &HashSet<&str>) -> String {
+    let mut v: Vec<&str> = set.iter().copied().collect();
+    v.sort_unstable();
+    if v.is_empty() {
+        "none are declared".to_string()
+    } else {
+        format!("declared: {}", v.join(", "))
+    }
+}
+
+/// Every name is a DNS label and unique within its kind.
+fn names(decl: &Declaration, diags: &mut Vec<Diagnostic>) {
+    names_of("network", decl.networks.iter().map(|n| (&n.name, &n.loc)), diags);
+    names_of("group", decl.groups.iter().map(|g| (&g.name, &g.loc)), diags);
+    names_of("node", decl.nodes.iter().map(|n| (&n.name, &n.loc)), diags);
+    names_of("module", decl.modules.iter().map(|m| (&m.name, &m.loc)), diags);
+}
+
+fn names_of<'d>(kind: &str, items: impl Iterator<Item = (&'d String, &'d Loc)>, diags: &mut Vec<Diagnostic>) {
+    let mut first: HashMap<&str, &Loc> = HashMap::new();
+    for (name, loc) in items {
         if !is_dns_label(name) {
-            err(loc, format!("{kind} name {name:?} must be a DNS label: 1-63 of a-z, 0-9 and '-', not starting or ending with '-'"));
+            diags.push(Diagnostic::error(
+                loc,
+                format!("{kind} name {name:?} must be a DNS label: 1-63 of a-z, 0-9 and '-', not starting or ending with '-'"),
+            ));
         }
-        let zone_kind = if kind == "module" { "node" } else { kind };
-        if let Some(first) = seen.get(&(zone_kind, name.as_str())) {
-            if kind == "module" {
-                err(loc, format!("module `{name}` has the name of node declared at {first}; nodes and modules share the DNS zone, so their names must differ"));
-            } else {
-                err(loc, format!("duplicate {kind} `{name}`: already declared at {first}"));
-            }
+        if let Some(first) = first.get(name.as_str()) {
+            diags.push(Diagnostic::error(loc, format!("duplicate {kind} `{name}`: already declared at {first}")));
         } else {
-            seen.insert((zone_kind, name.as_str()), loc);
+            first.insert(name, loc);
         }
     }
-    let mut module_names = HashMap::new();
-    for m in &decl.modules {
-        if let Some(first) = module_names.insert(m.name.as_str(), &m.loc) {
-            err(&m.loc, format!("duplicate module `{}`: already declared at {first}", m.name));
-        }
-    }
-    let networks: HashSet<&str> = decl.networks.iter().map(|n| n.name.as_str()).collect();
-    let groups: HashSet<&str> = decl.groups.iter().map(|g| g.name.as_str()).collect();
-    let nodes: HashSet<&str> = decl.nodes.iter().map(|n| n.name.as_str()).collect();
-    let modules: HashSet<&str> = decl.modules.iter().map(|m| m.name.as_str()).collect();
-    let list = |set: &HashSet<&str>| {
-        let mut v: Vec<&str> = set.iter().copied().collect();
-        v.sort_unstable();
-        if v.is_empty() {
-            "none are declared".to_string()
-        } else {
-            format!("declared: {}", v.join(", "))
-        }
-    };
+}
 
+/// A module may not take a node's name. Both become names in the mesh's DNS zone
+/// (`NAME.DOMAIN`), so one of them would shadow the other; the names of each kind are unique
+/// among themselves (`names`), and this is the one rule that spans two kinds.
+fn zone_names(decl: &Declaration, diags: &mut Vec<Diagnostic>) {
+    let mut nodes: HashMap<&str, &Loc> = HashMap::new();
+    for n in &decl.nodes {
+        nodes.entry(n.name.as_str()).or_insert(&n.loc);
+    }
+    for m in &decl.modules {
+        if let Some(node) = nodes.get(m.name.as_str()) {
+            diags.push(Diagnostic::error(
+                &m.loc,
+                format!(
+                    "module `{}` has the name of node declared at {node}; nodes and modules share the DNS zone, so their names must differ",
+                    m.name
+                ),
+            ));
+        }
+    }
+}
+
+/// Every member of a group is a declared node.
+fn groups(decl: &Declaration, declared: &Declared, diags: &mut Vec<Diagnostic>) {
     for g in &decl.groups {
         for m in &g.members {
-            if !nodes.contains(m.as_str()) {
-                err(&g.loc, format!("group `{}` lists `{m}`, which is not a declared node", g.name));
+            if !declared.nodes.contains(m.as_str()) {
+                diags.push(Diagnostic::error(&g.loc, format!("group `{}` lists `{m}`, which is not a declared node", g.name)));
             }
         }
     }
+}
 
+/// A node's networks, groups and modules are declared, and a hub has an endpoint.
+fn node_references(n: &Node, declared: &Declared, diags: &mut Vec<Diagnostic>) {
+    let mut err = |msg: String| diags.push(Diagnostic::error(&n.loc, msg));
+    for net in &n.networks {
+        if !declared.networks.contains(net.as_str()) {
+            err(format!(
+                "node `{}` sits on network `{net}`, which is not declared in [networks] ({})",
+                n.name,
+                listing(&declared.networks)
+            ));
+        }
+    }
+    for g in &n.groups {
+        if !declared.groups.contains(g.as_str()) {
+            err(format!("node `{}` names group `{g}`, which is not declared in [groups] ({})", n.name, listing(&declared.groups)));
+        }
+    }
+    for m in &n.modules {
+        if !declared.modules.contains(m.as_str()) {
+            err(format!("node `{}` runs module `{m}`, which has no manifest in modules/ ({})", n.name, listing(&declared.modules)));
+        }
+    }
+    if n.hub && n.endpoints.is_empty() {
+        err(format!(
+            "hub `{}` has no [[node.endpoint]]: a hub relays for nodes that dial it, so it needs an endpoint they can reach",
+            n.name
+        ));
+    }
+}
+
+/// A node's endpoints: reachable from declared networks (from none is a warning), and outside
+/// the overlay.
+fn endpoints(n: &Node, mesh: &MeshSettings, declared: &Declared, diags: &mut Vec<Diagnostic>) {
+    for e in &n.endpoints {
+        for net in &e.reachable_from {
+            if !declared.networks.contains(net.as_str()) {
+                diags.push(Diagnostic::error(
+                    &e.loc,
+                    format!(
+                        "endpoint {} of node `{}` is reachable from `{net}`, which is not declared in [networks] ({})",
+                        e.address,
+                        n.name,
+                        listing(&declared.networks)
+                    ),
+                ));
+            }
+        }
+        if e.reachable_from.is_empty() {
+            diags.push(Diagnostic::warning(
+                &e.loc,
+                format!("endpoint {} of node `{}` is reachable from no network: nobody will dial it", e.address, n.name),
+            ));
+        }
+        let inside = match e.address.ip() {
+            IpAddr::V4(a) => mesh.overlay_ipv4.is_some_and(|p| p.contains(&a)),
+            IpAddr::V6(a) => mesh.overlay_ipv6.is_some_and(|p| p.contains(&a)),
+        };
+        if inside {
+            diags.push(Diagnostic::error(
+                &e.loc,
+                format!(
+                    "endpoint {} of node `{}` lies inside the overlay pool; an underlay address must not overlap the overlay",
+                    e.address, n.name
+                ),
+            ));
+        }
+    }
+}
+
+/// A pinned overlay address is a usable address of its pool, and no two nodes pin the same.
+fn pinned_addresses(decl: &Declaration, diags: &mut Vec<Diagnostic>) {
     let v4 = decl.mesh.overlay_ipv4;
     let v6 = decl.mesh.overlay_ipv6;
     let mut pinned: HashMap<IpAddr, &str> = HashMap::new();
-    let mut keys: HashMap<PublicKey, &str> = HashMap::new();
     for n in &decl.nodes {
-        for net in &n.networks {
-            if !networks.contains(net.as_str()) {
-                err(
-                    &n.loc,
-                    format!("node `{}` sits on network `{net}`, which is not declared in [networks] ({})", n.name, list(&networks)),
-                );
-            }
-        }
-        for g in &n.groups {
-            if !groups.contains(g.as_str()) {
-                err(&n.loc, format!("node `{}` names group `{g}`, which is not declared in [groups] ({})", n.name, list(&groups)));
-            }
-        }
-        for m in &n.modules {
-            if !modules.contains(m.as_str()) {
-                err(&n.loc, format!("node `{}` runs module `{m}`, which has no manifest in modules/ ({})", n.name, list(&modules)));
-            }
-        }
-        if n.hub && n.endpoints.is_empty() {
-            err(
-                &n.loc,
-                format!(
-                    "hub `{}` has no [[node.endpoint]]: a hub relays for nodes that dial it, so it needs an endpoint they can reach",
-                    n.name
-                ),
-            );
-        }
-        for e in &n.endpoints {
-            for net in &e.reachable_from {
-                if !networks.contains(net.as_str()) {
-                    err(
-                        &e.loc,
-                        format!(
-                            "endpoint {} of node `{}` is reachable from `{net}`, which is not declared in [networks] ({})",
-                            e.address,
-                            n.name,
-                            list(&networks)
-                        ),
-                    );
-                }
-            }
-            if e.reachable_from.is_empty() {
-                warnings.push(Diagnostic::warning(
-                    &e.loc,
-                    format!("endpoint {} of node `{}` is reachable from no network: nobody will dial it", e.address, n.name),
-                ));
-            }
-            let inside = match e.address.ip() {
-                IpAddr::V4(a) => v4.is_some_and(|p| p.contains(&a)),
-                IpAddr::V6(a) => v6.is_some_and(|p| p.contains(&a)),
-            };
-            if inside {
-                err(
-                    &e.loc,
-                    format!(
-                        "endpoint {} of node `{}` lies inside the overlay pool; an underlay address must not overlap the overlay",
-                        e.address, n.name
-                    ),
-                );
-            }
-        }
+        let mut err = |msg: String| diags.push(Diagnostic::error(&n.loc, msg));
         if let Some(a) = n.address_ipv4 {
             match v4 {
-                None => err(&n.loc, format!("node `{}` pins `address_ipv4` {a}, but the mesh has no `overlay_ipv4`", n.name)),
+                None => err(format!("node `{}` pins `address_ipv4` {a}, but the mesh has no `overlay_ipv4`", n.name)),
                 Some(p) if !p.contains(&a) || a == p.network() || a == p.broadcast() => {
-                    err(&n.loc, format!("node `{}` pins `address_ipv4` {a}, which is not a usable address of the pool {p}", n.name))
+                    err(format!("node `{}` pins `address_ipv4` {a}, which is not a usable address of the pool {p}", n.name))
                 }
                 _ => {}
             }
             if let Some(other) = pinned.insert(IpAddr::V4(a), &n.name) {
-                err(&n.loc, format!("node `{}` pins {a}, which node `{other}` pins already", n.name));
+                err(format!("node `{}` pins {a}, which node `{other}` pins already", n.name));
             }
         }
         if let Some(a) = n.address_ipv6 {
             match v6 {
-                None => err(&n.loc, format!("node `{}` pins `address_ipv6` {a}, but the mesh has no `overlay_ipv6`", n.name)),
+                None => err(format!("node `{}` pins `address_ipv6` {a}, but the mesh has no `overlay_ipv6`", n.name)),
                 Some(p) if !p.contains(&a) || a == p.network() => {
-                    err(&n.loc, format!("node `{}` pins `address_ipv6` {a}, which is not a usable address of the pool {p}", n.name))
+                    err(format!("node `{}` pins `address_ipv6` {a}, which is not a usable address of the pool {p}", n.name))
                 }
                 _ => {}
             }
             if let Some(other) = pinned.insert(IpAddr::V6(a), &n.name) {
-                err(&n.loc, format!("node `{}` pins {a}, which node `{other}` pins already", n.name));
-            }
-        }
-        if let Some(k) = n.public_key {
-            if let Some(other) = keys.insert(k, &n.name) {
-                err(&n.loc, format!("node `{}` declares the same `public_key` as node `{other}`; every node needs its own key", n.name));
+                err(format!("node `{}` pins {a}, which node `{other}` pins already", n.name));
             }
         }
     }
+}
 
+/// No two nodes declare the same WireGuard public key.
+fn public_keys(decl: &Declaration, diags: &mut Vec<Diagnostic>) {
+    let mut keys: HashMap<PublicKey, &str> = HashMap::new();
+    for n in &decl.nodes {
+        if let Some(k) = n.public_key {
+            if let Some(other) = keys.insert(k, &n.name) {
+                diags.push(Diagnostic::error(
+                    &n.loc,
+                    format!("node `{}` declares the same `public_key` as node `{other}`; every node needs its own key", n.name),
+                ));
+            }
+        }
+    }
+}
+
+/// Every source a module's rules admit is a declared node, group or module.
+fn module_sources(decl: &Declaration, declared: &Declared, diags: &mut Vec<Diagnostic>) {
     for m in &decl.modules {
         for rule in &m.allow {
             for (src, loc) in rule.from.iter().zip(&rule.from_locs) {
                 let (kind, name, set) = match src {
-                    Source::Node(n) => ("node", n, &nodes),
-                    Source::Group(g) => ("group", g, &groups),
-                    Source::Module(m) => ("module", m, &modules),
+                    Source::Node(n) => ("node", n, &declared.nodes),
+                    Source::Group(g) => ("group", g, &declared.groups),
+                    Source::Module(m) => ("module", m, &declared.modules),
                     Source::Mesh => continue,
                 };
                 if !set.contains(name.as_str()) {
-                    err(
+                    diags.push(Diagnostic::error(
                         loc,
-                        format!("rule of module `{}` names source `{src}`, but no {kind} `{name}` is declared ({})", m.name, list(set)),
-                    );
+                        format!("rule of module `{}` names source `{src}`, but no {kind} `{name}` is declared ({})", m.name, listing(set)),
+                    ));
                 }
             }
         }
     }
+}
 
+/// A policy test goes from a declared node to a declared node or module.
+fn tests(decl: &Declaration, declared: &Declared, diags: &mut Vec<Diagnostic>) {
     for t in &decl.tests {
-        if !nodes.contains(t.from.as_str()) {
-            err(&t.loc, format!("test `from` names node `{}`, which is not declared", t.from));
+        let mut err = |msg: String| diags.push(Diagnostic::error(&t.loc, msg));
+        if !declared.nodes.contains(t.from.as_str()) {
+            err(format!("test `from` names node `{}`, which is not declared", t.from));
         }
         match &t.to {
-            Target::Node(n) if !nodes.contains(n.as_str()) => err(&t.loc, format!("test `to` names node `{n}`, which is not declared")),
-            Target::Module(m) if !modules.contains(m.as_str()) => {
-                err(&t.loc, format!("test `to` names module `{m}`, which has no manifest"))
+            Target::Node(n) if !declared.nodes.contains(n.as_str()) => err(format!("test `to` names node `{n}`, which is not declared")),
+            Target::Module(m) if !declared.modules.contains(m.as_str()) => {
+                err(format!("test `to` names module `{m}`, which has no manifest"))
             }
             _ => {}
         }

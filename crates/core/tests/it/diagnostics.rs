@@ -92,6 +92,20 @@ fn duplicate_names_are_refused() {
     );
 }
 
+/// Modules of one name are duplicates that each name the first; with no node of that name, none
+/// of them takes a node's name in the zone.
+#[test]
+fn a_module_declared_twice_is_a_duplicate_not_a_node_clash() {
+    check(
+        &format!("{HEAD}[[node]]\nname = \"a\"\n"),
+        &[("pg.toml", PG), ("pg2.toml", PG), ("pg3.toml", PG)],
+        &[
+            "modules/pg2.toml:1:1: error: duplicate module `pg`: already declared at modules/pg.toml:1:1",
+            "modules/pg3.toml:1:1: error: duplicate module `pg`: already declared at modules/pg.toml:1:1",
+        ],
+    );
+}
+
 #[test]
 fn cidrs_must_be_valid_and_must_not_overlap() {
     check(

@@ -1,0 +1,73 @@
+//! The audit chain: what a decision writes, appended in the decision's transaction and chained
+//! by SHA-256 (ADR 0008), and reading it back.
+
+use sqlx::{Any, Row, Transaction};
+use trellis_proto::AuditRecord;
+
+use crate::{Result, Store};
+
+/// What a decision writes to the audit chain.
+pub struct Audit<'a> {
+    pub at: i64,
+    pub actor: &'a str,
+    pub action: &'a str,
+    pub subject: &'a str,
+    pub detail: String,
+}
+
+impl Store {
+    /// The newest audit sequence number: every governance decision moves it, so replicas watch
+    /// it to learn that something changed.
+    pub async fn audit_head(&self) -> Result<i64> {
+        let r = sqlx::query("SELECT MAX(seq) AS top FROM audit").fetch_one(&self.pool).await?;
+        Ok(r.try_get::<Option<i64>, _>("top")?.unwrap_or(0))
+    }
+
+    /// Records an event that changes nothing else, such as a refused token redemption.
+    pub async fn record(&self, audit: &Audit<'_>) -> Result<()> {
+        self.decide(audit, |_| Box::pin(async { Ok(()) })).await
+    }
+
+    pub async fn audit(&self) -> Result<Vec<AuditRecord>> {
+        let rows = sqlx::query("SELECT seq, at, actor, action, subject, detail, prev_hash, hash FROM audit ORDER BY seq")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(AuditRecord {
+                    seq: r.try_get("seq")?,
+                    at: r.try_get("at")?,
+                    actor: r.try_get("actor")?,
+                    action: r.try_get("action")?,
+                    subject: r.try_get("subject")?,
+                    detail: r.try_get("detail")?,
+                    prev_hash: r.try_get("prev_hash")?,
+                    hash: r.try_get("hash")?,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Appends `a` to the chain inside `tx`. Two writers may both read the same last record; the
+/// second then fails on the unique sequence number, and `decide` retries.
+pub(crate) async fn append(tx: &mut Transaction<'static, Any>, a: &Audit<'_>) -> Result<()> {
+    let last = sqlx::query("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetch_optional(&mut **tx).await?;
+    let (seq, prev) = match last {
+        Some(r) => (r.try_get::<i64, _>("seq")? + 1, r.try_get::<String, _>("hash")?),
+        None => (1, String::new()),
+    };
+    let hash = trellis_proto::audit::hash(seq, a.at, a.actor, a.action, a.subject, &a.detail, &prev);
+    sqlx::query("INSERT INTO audit (seq, at, actor, action, subject, detail, prev_hash, hash) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)")
+        .bind(seq)
+        .bind(a.at)
+        .bind(a.actor)
+        .bind(a.action)
+        .bind(a.subject)
+        .bind(a.detail.clone())
+        .bind(prev)
+        .bind(hash)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,80 @@
+//! The version and digest of every node's current bundle, and publishing new content.
+
+use std::collections::HashMap;
+
+use sqlx::Row;
+
+use crate::{is_unique_violation, Result, Store, StoreError};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BundleVersion {
+    pub version: i64,
+    pub digest: String,
+    pub issued_at: i64,
+}
+
+fn is_serialization(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("40001") || d.code().as_deref() == Some("40P01"))
+}
+
+impl Store {
+    /// Version, content digest and issue time of every node's current bundle.
+    pub async fn bundles(&self) -> Result<HashMap<String, BundleVersion>> {
+        let rows = sqlx::query("SELECT node, version, digest, issued_at FROM bundles").fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get("node")?,
+                    BundleVersion { version: r.try_get("version")?, digest: r.try_get("digest")?, issued_at: r.try_get("issued_at")? },
+                ))
+            })
+            .collect()
+    }
+
+    /// Records new content for these nodes: each whose digest differs from its stored one gets
+    /// the next version, in one transaction. A node whose stored digest already matches (another
+    /// replica published it first) keeps its version. Returns the versions now in force.
+    pub async fn publish(&self, changes: &[(String, String)], now: i64) -> Result<Vec<(String, BundleVersion)>> {
+        let mut attempt = 0;
+        loop {
+            let mut tx = self.begin().await?;
+            let r: Result<()> = async {
+                // Multi-row upserts: a node's version moves only when its digest changes.
+                for chunk in changes.chunks(250) {
+                    let mut sql = String::from("INSERT INTO bundles (node, version, digest, issued_at) VALUES ");
+                    for k in 0..chunk.len() {
+                        if k > 0 {
+                            sql.push_str(", ");
+                        }
+                        sql.push_str(&format!("(${}, 1, ${}, ${})", 3 * k + 1, 3 * k + 2, 3 * k + 3));
+                    }
+                    sql.push_str(
+                        " ON CONFLICT (node) DO UPDATE SET version = bundles.version + 1, digest = excluded.digest, \
+                         issued_at = excluded.issued_at WHERE bundles.digest <> excluded.digest",
+                    );
+                    let mut q = sqlx::query(&sql);
+                    for (node, digest) in chunk {
+                        q = q.bind(node.clone()).bind(digest.clone()).bind(now);
+                    }
+                    q.execute(&mut *tx).await?;
+                }
+                Ok(())
+            }
+            .await;
+            let r = match r {
+                Ok(()) => tx.commit().await.map_err(StoreError::from),
+                Err(e) => {
+                    let _ = tx.rollback().await;
+                    Err(e)
+                }
+            };
+            match r {
+                Ok(()) => break,
+                Err(StoreError::Db(e)) if (is_unique_violation(&e) || is_serialization(&e)) && attempt < 20 => attempt += 1,
+                Err(e) => return Err(e),
+            }
+        }
+        let all = self.bundles().await?;
+        Ok(changes.iter().filter_map(|(node, _)| all.get(node).map(|v| (node.clone(), v.clone()))).collect())
+    }
+}

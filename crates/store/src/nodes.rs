@@ -1,0 +1,167 @@
+//! Enrolled nodes: enrolment (which redeems a token), state changes, certificate renewal and
+//! last contact.
+
+use sqlx::any::AnyRow;
+use sqlx::Row;
+use trellis_proto::EnrolledState;
+
+use crate::{is_unique_violation, parse, Audit, Result, Store, StoreError};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeRecord {
+    pub name: String,
+    pub state: EnrolledState,
+    pub wg_public_key: Option<String>,
+    pub cert_serial: Option<String>,
+    pub prev_cert_serial: Option<String>,
+    pub cert_not_after: Option<i64>,
+    pub enrolled_at: i64,
+    pub last_contact: Option<i64>,
+    pub cert_pem: Option<String>,
+}
+
+const NODE_COLUMNS: &str = "name, state, wg_public_key, cert_serial, prev_cert_serial, cert_not_after, enrolled_at, last_contact, cert_pem";
+
+fn node_record(r: &AnyRow) -> Result<NodeRecord> {
+    Ok(NodeRecord {
+        name: r.try_get("name")?,
+        state: parse(r.try_get::<String, _>("state")?)?,
+        wg_public_key: r.try_get("wg_public_key")?,
+        cert_serial: r.try_get("cert_serial")?,
+        prev_cert_serial: r.try_get("prev_cert_serial")?,
+        cert_not_after: r.try_get("cert_not_after")?,
+        enrolled_at: r.try_get("enrolled_at")?,
+        last_contact: r.try_get("last_contact")?,
+        cert_pem: r.try_get("cert_pem")?,
+    })
+}
+
+impl Store {
+    /// Redeems a token and records the node's keys and certificate, atomically: the token is
+    /// used once, and a WireGuard key held by another node is refused.
+    pub async fn enrol(&self, token_id: &str, node: &NodeRecord, audit: &Audit<'_>) -> Result<()> {
+        let token_id = token_id.to_string();
+        let node = node.clone();
+        let r = self
+            .decide(audit, |tx| {
+                let token_id = token_id.clone();
+                let node = node.clone();
+                Box::pin(async move {
+                    let used = sqlx::query("UPDATE tokens SET used_at = $1 WHERE id = $2 AND used_at IS NULL AND revoked_at IS NULL")
+                        .bind(node.enrolled_at)
+                        .bind(token_id)
+                        .execute(&mut **tx)
+                        .await?
+                        .rows_affected();
+                    if used != 1 {
+                        return Err(StoreError::TokenUsed);
+                    }
+                    if let Some(key) = &node.wg_public_key {
+                        let holder = sqlx::query("SELECT name FROM nodes WHERE wg_public_key = $1 AND name <> $2")
+                            .bind(key.clone())
+                            .bind(node.name.clone())
+                            .fetch_optional(&mut **tx)
+                            .await?;
+                        if let Some(h) = holder {
+                            return Err(StoreError::KeyTaken(h.try_get("name")?));
+                        }
+                    }
+                    sqlx::query(&format!(
+                        "INSERT INTO nodes ({NODE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+                         ON CONFLICT (name) DO UPDATE SET state = excluded.state, wg_public_key = excluded.wg_public_key, \
+                         cert_serial = excluded.cert_serial, prev_cert_serial = excluded.prev_cert_serial, \
+                         cert_not_after = excluded.cert_not_after, enrolled_at = excluded.enrolled_at, last_contact = excluded.last_contact, cert_pem = excluded.cert_pem"
+                    ))
+                    .bind(node.name)
+                    .bind(node.state.as_str())
+                    .bind(node.wg_public_key)
+                    .bind(node.cert_serial)
+                    .bind(node.prev_cert_serial)
+                    .bind(node.cert_not_after)
+                    .bind(node.enrolled_at)
+                    .bind(node.last_contact)
+                    .bind(node.cert_pem)
+                    .execute(&mut **tx)
+                    .await?;
+                    Ok(())
+                })
+            })
+            .await;
+        match r {
+            Err(StoreError::Db(e)) if is_unique_violation(&e) => Err(StoreError::KeyTaken("another node".into())),
+            other => other,
+        }
+    }
+
+    pub async fn node(&self, name: &str) -> Result<Option<NodeRecord>> {
+        let row = sqlx::query(&format!("SELECT {NODE_COLUMNS} FROM nodes WHERE name = $1")).bind(name).fetch_optional(&self.pool).await?;
+        row.as_ref().map(node_record).transpose()
+    }
+
+    pub async fn nodes(&self) -> Result<Vec<NodeRecord>> {
+        let rows = sqlx::query(&format!("SELECT {NODE_COLUMNS} FROM nodes ORDER BY name")).fetch_all(&self.pool).await?;
+        rows.iter().map(node_record).collect()
+    }
+
+    /// Moves a node from one of `from` states to `to`. Revocation also forgets its certificates,
+    /// so they are refused at once. Returns the state it was in, or `NotFound`.
+    pub async fn set_state(&self, name: &str, from: &[EnrolledState], to: EnrolledState, audit: &Audit<'_>) -> Result<EnrolledState> {
+        let name = name.to_string();
+        let from = from.to_vec();
+        self.decide(audit, |tx| {
+            let (name, from) = (name.clone(), from.clone());
+            Box::pin(async move {
+                let row = sqlx::query("SELECT state FROM nodes WHERE name = $1").bind(name.clone()).fetch_optional(&mut **tx).await?;
+                let Some(row) = row else { return Err(StoreError::NotFound(format!("enrolled node `{name}`"))) };
+                let state: EnrolledState = parse(row.try_get("state")?)?;
+                if !from.contains(&state) {
+                    let names: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
+                    return Err(StoreError::NotFound(format!("node `{name}` in state {}", names.join(" or "))));
+                }
+                let sql = if to == EnrolledState::Revoked {
+                    "UPDATE nodes SET state = $1, cert_serial = NULL, prev_cert_serial = NULL WHERE name = $2"
+                } else {
+                    "UPDATE nodes SET state = $1 WHERE name = $2"
+                };
+                sqlx::query(sql).bind(to.as_str()).bind(name).execute(&mut **tx).await?;
+                Ok(state)
+            })
+        })
+        .await
+    }
+
+    /// Records a renewed certificate; the one it replaces stays valid until it expires.
+    pub async fn renew(
+        &self,
+        name: &str,
+        old_serial: &str,
+        new_serial: &str,
+        not_after: i64,
+        cert_pem: &str,
+        audit: &Audit<'_>,
+    ) -> Result<()> {
+        let (name, old, new, pem) = (name.to_string(), old_serial.to_string(), new_serial.to_string(), cert_pem.to_string());
+        self.decide(audit, |tx| {
+            let (name, old, new, pem) = (name.clone(), old.clone(), new.clone(), pem.clone());
+            Box::pin(async move {
+                let n = sqlx::query("UPDATE nodes SET prev_cert_serial = $1, cert_serial = $2, cert_not_after = $3, cert_pem = $4 WHERE name = $5 AND state <> $6")
+                    .bind(old)
+                    .bind(new)
+                    .bind(not_after)
+                    .bind(pem)
+                    .bind(name.clone())
+                    .bind(EnrolledState::Revoked.as_str())
+                    .execute(&mut **tx)
+                    .await?
+                    .rows_affected();
+                if n == 1 { Ok(()) } else { Err(StoreError::NotFound(format!("node `{name}`"))) }
+            })
+        })
+        .await
+    }
+
+    pub async fn touch(&self, name: &str, now: i64) -> Result<()> {
+        sqlx::query("UPDATE nodes SET last_contact = $1 WHERE name = $2").bind(now).bind(name).execute(&self.pool).await?;
+        Ok(())
+    }
+}
