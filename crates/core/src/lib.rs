@@ -14,6 +14,7 @@ pub mod render;
 pub mod token;
 pub mod topology;
 pub mod wgconf;
+pub mod zone;
 
 pub use alloc::{allocate, Allocation};
 pub use compile::{compile, Compiled, FileResource, NodePlan};

@@ -1,10 +1,7 @@
 //! `trellis`: the controller, the admin CLI, the offline tools and the lab, as one binary.
 
 mod admin;
-mod bench;
 mod declfs;
-mod lab;
-mod loadtest;
 mod offline;
 mod time;
 
@@ -144,11 +141,6 @@ enum Command {
         #[command(subcommand)]
         cmd: LabCommand,
     },
-    /// Measure the compiler on a generated mesh and print the figures
-    Bench {
-        #[command(subcommand)]
-        what: bench::BenchCommand,
-    },
 }
 
 #[derive(Subcommand)]
@@ -180,12 +172,13 @@ fn main() -> ExitCode {
         Command::Check { dir, json } => offline::check(&dir, json),
         Command::Compile { dir, node, all: _, out, json } => offline::compile(&dir, node.as_deref(), &out, json),
         Command::Explain { dir, from, to, json } => offline::explain(&dir, &from, &to, json),
-        Command::Bench { what } => bench::run(what),
         Command::Lab { cmd } => match cmd {
-            LabCommand::Up { file } => lab::up(&file).map(|_| ExitCode::SUCCESS),
-            LabCommand::Check { file } => lab::check(&file).map(|ok| if ok { ExitCode::SUCCESS } else { ExitCode::from(1) }),
-            LabCommand::Down { file } => lab::down(&file).map(|_| ExitCode::SUCCESS),
-            LabCommand::Run { file } => lab::run(&file),
+            LabCommand::Up { file } => trellis_lab::up(&file, declfs::read).map(|_| ExitCode::SUCCESS),
+            LabCommand::Check { file } => {
+                trellis_lab::check(&file, declfs::read).map(|ok| if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+            }
+            LabCommand::Down { file } => trellis_lab::down(&file).map(|_| ExitCode::SUCCESS),
+            LabCommand::Run { file } => trellis_lab::run(&file, declfs::read),
         },
         Command::Init { state_dir, advertise, listen, database_url, cert_lifetime } => {
             admin::init(&state_dir, advertise, listen, database_url, cert_lifetime)

@@ -1,4 +1,4 @@
-//! `trellis bench`: figures for the compiler on a generated mesh, printed for people (or as
+//! `trellis-dev bench`: figures for the compiler on a generated mesh, printed for people (or as
 //! JSON). Time is measured here, at the edge; the compiler itself has no clock.
 
 use std::collections::HashMap;
@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use serde_json::json;
 use trellis_core::decl::PublicKey;
@@ -76,9 +76,13 @@ pub struct CompileArgs {
 pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
     match cmd {
         BenchCommand::Compile(a) => bench_compile(&a),
-        BenchCommand::Enrol(a) => crate::admin::runtime().block_on(bench_enrol(&a)),
-        BenchCommand::Delivery(a) => crate::admin::runtime().block_on(crate::loadtest::run(&a)),
+        BenchCommand::Enrol(a) => runtime()?.block_on(bench_enrol(&a)),
+        BenchCommand::Delivery(a) => runtime()?.block_on(crate::delivery::run(&a)),
     }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the tokio runtime")
 }
 
 fn key(i: usize) -> String {

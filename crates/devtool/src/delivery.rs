@@ -1,6 +1,7 @@
-//! `trellis bench delivery`: simulated agents against a real `trellis serve` process on loopback.
+//! `trellis-dev bench delivery`: simulated agents against a real `trellis serve` process on loopback.
 //! Every loop is bounded in count and time; every address is 127.0.0.1.
 
+use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,8 +23,25 @@ impl Drop for Serve {
     }
 }
 
+/// The `trellis` binary this tool measures: the one built next to `trellis-dev`, in the same
+/// target directory, so that the figures are for the code of this checkout.
+fn trellis_exe() -> Result<PathBuf> {
+    let me = std::env::current_exe().context("cannot find the path of trellis-dev")?;
+    let dir = me.parent().with_context(|| format!("{} has no directory", me.display()))?;
+    let trellis = dir.join("trellis");
+    if !trellis.is_file() {
+        bail!(
+            "{} is missing; build it next to trellis-dev with `cargo build -p trellis` (add --release for a release trellis-dev)",
+            trellis.display()
+        );
+    }
+    Ok(trellis)
+}
+
 fn raise_fd_limit() {
-    // Thousands of connections need thousands of descriptors, on both ends.
+    // Thousands of connections need thousands of descriptors, on both ends (the `trellis serve`
+    // child inherits the raised limit).
+    // SAFETY: `getrlimit` and `setrlimit` only read and write the `rlimit` value owned here.
     unsafe {
         let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 && l.rlim_cur < l.rlim_max {
@@ -84,6 +102,7 @@ pub async fn run(a: &DeliveryArgs) -> Result<std::process::ExitCode> {
     if a.agents == 0 || a.agents > 20_000 {
         bail!("--agents must be between 1 and 20000");
     }
+    let trellis = trellis_exe()?;
     raise_fd_limit();
     let dir = std::env::temp_dir().join(format!("trellis-bench-delivery-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -99,12 +118,12 @@ pub async fn run(a: &DeliveryArgs) -> Result<std::process::ExitCode> {
     trellis_controller::state::init(&dir, &opts).await?;
     let log = std::fs::File::create(dir.join("serve.log"))?;
     let serve = Serve(
-        std::process::Command::new(std::env::current_exe()?)
+        std::process::Command::new(&trellis)
             .args(["serve", "--state-dir", dir.to_str().context("temp dir is not UTF-8")?])
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
-            .context("cannot start trellis serve")?,
+            .with_context(|| format!("cannot start {} serve", trellis.display()))?,
     );
     let deadline = Instant::now() + Duration::from_secs(30);
     while std::net::TcpStream::connect(&addr).is_err() {

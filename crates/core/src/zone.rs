@@ -1,0 +1,167 @@
+//! Reading back the `mesh.zone` that `render` writes (a master file for the mesh domain) into
+//! its records, for tools that check what a node was given. Pure.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// The zone a `mesh.zone` describes: its origin, default TTL, serial and address records.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Zone {
+    /// The origin without its final dot (`lab.mesh`).
+    pub origin: String,
+    pub ttl: Option<u32>,
+    /// The serial of the SOA record.
+    pub serial: Option<u32>,
+    /// The name server the NS record names, as written (`ns.lab.mesh.`).
+    pub nameserver: Option<String>,
+    /// A and AAAA records in file order.
+    pub records: Vec<AddressRecord>,
+}
+
+/// One A or AAAA record: a name relative to the origin (`web`; `@` for the origin itself).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AddressRecord {
+    pub name: String,
+    pub address: IpAddr,
+}
+
+impl Zone {
+    /// Every name with its addresses, in the order the file lists them.
+    pub fn addresses(&self) -> BTreeMap<&str, Vec<IpAddr>> {
+        let mut out: BTreeMap<&str, Vec<IpAddr>> = BTreeMap::new();
+        for r in &self.records {
+            out.entry(r.name.as_str()).or_default().push(r.address);
+        }
+        out
+    }
+}
+
+/// A line of `mesh.zone` this reader does not understand.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ZoneError {
+    /// 1-based line number.
+    pub line: usize,
+    pub problem: String,
+}
+
+impl fmt::Display for ZoneError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "mesh.zone line {}: {}", self.line, self.problem)
+    }
+}
+
+impl std::error::Error for ZoneError {}
+
+/// Parses the file. Only what `render::zone` writes is accepted: `$ORIGIN`, `$TTL`, and SOA, NS,
+/// A and AAAA records of class IN; anything else is an error naming the line.
+pub fn parse(text: &str) -> Result<Zone, ZoneError> {
+    let mut zone = Zone::default();
+    for (n, raw) in text.lines().enumerate() {
+        let at = |problem: String| ZoneError { line: n + 1, problem };
+        let line = raw.split(';').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        match fields[..] {
+            ["$ORIGIN", origin] => {
+                let Some(origin) = origin.strip_suffix('.') else {
+                    return Err(at(format!("$ORIGIN `{origin}` is not a fully qualified name (it must end with a dot)")));
+                };
+                zone.origin = origin.to_string();
+            }
+            ["$TTL", ttl] => zone.ttl = Some(ttl.parse().map_err(|_| at(format!("$TTL `{ttl}` is not a number of seconds")))?),
+            [name, "IN", kind, ref data @ ..] => {
+                if zone.origin.is_empty() {
+                    return Err(at("a record comes before $ORIGIN".into()));
+                }
+                match (kind, data) {
+                    ("A", [a]) => {
+                        let a: Ipv4Addr = a.parse().map_err(|_| at(format!("`{a}` is not an IPv4 address")))?;
+                        zone.records.push(AddressRecord { name: name.to_string(), address: a.into() });
+                    }
+                    ("AAAA", [a]) => {
+                        let a: Ipv6Addr = a.parse().map_err(|_| at(format!("`{a}` is not an IPv6 address")))?;
+                        zone.records.push(AddressRecord { name: name.to_string(), address: a.into() });
+                    }
+                    ("NS", [ns]) => zone.nameserver = Some(ns.to_string()),
+                    ("SOA", [_mname, _rname, serial, refresh, retry, expire, minimum]) => {
+                        for v in [refresh, retry, expire, minimum] {
+                            v.parse::<u32>().map_err(|_| at(format!("SOA timer `{v}` is not a number")))?;
+                        }
+                        zone.serial = Some(serial.parse().map_err(|_| at(format!("SOA serial `{serial}` is not a number")))?);
+                    }
+                    ("A" | "AAAA" | "NS" | "SOA", _) => return Err(at(format!("{kind} record with {} data fields", data.len()))),
+                    _ => return Err(at(format!("record type `{kind}` is not one trellis writes"))),
+                }
+            }
+            _ => return Err(at(format!("expected `$ORIGIN`, `$TTL` or `NAME IN TYPE DATA`, found `{line}`"))),
+        }
+    }
+    if zone.origin.is_empty() {
+        return Err(ZoneError { line: text.lines().count().max(1), problem: "no $ORIGIN".into() });
+    }
+    Ok(zone)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::net::IpAddr;
+
+    use crate::compile::MESH_ZONE;
+    use crate::{compile, load, SourceFile};
+
+    const MESH: &str = "[mesh]\nname = \"z\"\ndomain = \"z.mesh\"\noverlay_ipv4 = \"10.7.0.0/16\"\noverlay_ipv6 = \"fd07::/64\"\n\n[networks]\nlan = {}\n\n[[node]]\nname = \"alpha\"\nnetworks = [\"lan\"]\nmodules = [\"web\"]\n\n[[node]]\nname = \"beta\"\nnetworks = [\"lan\"]\nmodules = [\"web\"]\n\n[[node]]\nname = \"gamma\"\nnetworks = [\"lan\"]\n";
+    const WEB: &str = "[module]\nname = \"web\"\n\n[[allow]]\nproto = \"tcp\"\nports = [\"80\"]\nfrom = [\"node:gamma\"]\n";
+
+    #[test]
+    fn reads_back_what_render_writes() {
+        let loaded = load(
+            &SourceFile { path: "mesh.toml".into(), text: MESH.into() },
+            &[SourceFile { path: "modules/web.toml".into(), text: WEB.into() }],
+        );
+        let decl = loaded.declaration.unwrap_or_else(|| panic!("{:?}", loaded.diagnostics));
+        let compiled = compile(&decl, &HashMap::new(), &Default::default(), None).expect("compiles");
+        let out = &compiled.nodes["alpha"];
+        let text = &out.files.iter().find(|f| f.path == MESH_ZONE).expect("a zone file").content;
+        let zone = super::parse(text).unwrap();
+        assert_eq!(zone.origin, "z.mesh");
+        assert_eq!(zone.ttl, Some(60));
+        assert!(zone.serial.is_some());
+        assert_eq!(zone.nameserver.as_deref(), Some("ns.z.mesh."));
+        let by_name = zone.addresses();
+        assert_eq!(by_name.keys().copied().collect::<Vec<_>>(), ["alpha", "beta", "gamma", "web"]);
+        for (name, node) in &compiled.nodes {
+            let want: Vec<IpAddr> = [node.plan.ipv4.map(IpAddr::from), node.plan.ipv6.map(IpAddr::from)].into_iter().flatten().collect();
+            assert_eq!(by_name[name.as_str()], want, "{name}");
+        }
+        let mut web = by_name["web"].clone();
+        let mut runners: Vec<IpAddr> = ["alpha", "beta"].iter().flat_map(|n| by_name[n].clone()).collect();
+        web.sort();
+        runners.sort();
+        assert_eq!(web, runners, "a module's name answers with the addresses of the nodes that run it");
+    }
+
+    #[test]
+    fn refuses_a_line_it_does_not_understand_with_its_number() {
+        let head = "; c\n$ORIGIN z.mesh.\n$TTL 60\n";
+        let cases = [
+            ("alpha\tIN\tMX\t10 mail\n", 4, "record type `MX`"),
+            ("alpha\tIN\tA\t10.0.0.300\n", 4, "not an IPv4 address"),
+            ("alpha\tIN\tAAAA\t10.0.0.1\n", 4, "not an IPv6 address"),
+            ("alpha\tCH\tA\t10.0.0.1\n", 4, "expected"),
+            ("\nalpha\tIN\tA\n", 5, "A record with 0 data fields"),
+        ];
+        for (tail, line, problem) in cases {
+            let e = super::parse(&format!("{head}{tail}")).unwrap_err();
+            assert_eq!(e.line, line, "{tail:?}: {e}");
+            assert!(e.to_string().contains(problem), "{tail:?}: {e}");
+        }
+        let e = super::parse("a\tIN\tA\t10.0.0.1\n").unwrap_err();
+        assert_eq!((e.line, e.problem.as_str()), (1, "a record comes before $ORIGIN"));
+        let e = super::parse("$ORIGIN z.mesh\n").unwrap_err();
+        assert_eq!(e.line, 1, "{e}");
+    }
+}

@@ -1,0 +1,39 @@
+//! `trellis-dev`: tools for developing trellis (benchmarks and the delivery load test), kept out
+//! of the binaries that are shipped.
+
+mod bench;
+mod delivery;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "trellis-dev", version, about = "Development tools for trellis: benchmarks and load tests (not shipped)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Measure the compiler, enrolment or delivery and print the figures
+    Bench {
+        #[command(subcommand)]
+        what: bench::BenchCommand,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Bench { what } => bench::run(what),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,130 @@
+//! The expectation matrix: every `[[expect]]` (tcp, udp, icmp open or closed; DNS answers) run
+//! through the overlay between the lab's namespaces, expected next to seen.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+
+use crate::file::Expect;
+use crate::net::ns_cmd;
+use crate::LabState;
+
+/// One line of the matrix.
+pub struct Row {
+    pub from: String,
+    pub what: String,
+    pub expected: String,
+    pub seen: String,
+}
+
+impl Row {
+    pub fn ok(&self) -> bool {
+        self.expected == self.seen
+    }
+}
+
+/// Overlay addresses by name (nodes, and modules with the nodes that run them), read with the
+/// core's zone reader from the `mesh.zone` of the first node the lab enrolled. Empty when that
+/// node has no zone file.
+pub(crate) fn overlay_addresses(dir: &Path, decl: &trellis_core::Declaration) -> Result<HashMap<String, Vec<IpAddr>>> {
+    let Some(node) = decl.nodes.iter().find(|n| n.public_key.is_none()) else { return Ok(HashMap::new()) };
+    let path = dir.join(format!("root-{}/{}", node.name, trellis_core::compile::MESH_ZONE));
+    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(HashMap::new()) };
+    let zone = trellis_core::zone::parse(&text).with_context(|| format!("cannot read the zone in {}", path.display()))?;
+    Ok(zone.addresses().into_iter().map(|(name, addrs)| (name.to_string(), addrs)).collect())
+}
+
+/// Runs expectation `i` and returns its row.
+pub(crate) fn run(i: usize, e: &Expect, addrs: &HashMap<String, Vec<IpAddr>>, st: &LabState) -> Result<Row> {
+    let (what, expected, seen) = match &e.dns {
+        Some(name) => dns(e, name, addrs, st)?,
+        None => traffic(i, e, addrs, st)?,
+    };
+    Ok(Row { from: e.from.clone(), what, expected, seen })
+}
+
+fn ns(st: &LabState, host: &str) -> String {
+    format!("{}-{host}", st.prefix)
+}
+
+/// Asks the from-node's own resolver (on its first overlay address) for `name`, in the family of
+/// that address; expects the addresses of the nodes in `answer`.
+fn dns(e: &Expect, name: &str, addrs: &HashMap<String, Vec<IpAddr>>, st: &LabState) -> Result<(String, String, String)> {
+    let server = addrs.get(&e.from).and_then(|a| a.first()).context("from-node has no overlay address")?.to_string();
+    let want_v6 = server.contains(':');
+    let mut want: Vec<String> = e
+        .answer
+        .clone()
+        .unwrap_or_default()
+        .iter()
+        .flat_map(|n| addrs.get(n).cloned().unwrap_or_default())
+        .filter(|ip| ip.is_ipv6() == want_v6)
+        .map(|ip| ip.to_string())
+        .collect();
+    want.sort();
+    let out = ns_cmd(
+        &ns(st, &e.from),
+        &["dig", "+short", "+time=2", "+tries=2", &format!("@{server}"), name, if want_v6 { "AAAA" } else { "A" }],
+    )
+    .output()?;
+    let mut got: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect();
+    got.sort();
+    Ok((format!("dns {name}"), want.join(" "), got.join(" ")))
+}
+
+/// Sends tcp, udp or icmp from the from-node to the to-node's overlay address (IPv4 first) and
+/// reports whether it arrived.
+fn traffic(i: usize, e: &Expect, addrs: &HashMap<String, Vec<IpAddr>>, st: &LabState) -> Result<(String, String, String)> {
+    let to = e.to.as_deref().context("an expectation needs `to` or `dns`")?;
+    let proto = e.proto.as_deref().unwrap_or("tcp");
+    let dst =
+        addrs.get(to).and_then(|a| a.iter().find(|ip| ip.is_ipv4()).or(a.first())).context("to-node has no overlay address")?.to_string();
+    let expected = e.result.clone().unwrap_or_else(|| "open".into());
+    let (from_ns, to_ns) = (ns(st, &e.from), ns(st, to));
+    let open = match proto {
+        "icmp" => ns_cmd(&from_ns, &["ping", "-c", "1", "-W", "2", &dst]).stdout(Stdio::null()).status()?.success(),
+        "tcp" | "udp" => {
+            let port = e.port.context("tcp and udp expectations need a port")?.to_string();
+            let mark = st.dir.join(format!("udp-{i}.out"));
+            let listener = if proto == "tcp" {
+                ns_cmd(&to_ns, &["nc", "-l", "-k", &port]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?
+            } else {
+                let f = std::fs::File::create(&mark).with_context(|| format!("cannot create {}", mark.display()))?;
+                ns_cmd(&to_ns, &["nc", "-u", "-l", "-k", &port]).stdin(Stdio::null()).stdout(f).stderr(Stdio::null()).spawn()?
+            };
+            std::thread::sleep(Duration::from_millis(300));
+            let ok = if proto == "tcp" {
+                ns_cmd(&from_ns, &["nc", "-z", "-n", "-w", "2", &dst, &port]).status()?.success()
+            } else {
+                let mut c =
+                    ns_cmd(&from_ns, &["nc", "-u", "-n", "-w", "1", &dst, &port]).stdin(Stdio::piped()).stdout(Stdio::null()).spawn()?;
+                if let Some(mut stdin) = c.stdin.take() {
+                    use std::io::Write;
+                    let _ = stdin.write_all(b"trellis-lab\n");
+                }
+                let _ = c.wait();
+                std::thread::sleep(Duration::from_millis(300));
+                std::fs::read_to_string(&mark).unwrap_or_default().contains("trellis-lab")
+            };
+            let mut l = listener;
+            let _ = l.kill();
+            let _ = l.wait();
+            ok
+        }
+        other => bail!("expectation {}: proto {other:?} must be tcp, udp or icmp", i + 1),
+    };
+    let port = e.port.map(|p| format!(" {p}")).unwrap_or_default();
+    Ok((format!("{proto}{port} -> {to}"), expected, if open { "open".into() } else { "closed".into() }))
+}
+
+/// Prints the matrix as the lab always has: one row per expectation, `NO` where they differ.
+pub(crate) fn print(rows: &[Row]) {
+    println!("{:<12} {:<34} {:<28} {:<28} OK", "FROM", "CHECK", "EXPECTED", "SEEN");
+    for r in rows {
+        println!("{:<12} {:<34} {:<28} {:<28} {}", r.from, r.what, r.expected, r.seen, if r.ok() { "yes" } else { "NO" });
+    }
+}

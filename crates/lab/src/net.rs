@@ -1,0 +1,160 @@
+//! The lab's network: a switch namespace with a bridge per net, a namespace per host linked to
+//! its nets, and NAT or firewall routers between nets; and the commands that run inside them.
+
+use std::collections::HashMap;
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use ipnet::IpNet;
+
+use crate::file::LabFile;
+use crate::LabState;
+
+/// Runs a command to completion; its stdout, or an error with its stderr.
+pub(crate) fn sh(args: &[&str]) -> Result<String> {
+    let out = Command::new(args[0]).args(&args[1..]).output().with_context(|| format!("cannot run {}", args[0]))?;
+    if !out.status.success() {
+        bail!("`{}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).to_string())
+}
+
+/// A command that runs inside namespace `ns`, to be spawned or waited for by the caller.
+pub(crate) fn ns_cmd(ns: &str, args: &[&str]) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns]).args(args);
+    c
+}
+
+/// Runs a command inside namespace `ns` to completion, like `sh`.
+pub(crate) fn in_ns(ns: &str, args: &[&str]) -> Result<String> {
+    let mut full = vec!["ip", "netns", "exec", ns];
+    full.extend_from_slice(args);
+    sh(&full)
+}
+
+/// The address a router takes on a net: counted down from the top of its range.
+fn router_addr(net: &str, index: u32, lab: &LabFile, v6: bool) -> Option<String> {
+    let p = lab.net(net)?.prefix(v6)?;
+    Some(match p {
+        IpNet::V4(p) => std::net::Ipv4Addr::from(u32::from(p.broadcast()) - 1 - index).to_string(),
+        IpNet::V6(p) => std::net::Ipv6Addr::from(u128::from(p.broadcast()) - 1 - index as u128).to_string(),
+    })
+}
+
+fn add_ns(st: &mut LabState, name: &str) -> Result<String> {
+    let ns = format!("{}-{name}", st.prefix);
+    sh(&["ip", "netns", "add", &ns])?;
+    st.namespaces.push(ns.clone());
+    in_ns(&ns, &["ip", "link", "set", "lo", "up"])?;
+    Ok(ns)
+}
+
+/// Adds an address; IPv6 ones skip duplicate address detection, so they are usable at once.
+fn add_addr(ns: &str, cidr: &str, dev: &str) -> Result<()> {
+    let mut args = vec!["ip", "addr", "add", cidr, "dev", dev];
+    if cidr.contains(':') {
+        args.push("nodad");
+    }
+    in_ns(ns, &args).map(|_| ())
+}
+
+fn link(sw: &str, net: &str, ns: &str, ifname: &str, counter: &mut u32) -> Result<()> {
+    *counter += 1;
+    let veth = format!("v{counter}");
+    sh(&["ip", "link", "add", &veth, "netns", sw, "type", "veth", "peer", "name", ifname, "netns", ns])?;
+    in_ns(sw, &["ip", "link", "set", &veth, "master", &format!("br-{net}")])?;
+    in_ns(sw, &["ip", "link", "set", &veth, "up"])?;
+    in_ns(ns, &["ip", "link", "set", ifname, "up"])?;
+    Ok(())
+}
+
+/// Builds every namespace, bridge, link and router the lab file describes, recording each
+/// namespace in `st` as it is made; returns the namespace of every host by host name.
+pub(crate) fn build(lab: &LabFile, st: &mut LabState) -> Result<HashMap<String, String>> {
+    let sw = add_ns(st, "sw")?;
+    for n in &lab.net {
+        let br = format!("br-{}", n.name);
+        in_ns(&sw, &["ip", "link", "add", &br, "type", "bridge"])?;
+        in_ns(&sw, &["ip", "link", "set", &br, "up"])?;
+    }
+    let mut counter = 0;
+    let mut host_ns: HashMap<String, String> = HashMap::new();
+    for h in &lab.host {
+        let ns = add_ns(st, &h.name)?;
+        for (i, (net, addr)) in h.addresses.iter().enumerate() {
+            let ifname = format!("eth{i}");
+            link(&sw, net, &ns, &ifname, &mut counter)?;
+            let n = lab.net(net).expect("checked");
+            let len = n.prefix(addr.contains(':')).context("address family not in net")?.prefix_len();
+            add_addr(&ns, &format!("{addr}/{len}"), &ifname)?;
+        }
+        host_ns.insert(h.name.clone(), ns);
+    }
+    // Routers: a NAT or firewall router between a net and the net it reaches.
+    for (ri, n) in lab.net.iter().enumerate() {
+        let (target, masquerade) = match (&n.nat, &n.firewall) {
+            (Some(t), _) => (t, true),
+            (None, Some(t)) => (t, false),
+            _ => continue,
+        };
+        let ns = add_ns(st, &format!("r{ri}"))?;
+        link(&sw, &n.name, &ns, "inside", &mut counter)?;
+        link(&sw, target, &ns, "outside", &mut counter)?;
+        for v6 in [false, true] {
+            let (Some(inside), Some(outside)) = (router_addr(&n.name, ri as u32, lab, v6), router_addr(target, ri as u32, lab, v6)) else {
+                continue;
+            };
+            let tnet = lab.net(target).expect("checked");
+            let (il, ol) = (n.prefix(v6).expect("family").prefix_len(), tnet.prefix(v6).expect("family").prefix_len());
+            let fam = if v6 { "-6" } else { "-4" };
+            add_addr(&ns, &format!("{inside}/{il}"), "inside")?;
+            add_addr(&ns, &format!("{outside}/{ol}"), "outside")?;
+            // Hosts inside send everything else to the router.
+            for h in lab.host.iter().filter(|h| h.addresses.get(&n.name).is_some_and(|a| a.contains(':') == v6)) {
+                in_ns(&host_ns[&h.name], &["ip", fam, "route", "add", "default", "via", &inside])?;
+            }
+            if !masquerade {
+                // Routed: hosts outside know the way in (and are stopped by the firewall).
+                let net_prefix = if v6 { n.ipv6.clone() } else { n.ipv4.clone() }.expect("family");
+                for h in lab.host.iter().filter(|h| h.addresses.get(target).is_some_and(|a| a.contains(':') == v6)) {
+                    in_ns(&host_ns[&h.name], &["ip", fam, "route", "add", &net_prefix, "via", &outside])?;
+                }
+            }
+        }
+        in_ns(&ns, &["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])?;
+        in_ns(&ns, &["sysctl", "-q", "-w", "net.ipv6.conf.all.forwarding=1"])?;
+        let nat = if masquerade {
+            "\tchain postrouting {\n\t\ttype nat hook postrouting priority srcnat;\n\t\toifname \"outside\" masquerade\n\t}\n"
+        } else {
+            ""
+        };
+        // Routed or masqueraded, only connections started inside pass: new ones from outside drop.
+        let rules = format!(
+            "table inet lab {{\n{nat}\tchain forward {{\n\t\ttype filter hook forward priority filter; policy drop;\n\t\tct state established,related accept\n\t\tiifname \"inside\" accept\n\t}}\n}}\n"
+        );
+        let path = st.dir.join(format!("router-{ri}.nft"));
+        std::fs::write(&path, rules).with_context(|| format!("cannot write {}", path.display()))?;
+        in_ns(&ns, &["nft", "-f", path.to_str().context("path")?])?;
+    }
+    Ok(host_ns)
+}
+
+/// Kills every process in the lab's namespaces and those it started, then deletes the
+/// namespaces, last made first.
+pub(crate) fn remove(st: &LabState) {
+    for ns in st.namespaces.iter().rev() {
+        if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
+            for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let _ = Command::new("kill").args(["-9", pid]).output();
+            }
+        }
+    }
+    for pid in &st.pids {
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).output();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    for ns in st.namespaces.iter().rev() {
+        let _ = Command::new("ip").args(["netns", "del", ns]).output();
+    }
+}
