@@ -55,3 +55,33 @@ fn refusal_from(status: reqwest::StatusCode, text: &str) -> Error {
         Err(_) => Error::Answered { status, text: text.to_string() },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_body_is_a_refusal_that_reads_as_the_controllers_sentence() {
+        let e = refusal_from(reqwest::StatusCode::CONFLICT, r#"{"error":"token already used","code":"conflict"}"#);
+        let r = e.refused().expect("a refusal");
+        assert_eq!((r.status, r.body.code.as_str()), (409, "conflict"));
+        assert_eq!(e.to_string(), "token already used");
+    }
+
+    #[test]
+    fn another_body_is_shown_with_the_status() {
+        let e = refusal_from(reqwest::StatusCode::BAD_GATEWAY, "upstream down");
+        assert!(e.refused().is_none());
+        assert_eq!(e.to_string(), "the controller answered 502 Bad Gateway: upstream down");
+    }
+
+    #[test]
+    fn unreachable_names_every_controller_tried() {
+        let tried = Tried(vec![("a:1".into(), "refused".into()), ("b:2".into(), "timed out".into())]);
+        assert_eq!(Error::Unreachable(tried.clone()).to_string(), "cannot reach the controller: a:1: refused; b:2: timed out");
+        assert_eq!(
+            Error::UnreachableFromToken(tried).to_string(),
+            "cannot reach any controller named in the token: a:1: refused; b:2: timed out"
+        );
+    }
+}
