@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use crate::controller::copy_dir;
 use crate::support::{ok, repo, run, sh, tempdir, Netns, TempDir};
 
-const AGENT: &str = env!("CARGO_BIN_EXE_trellis-agent");
+const AGENT: &str = crate::support::AGENT;
 const TRELLIS: &str = env!("CARGO_BIN_EXE_trellis");
 
 /// A process in a namespace (and, for agents, its own mount namespace, so that two userspace
@@ -38,6 +38,7 @@ struct Site {
 impl Site {
     /// The controller at 192.0.2.1, api-1 at .11 and db-1 at .12, as lab/basic declares.
     fn new() -> Site {
+        crate::support::agent();
         let bridge = Netns::new("br");
         bridge.ok(&["ip", "link", "add", "br0", "type", "bridge"]);
         bridge.ok(&["ip", "link", "set", "br0", "up"]);

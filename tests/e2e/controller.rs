@@ -16,7 +16,7 @@ pub fn free_port() -> u16 {
 }
 
 pub fn agent_bin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_trellis-agent"));
+    let mut c = Command::new(crate::support::agent());
     c.current_dir(repo());
     c
 }

@@ -8,6 +8,17 @@ pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
 }
 
+/// Where `trellis-agent` is: its own package builds it next to `trellis` (a test target of one
+/// package cannot ask Cargo for another package's binary).
+pub const AGENT: &str = concat!(env!("CARGO_BIN_EXE_trellis"), "-agent");
+
+/// The `trellis-agent` binary's path; panics with what to do when it has not been built.
+#[track_caller]
+pub fn agent() -> &'static str {
+    assert!(Path::new(AGENT).exists(), "{AGENT} does not exist: build it first: cargo build -p trellis-agent");
+    AGENT
+}
+
 pub fn trellis() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_trellis"));
     c.current_dir(repo());

@@ -1,9 +1,8 @@
 //! The host side effects, each behind a narrow trait with one implementation per backend:
 //! files (atomic, staged), WireGuard (kernel or embedded userspace boringtun, through
-//! defguard_wireguard_rs), and nftables (`nft -f`). The run loop talks only to the traits.
+//! defguard_wireguard_rs), nftables (`nft -f`) and IP forwarding (`/proc/sys`). The executor
+//! talks only to the traits.
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
@@ -43,17 +42,6 @@ impl DiskWriter {
     }
 }
 
-fn stage_path(target: &Path) -> PathBuf {
-    let name = target.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    target.with_file_name(format!(".{name}.trellis-new"))
-}
-
-fn sync_dir(dir: &Path) {
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
-}
-
 impl FileWriter for DiskWriter {
     fn write_all(&mut self, files: &[BundleFile], dropped: &[String]) -> Result<Vec<FileOutcome>> {
         let mut outcomes = Vec::new();
@@ -72,28 +60,19 @@ impl FileWriter for DiskWriter {
             }
             let dir = target.parent().context("file has no directory")?;
             std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-            let tmp = stage_path(&target);
-            let _ = std::fs::remove_file(&tmp);
-            let mut out = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(f.mode)
-                .open(&tmp)
-                .with_context(|| format!("cannot create {}", tmp.display()))?;
-            out.write_all(&f.content).with_context(|| format!("cannot write {}", tmp.display()))?;
-            out.sync_all().with_context(|| format!("cannot sync {}", tmp.display()))?;
+            let tmp = crate::atomic::stage(&target, &f.content, f.mode)?;
             staged.push((tmp, target));
             outcomes.push(FileOutcome { path: f.path.clone(), sha256: sha, result: trellis_proto::FileResult::Written });
         }
         // Everything is staged; now commit.
         for (tmp, target) in &staged {
-            std::fs::rename(tmp, target).with_context(|| format!("cannot rename {} to {}", tmp.display(), target.display()))?;
+            crate::atomic::commit(tmp, target)?;
         }
         let mut dirs: Vec<&Path> = staged.iter().filter_map(|(_, t)| t.parent()).collect();
         dirs.sort();
         dirs.dedup();
         for d in dirs {
-            sync_dir(d);
+            crate::atomic::sync_dir(d);
         }
         for path in dropped {
             let target = self.target(path);
@@ -303,5 +282,33 @@ impl Firewall for Nft {
 
     fn loaded(&self) -> bool {
         self.loaded
+    }
+}
+
+// --- forwarding ------------------------------------------------------------------------------
+
+/// IP forwarding, which a hub needs to relay between its overlay peers.
+pub trait Forwarding {
+    /// Whether IPv4 and IPv6 forwarding are both on.
+    fn enabled(&self) -> bool;
+    /// Turns IPv4 and IPv6 forwarding on.
+    fn enable(&mut self) -> Result<()>;
+}
+
+/// Forwarding through the kernel's `/proc/sys` knobs.
+pub struct ProcSys;
+
+const FORWARDING_KNOBS: [&str; 2] = ["/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"];
+
+impl Forwarding for ProcSys {
+    fn enabled(&self) -> bool {
+        FORWARDING_KNOBS.iter().all(|k| std::fs::read_to_string(k).is_ok_and(|v| v.trim() == "1"))
+    }
+
+    fn enable(&mut self) -> Result<()> {
+        for knob in FORWARDING_KNOBS {
+            std::fs::write(knob, "1").with_context(|| format!("cannot enable forwarding ({knob})"))?;
+        }
+        Ok(())
     }
 }

@@ -1,15 +1,16 @@
 //! The node's identity: its WireGuard and TLS keys (made here, mode 0600 from the first byte),
 //! its certificate, the mesh CA, and `identity.toml` (who it is and where the controller is).
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use base64::Engine;
 use serde::{Deserialize, Serialize};
+use trellis_client::NodeClient;
 use trellis_core::token::EnrolmentToken;
 use trellis_proto as proto;
+
+use crate::atomic::write as write_file;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -24,27 +25,6 @@ pub struct Identity {
 }
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
-
-/// Writes a file atomically: a temporary file created with `mode` before any byte is written,
-/// synced, then renamed over `path`.
-pub fn write_file(path: &Path, content: &[u8], mode: u32) -> Result<()> {
-    let dir = path.parent().context("path has no parent")?;
-    let tmp = dir.join(format!(".{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("file")));
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&tmp)
-        .with_context(|| format!("cannot create {}", tmp.display()))?;
-    f.write_all(content).with_context(|| format!("cannot write {}", tmp.display()))?;
-    f.sync_all().with_context(|| format!("cannot sync {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
-}
 
 fn read(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
@@ -64,23 +44,11 @@ fn wireguard_key(dir: &Path) -> Result<String> {
     Ok(B64.encode(x25519_dalek::PublicKey::from(&secret).as_bytes()))
 }
 
-fn http_client(tls: rustls::ClientConfig) -> Result<reqwest::Client> {
-    Ok(reqwest::Client::builder()
-        .use_preconfigured_tls(tls)
-        .connect_timeout(std::time::Duration::from_secs(5))
-        .timeout(std::time::Duration::from_secs(30))
-        .build()?)
-}
-
-async fn answer<T: serde::de::DeserializeOwned>(resp: reqwest::Response) -> Result<T> {
-    let status = resp.status();
-    if status.is_success() {
-        return resp.json().await.context("the controller's answer is not what this agent expects");
-    }
-    let text = resp.text().await.unwrap_or_default();
-    match serde_json::from_str::<proto::ErrorBody>(&text) {
-        Ok(b) => bail!("the controller refused: {}", b.error),
-        Err(_) => bail!("the controller answered {status}: {text}"),
+/// A client error as the agent reports it: a refusal is the controller's sentence.
+pub fn controller_error(e: trellis_client::Error) -> anyhow::Error {
+    match e {
+        trellis_client::Error::Refused(r) => anyhow::anyhow!("the controller refused: {r}"),
+        e => e.into(),
     }
 }
 
@@ -98,47 +66,25 @@ pub async fn enrol(token_text: &str, dir: &Path, force: bool) -> Result<()> {
     }
     let wg_public = wireguard_key(dir)?;
     let (tls_key, csr) = trellis_pki::node_key_and_csr(&token.node)?;
-    let req = proto::EnrolRequest {
-        token_id: trellis_core::token::hex(&token.id),
-        secret: B64.encode(token.secret),
-        node: token.node.clone(),
-        csr_pem: csr,
-        wireguard_public_key: wg_public.clone(),
+    let req = trellis_client::enrol_request(&token, csr, wg_public.clone());
+    let resp = trellis_client::enrol(&token.controllers, token.ca_fingerprint, &req).await.map_err(controller_error)?;
+    write_file(&dir.join("node.key"), tls_key.as_bytes(), 0o600)?;
+    write_file(&dir.join("node.pem"), resp.node_cert_pem.as_bytes(), 0o644)?;
+    write_file(&dir.join("ca.pem"), resp.ca_pem.as_bytes(), 0o644)?;
+    let id = Identity {
+        node: resp.node.clone(),
+        mesh: resp.mesh.clone(),
+        controllers: resp.controllers,
+        signing_public_key: resp.signing_public_key,
+        state: resp.state,
     };
-    let mut last_error = None;
-    for controller in &token.controllers {
-        let (tls, report) = trellis_pki::tls::pinned_client_config(token.ca_fingerprint);
-        let client = http_client(tls)?;
-        match client.post(format!("https://{controller}/v1/enrol")).json(&req).send().await {
-            Ok(resp) => {
-                let resp: proto::EnrolResponse = answer(resp).await?;
-                write_file(&dir.join("node.key"), tls_key.as_bytes(), 0o600)?;
-                write_file(&dir.join("node.pem"), resp.node_cert_pem.as_bytes(), 0o644)?;
-                write_file(&dir.join("ca.pem"), resp.ca_pem.as_bytes(), 0o644)?;
-                let id = Identity {
-                    node: resp.node.clone(),
-                    mesh: resp.mesh.clone(),
-                    controllers: resp.controllers,
-                    signing_public_key: resp.signing_public_key,
-                    state: resp.state,
-                };
-                write_file(&dir.join("identity.toml"), toml::to_string(&id)?.as_bytes(), 0o644)?;
-                let info = trellis_pki::inspect_pem(&resp.node_cert_pem)?;
-                println!(
-                    "enrolled node {} in mesh {} ({}); certificate valid until {} (unix); WireGuard public key {wg_public}",
-                    resp.node, resp.mesh, resp.state, info.not_after
-                );
-                return Ok(());
-            }
-            Err(e) => {
-                if let Some(msg) = report.lock().expect("pin report").mismatch.clone() {
-                    bail!("{controller}: {msg}");
-                }
-                last_error = Some(format!("{controller}: {e}"));
-            }
-        }
-    }
-    bail!("cannot reach any controller named in the token: {}", last_error.unwrap_or_default())
+    write_file(&dir.join("identity.toml"), toml::to_string(&id)?.as_bytes(), 0o644)?;
+    let info = trellis_pki::inspect_pem(&resp.node_cert_pem)?;
+    println!(
+        "enrolled node {} in mesh {} ({}); certificate valid until {} (unix); WireGuard public key {wg_public}",
+        resp.node, resp.mesh, resp.state, info.not_after
+    );
+    Ok(())
 }
 
 pub fn load(dir: &Path) -> Result<Identity> {
@@ -149,15 +95,10 @@ pub fn load(dir: &Path) -> Result<Identity> {
     toml::from_str(&text).with_context(|| format!("{} is not a valid identity", path.display()))
 }
 
-/// A client presenting this node's certificate and trusting only the mesh CA.
-pub fn node_client(dir: &Path) -> Result<reqwest::Client> {
-    let tls =
-        trellis_pki::tls::client_config(&read(&dir.join("ca.pem"))?, Some((&read(&dir.join("node.pem"))?, &read(&dir.join("node.key"))?)))?;
-    http_client(tls)
-}
-
-fn unix_now() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+/// A client for the node's controllers, presenting its certificate and trusting only the mesh CA.
+pub fn node_client(dir: &Path, id: &Identity) -> Result<NodeClient> {
+    let (ca, cert, key) = (read(&dir.join("ca.pem"))?, read(&dir.join("node.pem"))?, read(&dir.join("node.key"))?);
+    Ok(NodeClient::new(id.controllers.clone(), &ca, &cert, &key)?)
 }
 
 /// Whether a certificate is due for renewal: two thirds of its lifetime have passed.
@@ -167,7 +108,7 @@ pub fn renewal_due(not_before: i64, not_after: i64, now: i64) -> bool {
 
 pub async fn renew(dir: &Path, force: bool) -> Result<()> {
     let id = load(dir)?;
-    match renew_inner(dir, force).await? {
+    match renew_inner(dir, force, &node_client(dir, &id)?).await? {
         Some(not_after) => println!("renewed the certificate of node {}; valid until {not_after} (unix)", id.node),
         None => {
             let info = trellis_pki::inspect_pem(&read(&dir.join("node.pem"))?)?;
@@ -182,15 +123,15 @@ pub async fn renew(dir: &Path, force: bool) -> Result<()> {
 
 /// Renews when two thirds of the certificate's lifetime have passed (the run loop's check).
 /// Returns whether a new certificate was written.
-pub async fn renew_if_due(dir: &Path) -> Result<bool> {
-    renew_inner(dir, false).await.map(|renewed| renewed.is_some())
+pub async fn renew_if_due(dir: &Path, client: &NodeClient) -> Result<bool> {
+    renew_inner(dir, false, client).await.map(|renewed| renewed.is_some())
 }
 
-async fn renew_inner(dir: &Path, force: bool) -> Result<Option<i64>> {
+async fn renew_inner(dir: &Path, force: bool, client: &NodeClient) -> Result<Option<i64>> {
     let id = load(dir)?;
     let cert = read(&dir.join("node.pem"))?;
     let info = trellis_pki::inspect_pem(&cert)?;
-    let now = unix_now();
+    let now = crate::unix_now();
     if now >= info.not_after {
         bail!("the certificate of node {} expired at {} (unix): it cannot renew; enrol again with a new token", id.node, info.not_after);
     }
@@ -198,19 +139,9 @@ async fn renew_inner(dir: &Path, force: bool) -> Result<Option<i64>> {
         return Ok(None);
     }
     let csr = trellis_pki::csr_from_key(&read(&dir.join("node.key"))?, &id.node)?;
-    let client = node_client(dir)?;
-    let mut last_error = None;
-    for controller in &id.controllers {
-        match client.post(format!("https://{controller}/v1/renew")).json(&proto::RenewRequest { csr_pem: csr.clone() }).send().await {
-            Ok(resp) => {
-                let resp: proto::RenewResponse = answer(resp).await?;
-                write_file(&dir.join("node.pem"), resp.node_cert_pem.as_bytes(), 0o644)?;
-                return Ok(Some(resp.not_after));
-            }
-            Err(e) => last_error = Some(format!("{controller}: {e}")),
-        }
-    }
-    bail!("cannot reach the controller: {}", last_error.unwrap_or_default())
+    let resp = client.renew(&csr).await.map_err(controller_error)?;
+    write_file(&dir.join("node.pem"), resp.node_cert_pem.as_bytes(), 0o644)?;
+    Ok(Some(resp.not_after))
 }
 
 pub fn status(dir: &Path, json: bool) -> Result<()> {
@@ -218,7 +149,7 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
     let info = trellis_pki::inspect_pem(&read(&dir.join("node.pem"))?)?;
     let run = crate::run::load_status(dir);
     let manifest = crate::run::load_manifest(dir);
-    let now = unix_now();
+    let now = crate::unix_now();
     let staleness = run.fresh_at.map(|f| now - f);
     if json {
         println!(

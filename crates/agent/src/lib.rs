@@ -1,16 +1,39 @@
-//! `trellis-agent`: enrols a node with a pasted token, and keeps its identity current. The
-//! binary of the same name (in the `trellis` package) only calls [`main`].
+//! `trellis-agent`: enrols a node with a pasted token, keeps its identity current, and brings
+//! the host to the bundles the controller decides. The binary of the same name only calls
+//! [`main`].
 
+pub mod applier;
 pub mod apply;
+pub mod atomic;
+pub mod backoff;
 pub mod bundle;
 pub mod dns;
+pub mod exec;
 pub mod identity;
+pub mod plan;
 pub mod run;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use anyhow::Result;
 use clap::{Parser, Subcommand};
+use serde::{Deserialize, Serialize};
+
+/// Unix seconds now: the agent's one reading of the clock.
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+}
+
+/// A JSON state file, or the default when it is missing or unreadable.
+fn read_json<T: for<'de> Deserialize<'de> + Default>(path: &Path) -> T {
+    std::fs::read(path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
+}
+
+/// Writes a JSON state file atomically, mode 0600.
+fn write_json<T: Serialize>(path: &Path, v: &T) -> Result<()> {
+    atomic::write(path, &serde_json::to_vec_pretty(v)?, 0o600)
+}
 
 #[derive(Parser)]
 #[command(
@@ -45,11 +68,16 @@ struct HostArgs {
 }
 
 impl HostArgs {
+    /// The agent's options and the real host's backends.
+    fn agent(self, wait: u64, max_applies: u64, max_backoff: u64) -> Result<run::Agent> {
+        let backends = exec::Backends::host(&self.root, self.wireguard, self.files_only);
+        run::Agent::new(self.options(wait, max_applies, max_backoff), backends)
+    }
+
     fn options(self, wait: u64, max_applies: u64, max_backoff: u64) -> run::Options {
         run::Options {
             state_dir: self.state_dir,
             root: self.root,
-            wireguard: self.wireguard,
             files_only: self.files_only,
             wait,
             max_applies,
@@ -150,19 +178,20 @@ pub fn main() -> ExitCode {
             Command::Enrol { token, state_dir, force } => identity::enrol(&token, &state_dir, force).await,
             Command::Renew { state_dir, force } => identity::renew(&state_dir, force).await,
             Command::Status { state_dir, json } => identity::status(&state_dir, json),
-            Command::Run { host, wait, max_applies, max_backoff } => {
-                run::Agent::new(host.options(wait.min(60), max_applies, max_backoff))?.run().await
-            }
+            Command::Run { host, wait, max_applies, max_backoff } => host.agent(wait.min(60), max_applies, max_backoff)?.run().await,
             Command::Apply { file, host } => {
-                let ev = run::Agent::new(host.options(0, 0, 1))?.apply_file(&file).await?;
-                match ev.error {
+                let state_dir = host.state_dir.clone();
+                let ev = host.agent(0, 0, 1)?.apply_file(&file).await?;
+                match ev.as_ref().and_then(|ev| ev.error.clone()) {
                     None => {
-                        println!("applied version {} from {}", ev.version, file.display());
+                        // A bundle already applied is left as it is; the outcome is the same.
+                        let version = ev.map_or_else(|| run::load_manifest(&state_dir).version as i64, |ev| ev.version);
+                        println!("applied version {version} from {}", file.display());
                         Ok(())
                     }
                     Some(e) => Err(anyhow::anyhow!(
                         "version {} from {} failed and the previous configuration was restored: {e}",
-                        ev.version,
+                        ev.map_or(0, |ev| ev.version),
                         file.display()
                     )),
                 }

@@ -1,24 +1,26 @@
-//! `trellis-agent run`: long-poll the bundle, verify it, write its files atomically, apply them,
-//! report evidence. With the controller away the last verified bundle stays applied and the
-//! overlay keeps running; the agent retries with backoff and jitter and shows its staleness.
+//! `trellis-agent run`: long-poll the bundle, verify it, apply it (`applier`), report evidence.
+//! With the controller away the last verified bundle stays applied and the overlay keeps
+//! running; the agent retries with backoff and jitter and shows its staleness.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
-use base64::Engine;
+use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
+use trellis_client::NodeClient;
 use trellis_core::bundle::{verify, Applied, Bundle};
 use trellis_proto as proto;
 
-use crate::apply::{self, FileWriter, Firewall, Wireguard};
+use crate::applier::{Applier, Manifest, LAST_BUNDLE, MANIFEST};
+use crate::exec::{Backends, Executor};
 use crate::identity::{self, Identity};
+use crate::plan::Scope;
+use crate::{apply, read_json, unix_now, write_json};
 
 pub struct Options {
     pub state_dir: PathBuf,
     pub root: PathBuf,
-    pub wireguard: apply::WgMode,
     /// Write files only; touch no interface and no ruleset.
     pub files_only: bool,
     /// Long-poll wait, seconds.
@@ -34,21 +36,6 @@ struct Polled {
     body: Result<Option<Vec<u8>>>,
     answered: bool,
     fresh_at: Option<i64>,
-}
-
-/// What the agent last applied, kept on disk so a restart resumes without rewriting anything.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct Manifest {
-    pub version: u64,
-    pub digest: String,
-    pub files: Vec<ManifestFile>,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ManifestFile {
-    pub path: String,
-    pub sha256: String,
-    pub mode: u32,
 }
 
 /// What `trellis-agent status` shows, written by the run loop.
@@ -74,18 +61,6 @@ pub struct AgentStatus {
 
 pub const EVIDENCE_BOUND: u64 = 10 * 1024 * 1024;
 
-fn now() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
-}
-
-fn read_json<T: for<'de> Deserialize<'de> + Default>(path: &Path) -> T {
-    std::fs::read(path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
-}
-
-fn write_json<T: Serialize>(path: &Path, v: &T) -> Result<()> {
-    identity::write_file(path, &serde_json::to_vec_pretty(v)?, 0o600)
-}
-
 /// Evidence waiting to be delivered: one JSON record a line, oldest first, bounded on disk.
 pub struct EvidenceBuffer {
     path: PathBuf,
@@ -109,7 +84,7 @@ impl EvidenceBuffer {
     /// become a visible gap) when the buffer would pass its bound. Returns how many were dropped.
     pub fn push(&self, mut record: proto::Evidence) -> Result<u64> {
         record.seq = self.next_seq();
-        identity::write_file(&self.next_path, (record.seq + 1).to_string().as_bytes(), 0o600)?;
+        crate::atomic::write(&self.next_path, (record.seq + 1).to_string().as_bytes(), 0o600)?;
         let mut lines: VecDeque<String> = std::fs::read_to_string(&self.path).unwrap_or_default().lines().map(str::to_string).collect();
         lines.push_back(serde_json::to_string(&record)?);
         let mut dropped = 0;
@@ -119,7 +94,7 @@ impl EvidenceBuffer {
             dropped += 1;
         }
         let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
-        identity::write_file(&self.path, text.as_bytes(), 0o600)?;
+        crate::atomic::write(&self.path, text.as_bytes(), 0o600)?;
         Ok(dropped)
     }
 
@@ -127,7 +102,7 @@ impl EvidenceBuffer {
     pub fn ack(&self, n: usize) -> Result<()> {
         let lines: Vec<String> = std::fs::read_to_string(&self.path).unwrap_or_default().lines().skip(n).map(str::to_string).collect();
         let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
-        identity::write_file(&self.path, text.as_bytes(), 0o600)
+        crate::atomic::write(&self.path, text.as_bytes(), 0o600)
     }
 }
 
@@ -135,36 +110,37 @@ pub struct Agent {
     opts: Options,
     id: Identity,
     key: ed25519_dalek::VerifyingKey,
-    files: Box<dyn FileWriter + Send>,
-    wg: Option<Box<dyn Wireguard + Send>>,
-    fw: Option<Box<dyn Firewall + Send>>,
-    dns: Option<Box<dyn crate::dns::Resolver>>,
+    applier: Applier,
     evidence: EvidenceBuffer,
     status: AgentStatus,
-    manifest: Manifest,
-    http: reqwest::Client,
+    client: NodeClient,
+}
+
+/// The bundle last applied (`bundle.last`), verified again; `None` when there is none.
+fn last_bundle(dir: &Path, key: &ed25519_dalek::VerifyingKey, id: &Identity) -> Result<Option<Bundle>> {
+    let Ok(bytes) = std::fs::read(dir.join(LAST_BUNDLE)) else { return Ok(None) };
+    let v = verify(&bytes, key, &id.mesh, &id.node, None).map_err(|e| anyhow::anyhow!("the last applied bundle: {e}"))?;
+    Ok(Some(v.bundle))
 }
 
 impl Agent {
-    pub fn new(opts: Options) -> Result<Agent> {
+    /// An agent for the node enrolled in `opts.state_dir`, acting on the host through `backends`.
+    pub fn new(opts: Options, backends: Backends) -> Result<Agent> {
         let id = identity::load(&opts.state_dir)?;
         let key = crate::bundle::signing_key(&id)?;
-        let manifest: Manifest = read_json(&opts.state_dir.join("manifest.json"));
-        // The interface is made on the first apply, when the bundle names it.
-        let wg = None;
-        let fw: Option<Box<dyn Firewall + Send>> = if opts.files_only { None } else { Some(Box::new(apply::Nft::new())) };
-        let http = identity::node_client(&opts.state_dir)?;
+        let manifest: Manifest = read_json(&opts.state_dir.join(MANIFEST));
+        let scope = Scope { files_only: opts.files_only, wireguard: backends.wireguard.is_some(), dns_port: opts.dns_port };
+        let exec = Executor::new(backends, opts.root.clone(), opts.state_dir.join("wireguard.key"));
+        // What an apply that fails falls back to.
+        let previous = last_bundle(&opts.state_dir, &key, &id).ok().flatten();
+        let client = identity::node_client(&opts.state_dir, &id)?;
         Ok(Agent {
-            files: Box::new(apply::DiskWriter { root: opts.root.clone() }),
             evidence: EvidenceBuffer::new(&opts.state_dir),
             status: AgentStatus { pid: std::process::id(), version: manifest.version, ..Default::default() },
+            applier: Applier::new(exec, scope, &opts.state_dir, manifest, previous),
             id,
             key,
-            wg,
-            dns: if opts.files_only { None } else { Some(Box::new(crate::dns::Hickory::default())) },
-            fw,
-            manifest,
-            http,
+            client,
             opts,
         })
     }
@@ -176,127 +152,36 @@ impl Agent {
     /// Applies the bundle the manifest names again after a restart: the files are in place, the
     /// interface and ruleset are not (they lived in the previous process or were flushed).
     async fn resume(&mut self) -> Result<()> {
-        if self.manifest.version == 0 || self.opts.files_only {
+        if self.applier.manifest().version == 0 || self.opts.files_only {
             return Ok(());
         }
-        let Ok(bytes) = std::fs::read(self.opts.state_dir.join("bundle.last")) else { return Ok(()) };
-        let v =
-            verify(&bytes, &self.key, &self.id.mesh, &self.id.node, None).map_err(|e| anyhow::anyhow!("the last applied bundle: {e}"))?;
-        self.apply_network(&v.bundle).await
+        let Some(bundle) = last_bundle(&self.opts.state_dir, &self.key, &self.id)? else { return Ok(()) };
+        let result = self.applier.resume(&bundle).await;
+        self.host_status();
+        result
     }
 
-    async fn apply_network(&mut self, bundle: &Bundle) -> Result<()> {
-        let settings = node_settings(bundle)?;
-        if settings.hub {
-            // A hub forwards between the overlay peers it relays for.
-            for knob in ["/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"] {
-                std::fs::write(knob, "1").with_context(|| format!("cannot enable forwarding ({knob})"))?;
-            }
-        }
-        let conf_text = bundle.files.iter().find(|f| f.path == trellis_core::compile::WIREGUARD_CONF).map(|f| f.content.clone());
-        let mut listen = Vec::new();
-        if let Some(text) = conf_text {
-            let conf = trellis_core::wgconf::parse(std::str::from_utf8(&text).context("wireguard.conf is not UTF-8")?)
-                .map_err(|e| anyhow::anyhow!(e))?;
-            let private = std::fs::read_to_string(self.opts.state_dir.join("wireguard.key")).context("cannot read wireguard.key")?;
-            let ifname = settings.interface.clone();
-            if self.wg.is_none() {
-                self.wg = apply::wireguard(self.opts.wireguard, &ifname);
-            }
-            if let Some(wg) = self.wg.as_mut() {
-                wg.apply(&conf, private.trim())?;
-                self.status.interface = Some(wg.describe());
-                // The zone is served on the overlay addresses of the interface the agent manages.
-                for a in &conf.addresses {
-                    if let Some(ip) = a.split('/').next().and_then(|ip| ip.parse::<std::net::IpAddr>().ok()) {
-                        listen.push(std::net::SocketAddr::new(ip, self.opts.dns_port));
-                    }
-                }
-            }
-        }
-        if let Some(fw) = self.fw.as_mut() {
-            if bundle.files.iter().any(|f| f.path == trellis_core::compile::NFTABLES_CONF) {
-                fw.apply(&self.opts.root.join(trellis_core::compile::NFTABLES_CONF))?;
-                self.status.ruleset_loaded = fw.loaded();
-            }
-        }
-        if let Some(dns) = self.dns.as_mut() {
-            if bundle.files.iter().any(|f| f.path == trellis_core::compile::MESH_ZONE) && !listen.is_empty() {
-                dns.apply(&self.opts.root.join(trellis_core::compile::MESH_ZONE), &settings.zone, &listen).await?;
-                self.status.dns_serving = dns.serving().iter().map(|a| a.to_string()).collect();
-            }
-        }
-        Ok(())
+    /// Copies what the host shows after an apply into the status.
+    fn host_status(&mut self) {
+        let report = self.applier.executor().report().clone();
+        self.status.interface = report.interface;
+        self.status.ruleset_loaded = report.ruleset_loaded;
+        self.status.dns_serving = report.dns_serving;
     }
 
-    /// Writes and applies a verified bundle; on failure restores the previous files and state.
-    async fn apply(&mut self, bytes: &[u8], bundle: Bundle) -> proto::Evidence {
-        let started = std::time::Instant::now();
-        let dropped: Vec<String> =
-            self.manifest.files.iter().filter(|m| !bundle.files.iter().any(|f| f.path == m.path)).map(|m| m.path.clone()).collect();
-        let mut evidence = proto::Evidence {
-            seq: 0,
-            version: bundle.version as i64,
-            result: proto::EvidenceResult::Applied,
-            error: None,
-            files: Vec::new(),
-            at: now(),
-        };
-        let result = match self.files.write_all(&bundle.files, &dropped) {
-            Ok(outcomes) => {
-                evidence.files = outcomes
-                    .iter()
-                    .map(|o| proto::EvidenceFile { path: o.path.clone(), sha256: o.sha256.clone(), result: o.result })
-                    .collect();
-                self.apply_network(&bundle).await
-            }
-            Err(e) => Err(e),
-        };
-        self.status.last_apply_ms = Some(started.elapsed().as_millis() as u64);
-        match result {
-            Ok(()) => {
-                let manifest = Manifest {
-                    version: bundle.version,
-                    digest: hex::encode(bundle.content_digest()),
-                    files: bundle
-                        .files
-                        .iter()
-                        .map(|f| ManifestFile { path: f.path.clone(), sha256: hex::encode(f.sha256), mode: f.mode })
-                        .collect(),
-                };
-                let saved = identity::write_file(&self.opts.state_dir.join("bundle.last"), bytes, 0o600)
-                    .and_then(|_| write_json(&self.opts.state_dir.join("manifest.json"), &manifest));
-                if let Err(e) = saved {
-                    evidence.result = proto::EvidenceResult::Failed;
-                    evidence.error = Some(format!("{e:#}"));
-                    return evidence;
-                }
-                self.manifest = manifest;
-                self.status.version = bundle.version;
+    /// Applies a verified bundle; `None` when it is already applied.
+    async fn apply(&mut self, bytes: &[u8], bundle: Bundle) -> Option<proto::Evidence> {
+        let evidence = self.applier.apply(bytes, bundle, unix_now()).await?;
+        self.status.last_apply_ms = self.applier.last_apply_ms;
+        self.host_status();
+        match evidence.result {
+            proto::EvidenceResult::Applied => {
+                self.status.version = self.applier.manifest().version;
                 self.status.last_error = None;
             }
-            Err(e) => {
-                evidence.result = proto::EvidenceResult::Failed;
-                evidence.error = Some(format!("{e:#}"));
-                self.status.last_error = evidence.error.clone();
-                self.restore(&bundle).await;
-            }
+            _ => self.status.last_error = evidence.error.clone(),
         }
-        evidence
-    }
-
-    /// Puts the last good bundle's files back and applies them again.
-    async fn restore(&mut self, failed: &Bundle) {
-        let Ok(bytes) = std::fs::read(self.opts.state_dir.join("bundle.last")) else { return };
-        let Ok(v) = verify(&bytes, &self.key, &self.id.mesh, &self.id.node, None) else { return };
-        let extra: Vec<String> =
-            failed.files.iter().filter(|f| !v.bundle.files.iter().any(|o| o.path == f.path)).map(|f| f.path.clone()).collect();
-        if let Err(e) = self.files.write_all(&v.bundle.files, &extra) {
-            eprintln!("trellis-agent: cannot restore the previous files: {e:#}");
-        }
-        if let Err(e) = self.apply_network(&v.bundle).await {
-            eprintln!("trellis-agent: cannot re-apply the previous configuration: {e:#}");
-        }
+        Some(evidence)
     }
 
     async fn flush_evidence(&mut self) -> Result<()> {
@@ -312,83 +197,67 @@ impl Agent {
     }
 
     async fn post(&self, batch: &proto::EvidenceBatch) -> Result<()> {
-        let mut last = None;
-        for c in &self.id.controllers {
-            match self.http.post(format!("https://{c}/v1/evidence")).json(batch).send().await {
-                Ok(r) if r.status().is_success() => return Ok(()),
-                Ok(r) => bail!("the controller refused evidence: {}", r.text().await.unwrap_or_default()),
-                Err(e) => last = Some(e.to_string()),
+        self.client.post_evidence(batch).await.map_err(|e| match e {
+            trellis_client::Error::Refused(_) | trellis_client::Error::Answered { .. } => {
+                anyhow::anyhow!("the controller refused evidence: {e}")
             }
-        }
-        bail!("cannot reach the controller: {}", last.unwrap_or_default())
+            e => e.into(),
+        })
     }
 
-    /// One long-poll. Returns the bundle bytes when there is a newer one.
     /// One long-poll. The bundle bytes when there is a newer one; also whether the controller
     /// answered and the time in its signed freshness stamp. Takes `&self` so that the status
     /// can be refreshed while it waits.
     async fn poll(&self) -> Polled {
-        let mut last = None;
-        for c in &self.id.controllers {
-            let mut req =
-                self.http.get(format!("https://{c}/v1/bundle?wait={}", self.opts.wait)).timeout(Duration::from_secs(self.opts.wait + 30));
-            if self.manifest.version > 0 {
-                req = req.header("if-none-match", format!("\"{}\"", self.manifest.version));
-            }
-            let resp = match req.send().await {
-                Ok(r) => r,
-                Err(e) => {
-                    last = Some(format!("{c}: {e}"));
-                    continue;
-                }
-            };
-            let fresh_at = resp
-                .headers()
-                .get("x-trellis-freshness")
-                .and_then(|v| base64::engine::general_purpose::STANDARD.decode(v.as_bytes()).ok())
-                .and_then(|stamp| trellis_core::bundle::verify_stamp(&stamp, &self.key, &self.id.mesh).ok());
-            let body = match resp.status().as_u16() {
-                304 => Ok(None),
-                200 => crate::bundle::read_bounded(resp).await.map(Some),
-                s => {
-                    let text = resp.text().await.unwrap_or_default();
-                    let msg = serde_json::from_str::<proto::ErrorBody>(&text).map(|b| b.error).unwrap_or(text);
-                    Err(anyhow::anyhow!("the controller answered {s}: {msg}"))
-                }
-            };
-            return Polled { body, answered: true, fresh_at };
+        let version = self.applier.manifest().version;
+        let held = (version > 0).then_some(version as i64);
+        match self.client.bundle(self.opts.wait, held).await {
+            Ok(answer) => Polled {
+                fresh_at: answer.freshness.and_then(|stamp| trellis_core::bundle::verify_stamp(&stamp, &self.key, &self.id.mesh).ok()),
+                body: answer.body.map_err(|e| match e {
+                    trellis_client::Error::Refused(r) => anyhow::anyhow!("the controller answered {}: {r}", r.status),
+                    trellis_client::Error::Answered { status, text } => {
+                        anyhow::anyhow!("the controller answered {}: {text}", status.as_u16())
+                    }
+                    e => e.into(),
+                }),
+                answered: true,
+            },
+            Err(e) => Polled { body: Err(e.into()), answered: false, fresh_at: None },
         }
-        Polled { body: Err(anyhow::anyhow!("cannot reach the controller: {}", last.unwrap_or_default())), answered: false, fresh_at: None }
     }
 
     /// The status with the live fields filled in (time, peers and handshakes, buffered
     /// evidence), written to disk. Needs only `&self`, so it also runs while a long-poll waits.
     fn snapshot(&self) -> AgentStatus {
         let mut status = self.status.clone();
-        status.updated_at = now();
-        if let Some(wg) = &self.wg {
-            status.peers = wg.peers().unwrap_or_default();
-        }
+        status.updated_at = unix_now();
+        status.peers = self.applier.executor().peers();
         status.buffered_evidence = self.evidence.pending().len();
         let _ = write_json(&self.opts.state_dir.join("agent-status.json"), &status);
         status
     }
 
+    /// The last applied version and digest, for verifying what arrives next.
+    fn applied(&self) -> Option<Applied> {
+        let m = self.applier.manifest();
+        (m.version > 0).then(|| Applied { version: m.version, digest: m.digest() })
+    }
+
     /// Applies one saved bundle (as `fetch` saved it) the way `run` applies what it pulls, and
-    /// reports the outcome as evidence. Returns the evidence record.
-    pub async fn apply_file(mut self, file: &Path) -> Result<proto::Evidence> {
+    /// reports the outcome as evidence. Returns the evidence record, or `None` when the bundle
+    /// is already applied.
+    pub async fn apply_file(mut self, file: &Path) -> Result<Option<proto::Evidence>> {
         let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
-        let last = Some(Applied {
-            version: self.manifest.version,
-            digest: hex::decode(&self.manifest.digest).ok().and_then(|d| d.try_into().ok()),
-        });
-        let v = verify(&bytes, &self.key, &self.id.mesh, &self.id.node, last.filter(|l| l.version > 0))
+        let v = verify(&bytes, &self.key, &self.id.mesh, &self.id.node, self.applied())
             .map_err(|e| anyhow::anyhow!("{}: refused: {e}", file.display()))?;
         if let Err(e) = self.resume().await {
             eprintln!("trellis-agent: re-applying the running bundle first failed: {e:#}");
         }
         let ev = self.apply(&bytes, v.bundle).await;
-        self.evidence.push(ev.clone())?;
+        if let Some(ev) = &ev {
+            self.evidence.push(ev.clone())?;
+        }
         if let Err(e) = self.flush_evidence().await {
             eprintln!("trellis-agent: evidence kept for later: {e:#}");
         }
@@ -405,10 +274,10 @@ impl Agent {
         let mut failures: u32 = 0;
         let mut applies = 0u64;
         loop {
-            match identity::renew_if_due(&self.opts.state_dir).await {
+            match identity::renew_if_due(&self.opts.state_dir, &self.client).await {
                 // Only a new certificate needs a new client; otherwise the connection is reused.
-                Ok(true) => match identity::node_client(&self.opts.state_dir) {
-                    Ok(c) => self.http = c,
+                Ok(true) => match identity::node_client(&self.opts.state_dir, &self.id) {
+                    Ok(c) => self.client = c,
                     Err(e) => eprintln!("trellis-agent: loading the renewed certificate: {e:#}"),
                 },
                 Ok(false) => {}
@@ -432,26 +301,22 @@ impl Agent {
                 }
             };
             if polled.answered {
-                self.status.last_contact = Some(now());
+                self.status.last_contact = Some(unix_now());
             }
             if let Some(at) = polled.fresh_at {
                 self.status.fresh_at = Some(self.status.fresh_at.map_or(at, |f| f.max(at)));
             }
-            let outcome = polled.body;
-            match outcome {
+            match polled.body {
                 Ok(Some(bytes)) => {
                     failures = 0;
-                    let last = Some(Applied {
-                        version: self.manifest.version,
-                        digest: hex::decode(&self.manifest.digest).ok().and_then(|d| d.try_into().ok()),
-                    });
-                    match verify(&bytes, &self.key, &self.id.mesh, &self.id.node, last.filter(|l| l.version > 0)) {
+                    match verify(&bytes, &self.key, &self.id.mesh, &self.id.node, self.applied()) {
                         Ok(v) if v.redelivery => {}
                         Ok(v) => {
-                            let ev = self.apply(&bytes, v.bundle).await;
-                            let dropped = self.evidence.push(ev)?;
-                            self.status.dropped_evidence += dropped;
-                            applies += 1;
+                            if let Some(ev) = self.apply(&bytes, v.bundle).await {
+                                let dropped = self.evidence.push(ev)?;
+                                self.status.dropped_evidence += dropped;
+                                applies += 1;
+                            }
                         }
                         Err(e) => {
                             // Refused before anything was written: the previous files stay.
@@ -476,32 +341,11 @@ impl Agent {
                 return Ok(());
             }
             if failures > 0 {
-                // Exponential backoff with jitter, capped at a minute; no CPU while waiting.
-                let cap = self.opts.max_backoff.max(1) as f64;
-                let base = (2u64.saturating_pow(failures.min(6)) as f64).min(cap);
-                let jitter = 0.5 + rand::random::<f64>() / 2.0;
-                tokio::time::sleep(Duration::from_secs_f64(base * jitter)).await;
+                // No CPU while waiting.
+                tokio::time::sleep(crate::backoff::delay(failures, self.opts.max_backoff, rand::random::<f64>())).await;
             }
         }
     }
-}
-
-/// `etc/trellis/node.toml`: the interface, the zone's name, and whether this node is a hub.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NodeSettings {
-    #[allow(dead_code)]
-    node: String,
-    #[allow(dead_code)]
-    mesh: String,
-    interface: String,
-    zone: String,
-    hub: bool,
-}
-
-fn node_settings(bundle: &Bundle) -> Result<NodeSettings> {
-    let f = bundle.files.iter().find(|f| f.path == trellis_core::compile::NODE_TOML).context("the bundle has no etc/trellis/node.toml")?;
-    toml::from_str(std::str::from_utf8(&f.content).context("node.toml is not UTF-8")?).context("etc/trellis/node.toml is not valid")
 }
 
 pub fn load_status(dir: &Path) -> AgentStatus {
@@ -509,7 +353,7 @@ pub fn load_status(dir: &Path) -> AgentStatus {
 }
 
 pub fn load_manifest(dir: &Path) -> Manifest {
-    read_json(&dir.join("manifest.json"))
+    read_json(&dir.join(MANIFEST))
 }
 
 #[cfg(test)]

@@ -4,7 +4,6 @@
 //! `trellis-core`; `trellis-server` adapts HTTP requests to the functions here. The clock and the
 //! randomness are injected, so every decision can be tested in process with fixed values.
 
-pub mod client;
 pub mod declarations;
 pub mod enrolment;
 pub mod error;

@@ -50,6 +50,13 @@ impl StateDir {
         Ok(files::read(&self.path(name))?)
     }
 
+    /// How an admin on this machine reaches the controller: its first advertised HOST:PORT, the
+    /// mesh CA certificate and the admin credential.
+    pub fn admin_access(&self) -> Result<(String, String, String)> {
+        let host = self.config.advertise.first().context("controller.toml advertises no address")?;
+        Ok((host.clone(), self.read("ca.pem")?, self.read("admin.token")?))
+    }
+
     pub fn signing_key(&self) -> Result<ed25519_dalek::SigningKey> {
         let text = self.read("signing.key")?;
         let bytes = base64::engine::general_purpose::STANDARD.decode(text.trim()).context("signing.key is not base64")?;

@@ -264,7 +264,7 @@ fn bench_compile(a: &CompileArgs) -> Result<ExitCode> {
 
 async fn bench_enrol(a: &EnrolArgs) -> Result<ExitCode> {
     use base64::Engine as _;
-    use trellis_controller::{client::AdminClient, state};
+    use trellis_controller::state;
     use trellis_server::Server;
     if a.nodes == 0 || a.concurrency == 0 {
         bail!("--nodes and --concurrency must be at least 1");
@@ -285,7 +285,7 @@ async fn bench_enrol(a: &EnrolArgs) -> Result<ExitCode> {
     tokio::spawn(server.run(async {
         let _ = stopped.await;
     }));
-    let admin = AdminClient::from_state_dir(&dir)?;
+    let admin = crate::admin_client(&dir)?;
     let mut mesh = String::from("[mesh]\nname = \"bench\"\ndomain = \"bench.mesh\"\noverlay_ipv4 = \"10.88.0.0/16\"\n");
     for i in 0..a.nodes {
         let _ = write!(mesh, "[[node]]\nname = \"n{i:05}\"\n");
@@ -305,13 +305,7 @@ async fn bench_enrol(a: &EnrolArgs) -> Result<ExitCode> {
         let (_key, csr) = trellis_pki::node_key_and_csr(&token.node)?;
         let mut wg = [0u8; 32];
         wg[..8].copy_from_slice(&(i as u64 + 1).to_le_bytes());
-        requests.push(trellis_proto::EnrolRequest {
-            token_id: trellis_core::token::hex(&token.id),
-            secret: base64::engine::general_purpose::STANDARD.encode(token.secret),
-            node: token.node.clone(),
-            csr_pem: csr,
-            wireguard_public_key: base64::engine::general_purpose::STANDARD.encode(wg),
-        });
+        requests.push(trellis_client::enrol_request(&token, csr, base64::engine::general_purpose::STANDARD.encode(wg)));
     }
     let ca = std::fs::read_to_string(dir.join("ca.pem"))?;
     let http = reqwest::Client::builder().use_preconfigured_tls(trellis_pki::tls::client_config(&ca, None)?).build()?;

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use base64::Engine;
 use serde_json::json;
-use trellis_controller::client::AdminClient;
 use trellis_proto as proto;
 
 use crate::bench::DeliveryArgs;
@@ -132,7 +131,7 @@ pub async fn run(a: &DeliveryArgs) -> Result<std::process::ExitCode> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let admin = AdminClient::from_state_dir(&dir)?;
+    let admin = crate::admin_client(&dir)?;
     let files = |extra: bool| {
         vec![
             proto::DeclFile { path: "mesh.toml".into(), text: mesh(a.agents, extra) },
@@ -158,13 +157,7 @@ pub async fn run(a: &DeliveryArgs) -> Result<std::process::ExitCode> {
                 let (key, csr) = trellis_pki::node_key_and_csr(&name)?;
                 let mut wg = [0u8; 32];
                 wg[..8].copy_from_slice(&(i as u64 + 1).to_le_bytes());
-                let req = proto::EnrolRequest {
-                    token_id: trellis_core::token::hex(&token.id),
-                    secret: base64::engine::general_purpose::STANDARD.encode(token.secret),
-                    node: name.clone(),
-                    csr_pem: csr,
-                    wireguard_public_key: base64::engine::general_purpose::STANDARD.encode(wg),
-                };
+                let req = trellis_client::enrol_request(&token, csr, base64::engine::general_purpose::STANDARD.encode(wg));
                 let resp = plain.post(format!("{base}/v1/enrol")).json(&req).send().await?;
                 if !resp.status().is_success() {
                     bail!("enrolment of {name} failed: {}", resp.text().await.unwrap_or_default());

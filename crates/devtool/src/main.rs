@@ -24,6 +24,12 @@ enum Command {
     },
 }
 
+/// The admin client of the controller whose state directory is `dir`.
+fn admin_client(dir: &std::path::Path) -> anyhow::Result<trellis_client::AdminClient> {
+    let (host, ca, token) = trellis_controller::state::StateDir::load(dir)?.admin_access()?;
+    Ok(trellis_client::AdminClient::new(&trellis_client::base_url(&host), &ca, &token)?)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 use serde_json::json;
-use trellis_controller::client::{AdminClient, Refused};
+use trellis_client::AdminClient;
 use trellis_controller::state::{self, InitOptions};
 use trellis_proto as proto;
 
@@ -31,10 +31,15 @@ pub struct Conn {
 impl Conn {
     fn client(&self) -> Result<AdminClient> {
         match (&self.state_dir, &self.server) {
-            (Some(dir), _) => AdminClient::from_state_dir(dir),
-            (None, Some(server)) => {
-                AdminClient::from_args(server, self.admin_token_file.as_ref().expect("required"), self.ca_file.as_ref().expect("required"))
+            (Some(dir), _) => {
+                let (host, ca, token) = state::StateDir::load(dir)?.admin_access()?;
+                Ok(AdminClient::new(&trellis_client::base_url(&host), &ca, &token)?)
             }
+            (None, Some(server)) => Ok(AdminClient::from_args(
+                server,
+                self.admin_token_file.as_ref().expect("required"),
+                self.ca_file.as_ref().expect("required"),
+            )?),
             (None, None) => {
                 bail!("say where the controller is: --state-dir DIR on its machine, or --server HOST:PORT --admin-token-file F --ca-file F")
             }
@@ -87,7 +92,7 @@ pub fn serve(dir: &Path, database_url: Option<String>, listen: Option<String>) -
 }
 
 fn print_refusal(e: &anyhow::Error, prefix: &Path) {
-    if let Some(r) = e.downcast_ref::<Refused>() {
+    if let Some(r) = e.downcast_ref::<trellis_client::Error>().and_then(trellis_client::Error::refused) {
         for d in &r.body.diagnostics {
             let mut d = d.clone();
             d.file = prefix.join(&d.file).display().to_string();
@@ -100,7 +105,7 @@ pub fn apply(conn: &Conn, dir: &Path, expect_revision: Option<i64>, json_out: bo
     // Read exactly what `check` reads, and send it as written.
     let files = crate::declfs::files(dir)?.into_iter().map(|(path, text)| proto::DeclFile { path, text }).collect();
     let client = conn.client()?;
-    let result = runtime().block_on(client.apply(&proto::ApplyRequest { files, expect_revision }));
+    let result = runtime().block_on(client.apply(&proto::ApplyRequest { files, expect_revision })).map_err(anyhow::Error::from);
     match result {
         Ok(r) => {
             for d in &r.diagnostics {

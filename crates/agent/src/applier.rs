@@ -1,0 +1,448 @@
+//! Applying one verified bundle: plan it against what is held and observed, execute the plan,
+//! then either remember the bundle (its bytes and the manifest) or, on failure, put the
+//! previous bundle's files back and apply its configuration again. Reports evidence.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use serde::{Deserialize, Serialize};
+use trellis_core::bundle::Bundle;
+use trellis_proto as proto;
+
+use crate::exec::Executor;
+use crate::plan::{plan, Action, Held, Observed, Scope};
+
+/// What the agent last applied, kept on disk so a restart resumes without rewriting anything.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub version: u64,
+    pub digest: String,
+    pub files: Vec<ManifestFile>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestFile {
+    pub path: String,
+    pub sha256: String,
+    pub mode: u32,
+}
+
+impl Manifest {
+    pub fn of(bundle: &Bundle) -> Manifest {
+        Manifest {
+            version: bundle.version,
+            digest: hex::encode(bundle.content_digest()),
+            files: bundle
+                .files
+                .iter()
+                .map(|f| ManifestFile { path: f.path.clone(), sha256: hex::encode(f.sha256), mode: f.mode })
+                .collect(),
+        }
+    }
+
+    /// The digest, when the manifest holds a valid one.
+    pub fn digest(&self) -> Option<[u8; 32]> {
+        hex::decode(&self.digest).ok().and_then(|d| d.try_into().ok())
+    }
+
+    fn held(&self) -> Held {
+        Held {
+            version: self.version,
+            digest: self.digest().unwrap_or_default(),
+            files: self.files.iter().map(|f| f.path.clone()).collect(),
+        }
+    }
+}
+
+pub const MANIFEST: &str = "manifest.json";
+/// The bytes of the bundle last applied, as received.
+pub const LAST_BUNDLE: &str = "bundle.last";
+
+pub struct Applier {
+    exec: Executor,
+    scope: Scope,
+    state_dir: PathBuf,
+    manifest: Manifest,
+    /// The bundle last applied, verified, to fall back to.
+    previous: Option<Bundle>,
+    /// The version and digest whose network configuration is in place, as far as this process knows.
+    network: Option<(u64, [u8; 32])>,
+    /// Milliseconds from the start of the last apply to its files written and network updated.
+    pub last_apply_ms: Option<u64>,
+}
+
+impl Applier {
+    pub fn new(exec: Executor, scope: Scope, state_dir: &Path, manifest: Manifest, previous: Option<Bundle>) -> Applier {
+        Applier { exec, scope, state_dir: state_dir.to_path_buf(), manifest, previous, network: None, last_apply_ms: None }
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    pub fn executor(&self) -> &Executor {
+        &self.exec
+    }
+
+    fn observed(&self) -> Observed {
+        Observed { forwarding: self.exec.forwarding(), network: self.network }
+    }
+
+    /// Applies the network configuration of the bundle whose files are in place (after a
+    /// restart: the interface and ruleset lived in the previous process or were flushed).
+    pub async fn resume(&mut self, bundle: &Bundle) -> Result<()> {
+        let actions = plan(bundle, &Held::of(bundle), &self.observed(), &self.scope)?;
+        self.exec.run(&actions).await?;
+        self.network = Some((bundle.version, bundle.content_digest()));
+        Ok(())
+    }
+
+    /// Writes and applies a verified bundle; on failure restores the previous files and
+    /// configuration and leaves the manifest as it was. Returns the evidence, or `None` when the
+    /// bundle is what is held and applied already.
+    pub async fn apply(&mut self, bytes: &[u8], bundle: Bundle, now: i64) -> Option<proto::Evidence> {
+        let started = std::time::Instant::now();
+        let mut evidence = proto::Evidence {
+            seq: 0,
+            version: bundle.version as i64,
+            result: proto::EvidenceResult::Applied,
+            error: None,
+            files: Vec::new(),
+            at: now,
+        };
+        let result = match plan(&bundle, &self.manifest.held(), &self.observed(), &self.scope) {
+            Ok(actions) if actions.is_empty() => return None,
+            Ok(actions) => match self.exec.run(&actions).await {
+                Ok(outcomes) => {
+                    evidence.files = outcomes
+                        .iter()
+                        .map(|o| proto::EvidenceFile { path: o.path.clone(), sha256: o.sha256.clone(), result: o.result })
+                        .collect();
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            },
+            // Nothing was touched: the bundle could not be planned.
+            Err(e) => {
+                evidence.result = proto::EvidenceResult::Failed;
+                evidence.error = Some(e.to_string());
+                return Some(evidence);
+            }
+        };
+        self.last_apply_ms = Some(started.elapsed().as_millis() as u64);
+        match result {
+            Ok(()) => {
+                let manifest = Manifest::of(&bundle);
+                let saved = crate::atomic::write(&self.state_dir.join(LAST_BUNDLE), bytes, 0o600)
+                    .and_then(|_| crate::write_json(&self.state_dir.join(MANIFEST), &manifest));
+                if let Err(e) = saved {
+                    evidence.result = proto::EvidenceResult::Failed;
+                    evidence.error = Some(format!("{e:#}"));
+                    return Some(evidence);
+                }
+                self.network = Some((bundle.version, bundle.content_digest()));
+                self.manifest = manifest;
+                self.previous = Some(bundle);
+            }
+            Err(e) => {
+                evidence.result = proto::EvidenceResult::Failed;
+                evidence.error = Some(format!("{e:#}"));
+                self.network = None;
+                self.restore(&bundle).await;
+            }
+        }
+        Some(evidence)
+    }
+
+    /// Puts the last good bundle's files back (removing those only the failed one had) and
+    /// applies its configuration again.
+    async fn restore(&mut self, failed: &Bundle) {
+        let Some(previous) = self.previous.clone() else { return };
+        let observed = Observed { network: None, ..self.observed() };
+        let actions = match plan(&previous, &Held::of(failed), &observed, &self.scope) {
+            Ok(actions) => actions,
+            Err(e) => {
+                eprintln!("trellis-agent: cannot re-apply the previous configuration: {e}");
+                return;
+            }
+        };
+        let (files, network): (Vec<Action>, Vec<Action>) = actions.into_iter().partition(|a| matches!(a, Action::WriteFiles { .. }));
+        if let Err(e) = self.exec.run(&files).await {
+            eprintln!("trellis-agent: cannot restore the previous files: {e:#}");
+        }
+        match self.exec.run(&network).await {
+            Ok(_) => self.network = Some((previous.version, previous.content_digest())),
+            Err(e) => eprintln!("trellis-agent: cannot re-apply the previous configuration: {e:#}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The apply order, rollback, re-delivery, dropped files and forwarding, with fakes that
+    //! record every call in one journal.
+
+    use std::net::SocketAddr;
+    use std::sync::{Arc, Mutex};
+
+    use trellis_core::bundle::BundleFile;
+    use trellis_core::compile::{MESH_ZONE, NFTABLES_CONF, NODE_TOML, WIREGUARD_CONF};
+    use trellis_core::wgconf::WgConf;
+
+    use super::*;
+    use crate::apply::{FileOutcome, FileWriter, Firewall, Forwarding, PeerState, Wireguard};
+    use crate::dns::{BoxFuture, Resolver};
+    use crate::exec::Backends;
+
+    type Journal = Arc<Mutex<Vec<String>>>;
+    /// The fake host's files, path to content, as committed.
+    type Disk = Arc<Mutex<std::collections::BTreeMap<String, String>>>;
+
+    fn note(j: &Journal, s: String) {
+        j.lock().unwrap().push(s);
+    }
+
+    struct Files(Journal, Disk);
+    impl FileWriter for Files {
+        fn write_all(&mut self, files: &[BundleFile], dropped: &[String]) -> Result<Vec<FileOutcome>> {
+            for f in files {
+                note(&self.0, format!("stage {}", f.path));
+            }
+            note(&self.0, "commit".into());
+            let mut disk = self.1.lock().unwrap();
+            for f in files {
+                disk.insert(f.path.clone(), String::from_utf8_lossy(&f.content).into_owned());
+            }
+            for d in dropped {
+                note(&self.0, format!("remove {d}"));
+                disk.remove(d);
+            }
+            Ok(files
+                .iter()
+                .map(|f| FileOutcome { path: f.path.clone(), sha256: hex::encode(f.sha256), result: proto::FileResult::Written })
+                .collect())
+        }
+    }
+
+    struct Wg(Journal);
+    impl Wireguard for Wg {
+        fn apply(&mut self, conf: &WgConf, private_key: &str) -> Result<()> {
+            note(&self.0, format!("wireguard {} key {private_key}", conf.addresses.join(",")));
+            Ok(())
+        }
+        fn peers(&self) -> Result<Vec<PeerState>> {
+            Ok(Vec::new())
+        }
+        fn describe(&self) -> String {
+            "fake".into()
+        }
+    }
+
+    /// Loads the committed ruleset unless it says "bad".
+    struct Fw(Journal, Disk);
+    impl Firewall for Fw {
+        fn apply(&mut self, ruleset: &Path) -> Result<()> {
+            assert!(ruleset.ends_with(NFTABLES_CONF), "{}", ruleset.display());
+            let text = self.1.lock().unwrap().get(NFTABLES_CONF).cloned().unwrap_or_default();
+            if text == "bad" {
+                note(&self.0, "ruleset refused".into());
+                anyhow::bail!("nft refused {}: syntax error", ruleset.display());
+            }
+            note(&self.0, format!("ruleset {text}"));
+            Ok(())
+        }
+        fn loaded(&self) -> bool {
+            true
+        }
+    }
+
+    struct Dns(Journal);
+    impl Resolver for Dns {
+        fn apply<'a>(&'a mut self, _zone: &'a Path, origin: &'a str, listen: &'a [SocketAddr]) -> BoxFuture<'a, Result<()>> {
+            note(&self.0, format!("dns {origin} on {}", listen.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(",")));
+            Box::pin(async { Ok(()) })
+        }
+        fn serving(&self) -> Vec<SocketAddr> {
+            Vec::new()
+        }
+    }
+
+    struct Fwd(Journal, bool);
+    impl Forwarding for Fwd {
+        fn enabled(&self) -> bool {
+            self.1
+        }
+        fn enable(&mut self) -> Result<()> {
+            note(&self.0, "forwarding on".into());
+            self.1 = true;
+            Ok(())
+        }
+    }
+
+    struct Fixture {
+        journal: Journal,
+        dir: PathBuf,
+        applier: Applier,
+    }
+
+    impl Drop for Fixture {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    fn fixture(tag: &str) -> Fixture {
+        let dir = std::env::temp_dir().join(format!("trellis-applier-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("wireguard.key"), "PRIVATE\n").unwrap();
+        let journal = Journal::default();
+        let disk = Disk::default();
+        let j = journal.clone();
+        let backends = Backends {
+            files: Box::new(Files(journal.clone(), disk.clone())),
+            wireguard: Some(Box::new(move |_: &str| Some(Box::new(Wg(j.clone())) as Box<dyn Wireguard + Send>))),
+            firewall: Some(Box::new(Fw(journal.clone(), disk))),
+            resolver: Some(Box::new(Dns(journal.clone()))),
+            forwarding: Box::new(Fwd(journal.clone(), false)),
+        };
+        let exec = Executor::new(backends, dir.join("root"), dir.join("wireguard.key"));
+        let scope = Scope { files_only: false, wireguard: true, dns_port: 53 };
+        Fixture { applier: Applier::new(exec, scope, &dir, Manifest::default(), None), journal, dir }
+    }
+
+    impl Fixture {
+        fn take(&self) -> Vec<String> {
+            std::mem::take(&mut *self.journal.lock().unwrap())
+        }
+
+        async fn apply(&mut self, bundle: &Bundle) -> Option<proto::Evidence> {
+            self.applier.apply(format!("bundle {}", bundle.version).as_bytes(), bundle.clone(), 7).await
+        }
+    }
+
+    fn bundle(version: u64, hub: bool, ruleset: &str, extra: &[&str]) -> Bundle {
+        let settings = format!("node = \"db-1\"\nmesh = \"basic\"\ninterface = \"trellis0\"\nzone = \"basic.mesh\"\nhub = {hub}\n");
+        let mut files = vec![
+            BundleFile::new(NODE_TOML, 0o644, settings.into_bytes()),
+            BundleFile::new(WIREGUARD_CONF, 0o600, "[Interface]\nAddress = 10.88.0.5/16\nListenPort = 51820\n".as_bytes().to_vec()),
+            BundleFile::new(NFTABLES_CONF, 0o644, ruleset.as_bytes().to_vec()),
+            BundleFile::new(MESH_ZONE, 0o644, b"zone".to_vec()),
+        ];
+        files.extend(extra.iter().map(|p| BundleFile::new(*p, 0o644, b"x".to_vec())));
+        Bundle { mesh: "basic".into(), node: "db-1".into(), version, issued_at: 1, files }
+    }
+
+    /// The journal of staging and committing `extra` files besides the four a bundle has.
+    fn write(extra: &[&str]) -> Vec<String> {
+        let mut out: Vec<String> = [NODE_TOML, WIREGUARD_CONF, NFTABLES_CONF, MESH_ZONE].iter().map(|p| format!("stage {p}")).collect();
+        out.extend(extra.iter().map(|p| format!("stage {p}")));
+        out.push("commit".into());
+        out
+    }
+
+    fn lines(l: &[&str]) -> Vec<String> {
+        l.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    }
+
+    #[test]
+    fn files_are_committed_before_the_network_then_wireguard_ruleset_dns() {
+        rt().block_on(async {
+            let mut f = fixture("order");
+            let ev = f.apply(&bundle(1, false, "good1", &[])).await.unwrap();
+            assert_eq!(ev.result, proto::EvidenceResult::Applied, "{ev:?}");
+            assert_eq!(ev.at, 7);
+            let mut expect = write(&[]);
+            expect.extend(lines(&["wireguard 10.88.0.5/16 key PRIVATE", "ruleset good1", "dns basic.mesh on 10.88.0.5:53"]));
+            assert_eq!(f.take(), expect);
+            assert_eq!(f.applier.manifest().version, 1);
+            assert_eq!(load(&f.dir).version, 1, "the manifest is saved");
+            assert_eq!(std::fs::read(f.dir.join(LAST_BUNDLE)).unwrap(), b"bundle 1");
+        });
+    }
+
+    fn load(dir: &Path) -> Manifest {
+        crate::run::load_manifest(dir)
+    }
+
+    #[test]
+    fn a_refused_ruleset_puts_the_previous_bundle_back() {
+        rt().block_on(async {
+            let mut f = fixture("rollback");
+            f.apply(&bundle(1, false, "good1", &["etc/old"])).await.unwrap();
+            f.take();
+            let before = f.applier.manifest().clone();
+            let ev = f.apply(&bundle(2, false, "bad", &["etc/new"])).await.unwrap();
+            assert_eq!(ev.result, proto::EvidenceResult::Failed);
+            assert!(ev.error.as_deref().is_some_and(|e| e.contains("nft refused")), "{ev:?}");
+            let mut expect = write(&["etc/new"]);
+            expect.extend(lines(&["remove etc/old", "wireguard 10.88.0.5/16 key PRIVATE", "ruleset refused"]));
+            // The rollback: the previous files, the failed bundle's own file removed, then the
+            // previous configuration applied again in the same order.
+            expect.extend(write(&["etc/old"]));
+            expect.extend(lines(&[
+                "remove etc/new",
+                "wireguard 10.88.0.5/16 key PRIVATE",
+                "ruleset good1",
+                "dns basic.mesh on 10.88.0.5:53",
+            ]));
+            assert_eq!(f.take(), expect);
+            assert_eq!(f.applier.manifest(), &before, "the manifest is unchanged");
+            assert_eq!(load(&f.dir), before, "the saved manifest is unchanged");
+            assert_eq!(std::fs::read(f.dir.join(LAST_BUNDLE)).unwrap(), b"bundle 1");
+        });
+    }
+
+    #[test]
+    fn a_redelivery_does_nothing() {
+        rt().block_on(async {
+            let mut f = fixture("redelivery");
+            f.apply(&bundle(1, false, "good1", &[])).await.unwrap();
+            f.take();
+            assert_eq!(f.apply(&bundle(1, false, "good1", &[])).await, None);
+            assert_eq!(f.take(), Vec::<String>::new());
+        });
+    }
+
+    #[test]
+    fn files_the_bundle_dropped_are_removed() {
+        rt().block_on(async {
+            let mut f = fixture("dropped");
+            f.apply(&bundle(1, false, "good1", &["etc/a", "etc/b"])).await.unwrap();
+            f.take();
+            f.apply(&bundle(2, false, "good2", &["etc/b"])).await.unwrap();
+            let journal = f.take();
+            assert!(journal.contains(&"remove etc/a".to_string()), "{journal:?}");
+            assert!(!journal.iter().any(|l| l == "remove etc/b"), "{journal:?}");
+        });
+    }
+
+    #[test]
+    fn a_hub_enables_forwarding_and_another_node_does_not() {
+        rt().block_on(async {
+            let mut f = fixture("hub");
+            f.apply(&bundle(1, true, "good1", &[])).await.unwrap();
+            let journal = f.take();
+            let commit = journal.iter().position(|l| l == "commit").unwrap();
+            let on = journal.iter().position(|l| l == "forwarding on").unwrap();
+            let wg = journal.iter().position(|l| l.starts_with("wireguard")).unwrap();
+            assert!(commit < on && on < wg, "{journal:?}");
+
+            let mut g = fixture("spoke");
+            g.apply(&bundle(1, false, "good1", &[])).await.unwrap();
+            assert!(!g.take().iter().any(|l| l == "forwarding on"));
+        });
+    }
+
+    #[test]
+    fn files_only_touches_no_network() {
+        let b = bundle(1, true, "good1", &[]);
+        let scope = Scope { files_only: true, wireguard: true, dns_port: 53 };
+        let actions = plan(&b, &Held::default(), &Observed::default(), &scope).unwrap();
+        assert_eq!(actions, [Action::WriteFiles { files: b.files.clone(), remove: Vec::new() }]);
+    }
+}

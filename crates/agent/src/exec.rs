@@ -1,0 +1,124 @@
+//! The executor: carries a plan's actions out through the host traits (`FileWriter`,
+//! `Wireguard`, `Firewall`, `Resolver`, `Forwarding`), in order, stopping at the first failure.
+//! The backends are chosen at run time: the real host's by the binary, fakes by tests.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use crate::apply::{self, FileOutcome, FileWriter, Firewall, Forwarding, PeerState, Wireguard};
+use crate::dns::Resolver;
+use crate::plan::Action;
+
+/// Makes the WireGuard backend for an interface, on the first apply that names it.
+pub type WireguardFactory = Box<dyn FnMut(&str) -> Option<Box<dyn Wireguard + Send>> + Send>;
+
+/// The host effects the agent uses. `None` leaves that part of the host alone.
+pub struct Backends {
+    pub files: Box<dyn FileWriter + Send>,
+    pub wireguard: Option<WireguardFactory>,
+    pub firewall: Option<Box<dyn Firewall + Send>>,
+    pub resolver: Option<Box<dyn Resolver>>,
+    pub forwarding: Box<dyn Forwarding + Send>,
+}
+
+impl Backends {
+    /// The real host's: files under `root`, WireGuard by `mode`, `nft`, hickory-dns and
+    /// `/proc/sys`; with `files_only`, no ruleset and no DNS.
+    pub fn host(root: &Path, mode: apply::WgMode, files_only: bool) -> Backends {
+        let wireguard: Option<WireguardFactory> = match mode {
+            apply::WgMode::None => None,
+            mode => Some(Box::new(move |ifname: &str| apply::wireguard(mode, ifname))),
+        };
+        Backends {
+            files: Box::new(apply::DiskWriter { root: root.to_path_buf() }),
+            wireguard,
+            firewall: if files_only { None } else { Some(Box::new(apply::Nft::new())) },
+            resolver: if files_only { None } else { Some(Box::new(crate::dns::Hickory::default())) },
+            forwarding: Box::new(apply::ProcSys),
+        }
+    }
+}
+
+/// What the host shows after the last actions, for the status file.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostReport {
+    pub interface: Option<String>,
+    pub ruleset_loaded: bool,
+    pub dns_serving: Vec<String>,
+}
+
+pub struct Executor {
+    backends: Backends,
+    /// Where file resources are written; the ruleset and zone are loaded from under it.
+    root: PathBuf,
+    /// The node's WireGuard private key, read when the interface is configured.
+    key_path: PathBuf,
+    wg: Option<Box<dyn Wireguard + Send>>,
+    report: HostReport,
+}
+
+impl Executor {
+    pub fn new(backends: Backends, root: PathBuf, key_path: PathBuf) -> Executor {
+        Executor { backends, root, key_path, wg: None, report: HostReport::default() }
+    }
+
+    /// Whether the agent manages a WireGuard interface.
+    pub fn manages_wireguard(&self) -> bool {
+        self.backends.wireguard.is_some()
+    }
+
+    /// Whether forwarding is on now.
+    pub fn forwarding(&self) -> bool {
+        self.backends.forwarding.enabled()
+    }
+
+    pub fn report(&self) -> &HostReport {
+        &self.report
+    }
+
+    /// The interface's peers as it sees them (none before the first configuration).
+    pub fn peers(&self) -> Vec<PeerState> {
+        self.wg.as_ref().and_then(|wg| wg.peers().ok()).unwrap_or_default()
+    }
+
+    /// Carries the actions out in order; stops at the first that fails. Returns what happened
+    /// to each file written or removed.
+    pub async fn run(&mut self, actions: &[Action]) -> Result<Vec<FileOutcome>> {
+        let mut outcomes = Vec::new();
+        for action in actions {
+            outcomes.extend(self.one(action).await?);
+        }
+        Ok(outcomes)
+    }
+
+    async fn one(&mut self, action: &Action) -> Result<Vec<FileOutcome>> {
+        match action {
+            Action::WriteFiles { files, remove } => return self.backends.files.write_all(files, remove),
+            Action::EnableForwarding => self.backends.forwarding.enable()?,
+            Action::ConfigureWireguard { interface, conf } => {
+                if self.wg.is_none() {
+                    self.wg = self.backends.wireguard.as_mut().and_then(|make| make(interface));
+                }
+                if let Some(wg) = self.wg.as_mut() {
+                    let private = std::fs::read_to_string(&self.key_path).context("cannot read wireguard.key")?;
+                    wg.apply(conf, private.trim())?;
+                    self.report.interface = Some(wg.describe());
+                }
+            }
+            Action::LoadRuleset { path } => {
+                if let Some(fw) = self.backends.firewall.as_mut() {
+                    fw.apply(&self.root.join(path))?;
+                    self.report.ruleset_loaded = fw.loaded();
+                }
+            }
+            Action::ServeZone { path, origin, listen } => {
+                if let Some(dns) = self.backends.resolver.as_mut() {
+                    dns.apply(&self.root.join(path), origin, listen).await?;
+                    self.report.dns_serving = dns.serving().iter().map(|a| a.to_string()).collect();
+                }
+            }
+        }
+        Ok(Vec::new())
+    }
+}

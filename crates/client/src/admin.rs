@@ -1,0 +1,97 @@
+//! The admin client: how `trellis apply`, `token`, `nodes`, `node`, `status` and `audit` reach
+//! the controller, with the admin credential as a bearer token.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use trellis_proto as proto;
+
+use crate::Error;
+
+pub struct AdminClient {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+/// The controller's base URL for a `HOST:PORT`.
+pub fn base_url(hostport: &str) -> String {
+    format!("https://{hostport}")
+}
+
+fn read(path: &Path) -> Result<String, Error> {
+    std::fs::read_to_string(path).map_err(|source| Error::File { path: path.to_path_buf(), source })
+}
+
+impl AdminClient {
+    /// A client for the controller at `base` (`https://HOST:PORT`), trusting only `ca_pem`.
+    pub fn new(base: &str, ca_pem: &str, token: &str) -> Result<AdminClient, Error> {
+        let tls = trellis_pki::tls::client_config(ca_pem, None)?;
+        let http = crate::http_client(tls, Duration::from_secs(10), Duration::from_secs(120))?;
+        Ok(AdminClient { http, base: base.trim_end_matches('/').to_string(), token: token.trim().to_string() })
+    }
+
+    /// A client from `--server` (HOST:PORT or https://...), `--admin-token-file` and `--ca-file`.
+    pub fn from_args(server: &str, token_file: &Path, ca_file: &Path) -> Result<AdminClient, Error> {
+        let base = if server.starts_with("https://") { server.to_string() } else { base_url(server) };
+        Self::new(&base, &read(ca_file)?, &read(token_file)?)
+    }
+
+    async fn send<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> Result<T, Error> {
+        let resp = req.bearer_auth(&self.token).send().await.map_err(|source| Error::UnreachableAt { base: self.base.clone(), source })?;
+        if resp.status().is_success() {
+            return resp.json().await.map_err(|source| Error::Unexpected { who: "trellis", source });
+        }
+        Err(crate::refusal(resp).await)
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T, Error> {
+        self.send(self.http.post(self.url(path)).json(body)).await
+    }
+
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, Error> {
+        self.send(self.http.get(self.url(path))).await
+    }
+
+    pub async fn apply(&self, req: &proto::ApplyRequest) -> Result<proto::ApplyResponse, Error> {
+        self.post("/v1/admin/apply", req).await
+    }
+
+    pub async fn create_token(&self, req: &proto::TokenRequest) -> Result<proto::TokenCreated, Error> {
+        self.post("/v1/admin/tokens", req).await
+    }
+
+    pub async fn tokens(&self) -> Result<Vec<proto::TokenInfo>, Error> {
+        self.get("/v1/admin/tokens").await
+    }
+
+    pub async fn revoke_token(&self, id: &str) -> Result<proto::TokenInfo, Error> {
+        self.send(self.http.delete(self.url(&format!("/v1/admin/tokens/{id}")))).await
+    }
+
+    pub async fn nodes(&self) -> Result<Vec<proto::NodeInfo>, Error> {
+        self.get("/v1/admin/nodes").await
+    }
+
+    pub async fn approve(&self, node: &str) -> Result<proto::WhoAmI, Error> {
+        self.post(&format!("/v1/admin/nodes/{node}/approve"), &()).await
+    }
+
+    pub async fn revoke(&self, node: &str) -> Result<proto::WhoAmI, Error> {
+        self.post(&format!("/v1/admin/nodes/{node}/revoke"), &()).await
+    }
+
+    pub async fn status(&self) -> Result<Vec<proto::NodeStatus>, Error> {
+        self.get("/v1/admin/status").await
+    }
+
+    pub async fn audit(&self) -> Result<Vec<proto::AuditRecord>, Error> {
+        self.get("/v1/admin/audit").await
+    }
+}

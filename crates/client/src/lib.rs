@@ -1,0 +1,87 @@
+//! `trellis-client`: the one HTTP client of trellis, used by the agent and by the admin CLI. It
+//! holds the controller failover loop, the parsing of error answers and the request builders;
+//! it decides nothing and keeps no state.
+
+mod admin;
+mod error;
+mod node;
+
+use std::future::Future;
+use std::time::Duration;
+
+pub use admin::{base_url, AdminClient};
+pub use error::{Error, Refused, Tried};
+pub use node::{enrol, enrol_request, read_bounded, BundleAnswer, NodeClient};
+
+/// A reqwest client over a rustls configuration made by `trellis_pki::tls`.
+fn http_client(tls: rustls::ClientConfig, connect: Duration, timeout: Duration) -> Result<reqwest::Client, Error> {
+    reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .connect_timeout(connect)
+        .timeout(timeout)
+        .build()
+        .map_err(|source| Error::Build { source })
+}
+
+/// Tries each controller in turn: a connection failure ([`Error::Send`]) moves on to the next;
+/// an answer of any status, or any other error, stops the loop and is returned. When none
+/// answered, [`Error::Unreachable`] names every controller tried with its failure.
+pub async fn each_controller<T, F, Fut>(controllers: &[String], mut attempt: F) -> Result<T, Error>
+where
+    F: FnMut(String) -> Fut,
+    Fut: Future<Output = Result<T, Error>>,
+{
+    let mut tried = Tried::default();
+    for c in controllers {
+        match attempt(c.clone()).await {
+            Err(Error::Send(e)) => tried.0.push((c.clone(), e.to_string())),
+            other => return other,
+        }
+    }
+    Err(Error::Unreachable(tried))
+}
+
+/// Parses an error answer: the controller's [`proto::ErrorBody`](trellis_proto::ErrorBody) when
+/// the body is one, the status and the text otherwise.
+pub async fn refusal(resp: reqwest::Response) -> Error {
+    let status = resp.status();
+    let text = resp.text().await.unwrap_or_default();
+    refusal_from(status, &text)
+}
+
+fn refusal_from(status: reqwest::StatusCode, text: &str) -> Error {
+    match serde_json::from_str::<trellis_proto::ErrorBody>(text) {
+        Ok(body) => Error::Refused(Refused { status: status.as_u16(), body }),
+        Err(_) => Error::Answered { status, text: text.to_string() },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_body_is_a_refusal_that_reads_as_the_controllers_sentence() {
+        let e = refusal_from(reqwest::StatusCode::CONFLICT, r#"{"error":"token already used","code":"conflict"}"#);
+        let r = e.refused().expect("a refusal");
+        assert_eq!((r.status, r.body.code.as_str()), (409, "conflict"));
+        assert_eq!(e.to_string(), "token already used");
+    }
+
+    #[test]
+    fn another_body_is_shown_with_the_status() {
+        let e = refusal_from(reqwest::StatusCode::BAD_GATEWAY, "upstream down");
+        assert!(e.refused().is_none());
+        assert_eq!(e.to_string(), "the controller answered 502 Bad Gateway: upstream down");
+    }
+
+    #[test]
+    fn unreachable_names_every_controller_tried() {
+        let tried = Tried(vec![("a:1".into(), "refused".into()), ("b:2".into(), "timed out".into())]);
+        assert_eq!(Error::Unreachable(tried.clone()).to_string(), "cannot reach the controller: a:1: refused; b:2: timed out");
+        assert_eq!(
+            Error::UnreachableFromToken(tried).to_string(),
+            "cannot reach any controller named in the token: a:1: refused; b:2: timed out"
+        );
+    }
+}

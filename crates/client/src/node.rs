@@ -1,0 +1,166 @@
+//! The node's side of the API: enrolment with the CA pinned by the token, and, over mutual TLS,
+//! renewal, the bundle long-poll, evidence and `whoami`. Each request tries the controllers in
+//! turn.
+
+use std::time::Duration;
+
+use base64::Engine;
+use serde::de::DeserializeOwned;
+use trellis_core::token::EnrolmentToken;
+use trellis_proto as proto;
+
+use crate::{each_controller, Error};
+
+const CONNECT: Duration = Duration::from_secs(5);
+const TIMEOUT: Duration = Duration::from_secs(30);
+/// The header carrying the controller's signed freshness stamp (base64).
+const FRESHNESS: &str = "x-trellis-freshness";
+
+/// The enrolment request for a decoded token, the node's CSR and its WireGuard public key.
+pub fn enrol_request(token: &EnrolmentToken, csr_pem: String, wireguard_public_key: String) -> proto::EnrolRequest {
+    proto::EnrolRequest {
+        token_id: trellis_core::token::hex(&token.id),
+        secret: base64::engine::general_purpose::STANDARD.encode(token.secret),
+        node: token.node.clone(),
+        csr_pem,
+        wireguard_public_key,
+    }
+}
+
+async fn answer<T: DeserializeOwned>(resp: reqwest::Response) -> Result<T, Error> {
+    if resp.status().is_success() {
+        return resp.json().await.map_err(|source| Error::Unexpected { who: "agent", source });
+    }
+    Err(crate::refusal(resp).await)
+}
+
+/// Enrols with the first controller that answers, trusting only a CA whose SHA-256 is
+/// `ca_fingerprint`. A controller presenting another CA fails the handshake, so the token's
+/// secret is never sent to it, and the enrolment stops there ([`Error::Pinned`]).
+pub async fn enrol(controllers: &[String], ca_fingerprint: [u8; 32], req: &proto::EnrolRequest) -> Result<proto::EnrolResponse, Error> {
+    let result = each_controller(controllers, |controller| async move {
+        let (tls, report) = trellis_pki::tls::pinned_client_config(ca_fingerprint);
+        let client = crate::http_client(tls, CONNECT, TIMEOUT)?;
+        match client.post(format!("https://{controller}/v1/enrol")).json(req).send().await {
+            Ok(resp) => answer(resp).await,
+            Err(e) => match report.lock().expect("pin report").mismatch.clone() {
+                Some(message) => Err(Error::Pinned { controller, message }),
+                None => Err(Error::Send(e)),
+            },
+        }
+    })
+    .await;
+    result.map_err(|e| match e {
+        Error::Unreachable(tried) => Error::UnreachableFromToken(tried),
+        e => e,
+    })
+}
+
+/// What a bundle request got from the controller that answered.
+#[derive(Debug)]
+pub struct BundleAnswer {
+    pub controller: String,
+    /// The signed freshness stamp, decoded from base64, when the answer carries one.
+    pub freshness: Option<Vec<u8>>,
+    /// The version the answer names (its ETag without quotes).
+    pub etag: Option<String>,
+    /// The bundle's bytes; `None` when the held version is current (304).
+    pub body: Result<Option<Vec<u8>>, Error>,
+}
+
+/// A node's client over mutual TLS: its certificate, trusting only the mesh CA.
+pub struct NodeClient {
+    http: reqwest::Client,
+    controllers: Vec<String>,
+}
+
+impl NodeClient {
+    pub fn new(controllers: Vec<String>, ca_pem: &str, cert_pem: &str, key_pem: &str) -> Result<NodeClient, Error> {
+        let tls = trellis_pki::tls::client_config(ca_pem, Some((cert_pem, key_pem)))?;
+        Ok(NodeClient { http: crate::http_client(tls, CONNECT, TIMEOUT)?, controllers })
+    }
+
+    pub fn controllers(&self) -> &[String] {
+        &self.controllers
+    }
+
+    pub async fn renew(&self, csr_pem: &str) -> Result<proto::RenewResponse, Error> {
+        let req = proto::RenewRequest { csr_pem: csr_pem.to_string() };
+        each_controller(&self.controllers, |c| {
+            let send = self.http.post(format!("https://{c}/v1/renew")).json(&req).send();
+            async move { answer(send.await.map_err(Error::Send)?).await }
+        })
+        .await
+    }
+
+    pub async fn whoami(&self) -> Result<proto::WhoAmI, Error> {
+        each_controller(&self.controllers, |c| {
+            let send = self.http.get(format!("https://{c}/v1/whoami")).send();
+            async move { answer(send.await.map_err(Error::Send)?).await }
+        })
+        .await
+    }
+
+    /// Delivers a batch of evidence records.
+    pub async fn post_evidence(&self, batch: &proto::EvidenceBatch) -> Result<(), Error> {
+        each_controller(&self.controllers, |c| {
+            let send = self.http.post(format!("https://{c}/v1/evidence")).json(batch).send();
+            async move {
+                let resp = send.await.map_err(Error::Send)?;
+                if resp.status().is_success() {
+                    return Ok(());
+                }
+                Err(crate::refusal(resp).await)
+            }
+        })
+        .await
+    }
+
+    /// The bundle, long-polling up to `wait` seconds for a version newer than `held` (sent as
+    /// If-None-Match). The outer error says no controller answered; an answer that is an error
+    /// is in [`BundleAnswer::body`], with the freshness stamp it carried.
+    pub async fn bundle(&self, wait: u64, held: Option<i64>) -> Result<BundleAnswer, Error> {
+        each_controller(&self.controllers, |controller| {
+            let mut req = self.http.get(format!("https://{controller}/v1/bundle?wait={wait}")).timeout(Duration::from_secs(wait + 30));
+            if let Some(v) = held {
+                req = req.header("if-none-match", format!("\"{v}\""));
+            }
+            let send = req.send();
+            async move {
+                let resp = send.await.map_err(Error::Send)?;
+                let freshness =
+                    resp.headers().get(FRESHNESS).and_then(|v| base64::engine::general_purpose::STANDARD.decode(v.as_bytes()).ok());
+                let etag = resp.headers().get("etag").and_then(|v| v.to_str().ok()).map(|s| s.trim_matches('"').to_string());
+                let status = resp.status();
+                let body = if status == reqwest::StatusCode::NOT_MODIFIED {
+                    Ok(None)
+                } else if status.is_success() {
+                    read_bounded(resp).await.map(Some)
+                } else {
+                    Err(crate::refusal(resp).await)
+                };
+                Ok(BundleAnswer { controller, freshness, etag, body })
+            }
+        })
+        .await
+    }
+}
+
+/// Reads a bundle from the network, refusing one larger than the bound before holding it: the
+/// announced length is checked first, then every chunk as it arrives.
+pub async fn read_bounded(mut resp: reqwest::Response) -> Result<Vec<u8>, Error> {
+    let max = trellis_core::bundle::MAX_BUNDLE;
+    if let Some(len) = resp.content_length() {
+        if len as usize > max {
+            return Err(Error::TooLarge { len, max });
+        }
+    }
+    let mut out = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|source| Error::Read { source })? {
+        if out.len() + chunk.len() > max {
+            return Err(Error::OverBound { max });
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
+}
