@@ -133,7 +133,8 @@ impl Applier {
         match result {
             Ok(()) => {
                 let manifest = Manifest::of(&bundle);
-                let saved = crate::atomic::write(&self.state_dir.join(LAST_BUNDLE), bytes, 0o600)
+                let saved = trellis_files::replace(&self.state_dir.join(LAST_BUNDLE), bytes, 0o600)
+                    .map_err(anyhow::Error::from)
                     .and_then(|_| crate::write_json(&self.state_dir.join(MANIFEST), &manifest));
                 if let Err(e) = saved {
                     evidence.result = proto::EvidenceResult::Failed;

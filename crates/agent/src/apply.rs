@@ -60,19 +60,19 @@ impl FileWriter for DiskWriter {
             }
             let dir = target.parent().context("file has no directory")?;
             std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-            let tmp = crate::atomic::stage(&target, &f.content, f.mode)?;
+            let tmp = trellis_files::stage(&target, &f.content, f.mode)?;
             staged.push((tmp, target));
             outcomes.push(FileOutcome { path: f.path.clone(), sha256: sha, result: trellis_proto::FileResult::Written });
         }
         // Everything is staged; now commit.
         for (tmp, target) in &staged {
-            crate::atomic::commit(tmp, target)?;
+            trellis_files::commit(tmp, target)?;
         }
         let mut dirs: Vec<&Path> = staged.iter().filter_map(|(_, t)| t.parent()).collect();
         dirs.sort();
         dirs.dedup();
         for d in dirs {
-            crate::atomic::sync_dir(d);
+            trellis_files::sync_dir(d);
         }
         for path in dropped {
             let target = self.target(path);

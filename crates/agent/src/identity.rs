@@ -10,7 +10,7 @@ use trellis_client::NodeClient;
 use trellis_core::token::EnrolmentToken;
 use trellis_proto as proto;
 
-use crate::atomic::write as write_file;
+use trellis_files::replace as write_file;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

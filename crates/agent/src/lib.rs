@@ -4,7 +4,6 @@
 
 pub mod applier;
 pub mod apply;
-pub mod atomic;
 pub mod backoff;
 pub mod bundle;
 pub mod dns;
@@ -20,10 +19,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use serde::{Deserialize, Serialize};
 
-/// Unix seconds now: the agent's one reading of the clock.
-pub fn unix_now() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
-}
+pub use trellis_files::unix_now;
 
 /// A JSON state file, or the default when it is missing or unreadable.
 fn read_json<T: for<'de> Deserialize<'de> + Default>(path: &Path) -> T {
@@ -32,7 +28,7 @@ fn read_json<T: for<'de> Deserialize<'de> + Default>(path: &Path) -> T {
 
 /// Writes a JSON state file atomically, mode 0600.
 fn write_json<T: Serialize>(path: &Path, v: &T) -> Result<()> {
-    atomic::write(path, &serde_json::to_vec_pretty(v)?, 0o600)
+    Ok(trellis_files::replace(path, &serde_json::to_vec_pretty(v)?, 0o600)?)
 }
 
 #[derive(Parser)]

@@ -84,7 +84,7 @@ impl EvidenceBuffer {
     /// become a visible gap) when the buffer would pass its bound. Returns how many were dropped.
     pub fn push(&self, mut record: proto::Evidence) -> Result<u64> {
         record.seq = self.next_seq();
-        crate::atomic::write(&self.next_path, (record.seq + 1).to_string().as_bytes(), 0o600)?;
+        trellis_files::replace(&self.next_path, (record.seq + 1).to_string().as_bytes(), 0o600)?;
         let mut lines: VecDeque<String> = std::fs::read_to_string(&self.path).unwrap_or_default().lines().map(str::to_string).collect();
         lines.push_back(serde_json::to_string(&record)?);
         let mut dropped = 0;
@@ -94,7 +94,7 @@ impl EvidenceBuffer {
             dropped += 1;
         }
         let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
-        crate::atomic::write(&self.path, text.as_bytes(), 0o600)?;
+        trellis_files::replace(&self.path, text.as_bytes(), 0o600)?;
         Ok(dropped)
     }
 
@@ -102,7 +102,7 @@ impl EvidenceBuffer {
     pub fn ack(&self, n: usize) -> Result<()> {
         let lines: Vec<String> = std::fs::read_to_string(&self.path).unwrap_or_default().lines().skip(n).map(str::to_string).collect();
         let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
-        crate::atomic::write(&self.path, text.as_bytes(), 0o600)
+        Ok(trellis_files::replace(&self.path, text.as_bytes(), 0o600)?)
     }
 }
 

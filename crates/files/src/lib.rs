@@ -28,16 +28,34 @@ pub fn create_new(path: &Path, content: &[u8], mode: u32) -> Result<(), FileErro
     f.sync_all().map_err(at("sync", path))
 }
 
-/// Replaces `path` atomically with `content`, with `mode` from the first byte: a temporary file
-/// beside it is written and synced, renamed over it, and the directory synced.
-pub fn replace(path: &Path, content: &[u8], mode: u32) -> Result<(), FileError> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+/// Where `target` is staged before it is committed: beside it, so the rename stays on one
+/// filesystem.
+fn stage_path(target: &Path) -> PathBuf {
+    let name = target.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    target.with_file_name(format!(".{name}.trellis-new"))
+}
+
+/// Writes `content` to a staging file beside `target`, created with `mode`, and syncs it;
+/// returns its path. Nothing is visible at `target` until [`commit`], so several files can be
+/// staged before any of them is committed.
+pub fn stage(target: &Path, content: &[u8], mode: u32) -> Result<PathBuf, FileError> {
+    let tmp = stage_path(target);
     let _ = std::fs::remove_file(&tmp);
     create_new(&tmp, content, mode)?;
-    std::fs::rename(&tmp, path).map_err(at("rename a temporary file onto", path))?;
-    sync_dir(dir);
+    Ok(tmp)
+}
+
+/// Renames a staged file over its target.
+pub fn commit(staged: &Path, target: &Path) -> Result<(), FileError> {
+    std::fs::rename(staged, target).map_err(at("rename a staged file onto", target))
+}
+
+/// Replaces `path` atomically with `content`, with `mode` from the first byte: staged, committed,
+/// and the directory synced.
+pub fn replace(path: &Path, content: &[u8], mode: u32) -> Result<(), FileError> {
+    let tmp = stage(path, content, mode)?;
+    commit(&tmp, path)?;
+    sync_dir(path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new(".")));
     Ok(())
 }
 
