@@ -99,8 +99,9 @@ impl Applier {
 
     /// Writes and applies a verified bundle; on failure restores the previous files and
     /// configuration and leaves the manifest as it was. Returns the evidence, or `None` when the
-    /// bundle is what is held and applied already.
-    pub async fn apply(&mut self, bytes: &[u8], bundle: Bundle, now: i64) -> Option<proto::Evidence> {
+    /// bundle is what is held and applied already. With `again`, a bundle already held is written
+    /// and applied once more (files that drifted on disk are put back) and reported.
+    pub async fn apply(&mut self, bytes: &[u8], bundle: Bundle, now: i64, again: bool) -> Option<proto::Evidence> {
         let started = std::time::Instant::now();
         let mut evidence = proto::Evidence {
             seq: 0,
@@ -110,18 +111,23 @@ impl Applier {
             files: Vec::new(),
             at: now,
         };
-        let result = match plan(&bundle, &self.manifest.held(), &self.observed(), &self.scope) {
+        let (mut held, mut observed) = (self.manifest.held(), self.observed());
+        if again {
+            held.version = 0;
+            observed.network = None;
+        }
+        let result = match plan(&bundle, &held, &observed, &self.scope) {
             Ok(actions) if actions.is_empty() => return None,
-            Ok(actions) => match self.exec.run(&actions).await {
-                Ok(outcomes) => {
-                    evidence.files = outcomes
-                        .iter()
-                        .map(|o| proto::EvidenceFile { path: o.path.clone(), sha256: o.sha256.clone(), result: o.result })
-                        .collect();
-                    Ok(())
-                }
-                Err(e) => Err(e),
-            },
+            Ok(actions) => {
+                let mut outcomes = Vec::new();
+                let result = self.exec.run_into(&actions, &mut outcomes).await;
+                // What happened to each file is evidence whether or not the network followed.
+                evidence.files = outcomes
+                    .iter()
+                    .map(|o| proto::EvidenceFile { path: o.path.clone(), sha256: o.sha256.clone(), result: o.result })
+                    .collect();
+                result
+            }
             // Nothing was touched: the bundle could not be planned.
             Err(e) => {
                 evidence.result = proto::EvidenceResult::Failed;
@@ -318,7 +324,7 @@ mod tests {
         }
 
         async fn apply(&mut self, bundle: &Bundle) -> Option<proto::Evidence> {
-            self.applier.apply(format!("bundle {}", bundle.version).as_bytes(), bundle.clone(), 7).await
+            self.applier.apply(format!("bundle {}", bundle.version).as_bytes(), bundle.clone(), 7, false).await
         }
     }
 
@@ -380,6 +386,10 @@ mod tests {
             let ev = f.apply(&bundle(2, false, "bad", &["etc/new"])).await.unwrap();
             assert_eq!(ev.result, proto::EvidenceResult::Failed);
             assert!(ev.error.as_deref().is_some_and(|e| e.contains("nft refused")), "{ev:?}");
+            assert!(
+                ev.files.iter().any(|f| f.path == "etc/new" && f.result == proto::FileResult::Written),
+                "the files written before the network failed are in the evidence: {ev:?}"
+            );
             let mut expect = write(&["etc/new"]);
             expect.extend(lines(&["remove etc/old", "wireguard 10.88.0.5/16 key PRIVATE", "ruleset refused"]));
             // The rollback: the previous files, the failed bundle's own file removed, then the
@@ -406,6 +416,21 @@ mod tests {
             f.take();
             assert_eq!(f.apply(&bundle(1, false, "good1", &[])).await, None);
             assert_eq!(f.take(), Vec::<String>::new());
+        });
+    }
+
+    #[test]
+    fn applying_the_held_bundle_again_writes_and_applies_it_and_reports() {
+        rt().block_on(async {
+            let mut f = fixture("again");
+            let b = bundle(1, false, "good1", &[]);
+            f.apply(&b).await.unwrap();
+            f.take();
+            let ev = f.applier.apply(b"bundle 1", b, 8, true).await.expect("reported");
+            assert_eq!((ev.result, ev.at, ev.files.len()), (proto::EvidenceResult::Applied, 8, 4), "{ev:?}");
+            let mut expect = write(&[]);
+            expect.extend(lines(&["wireguard 10.88.0.5/16 key PRIVATE", "ruleset good1", "dns basic.mesh on 10.88.0.5:53"]));
+            assert_eq!(f.take(), expect);
         });
     }
 

@@ -86,10 +86,17 @@ impl Executor {
     /// to each file written or removed.
     pub async fn run(&mut self, actions: &[Action]) -> Result<Vec<FileOutcome>> {
         let mut outcomes = Vec::new();
+        self.run_into(actions, &mut outcomes).await?;
+        Ok(outcomes)
+    }
+
+    /// As [`run`](Self::run), adding what happened to each file to `outcomes` as it goes, so
+    /// they are known even when a later action fails.
+    pub async fn run_into(&mut self, actions: &[Action], outcomes: &mut Vec<FileOutcome>) -> Result<()> {
         for action in actions {
             outcomes.extend(self.one(action).await?);
         }
-        Ok(outcomes)
+        Ok(())
     }
 
     async fn one(&mut self, action: &Action) -> Result<Vec<FileOutcome>> {

@@ -170,8 +170,8 @@ impl Agent {
     }
 
     /// Applies a verified bundle; `None` when it is already applied.
-    async fn apply(&mut self, bytes: &[u8], bundle: Bundle) -> Option<proto::Evidence> {
-        let evidence = self.applier.apply(bytes, bundle, unix_now()).await?;
+    async fn apply(&mut self, bytes: &[u8], bundle: Bundle, again: bool) -> Option<proto::Evidence> {
+        let evidence = self.applier.apply(bytes, bundle, unix_now(), again).await?;
         self.status.last_apply_ms = self.applier.last_apply_ms;
         self.host_status();
         match evidence.result {
@@ -245,8 +245,8 @@ impl Agent {
     }
 
     /// Applies one saved bundle (as `fetch` saved it) the way `run` applies what it pulls, and
-    /// reports the outcome as evidence. Returns the evidence record, or `None` when the bundle
-    /// is already applied.
+    /// reports the outcome as evidence; a bundle already held is written and applied again.
+    /// Returns the evidence record.
     pub async fn apply_file(mut self, file: &Path) -> Result<Option<proto::Evidence>> {
         let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
         let v = verify(&bytes, &self.key, &self.id.mesh, &self.id.node, self.applied())
@@ -254,7 +254,8 @@ impl Agent {
         if let Err(e) = self.resume().await {
             eprintln!("trellis-agent: re-applying the running bundle first failed: {e:#}");
         }
-        let ev = self.apply(&bytes, v.bundle).await;
+        // Applied even when it is the bundle held: `apply` also repairs files changed by hand.
+        let ev = self.apply(&bytes, v.bundle, true).await;
         if let Some(ev) = &ev {
             self.evidence.push(ev.clone())?;
         }
@@ -312,7 +313,7 @@ impl Agent {
                     match verify(&bytes, &self.key, &self.id.mesh, &self.id.node, self.applied()) {
                         Ok(v) if v.redelivery => {}
                         Ok(v) => {
-                            if let Some(ev) = self.apply(&bytes, v.bundle).await {
+                            if let Some(ev) = self.apply(&bytes, v.bundle, false).await {
                                 let dropped = self.evidence.push(ev)?;
                                 self.status.dropped_evidence += dropped;
                                 applies += 1;

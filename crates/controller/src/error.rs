@@ -112,8 +112,12 @@ pub enum NodeRefusal {
 }
 
 impl Error {
+    /// Something failed inside. The detail goes to the controller's log now, where the failure
+    /// happens (a publish in the background has no client to answer), and never to a client.
     pub fn internal(context: &'static str, detail: impl std::fmt::Display) -> Self {
-        Error::Internal { context, detail: detail.to_string() }
+        let detail = detail.to_string();
+        eprintln!("trellis serve: {context}: {detail}");
+        Error::Internal { context, detail }
     }
 
     /// The stable code of the error body.

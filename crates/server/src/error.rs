@@ -58,10 +58,8 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, body) = match self {
             ApiError::Refused(e) => {
-                if let Error::Internal { context, detail } = &e {
-                    // The detail goes to the controller's log, not to the client.
-                    eprintln!("trellis serve: {context}: {detail}");
-                }
+                // An internal error's detail was logged where it happened; the client gets the
+                // context only.
                 (status(&e), ErrorBody { error: e.to_string(), code: e.code().to_string(), diagnostics: e.diagnostics().to_vec() })
             }
             ApiError::Body { status, code, message } => {
