@@ -384,7 +384,15 @@ fn a_ruleset_nft_refuses_leaves_the_previous_one_loaded_and_the_failure_in_statu
     let before_rules = db_ns.ok(&["nft", "list", "table", "inet", "trellis"]);
     let before_file = std::fs::read(root.join("etc/trellis/nftables.conf")).unwrap();
 
-    // A validly signed, newer bundle whose ruleset nft refuses.
+    // The controller publishes a newer version (a node added changes every zone) that the
+    // stopped agent has not fetched; a bundle of that version is forged with a ruleset nft
+    // refuses. (Evidence for a version the controller never published is refused, so the forged
+    // bundle carries a published version number.)
+    let spare = tempdir("spare-decl");
+    copy_dir(&repo().join("lab/basic"), &spare.0);
+    let mesh = std::fs::read_to_string(spare.0.join("mesh.toml")).unwrap();
+    std::fs::write(spare.0.join("mesh.toml"), mesh + "\n[[node]]\nname = \"spare-1\"\n").unwrap();
+    site.admin(&["apply", spare.0.to_str().unwrap()]);
     let mut bad = current.clone();
     bad.version += 1;
     for f in bad.files.iter_mut().filter(|f| f.path == "etc/trellis/nftables.conf") {

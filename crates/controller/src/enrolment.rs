@@ -132,7 +132,14 @@ impl Controller {
     /// A new certificate for a node, from a CSR it sent over its authenticated session. The
     /// certificate it replaces stays valid until it expires.
     pub async fn renew(&self, who: &NodeIdentity, req: &proto::RenewRequest) -> Result<proto::RenewResponse> {
+        self.may_fetch(who)?;
         let name = who.name.clone();
+        // Only the current certificate renews: the one it replaced still authenticates until it
+        // expires, but renewing with it would replace, and so lock out, the current one.
+        let current = self.store.node(&name).await?.and_then(|r| r.cert_serial);
+        if current.as_deref() != Some(who.serial.as_str()) {
+            return Err(NodeRefusal::Superseded(name).into());
+        }
         let mesh = self.current_declaration().await?.map(|(_, d)| d.mesh.name.clone()).unwrap_or_default();
         let issued = self
             .ca()
@@ -145,7 +152,11 @@ impl Controller {
             subject: &name,
             detail: format!("{} replaces {}", issued.serial, who.serial),
         };
-        self.store.renew(&name, &who.serial, &issued.serial, issued.not_after, &issued.cert_pem, &audit).await?;
+        self.store.renew(&name, &who.serial, &issued.serial, issued.not_after, &issued.cert_pem, &audit).await.map_err(|e| match e {
+            // Another renewal with the same certificate won the race.
+            trellis_store::StoreError::NotFound(_) => Error::from(NodeRefusal::Superseded(name.clone())),
+            other => other.into(),
+        })?;
         self.republish().await;
         Ok(proto::RenewResponse { node_cert_pem: issued.cert_pem, not_after: issued.not_after })
     }
@@ -175,7 +186,8 @@ impl Controller {
         Ok(NodeIdentity { name: node, state: entry.state, serial: info.serial })
     }
 
-    /// Whether a node may fetch its bundle: an enrolled node pending approval may not.
+    /// Whether a node may take part (fetch its bundle, report evidence, renew): an enrolled node
+    /// pending approval may not.
     pub fn may_fetch(&self, who: &NodeIdentity) -> Result<()> {
         if who.state == EnrolledState::Pending {
             return Err(NodeRefusal::PendingApproval(who.name.clone()).into());

@@ -109,6 +109,8 @@ pub enum NodeRefusal {
     CertificateReplaced(String),
     #[error("node `{0}` is pending approval; an operator runs `trellis node approve {0}`")]
     PendingApproval(String),
+    #[error("this certificate of node `{0}` has been renewed already; renew with the newest one")]
+    Superseded(String),
 }
 
 impl Error {
@@ -178,6 +180,7 @@ impl NodeRefusal {
             NodeRefusal::Revoked(_) => "node_revoked",
             NodeRefusal::CertificateReplaced(_) => "certificate_replaced",
             NodeRefusal::PendingApproval(_) => "pending_approval",
+            NodeRefusal::Superseded(_) => "certificate_superseded",
         }
     }
 }

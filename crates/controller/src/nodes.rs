@@ -101,10 +101,20 @@ impl Controller {
         if batch.records.len() > proto::MAX_EVIDENCE_BATCH {
             return Err(Error::TooLarge(format!("an evidence batch holds at most {} records", proto::MAX_EVIDENCE_BATCH)));
         }
+        self.may_fetch(who)?;
+        // A node reports on versions it was given: one above its newest would show as applied
+        // for ever.
+        let newest = self.store.bundle(&who.name).await?.map_or(0, |b| b.version);
         let mut records = Vec::with_capacity(batch.records.len());
         for r in &batch.records {
             if r.seq < 1 || r.version < 1 {
                 return Err(Error::BadRequest(format!("evidence record {}: sequence numbers and versions start at 1", r.seq)));
+            }
+            if r.version > newest {
+                return Err(Error::BadRequest(format!(
+                    "evidence record {}: version {} was never published for node `{}` (its newest is {newest})",
+                    r.seq, r.version, who.name
+                )));
             }
             records.push(trellis_store::EvidenceRecord {
                 seq: r.seq,

@@ -45,9 +45,11 @@ pub fn status(e: &Error) -> StatusCode {
         },
         Error::Node(n) => match n {
             NodeRefusal::CertificateRequired | NodeRefusal::BadCertificate(_) => StatusCode::UNAUTHORIZED,
-            NodeRefusal::Unknown(_) | NodeRefusal::Revoked(_) | NodeRefusal::CertificateReplaced(_) | NodeRefusal::PendingApproval(_) => {
-                StatusCode::FORBIDDEN
-            }
+            NodeRefusal::Unknown(_)
+            | NodeRefusal::Revoked(_)
+            | NodeRefusal::CertificateReplaced(_)
+            | NodeRefusal::PendingApproval(_)
+            | NodeRefusal::Superseded(_) => StatusCode::FORBIDDEN,
         },
         Error::NoBundleYet(_) => StatusCode::SERVICE_UNAVAILABLE,
         Error::Internal { .. } => StatusCode::INTERNAL_SERVER_ERROR,

@@ -31,6 +31,14 @@ impl Store {
             .collect()
     }
 
+    /// The version, digest and issue time of one node's current bundle, if it has one.
+    pub async fn bundle(&self, node: &str) -> Result<Option<BundleVersion>> {
+        let row =
+            sqlx::query("SELECT version, digest, issued_at FROM bundles WHERE node = $1").bind(node).fetch_optional(&self.pool).await?;
+        row.map(|r| Ok(BundleVersion { version: r.try_get("version")?, digest: r.try_get("digest")?, issued_at: r.try_get("issued_at")? }))
+            .transpose()
+    }
+
     /// Records new content for these nodes: each whose digest differs from its stored one gets
     /// the next version, in one transaction. A node whose stored digest already matches (another
     /// replica published it first) keeps its version. Returns the versions now in force.

@@ -130,7 +130,10 @@ impl Store {
         .await
     }
 
-    /// Records a renewed certificate; the one it replaces stays valid until it expires.
+    /// Records a renewed certificate, only if `old_serial` is the node's current one (a
+    /// superseded certificate cannot renew, so it cannot lock the current one out); the one it
+    /// replaces stays valid until it expires. `NotFound` when the node is revoked, unknown, or
+    /// holds another certificate now.
     pub async fn renew(
         &self,
         name: &str,
@@ -143,14 +146,16 @@ impl Store {
         let (name, old, new, pem) = (name.to_string(), old_serial.to_string(), new_serial.to_string(), cert_pem.to_string());
         self.decide(audit, |tx| {
             let (name, old, new, pem) = (name.clone(), old.clone(), new.clone(), pem.clone());
+            let current = old.clone();
             Box::pin(async move {
-                let n = sqlx::query("UPDATE nodes SET prev_cert_serial = $1, cert_serial = $2, cert_not_after = $3, cert_pem = $4 WHERE name = $5 AND state <> $6")
+                let n = sqlx::query("UPDATE nodes SET prev_cert_serial = $1, cert_serial = $2, cert_not_after = $3, cert_pem = $4 WHERE name = $5 AND state <> $6 AND cert_serial = $7")
                     .bind(old)
                     .bind(new)
                     .bind(not_after)
                     .bind(pem)
                     .bind(name.clone())
                     .bind(EnrolledState::Revoked.as_str())
+                    .bind(current)
                     .execute(&mut **tx)
                     .await?
                     .rows_affected();

@@ -255,6 +255,9 @@ async fn admin_and_node_endpoints_refuse_without_credentials() {
 struct Node {
     http: reqwest::Client,
     signing: ed25519_dalek::VerifyingKey,
+    node: String,
+    key: String,
+    ca: String,
 }
 
 impl Running {
@@ -273,7 +276,7 @@ impl Running {
         let http = reqwest::Client::builder().use_preconfigured_tls(cfg).build().unwrap();
         let sk: [u8; 32] =
             base64::engine::general_purpose::STANDARD.decode(resp["signing_public_key"].as_str().unwrap()).unwrap().try_into().unwrap();
-        Node { http, signing: ed25519_dalek::VerifyingKey::from_bytes(&sk).unwrap() }
+        Node { http, signing: ed25519_dalek::VerifyingKey::from_bytes(&sk).unwrap(), node: node.to_string(), key, ca }
     }
 }
 
@@ -300,6 +303,23 @@ impl Node {
 
     fn open(&self, f: &Fetched, node: &str) -> trellis_core::bundle::Bundle {
         trellis_core::bundle::verify(&f.bytes, &self.signing, "basic", node, None).unwrap_or_else(|e| panic!("{e}")).bundle
+    }
+
+    /// The same node presenting another certificate for the same key.
+    fn with_cert(&self, cert_pem: &str) -> Node {
+        let cfg = trellis_pki::tls::client_config(&self.ca, Some((cert_pem, &self.key))).unwrap();
+        let http = reqwest::Client::builder().use_preconfigured_tls(cfg).build().unwrap();
+        Node { http, signing: self.signing, node: self.node.clone(), key: self.key.clone(), ca: self.ca.clone() }
+    }
+
+    async fn renew(&self, base: &str) -> (u16, Value) {
+        let csr = trellis_pki::csr_from_key(&self.key, &self.node).unwrap();
+        let resp = self.http.post(format!("{base}/v1/renew")).json(&json!({"csr_pem": csr})).send().await.unwrap();
+        (resp.status().as_u16(), resp.json().await.unwrap())
+    }
+
+    async fn whoami(&self, base: &str) -> u16 {
+        self.http.get(format!("{base}/v1/whoami")).send().await.unwrap().status().as_u16()
     }
 
     async fn evidence(&self, base: &str, records: Value) -> (u16, Value) {
@@ -346,7 +366,7 @@ async fn bundles_are_versioned_signed_long_polled_and_answered_304() {
         // Long-poll: the answer comes when op-1 enrols (it gains traffic with db-1), well before the wait ends.
         let waiting = {
             let (r, held) = (r.clone(), b1.version);
-            let db = Node { http: db.http.clone(), signing: db.signing };
+            let db = Node { http: db.http.clone(), signing: db.signing, node: db.node.clone(), key: db.key.clone(), ca: db.ca.clone() };
             tokio::spawn(async move {
                 let t = std::time::Instant::now();
                 (db.fetch(&r.base, Some(held), 30).await, t.elapsed())
@@ -408,4 +428,54 @@ async fn a_pending_node_gets_no_bundle_until_approved() {
     let f = op.fetch(&r.base, None, 0).await;
     assert_eq!(f.status, 200);
     op.open(&f, "op-1");
+}
+
+/// The attack: a node's superseded certificate (still accepted until it expires) asks for a new
+/// one. Before, it got one, which replaced the current certificate and locked it out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_superseded_certificate_cannot_renew_and_lock_the_current_one_out() {
+    for url in backends().await {
+        let r = start(url).await;
+        let first = r.enrol_node("db-1", 1, false).await;
+        let (s, renewed) = first.renew(&r.base).await;
+        assert_eq!(s, 200, "{renewed}");
+        let current = first.with_cert(renewed["node_cert_pem"].as_str().unwrap());
+        assert_eq!(first.whoami(&r.base).await, 200, "the replaced certificate still authenticates");
+        let (s, body) = first.renew(&r.base).await;
+        assert_eq!((s, body["code"].as_str()), (403, Some("certificate_superseded")), "{body}");
+        assert_eq!(current.whoami(&r.base).await, 200, "the current certificate is not locked out");
+        let (s, body) = current.renew(&r.base).await;
+        assert_eq!(s, 200, "the current certificate renews: {body}");
+    }
+}
+
+/// The attacks: evidence for a version never published (before, `status` showed it applied
+/// for ever), and evidence and renewal from a node still pending approval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evidence_beyond_the_published_version_and_from_a_pending_node_is_refused() {
+    for url in backends().await {
+        let r = start(url).await;
+        let db = r.enrol_node("db-1", 1, false).await;
+        let f = db.fetch(&r.base, None, 0).await;
+        assert_eq!(f.status, 200);
+        let newest = f.version.unwrap();
+        let rec = |seq: i64, v: u64| json!({"seq": seq, "version": v, "result": "applied", "files": [], "at": 1});
+        let (s, body) = db.evidence(&r.base, json!([rec(1, i64::MAX as u64)])).await;
+        assert_eq!(s, 400, "{body}");
+        assert_eq!(
+            body["error"].as_str().unwrap(),
+            format!("evidence record 1: version {} was never published for node `db-1` (its newest is {newest})", i64::MAX)
+        );
+        let st = r.admin_get("/v1/admin/status").await;
+        let row = st.as_array().unwrap().iter().find(|n| n["name"] == "db-1").unwrap().clone();
+        assert_eq!((row["applied_version"].clone(), row["evidence_records"].as_i64()), (Value::Null, Some(0)), "nothing was stored: {row}");
+        let (s, body) = db.evidence(&r.base, json!([rec(1, newest)])).await;
+        assert_eq!(s, 200, "evidence for the published version is taken: {body}");
+
+        let op = r.enrol_node("op-1", 5, true).await;
+        let (s, body) = op.evidence(&r.base, json!([rec(1, 1)])).await;
+        assert_eq!((s, body["code"].as_str()), (403, Some("pending_approval")), "{body}");
+        let (s, body) = op.renew(&r.base).await;
+        assert_eq!((s, body["code"].as_str()), (403, Some("pending_approval")), "{body}");
+    }
 }
