@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use trellis_core::token::EnrolmentToken;
 
-use crate::support::{describe, repo, tempdir, TempDir};
+use crate::support::{describe, repo, sh, tempdir, TempDir};
 
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -469,4 +469,43 @@ fn a_second_controller_with_another_ca_at_the_tokens_address_gets_no_secret() {
     assert!(real.ok(&["token", "list"]).contains("valid"));
     must(enrol(&token, &node.0.join("again")));
     assert_eq!(real.node_state("db-1"), "active");
+}
+
+/// The attack: an unauthenticated enrolment whose node name carries a newline, a forged table row
+/// and terminal escapes. It is refused and audited; `trellis audit list` must show it on its own
+/// row, escaped, with no control character reaching the terminal (before, it forged a row that
+/// read "node approved db-1 admin").
+#[test]
+fn stored_strings_cannot_forge_rows_or_reach_the_terminal_raw() {
+    let c = Controller::start(Db::Sqlite);
+    c.ok(&["apply", "lab/basic"]);
+    let forged = "x\n    9  2026-11-30 00:00:00Z  node approved  db-1\u{1b}[2K";
+    let body = serde_json::json!({
+        "token_id": "0000000000000000",
+        "secret": "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+        "node": forged,
+        "csr_pem": "-",
+        "wireguard_public_key": "-",
+    });
+    let (out, d) = run(sh(
+        "curl",
+        &[
+            "-sS",
+            "--cacert",
+            c.state.join("ca.pem").to_str().unwrap(),
+            "-H",
+            "content-type: application/json",
+            "-d",
+            &body.to_string(),
+            &format!("https://127.0.0.1:{}/v1/enrol", c.port),
+        ],
+    ));
+    assert!(out.status.success(), "{d}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("token_unknown"), "refused: {d}");
+    let list = c.ok(&["audit", "list"]);
+    assert!(!list.bytes().any(|b| b == 0x1b), "no escape byte reaches the terminal: {list:?}");
+    let rows: Vec<&str> = list.lines().filter(|l| l.contains("redemption refused")).collect();
+    assert_eq!(rows.len(), 1, "{list}");
+    assert!(rows[0].contains("x\\n    9  2026-11-30 00:00:00Z  node approved  db-1\\u{1b}[2K"), "the name is shown escaped: {list}");
+    assert!(!list.lines().any(|l| l.trim_start().starts_with("9  2026-11-30")), "no forged row: {list}");
 }

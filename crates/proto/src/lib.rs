@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod audit;
 pub mod state;
+pub mod text;
 
 pub use audit::AuditRecord;
 pub use state::{EnrolledState, EvidenceResult, FileResult, NodeState, TokenState};

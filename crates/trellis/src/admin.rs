@@ -10,6 +10,7 @@ use serde_json::json;
 use trellis_client::AdminClient;
 use trellis_controller::state::{self, InitOptions};
 use trellis_proto as proto;
+use trellis_proto::text::printable;
 
 /// How an admin command finds the controller.
 #[derive(Args, Clone)]
@@ -196,8 +197,8 @@ pub fn token(conn: &Conn, cmd: TokenCommand) -> Result<ExitCode> {
                 for t in list {
                     println!(
                         "{:<18} {:<20} {:<8} {:<22} {}",
-                        t.id,
-                        t.node,
+                        printable(&t.id),
+                        printable(&t.node),
                         t.state,
                         crate::time::fmt(t.expires_at),
                         if t.require_approval { "required" } else { "-" }
@@ -207,7 +208,7 @@ pub fn token(conn: &Conn, cmd: TokenCommand) -> Result<ExitCode> {
         }
         TokenCommand::Revoke { id } => {
             let t = rt.block_on(client.revoke_token(&id))?;
-            println!("token {} for node {} is {}", t.id, t.node, t.state);
+            println!("token {} for node {} is {}", printable(&t.id), printable(&t.node), t.state);
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -224,7 +225,7 @@ pub fn nodes(conn: &Conn, json_out: bool) -> Result<ExitCode> {
         let opt = |o: Option<String>| o.unwrap_or_else(|| "-".into());
         println!(
             "{:<20} {:<9} {:<16} {:<28} {:<17} {:<22} {}",
-            n.name,
+            printable(&n.name),
             n.state,
             opt(n.ipv4),
             opt(n.ipv6),
@@ -251,7 +252,7 @@ pub fn node(conn: &Conn, cmd: NodeCommand) -> Result<ExitCode> {
         NodeCommand::Approve { name } => rt.block_on(client.approve(&name))?,
         NodeCommand::Revoke { name } => rt.block_on(client.revoke(&name))?,
     };
-    println!("node {} is {}", r.node, r.state);
+    println!("node {} is {}", printable(&r.node), r.state);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -274,7 +275,15 @@ pub fn audit_list(conn: &Conn, json_out: bool) -> Result<ExitCode> {
     }
     println!("{:>5}  {:<20}  {:<26}  {:<20}  {:<24}  DETAIL", "SEQ", "AT", "ACTION", "SUBJECT", "ACTOR");
     for r in &records {
-        println!("{:>5}  {:<20}  {:<26}  {:<20}  {:<24}  {}", r.seq, crate::time::fmt(r.at), r.action, r.subject, r.actor, r.detail);
+        println!(
+            "{:>5}  {:<20}  {:<26}  {:<20}  {:<24}  {}",
+            r.seq,
+            crate::time::fmt(r.at),
+            printable(&r.action),
+            printable(&r.subject),
+            printable(&r.actor),
+            printable(&r.detail)
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -299,7 +308,7 @@ pub fn status(conn: &Conn, json_out: bool) -> Result<ExitCode> {
         };
         println!(
             "{:<20} {:<9} {:>7} {:>7}  {:<14} {:<22} {:<22} {:>4}  {}",
-            n.name,
+            printable(&n.name),
             n.state,
             num(n.desired_version),
             num(n.applied_version),
@@ -307,7 +316,7 @@ pub fn status(conn: &Conn, json_out: bool) -> Result<ExitCode> {
             n.last_contact.map_or("-".into(), crate::time::fmt),
             n.cert_not_after.map_or("-".into(), crate::time::fmt),
             n.evidence_missing,
-            n.last_error.unwrap_or_default()
+            printable(n.last_error.as_deref().unwrap_or_default())
         );
     }
     Ok(ExitCode::SUCCESS)

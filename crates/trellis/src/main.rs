@@ -195,7 +195,8 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // The sentence may quote what the controller or a file said: kept on one line.
+            eprintln!("error: {}", trellis_proto::text::printable(&format!("{e:#}")));
             ExitCode::from(1)
         }
     }
