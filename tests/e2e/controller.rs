@@ -509,3 +509,61 @@ fn stored_strings_cannot_forge_rows_or_reach_the_terminal_raw() {
     assert!(rows[0].contains("x\\n    9  2026-11-30 00:00:00Z  node approved  db-1\\u{1b}[2K"), "the name is shown escaped: {list}");
     assert!(!list.lines().any(|l| l.trim_start().starts_with("9  2026-11-30")), "no forged row: {list}");
 }
+
+/// A careless setup: `init` and `enrol` given a directory open to others (1777, like /tmp)
+/// refuse it with a sentence and leave its mode alone (before, both chmod'ed it to 0700 and a
+/// 1777 directory lost its sticky bit); a refused enrolment leaves no key behind (before, a
+/// `wireguard.key` stayed); the token can come from a file or standard input rather than the
+/// command line, where `/proc/PID/cmdline` and the shell's history would keep it.
+#[test]
+fn open_directories_are_refused_unchanged_refusals_leave_nothing_and_tokens_come_from_files() {
+    let full_mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    let open = tempdir("open");
+    std::fs::set_permissions(&open.0, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let err =
+        fails_with(trellis_cmd(&["init", "--state-dir", open.0.to_str().unwrap(), "--advertise", "127.0.0.1:1"]), "is open to others");
+    assert!(err.contains("(mode 1777)"), "{err}");
+    assert_eq!(full_mode(&open.0), 0o1777, "init keeps the directory's mode");
+
+    let c = Controller::start(Db::Sqlite);
+    c.ok(&["apply", "lab/basic"]);
+    fails_with(enrol(&c.token("db-1", &[]), &open.0), "is open to others");
+    assert_eq!(full_mode(&open.0), 0o1777, "enrol keeps the directory's mode");
+    assert!(!open.0.join("wireguard.key").exists(), "no key is made in an open directory");
+
+    let revoked = c.token("op-1", &[]);
+    let list: serde_json::Value = serde_json::from_str(&c.ok(&["token", "list", "--json"])).unwrap();
+    let id = list.as_array().unwrap().iter().find(|t| t["node"] == "op-1").unwrap()["id"].as_str().unwrap().to_string();
+    c.ok(&["token", "revoke", &id]);
+    let parent = tempdir("refused");
+    let fresh = parent.0.join("n");
+    fails_with(enrol(&revoked, &fresh), "token has been revoked");
+    assert!(!fresh.exists(), "a refused enrolment leaves nothing it made");
+    let kept = tempdir("kept");
+    fails_with(enrol(&revoked, &kept.0), "token has been revoked");
+    assert!(!kept.0.join("wireguard.key").exists(), "nor a key in a directory that was there");
+
+    let file = parent.0.join("token");
+    std::fs::write(&file, c.token("db-1", &[]) + "\n").unwrap();
+    let by_file = parent.0.join("by-file");
+    must({
+        let mut a = agent_bin();
+        a.args(["enrol", "--token-file", file.to_str().unwrap(), "--state-dir", by_file.to_str().unwrap()]);
+        a
+    });
+    assert_eq!(full_mode(&by_file), 0o700);
+    let by_stdin = parent.0.join("by-stdin");
+    let mut a = agent_bin();
+    a.args(["enrol", "--token-file", "-", "--state-dir", by_stdin.to_str().unwrap()]).stdin(Stdio::piped()).stdout(Stdio::piped());
+    let mut child = a.spawn().unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), c.token("api-1", &[]).as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(by_stdin.join("identity.toml").exists());
+    let (out, _) = run({
+        let mut a = agent_bin();
+        a.args(["enrol", "TOKEN", "--token-file", "-", "--state-dir", "/nonexistent"]);
+        a
+    });
+    assert_eq!(out.status.code(), Some(2), "a token given twice is a usage error");
+}

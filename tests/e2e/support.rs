@@ -58,6 +58,8 @@ pub fn sh(program: &str, args: &[&str]) -> Command {
 pub fn tempdir(tag: &str) -> TempDir {
     let p = std::env::temp_dir().join(format!("trellis-{tag}-{}-{}", std::process::id(), rand_suffix()));
     std::fs::create_dir_all(&p).unwrap();
+    // Private, as a directory that holds keys must be (the agent and `init` refuse an open one).
+    std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     TempDir(p)
 }
 

@@ -52,22 +52,53 @@ pub fn controller_error(e: trellis_client::Error) -> anyhow::Error {
     }
 }
 
-pub async fn enrol(token_text: &str, dir: &Path, force: bool) -> Result<()> {
+/// Where the token comes from: the command line, or a file (`-`: standard input), so that it
+/// need not appear in the process list or the shell's history.
+pub enum TokenSource {
+    Argument(String),
+    File(std::path::PathBuf),
+}
+
+impl TokenSource {
+    fn read(self) -> Result<String> {
+        match self {
+            TokenSource::Argument(t) => Ok(t),
+            TokenSource::File(p) if p.as_os_str() == "-" => {
+                let mut t = String::new();
+                std::io::Read::read_to_string(&mut std::io::Read::take(std::io::stdin(), 64 * 1024), &mut t)
+                    .context("cannot read the token from standard input")?;
+                Ok(t)
+            }
+            TokenSource::File(p) => read(&p),
+        }
+    }
+}
+
+pub async fn enrol(source: TokenSource, dir: &Path, force: bool) -> Result<()> {
     // A damaged token fails here, before any key is made or any packet is sent.
-    let token = EnrolmentToken::decode(token_text).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let token = EnrolmentToken::decode(source.read()?.trim()).map_err(|e| anyhow::anyhow!("{e}"))?;
     if dir.join("identity.toml").exists() && !force {
         bail!("{} already holds the identity of a node; pass --force to enrol again", dir.display());
     }
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .with_context(|| format!("cannot set the mode of {}", dir.display()))?;
-    }
+    // Made private, or refused if it exists open to others; never chmod'ed.
+    let made_dir = trellis_files::private_dir(dir)?;
+    let made_key = !dir.join("wireguard.key").exists();
     let wg_public = wireguard_key(dir)?;
     let (tls_key, csr) = trellis_pki::node_key_and_csr(&token.node)?;
     let req = trellis_client::enrol_request(&token, csr, wg_public.clone());
-    let resp = trellis_client::enrol(&token.controllers, token.ca_fingerprint, &req).await.map_err(controller_error)?;
+    let resp = match trellis_client::enrol(&token.controllers, token.ca_fingerprint, &req).await {
+        Ok(r) => r,
+        Err(e) => {
+            // A refused enrolment leaves nothing behind that it made.
+            if made_key {
+                let _ = std::fs::remove_file(dir.join("wireguard.key"));
+            }
+            if made_dir {
+                let _ = std::fs::remove_dir(dir);
+            }
+            return Err(controller_error(e));
+        }
+    };
     write_file(&dir.join("node.key"), tls_key.as_bytes(), 0o600)?;
     write_file(&dir.join("node.pem"), resp.node_cert_pem.as_bytes(), 0o644)?;
     write_file(&dir.join("ca.pem"), resp.ca_pem.as_bytes(), 0o644)?;

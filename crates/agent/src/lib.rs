@@ -87,8 +87,13 @@ impl HostArgs {
 enum Command {
     /// Enrol this node: make its keys, check the controller against the token's CA fingerprint, get its certificate
     Enrol {
-        /// The token, as printed by `trellis token create` (one line)
-        token: String,
+        /// The token, as printed by `trellis token create` (one line); prefer --token-file, which
+        /// keeps it out of the process list and the shell's history
+        #[arg(required_unless_present = "token_file", conflicts_with = "token_file")]
+        token: Option<String>,
+        /// Read the token from this file (`-`: standard input)
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
         /// Where the node's keys, certificate and identity are kept
         #[arg(long)]
         state_dir: PathBuf,
@@ -171,7 +176,14 @@ pub fn main() -> ExitCode {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
     let result = rt.block_on(async {
         match cli.command {
-            Command::Enrol { token, state_dir, force } => identity::enrol(&token, &state_dir, force).await,
+            Command::Enrol { token, token_file, state_dir, force } => {
+                let source = match (token, token_file) {
+                    (Some(t), _) => identity::TokenSource::Argument(t),
+                    (None, Some(f)) => identity::TokenSource::File(f),
+                    (None, None) => unreachable!("clap requires one"),
+                };
+                identity::enrol(source, &state_dir, force).await
+            }
             Command::Renew { state_dir, force } => identity::renew(&state_dir, force).await,
             Command::Status { state_dir, json } => identity::status(&state_dir, json),
             Command::Run { host, wait, max_applies, max_backoff } => host.agent(wait.min(60), max_applies, max_backoff)?.run().await,

@@ -103,12 +103,8 @@ pub async fn init(dir: &Path, opts: &InitOptions) -> Result<StateDir> {
     if dir.join(CONFIG).exists() || dir.join("ca.key").exists() {
         bail!("{} already holds a controller ({}); refusing to overwrite it", dir.display(), CONFIG);
     }
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .with_context(|| format!("cannot set the mode of {}", dir.display()))?;
-    }
+    // Made private, or refused if it exists open to others; never chmod'ed.
+    files::private_dir(dir)?;
     let now = SystemTime::now();
     let ca = trellis_pki::create_ca("trellis", now)?;
     let ca_loaded = trellis_pki::Ca::load(&ca.cert_pem, &ca.key_pem)?;

@@ -59,6 +59,43 @@ pub fn replace(path: &Path, content: &[u8], mode: u32) -> Result<(), FileError> 
     Ok(())
 }
 
+/// A directory that may hold keys: private to its owner.
+#[derive(Debug, thiserror::Error)]
+pub enum DirError {
+    #[error("{} is not a directory", .0.display())]
+    NotADirectory(PathBuf),
+    #[error(
+        "{} is open to others (mode {mode:o}) and would hold private keys; give a new directory, or make it private first (chmod 700)",
+        path.display()
+    )]
+    NotPrivate { path: PathBuf, mode: u32 },
+    #[error(transparent)]
+    File(#[from] FileError),
+}
+
+/// Makes sure `dir` is private: a missing one is created with mode 0700 (its missing parents
+/// with the usual mode); an existing one must already grant nothing to group and others, and is
+/// refused otherwise, never changed (a shared directory such as /tmp must keep its mode).
+/// Returns whether it was created.
+pub fn private_dir(dir: &Path) -> Result<bool, DirError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    match std::fs::metadata(dir) {
+        Ok(m) if !m.is_dir() => Err(DirError::NotADirectory(dir.to_path_buf())),
+        Ok(m) if m.permissions().mode() & 0o077 != 0 => {
+            Err(DirError::NotPrivate { path: dir.to_path_buf(), mode: m.permissions().mode() & 0o7777 })
+        }
+        Ok(_) => Ok(false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent).map_err(at("create", parent))?;
+            }
+            std::fs::DirBuilder::new().mode(0o700).create(dir).map_err(at("create", dir))?;
+            Ok(true)
+        }
+        Err(e) => Err(FileError { op: "inspect", path: dir.to_path_buf(), source: e }.into()),
+    }
+}
+
 /// Syncs a directory so that renames in it survive a crash; best effort.
 pub fn sync_dir(dir: &Path) {
     if let Ok(d) = std::fs::File::open(dir) {
@@ -96,5 +133,21 @@ mod tests {
         let e = create_new(&path, b"three", 0o600).unwrap_err();
         assert!(e.to_string().starts_with(&format!("cannot create {}", path.display())), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_private_directory_is_made_private_and_an_open_one_is_refused_unchanged() {
+        let base = std::env::temp_dir().join(format!("trellis-private-{}", std::process::id()));
+        let made = base.join("a/b");
+        assert!(private_dir(&made).unwrap());
+        assert_eq!(std::fs::metadata(&made).unwrap().permissions().mode() & 0o7777, 0o700);
+        assert!(!private_dir(&made).unwrap(), "an existing private directory is taken as it is");
+        let open = base.join("open");
+        std::fs::create_dir_all(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let e = private_dir(&open).unwrap_err();
+        assert!(e.to_string().contains("is open to others (mode 1777)"), "{e}");
+        assert_eq!(std::fs::metadata(&open).unwrap().permissions().mode() & 0o7777, 0o1777, "its mode is kept");
+        let _ = std::fs::remove_dir_all(&base);
     }
 }

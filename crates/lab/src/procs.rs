@@ -91,7 +91,10 @@ pub(crate) fn start_agents(
         let sdir = st.dir.join(format!("agent-{}", node.name));
         let root = st.dir.join(format!("root-{}", node.name));
         redeemed.insert(node.name.clone(), Instant::now());
-        in_ns(ns, &[a, "enrol", &token, "--state-dir", path_str(&sdir)?])?;
+        // The token goes through a file, as an operator should paste it: not on a command line.
+        let token_file = st.dir.join(format!("token-{}", node.name));
+        trellis_files::create_new(&token_file, token.as_bytes(), 0o600)?;
+        in_ns(ns, &[a, "enrol", "--token-file", path_str(&token_file)?, "--state-dir", path_str(&sdir)?])?;
         let cmd = format!(
             "mkdir -p /var/run/wireguard && mount -t tmpfs tmpfs /var/run/wireguard && exec {a} run --state-dir {} --root {} --wireguard auto --max-backoff 2",
             sdir.display(),
