@@ -37,8 +37,22 @@ fn sha_hex(b: &[u8]) -> String {
 }
 
 impl DiskWriter {
-    fn target(&self, rel: &str) -> PathBuf {
-        self.root.join(rel)
+    /// Where a bundle's file goes: only a file trellis delivers (the verifier has refused any
+    /// other already; this holds even for a caller that did not verify), and never through a
+    /// symbolic link, which could lead out of the root (a linked `etc/trellis` would have the
+    /// agent write wherever the link points).
+    fn target(&self, rel: &str) -> Result<PathBuf> {
+        if !trellis_core::bundle::safe_path(rel) {
+            bail!("refusing to write {rel:?}: it is not one of the files trellis delivers");
+        }
+        let mut at = self.root.clone();
+        for part in rel.split('/') {
+            at.push(part);
+            if std::fs::symlink_metadata(&at).is_ok_and(|m| m.file_type().is_symlink()) {
+                bail!("refusing to write {rel}: {} is a symbolic link, which could lead out of {}", at.display(), self.root.display());
+            }
+        }
+        Ok(at)
     }
 }
 
@@ -47,7 +61,7 @@ impl FileWriter for DiskWriter {
         let mut outcomes = Vec::new();
         let mut staged: Vec<(PathBuf, PathBuf)> = Vec::new();
         for f in files {
-            let target = self.target(&f.path);
+            let target = self.target(&f.path)?;
             let sha = hex::encode(f.sha256);
             let same = std::fs::read(&target).is_ok_and(|old| Sha256::digest(&old)[..] == f.sha256[..]);
             let mode_same = {
@@ -75,7 +89,7 @@ impl FileWriter for DiskWriter {
             trellis_files::sync_dir(d);
         }
         for path in dropped {
-            let target = self.target(path);
+            let target = self.target(path)?;
             match std::fs::remove_file(&target) {
                 Ok(()) => {
                     outcomes.push(FileOutcome { path: path.clone(), sha256: String::new(), result: trellis_proto::FileResult::Removed })
@@ -310,5 +324,55 @@ impl Forwarding for ProcSys {
             std::fs::write(knob, "1").with_context(|| format!("cannot enable forwarding ({knob})"))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("trellis-diskwriter-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// The attack: the agent's root holds `etc/trellis` as a link to a directory outside it.
+    /// Before, the writer followed it and wrote the bundle's files there.
+    #[test]
+    fn a_symlinked_directory_is_never_written_through() {
+        let base = scratch("link");
+        let (root, outside) = (base.join("root"), base.join("outside"));
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("etc/trellis")).unwrap();
+        let mut w = DiskWriter { root: root.clone() };
+        let file = BundleFile::new(trellis_core::compile::NFTABLES_CONF, 0o644, b"table inet trellis {}\n".to_vec());
+        let e = w.write_all(std::slice::from_ref(&file), &[]).unwrap_err().to_string();
+        assert!(e.contains("is a symbolic link"), "{e}");
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0, "nothing was written outside the root");
+
+        // A linked file is refused as well, and a plain tree is written.
+        std::fs::remove_file(root.join("etc/trellis")).unwrap();
+        std::fs::create_dir_all(root.join("etc/trellis")).unwrap();
+        std::os::unix::fs::symlink(outside.join("x"), root.join(trellis_core::compile::NFTABLES_CONF)).unwrap();
+        assert!(w.write_all(std::slice::from_ref(&file), &[]).is_err());
+        std::fs::remove_file(root.join(trellis_core::compile::NFTABLES_CONF)).unwrap();
+        let out = w.write_all(&[file], &[]).unwrap();
+        assert_eq!(out[0].result, trellis_proto::FileResult::Written);
+        let _ = std::fs::remove_dir_all(&base);
+    }
+
+    #[test]
+    fn only_the_files_trellis_delivers_are_written() {
+        let root = scratch("names");
+        let mut w = DiskWriter { root: root.clone() };
+        for bad in ["etc/cron.d/x", "root/.ssh/authorized_keys", "etc/trellis/../../x"] {
+            let e = w.write_all(&[BundleFile::new(bad, 0o644, b"x".to_vec())], &[]).unwrap_err().to_string();
+            assert!(e.contains("not one of the files trellis delivers"), "{bad}: {e}");
+        }
+        assert_eq!(std::fs::read_dir(&root).unwrap().count(), 0);
+        let _ = std::fs::remove_dir_all(&root);
     }
 }

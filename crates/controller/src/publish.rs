@@ -184,7 +184,7 @@ impl Controller {
         let compiled =
             trellis_core::compile(&decl, &keys, &allocation, run.compiled.as_ref()).map_err(|d| Error::internal("compiling", d))?;
         let rendered: HashSet<&str> = compiled.rendered.iter().map(String::as_str).collect();
-        let ca_pem = BundleFile::new("etc/trellis/ca.pem", 0o644, self.ca().cert_pem().as_bytes().to_vec());
+        let ca_pem = BundleFile::new(trellis_core::compile::CA_PEM, 0o644, self.ca().cert_pem().as_bytes().to_vec());
         let mut contents = Contents::default();
 
         let mut pending: Vec<(String, Vec<BundleFile>, String)> = Vec::new();
@@ -202,7 +202,7 @@ impl Controller {
             let mut files: Vec<BundleFile> = out.files.iter().map(|f| contents.file(&f.path, f.mode, &f.content)).collect();
             files.push(ca_pem.clone());
             if let Some(pem) = &r.cert_pem {
-                files.push(BundleFile::new("etc/trellis/node.pem", 0o644, pem.as_bytes().to_vec()));
+                files.push(BundleFile::new(trellis_core::compile::NODE_PEM, 0o644, pem.as_bytes().to_vec()));
             }
             files.sort_by(|a, b| a.path.cmp(&b.path));
             let digest = hex::encode(trellis_core::bundle::content_digest(&files));

@@ -109,7 +109,9 @@ impl std::fmt::Display for BundleError {
                 write!(f, "bundle version {version} equals the last applied version but its content differs")
             }
             BundleError::FileDigest { path } => write!(f, "file {path} does not match its SHA-256 in the bundle"),
-            BundleError::UnsafePath { path } => write!(f, "file path {path:?} is absolute, empty or climbs out of the root with `..`"),
+            BundleError::UnsafePath { path } => {
+                write!(f, "file path {path:?} is not one of the files trellis delivers ({})", crate::compile::DELIVERED.join(", "))
+            }
         }
     }
 }
@@ -207,13 +209,12 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// A path that stays inside the agent's root: relative, no `..`, no empty parts.
+/// A path a bundle may carry: exactly one of the files the compiler and the controller produce,
+/// all under `etc/trellis/`. Anything else (`etc/cron.d/x`, `root/.ssh/authorized_keys`, the
+/// agent's own key) is refused even when the signature is good: a bundle describes the mesh, it
+/// does not administer the host.
 pub fn safe_path(p: &str) -> bool {
-    !p.is_empty()
-        && !p.starts_with('/')
-        && !p.contains('\0')
-        && !p.contains('\\')
-        && p.split('/').all(|part| !part.is_empty() && part != "." && part != "..")
+    crate::compile::DELIVERED.contains(&p)
 }
 
 /// What the verifier knows of the last bundle applied on this node.
@@ -424,7 +425,17 @@ mod tests {
         let mut lying = sample(3);
         lying.files[1].content = Bytes::from_static(b"changed");
         assert_eq!(check(&lying.sign(&key()).to_vec(), None), Err(BundleError::FileDigest { path: "etc/trellis/wireguard.conf".into() }));
-        for bad in ["/etc/passwd", "etc/../../root", "", "etc//x"] {
+        for bad in [
+            "/etc/passwd",
+            "etc/../../root",
+            "",
+            "etc//x",
+            "etc/cron.d/x",
+            "root/.ssh/authorized_keys",
+            "etc/trellis/../../var/lib/trellis-agent/wireguard.key",
+            "etc/trellis/wireguard.key",
+            "etc/trellis/mesh.zone/../../x",
+        ] {
             let mut b = sample(3);
             b.files[0] = BundleFile::new(bad, 0o644, Vec::new());
             assert_eq!(check(&b.sign(&key()).to_vec(), None), Err(BundleError::UnsafePath { path: bad.into() }), "{bad}");

@@ -19,6 +19,11 @@ pub const WIREGUARD_CONF: &str = "etc/trellis/wireguard.conf";
 pub const NFTABLES_CONF: &str = "etc/trellis/nftables.conf";
 pub const MESH_ZONE: &str = "etc/trellis/mesh.zone";
 pub const NODE_TOML: &str = "etc/trellis/node.toml";
+/// The mesh CA and the node's certificate, added to each bundle by the controller.
+pub const CA_PEM: &str = "etc/trellis/ca.pem";
+pub const NODE_PEM: &str = "etc/trellis/node.pem";
+/// Every file a bundle may carry; an agent writes nothing else.
+pub const DELIVERED: &[&str] = &[WIREGUARD_CONF, NFTABLES_CONF, MESH_ZONE, NODE_TOML, CA_PEM, NODE_PEM];
 
 /// One file to write on a node, relative to the agent's root.
 #[derive(Clone, Debug, PartialEq, Eq)]
