@@ -471,43 +471,54 @@ fn a_second_controller_with_another_ca_at_the_tokens_address_gets_no_secret() {
     assert_eq!(real.node_state("db-1"), "active");
 }
 
-/// The attack: an unauthenticated enrolment whose node name carries a newline, a forged table row
-/// and terminal escapes. It is refused and audited; `trellis audit list` must show it on its own
-/// row, escaped, with no control character reaching the terminal (before, it forged a row that
-/// read "node approved db-1 admin").
+/// The attack: a node (compromised, or its operator careless) reports an evidence error that
+/// carries a newline, a forged table row and terminal escapes. `trellis status` must show it on
+/// its own row, escaped, with no control character reaching the terminal (before, it forged a
+/// row and rewrote the operator's screen). An enrolment whose node name is not a name is
+/// refused without being written anywhere.
 #[test]
 fn stored_strings_cannot_forge_rows_or_reach_the_terminal_raw() {
     let c = Controller::start(Db::Sqlite);
     c.ok(&["apply", "lab/basic"]);
-    let forged = "x\n    9  2026-11-30 00:00:00Z  node approved  db-1\u{1b}[2K";
-    let body = serde_json::json!({
-        "token_id": "0000000000000000",
-        "secret": "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
-        "node": forged,
-        "csr_pem": "-",
-        "wireguard_public_key": "-",
-    });
-    let (out, d) = run(sh(
-        "curl",
-        &[
-            "-sS",
-            "--cacert",
-            c.state.join("ca.pem").to_str().unwrap(),
-            "-H",
-            "content-type: application/json",
-            "-d",
-            &body.to_string(),
-            &format!("https://127.0.0.1:{}/v1/enrol", c.port),
-        ],
-    ));
-    assert!(out.status.success(), "{d}");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("token_unknown"), "refused: {d}");
-    let list = c.ok(&["audit", "list"]);
-    assert!(!list.bytes().any(|b| b == 0x1b), "no escape byte reaches the terminal: {list:?}");
-    let rows: Vec<&str> = list.lines().filter(|l| l.contains("redemption refused")).collect();
-    assert_eq!(rows.len(), 1, "{list}");
-    assert!(rows[0].contains("x\\n    9  2026-11-30 00:00:00Z  node approved  db-1\\u{1b}[2K"), "the name is shown escaped: {list}");
-    assert!(!list.lines().any(|l| l.trim_start().starts_with("9  2026-11-30")), "no forged row: {list}");
+    let node = tempdir("inject");
+    must(enrol(&c.token("db-1", &[]), &node.0));
+    let status: serde_json::Value = serde_json::from_str(&c.ok(&["status", "--json"])).unwrap();
+    let version = status.as_array().unwrap().iter().find(|n| n["name"] == "db-1").unwrap()["desired_version"].as_i64().unwrap();
+    let forged = "x\nop-1                 active          1       1  current                                      0  \u{1b}[2K";
+    let evidence =
+        serde_json::json!({"records": [{"seq": 1, "version": version, "result": "failed", "error": forged, "files": [], "at": 1}]});
+    let curl = |path: &str, body: &serde_json::Value, cert: bool| {
+        let ca = c.state.join("ca.pem");
+        let (cert_path, key_path) = (node.0.join("node.pem"), node.0.join("node.key"));
+        let mut args = vec!["-sS", "--cacert", ca.to_str().unwrap(), "-H", "content-type: application/json"];
+        if cert {
+            args.extend(["--cert", cert_path.to_str().unwrap(), "--key", key_path.to_str().unwrap()]);
+        }
+        let body = body.to_string();
+        let url = format!("https://127.0.0.1:{}{path}", c.port);
+        let (out, d) = run(sh("curl", &[args.as_slice(), &["-d", &body, &url]].concat()));
+        assert!(out.status.success(), "{d}");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let ack = curl("/v1/evidence", &evidence, true);
+    assert!(ack.contains("\"accepted\":1"), "{ack}");
+    let table = c.ok(&["status"]);
+    assert!(!table.bytes().any(|b| b == 0x1b), "no escape byte reaches the terminal: {table:?}");
+    let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("db-1 ")).collect();
+    assert_eq!(rows.len(), 1, "{table}");
+    assert!(
+        rows[0].ends_with("x\\nop-1                 active          1       1  current                                      0  \\u{1b}[2K"),
+        "{table}"
+    );
+    assert_eq!(table.lines().filter(|l| l.starts_with("op-1")).count(), 1, "no forged row: {table}");
+
+    let name = "x\n    9  2026-11-30 00:00:00Z  node approved  db-1\u{1b}[2K";
+    let enrol =
+        serde_json::json!({"token_id": "0000000000000000", "secret": "AAAA", "node": name, "csr_pem": "-", "wireguard_public_key": "-"});
+    let refused = curl("/v1/enrol", &enrol, false);
+    assert!(refused.contains("\"code\":\"bad_request\""), "{refused}");
+    let audit = c.ok(&["audit", "list"]);
+    assert!(!audit.contains("redemption refused"), "a malformed enrolment is not written to the audit chain: {audit}");
 }
 
 /// A careless setup: `init` and `enrol` given a directory open to others (1777, like /tmp)

@@ -24,6 +24,25 @@ pub struct NodeIdentity {
     pub serial: String,
 }
 
+/// The largest CSR an enrolment may carry.
+const MAX_CSR: usize = 16 * 1024;
+
+/// Whether an enrolment request has the shape of one: a 16-hex-digit token id, a node name that
+/// is a DNS label, a CSR and key of plausible size. Checked before anything is looked up or
+/// written.
+fn well_formed(req: &proto::EnrolRequest) -> Result<()> {
+    let hex_id = req.token_id.len() == 16 && req.token_id.bytes().all(|b| b.is_ascii_hexdigit());
+    if !hex_id
+        || !trellis_core::load::is_dns_label(&req.node)
+        || req.csr_pem.len() > MAX_CSR
+        || req.secret.len() > 64
+        || req.wireguard_public_key.len() > 64
+    {
+        return Err(Redemption::Malformed.into());
+    }
+    Ok(())
+}
+
 impl Controller {
     fn system_time(&self) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(self.now().max(0) as u64)
@@ -32,6 +51,9 @@ impl Controller {
     /// Redeems a token: the node's CSR and WireGuard key become its certificate and record. A
     /// refused redemption is a governance event too: it is audited, and changes nothing else.
     pub async fn enrol(&self, req: proto::EnrolRequest) -> Result<proto::EnrolResponse> {
+        // The shape first: a request that is not an enrolment is answered and forgotten, so an
+        // unauthenticated caller cannot write its fields into the audit chain.
+        well_formed(&req)?;
         let (token_id, node) = (req.token_id.clone(), req.node.clone());
         match self.redeem(req).await {
             Ok(r) => Ok(r),
@@ -52,9 +74,6 @@ impl Controller {
     }
 
     async fn redeem(&self, req: proto::EnrolRequest) -> Result<proto::EnrolResponse> {
-        if req.token_id.len() != 16 || req.node.len() > 63 || req.csr_pem.len() > 16 * 1024 {
-            return Err(Redemption::Malformed.into());
-        }
         let secret = base64::engine::general_purpose::STANDARD
             .decode(&req.secret)
             .ok()

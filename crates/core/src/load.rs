@@ -678,7 +678,9 @@ fn parse_rule(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Rule>
 // ---------------------------------------------------------------------------------------------
 // Cross-references and rules that span the whole mesh
 
-pub(crate) fn is_dns_label(s: &str) -> bool {
+/// A name the zone can hold: 1 to 63 of a-z, 0-9 and `-`, not starting or ending with `-`. Node
+/// and module names are such labels.
+pub fn is_dns_label(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && b.len() <= 63

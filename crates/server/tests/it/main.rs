@@ -479,3 +479,34 @@ async fn evidence_beyond_the_published_version_and_from_a_pending_node_is_refuse
         assert_eq!((s, body["code"].as_str()), (403, Some("pending_approval")), "{body}");
     }
 }
+
+/// The attack: unauthenticated enrolments whose fields are tens of kilobytes. Before, each was
+/// refused but written whole into the audit chain (3,000 of them grew the database by 278 MB).
+/// Now a request that is not shaped like an enrolment is refused before anything is written;
+/// a well-formed one with an unknown token is still audited, with bounded fields.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_enrolments_are_refused_before_anything_is_written() {
+    let r = start(testdb::sqlite_url()).await;
+    let before = r.admin_get("/v1/admin/audit").await.as_array().unwrap().len();
+    for i in 0..40 {
+        let big = "x".repeat(30_000);
+        let body = json!({
+            "token_id": if i % 2 == 0 { big.clone() } else { "0000000000000000".to_string() },
+            "secret": "AAAA",
+            "node": big,
+            "csr_pem": "-",
+            "wireguard_public_key": "-",
+        });
+        let (s, b) = r.post_raw("/v1/enrol", "application/json", serde_json::to_vec(&body).unwrap()).await;
+        assert_eq!((s, b["code"].as_str()), (400, Some("bad_request")), "{b}");
+    }
+    let audit = r.admin_get("/v1/admin/audit").await;
+    assert_eq!(audit.as_array().unwrap().len(), before, "nothing was written: {}", audit.to_string().len());
+
+    let unknown = json!({"token_id": "0123456789abcdef", "secret": "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", "node": "db-1", "csr_pem": "-", "wireguard_public_key": "-"});
+    let (s, b) = r.post_raw("/v1/enrol", "application/json", serde_json::to_vec(&unknown).unwrap()).await;
+    assert_eq!((s, b["code"].as_str()), (401, Some("token_unknown")), "{b}");
+    let audit = r.admin_get("/v1/admin/audit").await;
+    let last = audit.as_array().unwrap().last().unwrap().clone();
+    assert_eq!((last["action"].as_str(), last["subject"].as_str()), (Some("token redemption refused"), Some("db-1")), "{last}");
+}
