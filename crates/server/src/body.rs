@@ -29,7 +29,20 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync, const MAX: usize> axum::ext
         if announced.is_some_and(|n| n > MAX as u64) {
             return Err(too_large());
         }
-        match Json::<T>::from_request(req, state).await {
+        // A body that does not arrive in time is refused: a request must not hold its
+        // connection for ever.
+        let timeout = req.extensions().get::<crate::listener::Limits>().copied().unwrap_or_default().body_timeout;
+        let read = match tokio::time::timeout(timeout, Json::<T>::from_request(req, state)).await {
+            Ok(read) => read,
+            Err(_) => {
+                return Err(ApiError::body(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "body_timeout",
+                    format!("the request body did not arrive within {} seconds", timeout.as_secs()),
+                ))
+            }
+        };
+        match read {
             Ok(Json(v)) => Ok(Body(v)),
             Err(JsonRejection::MissingJsonContentType(_)) => Err(ApiError::body(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,

@@ -9,5 +9,5 @@ pub mod error;
 pub mod listener;
 pub mod routes;
 
-pub use listener::Server;
+pub use listener::{Limits, Server};
 pub use routes::app;

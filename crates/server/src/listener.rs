@@ -19,10 +19,69 @@ use trellis_controller::Controller;
 use crate::auth::PeerCert;
 use crate::routes::app;
 
+/// What one controller lets its clients hold: bounds that keep a flood of connections, or
+/// connections that never finish their request, from starving everyone else.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Connections open at once; more are closed as soon as they are accepted.
+    pub max_connections: usize,
+    /// Connections open at once from one source address.
+    pub per_source: usize,
+    /// How long a request body may take to arrive.
+    pub body_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        // Below the 65,536 descriptors the shipped unit allows, with room for the database and
+        // files; one source (a NAT in front of many agents) may hold a quarter.
+        Limits { max_connections: 60_000, per_source: 15_000, body_timeout: Duration::from_secs(30) }
+    }
+}
+
+/// Open connections, in total and per source address.
+#[derive(Default)]
+struct Open {
+    total: usize,
+    by_source: std::collections::HashMap<std::net::IpAddr, usize>,
+}
+
+/// One admitted connection; its slot is given back when it ends.
+struct Slot {
+    open: Arc<std::sync::Mutex<Open>>,
+    source: std::net::IpAddr,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut o = self.open.lock().expect("open connections");
+        o.total -= 1;
+        if let Some(n) = o.by_source.get_mut(&self.source) {
+            *n -= 1;
+            if *n == 0 {
+                o.by_source.remove(&self.source);
+            }
+        }
+    }
+}
+
+fn admit(open: &Arc<std::sync::Mutex<Open>>, source: std::net::IpAddr, limits: &Limits) -> Option<Slot> {
+    let mut o = open.lock().expect("open connections");
+    let from_source = o.by_source.get(&source).copied().unwrap_or(0);
+    if o.total >= limits.max_connections || from_source >= limits.per_source {
+        return None;
+    }
+    o.total += 1;
+    o.by_source.insert(source, from_source + 1);
+    Some(Slot { open: open.clone(), source })
+}
+
 pub struct Server {
     pub listener: TcpListener,
     pub controller: Arc<Controller>,
     acceptor: TlsAcceptor,
+    limits: Limits,
+    open: Arc<std::sync::Mutex<Open>>,
 }
 
 impl Server {
@@ -32,7 +91,19 @@ impl Server {
         let tls = trellis_pki::tls::server_config(&state.read("server.pem")?, &state.read("server.key")?, &state.read("ca.pem")?)?;
         let addr: SocketAddr = listen.unwrap_or(&state.config.listen).parse().context("the listen address is not IP:PORT")?;
         let listener = TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
-        Ok(Server { listener, controller: Arc::new(controller), acceptor: TlsAcceptor::from(Arc::new(tls)) })
+        Ok(Server {
+            listener,
+            controller: Arc::new(controller),
+            acceptor: TlsAcceptor::from(Arc::new(tls)),
+            limits: Limits::default(),
+            open: Default::default(),
+        })
+    }
+
+    /// The same server with other limits.
+    pub fn with_limits(mut self, limits: Limits) -> Server {
+        self.limits = limits;
+        self
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -72,7 +143,7 @@ impl Server {
     async fn accept_loop(&self, router: axum::Router, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
         tokio::pin!(shutdown);
         loop {
-            let (tcp, _peer) = tokio::select! {
+            let (tcp, peer) = tokio::select! {
                 _ = &mut shutdown => return Ok(()),
                 r = self.listener.accept() => match r {
                     Ok(c) => c,
@@ -83,10 +154,17 @@ impl Server {
                     }
                 },
             };
+            let Some(slot) = admit(&self.open, peer.ip(), &self.limits) else {
+                // Over a bound: closed at once, before any TLS work is spent on it.
+                drop(tcp);
+                continue;
+            };
             let _ = tcp.set_nodelay(true);
             let acceptor = self.acceptor.clone();
             let router = router.clone();
+            let limits = self.limits;
             tokio::spawn(async move {
+                let _slot = slot;
                 let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
                     Ok(Ok(t)) => t,
                     _ => return,
@@ -94,6 +172,7 @@ impl Server {
                 let peer = PeerCert(tls.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|c| Arc::new(c.to_vec())));
                 let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
                     req.extensions_mut().insert(peer.clone());
+                    req.extensions_mut().insert(limits);
                     router.clone().oneshot(req.map(axum::body::Body::new))
                 });
                 let conn = hyper::server::conn::http1::Builder::new()

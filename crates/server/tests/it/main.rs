@@ -36,6 +36,10 @@ impl Drop for Running {
 }
 
 async fn start(database_url: String) -> Running {
+    start_with(database_url, trellis_server::Limits::default()).await
+}
+
+async fn start_with(database_url: String, limits: trellis_server::Limits) -> Running {
     let dir = std::env::temp_dir().join(format!("trellis-api-{}-{}", std::process::id(), rand::random::<u32>()));
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let opts = InitOptions {
@@ -45,7 +49,7 @@ async fn start(database_url: String) -> Running {
         node_cert_secs: 3600,
     };
     let state = state::init(&dir.join("s"), &opts).await.unwrap();
-    let server = Server::bind(&state, None, None).await.unwrap();
+    let server = Server::bind(&state, None, None).await.unwrap().with_limits(limits);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(server.run(async {
         let _ = rx.await;
@@ -509,4 +513,63 @@ async fn malformed_enrolments_are_refused_before_anything_is_written() {
     let audit = r.admin_get("/v1/admin/audit").await;
     let last = audit.as_array().unwrap().last().unwrap().clone();
     assert_eq!((last["action"].as_str(), last["subject"].as_str()), (Some("token redemption refused"), Some("db-1")), "{last}");
+}
+
+impl Running {
+    /// A TLS connection to the controller, as the tests hold it.
+    async fn try_connect(&self) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+        let ca = std::fs::read_to_string(&self.ca_path).unwrap();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(trellis_pki::tls::client_config(&ca, None).unwrap()));
+        let tcp = tokio::net::TcpStream::connect(self.base.trim_start_matches("https://")).await?;
+        connector.connect(rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap(), tcp).await
+    }
+
+    async fn connect(&self) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+        self.try_connect().await.unwrap()
+    }
+}
+
+/// The attacks: requests whose headers arrive but whose body never does, and more connections
+/// from one source than it may hold. Before, such connections stayed open indefinitely (seen
+/// after 150 s) and enough of them exhausted the process's descriptors; now the body is refused
+/// after the body timeout and the connection closed, and connections over the per-source bound
+/// are closed at once while the controller keeps answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_never_arrives_and_too_many_connections_are_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let limits = trellis_server::Limits { max_connections: 64, per_source: 6, body_timeout: std::time::Duration::from_secs(1) };
+    let r = start_with(testdb::sqlite_url(), limits).await;
+
+    let mut held = r.connect().await;
+    held.write_all(b"POST /v1/enrol HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"tok")
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(std::time::Duration::from_secs(10), held.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "the connection was still held after 10 s");
+    let answer = String::from_utf8_lossy(&answer).to_string();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("did not arrive within 1 seconds"), "{answer}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
+
+    // Connections from this address are admitted up to the bound (the test's own client holds
+    // one in its pool); the next is closed at once, before its TLS handshake.
+    let mut six = Vec::new();
+    let mut closed = false;
+    for _ in 0..=limits.per_source {
+        match tokio::time::timeout(std::time::Duration::from_secs(5), r.try_connect()).await.expect("a connection is never left hanging") {
+            Ok(c) => six.push(c),
+            Err(e) => {
+                assert!(e.kind() == std::io::ErrorKind::UnexpectedEof || e.kind() == std::io::ErrorKind::ConnectionReset, "{e}");
+                closed = true;
+                break;
+            }
+        }
+    }
+    assert!(closed && six.len() < limits.per_source, "admitted {} connections from one source, bound {}", six.len(), limits.per_source);
+    drop(six);
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let health = r.http.get(format!("{}/v1/health", r.base)).send().await.unwrap();
+    assert_eq!(health.status().as_u16(), 200, "the controller answers once the held connections are gone");
 }
