@@ -107,6 +107,22 @@ pub fn load(file: &Path) -> Result<(LabFile, PathBuf)> {
             }
         }
     }
+    for (i, e) in lab.expect.iter().enumerate() {
+        if e.dns.is_some() {
+            // A DNS expectation that names no answer would be met by silence: it must name the
+            // nodes whose addresses answer, or say that the name does not exist.
+            let nxdomain = e.result.as_deref() == Some("nxdomain");
+            let answers = e.answer.as_ref().is_some_and(|a| !a.is_empty());
+            if nxdomain == answers {
+                bail!(
+                    "{}: expectation {} asks for dns {:?}: give `answer = [NODE, ...]` or `result = \"nxdomain\"`, one of them",
+                    file.display(),
+                    i + 1,
+                    e.dns.as_deref().unwrap_or_default()
+                );
+            }
+        }
+    }
     for n in &lab.net {
         for target in [&n.nat, &n.firewall].into_iter().flatten() {
             if lab.net(target).is_none() {
@@ -137,4 +153,30 @@ pub fn check_endpoints(lab: &LabFile, decl: &trellis_core::Declaration) -> Resul
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// A DNS expectation that names no answer would be met by an empty reply: refused at load.
+    #[test]
+    fn a_dns_expectation_names_its_answer_or_nxdomain() {
+        let dir = std::env::temp_dir().join(format!("trellis-labfile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let head = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lab/basic.toml")).unwrap();
+        let file = dir.join("lab.toml");
+        for (tail, ok) in [
+            ("[[expect]]\nfrom = \"op-1\"\ndns = \"db-1.basic.mesh\"\n", false),
+            ("[[expect]]\nfrom = \"op-1\"\ndns = \"db-1.basic.mesh\"\nanswer = []\n", false),
+            ("[[expect]]\nfrom = \"op-1\"\ndns = \"x.basic.mesh\"\nanswer = [\"db-1\"]\nresult = \"nxdomain\"\n", false),
+            ("[[expect]]\nfrom = \"op-1\"\ndns = \"x.basic.mesh\"\nresult = \"nxdomain\"\n", true),
+        ] {
+            std::fs::write(&file, format!("{head}\n{tail}")).unwrap();
+            let r = super::load(&file);
+            assert_eq!(r.is_ok(), ok, "{tail}: {:?}", r.err());
+            if let Err(e) = r {
+                assert!(e.to_string().contains("give `answer = [NODE, ...]` or `result = \"nxdomain\"`"), "{e}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
