@@ -63,6 +63,17 @@ pub struct Node {
     /// A WireGuard public key declared for a node managed outside trellis.
     pub public_key: Option<PublicKey>,
     pub loc: Loc,
+    /// Where each of `networks`, `groups` and `modules` is written, in the same order, so a
+    /// diagnostic about one points at it.
+    pub refs: NodeRefs,
+}
+
+/// The places of a node's references.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeRefs {
+    pub networks: Vec<Loc>,
+    pub groups: Vec<Loc>,
+    pub modules: Vec<Loc>,
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -457,12 +457,13 @@ fn parse_pool<P: Pool>(s: &str, loc: &Loc, key: &str, max_prefix: u8, diags: &mu
 
 fn parse_node(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Node> {
     let name = t.required_str(doc, "name", diags);
-    let names = |key: &str, diags: &mut Vec<Diagnostic>| -> Vec<String> {
-        t.strings(doc, key, diags).unwrap_or_default().into_iter().map(|(s, _)| s).collect()
+    let names = |key: &str, diags: &mut Vec<Diagnostic>| -> (Vec<String>, Vec<Loc>) {
+        t.strings(doc, key, diags).unwrap_or_default().into_iter().unzip()
     };
-    let networks = names("networks", diags);
-    let groups = names("groups", diags);
-    let modules = names("modules", diags);
+    let (networks, network_locs) = names("networks", diags);
+    let (groups, group_locs) = names("groups", diags);
+    let (modules, module_locs) = names("modules", diags);
+    let refs = NodeRefs { networks: network_locs, groups: group_locs, modules: module_locs };
     let hub = t.bool(doc, "hub", diags).unwrap_or(false);
     let address_ipv4 = t.str(doc, "address_ipv4", diags).and_then(|(s, loc)| match s.parse() {
         Ok(a) => Some(a),
@@ -517,7 +518,7 @@ fn parse_node(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Node>
         }
     }
     let (name, _) = name?;
-    Some(Node { name, hub, networks, groups, modules, address_ipv4, address_ipv6, endpoints, public_key, loc: t.loc.clone() })
+    Some(Node { name, hub, networks, groups, modules, address_ipv4, address_ipv6, endpoints, public_key, loc: t.loc.clone(), refs })
 }
 
 fn parse_test(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<PolicyTest> {
@@ -794,30 +795,36 @@ fn groups(decl: &Declaration, declared: &Declared, diags: &mut Vec<Diagnostic>) 
 
 /// A node's networks, groups and modules are declared, and a hub has an endpoint.
 fn node_references(n: &Node, declared: &Declared, diags: &mut Vec<Diagnostic>) {
-    let mut err = |msg: String| diags.push(Diagnostic::error(&n.loc, msg));
-    for net in &n.networks {
+    // Each points at the name it is about, or at the node when that place is unknown.
+    let at = |locs: &[Loc], i: usize| locs.get(i).unwrap_or(&n.loc).clone();
+    for (i, net) in n.networks.iter().enumerate() {
         if !declared.networks.contains(net.as_str()) {
-            err(format!(
-                "node `{}` sits on network `{net}`, which is not declared in [networks] ({})",
-                n.name,
-                listing(&declared.networks)
+            let loc = at(&n.refs.networks, i);
+            diags.push(Diagnostic::error(
+                &loc,
+                format!("node `{}` sits on network `{net}`, which is not declared in [networks] ({})", n.name, listing(&declared.networks)),
             ));
         }
     }
-    for g in &n.groups {
+    for (i, g) in n.groups.iter().enumerate() {
         if !declared.groups.contains(g.as_str()) {
-            err(format!("node `{}` names group `{g}`, which is not declared in [groups] ({})", n.name, listing(&declared.groups)));
+            let msg = format!("node `{}` names group `{g}`, which is not declared in [groups] ({})", n.name, listing(&declared.groups));
+            diags.push(Diagnostic::error(&at(&n.refs.groups, i), msg));
         }
     }
-    for m in &n.modules {
+    for (i, m) in n.modules.iter().enumerate() {
         if !declared.modules.contains(m.as_str()) {
-            err(format!("node `{}` runs module `{m}`, which has no manifest in modules/ ({})", n.name, listing(&declared.modules)));
+            let msg = format!("node `{}` runs module `{m}`, which has no manifest in modules/ ({})", n.name, listing(&declared.modules));
+            diags.push(Diagnostic::error(&at(&n.refs.modules, i), msg));
         }
     }
     if n.hub && n.endpoints.is_empty() {
-        err(format!(
-            "hub `{}` has no [[node.endpoint]]: a hub relays for nodes that dial it, so it needs an endpoint they can reach",
-            n.name
+        diags.push(Diagnostic::error(
+            &n.loc,
+            format!(
+                "hub `{}` has no [[node.endpoint]]: a hub relays for nodes that dial it, so it needs an endpoint they can reach",
+                n.name
+            ),
         ));
     }
 }

@@ -71,9 +71,10 @@ fn nodes_must_name_declared_networks_groups_and_modules() {
         &format!("{HEAD}[networks]\nlan = {{}}\n[[node]]\nname = \"a\"\nnetworks = [\"wan\"]\ngroups = [\"ops\"]\nmodules = [\"web\"]\n"),
         &[],
         &[
-            "mesh.toml:7:1: error: node `a` names group `ops`, which is not declared in [groups] (none are declared)",
-            "mesh.toml:7:1: error: node `a` runs module `web`, which has no manifest in modules/ (none are declared)",
-            "mesh.toml:7:1: error: node `a` sits on network `wan`, which is not declared in [networks] (declared: lan)",
+            // Each at the name it is about (issue 12: these pointed at the `[[node]]` line).
+            "mesh.toml:9:13: error: node `a` sits on network `wan`, which is not declared in [networks] (declared: lan)",
+            "mesh.toml:10:11: error: node `a` names group `ops`, which is not declared in [groups] (none are declared)",
+            "mesh.toml:11:12: error: node `a` runs module `web`, which has no manifest in modules/ (none are declared)",
         ],
     );
 }
@@ -219,7 +220,7 @@ fn every_problem_is_reported_at_once_sorted_by_file_and_line() {
         &format!("{HEAD}[[node]]\nname = \"a\"\nmodules = [\"nope\"]\n[[node]]\nname = \"B\"\n"),
         &[("x.toml", "[module]\nname = \"x\"\n[[allow]]\nproto = \"tcp\"\nports = [\"1\"]\n"), ("w.toml", "[modul]\n")],
         &[
-            "mesh.toml:5:1: error: node `a` runs module `nope`, which has no manifest in modules/ (declared: x)",
+            "mesh.toml:7:12: error: node `a` runs module `nope`, which has no manifest in modules/ (declared: x)",
             "mesh.toml:8:1: error: node name \"B\" must be a DNS label: 1-63 of a-z, 0-9 and '-', not starting or ending with '-'",
             "modules/w.toml:1:1: error: a module manifest needs a [module] table with `name`",
             "modules/w.toml:1:2: error: unknown key `modul` in modules/w.toml; allowed keys: module, allow",
