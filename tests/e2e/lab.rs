@@ -44,3 +44,8 @@ fn lab_ipv6() {
 fn lab_firewalled() {
     lab_run("lab/firewalled.toml");
 }
+
+#[test]
+fn lab_dualhomed() {
+    lab_run("lab/dualhomed.toml");
+}

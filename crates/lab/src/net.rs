@@ -91,7 +91,10 @@ pub(crate) fn build(lab: &LabFile, st: &mut LabState) -> Result<HashMap<String, 
         }
         host_ns.insert(h.name.clone(), ns);
     }
-    // Routers: a NAT or firewall router between a net and the net it reaches.
+    // Routers: a NAT or firewall router between a net and the net it reaches. A host on both
+    // nets reaches each directly (its kernel already has the route), and gets one default route
+    // at most.
+    let mut defaults = std::collections::HashSet::new();
     for (ri, n) in lab.net.iter().enumerate() {
         let (target, masquerade) = match (&n.nat, &n.firewall) {
             (Some(t), _) => (t, true),
@@ -112,12 +115,16 @@ pub(crate) fn build(lab: &LabFile, st: &mut LabState) -> Result<HashMap<String, 
             add_addr(&ns, &format!("{outside}/{ol}"), "outside")?;
             // Hosts inside send everything else to the router.
             for h in lab.host.iter().filter(|h| h.addresses.get(&n.name).is_some_and(|a| a.contains(':') == v6)) {
+                if h.addresses.contains_key(target) || !defaults.insert((h.name.clone(), v6)) {
+                    continue;
+                }
                 in_ns(&host_ns[&h.name], &["ip", fam, "route", "add", "default", "via", &inside])?;
             }
             if !masquerade {
                 // Routed: hosts outside know the way in (and are stopped by the firewall).
                 let net_prefix = if v6 { n.ipv6.clone() } else { n.ipv4.clone() }.expect("family");
-                for h in lab.host.iter().filter(|h| h.addresses.get(target).is_some_and(|a| a.contains(':') == v6)) {
+                let outside_only = |h: &&crate::file::Host| !h.addresses.contains_key(&n.name);
+                for h in lab.host.iter().filter(|h| h.addresses.get(target).is_some_and(|a| a.contains(':') == v6)).filter(outside_only) {
                     in_ns(&host_ns[&h.name], &["ip", fam, "route", "add", &net_prefix, "via", &outside])?;
                 }
             }
