@@ -104,3 +104,32 @@ fn signing(c: &Controller) -> ed25519_dalek::SigningKey {
     let seed: [u8; 32] = base64::engine::general_purpose::STANDARD.decode(seed.trim()).unwrap().try_into().unwrap();
     ed25519_dalek::SigningKey::from_bytes(&seed)
 }
+
+/// Evidence the controller refuses for good (here: for a version it never published, from a
+/// bundle signed with its key but never issued) is dropped by the agent, counted, and does not
+/// hold back the records after it; before, it stayed at the head of the buffer for ever.
+#[test]
+fn evidence_refused_for_good_is_dropped_and_counted_not_kept_for_ever() {
+    let c = Controller::start(Db::Sqlite);
+    c.ok(&["apply", "lab/basic"]);
+    let work = tempdir("dropped");
+    let db = work.0.join("db-1");
+    must(enrol(&c.token("db-1", &[]), &db));
+    let saved = work.0.join("a.bundle");
+    fetch(&db, &saved);
+    let key = signing(&c);
+    let mut never =
+        trellis_core::bundle::verify(&std::fs::read(&saved).unwrap(), &key.verifying_key(), "basic", "db-1", None).unwrap().bundle;
+    never.version += 5;
+    let forged = work.0.join("never.bundle");
+    std::fs::write(&forged, never.sign(&key).to_vec()).unwrap();
+    let root = work.0.join("root");
+    let mut apply = agent_bin();
+    apply.args(["apply", forged.to_str().unwrap(), "--state-dir", db.to_str().unwrap(), "--root", root.to_str().unwrap(), "--files-only"]);
+    let out = must(apply);
+    assert!(out.contains(&format!("applied version {}", never.version)), "{out}");
+    let mut status = agent_bin();
+    status.args(["status", "--state-dir", db.to_str().unwrap(), "--json"]);
+    let s: serde_json::Value = serde_json::from_str(&must(status)).unwrap();
+    assert_eq!((s["buffered_evidence"].as_u64(), s["dropped_evidence"].as_u64()), (Some(0), Some(1)), "{s}");
+}

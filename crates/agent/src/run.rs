@@ -190,21 +190,47 @@ impl Agent {
             return Ok(());
         }
         for chunk in pending.chunks(proto::MAX_EVIDENCE_BATCH) {
-            self.post(&proto::EvidenceBatch { records: chunk.to_vec() }).await?;
-            self.evidence.ack(chunk.len())?;
+            match self.client.post_evidence(&proto::EvidenceBatch { records: chunk.to_vec() }).await {
+                Ok(()) => self.evidence.ack(chunk.len())?,
+                // The controller refuses the batch for good (a record it will never take, such
+                // as one for a version it never published): sent one by one, the records it
+                // refuses are dropped (their numbers stay a visible gap), so one bad record
+                // cannot hold back every later one.
+                Err(e) if refused_for_good(&e) => {
+                    for record in chunk {
+                        match self.client.post_evidence(&proto::EvidenceBatch { records: vec![record.clone()] }).await {
+                            Ok(()) => {}
+                            Err(e) if refused_for_good(&e) => {
+                                eprintln!("trellis-agent: the controller refused evidence record {} for good, dropped: {e}", record.seq);
+                                self.status.dropped_evidence += 1;
+                            }
+                            Err(e) => return Err(evidence_error(e)),
+                        }
+                        self.evidence.ack(1)?;
+                    }
+                }
+                Err(e) => return Err(evidence_error(e)),
+            }
         }
         Ok(())
     }
+}
 
-    async fn post(&self, batch: &proto::EvidenceBatch) -> Result<()> {
-        self.client.post_evidence(batch).await.map_err(|e| match e {
-            trellis_client::Error::Refused(_) | trellis_client::Error::Answered { .. } => {
-                anyhow::anyhow!("the controller refused evidence: {e}")
-            }
-            e => e.into(),
-        })
+/// A refusal that sending again will not change: the request itself is wrong.
+fn refused_for_good(e: &trellis_client::Error) -> bool {
+    e.refused().is_some_and(|r| matches!(r.status, 400 | 413 | 422))
+}
+
+fn evidence_error(e: trellis_client::Error) -> anyhow::Error {
+    match e {
+        trellis_client::Error::Refused(_) | trellis_client::Error::Answered { .. } => {
+            anyhow::anyhow!("the controller refused evidence: {e}")
+        }
+        e => e.into(),
     }
+}
 
+impl Agent {
     /// One long-poll. The bundle bytes when there is a newer one; also whether the controller
     /// answered and the time in its signed freshness stamp. Takes `&self` so that the status
     /// can be refreshed while it waits.
