@@ -19,6 +19,23 @@ pub struct RosterEntry {
     pub record: Option<NodeRecord>,
 }
 
+/// The longest error an evidence record keeps, in bytes, and the most files it may list (a
+/// bundle carries six).
+pub const MAX_EVIDENCE_ERROR: usize = 4096;
+pub const MAX_EVIDENCE_FILES: usize = 64;
+
+/// `s` cut to at most `max` bytes on a character boundary, marked when cut.
+fn bounded(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… (cut at {max} bytes)", &s[..end])
+}
+
 fn key_fingerprint(key: &str) -> Option<String> {
     PublicKey::parse(key).map(|k| hex::encode(&Sha256::digest(k.0)[..8]))
 }
@@ -116,11 +133,15 @@ impl Controller {
                     r.seq, r.version, who.name
                 )));
             }
+            if r.files.len() > MAX_EVIDENCE_FILES {
+                return Err(Error::BadRequest(format!("evidence record {}: it lists more than {MAX_EVIDENCE_FILES} files", r.seq)));
+            }
             records.push(trellis_store::EvidenceRecord {
                 seq: r.seq,
                 version: r.version,
                 result: r.result,
-                error: r.error.clone(),
+                // An error is a sentence for the operator; a longer one is cut, not stored whole.
+                error: r.error.as_deref().map(|e| bounded(e, MAX_EVIDENCE_ERROR)),
                 files: serde_json::to_string(&r.files).map_err(|e| Error::internal("recording evidence", e))?,
                 at: r.at,
             });

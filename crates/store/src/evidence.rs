@@ -18,9 +18,15 @@ pub struct EvidenceRecord {
     pub at: i64,
 }
 
+/// How many evidence records are kept per node: older ones are pruned (and counted) so that one
+/// node cannot grow the database without bound.
+pub const EVIDENCE_KEPT: i64 = 10_000;
+
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EvidenceSummary {
     pub records: i64,
+    /// Records received and later pruned to keep the node's evidence bounded.
+    pub pruned: i64,
     pub highest_seq: i64,
     pub applied_version: Option<i64>,
     pub last_result: Option<EvidenceResult>,
@@ -31,17 +37,20 @@ pub struct EvidenceSummary {
 impl EvidenceSummary {
     /// Sequence numbers missing between 1 and the highest received.
     pub fn missing(&self) -> i64 {
-        self.highest_seq - self.records
+        self.highest_seq - self.records - self.pruned
     }
 }
 
 impl Store {
-    /// Appends evidence records; a record whose (node, seq) is already stored is a re-send and is
-    /// ignored. Returns (accepted, duplicates).
+    /// Appends evidence records; a record whose (node, seq) is already stored, or was stored and
+    /// pruned, is a re-send and is ignored. Keeps the newest [`EVIDENCE_KEPT`] records of the
+    /// node, counting what it prunes. Returns (accepted, duplicates).
     pub async fn add_evidence(&self, node: &str, records: &[EvidenceRecord], received_at: i64) -> Result<(usize, usize)> {
         let mut tx = self.begin().await?;
+        let floor = sqlx::query("SELECT below FROM evidence_floor WHERE node = $1").bind(node).fetch_optional(&mut *tx).await?;
+        let below: i64 = floor.map(|r| r.try_get("below")).transpose()?.unwrap_or(0);
         let mut accepted = 0;
-        for r in records {
+        for r in records.iter().filter(|r| r.seq > below) {
             let n = sqlx::query("INSERT INTO evidence (node, seq, version, result, error, files, at, received_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (node, seq) DO NOTHING")
                 .bind(node)
                 .bind(r.seq)
@@ -56,6 +65,26 @@ impl Store {
                 .rows_affected();
             accepted += n as usize;
         }
+        let top: Option<i64> =
+            sqlx::query("SELECT MAX(seq) AS top FROM evidence WHERE node = $1").bind(node).fetch_one(&mut *tx).await?.try_get("top")?;
+        let new_below = top.unwrap_or(0) - EVIDENCE_KEPT;
+        if new_below > below {
+            let pruned = sqlx::query("DELETE FROM evidence WHERE node = $1 AND seq <= $2")
+                .bind(node)
+                .bind(new_below)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected() as i64;
+            sqlx::query(
+                "INSERT INTO evidence_floor (node, below, pruned) VALUES ($1, $2, $3) \
+                 ON CONFLICT (node) DO UPDATE SET below = excluded.below, pruned = evidence_floor.pruned + excluded.pruned",
+            )
+            .bind(node)
+            .bind(new_below)
+            .bind(pruned)
+            .execute(&mut *tx)
+            .await?;
+        }
         tx.commit().await?;
         Ok((accepted, records.len() - accepted))
     }
@@ -68,6 +97,12 @@ impl Store {
         for r in rows {
             let node: String = r.try_get("node")?;
             out.insert(node, EvidenceSummary { records: r.try_get("n")?, highest_seq: r.try_get("top")?, ..Default::default() });
+        }
+        for r in sqlx::query("SELECT node, pruned FROM evidence_floor").fetch_all(&self.pool).await? {
+            let node: String = r.try_get("node")?;
+            if let Some(s) = out.get_mut(&node) {
+                s.pruned = r.try_get("pruned")?;
+            }
         }
         let applied = sqlx::query("SELECT node, MAX(version) AS v FROM evidence WHERE result = $1 GROUP BY node")
             .bind(EvidenceResult::Applied.as_str())

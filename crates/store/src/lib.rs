@@ -22,7 +22,7 @@ mod tokens;
 
 pub use audit::Audit;
 pub use bundles::BundleVersion;
-pub use evidence::{EvidenceRecord, EvidenceSummary};
+pub use evidence::{EvidenceRecord, EvidenceSummary, EVIDENCE_KEPT};
 pub use nodes::NodeRecord;
 pub use revisions::Revision;
 pub use tokens::TokenRecord;

@@ -475,6 +475,13 @@ async fn evidence_beyond_the_published_version_and_from_a_pending_node_is_refuse
         assert_eq!((row["applied_version"].clone(), row["evidence_records"].as_i64()), (Value::Null, Some(0)), "nothing was stored: {row}");
         let (s, body) = db.evidence(&r.base, json!([rec(1, newest)])).await;
         assert_eq!(s, 200, "evidence for the published version is taken: {body}");
+        // An error of 100 KB is kept as its first 4 KiB, marked as cut.
+        let long = json!([{"seq": 2, "version": newest, "result": "failed", "error": "e".repeat(100_000), "files": [], "at": 2}]);
+        let (s, body) = db.evidence(&r.base, long).await;
+        assert_eq!(s, 200, "{body}");
+        let st = r.admin_get("/v1/admin/status").await;
+        let err = st.as_array().unwrap().iter().find(|n| n["name"] == "db-1").unwrap()["last_error"].as_str().unwrap().to_string();
+        assert!(err.len() < 4200 && err.ends_with("(cut at 4096 bytes)"), "{} bytes", err.len());
 
         let op = r.enrol_node("op-1", 5, true).await;
         let (s, body) = op.evidence(&r.base, json!([rec(1, 1)])).await;

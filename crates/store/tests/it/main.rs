@@ -223,3 +223,29 @@ async fn evidence_is_append_only_idempotent_and_shows_gaps() {
     })
     .await;
 }
+
+/// The attack: one node posts evidence without end. Each node keeps its newest
+/// `EVIDENCE_KEPT` records; what is pruned is counted, so gaps are still reported, and a re-send
+/// of a pruned record is a duplicate, not new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evidence_is_bounded_per_node_and_pruning_keeps_gaps_countable() {
+    each_backend(|s| async move {
+        let rec = |seq: i64| EvidenceRecord { seq, version: 1, result: EvidenceResult::Applied, error: None, files: "[]".into(), at: seq };
+        let total = trellis_store::EVIDENCE_KEPT + 1500;
+        let mut seq = 1;
+        while seq <= total {
+            // Record 7 never arrives: a gap that must stay visible after pruning.
+            let batch: Vec<EvidenceRecord> = (seq..(seq + 1000).min(total + 1)).filter(|&n| n != 7).map(rec).collect();
+            s.add_evidence("db-1", &batch, 1).await.unwrap();
+            seq += 1000;
+        }
+        let kept = s.evidence("db-1").await.unwrap();
+        assert_eq!(kept.len() as i64, trellis_store::EVIDENCE_KEPT, "bounded");
+        assert_eq!(kept.first().unwrap().seq, total - trellis_store::EVIDENCE_KEPT + 1, "the newest are kept");
+        let sum = s.evidence_summary().await.unwrap().remove("db-1").unwrap();
+        assert_eq!((sum.highest_seq, sum.missing()), (total, 1), "the gap at 7 is still counted");
+        assert_eq!(s.add_evidence("db-1", &[rec(3)], 2).await.unwrap(), (0, 1), "a pruned record sent again is a duplicate");
+        assert_eq!(s.evidence_summary().await.unwrap()["db-1"].missing(), 1);
+    })
+    .await;
+}
