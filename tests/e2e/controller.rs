@@ -578,3 +578,33 @@ fn open_directories_are_refused_unchanged_refusals_leave_nothing_and_tokens_come
     });
     assert_eq!(out.status.code(), Some(2), "a token given twice is a usage error");
 }
+
+/// The attack: someone with write access to the database deletes the newest audit record (or
+/// rewrites one and recomputes the chain). The chain alone still verifies; the controller's
+/// signed checkpoint, kept outside the database, shows it. Before, `audit verify` passed.
+#[test]
+fn a_cut_audit_chain_is_caught_by_the_signed_checkpoint() {
+    let c = Controller::start(Db::Sqlite);
+    c.ok(&["apply", "lab/basic"]);
+    c.token("db-1", &[]);
+    c.token("op-1", &[]);
+    // Token decisions are signed into the checkpoint by the watcher within half a second.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = c.ok(&["audit", "verify"]);
+        if out.contains("matches the controller's checkpoint at record 3 (signed by the controller's key)") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no checkpoint at the head: {out}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let url = format!("sqlite://{}?mode=rw", c.state.join("trellis.db").display());
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let s = trellis_store::Store::open(&url).await.unwrap();
+        assert_eq!(s.execute_raw("DELETE FROM audit WHERE seq = 3").await.unwrap(), 1);
+        assert_eq!(trellis_proto::audit::verify(&s.audit().await.unwrap()), Ok(2), "the cut chain verifies on its own");
+    });
+    std::thread::sleep(Duration::from_millis(800));
+    let err = fails_with(c.admin(&["audit", "verify"]), "records were removed");
+    assert!(err.contains("the audit chain ends at record 2, but the controller's checkpoint says it reached record 3"), "{err}");
+}

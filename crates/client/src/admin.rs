@@ -94,4 +94,13 @@ impl AdminClient {
     pub async fn audit(&self) -> Result<Vec<proto::AuditRecord>, Error> {
         self.get("/v1/admin/audit").await
     }
+
+    /// The controller's signed checkpoint of the audit head; `None` before the first decision.
+    pub async fn audit_checkpoint(&self) -> Result<Option<proto::audit::Checkpoint>, Error> {
+        match self.get("/v1/admin/audit/checkpoint").await {
+            Ok(cp) => Ok(Some(cp)),
+            Err(e) if e.refused().is_some_and(|r| r.status == 404) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
 }

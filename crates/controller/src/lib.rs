@@ -4,6 +4,7 @@
 //! `trellis-core`; `trellis-server` adapts HTTP requests to the functions here. The clock and the
 //! randomness are injected, so every decision can be tested in process with fixed values.
 
+pub mod audit;
 pub mod declarations;
 pub mod enrolment;
 pub mod error;
@@ -73,6 +74,9 @@ pub struct Controller {
     declaration: tokio::sync::Mutex<Option<(i64, Arc<Declaration>)>>,
     clock: Arc<dyn Clock>,
     entropy: Arc<dyn Entropy>,
+    /// Where the signed checkpoint of the audit head is kept, outside the database.
+    checkpoint: Option<std::path::PathBuf>,
+    checkpoint_lock: tokio::sync::Mutex<()>,
 }
 
 impl Controller {
@@ -86,7 +90,15 @@ impl Controller {
             declaration: Default::default(),
             clock,
             entropy,
+            checkpoint: None,
+            checkpoint_lock: Default::default(),
         }
+    }
+
+    /// Keeps a signed checkpoint of the audit head in this file (see `audit`).
+    pub fn with_checkpoint(mut self, path: std::path::PathBuf) -> Controller {
+        self.checkpoint = Some(path);
+        self
     }
 
     /// The controller a state directory describes, on the system clock and randomness. Opens the
@@ -101,7 +113,8 @@ impl Controller {
             .and_then(|b| b.try_into().ok())
             .context("admin_token_sha256 in controller.toml is not 64 hex digits")?;
         let keys = Keys { ca, signing_key: state.signing_key()?, admin_sha256 };
-        Ok(Controller::new(store, state.config.clone(), keys, Arc::new(SystemClock), Arc::new(OsEntropy)))
+        Ok(Controller::new(store, state.config.clone(), keys, Arc::new(SystemClock), Arc::new(OsEntropy))
+            .with_checkpoint(state.path(audit::CHECKPOINT)))
     }
 
     pub fn now(&self) -> i64 {

@@ -163,8 +163,16 @@ impl Controller {
         Ok(())
     }
 
-    /// Recompiles and publishes every node whose files changed. Runs one at a time.
+    /// Recompiles and publishes every node whose files changed, then signs the audit head (every
+    /// decision and every move of the head by another replica comes through here). Runs one at
+    /// a time.
     pub async fn publish(&self) -> Result<usize> {
+        let published = self.publish_bundles().await?;
+        self.write_checkpoint().await?;
+        Ok(published)
+    }
+
+    async fn publish_bundles(&self) -> Result<usize> {
         let p = &self.publisher;
         let mut run = p.run.lock().await;
         let head = self.store.audit_head().await?;

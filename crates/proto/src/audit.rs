@@ -46,6 +46,42 @@ pub fn verify(records: &[AuditRecord]) -> Result<usize, String> {
     Ok(records.len())
 }
 
+/// The head of the chain as the controller saw it, kept outside the database: the newest
+/// record's sequence number and hash. A chain that ends before it, or holds another hash at its
+/// sequence number, was cut or rewritten.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Checkpoint {
+    pub seq: i64,
+    pub hash: String,
+    /// Base64 of the ed25519 signature by the controller's bundle-signing key over
+    /// [`Checkpoint::signed_bytes`].
+    pub signature: String,
+}
+
+impl Checkpoint {
+    /// What the signature covers.
+    pub fn signed_bytes(seq: i64, hash: &str) -> Vec<u8> {
+        format!("trellis audit checkpoint v1\n{seq}\n{hash}\n").into_bytes()
+    }
+}
+
+/// Checks a whole chain against a checkpoint of its head (whose signature the caller has
+/// checked): it must reach the checkpoint's record, with the same hash there.
+pub fn verify_against(records: &[AuditRecord], checkpoint: &Checkpoint) -> Result<usize, String> {
+    let n = verify(records)?;
+    let Some(r) = records.get((checkpoint.seq - 1).max(0) as usize).filter(|_| checkpoint.seq >= 1) else {
+        return Err(format!(
+            "the audit chain ends at record {n}, but the controller's checkpoint says it reached record {}: records were removed",
+            checkpoint.seq
+        ));
+    };
+    if r.hash != checkpoint.hash {
+        return Err(format!("audit record {} is not the one the controller's checkpoint names: the chain was rewritten", r.seq));
+    }
+    Ok(n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,5 +117,26 @@ mod tests {
         let mut relinked = chain(3);
         relinked[2].prev_hash = relinked[0].hash.clone();
         assert_eq!(verify(&relinked), Err("audit record 3 does not follow record 2: the chain is broken".into()));
+    }
+
+    #[test]
+    fn a_checkpoint_catches_a_cut_tail_and_a_recomputed_chain() {
+        let full = chain(3);
+        let cp = Checkpoint { seq: 3, hash: full[2].hash.clone(), signature: String::new() };
+        assert_eq!(verify_against(&full, &cp), Ok(3));
+        assert_eq!(
+            verify_against(&full[..2], &cp),
+            Err("the audit chain ends at record 2, but the controller's checkpoint says it reached record 3: records were removed".into())
+        );
+        // Rewritten and re-chained: the chain verifies alone, but not against the checkpoint.
+        let mut rewritten = chain(3);
+        rewritten[2].detail = "nothing happened".into();
+        rewritten[2].hash = hash(3, rewritten[2].at, "admin", "node approved", "db-1", "nothing happened", &rewritten[2].prev_hash);
+        assert_eq!(verify(&rewritten), Ok(3));
+        assert_eq!(
+            verify_against(&rewritten, &cp),
+            Err("audit record 3 is not the one the controller's checkpoint names: the chain was rewritten".into())
+        );
+        assert_eq!(verify_against(&chain(4), &cp), Ok(4), "records after the checkpoint are fine");
     }
 }

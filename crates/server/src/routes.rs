@@ -35,6 +35,7 @@ pub fn app(controller: Shared) -> Router {
         .route("/v1/admin/nodes/{name}/approve", post(approve))
         .route("/v1/admin/nodes/{name}/revoke", post(revoke))
         .route("/v1/admin/audit", get(audit_log))
+        .route("/v1/admin/audit/checkpoint", get(audit_checkpoint))
         .layer(DefaultBodyLimit::max(SMALL_BODY))
         .with_state(controller)
 }
@@ -75,6 +76,10 @@ async fn status(State(c): State<Shared>, _: Admin) -> Answer<Vec<proto::NodeStat
 
 async fn audit_log(State(c): State<Shared>, _: Admin) -> Answer<Vec<proto::AuditRecord>> {
     Ok(Json(c.audit().await?))
+}
+
+async fn audit_checkpoint(State(c): State<Shared>, _: Admin) -> Answer<proto::audit::Checkpoint> {
+    Ok(Json(c.checkpoint()?))
 }
 
 // --- nodes -----------------------------------------------------------------------------------

@@ -23,6 +23,12 @@ impl Store {
         Ok(r.try_get::<Option<i64>, _>("top")?.unwrap_or(0))
     }
 
+    /// The newest audit record's sequence number and hash, if there is one.
+    pub async fn audit_head_hash(&self) -> Result<Option<(i64, String)>> {
+        let row = sqlx::query("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetch_optional(&self.pool).await?;
+        row.map(|r| Ok((r.try_get("seq")?, r.try_get("hash")?))).transpose()
+    }
+
     /// Records an event that changes nothing else, such as a refused token redemption.
     pub async fn record(&self, audit: &Audit<'_>) -> Result<()> {
         self.decide(audit, |_| Box::pin(async { Ok(()) })).await

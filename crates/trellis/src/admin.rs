@@ -257,14 +257,31 @@ pub fn node(conn: &Conn, cmd: NodeCommand) -> Result<ExitCode> {
 }
 
 pub fn audit_verify(conn: &Conn) -> Result<ExitCode> {
-    let records = runtime().block_on(conn.client()?.audit())?;
-    match trellis_proto::audit::verify(&records) {
-        Ok(n) => {
-            println!("audit chain verified: {n} records, head {}", records.last().map_or("-", |r| r.hash.as_str()));
-            Ok(ExitCode::SUCCESS)
+    let client = conn.client()?;
+    let rt = runtime();
+    // The checkpoint first: records decided in between only lengthen the chain past it.
+    let checkpoint = rt.block_on(client.audit_checkpoint())?;
+    let records = rt.block_on(client.audit())?;
+    let n = trellis_proto::audit::verify(&records).map_err(|e| anyhow::anyhow!("{e}"))?;
+    println!("audit chain verified: {n} records, head {}", records.last().map_or("-", |r| r.hash.as_str()));
+    let Some(cp) = checkpoint else {
+        println!("no checkpoint yet (the controller signs one after its first decision)");
+        return Ok(ExitCode::SUCCESS);
+    };
+    // On the controller's machine its key is at hand: the checkpoint's signature is checked too.
+    let signed = match &conn.state_dir {
+        Some(dir) => {
+            let key = state::StateDir::load(dir)?.signing_key()?.verifying_key();
+            if !trellis_controller::audit::checkpoint_signed_by(&cp, &key) {
+                bail!("the audit checkpoint's signature does not verify with the controller's key: it was forged or damaged");
+            }
+            "signed by the controller's key"
         }
-        Err(e) => bail!("{e}"),
-    }
+        None => "signature not checked from afar",
+    };
+    trellis_proto::audit::verify_against(&records, &cp).map_err(|e| anyhow::anyhow!("{e}"))?;
+    println!("matches the controller's checkpoint at record {} ({signed})", cp.seq);
+    Ok(ExitCode::SUCCESS)
 }
 
 pub fn audit_list(conn: &Conn, json_out: bool) -> Result<ExitCode> {

@@ -1,0 +1,50 @@
+//! Anchoring the audit chain: after every decision (and whenever another replica moved the
+//! head) the controller signs the head's sequence number and hash with its bundle-signing key and
+//! keeps that checkpoint in its state directory, outside the database. Someone who can write the
+//! database can recompute the chain, but not the checkpoint: `trellis audit verify` checks the
+//! chain against it, so a cut tail or a rewritten record is seen.
+
+use std::path::Path;
+
+use base64::Engine;
+use ed25519_dalek::Signer;
+use trellis_proto::audit::Checkpoint;
+
+use crate::{Controller, Error, Result};
+
+/// The checkpoint's file in the state directory.
+pub const CHECKPOINT: &str = "audit.checkpoint";
+
+/// The checkpoint in a file, if it holds one.
+pub fn read_checkpoint(path: &Path) -> Option<Checkpoint> {
+    std::fs::read(path).ok().and_then(|b| serde_json::from_slice(&b).ok())
+}
+
+/// Whether a checkpoint is signed by this key.
+pub fn checkpoint_signed_by(cp: &Checkpoint, key: &ed25519_dalek::VerifyingKey) -> bool {
+    let Ok(sig) = base64::engine::general_purpose::STANDARD.decode(&cp.signature) else { return false };
+    let Ok(sig) = ed25519_dalek::Signature::from_slice(&sig) else { return false };
+    key.verify_strict(&Checkpoint::signed_bytes(cp.seq, &cp.hash), &sig).is_ok()
+}
+
+impl Controller {
+    /// Signs the audit head into the checkpoint file. Only forward: a head below the one signed
+    /// means records vanished from the database, and the checkpoint that shows it is kept.
+    pub async fn write_checkpoint(&self) -> Result<()> {
+        let Some(path) = &self.checkpoint else { return Ok(()) };
+        let _one_at_a_time = self.checkpoint_lock.lock().await;
+        let Some((seq, hash)) = self.store.audit_head_hash().await? else { return Ok(()) };
+        if read_checkpoint(path).is_some_and(|cp| cp.seq >= seq) {
+            return Ok(());
+        }
+        let signature = self.keys.signing_key.sign(&Checkpoint::signed_bytes(seq, &hash));
+        let cp = Checkpoint { seq, hash, signature: base64::engine::general_purpose::STANDARD.encode(signature.to_bytes()) };
+        let bytes = serde_json::to_vec_pretty(&cp).map_err(|e| Error::internal("writing the audit checkpoint", e))?;
+        trellis_files::replace(path, &bytes, 0o600).map_err(|e| Error::internal("writing the audit checkpoint", e))
+    }
+
+    /// The newest checkpoint, if one was written.
+    pub fn checkpoint(&self) -> Result<Checkpoint> {
+        self.checkpoint.as_deref().and_then(read_checkpoint).ok_or_else(|| Error::NotFound("audit checkpoint yet".into()))
+    }
+}
