@@ -214,23 +214,7 @@ impl Agent {
         }
         Ok(())
     }
-}
 
-/// A refusal that sending again will not change: the request itself is wrong.
-fn refused_for_good(e: &trellis_client::Error) -> bool {
-    e.refused().is_some_and(|r| matches!(r.status, 400 | 413 | 422))
-}
-
-fn evidence_error(e: trellis_client::Error) -> anyhow::Error {
-    match e {
-        trellis_client::Error::Refused(_) | trellis_client::Error::Answered { .. } => {
-            anyhow::anyhow!("the controller refused evidence: {e}")
-        }
-        e => e.into(),
-    }
-}
-
-impl Agent {
     /// One long-poll. The bundle bytes when there is a newer one; also whether the controller
     /// answered and the time in its signed freshness stamp. Takes `&self` so that the status
     /// can be refreshed while it waits.
@@ -381,6 +365,20 @@ pub fn load_status(dir: &Path) -> AgentStatus {
 
 pub fn load_manifest(dir: &Path) -> Manifest {
     read_json(&dir.join(MANIFEST))
+}
+
+/// A refusal that sending again will not change: the request itself is wrong.
+fn refused_for_good(e: &trellis_client::Error) -> bool {
+    e.refused().is_some_and(|r| matches!(r.status, 400 | 413 | 422))
+}
+
+fn evidence_error(e: trellis_client::Error) -> anyhow::Error {
+    match e {
+        trellis_client::Error::Refused(_) | trellis_client::Error::Answered { .. } => {
+            anyhow::anyhow!("the controller refused evidence: {e}")
+        }
+        e => e.into(),
+    }
 }
 
 #[cfg(test)]

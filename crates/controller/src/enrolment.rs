@@ -151,7 +151,7 @@ impl Controller {
     /// A new certificate for a node, from a CSR it sent over its authenticated session. The
     /// certificate it replaces stays valid until it expires.
     pub async fn renew(&self, who: &NodeIdentity, req: &proto::RenewRequest) -> Result<proto::RenewResponse> {
-        self.may_fetch(who)?;
+        self.require_approved(who)?;
         let name = who.name.clone();
         // Only the current certificate renews: the one it replaced still authenticates until it
         // expires, but renewing with it would replace, and so lock out, the current one.
@@ -207,7 +207,7 @@ impl Controller {
 
     /// Whether a node may take part (fetch its bundle, report evidence, renew): an enrolled node
     /// pending approval may not.
-    pub fn may_fetch(&self, who: &NodeIdentity) -> Result<()> {
+    pub fn require_approved(&self, who: &NodeIdentity) -> Result<()> {
         if who.state == EnrolledState::Pending {
             return Err(NodeRefusal::PendingApproval(who.name.clone()).into());
         }

@@ -118,7 +118,7 @@ impl Controller {
         if batch.records.len() > proto::MAX_EVIDENCE_BATCH {
             return Err(Error::TooLarge(format!("an evidence batch holds at most {} records", proto::MAX_EVIDENCE_BATCH)));
         }
-        self.may_fetch(who)?;
+        self.require_approved(who)?;
         // A node reports on versions it was given: one above its newest would show as applied
         // for ever.
         let newest = self.store.bundle(&who.name).await?.map_or(0, |b| b.version);

@@ -70,7 +70,7 @@ impl Checkpoint {
 /// checked): it must reach the checkpoint's record, with the same hash there.
 pub fn verify_against(records: &[AuditRecord], checkpoint: &Checkpoint) -> Result<usize, String> {
     let n = verify(records)?;
-    let Some(r) = records.get((checkpoint.seq - 1).max(0) as usize).filter(|_| checkpoint.seq >= 1) else {
+    let Some(r) = usize::try_from(checkpoint.seq - 1).ok().and_then(|i| records.get(i)) else {
         return Err(format!(
             "the audit chain ends at record {n}, but the controller's checkpoint says it reached record {}: records were removed",
             checkpoint.seq

@@ -122,7 +122,7 @@ fn etag(version: i64) -> String {
 /// `wait`, the answer comes as soon as a newer one exists. Every answer carries a signed
 /// freshness stamp.
 async fn bundle(State(c): State<Shared>, Node(who): Node, headers: HeaderMap, Query(q): Query<BundleQuery>) -> Result<Response, ApiError> {
-    c.may_fetch(&who)?;
+    c.require_approved(&who)?;
     let held = headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()).map(str::to_string);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(q.wait.min(MAX_WAIT));
     let mut changes = c.publisher.subscribe();

@@ -148,7 +148,7 @@ async fn enrolment_certificates_and_approval_follow_the_clock_and_the_states() {
         let der = trellis_pki::pem_to_der(&enrolled.node_cert_pem, "CERTIFICATE").unwrap();
         let who = c.authenticate_node(Some(&der)).await.unwrap();
         assert_eq!((who.name.as_str(), who.state), ("db-1", EnrolledState::Pending));
-        let pending = c.may_fetch(&who).unwrap_err();
+        let pending = c.require_approved(&who).unwrap_err();
         assert!(matches!(pending, Error::Node(NodeRefusal::PendingApproval(_))), "{pending:?}");
         let node = |name: &str| {
             let name = name.to_string();
@@ -161,7 +161,7 @@ async fn enrolment_certificates_and_approval_follow_the_clock_and_the_states() {
         assert!(matches!(c.approve("db-1").await.unwrap_err(), Error::NotPending(n) if n == "db-1"));
         c.publish().await.unwrap();
         let who = c.authenticate_node(Some(&der)).await.unwrap();
-        c.may_fetch(&who).unwrap();
+        c.require_approved(&who).unwrap();
         assert!(c.publisher.current("db-1").is_some(), "an active node has a bundle");
 
         assert_eq!(c.revoke("db-1").await.unwrap().state, EnrolledState::Revoked);

@@ -256,6 +256,7 @@ async fn admin_and_node_endpoints_refuse_without_credentials() {
 }
 
 /// An enrolled node as the tests hold it: a client presenting its certificate.
+#[derive(Clone)]
 struct Node {
     http: reqwest::Client,
     signing: ed25519_dalek::VerifyingKey,
@@ -313,7 +314,7 @@ impl Node {
     fn with_cert(&self, cert_pem: &str) -> Node {
         let cfg = trellis_pki::tls::client_config(&self.ca, Some((cert_pem, &self.key))).unwrap();
         let http = reqwest::Client::builder().use_preconfigured_tls(cfg).build().unwrap();
-        Node { http, signing: self.signing, node: self.node.clone(), key: self.key.clone(), ca: self.ca.clone() }
+        Node { http, ..self.clone() }
     }
 
     async fn renew(&self, base: &str) -> (u16, Value) {
@@ -370,7 +371,7 @@ async fn bundles_are_versioned_signed_long_polled_and_answered_304() {
         // Long-poll: the answer comes when op-1 enrols (it gains traffic with db-1), well before the wait ends.
         let waiting = {
             let (r, held) = (r.clone(), b1.version);
-            let db = Node { http: db.http.clone(), signing: db.signing, node: db.node.clone(), key: db.key.clone(), ca: db.ca.clone() };
+            let db = db.clone();
             tokio::spawn(async move {
                 let t = std::time::Instant::now();
                 (db.fetch(&r.base, Some(held), 30).await, t.elapsed())
