@@ -80,10 +80,6 @@ impl NodeClient {
         Ok(NodeClient { http: crate::http_client(tls, CONNECT, TIMEOUT)?, controllers })
     }
 
-    pub fn controllers(&self) -> &[String] {
-        &self.controllers
-    }
-
     pub async fn renew(&self, csr_pem: &str) -> Result<proto::RenewResponse, Error> {
         let req = proto::RenewRequest { csr_pem: csr_pem.to_string() };
         each_controller(&self.controllers, |c| {

@@ -28,19 +28,23 @@ pub fn checkpoint_signed_by(cp: &Checkpoint, key: &ed25519_dalek::VerifyingKey) 
 }
 
 impl Controller {
-    /// Signs the audit head into the checkpoint file. Only forward: a head below the one signed
-    /// means records vanished from the database, and the checkpoint that shows it is kept.
-    pub async fn write_checkpoint(&self) -> Result<()> {
+    /// Signs the audit head (`seq`, `hash`) into the checkpoint file. Only forward: a head below
+    /// the one signed means records vanished from the database, and the checkpoint that shows it
+    /// is kept. The sequence number last signed is held in memory (read from the file once).
+    pub(crate) async fn write_checkpoint(&self, seq: i64, hash: &str) -> Result<()> {
         let Some(path) = &self.checkpoint else { return Ok(()) };
-        let _one_at_a_time = self.checkpoint_lock.lock().await;
-        let Some((seq, hash)) = self.store.audit_head_hash().await? else { return Ok(()) };
-        if read_checkpoint(path).is_some_and(|cp| cp.seq >= seq) {
+        let mut signed = self.checkpoint_seq.lock().await;
+        let last = *signed.get_or_insert_with(|| read_checkpoint(path).map_or(0, |cp| cp.seq));
+        if last >= seq {
             return Ok(());
         }
+        let hash = hash.to_string();
         let signature = self.keys.signing_key.sign(&Checkpoint::signed_bytes(seq, &hash));
         let cp = Checkpoint { seq, hash, signature: base64::engine::general_purpose::STANDARD.encode(signature.to_bytes()) };
         let bytes = serde_json::to_vec_pretty(&cp).map_err(|e| Error::internal("writing the audit checkpoint", e))?;
-        trellis_files::replace(path, &bytes, 0o600).map_err(|e| Error::internal("writing the audit checkpoint", e))
+        trellis_files::replace(path, &bytes, 0o600).map_err(|e| Error::internal("writing the audit checkpoint", e))?;
+        *signed = Some(seq);
+        Ok(())
     }
 
     /// The newest checkpoint, if one was written.

@@ -8,7 +8,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use trellis_core::decl::PublicKey;
 use trellis_proto as proto;
-use trellis_proto::EnrolledState;
+use trellis_proto::{EnrolledState, TokenState};
 use trellis_store::{Audit, NodeRecord};
 
 use crate::error::{NodeRefusal, Redemption};
@@ -86,14 +86,11 @@ impl Controller {
             return Err(Redemption::Wrong.into());
         }
         let t = self.now();
-        if token.revoked_at.is_some() {
-            return Err(Redemption::Revoked.into());
-        }
-        if token.used_at.is_some() {
-            return Err(Redemption::Used.into());
-        }
-        if t >= token.expires_at {
-            return Err(Redemption::Expired.into());
+        match crate::tokens::token_state(&token, t) {
+            TokenState::Valid => {}
+            TokenState::Revoked => return Err(Redemption::Revoked.into()),
+            TokenState::Used => return Err(Redemption::Used.into()),
+            TokenState::Expired => return Err(Redemption::Expired.into()),
         }
         if req.node != token.node {
             return Err(Redemption::OtherNode { token: token.node.clone(), asked: req.node.clone() }.into());

@@ -76,7 +76,8 @@ pub struct Controller {
     entropy: Arc<dyn Entropy>,
     /// Where the signed checkpoint of the audit head is kept, outside the database.
     checkpoint: Option<std::path::PathBuf>,
-    checkpoint_lock: tokio::sync::Mutex<()>,
+    /// The sequence number last signed into it, once known; one signer at a time.
+    checkpoint_seq: tokio::sync::Mutex<Option<i64>>,
 }
 
 impl Controller {
@@ -91,7 +92,7 @@ impl Controller {
             clock,
             entropy,
             checkpoint: None,
-            checkpoint_lock: Default::default(),
+            checkpoint_seq: Default::default(),
         }
     }
 

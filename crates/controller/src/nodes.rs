@@ -120,8 +120,12 @@ impl Controller {
         }
         self.require_approved(who)?;
         // A node reports on versions it was given: one above its newest would show as applied
-        // for ever.
-        let newest = self.store.bundle(&who.name).await?.map_or(0, |b| b.version);
+        // for ever. The version held in memory answers almost always; the database only when a
+        // record is above it (another replica may have published since this one last looked).
+        let mut newest = self.publisher.current(&who.name).map_or(0, |p| p.version);
+        if batch.records.iter().any(|r| r.version > newest) {
+            newest = self.store.bundle(&who.name).await?.map_or(0, |b| b.version);
+        }
         let mut records = Vec::with_capacity(batch.records.len());
         for r in &batch.records {
             if r.seq < 1 || r.version < 1 {

@@ -167,21 +167,25 @@ impl Controller {
     /// decision and every move of the head by another replica comes through here). Runs one at
     /// a time.
     pub async fn publish(&self) -> Result<usize> {
-        let published = self.publish_bundles().await?;
-        self.write_checkpoint().await?;
+        let (published, head) = self.publish_bundles().await?;
+        if let Some((seq, hash)) = head {
+            self.write_checkpoint(seq, &hash).await?;
+        }
         Ok(published)
     }
 
-    async fn publish_bundles(&self) -> Result<usize> {
+    /// Publishes; returns how many bundles changed and the audit head it published at.
+    async fn publish_bundles(&self) -> Result<(usize, Option<(i64, String)>)> {
         let p = &self.publisher;
         let mut run = p.run.lock().await;
-        let head = self.store.audit_head().await?;
+        let head_record = self.store.audit_head_hash().await?;
+        let head = head_record.as_ref().map_or(0, |(seq, _)| *seq);
         let records = self.store.nodes().await?;
         p.set_auth(&records);
         let Some((_, decl)) = self.current_declaration().await? else {
             run.audit_head = head;
             p.changes.send_modify(|g| *g += 1);
-            return Ok(0);
+            return Ok((0, head_record));
         };
         *p.mesh.write().expect("mesh") = decl.mesh.name.clone();
         let active: Vec<&trellis_store::NodeRecord> =
@@ -245,6 +249,6 @@ impl Controller {
         run.compiled = Some(compiled);
         run.audit_head = head;
         p.changes.send_modify(|g| *g += 1);
-        Ok(count)
+        Ok((count, head_record))
     }
 }
