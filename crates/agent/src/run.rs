@@ -197,6 +197,9 @@ impl Agent {
                 // refuses are dropped (their numbers stay a visible gap), so one bad record
                 // cannot hold back every later one.
                 Err(e) if refused_for_good(&e) => {
+                    // Acknowledged once for the records settled, whether or not all were.
+                    let mut settled = 0;
+                    let mut failure = None;
                     for record in chunk {
                         match self.client.post_evidence(&proto::EvidenceBatch { records: vec![record.clone()] }).await {
                             Ok(()) => {}
@@ -204,9 +207,16 @@ impl Agent {
                                 eprintln!("trellis-agent: the controller refused evidence record {} for good, dropped: {e}", record.seq);
                                 self.status.dropped_evidence += 1;
                             }
-                            Err(e) => return Err(evidence_error(e)),
+                            Err(e) => {
+                                failure = Some(evidence_error(e));
+                                break;
+                            }
                         }
-                        self.evidence.ack(1)?;
+                        settled += 1;
+                    }
+                    self.evidence.ack(settled)?;
+                    if let Some(e) = failure {
+                        return Err(e);
                     }
                 }
                 Err(e) => return Err(evidence_error(e)),
