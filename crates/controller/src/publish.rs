@@ -24,7 +24,7 @@ pub struct Published {
 }
 
 /// Compiled file contents as `Bytes` without copying, each hashed once however many bundles
-/// share it (the mesh zone is one allocation shared by every node).
+/// of a run share the same allocation.
 #[derive(Default)]
 struct Contents(HashMap<usize, (bytes::Bytes, [u8; 32])>);
 

@@ -48,6 +48,18 @@ pub struct NodePlan {
     pub no_path: Vec<Arc<str>>,
     /// Pre-rendered filter blocks of the rules of the modules this node runs.
     pub rules: Vec<Arc<str>>,
+    /// The names this node may resolve, in record order: itself and every node it has allowed
+    /// traffic with (either direction), in name order; then each module it may reach, in name
+    /// order, once per node that runs it. Nothing else: other names are NXDOMAIN.
+    pub zone: Vec<ZoneName>,
+}
+
+/// One name of a node's zone and the overlay addresses it resolves to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ZoneName {
+    pub name: Arc<str>,
+    pub ipv4: Option<std::net::Ipv4Addr>,
+    pub ipv6: Option<std::net::Ipv6Addr>,
 }
 
 /// What every node of the mesh shares.
@@ -59,7 +71,6 @@ pub struct Common {
     pub mtu: u16,
     pub ipv4_prefix: u8,
     pub ipv6_prefix: u8,
-    pub zone: Arc<str>,
     /// The DNS zone's name (the mesh domain).
     pub domain: String,
 }
@@ -151,7 +162,7 @@ pub fn plan(topo: &Topology, previous: Option<&Compiled>) -> (Vec<NodePlan>, Vec
         list.sort_unstable();
         list.dedup();
     }
-    let zone: Arc<str> = Arc::from(render::zone(topo));
+    let reached = topo.modules_reached();
     let common = Common {
         mesh: topo.decl.mesh.name.clone(),
         interface: topo.decl.mesh.interface.clone(),
@@ -159,7 +170,6 @@ pub fn plan(topo: &Topology, previous: Option<&Compiled>) -> (Vec<NodePlan>, Vec
         mtu: topo.decl.mesh.mtu,
         ipv4_prefix: topo.decl.mesh.overlay_ipv4.map_or(32, |p| p.prefix_len()),
         ipv6_prefix: topo.decl.mesh.overlay_ipv6.map_or(128, |p| p.prefix_len()),
-        zone,
         domain: topo.decl.mesh.domain.clone(),
     };
     let old_common = previous.and_then(|c| c.nodes.values().next()).map(|o| &o.plan.common);
@@ -220,6 +230,24 @@ pub fn plan(topo: &Topology, previous: Option<&Compiled>) -> (Vec<NodePlan>, Vec
             }
         }
         let rules = topo.inbound_rules(me).map(|(i, _)| rule_blocks[i].clone()).collect();
+        let zone_name = |name: &Arc<str>, i: u32| ZoneName { name: name.clone(), ipv4: topo.ipv4[i as usize], ipv6: topo.ipv6[i as usize] };
+        let mut zone = Vec::with_capacity(partners[a].len() + 1);
+        let mut own = Some(me);
+        for &b in &partners[a] {
+            if let Some(m) = own.filter(|&m| m < b) {
+                zone.push(zone_name(&names[m as usize], m));
+                own = None;
+            }
+            zone.push(zone_name(&names[b as usize], b));
+        }
+        if let Some(m) = own {
+            zone.push(zone_name(&names[m as usize], m));
+        }
+        for (module, runners) in &reached[a] {
+            for &r in runners.iter() {
+                zone.push(zone_name(module, r));
+            }
+        }
         NodePlan {
             node: names[a].clone(),
             common: common.clone(),
@@ -230,6 +258,7 @@ pub fn plan(topo: &Topology, previous: Option<&Compiled>) -> (Vec<NodePlan>, Vec
             left_out,
             no_path,
             rules,
+            zone,
         }
     });
     (plans, rule_blocks)

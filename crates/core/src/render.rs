@@ -1,6 +1,6 @@
 //! Rendering plans into the files a node receives: `wireguard.conf` (wg-quick format without
 //! `PrivateKey`), `nftables.conf` (one `table inet trellis`, replaced atomically by `nft -f`) and
-//! `mesh.zone` (a master file for the mesh domain).
+//! `mesh.zone` (a master file for the mesh domain holding only the names the node may reach).
 
 use std::fmt::Write;
 use std::net::IpAddr;
@@ -15,7 +15,7 @@ pub fn files(plan: &NodePlan) -> Vec<FileResource> {
     vec![
         FileResource { path: WIREGUARD_CONF.into(), mode: 0o600, content: wireguard(plan).into() },
         FileResource { path: NFTABLES_CONF.into(), mode: 0o644, content: nftables(plan).into() },
-        FileResource { path: MESH_ZONE.into(), mode: 0o644, content: plan.common.zone.clone() },
+        FileResource { path: MESH_ZONE.into(), mode: 0o644, content: zone(plan).into() },
         FileResource { path: NODE_TOML.into(), mode: 0o644, content: node_toml(plan).into() },
     ]
 }
@@ -161,33 +161,23 @@ pub fn rule_block(topo: &Topology, r: &ResolvedRule) -> String {
     s
 }
 
-/// The mesh zone: every node by name, and every module by name with the addresses of all the
-/// nodes that run it. The serial is derived from the records, so it changes when they do.
-pub fn zone(topo: &Topology) -> String {
-    let domain = &topo.decl.mesh.domain;
-    let mut records = String::new();
-    let push = |records: &mut String, name: &str, i: usize| {
-        if let Some(a) = topo.ipv4[i] {
-            let _ = writeln!(records, "{name}\tIN\tA\t{a}");
+/// A node's zone: the names it may resolve (see `NodePlan::zone`) and nothing else. The serial
+/// is derived from the records, so it changes when they do.
+pub fn zone(plan: &NodePlan) -> String {
+    let domain = &plan.common.domain;
+    let mut records = String::with_capacity(plan.zone.len() * 48);
+    for z in &plan.zone {
+        if let Some(a) = z.ipv4 {
+            let _ = writeln!(records, "{}\tIN\tA\t{a}", z.name);
         }
-        if let Some(a) = topo.ipv6[i] {
-            let _ = writeln!(records, "{name}\tIN\tAAAA\t{a}");
-        }
-    };
-    for (i, n) in topo.nodes.iter().enumerate() {
-        push(&mut records, &n.name, i);
-    }
-    let mut modules: Vec<&str> = topo.runners.keys().copied().collect();
-    modules.sort_unstable();
-    for m in modules {
-        for &i in &topo.runners[m] {
-            push(&mut records, m, i as usize);
+        if let Some(a) = z.ipv6 {
+            let _ = writeln!(records, "{}\tIN\tAAAA\t{a}", z.name);
         }
     }
     let digest = Sha256::digest(records.as_bytes());
     let serial = u32::from_be_bytes(digest[..4].try_into().expect("4 bytes")) & 0x7fff_ffff;
     let mut s = String::with_capacity(records.len() + 256);
-    let _ = writeln!(s, "; trellis: zone {domain} of mesh {}. Generated; do not edit.", topo.decl.mesh.name);
+    let _ = writeln!(s, "; trellis: zone {domain} of mesh {} as node {} sees it. Generated; do not edit.", plan.common.mesh, plan.node);
     let _ = writeln!(s, "$ORIGIN {domain}.");
     s.push_str("$TTL 60\n");
     let _ = writeln!(s, "@\tIN\tSOA\tns.{domain}. hostmaster.{domain}. {serial} 3600 600 86400 60");

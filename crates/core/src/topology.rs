@@ -92,6 +92,9 @@ pub struct Topology<'d> {
     pub rules: Vec<ResolvedRule<'d>>,
     /// The rules of each module, as a range of `rules`.
     pub module_rules: HashMap<&'d str, std::ops::Range<usize>>,
+    /// Every module that some node runs, in name order, with its runners: the module names of
+    /// the zone.
+    pub module_names: Vec<(std::sync::Arc<str>, NodeSet)>,
 }
 
 fn hubs_len_words(hubs: &[u32]) -> usize {
@@ -182,6 +185,9 @@ impl<'d> Topology<'d> {
                 keyed_hubs.set(j);
             }
         }
+        let mut module_names: Vec<(std::sync::Arc<str>, NodeSet)> =
+            runners.iter().filter(|(_, r)| !r.is_empty()).map(|(m, r)| (std::sync::Arc::from(*m), r.clone())).collect();
+        module_names.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let mut topo = Topology {
             decl,
             nodes,
@@ -200,6 +206,7 @@ impl<'d> Topology<'d> {
             runners,
             rules,
             module_rules,
+            module_names,
         };
         topo.hub_links = (0..topo.nodes.len() as u32)
             .map(|a| {
@@ -282,6 +289,22 @@ impl<'d> Topology<'d> {
                 v
             })
             .collect()
+    }
+
+    /// For every node, the modules it may reach (a rule of the module names it as a source), in
+    /// name order, each with the nodes that run it.
+    pub fn modules_reached(&self) -> Vec<Vec<(&std::sync::Arc<str>, &NodeSet)>> {
+        let mut out: Vec<Vec<(&std::sync::Arc<str>, &NodeSet)>> = vec![Vec::new(); self.nodes.len()];
+        for (name, runners) in &self.module_names {
+            let rules = &self.rules[self.module_rules[&**name].clone()];
+            let mut sources: Vec<u32> = rules.iter().flat_map(|r| r.sources.iter().copied()).collect();
+            sources.sort_unstable();
+            sources.dedup();
+            for s in sources {
+                out[s as usize].push((name, runners));
+            }
+        }
+        out
     }
 
     /// The rules on `to` that admit traffic from `from` with this protocol and port.

@@ -116,17 +116,21 @@ mod tests {
     const MESH: &str = "[mesh]\nname = \"z\"\ndomain = \"z.mesh\"\noverlay_ipv4 = \"10.7.0.0/16\"\noverlay_ipv6 = \"fd07::/64\"\n\n[networks]\nlan = {}\n\n[[node]]\nname = \"alpha\"\nnetworks = [\"lan\"]\nmodules = [\"web\"]\n\n[[node]]\nname = \"beta\"\nnetworks = [\"lan\"]\nmodules = [\"web\"]\n\n[[node]]\nname = \"gamma\"\nnetworks = [\"lan\"]\n";
     const WEB: &str = "[module]\nname = \"web\"\n\n[[allow]]\nproto = \"tcp\"\nports = [\"80\"]\nfrom = [\"node:gamma\"]\n";
 
+    fn zone_of(compiled: &crate::Compiled, node: &str) -> super::Zone {
+        let text = &compiled.nodes[node].files.iter().find(|f| f.path == MESH_ZONE).expect("a zone file").content;
+        super::parse(text).unwrap()
+    }
+
     #[test]
-    fn reads_back_what_render_writes() {
+    fn reads_back_what_render_writes_and_each_node_sees_only_its_business() {
         let loaded = load(
             &SourceFile { path: "mesh.toml".into(), text: MESH.into() },
             &[SourceFile { path: "modules/web.toml".into(), text: WEB.into() }],
         );
         let decl = loaded.declaration.unwrap_or_else(|| panic!("{:?}", loaded.diagnostics));
         let compiled = compile(&decl, &HashMap::new(), &Default::default(), None).expect("compiles");
-        let out = &compiled.nodes["alpha"];
-        let text = &out.files.iter().find(|f| f.path == MESH_ZONE).expect("a zone file").content;
-        let zone = super::parse(text).unwrap();
+        // gamma may reach web on alpha and beta: it resolves them and the module.
+        let zone = zone_of(&compiled, "gamma");
         assert_eq!(zone.origin, "z.mesh");
         assert_eq!(zone.ttl, Some(60));
         assert!(zone.serial.is_some());
@@ -142,6 +146,12 @@ mod tests {
         web.sort();
         runners.sort();
         assert_eq!(web, runners, "a module's name answers with the addresses of the nodes that run it");
+        // alpha and beta have traffic with gamma only, and may reach no module.
+        for (node, seen) in [("alpha", ["alpha", "gamma"]), ("beta", ["beta", "gamma"])] {
+            let zone = zone_of(&compiled, node);
+            assert_eq!(zone.addresses().keys().copied().collect::<Vec<_>>(), seen, "the zone of {node}");
+            assert_ne!(zone.serial, zone_of(&compiled, "gamma").serial, "the serial follows the records");
+        }
     }
 
     #[test]

@@ -28,14 +28,26 @@ impl Row {
 }
 
 /// Overlay addresses by name (nodes, and modules with the nodes that run them), read with the
-/// core's zone reader from the `mesh.zone` of the first node the lab enrolled. Empty when that
-/// node has no zone file.
+/// core's zone reader from the `mesh.zone` of every node the lab enrolled. Each zone holds only
+/// what its node may reach, but every node's zone holds its own name, so together they name every
+/// node; a module's addresses are those of all its runners any node may reach. Empty when no
+/// node has a zone file yet.
 pub(crate) fn overlay_addresses(dir: &Path, decl: &trellis_core::Declaration) -> Result<HashMap<String, Vec<IpAddr>>> {
-    let Some(node) = decl.nodes.iter().find(|n| n.public_key.is_none()) else { return Ok(HashMap::new()) };
-    let path = dir.join(format!("root-{}/{}", node.name, trellis_core::compile::MESH_ZONE));
-    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(HashMap::new()) };
-    let zone = trellis_core::zone::parse(&text).with_context(|| format!("cannot read the zone in {}", path.display()))?;
-    Ok(zone.addresses().into_iter().map(|(name, addrs)| (name.to_string(), addrs)).collect())
+    let mut out: HashMap<String, Vec<IpAddr>> = HashMap::new();
+    for node in decl.nodes.iter().filter(|n| n.public_key.is_none()) {
+        let path = dir.join(format!("root-{}/{}", node.name, trellis_core::compile::MESH_ZONE));
+        let Ok(text) = std::fs::read_to_string(&path) else { continue };
+        let zone = trellis_core::zone::parse(&text).with_context(|| format!("cannot read the zone in {}", path.display()))?;
+        for (name, addrs) in zone.addresses() {
+            let known = out.entry(name.to_string()).or_default();
+            for a in addrs {
+                if !known.contains(&a) {
+                    known.push(a);
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Runs expectation `i` and returns its row.
