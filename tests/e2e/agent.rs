@@ -272,12 +272,17 @@ fn an_agent_killed_at_any_moment_leaves_every_file_old_or_new() {
     let (state, root) = (work.0.join("db-1"), work.0.join("root"));
     ok(enrol(&c.token("db-1", &[]), &state));
 
-    // Every content each file has had in any version: a file on disk must be one of them.
+    // Every content each file has had in any version: a file on disk must be one of them. A
+    // decision is published behind its request, so after an apply `learn` long-polls for the
+    // version after the one it last saw.
     let mut known: HashMap<String, HashSet<String>> = HashMap::new();
-    let learn = |known: &mut HashMap<String, HashSet<String>>| {
+    let learn = |known: &mut HashMap<String, HashSet<String>>, held: Option<i64>| -> i64 {
         let out = work.0.join("latest.bundle");
         let mut f = agent_bin();
         f.args(["fetch", "--state-dir", state.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+        if let Some(v) = held {
+            f.args(["--held", &v.to_string(), "--wait", "20"]);
+        }
         ok(f);
         let mut v = agent_bin();
         v.args(["verify", out.to_str().unwrap(), "--state-dir", state.to_str().unwrap(), "--json"]);
@@ -285,8 +290,11 @@ fn an_agent_killed_at_any_moment_leaves_every_file_old_or_new() {
         for file in json["files"].as_array().unwrap() {
             known.entry(file["path"].as_str().unwrap().to_string()).or_default().insert(file["sha256"].as_str().unwrap().to_string());
         }
+        let version = json["version"].as_i64().unwrap();
+        assert!(held.is_none_or(|h| version > h), "a new version after the apply: {json}");
+        version
     };
-    learn(&mut known);
+    let mut held = learn(&mut known, None);
 
     let decl = tempdir("crash-decl");
     copy_dir(&repo().join("lab/basic"), &decl.0);
@@ -314,7 +322,7 @@ fn an_agent_killed_at_any_moment_leaves_every_file_old_or_new() {
         let extra: String = (0..=round % 4).map(|k| format!("\n[[node]]\nname = \"extra-{round}-{k}\"\nmodules = [\"ping\"]\n")).collect();
         std::fs::write(decl.0.join("mesh.toml"), format!("{base}{extra}")).unwrap();
         c.ok(&["apply", decl.0.to_str().unwrap()]);
-        learn(&mut known);
+        held = learn(&mut known, Some(held));
         // Kills land before, during and after the write: the apply takes a few milliseconds.
         std::thread::sleep(Duration::from_millis(pseudo_random(60)));
         let _ = agent.0.kill(); // SIGKILL

@@ -118,7 +118,7 @@ impl Controller {
             detail: format!("sha256 {digest}"),
         };
         let revision = self.store.apply(&files, &digest, &allocation, expect_revision, &audit).await?;
-        self.republish().await;
+        self.ask_publish();
         Ok(proto::ApplyResponse { revision, diagnostics: out, unchanged: false })
     }
 }

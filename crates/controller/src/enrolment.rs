@@ -133,7 +133,7 @@ impl Controller {
             detail: format!("state {state}, key {key}, certificate {}", issued.serial),
         };
         self.store.enrol(&token.id, &record, &audit).await?;
-        self.republish().await;
+        self.ask_publish();
         Ok(proto::EnrolResponse {
             node: req.node,
             mesh: decl.mesh.name.clone(),
@@ -173,7 +173,7 @@ impl Controller {
             trellis_store::StoreError::NotFound(_) => Error::from(NodeRefusal::Superseded(name.clone())),
             other => other.into(),
         })?;
-        self.republish().await;
+        self.ask_publish();
         Ok(proto::RenewResponse { node_cert_pem: issued.cert_pem, not_after: issued.not_after })
     }
 

@@ -53,6 +53,9 @@ pub enum Error {
     NotRevocable(String),
     #[error("no bundle has been published for node `{0}` yet")]
     NoBundleYet(String),
+    /// The decisions stand, but publishing has not covered them within the time asked.
+    #[error("publishing has not caught up with the decisions made here within {0} s; they stand and will be published")]
+    PublishingBehind(u64),
 
     #[error("no {0}")]
     NotFound(String),
@@ -141,6 +144,7 @@ impl Error {
             Error::NotPending(_) => "not_pending",
             Error::NotRevocable(_) => "not_revocable",
             Error::NoBundleYet(_) => "no_bundle_yet",
+            Error::PublishingBehind(_) => "publishing_behind",
             Error::NotFound(_) => "not_found",
             Error::Internal { .. } => "internal",
         }

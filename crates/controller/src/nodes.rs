@@ -95,7 +95,8 @@ impl Controller {
             StoreError::NotFound(_) => Error::NotPending(name.to_string()),
             other => other.into(),
         })?;
-        self.republish().await;
+        self.publisher.set_state(name, EnrolledState::Active);
+        self.ask_publish();
         Ok(proto::WhoAmI { node: name.to_string(), state: EnrolledState::Active })
     }
 
@@ -108,7 +109,8 @@ impl Controller {
                 other => other.into(),
             },
         )?;
-        self.republish().await;
+        self.publisher.set_state(name, EnrolledState::Revoked);
+        self.ask_publish();
         Ok(proto::WhoAmI { node: name.to_string(), state: EnrolledState::Revoked })
     }
 

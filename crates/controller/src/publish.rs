@@ -1,6 +1,12 @@
-//! Publishing bundles: on every change, recompile, give a new version (from the database) only to
-//! nodes whose files changed, sign, and hold the signed bytes in memory so that an unchanged
-//! bundle is answered `304` without recompiling or re-signing. Long-polls wait on a watch channel.
+//! Publishing bundles: recompile, give a new version (from the database) only to nodes whose
+//! files changed, sign, and hold the signed bytes in memory so that an unchanged bundle is
+//! answered `304` without recompiling or re-signing. Long-polls wait on a watch channel.
+//!
+//! A decision does not publish in its request: it returns once it is durable in the database and
+//! asks for a run. One background task publishes, one run at a time, and each run covers every
+//! decision made before it started (it reads the database after counting them), so a burst of
+//! decisions is a handful of runs, not one each. Nothing of record is held only in memory: a run
+//! reads everything it publishes from the database.
 //!
 //! Every governance decision moves the audit head; a replica that sees the head move (another
 //! replica decided something) publishes too, so all replicas converge on the same versions. The
@@ -8,7 +14,9 @@
 //! signatures are too.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use base64::Engine;
 use trellis_core::bundle::{Bundle, BundleFile};
@@ -76,6 +84,17 @@ pub struct Publisher {
     mesh: RwLock<String>,
     stamp: Mutex<(i64, Arc<str>)>,
     contacts: Mutex<HashMap<String, i64>>,
+    /// Decisions made here, counted; each asks for a run.
+    asked: AtomicU64,
+    /// The count of decisions that the newest finished run covers.
+    covered: tokio::sync::watch::Sender<u64>,
+    /// Wakes the background task; a wake while it runs is kept, so it runs once more.
+    wake: tokio::sync::Notify,
+    /// Whether a background task publishes (see `Controller::publishing`); without one,
+    /// `settle` publishes in its caller.
+    background: AtomicBool,
+    /// Runs finished, for figures and tests.
+    runs: AtomicU64,
 }
 
 impl Default for Publisher {
@@ -88,6 +107,11 @@ impl Default for Publisher {
             mesh: Default::default(),
             stamp: Mutex::new((0, Arc::from(""))),
             contacts: Default::default(),
+            asked: AtomicU64::new(0),
+            covered: tokio::sync::watch::channel(0).0,
+            wake: tokio::sync::Notify::new(),
+            background: AtomicBool::new(false),
+            runs: AtomicU64::new(0),
         }
     }
 }
@@ -108,6 +132,19 @@ impl Publisher {
     /// Remembers that a node made contact; written to the database in batches.
     pub fn contact(&self, node: &str, at: i64) {
         self.contacts.lock().expect("contacts").insert(node.to_string(), at);
+    }
+
+    /// How many publish runs have finished.
+    pub fn runs(&self) -> u64 {
+        self.runs.load(Ordering::SeqCst)
+    }
+
+    /// A decision changed a node's state: authentication follows at once, before the run that
+    /// publishes it (a revoked node is refused on its next request, not after the next run).
+    pub(crate) fn set_state(&self, node: &str, state: trellis_proto::EnrolledState) {
+        if let Some(e) = self.auth.write().expect("auth table").get_mut(node) {
+            e.state = state;
+        }
     }
 
     fn set_auth(&self, records: &[trellis_store::NodeRecord]) {
@@ -146,11 +183,55 @@ impl Controller {
         s.1.clone()
     }
 
-    /// Publishes after a decision. The decision stands even if publishing fails; the watcher
-    /// retries.
-    pub(crate) async fn republish(&self) {
-        if let Err(e) = self.publish().await {
-            eprintln!("trellis serve: publishing after a decision failed ({e}); will retry");
+    /// Asks for a publish run after a decision, which is already durable: the background task
+    /// (or the next `settle`) publishes it. Decisions asked while a run is under way share the
+    /// next run.
+    pub(crate) fn ask_publish(&self) {
+        self.publisher.asked.fetch_add(1, Ordering::SeqCst);
+        self.publisher.wake.notify_one();
+    }
+
+    /// Publishes in the background, one run at a time, whenever decisions ask for it; a failed
+    /// run is retried a second later. Runs until the task is aborted.
+    pub async fn publishing(self: Arc<Self>) {
+        self.publisher.background.store(true, Ordering::SeqCst);
+        struct Stopped<'a>(&'a AtomicBool);
+        impl Drop for Stopped<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::SeqCst);
+            }
+        }
+        let _stopped = Stopped(&self.publisher.background);
+        loop {
+            if self.publisher.asked.load(Ordering::SeqCst) <= *self.publisher.covered.borrow() {
+                self.publisher.wake.notified().await;
+            }
+            if let Err(e) = self.publish().await {
+                eprintln!("trellis serve: publishing failed ({e}); will retry in a second");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+
+    /// Returns once every decision made here before the call is published: waits for the
+    /// background task, or publishes in the caller when there is none. Gives up after `within`
+    /// (the decisions stand; publishing is behind).
+    pub async fn settle(&self, within: Duration) -> Result<()> {
+        let p = &self.publisher;
+        let target = p.asked.load(Ordering::SeqCst);
+        if *p.covered.borrow() >= target {
+            return Ok(());
+        }
+        if !p.background.load(Ordering::SeqCst) {
+            self.publish().await?;
+            return Ok(());
+        }
+        let mut covered = p.covered.subscribe();
+        let caught_up = tokio::time::timeout(within, covered.wait_for(|c| *c >= target)).await.is_ok();
+        if caught_up {
+            Ok(())
+        } else {
+            Err(Error::PublishingBehind(within.as_secs()))
         }
     }
 
@@ -178,13 +259,20 @@ impl Controller {
     async fn publish_bundles(&self) -> Result<(usize, Option<(i64, String)>)> {
         let p = &self.publisher;
         let mut run = p.run.lock().await;
+        // Every decision counted here is durable already, so the reads below see it.
+        let upto = p.asked.load(Ordering::SeqCst);
+        let done = |run: &mut Run, head: i64| {
+            run.audit_head = head;
+            p.runs.fetch_add(1, Ordering::SeqCst);
+            p.covered.send_if_modified(|c| std::mem::replace(c, (*c).max(upto)) < upto);
+            p.changes.send_modify(|g| *g += 1);
+        };
         let head_record = self.store.audit_head_hash().await?;
         let head = head_record.as_ref().map_or(0, |(seq, _)| *seq);
         let records = self.store.nodes().await?;
         p.set_auth(&records);
         let Some((_, decl)) = self.current_declaration().await? else {
-            run.audit_head = head;
-            p.changes.send_modify(|g| *g += 1);
+            done(&mut run, head);
             return Ok((0, head_record));
         };
         *p.mesh.write().expect("mesh") = decl.mesh.name.clone();
@@ -199,7 +287,7 @@ impl Controller {
         let ca_pem = BundleFile::new(trellis_core::compile::CA_PEM, 0o644, self.ca().cert_pem().as_bytes().to_vec());
         let mut contents = Contents::default();
 
-        let mut pending: Vec<(String, Vec<BundleFile>, String)> = Vec::new();
+        let mut pending: Vec<(&trellis_store::NodeRecord, Vec<BundleFile>, String)> = Vec::new();
         for r in &active {
             let Some(out) = compiled.nodes.get(&r.name) else {
                 continue;
@@ -218,13 +306,14 @@ impl Controller {
             }
             files.sort_by(|a, b| a.path.cmp(&b.path));
             let digest = hex::encode(trellis_core::bundle::content_digest(&files));
-            pending.push((r.name.clone(), files, digest));
+            pending.push((r, files, digest));
         }
-        let changes: Vec<(String, String)> = pending.iter().map(|(n, _, d)| (n.clone(), d.clone())).collect();
+        let changes: Vec<(String, String)> = pending.iter().map(|(r, _, d)| (r.name.clone(), d.clone())).collect();
         let versions: HashMap<String, trellis_store::BundleVersion> = self.store.publish(&changes, self.now()).await?.into_iter().collect();
         let mut count = 0;
         let mut table = HashMap::new();
-        for (node, files, digest) in pending {
+        for (record, files, digest) in pending {
+            let node = record.name.clone();
             let v = &versions[&node];
             if v.digest != digest {
                 // Another replica published other content for this node: ours is stale; the
@@ -234,8 +323,7 @@ impl Controller {
             let bundle =
                 Bundle { mesh: decl.mesh.name.clone(), node: node.clone(), version: v.version as u64, issued_at: v.issued_at, files };
             let signed = bundle.sign(&self.keys.signing_key);
-            let cert = records.iter().find(|r| r.name == node).and_then(|r| r.cert_pem.clone());
-            run.published.insert(node.clone(), (digest, cert));
+            run.published.insert(node.clone(), (digest, record.cert_pem.clone()));
             table.insert(node, Arc::new(Published { version: v.version, signed }));
             count += 1;
         }
@@ -247,8 +335,7 @@ impl Controller {
             run.published.retain(|n, _| live.contains(n.as_str()));
         }
         run.compiled = Some(compiled);
-        run.audit_head = head;
-        p.changes.send_modify(|g| *g += 1);
+        done(&mut run, head);
         Ok((count, head_record))
     }
 }

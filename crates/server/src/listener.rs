@@ -134,8 +134,11 @@ impl Server {
                 }
             })
         };
+        // Decisions ask for publish runs; this task makes them, one at a time.
+        let publishing = tokio::spawn(self.controller.clone().publishing());
         let result = self.accept_loop(router, shutdown).await;
         watcher.abort();
+        publishing.abort();
         self.controller.flush_contacts().await;
         result
     }

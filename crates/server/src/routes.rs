@@ -79,6 +79,9 @@ async fn audit_log(State(c): State<Shared>, _: Admin) -> Answer<Vec<proto::Audit
 }
 
 async fn audit_checkpoint(State(c): State<Shared>, _: Admin) -> Answer<proto::audit::Checkpoint> {
+    // The checkpoint is signed by the publish run that covers a decision: wait for the run that
+    // covers every decision made before this request.
+    c.settle(SETTLE).await?;
     Ok(Json(c.checkpoint()?))
 }
 
@@ -114,6 +117,10 @@ pub struct BundleQuery {
 
 pub const MAX_WAIT: u64 = 60;
 
+/// How long a request that needs the decisions before it published (a node's first bundle, the
+/// audit checkpoint) waits for the publish run that covers them.
+const SETTLE: Duration = Duration::from_secs(20);
+
 fn etag(version: i64) -> String {
     format!("\"{version}\"")
 }
@@ -127,6 +134,11 @@ async fn bundle(State(c): State<Shared>, Node(who): Node, headers: HeaderMap, Qu
     let deadline = tokio::time::Instant::now() + Duration::from_secs(q.wait.min(MAX_WAIT));
     let mut changes = c.publisher.subscribe();
     let freshness = header::HeaderName::from_static("x-trellis-freshness");
+    if c.publisher.current(&who.name).is_none() {
+        // A node that just enrolled: its first bundle follows the publish run that covers the
+        // enrolment, which has not finished yet.
+        c.settle(SETTLE).await?;
+    }
     loop {
         let current = c.publisher.current(&who.name);
         let stamp = c.stamp();

@@ -2,7 +2,7 @@
 //! the test chooses, on SQLite and PostgreSQL. (The HTTP mapping is tested in `trellis-server`.)
 
 use std::path::Path;
-use std::sync::atomic::{AtomicI64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -21,13 +21,15 @@ impl Clock for TestClock {
     }
 }
 
-/// Bytes that count up from one, so token ids are known in advance.
-struct Counting(AtomicU8);
+/// Bytes that count up from one, so token ids are known in advance; each further run of 256
+/// bytes is XORed with its number, so that token ids do not repeat after eight tokens.
+struct Counting(AtomicU64);
 
 impl Entropy for Counting {
     fn fill(&self, buf: &mut [u8]) {
         for b in buf {
-            *b = self.0.fetch_add(1, Ordering::SeqCst).wrapping_add(1);
+            let n = self.0.fetch_add(1, Ordering::SeqCst);
+            *b = (n as u8).wrapping_add(1) ^ (n >> 8) as u8;
         }
     }
 }
@@ -57,7 +59,7 @@ async fn controller(url: String) -> Fixture {
         node_cert_secs: 3600,
     };
     let clock = Arc::new(TestClock(AtomicI64::new(T0)));
-    let c = Controller::new(store, config, keys, clock.clone(), Arc::new(Counting(AtomicU8::new(0))));
+    let c = Controller::new(store, config, keys, clock.clone(), Arc::new(Counting(AtomicU64::new(0))));
     let lab = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lab/basic");
     let mut files = vec![proto::DeclFile { path: "mesh.toml".into(), text: std::fs::read_to_string(lab.join("mesh.toml")).unwrap() }];
     for m in ["api", "http", "ping", "postgres", "resolver", "ssh"] {
@@ -168,6 +170,8 @@ async fn enrolment_certificates_and_approval_follow_the_clock_and_the_states() {
         let refused = c.authenticate_node(Some(&der)).await.unwrap_err();
         assert!(matches!(refused, Error::Node(NodeRefusal::Revoked(_))), "{refused:?}");
         assert!(matches!(c.revoke("db-1").await.unwrap_err(), Error::NotRevocable(_)));
+        assert!(c.publisher.current("db-1").is_some(), "the decision returns before publishing");
+        c.settle(std::time::Duration::from_secs(5)).await.unwrap();
         assert!(c.publisher.current("db-1").is_none(), "a revoked node's bundle is withdrawn");
         assert_eq!(node("db-1").await, NodeState::Revoked);
     })
@@ -212,6 +216,69 @@ async fn refusals_are_typed_and_leave_the_records_as_they_were() {
         assert_eq!(c.revoke_token(&t.id).await.unwrap().state, TokenState::Revoked);
         let r = c.revoke_token(&t.id).await.unwrap_err();
         assert!(matches!(r, Error::TokenNotRevocable { state: TokenState::Revoked, .. }), "{r:?}");
+    })
+    .await;
+}
+
+/// A mesh of `n` nodes that all answer ping from the whole mesh: every node peers with every
+/// other, so each enrolment changes every enrolled node's bundle.
+fn ping_mesh(n: usize) -> Vec<proto::DeclFile> {
+    let mut mesh =
+        String::from("[mesh]\nname = \"storm\"\ndomain = \"storm.mesh\"\noverlay_ipv4 = \"10.90.0.0/16\"\n\n[networks]\nlan = {}\n");
+    for i in 0..n {
+        mesh.push_str(&format!(
+            "\n[[node]]\nname = \"n-{i:03}\"\nnetworks = [\"lan\"]\nmodules = [\"ping\"]\n[[node.endpoint]]\naddress = \"192.0.2.{}:51820\"\nreachable_from = [\"lan\"]\n",
+            i + 1
+        ));
+    }
+    let ping = "[module]\nname = \"ping\"\n\n[[allow]]\nproto = \"icmp\"\nfrom = [\"mesh\"]\n";
+    vec![proto::DeclFile { path: "mesh.toml".into(), text: mesh }, proto::DeclFile { path: "modules/ping.toml".into(), text: ping.into() }]
+}
+
+/// Coalesced publishing: a burst of concurrent enrolments returns without waiting for a publish
+/// each, is published in far fewer runs than enrolments, and every node still ends up with a
+/// bundle that names every other node as a peer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_enrolments_is_published_in_a_few_runs_and_every_node_gets_its_bundle() {
+    const N: usize = 48;
+    on_both(|fx| async move {
+        let c = Arc::new(fx.c);
+        c.apply(&ping_mesh(N), None).await.unwrap();
+        c.settle(Duration::from_secs(30)).await.unwrap();
+        let publishing = tokio::spawn(c.clone().publishing());
+        let mut requests = Vec::new();
+        for i in 0..N {
+            let t =
+                c.create_token(&proto::TokenRequest { node: format!("n-{i:03}"), ttl_secs: 600, require_approval: false }).await.unwrap();
+            requests.push(enrol_request(&t.token).0);
+        }
+        let before = c.publisher.runs();
+        let enrolments: Vec<_> = requests
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut req)| {
+                // Distinct WireGuard keys (the token ids may share their first byte).
+                req.wireguard_public_key = base64::engine::general_purpose::STANDARD.encode([i as u8 + 1; 32]);
+                let c = c.clone();
+                tokio::spawn(async move { c.enrol(req).await })
+            })
+            .collect();
+        for e in enrolments {
+            assert_eq!(e.await.unwrap().unwrap().state, EnrolledState::Active);
+        }
+        c.settle(Duration::from_secs(60)).await.unwrap();
+        let runs = c.publisher.runs() - before;
+        assert!(runs >= 1 && runs <= N as u64 / 4, "{N} enrolments took {runs} publish runs; they should share runs");
+        let key = ed25519_dalek::SigningKey::from_bytes(&[7; 32]).verifying_key();
+        for i in 0..N {
+            let node = format!("n-{i:03}");
+            let p = c.publisher.current(&node).unwrap_or_else(|| panic!("{node} has no bundle"));
+            let v = trellis_core::bundle::verify(&p.signed.to_vec(), &key, "storm", &node, None).unwrap();
+            let wg = v.bundle.files.iter().find(|f| f.path == trellis_core::compile::WIREGUARD_CONF).unwrap();
+            let peers = std::str::from_utf8(&wg.content).unwrap().matches("[Peer]").count();
+            assert_eq!(peers, N - 1, "{node}'s bundle names every other node as a peer");
+        }
+        publishing.abort();
     })
     .await;
 }
