@@ -282,7 +282,7 @@ impl Controller {
             active.iter().filter_map(|r| r.wg_public_key.as_deref().and_then(PublicKey::parse).map(|k| (r.name.clone(), k))).collect();
         let allocation = self.store.allocation().await?;
         let compiled =
-            trellis_core::compile(&decl, &keys, &allocation, run.compiled.as_ref()).map_err(|d| Error::internal("compiling", d))?;
+            trellis_core::compile(&decl, &keys, &allocation, run.compiled.take()).map_err(|d| Error::internal("compiling", d))?;
         let rendered: HashSet<&str> = compiled.rendered.iter().map(String::as_str).collect();
         let ca_pem = BundleFile::new(trellis_core::compile::CA_PEM, 0o644, self.ca().cert_pem().as_bytes().to_vec());
         let mut contents = Contents::default();

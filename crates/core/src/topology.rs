@@ -70,6 +70,60 @@ pub enum Path {
     None,
 }
 
+/// Who can dial whom and which hubs can relay, by node position. Owns its data, so that a compile
+/// can keep it for the next one.
+#[derive(Clone, Debug)]
+pub struct Reach {
+    nets: Vec<Bits>,
+    reach: Vec<Bits>,
+    endpoint_reach: Vec<Vec<Bits>>,
+    pub hubs: Vec<u32>,
+    /// Per node, the hubs (as bits over `hubs`) it has a direct path with.
+    hub_links: Vec<Bits>,
+    /// The hubs whose key is known, as bits over `hubs`.
+    keyed_hubs: Bits,
+}
+
+impl Reach {
+    /// The endpoint of `b` that `a` dials: the first whose `reachable_from` meets `a`'s networks.
+    pub fn dials(&self, a: u32, b: u32) -> Option<usize> {
+        let (a, b) = (a as usize, b as usize);
+        if !self.nets[a].meets(&self.reach[b]) {
+            return None;
+        }
+        self.endpoint_reach[b].iter().position(|e| self.nets[a].meets(e))
+    }
+
+    pub fn direct(&self, a: u32, b: u32) -> bool {
+        self.dials(a, b).is_some() || self.dials(b, a).is_some()
+    }
+
+    /// The path rule. With `need_keys`, only hubs whose key is known may relay.
+    pub fn path(&self, a: u32, b: u32, need_keys: bool) -> Path {
+        let (a_dials, b_dials) = (self.dials(a, b), self.dials(b, a));
+        if a_dials.is_some() || b_dials.is_some() {
+            return Path::Direct { a_dials, b_dials };
+        }
+        // A hub never links to itself, so the hubs common to both are neither `a` nor `b`.
+        let (la, lb) = (&self.hub_links[a as usize].0, &self.hub_links[b as usize].0);
+        for (w, (x, y)) in la.iter().zip(lb.iter()).enumerate() {
+            let mut both = x & y;
+            if need_keys {
+                both &= self.keyed_hubs.0[w];
+            }
+            if both != 0 {
+                return Path::Relay { hub: self.hubs[w * 64 + both.trailing_zeros() as usize] };
+            }
+        }
+        Path::None
+    }
+
+    /// Whether any hub's key differs between `keys` and `other`.
+    pub fn hub_keys_differ(&self, keys: &[Option<PublicKey>], other: &[Option<PublicKey>]) -> bool {
+        self.hubs.iter().any(|&h| keys[h as usize] != other[h as usize])
+    }
+}
+
 pub struct Topology<'d> {
     pub decl: &'d Declaration,
     /// Nodes in name order; a node's position here is its index everywhere else.
@@ -79,14 +133,8 @@ pub struct Topology<'d> {
     pub ipv6: Vec<Option<Ipv6Addr>>,
     pub keys: Vec<Option<PublicKey>>,
     pub network_index: HashMap<&'d str, usize>,
-    nets: Vec<Bits>,
-    reach: Vec<Bits>,
-    endpoint_reach: Vec<Vec<Bits>>,
+    pub reach: Reach,
     pub hubs: Vec<u32>,
-    /// Per node, the hubs (as bits over `hubs`) it has a direct path with.
-    hub_links: Vec<Bits>,
-    /// The hubs whose key is known, as bits over `hubs`.
-    keyed_hubs: Bits,
     pub groups: HashMap<&'d str, NodeSet>,
     pub runners: HashMap<&'d str, NodeSet>,
     pub rules: Vec<ResolvedRule<'d>>,
@@ -188,75 +236,37 @@ impl<'d> Topology<'d> {
         let mut module_names: Vec<(std::sync::Arc<str>, NodeSet)> =
             runners.iter().filter(|(_, r)| !r.is_empty()).map(|(m, r)| (std::sync::Arc::from(*m), r.clone())).collect();
         module_names.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let mut topo = Topology {
-            decl,
-            nodes,
-            index,
-            ipv4,
-            ipv6,
-            keys,
-            network_index,
-            nets,
-            reach,
-            endpoint_reach,
-            hubs,
-            hub_links: Vec::new(),
-            keyed_hubs,
-            groups,
-            runners,
-            rules,
-            module_rules,
-            module_names,
-        };
-        topo.hub_links = (0..topo.nodes.len() as u32)
+        let mut r = Reach { nets, reach, endpoint_reach, hubs: hubs.clone(), hub_links: Vec::new(), keyed_hubs };
+        r.hub_links = (0..nodes.len() as u32)
             .map(|a| {
                 let mut b = Bits::new(hub_words);
-                for (j, &h) in topo.hubs.iter().enumerate() {
-                    if h != a && topo.direct(a, h) {
+                for (j, &h) in r.hubs.iter().enumerate() {
+                    if h != a && r.direct(a, h) {
                         b.set(j);
                     }
                 }
                 b
             })
             .collect();
-        topo
+        Topology { decl, nodes, index, ipv4, ipv6, keys, network_index, reach: r, hubs, groups, runners, rules, module_rules, module_names }
     }
 
     pub fn name(&self, i: u32) -> &'d str {
         &self.nodes[i as usize].name
     }
 
-    /// The endpoint of `b` that `a` dials: the first whose `reachable_from` meets `a`'s networks.
+    /// The endpoint of `b` that `a` dials (see `Reach::dials`).
     pub fn dials(&self, a: u32, b: u32) -> Option<usize> {
-        let (a, b) = (a as usize, b as usize);
-        if !self.nets[a].meets(&self.reach[b]) {
-            return None;
-        }
-        self.endpoint_reach[b].iter().position(|e| self.nets[a].meets(e))
+        self.reach.dials(a, b)
     }
 
     pub fn direct(&self, a: u32, b: u32) -> bool {
-        self.dials(a, b).is_some() || self.dials(b, a).is_some()
+        self.reach.direct(a, b)
     }
 
-    /// The path rule. With `need_keys`, only hubs whose key is known may relay.
+    /// The path rule (see `Reach::path`).
     pub fn path(&self, a: u32, b: u32, need_keys: bool) -> Path {
-        let (a_dials, b_dials) = (self.dials(a, b), self.dials(b, a));
-        if a_dials.is_some() || b_dials.is_some() {
-            return Path::Direct { a_dials, b_dials };
-        }
-        // A hub never links to itself, so the hubs common to both are neither `a` nor `b`.
-        let (la, lb) = (&self.hub_links[a as usize].0, &self.hub_links[b as usize].0);
-        for (w, (x, y)) in la.iter().zip(lb.iter()).enumerate() {
-            let mut both = x & y;
-            if need_keys {
-                both &= self.keyed_hubs.0[w];
-            }
-            if both != 0 {
-                return Path::Relay { hub: self.hubs[w * 64 + both.trailing_zeros() as usize] };
-            }
-        }
-        Path::None
+        self.reach.path(a, b, need_keys)
     }
 
     /// The rules of the modules `node` runs, in manifest order of module names.

@@ -128,7 +128,7 @@ mod tests {
             &[SourceFile { path: "modules/web.toml".into(), text: WEB.into() }],
         );
         let decl = loaded.declaration.unwrap_or_else(|| panic!("{:?}", loaded.diagnostics));
-        let compiled = compile(&decl, &HashMap::new(), &Default::default(), None).expect("compiles");
+        let compiled = compile(&std::sync::Arc::new(decl), &HashMap::new(), &Default::default(), None).expect("compiles");
         // gamma may reach web on alpha and beta: it resolves them and the module.
         let zone = zone_of(&compiled, "gamma");
         assert_eq!(zone.origin, "z.mesh");

@@ -9,8 +9,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use serde_json::json;
+use std::sync::Arc;
 use trellis_core::decl::PublicKey;
-use trellis_core::{compile, load, Compiled, SourceFile};
+
+use trellis_core::{compile, load, Compiled, Declaration, SourceFile};
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -53,24 +55,72 @@ pub struct EnrolArgs {
     json: bool,
 }
 
+/// The shape of a generated mesh.
+#[derive(Args, Clone)]
+pub struct Shape {
+    #[arg(long, default_value_t = 10_000)]
+    pub nodes: usize,
+    #[arg(long, default_value_t = 500)]
+    pub groups: usize,
+    #[arg(long, default_value_t = 50)]
+    pub modules: usize,
+    #[arg(long, default_value_t = 20)]
+    pub networks: usize,
+    #[arg(long, default_value_t = 10)]
+    pub hubs: usize,
+}
+
 #[derive(Args)]
 pub struct CompileArgs {
-    #[arg(long, default_value_t = 10_000)]
-    nodes: usize,
-    #[arg(long, default_value_t = 500)]
-    groups: usize,
-    #[arg(long, default_value_t = 50)]
-    modules: usize,
-    #[arg(long, default_value_t = 20)]
-    networks: usize,
-    #[arg(long, default_value_t = 10)]
-    hubs: usize,
+    #[command(flatten)]
+    shape: Shape,
     /// How many full compiles to time (the median is reported)
     #[arg(long, default_value_t = 5)]
     runs: usize,
     /// Print the figures as JSON
     #[arg(long)]
     json: bool,
+}
+
+/// `trellis-dev mesh`: a generated declaration directory, for `trellis compile` and the benches.
+#[derive(Args)]
+pub struct MeshArgs {
+    #[command(flatten)]
+    shape: Shape,
+    /// Where to write mesh.toml and modules/ (created; must not hold a mesh.toml yet)
+    #[arg(long)]
+    out: std::path::PathBuf,
+    /// Declare every node's WireGuard key in the mesh (nodes managed outside trellis); by
+    /// default nodes have no key and get one by enrolling
+    #[arg(long)]
+    declared_keys: bool,
+}
+
+/// Writes a generated mesh as a declaration directory.
+pub fn write_mesh(a: &MeshArgs) -> Result<ExitCode> {
+    if a.out.join("mesh.toml").exists() {
+        bail!("{} already holds a mesh.toml; choose an empty directory", a.out.display());
+    }
+    let (mesh, modules) = generate(&a.shape, a.declared_keys);
+    std::fs::create_dir_all(a.out.join("modules")).with_context(|| format!("cannot create {}", a.out.display()))?;
+    let mut bytes = 0;
+    for f in std::iter::once(&mesh).chain(modules.iter()) {
+        std::fs::write(a.out.join(&f.path), &f.text).with_context(|| format!("cannot write {}", f.path))?;
+        bytes += f.text.len();
+    }
+    let s = &a.shape;
+    eprintln!(
+        "wrote {}: {} nodes, {} groups, {} modules, {} networks, {} hubs ({} files, {:.1} MiB)",
+        a.out.display(),
+        s.nodes,
+        s.groups,
+        s.modules,
+        s.networks,
+        s.hubs,
+        modules.len() + 1,
+        bytes as f64 / 1048576.0
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
@@ -85,17 +135,29 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the tokio runtime")
 }
 
-fn key(i: usize) -> String {
+/// The WireGuard key of generated node `i`.
+pub fn key(i: usize) -> PublicKey {
     let mut b = [0u8; 32];
     b[..8].copy_from_slice(&(i as u64 + 1).to_le_bytes());
     b[31] = 0x5a;
-    PublicKey(b).to_string()
+    PublicKey(b)
+}
+
+/// The name of generated node `i`: the first `hubs` are hubs.
+pub fn node_name(i: usize, hubs: usize) -> String {
+    if i < hubs {
+        format!("hub-{i}")
+    } else {
+        format!("node-{i:05}")
+    }
 }
 
 /// A mesh shaped like a fleet: every node in one group and on one network, a third of them with
 /// an endpoint; every node runs one service module and the shared `base` module; services admit
 /// two groups over TCP and one over ICMP; `base` admits the `ops` group (SSH from operators).
-pub fn generate(a: &CompileArgs) -> (SourceFile, Vec<SourceFile>) {
+/// With `declared_keys`, every node's WireGuard key is declared in the mesh (as for nodes managed
+/// outside trellis); without, nodes get keys by enrolling.
+pub fn generate(a: &Shape, declared_keys: bool) -> (SourceFile, Vec<SourceFile>) {
     let (n, g, m, w, h) = (a.nodes, a.groups.max(2), a.modules.max(2), a.networks.max(1), a.hubs);
     let mut s = String::with_capacity(n * 200);
     s.push_str(
@@ -105,13 +167,7 @@ pub fn generate(a: &CompileArgs) -> (SourceFile, Vec<SourceFile>) {
         let _ = writeln!(s, "net-{i} = {{}}");
     }
     let mut members: Vec<Vec<String>> = vec![Vec::new(); g];
-    let name = |i: usize| {
-        if i < h {
-            format!("hub-{i}")
-        } else {
-            format!("node-{i:05}")
-        }
-    };
+    let name = |i: usize| node_name(i, h);
     for i in 0..n {
         members[i % g].push(name(i));
     }
@@ -125,12 +181,14 @@ pub fn generate(a: &CompileArgs) -> (SourceFile, Vec<SourceFile>) {
     for i in 0..n {
         let _ = write!(
             s,
-            "\n[[node]]\nname = \"{}\"\nnetworks = [\"net-{}\"]\nmodules = [\"svc-{}\", \"base\"]\npublic_key = \"{}\"\n",
+            "\n[[node]]\nname = \"{}\"\nnetworks = [\"net-{}\"]\nmodules = [\"svc-{}\", \"base\"]\n",
             name(i),
             i % w,
             i % (m - 1),
-            key(i)
         );
+        if declared_keys {
+            let _ = writeln!(s, "public_key = \"{}\"", key(i));
+        }
         if i < h {
             let _ = write!(
                 s,
@@ -176,65 +234,91 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-fn bench_compile(a: &CompileArgs) -> Result<ExitCode> {
-    if a.nodes <= a.hubs || a.runs == 0 {
-        bail!("--nodes must exceed --hubs and --runs must be at least 1");
+/// Whether two compiles give every node the same files, byte for byte.
+fn same_files(a: &Compiled, b: &Compiled) -> bool {
+    a.nodes.len() == b.nodes.len()
+        && a.nodes.iter().zip(b.nodes.iter()).all(|((na, oa), (nb, ob))| na == nb && oa.files == ob.files)
+        && a.diagnostics == b.diagnostics
+}
+
+fn bench_compile(args: &CompileArgs) -> Result<ExitCode> {
+    let a = &args.shape;
+    if a.nodes <= a.hubs + 8 || args.runs == 0 {
+        bail!("--nodes must exceed --hubs by more than 8 and --runs must be at least 1");
     }
-    let (mesh, modules) = generate(a);
+    let (mesh, modules) = generate(a, false);
     let t = Instant::now();
     let loaded = load(&mesh, &modules);
     let load_time = t.elapsed();
     let Some(decl) = loaded.declaration else {
         bail!("the generated mesh does not validate: {}", loaded.diagnostics.first().map(|d| d.to_string()).unwrap_or_default());
     };
-    let keys = HashMap::new();
-    let full = |prev: Option<&Compiled>| compile(&decl, &keys, &Default::default(), prev).map_err(|d| anyhow::anyhow!("{d}"));
+    let decl = Arc::new(decl);
+    // Every node has enrolled except `late`, which enrols during the figures.
+    let (target, late) = (node_name(a.hubs + 7, a.hubs), node_name(a.hubs + 8, a.hubs));
+    let keys: HashMap<String, PublicKey> = (0..a.nodes).map(|i| (node_name(i, a.hubs), key(i))).filter(|(n, _)| *n != late).collect();
+    let run = |decl: &Arc<Declaration>, keys: &HashMap<String, PublicKey>, prev: Option<Compiled>| {
+        let t = Instant::now();
+        let c = compile(decl, keys, &Default::default(), prev).map_err(|d| anyhow::anyhow!("{d}"))?;
+        Ok::<_, anyhow::Error>((t.elapsed(), c))
+    };
     let mut times = Vec::new();
     let mut last = None;
-    for _ in 0..a.runs {
-        let t = Instant::now();
-        let c = full(None)?;
-        times.push(t.elapsed());
+    for _ in 0..args.runs {
+        let (took, c) = run(&decl, &keys, None)?;
+        times.push(took);
         last = Some(c);
     }
     let base = last.expect("runs >= 1");
-    let bytes: usize =
-        base.nodes.values().flat_map(|o| o.files.iter()).filter(|f| !f.path.ends_with("mesh.zone")).map(|f| f.content.len()).sum();
-    let zone_bytes = base.nodes.values().next().map_or(0, |o| o.files[2].content.len());
+    let bytes: usize = base.nodes.values().flat_map(|o| o.files.iter()).map(|f| f.content.len()).sum();
+    let zone_bytes: usize =
+        base.nodes.values().flat_map(|o| o.files.iter()).filter(|f| f.path.ends_with("mesh.zone")).map(|f| f.content.len()).sum();
     let peers: usize = base.nodes.values().map(|o| o.plan.peers.len()).sum();
     let max_peers = base.nodes.values().map(|o| o.plan.peers.len()).max().unwrap_or(0);
 
-    // One-node changes: a node re-enrols with a new key; a node moves to another group.
-    let target = format!("node-{:05}", a.hubs + 7);
-    let mut rekeyed = decl.clone();
-    rekeyed.nodes.iter_mut().find(|n| n.name == target).expect("generated").public_key = Some(PublicKey([0xee; 32]));
-    let t = Instant::now();
-    let c1 = compile(&rekeyed, &keys, &Default::default(), Some(&base)).map_err(|d| anyhow::anyhow!("{d}"))?;
-    let rekey_time = t.elapsed();
-    let mut moved = decl.clone();
+    // One-node changes, each from the base compile, each checked against a full compile.
+    let mut rekeyed = keys.clone();
+    rekeyed.insert(target.clone(), PublicKey([0xee; 32]));
+    let mut enrolled = keys.clone();
+    enrolled.insert(late.clone(), PublicKey([0xef; 32]));
+    let mut moved = (*decl).clone();
     for grp in &mut moved.groups {
         grp.members.retain(|m| *m != target);
     }
     moved.groups.iter_mut().find(|g| g.name == "grp-1").expect("generated").members.push(target.clone());
-    let t = Instant::now();
-    let c2 = compile(&moved, &keys, &Default::default(), Some(&base)).map_err(|d| anyhow::anyhow!("{d}"))?;
-    let move_time = t.elapsed();
-    let t = Instant::now();
-    let c3 = compile(&decl, &keys, &Default::default(), Some(&base)).map_err(|d| anyhow::anyhow!("{d}"))?;
-    let same_time = t.elapsed();
+    let moved = Arc::new(moved);
+    let cases: [(&str, &Arc<Declaration>, &HashMap<String, PublicKey>); 4] = [
+        ("one node re-keyed", &decl, &rekeyed),
+        ("one node enrols", &decl, &enrolled),
+        ("one node changes group", &moved, &keys),
+        ("no change", &decl, &keys),
+    ];
+    let mut figures = Vec::new();
+    for (what, d, k) in cases {
+        let (took, c) = run(d, k, Some(base.clone()))?;
+        let (_, full) = run(d, k, None)?;
+        if !same_files(&c, &full) {
+            bail!("{what}: the recompile differs from a full compile");
+        }
+        figures.push((what, took, c.rendered.len()));
+    }
     let peak = peak_rss_kib();
 
-    if a.json {
+    if args.json {
+        let changes: serde_json::Map<String, serde_json::Value> = figures
+            .iter()
+            .map(|(what, took, rendered)| {
+                (what.replace(' ', "_"), json!({"ms": ms(*took), "rendered": rendered, "equals_full_compile": true}))
+            })
+            .collect();
         println!(
             "{}",
             serde_json::to_string_pretty(&json!({
                 "nodes": a.nodes, "groups": a.groups, "modules": a.modules, "networks": a.networks, "hubs": a.hubs,
                 "load_ms": ms(load_time),
                 "full_compile_ms": {"median": ms(median(times.clone())), "runs": times.iter().map(|d| ms(*d)).collect::<Vec<_>>()},
-                "peers_total": peers, "peers_max": max_peers, "bytes_without_zone": bytes, "zone_bytes": zone_bytes,
-                "rekey_one_node": {"ms": ms(rekey_time), "rendered": c1.rendered.len()},
-                "regroup_one_node": {"ms": ms(move_time), "rendered": c2.rendered.len()},
-                "no_change": {"ms": ms(same_time), "rendered": c3.rendered.len()},
+                "peers_total": peers, "peers_max": max_peers, "bytes": bytes, "zone_bytes": zone_bytes,
+                "changes": changes,
                 "peak_rss_kib": peak,
             }))?
         );
@@ -243,18 +327,18 @@ fn bench_compile(a: &CompileArgs) -> Result<ExitCode> {
         println!("load and validate:           {:8.1} ms", ms(load_time));
         println!(
             "full compile (median of {}):  {:8.1} ms   runs: {}",
-            a.runs,
+            args.runs,
             ms(median(times.clone())),
             times.iter().map(|d| format!("{:.0}", ms(*d))).collect::<Vec<_>>().join(" ")
         );
         println!(
-            "output: {peers} peer entries (max {max_peers} on one node), {:.1} MiB of wireguard.conf+nftables.conf, zone {:.1} KiB shared",
+            "output: {peers} peer entries (max {max_peers} on one node), {:.1} MiB of files, of which {:.1} MiB of zones",
             bytes as f64 / 1048576.0,
-            zone_bytes as f64 / 1024.0
+            zone_bytes as f64 / 1048576.0
         );
-        println!("one node re-keyed:           {:8.1} ms   rendered {} of {} nodes", ms(rekey_time), c1.rendered.len(), a.nodes);
-        println!("one node changes group:      {:8.1} ms   rendered {} of {} nodes", ms(move_time), c2.rendered.len(), a.nodes);
-        println!("no change:                   {:8.1} ms   rendered {} of {} nodes", ms(same_time), c3.rendered.len(), a.nodes);
+        for (what, took, rendered) in &figures {
+            println!("{:<28} {:8.2} ms   rendered {rendered} of {} nodes; equals a full compile", format!("{what}:"), ms(*took), a.nodes);
+        }
         if let Some(p) = peak {
             println!("peak resident memory:        {:8.1} MiB", p as f64 / 1024.0);
         }

@@ -22,6 +22,8 @@ enum Command {
         #[command(subcommand)]
         what: bench::BenchCommand,
     },
+    /// Write a generated fleet-shaped mesh (by default 10,000 nodes) as a declaration directory
+    Mesh(bench::MeshArgs),
 }
 
 /// The admin client of the controller whose state directory is `dir`.
@@ -34,6 +36,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench { what } => bench::run(what),
+        Command::Mesh(a) => bench::write_mesh(&a),
     };
     match result {
         Ok(code) => code,

@@ -102,7 +102,8 @@ pub fn compile(dir: &Path, node: Option<&str>, out: &Path, json_out: bool) -> Re
             bail!("node `{n}` is not declared in {} (declared: {})", dir.display(), names.join(", "));
         }
     }
-    let compiled = core_compile(&decl, &HashMap::new(), &Default::default(), None).map_err(|d| anyhow::anyhow!("{d}"))?;
+    let compiled =
+        core_compile(&std::sync::Arc::new(decl.clone()), &HashMap::new(), &Default::default(), None).map_err(|d| anyhow::anyhow!("{d}"))?;
     print_diagnostics(&compiled.diagnostics);
     let mut written = Vec::new();
     for (name, output) in &compiled.nodes {

@@ -3,5 +3,6 @@
 mod allocation;
 mod diagnostics;
 mod golden;
+mod incremental;
 mod props;
 mod support;

@@ -11,7 +11,7 @@ use trellis_core::{allocate, Allocation, Compiled};
 use crate::support::{compile_all, valid};
 
 #[derive(Debug, Clone)]
-struct Gen {
+pub(crate) struct Gen {
     networks: usize,
     nodes: Vec<GenNode>,
     groups: usize,
@@ -33,7 +33,7 @@ struct GenRule {
     sources: Vec<(u8, usize)>,
 }
 
-fn gen() -> impl Strategy<Value = Gen> {
+pub(crate) fn gen() -> impl Strategy<Value = Gen> {
     (1usize..4, 2usize..14, 1usize..4, 1usize..4).prop_flat_map(|(nets, n, groups, mods)| {
         let subset = move |k: usize| proptest::collection::vec(0..k, 0..=k.min(3));
         let node = (subset(nets), proptest::collection::vec(subset(nets), 0..3), any::<bool>(), subset(groups), subset(mods)).prop_map(
@@ -122,7 +122,7 @@ fn render(g: &Gen) -> (String, Vec<(String, String)>) {
     (s, modules)
 }
 
-fn declaration(g: &Gen) -> Declaration {
+pub(crate) fn declaration(g: &Gen) -> Declaration {
     let (mesh, modules) = render(g);
     let refs: Vec<(&str, &str)> = modules.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
     valid(&mesh, &refs)

@@ -44,5 +44,5 @@ pub fn fixture(name: &str) -> Declaration {
 }
 
 pub fn compile_all(decl: &Declaration) -> Compiled {
-    trellis_core::compile(decl, &HashMap::new(), &Default::default(), None).expect("compiles")
+    trellis_core::compile(&std::sync::Arc::new(decl.clone()), &HashMap::new(), &Default::default(), None).expect("compiles")
 }

@@ -1,0 +1,176 @@
+//! The incremental compiler against the full one: random sequences of changes (keys that appear,
+//! change and go; nodes that move group, take or drop a module, lose their endpoints, join or
+//! leave; rules whose sources change), each compiled from the previous output and from nothing,
+//! must give every node the same files, byte for byte, and name every node whose files changed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use trellis_core::decl::{PublicKey, Source};
+use trellis_core::{compile, Compiled, Declaration};
+
+use crate::props::{declaration, gen};
+
+#[derive(Debug, Clone)]
+enum Change {
+    /// A node enrols or re-keys (Some) or is revoked (None).
+    Key(usize, Option<u8>),
+    /// The same declaration applied again, as a copy.
+    Reapply,
+    MoveGroup(usize, usize),
+    ToggleModule(usize, usize),
+    DropEndpoints(usize),
+    AddNode(usize),
+    RemoveNode(usize),
+    RuleSource(usize, usize, u8, usize),
+}
+
+fn change() -> impl Strategy<Value = Change> {
+    prop_oneof![
+        4 => (0usize..32, proptest::option::of(any::<u8>())).prop_map(|(i, k)| Change::Key(i, k)),
+        1 => Just(Change::Reapply),
+        1 => (0usize..32, 0usize..4).prop_map(|(i, g)| Change::MoveGroup(i, g)),
+        1 => (0usize..32, 0usize..4).prop_map(|(i, m)| Change::ToggleModule(i, m)),
+        1 => (0usize..32).prop_map(Change::DropEndpoints),
+        1 => (0usize..32).prop_map(Change::AddNode),
+        1 => (0usize..32).prop_map(Change::RemoveNode),
+        1 => (0usize..4, 0usize..4, 0u8..4, 0usize..32).prop_map(|(m, r, kind, k)| Change::RuleSource(m, r, kind, k)),
+    ]
+}
+
+/// Applies a change; returns whether the declaration changed.
+fn apply(d: &mut Declaration, keys: &mut HashMap<String, PublicKey>, c: &Change, added: &mut usize) -> bool {
+    let n = d.nodes.len();
+    match *c {
+        Change::Key(i, k) => {
+            let name = d.nodes[i % n].name.clone();
+            match k {
+                Some(b) => keys.insert(name, PublicKey([b; 32])),
+                None => keys.remove(&name),
+            };
+            false
+        }
+        Change::Reapply => true,
+        Change::MoveGroup(i, g) => {
+            let groups: Vec<String> = d.groups.iter().map(|g| g.name.clone()).collect();
+            if groups.is_empty() {
+                return false;
+            }
+            let node = &mut d.nodes[i % n];
+            node.groups = vec![groups[g % groups.len()].clone()];
+            node.refs.groups = vec![node.loc.clone()];
+            for grp in &mut d.groups {
+                grp.members.retain(|m| *m != node.name);
+            }
+            true
+        }
+        Change::ToggleModule(i, m) => {
+            let modules: Vec<String> = d.modules.iter().map(|m| m.name.clone()).collect();
+            let m = modules[m % modules.len()].clone();
+            let node = &mut d.nodes[i % n];
+            if let Some(at) = node.modules.iter().position(|x| *x == m) {
+                node.modules.remove(at);
+                node.refs.modules.remove(at);
+            } else {
+                node.modules.push(m);
+                node.refs.modules.push(node.loc.clone());
+            }
+            true
+        }
+        Change::DropEndpoints(i) => {
+            let node = &mut d.nodes[i % n];
+            if node.hub {
+                return false;
+            }
+            node.endpoints.clear();
+            true
+        }
+        Change::AddNode(template) => {
+            let mut node = d.nodes[template % n].clone();
+            node.name = format!("x{added}");
+            *added += 1;
+            node.public_key = None;
+            d.nodes.push(node);
+            true
+        }
+        Change::RemoveNode(i) => {
+            let name = d.nodes[i % n].name.clone();
+            let named = d.modules.iter().flat_map(|m| &m.allow).flat_map(|r| &r.from).any(|s| *s == Source::Node(name.clone()));
+            if n <= 2 || named {
+                return false;
+            }
+            d.nodes.remove(i % n);
+            for grp in &mut d.groups {
+                grp.members.retain(|m| *m != name);
+            }
+            keys.remove(&name);
+            true
+        }
+        Change::RuleSource(m, r, kind, k) => {
+            let source = match kind {
+                0 => Source::Node(d.nodes[k % n].name.clone()),
+                1 if !d.groups.is_empty() => Source::Group(d.groups[k % d.groups.len()].name.clone()),
+                2 => Source::Module(d.modules[k % d.modules.len()].name.clone()),
+                _ => Source::Mesh,
+            };
+            let module = m % d.modules.len();
+            let rules = &mut d.modules[module].allow;
+            let count = rules.len();
+            let rule = &mut rules[r % count];
+            if rule.from.contains(&source) {
+                return false;
+            }
+            rule.from[0] = source;
+            true
+        }
+    }
+}
+
+fn same(inc: &Compiled, full: &Compiled, before: &Compiled, step: usize) -> Result<(), TestCaseError> {
+    prop_assert_eq!(inc.nodes.keys().collect::<Vec<_>>(), full.nodes.keys().collect::<Vec<_>>(), "step {}: the nodes", step);
+    for (name, out) in &inc.nodes {
+        let want = &full.nodes[name];
+        for (a, b) in out.files.iter().zip(want.files.iter()) {
+            prop_assert_eq!(a, b, "step {}: node {} file {} differs from a full compile", step, name, b.path);
+        }
+        prop_assert_eq!(out.files.len(), want.files.len());
+        let changed = before.nodes.get(name).is_none_or(|o| o.files != out.files);
+        prop_assert!(!changed || inc.rendered.contains(name), "step {}: {}'s files changed but it is not named as rendered", step, name);
+    }
+    prop_assert_eq!(&inc.diagnostics, &full.diagnostics, "step {}: diagnostics", step);
+    prop_assert_eq!(&inc.allocation, &full.allocation);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 150, .. ProptestConfig::default() })]
+
+    #[test]
+    fn an_incremental_recompile_equals_a_full_compile(g in gen(), enrolled in proptest::collection::vec(any::<bool>(), 32), changes in proptest::collection::vec(change(), 1..10)) {
+        let mut d = declaration(&g);
+        // Most nodes get their key by enrolling; a few keep a declared one.
+        let mut keys = HashMap::new();
+        for (i, node) in d.nodes.iter_mut().enumerate() {
+            if i % 5 != 0 {
+                let key = node.public_key.take().expect("generated with a key");
+                if enrolled[i % 32] {
+                    keys.insert(node.name.clone(), key);
+                }
+            }
+        }
+        let mut decl = Arc::new(d.clone());
+        let mut prev = compile(&decl, &keys, &Default::default(), None).unwrap();
+        let mut added = 0;
+        for (step, c) in changes.iter().enumerate() {
+            if apply(&mut d, &mut keys, c, &mut added) {
+                decl = Arc::new(d.clone());
+            }
+            let before = prev.clone();
+            let inc = compile(&decl, &keys, &Default::default(), Some(prev)).unwrap();
+            let full = compile(&decl, &keys, &before.allocation, None).unwrap();
+            same(&inc, &full, &before, step)?;
+            prev = inc;
+        }
+    }
+}
