@@ -126,6 +126,10 @@ struct Cache {
     partners: Vec<NodeSet>,
     paths: Vec<Vec<(u32, Path)>>,
     relayed_by: Vec<Vec<u32>>,
+    /// Every module some node runs, in name order, with its runners.
+    modules: Vec<(Arc<str>, NodeSet)>,
+    /// Per node, the modules it may reach, as positions in `modules`.
+    reached: Vec<Vec<u32>>,
 }
 
 impl Cache {
@@ -156,9 +160,19 @@ pub fn compile(
         },
         None => None,
     };
-    let previous = previous.as_ref();
-    let allocation = allocate(decl, previous.map_or(previous_allocation, |p| &p.allocation))?;
+    let allocation = allocate(decl, previous.as_ref().map_or(previous_allocation, |p| &p.allocation))?;
     let topo = Topology::new(decl, &allocation, keys);
+    let previous = match previous {
+        Some(p) => match redeclare(decl, &topo, p) {
+            Rekeyed::Done(mut done) => {
+                done.allocation = allocation;
+                return Ok(done);
+            }
+            Rekeyed::NotApplicable(p) => Some(p),
+        },
+        None => None,
+    };
+    let previous = previous.as_ref();
     let (plans, rule_blocks, cache) = plan(decl, &topo, previous);
     let mut diagnostics = path_diagnostics(plans.iter(), &cache);
     diagnostics.extend(left_out_diagnostics(plans.iter(), |b| cache.loc(cache.index[b])));
@@ -242,6 +256,202 @@ fn rekey(decl: &Arc<Declaration>, keys: &HashMap<String, PublicKey>, mut previou
     Rekeyed::Done(previous)
 }
 
+/// Whether two declarations of a node are the same but for where they are written.
+fn same_node(a: &crate::decl::Node, b: &crate::decl::Node) -> bool {
+    a.name == b.name
+        && a.hub == b.hub
+        && a.networks == b.networks
+        && a.groups == b.groups
+        && a.modules == b.modules
+        && a.address_ipv4 == b.address_ipv4
+        && a.address_ipv6 == b.address_ipv6
+        && a.public_key == b.public_key
+        && a.endpoints.len() == b.endpoints.len()
+        && a.endpoints.iter().zip(&b.endpoints).all(|(x, y)| x.address == y.address && x.reachable_from == y.reachable_from)
+}
+
+/// The recompile for a new declaration that keeps the mesh settings, the networks and the hubs
+/// as they were: nodes join, leave, change group, modules, endpoints or addresses, and rules
+/// change their sources. Recomputes the nodes such a change can reach: the nodes that changed
+/// (their declaration, address or key) and everything they have or had traffic with, the nodes
+/// whose partners, filter rules or reachable modules changed, the nodes that reach a module
+/// whose runners changed, and the hubs. Every other node keeps its plan, its files and its
+/// paths. Gives `previous` back when it does not apply.
+fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -> Rekeyed {
+    let Some(old) = previous.cache.take() else { return Rekeyed::NotApplicable(previous) };
+    let od = &old.decl;
+    let same_settings = {
+        let (a, b) = (&decl.mesh, &od.mesh);
+        (&a.name, &a.domain, a.overlay_ipv4, a.overlay_ipv6, a.port, &a.interface, a.mtu)
+            == (&b.name, &b.domain, b.overlay_ipv4, b.overlay_ipv6, b.port, &b.interface, b.mtu)
+    };
+    let same_networks = decl.networks.len() == od.networks.len() && decl.networks.iter().zip(&od.networks).all(|(a, b)| a.name == b.name);
+    let old_hubs: Vec<&Arc<str>> = old.reach.hubs.iter().map(|&h| &old.names[h as usize]).collect();
+    let same_hubs = old_hubs.len() == topo.hubs.len()
+        && topo.hubs.iter().zip(&old_hubs).all(|(&h, name)| {
+            let o = old.order[old.index[&***name] as usize] as usize;
+            topo.name(h) == &***name
+                && same_node(topo.nodes[h as usize], &od.nodes[o])
+                && topo.keys[h as usize] == old.keys[old.index[&***name] as usize]
+        });
+    if !(same_settings && same_networks && same_hubs) {
+        previous.cache = Some(old);
+        return Rekeyed::NotApplicable(previous);
+    }
+    let n = topo.nodes.len();
+    // Positions: new to old and old to new, by name.
+    let new_to_old: Vec<Option<u32>> = topo.nodes.iter().map(|node| old.index.get(node.name.as_str()).copied()).collect();
+    let mut old_to_new: Vec<Option<u32>> = vec![None; old.names.len()];
+    for (a, o) in new_to_old.iter().enumerate() {
+        if let Some(o) = o {
+            old_to_new[*o as usize] = Some(a as u32);
+        }
+    }
+    let identity = n == old.names.len() && new_to_old.iter().enumerate().all(|(a, o)| *o == Some(a as u32));
+    let partners = topo.partners();
+    let shared = shared(topo, Some(&previous));
+
+    let mut affected = vec![false; n];
+    let mut changed = vec![false; n];
+    let mark_old = |affected: &mut Vec<bool>, o: u32| {
+        for &p in &old.partners[o as usize] {
+            if let Some(a) = old_to_new[p as usize] {
+                affected[a as usize] = true;
+            }
+        }
+    };
+    for a in 0..n {
+        let Some(o) = new_to_old[a] else {
+            changed[a] = true;
+            continue;
+        };
+        let o = o as usize;
+        changed[a] = !same_node(topo.nodes[a], &od.nodes[old.order[o] as usize])
+            || topo.ipv4[a] != old.ipv4[o]
+            || topo.ipv6[a] != old.ipv6[o]
+            || topo.keys[a] != old.keys[o];
+    }
+    for (o, a) in old_to_new.iter().enumerate() {
+        if a.is_none() {
+            mark_old(&mut affected, o as u32);
+        }
+    }
+    for a in 0..n {
+        if !changed[a] {
+            continue;
+        }
+        affected[a] = true;
+        for &p in &partners[a] {
+            affected[p as usize] = true;
+        }
+        if let Some(o) = new_to_old[a] {
+            mark_old(&mut affected, o);
+        }
+    }
+    // A module changed when its runners did (by name) or one of them changed.
+    let reached = topo.modules_reached();
+    let old_module: HashMap<&str, usize> = old.modules.iter().enumerate().map(|(i, (m, _))| (&**m, i)).collect();
+    let module_changed: Vec<bool> = topo
+        .module_names
+        .iter()
+        .map(|(m, runners)| match old_module.get(&**m) {
+            None => true,
+            Some(&i) => {
+                let was = &old.modules[i].1;
+                was.len() != runners.len()
+                    || runners.iter().zip(was).any(|(&r, &w)| changed[r as usize] || old_to_new[w as usize] != Some(r))
+            }
+        })
+        .collect();
+    for a in 0..n {
+        if affected[a] {
+            continue;
+        }
+        let o = new_to_old[a].expect("nodes without an old position are changed") as usize;
+        let same_partners = partners[a].len() == old.partners[o].len()
+            && partners[a].iter().zip(&old.partners[o]).all(|(&p, &q)| old_to_new[q as usize] == Some(p));
+        let same_modules = reached[a].len() == old.reached[o].len()
+            && reached[a]
+                .iter()
+                .zip(&old.reached[o])
+                .all(|(&m, &w)| !module_changed[m as usize] && topo.module_names[m as usize].0 == old.modules[w as usize].0);
+        let prior = &previous.nodes[&*old.names[o]].plan;
+        let same_rules = {
+            let mut now = topo.inbound_rules(a as u32).map(|(i, _)| &shared.rule_blocks[i]);
+            prior.rules.iter().all(|r| now.next().is_some_and(|x| Arc::ptr_eq(x, r))) && now.next().is_none()
+        };
+        affected[a] = !(same_partners && same_modules && same_rules && Arc::ptr_eq(&prior.common, &shared.common));
+    }
+    for &h in &topo.hubs {
+        affected[h as usize] = true;
+    }
+    // Paths: computed for the affected nodes; every other node's are its old ones (the same
+    // partners, and neither side changed).
+    let mut old_paths = old.paths;
+    let paths: Vec<Vec<(u32, Path)>> = par::map(n, |a| {
+        if affected[a] {
+            return partners[a].iter().map(|&b| (b, topo.path(a as u32, b, true))).collect();
+        }
+        Vec::new()
+    });
+    let paths: Vec<Vec<(u32, Path)>> = paths
+        .into_iter()
+        .enumerate()
+        .map(|(a, fresh)| {
+            if affected[a] {
+                return fresh;
+            }
+            let o = new_to_old[a].expect("unaffected nodes have an old position") as usize;
+            let list = std::mem::take(&mut old_paths[o]);
+            if identity {
+                return list;
+            }
+            let at = |i: u32| old_to_new[i as usize].expect("partners of unaffected nodes stay");
+            list.into_iter()
+                .map(|(b, p)| {
+                    let p = match p {
+                        Path::Relay { hub } => Path::Relay { hub: at(hub) },
+                        other => other,
+                    };
+                    (at(b), p)
+                })
+                .collect()
+        })
+        .collect();
+    let cache = Cache::new(decl, topo, partners, paths);
+    let mut old_nodes = std::mem::take(&mut previous.nodes);
+    let fresh: Vec<Option<NodePlan>> = par::map(n, |a| affected[a].then(|| node_plan(topo, &shared, &cache, a)));
+    let mut nodes = BTreeMap::new();
+    let mut rendered = Vec::new();
+    for (a, plan) in fresh.into_iter().enumerate() {
+        let name = cache.names[a].to_string();
+        let prior = old_nodes.remove(&name);
+        let out = match (plan, prior) {
+            (None, Some(prior)) => prior,
+            (Some(plan), Some(prior)) if prior.plan == plan => NodeOutput { plan, files: prior.files },
+            (Some(plan), _) => {
+                rendered.push(name.clone());
+                let files = render::files(&plan);
+                NodeOutput { plan, files }
+            }
+            (None, None) => unreachable!("a node without an old plan is affected"),
+        };
+        nodes.insert(name, out);
+    }
+    let plans = || nodes.values().map(|o| &o.plan);
+    let mut diagnostics = path_diagnostics(plans(), &cache);
+    diagnostics.extend(left_out_diagnostics(plans(), |b| cache.loc(cache.index[b])));
+    diag::sort(&mut diagnostics);
+    Rekeyed::Done(Compiled {
+        allocation: previous.allocation,
+        nodes,
+        diagnostics,
+        rendered,
+        rule_blocks: shared.rule_blocks,
+        cache: Some(Box::new(cache)),
+    })
+}
+
 /// A node's peers, the nodes left out for want of a key, and those with no path, from its paths
 /// and the keys.
 fn peers_of(c: &Cache, me: u32) -> (Vec<PeerPlan>, Vec<Arc<str>>, Vec<Arc<str>>) {
@@ -289,16 +499,9 @@ fn peers_of(c: &Cache, me: u32) -> (Vec<PeerPlan>, Vec<Arc<str>>, Vec<Arc<str>>)
     (peers.into_values().collect(), left_out, no_path)
 }
 
-/// Every node's plan, in name order, and what the next compile keeps. Parts shared by many nodes
-/// (the common settings, the rendered rules) are taken from `previous` when unchanged, so that
-/// comparing a node's plan with its previous one is a pointer comparison for them.
-fn plan(decl: &Arc<Declaration>, topo: &Topology, previous: Option<&Compiled>) -> (Vec<NodePlan>, Vec<Arc<str>>, Cache) {
-    let n = topo.nodes.len();
-    let names: Vec<Arc<str>> = topo.nodes.iter().map(|n| Arc::from(n.name.as_str())).collect();
-    let partners = topo.partners();
-    let paths: Vec<Vec<(u32, Path)>> = par::map(n, |a| partners[a].iter().map(|&b| (b, topo.path(a as u32, b, true))).collect());
-    // Hubs keep a peer entry for every node they relay for.
-    let mut relayed_by: Vec<Vec<u32>> = vec![Vec::new(); n];
+/// Which hubs relay for whom: for every hub, the nodes with a relayed path through it.
+fn relays(paths: &[Vec<(u32, Path)>]) -> Vec<Vec<u32>> {
+    let mut relayed_by: Vec<Vec<u32>> = vec![Vec::new(); paths.len()];
     for (a, list) in paths.iter().enumerate() {
         for &(_, p) in list {
             if let Path::Relay { hub } = p {
@@ -310,22 +513,41 @@ fn plan(decl: &Arc<Declaration>, topo: &Topology, previous: Option<&Compiled>) -
         list.sort_unstable();
         list.dedup();
     }
-    let position: HashMap<*const crate::decl::Node, u32> =
-        topo.decl.nodes.iter().enumerate().map(|(i, node)| (node as *const _, i as u32)).collect();
-    let cache = Cache {
-        decl: decl.clone(),
-        order: topo.nodes.iter().map(|node| position[&(*node as *const _)]).collect(),
-        index: names.iter().enumerate().map(|(i, n)| (n.clone(), i as u32)).collect(),
-        names,
-        ipv4: topo.ipv4.clone(),
-        ipv6: topo.ipv6.clone(),
-        keys: topo.keys.clone(),
-        reach: topo.reach.clone(),
-        partners,
-        paths,
-        relayed_by,
-    };
-    let reached = topo.modules_reached();
+    relayed_by
+}
+
+impl Cache {
+    fn new(decl: &Arc<Declaration>, topo: &Topology, partners: Vec<NodeSet>, paths: Vec<Vec<(u32, Path)>>) -> Cache {
+        let position: HashMap<*const crate::decl::Node, u32> =
+            topo.decl.nodes.iter().enumerate().map(|(i, node)| (node as *const _, i as u32)).collect();
+        let names: Vec<Arc<str>> = topo.nodes.iter().map(|n| Arc::from(n.name.as_str())).collect();
+        Cache {
+            decl: decl.clone(),
+            order: topo.nodes.iter().map(|node| position[&(*node as *const _)]).collect(),
+            index: names.iter().enumerate().map(|(i, n)| (n.clone(), i as u32)).collect(),
+            names,
+            ipv4: topo.ipv4.clone(),
+            ipv6: topo.ipv6.clone(),
+            keys: topo.keys.clone(),
+            reach: topo.reach.clone(),
+            partners,
+            relayed_by: relays(&paths),
+            paths,
+            modules: topo.module_names.clone(),
+            reached: topo.modules_reached(),
+        }
+    }
+}
+
+/// What the plans of one compile share: the settings and the rendered rules, interned against
+/// the previous output so that comparing a plan with its previous one is a pointer comparison
+/// for them.
+struct Shared {
+    common: Arc<Common>,
+    rule_blocks: Vec<Arc<str>>,
+}
+
+fn shared(topo: &Topology, previous: Option<&Compiled>) -> Shared {
     let common = Common {
         mesh: topo.decl.mesh.name.clone(),
         interface: topo.decl.mesh.interface.clone(),
@@ -349,43 +571,61 @@ fn plan(decl: &Arc<Declaration>, topo: &Topology, previous: Option<&Compiled>) -
             old_blocks.get(text.as_str()).map_or_else(|| Arc::from(text), |b| (*b).clone())
         })
         .collect();
-    let (names, partners) = (&cache.names, &cache.partners);
-    let plans = par::map(n, |a| {
-        let me = a as u32;
-        let (peers, left_out, no_path) = peers_of(&cache, me);
-        let rules = topo.inbound_rules(me).map(|(i, _)| rule_blocks[i].clone()).collect();
-        let zone_name = |name: &Arc<str>, i: u32| ZoneName { name: name.clone(), ipv4: topo.ipv4[i as usize], ipv6: topo.ipv6[i as usize] };
-        let mut zone = Vec::with_capacity(partners[a].len() + 1);
-        let mut own = Some(me);
-        for &b in &partners[a] {
-            if let Some(m) = own.filter(|&m| m < b) {
-                zone.push(zone_name(&names[m as usize], m));
-                own = None;
-            }
-            zone.push(zone_name(&names[b as usize], b));
-        }
-        if let Some(m) = own {
+    Shared { common, rule_blocks }
+}
+
+/// The filter blocks of the rules of the modules a node runs.
+fn rules_of(topo: &Topology, shared: &Shared, a: u32) -> Vec<Arc<str>> {
+    topo.inbound_rules(a).map(|(i, _)| shared.rule_blocks[i].clone()).collect()
+}
+
+/// One node's plan.
+fn node_plan(topo: &Topology, shared: &Shared, cache: &Cache, a: usize) -> NodePlan {
+    let me = a as u32;
+    let names = &cache.names;
+    let (peers, left_out, no_path) = peers_of(cache, me);
+    let zone_name = |name: &Arc<str>, i: u32| ZoneName { name: name.clone(), ipv4: cache.ipv4[i as usize], ipv6: cache.ipv6[i as usize] };
+    let mut zone = Vec::with_capacity(cache.partners[a].len() + 1);
+    let mut own = Some(me);
+    for &b in &cache.partners[a] {
+        if let Some(m) = own.filter(|&m| m < b) {
             zone.push(zone_name(&names[m as usize], m));
+            own = None;
         }
-        for (module, runners) in &reached[a] {
-            for &r in runners.iter() {
-                zone.push(zone_name(module, r));
-            }
+        zone.push(zone_name(&names[b as usize], b));
+    }
+    if let Some(m) = own {
+        zone.push(zone_name(&names[m as usize], m));
+    }
+    for &m in &cache.reached[a] {
+        let (module, runners) = &cache.modules[m as usize];
+        for &r in runners {
+            zone.push(zone_name(module, r));
         }
-        NodePlan {
-            node: names[a].clone(),
-            common: common.clone(),
-            hub: topo.nodes[a].hub,
-            ipv4: topo.ipv4[a],
-            ipv6: topo.ipv6[a],
-            peers,
-            left_out,
-            no_path,
-            rules,
-            zone,
-        }
-    });
-    (plans, rule_blocks, cache)
+    }
+    NodePlan {
+        node: names[a].clone(),
+        common: shared.common.clone(),
+        hub: topo.nodes[a].hub,
+        ipv4: cache.ipv4[a],
+        ipv6: cache.ipv6[a],
+        peers,
+        left_out,
+        no_path,
+        rules: rules_of(topo, shared, me),
+        zone,
+    }
+}
+
+/// Every node's plan, in name order, the rendered rules, and what the next compile keeps.
+fn plan(decl: &Arc<Declaration>, topo: &Topology, previous: Option<&Compiled>) -> (Vec<NodePlan>, Vec<Arc<str>>, Cache) {
+    let n = topo.nodes.len();
+    let partners = topo.partners();
+    let paths: Vec<Vec<(u32, Path)>> = par::map(n, |a| partners[a].iter().map(|&b| (b, topo.path(a as u32, b, true))).collect());
+    let cache = Cache::new(decl, topo, partners, paths);
+    let shared = shared(topo, previous);
+    let plans = par::map(n, |a| node_plan(topo, &shared, &cache, a));
+    (plans, shared.rule_blocks, cache)
 }
 
 /// Warnings about pairs of nodes with allowed traffic but no path, once per pair (reported by

@@ -302,16 +302,16 @@ impl<'d> Topology<'d> {
     }
 
     /// For every node, the modules it may reach (a rule of the module names it as a source), in
-    /// name order, each with the nodes that run it.
-    pub fn modules_reached(&self) -> Vec<Vec<(&std::sync::Arc<str>, &NodeSet)>> {
-        let mut out: Vec<Vec<(&std::sync::Arc<str>, &NodeSet)>> = vec![Vec::new(); self.nodes.len()];
-        for (name, runners) in &self.module_names {
+    /// name order, as positions in `module_names`.
+    pub fn modules_reached(&self) -> Vec<Vec<u32>> {
+        let mut out: Vec<Vec<u32>> = vec![Vec::new(); self.nodes.len()];
+        for (m, (name, _)) in self.module_names.iter().enumerate() {
             let rules = &self.rules[self.module_rules[&**name].clone()];
             let mut sources: Vec<u32> = rules.iter().flat_map(|r| r.sources.iter().copied()).collect();
             sources.sort_unstable();
             sources.dedup();
             for s in sources {
-                out[s as usize].push((name, runners));
+                out[s as usize].push(m as u32);
             }
         }
         out
