@@ -48,10 +48,23 @@ pub struct NodePlan {
     pub no_path: Vec<Arc<str>>,
     /// Pre-rendered filter blocks of the rules of the modules this node runs.
     pub rules: Vec<Arc<str>>,
-    /// The names this node may resolve, in record order: itself and every node it has allowed
-    /// traffic with (either direction), in name order; then each module it may reach, in name
-    /// order, once per node that runs it. Nothing else: other names are NXDOMAIN.
+    /// The names this node may resolve: itself and every node it has allowed traffic with
+    /// (either direction), in name order; then `zone_modules`. Nothing else: other names are
+    /// NXDOMAIN.
     pub zone: Vec<ZoneName>,
+    /// The modules this node may reach, in name order, each answering with every node that runs
+    /// it; shared by every node that reaches the module.
+    pub zone_modules: Vec<Arc<ZoneBlock>>,
+}
+
+/// A module's records in a zone, rendered once and shared by every node that may reach it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ZoneBlock {
+    pub module: Arc<str>,
+    /// The address records, one line each.
+    pub records: String,
+    /// SHA-256 of `records`: a node's zone serial hashes these instead of the records.
+    pub digest: [u8; 32],
 }
 
 /// One name of a node's zone and the overlay addresses it resolves to.
@@ -106,6 +119,9 @@ pub struct Compiled {
     pub rendered: Vec<String>,
     /// The filter block of every rule, shared by the plans of the nodes that run its module.
     pub rule_blocks: Vec<Arc<str>>,
+    /// The zone records of every module some node runs, shared by the plans of the nodes that
+    /// may reach it.
+    pub zone_blocks: Vec<Arc<ZoneBlock>>,
     /// What the next compile starts from.
     cache: Option<Box<Cache>>,
 }
@@ -126,9 +142,7 @@ struct Cache {
     partners: Vec<NodeSet>,
     paths: Vec<Vec<(u32, Path)>>,
     relayed_by: Vec<Vec<u32>>,
-    /// Every module some node runs, in name order, with its runners.
-    modules: Vec<(Arc<str>, NodeSet)>,
-    /// Per node, the modules it may reach, as positions in `modules`.
+    /// Per node, the modules it may reach, as positions in `Topology::module_names`.
     reached: Vec<Vec<u32>>,
 }
 
@@ -173,7 +187,8 @@ pub fn compile(
         None => None,
     };
     let previous = previous.as_ref();
-    let (plans, rule_blocks, cache) = plan(decl, &topo, previous);
+    let (plans, shared, cache) = plan(decl, &topo, previous);
+    let Shared { rule_blocks, zone_blocks, .. } = shared;
     let mut diagnostics = path_diagnostics(plans.iter(), &cache);
     diagnostics.extend(left_out_diagnostics(plans.iter(), |b| cache.loc(cache.index[b])));
     diag::sort(&mut diagnostics);
@@ -194,7 +209,7 @@ pub fn compile(
         };
         nodes.insert(name, NodeOutput { plan, files });
     }
-    Ok(Compiled { allocation, nodes, diagnostics, rendered, rule_blocks, cache: Some(Box::new(cache)) })
+    Ok(Compiled { allocation, nodes, diagnostics, rendered, rule_blocks, zone_blocks, cache: Some(Box::new(cache)) })
 }
 
 enum Rekeyed {
@@ -348,21 +363,7 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
             mark_old(&mut affected, o);
         }
     }
-    // A module changed when its runners did (by name) or one of them changed.
     let reached = topo.modules_reached();
-    let old_module: HashMap<&str, usize> = old.modules.iter().enumerate().map(|(i, (m, _))| (&**m, i)).collect();
-    let module_changed: Vec<bool> = topo
-        .module_names
-        .iter()
-        .map(|(m, runners)| match old_module.get(&**m) {
-            None => true,
-            Some(&i) => {
-                let was = &old.modules[i].1;
-                was.len() != runners.len()
-                    || runners.iter().zip(was).any(|(&r, &w)| changed[r as usize] || old_to_new[w as usize] != Some(r))
-            }
-        })
-        .collect();
     for a in 0..n {
         if affected[a] {
             continue;
@@ -370,12 +371,10 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
         let o = new_to_old[a].expect("nodes without an old position are changed") as usize;
         let same_partners = partners[a].len() == old.partners[o].len()
             && partners[a].iter().zip(&old.partners[o]).all(|(&p, &q)| old_to_new[q as usize] == Some(p));
-        let same_modules = reached[a].len() == old.reached[o].len()
-            && reached[a]
-                .iter()
-                .zip(&old.reached[o])
-                .all(|(&m, &w)| !module_changed[m as usize] && topo.module_names[m as usize].0 == old.modules[w as usize].0);
         let prior = &previous.nodes[&*old.names[o]].plan;
+        // Module blocks are interned: the same records are the same allocation.
+        let same_modules = reached[a].len() == prior.zone_modules.len()
+            && reached[a].iter().zip(&prior.zone_modules).all(|(&m, b)| Arc::ptr_eq(&shared.zone_blocks[m as usize], b));
         let same_rules = {
             let mut now = topo.inbound_rules(a as u32).map(|(i, _)| &shared.rule_blocks[i]);
             prior.rules.iter().all(|r| now.next().is_some_and(|x| Arc::ptr_eq(x, r))) && now.next().is_none()
@@ -448,6 +447,7 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
         diagnostics,
         rendered,
         rule_blocks: shared.rule_blocks,
+        zone_blocks: shared.zone_blocks,
         cache: Some(Box::new(cache)),
     })
 }
@@ -533,7 +533,6 @@ impl Cache {
             partners,
             relayed_by: relays(&paths),
             paths,
-            modules: topo.module_names.clone(),
             reached: topo.modules_reached(),
         }
     }
@@ -545,6 +544,8 @@ impl Cache {
 struct Shared {
     common: Arc<Common>,
     rule_blocks: Vec<Arc<str>>,
+    /// The zone records of every module of `Topology::module_names`.
+    zone_blocks: Vec<Arc<ZoneBlock>>,
 }
 
 fn shared(topo: &Topology, previous: Option<&Compiled>) -> Shared {
@@ -571,7 +572,27 @@ fn shared(topo: &Topology, previous: Option<&Compiled>) -> Shared {
             old_blocks.get(text.as_str()).map_or_else(|| Arc::from(text), |b| (*b).clone())
         })
         .collect();
-    Shared { common, rule_blocks }
+    let old_zones: HashMap<(&str, &str), &Arc<ZoneBlock>> = previous
+        .into_iter()
+        .flat_map(|c| c.zone_blocks.iter())
+        .map(|b| ((&*b.module, b.records.as_str()), b))
+        .collect();
+    let zone_blocks = topo
+        .module_names
+        .iter()
+        .map(|(module, runners)| {
+            let records = render::zone_records(runners.iter().map(|&r| (&**module, topo.ipv4[r as usize], topo.ipv6[r as usize])));
+            match old_zones.get(&(&**module, records.as_str())) {
+                Some(b) => (*b).clone(),
+                None => {
+                    use sha2::Digest;
+                    let digest = sha2::Sha256::digest(records.as_bytes()).into();
+                    Arc::new(ZoneBlock { module: module.clone(), records, digest })
+                }
+            }
+        })
+        .collect();
+    Shared { common, rule_blocks, zone_blocks }
 }
 
 /// The filter blocks of the rules of the modules a node runs.
@@ -597,12 +618,7 @@ fn node_plan(topo: &Topology, shared: &Shared, cache: &Cache, a: usize) -> NodeP
     if let Some(m) = own {
         zone.push(zone_name(&names[m as usize], m));
     }
-    for &m in &cache.reached[a] {
-        let (module, runners) = &cache.modules[m as usize];
-        for &r in runners {
-            zone.push(zone_name(module, r));
-        }
-    }
+    let zone_modules = cache.reached[a].iter().map(|&m| shared.zone_blocks[m as usize].clone()).collect();
     NodePlan {
         node: names[a].clone(),
         common: shared.common.clone(),
@@ -614,18 +630,19 @@ fn node_plan(topo: &Topology, shared: &Shared, cache: &Cache, a: usize) -> NodeP
         no_path,
         rules: rules_of(topo, shared, me),
         zone,
+        zone_modules,
     }
 }
 
-/// Every node's plan, in name order, the rendered rules, and what the next compile keeps.
-fn plan(decl: &Arc<Declaration>, topo: &Topology, previous: Option<&Compiled>) -> (Vec<NodePlan>, Vec<Arc<str>>, Cache) {
+/// Every node's plan, in name order, what the plans share, and what the next compile keeps.
+fn plan(decl: &Arc<Declaration>, topo: &Topology, previous: Option<&Compiled>) -> (Vec<NodePlan>, Shared, Cache) {
     let n = topo.nodes.len();
     let partners = topo.partners();
     let paths: Vec<Vec<(u32, Path)>> = par::map(n, |a| partners[a].iter().map(|&b| (b, topo.path(a as u32, b, true))).collect());
     let cache = Cache::new(decl, topo, partners, paths);
     let shared = shared(topo, previous);
     let plans = par::map(n, |a| node_plan(topo, &shared, &cache, a));
-    (plans, shared.rule_blocks, cache)
+    (plans, shared, cache)
 }
 
 /// Warnings about pairs of nodes with allowed traffic but no path, once per pair (reported by

@@ -3,7 +3,7 @@
 //! `mesh.zone` (a master file for the mesh domain holding only the names the node may reach).
 
 use std::fmt::Write;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use sha2::{Digest, Sha256};
 
@@ -161,27 +161,42 @@ pub fn rule_block(topo: &Topology, r: &ResolvedRule) -> String {
     s
 }
 
-/// A node's zone: the names it may resolve (see `NodePlan::zone`) and nothing else. The serial
-/// is derived from the records, so it changes when they do.
-pub fn zone(plan: &NodePlan) -> String {
-    let domain = &plan.common.domain;
-    let mut records = String::with_capacity(plan.zone.len() * 48);
-    for z in &plan.zone {
-        if let Some(a) = z.ipv4 {
-            let _ = writeln!(records, "{}\tIN\tA\t{a}", z.name);
+/// Address records, one line each, for names with their addresses.
+pub fn zone_records<'n>(names: impl Iterator<Item = (&'n str, Option<Ipv4Addr>, Option<Ipv6Addr>)>) -> String {
+    let mut records = String::new();
+    for (name, v4, v6) in names {
+        if let Some(a) = v4 {
+            let _ = writeln!(records, "{name}\tIN\tA\t{a}");
         }
-        if let Some(a) = z.ipv6 {
-            let _ = writeln!(records, "{}\tIN\tAAAA\t{a}", z.name);
+        if let Some(a) = v6 {
+            let _ = writeln!(records, "{name}\tIN\tAAAA\t{a}");
         }
     }
-    let digest = Sha256::digest(records.as_bytes());
+    records
+}
+
+/// A node's zone: the names it may resolve (see `NodePlan::zone`) and nothing else. The serial is
+/// derived from the records (the module blocks by their digests), so it changes when they do.
+pub fn zone(plan: &NodePlan) -> String {
+    let domain = &plan.common.domain;
+    let records = zone_records(plan.zone.iter().map(|z| (&*z.name, z.ipv4, z.ipv6)));
+    let mut hash = Sha256::new();
+    hash.update(records.as_bytes());
+    for m in &plan.zone_modules {
+        hash.update(m.digest);
+    }
+    let digest = hash.finalize();
     let serial = u32::from_be_bytes(digest[..4].try_into().expect("4 bytes")) & 0x7fff_ffff;
-    let mut s = String::with_capacity(records.len() + 256);
+    let size = records.len() + plan.zone_modules.iter().map(|m| m.records.len()).sum::<usize>();
+    let mut s = String::with_capacity(size + 256);
     let _ = writeln!(s, "; trellis: zone {domain} of mesh {} as node {} sees it. Generated; do not edit.", plan.common.mesh, plan.node);
     let _ = writeln!(s, "$ORIGIN {domain}.");
     s.push_str("$TTL 60\n");
     let _ = writeln!(s, "@\tIN\tSOA\tns.{domain}. hostmaster.{domain}. {serial} 3600 600 86400 60");
     let _ = writeln!(s, "@\tIN\tNS\tns.{domain}.");
     s.push_str(&records);
+    for m in &plan.zone_modules {
+        s.push_str(&m.records);
+    }
     s
 }
