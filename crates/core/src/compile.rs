@@ -5,7 +5,7 @@
 //! allowed-traffic relation) and renders files only for nodes whose plan changed.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::alloc::{allocate, Allocation};
@@ -51,7 +51,7 @@ pub struct NodePlan {
     /// The names this node may resolve: itself and every node it has allowed traffic with
     /// (either direction), in name order; then `zone_modules`. Nothing else: other names are
     /// NXDOMAIN.
-    pub zone: Vec<ZoneName>,
+    pub zone: Vec<Arc<NodeText>>,
     /// The modules this node may reach, in name order, each answering with every node that runs
     /// it; shared by every node that reaches the module.
     pub zone_modules: Vec<Arc<ZoneBlock>>,
@@ -67,12 +67,32 @@ pub struct ZoneBlock {
     pub digest: [u8; 32],
 }
 
-/// One name of a node's zone and the overlay addresses it resolves to.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ZoneName {
+/// A node as the files of other nodes name it, rendered once per compile: its name, its overlay
+/// addresses as AllowedIPs entries and its zone records.
+#[derive(Debug, PartialEq, Eq)]
+pub struct NodeText {
     pub name: Arc<str>,
     pub ipv4: Option<std::net::Ipv4Addr>,
     pub ipv6: Option<std::net::Ipv6Addr>,
+    /// `10.88.0.1/32, fd88::1/128`: empty when it has no overlay address.
+    pub allowed: String,
+    /// Its address records in a zone, one line each.
+    pub records: String,
+}
+
+impl NodeText {
+    pub fn new(name: Arc<str>, ipv4: Option<std::net::Ipv4Addr>, ipv6: Option<std::net::Ipv6Addr>) -> NodeText {
+        use std::fmt::Write as _;
+        let mut allowed = String::new();
+        if let Some(a) = ipv4 {
+            let _ = write!(allowed, "{a}/32");
+        }
+        if let Some(a) = ipv6 {
+            let _ = write!(allowed, "{}{a}/128", if allowed.is_empty() { "" } else { ", " });
+        }
+        let records = render::zone_records(std::iter::once((&*name, ipv4, ipv6)));
+        NodeText { name, ipv4, ipv6, allowed, records }
+    }
 }
 
 /// What every node of the mesh shares.
@@ -90,16 +110,29 @@ pub struct Common {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerPlan {
-    pub name: Arc<str>,
+    /// The peer; its addresses are the first AllowedIPs.
+    pub node: Arc<NodeText>,
     pub key: PublicKey,
     /// The endpoint this node dials, if it dials this peer.
     pub endpoint: Option<SocketAddr>,
     /// Set on the side that dials a peer which cannot dial back.
     pub keepalive: bool,
-    /// Overlay addresses routed to this peer: its own, then those of nodes it relays for.
-    pub allowed: Vec<IpAddr>,
-    /// Nodes whose traffic this peer relays (it is a hub).
-    pub relays_for: Vec<Arc<str>>,
+    /// Nodes whose traffic this peer relays (it is a hub): their addresses are routed to it too.
+    pub relays_for: Vec<Arc<NodeText>>,
+}
+
+impl PeerPlan {
+    pub fn name(&self) -> &str {
+        &self.node.name
+    }
+
+    /// The overlay addresses routed to this peer: its own, then those of the nodes it relays for.
+    pub fn allowed(&self) -> Vec<std::net::IpAddr> {
+        std::iter::once(&self.node)
+            .chain(self.relays_for.iter())
+            .flat_map(|t| t.ipv4.map(std::net::IpAddr::V4).into_iter().chain(t.ipv6.map(std::net::IpAddr::V6)))
+            .collect()
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -132,6 +165,8 @@ pub struct Compiled {
 struct Cache {
     decl: Arc<Declaration>,
     names: Vec<Arc<str>>,
+    /// Every node as others' files name it.
+    texts: Vec<Arc<NodeText>>,
     /// Position in name order to index in `decl.nodes`.
     order: Vec<u32>,
     index: HashMap<Arc<str>, u32>,
@@ -417,7 +452,7 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
                 .collect()
         })
         .collect();
-    let cache = Cache::new(decl, topo, partners, paths);
+    let cache = Cache::new(decl, topo, partners, paths, |a| new_to_old[a].map(|o| old.texts[o as usize].clone()));
     let mut old_nodes = std::mem::take(&mut previous.nodes);
     let fresh: Vec<Option<NodePlan>> = par::map(n, |a| affected[a].then(|| node_plan(topo, &shared, &cache, a)));
     let mut nodes = BTreeMap::new();
@@ -455,21 +490,16 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
 /// A node's peers, the nodes left out for want of a key, and those with no path, from its paths
 /// and the keys.
 fn peers_of(c: &Cache, me: u32) -> (Vec<PeerPlan>, Vec<Arc<str>>, Vec<Arc<str>>) {
-    let addrs = |i: u32| -> Vec<IpAddr> {
-        let i = i as usize;
-        c.ipv4[i].map(IpAddr::V4).into_iter().chain(c.ipv6[i].map(IpAddr::V6)).collect()
-    };
     let mut peers: BTreeMap<u32, PeerPlan> = BTreeMap::new();
     let entry = |peers: &mut BTreeMap<u32, PeerPlan>, b: u32| {
         let dials = c.reach.dials(me, b);
         let dialled = c.reach.dials(b, me).is_some();
         let key = c.keys[b as usize].expect("peers have keys");
         peers.entry(b).or_insert_with(|| PeerPlan {
-            name: c.names[b as usize].clone(),
+            node: c.texts[b as usize].clone(),
             key,
             endpoint: dials.map(|e| c.endpoint(b, e)),
             keepalive: dials.is_some() && !dialled,
-            allowed: addrs(b),
             relays_for: Vec::new(),
         });
     };
@@ -484,9 +514,7 @@ fn peers_of(c: &Cache, me: u32) -> (Vec<PeerPlan>, Vec<Arc<str>>, Vec<Arc<str>>)
             Path::Direct { .. } => entry(&mut peers, b),
             Path::Relay { hub } => {
                 entry(&mut peers, hub);
-                let p = peers.get_mut(&hub).expect("just inserted");
-                p.allowed.extend(addrs(b));
-                p.relays_for.push(c.names[b as usize].clone());
+                peers.get_mut(&hub).expect("just inserted").relays_for.push(c.texts[b as usize].clone());
             }
             Path::None => no_path.push(c.names[b as usize].clone()),
         }
@@ -517,11 +545,29 @@ fn relays(paths: &[Vec<(u32, Path)>]) -> Vec<Vec<u32>> {
 }
 
 impl Cache {
-    fn new(decl: &Arc<Declaration>, topo: &Topology, partners: Vec<NodeSet>, paths: Vec<Vec<(u32, Path)>>) -> Cache {
+    /// `old` gives a node's text from the previous compile, kept when its name and addresses are
+    /// the same (so that plans compare it by pointer).
+    fn new(
+        decl: &Arc<Declaration>,
+        topo: &Topology,
+        partners: Vec<NodeSet>,
+        paths: Vec<Vec<(u32, Path)>>,
+        old: impl Fn(usize) -> Option<Arc<NodeText>>,
+    ) -> Cache {
         let position: HashMap<*const crate::decl::Node, u32> =
             topo.decl.nodes.iter().enumerate().map(|(i, node)| (node as *const _, i as u32)).collect();
-        let names: Vec<Arc<str>> = topo.nodes.iter().map(|n| Arc::from(n.name.as_str())).collect();
+        let texts: Vec<Arc<NodeText>> = (0..topo.nodes.len())
+            .map(|a| {
+                let fresh = NodeText::new(Arc::from(topo.nodes[a].name.as_str()), topo.ipv4[a], topo.ipv6[a]);
+                match old(a) {
+                    Some(t) if *t == fresh => t,
+                    _ => Arc::new(fresh),
+                }
+            })
+            .collect();
+        let names: Vec<Arc<str>> = texts.iter().map(|t| t.name.clone()).collect();
         Cache {
+            texts,
             decl: decl.clone(),
             order: topo.nodes.iter().map(|node| position[&(*node as *const _)]).collect(),
             index: names.iter().enumerate().map(|(i, n)| (n.clone(), i as u32)).collect(),
@@ -572,11 +618,8 @@ fn shared(topo: &Topology, previous: Option<&Compiled>) -> Shared {
             old_blocks.get(text.as_str()).map_or_else(|| Arc::from(text), |b| (*b).clone())
         })
         .collect();
-    let old_zones: HashMap<(&str, &str), &Arc<ZoneBlock>> = previous
-        .into_iter()
-        .flat_map(|c| c.zone_blocks.iter())
-        .map(|b| ((&*b.module, b.records.as_str()), b))
-        .collect();
+    let old_zones: HashMap<(&str, &str), &Arc<ZoneBlock>> =
+        previous.into_iter().flat_map(|c| c.zone_blocks.iter()).map(|b| ((&*b.module, b.records.as_str()), b)).collect();
     let zone_blocks = topo
         .module_names
         .iter()
@@ -605,18 +648,17 @@ fn node_plan(topo: &Topology, shared: &Shared, cache: &Cache, a: usize) -> NodeP
     let me = a as u32;
     let names = &cache.names;
     let (peers, left_out, no_path) = peers_of(cache, me);
-    let zone_name = |name: &Arc<str>, i: u32| ZoneName { name: name.clone(), ipv4: cache.ipv4[i as usize], ipv6: cache.ipv6[i as usize] };
     let mut zone = Vec::with_capacity(cache.partners[a].len() + 1);
     let mut own = Some(me);
     for &b in &cache.partners[a] {
         if let Some(m) = own.filter(|&m| m < b) {
-            zone.push(zone_name(&names[m as usize], m));
+            zone.push(cache.texts[m as usize].clone());
             own = None;
         }
-        zone.push(zone_name(&names[b as usize], b));
+        zone.push(cache.texts[b as usize].clone());
     }
     if let Some(m) = own {
-        zone.push(zone_name(&names[m as usize], m));
+        zone.push(cache.texts[m as usize].clone());
     }
     let zone_modules = cache.reached[a].iter().map(|&m| shared.zone_blocks[m as usize].clone()).collect();
     NodePlan {
@@ -639,7 +681,7 @@ fn plan(decl: &Arc<Declaration>, topo: &Topology, previous: Option<&Compiled>) -
     let n = topo.nodes.len();
     let partners = topo.partners();
     let paths: Vec<Vec<(u32, Path)>> = par::map(n, |a| partners[a].iter().map(|&b| (b, topo.path(a as u32, b, true))).collect());
-    let cache = Cache::new(decl, topo, partners, paths);
+    let cache = Cache::new(decl, topo, partners, paths, |_| None);
     let shared = shared(topo, previous);
     let plans = par::map(n, |a| node_plan(topo, &shared, &cache, a));
     (plans, shared, cache)

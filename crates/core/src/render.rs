@@ -3,7 +3,7 @@
 //! `mesh.zone` (a master file for the mesh domain holding only the names the node may reach).
 
 use std::fmt::Write;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use sha2::{Digest, Sha256};
 
@@ -32,7 +32,12 @@ pub fn node_toml(plan: &NodePlan) -> String {
 
 pub fn wireguard(plan: &NodePlan) -> String {
     let c = &plan.common;
-    let mut s = String::with_capacity(256 + plan.peers.len() * 220);
+    let size: usize = plan
+        .peers
+        .iter()
+        .map(|p| 160 + p.node.allowed.len() + p.relays_for.iter().map(|r| r.allowed.len() + r.name.len() + 4).sum::<usize>())
+        .sum();
+    let mut s = String::with_capacity(512 + size);
     let _ = writeln!(s, "# trellis: WireGuard overlay of node {} in mesh {}. Generated; do not edit.", plan.node, c.mesh);
     s.push_str("# The agent adds the PrivateKey it holds; the controller never sees it.\n");
     s.push_str("[Interface]\n");
@@ -53,27 +58,27 @@ pub fn wireguard(plan: &NodePlan) -> String {
             (Some(_), false) => "either side dials",
             (None, _) => "it dials this node",
         };
-        let _ = write!(s, "# {}: {how}", p.name);
+        let _ = write!(s, "# {}: {how}", p.node.name);
         if !p.relays_for.is_empty() {
-            let names: Vec<&str> = p.relays_for.iter().map(|n| &**n).collect();
-            let _ = write!(s, "; relays for {}", names.join(", "));
+            s.push_str("; relays for ");
+            for (i, r) in p.relays_for.iter().enumerate() {
+                if i > 0 {
+                    s.push_str(", ");
+                }
+                s.push_str(&r.name);
+            }
         }
         s.push('\n');
         s.push_str("[Peer]\n");
         let _ = writeln!(s, "PublicKey = {}", p.key);
         s.push_str("AllowedIPs = ");
-        for (i, a) in p.allowed.iter().enumerate() {
-            if i > 0 {
+        let mut first = true;
+        for piece in std::iter::once(&p.node).chain(p.relays_for.iter()).map(|t| &t.allowed).filter(|a| !a.is_empty()) {
+            if !first {
                 s.push_str(", ");
             }
-            match a {
-                IpAddr::V4(a) => {
-                    let _ = write!(s, "{a}/32");
-                }
-                IpAddr::V6(a) => {
-                    let _ = write!(s, "{a}/128");
-                }
-            }
+            s.push_str(piece);
+            first = false;
         }
         s.push('\n');
         if let Some(e) = p.endpoint {
@@ -179,7 +184,10 @@ pub fn zone_records<'n>(names: impl Iterator<Item = (&'n str, Option<Ipv4Addr>, 
 /// derived from the records (the module blocks by their digests), so it changes when they do.
 pub fn zone(plan: &NodePlan) -> String {
     let domain = &plan.common.domain;
-    let records = zone_records(plan.zone.iter().map(|z| (&*z.name, z.ipv4, z.ipv6)));
+    let mut records = String::with_capacity(plan.zone.iter().map(|z| z.records.len()).sum());
+    for z in &plan.zone {
+        records.push_str(&z.records);
+    }
     let mut hash = Sha256::new();
     hash.update(records.as_bytes());
     for m in &plan.zone_modules {

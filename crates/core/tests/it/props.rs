@@ -248,7 +248,7 @@ proptest! {
         let want = oracle.peers();
         for (node, out) in &c.nodes {
             let got: BTreeMap<String, BTreeSet<IpAddr>> = out.plan.peers.iter()
-                .map(|p| (p.name.to_string(), p.allowed.iter().copied().collect()))
+                .map(|p| (p.name().to_string(), p.allowed().into_iter().collect()))
                 .collect();
             let expected: BTreeMap<String, BTreeSet<IpAddr>> = want[node].iter()
                 .map(|(peer, carried)| (peer.clone(), carried.iter().flat_map(|n| addresses_of(&c, n)).collect()))
@@ -256,7 +256,7 @@ proptest! {
             prop_assert_eq!(&got, &expected, "peers of {}", node);
             // Symmetric: if a has b, b has a.
             for p in &out.plan.peers {
-                prop_assert!(c.nodes[&*p.name].plan.peers.iter().any(|q| *q.name == **node), "{} has {} but not the reverse", node, p.name);
+                prop_assert!(c.nodes[p.name()].plan.peers.iter().any(|q| q.name() == &**node), "{} has {} but not the reverse", node, p.name());
             }
         }
     }
@@ -268,17 +268,17 @@ proptest! {
         for (node, out) in &c.nodes {
             let me = d.node(node).unwrap();
             for p in &out.plan.peers {
-                let peer = d.node(&p.name).unwrap();
+                let peer = d.node(p.name()).unwrap();
                 let dialable: Vec<_> = peer.endpoints.iter()
                     .filter(|e| e.reachable_from.iter().any(|n| me.networks.contains(n)))
                     .map(|e| e.address)
                     .collect();
                 match p.endpoint {
-                    Some(e) => prop_assert!(dialable.contains(&e), "{} got endpoint {} of {} it cannot dial", node, e, p.name),
-                    None => prop_assert!(dialable.is_empty(), "{} can dial {} but got no endpoint", node, p.name),
+                    Some(e) => prop_assert!(dialable.contains(&e), "{} got endpoint {} of {} it cannot dial", node, e, p.name()),
+                    None => prop_assert!(dialable.is_empty(), "{} can dial {} but got no endpoint", node, p.name()),
                 }
                 let back = me.endpoints.iter().any(|e| e.reachable_from.iter().any(|n| peer.networks.contains(n)));
-                prop_assert_eq!(p.keepalive, p.endpoint.is_some() && !back, "keepalive of {} towards {}", node, p.name);
+                prop_assert_eq!(p.keepalive, p.endpoint.is_some() && !back, "keepalive of {} towards {}", node, p.name());
             }
         }
     }
