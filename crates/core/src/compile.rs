@@ -273,10 +273,19 @@ fn rekey(decl: &Arc<Declaration>, keys: &HashMap<String, PublicKey>, mut previou
         return Rekeyed::NotApplicable(previous);
     }
     let cache = previous.cache.as_mut().expect("checked above");
-    cache.keys = new_keys;
+    let was = std::mem::replace(&mut cache.keys, new_keys);
     let mut affected: Vec<u32> = changed.clone();
     for &k in &changed {
-        affected.extend_from_slice(&cache.partners[k as usize]);
+        // A partner's plan names k's key only where it peers with k directly; a relayed path
+        // names k, not its key, unless k gained or lost its key (left out, or not).
+        let presence = cache.keys[k as usize].is_some() != was[k as usize].is_some();
+        for &p in &cache.partners[k as usize] {
+            let list = &cache.paths[p as usize];
+            let direct = list.binary_search_by_key(&k, |&(b, _)| b).map_or(true, |i| matches!(list[i].1, Path::Direct { .. }));
+            if presence || direct {
+                affected.push(p);
+            }
+        }
     }
     for &h in &cache.reach.hubs {
         if changed.iter().any(|k| cache.relayed_by[h as usize].binary_search(k).is_ok()) {
@@ -295,7 +304,9 @@ fn rekey(decl: &Arc<Declaration>, keys: &HashMap<String, PublicKey>, mut previou
         out.plan.peers = peers;
         out.plan.left_out = left_out;
         out.plan.no_path = no_path;
-        out.files = render::files(&out.plan);
+        // Only the peers changed: the other files stay as they were.
+        let wg = out.files.iter_mut().find(|f| f.path == WIREGUARD_CONF).expect("every node has a wireguard.conf");
+        wg.content = render::wireguard(&out.plan).into();
         previous.rendered.push(name.to_string());
     }
     let plans = || previous.nodes.values().map(|o| &o.plan);
@@ -322,11 +333,11 @@ fn same_node(a: &crate::decl::Node, b: &crate::decl::Node) -> bool {
 
 /// The recompile for a new declaration that keeps the mesh settings, the networks and the hubs
 /// as they were: nodes join, leave, change group, modules, endpoints or addresses, and rules
-/// change their sources. Recomputes the nodes such a change can reach: the nodes that changed
-/// (their declaration, address or key) and everything they have or had traffic with, the nodes
-/// whose partners, filter rules or reachable modules changed, the nodes that reach a module
-/// whose runners changed, and the hubs. Every other node keeps its plan, its files and its
-/// paths. Gives `previous` back when it does not apply.
+/// change their sources. Recomputes the nodes such a change can reach: the nodes that changed,
+/// with their old and new partners when what others see of them changed (address, key,
+/// networks, endpoints); the nodes whose partners, filter rules or reachable module blocks
+/// changed; and the hubs whose relayed nodes changed. Every other node keeps its plan, its files
+/// and its paths. Gives `previous` back when it does not apply.
 fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -> Rekeyed {
     let Some(old) = previous.cache.take() else { return Rekeyed::NotApplicable(previous) };
     let od = &old.decl;
@@ -362,7 +373,12 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
     let shared = shared(topo, Some(&previous));
 
     let mut affected = vec![false; n];
+    // `changed`: the node's declaration, address or key changed. `moved`: what others' files
+    // say of it changed (its address or key), or how it is reached (networks, endpoints), or it
+    // is new: its partners are recomputed too. A change of groups or modules alone reaches
+    // others through their partners, rules and module blocks, which are compared below.
     let mut changed = vec![false; n];
+    let mut moved = vec![false; n];
     let mark_old = |affected: &mut Vec<bool>, o: u32| {
         for &p in &old.partners[o as usize] {
             if let Some(a) = old_to_new[p as usize] {
@@ -373,13 +389,18 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
     for a in 0..n {
         let Some(o) = new_to_old[a] else {
             changed[a] = true;
+            moved[a] = true;
             continue;
         };
         let o = o as usize;
-        changed[a] = !same_node(topo.nodes[a], &od.nodes[old.order[o] as usize])
+        let (now, was) = (topo.nodes[a], &od.nodes[old.order[o] as usize]);
+        moved[a] = now.networks != was.networks
+            || now.endpoints.len() != was.endpoints.len()
+            || now.endpoints.iter().zip(&was.endpoints).any(|(x, y)| x.address != y.address || x.reachable_from != y.reachable_from)
             || topo.ipv4[a] != old.ipv4[o]
             || topo.ipv6[a] != old.ipv6[o]
             || topo.keys[a] != old.keys[o];
+        changed[a] = moved[a] || !same_node(now, was);
     }
     for (o, a) in old_to_new.iter().enumerate() {
         if a.is_none() {
@@ -391,6 +412,9 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
             continue;
         }
         affected[a] = true;
+        if !moved[a] {
+            continue;
+        }
         for &p in &partners[a] {
             affected[p as usize] = true;
         }
@@ -415,9 +439,6 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
             prior.rules.iter().all(|r| now.next().is_some_and(|x| Arc::ptr_eq(x, r))) && now.next().is_none()
         };
         affected[a] = !(same_partners && same_modules && same_rules && Arc::ptr_eq(&prior.common, &shared.common));
-    }
-    for &h in &topo.hubs {
-        affected[h as usize] = true;
     }
     // Paths: computed for the affected nodes; every other node's are its old ones (the same
     // partners, and neither side changed).
@@ -452,6 +473,18 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
                 .collect()
         })
         .collect();
+    // A hub's plan lists the nodes it relays for: recomputed when that list changed or one of
+    // them changed.
+    let relayed_by = relays(&paths);
+    for &h in &topo.hubs {
+        let h = h as usize;
+        let o = new_to_old[h].expect("hubs are unchanged") as usize;
+        let same = relayed_by[h].len() == old.relayed_by[o].len()
+            && relayed_by[h].iter().zip(&old.relayed_by[o]).all(|(&r, &q)| !changed[r as usize] && old_to_new[q as usize] == Some(r));
+        if !same {
+            affected[h] = true;
+        }
+    }
     let cache = Cache::new(decl, topo, partners, paths, |a| new_to_old[a].map(|o| old.texts[o as usize].clone()));
     let mut old_nodes = std::mem::take(&mut previous.nodes);
     let fresh: Vec<Option<NodePlan>> = par::map(n, |a| affected[a].then(|| node_plan(topo, &shared, &cache, a)));
