@@ -16,7 +16,11 @@ fn bench_compile_prints_its_figures() {
     );
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["nodes"], 300);
-    assert_eq!(v["no_change"]["rendered"], 0, "an unchanged mesh renders nothing: {text}");
-    let rekeyed = v["rekey_one_node"]["rendered"].as_u64().unwrap();
-    assert!((1..300).contains(&rekeyed), "a new key re-renders the node's peers only: {text}");
+    let changes = &v["changes"];
+    assert_eq!(changes["no_change"]["rendered"], 0, "an unchanged mesh renders nothing: {text}");
+    for change in ["rekey_one_node", "enrol_one_node", "regroup_one_node"] {
+        let rendered = changes[change]["rendered"].as_u64().unwrap();
+        assert!((1..300).contains(&rendered), "{change} re-renders some nodes, not all: {text}");
+        assert_eq!(changes[change]["equals_full_compile"], true, "{text}");
+    }
 }
