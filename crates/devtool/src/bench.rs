@@ -287,14 +287,21 @@ fn bench_compile(args: &CompileArgs) -> Result<ExitCode> {
     }
     moved.groups.iter_mut().find(|g| g.name == "grp-1").expect("generated").members.push(target.clone());
     let moved = Arc::new(moved);
-    let cases: [(&str, &str, &Arc<Declaration>, &HashMap<String, PublicKey>); 4] = [
-        ("one node re-keyed", "rekey_one_node", &decl, &rekeyed),
-        ("one node enrols", "enrol_one_node", &decl, &enrolled),
-        ("one node changes group", "regroup_one_node", &moved, &keys),
-        ("no change", "no_change", &decl, &keys),
+    /// A change to time: what it is for people, its JSON key, and the inputs after it.
+    struct Case<'a> {
+        what: &'static str,
+        key: &'static str,
+        decl: &'a Arc<Declaration>,
+        keys: &'a HashMap<String, PublicKey>,
+    }
+    let cases = [
+        Case { what: "one node re-keyed", key: "rekey_one_node", decl: &decl, keys: &rekeyed },
+        Case { what: "one node enrols", key: "enrol_one_node", decl: &decl, keys: &enrolled },
+        Case { what: "one node changes group", key: "regroup_one_node", decl: &moved, keys: &keys },
+        Case { what: "no change", key: "no_change", decl: &decl, keys: &keys },
     ];
     let mut figures = Vec::new();
-    for (what, key, d, k) in cases {
+    for Case { what, key, decl: d, keys: k } in cases {
         let (took, c) = run(d, k, Some(base.clone()))?;
         let (_, full) = run(d, k, None)?;
         if !same_files(&c, &full) {
