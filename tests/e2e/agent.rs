@@ -441,7 +441,9 @@ fn a_ruleset_nft_refuses_leaves_the_previous_one_loaded_and_the_failure_in_statu
     std::fs::write(decl.0.join("mesh.toml"), mesh + "\n[[node]]\nname = \"extra-1\"\n").unwrap();
     site.admin(&["apply", decl.0.to_str().unwrap()]);
     let newer = site.dir.0.join("newer.bundle");
-    db_ns.ok(&[AGENT, "fetch", "--state-dir", state.to_str().unwrap(), "--out", newer.to_str().unwrap()]);
+    // Published behind the apply's answer: long-poll for the version after the current one.
+    let held = current.version.to_string();
+    db_ns.ok(&[AGENT, "fetch", "--state-dir", state.to_str().unwrap(), "--out", newer.to_str().unwrap(), "--held", &held, "--wait", "20"]);
     site.serve = None;
     let (out, d) = apply(&newer);
     assert!(out.status.success(), "{d}");

@@ -39,8 +39,25 @@ fn fetch_and_verify_and_every_refusal_with_its_reason() {
     let mesh = std::fs::read_to_string(changed.join("mesh.toml")).unwrap();
     std::fs::write(changed.join("mesh.toml"), mesh + "\n[[node]]\nname = \"extra-1\"\n").unwrap();
     c.ok(&["apply", changed.to_str().unwrap()]);
+    // The apply is published behind its answer: long-poll for the version after a's.
+    let a_version = trellis_core::bundle::verify(&std::fs::read(&v_a).unwrap(), &signing(&c).verifying_key(), "basic", "db-1", None)
+        .unwrap()
+        .bundle
+        .version;
     let v_b = work.0.join("b.bundle");
-    fetch(&db, &v_b);
+    let mut newer = agent_bin();
+    newer.args([
+        "fetch",
+        "--state-dir",
+        db.to_str().unwrap(),
+        "--out",
+        v_b.to_str().unwrap(),
+        "--held",
+        &a_version.to_string(),
+        "--wait",
+        "20",
+    ]);
+    must(newer);
 
     let ok = must(verify(&v_b, &db, &["--last-bundle", v_a.to_str().unwrap()]));
     assert!(ok.contains("valid bundle for node db-1 in mesh basic"), "{ok}");

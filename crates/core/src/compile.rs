@@ -480,12 +480,12 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
         let h = h as usize;
         let o = new_to_old[h].expect("hubs are unchanged") as usize;
         let same = relayed_by[h].len() == old.relayed_by[o].len()
-            && relayed_by[h].iter().zip(&old.relayed_by[o]).all(|(&r, &q)| !changed[r as usize] && old_to_new[q as usize] == Some(r));
+            && relayed_by[h].iter().zip(&old.relayed_by[o]).all(|(&r, &q)| !moved[r as usize] && old_to_new[q as usize] == Some(r));
         if !same {
             affected[h] = true;
         }
     }
-    let cache = Cache::new(decl, topo, partners, paths, |a| new_to_old[a].map(|o| old.texts[o as usize].clone()));
+    let cache = Cache::new(decl, topo, partners, paths, relayed_by, reached, |a| new_to_old[a].map(|o| old.texts[o as usize].clone()));
     let mut old_nodes = std::mem::take(&mut previous.nodes);
     let fresh: Vec<Option<NodePlan>> = par::map(n, |a| affected[a].then(|| node_plan(topo, &shared, &cache, a)));
     let mut nodes = BTreeMap::new();
@@ -580,29 +580,26 @@ fn relays(paths: &[Vec<(u32, Path)>]) -> Vec<Vec<u32>> {
 impl Cache {
     /// `old` gives a node's text from the previous compile, kept when its name and addresses are
     /// the same (so that plans compare it by pointer).
+    /// `old` gives a node's text from the previous compile, kept when its name and addresses are
+    /// the same (so that plans compare it by pointer).
     fn new(
         decl: &Arc<Declaration>,
         topo: &Topology,
         partners: Vec<NodeSet>,
         paths: Vec<Vec<(u32, Path)>>,
-        old: impl Fn(usize) -> Option<Arc<NodeText>>,
+        relayed_by: Vec<Vec<u32>>,
+        reached: Vec<Vec<u32>>,
+        old: impl Fn(usize) -> Option<Arc<NodeText>> + Sync,
     ) -> Cache {
-        let position: HashMap<*const crate::decl::Node, u32> =
-            topo.decl.nodes.iter().enumerate().map(|(i, node)| (node as *const _, i as u32)).collect();
-        let texts: Vec<Arc<NodeText>> = (0..topo.nodes.len())
-            .map(|a| {
-                let fresh = NodeText::new(Arc::from(topo.nodes[a].name.as_str()), topo.ipv4[a], topo.ipv6[a]);
-                match old(a) {
-                    Some(t) if *t == fresh => t,
-                    _ => Arc::new(fresh),
-                }
-            })
-            .collect();
+        let texts: Vec<Arc<NodeText>> = par::map(topo.nodes.len(), |a| match old(a) {
+            Some(t) if *t.name == topo.nodes[a].name && t.ipv4 == topo.ipv4[a] && t.ipv6 == topo.ipv6[a] => t,
+            _ => Arc::new(NodeText::new(Arc::from(topo.nodes[a].name.as_str()), topo.ipv4[a], topo.ipv6[a])),
+        });
         let names: Vec<Arc<str>> = texts.iter().map(|t| t.name.clone()).collect();
         Cache {
             texts,
             decl: decl.clone(),
-            order: topo.nodes.iter().map(|node| position[&(*node as *const _)]).collect(),
+            order: topo.order.clone(),
             index: names.iter().enumerate().map(|(i, n)| (n.clone(), i as u32)).collect(),
             names,
             ipv4: topo.ipv4.clone(),
@@ -610,9 +607,9 @@ impl Cache {
             keys: topo.keys.clone(),
             reach: topo.reach.clone(),
             partners,
-            relayed_by: relays(&paths),
+            relayed_by,
             paths,
-            reached: topo.modules_reached(),
+            reached,
         }
     }
 }
@@ -714,7 +711,8 @@ fn plan(decl: &Arc<Declaration>, topo: &Topology, previous: Option<&Compiled>) -
     let n = topo.nodes.len();
     let partners = topo.partners();
     let paths: Vec<Vec<(u32, Path)>> = par::map(n, |a| partners[a].iter().map(|&b| (b, topo.path(a as u32, b, true))).collect());
-    let cache = Cache::new(decl, topo, partners, paths, |_| None);
+    let relayed_by = relays(&paths);
+    let cache = Cache::new(decl, topo, partners, paths, relayed_by, topo.modules_reached(), |_| None);
     let shared = shared(topo, previous);
     let plans = par::map(n, |a| node_plan(topo, &shared, &cache, a));
     (plans, shared, cache)

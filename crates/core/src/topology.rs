@@ -128,6 +128,8 @@ pub struct Topology<'d> {
     pub decl: &'d Declaration,
     /// Nodes in name order; a node's position here is its index everywhere else.
     pub nodes: Vec<&'d Node>,
+    /// Each position's index in `decl.nodes`.
+    pub order: Vec<u32>,
     pub index: HashMap<&'d str, u32>,
     pub ipv4: Vec<Option<Ipv4Addr>>,
     pub ipv6: Vec<Option<Ipv6Addr>>,
@@ -159,8 +161,9 @@ impl<'d> Topology<'d> {
     /// Indexes a validated declaration. `keys` are the WireGuard keys known for nodes (enrolled
     /// or declared); a key declared in the mesh wins over one given here.
     pub fn new(decl: &'d Declaration, alloc: &Allocation, keys: &HashMap<String, PublicKey>) -> Self {
-        let mut nodes: Vec<&Node> = decl.nodes.iter().collect();
-        nodes.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        let mut order: Vec<u32> = (0..decl.nodes.len() as u32).collect();
+        order.sort_unstable_by(|&a, &b| decl.nodes[a as usize].name.cmp(&decl.nodes[b as usize].name));
+        let nodes: Vec<&Node> = order.iter().map(|&i| &decl.nodes[i as usize]).collect();
         let index: HashMap<&str, u32> = nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i as u32)).collect();
         let network_index: HashMap<&str, usize> = decl.networks.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
         let words = decl.networks.len().div_ceil(64).max(1);
@@ -248,7 +251,23 @@ impl<'d> Topology<'d> {
                 b
             })
             .collect();
-        Topology { decl, nodes, index, ipv4, ipv6, keys, network_index, reach: r, hubs, groups, runners, rules, module_rules, module_names }
+        Topology {
+            decl,
+            nodes,
+            order,
+            index,
+            ipv4,
+            ipv6,
+            keys,
+            network_index,
+            reach: r,
+            hubs,
+            groups,
+            runners,
+            rules,
+            module_rules,
+            module_names,
+        }
     }
 
     pub fn name(&self, i: u32) -> &'d str {
@@ -291,14 +310,13 @@ impl<'d> Topology<'d> {
                 }
             }
         }
-        out.into_iter()
-            .enumerate()
-            .map(|(i, v)| {
-                let mut v = set_of(v);
-                v.retain(|&p| p != i as u32);
-                v
-            })
-            .collect()
+        let out = std::sync::Mutex::new(out.into_iter().map(Some).collect::<Vec<_>>());
+        crate::par::map(self.nodes.len(), |i| {
+            let v = out.lock().expect("partner lists")[i].take().expect("each list taken once");
+            let mut v = set_of(v);
+            v.retain(|&p| p != i as u32);
+            v
+        })
     }
 
     /// For every node, the modules it may reach (a rule of the module names it as a source), in
