@@ -105,21 +105,54 @@ pub fn compile(dir: &Path, node: Option<&str>, out: &Path, json_out: bool) -> Re
     let compiled =
         core_compile(&std::sync::Arc::new(decl.clone()), &HashMap::new(), &Default::default(), None).map_err(|d| anyhow::anyhow!("{d}"))?;
     print_diagnostics(&compiled.diagnostics);
-    let mut written = Vec::new();
-    for (name, output) in &compiled.nodes {
-        let base = match node {
-            Some(n) if n != name => continue,
-            Some(_) => out.to_path_buf(),
-            None => out.join(name),
-        };
+    // Nodes are written in parallel (the work is system calls); each file is staged, synced and
+    // renamed into place, and each node's directory synced once after its files.
+    let targets: Vec<(&String, &trellis_core::compile::NodeOutput)> =
+        compiled.nodes.iter().filter(|(name, _)| node.is_none_or(|n| n == name.as_str())).collect();
+    let write_node = |name: &str, output: &trellis_core::compile::NodeOutput| -> Result<Vec<serde_json::Value>> {
+        let base = if node.is_some() { out.to_path_buf() } else { out.join(name) };
+        let mut written = Vec::with_capacity(output.files.len());
+        let mut staged = Vec::with_capacity(output.files.len());
         for f in &output.files {
             let path = base.join(&f.path);
             let dir = path.parent().context("file path has no parent")?;
             std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-            trellis_files::replace(&path, f.content.as_bytes(), f.mode)?;
-            written
-                .push(json!({"node": name, "path": path.display().to_string(), "mode": format!("{:o}", f.mode), "bytes": f.content.len()}));
+            staged.push((trellis_files::stage(&path, f.content.as_bytes(), f.mode)?, path.clone()));
+            written.push(json!({"node": name, "path": path.display().to_string(), "mode": format!("{:o}", f.mode), "bytes": f.content.len()}));
         }
+        let mut dirs = Vec::new();
+        for (tmp, path) in &staged {
+            trellis_files::commit(tmp, path)?;
+            if let Some(d) = path.parent() {
+                if !dirs.contains(&d) {
+                    dirs.push(d);
+                }
+            }
+        }
+        dirs.into_iter().for_each(trellis_files::sync_dir);
+        Ok(written)
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |p| p.get()).clamp(1, 8);
+    let chunk = targets.len().div_ceil(threads).max(1);
+    let parts: Vec<Result<Vec<serde_json::Value>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = targets
+            .chunks(chunk)
+            .map(|part| {
+                let write_node = &write_node;
+                s.spawn(move || {
+                    let mut all = Vec::new();
+                    for (name, output) in part {
+                        all.extend(write_node(name, output)?);
+                    }
+                    Ok(all)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("writer thread panicked")).collect()
+    });
+    let mut written = Vec::new();
+    for part in parts {
+        written.extend(part?);
     }
     if json_out {
         println!(
