@@ -280,7 +280,9 @@ impl Controller {
             records.iter().filter(|r| r.state == trellis_proto::EnrolledState::Active && decl.node(&r.name).is_some()).collect();
         let keys: HashMap<String, PublicKey> =
             active.iter().filter_map(|r| r.wg_public_key.as_deref().and_then(PublicKey::parse).map(|k| (r.name.clone(), k))).collect();
-        let allocation = self.store.allocation().await?;
+        // A recompile keeps addresses from its previous output (the same allocation the apply
+        // stored); only a first compile reads them from the database.
+        let allocation = if run.compiled.is_some() { Default::default() } else { self.store.allocation().await? };
         let compiled =
             trellis_core::compile(&decl, &keys, &allocation, run.compiled.take()).map_err(|d| Error::internal("compiling", d))?;
         let rendered: HashSet<&str> = compiled.rendered.iter().map(String::as_str).collect();

@@ -70,21 +70,47 @@ impl Store {
                         .bind(files_json)
                         .execute(&mut **tx)
                         .await?;
-                    sqlx::query("DELETE FROM addresses").execute(&mut **tx).await?;
-                    let mut names: BTreeMap<&str, (Option<String>, Option<String>)> = BTreeMap::new();
+                    // Only what changed is written: an apply that moves no address writes none.
+                    let mut wanted: BTreeMap<&str, (Option<String>, Option<String>)> = BTreeMap::new();
                     for (n, a) in &allocation.ipv4 {
-                        names.entry(n.as_str()).or_default().0 = Some(a.to_string());
+                        wanted.entry(n.as_str()).or_default().0 = Some(a.to_string());
                     }
                     for (n, a) in &allocation.ipv6 {
-                        names.entry(n.as_str()).or_default().1 = Some(a.to_string());
+                        wanted.entry(n.as_str()).or_default().1 = Some(a.to_string());
                     }
-                    for (n, (v4, v6)) in names {
-                        sqlx::query("INSERT INTO addresses (node, ipv4, ipv6) VALUES ($1, $2, $3)")
-                            .bind(n)
-                            .bind(v4)
-                            .bind(v6)
-                            .execute(&mut **tx)
-                            .await?;
+                    let rows = sqlx::query("SELECT node, ipv4, ipv6 FROM addresses").fetch_all(&mut **tx).await?;
+                    let mut held: BTreeMap<String, (Option<String>, Option<String>)> = BTreeMap::new();
+                    for r in rows {
+                        held.insert(r.try_get("node")?, (r.try_get("ipv4")?, r.try_get("ipv6")?));
+                    }
+                    for name in held.keys().filter(|n| !wanted.contains_key(n.as_str())) {
+                        sqlx::query("DELETE FROM addresses WHERE node = $1").bind(name).execute(&mut **tx).await?;
+                    }
+                    let mut inserts = Vec::new();
+                    for (n, v) in &wanted {
+                        match held.get(*n) {
+                            Some(h) if h == v => {}
+                            Some(_) => {
+                                sqlx::query("UPDATE addresses SET ipv4 = $1, ipv6 = $2 WHERE node = $3")
+                                    .bind(v.0.clone())
+                                    .bind(v.1.clone())
+                                    .bind(*n)
+                                    .execute(&mut **tx)
+                                    .await?;
+                            }
+                            None => inserts.push((*n, v)),
+                        }
+                    }
+                    // New rows go in batches: one statement per 300 rows, not one per row.
+                    for chunk in inserts.chunks(300) {
+                        let values: Vec<String> =
+                            (0..chunk.len()).map(|i| format!("(${}, ${}, ${})", 3 * i + 1, 3 * i + 2, 3 * i + 3)).collect();
+                        let sql = format!("INSERT INTO addresses (node, ipv4, ipv6) VALUES {}", values.join(", "));
+                        let mut q = sqlx::query(&sql);
+                        for (n, (v4, v6)) in chunk {
+                            q = q.bind(*n).bind(v4.clone()).bind(v6.clone());
+                        }
+                        q.execute(&mut **tx).await?;
                     }
                     Ok(next)
                 })

@@ -49,6 +49,36 @@ where
     }
 }
 
+/// An apply writes only the addresses that changed; what is read back is always the whole
+/// allocation of the newest revision: nodes gone, moved, added (more than one batch) and kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apply_writes_the_allocation_it_was_given_whatever_was_there() {
+    each_backend(|s| async move {
+        let files = vec![("mesh.toml".to_string(), "x".to_string())];
+        let mut first = Allocation::default();
+        for i in 0..700u32 {
+            first.ipv4.insert(format!("n{i}"), std::net::Ipv4Addr::from(0x0a00_0000 + i));
+            if i % 2 == 0 {
+                first.ipv6.insert(format!("n{i}"), std::net::Ipv6Addr::from(0xfd00_u128 << 112 | i as u128));
+            }
+        }
+        s.apply(&files, "d1", &first, None, &audit("apply")).await.unwrap();
+        assert_eq!(s.allocation().await.unwrap(), first, "{:?}: 700 new rows, in batches", s.backend);
+        let mut second = first.clone();
+        second.ipv4.remove("n1");
+        second.ipv6.remove("n2");
+        second.ipv4.remove("n2");
+        second.ipv4.insert("n3".into(), "10.9.9.9".parse().unwrap());
+        second.ipv6.insert("n5".into(), "fd00::5:5".parse().unwrap());
+        second.ipv4.insert("fresh".into(), "10.8.8.8".parse().unwrap());
+        s.apply(&files, "d2", &second, None, &audit("apply")).await.unwrap();
+        assert_eq!(s.allocation().await.unwrap(), second, "{:?}: removed, moved, given a second family, added", s.backend);
+        s.apply(&files, "d3", &Allocation::default(), None, &audit("apply")).await.unwrap();
+        assert_eq!(s.allocation().await.unwrap(), Allocation::default(), "{:?}: every row removed", s.backend);
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revisions_increase_and_expect_revision_detects_a_race() {
     each_backend(|s| async move {
