@@ -31,10 +31,11 @@ pub struct Published {
     pub signed: trellis_core::bundle::Signed,
 }
 
-/// Compiled file contents as `Bytes` without copying, each hashed once however many bundles
-/// of a run share the same allocation.
+/// Compiled file contents as `Bytes` without copying, each hashed once: an entry lives as long
+/// as the compiled output holds its content (it keeps the content alive, so its address names
+/// it), so a file a recompile left unchanged is not hashed again when its bundle is rebuilt.
 #[derive(Default)]
-struct Contents(HashMap<usize, (bytes::Bytes, [u8; 32])>);
+struct Contents(HashMap<usize, (Arc<str>, bytes::Bytes, [u8; 32])>);
 
 struct ArcStr(Arc<str>);
 
@@ -48,16 +49,19 @@ impl Contents {
     fn file(&mut self, path: &str, mode: u32, content: &Arc<str>) -> BundleFile {
         use sha2::Digest;
         let key = Arc::as_ptr(content) as *const u8 as usize;
-        let (bytes, digest) = self
-            .0
-            .entry(key)
-            .or_insert_with(|| {
-                let bytes = bytes::Bytes::from_owner(ArcStr(content.clone()));
-                let digest: [u8; 32] = sha2::Sha256::digest(&bytes).into();
-                (bytes, digest)
-            })
-            .clone();
-        BundleFile::with_digest(path, mode, bytes, digest)
+        let (_, bytes, digest) = self.0.entry(key).or_insert_with(|| {
+            let bytes = bytes::Bytes::from_owner(ArcStr(content.clone()));
+            let digest: [u8; 32] = sha2::Sha256::digest(&bytes).into();
+            (content.clone(), bytes, digest)
+        });
+        BundleFile::with_digest(path, mode, bytes.clone(), *digest)
+    }
+
+    /// Forgets the contents the compiled output no longer holds.
+    fn keep_only(&mut self, compiled: &Compiled) {
+        let live: HashSet<usize> =
+            compiled.nodes.values().flat_map(|o| o.files.iter()).map(|f| Arc::as_ptr(&f.content) as *const u8 as usize).collect();
+        self.0.retain(|k, _| live.contains(k));
     }
 }
 
@@ -74,6 +78,8 @@ struct Run {
     /// Per node: the digest last published and the certificate it carried.
     published: HashMap<String, (String, Option<String>)>,
     audit_head: i64,
+    /// Hashed file contents, kept across runs.
+    contents: Contents,
 }
 
 pub struct Publisher {
@@ -287,7 +293,7 @@ impl Controller {
             trellis_core::compile(&decl, &keys, &allocation, run.compiled.take()).map_err(|d| Error::internal("compiling", d))?;
         let rendered: HashSet<&str> = compiled.rendered.iter().map(String::as_str).collect();
         let ca_pem = BundleFile::new(trellis_core::compile::CA_PEM, 0o644, self.ca().cert_pem().as_bytes().to_vec());
-        let mut contents = Contents::default();
+        let mut contents = std::mem::take(&mut run.contents);
 
         let mut pending: Vec<(&trellis_store::NodeRecord, Vec<BundleFile>, String)> = Vec::new();
         for r in &active {
@@ -336,6 +342,8 @@ impl Controller {
             t.retain(|n, _| live.contains(n.as_str()));
             run.published.retain(|n, _| live.contains(n.as_str()));
         }
+        contents.keep_only(&compiled);
+        run.contents = contents;
         run.compiled = Some(compiled);
         done(&mut run, head);
         Ok((count, head_record))
