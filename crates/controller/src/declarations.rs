@@ -118,6 +118,14 @@ impl Controller {
             detail: format!("sha256 {digest}"),
         };
         let revision = self.store.apply(&files, &digest, &allocation, expect_revision, &audit).await?;
+        // The publish run that follows uses this declaration instead of parsing the stored files
+        // again (the cache is keyed by revision, so a newer one elsewhere still wins).
+        {
+            let mut cache = self.declaration.lock().await;
+            if cache.as_ref().is_none_or(|(n, _)| *n < revision) {
+                *cache = Some((revision, Arc::new(decl)));
+            }
+        }
         self.ask_publish();
         Ok(proto::ApplyResponse { revision, diagnostics: out, unchanged: false })
     }
