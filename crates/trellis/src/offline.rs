@@ -118,7 +118,8 @@ pub fn compile(dir: &Path, node: Option<&str>, out: &Path, json_out: bool) -> Re
             let dir = path.parent().context("file path has no parent")?;
             std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
             staged.push((trellis_files::stage(&path, f.content.as_bytes(), f.mode)?, path.clone()));
-            written.push(json!({"node": name, "path": path.display().to_string(), "mode": format!("{:o}", f.mode), "bytes": f.content.len()}));
+            written
+                .push(json!({"node": name, "path": path.display().to_string(), "mode": format!("{:o}", f.mode), "bytes": f.content.len()}));
         }
         let mut dirs = Vec::new();
         for (tmp, path) in &staged {
