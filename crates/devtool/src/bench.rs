@@ -18,21 +18,34 @@ use trellis_core::{compile, load, Compiled, Declaration, SourceFile};
 pub enum BenchCommand {
     /// Full compile of every node, and a one-node change recompiling only what it affects
     Compile(CompileArgs),
-    /// Enrolments per second against an in-process controller on loopback (CSR signing included)
+    /// Enrolments per second against an in-process controller on loopback (CSR signing included);
+    /// with --mesh DIR, every node of a real declaration enrols and the bench also reports when
+    /// every node holds its first bundle
     Enrol(EnrolArgs),
     /// N simulated agents against a real `trellis serve` on loopback: 304s per second, and the
-    /// time from one `apply` until every long-polling agent holds its new bundle
+    /// time from one `apply` until every long-polling agent holds its new bundle; with --mesh
+    /// DIR, on a real declaration: a change to about 1 % of the nodes, one node added, and the
+    /// controller's memory
     Delivery(DeliveryArgs),
 }
 
 #[derive(Args)]
 pub struct DeliveryArgs {
-    /// How many simulated agents (each enrols, then long-polls)
+    /// How many simulated agents (each enrols, then long-polls); with --mesh, that many of the
+    /// mesh's nodes, spread evenly over it
     #[arg(long, default_value_t = 2000)]
     pub agents: usize,
-    /// How many `304` requests to time (spread over 64 concurrent agents)
+    /// How many `304` requests to time (spread over 64 concurrent agents; not with --mesh)
     #[arg(long, default_value_t = 20000)]
     pub requests: usize,
+    /// A declaration directory (`trellis-dev mesh --out DIR`; nodes without public_key) to run
+    /// on. Every node of it enrols (the ones without an agent too, so that bundles are those of
+    /// a fully enrolled fleet); --agents of them long-poll. Then: a few nodes move to another
+    /// group (chosen so that about 1 % of the bundles change), one node is added and enrols;
+    /// the figures are the time until every affected agent holds its new bundle, the bytes
+    /// agents fetched again, and the peak memory of `trellis serve`
+    #[arg(long, value_name = "DIR", conflicts_with = "requests")]
+    pub mesh: Option<std::path::PathBuf>,
     /// sqlite://... or postgres://... (default: SQLite in a temporary state directory)
     #[arg(long)]
     pub database_url: Option<String>,
@@ -42,17 +55,25 @@ pub struct DeliveryArgs {
 
 #[derive(Args)]
 pub struct EnrolArgs {
-    /// How many nodes enrol
-    #[arg(long, default_value_t = 500)]
+    /// How many nodes enrol (in a generated mesh of nodes without modules; not with --mesh)
+    #[arg(long, default_value_t = 500, conflicts_with = "mesh")]
     nodes: usize,
-    /// How many enrolments are in flight at once
+    /// How many enrolments are in flight at once (default 16, or 64 with --mesh)
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// A declaration directory (`trellis-dev mesh --out DIR`; nodes without public_key): apply
+    /// it and enrol every one of its nodes
+    #[arg(long, value_name = "DIR")]
+    pub mesh: Option<std::path::PathBuf>,
+    /// With --mesh: how many nodes fetch their first bundle over HTTPS with their own certificate
     #[arg(long, default_value_t = 16)]
-    concurrency: usize,
-    /// sqlite://... or postgres://... (default: SQLite in a temporary state directory)
+    pub sample: usize,
+    /// sqlite://... or postgres://... of an empty database (default: SQLite in a temporary state
+    /// directory)
     #[arg(long)]
-    database_url: Option<String>,
+    pub database_url: Option<String>,
     #[arg(long)]
-    json: bool,
+    pub json: bool,
 }
 
 /// The shape of a generated mesh.
@@ -126,8 +147,14 @@ pub fn write_mesh(a: &MeshArgs) -> Result<ExitCode> {
 pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
     match cmd {
         BenchCommand::Compile(a) => bench_compile(&a),
-        BenchCommand::Enrol(a) => runtime()?.block_on(bench_enrol(&a)),
-        BenchCommand::Delivery(a) => runtime()?.block_on(crate::delivery::run(&a)),
+        BenchCommand::Enrol(a) => match &a.mesh {
+            Some(dir) => runtime()?.block_on(crate::storm::run(&a, dir)),
+            None => runtime()?.block_on(bench_enrol(&a)),
+        },
+        BenchCommand::Delivery(a) => match &a.mesh {
+            Some(dir) => runtime()?.block_on(crate::fleet::run(&a, dir)),
+            None => runtime()?.block_on(crate::delivery::run(&a)),
+        },
     }
 }
 
@@ -230,8 +257,17 @@ fn peak_rss_kib() -> Option<u64> {
     status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()
 }
 
-fn ms(d: Duration) -> f64 {
+pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
+}
+
+/// The database a `--database-url` names, for the figures.
+pub fn database_name(url: Option<&str>) -> &'static str {
+    if url.is_some_and(|u| u.starts_with("postgres")) {
+        "postgresql"
+    } else {
+        "sqlite"
+    }
 }
 
 /// Whether two compiles give every node the same files, byte for byte.
@@ -355,7 +391,8 @@ async fn bench_enrol(a: &EnrolArgs) -> Result<ExitCode> {
     use base64::Engine as _;
     use trellis_controller::state;
     use trellis_server::Server;
-    if a.nodes == 0 || a.concurrency == 0 {
+    let concurrency = a.concurrency.unwrap_or(16);
+    if a.nodes == 0 || concurrency == 0 {
         bail!("--nodes and --concurrency must be at least 1");
     }
     let dir = std::env::temp_dir().join(format!("trellis-bench-enrol-{}", std::process::id()));
@@ -401,7 +438,7 @@ async fn bench_enrol(a: &EnrolArgs) -> Result<ExitCode> {
     let queue = std::sync::Arc::new(tokio::sync::Mutex::new(requests));
     let started = Instant::now();
     let mut tasks = Vec::new();
-    for _ in 0..a.concurrency {
+    for _ in 0..concurrency {
         let (queue, http, url) = (queue.clone(), http.clone(), format!("https://{addr}/v1/enrol"));
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
@@ -428,12 +465,12 @@ async fn bench_enrol(a: &EnrolArgs) -> Result<ExitCode> {
     latencies.sort();
     let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p).round() as usize];
     let rate = a.nodes as f64 / wall.as_secs_f64();
-    let db = if a.database_url.as_deref().is_some_and(|u| u.starts_with("postgres")) { "postgresql" } else { "sqlite" };
+    let db = database_name(a.database_url.as_deref());
     if a.json {
         println!(
             "{}",
             serde_json::to_string_pretty(&json!({
-                "nodes": a.nodes, "concurrency": a.concurrency, "database": db, "wall_ms": ms(wall),
+                "nodes": a.nodes, "concurrency": concurrency, "database": db, "wall_ms": ms(wall),
                 "enrolments_per_second": rate, "latency_ms": {"p50": ms(pct(0.5)), "p99": ms(pct(0.99))},
             }))?
         );
@@ -441,7 +478,7 @@ async fn bench_enrol(a: &EnrolArgs) -> Result<ExitCode> {
         println!(
             "{} enrolments ({db}, {} at a time) in {:.0} ms: {rate:.0} per second; latency p50 {:.1} ms, p99 {:.1} ms",
             a.nodes,
-            a.concurrency,
+            concurrency,
             ms(wall),
             ms(pct(0.5)),
             ms(pct(0.99))

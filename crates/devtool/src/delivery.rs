@@ -13,7 +13,8 @@ use trellis_proto as proto;
 
 use crate::bench::DeliveryArgs;
 
-struct Serve(Child);
+/// A `trellis serve` child process, killed when dropped.
+pub struct Serve(pub Child);
 
 impl Drop for Serve {
     fn drop(&mut self) {
@@ -24,7 +25,7 @@ impl Drop for Serve {
 
 /// The `trellis` binary this tool measures: the one built next to `trellis-dev`, in the same
 /// target directory, so that the figures are for the code of this checkout.
-fn trellis_exe() -> Result<PathBuf> {
+pub fn trellis_exe() -> Result<PathBuf> {
     let me = std::env::current_exe().context("cannot find the path of trellis-dev")?;
     let dir = me.parent().with_context(|| format!("{} has no directory", me.display()))?;
     let trellis = dir.join("trellis");
@@ -37,7 +38,7 @@ fn trellis_exe() -> Result<PathBuf> {
     Ok(trellis)
 }
 
-fn raise_fd_limit() {
+pub fn raise_fd_limit() {
     // Thousands of connections need thousands of descriptors, on both ends (the `trellis serve`
     // child inherits the raised limit).
     // SAFETY: `getrlimit` and `setrlimit` only read and write the `rlimit` value owned here.
@@ -50,9 +51,57 @@ fn raise_fd_limit() {
     }
 }
 
-fn peak_rss_kib(pid: u32) -> Option<u64> {
+/// A memory figure of process `pid` from /proc (`VmHWM` is the peak, `VmRSS` the current), in KiB.
+pub fn memory_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()
+    status.lines().find(|l| l.strip_prefix(field).is_some_and(|r| r.starts_with(':')))?.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// A `trellis serve` child on a fresh state directory, listening on loopback.
+pub struct Running {
+    pub serve: Serve,
+    pub dir: PathBuf,
+    pub addr: String,
+}
+
+impl Running {
+    /// `https://ADDR`
+    pub fn base(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+}
+
+/// Initialises a state directory in the temporary directory (named after `what`) and starts
+/// `trellis serve` on it; returns once it accepts connections.
+pub async fn start(trellis: &std::path::Path, database_url: Option<String>, what: &str) -> Result<Running> {
+    let dir = std::env::temp_dir().join(format!("trellis-bench-{what}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let addr = format!("127.0.0.1:{port}");
+    let opts = trellis_controller::state::InitOptions {
+        advertise: vec![addr.clone()],
+        listen: Some(addr.clone()),
+        database_url,
+        node_cert_secs: 86400,
+    };
+    trellis_controller::state::init(&dir, &opts).await?;
+    let log = std::fs::File::create(dir.join("serve.log"))?;
+    let serve = Serve(
+        std::process::Command::new(trellis)
+            .args(["serve", "--state-dir", dir.to_str().context("temp dir is not UTF-8")?])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("cannot start {} serve", trellis.display()))?,
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(&addr).is_err() {
+        if Instant::now() > deadline {
+            bail!("trellis serve did not start; see {}", dir.join("serve.log").display());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(Running { serve, dir, addr })
 }
 
 fn ms(d: Duration) -> f64 {
@@ -76,13 +125,14 @@ fn mesh(n: usize, extra: bool) -> String {
 
 const SVC: &str = "[module]\nname = \"svc\"\n\n[[allow]]\nproto = \"tcp\"\nports = [\"22\"]\nfrom = [\"group:ops\"]\n";
 
-struct Agent {
-    name: String,
-    http: reqwest::Client,
-    version: u64,
+pub struct Agent {
+    pub name: String,
+    pub http: reqwest::Client,
+    pub version: u64,
 }
 
-async fn get(agent: &Agent, base: &str, held: Option<u64>, wait: u64) -> Result<(u16, Option<u64>)> {
+/// One bundle request of `agent`: the status, the version named by the ETag and the body's length.
+pub async fn get(agent: &Agent, base: &str, held: Option<u64>, wait: u64) -> Result<(u16, Option<u64>, usize)> {
     let mut req = agent.http.get(format!("{base}/v1/bundle?wait={wait}")).timeout(Duration::from_secs(wait + 30));
     if let Some(v) = held {
         req = req.header("if-none-match", format!("\"{v}\""));
@@ -94,7 +144,7 @@ async fn get(agent: &Agent, base: &str, held: Option<u64>, wait: u64) -> Result<
     if status != 200 && status != 304 {
         bail!("{} got {status}: {}", agent.name, String::from_utf8_lossy(&body));
     }
-    Ok((status, version))
+    Ok((status, version, body.len()))
 }
 
 pub async fn run(a: &DeliveryArgs) -> Result<std::process::ExitCode> {
@@ -103,34 +153,8 @@ pub async fn run(a: &DeliveryArgs) -> Result<std::process::ExitCode> {
     }
     let trellis = trellis_exe()?;
     raise_fd_limit();
-    let dir = std::env::temp_dir().join(format!("trellis-bench-delivery-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let addr = format!("127.0.0.1:{port}");
+    let Running { serve, dir, addr } = start(&trellis, a.database_url.clone(), "delivery").await?;
     let base = format!("https://{addr}");
-    let opts = trellis_controller::state::InitOptions {
-        advertise: vec![addr.clone()],
-        listen: Some(addr.clone()),
-        database_url: a.database_url.clone(),
-        node_cert_secs: 86400,
-    };
-    trellis_controller::state::init(&dir, &opts).await?;
-    let log = std::fs::File::create(dir.join("serve.log"))?;
-    let serve = Serve(
-        std::process::Command::new(&trellis)
-            .args(["serve", "--state-dir", dir.to_str().context("temp dir is not UTF-8")?])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("cannot start {} serve", trellis.display()))?,
-    );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(&addr).is_err() {
-        if Instant::now() > deadline {
-            bail!("trellis serve did not start; see {}", dir.join("serve.log").display());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     let admin = crate::admin_client(&dir)?;
     let files = |extra: bool| {
         vec![
@@ -177,7 +201,7 @@ pub async fn run(a: &DeliveryArgs) -> Result<std::process::ExitCode> {
     }
     // Every agent takes its first bundle.
     for agent in agents.iter_mut() {
-        let (status, v) = get(agent, &base, None, 0).await?;
+        let (status, v, _) = get(agent, &base, None, 0).await?;
         if status != 200 {
             bail!("{} got {status} for its first bundle", agent.name);
         }
@@ -216,7 +240,7 @@ pub async fn run(a: &DeliveryArgs) -> Result<std::process::ExitCode> {
         let (agents, base) = (agents.clone(), base.clone());
         waits.push(tokio::spawn(async move {
             let agent = &agents[i];
-            let (status, v) = get(agent, &base, Some(agent.version), 60).await?;
+            let (status, v, _) = get(agent, &base, Some(agent.version), 60).await?;
             Ok::<_, anyhow::Error>((status, v, Instant::now()))
         }));
     }
@@ -235,13 +259,13 @@ pub async fn run(a: &DeliveryArgs) -> Result<std::process::ExitCode> {
         }
     }
     lat.sort();
-    let peak = peak_rss_kib(serve.0.id());
+    let peak = memory_kib(serve.0.id(), "VmHWM");
     drop(serve);
     let _ = std::fs::remove_dir_all(&dir);
     if lat.is_empty() {
         bail!("no agent received the new bundle");
     }
-    let db = if a.database_url.as_deref().is_some_and(|u| u.starts_with("postgres")) { "postgresql" } else { "sqlite" };
+    let db = crate::bench::database_name(a.database_url.as_deref());
     if a.json {
         println!(
             "{}",

@@ -3,6 +3,10 @@
 
 mod bench;
 mod delivery;
+mod enrolling;
+mod fleet;
+mod meshdir;
+mod storm;
 
 use std::process::ExitCode;
 

@@ -1,20 +1,65 @@
 //! `trellis-dev` as a developer runs it: the figures it prints.
 
-use std::process::Command;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// Runs `trellis-dev ARGS`; a failure shows the command, its status and both outputs.
+fn trellis_dev(args: &[&str]) -> (Command, Output) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_trellis-dev"));
+    cmd.args(args);
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    (cmd, out)
+}
+
+fn shown(cmd: &Command, out: &Output) -> String {
+    format!(
+        "command: {cmd:?}\nstatus: {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Runs `trellis-dev ARGS`, which must succeed and print JSON.
+fn figures(args: &[&str]) -> serde_json::Value {
+    let (cmd, out) = trellis_dev(args);
+    assert!(out.status.success(), "{}", shown(&cmd, &out));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e})\n{}", shown(&cmd, &out)))
+}
+
+/// A generated mesh of 60 nodes written by `trellis-dev mesh`, removed when dropped.
+struct Mesh(PathBuf);
+
+impl Mesh {
+    fn new(name: &str, extra: &[&str]) -> Mesh {
+        let dir = std::env::temp_dir().join(format!("trellis-dev-it-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut args = vec!["mesh", "--nodes", "60", "--groups", "6", "--hubs", "2", "--out", dir.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let (cmd, out) = trellis_dev(&args);
+        assert!(out.status.success(), "{}", shown(&cmd, &out));
+        Mesh(dir)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for Mesh {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn number(v: &serde_json::Value, what: &str) -> f64 {
+    v.pointer(what).and_then(|x| x.as_f64()).unwrap_or_else(|| panic!("no number at {what}: {v:#}"))
+}
 
 #[test]
 fn bench_compile_prints_its_figures() {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_trellis-dev"));
-    cmd.args(["bench", "compile", "--nodes", "300", "--groups", "20", "--modules", "6", "--hubs", "3", "--runs", "1", "--json"]);
-    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "command: {cmd:?}\nstatus: {}\n--- stdout ---\n{text}\n--- stderr ---\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let v = figures(&["bench", "compile", "--nodes", "300", "--groups", "20", "--modules", "6", "--hubs", "3", "--runs", "1", "--json"]);
+    let text = v.to_string();
     assert_eq!(v["nodes"], 300);
     let changes = &v["changes"];
     assert_eq!(changes["no_change"]["rendered"], 0, "an unchanged mesh renders nothing: {text}");
@@ -23,4 +68,52 @@ fn bench_compile_prints_its_figures() {
         assert!((1..300).contains(&rendered), "{change} re-renders some nodes, not all: {text}");
         assert_eq!(changes[change]["equals_full_compile"], true, "{text}");
     }
+}
+
+#[test]
+fn bench_enrol_on_a_mesh_enrols_every_node_and_every_node_holds_a_bundle() {
+    let mesh = Mesh::new("enrol", &[]);
+    let v = figures(&["bench", "enrol", "--mesh", mesh.path(), "--concurrency", "8", "--sample", "4", "--json"]);
+    assert_eq!(v["nodes"], 60, "{v:#}");
+    assert_eq!(v["enrolled"], 60, "every node enrols: {v:#}");
+    assert_eq!(v["held"], 60, "every node holds its first bundle: {v:#}");
+    assert!(number(&v, "/last_answer_to_all_held_ms") >= 0.0, "{v:#}");
+    assert!(number(&v, "/enrolments_per_second") > 0.0, "{v:#}");
+    assert!(number(&v, "/latency_ms/p50") <= number(&v, "/latency_ms/p99"), "{v:#}");
+    assert!(number(&v, "/publish_runs") >= 1.0, "the storm is published: {v:#}");
+    assert_eq!(v["sample_fetched"], 4, "{v:#}");
+    assert!(number(&v, "/sample_bytes") > 0.0, "{v:#}");
+}
+
+#[test]
+fn bench_enrol_refuses_a_mesh_with_declared_keys() {
+    let mesh = Mesh::new("keys", &["--declared-keys"]);
+    let (cmd, out) = trellis_dev(&["bench", "enrol", "--mesh", mesh.path()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("keys stripped, every node enrols"), "{}", shown(&cmd, &out));
+}
+
+#[test]
+fn bench_delivery_on_a_mesh_delivers_every_change_to_the_agents_it_affects() {
+    let mesh = Mesh::new("delivery", &[]);
+    let v = figures(&["bench", "delivery", "--mesh", mesh.path(), "--agents", "20", "--json"]);
+    assert_eq!(v["agents"], 20, "{v:#}");
+    assert_eq!(v["enrolled"], 60, "every node of the mesh enrols: {v:#}");
+    assert!(number(&v, "/first_bundles/bytes") > 0.0, "{v:#}");
+    assert_eq!(v["agent_failures"], serde_json::json!([]), "{v:#}");
+    let change = &v["change"];
+    assert!(number(change, "/agents_expected") > 0.0, "the change reaches some agents: {v:#}");
+    assert_eq!(change["agents_changed"], change["agents_expected"], "exactly the affected agents get a new bundle: {v:#}");
+    assert_eq!(change["agents_unexpected"], 0, "{v:#}");
+    assert_eq!(change["agents_missing"], 0, "{v:#}");
+    assert!(number(change, "/to_bundle_ms/p50") > 0.0, "{v:#}");
+    assert!(number(change, "/to_bundle_ms/p50") <= number(change, "/to_bundle_ms/p99"), "{v:#}");
+    assert!(number(change, "/bytes") > 0.0, "{v:#}");
+    for phase in ["declare", "enrol"] {
+        let p = &v["add_node"][phase];
+        assert_eq!(p["agents_changed"], p["agents_expected"], "{phase}: {v:#}");
+        assert_eq!(p["agents_missing"], 0, "{phase}: {v:#}");
+    }
+    assert!(number(&v, "/add_node/refetched_bytes") > 0.0, "{v:#}");
+    assert!(number(&v, "/serve_peak_rss_kib") > 0.0, "{v:#}");
 }
