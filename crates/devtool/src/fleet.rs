@@ -194,6 +194,12 @@ impl Phase {
         self.got.values().map(|(_, b)| b).sum()
     }
 
+    /// How many agents fetched more than 1 MiB, and how many bytes they fetched.
+    fn large(&self) -> (usize, usize) {
+        let large: Vec<usize> = self.got.values().map(|(_, b)| *b).filter(|b| *b > 1024 * 1024).collect();
+        (large.len(), large.iter().sum())
+    }
+
     fn latencies(&self) -> Vec<Duration> {
         sorted(self.got.values().map(|(d, _)| *d).collect())
     }
@@ -420,6 +426,7 @@ pub async fn run(a: &DeliveryArgs, dir: &Path) -> Result<ExitCode> {
             "what": c.what, "bundles_changed_offline": c.changed.len(), "agents_expected": expect(c).len(),
             "agents_changed": p.got.len(), "agents_unexpected": p.unexpected, "agents_missing": p.missing, "bytes": p.bytes(),
             "files_changed": c.files,
+            "largest_bytes": p.got.values().map(|(_, b)| *b).max(), "agents_over_1_mib": p.large().0, "bytes_over_1_mib": p.large().1,
         })
     };
     if a.json {
@@ -464,7 +471,7 @@ pub async fn run(a: &DeliveryArgs, dir: &Path) -> Result<ExitCode> {
         let phase_line = |p: &Phase, c: &Change| {
             let files: Vec<String> = c.files.iter().map(|(f, k)| format!("{} in {k}", f.rsplit('/').next().unwrap_or(f))).collect();
             format!(
-                "{}: {} bundles change [{}] ({} of them agents'); {} agents got a new one{}{}, {:.2} MiB",
+                "{}: {} bundles change [{}] ({} of them agents'); {} agents got a new one{}{}, {:.2} MiB ({} over 1 MiB each: {:.2} MiB)",
                 c.what,
                 c.changed.len(),
                 files.join(", "),
@@ -472,7 +479,9 @@ pub async fn run(a: &DeliveryArgs, dir: &Path) -> Result<ExitCode> {
                 p.got.len(),
                 if p.unexpected > 0 { format!(" ({} unexpected)", p.unexpected) } else { String::new() },
                 if p.missing > 0 { format!(", {} MISSING after {} s", p.missing, PHASE_LIMIT.as_secs()) } else { String::new() },
-                mib(p.bytes())
+                mib(p.bytes()),
+                p.large().0,
+                mib(p.large().1)
             )
         };
         println!("(a) {}", phase_line(&change, &moved));

@@ -61,6 +61,7 @@ pub async fn run(a: &EnrolArgs, dir: &std::path::Path) -> Result<ExitCode> {
 
     eprintln!("enrolling {} nodes, {concurrency} in flight...", names.len());
     let runs_before = controller.publisher.runs();
+    let (stop_sampling, sampler) = sample_runs(controller.clone(), runs_before);
     let started = Instant::now();
     let enrolled = enrolling::enrol_all(&base, &ca, enrolees, concurrency).await?;
     let last = enrolled.iter().map(|e| e.answered).max().context("no node enrolled")?;
@@ -78,7 +79,16 @@ pub async fn run(a: &EnrolArgs, dir: &std::path::Path) -> Result<ExitCode> {
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     };
+    // The run that gave the last nodes their bundle finishes after filling the table: count it.
+    let _ = controller.settle(Duration::from_secs(60)).await;
     let runs = controller.publisher.runs() - runs_before;
+    stop_sampling.store(true, std::sync::atomic::Ordering::SeqCst);
+    let ends = sampler.await?;
+    // When each publish run finished, relative to the last answer (negative: before it).
+    let ends_ms: Vec<f64> =
+        ends.iter().map(|&t| if t >= last { crate::bench::ms(t - last) } else { -crate::bench::ms(last - t) }).collect();
+    let gaps: Vec<Duration> = ends.windows(2).map(|w| w[1] - w[0]).collect();
+    let gap_median = sorted(gaps.clone()).get(gaps.len() / 2).copied().unwrap_or_default();
 
     // The same bundles over HTTPS, as the nodes' agents fetch them, for a sample of nodes.
     let step = (enrolled.len() / a.sample.max(1)).max(1);
@@ -114,7 +124,7 @@ pub async fn run(a: &EnrolArgs, dir: &std::path::Path) -> Result<ExitCode> {
                 "latency_ms": {"p50": crate::bench::ms(pct(&latencies, 0.5)), "p99": crate::bench::ms(pct(&latencies, 0.99))},
                 "held": names.len() - waiting.len(),
                 "last_answer_to_all_held_ms": held_ms, "target_all_held_ms": crate::bench::ms(TARGET_HELD),
-                "publish_runs": runs,
+                "publish_runs": runs, "publish_run_ends_ms": ends_ms, "publish_run_interval_median_ms": crate::bench::ms(gap_median),
                 "sample_fetched": sampled, "sample_bytes": sample_bytes,
             }))?
         );
@@ -147,8 +157,39 @@ pub async fn run(a: &EnrolArgs, dir: &std::path::Path) -> Result<ExitCode> {
                 crate::bench::ms(TARGET_HELD)
             ),
         }
-        println!("publish runs for the storm:   {runs:8}");
+        println!(
+            "publish runs for the storm:   {runs:8}  (one every {:.0} ms, median; they ended at {} ms from the last answer)",
+            crate::bench::ms(gap_median),
+            ends_ms.iter().map(|m| format!("{m:.0}")).collect::<Vec<_>>().join(", ")
+        );
         println!("HTTPS sample:                 {sampled} nodes fetched their bundle with their own certificate ({sample_bytes} bytes, equal to the controller's)");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Watches the controller's count of finished publish runs (from `seen`) (every 2 ms, for at most 10 minutes)
+/// and returns when each one finished, once told to stop.
+fn sample_runs(
+    controller: Arc<trellis_controller::Controller>,
+    mut seen: u64,
+) -> (Arc<std::sync::atomic::AtomicBool>, tokio::task::JoinHandle<Vec<Instant>>) {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopped = stop.clone();
+    let task = tokio::spawn(async move {
+        let deadline = Instant::now() + Duration::from_secs(600);
+        let mut ends = Vec::new();
+        loop {
+            let now = controller.publisher.runs();
+            if now != seen {
+                ends.extend(std::iter::repeat_n(Instant::now(), (now - seen) as usize));
+                seen = now;
+            }
+            if stopped.load(std::sync::atomic::Ordering::SeqCst) || Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        ends
+    });
+    (stop, task)
 }
