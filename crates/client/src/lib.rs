@@ -3,6 +3,7 @@
 //! it decides nothing and keeps no state.
 
 mod admin;
+mod declfs;
 mod error;
 mod node;
 
@@ -10,6 +11,7 @@ use std::future::Future;
 use std::time::Duration;
 
 pub use admin::{base_url, AdminClient};
+pub use declfs::{declaration_files, DeclDirError};
 pub use error::{Error, Refused, Tried};
 pub use node::{enrol, enrol_request, read_bounded, BundleAnswer, NodeClient};
 

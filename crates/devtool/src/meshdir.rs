@@ -100,27 +100,7 @@ impl MeshDir {
 /// `DIR/mesh.toml` and every `DIR/modules/*.toml`, in name order, named relative to `DIR` (what
 /// `trellis apply DIR` sends).
 fn files(dir: &Path) -> Result<Vec<(String, String)>> {
-    if !dir.is_dir() {
-        bail!("{} is not a directory; give a declaration directory that holds mesh.toml", dir.display());
-    }
-    let read = |p: &Path| std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()));
-    let mut files = vec![(trellis_core::load::MESH_FILE.to_string(), read(&dir.join(trellis_core::load::MESH_FILE))?)];
-    let modules = dir.join("modules");
-    let mut paths = Vec::new();
-    if modules.is_dir() {
-        for entry in std::fs::read_dir(&modules).with_context(|| format!("cannot list {}", modules.display()))? {
-            let path = entry.with_context(|| format!("cannot list {}", modules.display()))?.path();
-            if path.extension().is_some_and(|e| e == "toml") {
-                paths.push(path);
-            }
-        }
-    }
-    paths.sort();
-    for p in paths {
-        let name = p.file_name().and_then(|n| n.to_str()).with_context(|| format!("{}: the file name is not UTF-8", p.display()))?;
-        files.push((format!("modules/{name}"), read(&p)?));
-    }
-    Ok(files)
+    Ok(trellis_client::declaration_files(dir)?)
 }
 
 fn load(dir: &Path, files: &[(String, String)]) -> Result<Arc<Declaration>> {
