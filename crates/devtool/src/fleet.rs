@@ -415,7 +415,9 @@ pub async fn run(a: &DeliveryArgs, dir: &Path) -> Result<ExitCode> {
     for p in &pollers {
         p.abort();
     }
+    let state_dir = running.dir.clone();
     drop(running);
+    let _ = std::fs::remove_dir_all(&state_dir);
 
     let lat = change.latencies();
     let refetch = declare.bytes() + enrol.bytes();
