@@ -169,10 +169,11 @@ impl Controller {
     /// Writes the contacts held in memory to the database.
     pub async fn flush_contacts(&self) {
         let batch: Vec<(String, i64)> = self.publisher.contacts.lock().expect("contacts").drain().collect();
-        for (node, at) in batch {
-            if let Err(e) = self.store.touch(&node, at).await {
-                eprintln!("trellis serve: cannot record contact of {node}: {e}");
-            }
+        if batch.is_empty() {
+            return;
+        }
+        if let Err(e) = self.store.touch_all(&batch).await {
+            eprintln!("trellis serve: cannot record the contact of {} node(s): {e}", batch.len());
         }
     }
 
@@ -282,8 +283,10 @@ impl Controller {
             return Ok((0, head_record));
         };
         *p.mesh.write().expect("mesh") = decl.mesh.name.clone();
+        // A set, not `Declaration::node` (a linear search: 50 million comparisons a run at 10k).
+        let declared: HashSet<&str> = decl.nodes.iter().map(|n| n.name.as_str()).collect();
         let active: Vec<&trellis_store::NodeRecord> =
-            records.iter().filter(|r| r.state == trellis_proto::EnrolledState::Active && decl.node(&r.name).is_some()).collect();
+            records.iter().filter(|r| r.state == trellis_proto::EnrolledState::Active && declared.contains(r.name.as_str())).collect();
         let keys: HashMap<String, PublicKey> =
             active.iter().filter_map(|r| r.wg_public_key.as_deref().and_then(PublicKey::parse).map(|k| (r.name.clone(), k))).collect();
         // A recompile keeps addresses from its previous output (the same allocation the apply

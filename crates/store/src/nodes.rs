@@ -166,7 +166,16 @@ impl Store {
     }
 
     pub async fn touch(&self, name: &str, now: i64) -> Result<()> {
-        sqlx::query("UPDATE nodes SET last_contact = $1 WHERE name = $2").bind(now).bind(name).execute(&self.pool).await?;
+        self.touch_all(&[(name.to_string(), now)]).await
+    }
+
+    /// Records the last contact of many nodes in one transaction (one commit, not one each).
+    pub async fn touch_all(&self, contacts: &[(String, i64)]) -> Result<()> {
+        let mut tx = self.begin().await?;
+        for (name, at) in contacts {
+            sqlx::query("UPDATE nodes SET last_contact = $1 WHERE name = $2").bind(*at).bind(name).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
         Ok(())
     }
 }
