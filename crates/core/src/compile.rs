@@ -321,12 +321,17 @@ fn rekey(decl: &Arc<Declaration>, keys: &HashMap<String, PublicKey>, mut previou
 fn same_node(a: &crate::decl::Node, b: &crate::decl::Node) -> bool {
     a.name == b.name
         && a.hub == b.hub
-        && a.networks == b.networks
         && a.groups == b.groups
         && a.modules == b.modules
         && a.address_ipv4 == b.address_ipv4
         && a.address_ipv6 == b.address_ipv6
         && a.public_key == b.public_key
+        && same_reach(a, b)
+}
+
+/// Whether a node is reached the same way: the same networks and endpoints (not where written).
+fn same_reach(a: &crate::decl::Node, b: &crate::decl::Node) -> bool {
+    a.networks == b.networks
         && a.endpoints.len() == b.endpoints.len()
         && a.endpoints.iter().zip(&b.endpoints).all(|(x, y)| x.address == y.address && x.reachable_from == y.reachable_from)
 }
@@ -394,12 +399,7 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
         };
         let o = o as usize;
         let (now, was) = (topo.nodes[a], &od.nodes[old.order[o] as usize]);
-        moved[a] = now.networks != was.networks
-            || now.endpoints.len() != was.endpoints.len()
-            || now.endpoints.iter().zip(&was.endpoints).any(|(x, y)| x.address != y.address || x.reachable_from != y.reachable_from)
-            || topo.ipv4[a] != old.ipv4[o]
-            || topo.ipv6[a] != old.ipv6[o]
-            || topo.keys[a] != old.keys[o];
+        moved[a] = !same_reach(now, was) || topo.ipv4[a] != old.ipv4[o] || topo.ipv6[a] != old.ipv6[o] || topo.keys[a] != old.keys[o];
         changed[a] = moved[a] || !same_node(now, was);
     }
     for (o, a) in old_to_new.iter().enumerate() {

@@ -165,10 +165,6 @@ impl Store {
         .await
     }
 
-    pub async fn touch(&self, name: &str, now: i64) -> Result<()> {
-        self.touch_all(&[(name.to_string(), now)]).await
-    }
-
     /// Records the last contact of many nodes in one transaction (one commit, not one each).
     pub async fn touch_all(&self, contacts: &[(String, i64)]) -> Result<()> {
         let mut tx = self.begin().await?;
