@@ -89,7 +89,8 @@ impl Controller {
         match crate::tokens::token_state(&token, t) {
             TokenState::Valid => {}
             TokenState::Revoked => return Err(Redemption::Revoked.into()),
-            TokenState::Used => return Err(Redemption::Used.into()),
+            // A retry of the redemption that used it, whose answer was lost, is answered again.
+            TokenState::Used => return self.answer_again(&token, &req).await,
             TokenState::Expired => return Err(Redemption::Expired.into()),
         }
         if req.node != token.node {
@@ -132,13 +133,60 @@ impl Controller {
             subject: &req.node,
             detail: format!("state {state}, key {key}, certificate {}", issued.serial),
         };
-        self.store.enrol(&token.id, &record, &audit).await?;
+        match self.store.enrol(&token.id, &record, &audit).await {
+            Ok(()) => {}
+            // A retry raced the redemption it repeats (the first was still being decided when
+            // the node gave up waiting): once that one is committed, this is answered as it was.
+            Err(trellis_store::StoreError::TokenUsed) => {
+                let token = self.store.token(&req.token_id).await?.ok_or(Redemption::Unknown)?;
+                return self.answer_again(&token, &req).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
         self.ask_publish();
         Ok(proto::EnrolResponse {
             node: req.node,
             mesh: decl.mesh.name.clone(),
             state,
             node_cert_pem: issued.cert_pem,
+            ca_pem: self.ca().cert_pem().to_string(),
+            signing_public_key: base64::engine::general_purpose::STANDARD.encode(self.signing_public_key),
+            controllers: self.config.advertise.clone(),
+        })
+    }
+
+    /// The answer to a redemption of a used token: if it is a retry of the redemption that used
+    /// it (its answer lost on the way), the node's record still holds exactly what that one
+    /// made — the same WireGuard key, a certificate for the CSR's key, nothing renewed or
+    /// revoked since — and the answer is given again, unchanged. Anything else is "token already
+    /// used". Nothing in the answer is secret: the private keys never left the node.
+    async fn answer_again(&self, token: &trellis_store::TokenRecord, req: &proto::EnrolRequest) -> Result<proto::EnrolResponse> {
+        let used = || Error::from(Redemption::Used);
+        if req.node != token.node {
+            return Err(Redemption::OtherNode { token: token.node.clone(), asked: req.node.clone() }.into());
+        }
+        let Some(record) = self.store.node(&req.node).await? else { return Err(used()) };
+        let same_key = PublicKey::parse(&req.wireguard_public_key).map(|k| k.to_string()) == record.wg_public_key;
+        let made_by_this_token = token.used_at == Some(record.enrolled_at) && record.prev_cert_serial.is_none();
+        let (Some(cert_pem), true, true) = (record.cert_pem.as_deref(), same_key, made_by_this_token) else {
+            return Err(used());
+        };
+        if record.state == EnrolledState::Revoked {
+            return Err(used());
+        }
+        // The CSR proves possession of its key (its signature), and the key must be the one the
+        // certificate certifies.
+        let asked = trellis_pki::csr_public_key(&req.csr_pem).map_err(|e| Redemption::BadCsr(e.to_string()))?;
+        let certified = trellis_pki::cert_public_key(cert_pem).map_err(|e| Error::internal("reading a node certificate", e))?;
+        if !bool::from(asked.as_slice().ct_eq(&certified)) {
+            return Err(used());
+        }
+        let mesh = self.current_declaration().await?.map(|(_, d)| d.mesh.name.clone()).ok_or(Redemption::NoDeclaration)?;
+        Ok(proto::EnrolResponse {
+            node: record.name,
+            mesh,
+            state: record.state,
+            node_cert_pem: cert_pem.to_string(),
             ca_pem: self.ca().cert_pem().to_string(),
             signing_public_key: base64::engine::general_purpose::STANDARD.encode(self.signing_public_key),
             controllers: self.config.advertise.clone(),

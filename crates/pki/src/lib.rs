@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use rcgen::{
     BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-    KeyPair, KeyUsagePurpose, SanType, SerialNumber,
+    KeyPair, KeyUsagePurpose, PublicKeyData, SanType, SerialNumber,
 };
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
@@ -162,6 +162,21 @@ fn csr_for(key: &KeyPair, node: &str) -> Result<String, PkiError> {
     Ok(params.serialize_request(key)?.pem()?)
 }
 
+/// The public key a CSR asks to have certified (the bits of its subject public key), once the
+/// CSR's signature has shown that its sender holds the private key.
+pub fn csr_public_key(csr_pem: &str) -> Result<Vec<u8>, PkiError> {
+    let csr = CertificateSigningRequestParams::from_pem(csr_pem).map_err(|e| PkiError::BadCsr(e.to_string()))?;
+    Ok(csr.public_key.der_bytes().to_vec())
+}
+
+/// The public key a certificate certifies, in the same form as [`csr_public_key`].
+pub fn cert_public_key(cert_pem: &str) -> Result<Vec<u8>, PkiError> {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let der = pem_to_der(cert_pem, "CERTIFICATE")?;
+    let (_, cert) = X509Certificate::from_der(&der).map_err(|e| PkiError::BadCert(e.to_string()))?;
+    Ok(cert.public_key().subject_public_key.data.to_vec())
+}
+
 pub fn fingerprint(der: &[u8]) -> [u8; 32] {
     Sha256::digest(der).into()
 }
@@ -221,6 +236,21 @@ mod tests {
         assert_eq!(info.serial, issued.serial);
         assert!((info.not_after - issued.not_after).abs() <= 1);
         assert_eq!(ca.fingerprint(), inspect_pem(&ca_pair.cert_pem).unwrap().fingerprint);
+    }
+
+    #[test]
+    fn a_certificate_certifies_the_key_of_its_csr_and_of_no_other() {
+        let now = SystemTime::now();
+        let ca_pair = create_ca("acme", now).unwrap();
+        let ca = Ca::load(&ca_pair.cert_pem, &ca_pair.key_pem).unwrap();
+        let (key, csr) = node_key_and_csr("db-1").unwrap();
+        let issued = ca.sign_node(&csr, "db-1", "acme", now, Duration::from_secs(60)).unwrap();
+        let certified = cert_public_key(&issued.cert_pem).unwrap();
+        assert_eq!(csr_public_key(&csr).unwrap(), certified);
+        // Another CSR for the same key (a retry) names the same key; a new key does not.
+        assert_eq!(csr_public_key(&csr_from_key(&key, "db-1").unwrap()).unwrap(), certified);
+        let (_, other) = node_key_and_csr("db-1").unwrap();
+        assert_ne!(csr_public_key(&other).unwrap(), certified);
     }
 
     #[test]

@@ -143,8 +143,9 @@ async fn enrolment_certificates_and_approval_follow_the_clock_and_the_states() {
         assert_eq!(cert.not_after, T0 + 100 + 3600, "the certificate's lifetime runs from the injected clock");
         assert_eq!(cert.not_before, T0 + 100 - 60, "a minute of grace before it");
 
-        // A second redemption of the same token is refused as used.
-        let again = c.enrol(req).await.unwrap_err();
+        // A second redemption of the same token with other keys is refused as used.
+        let (other, _) = enrol_request(&created.token);
+        let again = c.enrol(proto::EnrolRequest { wireguard_public_key: x25519_public(200), ..other }).await.unwrap_err();
         assert!(matches!(again, Error::Redemption(Redemption::Used)), "{again:?}");
 
         let der = trellis_pki::pem_to_der(&enrolled.node_cert_pem, "CERTIFICATE").unwrap();
@@ -216,6 +217,73 @@ async fn refusals_are_typed_and_leave_the_records_as_they_were() {
         assert_eq!(c.revoke_token(&t.id).await.unwrap().state, TokenState::Revoked);
         let r = c.revoke_token(&t.id).await.unwrap_err();
         assert!(matches!(r, Error::TokenNotRevocable { state: TokenState::Revoked, .. }), "{r:?}");
+    })
+    .await;
+}
+
+/// A lost answer: the node sends the same redemption again (same token, same WireGuard key, a
+/// CSR for the same TLS key) and is answered as it was the first time, with nothing recorded
+/// twice. Other keys, or a node that has renewed or been revoked since, get "token already used".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_enrolment_is_answered_as_the_first_was_and_only_for_the_same_keys() {
+    on_both(|fx| async move {
+        let c = &fx.c;
+        let created = c.create_token(&proto::TokenRequest { node: "db-1".into(), ttl_secs: 600, require_approval: false }).await.unwrap();
+        let (req, key) = enrol_request(&created.token);
+        let first = c.enrol(req.clone()).await.unwrap();
+        let audited = c.audit().await.unwrap().len();
+        fx.clock.0.store(T0 + 30, Ordering::SeqCst);
+
+        let retry = c.enrol(req.clone()).await.unwrap();
+        assert_eq!(retry.node_cert_pem, first.node_cert_pem, "the same certificate, not a second one");
+        assert_eq!((retry.node.as_str(), retry.mesh.as_str(), retry.state), (first.node.as_str(), first.mesh.as_str(), first.state));
+        assert_eq!(
+            (&retry.ca_pem, &retry.signing_public_key, &retry.controllers),
+            (&first.ca_pem, &first.signing_public_key, &first.controllers)
+        );
+        // A fresh CSR for the same key is the same request.
+        let same_key = proto::EnrolRequest { csr_pem: trellis_pki::csr_from_key(&key, "db-1").unwrap(), ..req.clone() };
+        assert_eq!(c.enrol(same_key).await.unwrap().node_cert_pem, first.node_cert_pem);
+        assert_eq!(c.audit().await.unwrap().len(), audited, "a retry records nothing");
+
+        // Concurrent retries all get the one answer.
+        let (a, b) = tokio::join!(c.enrol(req.clone()), c.enrol(req.clone()));
+        assert_eq!((a.unwrap().node_cert_pem, b.unwrap().node_cert_pem), (first.node_cert_pem.clone(), first.node_cert_pem.clone()));
+
+        // Other keys are refused: another WireGuard key, another TLS key, a CSR signed by a key
+        // other than the one it names.
+        let used = |r: Result<proto::EnrolResponse, Error>| matches!(r, Err(Error::Redemption(Redemption::Used)));
+        assert!(used(c.enrol(proto::EnrolRequest { wireguard_public_key: x25519_public(9), ..req.clone() }).await));
+        let (other, _) = enrol_request(&created.token);
+        assert!(used(c.enrol(proto::EnrolRequest { csr_pem: other.csr_pem, ..req.clone() }).await));
+        let wrong_secret = proto::EnrolRequest { secret: base64::engine::general_purpose::STANDARD.encode([0u8; 24]), ..req.clone() };
+        assert!(matches!(c.enrol(wrong_secret).await, Err(Error::Redemption(Redemption::Wrong))));
+
+        // Once the node renewed, its enrolment answer was not lost: a retry is refused.
+        let der = trellis_pki::pem_to_der(&first.node_cert_pem, "CERTIFICATE").unwrap();
+        let who = c.authenticate_node(Some(&der)).await.unwrap();
+        c.renew(&who, &proto::RenewRequest { csr_pem: trellis_pki::csr_from_key(&key, "db-1").unwrap() }).await.unwrap();
+        assert!(used(c.enrol(req.clone()).await), "a retry after a renewal");
+
+        // And a revoked node's token stays used.
+        let t2 = c.create_token(&proto::TokenRequest { node: "api-1".into(), ttl_secs: 600, require_approval: false }).await.unwrap();
+        let (req2, _) = enrol_request(&t2.token);
+        c.enrol(req2.clone()).await.unwrap();
+        c.revoke("api-1").await.unwrap();
+        assert!(used(c.enrol(req2).await), "a retry after a revocation");
+
+        // A retry that races the redemption it repeats (sent before the first was decided)
+        // waits for it and gets its answer; neither is refused.
+        let t3 = c.create_token(&proto::TokenRequest { node: "op-1".into(), ttl_secs: 600, require_approval: false }).await.unwrap();
+        let (req3, _) = enrol_request(&t3.token);
+        let (a, b) = tokio::join!(c.enrol(req3.clone()), c.enrol(req3));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!(a.node_cert_pem, b.node_cert_pem);
+        assert_eq!(c.store.node("op-1").await.unwrap().unwrap().cert_pem.as_deref(), Some(a.node_cert_pem.as_str()));
+
+        let audit = c.audit().await.unwrap();
+        assert_eq!(audit.iter().filter(|r| r.action == "node enrolled").count(), 3);
+        assert_eq!(trellis_proto::audit::verify(&audit), Ok(audit.len()));
     })
     .await;
 }
