@@ -608,3 +608,127 @@ fn a_cut_audit_chain_is_caught_by_the_signed_checkpoint() {
     let err = fails_with(c.admin(&["audit", "verify"]), "records were removed");
     assert!(err.contains("the audit chain ends at record 2, but the controller's checkpoint says it reached record 3"), "{err}");
 }
+
+fn renew(node: &Path) -> Command {
+    let mut a = agent_bin();
+    a.args(["renew", "--force", "--state-dir", node.to_str().unwrap()]);
+    a
+}
+
+/// A TCP relay to a controller that cuts a connection the moment the controller starts to
+/// answer after `committed()` turned true: the request was carried out, and its answer never
+/// reaches the client. Only the first `cuts` connections are cut; the rest are relayed whole.
+/// Returns the relay's port and the number of connections cut so far.
+fn cutting_relay(
+    to: u16,
+    cuts: usize,
+    committed: impl Fn() -> bool + Send + Sync + 'static,
+) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let cut = Arc::new(AtomicUsize::new(0));
+    let committed = Arc::new(committed);
+    let (cut2, mut seen) = (cut.clone(), 0usize);
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(mut client) = client else { return };
+            let Ok(mut server) = std::net::TcpStream::connect(("127.0.0.1", to)) else { return };
+            let (mut c2, mut s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c2, &mut s2);
+                let _ = s2.shutdown(std::net::Shutdown::Write);
+            });
+            let may_cut = seen < cuts;
+            seen += 1;
+            let (cut, committed) = (cut2.clone(), committed.clone());
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 16 * 1024];
+                loop {
+                    let n = match server.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    if may_cut && committed() {
+                        cut.fetch_add(1, Ordering::SeqCst);
+                        break;
+                    }
+                    if client.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                let _ = client.shutdown(std::net::Shutdown::Both);
+                let _ = server.shutdown(std::net::Shutdown::Both);
+            });
+        }
+    });
+    (port, cut)
+}
+
+/// Issue 12, finding 10: the answer to an enrolment is lost after the controller committed it.
+/// Before, the agent gave up and its retry with the same token got "token already used", so the
+/// node needed a new token. Now the agent asks again with the same keys and is answered as the
+/// first time; when it gives up, it keeps its keys, and the same command later completes the
+/// enrolment. Other keys with the same token are still refused.
+#[test]
+fn a_lost_enrolment_answer_is_asked_for_again_with_the_same_keys() {
+    both(|db| {
+        let c = Controller::start(db);
+        c.ok(&["apply", "lab/basic"]);
+        let state = c.state.clone();
+        let used = move |node: &'static str| {
+            let state = state.clone();
+            move || {
+                let mut cmd = trellis_cmd(&["token", "list", "--json", "--state-dir", state.to_str().unwrap()]);
+                let list: serde_json::Value = serde_json::from_slice(&cmd.output().unwrap().stdout).unwrap_or_default();
+                list.as_array().into_iter().flatten().any(|t| t["node"] == node && t["state"] == "used")
+            }
+        };
+        let through = |token: &str, port: u16| {
+            let mut t = EnrolmentToken::decode(token).unwrap();
+            t.controllers = vec![format!("127.0.0.1:{port}")];
+            t.encode().unwrap()
+        };
+        let enrolled = |node: &str| {
+            let v: serde_json::Value = serde_json::from_str(&c.ok(&["audit", "list", "--json"])).unwrap();
+            v.as_array().unwrap().iter().filter(|r| r["action"] == "node enrolled" && r["subject"] == node).count()
+        };
+
+        // The first answer is cut after the commit; the agent asks again within its run.
+        let token = c.token("db-1", &[]);
+        let (relay, cut) = cutting_relay(c.port, 1, used("db-1"));
+        let node = tempdir("lost");
+        let mut cmd = enrol(&through(&token, relay), &node.0);
+        cmd.args(["--retry-for", "30"]);
+        let (out, d) = run(cmd);
+        assert!(out.status.success(), "{db:?}: the retry is answered\n{d}");
+        assert_eq!(cut.load(std::sync::atomic::Ordering::SeqCst), 1, "the first answer was cut after the commit\n{d}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("asking again in 1 s with the same keys"), "{d}");
+        // The certificate it holds is the node's current one: it renews with it.
+        assert_eq!(c.node_state("db-1"), "active");
+        must(renew(&node.0));
+        assert_eq!(enrolled("db-1"), 1, "enrolled once");
+        assert!(!node.0.join("enrol.pending").exists());
+        // Other keys with the same token: refused.
+        fails_with(enrol(&token, &tempdir("thief").0), "token already used");
+
+        // Every answer is cut and the agent gives up at once: its keys stay, and the same
+        // command, once the controller is reachable, completes the enrolment.
+        let token = c.token("op-1", &[]);
+        let (relay, cut) = cutting_relay(c.port, usize::MAX, used("op-1"));
+        let node = tempdir("later");
+        let mut cmd = enrol(&through(&token, relay), &node.0);
+        cmd.args(["--retry-for", "0"]);
+        let err = fails_with(cmd, "it may have reached the controller, so this node's keys are kept in");
+        assert_eq!(cut.load(std::sync::atomic::Ordering::SeqCst), 1, "{err}");
+        assert_eq!(mode(&node.0.join("enrol.pending")), 0o600, "the pending TLS key is private");
+        assert!(node.0.join("wireguard.key").exists() && !node.0.join("identity.toml").exists(), "{err}");
+        let out = must(enrol(&token, &node.0));
+        assert!(out.contains("enrolled node op-1"), "{out}");
+        must(renew(&node.0));
+        assert_eq!(enrolled("op-1"), 1, "enrolled once");
+        assert!(!node.0.join("enrol.pending").exists());
+    });
+}

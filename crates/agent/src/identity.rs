@@ -52,6 +52,18 @@ pub fn controller_error(e: trellis_client::Error) -> anyhow::Error {
     }
 }
 
+/// The same, on one line with its causes.
+fn controller_error_text(e: &trellis_client::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 /// Where the token comes from: the command line, or a file (`-`: standard input), so that it
 /// need not appear in the process list or the shell's history.
 pub enum TokenSource {
@@ -74,7 +86,28 @@ impl TokenSource {
     }
 }
 
-pub async fn enrol(source: TokenSource, dir: &Path, force: bool) -> Result<()> {
+/// An enrolment sent and not (yet) answered: the token it was for and the TLS key its CSR
+/// named. Kept (mode 0600) until an answer comes, so that every retry, in this run or a later
+/// one, presents the same keys and a redemption the controller recorded is answered again.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Pending {
+    token_id: String,
+    node: String,
+    key_pem: String,
+    /// What the first attempt made, to remove after a refusal.
+    made_wireguard_key: bool,
+    made_dir: bool,
+}
+
+const PENDING: &str = "enrol.pending";
+
+fn pending(dir: &Path, token: &EnrolmentToken) -> Option<Pending> {
+    let p: Pending = toml::from_str(&std::fs::read_to_string(dir.join(PENDING)).ok()?).ok()?;
+    (p.token_id == trellis_core::token::hex(&token.id) && p.node == token.node).then_some(p)
+}
+
+pub async fn enrol(source: TokenSource, dir: &Path, force: bool, retry_for: std::time::Duration) -> Result<()> {
     // A damaged token fails here, before any key is made or any packet is sent.
     let token = EnrolmentToken::decode(source.read()?.trim()).map_err(|e| anyhow::anyhow!("{e}"))?;
     if dir.join("identity.toml").exists() && !force {
@@ -82,24 +115,53 @@ pub async fn enrol(source: TokenSource, dir: &Path, force: bool) -> Result<()> {
     }
     // Made private, or refused if it exists open to others; never chmod'ed.
     let made_dir = trellis_files::private_dir(dir)?;
-    let made_key = !dir.join("wireguard.key").exists();
-    let wg_public = wireguard_key(dir)?;
-    let (tls_key, csr) = trellis_pki::node_key_and_csr(&token.node)?;
-    let req = trellis_client::enrol_request(&token, csr, wg_public.clone());
-    let resp = match trellis_client::enrol(&token.controllers, token.ca_fingerprint, &req).await {
-        Ok(r) => r,
-        Err(e) => {
-            // A refused enrolment leaves nothing behind that it made.
-            if made_key {
-                let _ = std::fs::remove_file(dir.join("wireguard.key"));
-            }
-            if made_dir {
-                let _ = std::fs::remove_dir(dir);
-            }
-            return Err(controller_error(e));
+    let pending = match pending(dir, &token) {
+        // An earlier run sent this token and got no answer: the same keys again.
+        Some(p) => p,
+        None => {
+            let made_wireguard_key = !dir.join("wireguard.key").exists();
+            let (key_pem, _) = trellis_pki::node_key_and_csr(&token.node)?;
+            let p =
+                Pending { token_id: trellis_core::token::hex(&token.id), node: token.node.clone(), key_pem, made_wireguard_key, made_dir };
+            // Written before the request leaves, so that no answer can be lost with the key.
+            write_file(&dir.join(PENDING), toml::to_string(&p)?.as_bytes(), 0o600)?;
+            p
         }
     };
-    write_file(&dir.join("node.key"), tls_key.as_bytes(), 0o600)?;
+    let wg_public = wireguard_key(dir)?;
+    let csr = trellis_pki::csr_from_key(&pending.key_pem, &token.node)?;
+    let req = trellis_client::enrol_request(&token, csr, wg_public.clone());
+    let started = std::time::Instant::now();
+    let mut wait = std::time::Duration::from_secs(1);
+    let resp = loop {
+        match trellis_client::enrol(&token.controllers, token.ca_fingerprint, &req).await {
+            Ok(r) => break r,
+            Err(e) if e.outcome_unknown() && started.elapsed() + wait <= retry_for => {
+                eprintln!("trellis-agent: {}; asking again in {} s with the same keys", controller_error_text(&e), wait.as_secs());
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(std::time::Duration::from_secs(15));
+            }
+            Err(e) if e.outcome_unknown() => {
+                return Err(controller_error(e).context(format!(
+                    "no answer to the enrolment; it may have reached the controller, so this node's keys are kept in {}: \
+                     run the same command again to complete it",
+                    dir.display()
+                )));
+            }
+            Err(e) => {
+                // A refused enrolment leaves nothing behind that it made.
+                let _ = std::fs::remove_file(dir.join(PENDING));
+                if pending.made_wireguard_key {
+                    let _ = std::fs::remove_file(dir.join("wireguard.key"));
+                }
+                if pending.made_dir {
+                    let _ = std::fs::remove_dir(dir);
+                }
+                return Err(controller_error(e));
+            }
+        }
+    };
+    write_file(&dir.join("node.key"), pending.key_pem.as_bytes(), 0o600)?;
     write_file(&dir.join("node.pem"), resp.node_cert_pem.as_bytes(), 0o644)?;
     write_file(&dir.join("ca.pem"), resp.ca_pem.as_bytes(), 0o644)?;
     let id = Identity {
@@ -110,6 +172,7 @@ pub async fn enrol(source: TokenSource, dir: &Path, force: bool) -> Result<()> {
         state: resp.state,
     };
     write_file(&dir.join("identity.toml"), toml::to_string(&id)?.as_bytes(), 0o644)?;
+    std::fs::remove_file(dir.join(PENDING)).with_context(|| format!("cannot remove {}", dir.join(PENDING).display()))?;
     let info = trellis_pki::inspect_pem(&resp.node_cert_pem)?;
     println!(
         "enrolled node {} in mesh {} ({}); certificate valid until {} (unix); WireGuard public key {wg_public}",

@@ -100,6 +100,11 @@ enum Command {
         /// Enrol again even if the state directory already holds an identity (keeps the WireGuard key)
         #[arg(long)]
         force: bool,
+        /// How long to keep asking when no controller answers. Every attempt sends the same keys,
+        /// so an enrolment that reached the controller but whose answer was lost is answered
+        /// again; after this the keys stay, and running the same command later completes it
+        #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+        retry_for: u64,
     },
     /// Renew the node certificate over mutual TLS once two thirds of its lifetime have passed
     Renew {
@@ -176,13 +181,13 @@ pub fn main() -> ExitCode {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
     let result = rt.block_on(async {
         match cli.command {
-            Command::Enrol { token, token_file, state_dir, force } => {
+            Command::Enrol { token, token_file, state_dir, force, retry_for } => {
                 let source = match (token, token_file) {
                     (Some(t), _) => identity::TokenSource::Argument(t),
                     (None, Some(f)) => identity::TokenSource::File(f),
                     (None, None) => unreachable!("clap requires one"),
                 };
-                identity::enrol(source, &state_dir, force).await
+                identity::enrol(source, &state_dir, force, std::time::Duration::from_secs(retry_for)).await
             }
             Command::Renew { state_dir, force } => identity::renew(&state_dir, force).await,
             Command::Status { state_dir, json } => identity::status(&state_dir, json),

@@ -72,6 +72,19 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether the request may have been carried out although no answer says so: it got no
+    /// answer, an answer cut short, or a controller that could not decide (5xx). Repeating a
+    /// request that is idempotent is then the way to learn its outcome.
+    pub fn outcome_unknown(&self) -> bool {
+        match self {
+            Error::Send(_) | Error::Unreachable(_) | Error::UnreachableFromToken(_) | Error::UnreachableAt { .. } => true,
+            Error::Unexpected { .. } | Error::Read { .. } => true,
+            Error::Refused(r) => r.status >= 500,
+            Error::Answered { status, .. } => status.is_server_error(),
+            _ => false,
+        }
+    }
+
     /// The controller's refusal, when this is one.
     pub fn refused(&self) -> Option<&Refused> {
         match self {
