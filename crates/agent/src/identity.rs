@@ -133,10 +133,13 @@ pub async fn enrol(source: TokenSource, dir: &Path, force: bool, retry_for: std:
     let req = trellis_client::enrol_request(&token, csr, wg_public.clone());
     let started = std::time::Instant::now();
     let mut wait = std::time::Duration::from_secs(1);
+    // Worth asking again: no answer, or a controller that is busy or turning this address away
+    // for a while (429).
+    let again = |e: &trellis_client::Error| e.outcome_unknown() || e.refused().is_some_and(|r| r.status == 429);
     let resp = loop {
         match trellis_client::enrol(&token.controllers, token.ca_fingerprint, &req).await {
             Ok(r) => break r,
-            Err(e) if e.outcome_unknown() && started.elapsed() + wait <= retry_for => {
+            Err(e) if again(&e) && started.elapsed() + wait <= retry_for => {
                 eprintln!("trellis-agent: {}; asking again in {} s with the same keys", controller_error_text(&e), wait.as_secs());
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(std::time::Duration::from_secs(15));

@@ -13,6 +13,7 @@ use trellis_store::{Audit, NodeRecord};
 
 use crate::error::{NodeRefusal, Redemption};
 use crate::publish::AuthEntry;
+use crate::refusals::{Source, Verdict};
 use crate::{Controller, Error, Result};
 
 /// A node, proven by its certificate.
@@ -50,25 +51,68 @@ impl Controller {
 
     /// Redeems a token: the node's CSR and WireGuard key become its certificate and record. A
     /// refused redemption is a governance event too: it is audited, and changes nothing else.
+    /// (In process, with no source address; see [`Controller::enrol_from`].)
     pub async fn enrol(&self, req: proto::EnrolRequest) -> Result<proto::EnrolResponse> {
-        // The shape first: a request that is not an enrolment is answered and forgotten, so an
-        // unauthenticated caller cannot write its fields into the audit chain.
+        self.enrol_from(req, None).await
+    }
+
+    /// [`Controller::enrol`] for a request from `source`. Its refusals are counted against it:
+    /// the first few in a window are audited one by one, the next only counted (and written as
+    /// one record when the window closes), and past a limit the source is turned away before
+    /// anything is read (`refusals`).
+    pub async fn enrol_from(&self, req: proto::EnrolRequest, source: Option<std::net::IpAddr>) -> Result<proto::EnrolResponse> {
+        let source = Source::of(source);
+        let now = self.now();
+        if let Err(wait) = self.refusals.admit(source, now) {
+            return Err(Redemption::TooMany { from: source.to_string(), wait }.into());
+        }
+        self.write_refusals().await;
+        // The shape first: a request that is not an enrolment is answered and forgotten (not
+        // even counted: it costs no lookup), so an unauthenticated caller cannot write its fields
+        // into the audit chain.
         well_formed(&req)?;
         let (token_id, node) = (req.token_id.clone(), req.node.clone());
         match self.redeem(req).await {
             Ok(r) => Ok(r),
             Err(e) => {
-                let audit = Audit {
-                    at: self.now(),
-                    actor: &format!("token {token_id}"),
-                    action: "token redemption refused",
-                    subject: &node,
-                    detail: e.to_string(),
-                };
-                if let Err(ae) = self.store.record(&audit).await {
-                    eprintln!("trellis serve: cannot audit a refused redemption: {ae}");
+                if self.refusals.refused(source, now, &e.to_string()) == Verdict::Audit {
+                    let audit = Audit {
+                        at: now,
+                        actor: &format!("token {token_id}"),
+                        action: "token redemption refused",
+                        subject: &node,
+                        detail: format!("{e} (from {source})"),
+                    };
+                    if let Err(ae) = self.store.record(&audit).await {
+                        eprintln!("trellis serve: cannot audit a refused redemption: {ae}");
+                    }
                 }
                 Err(e)
+            }
+        }
+    }
+
+    /// Writes one audit record for each closed window of refusals that were counted, not audited
+    /// one by one. Called on every enrolment and by the server's timer.
+    pub async fn write_refusals(&self) {
+        let audited = self.refusals.limits().audited;
+        for (source, w) in self.refusals.closed(self.now()) {
+            let audit = Audit {
+                at: self.now(),
+                actor: &format!("source {source}"),
+                action: "token redemptions refused",
+                subject: &source.to_string(),
+                detail: format!(
+                    "{} more refused from {source} in the {} s from {} ({} of them turned away unread); the last: {}",
+                    w.refused - audited,
+                    self.refusals.limits().window_secs,
+                    w.start,
+                    w.turned_away,
+                    w.last_reason
+                ),
+            };
+            if let Err(e) = self.store.record(&audit).await {
+                eprintln!("trellis serve: cannot audit refused redemptions from {source}: {e}");
             }
         }
     }

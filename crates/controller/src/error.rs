@@ -95,6 +95,8 @@ pub enum Redemption {
     BadKey,
     #[error("{0}")]
     BadCsr(String),
+    #[error("too many refused enrolments from {from}; try again in {wait} s")]
+    TooMany { from: String, wait: i64 },
 }
 
 /// Why a node's request was refused before it was heard.
@@ -166,6 +168,7 @@ impl Redemption {
             Redemption::Wrong => "token_wrong",
             Redemption::Revoked => "token_revoked",
             Redemption::Used => "token_used",
+            Redemption::TooMany { .. } => "too_many_refusals",
             Redemption::Expired => "token_expired",
             Redemption::OtherNode { .. } => "token_node",
             Redemption::NoDeclaration => "no_declaration",

@@ -10,6 +10,7 @@ pub mod enrolment;
 pub mod error;
 pub mod nodes;
 pub mod publish;
+pub mod refusals;
 pub mod state;
 pub mod tokens;
 
@@ -78,6 +79,8 @@ pub struct Controller {
     checkpoint: Option<std::path::PathBuf>,
     /// The sequence number last signed into it, once known; one signer at a time.
     checkpoint_seq: tokio::sync::Mutex<Option<i64>>,
+    /// Refused redemptions per source (audited, counted, or turned away).
+    pub refusals: refusals::Refusals,
 }
 
 impl Controller {
@@ -93,7 +96,14 @@ impl Controller {
             entropy,
             checkpoint: None,
             checkpoint_seq: Default::default(),
+            refusals: refusals::Refusals::new(refusals::RefusalLimits::default()),
         }
+    }
+
+    /// Counts refused redemptions per source with these limits instead of the defaults.
+    pub fn with_refusal_limits(mut self, limits: refusals::RefusalLimits) -> Controller {
+        self.refusals = refusals::Refusals::new(limits);
+        self
     }
 
     /// Keeps a signed checkpoint of the audit head in this file (see `audit`).

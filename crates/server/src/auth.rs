@@ -13,6 +13,18 @@ use crate::error::ApiError;
 #[derive(Clone, Debug, Default)]
 pub struct PeerCert(pub Option<Arc<Vec<u8>>>);
 
+/// The address the connection came from (absent in process).
+#[derive(Clone, Copy, Debug)]
+pub struct Peer(pub Option<std::net::IpAddr>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Peer {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(parts.extensions.get::<Peer>().copied().unwrap_or(Peer(None)))
+    }
+}
+
 /// An administrator.
 pub struct Admin;
 

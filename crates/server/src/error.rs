@@ -41,6 +41,7 @@ pub fn status(e: &Error) -> StatusCode {
             Redemption::Malformed | Redemption::SecretMalformed | Redemption::BadKey | Redemption::BadCsr(_) => StatusCode::BAD_REQUEST,
             Redemption::Unknown | Redemption::Wrong | Redemption::Revoked | Redemption::Expired => StatusCode::UNAUTHORIZED,
             Redemption::Used | Redemption::NoDeclaration => StatusCode::CONFLICT,
+            Redemption::TooMany { .. } => StatusCode::TOO_MANY_REQUESTS,
             Redemption::OtherNode { .. } | Redemption::NodeUndeclared { .. } | Redemption::NodeManagedOutside(_) => StatusCode::FORBIDDEN,
         },
         Error::Node(n) => match n {

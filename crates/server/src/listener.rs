@@ -16,7 +16,7 @@ use tower::ServiceExt;
 use trellis_controller::state::StateDir;
 use trellis_controller::Controller;
 
-use crate::auth::PeerCert;
+use crate::auth::{Peer, PeerCert};
 use crate::routes::app;
 
 /// What one controller lets its clients hold: bounds that keep a flood of connections, or
@@ -130,6 +130,8 @@ impl Server {
                     n += 1;
                     if n % 10 == 0 {
                         c.flush_contacts().await;
+                        // Refusals counted in windows that have closed, one record each.
+                        c.write_refusals().await;
                     }
                 }
             })
@@ -172,9 +174,11 @@ impl Server {
                     Ok(Ok(t)) => t,
                     _ => return,
                 };
-                let peer = PeerCert(tls.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|c| Arc::new(c.to_vec())));
+                let cert = PeerCert(tls.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|c| Arc::new(c.to_vec())));
+                let source = Peer(Some(peer.ip()));
                 let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
-                    req.extensions_mut().insert(peer.clone());
+                    req.extensions_mut().insert(cert.clone());
+                    req.extensions_mut().insert(source);
                     req.extensions_mut().insert(limits);
                     router.clone().oneshot(req.map(axum::body::Body::new))
                 });

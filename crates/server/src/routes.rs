@@ -12,7 +12,7 @@ use axum::{Json, Router};
 use trellis_controller::{Controller, Error};
 use trellis_proto as proto;
 
-use crate::auth::{Admin, Node};
+use crate::auth::{Admin, Node, Peer};
 use crate::body::{Body, DECLARATION_BODY, EVIDENCE_BODY, SMALL_BODY};
 use crate::error::ApiError;
 
@@ -87,8 +87,8 @@ async fn audit_checkpoint(State(c): State<Shared>, _: Admin) -> Answer<proto::au
 
 // --- nodes -----------------------------------------------------------------------------------
 
-async fn enrol(State(c): State<Shared>, Body(req): Body<proto::EnrolRequest>) -> Answer<proto::EnrolResponse> {
-    Ok(Json(c.enrol(req).await?))
+async fn enrol(State(c): State<Shared>, Peer(source): Peer, Body(req): Body<proto::EnrolRequest>) -> Answer<proto::EnrolResponse> {
+    Ok(Json(c.enrol_from(req, source).await?))
 }
 
 async fn renew(State(c): State<Shared>, Node(who): Node, Body(req): Body<proto::RenewRequest>) -> Answer<proto::RenewResponse> {

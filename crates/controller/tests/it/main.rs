@@ -288,6 +288,66 @@ async fn a_retried_enrolment_is_answered_as_the_first_was_and_only_for_the_same_
     .await;
 }
 
+/// The audit flood: a caller sends well-formed enrolments with tokens that do not exist, as
+/// fast as it can. Before, every one was read from the database and audited (3,000 requests, 3,000
+/// records). Now each source gets its first 5 refusals a minute audited, the next 25 counted, and
+/// the rest turned away before anything is read; the counted ones become one record when the
+/// minute is over. Another source is not affected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_redemptions_are_audited_counted_then_turned_away_per_source() {
+    on_both(|fx| async move {
+        let c = &fx.c;
+        let before = c.audit().await.unwrap().len();
+        let attacker: std::net::IpAddr = "192.0.2.66".parse().unwrap();
+        let unknown = |i: u32| proto::EnrolRequest {
+            token_id: format!("{i:016x}"),
+            secret: base64::engine::general_purpose::STANDARD.encode([1u8; 24]),
+            node: "db-1".into(),
+            csr_pem: "-".into(),
+            wireguard_public_key: "-".into(),
+        };
+        let (mut unknowns, mut turned_away) = (0, 0);
+        for i in 0..100 {
+            match c.enrol_from(unknown(i), Some(attacker)).await {
+                Err(Error::Redemption(Redemption::Unknown)) => unknowns += 1,
+                Err(Error::Redemption(Redemption::TooMany { from, wait })) => {
+                    assert_eq!((from.as_str(), wait), ("192.0.2.66", 60));
+                    turned_away += 1;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!((unknowns, turned_away), (30, 70));
+        let audit = c.audit().await.unwrap();
+        assert_eq!(audit.len() - before, 5, "five refusals audited one by one");
+        assert!(audit.last().unwrap().detail.ends_with("(from 192.0.2.66)"), "{:?}", audit.last());
+        // A token holder elsewhere is not turned away, and is audited.
+        let neighbour: std::net::IpAddr = "2001:db8::1".parse().unwrap();
+        assert!(matches!(c.enrol_from(unknown(7), Some(neighbour)).await, Err(Error::Redemption(Redemption::Unknown))));
+        assert_eq!(c.audit().await.unwrap().len() - before, 6);
+
+        // The minute ends: the counted refusals become one record, written once.
+        fx.clock.0.store(T0 + 60, Ordering::SeqCst);
+        c.write_refusals().await;
+        c.write_refusals().await;
+        let audit = c.audit().await.unwrap();
+        assert_eq!(audit.len() - before, 7, "{:?}", &audit[before..]);
+        let summary = audit.last().unwrap();
+        assert_eq!((summary.action.as_str(), summary.subject.as_str()), ("token redemptions refused", "192.0.2.66"));
+        assert!(
+            summary
+                .detail
+                .starts_with("95 more refused from 192.0.2.66 in the 60 s from 1900000000 (70 of them turned away unread); the last:"),
+            "{}",
+            summary.detail
+        );
+        assert_eq!(trellis_proto::audit::verify(&audit), Ok(audit.len()));
+        // And the source may try again.
+        assert!(matches!(c.enrol_from(unknown(1), Some(attacker)).await, Err(Error::Redemption(Redemption::Unknown))));
+    })
+    .await;
+}
+
 /// A mesh of `n` nodes that all answer ping from the whole mesh: every node peers with every
 /// other, so each enrolment changes every enrolled node's bundle.
 fn ping_mesh(n: usize) -> Vec<proto::DeclFile> {
