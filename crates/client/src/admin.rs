@@ -91,8 +91,9 @@ impl AdminClient {
         self.get("/v1/admin/status").await
     }
 
-    pub async fn audit(&self) -> Result<Vec<proto::AuditRecord>, Error> {
-        self.get("/v1/admin/audit").await
+    /// One page of the audit chain: at most `limit` records after sequence number `after`.
+    pub async fn audit_page(&self, after: i64, limit: i64) -> Result<Vec<proto::AuditRecord>, Error> {
+        self.get(&format!("/v1/admin/audit?after={after}&limit={limit}")).await
     }
 
     /// The controller's signed checkpoint of the audit head; `None` before the first decision.

@@ -187,7 +187,14 @@ impl Controller {
             .collect())
     }
 
+    /// The whole audit chain (in process; over HTTP it is read by [`Controller::audit_page`]).
     pub async fn audit(&self) -> Result<Vec<proto::AuditRecord>> {
         Ok(self.store.audit().await?)
+    }
+
+    /// At most `limit` audit records after sequence number `after` (0: from the first), oldest
+    /// first; `limit` is held to 1..=[`proto::AUDIT_PAGE`].
+    pub async fn audit_page(&self, after: i64, limit: i64) -> Result<Vec<proto::AuditRecord>> {
+        Ok(self.store.audit_page(after.max(0), limit.clamp(1, proto::AUDIT_PAGE)).await?)
     }
 }

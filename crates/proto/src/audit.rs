@@ -27,23 +27,74 @@ pub fn hash(seq: i64, at: i64, actor: &str, action: &str, subject: &str, detail:
     hex::encode(h.finalize())
 }
 
-/// Checks a whole chain from its first record; on a break, says at which record. Returns the
-/// number of records.
-pub fn verify(records: &[AuditRecord]) -> Result<usize, String> {
-    let mut prev = String::new();
-    for (i, r) in records.iter().enumerate() {
-        if r.seq != i as i64 + 1 {
-            return Err(format!("audit record {} is missing (found {} in its place)", i + 1, r.seq));
+/// Checks a chain record by record from its first, holding only the hash before: a chain read
+/// in pages is checked in bounded memory. With a checkpoint (whose signature the caller has
+/// checked), the chain must also reach the checkpoint's record, with the same hash there.
+#[derive(Debug, Default)]
+pub struct ChainCheck {
+    count: i64,
+    prev: String,
+    checkpoint: Option<Checkpoint>,
+    seen_at_checkpoint: Option<String>,
+}
+
+impl ChainCheck {
+    pub fn new(checkpoint: Option<Checkpoint>) -> ChainCheck {
+        ChainCheck { checkpoint, ..ChainCheck::default() }
+    }
+
+    /// The next record; on a break, says at which record.
+    pub fn feed(&mut self, r: &AuditRecord) -> Result<(), String> {
+        let expected = self.count + 1;
+        if r.seq != expected {
+            return Err(format!("audit record {expected} is missing (found {} in its place)", r.seq));
         }
-        if r.prev_hash != prev {
+        if r.prev_hash != self.prev {
             return Err(format!("audit record {} does not follow record {}: the chain is broken", r.seq, r.seq - 1));
         }
         if hash(r.seq, r.at, &r.actor, &r.action, &r.subject, &r.detail, &r.prev_hash) != r.hash {
             return Err(format!("audit record {} was altered: its hash does not match its content", r.seq));
         }
-        prev = r.hash.clone();
+        if self.checkpoint.as_ref().is_some_and(|c| c.seq == r.seq) {
+            self.seen_at_checkpoint = Some(r.hash.clone());
+        }
+        self.count = r.seq;
+        self.prev.clone_from(&r.hash);
+        Ok(())
     }
-    Ok(records.len())
+
+    /// The hash of the newest record fed, empty before the first.
+    pub fn head(&self) -> &str {
+        &self.prev
+    }
+
+    /// The end of the chain: the number of records, once the checkpoint (if any) is met.
+    pub fn finish(self) -> Result<usize, String> {
+        if let Some(cp) = &self.checkpoint {
+            match &self.seen_at_checkpoint {
+                None => return Err(format!(
+                    "the audit chain ends at record {}, but the controller's checkpoint says it reached record {}: records were removed",
+                    self.count, cp.seq
+                )),
+                Some(h) if *h != cp.hash => {
+                    return Err(format!(
+                        "audit record {} is not the one the controller's checkpoint names: the chain was rewritten",
+                        cp.seq
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(self.count as usize)
+    }
+}
+
+/// Checks a whole chain from its first record; on a break, says at which record. Returns the
+/// number of records.
+pub fn verify(records: &[AuditRecord]) -> Result<usize, String> {
+    let mut check = ChainCheck::new(None);
+    records.iter().try_for_each(|r| check.feed(r))?;
+    check.finish()
 }
 
 /// The head of the chain as the controller saw it, kept outside the database: the newest
@@ -69,17 +120,9 @@ impl Checkpoint {
 /// Checks a whole chain against a checkpoint of its head (whose signature the caller has
 /// checked): it must reach the checkpoint's record, with the same hash there.
 pub fn verify_against(records: &[AuditRecord], checkpoint: &Checkpoint) -> Result<usize, String> {
-    let n = verify(records)?;
-    let Some(r) = usize::try_from(checkpoint.seq - 1).ok().and_then(|i| records.get(i)) else {
-        return Err(format!(
-            "the audit chain ends at record {n}, but the controller's checkpoint says it reached record {}: records were removed",
-            checkpoint.seq
-        ));
-    };
-    if r.hash != checkpoint.hash {
-        return Err(format!("audit record {} is not the one the controller's checkpoint names: the chain was rewritten", r.seq));
-    }
-    Ok(n)
+    let mut check = ChainCheck::new(Some(checkpoint.clone()));
+    records.iter().try_for_each(|r| check.feed(r))?;
+    check.finish()
 }
 
 #[cfg(test)]

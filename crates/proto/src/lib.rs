@@ -145,6 +145,9 @@ pub struct WhoAmI {
     pub state: EnrolledState,
 }
 
+/// The most audit records one `GET /v1/admin/audit` answers (`?after=SEQ&limit=N` pages on).
+pub const AUDIT_PAGE: i64 = 1000;
+
 /// The largest evidence batch an agent may send.
 pub const MAX_EVIDENCE_BATCH: usize = 1000;
 

@@ -74,8 +74,25 @@ async fn status(State(c): State<Shared>, _: Admin) -> Answer<Vec<proto::NodeStat
     Ok(Json(c.status().await?))
 }
 
-async fn audit_log(State(c): State<Shared>, _: Admin) -> Answer<Vec<proto::AuditRecord>> {
-    Ok(Json(c.audit().await?))
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditQuery {
+    /// Records after this sequence number (default 0: from the first).
+    #[serde(default)]
+    after: i64,
+    /// At most this many (default and bound: `proto::AUDIT_PAGE`).
+    #[serde(default = "audit_page")]
+    limit: i64,
+}
+
+fn audit_page() -> i64 {
+    proto::AUDIT_PAGE
+}
+
+/// `GET /v1/admin/audit?after=SEQ&limit=N`: one page of the chain, oldest first; a page shorter
+/// than asked is the last.
+async fn audit_log(State(c): State<Shared>, _: Admin, Query(q): Query<AuditQuery>) -> Answer<Vec<proto::AuditRecord>> {
+    Ok(Json(c.audit_page(q.after, q.limit).await?))
 }
 
 async fn audit_checkpoint(State(c): State<Shared>, _: Admin) -> Answer<proto::audit::Checkpoint> {

@@ -34,10 +34,19 @@ impl Store {
         self.decide(audit, |_| Box::pin(async { Ok(()) })).await
     }
 
+    /// The whole chain. For tests and small chains: listing goes by [`Store::audit_page`].
     pub async fn audit(&self) -> Result<Vec<AuditRecord>> {
-        let rows = sqlx::query("SELECT seq, at, actor, action, subject, detail, prev_hash, hash FROM audit ORDER BY seq")
-            .fetch_all(&self.pool)
-            .await?;
+        self.audit_page(0, i64::MAX).await
+    }
+
+    /// At most `limit` records after sequence number `after`, oldest first.
+    pub async fn audit_page(&self, after: i64, limit: i64) -> Result<Vec<AuditRecord>> {
+        let rows =
+            sqlx::query("SELECT seq, at, actor, action, subject, detail, prev_hash, hash FROM audit WHERE seq > $1 ORDER BY seq LIMIT $2")
+                .bind(after)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?;
         rows.iter()
             .map(|r| {
                 Ok(AuditRecord {

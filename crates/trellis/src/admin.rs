@@ -1,6 +1,7 @@
 //! The controller commands: `init`, `serve`, and the admin commands that talk to a running
 //! controller (`apply`, `token`, `nodes`, `node`, `audit`).
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -256,52 +257,87 @@ pub fn node(conn: &Conn, cmd: NodeCommand) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn audit_verify(conn: &Conn) -> Result<ExitCode> {
+/// Reads the audit chain page by page (at most `page` records a request), handing each page to
+/// `each`: however long the chain, memory holds one page.
+fn audit_pages(
+    client: &trellis_client::AdminClient,
+    rt: &tokio::runtime::Runtime,
+    page: i64,
+    mut each: impl FnMut(&[proto::AuditRecord]) -> Result<()>,
+) -> Result<()> {
+    let mut after = 0;
+    loop {
+        let records = rt.block_on(client.audit_page(after, page))?;
+        each(&records)?;
+        match records.last() {
+            Some(r) if records.len() as i64 >= page => after = r.seq,
+            _ => return Ok(()),
+        }
+    }
+}
+
+pub fn audit_verify(conn: &Conn, page: i64) -> Result<ExitCode> {
     let client = conn.client()?;
     let rt = runtime();
     // The checkpoint first: records decided in between only lengthen the chain past it.
     let checkpoint = rt.block_on(client.audit_checkpoint())?;
-    let records = rt.block_on(client.audit())?;
-    let n = trellis_proto::audit::verify(&records).map_err(|e| anyhow::anyhow!("{e}"))?;
-    println!("audit chain verified: {n} records, head {}", records.last().map_or("-", |r| r.hash.as_str()));
-    let Some(cp) = checkpoint else {
-        println!("no checkpoint yet (the controller signs one after its first decision)");
-        return Ok(ExitCode::SUCCESS);
-    };
     // On the controller's machine its key is at hand: the checkpoint's signature is checked too.
-    let signed = match &conn.state_dir {
-        Some(dir) => {
+    let signed = match (&checkpoint, &conn.state_dir) {
+        (Some(cp), Some(dir)) => {
             let key = state::StateDir::load(dir)?.signing_key()?.verifying_key();
-            if !trellis_controller::audit::checkpoint_signed_by(&cp, &key) {
+            if !trellis_controller::audit::checkpoint_signed_by(cp, &key) {
                 bail!("the audit checkpoint's signature does not verify with the controller's key: it was forged or damaged");
             }
             "signed by the controller's key"
         }
-        None => "signature not checked from afar",
+        _ => "signature not checked from afar",
     };
-    trellis_proto::audit::verify_against(&records, &cp).map_err(|e| anyhow::anyhow!("{e}"))?;
-    println!("matches the controller's checkpoint at record {} ({signed})", cp.seq);
+    let mut check = trellis_proto::audit::ChainCheck::new(checkpoint.clone());
+    audit_pages(&client, &rt, page, |records| records.iter().try_for_each(|r| check.feed(r)).map_err(|e| anyhow::anyhow!("{e}")))?;
+    let head = check.head().to_string();
+    let n = check.finish().map_err(|e| anyhow::anyhow!("{e}"))?;
+    println!("audit chain verified: {n} records, head {}", if head.is_empty() { "-" } else { head.as_str() });
+    match checkpoint {
+        Some(cp) => println!("matches the controller's checkpoint at record {} ({signed})", cp.seq),
+        None => println!("no checkpoint yet (the controller signs one after its first decision)"),
+    }
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn audit_list(conn: &Conn, json_out: bool) -> Result<ExitCode> {
-    let records = runtime().block_on(conn.client()?.audit())?;
+pub fn audit_list(conn: &Conn, json_out: bool, page: i64) -> Result<ExitCode> {
+    let client = conn.client()?;
+    let rt = runtime();
+    let mut out = std::io::stdout().lock();
+    // Printed as it is read, page by page.
     if json_out {
-        println!("{}", serde_json::to_string_pretty(&records)?);
+        let mut first = true;
+        write!(out, "[")?;
+        audit_pages(&client, &rt, page, |records| {
+            for r in records {
+                write!(out, "{}\n  {}", if first { "" } else { "," }, serde_json::to_string(r)?)?;
+                first = false;
+            }
+            Ok(())
+        })?;
+        writeln!(out, "{}]", if first { "" } else { "\n" })?;
         return Ok(ExitCode::SUCCESS);
     }
-    println!("{:>5}  {:<20}  {:<26}  {:<20}  {:<24}  DETAIL", "SEQ", "AT", "ACTION", "SUBJECT", "ACTOR");
-    for r in &records {
-        println!(
-            "{:>5}  {:<20}  {:<26}  {:<20}  {:<24}  {}",
-            r.seq,
-            crate::time::fmt(r.at),
-            printable(&r.action),
-            printable(&r.subject),
-            printable(&r.actor),
-            printable(&r.detail)
-        );
-    }
+    writeln!(out, "{:>5}  {:<20}  {:<26}  {:<20}  {:<24}  DETAIL", "SEQ", "AT", "ACTION", "SUBJECT", "ACTOR")?;
+    audit_pages(&client, &rt, page, |records| {
+        for r in records {
+            writeln!(
+                out,
+                "{:>5}  {:<20}  {:<26}  {:<20}  {:<24}  {}",
+                r.seq,
+                crate::time::fmt(r.at),
+                printable(&r.action),
+                printable(&r.subject),
+                printable(&r.actor),
+                printable(&r.detail)
+            )?;
+        }
+        Ok(())
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 

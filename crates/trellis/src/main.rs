@@ -161,9 +161,16 @@ enum AuditCommand {
     List {
         #[arg(long)]
         json: bool,
+        /// Records read per request (1 to 1000); the list is printed as it is read
+        #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..=1000))]
+        page_size: i64,
     },
-    /// Check that every audit record follows the one before it, unaltered; names the first that does not
-    Verify,
+    /// Check that every audit record follows the one before it, unaltered, up to the controller's signed checkpoint; names the first that does not
+    Verify {
+        /// Records read per request (1 to 1000); memory holds one page, however long the chain
+        #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..=1000))]
+        page_size: i64,
+    },
 }
 
 fn main() -> ExitCode {
@@ -189,8 +196,8 @@ fn main() -> ExitCode {
         Command::Nodes { json, conn } => admin::nodes(&conn, json),
         Command::Node { cmd, conn } => admin::node(&conn, cmd),
         Command::Status { json, conn } => admin::status(&conn, json),
-        Command::Audit { cmd: AuditCommand::Verify, conn } => admin::audit_verify(&conn),
-        Command::Audit { cmd: AuditCommand::List { json }, conn } => admin::audit_list(&conn, json),
+        Command::Audit { cmd: AuditCommand::Verify { page_size }, conn } => admin::audit_verify(&conn, page_size),
+        Command::Audit { cmd: AuditCommand::List { json, page_size }, conn } => admin::audit_list(&conn, json, page_size),
     };
     match result {
         Ok(code) => code,

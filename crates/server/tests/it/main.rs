@@ -552,6 +552,14 @@ async fn a_flood_of_refused_enrolments_from_one_address_is_counted_and_turned_aw
     assert!(last["error"].as_str().unwrap().starts_with("too many refused enrolments from 127.0.0.1; try again in "), "{last}");
     let audit = r.admin_get("/v1/admin/audit").await;
     assert_eq!(audit.as_array().unwrap().len() - before, 5, "{audit}");
+
+    // The audit chain is read in pages: `after` and `limit`, held to at most 1,000 a request.
+    let seqs = |v: Value| v.as_array().unwrap().iter().map(|x| x["seq"].as_i64().unwrap()).collect::<Vec<_>>();
+    assert_eq!(seqs(r.admin_get("/v1/admin/audit?after=2&limit=3").await), vec![3, 4, 5]);
+    assert_eq!(seqs(r.admin_get("/v1/admin/audit?limit=0").await), vec![1], "a limit of at least one");
+    assert_eq!(seqs(r.admin_get("/v1/admin/audit?after=7").await), Vec::<i64>::new());
+    let resp = r.http.get(format!("{}/v1/admin/audit?everything=1", r.base)).bearer_auth(&r.admin).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 400, "unknown query keys are refused");
 }
 
 impl Running {
