@@ -81,6 +81,8 @@ pub struct Controller {
     checkpoint_seq: tokio::sync::Mutex<Option<i64>>,
     /// Refused redemptions per source (audited, counted, or turned away).
     pub refusals: refusals::Refusals,
+    /// Set once when the controller stops serving: long-polls answer at once.
+    stopping: tokio::sync::watch::Sender<bool>,
 }
 
 impl Controller {
@@ -97,6 +99,20 @@ impl Controller {
             checkpoint: None,
             checkpoint_seq: Default::default(),
             refusals: refusals::Refusals::new(refusals::RefusalLimits::default()),
+            stopping: tokio::sync::watch::Sender::new(false),
+        }
+    }
+
+    /// The controller is stopping: whatever waits on [`Controller::stopping`] stops waiting.
+    pub fn stop(&self) {
+        self.stopping.send_replace(true);
+    }
+
+    /// Resolves when the controller stops (at once if it has).
+    pub fn stopped(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut r = self.stopping.subscribe();
+        async move {
+            let _ = r.wait_for(|s| *s).await;
         }
     }
 

@@ -72,10 +72,12 @@ impl ChainCheck {
     pub fn finish(self) -> Result<usize, String> {
         if let Some(cp) = &self.checkpoint {
             match &self.seen_at_checkpoint {
-                None => return Err(format!(
+                None => {
+                    return Err(format!(
                     "the audit chain ends at record {}, but the controller's checkpoint says it reached record {}: records were removed",
                     self.count, cp.seq
-                )),
+                ))
+                }
                 Some(h) if *h != cp.hash => {
                     return Err(format!(
                         "audit record {} is not the one the controller's checkpoint names: the chain was rewritten",

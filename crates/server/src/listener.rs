@@ -110,7 +110,8 @@ impl Server {
         self.listener.local_addr().expect("bound")
     }
 
-    /// Serves until `shutdown` resolves.
+    /// Serves until `shutdown` resolves; then stops accepting, answers long-polls at once, lets
+    /// every request in flight finish (for at most [`DRAIN`]) and returns.
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
         let router = app(self.controller.clone());
         // Publish what the database holds, then follow decisions made by other replicas.
@@ -138,56 +139,96 @@ impl Server {
         };
         // Decisions ask for publish runs; this task makes them, one at a time.
         let publishing = tokio::spawn(self.controller.clone().publishing());
-        let result = self.accept_loop(router, shutdown).await;
+        let Server { listener, controller, acceptor, limits, open } = self;
+        let result = accept_loop(listener, &controller, acceptor, limits, &open, router, shutdown).await;
+        // The listener is closed: no new connection. Long-polls answer now; requests in flight
+        // (a decision among them) finish and are answered.
+        controller.stop();
+        let in_flight = open.lock().expect("open connections").total;
+        let deadline = tokio::time::Instant::now() + DRAIN;
+        let left = loop {
+            let left = open.lock().expect("open connections").total;
+            if left == 0 || tokio::time::Instant::now() >= deadline {
+                break left;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        if in_flight > 0 {
+            eprintln!(
+                "trellis serve: {} of {in_flight} open connections finished{}",
+                in_flight - left,
+                if left > 0 { format!("; {left} cut after {} s", DRAIN.as_secs()) } else { String::new() }
+            );
+        }
         watcher.abort();
         publishing.abort();
-        self.controller.flush_contacts().await;
+        controller.flush_contacts().await;
+        controller.write_refusals().await;
         result
     }
+}
 
-    async fn accept_loop(&self, router: axum::Router, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
-        tokio::pin!(shutdown);
-        loop {
-            let (tcp, peer) = tokio::select! {
-                _ = &mut shutdown => return Ok(()),
-                r = self.listener.accept() => match r {
-                    Ok(c) => c,
-                    Err(e) => {
-                        eprintln!("trellis serve: accept: {e}");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                },
+/// How long a stopping controller waits for the requests in flight.
+pub const DRAIN: Duration = Duration::from_secs(20);
+
+async fn accept_loop(
+    listener: TcpListener,
+    controller: &Arc<Controller>,
+    acceptor: TlsAcceptor,
+    limits: Limits,
+    open: &Arc<std::sync::Mutex<Open>>,
+    router: axum::Router,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<()> {
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("trellis serve: accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let Some(slot) = admit(open, peer.ip(), &limits) else {
+            // Over a bound: closed at once, before any TLS work is spent on it.
+            drop(tcp);
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        let router = router.clone();
+        let stopped = controller.stopped();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                Ok(Ok(t)) => t,
+                _ => return,
             };
-            let Some(slot) = admit(&self.open, peer.ip(), &self.limits) else {
-                // Over a bound: closed at once, before any TLS work is spent on it.
-                drop(tcp);
-                continue;
-            };
-            let _ = tcp.set_nodelay(true);
-            let acceptor = self.acceptor.clone();
-            let router = router.clone();
-            let limits = self.limits;
-            tokio::spawn(async move {
-                let _slot = slot;
-                let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
-                    Ok(Ok(t)) => t,
-                    _ => return,
-                };
-                let cert = PeerCert(tls.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|c| Arc::new(c.to_vec())));
-                let source = Peer(Some(peer.ip()));
-                let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
-                    req.extensions_mut().insert(cert.clone());
-                    req.extensions_mut().insert(source);
-                    req.extensions_mut().insert(limits);
-                    router.clone().oneshot(req.map(axum::body::Body::new))
-                });
-                let conn = hyper::server::conn::http1::Builder::new()
-                    .timer(hyper_util::rt::TokioTimer::new())
-                    .header_read_timeout(Duration::from_secs(30))
-                    .serve_connection(TokioIo::new(tls), svc);
-                let _ = conn.await;
+            let cert = PeerCert(tls.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|c| Arc::new(c.to_vec())));
+            let source = Peer(Some(peer.ip()));
+            let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+                req.extensions_mut().insert(cert.clone());
+                req.extensions_mut().insert(source);
+                req.extensions_mut().insert(limits);
+                router.clone().oneshot(req.map(axum::body::Body::new))
             });
-        }
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(30))
+                .serve_connection(TokioIo::new(tls), svc);
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                // Stopping: the request in flight, if any, is answered; then the connection closes.
+                _ = stopped => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+        });
     }
 }

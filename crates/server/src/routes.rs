@@ -170,8 +170,13 @@ async fn bundle(State(c): State<Shared>, Node(who): Node, headers: HeaderMap, Qu
                 return Ok((headers, body).into_response());
             }
         }
-        let wait = tokio::time::timeout_at(deadline, changes.changed()).await;
-        if !matches!(wait, Ok(Ok(()))) {
+        let changed = tokio::select! {
+            r = tokio::time::timeout_at(deadline, changes.changed()) => matches!(r, Ok(Ok(()))),
+            // The controller is stopping: the node hears now that what it holds is current, and
+            // asks again (another replica, or this one once it is back).
+            _ = c.stopped() => false,
+        };
+        if !changed {
             return match current {
                 Some(p) => {
                     Ok((StatusCode::NOT_MODIFIED, [(header::ETAG, etag(p.version)), (freshness, stamp.to_string())]).into_response())

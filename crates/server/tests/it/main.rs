@@ -18,6 +18,8 @@ struct Running {
     admin: String,
     http: reqwest::Client,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The server's `run`, which returns once it has stopped.
+    done: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }
 
 struct TempDir(std::path::PathBuf);
@@ -51,7 +53,7 @@ async fn start_with(database_url: String, limits: trellis_server::Limits) -> Run
     let state = state::init(&dir.join("s"), &opts).await.unwrap();
     let server = Server::bind(&state, None, None).await.unwrap().with_limits(limits);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(server.run(async {
+    let done = tokio::spawn(server.run(async {
         let _ = rx.await;
     }));
     let ca = state.read("ca.pem").unwrap();
@@ -64,6 +66,7 @@ async fn start_with(database_url: String, limits: trellis_server::Limits) -> Run
         admin,
         http,
         stop: Some(tx),
+        done: Some(done),
     };
     let files: Vec<Value> = ["mesh.toml", "modules/api.toml", "modules/http.toml", "modules/ping.toml", "modules/postgres.toml", "modules/resolver.toml", "modules/ssh.toml"]
         .iter()
@@ -619,4 +622,55 @@ async fn a_body_that_never_arrives_and_too_many_connections_are_cut_off() {
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     let health = r.http.get(format!("{}/v1/health", r.base)).send().await.unwrap();
     assert_eq!(health.status().as_u16(), 200, "the controller answers once the held connections are gone");
+}
+
+/// Stopping (`SIGTERM`). Before, `run` returned the moment it was told to stop: a long-poll open
+/// then went on waiting its full minute (or was cut with the process), and a decision whose
+/// request was in flight was dropped with it. Now the listener closes, long-polls answer at once
+/// (304: what the node holds is current), the request in flight is answered and its decision
+/// recorded, and only then does `run` return.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stopping_answers_long_polls_at_once_and_finishes_the_decisions_in_flight() {
+    use std::time::{Duration, Instant};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let url = testdb::sqlite_url();
+    let mut r = start(url.clone()).await;
+    let node = r.enrol_node("db-1", 1, false).await;
+    let held = node.fetch(&r.base, None, 0).await;
+    assert_eq!(held.status, 200);
+    let base = r.base.clone();
+    let poll = tokio::spawn(async move {
+        let t = Instant::now();
+        let f = node.fetch(&base, held.version, 60).await;
+        (f.status, f.version, t.elapsed())
+    });
+    // A decision in flight: its headers and half of its body have arrived.
+    let body = json!({"node": "op-1", "ttl_secs": 600}).to_string();
+    let (first, rest) = body.split_at(body.len() / 2);
+    let mut tls = r.connect().await;
+    let head = format!(
+        "POST /v1/admin/tokens HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{first}",
+        r.admin,
+        body.len()
+    );
+    tls.write_all(head.as_bytes()).await.unwrap();
+    tls.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    r.stop.take().unwrap().send(()).unwrap();
+    let (status, version, took) =
+        tokio::time::timeout(Duration::from_secs(10), poll).await.expect("the long-poll is answered at once").unwrap();
+    assert_eq!((status, version), (304, held.version), "answered with what it holds, after {took:?}");
+    assert!(r.try_connect().await.is_err(), "no new connection once stopping");
+    assert!(!r.done.as_ref().unwrap().is_finished(), "run waits for the request in flight");
+
+    tls.write_all(rest.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut answer)).await.expect("answered, then closed").ok();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200 OK") && answer.contains("\"token\""), "{answer}");
+    tokio::time::timeout(Duration::from_secs(10), r.done.take().unwrap()).await.expect("run returns").unwrap().unwrap();
+    let store = trellis_store::Store::open(&url).await.unwrap();
+    let tokens = store.tokens().await.unwrap();
+    assert!(tokens.iter().any(|t| t.node == "op-1"), "the decision in flight was recorded: {tokens:?}");
 }
