@@ -49,12 +49,16 @@ impl Controller {
     }
 
     pub fn start_with(db: Db, extra: &[&str]) -> Controller {
+        Self::start_on(database_url(db), extra)
+    }
+
+    /// A controller on this database (`None`: its own SQLite file).
+    pub fn start_on(database_url: Option<String>, extra: &[&str]) -> Controller {
         let dir = tempdir("ctl");
         let state = dir.0.join("state");
         let port = free_port();
         let advertise = format!("127.0.0.1:{port}");
         let listen = format!("127.0.0.1:{port}");
-        let database_url = database_url(db);
         let mut init = trellis_cmd(&["init", "--state-dir", state.to_str().unwrap(), "--advertise", &advertise, "--listen", &listen]);
         if let Some(u) = &database_url {
             init.args(["--database-url", u]);
@@ -741,4 +745,115 @@ fn a_lost_enrolment_answer_is_asked_for_again_with_the_same_keys() {
         assert_eq!(enrolled("op-1"), 1, "enrolled once");
         assert!(!node.0.join("enrol.pending").exists());
     });
+}
+
+/// A PostgreSQL server of the test's own (so that it can be stopped and started), from
+/// `scripts/postgres`; stopped and removed on drop.
+struct OwnPostgres {
+    url: String,
+    dir: String,
+}
+
+impl OwnPostgres {
+    fn start() -> OwnPostgres {
+        let out = must(sh(&repo().join("scripts/postgres").to_string_lossy(), &["start"]));
+        let field = |name: &str| {
+            out.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{name}=")))
+                .unwrap_or_else(|| panic!("no {name} in {out}"))
+                .to_string()
+        };
+        OwnPostgres { url: field("TRELLIS_TEST_POSTGRES_URL"), dir: field("TRELLIS_PG_DIR") }
+    }
+
+    fn pg_ctl(&self, args: &str) {
+        let bin = must(sh("sh", &["-c", "ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1"])).trim().to_string();
+        must(sh("su", &["postgres", "-s", "/bin/sh", "-c", &format!("'{bin}/pg_ctl' -D '{}/data' -w {args} >/dev/null", self.dir)]));
+    }
+}
+
+impl Drop for OwnPostgres {
+    fn drop(&mut self) {
+        let _ = sh(&repo().join("scripts/postgres").to_string_lossy(), &["stop", &self.dir]).output();
+    }
+}
+
+/// Issue 12, faults: PostgreSQL restarted while the controller is busy. Before, a request during
+/// the outage waited 30 s for a connection and then got `500 internal`. Now every request that
+/// needs the database is answered `503 database_unavailable` with a sentence within seconds,
+/// nodes keep getting their bundles from memory, and once the database is back the same
+/// controller decides again, without a restart.
+#[test]
+fn a_database_restart_is_answered_503_with_a_sentence_and_the_controller_recovers() {
+    assert!(crate::support::is_root(), "this test starts its own PostgreSQL as the postgres user (CI runs as root)");
+    let pg = OwnPostgres::start();
+    let c = Controller::start_on(Some(pg.url.clone()), &[]);
+    c.ok(&["apply", "lab/basic"]);
+    let node = tempdir("pgnode");
+    must(enrol(&c.token("db-1", &[]), &node.0));
+    let fetch = |out: &str| {
+        let mut a = agent_bin();
+        a.args(["fetch", "--state-dir", node.0.to_str().unwrap(), "--out", &node.0.join(out).to_string_lossy()]);
+        a
+    };
+    must(fetch("before.bundle"));
+
+    // Load: a client deciding (token after token) all along, bounded in count and time.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let (stop, state) = (stop.clone(), c.state.clone());
+        std::thread::spawn(move || {
+            let (mut ok, mut unavailable, mut other) = (0, 0, Vec::new());
+            let started = Instant::now();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst)
+                && ok + unavailable + other.len() < 2000
+                && started.elapsed() < Duration::from_secs(120)
+            {
+                let mut cmd = trellis_cmd(&["token", "create", "op-1", "--state-dir", state.to_str().unwrap()]);
+                let out = cmd.output().unwrap();
+                let err = String::from_utf8_lossy(&out.stderr).to_string();
+                if out.status.success() {
+                    ok += 1;
+                } else if err.contains("the database is unavailable") {
+                    unavailable += 1;
+                } else {
+                    other.push(err);
+                }
+            }
+            (ok, unavailable, other)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    pg.pg_ctl("-m fast stop");
+    let down = Instant::now();
+    // A decision is refused promptly with the sentence; the health check and a node's bundle
+    // are answered from memory.
+    let t = Instant::now();
+    let err = fails_with(c.admin(&["nodes"]), "the database is unavailable");
+    assert!(t.elapsed() < Duration::from_secs(15), "answered after {:?}: {err}", t.elapsed());
+    assert!(err.contains("nothing was changed: try again once it is back"), "{err}");
+    must(fetch("during.bundle"));
+    std::thread::sleep(Duration::from_secs(1));
+    // Started again as `scripts/postgres` starts it: same socket directory, address and port.
+    let port = pg.url.rsplit(':').next().unwrap().split('/').next().unwrap().to_string();
+    pg.pg_ctl(&format!("-o \"-k '{}' -c listen_addresses=127.0.0.1 -p {port} -c fsync=off\" start", pg.dir));
+    let outage = down.elapsed();
+    // Back: the same process decides again.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (out, d) = run(c.admin(&["token", "create", "api-1"]));
+        if out.status.success() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the controller did not recover: {d}\n{}", c.log(c.port));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let recovered = down.elapsed() - outage;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (ok, unavailable, other) = load.join().unwrap();
+    eprintln!("database outage {outage:?}: {ok} decisions made around it, {unavailable} refused as unavailable, recovered {recovered:?} after the restart");
+    assert!(other.is_empty(), "every refusal during the outage is the sentence: {other:?}");
+    assert!(unavailable > 0 && ok > 0, "the load saw the outage and the recovery ({ok} ok, {unavailable} unavailable)");
+    let audit = c.ok(&["audit", "verify"]);
+    assert!(audit.contains("audit chain verified"), "{audit}");
 }

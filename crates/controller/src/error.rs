@@ -53,6 +53,9 @@ pub enum Error {
     NotRevocable(String),
     #[error("no bundle has been published for node `{0}` yet")]
     NoBundleYet(String),
+    /// The database cannot be reached (or is restarting): nothing was decided.
+    #[error("the database is unavailable ({0}); nothing was changed: try again once it is back (nodes keep their bundles meanwhile)")]
+    DatabaseUnavailable(String),
     /// The decisions stand, but publishing has not covered them within the time asked.
     #[error("publishing has not caught up with the decisions made here within {0} s; they stand and will be published")]
     PublishingBehind(u64),
@@ -147,6 +150,7 @@ impl Error {
             Error::NotRevocable(_) => "not_revocable",
             Error::NoBundleYet(_) => "no_bundle_yet",
             Error::PublishingBehind(_) => "publishing_behind",
+            Error::DatabaseUnavailable(_) => "database_unavailable",
             Error::NotFound(_) => "not_found",
             Error::Internal { .. } => "internal",
         }
@@ -199,6 +203,10 @@ impl From<StoreError> for Error {
             StoreError::TokenUsed => Error::Redemption(Redemption::Used),
             StoreError::KeyTaken(holder) => Error::KeyTaken(holder),
             StoreError::NotFound(what) => Error::NotFound(what),
+            e if e.unavailable().is_some() => {
+                eprintln!("trellis serve: the database is unavailable: {e}");
+                Error::DatabaseUnavailable(e.unavailable().unwrap_or_default())
+            }
             other => Error::internal("database access", other),
         }
     }

@@ -52,7 +52,7 @@ pub fn status(e: &Error) -> StatusCode {
             | NodeRefusal::PendingApproval(_)
             | NodeRefusal::Superseded(_) => StatusCode::FORBIDDEN,
         },
-        Error::NoBundleYet(_) | Error::PublishingBehind(_) => StatusCode::SERVICE_UNAVAILABLE,
+        Error::NoBundleYet(_) | Error::PublishingBehind(_) | Error::DatabaseUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         Error::Internal { .. } => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }

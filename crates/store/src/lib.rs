@@ -70,6 +70,28 @@ fn parse<T: std::str::FromStr<Err = trellis_proto::state::UnknownState>>(s: Stri
     s.parse().map_err(|e: trellis_proto::state::UnknownState| StoreError::Corrupt(e.to_string()))
 }
 
+impl StoreError {
+    /// When the database could not be reached or is restarting (as opposed to refusing or
+    /// failing a statement), a short reason, never the URL or a statement: the request may
+    /// succeed once it is back.
+    pub fn unavailable(&self) -> Option<String> {
+        let StoreError::Db(e) = self else { return None };
+        match e {
+            sqlx::Error::PoolTimedOut => Some("no connection within 5 s".into()),
+            sqlx::Error::Io(io) => Some(format!("connection: {}", io.kind())),
+            sqlx::Error::Tls(_) | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed | sqlx::Error::Protocol(_) => {
+                Some("connection lost".into())
+            }
+            // Class 08, connection exception; 57P01-57P03, the server shutting down or starting.
+            sqlx::Error::Database(d) => {
+                let code = d.code().unwrap_or_default();
+                (code.starts_with("08") || code.starts_with("57P")).then(|| format!("it is shutting down or starting (SQLSTATE {code})"))
+            }
+            _ => None,
+        }
+    }
+}
+
 fn is_unique_violation(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Database(d) => {
@@ -90,7 +112,11 @@ impl Store {
         } else {
             return Err(StoreError::BadUrl(url.to_string()));
         };
-        let mut opts = AnyPoolOptions::new().max_connections(if backend == Backend::Sqlite { 4 } else { 8 });
+        // A request waits at most a few seconds for a connection: when the database is down
+        // (restarting), it is told so promptly instead of hanging for sqlx's default 30 s.
+        let mut opts = AnyPoolOptions::new()
+            .max_connections(if backend == Backend::Sqlite { 4 } else { 8 })
+            .acquire_timeout(std::time::Duration::from_secs(5));
         if backend == Backend::Sqlite {
             opts = opts.after_connect(|conn, _| {
                 Box::pin(async move {
