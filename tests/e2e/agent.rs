@@ -470,3 +470,126 @@ fn a_ruleset_nft_refuses_leaves_the_previous_one_loaded_and_the_failure_in_statu
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// Every file under `dir` (relative path, SHA-256), sorted.
+fn all_files(dir: &Path) -> Vec<(String, String)> {
+    fn walk(base: &Path, dir: &Path, out: &mut Vec<(String, String)>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                walk(base, &e.path(), out);
+            } else {
+                let rel = e.path().strip_prefix(base).unwrap().to_string_lossy().to_string();
+                out.push((rel, hex::encode(Sha256::digest(std::fs::read(e.path()).unwrap()))));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+/// A tmpfs of `size` mounted at `dir`, unmounted on drop.
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    fn mount(dir: &Path, size: &str) -> SmallDisk {
+        std::fs::create_dir_all(dir).unwrap();
+        ok(sh("mount", &["-t", "tmpfs", "-o", &format!("size={size},mode=0755"), "tmpfs", dir.to_str().unwrap()]));
+        SmallDisk(dir.to_path_buf())
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = sh("umount", &["-l", self.0.to_str().unwrap()]).output();
+    }
+}
+
+/// Issue 12, faults: the agent's disk fills up in the middle of an apply. The write of the new
+/// version fails with "No space left on device"; every file stays at the old version (no file
+/// cut short, no temporary file left behind), the failure is in the agent's status and reported
+/// to the controller, and once there is room the same bundle applies.
+#[test]
+fn a_full_disk_mid_apply_leaves_the_old_files_and_reports_the_failure() {
+    use crate::controller::{agent_bin, enrol, Controller, Db};
+    assert!(crate::support::is_root(), "this test mounts a small tmpfs (CI runs as root)");
+    let c = Controller::start(Db::Sqlite);
+    c.ok(&["apply", "lab/basic"]);
+    let work = tempdir("full");
+    let (state, root) = (work.0.join("db-1"), work.0.join("root"));
+    ok(enrol(&c.token("db-1", &[]), &state));
+    let disk = SmallDisk::mount(&root, "256k");
+    let fetch = |out: &Path, held: Option<&str>| {
+        let mut f = agent_bin();
+        f.args(["fetch", "--state-dir", state.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+        if let Some(v) = held {
+            f.args(["--held", v, "--wait", "20"]);
+        }
+        ok(f);
+    };
+    let apply = |bundle: &Path| {
+        let mut a = agent_bin();
+        a.args([
+            "apply",
+            bundle.to_str().unwrap(),
+            "--files-only",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--root",
+            root.to_str().unwrap(),
+        ]);
+        a
+    };
+    let (v1, v2) = (work.0.join("v1.bundle"), work.0.join("v2.bundle"));
+    fetch(&v1, None);
+    ok(apply(&v1));
+    let old = all_files(&root);
+    assert!(old.iter().any(|(p, _)| p.ends_with("etc/trellis/mesh.zone")), "{old:?}");
+
+    // A new version: another node joins.
+    let decl = tempdir("full-decl");
+    copy_dir(&repo().join("lab/basic"), &decl.0);
+    let mesh = std::fs::read_to_string(decl.0.join("mesh.toml")).unwrap();
+    std::fs::write(decl.0.join("mesh.toml"), mesh + "\n[[node]]\nname = \"extra-1\"\nmodules = [\"ping\"]\n").unwrap();
+    c.ok(&["apply", decl.0.to_str().unwrap()]);
+    let v1_version = {
+        let mut v = agent_bin();
+        v.args(["verify", v1.to_str().unwrap(), "--state-dir", state.to_str().unwrap(), "--json"]);
+        serde_json::from_str::<serde_json::Value>(&ok(v)).unwrap()["version"].as_i64().unwrap().to_string()
+    };
+    fetch(&v2, Some(&v1_version));
+
+    // The disk fills up.
+    let filler = root.join("filler");
+    let _ = sh("dd", &["if=/dev/zero", &format!("of={}", filler.display()), "bs=4096"]).output();
+    assert!(filler.metadata().unwrap().len() > 0);
+    let (out, d) = run(apply(&v2));
+    assert_eq!(out.status.code(), Some(1), "{d}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("No space left on device"), "{d}");
+    let now: Vec<(String, String)> = all_files(&root).into_iter().filter(|(p, _)| p != "filler").collect();
+    assert_eq!(now, old, "every file is as it was, and nothing else is left behind");
+    let mut s = agent_bin();
+    s.args(["status", "--state-dir", state.to_str().unwrap(), "--json"]);
+    let status = ok(s);
+    assert!(status.contains("No space left on device"), "{status}");
+    // The controller heard of it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let st = c.ok(&["status", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&st).unwrap();
+        let db1 = v.as_array().unwrap().iter().find(|n| n["node"] == "db-1" || n["name"] == "db-1").cloned().unwrap_or_default();
+        if db1.to_string().contains("No space left on device") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the controller never heard of the failure: {st}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // Room again: the same bundle applies.
+    std::fs::remove_file(&filler).unwrap();
+    ok(apply(&v2));
+    assert_ne!(all_files(&root), old, "the new version is written");
+    drop(disk);
+}

@@ -74,7 +74,16 @@ impl FileWriter for DiskWriter {
             }
             let dir = target.parent().context("file has no directory")?;
             std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-            let tmp = trellis_files::stage(&target, &f.content, f.mode)?;
+            let tmp = match trellis_files::stage(&target, &f.content, f.mode) {
+                Ok(tmp) => tmp,
+                Err(e) => {
+                    // Nothing is committed yet: the files staged so far go, the old ones stay.
+                    for (tmp, _) in &staged {
+                        let _ = std::fs::remove_file(tmp);
+                    }
+                    return Err(e.into());
+                }
+            };
             staged.push((tmp, target));
             outcomes.push(FileOutcome { path: f.path.clone(), sha256: sha, result: trellis_proto::FileResult::Written });
         }

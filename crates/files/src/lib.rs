@@ -41,7 +41,11 @@ fn stage_path(target: &Path) -> PathBuf {
 pub fn stage(target: &Path, content: &[u8], mode: u32) -> Result<PathBuf, FileError> {
     let tmp = stage_path(target);
     let _ = std::fs::remove_file(&tmp);
-    create_new(&tmp, content, mode)?;
+    if let Err(e) = create_new(&tmp, content, mode) {
+        // A full disk or a failed sync leaves no staging file behind.
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     Ok(tmp)
 }
 
