@@ -10,6 +10,7 @@ use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 use trellis_core::bundle::BundleFile;
 use trellis_core::wgconf::WgConf;
+use trellis_files::beneath::Beneath;
 
 // --- files -----------------------------------------------------------------------------------
 
@@ -38,73 +39,90 @@ fn sha_hex(b: &[u8]) -> String {
 
 impl DiskWriter {
     /// Where a bundle's file goes: only a file trellis delivers (the verifier has refused any
-    /// other already; this holds even for a caller that did not verify), and never through a
-    /// symbolic link, which could lead out of the root (a linked `etc/trellis` would have the
-    /// agent write wherever the link points).
-    fn target(&self, rel: &str) -> Result<PathBuf> {
+    /// other already; this holds even for a caller that did not verify), as (its directory, its
+    /// name).
+    fn split(rel: &str) -> Result<(&str, &str)> {
         if !trellis_core::bundle::safe_path(rel) {
             bail!("refusing to write {rel:?}: it is not one of the files trellis delivers");
         }
-        let mut at = self.root.clone();
-        for part in rel.split('/') {
-            at.push(part);
-            if std::fs::symlink_metadata(&at).is_ok_and(|m| m.file_type().is_symlink()) {
-                bail!("refusing to write {rel}: {} is a symbolic link, which could lead out of {}", at.display(), self.root.display());
-            }
+        Ok(rel.rsplit_once('/').unwrap_or(("", rel)))
+    }
+
+    /// The directory a file goes in, opened under the root without following a symbolic link in
+    /// any component (a linked `etc/trellis` would have the agent write wherever the link
+    /// points), once per directory.
+    fn dir(&self, dirs: &mut Vec<(String, Beneath)>, rel: &str, dir: &str) -> Result<usize> {
+        if let Some(i) = dirs.iter().position(|(d, _)| d == dir) {
+            return Ok(i);
         }
-        Ok(at)
+        let opened = Beneath::open(&self.root, dir, true).map_err(|e| anyhow::anyhow!("refusing to write {rel}: {e}"))?;
+        dirs.push((dir.to_string(), opened));
+        Ok(dirs.len() - 1)
     }
 }
 
 impl FileWriter for DiskWriter {
     fn write_all(&mut self, files: &[BundleFile], dropped: &[String]) -> Result<Vec<FileOutcome>> {
         let mut outcomes = Vec::new();
-        let mut staged: Vec<(PathBuf, PathBuf)> = Vec::new();
+        let mut dirs: Vec<(String, Beneath)> = Vec::new();
+        // (directory index, staged name, final name)
+        let mut staged: Vec<(usize, String, String)> = Vec::new();
+        let discard = |dirs: &Vec<(String, Beneath)>, staged: &Vec<(usize, String, String)>| {
+            for (d, tmp, _) in staged {
+                dirs[*d].1.discard(tmp);
+            }
+        };
         for f in files {
-            let target = self.target(&f.path)?;
-            let sha = hex::encode(f.sha256);
-            let same = std::fs::read(&target).is_ok_and(|old| Sha256::digest(&old)[..] == f.sha256[..]);
-            let mode_same = {
-                use std::os::unix::fs::PermissionsExt;
-                std::fs::metadata(&target).is_ok_and(|m| m.permissions().mode() & 0o777 == f.mode)
+            let (dir_rel, name) = Self::split(&f.path)?;
+            let d = match self.dir(&mut dirs, &f.path, dir_rel) {
+                Ok(d) => d,
+                Err(e) => {
+                    discard(&dirs, &staged);
+                    return Err(e);
+                }
             };
-            if same && mode_same {
+            let dir = &dirs[d].1;
+            if dir.is_link(name) {
+                discard(&dirs, &staged);
+                bail!("refusing to write {}: {} is a symbolic link, which is never followed", f.path, dir.path().join(name).display());
+            }
+            let sha = hex::encode(f.sha256);
+            if dir.read(name).is_some_and(|(old, mode)| Sha256::digest(&old)[..] == f.sha256[..] && mode == f.mode) {
                 outcomes.push(FileOutcome { path: f.path.clone(), sha256: sha, result: trellis_proto::FileResult::Unchanged });
                 continue;
             }
-            let dir = target.parent().context("file has no directory")?;
-            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-            let tmp = match trellis_files::stage(&target, &f.content, f.mode) {
-                Ok(tmp) => tmp,
+            match dir.stage(name, &f.content, f.mode) {
+                Ok(tmp) => staged.push((d, tmp, name.to_string())),
                 Err(e) => {
                     // Nothing is committed yet: the files staged so far go, the old ones stay.
-                    for (tmp, _) in &staged {
-                        let _ = std::fs::remove_file(tmp);
-                    }
+                    discard(&dirs, &staged);
                     return Err(e.into());
                 }
-            };
-            staged.push((tmp, target));
+            }
             outcomes.push(FileOutcome { path: f.path.clone(), sha256: sha, result: trellis_proto::FileResult::Written });
         }
         // Everything is staged; now commit.
-        for (tmp, target) in &staged {
-            trellis_files::commit(tmp, target)?;
+        for (i, (d, tmp, name)) in staged.iter().enumerate() {
+            if let Err(e) = dirs[*d].1.commit(tmp, name) {
+                for (d, tmp, _) in &staged[i..] {
+                    dirs[*d].1.discard(tmp);
+                }
+                return Err(e.into());
+            }
         }
-        let mut dirs: Vec<&Path> = staged.iter().filter_map(|(_, t)| t.parent()).collect();
-        dirs.sort();
-        dirs.dedup();
-        for d in dirs {
-            trellis_files::sync_dir(d);
+        for (_, dir) in &dirs {
+            dir.sync();
         }
         for path in dropped {
-            let target = self.target(path)?;
-            match std::fs::remove_file(&target) {
-                Ok(()) => {
-                    outcomes.push(FileOutcome { path: path.clone(), sha256: String::new(), result: trellis_proto::FileResult::Removed })
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e).with_context(|| format!("cannot remove {}", target.display())),
+            let (dir_rel, name) = Self::split(path)?;
+            let dir = match Beneath::open(&self.root, dir_rel, false) {
+                Ok(d) => d,
+                // No directory, no file to remove.
+                Err(e) if e.source.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e).with_context(|| format!("cannot remove {path}")),
+            };
+            if dir.remove(name)? {
+                outcomes.push(FileOutcome { path: path.clone(), sha256: String::new(), result: trellis_proto::FileResult::Removed });
             }
         }
         Ok(outcomes)

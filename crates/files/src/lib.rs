@@ -3,6 +3,8 @@
 //! crash leaves the old file or the new one, never half of either. Also the one Unix clock read
 //! of the edges (the pure core takes time as a parameter).
 
+pub mod beneath;
+
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};

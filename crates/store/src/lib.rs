@@ -77,7 +77,7 @@ impl StoreError {
     pub fn unavailable(&self) -> Option<String> {
         let StoreError::Db(e) = self else { return None };
         match e {
-            sqlx::Error::PoolTimedOut => Some("no connection within 5 s".into()),
+            sqlx::Error::PoolTimedOut => Some("no connection within 10 s".into()),
             sqlx::Error::Io(io) => Some(format!("connection: {}", io.kind())),
             sqlx::Error::Tls(_) | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed | sqlx::Error::Protocol(_) => {
                 Some("connection lost".into())
@@ -116,7 +116,7 @@ impl Store {
         // (restarting), it is told so promptly instead of hanging for sqlx's default 30 s.
         let mut opts = AnyPoolOptions::new()
             .max_connections(if backend == Backend::Sqlite { 4 } else { 8 })
-            .acquire_timeout(std::time::Duration::from_secs(5));
+            .acquire_timeout(std::time::Duration::from_secs(10));
         if backend == Backend::Sqlite {
             opts = opts.after_connect(|conn, _| {
                 Box::pin(async move {

@@ -1,0 +1,204 @@
+//! Files under a root, reached without following a symbolic link in any component: each
+//! directory is opened relative to the one before it with `O_NOFOLLOW`, and files are read,
+//! created, renamed and removed relative to their directory's handle. A link planted inside the
+//! root, even between a check and a write, cannot lead a write outside it: the handle stays on
+//! the directory that was opened.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{openat, renameat, OFlag};
+use nix::sys::stat::{fstatat, mkdirat, Mode, SFlag};
+use nix::unistd::{unlinkat, UnlinkatFlags};
+
+use crate::FileError;
+
+/// An open directory under a root.
+pub struct Beneath {
+    fd: OwnedFd,
+    /// For messages only.
+    path: PathBuf,
+}
+
+fn io(e: Errno) -> std::io::Error {
+    std::io::Error::from_raw_os_error(e as i32)
+}
+
+fn err(op: &'static str, path: PathBuf, e: Errno) -> FileError {
+    FileError { op, path, source: io(e) }
+}
+
+const DIR_FLAGS: OFlag = OFlag::O_DIRECTORY.union(OFlag::O_NOFOLLOW).union(OFlag::O_CLOEXEC).union(OFlag::O_RDONLY);
+
+impl Beneath {
+    /// Opens the directory `rel` ('/'-separated, relative) under `root`, making the missing
+    /// directories (mode 0755) when `create`. A component that is a symbolic link is refused,
+    /// and so is one that is not a directory.
+    pub fn open(root: &Path, rel: &str, create: bool) -> Result<Beneath, FileError> {
+        if create && !root.exists() {
+            // The root is the operator's choice, made as it is named.
+            std::fs::create_dir_all(root).map_err(|source| FileError { op: "create", path: root.to_path_buf(), source })?;
+        }
+        let mut fd = openat(nix::fcntl::AT_FDCWD, root, OFlag::O_DIRECTORY | OFlag::O_CLOEXEC | OFlag::O_RDONLY, Mode::empty())
+            .map_err(|e| err("open", root.to_path_buf(), e))?;
+        let mut path = root.to_path_buf();
+        for part in rel.split('/').filter(|p| !p.is_empty()) {
+            if part == "." || part == ".." {
+                return Err(err("open", path.join(part), Errno::EINVAL));
+            }
+            path.push(part);
+            let next = match openat(fd.as_fd(), part, DIR_FLAGS, Mode::empty()) {
+                Err(Errno::ENOENT) if create => {
+                    match mkdirat(fd.as_fd(), part, Mode::from_bits_truncate(0o755)) {
+                        Ok(()) | Err(Errno::EEXIST) => {}
+                        Err(e) => return Err(err("create", path, e)),
+                    }
+                    openat(fd.as_fd(), part, DIR_FLAGS, Mode::empty())
+                }
+                other => other,
+            }
+            .map_err(|e| {
+                let linked = fstatat(fd.as_fd(), part, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+                    .is_ok_and(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFLNK);
+                if linked {
+                    FileError {
+                        op: "open",
+                        path: path.clone(),
+                        source: std::io::Error::other("it is a symbolic link, which is never followed"),
+                    }
+                } else {
+                    err("open", path.clone(), e)
+                }
+            })?;
+            fd = next;
+        }
+        Ok(Beneath { fd, path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether `name` in this directory is a symbolic link.
+    pub fn is_link(&self, name: &str) -> bool {
+        fstatat(self.fd.as_fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+            .is_ok_and(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFLNK)
+    }
+
+    /// The content and permission bits of the file `name`, if it is there (a link is not
+    /// followed: it reads as absent).
+    pub fn read(&self, name: &str) -> Option<(Vec<u8>, u32)> {
+        let fd = openat(self.fd.as_fd(), name, OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty()).ok()?;
+        let mut f = std::fs::File::from(fd);
+        let mode = {
+            use std::os::unix::fs::PermissionsExt;
+            f.metadata().ok()?.permissions().mode() & 0o777
+        };
+        let mut content = Vec::new();
+        f.read_to_end(&mut content).ok()?;
+        Some((content, mode))
+    }
+
+    /// Writes `content` to a new staging file beside `name`, created with `mode` before any
+    /// byte is written, and syncs it; returns the staging file's name. On failure (a full disk)
+    /// nothing is left behind.
+    pub fn stage(&self, name: &str, content: &[u8], mode: u32) -> Result<String, FileError> {
+        let staged = format!(".{name}.trellis-new");
+        let _ = unlinkat(self.fd.as_fd(), staged.as_str(), UnlinkatFlags::NoRemoveDir);
+        let write = || -> Result<(), FileError> {
+            let fd = openat(
+                self.fd.as_fd(),
+                staged.as_str(),
+                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::from_bits_truncate(mode),
+            )
+            .map_err(|e| err("create", self.path.join(&staged), e))?;
+            let mut f = std::fs::File::from(fd);
+            let p = self.path.join(&staged);
+            f.write_all(content).map_err(|source| FileError { op: "write", path: p.clone(), source })?;
+            f.sync_all().map_err(|source| FileError { op: "sync", path: p, source })
+        };
+        if let Err(e) = write() {
+            self.discard(&staged);
+            return Err(e);
+        }
+        Ok(staged)
+    }
+
+    /// Renames a staged file over `name` (a link at `name` is replaced, not followed).
+    pub fn commit(&self, staged: &str, name: &str) -> Result<(), FileError> {
+        renameat(self.fd.as_fd(), staged, self.fd.as_fd(), name).map_err(|e| err("rename a staged file onto", self.path.join(name), e))
+    }
+
+    /// Removes a staged file that will not be committed.
+    pub fn discard(&self, staged: &str) {
+        let _ = unlinkat(self.fd.as_fd(), staged, UnlinkatFlags::NoRemoveDir);
+    }
+
+    /// Removes `name`; `false` when it was not there.
+    pub fn remove(&self, name: &str) -> Result<bool, FileError> {
+        match unlinkat(self.fd.as_fd(), name, UnlinkatFlags::NoRemoveDir) {
+            Ok(()) => Ok(true),
+            Err(Errno::ENOENT) => Ok(false),
+            Err(e) => Err(err("remove", self.path.join(name), e)),
+        }
+    }
+
+    /// Syncs the directory, so that the renames in it are durable.
+    pub fn sync(&self) {
+        let _ = nix::unistd::fsync(self.fd.as_fd());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("trellis-beneath-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// The race the path check could not close: the directory is swapped for a link to
+    /// somewhere outside the root after it was checked (here: after it was opened). The write
+    /// goes to the directory that was opened, inside the root, never through the link.
+    #[test]
+    fn a_directory_swapped_for_a_link_after_it_was_opened_is_not_followed() {
+        let base = scratch("race");
+        let (root, outside) = (base.join("root"), base.join("outside"));
+        std::fs::create_dir_all(root.join("etc/trellis")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        let dir = Beneath::open(&root, "etc/trellis", false).unwrap();
+        std::fs::rename(root.join("etc/trellis"), root.join("etc/moved")).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("etc/trellis")).unwrap();
+        let staged = dir.stage("mesh.zone", b"zone\n", 0o644).unwrap();
+        dir.commit(&staged, "mesh.zone").unwrap();
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0, "nothing outside the root");
+        assert_eq!(std::fs::read(root.join("etc/moved/mesh.zone")).unwrap(), b"zone\n");
+        // Opened again now, the link is refused.
+        let e = Beneath::open(&root, "etc/trellis", true).err().expect("a link is refused").to_string();
+        assert!(e.contains("is a symbolic link"), "{e}");
+        let _ = std::fs::remove_dir_all(&base);
+    }
+
+    #[test]
+    fn files_are_made_with_their_mode_read_back_and_removed() {
+        let root = scratch("plain").join("new-root");
+        let dir = Beneath::open(&root, "etc/trellis", true).unwrap();
+        assert!(dir.read("node.toml").is_none());
+        let staged = dir.stage("node.toml", b"x", 0o600).unwrap();
+        dir.commit(&staged, "node.toml").unwrap();
+        assert_eq!(dir.read("node.toml"), Some((b"x".to_vec(), 0o600)));
+        std::os::unix::fs::symlink("/etc/passwd", root.join("etc/trellis/link")).unwrap();
+        assert!(dir.is_link("link") && !dir.is_link("node.toml"));
+        assert_eq!(dir.read("link"), None, "a link is not read through");
+        assert!(dir.remove("node.toml").unwrap());
+        assert!(!dir.remove("node.toml").unwrap());
+        assert!(Beneath::open(&root, "etc/../..", false).is_err());
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}
