@@ -231,19 +231,36 @@ impl Agent {
     async fn poll(&self) -> Polled {
         let version = self.applier.manifest().version;
         let held = (version > 0).then_some(version as i64);
-        match self.client.bundle(self.opts.wait, held).await {
-            Ok(answer) => Polled {
-                fresh_at: answer.freshness.and_then(|stamp| trellis_core::bundle::verify_stamp(&stamp, &self.key, &self.id.mesh).ok()),
-                body: answer.body.map_err(|e| match e {
-                    trellis_client::Error::Refused(r) => anyhow::anyhow!("the controller answered {}: {r}", r.status),
-                    trellis_client::Error::Answered { status, text } => {
-                        anyhow::anyhow!("the controller answered {}: {text}", status.as_u16())
-                    }
-                    e => e.into(),
-                }),
-                answered: true,
-            },
+        // A large bundle may come as the edits from the one held, rebuilt here from its bytes.
+        let last = self.opts.state_dir.join(crate::applier::LAST_BUNDLE);
+        let rebuild = held.is_some() && last.exists();
+        match self.client.bundle_or_delta(self.opts.wait, held, rebuild).await {
+            Ok(answer) => {
+                let fresh_at = answer.freshness.and_then(|stamp| trellis_core::bundle::verify_stamp(&stamp, &self.key, &self.id.mesh).ok());
+                let body = match answer.body {
+                    Ok(Some(delta)) if answer.delta => self.rebuild(&last, &delta, held).await,
+                    other => other.map_err(answered),
+                };
+                Polled { fresh_at, body, answered: true }
+            }
             Err(e) => Polled { body: Err(e.into()), answered: false, fresh_at: None },
+        }
+    }
+
+    /// The new bundle's bytes from the ones held and a delta; when the delta does not rebuild
+    /// them (the held file damaged, say), the whole bundle is fetched instead. The bytes are
+    /// verified as any bundle is, after this.
+    async fn rebuild(&self, last: &Path, delta: &[u8], held: Option<i64>) -> Result<Option<Vec<u8>>> {
+        let base = std::fs::read(last).with_context(|| format!("cannot read {}", last.display()))?;
+        match trellis_core::delta::apply(&base, delta) {
+            Ok(bytes) => {
+                eprintln!("trellis-agent: rebuilt a bundle of {} bytes from a delta of {} bytes", bytes.len(), delta.len());
+                Ok(Some(bytes))
+            }
+            Err(e) => {
+                eprintln!("trellis-agent: {e}; fetching the whole bundle");
+                self.client.bundle(0, held).await?.body.map_err(answered)
+            }
         }
     }
 
@@ -387,6 +404,15 @@ fn evidence_error(e: trellis_client::Error) -> anyhow::Error {
         trellis_client::Error::Refused(_) | trellis_client::Error::Answered { .. } => {
             anyhow::anyhow!("the controller refused evidence: {e}")
         }
+        e => e.into(),
+    }
+}
+
+/// A refused bundle request, as the agent reports it.
+fn answered(e: trellis_client::Error) -> anyhow::Error {
+    match e {
+        trellis_client::Error::Refused(r) => anyhow::anyhow!("the controller answered {}: {r}", r.status),
+        trellis_client::Error::Answered { status, text } => anyhow::anyhow!("the controller answered {}: {text}", status.as_u16()),
         e => e.into(),
     }
 }

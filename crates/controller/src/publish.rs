@@ -29,7 +29,14 @@ use crate::{Controller, Error, Result};
 pub struct Published {
     pub version: i64,
     pub signed: trellis_core::bundle::Signed,
+    /// For a large bundle, the edits from the version before it (that version, the delta): a
+    /// node holding that one fetches these instead of the whole bundle.
+    pub delta: Option<(i64, bytes::Bytes)>,
 }
+
+/// Bundles from this size on are also sent as deltas from their previous version; smaller ones
+/// cost less to send whole than to diff.
+pub const DELTA_FROM: usize = 32 * 1024;
 
 /// Compiled file contents as `Bytes` without copying, each hashed once: an entry lives as long
 /// as the compiled output holds its content (it keeps the content alive, so its address names
@@ -335,7 +342,14 @@ impl Controller {
                 Bundle { mesh: decl.mesh.name.clone(), node: node.clone(), version: v.version as u64, issued_at: v.issued_at, files };
             let signed = bundle.sign(&self.keys.signing_key);
             run.published.insert(node.clone(), (digest, record.cert_pem.clone()));
-            table.insert(node, Arc::new(Published { version: v.version, signed }));
+            let delta = if signed.len() >= DELTA_FROM {
+                p.current(&node)
+                    .filter(|old| old.version < v.version)
+                    .map(|old| (old.version, bytes::Bytes::from(trellis_core::delta::make(&old.signed.to_vec(), &signed.to_vec()))))
+            } else {
+                None
+            };
+            table.insert(node, Arc::new(Published { version: v.version, signed, delta }));
             count += 1;
         }
         {

@@ -6,6 +6,7 @@ pub mod alloc;
 pub mod bundle;
 pub mod compile;
 pub mod decl;
+pub mod delta;
 pub mod diag;
 pub mod explain;
 pub mod load;

@@ -145,6 +145,9 @@ pub struct WhoAmI {
     pub state: EnrolledState,
 }
 
+/// The media type of a bundle sent as the edits from the version the node holds.
+pub const DELTA_TYPE: &str = "application/x-trellis-delta";
+
 /// The most audit records one `GET /v1/admin/audit` answers (`?after=SEQ&limit=N` pages on).
 pub const AUDIT_PAGE: i64 = 1000;
 

@@ -674,3 +674,65 @@ async fn stopping_answers_long_polls_at_once_and_finishes_the_decisions_in_fligh
     let tokens = store.tokens().await.unwrap();
     assert!(tokens.iter().any(|t| t.node == "op-1"), "the decision in flight was recorded: {tokens:?}");
 }
+
+/// A mesh where `op-1` peers with `n` nodes whose keys are declared (they need no enrolment).
+fn wide_mesh(n: usize, extra: bool) -> Value {
+    let mut mesh = String::from("[mesh]\nname = \"basic\"\ndomain = \"basic.mesh\"\noverlay_ipv4 = \"10.70.0.0/16\"\n\n[networks]\nlan = {}\n\n[[node]]\nname = \"op-1\"\nnetworks = [\"lan\"]\nmodules = [\"ping\"]\n");
+    for i in 0..n + usize::from(extra) {
+        let key = base64::engine::general_purpose::STANDARD.encode([(i % 250) as u8 + 1, (i / 250) as u8 + 1].repeat(16));
+        mesh.push_str(&format!("\n[[node]]\nname = \"n-{i:04}\"\nnetworks = [\"lan\"]\nmodules = [\"ping\"]\npublic_key = \"{key}\"\n[[node.endpoint]]\naddress = \"192.0.2.{}:{}\"\nreachable_from = [\"lan\"]\n", 1 + i % 200, 20000 + i));
+    }
+    let ping = "[module]\nname = \"ping\"\n\n[[allow]]\nproto = \"icmp\"\nfrom = [\"mesh\"]\n";
+    json!({"files": [{"path": "mesh.toml", "text": mesh}, {"path": "modules/ping.toml", "text": ping}]})
+}
+
+/// Issue 10: a node that peers with the whole mesh holds a large bundle, and one node more
+/// changes a few lines of it. A node that holds the previous version and accepts deltas gets the
+/// edits (a few hundred bytes instead of the whole bundle); rebuilt, they are exactly the bytes of
+/// the new bundle, which verifies as any bundle. A node that does not ask for a delta, or holds
+/// another version, gets the whole bundle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_bundle_comes_as_a_delta_to_a_node_holding_the_version_before() {
+    let r = start(testdb::sqlite_url()).await;
+    let (s, b) = r.admin_post("/v1/admin/apply", wide_mesh(400, false)).await;
+    assert_eq!(s, 200, "{b}");
+    let node = r.enrol_node("op-1", 250, false).await;
+    let first = node.fetch(&r.base, None, 20).await;
+    assert_eq!(first.status, 200);
+    assert!(first.bytes.len() >= 32 * 1024, "a large bundle: {} bytes", first.bytes.len());
+    let (s, b) = r.admin_post("/v1/admin/apply", wide_mesh(400, true)).await;
+    assert_eq!(s, 200, "{b}");
+    let whole = node.fetch(&r.base, first.version, 20).await;
+    assert_eq!(whole.status, 200);
+    assert!(whole.version > first.version);
+
+    let resp = node
+        .http
+        .get(format!("{}/v1/bundle?wait=0", r.base))
+        .header("if-none-match", format!("\"{}\"", first.version.unwrap()))
+        .header("accept", format!("application/octet-stream, {}", trellis_proto::DELTA_TYPE))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(resp.headers()["content-type"], trellis_proto::DELTA_TYPE);
+    assert_eq!(resp.headers()["etag"].to_str().unwrap(), format!("\"{}\"", whole.version.unwrap()));
+    let delta = resp.bytes().await.unwrap();
+    assert!(delta.len() * 50 < whole.bytes.len(), "a delta of {} bytes for a bundle of {}", delta.len(), whole.bytes.len());
+    let rebuilt = trellis_core::delta::apply(&first.bytes, &delta).unwrap();
+    assert_eq!(rebuilt, whole.bytes, "the delta rebuilds the new bundle exactly");
+    let b = node.open(&Fetched { status: 200, version: whole.version, bytes: rebuilt, stamp: None }, "op-1");
+    assert!(file(&b, "etc/trellis/wireguard.conf").matches("[Peer]").count() >= 401);
+
+    // Holding another version, the node gets the whole bundle even when it accepts deltas.
+    let resp = node
+        .http
+        .get(format!("{}/v1/bundle?wait=0", r.base))
+        .header("if-none-match", "\"999\"")
+        .header("accept", trellis_proto::DELTA_TYPE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["content-type"], "application/octet-stream");
+    assert_eq!(resp.bytes().await.unwrap().len(), whole.bytes.len());
+}
