@@ -129,21 +129,41 @@ pub struct Agent {
     pub name: String,
     pub http: reqwest::Client,
     pub version: u64,
+    /// The bytes of the bundle held, to rebuild a delta from (fleet only).
+    pub last: std::sync::Mutex<bytes::Bytes>,
 }
 
-/// One bundle request of `agent`: the status, the version named by the ETag and the body's length.
-pub async fn get(agent: &Agent, base: &str, held: Option<u64>, wait: u64) -> Result<(u16, Option<u64>, usize)> {
+impl Agent {
+    pub fn new(name: String, http: reqwest::Client) -> Agent {
+        Agent { name, http, version: 0, last: Default::default() }
+    }
+}
+
+/// One bundle request of `agent` (with `delta`, saying it can rebuild a delta): the status, the
+/// version named by the ETag, the body, and whether it is a delta.
+pub async fn fetch(agent: &Agent, base: &str, held: Option<u64>, wait: u64, delta: bool) -> Result<(u16, Option<u64>, bytes::Bytes, bool)> {
     let mut req = agent.http.get(format!("{base}/v1/bundle?wait={wait}")).timeout(Duration::from_secs(wait + 30));
     if let Some(v) = held {
         req = req.header("if-none-match", format!("\"{v}\""));
     }
+    if delta {
+        req = req.header("accept", format!("application/octet-stream, {}", trellis_proto::DELTA_TYPE));
+    }
     let resp = req.send().await?;
     let status = resp.status().as_u16();
     let version = resp.headers().get("etag").and_then(|v| v.to_str().ok()).and_then(|v| v.trim_matches('"').parse().ok());
+    let is_delta = resp.headers().get("content-type").is_some_and(|v| v.as_bytes() == trellis_proto::DELTA_TYPE.as_bytes());
     let body = resp.bytes().await?;
     if status != 200 && status != 304 {
         bail!("{} got {status}: {}", agent.name, String::from_utf8_lossy(&body));
     }
+    Ok((status, version, body, is_delta))
+}
+
+/// One bundle request of `agent`, whole: the status, the version named by the ETag and the
+/// body's length.
+pub async fn get(agent: &Agent, base: &str, held: Option<u64>, wait: u64) -> Result<(u16, Option<u64>, usize)> {
+    let (status, version, body, _) = fetch(agent, base, held, wait, false).await?;
     Ok((status, version, body.len()))
 }
 
@@ -189,7 +209,7 @@ pub async fn run(a: &DeliveryArgs) -> Result<std::process::ExitCode> {
                 let r: proto::EnrolResponse = resp.json().await?;
                 let cfg = trellis_pki::tls::client_config(&ca, Some((&r.node_cert_pem, &key)))?;
                 let http = reqwest::Client::builder().use_preconfigured_tls(cfg).pool_max_idle_per_host(1).build()?;
-                Ok::<_, anyhow::Error>(Agent { name, http, version: 0 })
+                Ok::<_, anyhow::Error>(Agent::new(name, http))
             }));
         }
         for t in tasks {

@@ -18,7 +18,7 @@ use trellis_core::decl::{PublicKey, Source};
 use trellis_core::Compiled;
 
 use crate::bench::{ms, DeliveryArgs};
-use crate::delivery::{get, memory_kib, raise_fd_limit, start, trellis_exe, Agent};
+use crate::delivery::{fetch, memory_kib, raise_fd_limit, start, trellis_exe, Agent};
 use crate::enrolling::{self, pct, sorted};
 use crate::meshdir::MeshDir;
 
@@ -270,13 +270,28 @@ async fn poll(agents: Arc<Vec<Agent>>, i: usize, base: String, first_wait: u64, 
         if Instant::now() > deadline {
             return;
         }
-        match get(&agents[i], &base, Some(held), wait).await {
-            Ok((200, Some(v), bytes)) => {
+        match fetch(&agents[i], &base, Some(held), wait, true).await {
+            Ok((200, Some(v), body, delta)) => {
+                // A delta is rebuilt into the new bundle, as the agent does; the bytes fetched
+                // are what came over the wire.
+                let whole = if delta {
+                    let last = agents[i].last.lock().expect("last").clone();
+                    match trellis_core::delta::apply(&last, &body) {
+                        Ok(b) => bytes::Bytes::from(b),
+                        Err(e) => {
+                            let _ = tx.send(Event::Failed { agent: i, error: format!("the delta for version {v} did not apply: {e}") });
+                            return;
+                        }
+                    }
+                } else {
+                    body.clone()
+                };
+                *agents[i].last.lock().expect("last") = whole;
                 held = v;
-                let _ = tx.send(Event::Bundle { agent: i, at: Instant::now(), bytes });
+                let _ = tx.send(Event::Bundle { agent: i, at: Instant::now(), bytes: body.len() });
             }
-            Ok((304, _, _)) => {}
-            Ok((status, _, _)) => {
+            Ok((304, _, _, _)) => {}
+            Ok((status, _, _, _)) => {
                 let _ = tx.send(Event::Failed { agent: i, error: format!("answer {status} without a version") });
                 return;
             }
@@ -338,7 +353,7 @@ pub async fn run(a: &DeliveryArgs, dir: &Path) -> Result<ExitCode> {
         if let Some(&k) = agent_of.get(e.name.as_str()) {
             let cfg = trellis_pki::tls::client_config(&ca, Some((&e.cert_pem, &e.key_pem)))?;
             let http = reqwest::Client::builder().use_preconfigured_tls(cfg).pool_max_idle_per_host(1).build()?;
-            agents[k] = Some(Agent { name: e.name, http, version: 0 });
+            agents[k] = Some(Agent::new(e.name, http));
         }
     }
     let agents: Vec<Agent> = agents.into_iter().map(|x| x.context("an agent did not enrol")).collect::<Result<_>>()?;
@@ -355,7 +370,7 @@ pub async fn run(a: &DeliveryArgs, dir: &Path) -> Result<ExitCode> {
             .map(|agent| {
                 let base = base.clone();
                 tokio::spawn(async move {
-                    let r = get(&agent, &base, None, 0).await;
+                    let r = fetch(&agent, &base, None, 0, false).await;
                     (agent, r)
                 })
             })
@@ -365,12 +380,13 @@ pub async fn run(a: &DeliveryArgs, dir: &Path) -> Result<ExitCode> {
         }
         for t in tasks {
             let (mut agent, r) = t.await?;
-            let (status, v, bytes) = r.with_context(|| format!("{}: first bundle", agent.name))?;
+            let (status, v, body, _) = r.with_context(|| format!("{}: first bundle", agent.name))?;
             if status != 200 {
                 bail!("{} got {status} for its first bundle", agent.name);
             }
             agent.version = v.context("no ETag")?;
-            first_bytes.push(bytes);
+            first_bytes.push(body.len());
+            agent.last = std::sync::Mutex::new(body);
             fetched_all.push(agent);
         }
     }
