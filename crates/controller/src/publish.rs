@@ -38,6 +38,44 @@ pub struct Published {
 /// cost less to send whole than to diff.
 pub const DELTA_FROM: usize = 32 * 1024;
 
+type Delta = Option<(i64, bytes::Bytes)>;
+
+/// For each new bundle with a previous version given, the delta from it, made on scoped threads
+/// (one per core, at most 8); the order is kept.
+fn deltas(
+    items: Vec<(String, i64, trellis_core::bundle::Signed, Option<Arc<Published>>)>,
+) -> Vec<(String, i64, trellis_core::bundle::Signed, Delta)> {
+    let make = |(node, version, signed, previous): (String, i64, trellis_core::bundle::Signed, Option<Arc<Published>>)| {
+        let delta =
+            previous.map(|old| (old.version, bytes::Bytes::from(trellis_core::delta::make(&old.signed.to_vec(), &signed.to_vec()))));
+        (node, version, signed, delta)
+    };
+    let work = items.iter().filter(|i| i.3.is_some()).count();
+    let threads = std::thread::available_parallelism().map_or(1, |p| p.get()).min(8);
+    if work < 2 || threads < 2 {
+        return items.into_iter().map(make).collect();
+    }
+    // Spread the ones with a delta to make over the threads, round robin.
+    let mut lanes: Vec<Vec<(usize, _)>> = (0..threads).map(|_| Vec::new()).collect();
+    let mut k = 0;
+    for (i, item) in items.into_iter().enumerate() {
+        let lane = if item.3.is_some() {
+            k += 1;
+            k % threads
+        } else {
+            0
+        };
+        lanes[lane].push((i, item));
+    }
+    let mut out: Vec<(usize, _)> = std::thread::scope(|s| {
+        let handles: Vec<_> =
+            lanes.into_iter().map(|lane| s.spawn(move || lane.into_iter().map(|(i, item)| (i, make(item))).collect::<Vec<_>>())).collect();
+        handles.into_iter().flat_map(|h| h.join().expect("delta thread panicked")).collect()
+    });
+    out.sort_by_key(|(i, _)| *i);
+    out.into_iter().map(|(_, r)| r).collect()
+}
+
 /// Compiled file contents as `Bytes` without copying, each hashed once: an entry lives as long
 /// as the compiled output holds its content (it keeps the content alive, so its address names
 /// it), so a file a recompile left unchanged is not hashed again when its bundle is rebuilt.
@@ -329,7 +367,7 @@ impl Controller {
         let changes: Vec<(String, String)> = pending.iter().map(|(r, _, d)| (r.name.clone(), d.clone())).collect();
         let versions: HashMap<String, trellis_store::BundleVersion> = self.store.publish(&changes, self.now()).await?.into_iter().collect();
         let mut count = 0;
-        let mut table = HashMap::new();
+        let mut large = Vec::new();
         for (record, files, digest) in pending {
             let node = record.name.clone();
             let v = &versions[&node];
@@ -342,16 +380,16 @@ impl Controller {
                 Bundle { mesh: decl.mesh.name.clone(), node: node.clone(), version: v.version as u64, issued_at: v.issued_at, files };
             let signed = bundle.sign(&self.keys.signing_key);
             run.published.insert(node.clone(), (digest, record.cert_pem.clone()));
-            let delta = if signed.len() >= DELTA_FROM {
-                p.current(&node)
-                    .filter(|old| old.version < v.version)
-                    .map(|old| (old.version, bytes::Bytes::from(trellis_core::delta::make(&old.signed.to_vec(), &signed.to_vec()))))
-            } else {
-                None
-            };
-            table.insert(node, Arc::new(Published { version: v.version, signed, delta }));
+            // A large bundle's previous version, to make a delta from.
+            let previous = (signed.len() >= DELTA_FROM).then(|| p.current(&node)).flatten().filter(|old| old.version < v.version);
+            large.push((node, v.version, signed, previous));
             count += 1;
         }
+        // Deltas, on every core: a bundle of a few megabytes takes some milliseconds.
+        let table: HashMap<String, Arc<Published>> = deltas(large)
+            .into_iter()
+            .map(|(node, version, signed, delta)| (node, Arc::new(Published { version, signed, delta })))
+            .collect();
         {
             let mut t = p.table.write().expect("bundle table");
             t.extend(table);
