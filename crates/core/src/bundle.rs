@@ -351,6 +351,9 @@ pub fn verify_stamp(bytes: &[u8], key: &VerifyingKey, mesh: &str) -> Result<i64,
     let mut r = Reader { b: &bytes[68 + HEAD.len()..] };
     let stamp_mesh = r.string()?;
     let at = r.u64()? as i64;
+    if !r.b.is_empty() {
+        return Err(BundleError::Malformed("bytes follow the freshness stamp's time"));
+    }
     if stamp_mesh != mesh {
         return Err(BundleError::WrongMesh { bundle: stamp_mesh, ours: mesh.to_string() });
     }
@@ -454,5 +457,20 @@ mod tests {
         let last = t.len() - 1;
         t[last] ^= 1;
         assert_eq!(verify_stamp(&t, &key().verifying_key(), "acme"), Err(BundleError::BadSignature));
+    }
+
+    /// Found by the `bundle` fuzz target: a stamp signed with bytes after its time verified, so
+    /// two different stamps read as the same time. Like a bundle, a stamp is read whole.
+    #[test]
+    fn a_stamp_with_bytes_after_its_time_is_refused() {
+        let mut body = sign_stamp(&key(), "acme", 1234)[68..].to_vec();
+        body.extend_from_slice(b"more");
+        let mut s = b"TRF1".to_vec();
+        s.extend_from_slice(&key().sign(&body).to_bytes());
+        s.extend_from_slice(&body);
+        assert_eq!(
+            verify_stamp(&s, &key().verifying_key(), "acme"),
+            Err(BundleError::Malformed("bytes follow the freshness stamp's time"))
+        );
     }
 }
