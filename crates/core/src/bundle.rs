@@ -249,6 +249,9 @@ pub fn verify(bytes: &[u8], key: &VerifyingKey, mesh: &str, node: &str, last: Op
     if manifest_len > bytes.len() - start {
         return Err(BundleError::Malformed("the manifest is longer than the bundle"));
     }
+    if manifest_len < FORMAT.len() {
+        return Err(BundleError::Malformed("the manifest is shorter than its format line"));
+    }
     let manifest = &bytes[start..start + manifest_len];
     let mut msg = Vec::with_capacity(SIGNING_CONTEXT.len() + manifest.len());
     msg.extend_from_slice(SIGNING_CONTEXT);
@@ -351,6 +354,9 @@ pub fn verify_stamp(bytes: &[u8], key: &VerifyingKey, mesh: &str) -> Result<i64,
     let mut r = Reader { b: &bytes[68 + HEAD.len()..] };
     let stamp_mesh = r.string()?;
     let at = r.u64()? as i64;
+    if !r.b.is_empty() {
+        return Err(BundleError::Malformed("bytes follow the freshness stamp's time"));
+    }
     if stamp_mesh != mesh {
         return Err(BundleError::WrongMesh { bundle: stamp_mesh, ours: mesh.to_string() });
     }
@@ -454,5 +460,36 @@ mod tests {
         let last = t.len() - 1;
         t[last] ^= 1;
         assert_eq!(verify_stamp(&t, &key().verifying_key(), "acme"), Err(BundleError::BadSignature));
+    }
+
+    /// Found by the `bundle` fuzz target: a manifest length shorter than the format line (which
+    /// the envelope check reads past it) panicked when the manifest was read, once signed.
+    #[test]
+    fn a_manifest_shorter_than_its_format_line_is_refused() {
+        let signed = sample(3).sign(&key()).to_vec();
+        for len in [0, 4, FORMAT.len() - 1] {
+            let manifest = &signed[72..72 + len];
+            let mut msg = SIGNING_CONTEXT.to_vec();
+            msg.extend_from_slice(manifest);
+            let mut b = signed.clone();
+            b[4..68].copy_from_slice(&key().sign(&msg).to_bytes());
+            b[68..72].copy_from_slice(&(len as u32).to_be_bytes());
+            assert_eq!(check(&b, None), Err(BundleError::Malformed("the manifest is shorter than its format line")), "length {len}");
+        }
+    }
+
+    /// Found by the `bundle` fuzz target: a stamp signed with bytes after its time verified, so
+    /// two different stamps read as the same time. Like a bundle, a stamp is read whole.
+    #[test]
+    fn a_stamp_with_bytes_after_its_time_is_refused() {
+        let mut body = sign_stamp(&key(), "acme", 1234)[68..].to_vec();
+        body.extend_from_slice(b"more");
+        let mut s = b"TRF1".to_vec();
+        s.extend_from_slice(&key().sign(&body).to_bytes());
+        s.extend_from_slice(&body);
+        assert_eq!(
+            verify_stamp(&s, &key().verifying_key(), "acme"),
+            Err(BundleError::Malformed("bytes follow the freshness stamp's time"))
+        );
     }
 }

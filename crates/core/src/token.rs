@@ -74,25 +74,33 @@ pub fn hex(b: &[u8]) -> String {
 }
 
 impl EnrolmentToken {
-    pub fn encode(&self) -> Result<String, TokenError> {
-        let mut b = vec![VERSION];
+    /// Whether the fields fit the format: 1 to 8 controller addresses of 1 to 255 bytes, a node
+    /// name of 1 to 63. Checked when encoding and again when decoding, so that a token whose
+    /// checksum was made to match (it is no MAC) cannot carry what trellis never issues.
+    fn fits(&self) -> Result<(), TokenError> {
         if self.controllers.is_empty() || self.controllers.len() > 8 {
             return Err(TokenError::Invalid("number of controller addresses (1 to 8)"));
         }
+        if self.controllers.iter().any(|c| c.is_empty() || c.len() > 255) {
+            return Err(TokenError::Invalid("controller address"));
+        }
+        if self.node.is_empty() || self.node.len() > 63 {
+            return Err(TokenError::Invalid("node name"));
+        }
+        Ok(())
+    }
+
+    pub fn encode(&self) -> Result<String, TokenError> {
+        self.fits()?;
+        let mut b = vec![VERSION];
         b.push(self.controllers.len() as u8);
         for c in &self.controllers {
-            if c.is_empty() || c.len() > 255 {
-                return Err(TokenError::Invalid("controller address"));
-            }
             b.push(c.len() as u8);
             b.extend_from_slice(c.as_bytes());
         }
         b.extend_from_slice(&self.ca_fingerprint);
         b.extend_from_slice(&self.id);
         b.extend_from_slice(&self.secret);
-        if self.node.is_empty() || self.node.len() > 63 {
-            return Err(TokenError::Invalid("node name"));
-        }
         b.push(self.node.len() as u8);
         b.extend_from_slice(self.node.as_bytes());
         b.extend_from_slice(&self.expires.to_be_bytes());
@@ -139,10 +147,12 @@ impl EnrolmentToken {
         let len = r.u8()? as usize;
         let node = String::from_utf8(r.take(len)?.to_vec()).map_err(|_| TokenError::Damaged)?;
         let expires = u64::from_be_bytes(r.take(8)?.try_into().expect("8"));
-        if !r.b.is_empty() || controllers.is_empty() {
+        if !r.b.is_empty() {
             return Err(TokenError::Damaged);
         }
-        Ok(EnrolmentToken { controllers, ca_fingerprint, id, secret, node, expires })
+        let token = EnrolmentToken { controllers, ca_fingerprint, id, secret, node, expires };
+        token.fits()?;
+        Ok(token)
     }
 }
 
@@ -202,6 +212,47 @@ mod tests {
         }
         assert_eq!(EnrolmentToken::decode(&s[..s.len() - 1]), Err(TokenError::Damaged));
         assert_eq!(EnrolmentToken::decode("hello"), Err(TokenError::NotAToken));
+    }
+
+    /// The payload of `t` as `encode` lays it out, without the checksum, for tokens `encode`
+    /// refuses to write.
+    fn payload(t: &EnrolmentToken) -> Vec<u8> {
+        let mut b = vec![VERSION, t.controllers.len() as u8];
+        for c in &t.controllers {
+            b.push(c.len() as u8);
+            b.extend_from_slice(c.as_bytes());
+        }
+        b.extend_from_slice(&t.ca_fingerprint);
+        b.extend_from_slice(&t.id);
+        b.extend_from_slice(&t.secret);
+        b.push(t.node.len() as u8);
+        b.extend_from_slice(t.node.as_bytes());
+        b.extend_from_slice(&t.expires.to_be_bytes());
+        b
+    }
+
+    fn with_checksum(payload: &[u8]) -> String {
+        let mut b = payload.to_vec();
+        b.extend_from_slice(&Sha256::digest(payload)[..4]);
+        format!("{PREFIX}{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&b))
+    }
+
+    /// Found by the `token` fuzz target: the checksum is no MAC, so a token with a matching one
+    /// can be made by hand; decoding accepted an empty node name (and too many or empty
+    /// controller addresses) that `encode` refuses, so a token read could not be written back.
+    #[test]
+    fn a_token_encode_would_refuse_is_refused_when_read() {
+        let cases = [
+            (EnrolmentToken { node: String::new(), ..sample() }, "node name"),
+            (EnrolmentToken { node: "n".repeat(64), ..sample() }, "node name"),
+            (EnrolmentToken { controllers: vec!["c:1".into(); 9], ..sample() }, "number of controller addresses (1 to 8)"),
+            (EnrolmentToken { controllers: vec![String::new()], ..sample() }, "controller address"),
+        ];
+        for (t, what) in cases {
+            assert_eq!(t.encode(), Err(TokenError::Invalid(what)));
+            assert_eq!(EnrolmentToken::decode(&with_checksum(&payload(&t))), Err(TokenError::Invalid(what)), "{t:?}");
+        }
+        assert_eq!(EnrolmentToken::decode(&with_checksum(&payload(&sample()))), Ok(sample()));
     }
 
     #[test]

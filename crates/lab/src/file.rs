@@ -83,7 +83,13 @@ impl Net {
 /// to the lab file).
 pub fn load(file: &Path) -> Result<(LabFile, PathBuf)> {
     let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let lab: LabFile = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    parse(&text, file)
+}
+
+/// Validates a lab file's text; `file` names it in errors and is where the declaration
+/// directory it names is found from. No IO.
+pub fn parse(text: &str, file: &Path) -> Result<(LabFile, PathBuf)> {
+    let lab: LabFile = toml::from_str(text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
     let decl = file.parent().unwrap_or(Path::new(".")).join(&lab.lab.declaration);
     let controllers = lab.host.iter().filter(|h| h.role.as_deref() == Some("controller")).count();
     if controllers != 1 {
