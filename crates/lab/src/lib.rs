@@ -99,7 +99,8 @@ pub fn up(file: &Path, read_declaration: ReadDeclaration) -> Result<LabState> {
     let dir = std::env::temp_dir().join(format!("trellis-lab-{prefix}"));
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let mut st = LabState { prefix: prefix.clone(), dir: dir.clone(), ..Default::default() };
-    let result = build(&lab, &decl_dir, &decl, &mut st);
+    save(file, &st)?;
+    let result = build(file, &lab, &decl_dir, &decl, &mut st);
     save(file, &st)?;
     result.map(|_| st)
 }
@@ -125,21 +126,29 @@ fn save(file: &Path, st: &LabState) -> Result<()> {
     std::fs::write(&sp, serde_json::to_vec_pretty(st)?).with_context(|| format!("cannot write {}", sp.display()))
 }
 
-fn build(lab: &LabFile, decl_dir: &Path, decl: &Declaration, st: &mut LabState) -> Result<()> {
+/// Builds the lab, recording in the state file what it made at each stage, so that `down` (also
+/// from Ctrl-C) finds the namespaces and the PostgreSQL server of a build cut short.
+fn build(file: &Path, lab: &LabFile, decl_dir: &Path, decl: &Declaration, st: &mut LabState) -> Result<()> {
     let started = Instant::now();
     progress(&format!("building {} ({} nets, {} hosts) as {}-*", lab.lab.name, lab.net.len(), lab.host.len(), st.prefix));
-    let host_ns = net::build(lab, st)?;
+    let host_ns = net::build(lab, st);
+    save(file, st)?;
+    let host_ns = host_ns?;
     progress(&format!("network ready ({:.1}s)", started.elapsed().as_secs_f64()));
 
     let database_url = match lab.postgres() {
         Some(h) => {
-            let url = pg::start(lab, h, &host_ns[&h.name], st)?;
+            let url = pg::start(lab, h, &host_ns[&h.name], st);
+            save(file, st)?;
+            let url = url?;
             progress(&format!("PostgreSQL up on {} ({:.1}s)", h.name, started.elapsed().as_secs_f64()));
             Some(url)
         }
         None => None,
     };
-    procs::start_controllers(lab, &host_ns, database_url.as_deref(), decl_dir, st)?;
+    let started_controllers = procs::start_controllers(lab, &host_ns, database_url.as_deref(), decl_dir, st);
+    save(file, st)?;
+    started_controllers?;
     let at: Vec<String> = st.controllers.iter().map(|r| format!("{} {}", r.host, r.address)).collect();
     let db = if database_url.is_some() { "PostgreSQL" } else { "SQLite" };
     progress(&format!("controllers up ({}; {db}), declaration applied ({:.1}s)", at.join(", "), started.elapsed().as_secs_f64()));
