@@ -1,10 +1,13 @@
 //! Every shipped topology through `trellis lab run`, as the README's main command runs it:
 //! namespaces, NAT and firewall routers, the real controller and agents, every expectation met,
-//! and nothing left behind.
+//! and nothing left behind. `lab_ha` adds two controller replicas on a real PostgreSQL, one of
+//! them killed mid-run.
 
 use crate::support::{is_root, run, trellis};
 
-fn lab_run(file: &str) {
+/// Runs a lab and returns its standard output and standard error, after checking that every
+/// expectation was met and nothing was left behind.
+fn lab_run(file: &str) -> (String, String) {
     assert!(is_root(), "the lab needs root (CI runs as root)");
     let (out, d) = run({
         let mut c = trellis();
@@ -22,7 +25,16 @@ fn lab_run(file: &str) {
     let prefix = stderr.split(" as ").nth(1).and_then(|s| s.split("-*").next()).unwrap_or_else(|| panic!("no prefix\n{d}")).to_string();
     let left = std::process::Command::new("ip").args(["netns", "list"]).output().unwrap();
     assert!(!String::from_utf8_lossy(&left.stdout).contains(&prefix), "namespaces left behind by {file}\n{d}");
+    // Nor any file or process of the run (a PostgreSQL server and its data directory included).
+    let dir = std::env::temp_dir().join(format!("trellis-lab-{prefix}"));
+    assert!(!dir.exists(), "{} left behind by {file}\n{d}", dir.display());
+    let dir = dir.to_string_lossy().to_string();
+    for p in std::fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+        assert!(!String::from_utf8_lossy(&cmdline).contains(&dir), "process {:?} of {file} left behind\n{d}", p.file_name());
+    }
     println!("{file}:\n{stdout}");
+    (stdout.to_string(), stderr.to_string())
 }
 
 #[test]
@@ -48,4 +60,28 @@ fn lab_firewalled() {
 #[test]
 fn lab_dualhomed() {
     lab_run("lab/dualhomed.toml");
+}
+
+/// Two controller replicas on a real PostgreSQL: ctl-1, which every agent long-polls, is killed
+/// mid-run; every agent must move to ctl-2 (the tokens carry both), every expectation must still
+/// hold, and a declaration applied through ctl-2 must reach every node and open the port it opens.
+/// Without failover the agents stay on the dead replica and the run fails.
+#[test]
+fn lab_ha() {
+    let (stdout, stderr) = lab_run("lab/ha.toml");
+    assert!(stderr.contains("PostgreSQL up on pg"), "{stderr}");
+    assert!(stderr.contains("controllers up (ctl-1 192.0.2.1:8443, ctl-2 192.0.2.2:8443; PostgreSQL)"), "{stderr}");
+    assert!(
+        stdout
+            .contains("step 1: controller ctl-1 killed (SIGKILL; 4 of 4 agents were long-polling it) -> every agent long-polling ctl-2: "),
+        "{stdout}"
+    );
+    assert!(stdout.contains("step 2: apply of lab/ha/metrics through ctl-2 -> every node it changed applied it: 4 of 4 nodes"), "{stdout}");
+    // Three rounds of the matrix: before the kill, after it and after the apply; the port the
+    // apply opened is seen open in the last.
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("FROM ")).count(), 3, "{stdout}");
+    let opened: Vec<&str> = stdout.lines().filter(|l| l.starts_with("op-1") && l.contains("tcp 9100 -> db-1")).collect();
+    assert_eq!(opened.len(), 3, "{stdout}");
+    assert!(opened[0].contains("closed") && opened[2].contains("open"), "{stdout}");
+    assert!(stdout.contains("24 of 24 expectations met"), "{stdout}");
 }

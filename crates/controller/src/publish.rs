@@ -9,9 +9,11 @@
 //! reads everything it publishes from the database.
 //!
 //! Every governance decision moves the audit head; a replica that sees the head move (another
-//! replica decided something) publishes too, so all replicas converge on the same versions. The
-//! signed bytes for one version are identical everywhere: the body is deterministic and ed25519
-//! signatures are too.
+//! replica decided something) publishes too, so all replicas converge on the same versions. A
+//! replica also republishes the nodes whose stored version is not the one it holds: a run that
+//! read the database before a decision may commit after the run covering it, so the same content
+//! can come back at a higher version with no move of the head. The signed bytes for one version
+//! are identical everywhere: the body is deterministic and ed25519 signatures are too.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -125,6 +127,10 @@ struct Run {
     audit_head: i64,
     /// Hashed file contents, kept across runs.
     contents: Contents,
+    /// Nodes whose stored version is not the one held here: the next run publishes them again.
+    lagging: HashSet<String>,
+    /// The stored versions (`Store::bundle_versions`) last seen to match the ones held here.
+    versions_seen: Option<(i64, i64)>,
 }
 
 pub struct Publisher {
@@ -287,10 +293,27 @@ impl Controller {
         }
     }
 
-    /// Publishes if another replica decided something since the last run.
+    /// Publishes if another replica decided something since the last run, or if a stored
+    /// version is not the one held here (another replica published that node again).
     pub async fn publish_if_moved(&self) -> Result<()> {
         let head = self.store.audit_head().await?;
-        if head != self.publisher.run.lock().await.audit_head {
+        let versions = self.store.bundle_versions().await?;
+        let mut run = self.publisher.run.lock().await;
+        let moved = head != run.audit_head;
+        // Compared while no run is under way (this holds the run's lock): the table then holds
+        // every version this replica published itself.
+        if run.versions_seen != Some(versions) {
+            let stored = self.store.bundles().await?;
+            let table = self.publisher.table.read().expect("bundle table");
+            run.lagging =
+                stored.into_iter().filter(|(n, v)| table.get(n).is_some_and(|p| p.version != v.version)).map(|(n, _)| n).collect();
+            if run.lagging.is_empty() {
+                run.versions_seen = Some(versions);
+            }
+        }
+        let lagging = !run.lagging.is_empty();
+        drop(run);
+        if moved || lagging {
             self.publish().await?;
         }
         Ok(())
@@ -351,6 +374,7 @@ impl Controller {
             let previous = run.published.get(&r.name);
             let unchanged = previous.is_some_and(|(_, cert)| *cert == r.cert_pem)
                 && !rendered.contains(r.name.as_str())
+                && !run.lagging.contains(&r.name)
                 && p.current(&r.name).is_some();
             if unchanged {
                 continue;
@@ -399,6 +423,7 @@ impl Controller {
         }
         contents.keep_only(&compiled);
         run.contents = contents;
+        run.lagging.clear();
         run.compiled = Some(compiled);
         done(&mut run, head);
         Ok((count, head_record))

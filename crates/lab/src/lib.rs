@@ -2,14 +2,16 @@
 //! its expectations checked through the overlay, and everything removed. Every address is one
 //! of the lab's own namespaces; every wait is bounded.
 //!
-//! `file` is the lab file and its validation; `net` the namespaces, bridges and routers;
-//! `procs` the controller and agent processes; `checks` the expectation matrix; `timing` the
-//! first-packet and re-apply figures. The declaration directory is read by the caller's reader
-//! (`ReadDeclaration`), the one `trellis check` uses.
+//! `file` is the lab file and its validation; `net` the namespaces, bridges and routers; `pg`
+//! the PostgreSQL server of a lab with controller replicas; `procs` the controller and agent
+//! processes; `checks` the expectation matrix; `timing` the first-packet, apply and failover
+//! figures. Declaration directories are read by the caller's reader (`ReadDeclaration`), the
+//! one `trellis check` uses.
 
 mod checks;
 pub mod file;
 mod net;
+mod pg;
 mod procs;
 mod timing;
 
@@ -22,7 +24,9 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use trellis_core::{Declaration, Loaded};
 
+use file::Action;
 pub use file::{load, LabFile};
+use procs::Replica;
 
 /// Reads and loads a declaration directory, as `trellis check` does.
 pub type ReadDeclaration = fn(&Path) -> Result<Loaded>;
@@ -36,7 +40,19 @@ pub struct LabState {
     pub dir: PathBuf,
     /// Per node: milliseconds from token redemption to the first packet over the overlay.
     pub first_packet_ms: BTreeMap<String, u64>,
-    pub controller: String,
+    /// The nodes that run an agent.
+    pub agents: Vec<String>,
+    pub controllers: Vec<Replica>,
+    pub postgres: Option<pg::Postgres>,
+    /// How many of the lab file's steps `check` has taken.
+    pub steps_done: usize,
+}
+
+impl LabState {
+    /// The first controller still running: admin commands go through it.
+    fn serving(&self) -> Result<&Replica> {
+        self.controllers.iter().find(|r| !r.killed).context("no controller of the lab is running")
+    }
 }
 
 fn state_path(file: &Path) -> PathBuf {
@@ -67,14 +83,14 @@ pub fn up(file: &Path, read_declaration: ReadDeclaration) -> Result<LabState> {
         bail!("the lab needs root: it makes network namespaces");
     }
     let (lab, decl_dir) = load(file)?;
-    let loaded = read_declaration(&decl_dir)?;
-    let Some(decl) = loaded.declaration else {
-        for d in &loaded.diagnostics {
-            eprintln!("{d}");
-        }
-        bail!("{} is not a valid declaration", decl_dir.display());
-    };
+    let decl = read_valid(&decl_dir, read_declaration)?;
     file::check_endpoints(&lab, &decl)?;
+    // A step's declaration is checked now, before anything is built for it.
+    for i in 0..lab.step.len() {
+        if let Action::Apply(dir) = lab.action(i, lab_dir(file)) {
+            file::check_endpoints(&lab, &read_valid(&dir, read_declaration)?)?;
+        }
+    }
     let sp = state_path(file);
     if sp.exists() {
         bail!("a lab from {} is already up; run `trellis lab down {}` first", file.display(), file.display());
@@ -83,25 +99,64 @@ pub fn up(file: &Path, read_declaration: ReadDeclaration) -> Result<LabState> {
     let dir = std::env::temp_dir().join(format!("trellis-lab-{prefix}"));
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let mut st = LabState { prefix: prefix.clone(), dir: dir.clone(), ..Default::default() };
-    let result = build(&lab, &decl_dir, &decl, &mut st);
-    std::fs::write(&sp, serde_json::to_vec_pretty(&st)?).with_context(|| format!("cannot write {}", sp.display()))?;
+    save(file, &st)?;
+    let result = build(file, &lab, &decl_dir, &decl, &mut st);
+    save(file, &st)?;
     result.map(|_| st)
 }
 
-fn build(lab: &LabFile, decl_dir: &Path, decl: &Declaration, st: &mut LabState) -> Result<()> {
+fn lab_dir(file: &Path) -> &Path {
+    file.parent().unwrap_or(Path::new("."))
+}
+
+/// A declaration directory read and loaded, or its diagnostics printed and an error.
+fn read_valid(dir: &Path, read_declaration: ReadDeclaration) -> Result<Declaration> {
+    let loaded = read_declaration(dir)?;
+    let Some(decl) = loaded.declaration else {
+        for d in &loaded.diagnostics {
+            eprintln!("{d}");
+        }
+        bail!("{} is not a valid declaration", dir.display());
+    };
+    Ok(decl)
+}
+
+fn save(file: &Path, st: &LabState) -> Result<()> {
+    let sp = state_path(file);
+    std::fs::write(&sp, serde_json::to_vec_pretty(st)?).with_context(|| format!("cannot write {}", sp.display()))
+}
+
+/// Builds the lab, recording in the state file what it made at each stage, so that `down` (also
+/// from Ctrl-C) finds the namespaces and the PostgreSQL server of a build cut short.
+fn build(file: &Path, lab: &LabFile, decl_dir: &Path, decl: &Declaration, st: &mut LabState) -> Result<()> {
     let started = Instant::now();
     progress(&format!("building {} ({} nets, {} hosts) as {}-*", lab.lab.name, lab.net.len(), lab.host.len(), st.prefix));
-    let host_ns = net::build(lab, st)?;
+    let host_ns = net::build(lab, st);
+    save(file, st)?;
+    let host_ns = host_ns?;
     progress(&format!("network ready ({:.1}s)", started.elapsed().as_secs_f64()));
 
-    let ctl = lab.controller();
-    let ctl_ns = &host_ns[&ctl.name];
-    let ctl_addr = ctl.addresses.values().next().context("the controller host has no address")?;
-    procs::start_controller(ctl_ns, ctl_addr, decl_dir, st)?;
-    progress(&format!("controller up at {}, declaration applied ({:.1}s)", st.controller, started.elapsed().as_secs_f64()));
+    let database_url = match lab.postgres() {
+        Some(h) => {
+            let url = pg::start(lab, h, &host_ns[&h.name], st);
+            save(file, st)?;
+            let url = url?;
+            progress(&format!("PostgreSQL up on {} ({:.1}s)", h.name, started.elapsed().as_secs_f64()));
+            Some(url)
+        }
+        None => None,
+    };
+    let started_controllers = procs::start_controllers(lab, &host_ns, database_url.as_deref(), decl_dir, st);
+    save(file, st)?;
+    started_controllers?;
+    let at: Vec<String> = st.controllers.iter().map(|r| format!("{} {}", r.host, r.address)).collect();
+    let db = if database_url.is_some() { "PostgreSQL" } else { "SQLite" };
+    progress(&format!("controllers up ({}; {db}), declaration applied ({:.1}s)", at.join(", "), started.elapsed().as_secs_f64()));
 
-    let redeemed = procs::start_agents(decl, ctl_ns, &host_ns, st, progress)?;
-    procs::converge(ctl_ns, st, Duration::from_secs(90))?;
+    let redeemed = procs::start_agents(decl, &host_ns, st, progress)?;
+    st.agents = redeemed.keys().cloned().collect();
+    st.agents.sort();
+    procs::converge(st, Duration::from_secs(90))?;
     progress(&format!("every node holds its bundle ({:.1}s)", started.elapsed().as_secs_f64()));
     st.first_packet_ms = timing::first_packets(decl, &host_ns, &redeemed, st)?;
     progress(&format!("up in {:.1}s", started.elapsed().as_secs_f64()));
@@ -109,28 +164,95 @@ fn build(lab: &LabFile, decl_dir: &Path, decl: &Declaration, st: &mut LabState) 
 }
 
 /// Runs every expectation through the overlay and prints expected versus seen, then the
-/// timings; true when every expectation was met.
+/// timings; then takes the lab file's steps not taken yet, each followed by its figure and every
+/// expectation then in force. True when every expectation was met.
 pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
     let (lab, decl_dir) = load(file)?;
-    let st: LabState = serde_json::from_slice(
+    let mut st: LabState = serde_json::from_slice(
         &std::fs::read(state_path(file))
             .with_context(|| format!("no lab from {} is up; run `trellis lab up {}`", file.display(), file.display()))?,
     )?;
-    let decl = read_declaration(&decl_dir)?.declaration.context("declaration")?;
-    let addrs = checks::overlay_addresses(&st.dir, &decl)?;
-    let rows = lab.expect.iter().enumerate().map(|(i, e)| checks::run(i, e, &addrs, &st)).collect::<Result<Vec<_>>>()?;
-    let failures = rows.iter().filter(|r| !r.ok()).count();
-    checks::print(&rows);
+    // The declaration in force after `steps` steps: that of the last apply among them.
+    let in_force = |steps: usize| {
+        (0..steps)
+            .filter_map(|i| match lab.action(i, lab_dir(file)) {
+                Action::Apply(dir) => Some(dir),
+                Action::Kill(_) => None,
+            })
+            .next_back()
+            .unwrap_or_else(|| decl_dir.clone())
+    };
+    let mut tally = Tally::default();
+    tally.round(&lab, &st, &in_force(st.steps_done), read_declaration)?;
     for (node, ms) in &st.first_packet_ms {
         println!("token redeemed -> first packet over the overlay: {node} {ms} ms");
     }
-    let ctl_ns = format!("{}-{}", st.prefix, lab.controller().name);
-    let took = timing::reapply(&ctl_ns, &decl_dir, &st)?;
-    println!("re-apply -> every node converged: {} ms", took.as_millis());
-    procs::apply(&ctl_ns, &decl_dir, &st)?;
-    procs::converge(&ctl_ns, &st, Duration::from_secs(60))?;
-    println!("{} of {} expectations met", rows.len() - failures, rows.len());
-    Ok(failures == 0)
+    let dir = in_force(st.steps_done);
+    let c = timing::reapply(&dir, &st)?;
+    println!("re-apply -> every node converged: {} ms ({} of {} nodes changed)", c.took.as_millis(), c.changed, c.nodes);
+    timing::apply_and_wait(&dir, &st, Duration::from_secs(60))?;
+    for i in st.steps_done..lab.step.len() {
+        println!();
+        match lab.action(i, lab_dir(file)) {
+            Action::Kill(host) => {
+                let victim = st.controllers.iter().find(|r| r.host == host).map(|r| r.address.clone()).unwrap_or_default();
+                // Who talks to it: an agent on another replica shows nothing of failover.
+                let on_victim = st.agents.iter().filter(|a| timing::holds(&st, a, &[victim.as_str()])).count();
+                let at = Instant::now();
+                let result = procs::kill(&mut st, &host);
+                save(file, &st)?;
+                result?;
+                let took = timing::failover(&st, at, Duration::from_secs(30))?;
+                let running: Vec<&str> = st.controllers.iter().filter(|r| !r.killed).map(|r| r.host.as_str()).collect();
+                println!(
+                    "step {}: controller {host} killed (SIGKILL; {on_victim} of {} agents were long-polling it) -> every agent long-polling {}: {} ms",
+                    i + 1,
+                    st.agents.len(),
+                    running.join(" or "),
+                    took.as_millis()
+                );
+            }
+            Action::Apply(dir) => {
+                let through = st.serving()?.host.clone();
+                let c = timing::apply_and_wait(&dir, &st, Duration::from_secs(60))?;
+                println!(
+                    "step {}: apply of {} through {through} -> every node it changed applied it: {} of {} nodes, {} ms",
+                    i + 1,
+                    dir.display(),
+                    c.changed,
+                    c.nodes,
+                    c.took.as_millis()
+                );
+            }
+        }
+        st.steps_done = i + 1;
+        save(file, &st)?;
+        tally.round(&lab, &st, &in_force(st.steps_done), read_declaration)?;
+    }
+    println!("{} of {} expectations met", tally.rows - tally.failures, tally.rows);
+    Ok(tally.failures == 0)
+}
+
+/// Rows checked and rows not met, over every round of `check`.
+#[derive(Default)]
+struct Tally {
+    rows: usize,
+    failures: usize,
+}
+
+impl Tally {
+    /// Checks and prints every expectation in force after `st.steps_done` steps, with the
+    /// overlay addresses of `decl_dir`, the declaration in force.
+    fn round(&mut self, lab: &LabFile, st: &LabState, decl_dir: &Path, read_declaration: ReadDeclaration) -> Result<()> {
+        let decl = read_valid(decl_dir, read_declaration)?;
+        let addrs = checks::overlay_addresses(&st.dir, &decl)?;
+        let rows =
+            lab.expectations(st.steps_done).iter().enumerate().map(|(i, e)| checks::run(i, e, &addrs, st)).collect::<Result<Vec<_>>>()?;
+        checks::print(&rows);
+        self.rows += rows.len();
+        self.failures += rows.iter().filter(|r| !r.ok()).count();
+        Ok(())
+    }
 }
 
 /// Removes every namespace and process the lab made from `file`; nothing to do when it is not up.
@@ -141,6 +263,10 @@ pub fn down(file: &Path) -> Result<()> {
         return Ok(());
     };
     let st: LabState = serde_json::from_slice(&bytes).with_context(|| format!("{} is not a lab state", sp.display()))?;
+    // PostgreSQL first, by its own hand: killed with the rest, it would leave its shared memory.
+    if let Some(pg) = &st.postgres {
+        pg::stop(pg);
+    }
     net::remove(&st);
     let _ = std::fs::remove_dir_all(&st.dir);
     std::fs::remove_file(&sp).with_context(|| format!("cannot remove {}", sp.display()))?;

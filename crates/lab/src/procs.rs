@@ -1,5 +1,6 @@
-//! The real binaries in the lab: `trellis init`, `serve` and `apply` in the controller's
-//! namespace, `trellis-agent enrol` and `run` in each node's, and waiting for convergence.
+//! The real binaries in the lab: `trellis init` once and `trellis serve` in every controller's
+//! namespace, the admin commands through a controller still running, `trellis-agent enrol` and
+//! `run` in each node's, killing a controller, and waiting for convergence.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -7,13 +8,29 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
 use trellis_proto::{NodeState, NodeStatus};
 
-use crate::net::{in_ns, ns_cmd};
+use crate::file::LabFile;
+use crate::net::{in_ns, ns_cmd, sh};
 use crate::LabState;
 
-/// The port the lab's controller listens on.
-const PORT: u16 = 8443;
+/// The port the lab's controllers listen on.
+pub(crate) const PORT: u16 = 8443;
+
+/// A controller replica the lab runs: `trellis serve` in its host's namespace.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Replica {
+    pub host: String,
+    pub ns: String,
+    /// The lab address it is reached at.
+    pub ip: String,
+    /// HOST:PORT, as tokens carry it.
+    pub address: String,
+    pub state_dir: PathBuf,
+    pub pid: u32,
+    pub killed: bool,
+}
 
 /// A binary next to the running one (the lab runs inside `trellis`, so `trellis-agent` must
 /// have been built beside it).
@@ -30,64 +47,129 @@ fn path_str(p: &Path) -> Result<&str> {
     p.to_str().with_context(|| format!("{} is not UTF-8", p.display()))
 }
 
-/// The controller's state directory in the lab.
-pub(crate) fn controller_state(st: &LabState) -> PathBuf {
-    st.dir.join("controller")
+/// HOST:PORT for an address, with brackets for IPv6.
+fn host_port(address: &str, port: u16) -> String {
+    if address.contains(':') {
+        format!("[{address}]:{port}")
+    } else {
+        format!("{address}:{port}")
+    }
 }
 
-/// `trellis init` and `trellis serve` in the controller's namespace, waits until it accepts
-/// connections, then applies the declaration. Records the process and the advertised address.
-pub(crate) fn start_controller(ns: &str, address: &str, decl_dir: &Path, st: &mut LabState) -> Result<()> {
-    let advertise = if address.contains(':') { format!("[{address}]:{PORT}") } else { format!("{address}:{PORT}") };
-    st.controller = advertise.clone();
+/// Copies a controller's state directory (files only, modes kept) into a new private one: a
+/// replica needs the same CA, server certificate, signing key and admin credential.
+fn copy_state(from: &Path, to: &Path) -> Result<()> {
+    trellis_files::private_dir(to).with_context(|| format!("cannot create {}", to.display()))?;
+    for e in std::fs::read_dir(from).with_context(|| format!("cannot read {}", from.display()))? {
+        let e = e.with_context(|| format!("cannot read {}", from.display()))?;
+        if e.file_type()?.is_file() {
+            std::fs::copy(e.path(), to.join(e.file_name()))
+                .with_context(|| format!("cannot copy {} to {}", e.path().display(), to.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Initialises the controller once, with every controller's address advertised (and so carried
+/// by every token and named in the server certificate) and the lab's PostgreSQL when there is
+/// one; copies its state directory to every other controller; starts `trellis serve` in every
+/// controller's namespace and waits until each accepts connections; then applies the
+/// declaration through the first.
+pub(crate) fn start_controllers(
+    lab: &LabFile,
+    host_ns: &HashMap<String, String>,
+    database_url: Option<&str>,
+    decl_dir: &Path,
+    st: &mut LabState,
+) -> Result<()> {
     let trellis = exe("trellis")?;
     let t = path_str(&trellis)?;
-    let state = controller_state(st);
-    let s = path_str(&state)?;
-    in_ns(ns, &[t, "init", "--state-dir", s, "--advertise", &advertise])?;
-    let log_path = st.dir.join("serve.log");
-    let log = std::fs::File::create(&log_path).with_context(|| format!("cannot create {}", log_path.display()))?;
-    let serve = ns_cmd(ns, &[t, "serve", "--state-dir", s]).stdout(Stdio::null()).stderr(log).spawn()?;
-    st.pids.push(serve.id());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !ns_cmd(ns, &["nc", "-z", "-w", "1", address, &PORT.to_string()]).status().is_ok_and(|s| s.success()) {
-        if Instant::now() > deadline {
-            bail!("the controller did not start; see {}", log_path.display());
-        }
-        std::thread::sleep(Duration::from_millis(100));
+    for h in lab.controllers() {
+        let address = h.addresses.values().next().context("a controller host has no address")?;
+        st.controllers.push(Replica {
+            host: h.name.clone(),
+            ns: host_ns[&h.name].clone(),
+            ip: address.clone(),
+            address: host_port(address, PORT),
+            state_dir: st.dir.join(format!("controller-{}", h.name)),
+            pid: 0,
+            killed: false,
+        });
     }
-    apply(ns, decl_dir, st)
+    let first = st.controllers[0].clone();
+    let mut init = vec![t, "init", "--state-dir", path_str(&first.state_dir)?];
+    for r in &st.controllers {
+        init.extend(["--advertise", r.address.as_str()]);
+    }
+    if let Some(url) = database_url {
+        init.extend(["--database-url", url]);
+    }
+    in_ns(&first.ns, &init)?;
+    for r in &st.controllers[1..] {
+        copy_state(&first.state_dir, &r.state_dir)?;
+    }
+    for i in 0..st.controllers.len() {
+        let r = &st.controllers[i];
+        let log_path = st.dir.join(format!("serve-{}.log", r.host));
+        let log = std::fs::File::create(&log_path).with_context(|| format!("cannot create {}", log_path.display()))?;
+        let serve = ns_cmd(&r.ns, &[t, "serve", "--state-dir", path_str(&r.state_dir)?]).stdout(Stdio::null()).stderr(log).spawn()?;
+        st.pids.push(serve.id());
+        st.controllers[i].pid = serve.id();
+    }
+    for r in &st.controllers {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !ns_cmd(&r.ns, &["nc", "-z", "-w", "1", &r.ip, &PORT.to_string()]).status().is_ok_and(|s| s.success()) {
+            if Instant::now() > deadline {
+                bail!("the controller on `{}` did not start; see {}", r.host, st.dir.join(format!("serve-{}.log", r.host)).display());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    apply(st, decl_dir)
 }
 
-/// `trellis apply DIR` against the lab's controller.
-pub(crate) fn apply(ctl_ns: &str, decl_dir: &Path, st: &LabState) -> Result<()> {
+/// Runs an admin command (`trellis ARGS`) through the first controller still running, from its
+/// namespace, naming it with `--server`: a replica's own address, not the first one advertised.
+pub(crate) fn admin(st: &LabState, args: &[&str]) -> Result<String> {
+    let r = st.serving()?;
     let trellis = exe("trellis")?;
-    in_ns(ctl_ns, &[path_str(&trellis)?, "apply", path_str(decl_dir)?, "--state-dir", path_str(&controller_state(st))?]).map(|_| ())
+    let mut full = vec![path_str(&trellis)?];
+    full.extend_from_slice(args);
+    let (token, ca) = (r.state_dir.join("admin.token"), r.state_dir.join("ca.pem"));
+    full.extend(["--server", r.address.as_str(), "--admin-token-file", path_str(&token)?, "--ca-file", path_str(&ca)?]);
+    in_ns(&r.ns, &full)
 }
 
-/// For every node the lab enrols (one without a declared key): a token from the controller,
-/// `trellis-agent enrol` and then `trellis-agent run` in the node's namespace, each agent in its
-/// own mount namespace so the userspace WireGuard control sockets do not collide. Returns when
-/// each token was redeemed.
+/// `trellis apply DIR` through a running controller.
+pub(crate) fn apply(st: &LabState, decl_dir: &Path) -> Result<()> {
+    admin(st, &["apply", path_str(decl_dir)?]).map(|_| ())
+}
+
+/// `trellis status --json` through a running controller.
+pub(crate) fn status(st: &LabState) -> Result<Vec<NodeStatus>> {
+    let text = admin(st, &["status", "--json"])?;
+    serde_json::from_str(&text).context("`trellis status --json` printed something else than a status list")
+}
+
+/// For every node the lab enrols (one without a declared key): a token from a running
+/// controller, `trellis-agent enrol` and then `trellis-agent run` in the node's namespace, each
+/// agent in its own mount namespace so the userspace WireGuard control sockets do not collide.
+/// Returns when each token was redeemed.
 pub(crate) fn start_agents(
     decl: &trellis_core::Declaration,
-    ctl_ns: &str,
     host_ns: &HashMap<String, String>,
     st: &mut LabState,
     progress: impl Fn(&str),
 ) -> Result<HashMap<String, Instant>> {
-    let trellis = exe("trellis")?;
-    let t = path_str(&trellis)?;
     let agent = exe("trellis-agent")?;
     let a = path_str(&agent)?;
-    let state = controller_state(st);
     let mut redeemed: HashMap<String, Instant> = HashMap::new();
     for node in &decl.nodes {
         if node.public_key.is_some() {
             continue;
         }
         let ns = &host_ns[&node.name];
-        let token = in_ns(ctl_ns, &[t, "token", "create", &node.name, "--state-dir", path_str(&state)?])?.trim().to_string();
+        let token = admin(st, &["token", "create", &node.name])?.trim().to_string();
         let sdir = st.dir.join(format!("agent-{}", node.name));
         let root = st.dir.join(format!("root-{}", node.name));
         redeemed.insert(node.name.clone(), Instant::now());
@@ -111,14 +193,10 @@ pub(crate) fn start_agents(
 
 /// Waits until at least one node is active and every active node has applied its desired
 /// version, as `trellis status` reports it.
-pub(crate) fn converge(ctl_ns: &str, st: &LabState, limit: Duration) -> Result<()> {
-    let trellis = exe("trellis")?;
-    let state = controller_state(st);
+pub(crate) fn converge(st: &LabState, limit: Duration) -> Result<()> {
     let deadline = Instant::now() + limit;
     loop {
-        let text = in_ns(ctl_ns, &[path_str(&trellis)?, "status", "--json", "--state-dir", path_str(&state)?])?;
-        let list: Vec<NodeStatus> =
-            serde_json::from_str(&text).context("`trellis status --json` printed something else than a status list")?;
+        let list = status(st)?;
         let active: Vec<&NodeStatus> = list.iter().filter(|n| n.state == NodeState::Active).collect();
         let pending: Vec<&str> = active.iter().filter(|n| n.desired_version != n.applied_version).map(|n| n.name.as_str()).collect();
         if pending.is_empty() && !active.is_empty() {
@@ -129,4 +207,39 @@ pub(crate) fn converge(ctl_ns: &str, st: &LabState, limit: Duration) -> Result<(
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// Whether process `pid` has ended (gone, or a zombie its parent has not reaped).
+fn ended(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X')),
+        Err(_) => true,
+    }
+}
+
+/// Kills controller `host`'s `trellis serve` with SIGKILL, as a crash would end it, and waits
+/// until it has ended. Recorded in `st`.
+pub(crate) fn kill(st: &mut LabState, host: &str) -> Result<()> {
+    let r = st.controllers.iter_mut().find(|r| r.host == host).with_context(|| format!("the lab runs no controller on `{host}`"))?;
+    if r.killed {
+        bail!("the controller on `{host}` was killed already");
+    }
+    // The pid is the one `ip netns exec` became: make sure it is still trellis before the kill.
+    let exe = std::fs::read_link(format!("/proc/{}/exe", r.pid)).unwrap_or_default();
+    if exe.file_name().and_then(|n| n.to_str()) != Some("trellis") || ended(r.pid) {
+        bail!("the controller on `{host}` (pid {}) is not running; see {}", r.pid, st.dir.join(format!("serve-{host}.log")).display());
+    }
+    sh(&["kill", "-KILL", &r.pid.to_string()])?;
+    r.killed = true;
+    let pid = r.pid;
+    // Its number may be another process's by the time `down` runs.
+    st.pids.retain(|p| *p != pid);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ended(pid) {
+        if Instant::now() > deadline {
+            bail!("the controller on `{host}` (pid {pid}) did not end after SIGKILL");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
 }

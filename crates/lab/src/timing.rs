@@ -1,5 +1,6 @@
-//! The lab's timings: from token redemption to the first packet over the overlay, and from a
-//! re-apply until every node converged.
+//! The lab's timings: from token redemption to the first packet over the overlay, from an
+//! apply until every node it changed converged, and from a controller's kill until every agent
+//! moved to another.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -7,8 +8,9 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use ipnet::IpNet;
+use trellis_proto::{NodeState, NodeStatus};
 
 use crate::net::ns_cmd;
 use crate::procs;
@@ -64,9 +66,42 @@ pub(crate) fn first_packets(
     Ok(out)
 }
 
-/// Applies the declaration with one node more (which changes every node's zone) and times until
-/// every node converged; the caller applies the original again.
-pub(crate) fn reapply(ctl_ns: &str, decl_dir: &Path, st: &LabState) -> Result<Duration> {
+/// What an apply changed, and how long until every node it changed had applied it.
+pub(crate) struct Converged {
+    pub took: Duration,
+    /// Nodes given a new bundle by the apply, of the active nodes.
+    pub changed: usize,
+    pub nodes: usize,
+}
+
+/// Applies `dir` through a running controller and waits until every node the apply gave a new
+/// bundle has applied it. Publishing runs after the apply has answered (ADR 0016), so right then
+/// every node still shows its old desired version as applied; the controller answers for the
+/// audit checkpoint only once the publish run covering earlier decisions is done, so the chain is
+/// verified (`trellis audit verify`) before the versions are read.
+pub(crate) fn apply_and_wait(dir: &Path, st: &LabState, limit: Duration) -> Result<Converged> {
+    let before: HashMap<String, Option<i64>> = procs::status(st)?.into_iter().map(|n| (n.name, n.desired_version)).collect();
+    let t0 = Instant::now();
+    procs::apply(st, dir)?;
+    procs::admin(st, &["audit", "verify"])?;
+    loop {
+        let list = procs::status(st)?;
+        let active: Vec<&NodeStatus> = list.iter().filter(|n| n.state == NodeState::Active).collect();
+        let pending: Vec<&str> = active.iter().filter(|n| n.desired_version != n.applied_version).map(|n| n.name.as_str()).collect();
+        if pending.is_empty() {
+            let changed = active.iter().filter(|n| before.get(&n.name).is_none_or(|v| *v != n.desired_version)).count();
+            return Ok(Converged { took: t0.elapsed(), changed, nodes: active.len() });
+        }
+        if t0.elapsed() > limit {
+            bail!("nodes did not apply what {} changed within {} s: {}", dir.display(), limit.as_secs(), pending.join(", "));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Applies the declaration with one node more and times until every node it changed converged;
+/// the caller applies the declaration in force again.
+pub(crate) fn reapply(decl_dir: &Path, st: &LabState) -> Result<Converged> {
     let changed = st.dir.join("reapply");
     let _ = std::fs::remove_dir_all(&changed);
     let modules = changed.join("modules");
@@ -81,8 +116,36 @@ pub(crate) fn reapply(ctl_ns: &str, decl_dir: &Path, st: &LabState) -> Result<Du
             std::fs::copy(e.path(), modules.join(e.file_name())).with_context(|| format!("cannot copy {}", e.path().display()))?;
         }
     }
-    let t0 = Instant::now();
-    procs::apply(ctl_ns, &changed, st)?;
-    procs::converge(ctl_ns, st, Duration::from_secs(60))?;
-    Ok(t0.elapsed())
+    apply_and_wait(&changed, st, Duration::from_secs(60))
+}
+
+/// Whether the agent of `node` holds an established TCP connection to one of `controllers`
+/// (HOST:PORT), as `ss` shows it in the node's namespace.
+pub(crate) fn holds(st: &LabState, node: &str, controllers: &[&str]) -> bool {
+    let ns = format!("{}-{node}", st.prefix);
+    let out = ns_cmd(&ns, &["ss", "-tnH", "state", "established"]).output().map(|o| o.stdout).unwrap_or_default();
+    // With a state filter, `ss` prints the queues, then the local and the peer address.
+    String::from_utf8_lossy(&out).lines().any(|l| l.split_whitespace().nth(3).is_some_and(|peer| controllers.contains(&peer)))
+}
+
+/// After a controller was killed: the time from `since` until every agent holds a connection to
+/// a controller still running (its long-poll moved over).
+pub(crate) fn failover(st: &LabState, since: Instant, limit: Duration) -> Result<Duration> {
+    let running: Vec<&str> = st.controllers.iter().filter(|r| !r.killed).map(|r| r.address.as_str()).collect();
+    let mut waiting: Vec<&str> = st.agents.iter().map(String::as_str).collect();
+    loop {
+        waiting.retain(|node| !holds(st, node, &running));
+        if waiting.is_empty() {
+            return Ok(since.elapsed());
+        }
+        if since.elapsed() > limit {
+            bail!(
+                "the agents of {} hold no connection to a running controller ({}) {} s after the kill",
+                waiting.join(", "),
+                running.join(", "),
+                limit.as_secs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

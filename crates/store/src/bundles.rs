@@ -31,6 +31,16 @@ impl Store {
             .collect()
     }
 
+    /// How many bundles there are and the sum of their versions: it moves whenever any replica
+    /// publishes (versions only rise), so a replica can see, with one small query, that the
+    /// versions it holds may be behind.
+    pub async fn bundle_versions(&self) -> Result<(i64, i64)> {
+        let r = sqlx::query("SELECT COUNT(*) AS n, CAST(COALESCE(SUM(version), 0) AS BIGINT) AS total FROM bundles")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok((r.try_get("n")?, r.try_get("total")?))
+    }
+
     /// The version, digest and issue time of one node's current bundle, if it has one.
     pub async fn bundle(&self, node: &str) -> Result<Option<BundleVersion>> {
         let row =

@@ -410,3 +410,39 @@ async fn a_burst_of_enrolments_is_published_in_a_few_runs_and_every_node_gets_it
     })
     .await;
 }
+
+/// Replicas on one database: a run of one replica that read the database before a decision can
+/// commit after the other replica's run covering that decision. Its older content then gets the
+/// next version, and its next run stores the current content again, one version higher still,
+/// with no move of the audit head. A replica that published that content at the lower version
+/// must take the stored one, or its nodes show as stale for ever (seen in `lab/ha.toml`: every
+/// agent held the current content at a version below the stored one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_takes_the_version_another_replica_stored_for_the_same_content() {
+    on_both(|fx| async move {
+        let c = &fx.c;
+        let created = c.create_token(&proto::TokenRequest { node: "db-1".into(), ttl_secs: 600, require_approval: false }).await.unwrap();
+        c.enrol(enrol_request(&created.token).0).await.unwrap();
+        c.publish().await.unwrap();
+        let held = c.publisher.current("db-1").unwrap().version;
+        let stored = c.store.bundle("db-1").await.unwrap().unwrap();
+        assert_eq!(held, stored.version);
+        // The other replica's late run, then its next one, as they reach the database.
+        c.store.publish(&[("db-1".into(), "0".repeat(64))], T0).await.unwrap();
+        c.store.publish(&[("db-1".into(), stored.digest.clone())], T0 + 1).await.unwrap();
+        assert_eq!(c.store.bundle("db-1").await.unwrap().unwrap().version, held + 2);
+
+        c.publish_if_moved().await.unwrap();
+        let p = c.publisher.current("db-1").unwrap();
+        assert_eq!(p.version, held + 2, "the replica serves the stored version");
+        let key = ed25519_dalek::SigningKey::from_bytes(&[7; 32]).verifying_key();
+        let v = trellis_core::bundle::verify(&p.signed.to_vec(), &key, "basic", "db-1", None).unwrap();
+        assert_eq!((v.bundle.version, v.bundle.issued_at), ((held + 2) as u64, T0 + 1), "signed as the other replica signed it");
+        // Once the versions match, looking again publishes nothing.
+        let runs = c.publisher.runs();
+        c.publish_if_moved().await.unwrap();
+        c.publish_if_moved().await.unwrap();
+        assert_eq!(c.publisher.runs(), runs);
+    })
+    .await;
+}
