@@ -5,10 +5,7 @@
 
 use std::fmt::Write;
 
-use base64::Engine;
 use ed25519_dalek::{Signer, SigningKey};
-use sha2::{Digest, Sha256};
-use trellis_core::token::PREFIX;
 use trellis_core::wgconf::WgConf;
 use trellis_core::zone::Zone;
 
@@ -53,11 +50,7 @@ pub fn join_files<'a>(mesh: &str, modules: impl IntoIterator<Item = &'a str>) ->
 
 /// A token's text for a payload (everything before the checksum), with its checksum: what
 /// `EnrolmentToken::encode` writes for a payload it made.
-pub fn token_text(payload: &[u8]) -> String {
-    let mut b = payload.to_vec();
-    b.extend_from_slice(&Sha256::digest(payload)[..4]);
-    format!("{PREFIX}{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&b))
-}
+pub use trellis_core::token::text as token_text;
 
 /// Offset of the manifest length in a bundle: after the magic and the signature.
 pub const SIGNED_AT: usize = 4 + 64;

@@ -73,7 +73,32 @@ pub fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// The text form of a payload (everything before the checksum): the prefix and the base64 of
+/// the payload with its checksum. Checks nothing: `encode` checks the fields first, and
+/// `decode` reads any text back with every check.
+pub fn text(payload: &[u8]) -> String {
+    let mut b = payload.to_vec();
+    b.extend_from_slice(&Sha256::digest(payload)[..4]);
+    format!("{PREFIX}{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&b))
+}
+
 impl EnrolmentToken {
+    /// The fields as the format lays them out, before the checksum; unchecked (see [`text`]).
+    fn payload(&self) -> Vec<u8> {
+        let mut b = vec![VERSION, self.controllers.len() as u8];
+        for c in &self.controllers {
+            b.push(c.len() as u8);
+            b.extend_from_slice(c.as_bytes());
+        }
+        b.extend_from_slice(&self.ca_fingerprint);
+        b.extend_from_slice(&self.id);
+        b.extend_from_slice(&self.secret);
+        b.push(self.node.len() as u8);
+        b.extend_from_slice(self.node.as_bytes());
+        b.extend_from_slice(&self.expires.to_be_bytes());
+        b
+    }
+
     /// Whether the fields fit the format: 1 to 8 controller addresses of 1 to 255 bytes, a node
     /// name of 1 to 63. Checked when encoding and again when decoding, so that a token whose
     /// checksum was made to match (it is no MAC) cannot carry what trellis never issues.
@@ -92,21 +117,7 @@ impl EnrolmentToken {
 
     pub fn encode(&self) -> Result<String, TokenError> {
         self.fits()?;
-        let mut b = vec![VERSION];
-        b.push(self.controllers.len() as u8);
-        for c in &self.controllers {
-            b.push(c.len() as u8);
-            b.extend_from_slice(c.as_bytes());
-        }
-        b.extend_from_slice(&self.ca_fingerprint);
-        b.extend_from_slice(&self.id);
-        b.extend_from_slice(&self.secret);
-        b.push(self.node.len() as u8);
-        b.extend_from_slice(self.node.as_bytes());
-        b.extend_from_slice(&self.expires.to_be_bytes());
-        let sum = Sha256::digest(&b);
-        b.extend_from_slice(&sum[..4]);
-        let text = format!("{PREFIX}{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&b));
+        let text = text(&self.payload());
         if text.len() > MAX_LEN {
             return Err(TokenError::TooLong(text.len()));
         }
@@ -214,29 +225,6 @@ mod tests {
         assert_eq!(EnrolmentToken::decode("hello"), Err(TokenError::NotAToken));
     }
 
-    /// The payload of `t` as `encode` lays it out, without the checksum, for tokens `encode`
-    /// refuses to write.
-    fn payload(t: &EnrolmentToken) -> Vec<u8> {
-        let mut b = vec![VERSION, t.controllers.len() as u8];
-        for c in &t.controllers {
-            b.push(c.len() as u8);
-            b.extend_from_slice(c.as_bytes());
-        }
-        b.extend_from_slice(&t.ca_fingerprint);
-        b.extend_from_slice(&t.id);
-        b.extend_from_slice(&t.secret);
-        b.push(t.node.len() as u8);
-        b.extend_from_slice(t.node.as_bytes());
-        b.extend_from_slice(&t.expires.to_be_bytes());
-        b
-    }
-
-    fn with_checksum(payload: &[u8]) -> String {
-        let mut b = payload.to_vec();
-        b.extend_from_slice(&Sha256::digest(payload)[..4]);
-        format!("{PREFIX}{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&b))
-    }
-
     /// Found by the `token` fuzz target: the checksum is no MAC, so a token with a matching one
     /// can be made by hand; decoding accepted an empty node name (and too many or empty
     /// controller addresses) that `encode` refuses, so a token read could not be written back.
@@ -250,9 +238,9 @@ mod tests {
         ];
         for (t, what) in cases {
             assert_eq!(t.encode(), Err(TokenError::Invalid(what)));
-            assert_eq!(EnrolmentToken::decode(&with_checksum(&payload(&t))), Err(TokenError::Invalid(what)), "{t:?}");
+            assert_eq!(EnrolmentToken::decode(&text(&t.payload())), Err(TokenError::Invalid(what)), "{t:?}");
         }
-        assert_eq!(EnrolmentToken::decode(&with_checksum(&payload(&sample()))), Ok(sample()));
+        assert_eq!(EnrolmentToken::decode(&text(&sample().payload())), Ok(sample()));
     }
 
     #[test]
