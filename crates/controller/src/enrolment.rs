@@ -66,7 +66,6 @@ impl Controller {
         if let Err(wait) = self.refusals.admit(source, now) {
             return Err(Redemption::TooMany { from: source.to_string(), wait }.into());
         }
-        self.write_refusals().await;
         // The shape first: a request that is not an enrolment is answered and forgotten (not
         // even counted: it costs no lookup), so an unauthenticated caller cannot write its fields
         // into the audit chain.
@@ -93,7 +92,7 @@ impl Controller {
     }
 
     /// Writes one audit record for each closed window of refusals that were counted, not audited
-    /// one by one. Called on every enrolment and by the server's timer.
+    /// one by one. Called by the server's timer (every 5 s) and when it stops.
     pub async fn write_refusals(&self) {
         let audited = self.refusals.limits().audited;
         for (source, w) in self.refusals.closed(self.now()) {
@@ -188,15 +187,21 @@ impl Controller {
             Err(e) => return Err(e.into()),
         }
         self.ask_publish();
-        Ok(proto::EnrolResponse {
-            node: req.node,
-            mesh: decl.mesh.name.clone(),
+        Ok(self.enrolled(req.node, decl.mesh.name.clone(), state, issued.cert_pem))
+    }
+
+    /// The answer to a redemption: the node's certificate and what it needs to trust and reach
+    /// the mesh.
+    fn enrolled(&self, node: String, mesh: String, state: EnrolledState, node_cert_pem: String) -> proto::EnrolResponse {
+        proto::EnrolResponse {
+            node,
+            mesh,
             state,
-            node_cert_pem: issued.cert_pem,
+            node_cert_pem,
             ca_pem: self.ca().cert_pem().to_string(),
             signing_public_key: base64::engine::general_purpose::STANDARD.encode(self.signing_public_key),
             controllers: self.config.advertise.clone(),
-        })
+        }
     }
 
     /// The answer to a redemption of a used token: if it is a retry of the redemption that used
@@ -212,12 +217,11 @@ impl Controller {
         let Some(record) = self.store.node(&req.node).await? else { return Err(used()) };
         let same_key = PublicKey::parse(&req.wireguard_public_key).map(|k| k.to_string()) == record.wg_public_key;
         let made_by_this_token = token.used_at == Some(record.enrolled_at) && record.prev_cert_serial.is_none();
-        let (Some(cert_pem), true, true) = (record.cert_pem.as_deref(), same_key, made_by_this_token) else {
+        let Some(cert_pem) =
+            record.cert_pem.as_deref().filter(|_| same_key && made_by_this_token && record.state != EnrolledState::Revoked)
+        else {
             return Err(used());
         };
-        if record.state == EnrolledState::Revoked {
-            return Err(used());
-        }
         // The CSR proves possession of its key (its signature), and the key must be the one the
         // certificate certifies.
         let asked = trellis_pki::csr_public_key(&req.csr_pem).map_err(|e| Redemption::BadCsr(e.to_string()))?;
@@ -226,15 +230,7 @@ impl Controller {
             return Err(used());
         }
         let mesh = self.current_declaration().await?.map(|(_, d)| d.mesh.name.clone()).ok_or(Redemption::NoDeclaration)?;
-        Ok(proto::EnrolResponse {
-            node: record.name,
-            mesh,
-            state: record.state,
-            node_cert_pem: cert_pem.to_string(),
-            ca_pem: self.ca().cert_pem().to_string(),
-            signing_public_key: base64::engine::general_purpose::STANDARD.encode(self.signing_public_key),
-            controllers: self.config.advertise.clone(),
-        })
+        Ok(self.enrolled(record.name.clone(), mesh, record.state, cert_pem.to_string()))
     }
 
     /// A new certificate for a node, from a CSR it sent over its authenticated session. The

@@ -203,11 +203,13 @@ impl From<StoreError> for Error {
             StoreError::TokenUsed => Error::Redemption(Redemption::Used),
             StoreError::KeyTaken(holder) => Error::KeyTaken(holder),
             StoreError::NotFound(what) => Error::NotFound(what),
-            e if e.unavailable().is_some() => {
-                eprintln!("trellis serve: the database is unavailable: {e}");
-                Error::DatabaseUnavailable(e.unavailable().unwrap_or_default())
-            }
-            other => Error::internal("database access", other),
+            other => match other.unavailable() {
+                Some(reason) => {
+                    eprintln!("trellis serve: the database is unavailable: {other}");
+                    Error::DatabaseUnavailable(reason)
+                }
+                None => Error::internal("database access", other),
+            },
         }
     }
 }

@@ -91,8 +91,6 @@ struct Inner {
     windows: HashMap<Source, Window>,
     /// Closed windows with counted refusals, waiting to be written.
     closed: Vec<(Source, Window)>,
-    /// When the earliest open window closes (0: none open yet or not known).
-    due: i64,
 }
 
 impl Inner {
@@ -131,7 +129,6 @@ impl Refusals {
         let mut inner = self.inner.lock().expect("refusals");
         let key = inner.key(source, self.limits.sources);
         let (span, audited) = (self.limits.window_secs, self.limits.audited);
-        inner.due = if inner.windows.is_empty() { now + span } else { inner.due.min(now + span) };
         let w = inner.windows.entry(key).or_insert_with(|| Window { start: now, ..Window::default() });
         let mut closed = None;
         if now >= w.start + span {
@@ -156,14 +153,9 @@ impl Refusals {
     pub fn closed(&self, now: i64) -> Vec<(Source, Window)> {
         let mut inner = self.inner.lock().expect("refusals");
         let mut out = std::mem::take(&mut inner.closed);
-        if now < inner.due {
-            return out;
-        }
         let (span, audited) = (self.limits.window_secs, self.limits.audited);
-        let mut due = i64::MAX;
         inner.windows.retain(|source, w| {
             if now < w.start + span {
-                due = due.min(w.start + span);
                 return true;
             }
             if w.refused > audited {
@@ -171,7 +163,6 @@ impl Refusals {
             }
             false
         });
-        inner.due = due;
         out
     }
 

@@ -134,10 +134,6 @@ pub struct BundleQuery {
 
 pub const MAX_WAIT: u64 = 60;
 
-/// The media type of a bundle sent as a delta from the version the node holds
-/// (`trellis_core::delta`); sent only to a node that says it `Accept`s it.
-pub const DELTA_TYPE: &str = trellis_proto::DELTA_TYPE;
-
 /// How long a request that needs the decisions before it published (a node's first bundle, the
 /// audit checkpoint) waits for the publish run that covers them.
 const SETTLE: Duration = Duration::from_secs(20);
@@ -161,14 +157,17 @@ async fn bundle(State(c): State<Shared>, Node(who): Node, headers: HeaderMap, Qu
         c.settle(SETTLE).await?;
     }
     // A node that can rebuild a bundle from the one it holds takes the edits instead.
-    let takes_delta = headers.get_all(header::ACCEPT).iter().any(|v| v.to_str().is_ok_and(|v| v.contains(DELTA_TYPE)));
+    let takes_delta = headers.get_all(header::ACCEPT).iter().any(|v| v.to_str().is_ok_and(|v| v.contains(proto::DELTA_TYPE)));
     loop {
         let current = c.publisher.current(&who.name);
         let stamp = c.stamp();
         if let Some(p) = &current {
             if let Some((_, delta)) = p.delta.as_ref().filter(|(base, _)| takes_delta && held.as_deref() == Some(etag(*base).as_str())) {
-                let headers =
-                    [(header::CONTENT_TYPE, DELTA_TYPE.to_string()), (header::ETAG, etag(p.version)), (freshness, stamp.to_string())];
+                let headers = [
+                    (header::CONTENT_TYPE, proto::DELTA_TYPE.to_string()),
+                    (header::ETAG, etag(p.version)),
+                    (freshness, stamp.to_string()),
+                ];
                 return Ok((headers, delta.clone()).into_response());
             }
             if held.as_deref() != Some(etag(p.version).as_str()) {
