@@ -52,18 +52,6 @@ pub fn controller_error(e: trellis_client::Error) -> anyhow::Error {
     }
 }
 
-/// The same, on one line with its causes.
-fn controller_error_text(e: &trellis_client::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
 /// Where the token comes from: the command line, or a file (`-`: standard input), so that it
 /// need not appear in the process list or the shell's history.
 pub enum TokenSource {
@@ -132,17 +120,20 @@ pub async fn enrol(source: TokenSource, dir: &Path, force: bool, retry_for: std:
     let csr = trellis_pki::csr_from_key(&pending.key_pem, &token.node)?;
     let req = trellis_client::enrol_request(&token, csr, wg_public.clone());
     let started = std::time::Instant::now();
-    let mut wait = std::time::Duration::from_secs(1);
+    let mut failures = 0;
     // Worth asking again: no answer, or a controller that is busy or turning this address away
     // for a while (429).
     let again = |e: &trellis_client::Error| e.outcome_unknown() || e.refused().is_some_and(|r| r.status == 429);
     let resp = loop {
+        // The agent's backoff: 1, 2, 4, 8, 15 s, each somewhat less, so that nodes cut off
+        // together do not come back together.
+        let wait = crate::backoff::delay(failures, 15, rand::random::<f64>());
         match trellis_client::enrol(&token.controllers, token.ca_fingerprint, &req).await {
             Ok(r) => break r,
             Err(e) if again(&e) && started.elapsed() + wait <= retry_for => {
-                eprintln!("trellis-agent: {}; asking again in {} s with the same keys", controller_error_text(&e), wait.as_secs());
+                eprintln!("trellis-agent: {:#}; asking again in {:.1} s with the same keys", controller_error(e), wait.as_secs_f64());
                 tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(std::time::Duration::from_secs(15));
+                failures += 1;
             }
             Err(e) if e.outcome_unknown() => {
                 return Err(controller_error(e).context(format!(
