@@ -40,44 +40,6 @@ pub struct Published {
 /// cost less to send whole than to diff.
 pub const DELTA_FROM: usize = 32 * 1024;
 
-type Delta = Option<(i64, bytes::Bytes)>;
-
-/// For each new bundle with a previous version given, the delta from it, made on scoped threads
-/// (one per core, at most 8); the order is kept.
-fn deltas(
-    items: Vec<(String, i64, trellis_core::bundle::Signed, Option<Arc<Published>>)>,
-) -> Vec<(String, i64, trellis_core::bundle::Signed, Delta)> {
-    let make = |(node, version, signed, previous): (String, i64, trellis_core::bundle::Signed, Option<Arc<Published>>)| {
-        let delta =
-            previous.map(|old| (old.version, bytes::Bytes::from(trellis_core::delta::make(&old.signed.to_vec(), &signed.to_vec()))));
-        (node, version, signed, delta)
-    };
-    let work = items.iter().filter(|i| i.3.is_some()).count();
-    let threads = std::thread::available_parallelism().map_or(1, |p| p.get()).min(8);
-    if work < 2 || threads < 2 {
-        return items.into_iter().map(make).collect();
-    }
-    // Spread the ones with a delta to make over the threads, round robin.
-    let mut lanes: Vec<Vec<(usize, _)>> = (0..threads).map(|_| Vec::new()).collect();
-    let mut k = 0;
-    for (i, item) in items.into_iter().enumerate() {
-        let lane = if item.3.is_some() {
-            k += 1;
-            k % threads
-        } else {
-            0
-        };
-        lanes[lane].push((i, item));
-    }
-    let mut out: Vec<(usize, _)> = std::thread::scope(|s| {
-        let handles: Vec<_> =
-            lanes.into_iter().map(|lane| s.spawn(move || lane.into_iter().map(|(i, item)| (i, make(item))).collect::<Vec<_>>())).collect();
-        handles.into_iter().flat_map(|h| h.join().expect("delta thread panicked")).collect()
-    });
-    out.sort_by_key(|(i, _)| *i);
-    out.into_iter().map(|(_, r)| r).collect()
-}
-
 /// Compiled file contents as `Bytes` without copying, each hashed once: an entry lives as long
 /// as the compiled output holds its content (it keeps the content alive, so its address names
 /// it), so a file a recompile left unchanged is not hashed again when its bundle is rebuilt.
@@ -410,9 +372,17 @@ impl Controller {
             count += 1;
         }
         // Deltas, on every core: a bundle of a few megabytes takes some milliseconds.
-        let table: HashMap<String, Arc<Published>> = deltas(large)
+        let heavy: Vec<usize> = (0..large.len()).filter(|&i| large[i].3.is_some()).collect();
+        let made = trellis_core::par::map_each(heavy.len(), |k| {
+            let (_, _, new, old) = &large[heavy[k]];
+            let old = old.as_ref().expect("only bundles with a previous version");
+            (old.version, bytes::Bytes::from(trellis_core::delta::make(&old.signed.to_vec(), &new.to_vec())))
+        });
+        let mut made: HashMap<usize, (i64, bytes::Bytes)> = heavy.into_iter().zip(made).collect();
+        let table: HashMap<String, Arc<Published>> = large
             .into_iter()
-            .map(|(node, version, signed, delta)| (node, Arc::new(Published { version, signed, delta })))
+            .enumerate()
+            .map(|(i, (node, version, signed, _))| (node, Arc::new(Published { version, signed, delta: made.remove(&i) })))
             .collect();
         {
             let mut t = p.table.write().expect("bundle table");

@@ -10,7 +10,7 @@ pub mod delta;
 pub mod diag;
 pub mod explain;
 pub mod load;
-mod par;
+pub mod par;
 pub mod render;
 pub mod token;
 pub mod topology;

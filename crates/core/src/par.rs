@@ -3,9 +3,19 @@
 
 use std::thread;
 
-pub(crate) fn map<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
+pub fn map<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
+    map_from(n, 256, f)
+}
+
+/// [`map`] for items that each take milliseconds (a delta of a large bundle, say): parallel from
+/// two items on.
+pub fn map_each<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
+    map_from(n, 2, f)
+}
+
+fn map_from<R: Send>(n: usize, min: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
     let threads = thread::available_parallelism().map_or(1, |p| p.get()).min(8);
-    if threads <= 1 || n < 256 {
+    if threads <= 1 || n < min {
         return (0..n).map(f).collect();
     }
     let chunk = n.div_ceil(threads);
@@ -13,6 +23,6 @@ pub(crate) fn map<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
     thread::scope(|s| {
         let handles: Vec<_> =
             (0..n).step_by(chunk).map(|start| s.spawn(move || (start..(start + chunk).min(n)).map(f).collect::<Vec<R>>())).collect();
-        handles.into_iter().flat_map(|h| h.join().expect("compiler thread panicked")).collect()
+        handles.into_iter().flat_map(|h| h.join().expect("a worker thread panicked")).collect()
     })
 }
