@@ -61,29 +61,21 @@ impl DiskWriter {
     }
 }
 
-impl FileWriter for DiskWriter {
-    fn write_all(&mut self, files: &[BundleFile], dropped: &[String]) -> Result<Vec<FileOutcome>> {
-        let mut outcomes = Vec::new();
-        let mut dirs: Vec<(String, Beneath)> = Vec::new();
-        // (directory index, staged name, final name)
-        let mut staged: Vec<(usize, String, String)> = Vec::new();
-        let discard = |dirs: &Vec<(String, Beneath)>, staged: &Vec<(usize, String, String)>| {
-            for (d, tmp, _) in staged {
-                dirs[*d].1.discard(tmp);
-            }
-        };
+impl DiskWriter {
+    /// Stages every file that differs from what is on disk (a file already as the bundle has it
+    /// is `Unchanged`), noting what it staged in `staged` as it goes.
+    fn stage_all(
+        &self,
+        files: &[BundleFile],
+        dirs: &mut Vec<(String, Beneath)>,
+        staged: &mut Vec<(usize, String, String)>,
+        outcomes: &mut Vec<FileOutcome>,
+    ) -> Result<()> {
         for f in files {
             let (dir_rel, name) = Self::split(&f.path)?;
-            let d = match self.dir(&mut dirs, &f.path, dir_rel) {
-                Ok(d) => d,
-                Err(e) => {
-                    discard(&dirs, &staged);
-                    return Err(e);
-                }
-            };
+            let d = self.dir(dirs, &f.path, dir_rel)?;
             let dir = &dirs[d].1;
             if dir.is_link(name) {
-                discard(&dirs, &staged);
                 bail!("refusing to write {}: {} is a symbolic link, which is never followed", f.path, dir.path().join(name).display());
             }
             let sha = hex::encode(f.sha256);
@@ -91,24 +83,29 @@ impl FileWriter for DiskWriter {
                 outcomes.push(FileOutcome { path: f.path.clone(), sha256: sha, result: trellis_proto::FileResult::Unchanged });
                 continue;
             }
-            match dir.stage(name, &f.content, f.mode) {
-                Ok(tmp) => staged.push((d, tmp, name.to_string())),
-                Err(e) => {
-                    // Nothing is committed yet: the files staged so far go, the old ones stay.
-                    discard(&dirs, &staged);
-                    return Err(e.into());
-                }
-            }
+            staged.push((d, dir.stage(name, &f.content, f.mode)?, name.to_string()));
             outcomes.push(FileOutcome { path: f.path.clone(), sha256: sha, result: trellis_proto::FileResult::Written });
         }
-        // Everything is staged; now commit.
-        for (i, (d, tmp, name)) in staged.iter().enumerate() {
-            if let Err(e) = dirs[*d].1.commit(tmp, name) {
-                for (d, tmp, _) in &staged[i..] {
-                    dirs[*d].1.discard(tmp);
-                }
-                return Err(e.into());
+        Ok(())
+    }
+}
+
+impl FileWriter for DiskWriter {
+    fn write_all(&mut self, files: &[BundleFile], dropped: &[String]) -> Result<Vec<FileOutcome>> {
+        let mut outcomes = Vec::new();
+        let mut dirs: Vec<(String, Beneath)> = Vec::new();
+        // (directory index, staged name, final name)
+        let mut staged: Vec<(usize, String, String)> = Vec::new();
+        // Everything is staged before anything is committed. On any failure (a full disk) the
+        // staged files go and the old ones stay; discarding one already committed does nothing.
+        let written = self
+            .stage_all(files, &mut dirs, &mut staged, &mut outcomes)
+            .and_then(|()| staged.iter().try_for_each(|(d, tmp, name)| Ok(dirs[*d].1.commit(tmp, name)?)));
+        if let Err(e) = written {
+            for (d, tmp, _) in &staged {
+                dirs[*d].1.discard(tmp);
             }
+            return Err(e);
         }
         for (_, dir) in &dirs {
             dir.sync();

@@ -30,6 +30,12 @@ fn err(op: &'static str, path: PathBuf, e: Errno) -> FileError {
     FileError { op, path, source: io(e) }
 }
 
+/// Whether `name` in the directory `dir` is a symbolic link (not followed to find out).
+fn is_link(dir: &OwnedFd, name: &str) -> bool {
+    fstatat(dir.as_fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+        .is_ok_and(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFLNK)
+}
+
 const DIR_FLAGS: OFlag = OFlag::O_DIRECTORY.union(OFlag::O_NOFOLLOW).union(OFlag::O_CLOEXEC).union(OFlag::O_RDONLY);
 
 impl Beneath {
@@ -60,9 +66,7 @@ impl Beneath {
                 other => other,
             }
             .map_err(|e| {
-                let linked = fstatat(fd.as_fd(), part, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
-                    .is_ok_and(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFLNK);
-                if linked {
+                if is_link(&fd, part) {
                     FileError {
                         op: "open",
                         path: path.clone(),
@@ -83,8 +87,7 @@ impl Beneath {
 
     /// Whether `name` in this directory is a symbolic link.
     pub fn is_link(&self, name: &str) -> bool {
-        fstatat(self.fd.as_fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
-            .is_ok_and(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFLNK)
+        is_link(&self.fd, name)
     }
 
     /// The content and permission bits of the file `name`, if it is there (a link is not
@@ -105,7 +108,7 @@ impl Beneath {
     /// byte is written, and syncs it; returns the staging file's name. On failure (a full disk)
     /// nothing is left behind.
     pub fn stage(&self, name: &str, content: &[u8], mode: u32) -> Result<String, FileError> {
-        let staged = format!(".{name}.trellis-new");
+        let staged = crate::staging_name(name);
         let _ = unlinkat(self.fd.as_fd(), staged.as_str(), UnlinkatFlags::NoRemoveDir);
         let write = || -> Result<(), FileError> {
             let fd = openat(

@@ -33,8 +33,12 @@ pub fn create_new(path: &Path, content: &[u8], mode: u32) -> Result<(), FileErro
 /// Where `target` is staged before it is committed: beside it, so the rename stays on one
 /// filesystem.
 fn stage_path(target: &Path) -> PathBuf {
-    let name = target.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    target.with_file_name(format!(".{name}.trellis-new"))
+    target.with_file_name(staging_name(target.file_name().and_then(|n| n.to_str()).unwrap_or("file")))
+}
+
+/// The name a file is staged under, beside the file named `name`.
+fn staging_name(name: &str) -> String {
+    format!(".{name}.trellis-new")
 }
 
 /// Writes `content` to a staging file beside `target`, created with `mode`, and syncs it;
