@@ -108,7 +108,7 @@ pub async fn enrol(source: TokenSource, dir: &Path, force: bool, retry_for: std:
         Some(p) => p,
         None => {
             let made_wireguard_key = !dir.join("wireguard.key").exists();
-            let (key_pem, _) = trellis_pki::node_key_and_csr(&token.node)?;
+            let key_pem = trellis_pki::node_key()?;
             let p =
                 Pending { token_id: trellis_core::token::hex(&token.id), node: token.node.clone(), key_pem, made_wireguard_key, made_dir };
             // Written before the request leaves, so that no answer can be lost with the key.

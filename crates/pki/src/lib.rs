@@ -141,6 +141,11 @@ pub struct IssuedCert {
     pub not_after: i64,
 }
 
+/// A node's TLS key (PEM), made on the node.
+pub fn node_key() -> Result<String, PkiError> {
+    Ok(KeyPair::generate()?.serialize_pem())
+}
+
 /// A node's TLS key and a CSR for it, made on the node.
 pub fn node_key_and_csr(node: &str) -> Result<(String, String), PkiError> {
     let key = KeyPair::generate()?;
