@@ -521,43 +521,70 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
 }
 
 /// A node's peers, the nodes left out for want of a key, and those with no path, from its paths
-/// and the keys.
+/// and the keys. Peers come out in position (name) order; a direct path already says who dials
+/// whom, so only hubs and the nodes a hub relays for ask `Reach::dials`.
 fn peers_of(c: &Cache, me: u32) -> (Vec<PeerPlan>, Vec<Arc<str>>, Vec<Arc<str>>) {
-    let mut peers: BTreeMap<u32, PeerPlan> = BTreeMap::new();
-    let entry = |peers: &mut BTreeMap<u32, PeerPlan>, b: u32| {
-        let dials = c.reach.dials(me, b);
-        let dialled = c.reach.dials(b, me).is_some();
-        let key = c.keys[b as usize].expect("peers have keys");
-        peers.entry(b).or_insert_with(|| PeerPlan {
-            node: c.texts[b as usize].clone(),
-            key,
-            endpoint: dials.map(|e| c.endpoint(b, e)),
-            keepalive: dials.is_some() && !dialled,
-            relays_for: Vec::new(),
-        });
+    let entry = |b: u32, dials: Option<usize>, dialled: bool| PeerPlan {
+        node: c.texts[b as usize].clone(),
+        key: c.keys[b as usize].expect("peers have keys"),
+        endpoint: dials.map(|e| c.endpoint(b, e)),
+        keepalive: dials.is_some() && !dialled,
+        relays_for: Vec::new(),
     };
+    let by_reach = |b: u32| entry(b, c.reach.dials(me, b), c.reach.dials(b, me).is_some());
+    let paths = &c.paths[me as usize];
+    let mut peers: Vec<(u32, PeerPlan)> = Vec::with_capacity(paths.len());
+    // Where each hub's entry is in `peers`: few, so searched in order.
+    let mut hub_at: Vec<(u32, usize)> = Vec::new();
+    let is_hub = |b: u32| c.reach.hubs.binary_search(&b).is_ok();
     let mut left_out = Vec::new();
     let mut no_path = Vec::new();
-    for &(b, path) in &c.paths[me as usize] {
+    for &(b, path) in paths {
         if c.keys[b as usize].is_none() {
             left_out.push(c.names[b as usize].clone());
             continue;
         }
         match path {
-            Path::Direct { .. } => entry(&mut peers, b),
+            Path::Direct { a_dials, b_dials } => {
+                if is_hub(b) {
+                    if hub_at.iter().any(|&(h, _)| h == b) {
+                        continue;
+                    }
+                    hub_at.push((b, peers.len()));
+                }
+                peers.push((b, entry(b, a_dials, b_dials.is_some())));
+            }
             Path::Relay { hub } => {
-                entry(&mut peers, hub);
-                peers.get_mut(&hub).expect("just inserted").relays_for.push(c.texts[b as usize].clone());
+                let at = match hub_at.iter().find(|&&(h, _)| h == hub) {
+                    Some(&(_, at)) => at,
+                    None => {
+                        hub_at.push((hub, peers.len()));
+                        peers.push((hub, by_reach(hub)));
+                        peers.len() - 1
+                    }
+                };
+                peers[at].1.relays_for.push(c.texts[b as usize].clone());
             }
             Path::None => no_path.push(c.names[b as usize].clone()),
         }
     }
-    for &r in &c.relayed_by[me as usize] {
-        if c.keys[r as usize].is_some() {
-            entry(&mut peers, r);
+    // Partners come in order; hubs joined where first needed.
+    if !hub_at.is_empty() {
+        peers.sort_unstable_by_key(|&(b, _)| b);
+    }
+    let relayed = &c.relayed_by[me as usize];
+    if !relayed.is_empty() {
+        let before = peers.len();
+        for &r in relayed {
+            if c.keys[r as usize].is_some() && peers[..before].binary_search_by_key(&r, |&(b, _)| b).is_err() {
+                peers.push((r, by_reach(r)));
+            }
+        }
+        if peers.len() > before {
+            peers.sort_unstable_by_key(|&(b, _)| b);
         }
     }
-    (peers.into_values().collect(), left_out, no_path)
+    (peers.into_iter().map(|(_, p)| p).collect(), left_out, no_path)
 }
 
 /// Which hubs relay for whom: for every hub, the nodes with a relayed path through it.
