@@ -75,17 +75,17 @@ fn same(a: &Compiled, b: &Compiled, what: &str) {
     }
 }
 
-fn file<'a>(out: &'a NodeOutput, path: &str) -> &'a str {
-    &out.files.iter().find(|f| f.path == path).unwrap_or_else(|| panic!("{path} is missing")).content
+fn file(out: &NodeOutput, path: &str) -> String {
+    out.files.iter().find(|f| f.path == path).unwrap_or_else(|| panic!("{path} is missing")).content.to_string()
 }
 
 /// The rendered files, read back, say what the plan says.
 fn reads_back(name: &str, out: &NodeOutput) {
     let plan = &out.plan;
-    let wg = trellis_core::wgconf::parse(file(out, WIREGUARD_CONF)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let wg = trellis_core::wgconf::parse(&file(out, WIREGUARD_CONF)).unwrap_or_else(|e| panic!("{name}: {e}"));
     assert_eq!(wg, expected_wgconf(plan), "{name}: wireguard.conf");
 
-    let zone = trellis_core::zone::parse(file(out, MESH_ZONE)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let zone = trellis_core::zone::parse(&file(out, MESH_ZONE)).unwrap_or_else(|e| panic!("{name}: {e}"));
     assert_eq!(zone.origin, plan.common.domain, "{name}: zone origin");
     let seen = zone.addresses();
     let mut names: Vec<&str> = plan.zone.iter().map(|t| &*t.name).collect();

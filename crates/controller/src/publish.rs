@@ -21,9 +21,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use base64::Engine;
-use trellis_core::bundle::{Bundle, BundleFile};
+use trellis_core::bundle::{BundleFile, Piecewise};
 use trellis_core::decl::PublicKey;
-use trellis_core::Compiled;
+use trellis_core::{Compiled, Text};
 
 use crate::{Controller, Error, Result};
 
@@ -40,11 +40,16 @@ pub struct Published {
 /// cost less to send whole than to diff.
 pub const DELTA_FROM: usize = 32 * 1024;
 
-/// Compiled file contents as `Bytes` without copying, each hashed once: an entry lives as long
-/// as the compiled output holds its content (it keeps the content alive, so its address names
-/// it), so a file a recompile left unchanged is not hashed again when its bundle is rebuilt.
+/// Compiled file contents as `Bytes` pieces, each content hashed once: an entry lives as long as
+/// the compiled output holds its content (it keeps the content alive, so its address names it),
+/// so a file a recompile left unchanged is not hashed or gathered again when its bundle is
+/// rebuilt. A large piece (a module's zone records, a rule's address set) is shared with every
+/// bundle that holds it, without a copy; runs of small pieces are gathered into one buffer.
 #[derive(Default)]
-struct Contents(HashMap<usize, (Arc<str>, bytes::Bytes, [u8; 32])>);
+struct Contents(HashMap<usize, (Text, Vec<bytes::Bytes>, [u8; 32])>);
+
+/// Pieces from this size on are sent from where the compiled output holds them.
+const SHARED_PIECE: usize = 4096;
 
 struct ArcStr(Arc<str>);
 
@@ -55,21 +60,31 @@ impl AsRef<[u8]> for ArcStr {
 }
 
 impl Contents {
-    fn file(&mut self, path: &str, mode: u32, content: &Arc<str>) -> BundleFile {
-        use sha2::Digest;
-        let key = Arc::as_ptr(content) as *const u8 as usize;
-        let (_, bytes, digest) = self.0.entry(key).or_insert_with(|| {
-            let bytes = bytes::Bytes::from_owner(ArcStr(content.clone()));
-            let digest: [u8; 32] = sha2::Sha256::digest(&bytes).into();
-            (content.clone(), bytes, digest)
+    fn file(&mut self, path: &str, mode: u32, content: &Text) -> Piecewise {
+        let (_, pieces, digest) = self.0.entry(content.id()).or_insert_with(|| {
+            let mut pieces = Vec::new();
+            let mut small = Vec::new();
+            for p in content.pieces() {
+                if p.len() < SHARED_PIECE {
+                    small.extend_from_slice(p.as_bytes());
+                    continue;
+                }
+                if !small.is_empty() {
+                    pieces.push(bytes::Bytes::from(std::mem::take(&mut small)));
+                }
+                pieces.push(bytes::Bytes::from_owner(ArcStr(p.clone())));
+            }
+            if !small.is_empty() {
+                pieces.push(bytes::Bytes::from(small));
+            }
+            (content.clone(), pieces, content.sha256())
         });
-        BundleFile::with_digest(path, mode, bytes.clone(), *digest)
+        Piecewise { path: path.to_string(), mode, sha256: *digest, pieces: pieces.clone() }
     }
 
     /// Forgets the contents the compiled output no longer holds.
     fn keep_only(&mut self, compiled: &Compiled) {
-        let live: HashSet<usize> =
-            compiled.nodes.values().flat_map(|o| o.files.iter()).map(|f| Arc::as_ptr(&f.content) as *const u8 as usize).collect();
+        let live: HashSet<usize> = compiled.nodes.values().flat_map(|o| o.files.iter()).map(|f| f.content.id()).collect();
         self.0.retain(|k, _| live.contains(k));
     }
 }
@@ -325,10 +340,10 @@ impl Controller {
         let compiled =
             trellis_core::compile(&decl, &keys, &allocation, run.compiled.take()).map_err(|d| Error::internal("compiling", d))?;
         let rendered: HashSet<&str> = compiled.rendered.iter().map(String::as_str).collect();
-        let ca_pem = BundleFile::new(trellis_core::compile::CA_PEM, 0o644, self.ca().cert_pem().as_bytes().to_vec());
+        let ca_pem: Piecewise = BundleFile::new(trellis_core::compile::CA_PEM, 0o644, self.ca().cert_pem().as_bytes().to_vec()).into();
         let mut contents = std::mem::take(&mut run.contents);
 
-        let mut pending: Vec<(&trellis_store::NodeRecord, Vec<BundleFile>, String)> = Vec::new();
+        let mut pending: Vec<(&trellis_store::NodeRecord, Vec<Piecewise>, String)> = Vec::new();
         for r in &active {
             let Some(out) = compiled.nodes.get(&r.name) else {
                 continue;
@@ -341,13 +356,13 @@ impl Controller {
             if unchanged {
                 continue;
             }
-            let mut files: Vec<BundleFile> = out.files.iter().map(|f| contents.file(&f.path, f.mode, &f.content)).collect();
+            let mut files: Vec<Piecewise> = out.files.iter().map(|f| contents.file(&f.path, f.mode, &f.content)).collect();
             files.push(ca_pem.clone());
             if let Some(pem) = &r.cert_pem {
-                files.push(BundleFile::new(trellis_core::compile::NODE_PEM, 0o644, pem.as_bytes().to_vec()));
+                files.push(BundleFile::new(trellis_core::compile::NODE_PEM, 0o644, pem.as_bytes().to_vec()).into());
             }
             files.sort_by(|a, b| a.path.cmp(&b.path));
-            let digest = hex::encode(trellis_core::bundle::content_digest(&files));
+            let digest = hex::encode(trellis_core::bundle::piecewise_digest(&files));
             pending.push((r, files, digest));
         }
         let changes: Vec<(String, String)> = pending.iter().map(|(r, _, d)| (r.name.clone(), d.clone())).collect();
@@ -362,9 +377,8 @@ impl Controller {
                 // next run (its audit head moved) will catch up.
                 continue;
             }
-            let bundle =
-                Bundle { mesh: decl.mesh.name.clone(), node: node.clone(), version: v.version as u64, issued_at: v.issued_at, files };
-            let signed = bundle.sign(&self.keys.signing_key);
+            let signed =
+                trellis_core::bundle::sign_pieces(&self.keys.signing_key, &decl.mesh.name, &node, v.version as u64, v.issued_at, &files);
             run.published.insert(node.clone(), (digest, record.cert_pem.clone()));
             // A large bundle's previous version, to make a delta from.
             let previous = (signed.len() >= DELTA_FROM).then(|| p.current(&node)).flatten().filter(|old| old.version < v.version);

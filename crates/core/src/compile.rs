@@ -13,6 +13,7 @@ use crate::decl::{Declaration, PublicKey};
 use crate::diag::{self, Diagnostic};
 use crate::par;
 use crate::render;
+use crate::text::Text;
 use crate::topology::{NodeSet, Path, Reach, Topology};
 
 pub const WIREGUARD_CONF: &str = "etc/trellis/wireguard.conf";
@@ -30,7 +31,7 @@ pub const DELIVERED: &[&str] = &[WIREGUARD_CONF, NFTABLES_CONF, MESH_ZONE, NODE_
 pub struct FileResource {
     pub path: String,
     pub mode: u32,
-    pub content: Arc<str>,
+    pub content: Text,
 }
 
 /// Everything that decides one node's files. Two equal plans render to equal files.
@@ -62,14 +63,15 @@ pub struct NodePlan {
 pub struct ZoneBlock {
     pub module: Arc<str>,
     /// The address records, one line each.
-    pub records: String,
+    pub records: Arc<str>,
     /// SHA-256 of `records`: a node's zone serial hashes these instead of the records.
     pub digest: [u8; 32],
 }
 
 /// A node as the files of other nodes name it, rendered once per compile: its name, its overlay
-/// addresses as AllowedIPs entries and its zone records.
-#[derive(Debug, PartialEq, Eq)]
+/// addresses as AllowedIPs entries, its zone records, and its `[Peer]` sections as others hold
+/// them. Kept from one compile to the next while the node's name and addresses stay.
+#[derive(Debug)]
 pub struct NodeText {
     pub name: Arc<str>,
     pub ipv4: Option<std::net::Ipv4Addr>,
@@ -77,11 +79,32 @@ pub struct NodeText {
     /// `10.88.0.1/32, fd88::1/128`: empty when it has no overlay address.
     pub allowed: String,
     /// Its address records in a zone, one line each.
-    pub records: String,
+    pub records: Arc<str>,
+    /// The start of SHA-256 of `records`: a zone's serial hashes these instead of the records.
+    pub records_hash: [u8; 8],
+    /// Its `[Peer]` sections made so far, by how a peer has it (key, endpoint, keepalive): most
+    /// nodes are held the same way by every node that peers with them. The newest few are kept.
+    blocks: std::sync::Mutex<Vec<(PeerWay, Arc<str>)>>,
 }
+
+/// How a node is held as a peer that relays for no one: what its `[Peer]` section depends on.
+type PeerWay = (PublicKey, Option<SocketAddr>, bool);
+
+/// How many ways of holding one node as a peer `NodeText` keeps.
+const PEER_WAYS_KEPT: usize = 4;
+
+impl PartialEq for NodeText {
+    fn eq(&self, other: &NodeText) -> bool {
+        (&self.name, self.ipv4, self.ipv6, &self.allowed, &self.records)
+            == (&other.name, other.ipv4, other.ipv6, &other.allowed, &other.records)
+    }
+}
+
+impl Eq for NodeText {}
 
 impl NodeText {
     pub fn new(name: Arc<str>, ipv4: Option<std::net::Ipv4Addr>, ipv6: Option<std::net::Ipv6Addr>) -> NodeText {
+        use sha2::Digest;
         use std::fmt::Write as _;
         let mut allowed = String::new();
         if let Some(a) = ipv4 {
@@ -90,8 +113,26 @@ impl NodeText {
         if let Some(a) = ipv6 {
             let _ = write!(allowed, "{}{a}/128", if allowed.is_empty() { "" } else { ", " });
         }
-        let records = render::zone_records(std::iter::once((&*name, ipv4, ipv6)));
-        NodeText { name, ipv4, ipv6, allowed, records }
+        let records: Arc<str> = render::zone_records(std::iter::once((&*name, ipv4, ipv6))).into();
+        let records_hash = sha2::Sha256::digest(records.as_bytes())[..8].try_into().expect("8 bytes");
+        NodeText { name, ipv4, ipv6, allowed, records, records_hash, blocks: Default::default() }
+    }
+
+    /// This node's `[Peer]` section in the file of a node that has it with `key`, `endpoint`
+    /// and `keepalive`, and relays through it for no one (`render::peer_block`), made once.
+    pub fn peer_block(self: &Arc<NodeText>, key: PublicKey, endpoint: Option<SocketAddr>, keepalive: bool) -> Arc<str> {
+        let way = (key, endpoint, keepalive);
+        let mut blocks = self.blocks.lock().expect("peer blocks");
+        if let Some((_, b)) = blocks.iter().find(|(w, _)| *w == way) {
+            return b.clone();
+        }
+        let p = PeerPlan { node: self.clone(), key, endpoint, keepalive, relays_for: Vec::new() };
+        let block: Arc<str> = render::peer_block(&p).into();
+        if blocks.len() == PEER_WAYS_KEPT {
+            blocks.remove(0);
+        }
+        blocks.push((way, block.clone()));
+        block
     }
 }
 
@@ -306,7 +347,7 @@ fn rekey(decl: &Arc<Declaration>, keys: &HashMap<String, PublicKey>, mut previou
         out.plan.no_path = no_path;
         // Only the peers changed: the other files stay as they were.
         let wg = out.files.iter_mut().find(|f| f.path == WIREGUARD_CONF).expect("every node has a wireguard.conf");
-        wg.content = render::wireguard(&out.plan).into();
+        wg.content = render::wireguard(&out.plan);
         previous.rendered.push(name.to_string());
     }
     let plans = || previous.nodes.values().map(|o| &o.plan);
@@ -676,7 +717,7 @@ fn shared(topo: &Topology, previous: Option<&Compiled>) -> Shared {
         })
         .collect();
     let old_zones: HashMap<(&str, &str), &Arc<ZoneBlock>> =
-        previous.into_iter().flat_map(|c| c.zone_blocks.iter()).map(|b| ((&*b.module, b.records.as_str()), b)).collect();
+        previous.into_iter().flat_map(|c| c.zone_blocks.iter()).map(|b| ((&*b.module, &*b.records), b)).collect();
     let zone_blocks = topo
         .module_names
         .iter()
@@ -687,7 +728,7 @@ fn shared(topo: &Topology, previous: Option<&Compiled>) -> Shared {
                 None => {
                     use sha2::Digest;
                     let digest = sha2::Sha256::digest(records.as_bytes()).into();
-                    Arc::new(ZoneBlock { module: module.clone(), records, digest })
+                    Arc::new(ZoneBlock { module: module.clone(), records: records.into(), digest })
                 }
             }
         })

@@ -7,15 +7,16 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use sha2::{Digest, Sha256};
 
-use crate::compile::{FileResource, NodePlan, MESH_ZONE, NFTABLES_CONF, NODE_TOML, WIREGUARD_CONF};
+use crate::compile::{FileResource, NodePlan, PeerPlan, MESH_ZONE, NFTABLES_CONF, NODE_TOML, WIREGUARD_CONF};
 use crate::decl::{Proto, KEEPALIVE_SECS};
+use crate::text::{Text, TextBuilder};
 use crate::topology::{ResolvedRule, Topology};
 
 pub fn files(plan: &NodePlan) -> Vec<FileResource> {
     vec![
-        FileResource { path: WIREGUARD_CONF.into(), mode: 0o600, content: wireguard(plan).into() },
-        FileResource { path: NFTABLES_CONF.into(), mode: 0o644, content: nftables(plan).into() },
-        FileResource { path: MESH_ZONE.into(), mode: 0o644, content: zone(plan).into() },
+        FileResource { path: WIREGUARD_CONF.into(), mode: 0o600, content: wireguard(plan) },
+        FileResource { path: NFTABLES_CONF.into(), mode: 0o644, content: nftables(plan) },
+        FileResource { path: MESH_ZONE.into(), mode: 0o644, content: zone(plan) },
         FileResource { path: NODE_TOML.into(), mode: 0o644, content: node_toml(plan).into() },
     ]
 }
@@ -30,14 +31,12 @@ pub fn node_toml(plan: &NodePlan) -> String {
     )
 }
 
-pub fn wireguard(plan: &NodePlan) -> String {
+/// A node's `wireguard.conf`. A peer that relays for no one is written the same way in every
+/// file that has it the same way (key, endpoint, keepalive), so that text is made once and
+/// shared (`NodeText::peer_block`).
+pub fn wireguard(plan: &NodePlan) -> Text {
     let c = &plan.common;
-    let size: usize = plan
-        .peers
-        .iter()
-        .map(|p| 160 + p.node.allowed.len() + p.relays_for.iter().map(|r| r.allowed.len() + r.name.len() + 4).sum::<usize>())
-        .sum();
-    let mut s = String::with_capacity(512 + size);
+    let mut s = TextBuilder::with_capacity(plan.peers.len() + 2, 256);
     let _ = writeln!(s, "# trellis: WireGuard overlay of node {} in mesh {}. Generated; do not edit.", plan.node, c.mesh);
     s.push_str("# The agent adds the PrivateKey it holds; the controller never sees it.\n");
     s.push_str("[Interface]\n");
@@ -52,40 +51,10 @@ pub fn wireguard(plan: &NodePlan) -> String {
     let _ = writeln!(s, "ListenPort = {}", c.port);
     let _ = writeln!(s, "MTU = {}", c.mtu);
     for p in &plan.peers {
-        s.push('\n');
-        let how = match (p.endpoint, p.keepalive) {
-            (Some(_), true) => "this node dials it and keeps the path open",
-            (Some(_), false) => "either side dials",
-            (None, _) => "it dials this node",
-        };
-        let _ = write!(s, "# {}: {how}", p.node.name);
-        if !p.relays_for.is_empty() {
-            s.push_str("; relays for ");
-            for (i, r) in p.relays_for.iter().enumerate() {
-                if i > 0 {
-                    s.push_str(", ");
-                }
-                s.push_str(&r.name);
-            }
-        }
-        s.push('\n');
-        s.push_str("[Peer]\n");
-        let _ = writeln!(s, "PublicKey = {}", p.key);
-        s.push_str("AllowedIPs = ");
-        let mut first = true;
-        for piece in std::iter::once(&p.node).chain(p.relays_for.iter()).map(|t| &t.allowed).filter(|a| !a.is_empty()) {
-            if !first {
-                s.push_str(", ");
-            }
-            s.push_str(piece);
-            first = false;
-        }
-        s.push('\n');
-        if let Some(e) = p.endpoint {
-            let _ = writeln!(s, "Endpoint = {e}");
-        }
-        if p.keepalive {
-            let _ = writeln!(s, "PersistentKeepalive = {KEEPALIVE_SECS}");
+        if p.relays_for.is_empty() {
+            s.push_shared(&p.node.peer_block(p.key, p.endpoint, p.keepalive));
+        } else {
+            s.push_str(&peer_block(p));
         }
     }
     if !plan.left_out.is_empty() {
@@ -96,12 +65,53 @@ pub fn wireguard(plan: &NodePlan) -> String {
         let names: Vec<&str> = plan.no_path.iter().map(|n| &**n).collect();
         let _ = writeln!(s, "\n# No path (see `trellis explain`): {}", names.join(", "));
     }
+    s.finish()
+}
+
+/// One `[Peer]` section, with the blank line before it.
+pub fn peer_block(p: &PeerPlan) -> String {
+    let mut s = String::with_capacity(200 + p.relays_for.iter().map(|r| r.allowed.len() + r.name.len() + 4).sum::<usize>());
+    s.push('\n');
+    let how = match (p.endpoint, p.keepalive) {
+        (Some(_), true) => "this node dials it and keeps the path open",
+        (Some(_), false) => "either side dials",
+        (None, _) => "it dials this node",
+    };
+    let _ = write!(s, "# {}: {how}", p.node.name);
+    if !p.relays_for.is_empty() {
+        s.push_str("; relays for ");
+        for (i, r) in p.relays_for.iter().enumerate() {
+            if i > 0 {
+                s.push_str(", ");
+            }
+            s.push_str(&r.name);
+        }
+    }
+    s.push('\n');
+    s.push_str("[Peer]\n");
+    let _ = writeln!(s, "PublicKey = {}", p.key);
+    s.push_str("AllowedIPs = ");
+    let mut first = true;
+    for piece in std::iter::once(&p.node).chain(p.relays_for.iter()).map(|t| &t.allowed).filter(|a| !a.is_empty()) {
+        if !first {
+            s.push_str(", ");
+        }
+        s.push_str(piece);
+        first = false;
+    }
+    s.push('\n');
+    if let Some(e) = p.endpoint {
+        let _ = writeln!(s, "Endpoint = {e}");
+    }
+    if p.keepalive {
+        let _ = writeln!(s, "PersistentKeepalive = {KEEPALIVE_SECS}");
+    }
     s
 }
 
-pub fn nftables(plan: &NodePlan) -> String {
+pub fn nftables(plan: &NodePlan) -> Text {
     let iface = &plan.common.interface;
-    let mut s = String::with_capacity(512 + plan.rules.iter().map(|r| r.len()).sum::<usize>());
+    let mut s = TextBuilder::with_capacity(plan.rules.len() * 2 + 2, 512);
     let _ = writeln!(s, "# trellis: inbound filter of node {} in mesh {}. Generated; do not edit.", plan.node, plan.common.mesh);
     s.push_str("# Loaded with `nft -f`: the whole file is one transaction, so the table is replaced atomically.\n");
     s.push_str("table inet trellis {\n}\ndelete table inet trellis\n\n");
@@ -109,11 +119,11 @@ pub fn nftables(plan: &NodePlan) -> String {
     let _ = writeln!(s, "\t\tiifname != \"{iface}\" accept");
     s.push_str("\t\tct state established,related accept\n\t\tct state invalid drop\n");
     for r in &plan.rules {
-        s.push_str(r);
+        s.push_shared(r);
     }
     let _ = writeln!(s, "\t\tiifname \"{iface}\" drop comment \"trellis: no rule admits this new inbound traffic\"");
     s.push_str("\t}\n}\n");
-    s
+    s.finish()
 }
 
 /// The filter lines of one rule: the same on every node that runs the module.
@@ -182,29 +192,29 @@ pub fn zone_records<'n>(names: impl Iterator<Item = (&'n str, Option<Ipv4Addr>, 
 
 /// A node's zone: the names it may resolve (see `NodePlan::zone`) and nothing else. The serial is
 /// derived from the records (the module blocks by their digests), so it changes when they do.
-pub fn zone(plan: &NodePlan) -> String {
+pub fn zone(plan: &NodePlan) -> Text {
     let domain = &plan.common.domain;
-    let mut records = String::with_capacity(plan.zone.iter().map(|z| z.records.len()).sum());
-    for z in &plan.zone {
-        records.push_str(&z.records);
-    }
     let mut hash = Sha256::new();
-    hash.update(records.as_bytes());
+    for z in &plan.zone {
+        hash.update(z.records_hash);
+    }
     for m in &plan.zone_modules {
         hash.update(m.digest);
     }
     let digest = hash.finalize();
     let serial = u32::from_be_bytes(digest[..4].try_into().expect("4 bytes")) & 0x7fff_ffff;
-    let size = records.len() + plan.zone_modules.iter().map(|m| m.records.len()).sum::<usize>();
-    let mut s = String::with_capacity(size + 256);
+    let mut s = TextBuilder::with_capacity(plan.zone_modules.len() + 1, 256 + plan.zone.iter().map(|z| z.records.len()).sum::<usize>());
     let _ = writeln!(s, "; trellis: zone {domain} of mesh {} as node {} sees it. Generated; do not edit.", plan.common.mesh, plan.node);
     let _ = writeln!(s, "$ORIGIN {domain}.");
     s.push_str("$TTL 60\n");
     let _ = writeln!(s, "@\tIN\tSOA\tns.{domain}. hostmaster.{domain}. {serial} 3600 600 86400 60");
     let _ = writeln!(s, "@\tIN\tNS\tns.{domain}.");
-    s.push_str(&records);
-    for m in &plan.zone_modules {
-        s.push_str(&m.records);
+    // A node's records are a line or two: copied, which costs less than sharing them.
+    for z in &plan.zone {
+        s.push_str(&z.records);
     }
-    s
+    for m in &plan.zone_modules {
+        s.push_shared(&m.records);
+    }
+    s.finish()
 }

@@ -118,7 +118,7 @@ mod tests {
 
     fn zone_of(compiled: &crate::Compiled, node: &str) -> super::Zone {
         let text = &compiled.nodes[node].files.iter().find(|f| f.path == MESH_ZONE).expect("a zone file").content;
-        super::parse(text).unwrap()
+        super::parse(&text.to_string()).unwrap()
     }
 
     #[test]

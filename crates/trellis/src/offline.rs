@@ -117,7 +117,7 @@ pub fn compile(dir: &Path, node: Option<&str>, out: &Path, json_out: bool) -> Re
             let path = base.join(&f.path);
             let dir = path.parent().context("file path has no parent")?;
             std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-            staged.push((trellis_files::stage(&path, f.content.as_bytes(), f.mode)?, path.clone()));
+            staged.push((trellis_files::stage(&path, &f.content.to_bytes(), f.mode)?, path.clone()));
             written
                 .push(json!({"node": name, "path": path.display().to_string(), "mode": format!("{:o}", f.mode), "bytes": f.content.len()}));
         }

@@ -27,7 +27,7 @@ fn relay_mesh_renders_as_recorded() {
     assert_eq!(compiled.nodes.len(), 5);
     for (node, out) in &compiled.nodes {
         for f in &out.files {
-            golden(&dir.join(node).join(&f.path), &f.content);
+            golden(&dir.join(node).join(&f.path), &f.content.to_string());
         }
     }
     let diags: Vec<String> = compiled.diagnostics.iter().map(|d| d.to_string()).collect();

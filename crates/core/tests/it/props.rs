@@ -289,7 +289,7 @@ proptest! {
         let c = compile_all(&d);
         let oracle = Oracle { d: &d };
         for (node, out) in &c.nodes {
-            let nft = &out.files.iter().find(|f| f.path.ends_with("nftables.conf")).unwrap().content;
+            let nft = &out.files.iter().find(|f| f.path.ends_with("nftables.conf")).unwrap().content.to_string();
             // Addresses accepted per rule comment, read back from the rendered ruleset.
             let mut seen: HashMap<String, BTreeSet<IpAddr>> = HashMap::new();
             for line in nft.lines().filter(|l| l.contains(" accept comment ")) {
