@@ -126,8 +126,7 @@ impl NodeText {
         if let Some((_, b)) = blocks.iter().find(|(w, _)| *w == way) {
             return b.clone();
         }
-        let p = PeerPlan { node: self.clone(), key, endpoint, keepalive, relays_for: Vec::new() };
-        let block: Arc<str> = render::peer_block(&p).into();
+        let block: Arc<str> = render::peer_block(self, key, endpoint, keepalive, &[]).into();
         if blocks.len() == PEER_WAYS_KEPT {
             blocks.remove(0);
         }
@@ -160,9 +159,27 @@ pub struct PeerPlan {
     pub keepalive: bool,
     /// Nodes whose traffic this peer relays (it is a hub): their addresses are routed to it too.
     pub relays_for: Vec<Arc<NodeText>>,
+    /// Its `[Peer]` section of `wireguard.conf`, made from the fields above (shared with every
+    /// node that holds this peer the same way, when it relays for no one).
+    pub block: Arc<str>,
 }
 
 impl PeerPlan {
+    pub fn new(
+        node: Arc<NodeText>,
+        key: PublicKey,
+        endpoint: Option<SocketAddr>,
+        keepalive: bool,
+        relays_for: Vec<Arc<NodeText>>,
+    ) -> PeerPlan {
+        let block = if relays_for.is_empty() {
+            node.peer_block(key, endpoint, keepalive)
+        } else {
+            render::peer_block(&node, key, endpoint, keepalive, &relays_for).into()
+        };
+        PeerPlan { node, key, endpoint, keepalive, relays_for, block }
+    }
+
     pub fn name(&self) -> &str {
         &self.node.name
     }
@@ -214,6 +231,8 @@ struct Cache {
     ipv4: Vec<Option<std::net::Ipv4Addr>>,
     ipv6: Vec<Option<std::net::Ipv6Addr>>,
     keys: Vec<Option<PublicKey>>,
+    /// The keys the declaration itself gives (a node managed outside trellis), by position.
+    declared_keys: Vec<Option<PublicKey>>,
     reach: Reach,
     partners: Vec<NodeSet>,
     paths: Vec<Vec<(u32, Path)>>,
@@ -229,6 +248,17 @@ impl Cache {
 
     fn endpoint(&self, b: u32, e: usize) -> SocketAddr {
         self.decl.nodes[self.order[b as usize] as usize].endpoints[e].address
+    }
+
+    /// `b` as a peer: `dials` is its endpoint the node dials, `dialled` whether `b` dials back.
+    fn peer(&self, b: u32, dials: Option<usize>, dialled: bool, relays_for: Vec<Arc<NodeText>>) -> PeerPlan {
+        PeerPlan::new(
+            self.texts[b as usize].clone(),
+            self.keys[b as usize].expect("peers have keys"),
+            dials.map(|e| self.endpoint(b, e)),
+            dials.is_some() && !dialled,
+            relays_for,
+        )
     }
 }
 
@@ -302,9 +332,8 @@ fn rekey(decl: &Arc<Declaration>, keys: &HashMap<String, PublicKey>, mut previou
     if !Arc::ptr_eq(decl, &cache.decl) && **decl != *cache.decl {
         return Rekeyed::NotApplicable(previous);
     }
-    let new_keys: Vec<Option<PublicKey>> = (0..cache.names.len())
-        .map(|a| decl.nodes[cache.order[a] as usize].public_key.or_else(|| keys.get(&*cache.names[a]).copied()))
-        .collect();
+    let new_keys: Vec<Option<PublicKey>> =
+        (0..cache.names.len()).map(|a| cache.declared_keys[a].or_else(|| keys.get(&*cache.names[a]).copied())).collect();
     let changed: Vec<u32> = (0..new_keys.len() as u32).filter(|&a| new_keys[a as usize] != cache.keys[a as usize]).collect();
     previous.rendered.clear();
     if changed.is_empty() {
@@ -315,47 +344,98 @@ fn rekey(decl: &Arc<Declaration>, keys: &HashMap<String, PublicKey>, mut previou
     }
     let cache = previous.cache.as_mut().expect("checked above");
     let was = std::mem::replace(&mut cache.keys, new_keys);
-    let mut affected: Vec<u32> = changed.clone();
+    // (affected node, changed node it sees): a partner's plan names k's key only where it peers
+    // with k directly; a relayed path names k, not its key, unless k gained or lost its key (left
+    // out, or not); a hub names the key of every node it relays for.
+    let mut pairs: Vec<(u32, u32)> = Vec::new();
     for &k in &changed {
-        // A partner's plan names k's key only where it peers with k directly; a relayed path
-        // names k, not its key, unless k gained or lost its key (left out, or not).
         let presence = cache.keys[k as usize].is_some() != was[k as usize].is_some();
         for &p in &cache.partners[k as usize] {
             let list = &cache.paths[p as usize];
             let direct = list.binary_search_by_key(&k, |&(b, _)| b).map_or(true, |i| matches!(list[i].1, Path::Direct { .. }));
             if presence || direct {
-                affected.push(p);
+                pairs.push((p, k));
             }
         }
     }
     for &h in &cache.reach.hubs {
-        if changed.iter().any(|k| cache.relayed_by[h as usize].binary_search(k).is_ok()) {
-            affected.push(h);
+        for &k in &changed {
+            if cache.relayed_by[h as usize].binary_search(&k).is_ok() {
+                pairs.push((h, k));
+            }
         }
     }
-    affected.sort_unstable();
-    affected.dedup();
-    for &a in &affected {
+    pairs.sort_unstable();
+    pairs.dedup();
+    // Each affected plan is edited where the changed keys show: the entries of the changed nodes
+    // and of the hubs relaying to them, and the lists naming nodes without a key or a path. A
+    // node with ten thousand peers costs what its changed peers cost, not what all of them do.
+    let mut lists_changed = false;
+    for seen in pairs.chunk_by(|x, y| x.0 == y.0) {
+        let a = seen[0].0;
         let name = &cache.names[a as usize];
         let out = previous.nodes.get_mut(&**name).expect("every node has an output");
-        let (peers, left_out, no_path) = peers_of(cache, a);
-        if (&peers, &left_out, &no_path) == (&out.plan.peers, &out.plan.left_out, &out.plan.no_path) {
+        let plan = &mut out.plan;
+        let paths = &cache.paths[a as usize];
+        let mut touched = Vec::new();
+        let mut edited = false;
+        for &(_, k) in seen {
+            let kname = &cache.names[k as usize];
+            if let Ok(i) = paths.binary_search_by_key(&k, |&(b, _)| b) {
+                match paths[i].1 {
+                    Path::Direct { .. } => touched.push(k),
+                    Path::Relay { hub } => touched.push(hub),
+                    Path::None => {}
+                }
+                let keyed = cache.keys[k as usize].is_some();
+                let lists =
+                    set_member(&mut plan.left_out, kname, !keyed) | set_member(&mut plan.no_path, kname, keyed && paths[i].1 == Path::None);
+                lists_changed |= lists;
+                edited |= lists;
+            }
+            if cache.relayed_by[a as usize].binary_search(&k).is_ok() {
+                touched.push(k);
+            }
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        for t in touched {
+            let at = plan.peers.binary_search_by(|p| (*p.node.name).cmp(&cache.names[t as usize]));
+            match (at, peer_entry(cache, a, t)) {
+                (Ok(i), Some(p)) if plan.peers[i] != p => plan.peers[i] = p,
+                (Ok(_), Some(_)) | (Err(_), None) => continue,
+                (Ok(i), None) => drop(plan.peers.remove(i)),
+                (Err(i), Some(p)) => plan.peers.insert(i, p),
+            }
+            edited = true;
+        }
+        if !edited {
             continue;
         }
-        out.plan.peers = peers;
-        out.plan.left_out = left_out;
-        out.plan.no_path = no_path;
         // Only the peers changed: the other files stay as they were.
         let wg = out.files.iter_mut().find(|f| f.path == WIREGUARD_CONF).expect("every node has a wireguard.conf");
         wg.content = render::wireguard(&out.plan);
         previous.rendered.push(name.to_string());
     }
-    let plans = || previous.nodes.values().map(|o| &o.plan);
-    let mut diagnostics = path_diagnostics(plans(), cache);
-    diagnostics.extend(left_out_diagnostics(plans(), |b| cache.loc(cache.index[b])));
-    diag::sort(&mut diagnostics);
-    previous.diagnostics = diagnostics;
+    // The warnings come from those lists alone: made again only when one of them changed.
+    if lists_changed {
+        let plans = || previous.nodes.values().map(|o| &o.plan);
+        let mut diagnostics = path_diagnostics(plans(), cache);
+        diagnostics.extend(left_out_diagnostics(plans(), |b| cache.loc(cache.index[b])));
+        diag::sort(&mut diagnostics);
+        previous.diagnostics = diagnostics;
+    }
     Rekeyed::Done(previous)
+}
+
+/// Puts `name` into the sorted list `names` or takes it out; whether that changed the list.
+fn set_member(names: &mut Vec<Arc<str>>, name: &Arc<str>, member: bool) -> bool {
+    match (names.binary_search_by(|n| (**n).cmp(name)), member) {
+        (Ok(i), false) => drop(names.remove(i)),
+        (Err(i), true) => names.insert(i, name.clone()),
+        _ => return false,
+    }
+    true
 }
 
 /// Whether two declarations of a node are the same but for where they are written.
@@ -565,16 +645,11 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
 /// and the keys. Peers come out in position (name) order; a direct path already says who dials
 /// whom, so only hubs and the nodes a hub relays for ask `Reach::dials`.
 fn peers_of(c: &Cache, me: u32) -> (Vec<PeerPlan>, Vec<Arc<str>>, Vec<Arc<str>>) {
-    let entry = |b: u32, dials: Option<usize>, dialled: bool| PeerPlan {
-        node: c.texts[b as usize].clone(),
-        key: c.keys[b as usize].expect("peers have keys"),
-        endpoint: dials.map(|e| c.endpoint(b, e)),
-        keepalive: dials.is_some() && !dialled,
-        relays_for: Vec::new(),
-    };
-    let by_reach = |b: u32| entry(b, c.reach.dials(me, b), c.reach.dials(b, me).is_some());
+    /// A peer before its section is made: position, endpoint dialled, dialled back, relayed.
+    type Draft = (u32, Option<usize>, bool, Vec<Arc<NodeText>>);
+    let by_reach = |b: u32| -> Draft { (b, c.reach.dials(me, b), c.reach.dials(b, me).is_some(), Vec::new()) };
     let paths = &c.paths[me as usize];
-    let mut peers: Vec<(u32, PeerPlan)> = Vec::with_capacity(paths.len());
+    let mut peers: Vec<Draft> = Vec::with_capacity(paths.len());
     // Where each hub's entry is in `peers`: few, so searched in order.
     let mut hub_at: Vec<(u32, usize)> = Vec::new();
     let is_hub = |b: u32| c.reach.hubs.binary_search(&b).is_ok();
@@ -593,39 +668,64 @@ fn peers_of(c: &Cache, me: u32) -> (Vec<PeerPlan>, Vec<Arc<str>>, Vec<Arc<str>>)
                     }
                     hub_at.push((b, peers.len()));
                 }
-                peers.push((b, entry(b, a_dials, b_dials.is_some())));
+                peers.push((b, a_dials, b_dials.is_some(), Vec::new()));
             }
             Path::Relay { hub } => {
                 let at = match hub_at.iter().find(|&&(h, _)| h == hub) {
                     Some(&(_, at)) => at,
                     None => {
                         hub_at.push((hub, peers.len()));
-                        peers.push((hub, by_reach(hub)));
+                        peers.push(by_reach(hub));
                         peers.len() - 1
                     }
                 };
-                peers[at].1.relays_for.push(c.texts[b as usize].clone());
+                peers[at].3.push(c.texts[b as usize].clone());
             }
             Path::None => no_path.push(c.names[b as usize].clone()),
         }
     }
     // Partners come in order; hubs joined where first needed.
     if !hub_at.is_empty() {
-        peers.sort_unstable_by_key(|&(b, _)| b);
+        peers.sort_unstable_by_key(|d| d.0);
     }
     let relayed = &c.relayed_by[me as usize];
     if !relayed.is_empty() {
         let before = peers.len();
         for &r in relayed {
-            if c.keys[r as usize].is_some() && peers[..before].binary_search_by_key(&r, |&(b, _)| b).is_err() {
-                peers.push((r, by_reach(r)));
+            if c.keys[r as usize].is_some() && peers[..before].binary_search_by_key(&r, |d| d.0).is_err() {
+                peers.push(by_reach(r));
             }
         }
         if peers.len() > before {
-            peers.sort_unstable_by_key(|&(b, _)| b);
+            peers.sort_unstable_by_key(|d| d.0);
         }
     }
-    (peers.into_iter().map(|(_, p)| p).collect(), left_out, no_path)
+    let peers = peers.into_iter().map(|(b, dials, dialled, relays_for)| c.peer(b, dials, dialled, relays_for)).collect();
+    (peers, left_out, no_path)
+}
+
+/// The entry for `b` in the peer list of `me`, if `b` is its peer: the same as `peers_of` makes,
+/// for one peer.
+fn peer_entry(c: &Cache, me: u32, b: u32) -> Option<PeerPlan> {
+    c.keys[b as usize]?;
+    let paths = &c.paths[me as usize];
+    let path = paths.binary_search_by_key(&b, |&(x, _)| x).ok().map(|i| paths[i].1);
+    let relays_for: Vec<Arc<NodeText>> = if c.reach.hubs.binary_search(&b).is_ok() {
+        paths
+            .iter()
+            .filter(|&&(x, p)| p == Path::Relay { hub: b } && c.keys[x as usize].is_some())
+            .map(|&(x, _)| c.texts[x as usize].clone())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    match path {
+        Some(Path::Direct { a_dials, b_dials }) => Some(c.peer(b, a_dials, b_dials.is_some(), relays_for)),
+        _ if !relays_for.is_empty() || c.relayed_by[me as usize].binary_search(&b).is_ok() => {
+            Some(c.peer(b, c.reach.dials(me, b), c.reach.dials(b, me).is_some(), relays_for))
+        }
+        _ => None,
+    }
 }
 
 /// Which hubs relay for whom: for every hub, the nodes with a relayed path through it.
@@ -673,6 +773,7 @@ impl Cache {
             ipv4: topo.ipv4.clone(),
             ipv6: topo.ipv6.clone(),
             keys: topo.keys.clone(),
+            declared_keys: topo.nodes.iter().map(|n| n.public_key).collect(),
             reach: topo.reach.clone(),
             partners,
             relayed_by,

@@ -3,12 +3,13 @@
 //! `mesh.zone` (a master file for the mesh domain holding only the names the node may reach).
 
 use std::fmt::Write;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use crate::compile::{FileResource, NodePlan, PeerPlan, MESH_ZONE, NFTABLES_CONF, NODE_TOML, WIREGUARD_CONF};
-use crate::decl::{Proto, KEEPALIVE_SECS};
+use crate::compile::{FileResource, NodePlan, NodeText, MESH_ZONE, NFTABLES_CONF, NODE_TOML, WIREGUARD_CONF};
+use crate::decl::{Proto, PublicKey, KEEPALIVE_SECS};
 use crate::text::{Text, TextBuilder};
 use crate::topology::{ResolvedRule, Topology};
 
@@ -51,11 +52,7 @@ pub fn wireguard(plan: &NodePlan) -> Text {
     let _ = writeln!(s, "ListenPort = {}", c.port);
     let _ = writeln!(s, "MTU = {}", c.mtu);
     for p in &plan.peers {
-        if p.relays_for.is_empty() {
-            s.push_shared(&p.node.peer_block(p.key, p.endpoint, p.keepalive));
-        } else {
-            s.push_str(&peer_block(p));
-        }
+        s.push_shared(&p.block);
     }
     if !plan.left_out.is_empty() {
         let names: Vec<&str> = plan.left_out.iter().map(|n| &**n).collect();
@@ -68,19 +65,20 @@ pub fn wireguard(plan: &NodePlan) -> Text {
     s.finish()
 }
 
-/// One `[Peer]` section, with the blank line before it.
-pub fn peer_block(p: &PeerPlan) -> String {
-    let mut s = String::with_capacity(200 + p.relays_for.iter().map(|r| r.allowed.len() + r.name.len() + 4).sum::<usize>());
+/// One `[Peer]` section, with the blank line before it: `node` with `key`, dialled at `endpoint`
+/// (kept open with `keepalive`), relaying for `relays_for`.
+pub fn peer_block(node: &NodeText, key: PublicKey, endpoint: Option<SocketAddr>, keepalive: bool, relays_for: &[Arc<NodeText>]) -> String {
+    let mut s = String::with_capacity(200 + relays_for.iter().map(|r| r.allowed.len() + r.name.len() + 4).sum::<usize>());
     s.push('\n');
-    let how = match (p.endpoint, p.keepalive) {
+    let how = match (endpoint, keepalive) {
         (Some(_), true) => "this node dials it and keeps the path open",
         (Some(_), false) => "either side dials",
         (None, _) => "it dials this node",
     };
-    let _ = write!(s, "# {}: {how}", p.node.name);
-    if !p.relays_for.is_empty() {
+    let _ = write!(s, "# {}: {how}", node.name);
+    if !relays_for.is_empty() {
         s.push_str("; relays for ");
-        for (i, r) in p.relays_for.iter().enumerate() {
+        for (i, r) in relays_for.iter().enumerate() {
             if i > 0 {
                 s.push_str(", ");
             }
@@ -89,10 +87,10 @@ pub fn peer_block(p: &PeerPlan) -> String {
     }
     s.push('\n');
     s.push_str("[Peer]\n");
-    let _ = writeln!(s, "PublicKey = {}", p.key);
+    let _ = writeln!(s, "PublicKey = {key}");
     s.push_str("AllowedIPs = ");
     let mut first = true;
-    for piece in std::iter::once(&p.node).chain(p.relays_for.iter()).map(|t| &t.allowed).filter(|a| !a.is_empty()) {
+    for piece in std::iter::once(node).chain(relays_for.iter().map(|r| &**r)).map(|t| &t.allowed).filter(|a| !a.is_empty()) {
         if !first {
             s.push_str(", ");
         }
@@ -100,10 +98,10 @@ pub fn peer_block(p: &PeerPlan) -> String {
         first = false;
     }
     s.push('\n');
-    if let Some(e) = p.endpoint {
+    if let Some(e) = endpoint {
         let _ = writeln!(s, "Endpoint = {e}");
     }
-    if p.keepalive {
+    if keepalive {
         let _ = writeln!(s, "PersistentKeepalive = {KEEPALIVE_SECS}");
     }
     s
