@@ -82,16 +82,20 @@ pub struct NodeText {
     pub records: Arc<str>,
     /// The start of SHA-256 of `records`: a zone's serial hashes these instead of the records.
     pub records_hash: [u8; 8],
+    /// Its lines under the `[Peer]` section of a hub that relays for it: its name in a comment
+    /// and its addresses as one more `AllowedIPs` line.
+    pub relay_lines: Arc<str>,
     /// Its `[Peer]` sections made so far, by how a peer has it (key, endpoint, keepalive): most
     /// nodes are held the same way by every node that peers with them. The newest few are kept.
     blocks: std::sync::Mutex<Vec<(PeerWay, Arc<str>)>>,
 }
 
-/// How a node is held as a peer that relays for no one: what its `[Peer]` section depends on.
-type PeerWay = (PublicKey, Option<SocketAddr>, bool);
+/// How a node is held as a peer, what the head of its `[Peer]` section depends on: key,
+/// endpoint, keepalive, and whether it relays for the holder.
+type PeerWay = (PublicKey, Option<SocketAddr>, bool, bool);
 
 /// How many ways of holding one node as a peer `NodeText` keeps.
-const PEER_WAYS_KEPT: usize = 4;
+const PEER_WAYS_KEPT: usize = 8;
 
 impl PartialEq for NodeText {
     fn eq(&self, other: &NodeText) -> bool {
@@ -115,18 +119,19 @@ impl NodeText {
         }
         let records: Arc<str> = render::zone_records(std::iter::once((&*name, ipv4, ipv6))).into();
         let records_hash = sha2::Sha256::digest(records.as_bytes())[..8].try_into().expect("8 bytes");
-        NodeText { name, ipv4, ipv6, allowed, records, records_hash, blocks: Default::default() }
+        let relay_lines = render::relay_lines(&name, &allowed).into();
+        NodeText { name, ipv4, ipv6, allowed, records, records_hash, relay_lines, blocks: Default::default() }
     }
 
-    /// This node's `[Peer]` section in the file of a node that has it with `key`, `endpoint`
-    /// and `keepalive`, and relays through it for no one (`render::peer_block`), made once.
-    pub fn peer_block(self: &Arc<NodeText>, key: PublicKey, endpoint: Option<SocketAddr>, keepalive: bool) -> Arc<str> {
-        let way = (key, endpoint, keepalive);
+    /// The head of this node's `[Peer]` section in the file of a node that has it with `key`,
+    /// `endpoint` and `keepalive`, relaying through it or not (`render::peer_block`), made once.
+    pub fn peer_block(self: &Arc<NodeText>, key: PublicKey, endpoint: Option<SocketAddr>, keepalive: bool, relays: bool) -> Arc<str> {
+        let way = (key, endpoint, keepalive, relays);
         let mut blocks = self.blocks.lock().expect("peer blocks");
         if let Some((_, b)) = blocks.iter().find(|(w, _)| *w == way) {
             return b.clone();
         }
-        let block: Arc<str> = render::peer_block(self, key, endpoint, keepalive, &[]).into();
+        let block: Arc<str> = render::peer_block(self, key, endpoint, keepalive, relays).into();
         if blocks.len() == PEER_WAYS_KEPT {
             blocks.remove(0);
         }
@@ -159,8 +164,9 @@ pub struct PeerPlan {
     pub keepalive: bool,
     /// Nodes whose traffic this peer relays (it is a hub): their addresses are routed to it too.
     pub relays_for: Vec<Arc<NodeText>>,
-    /// Its `[Peer]` section of `wireguard.conf`, made from the fields above (shared with every
-    /// node that holds this peer the same way, when it relays for no one).
+    /// The head of its `[Peer]` section of `wireguard.conf`, made from the fields above and
+    /// shared with every node that holds this peer the same way; the `relay_lines` of the nodes
+    /// in `relays_for` follow it.
     pub block: Arc<str>,
 }
 
@@ -172,11 +178,7 @@ impl PeerPlan {
         keepalive: bool,
         relays_for: Vec<Arc<NodeText>>,
     ) -> PeerPlan {
-        let block = if relays_for.is_empty() {
-            node.peer_block(key, endpoint, keepalive)
-        } else {
-            render::peer_block(&node, key, endpoint, keepalive, &relays_for).into()
-        };
+        let block = node.peer_block(key, endpoint, keepalive, !relays_for.is_empty());
         PeerPlan { node, key, endpoint, keepalive, relays_for, block }
     }
 
@@ -378,13 +380,14 @@ fn rekey(decl: &Arc<Declaration>, keys: &HashMap<String, PublicKey>, mut previou
         let plan = &mut out.plan;
         let paths = &cache.paths[a as usize];
         let mut touched = Vec::new();
+        let mut relayed = Vec::new();
         let mut edited = false;
         for &(_, k) in seen {
             let kname = &cache.names[k as usize];
             if let Ok(i) = paths.binary_search_by_key(&k, |&(b, _)| b) {
                 match paths[i].1 {
                     Path::Direct { .. } => touched.push(k),
-                    Path::Relay { hub } => touched.push(hub),
+                    Path::Relay { hub } => relayed.push((hub, k)),
                     Path::None => {}
                 }
                 let keyed = cache.keys[k as usize].is_some();
@@ -408,6 +411,33 @@ fn rekey(decl: &Arc<Declaration>, keys: &HashMap<String, PublicKey>, mut previou
                 (Err(i), Some(p)) => plan.peers.insert(i, p),
             }
             edited = true;
+        }
+        // A node reached through a hub joins or leaves that hub's list where its name sorts.
+        for (hub, k) in relayed {
+            let keyed = cache.keys[k as usize].is_some();
+            let at = plan.peers.binary_search_by(|p| (*p.node.name).cmp(&cache.names[hub as usize]));
+            let Ok(i) = at else {
+                if let Some(p) = keyed.then(|| peer_entry(cache, a, hub)).flatten() {
+                    plan.peers.insert(at.unwrap_err(), p);
+                    edited = true;
+                }
+                continue;
+            };
+            let list = &mut plan.peers[i].relays_for;
+            match (list.binary_search_by(|t| (*t.name).cmp(&cache.names[k as usize])), keyed) {
+                (Ok(j), false) => drop(list.remove(j)),
+                (Err(j), true) => list.insert(j, cache.texts[k as usize].clone()),
+                _ => continue,
+            }
+            edited = true;
+            // The first node relayed, or the last gone: the head of the hub's section says so,
+            // and the hub may stop being a peer at all.
+            if list.len() == usize::from(keyed) {
+                match peer_entry(cache, a, hub) {
+                    Some(p) => plan.peers[i] = p,
+                    None => drop(plan.peers.remove(i)),
+                }
+            }
         }
         if !edited {
             continue;

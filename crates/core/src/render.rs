@@ -4,7 +4,6 @@
 
 use std::fmt::Write;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
@@ -53,6 +52,9 @@ pub fn wireguard(plan: &NodePlan) -> Text {
     let _ = writeln!(s, "MTU = {}", c.mtu);
     for p in &plan.peers {
         s.push_shared(&p.block);
+        for r in &p.relays_for {
+            s.push_shared(&r.relay_lines);
+        }
     }
     if !plan.left_out.is_empty() {
         let names: Vec<&str> = plan.left_out.iter().map(|n| &**n).collect();
@@ -65,10 +67,13 @@ pub fn wireguard(plan: &NodePlan) -> Text {
     s.finish()
 }
 
-/// One `[Peer]` section, with the blank line before it: `node` with `key`, dialled at `endpoint`
-/// (kept open with `keepalive`), relaying for `relays_for`.
-pub fn peer_block(node: &NodeText, key: PublicKey, endpoint: Option<SocketAddr>, keepalive: bool, relays_for: &[Arc<NodeText>]) -> String {
-    let mut s = String::with_capacity(200 + relays_for.iter().map(|r| r.allowed.len() + r.name.len() + 4).sum::<usize>());
+/// The head of one `[Peer]` section, with the blank line before it: `node` with `key`, dialled
+/// at `endpoint` (kept open with `keepalive`). A hub that relays for the holder is followed by
+/// the `relay_lines` of each node it relays for (one more `AllowedIPs` line each: WireGuard
+/// adds up the lines of a peer), so a node joining behind a hub adds its lines and leaves the
+/// rest of the section as it was.
+pub fn peer_block(node: &NodeText, key: PublicKey, endpoint: Option<SocketAddr>, keepalive: bool, relays: bool) -> String {
+    let mut s = String::with_capacity(256);
     s.push('\n');
     let how = match (endpoint, keepalive) {
         (Some(_), true) => "this node dials it and keeps the path open",
@@ -76,28 +81,15 @@ pub fn peer_block(node: &NodeText, key: PublicKey, endpoint: Option<SocketAddr>,
         (None, _) => "it dials this node",
     };
     let _ = write!(s, "# {}: {how}", node.name);
-    if !relays_for.is_empty() {
-        s.push_str("; relays for ");
-        for (i, r) in relays_for.iter().enumerate() {
-            if i > 0 {
-                s.push_str(", ");
-            }
-            s.push_str(&r.name);
-        }
+    if relays {
+        s.push_str("; relays for the nodes named below");
     }
     s.push('\n');
     s.push_str("[Peer]\n");
     let _ = writeln!(s, "PublicKey = {key}");
-    s.push_str("AllowedIPs = ");
-    let mut first = true;
-    for piece in std::iter::once(node).chain(relays_for.iter().map(|r| &**r)).map(|t| &t.allowed).filter(|a| !a.is_empty()) {
-        if !first {
-            s.push_str(", ");
-        }
-        s.push_str(piece);
-        first = false;
+    if !node.allowed.is_empty() {
+        let _ = writeln!(s, "AllowedIPs = {}", node.allowed);
     }
-    s.push('\n');
     if let Some(e) = endpoint {
         let _ = writeln!(s, "Endpoint = {e}");
     }
@@ -105,6 +97,14 @@ pub fn peer_block(node: &NodeText, key: PublicKey, endpoint: Option<SocketAddr>,
         let _ = writeln!(s, "PersistentKeepalive = {KEEPALIVE_SECS}");
     }
     s
+}
+
+/// A relayed node's lines in the `[Peer]` section of the hub that relays for it.
+pub fn relay_lines(name: &str, allowed: &str) -> String {
+    if allowed.is_empty() {
+        return format!("# relays for {name}\n");
+    }
+    format!("# relays for {name}\nAllowedIPs = {allowed}\n")
 }
 
 pub fn nftables(plan: &NodePlan) -> Text {

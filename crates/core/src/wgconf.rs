@@ -49,7 +49,8 @@ pub fn parse(text: &str) -> Result<WgConf, String> {
                 let peer = conf.peers.last_mut().expect("a [Peer] section is open");
                 match k {
                     "PublicKey" => peer.public_key = value.to_string(),
-                    "AllowedIPs" => peer.allowed_ips = list(),
+                    // WireGuard adds up a peer's AllowedIPs lines (a hub has one per node it relays for).
+                    "AllowedIPs" => peer.allowed_ips.extend(list()),
                     "Endpoint" => peer.endpoint = Some(value.parse().map_err(|_| at("Endpoint is not IP:PORT"))?),
                     "PersistentKeepalive" => peer.keepalive = Some(value.parse().map_err(|_| at("PersistentKeepalive is not a number"))?),
                     _ => return Err(at(&format!("unknown key `{k}` in [Peer]"))),
@@ -75,6 +76,10 @@ mod tests {
         assert_eq!(c.peers.len(), 1);
         assert_eq!(c.peers[0].allowed_ips, ["10.88.0.2/32", "fd88::2/128"]);
         assert_eq!(c.peers[0].keepalive, Some(25));
+        let hub =
+            super::parse("[Peer]\nPublicKey = AQEB\nAllowedIPs = 10.88.0.2/32\n# relays for a\nAllowedIPs = 10.88.0.3/32, fd88::3/128\n")
+                .unwrap();
+        assert_eq!(hub.peers[0].allowed_ips, ["10.88.0.2/32", "10.88.0.3/32", "fd88::3/128"]);
         assert!(super::parse("[Interface]\nPrivateKey = x\n").is_err());
     }
 }
