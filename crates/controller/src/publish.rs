@@ -38,7 +38,7 @@ pub struct Published {
 
 /// Bundles from this size on are also sent as deltas from their previous version; smaller ones
 /// cost less to send whole than to diff.
-pub const DELTA_FROM: usize = 32 * 1024;
+pub const DELTA_FROM: usize = 128 * 1024;
 
 /// Compiled file contents as `Bytes` pieces, each content hashed once: an entry lives as long as
 /// the compiled output holds its content (it keeps the content alive, so its address names it),
@@ -59,25 +59,46 @@ impl AsRef<[u8]> for ArcStr {
     }
 }
 
+/// A content as bundles send it: its pieces, and its SHA-256.
+fn gathered(content: &Text) -> (Vec<bytes::Bytes>, [u8; 32]) {
+    let mut pieces = Vec::new();
+    let mut small = Vec::new();
+    for p in content.pieces() {
+        if p.len() < SHARED_PIECE {
+            small.extend_from_slice(p.as_bytes());
+            continue;
+        }
+        if !small.is_empty() {
+            pieces.push(bytes::Bytes::from(std::mem::take(&mut small)));
+        }
+        pieces.push(bytes::Bytes::from_owner(ArcStr(p.clone())));
+    }
+    if !small.is_empty() {
+        pieces.push(bytes::Bytes::from(small));
+    }
+    (pieces, content.sha256())
+}
+
 impl Contents {
+    /// Gathers and hashes, on every core, the contents not held yet.
+    fn add<'t>(&mut self, contents: impl Iterator<Item = &'t Text>) {
+        let mut new: Vec<&Text> = Vec::new();
+        let mut ids = HashSet::new();
+        for t in contents {
+            if !self.0.contains_key(&t.id()) && ids.insert(t.id()) {
+                new.push(t);
+            }
+        }
+        let made = trellis_core::par::map(new.len(), |i| gathered(new[i]));
+        for (t, (pieces, digest)) in new.into_iter().zip(made) {
+            self.0.insert(t.id(), (t.clone(), pieces, digest));
+        }
+    }
+
     fn file(&mut self, path: &str, mode: u32, content: &Text) -> Piecewise {
         let (_, pieces, digest) = self.0.entry(content.id()).or_insert_with(|| {
-            let mut pieces = Vec::new();
-            let mut small = Vec::new();
-            for p in content.pieces() {
-                if p.len() < SHARED_PIECE {
-                    small.extend_from_slice(p.as_bytes());
-                    continue;
-                }
-                if !small.is_empty() {
-                    pieces.push(bytes::Bytes::from(std::mem::take(&mut small)));
-                }
-                pieces.push(bytes::Bytes::from_owner(ArcStr(p.clone())));
-            }
-            if !small.is_empty() {
-                pieces.push(bytes::Bytes::from(small));
-            }
-            (content.clone(), pieces, content.sha256())
+            let (pieces, digest) = gathered(content);
+            (content.clone(), pieces, digest)
         });
         Piecewise { path: path.to_string(), mode, sha256: *digest, pieces: pieces.clone() }
     }
@@ -343,7 +364,7 @@ impl Controller {
         let ca_pem: Piecewise = BundleFile::new(trellis_core::compile::CA_PEM, 0o644, self.ca().cert_pem().as_bytes().to_vec()).into();
         let mut contents = std::mem::take(&mut run.contents);
 
-        let mut pending: Vec<(&trellis_store::NodeRecord, Vec<Piecewise>, String)> = Vec::new();
+        let mut due: Vec<(&trellis_store::NodeRecord, &trellis_core::compile::NodeOutput)> = Vec::new();
         for r in &active {
             let Some(out) = compiled.nodes.get(&r.name) else {
                 continue;
@@ -353,9 +374,13 @@ impl Controller {
                 && !rendered.contains(r.name.as_str())
                 && !run.lagging.contains(&r.name)
                 && p.current(&r.name).is_some();
-            if unchanged {
-                continue;
+            if !unchanged {
+                due.push((r, out));
             }
+        }
+        contents.add(due.iter().flat_map(|(_, out)| out.files.iter().map(|f| &f.content)));
+        let mut pending: Vec<(&trellis_store::NodeRecord, Vec<Piecewise>, String)> = Vec::with_capacity(due.len());
+        for (r, out) in due {
             let mut files: Vec<Piecewise> = out.files.iter().map(|f| contents.file(&f.path, f.mode, &f.content)).collect();
             files.push(ca_pem.clone());
             if let Some(pem) = &r.cert_pem {
@@ -367,18 +392,21 @@ impl Controller {
         }
         let changes: Vec<(String, String)> = pending.iter().map(|(r, _, d)| (r.name.clone(), d.clone())).collect();
         let versions: HashMap<String, trellis_store::BundleVersion> = self.store.publish(&changes, self.now()).await?.into_iter().collect();
+        // Another replica may have published other content for a node: ours is stale; the next
+        // run (its audit head moved) will catch up.
+        pending.retain(|(r, _, digest)| versions[&r.name].digest == *digest);
+        // Signed on every core: ten thousand signatures are a few hundred milliseconds on one.
+        let (key, mesh) = (&self.keys.signing_key, &decl.mesh.name);
+        let signed = trellis_core::par::map(pending.len(), |i| {
+            let (r, files, _) = &pending[i];
+            let v = &versions[&r.name];
+            trellis_core::bundle::sign_pieces(key, mesh, &r.name, v.version as u64, v.issued_at, files)
+        });
         let mut count = 0;
         let mut large = Vec::new();
-        for (record, files, digest) in pending {
+        for ((record, _, digest), signed) in pending.into_iter().zip(signed) {
             let node = record.name.clone();
             let v = &versions[&node];
-            if v.digest != digest {
-                // Another replica published other content for this node: ours is stale; the
-                // next run (its audit head moved) will catch up.
-                continue;
-            }
-            let signed =
-                trellis_core::bundle::sign_pieces(&self.keys.signing_key, &decl.mesh.name, &node, v.version as u64, v.issued_at, &files);
             run.published.insert(node.clone(), (digest, record.cert_pem.clone()));
             // A large bundle's previous version, to make a delta from.
             let previous = (signed.len() >= DELTA_FROM).then(|| p.current(&node)).flatten().filter(|old| old.version < v.version);

@@ -369,82 +369,43 @@ fn rekey(decl: &Arc<Declaration>, keys: &HashMap<String, PublicKey>, mut previou
     }
     pairs.sort_unstable();
     pairs.dedup();
-    // Each affected plan is edited where the changed keys show: the entries of the changed nodes
-    // and of the hubs relaying to them, and the lists naming nodes without a key or a path. A
-    // node with ten thousand peers costs what its changed peers cost, not what all of them do.
+    // Each affected plan is edited where the changed keys show (`edit_peers`): a node with ten
+    // thousand peers costs what its changed peers cost. A node that sees many changed keys at
+    // once (a burst of enrolments covered by one run) has its peer list made again instead, on
+    // every core.
+    let seen_by: Vec<&[(u32, u32)]> = pairs.chunk_by(|x, y| x.0 == y.0).collect();
+    let (many, few): (Vec<&[(u32, u32)]>, Vec<&[(u32, u32)]>) = seen_by.into_iter().partition(|seen| remake(cache, seen));
+    let remade = par::map(many.len(), |i| peers_of(cache, many[i][0].0));
     let mut lists_changed = false;
-    for seen in pairs.chunk_by(|x, y| x.0 == y.0) {
+    let mut edited: Vec<u32> = Vec::new();
+    for (seen, (peers, left_out, no_path)) in many.iter().zip(remade) {
         let a = seen[0].0;
-        let name = &cache.names[a as usize];
-        let out = previous.nodes.get_mut(&**name).expect("every node has an output");
-        let plan = &mut out.plan;
-        let paths = &cache.paths[a as usize];
-        let mut touched = Vec::new();
-        let mut relayed = Vec::new();
-        let mut edited = false;
-        for &(_, k) in seen {
-            let kname = &cache.names[k as usize];
-            if let Ok(i) = paths.binary_search_by_key(&k, |&(b, _)| b) {
-                match paths[i].1 {
-                    Path::Direct { .. } => touched.push(k),
-                    Path::Relay { hub } => relayed.push((hub, k)),
-                    Path::None => {}
-                }
-                let keyed = cache.keys[k as usize].is_some();
-                let lists =
-                    set_member(&mut plan.left_out, kname, !keyed) | set_member(&mut plan.no_path, kname, keyed && paths[i].1 == Path::None);
-                lists_changed |= lists;
-                edited |= lists;
-            }
-            if cache.relayed_by[a as usize].binary_search(&k).is_ok() {
-                touched.push(k);
-            }
-        }
-        touched.sort_unstable();
-        touched.dedup();
-        for t in touched {
-            let at = plan.peers.binary_search_by(|p| (*p.node.name).cmp(&cache.names[t as usize]));
-            match (at, peer_entry(cache, a, t)) {
-                (Ok(i), Some(p)) if plan.peers[i] != p => plan.peers[i] = p,
-                (Ok(_), Some(_)) | (Err(_), None) => continue,
-                (Ok(i), None) => drop(plan.peers.remove(i)),
-                (Err(i), Some(p)) => plan.peers.insert(i, p),
-            }
-            edited = true;
-        }
-        // A node reached through a hub joins or leaves that hub's list where its name sorts.
-        for (hub, k) in relayed {
-            let keyed = cache.keys[k as usize].is_some();
-            let at = plan.peers.binary_search_by(|p| (*p.node.name).cmp(&cache.names[hub as usize]));
-            let Ok(i) = at else {
-                if let Some(p) = keyed.then(|| peer_entry(cache, a, hub)).flatten() {
-                    plan.peers.insert(at.unwrap_err(), p);
-                    edited = true;
-                }
-                continue;
-            };
-            let list = &mut plan.peers[i].relays_for;
-            match (list.binary_search_by(|t| (*t.name).cmp(&cache.names[k as usize])), keyed) {
-                (Ok(j), false) => drop(list.remove(j)),
-                (Err(j), true) => list.insert(j, cache.texts[k as usize].clone()),
-                _ => continue,
-            }
-            edited = true;
-            // The first node relayed, or the last gone: the head of the hub's section says so,
-            // and the hub may stop being a peer at all.
-            if list.len() == usize::from(keyed) {
-                match peer_entry(cache, a, hub) {
-                    Some(p) => plan.peers[i] = p,
-                    None => drop(plan.peers.remove(i)),
-                }
-            }
-        }
-        if !edited {
+        let plan = &mut previous.nodes.get_mut(&*cache.names[a as usize]).expect("every node has an output").plan;
+        let lists = (&left_out, &no_path) != (&plan.left_out, &plan.no_path);
+        if !lists && peers == plan.peers {
             continue;
         }
-        // Only the peers changed: the other files stay as they were.
-        let wg = out.files.iter_mut().find(|f| f.path == WIREGUARD_CONF).expect("every node has a wireguard.conf");
-        wg.content = render::wireguard(&out.plan);
+        lists_changed |= lists;
+        (plan.peers, plan.left_out, plan.no_path) = (peers, left_out, no_path);
+        edited.push(a);
+    }
+    for seen in few {
+        let a = seen[0].0;
+        let plan = &mut previous.nodes.get_mut(&*cache.names[a as usize]).expect("every node has an output").plan;
+        let (peers, lists) = edit_peers(cache, a, seen, plan);
+        lists_changed |= lists;
+        if peers || lists {
+            edited.push(a);
+        }
+    }
+    // Only the peers changed: the other files stay as they were.
+    edited.sort_unstable();
+    let outputs = &previous.nodes;
+    let files = par::map(edited.len(), |i| render::wireguard(&outputs[&*cache.names[edited[i] as usize]].plan));
+    for (a, content) in edited.into_iter().zip(files) {
+        let name = &cache.names[a as usize];
+        let out = previous.nodes.get_mut(&**name).expect("every node has an output");
+        out.files.iter_mut().find(|f| f.path == WIREGUARD_CONF).expect("every node has a wireguard.conf").content = content;
         previous.rendered.push(name.to_string());
     }
     // The warnings come from those lists alone: made again only when one of them changed.
@@ -456,6 +417,81 @@ fn rekey(decl: &Arc<Declaration>, keys: &HashMap<String, PublicKey>, mut previou
         previous.diagnostics = diagnostics;
     }
     Rekeyed::Done(previous)
+}
+
+/// Whether a node that sees these changed keys (pairs of it and a changed node) has its peer
+/// list made again rather than edited: when they are many, or a quarter of its partners or more
+/// (an edit costs a search and a shift per changed key, making the list costs each partner once).
+fn remake(cache: &Cache, seen: &[(u32, u32)]) -> bool {
+    seen.len() >= 32 || seen.len() * 4 >= cache.paths[seen[0].0 as usize].len()
+}
+
+/// Edits the plan of node `a` for the changed nodes it sees (`seen`: pairs of `a` and a changed
+/// node) where their keys show: their entries, the entries of the hubs relaying to them, and
+/// the lists naming nodes without a key or without a path. The result is the plan `peers_of`
+/// would make. Returns whether the peers changed, and whether those lists did.
+fn edit_peers(cache: &Cache, a: u32, seen: &[(u32, u32)], plan: &mut NodePlan) -> (bool, bool) {
+    let paths = &cache.paths[a as usize];
+    let mut touched = Vec::new();
+    let mut relayed = Vec::new();
+    let mut lists = false;
+    for &(_, k) in seen {
+        let kname = &cache.names[k as usize];
+        if let Ok(i) = paths.binary_search_by_key(&k, |&(b, _)| b) {
+            match paths[i].1 {
+                Path::Direct { .. } => touched.push(k),
+                Path::Relay { hub } => relayed.push((hub, k)),
+                Path::None => {}
+            }
+            let keyed = cache.keys[k as usize].is_some();
+            lists |=
+                set_member(&mut plan.left_out, kname, !keyed) | set_member(&mut plan.no_path, kname, keyed && paths[i].1 == Path::None);
+        }
+        if cache.relayed_by[a as usize].binary_search(&k).is_ok() {
+            touched.push(k);
+        }
+    }
+    touched.sort_unstable();
+    touched.dedup();
+    let mut peers = false;
+    for t in touched {
+        let at = plan.peers.binary_search_by(|p| (*p.node.name).cmp(&cache.names[t as usize]));
+        match (at, peer_entry(cache, a, t)) {
+            (Ok(i), Some(p)) if plan.peers[i] != p => plan.peers[i] = p,
+            (Ok(_), Some(_)) | (Err(_), None) => continue,
+            (Ok(i), None) => drop(plan.peers.remove(i)),
+            (Err(i), Some(p)) => plan.peers.insert(i, p),
+        }
+        peers = true;
+    }
+    // A node reached through a hub joins or leaves that hub's list where its name sorts.
+    for (hub, k) in relayed {
+        let keyed = cache.keys[k as usize].is_some();
+        let at = plan.peers.binary_search_by(|p| (*p.node.name).cmp(&cache.names[hub as usize]));
+        let Ok(i) = at else {
+            if let Some(p) = keyed.then(|| peer_entry(cache, a, hub)).flatten() {
+                plan.peers.insert(at.unwrap_err(), p);
+                peers = true;
+            }
+            continue;
+        };
+        let list = &mut plan.peers[i].relays_for;
+        match (list.binary_search_by(|t| (*t.name).cmp(&cache.names[k as usize])), keyed) {
+            (Ok(j), false) => drop(list.remove(j)),
+            (Err(j), true) => list.insert(j, cache.texts[k as usize].clone()),
+            _ => continue,
+        }
+        peers = true;
+        // The first node relayed, or the last gone: the head of the hub's section says so, and
+        // the hub may stop being a peer at all.
+        if list.len() == usize::from(keyed) {
+            match peer_entry(cache, a, hub) {
+                Some(p) => plan.peers[i] = p,
+                None => drop(plan.peers.remove(i)),
+            }
+        }
+    }
+    (peers, lists)
 }
 
 /// Puts `name` into the sorted list `names` or takes it out; whether that changed the list.
