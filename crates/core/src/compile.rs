@@ -373,8 +373,7 @@ fn rekey(decl: &Arc<Declaration>, keys: &HashMap<String, PublicKey>, mut previou
     // thousand peers costs what its changed peers cost. A node that sees many changed keys at
     // once (a burst of enrolments covered by one run) has its peer list made again instead, on
     // every core.
-    let seen_by: Vec<&[(u32, u32)]> = pairs.chunk_by(|x, y| x.0 == y.0).collect();
-    let (many, few): (Vec<&[(u32, u32)]>, Vec<&[(u32, u32)]>) = seen_by.into_iter().partition(|seen| remake(cache, seen));
+    let (many, few): (Vec<_>, Vec<_>) = pairs.chunk_by(|x, y| x.0 == y.0).partition(|seen| remake(cache, seen));
     let remade = par::map(many.len(), |i| peers_of(cache, many[i][0].0));
     let mut lists_changed = false;
     let mut edited: Vec<u32> = Vec::new();

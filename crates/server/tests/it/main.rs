@@ -676,6 +676,9 @@ async fn stopping_answers_long_polls_at_once_and_finishes_the_decisions_in_fligh
 }
 
 /// A mesh where `op-1` peers with `n` nodes whose keys are declared (they need no enrolment).
+/// How many nodes `op-1` peers with in the delta test: enough for a bundle over `DELTA_FROM`.
+const WIDE: usize = 600;
+
 fn wide_mesh(n: usize, extra: bool) -> Value {
     let mut mesh = String::from("[mesh]\nname = \"basic\"\ndomain = \"basic.mesh\"\noverlay_ipv4 = \"10.70.0.0/16\"\n\n[networks]\nlan = {}\n\n[[node]]\nname = \"op-1\"\nnetworks = [\"lan\"]\nmodules = [\"ping\"]\n");
     for i in 0..n + usize::from(extra) {
@@ -694,13 +697,13 @@ fn wide_mesh(n: usize, extra: bool) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_bundle_comes_as_a_delta_to_a_node_holding_the_version_before() {
     let r = start(testdb::sqlite_url()).await;
-    let (s, b) = r.admin_post("/v1/admin/apply", wide_mesh(400, false)).await;
+    let (s, b) = r.admin_post("/v1/admin/apply", wide_mesh(WIDE, false)).await;
     assert_eq!(s, 200, "{b}");
     let node = r.enrol_node("op-1", 250, false).await;
     let first = node.fetch(&r.base, None, 20).await;
     assert_eq!(first.status, 200);
-    assert!(first.bytes.len() >= 32 * 1024, "a large bundle: {} bytes", first.bytes.len());
-    let (s, b) = r.admin_post("/v1/admin/apply", wide_mesh(400, true)).await;
+    assert!(first.bytes.len() >= trellis_controller::publish::DELTA_FROM, "a large bundle: {} bytes", first.bytes.len());
+    let (s, b) = r.admin_post("/v1/admin/apply", wide_mesh(WIDE, true)).await;
     assert_eq!(s, 200, "{b}");
     let whole = node.fetch(&r.base, first.version, 20).await;
     assert_eq!(whole.status, 200);
@@ -722,7 +725,7 @@ async fn a_large_bundle_comes_as_a_delta_to_a_node_holding_the_version_before() 
     let rebuilt = trellis_core::delta::apply(&first.bytes, &delta).unwrap();
     assert_eq!(rebuilt, whole.bytes, "the delta rebuilds the new bundle exactly");
     let b = node.open(&Fetched { status: 200, version: whole.version, bytes: rebuilt, stamp: None }, "op-1");
-    assert!(file(&b, "etc/trellis/wireguard.conf").matches("[Peer]").count() >= 401);
+    assert!(file(&b, "etc/trellis/wireguard.conf").matches("[Peer]").count() > WIDE);
 
     // Holding another version, the node gets the whole bundle even when it accepts deltas.
     let resp = node
