@@ -109,51 +109,37 @@ pub fn compile(dir: &Path, node: Option<&str>, out: &Path, json_out: bool) -> Re
     // renamed into place, and each node's directory synced once after its files.
     let targets: Vec<(&String, &trellis_core::compile::NodeOutput)> =
         compiled.nodes.iter().filter(|(name, _)| node.is_none_or(|n| n == name.as_str())).collect();
-    let write_node = |name: &str, output: &trellis_core::compile::NodeOutput| -> Result<Vec<serde_json::Value>> {
+    let write_node = |name: &str, output: &trellis_core::compile::NodeOutput| -> Result<(usize, Vec<serde_json::Value>)> {
         let base = if node.is_some() { out.to_path_buf() } else { out.join(name) };
-        let mut written = Vec::with_capacity(output.files.len());
+        let mut written = Vec::new();
         let mut staged = Vec::with_capacity(output.files.len());
+        let mut dirs: Vec<std::path::PathBuf> = Vec::new();
         for f in &output.files {
             let path = base.join(&f.path);
             let dir = path.parent().context("file path has no parent")?;
-            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            if !dirs.iter().any(|d| d == dir) {
+                std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+                dirs.push(dir.to_path_buf());
+            }
             staged.push((trellis_files::stage(&path, &f.content.to_bytes(), f.mode)?, path.clone()));
-            written
-                .push(json!({"node": name, "path": path.display().to_string(), "mode": format!("{:o}", f.mode), "bytes": f.content.len()}));
-        }
-        let mut dirs = Vec::new();
-        for (tmp, path) in &staged {
-            trellis_files::commit(tmp, path)?;
-            if let Some(d) = path.parent() {
-                if !dirs.contains(&d) {
-                    dirs.push(d);
-                }
+            if json_out {
+                written.push(
+                    json!({"node": name, "path": path.display().to_string(), "mode": format!("{:o}", f.mode), "bytes": f.content.len()}),
+                );
             }
         }
-        dirs.into_iter().for_each(trellis_files::sync_dir);
-        Ok(written)
+        for (tmp, path) in &staged {
+            trellis_files::commit(tmp, path)?;
+        }
+        dirs.iter().for_each(|d| trellis_files::sync_dir(d));
+        Ok((staged.len(), written))
     };
-    let threads = std::thread::available_parallelism().map_or(1, |p| p.get()).clamp(1, 8);
-    let chunk = targets.len().div_ceil(threads).max(1);
-    let parts: Vec<Result<Vec<serde_json::Value>>> = std::thread::scope(|s| {
-        let handles: Vec<_> = targets
-            .chunks(chunk)
-            .map(|part| {
-                let write_node = &write_node;
-                s.spawn(move || {
-                    let mut all = Vec::new();
-                    for (name, output) in part {
-                        all.extend(write_node(name, output)?);
-                    }
-                    Ok(all)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().expect("writer thread panicked")).collect()
-    });
-    let mut written = Vec::new();
+    let parts = trellis_core::par::map(targets.len(), |i| write_node(targets[i].0, targets[i].1));
+    let (mut files, mut written) = (0, Vec::new());
     for part in parts {
-        written.extend(part?);
+        let (count, json) = part?;
+        files += count;
+        written.extend(json);
     }
     if json_out {
         println!(
@@ -164,7 +150,7 @@ pub fn compile(dir: &Path, node: Option<&str>, out: &Path, json_out: bool) -> Re
         );
     } else {
         let nodes = if node.is_some() { 1 } else { compiled.nodes.len() };
-        println!("wrote {} files for {nodes} node(s) under {}", written.len(), out.display());
+        println!("wrote {files} files for {nodes} node(s) under {}", out.display());
     }
     Ok(ExitCode::SUCCESS)
 }
