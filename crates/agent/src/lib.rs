@@ -4,6 +4,7 @@
 
 pub mod applier;
 pub mod apply;
+mod assets;
 pub mod backoff;
 pub mod bundle;
 pub mod dns;
@@ -174,6 +175,9 @@ enum Command {
         #[command(flatten)]
         host: HostArgs,
     },
+    /// Write shell completions and man pages made from this command line into DIR (for packages)
+    #[command(hide = true)]
+    Assets { dir: PathBuf },
     /// Show this node's identity and certificate
     Status {
         #[arg(long)]
@@ -209,6 +213,7 @@ pub fn main() -> ExitCode {
             }
             Command::Renew { state_dir, force } => identity::renew(&state_dir, force).await,
             Command::Status { state_dir, json } => identity::status(&state_dir, json),
+            Command::Assets { dir } => assets::write(<Cli as clap::CommandFactory>::command(), &dir),
             Command::Run { host, wait, max_applies, max_backoff, .. } => host.agent(wait.min(60), max_applies, max_backoff)?.run().await,
             Command::Apply { file, host } => {
                 let state_dir = host.state_dir.clone();

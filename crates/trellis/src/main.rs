@@ -1,6 +1,7 @@
 //! `trellis`: the controller, the admin CLI, the offline tools and the lab, as one binary.
 
 mod admin;
+mod assets;
 mod declfs;
 mod log;
 mod offline;
@@ -154,6 +155,9 @@ enum Command {
         #[command(flatten)]
         conn: admin::Conn,
     },
+    /// Write shell completions and man pages made from this command line into DIR (for packages)
+    #[command(hide = true)]
+    Assets { dir: PathBuf },
     /// Lab topologies in network namespaces with the real controller and agents (needs root)
     Lab {
         #[command(subcommand)]
@@ -197,6 +201,7 @@ fn main() -> ExitCode {
         Command::Check { dir, json } => offline::check(&dir, json),
         Command::Compile { dir, node, all: _, out, json } => offline::compile(&dir, node.as_deref(), &out, json),
         Command::Explain { dir, from, to, json } => offline::explain(&dir, &from, &to, json),
+        Command::Assets { dir } => assets::write(<Cli as clap::CommandFactory>::command(), &dir).map(|()| ExitCode::SUCCESS),
         Command::Graph { dir, format, out } => offline::graph(&dir, format, out.as_deref()),
         Command::Lab { cmd } => match cmd {
             LabCommand::Up { file } => trellis_lab::up(&file, declfs::read).map(|_| ExitCode::SUCCESS),
