@@ -176,3 +176,42 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apply::PeerState;
+
+    #[test]
+    fn ages_are_taken_at_the_scrape_and_unknown_ones_are_minus_one() {
+        let m = Metrics::new();
+        let text = m.encode(1000);
+        assert!(text.lines().any(|l| l == "trellis_agent_last_contact_age_seconds -1"), "{text}");
+        let peer = |key: &str, at: Option<u64>| PeerState { public_key: key.to_string(), endpoint: None, last_handshake: at };
+        m.status(&AgentStatus {
+            version: 7,
+            last_contact: Some(990),
+            fresh_at: Some(985),
+            peers: vec![peer("k1", Some(900)), peer("k2", None)],
+            buffered_evidence: 2,
+            ..Default::default()
+        });
+        m.apply(true, Duration::from_millis(30));
+        m.apply(false, Duration::from_millis(10));
+        let text = m.encode(1000);
+        for line in [
+            "trellis_agent_bundle_version 7",
+            "trellis_agent_last_contact_age_seconds 10",
+            "trellis_agent_freshness_age_seconds 15",
+            "trellis_agent_peers 2",
+            "trellis_agent_peer_last_handshake_age_seconds{peer=\"k1\"} 100",
+            "trellis_agent_evidence_buffered_records 2",
+            "trellis_agent_applies_total{result=\"applied\"} 1",
+            "trellis_agent_applies_total{result=\"failed\"} 1",
+            "trellis_agent_apply_duration_seconds_count 2",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+        assert!(!text.contains("peer=\"k2\""), "a peer without a handshake has no age: {text}");
+    }
+}

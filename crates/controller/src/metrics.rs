@@ -234,3 +234,66 @@ impl Drop for LongPoll {
         self.0.dec();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, state: NodeState, stale_for: Option<i64>, last: Option<EvidenceResult>, missing: i64) -> NodeStatus {
+        NodeStatus {
+            name: name.to_string(),
+            state,
+            desired_version: Some(2),
+            applied_version: Some(1),
+            last_contact: None,
+            cert_not_after: None,
+            stale: stale_for.is_some(),
+            stale_for,
+            last_result: last,
+            last_error: None,
+            evidence_records: 3,
+            evidence_missing: missing,
+        }
+    }
+
+    #[test]
+    fn roster_gauges_follow_the_last_status_read_and_counters_carry_units() {
+        let m = Metrics::new();
+        m.roster(Some(&[
+            node("a", NodeState::Active, Some(30), None, 0),
+            node("b", NodeState::Active, None, Some(EvidenceResult::Failed), 2),
+            node("c", NodeState::Pending, None, None, 0),
+        ]));
+        m.publish_run(Duration::from_millis(5), Ok(3));
+        m.bundle_answer("304", 0);
+        m.request("GET", "/v1/bundle", 304, Duration::from_millis(2));
+        let text = m.encode();
+        for line in [
+            "trellis_nodes{state=\"active\"} 2",
+            "trellis_nodes{state=\"pending\"} 1",
+            "trellis_nodes{state=\"revoked\"} 0",
+            "trellis_nodes_stale 1",
+            "trellis_node_stale_seconds{node=\"a\"} 30",
+            "trellis_nodes_failing 1",
+            "trellis_evidence_missing_records 2",
+            "trellis_publish_runs_total{result=\"ok\"} 1",
+            "trellis_publish_run_duration_seconds_count 1",
+            "trellis_published_bundles_total 3",
+            "trellis_bundle_answers_total{answer=\"304\"} 1",
+            "trellis_http_request_duration_seconds_count{method=\"GET\",route=\"/v1/bundle\",status=\"304\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+        // The next read replaces the per-node series: a node no longer stale is gone.
+        m.roster(Some(&[node("a", NodeState::Active, None, None, 0)]));
+        let text = m.encode();
+        assert!(!text.contains("node=\"a\""), "{text}");
+        assert!(text.lines().any(|l| l == "trellis_nodes_stale 0"), "{text}");
+        m.roster(None);
+        assert!(m.encode().lines().any(|l| l == "trellis_metrics_roster_errors_total 1"));
+        let _open = m.long_poll();
+        assert!(m.encode().lines().any(|l| l == "trellis_long_polls_open 1"));
+        drop(_open);
+        assert!(m.encode().lines().any(|l| l == "trellis_long_polls_open 0"));
+    }
+}

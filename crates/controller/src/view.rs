@@ -114,3 +114,35 @@ impl Controller {
         Ok(explanation(&e))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_active_node_is_shown_failing_before_stale() {
+        let mut s = proto::NodeStatus {
+            name: "a".into(),
+            state: NodeState::Active,
+            desired_version: Some(2),
+            applied_version: Some(2),
+            last_contact: None,
+            cert_not_after: None,
+            stale: false,
+            stale_for: None,
+            last_result: Some(EvidenceResult::Applied),
+            last_error: None,
+            evidence_records: 1,
+            evidence_missing: 0,
+        };
+        assert_eq!(shown(&s), Shown::Active);
+        s.stale = true;
+        assert_eq!(shown(&s), Shown::Stale);
+        s.last_result = Some(EvidenceResult::Failed);
+        assert_eq!(shown(&s), Shown::Failing);
+        s.state = NodeState::Revoked;
+        assert_eq!(shown(&s), Shown::Revoked);
+        s.state = NodeState::Pending;
+        assert_eq!(shown(&s), Shown::Pending);
+    }
+}
