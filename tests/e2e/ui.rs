@@ -12,7 +12,7 @@ use base64::Engine;
 use serde_json::{json, Value};
 
 use crate::controller::{agent_bin, enrol, free_port, must, run, trellis_cmd, Controller};
-use crate::support::{repo, tempdir};
+use crate::support::{repo, tempdir, TempDir};
 
 struct Killed(Child);
 
@@ -27,7 +27,9 @@ impl Drop for Killed {
 struct Browser {
     port: u16,
     session: String,
+    // Dropped in this order: the driver, then the browser's profile.
     _driver: Killed,
+    _profile: TempDir,
 }
 
 /// One WebDriver request over plain HTTP/1.1; the answer's `value`. Panics with the error the
@@ -96,18 +98,18 @@ impl Browser {
             assert!(Instant::now() < deadline, "chromedriver did not listen on {port}");
             std::thread::sleep(Duration::from_millis(100));
         }
-        let profile = std::env::temp_dir().join(format!("trellis-chromium-{}", std::process::id()));
+        let profile = tempdir("chromium");
         let caps = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
             "acceptInsecureCerts": true,
             "goog:chromeOptions": {
                 "binary": "/usr/bin/chromium",
                 "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1440,960",
-                         format!("--user-data-dir={}", profile.display())]
+                         format!("--user-data-dir={}", profile.0.display())]
             }
         }}});
         let v = webdriver(port, "POST", "/session", Some(&caps));
-        Browser { port, session: v["sessionId"].as_str().unwrap().to_string(), _driver: driver }
+        Browser { port, session: v["sessionId"].as_str().unwrap().to_string(), _driver: driver, _profile: profile }
     }
 
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> Value {
