@@ -106,6 +106,7 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
     let mut c = Vec::new();
     let d = &doc;
     sample(d, "ErrorBody", proto::ErrorBody { error: "e".into(), code: "c".into(), diagnostics: vec![diag.clone()] }, &mut c);
+    sample(d, "ErrorBody", proto::ErrorBody { error: "e".into(), code: "c".into(), diagnostics: vec![] }, &mut c);
     sample(d, "Diagnostic", diag, &mut c);
     sample(d, "DeclFile", proto::DeclFile { path: "mesh.toml".into(), text: "t".into() }, &mut c);
     sample(d, "ApplyRequest", proto::ApplyRequest { files: vec![], expect_revision: Some(1) }, &mut c);
