@@ -81,3 +81,26 @@ fn explain_says_why_and_what_passes() {
     let modules: Vec<&str> = v["forward"].as_array().unwrap().iter().map(|m| m["module"].as_str().unwrap()).collect();
     assert_eq!(modules, ["ping", "postgres"]);
 }
+
+#[test]
+fn completions_and_man_pages_are_made_from_the_command_line() {
+    let dir = tempdir("assets");
+    ok(args(&["assets", dir.0.to_str().unwrap()]));
+    let bash = std::fs::read_to_string(dir.0.join("completions/trellis.bash")).unwrap();
+    assert!(bash.contains("--metrics-listen") && bash.contains("graph"), "{bash}");
+    for f in ["completions/_trellis", "completions/trellis.fish", "man/trellis.1", "man/trellis-token-create.1"] {
+        assert!(dir.0.join(f).is_file(), "{f} was not written");
+    }
+    let man = std::fs::read_to_string(dir.0.join("man/trellis-serve.1")).unwrap();
+    assert!(man.starts_with(".ie") || man.contains(".TH"), "a roff page: {man}");
+    assert!(man.contains("metrics"), "{man}");
+    assert!(!dir.0.join("man/trellis-assets.1").exists(), "the hidden command has no page");
+}
+
+#[test]
+fn graph_draws_the_declaration_as_svg_and_dot() {
+    let svg = ok(args(&["graph", "lab/cgnat"]));
+    assert!(svg.starts_with("<svg") && svg.contains("a-1 and b-1 through hub hub-1"), "{svg}");
+    let dot = ok(args(&["graph", "lab/cgnat", "--format", "dot"]));
+    assert!(dot.contains("\"a-1\" -- \"b-1\" [style=dashed label=\"via hub-1\"];"), "{dot}");
+}

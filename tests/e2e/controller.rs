@@ -28,6 +28,8 @@ pub struct Controller {
     pub port: u16,
     pub database_url: Option<String>,
     serves: Vec<Child>,
+    /// More arguments for every `trellis serve`.
+    serve_args: Vec<String>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -54,6 +56,11 @@ impl Controller {
 
     /// A controller on this database (`None`: its own SQLite file).
     pub fn start_on(database_url: Option<String>, extra: &[&str]) -> Controller {
+        Self::start_serving(database_url, extra, &[])
+    }
+
+    /// A controller on this database, `init` with `extra` and `serve` with `serve_args`.
+    pub fn start_serving(database_url: Option<String>, extra: &[&str], serve_args: &[&str]) -> Controller {
         let dir = tempdir("ctl");
         let state = dir.0.join("state");
         let port = free_port();
@@ -65,7 +72,8 @@ impl Controller {
         }
         init.args(extra);
         must(init);
-        let mut c = Controller { dir, state, port, database_url, serves: Vec::new() };
+        let serve_args = serve_args.iter().map(|a| a.to_string()).collect();
+        let mut c = Controller { dir, state, port, database_url, serves: Vec::new(), serve_args };
         c.serve(port);
         c
     }
@@ -76,6 +84,7 @@ impl Controller {
         if let Some(u) = &self.database_url {
             cmd.args(["--database-url", u]);
         }
+        cmd.args(&self.serve_args);
         let log = std::fs::File::create(self.dir.0.join(format!("serve-{port}.log"))).unwrap();
         let child = cmd.stdout(Stdio::null()).stderr(log).spawn().expect("spawn trellis serve");
         self.serves.push(child);

@@ -1,7 +1,7 @@
 //! Every shipped topology through `trellis lab run`, as the README's main command runs it:
 //! namespaces, NAT and firewall routers, the real controller and agents, every expectation met,
-//! and nothing left behind. `lab_ha` adds two controller replicas on a real PostgreSQL, one of
-//! them killed mid-run.
+//! and nothing left behind, and both metric endpoints scraped and agreeing with the lab. `lab_ha`
+//! adds two controller replicas on a real PostgreSQL, one of them killed mid-run.
 
 use crate::support::{is_root, run, trellis};
 
@@ -21,6 +21,9 @@ fn lab_run(file: &str) -> (String, String) {
     assert_eq!(got, total, "{d}");
     assert!(!stdout.contains(" NO\n"), "{d}");
     assert!(stdout.contains("token redeemed -> first packet over the overlay"), "{d}");
+    // Both metric endpoints were scraped and agreed with the lab (`check` fails otherwise).
+    assert!(stdout.contains("metrics of controller") && stdout.contains("metrics of agent"), "{d}");
+    assert!(!stdout.contains("metrics do not match"), "{d}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     let prefix = stderr.split(" as ").nth(1).and_then(|s| s.split("-*").next()).unwrap_or_else(|| panic!("no prefix\n{d}")).to_string();
     let left = std::process::Command::new("ip").args(["netns", "list"]).output().unwrap();

@@ -6,5 +6,7 @@ mod cli;
 mod controller;
 mod delivery;
 mod lab;
+mod metrics;
 mod nft;
 mod support;
+mod ui;

@@ -169,17 +169,17 @@ impl Applier {
         let actions = match plan(&previous, &Held::of(failed), &observed, &self.scope) {
             Ok(actions) => actions,
             Err(e) => {
-                eprintln!("trellis-agent: cannot re-apply the previous configuration: {e}");
+                tracing::error!("cannot re-apply the previous configuration: {e}");
                 return;
             }
         };
         let (files, network): (Vec<Action>, Vec<Action>) = actions.into_iter().partition(|a| matches!(a, Action::WriteFiles { .. }));
         if let Err(e) = self.exec.run(&files).await {
-            eprintln!("trellis-agent: cannot restore the previous files: {e:#}");
+            tracing::error!("cannot restore the previous files: {e:#}");
         }
         match self.exec.run(&network).await {
             Ok(_) => self.network = Some((previous.version, previous.content_digest())),
-            Err(e) => eprintln!("trellis-agent: cannot re-apply the previous configuration: {e:#}"),
+            Err(e) => tracing::error!("cannot re-apply the previous configuration: {e:#}"),
         }
     }
 }

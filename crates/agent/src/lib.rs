@@ -4,11 +4,14 @@
 
 pub mod applier;
 pub mod apply;
+mod assets;
 pub mod backoff;
 pub mod bundle;
 pub mod dns;
 pub mod exec;
 pub mod identity;
+pub mod log;
+pub mod metrics;
 pub mod plan;
 pub mod run;
 
@@ -61,6 +64,9 @@ struct HostArgs {
     /// The port the mesh zone is served on, on the node's overlay addresses
     #[arg(long, default_value_t = 53)]
     dns_port: u16,
+    /// Serve Prometheus metrics in plain HTTP at http://ADDR/metrics (`run` only; off unless given)
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<String>,
 }
 
 impl HostArgs {
@@ -79,6 +85,7 @@ impl HostArgs {
             max_applies,
             max_backoff,
             dns_port: self.dns_port,
+            metrics_listen: self.metrics_listen,
         }
     }
 }
@@ -157,6 +164,9 @@ enum Command {
         /// The longest wait between retries while the controller is unreachable, in seconds
         #[arg(long, default_value_t = 30)]
         max_backoff: u64,
+        /// The log on standard error: text, or one JSON object a line (filter with RUST_LOG, e.g. RUST_LOG=debug)
+        #[arg(long, value_enum, default_value = "text")]
+        log_format: log::LogFormat,
     },
     /// Apply one saved bundle now, exactly as `run` would (verify, write, apply, roll back on failure, report)
     Apply {
@@ -165,6 +175,9 @@ enum Command {
         #[command(flatten)]
         host: HostArgs,
     },
+    /// Write shell completions and man pages made from this command line into DIR (for packages)
+    #[command(hide = true)]
+    Assets { dir: PathBuf },
     /// Show this node's identity and certificate
     Status {
         #[arg(long)]
@@ -178,6 +191,15 @@ enum Command {
 /// The whole command line of `trellis-agent`.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The loop logs what it does; a one-shot command only what went wrong.
+    let logging = match &cli.command {
+        Command::Run { log_format, .. } => log::init(*log_format, "info"),
+        _ => log::init(log::LogFormat::Text, "warn"),
+    };
+    if let Err(e) = logging {
+        eprintln!("error: {e:#}");
+        return ExitCode::from(2);
+    }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
     let result = rt.block_on(async {
         match cli.command {
@@ -191,7 +213,8 @@ pub fn main() -> ExitCode {
             }
             Command::Renew { state_dir, force } => identity::renew(&state_dir, force).await,
             Command::Status { state_dir, json } => identity::status(&state_dir, json),
-            Command::Run { host, wait, max_applies, max_backoff } => host.agent(wait.min(60), max_applies, max_backoff)?.run().await,
+            Command::Assets { dir } => assets::write(<Cli as clap::CommandFactory>::command(), &dir),
+            Command::Run { host, wait, max_applies, max_backoff, .. } => host.agent(wait.min(60), max_applies, max_backoff)?.run().await,
             Command::Apply { file, host } => {
                 let state_dir = host.state_dir.clone();
                 let ev = host.agent(0, 0, 1)?.apply_file(&file).await?;

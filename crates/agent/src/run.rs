@@ -30,6 +30,8 @@ pub struct Options {
     /// The longest wait between retries while the controller is unreachable, seconds.
     pub max_backoff: u64,
     pub dns_port: u16,
+    /// Where to serve the metrics (`run` only).
+    pub metrics_listen: Option<String>,
 }
 
 struct Polled {
@@ -114,6 +116,7 @@ pub struct Agent {
     evidence: EvidenceBuffer,
     status: AgentStatus,
     client: NodeClient,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
 
 /// The bundle last applied (`bundle.last`), verified again; `None` when there is none.
@@ -142,6 +145,7 @@ impl Agent {
             key,
             client,
             opts,
+            metrics: Default::default(),
         })
     }
 
@@ -171,7 +175,14 @@ impl Agent {
 
     /// Applies a verified bundle; `None` when it is already applied.
     async fn apply(&mut self, bytes: &[u8], bundle: Bundle, again: bool) -> Option<proto::Evidence> {
+        let started = std::time::Instant::now();
         let evidence = self.applier.apply(bytes, bundle, unix_now(), again).await?;
+        let took = started.elapsed();
+        self.metrics.apply(evidence.result == proto::EvidenceResult::Applied, took);
+        match &evidence.error {
+            None => tracing::info!(version = evidence.version, ms = took.as_millis() as u64, "applied"),
+            Some(e) => tracing::error!(version = evidence.version, "apply failed, the previous configuration restored: {e}"),
+        }
         self.status.last_apply_ms = self.applier.last_apply_ms;
         self.host_status();
         match evidence.result {
@@ -204,7 +215,7 @@ impl Agent {
                         match self.client.post_evidence(&proto::EvidenceBatch { records: vec![record.clone()] }).await {
                             Ok(()) => {}
                             Err(e) if refused_for_good(&e) => {
-                                eprintln!("trellis-agent: the controller refused evidence record {} for good, dropped: {e}", record.seq);
+                                tracing::warn!(seq = record.seq, "the controller refused an evidence record for good, dropped: {e}");
                                 self.status.dropped_evidence += 1;
                             }
                             Err(e) => {
@@ -254,11 +265,11 @@ impl Agent {
         let base = std::fs::read(last).with_context(|| format!("cannot read {}", last.display()))?;
         match trellis_core::delta::apply(&base, delta) {
             Ok(bytes) => {
-                eprintln!("trellis-agent: rebuilt a bundle of {} bytes from a delta of {} bytes", bytes.len(), delta.len());
+                tracing::info!(bytes = bytes.len(), delta = delta.len(), "rebuilt a bundle from a delta");
                 Ok(Some(bytes))
             }
             Err(e) => {
-                eprintln!("trellis-agent: {e}; fetching the whole bundle");
+                tracing::warn!("{e}; fetching the whole bundle");
                 self.client.bundle(0, held).await?.body.map_err(answered)
             }
         }
@@ -272,6 +283,7 @@ impl Agent {
         status.peers = self.applier.executor().peers();
         status.buffered_evidence = self.evidence.pending().len();
         let _ = write_json(&self.opts.state_dir.join("agent-status.json"), &status);
+        self.metrics.status(&status);
         status
     }
 
@@ -289,7 +301,7 @@ impl Agent {
         let v = verify(&bytes, &self.key, &self.id.mesh, &self.id.node, self.applied())
             .map_err(|e| anyhow::anyhow!("{}: refused: {e}", file.display()))?;
         if let Err(e) = self.resume().await {
-            eprintln!("trellis-agent: re-applying the running bundle first failed: {e:#}");
+            tracing::error!("re-applying the running bundle first failed: {e:#}");
         }
         // Applied even when it is the bundle held: `apply` also repairs files changed by hand.
         let ev = self.apply(&bytes, v.bundle, true).await;
@@ -297,16 +309,31 @@ impl Agent {
             self.evidence.push(ev.clone())?;
         }
         if let Err(e) = self.flush_evidence().await {
-            eprintln!("trellis-agent: evidence kept for later: {e:#}");
+            tracing::warn!("evidence kept for later: {e:#}");
         }
         self.save_status();
         Ok(ev)
     }
 
-    pub async fn run(mut self) -> Result<()> {
+    /// Pulls and applies until stopped (or `max_applies`), in a span that names the node.
+    pub async fn run(self) -> Result<()> {
+        use tracing::Instrument;
+        let span = tracing::info_span!("agent", node = %self.id.node, mesh = %self.id.mesh);
+        self.run_loop().instrument(span).await
+    }
+
+    async fn run_loop(mut self) -> Result<()> {
+        // Aborted when the loop returns.
+        let _metrics = match &self.opts.metrics_listen {
+            Some(listen) => {
+                let listener = crate::metrics::bind(listen).await?;
+                Some(AbortOnDrop(tokio::spawn(crate::metrics::serve(listener, self.metrics.clone()))))
+            }
+            None => None,
+        };
         if let Err(e) = self.resume().await {
             self.status.last_error = Some(format!("resuming: {e:#}"));
-            eprintln!("trellis-agent: resuming the last bundle failed: {e:#}");
+            tracing::error!("resuming the last bundle failed: {e:#}");
         }
         self.save_status();
         let mut failures: u32 = 0;
@@ -316,10 +343,10 @@ impl Agent {
                 // Only a new certificate needs a new client; otherwise the connection is reused.
                 Ok(true) => match identity::node_client(&self.opts.state_dir, &self.id) {
                     Ok(c) => self.client = c,
-                    Err(e) => eprintln!("trellis-agent: loading the renewed certificate: {e:#}"),
+                    Err(e) => tracing::error!("loading the renewed certificate: {e:#}"),
                 },
                 Ok(false) => {}
-                Err(e) => eprintln!("trellis-agent: certificate renewal: {e:#}"),
+                Err(e) => tracing::warn!("certificate renewal: {e:#}"),
             }
             // Evidence waiting from before (an outage, a restart) goes out before the next long
             // poll, which may hold the connection for most of a minute.
@@ -358,7 +385,7 @@ impl Agent {
                         }
                         Err(e) => {
                             // Refused before anything was written: the previous files stay.
-                            eprintln!("trellis-agent: refused a bundle: {e}");
+                            tracing::error!("refused a bundle: {e}");
                             self.status.last_error = Some(format!("refused a bundle: {e}"));
                         }
                     }
@@ -383,6 +410,15 @@ impl Agent {
                 tokio::time::sleep(crate::backoff::delay(failures, self.opts.max_backoff, rand::random::<f64>())).await;
             }
         }
+    }
+}
+
+/// A background task that ends with its owner.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -83,7 +83,7 @@ impl Controller {
                         detail: format!("{e} (from {source})"),
                     };
                     if let Err(ae) = self.store.record(&audit).await {
-                        eprintln!("trellis serve: cannot audit a refused redemption: {ae}");
+                        tracing::error!("cannot audit a refused redemption: {ae}");
                     }
                 }
                 Err(e)
@@ -111,7 +111,7 @@ impl Controller {
                 ),
             };
             if let Err(e) = self.store.record(&audit).await {
-                eprintln!("trellis serve: cannot audit refused redemptions from {source}: {e}");
+                tracing::error!("cannot audit refused redemptions from {source}: {e}");
             }
         }
     }

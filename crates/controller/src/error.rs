@@ -126,7 +126,7 @@ impl Error {
     /// happens (a publish in the background has no client to answer), and never to a client.
     pub fn internal(context: &'static str, detail: impl std::fmt::Display) -> Self {
         let detail = detail.to_string();
-        eprintln!("trellis serve: {context}: {detail}");
+        tracing::error!("{context}: {detail}");
         Error::Internal { context, detail }
     }
 
@@ -205,7 +205,7 @@ impl From<StoreError> for Error {
             StoreError::NotFound(what) => Error::NotFound(what),
             other => match other.unavailable() {
                 Some(reason) => {
-                    eprintln!("trellis serve: the database is unavailable: {other}");
+                    tracing::error!("the database is unavailable: {other}");
                     Error::DatabaseUnavailable(reason)
                 }
                 None => Error::internal("database access", other),

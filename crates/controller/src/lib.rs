@@ -8,11 +8,13 @@ pub mod audit;
 pub mod declarations;
 pub mod enrolment;
 pub mod error;
+pub mod metrics;
 pub mod nodes;
 pub mod publish;
 pub mod refusals;
 pub mod state;
 pub mod tokens;
+pub mod view;
 
 use std::sync::Arc;
 
@@ -83,6 +85,8 @@ pub struct Controller {
     pub refusals: refusals::Refusals,
     /// Set once when the controller stops serving: long-polls answer at once.
     stopping: tokio::sync::watch::Sender<bool>,
+    /// What decisions, publish runs and the HTTP edge count (see `metrics`).
+    pub metrics: metrics::Metrics,
 }
 
 impl Controller {
@@ -100,6 +104,7 @@ impl Controller {
             checkpoint_seq: Default::default(),
             refusals: refusals::Refusals::new(refusals::RefusalLimits::default()),
             stopping: tokio::sync::watch::Sender::new(false),
+            metrics: metrics::Metrics::new(),
         }
     }
 

@@ -222,7 +222,7 @@ impl Controller {
             return;
         }
         if let Err(e) = self.store.touch_all(&batch).await {
-            eprintln!("trellis serve: cannot record the contact of {} node(s): {e}", batch.len());
+            tracing::error!("cannot record the contact of {} node(s): {e}", batch.len());
         }
     }
 
@@ -263,7 +263,7 @@ impl Controller {
                 self.publisher.wake.notified().await;
             }
             if let Err(e) = self.publish().await {
-                eprintln!("trellis serve: publishing failed ({e}); will retry in a second");
+                tracing::error!("publishing failed ({e}); will retry in a second");
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }
@@ -321,11 +321,21 @@ impl Controller {
     /// decision and every move of the head by another replica comes through here). Runs one at
     /// a time.
     pub async fn publish(&self) -> Result<usize> {
-        let (published, head) = self.publish_bundles().await?;
-        if let Some((seq, hash)) = head {
-            self.write_checkpoint(seq, &hash).await?;
+        let started = std::time::Instant::now();
+        let run = async {
+            let (published, head) = self.publish_bundles().await?;
+            if let Some((seq, hash)) = &head {
+                self.write_checkpoint(*seq, hash).await?;
+            }
+            Ok((published, head.map(|(seq, _)| seq)))
+        };
+        let result = run.await;
+        let took = started.elapsed();
+        self.metrics.publish_run(took, result.as_ref().map(|(n, _)| *n).map_err(|_| ()));
+        if let Ok((bundles, audit_seq)) = &result {
+            tracing::debug!(bundles, audit_seq, ms = took.as_millis() as u64, "publish run");
         }
-        Ok(published)
+        result.map(|(n, _)| n)
     }
 
     /// Publishes; returns how many bundles changed and the audit head it published at.

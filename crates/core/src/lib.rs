@@ -9,6 +9,7 @@ pub mod decl;
 pub mod delta;
 pub mod diag;
 pub mod explain;
+pub mod graph;
 pub mod load;
 pub mod par;
 pub mod render;

@@ -10,6 +10,7 @@
 
 mod checks;
 pub mod file;
+mod metrics;
 mod net;
 mod pg;
 mod procs;
@@ -191,6 +192,9 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
     let c = timing::reapply(&dir, &st)?;
     println!("re-apply -> every node converged: {} ms ({} of {} nodes changed)", c.took.as_millis(), c.changed, c.nodes);
     timing::apply_and_wait(&dir, &st, Duration::from_secs(60))?;
+    // Every node converged: the metrics must say so.
+    let desired = procs::status(&st)?.into_iter().filter_map(|n| Some((n.name, n.desired_version?))).collect();
+    let metrics_wrong = metrics::report(&st, &desired)?;
     for i in st.steps_done..lab.step.len() {
         println!();
         match lab.action(i, lab_dir(file)) {
@@ -230,7 +234,7 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
         tally.round(&lab, &st, &in_force(st.steps_done), read_declaration)?;
     }
     println!("{} of {} expectations met", tally.rows - tally.failures, tally.rows);
-    Ok(tally.failures == 0)
+    Ok(tally.failures == 0 && metrics_wrong.is_empty())
 }
 
 /// Rows checked and rows not met, over every round of `check`.

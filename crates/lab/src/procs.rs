@@ -112,7 +112,10 @@ pub(crate) fn start_controllers(
         let r = &st.controllers[i];
         let log_path = st.dir.join(format!("serve-{}.log", r.host));
         let log = std::fs::File::create(&log_path).with_context(|| format!("cannot create {}", log_path.display()))?;
-        let serve = ns_cmd(&r.ns, &[t, "serve", "--state-dir", path_str(&r.state_dir)?]).stdout(Stdio::null()).stderr(log).spawn()?;
+        let serve = ns_cmd(&r.ns, &[t, "serve", "--state-dir", path_str(&r.state_dir)?, "--metrics-listen", crate::metrics::CONTROLLER])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()?;
         st.pids.push(serve.id());
         st.controllers[i].pid = serve.id();
     }
@@ -178,9 +181,10 @@ pub(crate) fn start_agents(
         trellis_files::create_new(&token_file, token.as_bytes(), 0o600)?;
         in_ns(ns, &[a, "enrol", "--token-file", path_str(&token_file)?, "--state-dir", path_str(&sdir)?])?;
         let cmd = format!(
-            "mkdir -p /var/run/wireguard && mount -t tmpfs tmpfs /var/run/wireguard && exec {a} run --state-dir {} --root {} --wireguard auto --max-backoff 2",
+            "mkdir -p /var/run/wireguard && mount -t tmpfs tmpfs /var/run/wireguard && exec {a} run --state-dir {} --root {} --wireguard auto --max-backoff 2 --metrics-listen {}",
             sdir.display(),
-            root.display()
+            root.display(),
+            crate::metrics::AGENT
         );
         let log_path = st.dir.join(format!("agent-{}.log", node.name));
         let log = std::fs::File::create(&log_path).with_context(|| format!("cannot create {}", log_path.display()))?;

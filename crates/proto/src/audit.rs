@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AuditRecord {
     pub seq: i64,
     pub at: i64,
@@ -103,6 +104,7 @@ pub fn verify(records: &[AuditRecord]) -> Result<usize, String> {
 /// record's sequence number and hash. A chain that ends before it, or holds another hash at its
 /// sequence number, was cut or rewritten.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Checkpoint {
     pub seq: i64,

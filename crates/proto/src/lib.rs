@@ -8,10 +8,11 @@ pub mod state;
 pub mod text;
 
 pub use audit::AuditRecord;
-pub use state::{EnrolledState, EvidenceResult, FileResult, NodeState, TokenState};
+pub use state::{EnrolledState, EvidenceResult, FileResult, NodeState, Shown, TokenState};
 
 /// Every error answer: one sentence, and a stable code a script can match.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorBody {
     pub error: String,
     pub code: String,
@@ -20,6 +21,7 @@ pub struct ErrorBody {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Diagnostic {
     pub severity: String,
     pub file: String,
@@ -37,6 +39,7 @@ impl std::fmt::Display for Diagnostic {
 /// One declaration file, named relative to the declaration directory (`mesh.toml`,
 /// `modules/postgres.toml`).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct DeclFile {
     pub path: String,
@@ -44,6 +47,7 @@ pub struct DeclFile {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ApplyRequest {
     pub files: Vec<DeclFile>,
@@ -53,6 +57,7 @@ pub struct ApplyRequest {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ApplyResponse {
     pub revision: i64,
     pub diagnostics: Vec<Diagnostic>,
@@ -60,6 +65,7 @@ pub struct ApplyResponse {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct TokenRequest {
     pub node: String,
@@ -69,6 +75,7 @@ pub struct TokenRequest {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TokenCreated {
     pub token: String,
     pub id: String,
@@ -77,6 +84,7 @@ pub struct TokenCreated {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TokenInfo {
     pub id: String,
     pub node: String,
@@ -91,6 +99,7 @@ pub struct TokenInfo {
 /// Sent by `trellis-agent enrol`: the token's id and secret, and the public halves of the keys
 /// the node made.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct EnrolRequest {
     pub token_id: String,
@@ -102,6 +111,7 @@ pub struct EnrolRequest {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EnrolResponse {
     pub node: String,
     pub mesh: String,
@@ -115,18 +125,21 @@ pub struct EnrolResponse {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RenewRequest {
     pub csr_pem: String,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RenewResponse {
     pub node_cert_pem: String,
     pub not_after: i64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NodeInfo {
     pub name: String,
     pub state: NodeState,
@@ -140,6 +153,7 @@ pub struct NodeInfo {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WhoAmI {
     pub node: String,
     pub state: EnrolledState,
@@ -155,6 +169,7 @@ pub const AUDIT_PAGE: i64 = 1000;
 pub const MAX_EVIDENCE_BATCH: usize = 1000;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct EvidenceBatch {
     pub records: Vec<Evidence>,
@@ -162,6 +177,7 @@ pub struct EvidenceBatch {
 
 /// What an agent did with one bundle: append-only, numbered per node from 1.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Evidence {
     pub seq: i64,
@@ -176,6 +192,7 @@ pub struct Evidence {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct EvidenceFile {
     pub path: String,
@@ -184,12 +201,14 @@ pub struct EvidenceFile {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EvidenceAck {
     pub accepted: usize,
     pub duplicates: usize,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NodeStatus {
     pub name: String,
     pub state: NodeState,
@@ -206,4 +225,82 @@ pub struct NodeStatus {
     pub evidence_records: i64,
     /// Sequence numbers missing between 1 and the highest received.
     pub evidence_missing: i64,
+}
+
+/// Why two nodes connect the way they do, and what passes each way: `GET /v1/admin/explain` and
+/// `trellis explain --json`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Explanation {
+    pub from: String,
+    pub to: String,
+    /// `direct`, `relayed` or `none`.
+    pub path: String,
+    /// The hub a relayed path goes through.
+    pub hub: Option<String>,
+    /// Sentences saying why.
+    pub reasons: Vec<String>,
+    /// The rules that let `from` reach `to`.
+    pub forward: Vec<RuleMatch>,
+    /// The rules that let `to` reach `from`.
+    pub reverse: Vec<RuleMatch>,
+    /// What `trellis explain` prints.
+    pub text: String,
+}
+
+/// A rule that lets traffic through in one direction.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RuleMatch {
+    pub module: String,
+    /// The rule's number in its module, from 1.
+    pub rule: usize,
+    /// FILE:LINE:COL of the rule.
+    pub at: String,
+    pub proto: String,
+    pub ports: Vec<String>,
+    /// The rule's sources that contain the sending node, and how.
+    pub matched: Vec<String>,
+}
+
+/// The live picture of the mesh (`GET /v1/admin/graph`): the current declaration's nodes where
+/// they are drawn, with their state, and the links between them.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct MeshGraph {
+    /// The declaration revision drawn (absent before the first apply).
+    pub revision: Option<i64>,
+    pub nodes: Vec<GraphNode>,
+    pub links: Vec<GraphLink>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct GraphNode {
+    pub name: String,
+    pub hub: bool,
+    pub networks: Vec<String>,
+    /// Where it is drawn, on a 1000 by 1000 canvas.
+    pub x: f64,
+    pub y: f64,
+    pub state: NodeState,
+    pub shown: Shown,
+    pub desired_version: Option<i64>,
+    pub applied_version: Option<i64>,
+    pub stale_for: Option<i64>,
+    pub last_contact: Option<i64>,
+    pub last_error: Option<String>,
+}
+
+/// Two nodes with allowed traffic between them, or a node and the hub that relays for it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct GraphLink {
+    pub a: String,
+    pub b: String,
+    /// `direct` (a WireGuard peering), `relayed` (through `hub`) or `none` (no path).
+    pub reach: String,
+    pub hub: Option<String>,
+    /// How it is drawn: SVG path data on the nodes' canvas.
+    pub d: String,
 }

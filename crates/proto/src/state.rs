@@ -23,6 +23,7 @@ macro_rules! states {
     ($(#[$doc:meta])* $name:ident, $kind:literal { $($(#[$vdoc:meta])* $variant:ident = $text:literal),+ $(,)? }) => {
         $(#[$doc])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
         #[serde(rename_all = "lowercase")]
         pub enum $name {
             $($(#[$vdoc])* $variant),+
@@ -94,6 +95,21 @@ impl From<EnrolledState> for NodeState {
 }
 
 states! {
+    /// A node as the live picture shows it: its roster state, with an active node that has not
+    /// applied its desired version shown stale, and one whose last apply failed shown failing.
+    Shown, "shown" {
+        Active = "active",
+        Pending = "pending",
+        Revoked = "revoked",
+        Stale = "stale",
+        Failing = "failing",
+        Declared = "declared",
+        External = "external",
+        Removed = "removed",
+    }
+}
+
+states! {
     /// An enrolment token.
     TokenState, "token" {
         Valid = "valid",
@@ -143,6 +159,7 @@ mod tests {
     fn every_state_has_one_name() {
         round_trips(EnrolledState::ALL);
         round_trips(NodeState::ALL);
+        round_trips(Shown::ALL);
         round_trips(TokenState::ALL);
         round_trips(EvidenceResult::ALL);
         round_trips(FileResult::ALL);

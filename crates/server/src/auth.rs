@@ -47,6 +47,8 @@ impl FromRequestParts<Arc<Controller>> for Node {
 
     async fn from_request_parts(parts: &mut Parts, c: &Arc<Controller>) -> Result<Self, ApiError> {
         let cert = parts.extensions.get::<PeerCert>().and_then(|p| p.0.clone());
-        Ok(Node(c.authenticate_node(cert.as_deref().map(Vec::as_slice)).await?))
+        let who = c.authenticate_node(cert.as_deref().map(Vec::as_slice)).await?;
+        tracing::Span::current().record("node", who.name.as_str());
+        Ok(Node(who))
     }
 }

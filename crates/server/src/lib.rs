@@ -7,7 +7,10 @@ pub mod auth;
 pub mod body;
 pub mod error;
 pub mod listener;
+pub mod metrics;
+pub mod openapi;
 pub mod routes;
+pub mod ui;
 
 pub use listener::{Limits, Server};
 pub use routes::app;

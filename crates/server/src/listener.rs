@@ -82,6 +82,8 @@ pub struct Server {
     acceptor: TlsAcceptor,
     limits: Limits,
     open: Arc<std::sync::Mutex<Open>>,
+    /// Plain HTTP for Prometheus (`GET /metrics`), when asked for.
+    metrics: Option<TcpListener>,
 }
 
 impl Server {
@@ -97,6 +99,7 @@ impl Server {
             acceptor: TlsAcceptor::from(Arc::new(tls)),
             limits: Limits::default(),
             open: Default::default(),
+            metrics: None,
         })
     }
 
@@ -106,17 +109,24 @@ impl Server {
         self
     }
 
+    /// Also serves the metrics, in plain HTTP, on this address.
+    pub async fn with_metrics(mut self, listen: &str) -> Result<Server> {
+        let addr: SocketAddr = listen.parse().context("the metrics listen address is not IP:PORT")?;
+        self.metrics = Some(TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr} for metrics"))?);
+        Ok(self)
+    }
+
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr().expect("bound")
     }
 
     /// Serves until `shutdown` resolves; then stops accepting, answers long-polls at once, lets
     /// every request in flight finish (for at most [`DRAIN`]) and returns.
-    pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
+    pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
         let router = app(self.controller.clone());
         // Publish what the database holds, then follow decisions made by other replicas.
         if let Err(e) = self.controller.publish().await {
-            eprintln!("trellis serve: first publish failed: {e}");
+            tracing::error!("first publish failed: {e}");
         }
         let watcher = {
             let c = self.controller.clone();
@@ -126,7 +136,7 @@ impl Server {
                 loop {
                     tick.tick().await;
                     if let Err(e) = c.publish_if_moved().await {
-                        eprintln!("trellis serve: publishing failed: {e}");
+                        tracing::error!("publishing failed: {e}");
                     }
                     n += 1;
                     if n % 10 == 0 {
@@ -139,7 +149,8 @@ impl Server {
         };
         // Decisions ask for publish runs; this task makes them, one at a time.
         let publishing = tokio::spawn(self.controller.clone().publishing());
-        let Server { listener, controller, acceptor, limits, open } = self;
+        let metrics = self.metrics.take().map(|l| tokio::spawn(crate::metrics::serve(l, self.controller.clone())));
+        let Server { listener, controller, acceptor, limits, open, .. } = self;
         let result = accept_loop(listener, &controller, acceptor, limits, &open, router, shutdown).await;
         // The listener is closed: no new connection. Long-polls answer now; requests in flight
         // (a decision among them) finish and are answered.
@@ -154,14 +165,17 @@ impl Server {
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         if in_flight > 0 {
-            eprintln!(
-                "trellis serve: {} of {in_flight} open connections finished{}",
+            tracing::info!(
+                "{} of {in_flight} open connections finished{}",
                 in_flight - left,
                 if left > 0 { format!("; {left} cut after {} s", DRAIN.as_secs()) } else { String::new() }
             );
         }
         watcher.abort();
         publishing.abort();
+        if let Some(m) = metrics {
+            m.abort();
+        }
         controller.flush_contacts().await;
         controller.write_refusals().await;
         result
@@ -187,7 +201,7 @@ async fn accept_loop(
             r = listener.accept() => match r {
                 Ok(c) => c,
                 Err(e) => {
-                    eprintln!("trellis serve: accept: {e}");
+                    tracing::warn!("accept: {e}");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }

@@ -4,13 +4,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
 use axum::{Json, Router};
+use trellis_controller::metrics::Decision;
 use trellis_controller::{Controller, Error};
 use trellis_proto as proto;
+use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouterExt};
+use utoipa_axum::routes;
 
 use crate::auth::{Admin, Node, Peer};
 use crate::body::{Body, DECLARATION_BODY, EVIDENCE_BODY, SMALL_BODY};
@@ -19,63 +22,162 @@ use crate::error::ApiError;
 type Shared = Arc<Controller>;
 type Answer<T> = Result<Json<T>, ApiError>;
 
+/// The API's router. Every route is registered through its handler's `#[utoipa::path]`, so the
+/// router and the API description (`openapi::document`) are made from the same list and cannot
+/// drift apart.
 pub fn app(controller: Shared) -> Router {
-    Router::new()
-        .route("/v1/health", get(|| async { "ok\n" }))
-        .route("/v1/enrol", post(enrol).layer(DefaultBodyLimit::max(SMALL_BODY)))
-        .route("/v1/renew", post(renew).layer(DefaultBodyLimit::max(SMALL_BODY)))
-        .route("/v1/whoami", get(whoami))
-        .route("/v1/bundle", get(bundle))
-        .route("/v1/evidence", post(evidence).layer(DefaultBodyLimit::max(EVIDENCE_BODY)))
-        .route("/v1/admin/status", get(status))
-        .route("/v1/admin/apply", post(apply).layer(DefaultBodyLimit::max(DECLARATION_BODY)))
-        .route("/v1/admin/tokens", post(create_token).get(list_tokens))
-        .route("/v1/admin/tokens/{id}", delete(revoke_token))
-        .route("/v1/admin/nodes", get(list_nodes))
-        .route("/v1/admin/nodes/{name}/approve", post(approve))
-        .route("/v1/admin/nodes/{name}/revoke", post(revoke))
-        .route("/v1/admin/audit", get(audit_log))
-        .route("/v1/admin/audit/checkpoint", get(audit_checkpoint))
+    let (router, _) = api().split_for_parts();
+    router
         .layer(DefaultBodyLimit::max(SMALL_BODY))
+        .layer(axum::middleware::from_fn_with_state(controller.clone(), timed))
         .with_state(controller)
+}
+
+/// The routes with their descriptions, before the shared layers.
+pub(crate) fn api() -> OpenApiRouter<Shared> {
+    OpenApiRouter::new()
+        .routes(routes!(health))
+        .routes(routes!(openapi_json))
+        .routes(routes!(enrol).layer(DefaultBodyLimit::max(SMALL_BODY)))
+        .routes(routes!(renew).layer(DefaultBodyLimit::max(SMALL_BODY)))
+        .routes(routes!(whoami))
+        .routes(routes!(bundle))
+        .routes(routes!(evidence).layer(DefaultBodyLimit::max(EVIDENCE_BODY)))
+        .routes(routes!(status))
+        .routes(routes!(apply).layer(DefaultBodyLimit::max(DECLARATION_BODY)))
+        .routes(routes!(create_token, list_tokens))
+        .routes(routes!(revoke_token))
+        .routes(routes!(list_nodes))
+        .routes(routes!(approve))
+        .routes(routes!(revoke))
+        .routes(routes!(audit_log))
+        .routes(routes!(audit_checkpoint))
+        .routes(routes!(graph))
+        .routes(routes!(explain))
+        .routes(routes!(crate::ui::page))
+}
+
+/// `GET /v1/health`: the process answers.
+#[utoipa::path(get, path = "/v1/health", tag = "health", responses((status = 200, description = "The controller answers", body = String, content_type = "text/plain")))]
+async fn health() -> &'static str {
+    "ok\n"
+}
+
+/// `GET /v1/openapi.json`: this document, made once from the routes' own descriptions.
+#[utoipa::path(get, path = "/v1/openapi.json", tag = "health", responses((status = 200, description = "The OpenAPI 3.1 description of this API", content_type = "application/json")))]
+async fn openapi_json() -> Json<&'static utoipa::openapi::OpenApi> {
+    Json(crate::openapi::document())
+}
+
+/// Every request runs in a span (method, route, and, once known, the node, the decision and the
+/// audit head after it) and is timed by the route it matched (never the raw path: names in paths
+/// would make one series per node).
+async fn timed(State(c): State<Shared>, req: Request, next: Next) -> Response {
+    use tracing::Instrument;
+    let route = req.extensions().get::<MatchedPath>().map_or("unmatched", MatchedPath::as_str).to_string();
+    let method = req.method().clone();
+    let span = tracing::info_span!(
+        "request",
+        method = %method,
+        route = %route,
+        node = tracing::field::Empty,
+        decision = tracing::field::Empty,
+        audit_seq = tracing::field::Empty,
+    );
+    let started = std::time::Instant::now();
+    let response = next.run(req).instrument(span.clone()).await;
+    let took = started.elapsed();
+    let status = response.status().as_u16();
+    c.metrics.request(method.as_str(), &route, status, took);
+    span.in_scope(|| tracing::debug!(status, ms = took.as_millis() as u64, "answered"));
+    response
+}
+
+/// A decision's answer, counted by kind and logged with the audit head after it when it was
+/// taken.
+async fn decided<T>(c: &Controller, kind: Decision, r: Result<T, Error>) -> Answer<T> {
+    let span = tracing::Span::current();
+    span.record("decision", kind.as_str());
+    match &r {
+        Ok(_) => {
+            c.metrics.decision(kind);
+            if let Ok(seq) = c.store.audit_head().await {
+                span.record("audit_seq", seq);
+            }
+            tracing::info!("decided");
+        }
+        Err(e) => tracing::info!(code = e.code(), "refused: {e}"),
+    }
+    Ok(Json(r?))
 }
 
 // --- administrators --------------------------------------------------------------------------
 
+#[utoipa::path(post, path = "/v1/admin/apply", tag = "admin", security(("admin" = [])), request_body = proto::ApplyRequest, responses((status = 200, description = "The declaration is the current revision (or was already)", body = proto::ApplyResponse), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
 async fn apply(State(c): State<Shared>, _: Admin, Body(req): Body<proto::ApplyRequest, DECLARATION_BODY>) -> Answer<proto::ApplyResponse> {
-    Ok(Json(c.apply(&req.files, req.expect_revision).await?))
+    decided(&c, Decision::Apply, c.apply(&req.files, req.expect_revision).await).await
 }
 
+#[utoipa::path(post, path = "/v1/admin/tokens", tag = "admin", security(("admin" = [])), request_body = proto::TokenRequest, responses((status = 200, description = "A one-time enrolment token for the node", body = proto::TokenCreated), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
 async fn create_token(State(c): State<Shared>, _: Admin, Body(req): Body<proto::TokenRequest>) -> Answer<proto::TokenCreated> {
-    Ok(Json(c.create_token(&req).await?))
+    decided(&c, Decision::TokenCreate, c.create_token(&req).await).await
 }
 
+#[utoipa::path(get, path = "/v1/admin/tokens", tag = "admin", security(("admin" = [])), responses((status = 200, description = "Every token, without its secret", body = Vec<proto::TokenInfo>), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
 async fn list_tokens(State(c): State<Shared>, _: Admin) -> Answer<Vec<proto::TokenInfo>> {
     Ok(Json(c.tokens().await?))
 }
 
+#[utoipa::path(delete, path = "/v1/admin/tokens/{id}", tag = "admin", security(("admin" = [])), params(("id" = String, Path, description = "The token's id")), responses((status = 200, description = "The token, revoked", body = proto::TokenInfo), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
 async fn revoke_token(State(c): State<Shared>, _: Admin, Path(id): Path<String>) -> Answer<proto::TokenInfo> {
-    Ok(Json(c.revoke_token(&id).await?))
+    decided(&c, Decision::TokenRevoke, c.revoke_token(&id).await).await
 }
 
+#[utoipa::path(get, path = "/v1/admin/nodes", tag = "admin", security(("admin" = [])), responses((status = 200, description = "The roster: declared and enrolled nodes", body = Vec<proto::NodeInfo>), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
 async fn list_nodes(State(c): State<Shared>, _: Admin) -> Answer<Vec<proto::NodeInfo>> {
     Ok(Json(c.nodes().await?))
 }
 
+#[utoipa::path(post, path = "/v1/admin/nodes/{name}/approve", tag = "admin", security(("admin" = [])), params(("name" = String, Path, description = "The node")), responses((status = 200, description = "The node, active", body = proto::WhoAmI), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
 async fn approve(State(c): State<Shared>, _: Admin, Path(name): Path<String>) -> Answer<proto::WhoAmI> {
-    Ok(Json(c.approve(&name).await?))
+    tracing::Span::current().record("node", &*proto::text::printable(&name));
+    decided(&c, Decision::Approve, c.approve(&name).await).await
 }
 
+#[utoipa::path(post, path = "/v1/admin/nodes/{name}/revoke", tag = "admin", security(("admin" = [])), params(("name" = String, Path, description = "The node")), responses((status = 200, description = "The node, revoked", body = proto::WhoAmI), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
 async fn revoke(State(c): State<Shared>, _: Admin, Path(name): Path<String>) -> Answer<proto::WhoAmI> {
-    Ok(Json(c.revoke(&name).await?))
+    tracing::Span::current().record("node", &*proto::text::printable(&name));
+    decided(&c, Decision::Revoke, c.revoke(&name).await).await
 }
 
+#[utoipa::path(get, path = "/v1/admin/status", tag = "admin", security(("admin" = [])), responses((status = 200, description = "Per node: desired and applied versions, staleness, last error, evidence", body = Vec<proto::NodeStatus>), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
 async fn status(State(c): State<Shared>, _: Admin) -> Answer<Vec<proto::NodeStatus>> {
     Ok(Json(c.status().await?))
 }
 
-#[derive(serde::Deserialize)]
+#[utoipa::path(get, path = "/v1/admin/graph", tag = "admin", security(("admin" = [])), responses((status = 200, description = "The current declaration's nodes, where they are drawn and their state, and the links between them", body = proto::MeshGraph), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
+async fn graph(State(c): State<Shared>, _: Admin) -> Answer<proto::MeshGraph> {
+    Ok(Json(c.graph().await?))
+}
+
+#[derive(serde::Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ExplainQuery {
+    /// One node of the current declaration.
+    from: String,
+    /// The other.
+    to: String,
+}
+
+#[utoipa::path(get, path = "/v1/admin/explain", tag = "admin", security(("admin" = [])), params(ExplainQuery), responses((status = 200, description = "Why the two nodes connect the way they do, and what passes each way (as `trellis explain` says)", body = proto::Explanation), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
+async fn explain(State(c): State<Shared>, _: Admin, Query(q): Query<ExplainQuery>) -> Answer<proto::Explanation> {
+    Ok(Json(c.explain(&q.from, &q.to).await?))
+}
+
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct AuditQuery {
     /// Records after this sequence number (default 0: from the first).
     #[serde(default)]
@@ -91,10 +193,12 @@ fn audit_page() -> i64 {
 
 /// `GET /v1/admin/audit?after=SEQ&limit=N`: one page of the chain, oldest first; a page shorter
 /// than asked is the last.
+#[utoipa::path(get, path = "/v1/admin/audit", tag = "admin", security(("admin" = [])), params(AuditQuery), responses((status = 200, description = "One page of the audit chain, oldest first", body = Vec<proto::AuditRecord>), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
 async fn audit_log(State(c): State<Shared>, _: Admin, Query(q): Query<AuditQuery>) -> Answer<Vec<proto::AuditRecord>> {
     Ok(Json(c.audit_page(q.after, q.limit).await?))
 }
 
+#[utoipa::path(get, path = "/v1/admin/audit/checkpoint", tag = "admin", security(("admin" = [])), responses((status = 200, description = "The signed audit head, once the publish run covering earlier decisions is done", body = proto::audit::Checkpoint), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
 async fn audit_checkpoint(State(c): State<Shared>, _: Admin) -> Answer<proto::audit::Checkpoint> {
     // The checkpoint is signed by the publish run that covers a decision: wait for the run that
     // covers every decision made before this request.
@@ -104,18 +208,28 @@ async fn audit_checkpoint(State(c): State<Shared>, _: Admin) -> Answer<proto::au
 
 // --- nodes -----------------------------------------------------------------------------------
 
+#[utoipa::path(post, path = "/v1/enrol", tag = "node", request_body = proto::EnrolRequest, responses((status = 200, description = "The node's certificate and what it needs to verify its bundles", body = proto::EnrolResponse), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
 async fn enrol(State(c): State<Shared>, Peer(source): Peer, Body(req): Body<proto::EnrolRequest>) -> Answer<proto::EnrolResponse> {
-    Ok(Json(c.enrol_from(req, source).await?))
+    tracing::Span::current().record("node", &*proto::text::printable(&req.node));
+    let r = c.enrol_from(req, source).await;
+    c.metrics.enrolment(match &r {
+        Ok(e) => e.state.as_str(),
+        Err(e) => e.code(),
+    });
+    decided(&c, Decision::Enrol, r).await
 }
 
+#[utoipa::path(post, path = "/v1/renew", tag = "node", security(("node" = [])), request_body = proto::RenewRequest, responses((status = 200, description = "A new certificate for the CSR's key", body = proto::RenewResponse), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
 async fn renew(State(c): State<Shared>, Node(who): Node, Body(req): Body<proto::RenewRequest>) -> Answer<proto::RenewResponse> {
-    Ok(Json(c.renew(&who, &req).await?))
+    decided(&c, Decision::Renew, c.renew(&who, &req).await).await
 }
 
+#[utoipa::path(get, path = "/v1/whoami", tag = "node", security(("node" = [])), responses((status = 200, description = "The node the client certificate names", body = proto::WhoAmI), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
 async fn whoami(Node(who): Node) -> Json<proto::WhoAmI> {
     Json(proto::WhoAmI { node: who.name, state: who.state })
 }
 
+#[utoipa::path(post, path = "/v1/evidence", tag = "node", security(("node" = [])), request_body = proto::EvidenceBatch, responses((status = 200, description = "Records taken and re-sends ignored", body = proto::EvidenceAck), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
 async fn evidence(
     State(c): State<Shared>,
     Node(who): Node,
@@ -124,8 +238,9 @@ async fn evidence(
     Ok(Json(c.evidence(&who, &batch).await?))
 }
 
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct BundleQuery {
     /// Seconds to wait for a newer bundle than the one named in If-None-Match (at most 60).
     #[serde(default)]
@@ -145,6 +260,7 @@ fn etag(version: i64) -> String {
 /// `GET /v1/bundle`: the node's current signed bundle, `304` when it already holds it. With
 /// `wait`, the answer comes as soon as a newer one exists. Every answer carries a signed
 /// freshness stamp.
+#[utoipa::path(get, path = "/v1/bundle", tag = "node", security(("node" = [])), params(BundleQuery, ("If-None-Match" = Option<String>, Header, description = "The version held, as its ETag")), responses((status = 200, description = "The signed bundle (application/octet-stream, ADR 0012), or the edits from the held version (application/x-trellis-delta); ETag names the version, X-Trellis-Freshness carries a signed stamp", content_type = "application/octet-stream"), (status = 304, description = "The bundle held is current"), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
 async fn bundle(State(c): State<Shared>, Node(who): Node, headers: HeaderMap, Query(q): Query<BundleQuery>) -> Result<Response, ApiError> {
     c.require_approved(&who)?;
     let held = headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()).map(str::to_string);
@@ -158,6 +274,7 @@ async fn bundle(State(c): State<Shared>, Node(who): Node, headers: HeaderMap, Qu
     }
     // A node that can rebuild a bundle from the one it holds takes the edits instead.
     let takes_delta = headers.get_all(header::ACCEPT).iter().any(|v| v.to_str().is_ok_and(|v| v.contains(proto::DELTA_TYPE)));
+    let _open = (q.wait > 0).then(|| c.metrics.long_poll());
     loop {
         let current = c.publisher.current(&who.name);
         let stamp = c.stamp();
@@ -168,10 +285,13 @@ async fn bundle(State(c): State<Shared>, Node(who): Node, headers: HeaderMap, Qu
                     (header::ETAG, etag(p.version)),
                     (freshness, stamp.to_string()),
                 ];
+                c.metrics.bundle_answer("delta", delta.len());
                 return Ok((headers, delta.clone()).into_response());
             }
             if held.as_deref() != Some(etag(p.version).as_str()) {
-                let body = axum::body::Body::new(Chunks(p.signed.head.clone(), p.signed.contents.iter().cloned().collect()));
+                let body = Chunks(p.signed.head.clone(), p.signed.contents.iter().cloned().collect());
+                c.metrics.bundle_answer("200", http_body::Body::size_hint(&body).exact().unwrap_or(0) as usize);
+                let body = axum::body::Body::new(body);
                 let headers = [
                     (header::CONTENT_TYPE, "application/octet-stream".to_string()),
                     (header::ETAG, etag(p.version)),
@@ -189,6 +309,7 @@ async fn bundle(State(c): State<Shared>, Node(who): Node, headers: HeaderMap, Qu
         if !changed {
             return match current {
                 Some(p) => {
+                    c.metrics.bundle_answer("304", 0);
                     Ok((StatusCode::NOT_MODIFIED, [(header::ETAG, etag(p.version)), (freshness, stamp.to_string())]).into_response())
                 }
                 None => Err(Error::NoBundleYet(who.name).into()),

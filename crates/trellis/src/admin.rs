@@ -69,16 +69,20 @@ pub fn init(dir: &Path, advertise: Vec<String>, listen: Option<String>, database
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn serve(dir: &Path, database_url: Option<String>, listen: Option<String>) -> Result<ExitCode> {
+pub fn serve(dir: &Path, database_url: Option<String>, listen: Option<String>, metrics_listen: Option<String>) -> Result<ExitCode> {
     let st = state::StateDir::load(dir)?;
     runtime().block_on(async {
-        let server = trellis_server::Server::bind(&st, database_url.as_deref(), listen.as_deref()).await?;
+        let mut server = trellis_server::Server::bind(&st, database_url.as_deref(), listen.as_deref()).await?;
+        if let Some(m) = &metrics_listen {
+            server = server.with_metrics(m).await?;
+        }
         let url = database_url.as_deref().unwrap_or(&st.config.database_url);
-        eprintln!(
-            "trellis serve: listening on {} ({}); database {}",
+        tracing::info!(
+            "listening on {} ({}); database {}{}",
             server.local_addr(),
             st.config.advertise.join(", "),
-            state::redact(url)
+            state::redact(url),
+            metrics_listen.as_deref().map(|m| format!("; metrics on http://{m}/metrics")).unwrap_or_default()
         );
         let shutdown = async {
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
@@ -86,7 +90,7 @@ pub fn serve(dir: &Path, database_url: Option<String>, listen: Option<String>) -
                 _ = tokio::signal::ctrl_c() => {},
                 _ = term.recv() => {},
             }
-            eprintln!("trellis serve: stopping");
+            tracing::info!("stopping");
         };
         server.run(shutdown).await
     })?;

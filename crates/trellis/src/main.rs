@@ -1,7 +1,9 @@
 //! `trellis`: the controller, the admin CLI, the offline tools and the lab, as one binary.
 
 mod admin;
+mod assets;
 mod declfs;
+mod log;
 mod offline;
 mod time;
 
@@ -61,6 +63,17 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Draw the declared mesh offline: nodes, direct peerings, pairs relayed through a hub, pairs with no path
+    Graph {
+        /// Directory holding mesh.toml and modules/*.toml
+        dir: PathBuf,
+        /// dot (Graphviz) or svg (drawn by trellis, no Graphviz needed)
+        #[arg(long, value_enum, default_value = "svg")]
+        format: offline::GraphFormat,
+        /// Write here instead of standard output
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Create a controller: mesh CA, TLS certificate, bundle-signing key, admin credential, database
     Init {
         /// Where the controller keeps its keys, configuration and (by default) its SQLite database
@@ -89,6 +102,12 @@ enum Command {
         /// Override the listen address
         #[arg(long)]
         listen: Option<String>,
+        /// Serve Prometheus metrics in plain HTTP at http://ADDR/metrics (off unless given)
+        #[arg(long, value_name = "ADDR")]
+        metrics_listen: Option<String>,
+        /// The log on standard error: text, or one JSON object a line (filter with RUST_LOG, e.g. RUST_LOG=debug)
+        #[arg(long, value_enum, default_value = "text")]
+        log_format: log::LogFormat,
     },
     /// Publish a declaration directory to the controller as a new revision (validated exactly like check)
     Apply {
@@ -136,6 +155,9 @@ enum Command {
         #[command(flatten)]
         conn: admin::Conn,
     },
+    /// Write shell completions and man pages made from this command line into DIR (for packages)
+    #[command(hide = true)]
+    Assets { dir: PathBuf },
     /// Lab topologies in network namespaces with the real controller and agents (needs root)
     Lab {
         #[command(subcommand)]
@@ -179,6 +201,8 @@ fn main() -> ExitCode {
         Command::Check { dir, json } => offline::check(&dir, json),
         Command::Compile { dir, node, all: _, out, json } => offline::compile(&dir, node.as_deref(), &out, json),
         Command::Explain { dir, from, to, json } => offline::explain(&dir, &from, &to, json),
+        Command::Assets { dir } => assets::write(<Cli as clap::CommandFactory>::command(), &dir).map(|()| ExitCode::SUCCESS),
+        Command::Graph { dir, format, out } => offline::graph(&dir, format, out.as_deref()),
         Command::Lab { cmd } => match cmd {
             LabCommand::Up { file } => trellis_lab::up(&file, declfs::read).map(|_| ExitCode::SUCCESS),
             LabCommand::Check { file } => {
@@ -190,7 +214,9 @@ fn main() -> ExitCode {
         Command::Init { state_dir, advertise, listen, database_url, cert_lifetime } => {
             admin::init(&state_dir, advertise, listen, database_url, cert_lifetime)
         }
-        Command::Serve { state_dir, database_url, listen } => admin::serve(&state_dir, database_url, listen),
+        Command::Serve { state_dir, database_url, listen, metrics_listen, log_format } => {
+            log::init(log_format).and_then(|()| admin::serve(&state_dir, database_url, listen, metrics_listen))
+        }
         Command::Apply { dir, expect_revision, json, conn } => admin::apply(&conn, &dir, expect_revision, json),
         Command::Token { cmd, conn } => admin::token(&conn, cmd),
         Command::Nodes { json, conn } => admin::nodes(&conn, json),

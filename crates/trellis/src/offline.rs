@@ -1,4 +1,4 @@
-//! The offline commands: `check`, `compile` and `explain` over a declaration directory.
+//! The offline commands: `check`, `compile`, `explain` and `graph` over a declaration directory.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -166,25 +166,37 @@ pub fn explain(dir: &Path, from: &str, to: &str, json_out: bool) -> Result<ExitC
     let topo = Topology::new(&decl, &alloc, &HashMap::new());
     let e = explain::explain(&topo, from, to).context("nodes are declared")?;
     if json_out {
-        let rules = |list: &[explain::RuleMatch]| -> Vec<serde_json::Value> {
-            list.iter()
-                .map(|m| {
-                    json!({
-                        "module": m.module, "rule": m.rule, "at": m.at.to_string(), "proto": m.proto.as_str(),
-                        "ports": m.ports, "matched": m.matched,
-                    })
-                })
-                .collect()
-        };
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&json!({
-                "from": e.from, "to": e.to, "path": e.path, "hub": e.hub, "reasons": e.reasons,
-                "forward": rules(&e.forward), "reverse": rules(&e.reverse),
-            }))?
-        );
+        // The shape `GET /v1/admin/explain` answers, text included.
+        println!("{}", serde_json::to_string_pretty(&trellis_controller::view::explanation(&e))?);
     } else {
         print!("{}", e.to_text());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum GraphFormat {
+    /// Graphviz DOT, with positions (render with `neato -n2 -Tpng`)
+    Dot,
+    /// SVG, drawn by trellis
+    Svg,
+}
+
+/// Draws the declared mesh: every node, direct peerings, pairs relayed through a hub, pairs with
+/// no path. To standard output, or to `out`.
+pub fn graph(dir: &Path, format: GraphFormat, out: Option<&Path>) -> Result<ExitCode> {
+    let (decl, _) = load_valid(dir)?;
+    let alloc = trellis_core::allocate(&decl, &Default::default()).map_err(|d| anyhow::anyhow!("{d}"))?;
+    let topo = Topology::new(&decl, &alloc, &HashMap::new());
+    let g = trellis_core::graph::graph(&topo);
+    let states = Default::default();
+    let text = match format {
+        GraphFormat::Dot => trellis_core::graph::dot(&g, &states),
+        GraphFormat::Svg => trellis_core::graph::svg(&g, &states),
+    };
+    match out {
+        Some(path) => std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?,
+        None => print!("{text}"),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,6 +1,8 @@
 //! The HTTP API through the real router and TLS stack, in process, on SQLite and PostgreSQL:
 //! concurrent redemptions and every kind of bad input.
 
+mod openapi;
+
 use std::path::Path;
 use std::sync::Arc;
 

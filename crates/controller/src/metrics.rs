@@ -1,0 +1,299 @@
+//! The controller's Prometheus metrics: counters and histograms that decisions, publish runs and
+//! the HTTP edge record into, and gauges of the roster (nodes by state, stale, failing, evidence
+//! gaps) filled from `Controller::status` when they are scraped. Names follow Prometheus
+//! conventions: a `trellis_` prefix, units in the name, `_total` on counters.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+use trellis_proto::{EvidenceResult, NodeState, NodeStatus};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    pub state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabel {
+    pub node: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AnswerLabel {
+    /// `200` (the whole bundle), `delta` (the edits from the one held) or `304`.
+    pub answer: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabel {
+    pub method: String,
+    /// The route as the router names it (`/v1/admin/nodes/{name}/revoke`), never the raw path.
+    pub route: String,
+    pub status: u16,
+}
+
+/// The kinds of decision counted by `trellis_decisions_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Apply,
+    TokenCreate,
+    TokenRevoke,
+    Enrol,
+    Renew,
+    Approve,
+    Revoke,
+}
+
+impl Decision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Apply => "apply",
+            Decision::TokenCreate => "token_create",
+            Decision::TokenRevoke => "token_revoke",
+            Decision::Enrol => "enrol",
+            Decision::Renew => "renew",
+            Decision::Approve => "approve",
+            Decision::Revoke => "revoke",
+        }
+    }
+}
+
+fn latency() -> Histogram {
+    // 1 ms to about 65 s: a long-poll may last a minute.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+/// Every metric of one controller process.
+pub struct Metrics {
+    registry: Registry,
+    enrolments: Family<ResultLabel, Counter>,
+    decisions: Family<KindLabel, Counter>,
+    publish_runs: Family<ResultLabel, Counter>,
+    publish_duration: Histogram,
+    published_bundles: Counter,
+    bundle_answers: Family<AnswerLabel, Counter>,
+    bundle_bytes: Counter,
+    long_polls: Gauge,
+    requests: Family<RouteLabel, Histogram, fn() -> Histogram>,
+    nodes: Family<StateLabel, Gauge>,
+    stale: Gauge,
+    stale_for: Family<NodeLabel, Gauge>,
+    failing: Gauge,
+    evidence_missing: Gauge,
+    scrape_errors: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut r = Registry::with_prefix("trellis");
+        let enrolments = Family::<ResultLabel, Counter>::default();
+        r.register("enrolments", "Enrolment requests by result (enrolled, pending, or the refusal's code)", enrolments.clone());
+        let decisions = Family::<KindLabel, Counter>::default();
+        r.register("decisions", "Governance decisions taken by this process, by kind", decisions.clone());
+        let publish_runs = Family::<ResultLabel, Counter>::default();
+        r.register("publish_runs", "Publish runs by result (ok, failed)", publish_runs.clone());
+        let publish_duration = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
+        r.register_with_unit("publish_run_duration", "Time one publish run took", Unit::Seconds, publish_duration.clone());
+        let published_bundles = Counter::default();
+        r.register("published_bundles", "Bundles given a new version by publish runs", published_bundles.clone());
+        let bundle_answers = Family::<AnswerLabel, Counter>::default();
+        r.register("bundle_answers", "Answers to GET /v1/bundle: 200 (whole), delta, 304 (unchanged)", bundle_answers.clone());
+        let bundle_bytes = Counter::default();
+        r.register_with_unit("bundle_sent", "Bundle and delta bytes sent", Unit::Bytes, bundle_bytes.clone());
+        let long_polls = Gauge::default();
+        r.register("long_polls_open", "Bundle long-polls waiting now", long_polls.clone());
+        let requests = Family::<RouteLabel, Histogram, fn() -> Histogram>::new_with_constructor(latency);
+        r.register_with_unit("http_request_duration", "HTTP request latency by route, method and status", Unit::Seconds, requests.clone());
+        let nodes = Family::<StateLabel, Gauge>::default();
+        r.register("nodes", "Nodes of the roster by state", nodes.clone());
+        let stale = Gauge::default();
+        r.register("nodes_stale", "Active nodes that have not applied their desired version", stale.clone());
+        let stale_for = Family::<NodeLabel, Gauge>::default();
+        r.register_with_unit("node_stale", "How long each stale node has been stale", Unit::Seconds, stale_for.clone());
+        let failing = Gauge::default();
+        r.register("nodes_failing", "Nodes whose last evidence reports a failed apply", failing.clone());
+        let evidence_missing = Gauge::default();
+        r.register("evidence_missing_records", "Evidence sequence numbers missing, over every node (gaps)", evidence_missing.clone());
+        let scrape_errors = Counter::default();
+        r.register("metrics_roster_errors", "Scrapes whose roster gauges could not be read", scrape_errors.clone());
+        Metrics {
+            registry: r,
+            enrolments,
+            decisions,
+            publish_runs,
+            publish_duration,
+            published_bundles,
+            bundle_answers,
+            bundle_bytes,
+            long_polls,
+            requests,
+            nodes,
+            stale,
+            stale_for,
+            failing,
+            evidence_missing,
+            scrape_errors,
+        }
+    }
+
+    /// An enrolment request answered: `enrolled`, `pending`, or the refusal's code.
+    pub fn enrolment(&self, result: &str) {
+        self.enrolments.get_or_create(&ResultLabel { result: result.to_string() }).inc();
+    }
+
+    pub fn decision(&self, kind: Decision) {
+        self.decisions.get_or_create(&KindLabel { kind: kind.as_str() }).inc();
+    }
+
+    /// One publish run finished (`Ok` with the bundles it published) or failed.
+    pub fn publish_run(&self, took: Duration, outcome: Result<usize, ()>) {
+        self.publish_duration.observe(took.as_secs_f64());
+        let result = if outcome.is_ok() { "ok" } else { "failed" };
+        self.publish_runs.get_or_create(&ResultLabel { result: result.to_string() }).inc();
+        if let Ok(n) = outcome {
+            self.published_bundles.inc_by(n as u64);
+        }
+    }
+
+    /// A bundle answer: `200`, `delta` or `304`, and the bytes of its body.
+    pub fn bundle_answer(&self, answer: &'static str, bytes: usize) {
+        self.bundle_answers.get_or_create(&AnswerLabel { answer }).inc();
+        self.bundle_bytes.inc_by(bytes as u64);
+    }
+
+    /// Counts a long-poll open for as long as the guard lives.
+    pub fn long_poll(&self) -> LongPoll {
+        self.long_polls.inc();
+        LongPoll(self.long_polls.clone())
+    }
+
+    pub fn request(&self, method: &str, route: &str, status: u16, took: Duration) {
+        self.requests
+            .get_or_create(&RouteLabel { method: method.to_string(), route: route.to_string(), status })
+            .observe(took.as_secs_f64());
+    }
+
+    /// Sets the roster gauges from a status read (`None`: the read failed, counted).
+    pub fn roster(&self, status: Option<&[NodeStatus]>) {
+        let Some(status) = status else {
+            self.scrape_errors.inc();
+            return;
+        };
+        for s in NodeState::ALL {
+            let n = status.iter().filter(|n| n.state == *s).count();
+            self.nodes.get_or_create(&StateLabel { state: s.as_str() }).set(n as i64);
+        }
+        self.stale_for.clear();
+        let mut stale = 0;
+        for n in status.iter().filter(|n| n.stale) {
+            stale += 1;
+            self.stale_for.get_or_create(&NodeLabel { node: n.name.clone() }).set(n.stale_for.unwrap_or(0).max(0));
+        }
+        self.stale.set(stale);
+        self.failing.set(status.iter().filter(|n| n.last_result == Some(EvidenceResult::Failed)).count() as i64);
+        self.evidence_missing.set(status.iter().map(|n| n.evidence_missing).sum());
+    }
+
+    /// The text exposition (OpenMetrics, which Prometheus reads).
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");
+        out
+    }
+}
+
+/// The media type of [`Metrics::encode`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// A long-poll counted open; dropped when it answers.
+pub struct LongPoll(Gauge);
+
+impl Drop for LongPoll {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, state: NodeState, stale_for: Option<i64>, last: Option<EvidenceResult>, missing: i64) -> NodeStatus {
+        NodeStatus {
+            name: name.to_string(),
+            state,
+            desired_version: Some(2),
+            applied_version: Some(1),
+            last_contact: None,
+            cert_not_after: None,
+            stale: stale_for.is_some(),
+            stale_for,
+            last_result: last,
+            last_error: None,
+            evidence_records: 3,
+            evidence_missing: missing,
+        }
+    }
+
+    #[test]
+    fn roster_gauges_follow_the_last_status_read_and_counters_carry_units() {
+        let m = Metrics::new();
+        m.roster(Some(&[
+            node("a", NodeState::Active, Some(30), None, 0),
+            node("b", NodeState::Active, None, Some(EvidenceResult::Failed), 2),
+            node("c", NodeState::Pending, None, None, 0),
+        ]));
+        m.publish_run(Duration::from_millis(5), Ok(3));
+        m.bundle_answer("304", 0);
+        m.request("GET", "/v1/bundle", 304, Duration::from_millis(2));
+        let text = m.encode();
+        for line in [
+            "trellis_nodes{state=\"active\"} 2",
+            "trellis_nodes{state=\"pending\"} 1",
+            "trellis_nodes{state=\"revoked\"} 0",
+            "trellis_nodes_stale 1",
+            "trellis_node_stale_seconds{node=\"a\"} 30",
+            "trellis_nodes_failing 1",
+            "trellis_evidence_missing_records 2",
+            "trellis_publish_runs_total{result=\"ok\"} 1",
+            "trellis_publish_run_duration_seconds_count 1",
+            "trellis_published_bundles_total 3",
+            "trellis_bundle_answers_total{answer=\"304\"} 1",
+            "trellis_http_request_duration_seconds_count{method=\"GET\",route=\"/v1/bundle\",status=\"304\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+        // The next read replaces the per-node series: a node no longer stale is gone.
+        m.roster(Some(&[node("a", NodeState::Active, None, None, 0)]));
+        let text = m.encode();
+        assert!(!text.contains("node=\"a\""), "{text}");
+        assert!(text.lines().any(|l| l == "trellis_nodes_stale 0"), "{text}");
+        m.roster(None);
+        assert!(m.encode().lines().any(|l| l == "trellis_metrics_roster_errors_total 1"));
+        let _open = m.long_poll();
+        assert!(m.encode().lines().any(|l| l == "trellis_long_polls_open 1"));
+        drop(_open);
+        assert!(m.encode().lines().any(|l| l == "trellis_long_polls_open 0"));
+    }
+}

@@ -1,0 +1,32 @@
+//! The live picture at `/ui/`: one page, its style and script inside it and inside the binary,
+//! fetching nothing from elsewhere. The page itself holds no data: it asks for the admin
+//! credential, keeps it for the browser tab (`sessionStorage`), and polls
+//! `GET /v1/admin/graph` with it every second, redrawing in place; clicking two nodes shows
+//! `GET /v1/admin/explain` between them.
+
+use axum::http::header;
+use axum::response::IntoResponse;
+
+const PAGE: &str = include_str!("ui/index.html");
+
+/// The page, with the state colours `core::graph` draws with.
+#[utoipa::path(get, path = "/ui/", tag = "ui", responses((status = 200, description = "The live picture of the mesh (HTML; the data comes from /v1/admin/graph with the admin credential)", content_type = "text/html")))]
+pub async fn page() -> impl IntoResponse {
+    let colours: String = trellis_proto::Shown::ALL
+        .iter()
+        .map(|s| {
+            format!(".s-{0} circle {{ fill: {1}; }} .k-{0} {{ background: {1}; }}\n", s.as_str(), trellis_core::graph::colour(s.as_str()))
+        })
+        .collect();
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            // Nothing from elsewhere: the page's own script and style, and requests to this origin.
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:",
+            ),
+        ],
+        PAGE.replace("/*COLOURS*/", &colours),
+    )
+}

@@ -1,0 +1,299 @@
+//! The API description: served at `/v1/openapi.json` as OpenAPI 3.1; every route the router
+//! answers is in it and every path in it is a route; every path the client crate calls is in it;
+//! every schema describes exactly what serde writes for its type, and what it writes reads back.
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::{json, Value};
+use trellis_proto as proto;
+use trellis_store::testdb;
+
+use super::start;
+
+/// Checks that `value` is what `schema` describes, resolving `$ref`s in `doc`; an object may hold
+/// no key its schema does not list, so a field serde writes and the schema lacks is caught.
+fn conforms(doc: &Value, schema: &Value, value: &Value, at: &str) -> Result<(), String> {
+    if let Some(r) = schema.get("$ref").and_then(Value::as_str) {
+        let name = r.strip_prefix("#/components/schemas/").ok_or_else(|| format!("{at}: unexpected $ref {r}"))?;
+        let target = &doc["components"]["schemas"][name];
+        if target.is_null() {
+            return Err(format!("{at}: $ref to a missing schema {name}"));
+        }
+        return conforms(doc, target, value, at);
+    }
+    if let Some(any) = schema.get("oneOf").or_else(|| schema.get("anyOf")).and_then(Value::as_array) {
+        let errors: Vec<String> = any.iter().filter_map(|s| conforms(doc, s, value, at).err()).collect();
+        return if errors.len() < any.len() { Ok(()) } else { Err(errors.join("; ")) };
+    }
+    if let Some(all) = schema.get("allOf").and_then(Value::as_array) {
+        for s in all {
+            conforms(doc, s, value, at)?;
+        }
+    }
+    if let Some(options) = schema.get("enum").and_then(Value::as_array) {
+        if !options.contains(value) {
+            return Err(format!("{at}: {value} is not one of {options:?}"));
+        }
+    }
+    let types: Vec<&str> = match schema.get("type") {
+        Some(Value::String(t)) => vec![t.as_str()],
+        Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
+        _ => return Ok(()),
+    };
+    let kind = match value {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    };
+    let described = types.contains(&kind) || (kind == "integer" && types.contains(&"number"));
+    if !described {
+        return Err(format!("{at}: a {kind} where the schema says {types:?}"));
+    }
+    match value {
+        Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                conforms(doc, &schema["items"], v, &format!("{at}[{i}]"))?;
+            }
+        }
+        Value::Object(fields) => {
+            let properties = schema["properties"].as_object().cloned().unwrap_or_default();
+            for required in schema["required"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+                if !fields.contains_key(required) {
+                    return Err(format!("{at}: required field {required} missing"));
+                }
+            }
+            for (k, v) in fields {
+                let s = properties.get(k).ok_or_else(|| format!("{at}: field {k} is not in the schema"))?;
+                conforms(doc, s, v, &format!("{at}.{k}"))?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// One sample of a type: it conforms to the schema of that name, and reads back as itself.
+fn sample<T: Serialize + DeserializeOwned>(doc: &Value, name: &str, value: T, checked: &mut Vec<String>) {
+    let json = serde_json::to_value(&value).unwrap();
+    let schema = &doc["components"]["schemas"][name];
+    assert!(!schema.is_null(), "no schema {name} in the document");
+    if let Err(e) = conforms(doc, schema, &json, name) {
+        panic!("{name}: {e}\nvalue: {json:#}\nschema: {schema:#}");
+    }
+    let back: T = serde_json::from_value(json.clone()).unwrap_or_else(|e| panic!("{name} does not read back: {e}"));
+    assert_eq!(serde_json::to_value(&back).unwrap(), json, "{name} round trip");
+    checked.push(name.to_string());
+}
+
+#[test]
+fn every_schema_describes_what_serde_writes_and_reads_back() {
+    let doc = serde_json::to_value(trellis_server::openapi::document()).unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
+    let diag = proto::Diagnostic { severity: "error".into(), file: "mesh.toml".into(), line: 3, column: 1, message: "m".into() };
+    let file = proto::EvidenceFile { path: "etc/trellis/wireguard.conf".into(), sha256: "ab".into(), result: proto::FileResult::Written };
+    let evidence = proto::Evidence {
+        seq: 1,
+        version: 2,
+        result: proto::EvidenceResult::Failed,
+        error: Some("e".into()),
+        files: vec![file.clone()],
+        at: 3,
+    };
+    let mut c = Vec::new();
+    let d = &doc;
+    sample(d, "ErrorBody", proto::ErrorBody { error: "e".into(), code: "c".into(), diagnostics: vec![diag.clone()] }, &mut c);
+    sample(d, "ErrorBody", proto::ErrorBody { error: "e".into(), code: "c".into(), diagnostics: vec![] }, &mut c);
+    sample(d, "Diagnostic", diag, &mut c);
+    sample(d, "DeclFile", proto::DeclFile { path: "mesh.toml".into(), text: "t".into() }, &mut c);
+    sample(d, "ApplyRequest", proto::ApplyRequest { files: vec![], expect_revision: Some(1) }, &mut c);
+    sample(d, "ApplyRequest", proto::ApplyRequest { files: vec![], expect_revision: None }, &mut c);
+    sample(d, "ApplyResponse", proto::ApplyResponse { revision: 1, diagnostics: vec![], unchanged: false }, &mut c);
+    sample(d, "TokenRequest", proto::TokenRequest { node: "n".into(), ttl_secs: 60, require_approval: true }, &mut c);
+    sample(d, "TokenCreated", proto::TokenCreated { token: "t".into(), id: "i".into(), node: "n".into(), expires_at: 9 }, &mut c);
+    let info = proto::TokenInfo {
+        id: "i".into(),
+        node: "n".into(),
+        created_at: 1,
+        expires_at: 2,
+        used_at: Some(3),
+        revoked_at: None,
+        require_approval: false,
+        state: proto::TokenState::Used,
+    };
+    sample(d, "TokenInfo", info, &mut c);
+    let enrol = proto::EnrolRequest {
+        token_id: "i".into(),
+        secret: "s".into(),
+        node: "n".into(),
+        csr_pem: "p".into(),
+        wireguard_public_key: "k".into(),
+    };
+    sample(d, "EnrolRequest", enrol, &mut c);
+    let enrolled = proto::EnrolResponse {
+        node: "n".into(),
+        mesh: "m".into(),
+        state: proto::EnrolledState::Pending,
+        node_cert_pem: "c".into(),
+        ca_pem: "a".into(),
+        signing_public_key: "k".into(),
+        controllers: vec!["127.0.0.1:8443".into()],
+    };
+    sample(d, "EnrolResponse", enrolled, &mut c);
+    sample(d, "RenewRequest", proto::RenewRequest { csr_pem: "p".into() }, &mut c);
+    sample(d, "RenewResponse", proto::RenewResponse { node_cert_pem: "c".into(), not_after: 5 }, &mut c);
+    let node = proto::NodeInfo {
+        name: "n".into(),
+        state: proto::NodeState::External,
+        ipv4: Some("10.0.0.1".into()),
+        ipv6: None,
+        key_fingerprint: None,
+        wireguard_public_key: Some("k".into()),
+        cert_not_after: None,
+        last_contact: Some(4),
+    };
+    sample(d, "NodeInfo", node, &mut c);
+    sample(d, "WhoAmI", proto::WhoAmI { node: "n".into(), state: proto::EnrolledState::Revoked }, &mut c);
+    sample(d, "EvidenceBatch", proto::EvidenceBatch { records: vec![evidence.clone()] }, &mut c);
+    sample(d, "Evidence", evidence, &mut c);
+    sample(d, "EvidenceFile", file, &mut c);
+    sample(d, "EvidenceAck", proto::EvidenceAck { accepted: 1, duplicates: 0 }, &mut c);
+    let status = proto::NodeStatus {
+        name: "n".into(),
+        state: proto::NodeState::Active,
+        desired_version: Some(3),
+        applied_version: None,
+        last_contact: None,
+        cert_not_after: Some(1),
+        stale: true,
+        stale_for: Some(20),
+        last_result: Some(proto::EvidenceResult::Applied),
+        last_error: None,
+        evidence_records: 1,
+        evidence_missing: 0,
+    };
+    sample(d, "NodeStatus", status, &mut c);
+    let record = proto::AuditRecord {
+        seq: 1,
+        at: 2,
+        actor: "admin".into(),
+        action: "node revoked".into(),
+        subject: "n".into(),
+        detail: String::new(),
+        prev_hash: "0".into(),
+        hash: "1".into(),
+    };
+    sample(d, "AuditRecord", record, &mut c);
+    sample(d, "Checkpoint", proto::audit::Checkpoint { seq: 1, hash: "h".into(), signature: "s".into() }, &mut c);
+    let rule = proto::RuleMatch {
+        module: "app".into(),
+        rule: 1,
+        at: "modules/app.toml:4:1".into(),
+        proto: "tcp".into(),
+        ports: vec!["80".into()],
+        matched: vec!["node:a-1".into()],
+    };
+    let explained = proto::Explanation {
+        from: "a-1".into(),
+        to: "b-1".into(),
+        path: "relayed".into(),
+        hub: Some("hub-1".into()),
+        reasons: vec!["r".into()],
+        forward: vec![rule.clone()],
+        reverse: vec![],
+        text: "path a-1 <-> b-1: relayed through hub hub-1\n".into(),
+    };
+    sample(d, "Explanation", explained, &mut c);
+    sample(d, "RuleMatch", rule, &mut c);
+    let gnode = proto::GraphNode {
+        name: "a-1".into(),
+        hub: false,
+        networks: vec!["isp-a".into()],
+        x: 500.0,
+        y: 100.5,
+        state: proto::NodeState::Active,
+        shown: proto::Shown::Stale,
+        desired_version: Some(2),
+        applied_version: Some(1),
+        stale_for: Some(30),
+        last_contact: None,
+        last_error: Some("e".into()),
+    };
+    let link = proto::GraphLink {
+        a: "a-1".into(),
+        b: "b-1".into(),
+        reach: "relayed".into(),
+        hub: Some("hub-1".into()),
+        d: "M1 2 Q3 4 5 6".into(),
+    };
+    sample(d, "MeshGraph", proto::MeshGraph { revision: Some(1), nodes: vec![gnode.clone()], links: vec![link.clone()] }, &mut c);
+    sample(d, "GraphNode", gnode, &mut c);
+    sample(d, "GraphLink", link, &mut c);
+    for s in proto::Shown::ALL {
+        sample(d, "Shown", *s, &mut c);
+    }
+    for s in proto::EnrolledState::ALL {
+        sample(d, "EnrolledState", *s, &mut c);
+    }
+    for s in proto::NodeState::ALL {
+        sample(d, "NodeState", *s, &mut c);
+    }
+    for s in proto::TokenState::ALL {
+        sample(d, "TokenState", *s, &mut c);
+    }
+    for s in proto::EvidenceResult::ALL {
+        sample(d, "EvidenceResult", *s, &mut c);
+    }
+    for s in proto::FileResult::ALL {
+        sample(d, "FileResult", *s, &mut c);
+    }
+    let mut unchecked: Vec<&String> = doc["components"]["schemas"].as_object().unwrap().keys().filter(|k| !c.contains(k)).collect();
+    unchecked.sort();
+    assert!(unchecked.is_empty(), "schemas without a sample here: {unchecked:?}");
+}
+
+/// `{name}` and `{id}` filled in, so that the request reaches the handler.
+fn concrete(path: &str) -> String {
+    path.replace("{name}", "nobody").replace("{id}", "00")
+}
+
+#[tokio::test]
+async fn every_route_is_described_and_every_described_path_is_a_route() {
+    let r = start(testdb::sqlite_url()).await;
+    let served: Value = r.http.get(format!("{}/v1/openapi.json", r.base)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(served, serde_json::to_value(trellis_server::openapi::document()).unwrap(), "the served document is the one made");
+    let paths = served["paths"].as_object().unwrap();
+    let mut operations = 0;
+    for (path, item) in paths {
+        for (method, _) in item.as_object().unwrap().iter().filter(|(m, _)| ["get", "post", "delete", "put"].contains(&m.as_str())) {
+            operations += 1;
+            let url = format!("{}{}", r.base, concrete(path));
+            let req = r.http.request(method.to_uppercase().parse().unwrap(), &url).bearer_auth(&r.admin).json(&json!({}));
+            let resp = req.send().await.unwrap();
+            let status = resp.status().as_u16();
+            let text = resp.text().await.unwrap_or_default();
+            // The router's own 404 (no route) has an empty body and 405 names no handler; every
+            // handler's refusal is an ErrorBody.
+            assert!(status != 405 && !(status == 404 && text.is_empty()), "{method} {path}: the router has no such route ({status})");
+        }
+    }
+    // Every route the router serves comes from the same list as the document (`routes::api`);
+    // and a path that is not described is not served.
+    let unknown = r.http.get(format!("{}/v1/admin/undescribed", r.base)).bearer_auth(&r.admin).send().await.unwrap();
+    assert_eq!(unknown.status().as_u16(), 404);
+    assert_eq!(operations, 20, "operations described: {:?}", paths.keys().collect::<Vec<_>>());
+
+    // Every path the client crate calls is described.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../client/src");
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        for called in text.split('"').filter_map(|s| s.find("/v1/").map(|i| &s[i..])) {
+            let called = called.split('?').next().unwrap();
+            let pattern = called.replace("{node}", "{name}");
+            assert!(paths.contains_key(&pattern), "the client calls {called}, which the document does not describe");
+        }
+    }
+}
