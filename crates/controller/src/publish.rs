@@ -59,45 +59,48 @@ impl AsRef<[u8]> for ArcStr {
     }
 }
 
-/// A content as bundles send it: its pieces, and its SHA-256.
-fn gathered(content: &Text) -> (Vec<bytes::Bytes>, [u8; 32]) {
-    let mut pieces = Vec::new();
-    let mut small = Vec::new();
-    for p in content.pieces() {
-        if p.len() < SHARED_PIECE {
-            small.extend_from_slice(p.as_bytes());
-            continue;
-        }
-        if !small.is_empty() {
-            pieces.push(bytes::Bytes::from(std::mem::take(&mut small)));
-        }
-        pieces.push(bytes::Bytes::from_owner(ArcStr(p.clone())));
-    }
-    if !small.is_empty() {
-        pieces.push(bytes::Bytes::from(small));
-    }
+/// A content as bundles send it: its pieces (each shares the text's piece, no copy), and its
+/// SHA-256.
+fn pieces_of(content: &Text) -> (Vec<bytes::Bytes>, [u8; 32]) {
+    let pieces = content.pieces().iter().map(|p| bytes::Bytes::from_owner(ArcStr(p.clone()))).collect();
     (pieces, content.sha256())
 }
 
 impl Contents {
-    /// Gathers and hashes, on every core, the contents not held yet.
-    fn add<'t>(&mut self, contents: impl Iterator<Item = &'t Text>) {
-        let mut new: Vec<&Text> = Vec::new();
+    /// Gathers (`Text::gathered`) and hashes, on every core, the contents of `compiled`'s files
+    /// for these nodes that are not held yet, and puts the gathered text in place of each in
+    /// `compiled`: the compiled output and the bundles then hold the same buffers, once.
+    fn add(&mut self, compiled: &mut Compiled, nodes: &[&str]) {
+        let mut new: Vec<Text> = Vec::new();
         let mut ids = HashSet::new();
-        for t in contents {
-            if !self.0.contains_key(&t.id()) && ids.insert(t.id()) {
-                new.push(t);
+        for n in nodes {
+            for f in &compiled.nodes[*n].files {
+                if !self.0.contains_key(&f.content.id()) && ids.insert(f.content.id()) {
+                    new.push(f.content.clone());
+                }
             }
         }
-        let made = trellis_core::par::map(new.len(), |i| gathered(new[i]));
-        for (t, (pieces, digest)) in new.into_iter().zip(made) {
-            self.0.insert(t.id(), (t.clone(), pieces, digest));
+        let made = trellis_core::par::map(new.len(), |i| {
+            let g = new[i].gathered(SHARED_PIECE);
+            let (pieces, digest) = pieces_of(&g);
+            (g, pieces, digest)
+        });
+        let swap: HashMap<usize, Text> = new.iter().zip(&made).map(|(old, (g, _, _))| (old.id(), g.clone())).collect();
+        for n in nodes {
+            for f in &mut compiled.nodes.get_mut(*n).expect("named from the output").files {
+                if let Some(g) = swap.get(&f.content.id()) {
+                    f.content = g.clone();
+                }
+            }
+        }
+        for (g, pieces, digest) in made {
+            self.0.insert(g.id(), (g, pieces, digest));
         }
     }
 
     fn file(&mut self, path: &str, mode: u32, content: &Text) -> Piecewise {
         let (_, pieces, digest) = self.0.entry(content.id()).or_insert_with(|| {
-            let (pieces, digest) = gathered(content);
+            let (pieces, digest) = pieces_of(content);
             (content.clone(), pieces, digest)
         });
         Piecewise { path: path.to_string(), mode, sha256: *digest, pieces: pieces.clone() }
@@ -368,27 +371,30 @@ impl Controller {
         // A recompile keeps addresses from its previous output (the same allocation the apply
         // stored); only a first compile reads them from the database.
         let allocation = if run.compiled.is_some() { Default::default() } else { self.store.allocation().await? };
-        let compiled =
+        let mut compiled =
             trellis_core::compile(&decl, &keys, &allocation, run.compiled.take()).map_err(|d| Error::internal("compiling", d))?;
         let rendered: HashSet<&str> = compiled.rendered.iter().map(String::as_str).collect();
         let ca_pem: Piecewise = BundleFile::new(trellis_core::compile::CA_PEM, 0o644, self.ca().cert_pem().as_bytes().to_vec()).into();
         let mut contents = std::mem::take(&mut run.contents);
 
-        let mut due: Vec<(&trellis_store::NodeRecord, &trellis_core::compile::NodeOutput)> = Vec::new();
+        let mut due: Vec<&trellis_store::NodeRecord> = Vec::new();
         for r in &active {
-            let Some(out) = compiled.nodes.get(&r.name) else {
+            if !compiled.nodes.contains_key(&r.name) {
                 continue;
-            };
+            }
             let previous = run.published.get(&r.name);
             let unchanged = previous.is_some_and(|(_, cert)| *cert == r.cert_pem)
                 && !rendered.contains(r.name.as_str())
                 && !run.lagging.contains(&r.name)
                 && p.current(&r.name).is_some();
             if !unchanged {
-                due.push((r, out));
+                due.push(r);
             }
         }
-        contents.add(due.iter().flat_map(|(_, out)| out.files.iter().map(|f| &f.content)));
+        drop(rendered);
+        contents.add(&mut compiled, &due.iter().map(|r| r.name.as_str()).collect::<Vec<_>>());
+        let due: Vec<(&trellis_store::NodeRecord, &trellis_core::compile::NodeOutput)> =
+            due.into_iter().map(|r| (r, &compiled.nodes[&r.name])).collect();
         let mut pending: Vec<(&trellis_store::NodeRecord, Vec<Piecewise>, String)> = Vec::with_capacity(due.len());
         for (r, out) in due {
             let mut files: Vec<Piecewise> = out.files.iter().map(|f| contents.file(&f.path, f.mode, &f.content)).collect();

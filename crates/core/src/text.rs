@@ -27,6 +27,33 @@ impl Text {
         self.0.len == 0
     }
 
+    /// A text of these pieces, in order.
+    pub fn from_pieces(pieces: Vec<Arc<str>>) -> Text {
+        let len = pieces.iter().map(|p| p.len()).sum();
+        Text(Arc::new(Inner { pieces, len }))
+    }
+
+    /// The same bytes with every run of pieces shorter than `shared` gathered into one piece:
+    /// what a holder of many small pieces keeps to send them from few buffers.
+    pub fn gathered(&self, shared: usize) -> Text {
+        let mut pieces = Vec::new();
+        let mut small = String::new();
+        for p in self.pieces() {
+            if p.len() < shared {
+                small.push_str(p);
+                continue;
+            }
+            if !small.is_empty() {
+                pieces.push(Arc::from(std::mem::take(&mut small)));
+            }
+            pieces.push(p.clone());
+        }
+        if !small.is_empty() {
+            pieces.push(Arc::from(small));
+        }
+        Text(Arc::new(Inner { pieces, len: self.len() }))
+    }
+
     /// The pieces, in order; their concatenation is the text.
     pub fn pieces(&self) -> &[Arc<str>] {
         &self.0.pieces
@@ -209,6 +236,17 @@ mod tests {
         assert_ne!(cut("alpha\nbeta\ngammA\n", &[4, 9]), whole);
         assert_ne!(cut("alpha\nbeta\n", &[4]), whole);
         assert_eq!(cut("", &[]), Text::from(""));
+    }
+
+    #[test]
+    fn a_gathered_text_is_the_same_text_in_fewer_pieces() {
+        let big: Arc<str> = Arc::from("B".repeat(10).as_str());
+        let t = Text::from_pieces(vec![Arc::from("a"), Arc::from("b"), big.clone(), Arc::from("c")]);
+        let g = t.gathered(8);
+        assert_eq!(g, t);
+        assert_eq!(g.pieces().iter().map(|p| &**p).collect::<Vec<_>>(), ["ab", &*big, "c"]);
+        assert!(Arc::ptr_eq(&g.pieces()[1], &big), "a large piece is kept, not copied");
+        assert_eq!(g.len(), t.len());
     }
 
     #[test]
