@@ -46,8 +46,13 @@ fn staging_name(name: &str) -> String {
 /// staged before any of them is committed.
 pub fn stage(target: &Path, content: &[u8], mode: u32) -> Result<PathBuf, FileError> {
     let tmp = stage_path(target);
-    let _ = std::fs::remove_file(&tmp);
-    if let Err(e) = create_new(&tmp, content, mode) {
+    let mut made = create_new(&tmp, content, mode);
+    if made.as_ref().is_err_and(|e| e.source.kind() == std::io::ErrorKind::AlreadyExists) {
+        // Left by an earlier write that stopped before its commit.
+        let _ = std::fs::remove_file(&tmp);
+        made = create_new(&tmp, content, mode);
+    }
+    if let Err(e) = made {
         // A full disk or a failed sync leaves no staging file behind.
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
@@ -142,6 +147,14 @@ mod tests {
         assert_eq!(names, ["key"], "no temporary file is left behind");
         let e = create_new(&path, b"three", 0o600).unwrap_err();
         assert!(e.to_string().starts_with(&format!("cannot create {}", path.display())), "{e}");
+        // A staging file left by a write that stopped before its commit (open to all, other
+        // bytes) is replaced, not written into.
+        std::fs::write(stage_path(&path), b"stale and longer").unwrap();
+        std::fs::set_permissions(stage_path(&path), std::fs::Permissions::from_mode(0o666)).unwrap();
+        let staged = stage(&path, b"four", 0o600).unwrap();
+        assert_eq!(std::fs::metadata(&staged).unwrap().permissions().mode() & 0o777, 0o600);
+        commit(&staged, &path).unwrap();
+        assert_eq!(read(&path).unwrap(), "four");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
