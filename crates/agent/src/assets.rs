@@ -1,6 +1,7 @@
 //! Files made from the command line's own definition for packages: shell completions (bash, zsh,
 //! fish) and man pages (one for the command and one for each subcommand, `trellis-apply.1`).
-//! `scripts/package` calls `trellis-agent assets DIR`.
+//! `scripts/package` calls `trellis assets DIR` and `trellis-agent assets DIR`; the `trellis`
+//! binary compiles this same file (`#[path]`), as the two crates share no library.
 
 use std::path::Path;
 

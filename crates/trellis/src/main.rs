@@ -1,6 +1,7 @@
 //! `trellis`: the controller, the admin CLI, the offline tools and the lab, as one binary.
 
 mod admin;
+#[path = "../../agent/src/assets.rs"]
 mod assets;
 mod declfs;
 mod log;
