@@ -4,27 +4,16 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
 use crate::controller::copy_dir;
-use crate::support::{ok, repo, run, sh, tempdir, Netns, TempDir};
+use crate::support::{ok, repo, run, sh, tempdir, Netns, Proc, TempDir};
 
 const AGENT: &str = crate::support::AGENT;
 const TRELLIS: &str = env!("CARGO_BIN_EXE_trellis");
-
-/// A process in a namespace (and, for agents, its own mount namespace, so that two userspace
-/// WireGuard interfaces of the same name do not share a control socket). Killed on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 struct Site {
     _bridge: Netns,

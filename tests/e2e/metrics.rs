@@ -3,7 +3,7 @@
 //! publish runs are timed, the agent shows the version it applied and its last contact.
 
 use std::io::{Read, Write};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crate::controller::{agent_bin, enrol, free_port, run, Controller};
@@ -52,15 +52,6 @@ fn until(port: u16, what: &str, ok: impl Fn(&str) -> bool) -> String {
     }
 }
 
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn both_metric_endpoints_count_enrolments_show_staleness_and_time_publishing() {
     let ctl_port = free_port();
@@ -95,7 +86,7 @@ fn both_metric_endpoints_count_enrolments_show_staleness_and_time_publishing() {
     cmd.args(["run", "--files-only", "--wait", "5", "--metrics-listen", &agent_listen]);
     cmd.args(["--state-dir", dir.0.join("db-1").to_str().unwrap(), "--root", root.to_str().unwrap()]);
     let log = std::fs::File::create(dir.0.join("agent.log")).unwrap();
-    let _agent = Agent(cmd.stdout(Stdio::null()).stderr(log).spawn().unwrap());
+    let _agent = crate::support::Proc(cmd.stdout(Stdio::null()).stderr(log).spawn().unwrap());
 
     let status: serde_json::Value = serde_json::from_str(&c.ok(&["status", "--json"])).unwrap();
     let desired = |n: &str| status.as_array().unwrap().iter().find(|x| x["name"] == n).unwrap()["desired_version"].as_f64();

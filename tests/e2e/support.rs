@@ -70,6 +70,16 @@ fn rand_suffix() -> u64 {
     h.finish() % 1_000_000
 }
 
+/// A child process, killed and reaped when dropped.
+pub struct Proc(pub std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 pub struct TempDir(pub PathBuf);
 
 impl Drop for TempDir {

@@ -5,30 +5,21 @@
 //! TRELLIS_UI_SCREENSHOT=FILE the page is saved as a PNG (the README's picture).
 
 use std::io::{Read, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
 use serde_json::{json, Value};
 
 use crate::controller::{agent_bin, enrol, free_port, must, run, trellis_cmd, Controller};
-use crate::support::{repo, tempdir, TempDir};
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use crate::support::{repo, tempdir, Proc, TempDir};
 
 /// A WebDriver session on a chromedriver of our own.
 struct Browser {
     port: u16,
     session: String,
     // Dropped in this order: the driver, then the browser's profile.
-    _driver: Killed,
+    _driver: Proc,
     _profile: TempDir,
 }
 
@@ -92,7 +83,7 @@ impl Browser {
             .expect("chromedriver is not installed: scripts/install-deps installs Debian's chromium and chromium-driver");
         let port = free_port();
         let child = Command::new(driver).arg(format!("--port={port}")).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
-        let driver = Killed(child);
+        let driver = Proc(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(Instant::now() < deadline, "chromedriver did not listen on {port}");
@@ -182,7 +173,7 @@ fn the_live_page_shows_every_node_turns_a_revoked_one_red_without_a_reload_and_e
         let mut cmd = agent_bin();
         cmd.args(["run", "--files-only", "--wait", "5", "--state-dir", state.to_str().unwrap()]);
         cmd.args(["--root", dir.0.join(format!("root-{node}")).to_str().unwrap()]);
-        agents.push(Killed(cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap()));
+        agents.push(Proc(cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap()));
     }
 
     let b = Browser::start();
