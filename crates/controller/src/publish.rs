@@ -98,11 +98,9 @@ impl Contents {
         }
     }
 
-    fn file(&mut self, path: &str, mode: u32, content: &Text) -> Piecewise {
-        let (_, pieces, digest) = self.0.entry(content.id()).or_insert_with(|| {
-            let (pieces, digest) = pieces_of(content);
-            (content.clone(), pieces, digest)
-        });
+    /// A file of a bundle, from a content `add` holds.
+    fn file(&self, path: &str, mode: u32, content: &Text) -> Piecewise {
+        let (_, pieces, digest) = &self.0[&content.id()];
         Piecewise { path: path.to_string(), mode, sha256: *digest, pieces: pieces.clone() }
     }
 

@@ -60,7 +60,7 @@ impl Text {
     }
 
     /// Whether both are the same value (not only the same bytes): a clone of a text is.
-    pub fn same(a: &Text, b: &Text) -> bool {
+    fn same(a: &Text, b: &Text) -> bool {
         Arc::ptr_eq(&a.0, &b.0)
     }
 
@@ -85,10 +85,6 @@ impl Text {
             out.extend_from_slice(p.as_bytes());
         }
         out
-    }
-
-    pub fn contains(&self, pattern: &str) -> bool {
-        self.to_string().contains(pattern)
     }
 
     fn bytes(&self) -> impl Iterator<Item = &[u8]> {
