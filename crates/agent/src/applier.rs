@@ -85,7 +85,7 @@ impl Applier {
     }
 
     fn observed(&self) -> Observed {
-        Observed { forwarding: self.exec.forwarding(), network: self.network }
+        Observed { forwarding: self.exec.forwarding(), routing: self.exec.routing(), network: self.network }
     }
 
     /// Applies the network configuration of the bundle whose files are in place (after a
@@ -286,6 +286,19 @@ mod tests {
         }
     }
 
+    struct Rt(Journal, bool);
+    impl crate::routes::Routing for Rt {
+        fn apply(&mut self, interface: &str, routes: &[ipnet::IpNet], exit: crate::plan::Exit, table: u32) -> Result<()> {
+            let routes: Vec<String> = routes.iter().map(|r| r.to_string()).collect();
+            note(&self.0, format!("routes {} into {interface}; exit v4 {} v6 {} table {table}", routes.join(" "), exit.ipv4, exit.ipv6));
+            self.1 = !routes.is_empty() || exit.any();
+            Ok(())
+        }
+        fn installed(&self) -> bool {
+            self.1
+        }
+    }
+
     struct Fixture {
         journal: Journal,
         dir: PathBuf,
@@ -312,6 +325,7 @@ mod tests {
             firewall: Some(Box::new(Fw(journal.clone(), disk))),
             resolver: Some(Box::new(Dns(journal.clone()))),
             forwarding: Box::new(Fwd(journal.clone(), false)),
+            routing: Some(Box::new(Rt(journal.clone(), false))),
         };
         let exec = Executor::new(backends, dir.join("root"), dir.join("wireguard.key"));
         let scope = Scope { files_only: false, wireguard: true, dns_port: 53 };
@@ -461,6 +475,50 @@ mod tests {
             let mut g = fixture("spoke");
             g.apply(&bundle(1, false, "good1", &[])).await.unwrap();
             assert!(!g.take().iter().any(|l| l == "forwarding on"));
+        });
+    }
+
+    /// A bundle of a node that uses a route and an exit, and of a router.
+    fn routed_bundle(version: u64, settings_extra: &str, peer_allowed: &str) -> Bundle {
+        let mut b = bundle(version, false, "good1", &[]);
+        let settings =
+            format!("node = \"db-1\"\nmesh = \"basic\"\ninterface = \"trellis0\"\nzone = \"basic.mesh\"\nhub = false\n{settings_extra}");
+        b.files[0] = BundleFile::new(NODE_TOML, 0o644, settings.into_bytes());
+        let conf = format!(
+            "[Interface]\nAddress = 10.88.0.5/16\nListenPort = 51820\n\n[Peer]\nPublicKey = {}\nAllowedIPs = 10.88.0.9/32\nAllowedIPs = {peer_allowed}\n",
+            "A".repeat(43) + "="
+        );
+        b.files[1] = BundleFile::new(WIREGUARD_CONF, 0o600, conf.into_bytes());
+        b
+    }
+
+    #[test]
+    fn routes_and_an_exit_are_installed_after_the_interface_and_removed_when_they_go() {
+        rt().block_on(async {
+            let mut f = fixture("routes");
+            let b = routed_bundle(1, "routes = [\"192.168.10.0/24\"]\nexit = true\n", "192.168.10.0/24, 0.0.0.0/0");
+            let ev = f.apply(&b).await.unwrap();
+            assert_eq!(ev.result, proto::EvidenceResult::Applied, "{ev:?}");
+            let journal = f.take();
+            let wg = journal.iter().position(|l| l.starts_with("wireguard")).unwrap();
+            let routes = journal
+                .iter()
+                .position(|l| l == "routes 192.168.10.0/24 into trellis0; exit v4 true v6 false table 51820")
+                .unwrap_or_else(|| panic!("{journal:?}"));
+            assert!(wg < routes, "{journal:?}");
+            assert!(!journal.iter().any(|l| l == "forwarding on"), "a user of a route does not forward: {journal:?}");
+
+            // The opt-in and the route go: what was installed is removed.
+            f.apply(&routed_bundle(2, "", "10.88.0.10/32")).await.unwrap();
+            let journal = f.take();
+            assert!(journal.iter().any(|l| l == "routes  into trellis0; exit v4 false v6 false table 51820"), "{journal:?}");
+            // Nothing installed, nothing to remove: no routing action at all.
+            f.apply(&routed_bundle(3, "", "10.88.0.11/32")).await.unwrap();
+            assert!(!f.take().iter().any(|l| l.starts_with("routes")));
+
+            let mut g = fixture("router");
+            g.apply(&routed_bundle(1, "router = true\n", "10.88.0.10/32")).await.unwrap();
+            assert!(g.take().iter().any(|l| l == "forwarding on"), "a router forwards");
         });
     }
 

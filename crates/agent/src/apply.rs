@@ -232,7 +232,9 @@ macro_rules! defguard_backend {
                         port: conf.listen_port.unwrap_or(51820),
                         peers,
                         mtu: conf.mtu,
-                        fwmark: None,
+                        // WireGuard's own packets carry the mark, so that an exit's policy
+                        // routing (`routes`) keeps them out of the tunnel, as wg-quick does.
+                        fwmark: Some(u32::from(conf.listen_port.unwrap_or(51820))),
                     };
                     api.configure_interface(&cfg).map_err(|e| anyhow::anyhow!("cannot configure {}: {e}", self.ifname))?;
                     self.api = Some(api);

@@ -20,12 +20,15 @@ pub struct Backends {
     pub firewall: Option<Box<dyn Firewall + Send>>,
     pub resolver: Option<Box<dyn Resolver>>,
     pub forwarding: Box<dyn Forwarding + Send>,
+    pub routing: Option<Box<dyn crate::routes::Routing + Send>>,
 }
 
 impl Backends {
     /// The real host's: files under `root`, WireGuard by `mode`, `nft`, hickory-dns and
     /// `/proc/sys`; with `files_only`, no ruleset and no DNS.
-    pub fn host(root: &Path, mode: apply::WgMode, files_only: bool) -> Backends {
+    pub fn host(root: &Path, state_dir: &Path, mode: apply::WgMode, files_only: bool) -> Backends {
+        let state_dir = state_dir.to_path_buf();
+        let controllers = move || crate::identity::load(&state_dir).map(|id| crate::routes::addresses(&id.controllers)).unwrap_or_default();
         let wireguard: Option<WireguardFactory> = match mode {
             apply::WgMode::None => None,
             mode => Some(Box::new(move |ifname: &str| apply::wireguard(mode, ifname))),
@@ -36,6 +39,7 @@ impl Backends {
             firewall: if files_only { None } else { Some(Box::new(apply::Nft::new())) },
             resolver: if files_only { None } else { Some(Box::new(crate::dns::Hickory::default())) },
             forwarding: Box::new(apply::ProcSys),
+            routing: if files_only { None } else { Some(Box::new(crate::routes::IpRouting::new(Box::new(controllers)))) },
         }
     }
 }
@@ -66,6 +70,11 @@ impl Executor {
     /// Whether the agent manages a WireGuard interface.
     pub fn manages_wireguard(&self) -> bool {
         self.backends.wireguard.is_some()
+    }
+
+    /// Whether this agent has routes or an exit installed.
+    pub fn routing(&self) -> bool {
+        self.backends.routing.as_ref().is_some_and(|r| r.installed())
     }
 
     /// Whether forwarding is on now.
@@ -111,6 +120,11 @@ impl Executor {
                     let private = std::fs::read_to_string(&self.key_path).context("cannot read wireguard.key")?;
                     wg.apply(conf, private.trim())?;
                     self.report.interface = Some(wg.describe());
+                }
+            }
+            Action::ConfigureRoutes { interface, routes, exit, table } => {
+                if let Some(r) = self.backends.routing.as_mut() {
+                    r.apply(interface, routes, *exit, *table)?;
                 }
             }
             Action::LoadRuleset { path } => {

@@ -13,6 +13,7 @@ pub mod identity;
 pub mod log;
 pub mod metrics;
 pub mod plan;
+pub mod routes;
 pub mod run;
 
 use std::path::{Path, PathBuf};
@@ -72,7 +73,7 @@ struct HostArgs {
 impl HostArgs {
     /// The agent's options and the real host's backends.
     fn agent(self, wait: u64, max_applies: u64, max_backoff: u64) -> Result<run::Agent> {
-        let backends = exec::Backends::host(&self.root, self.wireguard, self.files_only);
+        let backends = exec::Backends::host(&self.root, &self.state_dir, self.wireguard, self.files_only);
         run::Agent::new(self.options(wait, max_applies, max_backoff), backends)
     }
 

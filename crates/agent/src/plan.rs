@@ -19,10 +19,27 @@ pub enum Action {
     EnableForwarding,
     /// Bring the interface to this configuration.
     ConfigureWireguard { interface: String, conf: WgConf },
+    /// Send these prefixes into the interface, and with `exit` the default route too (by policy
+    /// routing in table `table`, as wg-quick does), removing what a previous bundle had that
+    /// this one has not.
+    ConfigureRoutes { interface: String, routes: Vec<ipnet::IpNet>, exit: Exit, table: u32 },
     /// Load the ruleset written at this path (relative to the root) in one transaction.
     LoadRuleset { path: String },
     /// Serve the zone written at this path (relative to the root) on these addresses.
     ServeZone { path: String, origin: String, listen: Vec<SocketAddr> },
+}
+
+/// Which families' default routes go through the overlay.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Exit {
+    pub ipv4: bool,
+    pub ipv6: bool,
+}
+
+impl Exit {
+    pub fn any(self) -> bool {
+        self.ipv4 || self.ipv6
+    }
 }
 
 /// What the agent holds now: the bundle whose files are on disk (its version, content digest
@@ -45,6 +62,8 @@ impl Held {
 pub struct Observed {
     /// IPv4 and IPv6 forwarding are both on.
     pub forwarding: bool,
+    /// Routes or an exit are installed by this agent.
+    pub routing: bool,
     /// The version and content digest whose network configuration this process applied last,
     /// if it applied one and nothing failed since.
     pub network: Option<(u64, [u8; 32])>,
@@ -85,6 +104,15 @@ struct NodeSettings {
     interface: String,
     zone: String,
     hub: bool,
+    /// It forwards from the overlay to routes.
+    #[serde(default)]
+    router: bool,
+    /// Prefixes sent into the overlay.
+    #[serde(default)]
+    routes: Vec<ipnet::IpNet>,
+    /// Internet traffic leaves through an exit.
+    #[serde(default)]
+    exit: bool,
 }
 
 fn file<'a>(bundle: &'a Bundle, path: &str) -> Option<&'a BundleFile> {
@@ -127,7 +155,7 @@ fn network(bundle: &Bundle, observed: &Observed, scope: &Scope) -> Result<Vec<Ac
         return Ok(Vec::new());
     }
     let mut actions = Vec::new();
-    if settings.hub && !observed.forwarding {
+    if (settings.hub || settings.router) && !observed.forwarding {
         actions.push(Action::EnableForwarding);
     }
     let mut listen = Vec::new();
@@ -139,7 +167,16 @@ fn network(bundle: &Bundle, observed: &Observed, scope: &Scope) -> Result<Vec<Ac
             .filter_map(|a| a.split('/').next().and_then(|ip| ip.parse::<IpAddr>().ok()))
             .map(|ip| SocketAddr::new(ip, scope.dns_port))
             .collect();
+        // The exit's default prefixes in this node's peer list say which families leave by it.
+        let exit = Exit {
+            ipv4: settings.exit && conf.peers.iter().any(|p| p.allowed_ips.iter().any(|a| a == "0.0.0.0/0")),
+            ipv6: settings.exit && conf.peers.iter().any(|p| p.allowed_ips.iter().any(|a| a == "::/0")),
+        };
+        let table = u32::from(conf.listen_port.unwrap_or(trellis_core::decl::DEFAULT_PORT));
         actions.push(Action::ConfigureWireguard { interface: settings.interface.clone(), conf });
+        if !settings.routes.is_empty() || exit.any() || observed.routing {
+            actions.push(Action::ConfigureRoutes { interface: settings.interface.clone(), routes: settings.routes.clone(), exit, table });
+        }
     }
     if file(bundle, NFTABLES_CONF).is_some() {
         actions.push(Action::LoadRuleset { path: NFTABLES_CONF.to_string() });

@@ -56,6 +56,29 @@ pub struct NodePlan {
     /// The modules this node may reach, in name order, each answering with every node that runs
     /// it; shared by every node that reaches the module.
     pub zone_modules: Vec<Arc<ZoneBlock>>,
+    /// The routes this node routes for (it is in their `via`): its forward filter and
+    /// masquerading.
+    pub routes_for: Vec<Arc<RouteBlock>>,
+    /// The routes this node uses that have a router it can reach: their prefixes are sent into
+    /// the overlay (an exit's default prefixes by policy routing).
+    pub routed: Vec<Arc<RouteBlock>>,
+    /// The names of hosts on the routes this node uses.
+    pub zone_routes: Vec<Arc<ZoneBlock>>,
+}
+
+/// A route as the files of its users and routers hold it, rendered once per compile.
+#[derive(Debug, PartialEq, Eq)]
+pub struct RouteBlock {
+    pub name: Arc<str>,
+    pub prefixes: Vec<ipnet::IpNet>,
+    pub exit: bool,
+    /// Its lines under the `[Peer]` section of the router a user sends it to: its name in a
+    /// comment and its prefixes as one more `AllowedIPs` line.
+    pub lines: Arc<str>,
+    /// The router's forward filter lines: each rule's sources to the prefixes.
+    pub forward: Arc<str>,
+    /// The router's masquerading lines (empty when the route does not masquerade).
+    pub nat: Arc<str>,
 }
 
 /// A module's records in a zone, rendered once and shared by every node that may reach it.
@@ -168,6 +191,9 @@ pub struct PeerPlan {
     /// shared with every node that holds this peer the same way; the `relay_lines` of the nodes
     /// in `relays_for` follow it.
     pub block: Arc<str>,
+    /// The routes this node sends to this peer (it is their chosen router): their `lines`
+    /// follow the relay lines.
+    pub routes: Vec<Arc<RouteBlock>>,
 }
 
 impl PeerPlan {
@@ -179,7 +205,7 @@ impl PeerPlan {
         relays_for: Vec<Arc<NodeText>>,
     ) -> PeerPlan {
         let block = node.peer_block(key, endpoint, keepalive, !relays_for.is_empty());
-        PeerPlan { node, key, endpoint, keepalive, relays_for, block }
+        PeerPlan { node, key, endpoint, keepalive, relays_for, block, routes: Vec::new() }
     }
 
     pub fn name(&self) -> &str {
@@ -241,6 +267,13 @@ struct Cache {
     relayed_by: Vec<Vec<u32>>,
     /// Per node, the modules it may reach, as positions in `Topology::module_names`.
     reached: Vec<Vec<u32>>,
+    /// Per route, its routers in order of preference.
+    route_via: Vec<Vec<u32>>,
+    /// Per node, the routes it uses.
+    routes_of: Vec<Vec<u32>>,
+    route_blocks: Vec<Arc<RouteBlock>>,
+    /// Whether each node routes for some route.
+    router: Vec<bool>,
 }
 
 impl Cache {
@@ -341,7 +374,8 @@ fn rekey(decl: &Arc<Declaration>, keys: &HashMap<String, PublicKey>, mut previou
     if changed.is_empty() {
         return Rekeyed::Done(previous);
     }
-    if cache.reach.hub_keys_differ(&new_keys, &cache.keys) {
+    // A router's key decides which router a route's users send to: the whole plan is made.
+    if cache.reach.hub_keys_differ(&new_keys, &cache.keys) || changed.iter().any(|&k| cache.router[k as usize]) {
         return Rekeyed::NotApplicable(previous);
     }
     let cache = previous.cache.as_mut().expect("checked above");
@@ -512,6 +546,7 @@ fn same_node(a: &crate::decl::Node, b: &crate::decl::Node) -> bool {
         && a.address_ipv4 == b.address_ipv4
         && a.address_ipv6 == b.address_ipv6
         && a.public_key == b.public_key
+        && a.exit.as_ref().map(|e| &e.0) == b.exit.as_ref().map(|e| &e.0)
         && same_reach(a, b)
 }
 
@@ -520,6 +555,17 @@ fn same_reach(a: &crate::decl::Node, b: &crate::decl::Node) -> bool {
     a.networks == b.networks
         && a.endpoints.len() == b.endpoints.len()
         && a.endpoints.iter().zip(&b.endpoints).all(|(x, y)| x.address == y.address && x.reachable_from == y.reachable_from)
+}
+
+/// Whether two declarations of a route are the same but for where they are written.
+fn same_route(a: &crate::decl::Route, b: &crate::decl::Route) -> bool {
+    let rule = |x: &crate::decl::RouteRule, y: &crate::decl::RouteRule| (x.proto, &x.ports, &x.from) == (y.proto, &y.ports, &y.from);
+    let host = |x: &crate::decl::RouteHost, y: &crate::decl::RouteHost| (&x.name, x.address) == (&y.name, y.address);
+    (&a.name, &a.prefixes, &a.via, a.masquerade) == (&b.name, &b.prefixes, &b.via, b.masquerade)
+        && a.allow.len() == b.allow.len()
+        && a.allow.iter().zip(&b.allow).all(|(x, y)| rule(x, y))
+        && a.hosts.len() == b.hosts.len()
+        && a.hosts.iter().zip(&b.hosts).all(|(x, y)| host(x, y))
 }
 
 /// The recompile for a new declaration that keeps the mesh settings, the networks and the hubs
@@ -546,7 +592,8 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
                 && same_node(topo.nodes[h as usize], &od.nodes[o])
                 && topo.keys[h as usize] == old.keys[old.index[&***name] as usize]
         });
-    if !(same_settings && same_networks && same_hubs) {
+    let same_routes = decl.routes.len() == od.routes.len() && decl.routes.iter().zip(&od.routes).all(|(a, b)| same_route(a, b));
+    if !(same_settings && same_networks && same_hubs && same_routes) {
         previous.cache = Some(old);
         return Rekeyed::NotApplicable(previous);
     }
@@ -624,7 +671,10 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
             let mut now = topo.inbound_rules(a as u32).map(|(i, _)| &shared.rule_blocks[i]);
             prior.rules.iter().all(|r| now.next().is_some_and(|x| Arc::ptr_eq(x, r))) && now.next().is_none()
         };
-        affected[a] = !(same_partners && same_modules && same_rules && Arc::ptr_eq(&prior.common, &shared.common));
+        let same_route_use = topo.routes_of[a] == old.routes_of[o]
+            && prior.routes_for.len() == topo.routes.iter().filter(|r| r.via.contains(&(a as u32))).count()
+            && prior.routes_for.iter().all(|b| shared.route_blocks.iter().any(|x| x == b));
+        affected[a] = !(same_partners && same_modules && same_rules && same_route_use && Arc::ptr_eq(&prior.common, &shared.common));
     }
     // Paths: computed for the affected nodes; every other node's are its old ones (the same
     // partners, and neither side changed).
@@ -671,7 +721,8 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
             affected[h] = true;
         }
     }
-    let cache = Cache::new(decl, topo, partners, paths, relayed_by, reached, |a| new_to_old[a].map(|o| old.texts[o as usize].clone()));
+    let mut cache = Cache::new(decl, topo, partners, paths, relayed_by, reached, |a| new_to_old[a].map(|o| old.texts[o as usize].clone()));
+    cache.route_blocks = shared.route_blocks.clone();
     let mut old_nodes = std::mem::take(&mut previous.nodes);
     let fresh: Vec<Option<NodePlan>> = par::map(n, |a| affected[a].then(|| node_plan(topo, &shared, &cache, a)));
     let mut nodes = BTreeMap::new();
@@ -765,8 +816,24 @@ fn peers_of(c: &Cache, me: u32) -> (Vec<PeerPlan>, Vec<Arc<str>>, Vec<Arc<str>>)
             peers.sort_unstable_by_key(|d| d.0);
         }
     }
-    let peers = peers.into_iter().map(|(b, dials, dialled, relays_for)| c.peer(b, dials, dialled, relays_for)).collect();
+    let mut peers: Vec<PeerPlan> = peers.into_iter().map(|(b, dials, dialled, relays_for)| c.peer(b, dials, dialled, relays_for)).collect();
+    for &r in &c.routes_of[me as usize] {
+        if let Some(v) = router_of(c, me, r) {
+            if let Ok(i) = peers.binary_search_by(|p| (*p.node.name).cmp(&c.names[v as usize])) {
+                peers[i].routes.push(c.route_blocks[r as usize].clone());
+            }
+        }
+    }
     (peers, left_out, no_path)
+}
+
+/// The router `me` sends route `r` to: the first of its routers with a key that `me` has a
+/// direct path with.
+fn router_of(c: &Cache, me: u32, r: u32) -> Option<u32> {
+    let paths = &c.paths[me as usize];
+    c.route_via[r as usize].iter().copied().find(|&v| {
+        c.keys[v as usize].is_some() && paths.binary_search_by_key(&v, |&(b, _)| b).is_ok_and(|i| matches!(paths[i].1, Path::Direct { .. }))
+    })
 }
 
 /// The entry for `b` in the peer list of `me`, if `b` is its peer: the same as `peers_of` makes,
@@ -784,13 +851,19 @@ fn peer_entry(c: &Cache, me: u32, b: u32) -> Option<PeerPlan> {
     } else {
         Vec::new()
     };
-    match path {
-        Some(Path::Direct { a_dials, b_dials }) => Some(c.peer(b, a_dials, b_dials.is_some(), relays_for)),
+    let mut peer = match path {
+        Some(Path::Direct { a_dials, b_dials }) => c.peer(b, a_dials, b_dials.is_some(), relays_for),
         _ if !relays_for.is_empty() || c.relayed_by[me as usize].binary_search(&b).is_ok() => {
-            Some(c.peer(b, c.reach.dials(me, b), c.reach.dials(b, me).is_some(), relays_for))
+            c.peer(b, c.reach.dials(me, b), c.reach.dials(b, me).is_some(), relays_for)
         }
-        _ => None,
+        _ => return None,
+    };
+    for &r in &c.routes_of[me as usize] {
+        if router_of(c, me, r) == Some(b) {
+            peer.routes.push(c.route_blocks[r as usize].clone());
+        }
     }
+    Some(peer)
 }
 
 /// Which hubs relay for whom: for every hub, the nodes with a relayed path through it.
@@ -824,6 +897,12 @@ impl Cache {
         reached: Vec<Vec<u32>>,
         old: impl Fn(usize) -> Option<Arc<NodeText>> + Sync,
     ) -> Cache {
+        let mut router = vec![false; topo.nodes.len()];
+        for r in &topo.routes {
+            for &v in &r.via {
+                router[v as usize] = true;
+            }
+        }
         let texts: Vec<Arc<NodeText>> = par::map(topo.nodes.len(), |a| match old(a) {
             Some(t) if *t.name == topo.nodes[a].name && t.ipv4 == topo.ipv4[a] && t.ipv6 == topo.ipv6[a] => t,
             _ => Arc::new(NodeText::new(Arc::from(topo.nodes[a].name.as_str()), topo.ipv4[a], topo.ipv6[a])),
@@ -844,6 +923,11 @@ impl Cache {
             relayed_by,
             paths,
             reached,
+            route_via: topo.routes.iter().map(|r| r.via.clone()).collect(),
+            routes_of: topo.routes_of.clone(),
+            // Set by the caller, from what the plans share.
+            route_blocks: Vec::new(),
+            router,
         }
     }
 }
@@ -856,6 +940,9 @@ struct Shared {
     rule_blocks: Vec<Arc<str>>,
     /// The zone records of every module of `Topology::module_names`.
     zone_blocks: Vec<Arc<ZoneBlock>>,
+    /// Every route of `Topology::routes`, and the zone records of its hosts (if it names any).
+    route_blocks: Vec<Arc<RouteBlock>>,
+    route_zones: Vec<Option<Arc<ZoneBlock>>>,
 }
 
 fn shared(topo: &Topology, previous: Option<&Compiled>) -> Shared {
@@ -899,7 +986,21 @@ fn shared(topo: &Topology, previous: Option<&Compiled>) -> Shared {
             }
         })
         .collect();
-    Shared { common, rule_blocks, zone_blocks }
+    let route_blocks = topo.routes.iter().map(|r| Arc::new(render::route_block(topo, r))).collect();
+    let route_zones = topo
+        .routes
+        .iter()
+        .map(|r| {
+            use sha2::Digest;
+            if r.route.hosts.is_empty() {
+                return None;
+            }
+            let records = render::host_records(&r.route.hosts);
+            let digest = sha2::Sha256::digest(records.as_bytes()).into();
+            Some(Arc::new(ZoneBlock { module: Arc::from(r.route.name.as_str()), records: records.into(), digest }))
+        })
+        .collect();
+    Shared { common, rule_blocks, zone_blocks, route_blocks, route_zones }
 }
 
 /// The filter blocks of the rules of the modules a node runs.
@@ -925,6 +1026,12 @@ fn node_plan(topo: &Topology, shared: &Shared, cache: &Cache, a: usize) -> NodeP
         zone.push(cache.texts[m as usize].clone());
     }
     let zone_modules = cache.reached[a].iter().map(|&m| shared.zone_blocks[m as usize].clone()).collect();
+    let routes_for =
+        topo.routes.iter().enumerate().filter(|(_, r)| r.via.contains(&me)).map(|(i, _)| shared.route_blocks[i].clone()).collect();
+    let routes_of = &topo.routes_of[a];
+    let routed =
+        routes_of.iter().filter(|&&r| router_of(cache, me, r).is_some()).map(|&r| shared.route_blocks[r as usize].clone()).collect();
+    let zone_routes = routes_of.iter().filter_map(|&r| shared.route_zones[r as usize].clone()).collect();
     NodePlan {
         node: names[a].clone(),
         common: shared.common.clone(),
@@ -937,6 +1044,9 @@ fn node_plan(topo: &Topology, shared: &Shared, cache: &Cache, a: usize) -> NodeP
         rules: rules_of(topo, shared, me),
         zone,
         zone_modules,
+        routes_for,
+        routed,
+        zone_routes,
     }
 }
 
@@ -946,8 +1056,9 @@ fn plan(decl: &Arc<Declaration>, topo: &Topology, previous: Option<&Compiled>) -
     let partners = topo.partners();
     let paths: Vec<Vec<(u32, Path)>> = par::map(n, |a| partners[a].iter().map(|&b| (b, topo.path(a as u32, b, true))).collect());
     let relayed_by = relays(&paths);
-    let cache = Cache::new(decl, topo, partners, paths, relayed_by, topo.modules_reached(), |_| None);
     let shared = shared(topo, previous);
+    let mut cache = Cache::new(decl, topo, partners, paths, relayed_by, topo.modules_reached(), |_| None);
+    cache.route_blocks = shared.route_blocks.clone();
     let plans = par::map(n, |a| node_plan(topo, &shared, &cache, a));
     (plans, shared, cache)
 }

@@ -16,6 +16,9 @@ pub struct Declaration {
     pub groups: Vec<Group>,
     pub nodes: Vec<Node>,
     pub modules: Vec<Module>,
+    /// Prefixes beyond the overlay (a LAN, or the internet for an exit) reached through router
+    /// nodes.
+    pub routes: Vec<Route>,
     pub tests: Vec<PolicyTest>,
 }
 
@@ -62,6 +65,9 @@ pub struct Node {
     pub endpoints: Vec<Endpoint>,
     /// A WireGuard public key declared for a node managed outside trellis.
     pub public_key: Option<PublicKey>,
+    /// The exit route (a route to a default prefix) this node sends its internet traffic
+    /// through, with where it is written.
+    pub exit: Option<(String, Loc)>,
     pub loc: Loc,
     /// Where each of `networks`, `groups` and `modules` is written, in the same order, so a
     /// diagnostic about one points at it.
@@ -198,6 +204,50 @@ impl fmt::Display for PortRange {
     }
 }
 
+/// A route: prefixes beyond the overlay reached through router nodes (`via`, in order of
+/// preference). A route whose prefixes include a default route is an exit, used only by nodes
+/// that opt in with `exit = NAME`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Route {
+    pub name: String,
+    pub prefixes: Vec<ipnet::IpNet>,
+    pub via: Vec<String>,
+    /// Where each of `via` is written.
+    pub via_locs: Vec<Loc>,
+    /// Whether the router rewrites the source of forwarded traffic to its own address, so that
+    /// hosts on the route need no route back to the overlay.
+    pub masquerade: bool,
+    pub allow: Vec<RouteRule>,
+    pub hosts: Vec<RouteHost>,
+    pub loc: Loc,
+}
+
+impl Route {
+    /// Whether this route carries a default prefix (`0.0.0.0/0` or `::/0`): an exit.
+    pub fn is_exit(&self) -> bool {
+        self.prefixes.iter().any(|p| p.prefix_len() == 0)
+    }
+}
+
+/// One allow rule of a route: traffic of `proto` (any protocol when `None`) to `ports` on the
+/// route's prefixes, from the named sources.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouteRule {
+    pub proto: Option<Proto>,
+    pub ports: Vec<PortRange>,
+    pub from: Vec<Source>,
+    pub from_locs: Vec<Loc>,
+    pub loc: Loc,
+}
+
+/// A name in the mesh zone for a host on a route that runs no agent (a printer, a NAS).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouteHost {
+    pub name: String,
+    pub address: std::net::IpAddr,
+    pub loc: Loc,
+}
+
 /// A named source of traffic in a rule's `from`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Source {
@@ -284,5 +334,9 @@ impl Declaration {
 
     pub fn module(&self, name: &str) -> Option<&Module> {
         self.modules.iter().find(|m| m.name == name)
+    }
+
+    pub fn route(&self, name: &str) -> Option<&Route> {
+        self.routes.iter().find(|r| r.name == name)
     }
 }

@@ -248,3 +248,109 @@ pub fn check(decl: &crate::Declaration) -> Vec<Diagnostic> {
     crate::diag::sort(&mut out);
     out
 }
+
+/// What a route does for one node: `target` is `route:NAME`, an address (`192.168.10.5`) or an
+/// address and port (`192.168.10.5:443`). Says which router the node sends it to (by the
+/// declaration: the first router with a direct path; the controller also needs its key), which
+/// rules admit the node and what the router's filter does. `None` when `from` is not a node;
+/// an error sentence when the target names no route.
+pub fn explain_route(topo: &Topology, from: &str, target: &str) -> Option<Result<String, String>> {
+    let a = *topo.index.get(from)?;
+    let (route, addr, port) = match target.strip_prefix("route:") {
+        Some(name) => match topo.routes.iter().find(|r| r.route.name == name) {
+            Some(r) => (r, None, None),
+            None => return Some(Err(format!("no route `{name}` is declared"))),
+        },
+        None => {
+            let (addr, port) = match target.parse::<std::net::SocketAddr>() {
+                Ok(sa) => (sa.ip(), Some(sa.port())),
+                Err(_) => match target.parse::<std::net::IpAddr>() {
+                    Ok(ip) => (ip, None),
+                    Err(_) => return Some(Err(format!("{target:?} is not a node, `route:NAME`, an address or ADDRESS:PORT"))),
+                },
+            };
+            // The most specific prefix holding the address, as the kernel would choose.
+            let best = topo
+                .routes
+                .iter()
+                .filter_map(|r| r.route.prefixes.iter().filter(|p| p.contains(&addr)).map(|p| (p.prefix_len(), r)).max_by_key(|x| x.0))
+                .max_by_key(|x| x.0);
+            match best {
+                Some((_, r)) => (r, Some(addr), port),
+                None => return Some(Err(format!("{addr} lies on no declared route; only the overlay is reached through trellis"))),
+            }
+        }
+    };
+    let r = route.route;
+    let mut s = String::new();
+    let prefixes: Vec<String> = r.prefixes.iter().map(|p| p.to_string()).collect();
+    let kind = if r.is_exit() { "exit route" } else { "route" };
+    let _ = writeln!(s, "{kind} {} ({}) for {from}:", r.name, prefixes.join(", "));
+    if route.via.contains(&a) {
+        let _ = writeln!(s, "  {from} routes for it itself (it is in `via`)");
+        return Some(Ok(s));
+    }
+    if r.is_exit() && topo.nodes[a as usize].exit.as_ref().is_none_or(|(e, _)| *e != r.name) {
+        let _ = writeln!(
+            s,
+            "  {from} does not opt in (`exit = \"{}\"` on the node), so its internet traffic leaves by its own underlay",
+            r.name
+        );
+    }
+    let admitting: Vec<usize> = (0..r.allow.len()).filter(|&i| route.sources[i].binary_search(&a).is_ok()).collect();
+    if admitting.is_empty() {
+        let _ = writeln!(s, "  no [[route.allow]] of route {} names a source containing {from}: it is not sent this route", r.name);
+        return Some(Ok(s));
+    }
+    let mut chosen = None;
+    for &v in &route.via {
+        let name = topo.name(v);
+        let line = match topo.path(a, v, false) {
+            Path::Direct { .. } if chosen.is_none() => {
+                chosen = Some(v);
+                format!(
+                    "via {name}: used (the first router {from} has a direct path with; the next takes over if it is revoked or removed)"
+                )
+            }
+            Path::Direct { .. } => format!("via {name}: stands by (direct path)"),
+            Path::Relay { hub } => {
+                format!("via {name}: not used (only relayed through hub {}; a route needs a direct path)", topo.name(hub))
+            }
+            Path::None => format!("via {name}: not used (no path)"),
+        };
+        let _ = writeln!(s, "  {line}");
+    }
+    if chosen.is_none() {
+        let _ = writeln!(s, "  {from} has a direct path with none of its routers: the route is not installed on it");
+    }
+    let mut admits_target = false;
+    for i in admitting {
+        let rule = &r.allow[i];
+        let what = match rule.proto {
+            None => "any protocol".to_string(),
+            Some(Proto::Icmp) => "icmp".to_string(),
+            Some(p) => format!("{p} {}", rule.ports.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")),
+        };
+        let fits = port.is_none_or(|p| rule.proto.is_none() || rule.ports.iter().any(|x| x.contains(p)));
+        admits_target |= fits;
+        let from_list: Vec<String> = rule.from.iter().map(|x| x.to_string()).collect();
+        let _ = writeln!(s, "  rule {} ({}): {what} from {}", i + 1, rule.loc, from_list.join(", "));
+    }
+    let nat = if r.masquerade {
+        ", masquerading to the router's own address"
+    } else {
+        ", keeping the overlay source address (the LAN needs a route back)"
+    };
+    match (addr, port) {
+        (Some(addr), Some(p)) if admits_target => {
+            let _ = writeln!(s, "  the router's forward filter accepts {from} -> {addr}:{p} (tcp or udp as the rules say){nat}");
+        }
+        (Some(addr), Some(p)) => {
+            let _ = writeln!(s, "  the router's forward filter drops {from} -> {addr}:{p}: no rule that admits {from} opens that port");
+        }
+        _ => {
+            let _ = writeln!(s, "  the router's forward filter accepts what these rules name and drops the rest{nat}");
+        }
+    }
+    Some(Ok(s))
+}

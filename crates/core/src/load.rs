@@ -290,6 +290,7 @@ struct Parsed {
     groups: Vec<Group>,
     nodes: Vec<Node>,
     modules: Vec<Module>,
+    routes: Vec<Route>,
     tests: Vec<PolicyTest>,
 }
 
@@ -301,14 +302,18 @@ impl Parsed {
             groups: self.groups,
             nodes: self.nodes,
             modules: self.modules,
+            routes: self.routes,
             tests: self.tests,
         })
     }
 }
 
-const MESH_FILE_KEYS: &[&str] = &["mesh", "networks", "groups", "node", "test"];
+const MESH_FILE_KEYS: &[&str] = &["mesh", "networks", "groups", "node", "route", "test"];
 const MESH_KEYS: &[&str] = &["name", "domain", "overlay_ipv4", "overlay_ipv6", "port", "interface", "mtu"];
-const NODE_KEYS: &[&str] = &["name", "hub", "networks", "groups", "modules", "address_ipv4", "address_ipv6", "endpoint", "public_key"];
+const NODE_KEYS: &[&str] =
+    &["name", "hub", "networks", "groups", "modules", "address_ipv4", "address_ipv6", "endpoint", "public_key", "exit"];
+const ROUTE_KEYS: &[&str] = &["name", "prefixes", "via", "masquerade", "allow", "host"];
+const ROUTE_HOST_KEYS: &[&str] = &["name", "address"];
 const ENDPOINT_KEYS: &[&str] = &["address", "reachable_from"];
 const TEST_KEYS: &[&str] = &["from", "to", "proto", "port", "expect"];
 const MODULE_FILE_KEYS: &[&str] = &["module", "allow"];
@@ -357,6 +362,13 @@ fn parse_mesh(file: &SourceFile, diags: &mut Vec<Diagnostic>) -> Parsed {
         if let Some(t) = Table::new(&doc, "[[node]]", v, NODE_KEYS, diags) {
             if let Some(node) = parse_node(&doc, &t, diags) {
                 out.nodes.push(node);
+            }
+        }
+    }
+    for v in top.tables(&doc, "route", diags) {
+        if let Some(t) = Table::new(&doc, "[[route]]", v, ROUTE_KEYS, diags) {
+            if let Some(route) = parse_route(&doc, &t, diags) {
+                out.routes.push(route);
             }
         }
     }
@@ -517,8 +529,9 @@ fn parse_node(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Node>
             endpoints.push(Endpoint { address, reachable_from, loc: e.loc.clone() });
         }
     }
+    let exit = t.str(doc, "exit", diags);
     let (name, _) = name?;
-    Some(Node { name, hub, networks, groups, modules, address_ipv4, address_ipv6, endpoints, public_key, loc: t.loc.clone(), refs })
+    Some(Node { name, hub, networks, groups, modules, address_ipv4, address_ipv6, endpoints, public_key, exit, loc: t.loc.clone(), refs })
 }
 
 fn parse_test(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<PolicyTest> {
@@ -581,6 +594,86 @@ fn parse_proto(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Prot
     })
 }
 
+fn parse_route(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Route> {
+    let name = t.required_str(doc, "name", diags);
+    let mut prefixes = Vec::new();
+    match t.strings(doc, "prefixes", diags) {
+        None if t.get("prefixes").is_none() => t.missing("prefixes", diags),
+        None => {}
+        Some(list) if list.is_empty() => {
+            diags.push(Diagnostic::error(&t.loc, "[[route]] has an empty `prefixes`: name the prefixes it reaches"))
+        }
+        Some(list) => {
+            for (p, loc) in list {
+                match p.parse::<ipnet::IpNet>() {
+                    Ok(net) if net.trunc() != net => {
+                        diags.push(Diagnostic::error(&loc, format!("route prefix {p} has host bits set; did you mean {}?", net.trunc())))
+                    }
+                    Ok(net) => prefixes.push(net),
+                    Err(_) => {
+                        diags.push(Diagnostic::error(&loc, format!("route prefix {p:?} is not a CIDR prefix such as \"192.168.10.0/24\"")))
+                    }
+                }
+            }
+        }
+    }
+    let (via, via_locs): (Vec<String>, Vec<Loc>) = match t.strings(doc, "via", diags) {
+        None if t.get("via").is_none() => {
+            t.missing("via", diags);
+            (Vec::new(), Vec::new())
+        }
+        Some(list) if list.is_empty() => {
+            diags.push(Diagnostic::error(&t.loc, "[[route]] has an empty `via`: name the node(s) that route to it"));
+            (Vec::new(), Vec::new())
+        }
+        other => other.unwrap_or_default().into_iter().unzip(),
+    };
+    let masquerade = t.bool(doc, "masquerade", diags).unwrap_or(true);
+    let mut allow = Vec::new();
+    let rules = t.tables(doc, "allow", diags);
+    if rules.is_empty() {
+        let named = name.as_ref().map_or(String::new(), |(n, _)| format!(" `{n}`"));
+        diags.push(Diagnostic::warning(&t.loc, format!("route{named} has no [[route.allow]]: no node may use it")));
+    }
+    for v in rules {
+        let Some(r) = Table::new(doc, "[[route.allow]]", v, RULE_KEYS, diags) else { continue };
+        if let Some(rule) = parse_route_rule(doc, &r, diags) {
+            allow.push(rule);
+        }
+    }
+    let mut hosts = Vec::new();
+    for v in t.tables(doc, "host", diags) {
+        let Some(h) = Table::new(doc, "[[route.host]]", v, ROUTE_HOST_KEYS, diags) else { continue };
+        let hname = h.required_str(doc, "name", diags);
+        let address = h.required_str(doc, "address", diags).and_then(|(s, loc)| match s.parse::<IpAddr>() {
+            Ok(a) => Some(a),
+            Err(_) => {
+                diags.push(Diagnostic::error(&loc, format!("route host `address` {s:?} is not an IP address")));
+                None
+            }
+        });
+        if let (Some((hname, _)), Some(address)) = (hname, address) {
+            hosts.push(RouteHost { name: hname, address, loc: h.loc.clone() });
+        }
+    }
+    let (name, _) = name?;
+    Some(Route { name, prefixes, via, via_locs, masquerade, allow, hosts, loc: t.loc.clone() })
+}
+
+/// A route's `[[route.allow]]`: a module rule's shape, where `proto` may also be `"any"`.
+fn parse_route_rule(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<RouteRule> {
+    if t.str(doc, "proto", &mut Vec::new()).is_some_and(|(p, _)| p == "any") {
+        if t.get("ports").is_some() {
+            diags.push(Diagnostic::error(&t.loc, "[[route.allow]] with proto \"any\" takes no `ports`: it admits every protocol and port"));
+            return None;
+        }
+        let (from, from_locs) = rule_sources(doc, t, diags)?;
+        return Some(RouteRule { proto: None, ports: Vec::new(), from, from_locs, loc: t.loc.clone() });
+    }
+    let rule = parse_rule(doc, t, diags)?;
+    Some(RouteRule { proto: Some(rule.proto), ports: rule.ports, from: rule.from, from_locs: rule.from_locs, loc: rule.loc })
+}
+
 // ---------------------------------------------------------------------------------------------
 // modules/*.toml
 
@@ -626,54 +719,55 @@ fn parse_rule(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Rule>
     }
     match (proto, &ports) {
         (Some(Proto::Icmp), Some(_)) => {
-            diags.push(Diagnostic::error(&t.loc, "[[allow]] with proto \"icmp\" takes no `ports`: ICMP has no ports"));
+            diags.push(Diagnostic::error(&t.loc, format!("{} with proto \"icmp\" takes no `ports`: ICMP has no ports", t.what)));
             ok = false;
         }
         (Some(p @ (Proto::Tcp | Proto::Udp)), None) => {
             diags.push(Diagnostic::error(
                 &t.loc,
-                format!("[[allow]] with proto \"{p}\" needs `ports`; an allow rule without ports would open every port"),
+                format!("{} with proto \"{p}\" needs `ports`; an allow rule without ports would open every port", t.what),
             ));
             ok = false;
         }
         (Some(p @ (Proto::Tcp | Proto::Udp)), Some(list)) if list.is_empty() => {
-            diags.push(Diagnostic::error(&t.loc, format!("[[allow]] with proto \"{p}\" has an empty `ports` list")));
+            diags.push(Diagnostic::error(&t.loc, format!("{} with proto \"{p}\" has an empty `ports` list", t.what)));
             ok = false;
         }
         _ => {}
     }
-    let from = match t.strings(doc, "from", diags) {
-        None if t.get("from").is_none() => {
-            diags.push(Diagnostic::error(
-                &t.loc,
-                "[[allow]] has no `from`: every rule must name its sources (\"node:NAME\", \"group:NAME\", \"module:NAME\" or \"mesh\")",
-            ));
-            None
-        }
-        Some(list) if list.is_empty() => {
-            diags.push(Diagnostic::error(&t.loc, "[[allow]] has an empty `from`: every rule must name its sources (\"node:NAME\", \"group:NAME\", \"module:NAME\" or \"mesh\")"));
-            None
-        }
-        other => other,
-    };
-    let mut sources = Vec::new();
-    for (s, loc) in from.iter().flatten() {
-        match Source::parse(s) {
-            Some(src) => sources.push((src, loc.clone())),
-            None => {
-                // Reported; the rule keeps its other sources so they are checked too.
-                diags.push(Diagnostic::error(
-                    loc,
-                    format!("source {s:?} must be \"node:NAME\", \"group:NAME\", \"module:NAME\" or \"mesh\""),
-                ));
-            }
-        }
-    }
-    if !ok || from.is_none() {
+    let from = rule_sources(doc, t, diags);
+    let (from, from_locs) = from?;
+    if !ok {
         return None;
     }
-    let (from, from_locs) = sources.into_iter().unzip();
     Some(Rule { proto: proto?, ports: ranges, from, from_locs, loc: t.loc.clone() })
+}
+
+/// A rule's `from`: required and not empty, every source of a known kind. The sources that
+/// parse, with where each is written; `None` when the list is missing or empty.
+fn rule_sources(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<(Vec<Source>, Vec<Loc>)> {
+    const KINDS: &str = "(\"node:NAME\", \"group:NAME\", \"module:NAME\" or \"mesh\")";
+    let from = match t.strings(doc, "from", diags) {
+        None if t.get("from").is_none() => {
+            diags.push(Diagnostic::error(&t.loc, format!("{} has no `from`: every rule must name its sources {KINDS}", t.what)));
+            return None;
+        }
+        Some(list) if list.is_empty() => {
+            diags.push(Diagnostic::error(&t.loc, format!("{} has an empty `from`: every rule must name its sources {KINDS}", t.what)));
+            return None;
+        }
+        other => other?,
+    };
+    let mut sources = Vec::new();
+    for (s, loc) in from {
+        match Source::parse(&s) {
+            Some(src) => sources.push((src, loc)),
+            // Reported; the rule keeps its other sources so they are checked too.
+            None => diags
+                .push(Diagnostic::error(&loc, format!("source {s:?} must be \"node:NAME\", \"group:NAME\", \"module:NAME\" or \"mesh\""))),
+        }
+    }
+    Some(sources.into_iter().unzip())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -703,6 +797,8 @@ fn validate(decl: &Declaration, diags: &mut Vec<Diagnostic>) {
     pinned_addresses(decl, diags);
     public_keys(decl, diags);
     module_sources(decl, &declared, diags);
+    routes(decl, &declared, diags);
+    exits(decl, diags);
     tests(decl, &declared, diags);
 }
 
@@ -935,6 +1031,143 @@ fn module_sources(decl: &Declaration, declared: &Declared, diags: &mut Vec<Diagn
                     ));
                 }
             }
+        }
+    }
+}
+
+/// Routes: unique names, declared routers, known sources, prefixes clear of the overlay and of
+/// each other, host names that are free in the zone and addresses on the route.
+fn routes(decl: &Declaration, declared: &Declared, diags: &mut Vec<Diagnostic>) {
+    names_of("route", decl.routes.iter().map(|r| (&r.name, &r.loc)), diags);
+    let mut zone: HashMap<&str, String> = HashMap::new();
+    for n in &decl.nodes {
+        zone.entry(n.name.as_str()).or_insert_with(|| format!("node `{}`", n.name));
+    }
+    for m in &decl.modules {
+        zone.entry(m.name.as_str()).or_insert_with(|| format!("module `{}`", m.name));
+    }
+    // Prefixes of routes that are not exits, to find overlaps between routes.
+    let mut seen: Vec<(ipnet::IpNet, &str)> = Vec::new();
+    for r in &decl.routes {
+        for (v, loc) in r.via.iter().zip(&r.via_locs) {
+            if !declared.nodes.contains(v.as_str()) {
+                diags.push(Diagnostic::error(
+                    loc,
+                    format!("route `{}` goes via `{v}`, which is not a declared node ({})", r.name, listing(&declared.nodes)),
+                ));
+            }
+        }
+        for (i, v) in r.via.iter().enumerate() {
+            if r.via[..i].contains(v) {
+                diags.push(Diagnostic::error(&r.via_locs[i], format!("route `{}` names `{v}` in `via` twice", r.name)));
+            }
+        }
+        for p in &r.prefixes {
+            let overlay = match p {
+                ipnet::IpNet::V4(p4) => {
+                    decl.mesh.overlay_ipv4.filter(|o| o.contains(&p4.network()) || p4.contains(&o.network())).map(|o| o.to_string())
+                }
+                ipnet::IpNet::V6(p6) => {
+                    decl.mesh.overlay_ipv6.filter(|o| o.contains(&p6.network()) || p6.contains(&o.network())).map(|o| o.to_string())
+                }
+            };
+            // A default route holds the overlay by definition; the overlay's own routes are
+            // more specific and win.
+            if let Some(o) = overlay.filter(|_| p.prefix_len() > 0) {
+                diags.push(Diagnostic::error(
+                    &r.loc,
+                    format!("route `{}` prefix {p} overlaps the overlay {o}; a route must reach addresses outside the overlay", r.name),
+                ));
+            }
+            if p.prefix_len() == 0 {
+                continue;
+            }
+            if let Some((q, other)) = seen.iter().find(|(q, _)| q.contains(&p.network()) || p.contains(&q.network())) {
+                diags.push(Diagnostic::error(
+                    &r.loc,
+                    format!("route `{}` prefix {p} overlaps prefix {q} of route `{other}`; a destination must have one route", r.name),
+                ));
+            }
+        }
+        for p in &r.prefixes {
+            if p.prefix_len() > 0 {
+                seen.push((*p, &r.name));
+            }
+        }
+        for rule in &r.allow {
+            for (src, loc) in rule.from.iter().zip(&rule.from_locs) {
+                let (kind, name, set) = match src {
+                    Source::Node(n) => ("node", n, &declared.nodes),
+                    Source::Group(g) => ("group", g, &declared.groups),
+                    Source::Module(m) => ("module", m, &declared.modules),
+                    Source::Mesh => continue,
+                };
+                if !set.contains(name.as_str()) {
+                    diags.push(Diagnostic::error(
+                        loc,
+                        format!("rule of route `{}` names source `{src}`, but no {kind} `{name}` is declared ({})", r.name, listing(set)),
+                    ));
+                }
+            }
+        }
+        for h in &r.hosts {
+            if !is_dns_label(&h.name) {
+                diags.push(Diagnostic::error(
+                    &h.loc,
+                    format!("route host name {:?} must be a DNS label: 1-63 of a-z, 0-9 and '-', not starting or ending with '-'", h.name),
+                ));
+            }
+            if let Some(other) = zone.get(h.name.as_str()) {
+                diags.push(Diagnostic::error(
+                    &h.loc,
+                    format!("host `{}` of route `{}` takes the name of {other}; names in the zone must differ", h.name, r.name),
+                ));
+            } else {
+                zone.insert(&h.name, format!("host `{}` of route `{}`", h.name, r.name));
+            }
+            if !r.prefixes.iter().any(|p| p.contains(&h.address)) {
+                diags.push(Diagnostic::error(
+                    &h.loc,
+                    format!("host `{}` of route `{}` has address {}, which is on none of the route's prefixes", h.name, r.name, h.address),
+                ));
+            }
+        }
+    }
+}
+
+/// Whether a rule's sources name this node (by name, group, module, or the whole mesh).
+pub fn names_node(from: &[Source], decl: &Declaration, n: &Node) -> bool {
+    from.iter().any(|s| match s {
+        Source::Node(x) => *x == n.name,
+        Source::Group(g) => n.groups.contains(g) || decl.groups.iter().any(|x| x.name == *g && x.members.contains(&n.name)),
+        Source::Module(m) => n.modules.contains(m),
+        Source::Mesh => true,
+    })
+}
+
+/// A node's `exit` names a declared exit route that one of its rules admits the node to, and
+/// that the node does not itself route for.
+fn exits(decl: &Declaration, diags: &mut Vec<Diagnostic>) {
+    for n in &decl.nodes {
+        let Some((exit, loc)) = &n.exit else { continue };
+        let Some(r) = decl.route(exit) else {
+            let exits: Vec<&str> = decl.routes.iter().filter(|r| r.is_exit()).map(|r| r.name.as_str()).collect();
+            let declared = if exits.is_empty() { "none are declared".to_string() } else { format!("declared: {}", exits.join(", ")) };
+            diags.push(Diagnostic::error(loc, format!("node `{}` uses exit `{exit}`, which is not a declared route ({declared})", n.name)));
+            continue;
+        };
+        if !r.is_exit() {
+            diags.push(Diagnostic::error(
+                loc,
+                format!("node `{}` uses exit `{exit}`, but that route has no default prefix (0.0.0.0/0 or ::/0), so it is no exit", n.name),
+            ));
+        } else if r.via.contains(&n.name) {
+            diags.push(Diagnostic::error(loc, format!("node `{}` uses exit `{exit}`, which it routes for itself", n.name)));
+        } else if !r.allow.iter().any(|rule| names_node(&rule.from, decl, n)) {
+            diags.push(Diagnostic::error(
+                loc,
+                format!("node `{}` uses exit `{exit}`, but no [[route.allow]] of route `{exit}` admits it; add a rule naming it, its group or its module", n.name),
+            ));
         }
     }
 }

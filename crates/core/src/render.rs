@@ -7,10 +7,10 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use sha2::{Digest, Sha256};
 
-use crate::compile::{FileResource, NodePlan, NodeText, MESH_ZONE, NFTABLES_CONF, NODE_TOML, WIREGUARD_CONF};
+use crate::compile::{FileResource, NodePlan, NodeText, RouteBlock, MESH_ZONE, NFTABLES_CONF, NODE_TOML, WIREGUARD_CONF};
 use crate::decl::{Proto, PublicKey, KEEPALIVE_SECS};
 use crate::text::{Text, TextBuilder};
-use crate::topology::{ResolvedRule, Topology};
+use crate::topology::{ResolvedRoute, ResolvedRule, Topology};
 
 pub fn files(plan: &NodePlan) -> Vec<FileResource> {
     vec![
@@ -23,12 +23,27 @@ pub fn files(plan: &NodePlan) -> Vec<FileResource> {
 
 /// What the agent needs to know about its own node beyond the three files: the interface, the
 /// zone's name, and whether it relays for others (a hub forwards between overlay peers).
+/// A router also says so (it forwards from the overlay to its routes), and a node that uses
+/// routes lists the prefixes it sends into the overlay and whether it uses an exit.
 pub fn node_toml(plan: &NodePlan) -> String {
     let c = &plan.common;
-    format!(
+    let mut s = format!(
         "# trellis: settings of node {} in mesh {}. Generated; do not edit.\nnode = \"{}\"\nmesh = \"{}\"\ninterface = \"{}\"\nzone = \"{}\"\nhub = {}\n",
         plan.node, c.mesh, plan.node, c.mesh, c.interface, c.domain, plan.hub
-    )
+    );
+    if !plan.routes_for.is_empty() {
+        let names: Vec<String> = plan.routes_for.iter().map(|r| format!("\"{}\"", r.name)).collect();
+        let _ = writeln!(s, "# Routes this node forwards to: {}\nrouter = true", names.join(", "));
+    }
+    let prefixes: Vec<String> =
+        plan.routed.iter().filter(|r| !r.exit).flat_map(|r| r.prefixes.iter().map(|p| format!("\"{p}\""))).collect();
+    if !prefixes.is_empty() {
+        let _ = writeln!(s, "routes = [{}]", prefixes.join(", "));
+    }
+    if let Some(exit) = plan.routed.iter().find(|r| r.exit) {
+        let _ = writeln!(s, "# Internet traffic leaves through route {}\nexit = true", exit.name);
+    }
+    s
 }
 
 /// A node's `wireguard.conf`. A peer that relays for no one is written the same way in every
@@ -54,6 +69,9 @@ pub fn wireguard(plan: &NodePlan) -> Text {
         s.push_shared(&p.block);
         for r in &p.relays_for {
             s.push_shared(&r.relay_lines);
+        }
+        for r in &p.routes {
+            s.push_shared(&r.lines);
         }
     }
     if !plan.left_out.is_empty() {
@@ -120,8 +138,134 @@ pub fn nftables(plan: &NodePlan) -> Text {
         s.push_shared(r);
     }
     let _ = writeln!(s, "\t\tiifname \"{iface}\" drop comment \"trellis: no rule admits this new inbound traffic\"");
-    s.push_str("\t}\n}\n");
+    s.push_str("\t}\n");
+    if !plan.routes_for.is_empty() {
+        // A router: traffic from the overlay to its routes is forwarded only as their rules say;
+        // relaying between overlay peers (a hub) and everything not from the overlay are left be.
+        s.push_str("\n\tchain forward {\n\t\ttype filter hook forward priority filter; policy accept;\n");
+        let _ = writeln!(s, "\t\tiifname != \"{iface}\" accept");
+        let _ = writeln!(s, "\t\toifname \"{iface}\" accept");
+        s.push_str("\t\tct state established,related accept\n\t\tct state invalid drop\n");
+        for r in &plan.routes_for {
+            s.push_shared(&r.forward);
+        }
+        let _ = writeln!(s, "\t\tiifname \"{iface}\" drop comment \"trellis: no route rule admits this forwarded traffic\"");
+        s.push_str("\t}\n");
+        if plan.routes_for.iter().any(|r| !r.nat.is_empty()) {
+            s.push_str("\n\tchain postrouting {\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n");
+            for r in &plan.routes_for {
+                s.push_shared(&r.nat);
+            }
+            s.push_str("\t}\n");
+        }
+    }
+    s.push_str("}\n");
     s.finish()
+}
+
+/// A route as its users' and routers' files hold it (see `RouteBlock`).
+pub fn route_block(topo: &Topology, r: &ResolvedRoute) -> RouteBlock {
+    let iface = &topo.decl.mesh.interface;
+    let route = r.route;
+    let prefixes: Vec<String> = route.prefixes.iter().map(|p| p.to_string()).collect();
+    let lines = format!("# routes {}\nAllowedIPs = {}\n", route.name, prefixes.join(", "));
+    let v4: Vec<String> = route.prefixes.iter().filter(|p| matches!(p, ipnet::IpNet::V4(_))).map(|p| p.to_string()).collect();
+    let v6: Vec<String> = route.prefixes.iter().filter(|p| matches!(p, ipnet::IpNet::V6(_))).map(|p| p.to_string()).collect();
+    let addrs = |set: &[u32]| -> (Vec<String>, Vec<String>) {
+        let mut a4: Vec<_> = set.iter().filter_map(|&i| topo.ipv4[i as usize]).collect();
+        let mut a6: Vec<_> = set.iter().filter_map(|&i| topo.ipv6[i as usize]).collect();
+        a4.sort_unstable();
+        a6.sort_unstable();
+        (a4.iter().map(|a| a.to_string()).collect(), a6.iter().map(|a| a.to_string()).collect())
+    };
+    let mut forward = String::new();
+    for (i, (rule, sources)) in route.allow.iter().zip(&r.sources).enumerate() {
+        let from: Vec<String> = rule.from.iter().map(|s| s.to_string()).collect();
+        let from = from.join(", ");
+        let ports: Vec<String> = rule.ports.iter().map(|p| p.to_string()).collect();
+        let what = match rule.proto {
+            None => "any".to_string(),
+            Some(Proto::Icmp) => "icmp".to_string(),
+            Some(p) => format!("{p} {}", ports.join(", ")),
+        };
+        let _ = writeln!(forward, "\t\t# route {}, rule {}: {what} from {from}", route.name, i + 1);
+        let comment = truncate(format!("route {} rule {}: from {from}", route.name, i + 1));
+        let (s4, s6) = addrs(sources);
+        if s4.is_empty() && s6.is_empty() {
+            forward.push_str("\t\t# its sources name no node: nothing is forwarded\n");
+            continue;
+        }
+        for (fam, l4, saddrs, daddrs) in [("ip", "icmp", &s4, &v4), ("ip6", "ipv6-icmp", &s6, &v6)] {
+            if saddrs.is_empty() || daddrs.is_empty() {
+                continue;
+            }
+            let _ =
+                write!(forward, "\t\tiifname \"{iface}\" {fam} saddr {{ {} }} {fam} daddr {{ {} }} ", saddrs.join(", "), daddrs.join(", "));
+            match rule.proto {
+                None => {}
+                Some(Proto::Icmp) => {
+                    let _ = write!(forward, "meta l4proto {l4} ");
+                }
+                Some(p) => {
+                    let _ = write!(forward, "{p} dport {{ {} }} ", ports.join(", "));
+                }
+            }
+            let _ = writeln!(forward, "accept comment \"{comment}\"");
+        }
+    }
+    let mut nat = String::new();
+    if route.masquerade {
+        let all: Vec<u32> = {
+            let mut v: Vec<u32> = r.sources.iter().flatten().copied().collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        let (s4, s6) = addrs(&all);
+        for (fam, saddrs, daddrs) in [("ip", &s4, &v4), ("ip6", &s6, &v6)] {
+            if saddrs.is_empty() || daddrs.is_empty() {
+                continue;
+            }
+            let _ = writeln!(
+                nat,
+                "\t\toifname != \"{iface}\" {fam} saddr {{ {} }} {fam} daddr {{ {} }} masquerade comment \"route {}\"",
+                saddrs.join(", "),
+                daddrs.join(", "),
+                route.name
+            );
+        }
+    }
+    RouteBlock {
+        name: std::sync::Arc::from(route.name.as_str()),
+        prefixes: route.prefixes.clone(),
+        exit: route.is_exit(),
+        lines: lines.into(),
+        forward: forward.into(),
+        nat: nat.into(),
+    }
+}
+
+/// An nftables comment of at most 120 bytes.
+fn truncate(mut comment: String) -> String {
+    if comment.len() > 120 {
+        let mut cut = 117;
+        while !comment.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        comment.truncate(cut);
+        comment.push_str("...");
+    }
+    comment
+}
+
+/// Address records of a route's named hosts.
+pub fn host_records(hosts: &[crate::decl::RouteHost]) -> String {
+    let mut records = String::new();
+    for h in hosts {
+        let kind = if h.address.is_ipv4() { "A" } else { "AAAA" };
+        let _ = writeln!(records, "{}\tIN\t{kind}\t{}", h.name, h.address);
+    }
+    records
 }
 
 /// The filter lines of one rule: the same on every node that runs the module.
@@ -136,15 +280,7 @@ pub fn rule_block(topo: &Topology, r: &ResolvedRule) -> String {
     };
     let mut s = String::new();
     let _ = writeln!(s, "\t\t# module {}, rule {}: {what} from {from}", r.module, r.number);
-    let mut comment = format!("{} rule {}: from {from}", r.module, r.number);
-    if comment.len() > 120 {
-        let mut cut = 117;
-        while !comment.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        comment.truncate(cut);
-        comment.push_str("...");
-    }
+    let comment = truncate(format!("{} rule {}: from {from}", r.module, r.number));
     let mut v4: Vec<_> = r.sources.iter().filter_map(|&i| topo.ipv4[i as usize]).collect();
     let mut v6: Vec<_> = r.sources.iter().filter_map(|&i| topo.ipv6[i as usize]).collect();
     v4.sort_unstable();
@@ -196,7 +332,7 @@ pub fn zone(plan: &NodePlan) -> Text {
     for z in &plan.zone {
         hash.update(z.records_hash);
     }
-    for m in &plan.zone_modules {
+    for m in plan.zone_modules.iter().chain(&plan.zone_routes) {
         hash.update(m.digest);
     }
     let digest = hash.finalize();
@@ -211,7 +347,7 @@ pub fn zone(plan: &NodePlan) -> Text {
     for z in &plan.zone {
         s.push_str(&z.records);
     }
-    for m in &plan.zone_modules {
+    for m in plan.zone_modules.iter().chain(&plan.zone_routes) {
         s.push_shared(&m.records);
     }
     s.finish()

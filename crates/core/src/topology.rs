@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::alloc::Allocation;
-use crate::decl::{Declaration, Node, PortRange, Proto, PublicKey, Rule, Source};
+use crate::decl::{Declaration, Node, PortRange, Proto, PublicKey, Route, Rule, Source};
 
 /// A set of networks, one bit each.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,6 +52,19 @@ impl ResolvedRule<'_> {
                 Some(p) => self.rule.ports.iter().any(|r: &PortRange| r.contains(p)),
             }
     }
+}
+
+/// A route with its routers and its rules' sources resolved to nodes.
+#[derive(Debug)]
+pub struct ResolvedRoute<'d> {
+    pub route: &'d Route,
+    /// The routers in order of preference, as positions.
+    pub via: Vec<u32>,
+    /// The sources of each of its rules.
+    pub sources: Vec<NodeSet>,
+    /// The nodes that use it: those its rules admit (for an exit, those of them that opt in),
+    /// but its routers.
+    pub users: NodeSet,
 }
 
 /// How two nodes reach each other.
@@ -145,6 +158,10 @@ pub struct Topology<'d> {
     /// Every module that some node runs, in name order, with its runners: the module names of
     /// the zone.
     pub module_names: Vec<(std::sync::Arc<str>, NodeSet)>,
+    /// The routes in declaration order.
+    pub routes: Vec<ResolvedRoute<'d>>,
+    /// Per node, the routes it uses, as positions in `routes`.
+    pub routes_of: Vec<Vec<u32>>,
 }
 
 fn hubs_len_words(hubs: &[u32]) -> usize {
@@ -207,24 +224,45 @@ impl<'d> Topology<'d> {
         let runners: HashMap<&str, NodeSet> = runners.into_iter().map(|(k, v)| (k, set_of(v))).collect();
 
         let all: NodeSet = (0..nodes.len() as u32).collect();
+        let resolve = |from: &[Source]| {
+            let mut sources = Vec::new();
+            for s in from {
+                match s {
+                    Source::Node(n) => sources.extend(index.get(n.as_str())),
+                    Source::Group(g) => sources.extend(groups.get(g.as_str()).into_iter().flatten()),
+                    Source::Module(m) => sources.extend(runners.get(m.as_str()).into_iter().flatten()),
+                    Source::Mesh => sources.extend(&all),
+                }
+            }
+            set_of(sources)
+        };
         let mut rules = Vec::new();
         let mut module_rules = HashMap::new();
         for m in &decl.modules {
             let start = rules.len();
             for (i, rule) in m.allow.iter().enumerate() {
-                let mut sources = Vec::new();
-                for s in &rule.from {
-                    match s {
-                        Source::Node(n) => sources.extend(index.get(n.as_str())),
-                        Source::Group(g) => sources.extend(groups.get(g.as_str()).into_iter().flatten()),
-                        Source::Module(m) => sources.extend(runners.get(m.as_str()).into_iter().flatten()),
-                        Source::Mesh => sources.extend(&all),
-                    }
-                }
-                rules.push(ResolvedRule { module: &m.name, number: i + 1, rule, sources: set_of(sources) });
+                rules.push(ResolvedRule { module: &m.name, number: i + 1, rule, sources: resolve(&rule.from) });
             }
             module_rules.insert(m.name.as_str(), start..rules.len());
         }
+        let mut routes_of: Vec<Vec<u32>> = vec![Vec::new(); nodes.len()];
+        let routes: Vec<ResolvedRoute> = decl
+            .routes
+            .iter()
+            .enumerate()
+            .map(|(r, route)| {
+                let via: Vec<u32> = route.via.iter().filter_map(|v| index.get(v.as_str()).copied()).collect();
+                let sources: Vec<NodeSet> = route.allow.iter().map(|rule| resolve(&rule.from)).collect();
+                let mut users: NodeSet = set_of(sources.iter().flatten().copied().collect());
+                users.retain(|u| {
+                    !via.contains(u) && (!route.is_exit() || nodes[*u as usize].exit.as_ref().is_some_and(|(e, _)| *e == route.name))
+                });
+                for &u in &users {
+                    routes_of[u as usize].push(r as u32);
+                }
+                ResolvedRoute { route, via, sources, users }
+            })
+            .collect();
 
         let ipv4 = nodes.iter().map(|n| alloc.ipv4.get(&n.name).copied()).collect();
         let ipv6 = nodes.iter().map(|n| alloc.ipv6.get(&n.name).copied()).collect();
@@ -267,6 +305,8 @@ impl<'d> Topology<'d> {
             rules,
             module_rules,
             module_names,
+            routes,
+            routes_of,
         }
     }
 
@@ -308,6 +348,15 @@ impl<'d> Topology<'d> {
                 for &s in &r.sources {
                     out[s as usize].extend_from_slice(targets);
                 }
+            }
+        }
+        // A route's users peer with all its routers, so that another takes over when one goes.
+        for r in &self.routes {
+            for &u in &r.users {
+                out[u as usize].extend_from_slice(&r.via);
+            }
+            for &v in &r.via {
+                out[v as usize].extend_from_slice(&r.users);
             }
         }
         let out = std::sync::Mutex::new(out.into_iter().map(Some).collect::<Vec<_>>());

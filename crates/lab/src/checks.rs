@@ -51,10 +51,12 @@ pub(crate) fn overlay_addresses(dir: &Path, decl: &trellis_core::Declaration) ->
 }
 
 /// Runs expectation `i` and returns its row.
-pub(crate) fn run(i: usize, e: &Expect, addrs: &HashMap<String, Vec<IpAddr>>, st: &LabState) -> Result<Row> {
+/// `underlay` holds every lab host's lab addresses: an outside host is reached at them, and a
+/// `via` node's are where a connection must come from.
+pub(crate) fn run(i: usize, e: &Expect, addrs: &HashMap<String, Vec<IpAddr>>, underlay: &Underlay, st: &LabState) -> Result<Row> {
     let (what, expected, seen) = match &e.dns {
         Some(name) => dns(e, name, addrs, st)?,
-        None => traffic(i, e, addrs, st)?,
+        None => traffic(i, e, addrs, underlay, st)?,
     };
     Ok(Row { from: e.from.clone(), what, expected, seen })
 }
@@ -102,14 +104,43 @@ fn dns(e: &Expect, name: &str, addrs: &HashMap<String, Vec<IpAddr>>, st: &LabSta
     Ok((format!("dns {name}"), want.join(" "), got.join(" ")))
 }
 
-/// Sends tcp, udp or icmp from the from-node to the to-node's overlay address (IPv4 first) and
-/// reports whether it arrived.
-fn traffic(i: usize, e: &Expect, addrs: &HashMap<String, Vec<IpAddr>>, st: &LabState) -> Result<(String, String, String)> {
+/// The lab hosts' own addresses, and which hosts are outside the mesh.
+#[derive(Default)]
+pub(crate) struct Underlay {
+    pub addresses: HashMap<String, Vec<IpAddr>>,
+    pub outside: Vec<String>,
+}
+
+/// Sends tcp, udp or icmp from the from-node to the to-node's overlay address (IPv4 first), or to
+/// an outside host's lab address, and reports whether it arrived; with `via`, also whether it
+/// arrived from that node's lab address.
+fn traffic(
+    i: usize,
+    e: &Expect,
+    addrs: &HashMap<String, Vec<IpAddr>>,
+    underlay: &Underlay,
+    st: &LabState,
+) -> Result<(String, String, String)> {
     let to = e.to.as_deref().context("an expectation needs `to` or `dns`")?;
     let proto = e.proto.as_deref().unwrap_or("tcp");
-    let dst =
-        addrs.get(to).and_then(|a| a.iter().find(|ip| ip.is_ipv4()).or(a.first())).context("to-node has no overlay address")?.to_string();
-    let expected = e.result.clone().unwrap_or_else(|| "open".into());
+    let first = |a: &Vec<IpAddr>| a.iter().find(|ip| ip.is_ipv4()).or(a.first()).map(|ip| ip.to_string());
+    let dst = if underlay.outside.iter().any(|o| o == to) {
+        underlay.addresses.get(to).and_then(first).context("outside host has no lab address")?
+    } else {
+        addrs.get(to).and_then(first).context("to-node has no overlay address")?
+    };
+    let mut expected = e.result.clone().unwrap_or_else(|| "open".into());
+    let via = match &e.via {
+        Some(v) => {
+            if proto != "tcp" {
+                bail!("expectation {}: `via` is checked on tcp only", i + 1);
+            }
+            expected = format!("{expected} via {v}");
+            Some(underlay.addresses.get(v).with_context(|| format!("expectation {}: `via` names `{v}`, which is no lab host", i + 1))?)
+        }
+        None => None,
+    };
+    let log = st.dir.join(format!("tcp-{i}.log"));
     let (from_ns, to_ns) = (ns(st, &e.from), ns(st, to));
     let open = match proto {
         "icmp" => ns_cmd(&from_ns, &["ping", "-c", "1", "-W", "2", &dst]).stdout(Stdio::null()).status()?.success(),
@@ -117,7 +148,9 @@ fn traffic(i: usize, e: &Expect, addrs: &HashMap<String, Vec<IpAddr>>, st: &LabS
             let port = e.port.context("tcp and udp expectations need a port")?.to_string();
             let mark = st.dir.join(format!("udp-{i}.out"));
             let listener = if proto == "tcp" {
-                ns_cmd(&to_ns, &["nc", "-l", "-k", &port]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?
+                // Verbose: the listener says where each connection came from.
+                let f = std::fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
+                ns_cmd(&to_ns, &["nc", "-v", "-l", "-k", &port]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(f).spawn()?
             } else {
                 let f = std::fs::File::create(&mark).with_context(|| format!("cannot create {}", mark.display()))?;
                 ns_cmd(&to_ns, &["nc", "-u", "-l", "-k", &port]).stdin(Stdio::null()).stdout(f).stderr(Stdio::null()).spawn()?
@@ -144,7 +177,15 @@ fn traffic(i: usize, e: &Expect, addrs: &HashMap<String, Vec<IpAddr>>, st: &LabS
         other => bail!("expectation {}: proto {other:?} must be tcp, udp or icmp", i + 1),
     };
     let port = e.port.map(|p| format!(" {p}")).unwrap_or_default();
-    Ok((format!("{proto}{port} -> {to}"), expected, if open { "open".into() } else { "closed".into() }))
+    let mut seen = if open { "open".to_string() } else { "closed".to_string() };
+    if let (Some(addrs), true) = (via, open) {
+        // `Connection received on ADDRESS PORT`: the source the target saw.
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let source = text.lines().find_map(|l| l.split("received on ").nth(1)).and_then(|r| r.split_whitespace().next()).unwrap_or("?");
+        let v = e.via.as_deref().unwrap_or_default();
+        seen = if addrs.iter().any(|a| a.to_string() == source) { format!("open via {v}") } else { format!("open from {source}") };
+    }
+    Ok((format!("{proto}{port} -> {to}"), expected, seen))
 }
 
 /// Prints the matrix as the lab always has: one row per expectation, `NO` where they differ.

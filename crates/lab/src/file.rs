@@ -64,6 +64,10 @@ pub enum Role {
     Controller,
     /// A PostgreSQL server on the host's lab addresses, the database of every controller.
     Postgres,
+    /// A host that is no mesh node and runs no agent (a printer on a LAN, a web server on the
+    /// internet): expectations reach it at its lab address, and the lab listens there as on a
+    /// node.
+    Outside,
 }
 
 /// One step after the first check: a controller killed, or a declaration applied through a
@@ -75,6 +79,8 @@ pub struct Step {
     pub kill: Option<String>,
     /// A declaration directory (relative to the lab file) applied through a running controller.
     pub apply: Option<String>,
+    /// A node revoked through a running controller (`trellis node revoke`).
+    pub revoke: Option<String>,
     /// From this step on: each replaces the expectation with the same check (from, to, proto
     /// and port; or from and dns), or adds one.
     #[serde(default)]
@@ -86,6 +92,7 @@ pub struct Step {
 pub enum Action {
     Kill(String),
     Apply(PathBuf),
+    Revoke(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -98,6 +105,9 @@ pub struct Expect {
     pub result: Option<String>,
     pub dns: Option<String>,
     pub answer: Option<Vec<String>>,
+    /// The node whose underlay address the connection must arrive from (what an exit or a
+    /// masquerading router does); without it the check is reachability alone.
+    pub via: Option<String>,
 }
 
 impl LabFile {
@@ -114,10 +124,11 @@ impl LabFile {
     /// What step `i` does; `lab_dir` is the directory of the lab file.
     pub fn action(&self, i: usize, lab_dir: &Path) -> Action {
         let s = &self.step[i];
-        match (&s.kill, &s.apply) {
-            (Some(host), _) => Action::Kill(host.clone()),
-            (None, Some(dir)) => Action::Apply(lab_dir.join(dir)),
-            (None, None) => unreachable!("load checks every step kills or applies"),
+        match (&s.kill, &s.apply, &s.revoke) {
+            (Some(host), _, _) => Action::Kill(host.clone()),
+            (None, Some(dir), _) => Action::Apply(lab_dir.join(dir)),
+            (None, None, Some(node)) => Action::Revoke(node.clone()),
+            (None, None, None) => unreachable!("load checks every step kills, applies or revokes"),
         }
     }
 
@@ -249,7 +260,18 @@ fn check_steps(file: &Path, lab: &LabFile) -> Result<()> {
     let mut running: Vec<&str> = lab.controllers().map(|h| h.name.as_str()).collect();
     for (i, s) in lab.step.iter().enumerate() {
         let n = i + 1;
-        match (&s.kill, &s.apply) {
+        let apply_or_revoke = match (&s.kill, &s.apply, &s.revoke) {
+            (Some(_), None, None) => None,
+            (None, Some(dir), None) => Some(format!("applies {dir:?}")),
+            (None, None, Some(node)) => {
+                if !lab.host.iter().any(|h| h.name == *node && h.role == Role::Node) {
+                    bail!("{}: step {n} revokes `{node}`, which is not a node host of the lab", file.display());
+                }
+                Some(format!("revokes `{node}`"))
+            }
+            _ => bail!("{}: step {n} needs exactly one of `kill = HOST`, `apply = DIR` and `revoke = NODE`", file.display()),
+        };
+        match (&s.kill, apply_or_revoke) {
             (Some(host), None) => {
                 if !lab.controllers().any(|h| h.name == *host) {
                     bail!("{}: step {n} kills `{host}`, which is not a host with role = \"controller\"", file.display());
@@ -268,9 +290,9 @@ fn check_steps(file: &Path, lab: &LabFile) -> Result<()> {
                     );
                 }
             }
-            (None, Some(dir)) => {
+            (None, Some(does)) => {
                 if s.expect.is_empty() {
-                    bail!("{}: step {n} applies {dir:?} but names no expectation; give the ones its apply changes", file.display());
+                    bail!("{}: step {n} {does} but names no expectation; give the ones it changes", file.display());
                 }
                 let before = lab.expectations(i);
                 for (j, e) in s.expect.iter().enumerate() {
@@ -281,7 +303,7 @@ fn check_steps(file: &Path, lab: &LabFile) -> Result<()> {
                     }
                 }
             }
-            _ => bail!("{}: step {n} needs exactly one of `kill = HOST` and `apply = DIR`", file.display()),
+            _ => unreachable!("one action per step, checked above"),
         }
     }
     Ok(())
@@ -376,9 +398,9 @@ mod tests {
             ("kill-node", kill_node, "FILE: step 1 kills `web-1`, which is not a host with role = \"controller\""),
             ("kill-twice", kill_twice, "FILE: step 2 kills `ctl-1`, which an earlier step killed"),
             ("kill-both", kill_both, "FILE: step 2 kills `ctl-2`, the last controller running; a lab keeps one"),
-            ("both", both, "FILE: step 1 needs exactly one of `kill = HOST` and `apply = DIR`"),
-            ("neither", neither, "FILE: step 1 needs exactly one of `kill = HOST` and `apply = DIR`"),
-            ("silent", silent_apply, "FILE: step 2 applies \"ha/metrics\" but names no expectation; give the ones its apply changes"),
+            ("both", both, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR` and `revoke = NODE`"),
+            ("neither", neither, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR` and `revoke = NODE`"),
+            ("silent", silent_apply, "FILE: step 2 applies \"ha/metrics\" but names no expectation; give the ones it changes"),
             ("same", same, "FILE: step 2 expectation 1 is already in force; a step lists what its apply changes"),
             ("role", unknown_role, "unknown variant `database`, expected one of `node`, `controller`, `postgres`"),
         ] {

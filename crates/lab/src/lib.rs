@@ -178,7 +178,7 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
         (0..steps)
             .filter_map(|i| match lab.action(i, lab_dir(file)) {
                 Action::Apply(dir) => Some(dir),
-                Action::Kill(_) => None,
+                Action::Kill(_) | Action::Revoke(_) => None,
             })
             .next_back()
             .unwrap_or_else(|| decl_dir.clone())
@@ -216,6 +216,15 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
                     took.as_millis()
                 );
             }
+            Action::Revoke(node) => {
+                let at = Instant::now();
+                procs::admin(&st, &["node", "revoke", &node])?;
+                // The checkpoint answers once the publish covering the revocation is done; then
+                // every node still active applies what it changed.
+                procs::admin(&st, &["audit", "verify"])?;
+                procs::converge(&st, Duration::from_secs(60))?;
+                println!("step {}: node {node} revoked -> every active node holds its new bundle: {} ms", i + 1, at.elapsed().as_millis());
+            }
             Action::Apply(dir) => {
                 let through = st.serving()?.host.clone();
                 let c = timing::apply_and_wait(&dir, &st, Duration::from_secs(60))?;
@@ -250,8 +259,16 @@ impl Tally {
     fn round(&mut self, lab: &LabFile, st: &LabState, decl_dir: &Path, read_declaration: ReadDeclaration) -> Result<()> {
         let decl = read_valid(decl_dir, read_declaration)?;
         let addrs = checks::overlay_addresses(&st.dir, &decl)?;
-        let rows =
-            lab.expectations(st.steps_done).iter().enumerate().map(|(i, e)| checks::run(i, e, &addrs, st)).collect::<Result<Vec<_>>>()?;
+        let underlay = checks::Underlay {
+            addresses: lab.host.iter().map(|h| (h.name.clone(), h.addresses.values().filter_map(|a| a.parse().ok()).collect())).collect(),
+            outside: lab.host.iter().filter(|h| h.role == file::Role::Outside).map(|h| h.name.clone()).collect(),
+        };
+        let rows = lab
+            .expectations(st.steps_done)
+            .iter()
+            .enumerate()
+            .map(|(i, e)| checks::run(i, e, &addrs, &underlay, st))
+            .collect::<Result<Vec<_>>>()?;
         checks::print(&rows);
         self.rows += rows.len();
         self.failures += rows.iter().filter(|r| !r.ok()).count();

@@ -157,6 +157,23 @@ pub fn compile(dir: &Path, node: Option<&str>, out: &Path, json_out: bool) -> Re
 
 pub fn explain(dir: &Path, from: &str, to: &str, json_out: bool) -> Result<ExitCode> {
     let (decl, _) = load_valid(dir)?;
+    // A route, or an address beyond the overlay: which router, which rule, what the filter does.
+    if decl.node(to).is_none()
+        && (to.starts_with("route:") || to.parse::<std::net::IpAddr>().is_ok() || to.parse::<std::net::SocketAddr>().is_ok())
+    {
+        if decl.node(from).is_none() {
+            bail!("node `{from}` is not declared in {}", dir.display());
+        }
+        let alloc = trellis_core::allocate(&decl, &Default::default()).map_err(|d| anyhow::anyhow!("{d}"))?;
+        let topo = Topology::new(&decl, &alloc, &HashMap::new());
+        let text = explain::explain_route(&topo, from, to).context("the node is declared")?.map_err(|e| anyhow::anyhow!("{e}"))?;
+        if json_out {
+            println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "from": from, "to": to, "text": text }))?);
+        } else {
+            print!("{text}");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     for n in [from, to] {
         if decl.node(n).is_none() {
             bail!("node `{n}` is not declared in {}", dir.display());

@@ -24,6 +24,8 @@ enum Change {
     AddNode(usize),
     RemoveNode(usize),
     RuleSource(usize, usize, u8, usize),
+    /// A node opts into the exit, or out of it.
+    ToggleExit(usize),
 }
 
 fn change() -> impl Strategy<Value = Change> {
@@ -36,6 +38,7 @@ fn change() -> impl Strategy<Value = Change> {
         1 => (0usize..32).prop_map(Change::AddNode),
         1 => (0usize..32).prop_map(Change::RemoveNode),
         1 => (0usize..4, 0usize..4, 0u8..4, 0usize..32).prop_map(|(m, r, kind, k)| Change::RuleSource(m, r, kind, k)),
+        1 => (0usize..32).prop_map(Change::ToggleExit),
     ]
 }
 
@@ -107,6 +110,17 @@ fn apply(d: &mut Declaration, keys: &mut HashMap<String, PublicKey>, c: &Change,
             keys.remove(&name);
             true
         }
+        Change::ToggleExit(i) => {
+            if d.route("internet").is_none() {
+                return false;
+            }
+            let node = &mut d.nodes[i % n];
+            node.exit = match node.exit {
+                Some(_) => None,
+                None => Some(("internet".to_string(), node.loc.clone())),
+            };
+            true
+        }
         Change::RuleSource(m, r, kind, k) => {
             let source = match kind {
                 0 => Source::Node(d.nodes[k % n].name.clone()),
@@ -147,8 +161,11 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 150, .. ProptestConfig::default() })]
 
     #[test]
-    fn an_incremental_recompile_equals_a_full_compile(g in gen(), enrolled in proptest::collection::vec(any::<bool>(), 32), changes in proptest::collection::vec(change(), 1..10)) {
+    fn an_incremental_recompile_equals_a_full_compile(g in gen(), enrolled in proptest::collection::vec(any::<bool>(), 32), routed in any::<bool>(), changes in proptest::collection::vec(change(), 1..10)) {
         let mut d = declaration(&g);
+        if routed {
+            add_routes(&mut d);
+        }
         // Most nodes get their key by enrolling; a few keep a declared one.
         let mut keys = HashMap::new();
         for (i, node) in d.nodes.iter_mut().enumerate() {
@@ -171,6 +188,50 @@ proptest! {
             let full = compile(&decl, &keys, &before.allocation, None).unwrap();
             same(&inc, &full, &before, step)?;
             prev = inc;
+        }
+    }
+}
+
+/// A LAN route through two routers (the first two nodes), for a group and a node, and an exit
+/// through the second that every fourth node opts into.
+fn add_routes(d: &mut Declaration) {
+    use trellis_core::decl::{Proto, Route, RouteRule};
+    let loc = d.nodes[0].loc.clone();
+    let names: Vec<String> = d.nodes.iter().map(|n| n.name.clone()).collect();
+    let mut from = vec![Source::Node(names[names.len() - 1].clone())];
+    if let Some(g) = d.groups.first() {
+        from.push(Source::Group(g.name.clone()));
+    }
+    let rule = |proto, ports: Vec<trellis_core::decl::PortRange>, from: Vec<Source>| RouteRule {
+        proto,
+        ports,
+        from_locs: from.iter().map(|_| loc.clone()).collect(),
+        from,
+        loc: loc.clone(),
+    };
+    d.routes.push(Route {
+        name: "lan".into(),
+        prefixes: vec!["192.168.10.0/24".parse().unwrap(), "fd10::/64".parse().unwrap()],
+        via: vec![names[0].clone(), names[1].clone()],
+        via_locs: vec![loc.clone(), loc.clone()],
+        masquerade: true,
+        allow: vec![rule(Some(Proto::Tcp), vec![trellis_core::decl::PortRange::parse("80").unwrap()], from)],
+        hosts: vec![trellis_core::decl::RouteHost { name: "printer".into(), address: "192.168.10.5".parse().unwrap(), loc: loc.clone() }],
+        loc: loc.clone(),
+    });
+    d.routes.push(Route {
+        name: "internet".into(),
+        prefixes: vec!["0.0.0.0/0".parse().unwrap()],
+        via: vec![names[1].clone()],
+        via_locs: vec![loc.clone()],
+        masquerade: true,
+        allow: vec![rule(None, Vec::new(), vec![Source::Mesh])],
+        hosts: Vec::new(),
+        loc: loc.clone(),
+    });
+    for (i, node) in d.nodes.iter_mut().enumerate() {
+        if i % 4 == 3 {
+            node.exit = Some(("internet".into(), loc.clone()));
         }
     }
 }

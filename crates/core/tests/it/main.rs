@@ -5,4 +5,5 @@ mod diagnostics;
 mod golden;
 mod incremental;
 mod props;
+mod routes;
 mod support;

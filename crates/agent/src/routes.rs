@@ -1,0 +1,142 @@
+//! Routes through the overlay: the prefixes of the routes a node uses, sent into the WireGuard
+//! interface, and an exit's default route by policy routing, as wg-quick does it. WireGuard's
+//! own packets carry a firewall mark (the table number) and keep the main table; so does
+//! traffic to the controller, by a rule of its own. Every route and rule trellis adds carries
+//! its marks (`proto` 84, preferences 5300-5320), so what a previous bundle added and this one
+//! has not is found and removed, and nothing else is touched.
+
+use std::net::IpAddr;
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use crate::plan::Exit;
+
+/// The routing protocol number on trellis's routes (`ip route ... proto 84`).
+const PROTO: &str = "84";
+/// Rule preferences: traffic to the controller keeps the main table; then the main table
+/// without its default routes; then everything not WireGuard's own goes to the exit's table.
+const PREF_CONTROLLER: &str = "5300";
+const PREF_SUPPRESS: &str = "5310";
+const PREF_EXIT: &str = "5320";
+
+pub trait Routing {
+    /// Brings the host's routes to these: `routes` into `interface`, and with `exit` the default
+    /// routes of those families through it (table `table`, mark `table`).
+    fn apply(&mut self, interface: &str, routes: &[ipnet::IpNet], exit: Exit, table: u32) -> Result<()>;
+    /// Whether this agent has routes or an exit installed.
+    fn installed(&self) -> bool;
+}
+
+/// The real host's, with `ip`. `controllers` gives the controllers' addresses (asked when an
+/// exit is installed: they stay outside the tunnel).
+pub struct IpRouting {
+    pub controllers: Box<dyn Fn() -> Vec<IpAddr> + Send>,
+    installed: bool,
+}
+
+impl IpRouting {
+    pub fn new(controllers: Box<dyn Fn() -> Vec<IpAddr> + Send>) -> IpRouting {
+        IpRouting { controllers, installed: false }
+    }
+}
+
+fn ip(args: &[&str]) -> Result<String> {
+    let out = Command::new("ip").args(args).output().context("cannot run `ip` (iproute2)")?;
+    if !out.status.success() {
+        bail!("`ip {}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The prefixes of trellis's routes on `interface` in the main table, of one family.
+fn ours(family: &str, interface: &str) -> Result<Vec<ipnet::IpNet>> {
+    let text = ip(&[family, "route", "show", "dev", interface, "proto", PROTO])?;
+    Ok(text.lines().filter_map(|l| l.split_whitespace().next()).filter_map(|p| p.parse().ok().or_else(|| host(p))).collect())
+}
+
+/// `ip route` prints a host route without its length.
+fn host(p: &str) -> Option<ipnet::IpNet> {
+    p.parse::<IpAddr>().ok().map(ipnet::IpNet::from)
+}
+
+/// Removes every rule at `pref` (there may be several: one per controller address).
+fn del_rules(family: &str, pref: &str) {
+    for _ in 0..64 {
+        if ip(&[family, "rule", "del", "pref", pref]).is_err() {
+            break;
+        }
+    }
+}
+
+impl Routing for IpRouting {
+    fn apply(&mut self, interface: &str, routes: &[ipnet::IpNet], exit: Exit, table: u32) -> Result<()> {
+        for (family, v6) in [("-4", false), ("-6", true)] {
+            let want: Vec<&ipnet::IpNet> = routes.iter().filter(|p| matches!(p, ipnet::IpNet::V6(_)) == v6).collect();
+            let have = ours(family, interface)?;
+            for p in &want {
+                ip(&[family, "route", "replace", &p.to_string(), "dev", interface, "proto", PROTO])
+                    .with_context(|| format!("cannot route {p} into {interface}"))?;
+            }
+            for p in have.iter().filter(|p| !want.contains(p)) {
+                ip(&[family, "route", "del", &p.to_string(), "dev", interface, "proto", PROTO])?;
+            }
+            let on = if v6 { exit.ipv6 } else { exit.ipv4 };
+            let table = table.to_string();
+            del_rules(family, PREF_CONTROLLER);
+            del_rules(family, PREF_SUPPRESS);
+            del_rules(family, PREF_EXIT);
+            if on {
+                ip(&[family, "route", "replace", "default", "dev", interface, "table", &table, "proto", PROTO])
+                    .with_context(|| format!("cannot route the default route into {interface}"))?;
+                for c in (self.controllers)().into_iter().filter(|c| c.is_ipv6() == v6) {
+                    ip(&[family, "rule", "add", "pref", PREF_CONTROLLER, "to", &c.to_string(), "lookup", "main"])?;
+                }
+                ip(&[family, "rule", "add", "pref", PREF_SUPPRESS, "lookup", "main", "suppress_prefixlength", "0"])?;
+                ip(&[family, "rule", "add", "pref", PREF_EXIT, "not", "fwmark", &table, "lookup", &table])?;
+            } else {
+                let _ = ip(&[family, "route", "flush", "table", &table, "proto", PROTO]);
+            }
+        }
+        self.installed = !routes.is_empty() || exit.any();
+        Ok(())
+    }
+
+    fn installed(&self) -> bool {
+        self.installed
+    }
+}
+
+/// The addresses of controller URLs (`https://HOST:PORT`): literal addresses as they are,
+/// names as the system resolves them.
+pub fn addresses(urls: &[String]) -> Vec<IpAddr> {
+    use std::net::ToSocketAddrs;
+    let mut out = Vec::new();
+    for u in urls {
+        let Some(rest) = u.split_once("://").map(|(_, r)| r) else { continue };
+        let authority = rest.split('/').next().unwrap_or(rest);
+        let with_port = if authority.rsplit_once(':').is_some_and(|(_, p)| p.bytes().all(|b| b.is_ascii_digit())) {
+            authority.to_string()
+        } else {
+            format!("{authority}:443")
+        };
+        if let Ok(addrs) = with_port.to_socket_addrs() {
+            for a in addrs {
+                if !out.contains(&a.ip()) {
+                    out.push(a.ip());
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn controller_urls_give_their_addresses() {
+        let urls = vec!["https://198.51.100.2:8443".to_string(), "https://[2001:db8::2]:8443/".to_string(), "nonsense".to_string()];
+        let got = super::addresses(&urls);
+        assert_eq!(got, vec!["198.51.100.2".parse::<std::net::IpAddr>().unwrap(), "2001:db8::2".parse().unwrap()]);
+    }
+}

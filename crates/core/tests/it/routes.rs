@@ -1,0 +1,230 @@
+//! Routes and exits: what `check` refuses (with the place), and what the compiler gives routers
+//! and users: the prefixes in the AllowedIPs of the chosen router only for admitted nodes, the
+//! router's forward filter with exactly the named sources, masquerading, and failover to the
+//! next router when the first has no key.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use trellis_core::decl::PublicKey;
+use trellis_core::{compile, Declaration};
+
+use crate::support::{lines, load_text, valid};
+
+/// An office LAN behind gw-1 (then gw-2), for group ops on tcp 80 and 443; an exit through exit-1
+/// for group travellers; laptop-1 (ops, traveller, opted in), laptop-2 (ops), guest-1 (neither).
+const MESH: &str = r#"[mesh]
+name = "r"
+domain = "r.mesh"
+overlay_ipv4 = "10.88.0.0/24"
+
+[networks]
+internet = {}
+
+[groups]
+ops = ["laptop-1", "laptop-2"]
+travellers = ["laptop-1", "guest-1"]
+
+[[node]]
+name = "gw-1"
+networks = ["internet"]
+[[node.endpoint]]
+address = "198.51.100.10:51820"
+reachable_from = ["internet"]
+
+[[node]]
+name = "gw-2"
+networks = ["internet"]
+[[node.endpoint]]
+address = "198.51.100.11:51820"
+reachable_from = ["internet"]
+
+[[node]]
+name = "exit-1"
+networks = ["internet"]
+[[node.endpoint]]
+address = "198.51.100.12:51820"
+reachable_from = ["internet"]
+
+[[node]]
+name = "laptop-1"
+networks = ["internet"]
+exit = "internet"
+
+[[node]]
+name = "laptop-2"
+networks = ["internet"]
+
+[[node]]
+name = "guest-1"
+networks = ["internet"]
+
+[[route]]
+name = "office-lan"
+prefixes = ["192.168.10.0/24"]
+via = ["gw-1", "gw-2"]
+  [[route.allow]]
+  proto = "tcp"
+  ports = ["80", "443"]
+  from = ["group:ops"]
+  [[route.host]]
+  name = "printer"
+  address = "192.168.10.5"
+
+[[route]]
+name = "internet"
+prefixes = ["0.0.0.0/0"]
+via = ["exit-1"]
+  [[route.allow]]
+  proto = "any"
+  from = ["group:travellers"]
+"#;
+
+fn key(b: u8) -> PublicKey {
+    PublicKey([b; 32])
+}
+
+fn keys(names: &[&str]) -> HashMap<String, PublicKey> {
+    names.iter().enumerate().map(|(i, n)| (n.to_string(), key(i as u8 + 1))).collect()
+}
+
+const ALL: &[&str] = &["gw-1", "gw-2", "exit-1", "laptop-1", "laptop-2", "guest-1"];
+
+fn file(c: &trellis_core::Compiled, node: &str, path: &str) -> String {
+    c.nodes[node].files.iter().find(|f| f.path.ends_with(path)).unwrap_or_else(|| panic!("{node} has no {path}")).content.to_string()
+}
+
+/// The `[Peer]` section of `peer` in a `wireguard.conf`: from its comment to the next blank line.
+fn section(conf: &str, peer: &str) -> String {
+    let start = conf.find(&format!("\n# {peer}:")).unwrap_or_else(|| panic!("no section for {peer} in:\n{conf}"));
+    let rest = &conf[start + 1..];
+    rest[..rest.find("\n\n").map_or(rest.len(), |e| e + 1)].to_string()
+}
+
+fn decl() -> Arc<Declaration> {
+    Arc::new(valid(MESH, &[]))
+}
+
+#[test]
+fn only_admitted_nodes_get_the_prefixes_and_only_at_the_first_router_with_a_key() {
+    let d = decl();
+    let c = compile(&d, &keys(ALL), &Default::default(), None).unwrap();
+    let conf = file(&c, "laptop-2", "wireguard.conf");
+    assert!(section(&conf, "gw-1").contains("# routes office-lan\nAllowedIPs = 192.168.10.0/24\n"), "{conf}");
+    assert!(!section(&conf, "gw-2").contains("192.168.10.0/24"), "gw-2 stands by: {conf}");
+    assert!(!conf.contains("0.0.0.0/0"), "laptop-2 uses no exit: {conf}");
+    assert!(file(&c, "laptop-2", "node.toml").contains("routes = [\"192.168.10.0/24\"]\n"));
+
+    // guest-1 is admitted by neither rule of office-lan and does not opt into the exit: it does
+    // not even peer with the routers.
+    let guest = file(&c, "guest-1", "wireguard.conf");
+    assert!(!guest.contains("192.168.10.0/24") && !guest.contains("0.0.0.0/0") && !guest.contains("# gw-1:"), "{guest}");
+    assert!(!file(&c, "guest-1", "node.toml").contains("routes"));
+    assert!(!file(&c, "guest-1", "mesh.zone").contains("printer"), "need to know: the route's host names are for its users");
+
+    // laptop-1 opted in and is a traveller: the exit's default prefix at exit-1, the LAN at gw-1.
+    let conf = file(&c, "laptop-1", "wireguard.conf");
+    assert!(section(&conf, "exit-1").contains("# routes internet\nAllowedIPs = 0.0.0.0/0\n"), "{conf}");
+    let toml = file(&c, "laptop-1", "node.toml");
+    assert!(toml.contains("exit = true") && toml.contains("routes = [\"192.168.10.0/24\"]"), "{toml}");
+    assert!(file(&c, "laptop-1", "mesh.zone").contains("printer\tIN\tA\t192.168.10.5\n"));
+
+    // gw-1 revoked (no key): gw-2 takes over.
+    let mut k = keys(ALL);
+    k.remove("gw-1");
+    let again = compile(&d, &k, &c.allocation, Some(c.clone())).unwrap();
+    let conf = file(&again, "laptop-2", "wireguard.conf");
+    assert!(section(&conf, "gw-2").contains("AllowedIPs = 192.168.10.0/24"), "{conf}");
+    assert!(!conf.contains("# gw-1:"), "{conf}");
+    // With no router keyed at all, the prefixes are not routed anywhere.
+    k.remove("gw-2");
+    let none = compile(&d, &k, &c.allocation, Some(again)).unwrap();
+    assert!(!file(&none, "laptop-2", "wireguard.conf").contains("192.168.10.0/24"));
+    assert!(!file(&none, "laptop-2", "node.toml").contains("routes"));
+}
+
+#[test]
+fn a_router_forwards_exactly_the_named_sources_to_the_named_ports_and_masquerades() {
+    let d = decl();
+    let c = compile(&d, &keys(ALL), &Default::default(), None).unwrap();
+    let addr = |n: &str| c.allocation.ipv4[n].to_string();
+    let mut ops = [addr("laptop-1"), addr("laptop-2")];
+    ops.sort_by_key(|a| a.parse::<std::net::Ipv4Addr>().unwrap());
+    let nft = file(&c, "gw-2", "nftables.conf");
+    let want = format!(
+        "\t\tiifname \"trellis0\" ip saddr {{ {} }} ip daddr {{ 192.168.10.0/24 }} tcp dport {{ 80, 443 }} accept comment \"route office-lan rule 1: from group:ops\"\n",
+        ops.join(", ")
+    );
+    assert!(nft.contains(&want), "want\n{want}in\n{nft}");
+    assert!(nft.contains("\t\tiifname \"trellis0\" drop comment \"trellis: no route rule admits this forwarded traffic\"\n"), "{nft}");
+    assert!(nft.contains(&format!("oifname != \"trellis0\" ip saddr {{ {} }} ip daddr {{ 192.168.10.0/24 }} masquerade", ops.join(", "))));
+    assert!(file(&c, "gw-1", "node.toml").contains("router = true"));
+    // The forward rules name only ops' addresses: guest-1's is nowhere in the router's filter.
+    assert!(!nft.contains(&format!("{} ", addr("guest-1"))) && !nft.contains(&format!("{},", addr("guest-1"))), "{nft}");
+
+    let exit = file(&c, "exit-1", "nftables.conf");
+    let mut travellers = [addr("laptop-1"), addr("guest-1")];
+    travellers.sort_by_key(|a| a.parse::<std::net::Ipv4Addr>().unwrap());
+    let want = format!(
+        "\t\tiifname \"trellis0\" ip saddr {{ {} }} ip daddr {{ 0.0.0.0/0 }} accept comment \"route internet rule 1: from group:travellers\"\n",
+        travellers.join(", ")
+    );
+    assert!(exit.contains(&want), "want\n{want}in\n{exit}");
+    // A node that routes for nothing has no forward chain at all.
+    assert!(!file(&c, "laptop-1", "nftables.conf").contains("chain forward"));
+}
+
+/// Loads `mesh` and compares its diagnostics, in order, with `expect`.
+#[track_caller]
+fn check(mesh: &str, expect: &[&str]) {
+    let loaded = load_text(mesh, &[]);
+    let got = lines(&loaded.diagnostics);
+    let want: String = expect.iter().map(|l| format!("{l}\n")).collect();
+    assert_eq!(got, want, "\n--- got ---\n{got}--- want ---\n{want}");
+}
+
+#[test]
+fn check_refuses_bad_routes_with_their_place() {
+    let unknown_via = MESH.replace("via = [\"gw-1\", \"gw-2\"]", "via = [\"gw-9\", \"gw-2\"]");
+    check(&unknown_via, &["mesh.toml:50:8: error: route `office-lan` goes via `gw-9`, which is not a declared node (declared: exit-1, guest-1, gw-1, gw-2, laptop-1, laptop-2)"]);
+
+    let overlay = MESH.replace("prefixes = [\"192.168.10.0/24\"]", "prefixes = [\"10.88.0.0/25\"]").replace("192.168.10.5", "10.88.0.5");
+    check(&overlay, &["mesh.toml:47:1: error: route `office-lan` prefix 10.88.0.0/25 overlaps the overlay 10.88.0.0/24; a route must reach addresses outside the overlay"]);
+
+    let unadmitted = MESH
+        .replace("name = \"laptop-2\"\nnetworks = [\"internet\"]", "name = \"laptop-2\"\nnetworks = [\"internet\"]\nexit = \"internet\"");
+    check(&unadmitted, &["mesh.toml:42:8: error: node `laptop-2` uses exit `internet`, but no [[route.allow]] of route `internet` admits it; add a rule naming it, its group or its module"]);
+
+    let not_exit = MESH.replace("exit = \"internet\"", "exit = \"office-lan\"");
+    check(&not_exit, &["mesh.toml:37:8: error: node `laptop-1` uses exit `office-lan`, but that route has no default prefix (0.0.0.0/0 or ::/0), so it is no exit"]);
+
+    let unknown_key = MESH.replace("via = [\"exit-1\"]", "via = [\"exit-1\"]\nmetric = 5");
+    check(
+        &unknown_key,
+        &["mesh.toml:63:1: error: unknown key `metric` in [[route]]; allowed keys: name, prefixes, via, masquerade, allow, host"],
+    );
+
+    let overlapping = MESH.replace(
+        "[[route]]\nname = \"internet\"\nprefixes = [\"0.0.0.0/0\"]",
+        "[[route]]\nname = \"internet\"\nprefixes = [\"0.0.0.0/0\", \"192.168.0.0/16\"]",
+    );
+    check(&overlapping, &["mesh.toml:59:1: error: route `internet` prefix 192.168.0.0/16 overlaps prefix 192.168.10.0/24 of route `office-lan`; a destination must have one route"]);
+
+    let host_off = MESH.replace("192.168.10.5", "192.168.11.5");
+    check(
+        &host_off,
+        &["mesh.toml:55:3: error: host `printer` of route `office-lan` has address 192.168.11.5, which is on none of the route's prefixes"],
+    );
+
+    let bad_source = MESH.replace("from = [\"group:ops\"]", "from = [\"group:opz\"]");
+    check(&bad_source, &["mesh.toml:54:11: error: rule of route `office-lan` names source `group:opz`, but no group `opz` is declared (declared: ops, travellers)"]);
+
+    let no_from = MESH.replace("  proto = \"any\"\n  from = [\"group:travellers\"]\n", "  proto = \"any\"\n");
+    check(
+        &no_from,
+        &[
+            "mesh.toml:37:8: error: node `laptop-1` uses exit `internet`, but no [[route.allow]] of route `internet` admits it; add a rule naming it, its group or its module",
+            "mesh.toml:63:3: error: [[route.allow]] has no `from`: every rule must name its sources (\"node:NAME\", \"group:NAME\", \"module:NAME\" or \"mesh\")",
+        ],
+    );
+}
