@@ -24,6 +24,8 @@ fn lab_run(file: &str) -> (String, String) {
     // Both metric endpoints were scraped and agreed with the lab (`check` fails otherwise).
     assert!(stdout.contains("metrics of controller") && stdout.contains("metrics of agent"), "{d}");
     assert!(!stdout.contains("metrics do not match"), "{d}");
+    // Every agent talks to the controller over the underlay, exits or not.
+    assert!(stdout.contains("agents reach the controller outside the overlay:"), "{d}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     let prefix = stderr.split(" as ").nth(1).and_then(|s| s.split("-*").next()).unwrap_or_else(|| panic!("no prefix\n{d}")).to_string();
     let left = std::process::Command::new("ip").args(["netns", "list"]).output().unwrap();
@@ -63,6 +65,27 @@ fn lab_firewalled() {
 #[test]
 fn lab_dualhomed() {
     lab_run("lab/dualhomed.toml");
+}
+
+/// A subnet router: the printer on the office LAN, which runs no agent, is reached from
+/// laptop-1 through gw-1 (the connection arrives from gw-1's LAN address), refused on a port no
+/// rule opens and to a laptop no rule admits; gw-1 revoked, gw-2 takes over.
+#[test]
+fn lab_routes() {
+    let (stdout, _) = lab_run("lab/routes.toml");
+    assert!(stdout.contains("step 1: node gw-1 revoked"), "{stdout}");
+    let seen = |line: &str| stdout.lines().any(|l| l.starts_with("laptop-1") && l.contains("tcp 631 -> printer") && l.contains(line));
+    assert!(seen("open via gw-1                yes") && seen("open via gw-2                yes"), "{stdout}");
+}
+
+/// An exit: laptop-1's connection to a web server on the internet arrives from exit-1; laptop-2,
+/// not opted in, goes its own way; the controller stays outside the tunnel; opting out removes
+/// the default route (the web server is reached directly again).
+#[test]
+fn lab_exit() {
+    let (stdout, _) = lab_run("lab/exit.toml");
+    assert!(stdout.lines().any(|l| l.starts_with("laptop-1") && l.contains("open via exit-1              open via exit-1")), "{stdout}");
+    assert!(stdout.contains("step 1: apply of lab/exit-off"), "{stdout}");
 }
 
 /// Two controller replicas on a real PostgreSQL: ctl-1, which every agent long-polls, is killed

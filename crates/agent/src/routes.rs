@@ -107,13 +107,13 @@ impl Routing for IpRouting {
     }
 }
 
-/// The addresses of controller URLs (`https://HOST:PORT`): literal addresses as they are,
-/// names as the system resolves them.
+/// The addresses of the controllers (`HOST:PORT`, as an identity names them, or a URL):
+/// literal addresses as they are, names as the system resolves them.
 pub fn addresses(urls: &[String]) -> Vec<IpAddr> {
     use std::net::ToSocketAddrs;
     let mut out = Vec::new();
     for u in urls {
-        let Some(rest) = u.split_once("://").map(|(_, r)| r) else { continue };
+        let rest = u.split_once("://").map_or(u.as_str(), |(_, r)| r);
         let authority = rest.split('/').next().unwrap_or(rest);
         let with_port = if authority.rsplit_once(':').is_some_and(|(_, p)| p.bytes().all(|b| b.is_ascii_digit())) {
             authority.to_string()
@@ -135,8 +135,14 @@ pub fn addresses(urls: &[String]) -> Vec<IpAddr> {
 mod tests {
     #[test]
     fn controller_urls_give_their_addresses() {
-        let urls = vec!["https://198.51.100.2:8443".to_string(), "https://[2001:db8::2]:8443/".to_string(), "nonsense".to_string()];
+        let urls = vec![
+            "198.51.100.2:8443".to_string(),
+            "https://198.51.100.3:8443".to_string(),
+            "[2001:db8::2]:8443".to_string(),
+            "nonsense".to_string(),
+        ];
         let got = super::addresses(&urls);
-        assert_eq!(got, vec!["198.51.100.2".parse::<std::net::IpAddr>().unwrap(), "2001:db8::2".parse().unwrap()]);
+        let want: Vec<std::net::IpAddr> = ["198.51.100.2", "198.51.100.3", "2001:db8::2"].iter().map(|a| a.parse().unwrap()).collect();
+        assert_eq!(got, want);
     }
 }

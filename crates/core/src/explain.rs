@@ -296,6 +296,7 @@ pub fn explain_route(topo: &Topology, from: &str, target: &str) -> Option<Result
             "  {from} does not opt in (`exit = \"{}\"` on the node), so its internet traffic leaves by its own underlay",
             r.name
         );
+        return Some(Ok(s));
     }
     let admitting: Vec<usize> = (0..r.allow.len()).filter(|&i| route.sources[i].binary_search(&a).is_ok()).collect();
     if admitting.is_empty() {
@@ -323,7 +324,7 @@ pub fn explain_route(topo: &Topology, from: &str, target: &str) -> Option<Result
     if chosen.is_none() {
         let _ = writeln!(s, "  {from} has a direct path with none of its routers: the route is not installed on it");
     }
-    let mut admits_target = false;
+    let mut admits_target = None;
     for i in admitting {
         let rule = &r.allow[i];
         let what = match rule.proto {
@@ -332,7 +333,9 @@ pub fn explain_route(topo: &Topology, from: &str, target: &str) -> Option<Result
             Some(p) => format!("{p} {}", rule.ports.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")),
         };
         let fits = port.is_none_or(|p| rule.proto.is_none() || rule.ports.iter().any(|x| x.contains(p)));
-        admits_target |= fits;
+        if fits && admits_target.is_none() {
+            admits_target = Some(i + 1);
+        }
         let from_list: Vec<String> = rule.from.iter().map(|x| x.to_string()).collect();
         let _ = writeln!(s, "  rule {} ({}): {what} from {}", i + 1, rule.loc, from_list.join(", "));
     }
@@ -342,8 +345,9 @@ pub fn explain_route(topo: &Topology, from: &str, target: &str) -> Option<Result
         ", keeping the overlay source address (the LAN needs a route back)"
     };
     match (addr, port) {
-        (Some(addr), Some(p)) if admits_target => {
-            let _ = writeln!(s, "  the router's forward filter accepts {from} -> {addr}:{p} (tcp or udp as the rules say){nat}");
+        (Some(addr), Some(p)) if admits_target.is_some() => {
+            let n = admits_target.unwrap_or_default();
+            let _ = writeln!(s, "  the router's forward filter accepts {from} -> {addr}:{p} by rule {n}{nat}");
         }
         (Some(addr), Some(p)) => {
             let _ = writeln!(s, "  the router's forward filter drops {from} -> {addr}:{p}: no rule that admits {from} opens that port");

@@ -150,7 +150,7 @@ fn traffic(
             let listener = if proto == "tcp" {
                 // Verbose: the listener says where each connection came from.
                 let f = std::fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
-                ns_cmd(&to_ns, &["nc", "-v", "-l", "-k", &port]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(f).spawn()?
+                ns_cmd(&to_ns, &["nc", "-v", "-n", "-l", "-k", &port]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(f).spawn()?
             } else {
                 let f = std::fs::File::create(&mark).with_context(|| format!("cannot create {}", mark.display()))?;
                 ns_cmd(&to_ns, &["nc", "-u", "-l", "-k", &port]).stdin(Stdio::null()).stdout(f).stderr(Stdio::null()).spawn()?
@@ -169,6 +169,13 @@ fn traffic(
                 std::thread::sleep(Duration::from_millis(300));
                 std::fs::read_to_string(&mark).unwrap_or_default().contains("trellis-lab")
             };
+            if ok && via.is_some() {
+                // The listener says where the connection came from once it has accepted it.
+                let deadline = std::time::Instant::now() + Duration::from_secs(2);
+                while !std::fs::read_to_string(&log).unwrap_or_default().contains("received on ") && std::time::Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
             let mut l = listener;
             let _ = l.kill();
             let _ = l.wait();

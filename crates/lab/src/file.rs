@@ -298,7 +298,7 @@ fn check_steps(file: &Path, lab: &LabFile) -> Result<()> {
                 for (j, e) in s.expect.iter().enumerate() {
                     let what = format!("step {n} expectation {}", j + 1);
                     check_expect(file, &what, e)?;
-                    if before.iter().any(|b| b.same_check(e) && b.outcome() == e.outcome()) {
+                    if before.iter().any(|b| b.same_check(e) && b.outcome() == e.outcome() && b.via == e.via) {
                         bail!("{}: {what} is already in force; a step lists what its apply changes", file.display());
                     }
                 }
@@ -311,6 +311,11 @@ fn check_steps(file: &Path, lab: &LabFile) -> Result<()> {
 
 /// Endpoint addresses in the declaration must be lab host addresses of the same node.
 pub fn check_endpoints(lab: &LabFile, decl: &trellis_core::Declaration) -> Result<()> {
+    for h in lab.host.iter().filter(|h| h.role == Role::Outside) {
+        if decl.node(&h.name).is_some() {
+            bail!("lab host `{}` has role = \"outside\" but the declaration names it as a node; an outside host runs no agent", h.name);
+        }
+    }
     for node in &decl.nodes {
         let Some(host) = lab.host.iter().find(|h| h.name == node.name) else {
             bail!("node `{}` is declared but the lab has no host of that name", node.name);

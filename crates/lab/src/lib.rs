@@ -195,6 +195,9 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
     // Every node converged: the metrics must say so.
     let desired = procs::status(&st)?.into_iter().filter_map(|n| Some((n.name, n.desired_version?))).collect();
     let metrics_wrong = metrics::report(&st, &desired)?;
+    // Agents talk to the controller over the underlay, never through the overlay (an exit's
+    // policy routing keeps the controller outside the tunnel).
+    let through_overlay = control_through_overlay(&st, &read_valid(&in_force(st.steps_done), read_declaration)?)?;
     for i in st.steps_done..lab.step.len() {
         println!();
         match lab.action(i, lab_dir(file)) {
@@ -243,7 +246,35 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
         tally.round(&lab, &st, &in_force(st.steps_done), read_declaration)?;
     }
     println!("{} of {} expectations met", tally.rows - tally.failures, tally.rows);
-    Ok(tally.failures == 0 && metrics_wrong.is_empty())
+    Ok(tally.failures == 0 && metrics_wrong.is_empty() && through_overlay.is_empty())
+}
+
+/// The agents whose connection to a controller leaves from an overlay address, after printing
+/// how every agent reaches its controller.
+fn control_through_overlay(st: &LabState, decl: &Declaration) -> Result<Vec<String>> {
+    let running: Vec<&str> = st.controllers.iter().filter(|r| !r.killed).map(|r| r.address.as_str()).collect();
+    let overlay = |ip: &std::net::IpAddr| match ip {
+        std::net::IpAddr::V4(a) => decl.mesh.overlay_ipv4.is_some_and(|p| p.contains(a)),
+        std::net::IpAddr::V6(a) => decl.mesh.overlay_ipv6.is_some_and(|p| p.contains(a)),
+    };
+    let mut inside = Vec::new();
+    let mut held = 0;
+    for node in &st.agents {
+        let sources = timing::control_sources(st, node, &running);
+        held += usize::from(!sources.is_empty());
+        if sources.iter().any(overlay) {
+            inside.push(node.clone());
+        }
+    }
+    if inside.is_empty() {
+        println!(
+            "agents reach the controller outside the overlay: {held} of {} hold a connection, none through the overlay",
+            st.agents.len()
+        );
+    } else {
+        println!("NO: agents reach the controller through the overlay: {}", inside.join(", "));
+    }
+    Ok(inside)
 }
 
 /// Rows checked and rows not met, over every round of `check`.
@@ -261,7 +292,8 @@ impl Tally {
         let addrs = checks::overlay_addresses(&st.dir, &decl)?;
         let underlay = checks::Underlay {
             addresses: lab.host.iter().map(|h| (h.name.clone(), h.addresses.values().filter_map(|a| a.parse().ok()).collect())).collect(),
-            outside: lab.host.iter().filter(|h| h.role == file::Role::Outside).map(|h| h.name.clone()).collect(),
+            // Reached at their lab addresses: every host that is no node of the declaration.
+            outside: lab.host.iter().filter(|h| decl.node(&h.name).is_none()).map(|h| h.name.clone()).collect(),
         };
         let rows = lab
             .expectations(st.steps_done)

@@ -128,6 +128,24 @@ pub(crate) fn holds(st: &LabState, node: &str, controllers: &[&str]) -> bool {
     String::from_utf8_lossy(&out).lines().any(|l| l.split_whitespace().nth(3).is_some_and(|peer| controllers.contains(&peer)))
 }
 
+/// The local addresses of the connections `node`'s agent holds to `controllers` (HOST:PORT).
+pub(crate) fn control_sources(st: &LabState, node: &str, controllers: &[&str]) -> Vec<std::net::IpAddr> {
+    let ns = format!("{}-{node}", st.prefix);
+    let out = ns_cmd(&ns, &["ss", "-tnH", "state", "established"]).output().map(|o| o.stdout).unwrap_or_default();
+    String::from_utf8_lossy(&out)
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace().skip(2);
+            let (local, peer) = (f.next()?, f.next()?);
+            controllers
+                .contains(&peer)
+                .then(|| local.rsplit_once(':').map(|(a, _)| a.trim_matches(['[', ']']).parse().ok()))
+                .flatten()
+                .flatten()
+        })
+        .collect()
+}
+
 /// After a controller was killed: the time from `since` until every agent holds a connection to
 /// a controller still running (its long-poll moved over).
 pub(crate) fn failover(st: &LabState, since: Instant, limit: Duration) -> Result<Duration> {
