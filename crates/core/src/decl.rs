@@ -305,6 +305,8 @@ impl Expect {
 pub enum Target {
     Node(String),
     Module(String),
+    /// A route: the node uses it for this protocol and port.
+    Route(String),
 }
 
 impl fmt::Display for Target {
@@ -312,6 +314,7 @@ impl fmt::Display for Target {
         match self {
             Target::Node(n) => write!(f, "node:{n}"),
             Target::Module(n) => write!(f, "module:{n}"),
+            Target::Route(n) => write!(f, "route:{n}"),
         }
     }
 }

@@ -181,6 +181,7 @@ fn run_test(topo: &Topology, t: &PolicyTest) -> Result<(), Diagnostic> {
     let targets: Vec<u32> = match &t.to {
         Target::Node(n) => vec![topo.index[n.as_str()]],
         Target::Module(m) => topo.runners[m.as_str()].clone(),
+        Target::Route(r) => return run_route_test(topo, t, from, r),
     };
     let traffic = match t.port {
         Some(p) => format!("{} {p}", t.proto),
@@ -247,6 +248,41 @@ pub fn check(decl: &crate::Declaration) -> Vec<Diagnostic> {
     }
     crate::diag::sort(&mut out);
     out
+}
+
+/// A policy test to a route: the node uses the route (admitted by a rule, opted in for an exit)
+/// through a router it has a direct path with, and a rule that admits it opens the protocol and
+/// port.
+fn run_route_test(topo: &Topology, t: &PolicyTest, from: u32, name: &str) -> Result<(), Diagnostic> {
+    let r = topo.routes.iter().find(|r| r.route.name == name).expect("validated: the route is declared");
+    let traffic = match t.port {
+        Some(p) => format!("{} {p}", t.proto),
+        None => t.proto.to_string(),
+    };
+    let head = format!("test from node:{} to route:{name} ({traffic}) expects {}", t.from, t.expect.as_str());
+    let fail = |msg: String| Err(Diagnostic::error(&t.loc, format!("{head}, but {msg}")));
+    let admitting: Vec<usize> = (0..r.route.allow.len()).filter(|&i| r.sources[i].binary_search(&from).is_ok()).collect();
+    let opening: Vec<usize> = admitting
+        .iter()
+        .copied()
+        .filter(|&i| {
+            let rule = &r.route.allow[i];
+            rule.proto.is_none_or(|p| p == t.proto && t.port.is_none_or(|port| rule.ports.iter().any(|x| x.contains(port))))
+        })
+        .collect();
+    let uses = r.users.binary_search(&from).is_ok();
+    let reached = r.via.iter().any(|&v| matches!(topo.path(from, v, false), Path::Direct { .. }));
+    match t.expect {
+        Expect::Allow if admitting.is_empty() => fail(format!("no rule of route `{name}` admits {}", t.from)),
+        Expect::Allow if !uses => fail(format!("{} does not opt into the exit (`exit = \"{name}\"` on the node)", t.from)),
+        Expect::Allow if opening.is_empty() => fail(format!("no rule of route `{name}` that admits {} opens {traffic}", t.from)),
+        Expect::Allow if !reached => fail(format!("{} has a direct path with none of the route's routers", t.from)),
+        Expect::Deny if uses && reached && !opening.is_empty() => {
+            let by: Vec<String> = opening.iter().map(|&i| format!("rule {} ({})", i + 1, r.route.allow[i].loc)).collect();
+            fail(format!("the route admits it by {}", by.join(", ")))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// What a route does for one node: `target` is `route:NAME`, an address (`192.168.10.5`) or an

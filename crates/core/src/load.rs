@@ -547,8 +547,10 @@ fn parse_test(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Polic
             Some(Target::Node(n.to_string()))
         } else if let Some(m) = s.strip_prefix("module:") {
             Some(Target::Module(m.to_string()))
+        } else if let Some(r) = s.strip_prefix("route:") {
+            Some(Target::Route(r.to_string()))
         } else {
-            diags.push(Diagnostic::error(&loc, format!("test `to` {s:?} must be \"node:NAME\" or \"module:NAME\"")));
+            diags.push(Diagnostic::error(&loc, format!("test `to` {s:?} must be \"node:NAME\", \"module:NAME\" or \"route:NAME\"")));
             None
         }
     });
@@ -1181,6 +1183,7 @@ fn tests(decl: &Declaration, declared: &Declared, diags: &mut Vec<Diagnostic>) {
         }
         match &t.to {
             Target::Node(n) if !declared.nodes.contains(n.as_str()) => err(format!("test `to` names node `{n}`, which is not declared")),
+            Target::Route(r) if decl.route(r).is_none() => err(format!("test `to` names route `{r}`, which is not declared")),
             Target::Module(m) if !declared.modules.contains(m.as_str()) => {
                 err(format!("test `to` names module `{m}`, which has no manifest"))
             }

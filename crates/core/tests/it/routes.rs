@@ -228,3 +228,24 @@ fn check_refuses_bad_routes_with_their_place() {
         ],
     );
 }
+
+#[test]
+fn policy_tests_reach_routes() {
+    let tests = "\n[[test]]\nfrom = \"node:laptop-1\"\nto = \"route:office-lan\"\nproto = \"tcp\"\nport = 443\nexpect = \"allow\"\n\
+        [[test]]\nfrom = \"node:laptop-2\"\nto = \"route:office-lan\"\nproto = \"tcp\"\nport = 22\nexpect = \"deny\"\n\
+        [[test]]\nfrom = \"node:guest-1\"\nto = \"route:office-lan\"\nproto = \"tcp\"\nport = 80\nexpect = \"deny\"\n\
+        [[test]]\nfrom = \"node:laptop-1\"\nto = \"route:internet\"\nproto = \"udp\"\nport = 53\nexpect = \"allow\"\n";
+    let d = valid(&format!("{MESH}{tests}"), &[]);
+    assert_eq!(lines(&trellis_core::explain::check(&d)), "");
+
+    let failing = "\n[[test]]\nfrom = \"node:guest-1\"\nto = \"route:internet\"\nproto = \"tcp\"\nport = 80\nexpect = \"allow\"\n\
+        [[test]]\nfrom = \"node:laptop-2\"\nto = \"route:office-lan\"\nproto = \"tcp\"\nport = 80\nexpect = \"deny\"\n\
+        [[test]]\nfrom = \"node:laptop-2\"\nto = \"route:office-lan\"\nproto = \"udp\"\nport = 80\nexpect = \"allow\"\n";
+    let d = valid(&format!("{MESH}{failing}"), &[]);
+    assert_eq!(
+        lines(&trellis_core::explain::check(&d)),
+        "mesh.toml:67:1: error: test from node:guest-1 to route:internet (tcp 80) expects allow, but guest-1 does not opt into the exit (`exit = \"internet\"` on the node)\n\
+         mesh.toml:73:1: error: test from node:laptop-2 to route:office-lan (tcp 80) expects deny, but the route admits it by rule 1 (mesh.toml:51:3)\n\
+         mesh.toml:79:1: error: test from node:laptop-2 to route:office-lan (udp 80) expects allow, but no rule of route `office-lan` that admits laptop-2 opens udp 80\n"
+    );
+}
