@@ -32,13 +32,25 @@ pub trait Routing {
 /// exit is installed: they stay outside the tunnel).
 pub struct IpRouting {
     pub controllers: Box<dyn Fn() -> Vec<IpAddr> + Send>,
-    installed: bool,
+    /// Known after the first apply; before it, read from the host, so that what an agent
+    /// installed before a restart is still removed when a bundle drops it.
+    installed: std::cell::Cell<Option<bool>>,
 }
 
 impl IpRouting {
     pub fn new(controllers: Box<dyn Fn() -> Vec<IpAddr> + Send>) -> IpRouting {
-        IpRouting { controllers, installed: false }
+        IpRouting { controllers, installed: std::cell::Cell::new(None) }
     }
+}
+
+/// Whether the host holds any route or rule of trellis's.
+fn on_host() -> bool {
+    ["-4", "-6"].iter().any(|family| {
+        ip(&[family, "route", "show", "table", "all", "proto", PROTO]).is_ok_and(|t| !t.trim().is_empty())
+            || [PREF_CONTROLLER, PREF_SUPPRESS, PREF_EXIT]
+                .iter()
+                .any(|pref| ip(&[family, "rule", "show", "pref", pref]).is_ok_and(|t| !t.trim().is_empty()))
+    })
 }
 
 fn ip(args: &[&str]) -> Result<String> {
@@ -98,12 +110,14 @@ impl Routing for IpRouting {
                 let _ = ip(&[family, "route", "flush", "table", &table, "proto", PROTO]);
             }
         }
-        self.installed = !routes.is_empty() || exit.any();
+        self.installed.set(Some(!routes.is_empty() || exit.any()));
         Ok(())
     }
 
     fn installed(&self) -> bool {
-        self.installed
+        let known = self.installed.get().unwrap_or_else(on_host);
+        self.installed.set(Some(known));
+        known
     }
 }
 
