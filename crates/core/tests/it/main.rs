@@ -4,5 +4,6 @@ mod allocation;
 mod diagnostics;
 mod golden;
 mod incremental;
+mod pools;
 mod props;
 mod support;

@@ -144,6 +144,7 @@ impl<'d> Oracle<'d> {
             Source::Node(n) => n == node,
             Source::Group(g) => self.in_group(node, g),
             Source::Module(m) => self.d.node(node).unwrap().modules.contains(m),
+            Source::Pool(p) => self.d.node(node).unwrap().pool.as_ref() == Some(p),
             Source::Mesh => true,
         }
     }
