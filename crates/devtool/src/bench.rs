@@ -457,8 +457,14 @@ async fn bench_enrol(a: &EnrolArgs) -> Result<ExitCode> {
     // Tokens and the nodes' own keys and CSRs are made first: the figure is the controller's.
     let mut requests = Vec::with_capacity(a.nodes);
     for i in 0..a.nodes {
-        let t =
-            admin.create_token(&trellis_proto::TokenRequest { node: format!("n{i:05}"), ttl_secs: 3600, require_approval: false }).await?;
+        let t = admin
+            .create_token(&trellis_proto::TokenRequest {
+                node: format!("n{i:05}"),
+                ttl_secs: 3600,
+                require_approval: false,
+                ..Default::default()
+            })
+            .await?;
         let token = trellis_core::token::EnrolmentToken::decode(&t.token).map_err(|e| anyhow::anyhow!("{e}"))?;
         let (_key, csr) = trellis_pki::node_key_and_csr(&token.node)?;
         let mut wg = [0u8; 32];
