@@ -192,7 +192,8 @@ impl Controller {
     }
 
     /// Removes the members out of contact for longer than their pool's `ephemeral_after` (plus
-    /// [`SWEEP_SLACK`]) and those whose pool is no longer declared, each audited; their peers'
+    /// [`SWEEP_SLACK`]), revoked members, and those whose pool is no longer declared, each
+    /// audited; their peers'
     /// bundles drop them in the publish run that follows. Safe with several replicas: a member
     /// is removed by one statement that checks its last contact again, so only one replica
     /// removes (and audits) it. Returns the members removed.
@@ -204,6 +205,8 @@ impl Controller {
             let pool = m.pool.as_deref().unwrap_or_default();
             let (before, detail) = match decl.pool(pool) {
                 None => (i64::MAX, format!("member of pool {pool}, which revision {revision} no longer declares")),
+                // Revoked: it takes no part any more, and its number is freed.
+                Some(_) if m.state == EnrolledState::Revoked => (i64::MAX, format!("member of pool {pool}, revoked")),
                 Some(p) => match p.ephemeral_after {
                     None => continue,
                     Some(secs) => (

@@ -203,6 +203,10 @@ async fn a_retry_is_answered_again_and_bad_pool_requests_are_refused() {
         c.revoke_token(&t.id).await.unwrap();
         assert!(matches!(c.enrol(member_request(&t.token, 62)).await, Err(Error::Redemption(Redemption::Revoked))));
         assert!(c.store.node("ci-1").await.unwrap().is_some());
+        // A revoked member is removed by the next sweep, whatever its pool's ephemeral_after.
+        c.revoke("ci-1").await.unwrap();
+        assert_eq!(c.sweep_members().await.unwrap(), vec!["ci-1".to_string()]);
+        assert!(c.store.node("ci-1").await.unwrap().is_none());
     })
     .await;
 }
