@@ -339,6 +339,9 @@ fn check_stop(file: &Path, lab: &LabFile, n: usize, host: &str, stopped: &[&str]
     Ok(())
 }
 
+/// The most hosts one pool may have in a lab: each is a network namespace with an agent.
+pub const MAX_POOL_HOSTS: u32 = 250;
+
 /// Replaces each `[[host]]` with `pool` and `count` by its `count` hosts, named `POOL-1` ...,
 /// the first at the addresses given and each next one at the next addresses.
 fn expand_pools(file: &Path, lab: &mut LabFile) -> Result<()> {
@@ -352,9 +355,9 @@ fn expand_pools(file: &Path, lab: &mut LabFile) -> Result<()> {
                 hosts.push(h);
                 continue;
             }
-            (Some(p), Some(c)) if c >= 1 && h.name.is_empty() && h.role == Role::Node => (p.clone(), c),
+            (Some(p), Some(c)) if (1..=MAX_POOL_HOSTS).contains(&c) && h.name.is_empty() && h.role == Role::Node => (p.clone(), c),
             _ => bail!(
-                "{}: a [[host]] of a pool has `pool` and `count` (at least 1), no `name` (the controller names members) and no `role`",
+                "{}: a [[host]] of a pool has `pool` and `count` (1 to {MAX_POOL_HOSTS}), no `name` (the controller names members) and no `role`",
                 file.display()
             ),
         };
@@ -534,13 +537,15 @@ mod tests {
     fn pool_hosts_and_stops_are_checked() {
         let named = POOL.replace("pool = \"ci\"\ncount = 2", "name = \"r\"\npool = \"ci\"\ncount = 2");
         let zero = POOL.replace("count = 2", "count = 0");
-        let outside = POOL.replace("count = 2", "count = 300");
+        let outside = POOL.replace("count = 2", "count = 240");
+        let many = POOL.replace("count = 2", "count = 4000000000");
         let stop_node = POOL.replace("stop = \"ci-2\"", "stop = \"web-1\"");
         let stop_twice = format!("{POOL}\n[[step]]\nstop = \"ci-2\"\n");
         let stop_expect = format!("{POOL}  [[step.expect]]\n  from = \"ci-1\"\n  to = \"web-1\"\n  proto = \"icmp\"\n");
         for (tag, text, want) in [
-            ("named", named, "a [[host]] of a pool has `pool` and `count` (at least 1), no `name`"),
-            ("zero", zero, "a [[host]] of a pool has `pool` and `count` (at least 1)"),
+            ("named", named, "a [[host]] of a pool has `pool` and `count` (1 to 250), no `name`"),
+            ("zero", zero, "a [[host]] of a pool has `pool` and `count` (1 to 250)"),
+            ("many", many, "a [[host]] of a pool has `pool` and `count` (1 to 250)"),
             ("outside", outside, "host `ci-236` address 192.0.3.0 is not inside net `lan`"),
             ("stop-node", stop_node, "step 1 stops `web-1`, which is not a host of a pool"),
             ("stop-twice", stop_twice, "step 2 stops `ci-2`, which an earlier step stopped"),

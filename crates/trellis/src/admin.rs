@@ -146,8 +146,8 @@ pub enum TokenCommand {
         /// A token for members of this [[pool]], each named by the controller POOL-1, POOL-2, ...
         #[arg(long)]
         pool: Option<String>,
-        /// How many members the pool token may enrol (with --pool)
-        #[arg(long, requires = "pool")]
+        /// How many members the pool token may enrol (with --pool; default 1)
+        #[arg(long)]
         uses: Option<u32>,
         /// How long the token stays valid: 90s, 30m, 1h, 7d
         #[arg(long, default_value = "1h", value_parser = parse_duration)]
