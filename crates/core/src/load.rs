@@ -1027,6 +1027,7 @@ fn tests(decl: &Declaration, declared: &Declared, diags: &mut Vec<Diagnostic>) {
 /// zone.
 fn pools(decl: &Declaration, declared: &Declared, diags: &mut Vec<Diagnostic>) {
     names_of("pool", decl.pools.iter().map(|p| (&p.name, &p.loc)), diags);
+    pool_room(decl, diags);
     let mut seen = HashSet::new();
     // A pool declared twice is reported as a duplicate, and checked once.
     for p in decl.pools.iter().filter(|p| seen.insert(p.name.as_str())) {
@@ -1072,6 +1073,31 @@ fn pools(decl: &Declaration, declared: &Declared, diags: &mut Vec<Diagnostic>) {
                     ),
                 ));
             }
+        }
+    }
+}
+
+/// The overlay has an address of each family for every node and every member the pools may hold.
+fn pool_room(decl: &Declaration, diags: &mut Vec<Diagnostic>) {
+    if decl.pools.is_empty() {
+        return;
+    }
+    let members: u128 = decl.pools.iter().map(|p| p.size as u128).sum();
+    let need = decl.nodes.len() as u128 + members;
+    let v4 = decl.mesh.overlay_ipv4.map(|p| ("overlay_ipv4", p.to_string(), (1u128 << (32 - p.prefix_len())) - 2));
+    let v6 = decl
+        .mesh
+        .overlay_ipv6
+        .map(|p| ("overlay_ipv6", p.to_string(), 1u128.checked_shl(128 - p.prefix_len() as u32).unwrap_or(u128::MAX) - 1));
+    for (key, pool, usable) in [v4, v6].into_iter().flatten() {
+        if need > usable {
+            diags.push(Diagnostic::error(
+                &decl.mesh.loc,
+                format!(
+                    "`{key}` {pool} holds {usable} usable addresses, but {} nodes and pools of up to {members} members may need {need}; use a larger pool or smaller sizes",
+                    decl.nodes.len()
+                ),
+            ));
         }
     }
 }

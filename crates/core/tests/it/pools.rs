@@ -179,6 +179,19 @@ fn pool_references_and_names_are_checked() {
 }
 
 #[test]
+fn the_overlay_must_have_room_for_every_member_a_pool_may_hold() {
+    // A /24 holds 254: two nodes and 252 members fit; 253 do not.
+    let fits = mesh().replace("size = 3", "size = 252");
+    check(&fits, &[("ping.toml", PING), ("web.toml", WEB)], &[]);
+    let full = mesh().replace("size = 3", "size = 253");
+    check(
+        &full,
+        &[("ping.toml", PING), ("web.toml", WEB)],
+        &["mesh.toml:1:1: error: `overlay_ipv4` 10.88.0.0/24 holds 254 usable addresses, but 2 nodes and pools of up to 253 members may need 255; use a larger pool or smaller sizes"],
+    );
+}
+
+#[test]
 fn durations_need_a_unit_and_a_positive_count() {
     assert_eq!(duration_secs("30s"), Some(30));
     assert_eq!(duration_secs("10m"), Some(600));
