@@ -153,6 +153,10 @@ pub struct Publisher {
     runs: AtomicU64,
     /// The long-polls open per node (see `polling`).
     polling: Mutex<HashMap<String, usize>>,
+    /// The pools' members, as the last run read them: only their long-polls count as contact at
+    /// each batch (nothing else is removed for want of contact, and ten thousand agents would
+    /// otherwise be written every five seconds).
+    members: RwLock<HashSet<String>>,
 }
 
 /// A long-poll in progress (see [`Publisher::polling`]).
@@ -189,6 +193,7 @@ impl Default for Publisher {
             background: AtomicBool::new(false),
             runs: AtomicU64::new(0),
             polling: Default::default(),
+            members: Default::default(),
         }
     }
 }
@@ -212,8 +217,8 @@ impl Publisher {
     }
 
     /// A node is long-polling: until the guard drops, every batch of contacts written counts it
-    /// as in contact (a long-poll is a node waiting, not a node gone; pools' members are removed
-    /// after a time without contact).
+    /// as in contact if it is a pool's member (a long-poll is a node waiting, not a node gone;
+    /// members are removed after a time without contact).
     pub fn polling(&self, node: &str) -> Polling<'_> {
         *self.polling.lock().expect("polling").entry(node.to_string()).or_default() += 1;
         Polling { publisher: self, node: node.to_string() }
@@ -249,8 +254,11 @@ impl Controller {
     pub async fn flush_contacts(&self) {
         let now = self.now();
         let mut batch: HashMap<String, i64> = self.publisher.contacts.lock().expect("contacts").drain().collect();
-        for node in self.publisher.polling.lock().expect("polling").keys() {
-            batch.insert(node.clone(), now);
+        {
+            let members = self.publisher.members.read().expect("members");
+            for node in self.publisher.polling.lock().expect("polling").keys().filter(|n| members.contains(*n)) {
+                batch.insert(node.clone(), now);
+            }
         }
         let batch: Vec<(String, i64)> = batch.into_iter().collect();
         if batch.is_empty() {
@@ -389,6 +397,7 @@ impl Controller {
         let head = head_record.as_ref().map_or(0, |(seq, _)| *seq);
         let records = self.store.nodes().await?;
         p.set_auth(&records);
+        *p.members.write().expect("members") = records.iter().filter(|r| r.pool.is_some()).map(|r| r.name.clone()).collect();
         let Some((revision, decl)) = self.current_declaration().await? else {
             done(&mut run, head);
             return Ok((0, head_record));

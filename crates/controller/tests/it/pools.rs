@@ -153,9 +153,12 @@ async fn members_are_published_listed_and_removed_after_ephemeral_after() {
         let at = |s: i64| fx.clock.0.store(T0 + s, std::sync::atomic::Ordering::SeqCst);
         at(100);
         {
-            let _polling = c.publisher.polling("ci-1");
+            let _polling = (c.publisher.polling("ci-1"), c.publisher.polling("web-1"));
             c.flush_contacts().await;
         }
+        let web = c.store.node("web-1").await.unwrap().unwrap();
+        assert_eq!(web.last_contact, Some(T0), "only members' long-polls are written as contact");
+        assert_eq!(c.store.node("ci-1").await.unwrap().unwrap().last_contact, Some(T0 + 100));
         at(100 + 5 + trellis_controller::pools::SWEEP_SLACK);
         assert!(c.sweep_members().await.unwrap().is_empty(), "last contact at +100: not yet");
         at(100 + 5 + trellis_controller::pools::SWEEP_SLACK + 1);
