@@ -213,3 +213,43 @@ async fn a_retry_is_answered_again_and_bad_pool_requests_are_refused() {
     })
     .await;
 }
+
+/// A new revision without the pool: its members leave the compiled mesh at once, the next sweep
+/// removes them (audited), and its tokens enrol nobody more. An apply stores only the declared
+/// nodes' addresses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_no_longer_declared_loses_its_members() {
+    on_both(|fx| async move {
+        let c = &fx.c;
+        let t = pool_token(c, 4).await;
+        c.enrol(member_request(&t.token, 70)).await.unwrap();
+        let member_v4 = c.store.node("ci-1").await.unwrap().unwrap().ipv4.unwrap();
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lab/pool");
+        let mesh = std::fs::read_to_string(dir.join("mesh.toml")).unwrap();
+        // The pool goes (and the rules naming it or its group), and a node is added.
+        let without = mesh.split("[[pool]]").next().unwrap().to_string()
+            + "[[node]]\nname = \"late-1\"\nnetworks = [\"lan\"]\n"
+            + mesh.split("ephemeral_after = \"5s\"\n").nth(1).unwrap();
+        let mut files = vec![proto::DeclFile { path: "mesh.toml".into(), text: without }];
+        for m in ["http", "ping", "postgres"] {
+            let text = std::fs::read_to_string(dir.join(format!("modules/{m}.toml"))).unwrap();
+            let text = text.replace("group:runners", "node:web-1").replace("\"pool:ci\", ", "");
+            files.push(proto::DeclFile { path: format!("modules/{m}.toml"), text });
+        }
+        c.apply(&files, None).await.unwrap();
+        let nodes = c.nodes().await.unwrap();
+        let late = nodes.iter().find(|n| n.name == "late-1").unwrap();
+        assert_ne!(late.ipv4.as_deref(), Some(member_v4.as_str()));
+        let stored = c.store.allocation().await.unwrap();
+        assert!(stored.ipv4.contains_key("late-1") && !stored.ipv4.contains_key("ci-1"), "an apply stores declared nodes' addresses only");
+        let (_, mesh_now) = c.current_mesh().await.unwrap().unwrap();
+        assert!(mesh_now.node("ci-1").is_none(), "a member of an undeclared pool is not compiled");
+        let r = c.enrol(member_request(&t.token, 71)).await;
+        assert!(matches!(r, Err(Error::Redemption(Redemption::PoolUndeclared { ref pool, .. })) if pool == "ci"), "{r:?}");
+        assert_eq!(c.sweep_members().await.unwrap(), vec!["ci-1".to_string()]);
+        let audit = c.audit().await.unwrap();
+        let removed = audit.iter().find(|r| r.action == "node removed").unwrap();
+        assert!(removed.detail.contains("which revision 3 no longer declares"), "{}", removed.detail);
+    })
+    .await;
+}
