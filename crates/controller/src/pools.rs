@@ -105,8 +105,14 @@ impl Controller {
                 return Err(Redemption::PoolFull { pool: pool_name, size: pool.size }.into());
             };
             let name = pool.member_name(number);
-            // Addresses as an apply would give them: the members held are pinned where they are.
-            let mut members: Vec<Member> = records.iter().filter_map(member_of).collect();
+            // Addresses as an apply would give them: the members held are pinned where they are
+            // (those of a pool no longer declared too, as if of this one: they hold their
+            // addresses until the next sweep removes them).
+            let mut members: Vec<Member> = records
+                .iter()
+                .filter_map(member_of)
+                .map(|m| if decl.pool(&m.pool).is_some() { m } else { Member { pool: pool_name.clone(), ..m } })
+                .collect();
             members.push(Member { name: name.clone(), pool: pool_name.clone(), address_ipv4: None, address_ipv6: None });
             let allocation = trellis_core::allocate(&decl.with_members(&members), &previous)
                 .map_err(|d| Error::internal("giving a pool member its addresses", d.message))?;
