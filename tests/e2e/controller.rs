@@ -246,6 +246,37 @@ fn a_node_enrols_with_one_pasted_line_and_its_keys_never_leave_it() {
     });
 }
 
+/// A pool token: one pasted line enrols as many runners as it has uses, each named by the
+/// controller; `trellis nodes` and `token list` show the pool, and a use too many is refused.
+#[test]
+fn pool_members_enrol_with_one_line_and_are_listed_with_their_pool() {
+    both(|db| {
+        let c = Controller::start(db);
+        c.ok(&["apply", "lab/pool"]);
+        let token = c.ok(&["token", "create", "--pool", "ci", "--uses", "2", "--ttl", "10m"]).trim().to_string();
+        let t = EnrolmentToken::decode(&token).unwrap();
+        assert_eq!(t.node, "ci", "a pool token names its pool");
+        let runners = [tempdir("ci-a"), tempdir("ci-b"), tempdir("ci-c")];
+        for (i, r) in runners[..2].iter().enumerate() {
+            let out = must(enrol(&token, &r.0));
+            assert!(out.contains(&format!("enrolled node ci-{} in mesh pool (active)", i + 1)), "{db:?}: {out}");
+        }
+        fails_with(enrol(&token, &runners[2].0), "token already used");
+        let nodes = c.nodes();
+        let pools: Vec<(&str, &str)> =
+            nodes.as_array().unwrap().iter().map(|n| (n["name"].as_str().unwrap(), n["pool"].as_str().unwrap_or("-"))).collect();
+        assert_eq!(pools, [("ci-1", "ci"), ("ci-2", "ci"), ("db-1", "-"), ("web-1", "-")], "{db:?}");
+        let text = c.ok(&["nodes"]);
+        assert!(text.lines().next().unwrap().contains(" POOL "), "{text}");
+        assert!(text.lines().any(|l| l.starts_with("ci-2") && l.split_whitespace().nth(2) == Some("ci")), "{text}");
+        let tokens = c.ok(&["token", "list"]);
+        assert!(tokens.lines().any(|l| l.contains("pool:ci") && l.contains("used") && l.contains("2/2")), "{tokens}");
+        let audit = c.ok(&["audit", "list"]);
+        assert_eq!(audit.lines().filter(|l| l.contains("node enrolled")).count(), 2, "{audit}");
+        fails_with(c.admin(&["token", "create", "--pool", "cd"]), "pool `cd` is not declared in revision 1");
+    });
+}
+
 #[test]
 fn a_token_works_once_even_when_two_nodes_race() {
     both(|db| {

@@ -88,6 +88,25 @@ fn lab_exit() {
     assert!(stdout.contains("step 1: apply of lab/exit-off"), "{stdout}");
 }
 
+/// A pool: two runners enrol with one pool token and are named ci-1 and ci-2 by the controller,
+/// reach what their pool and its group are allowed and not the database; ci-2's agent is stopped,
+/// and the controller removes it after the pool's ephemeral_after (5 s): `trellis nodes` and
+/// every peer's wireguard.conf drop it, while ci-1, in contact, keeps every expectation.
+#[test]
+fn lab_pool() {
+    let (stdout, stderr) = lab_run("lab/pool.toml");
+    for m in ["ci-1", "ci-2"] {
+        assert!(stderr.contains(&format!("{m} enrolled as a member of pool ci")), "{stderr}");
+    }
+    assert!(
+        stdout.contains("step 1: agent of ci-2 stopped (SIGKILL) -> removed by the controller (gone from `trellis nodes`): "),
+        "{stdout}"
+    );
+    // Two rounds: all nine before the stop; the seven not naming ci-2 after it.
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("FROM ")).count(), 2, "{stdout}");
+    assert!(stdout.contains("16 of 16 expectations met"), "{stdout}");
+}
+
 /// Two controller replicas on a real PostgreSQL: ctl-1, which every agent long-polls, is killed
 /// mid-run; every agent must move to ctl-2 (the tokens carry both), every expectation must still
 /// hold, and a declaration applied through ctl-2 must reach every node and open the port it opens.

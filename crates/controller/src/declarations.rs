@@ -108,8 +108,15 @@ impl Controller {
             }
         }
         let previous = self.store.allocation().await?;
-        let allocation = trellis_core::allocate(&decl, &previous)
+        // Declared nodes are placed around the pools' members, whose addresses (pinned, kept on
+        // their records) are not the declaration's to store.
+        let members: Vec<trellis_core::decl::Member> = self.store.members().await?.iter().filter_map(crate::pools::member_of).collect();
+        let mut allocation = trellis_core::allocate(&decl.with_members(&members), &previous)
             .map_err(|d| Error::InvalidDeclaration { message: d.message.clone(), diagnostics: vec![diagnostic(&d)] })?;
+        for m in members.iter().filter(|m| decl.node(&m.name).is_none()) {
+            allocation.ipv4.remove(&m.name);
+            allocation.ipv6.remove(&m.name);
+        }
         let audit = Audit {
             at: self.now(),
             actor: "admin",

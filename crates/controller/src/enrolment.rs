@@ -45,7 +45,7 @@ fn well_formed(req: &proto::EnrolRequest) -> Result<()> {
 }
 
 impl Controller {
-    fn system_time(&self) -> SystemTime {
+    pub(crate) fn system_time(&self) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(self.now().max(0) as u64)
     }
 
@@ -129,6 +129,9 @@ impl Controller {
             return Err(Redemption::Wrong.into());
         }
         let t = self.now();
+        if token.pool.is_some() {
+            return self.redeem_member(&token, req).await;
+        }
         match crate::tokens::token_state(&token, t) {
             TokenState::Valid => {}
             TokenState::Revoked => return Err(Redemption::Revoked.into()),
@@ -168,6 +171,9 @@ impl Controller {
             enrolled_at: t,
             last_contact: Some(t),
             cert_pem: Some(issued.cert_pem.clone()),
+            pool: None,
+            ipv4: None,
+            ipv6: None,
         };
         let audit = Audit {
             at: t,
@@ -192,7 +198,7 @@ impl Controller {
 
     /// The answer to a redemption: the node's certificate and what it needs to trust and reach
     /// the mesh.
-    fn enrolled(&self, node: String, mesh: String, state: EnrolledState, node_cert_pem: String) -> proto::EnrolResponse {
+    pub(crate) fn enrolled(&self, node: String, mesh: String, state: EnrolledState, node_cert_pem: String) -> proto::EnrolResponse {
         proto::EnrolResponse {
             node,
             mesh,

@@ -31,6 +31,8 @@ pub enum Error {
     // --- tokens ------------------------------------------------------------------------------
     #[error("node `{node}` is not declared in revision {revision}; declare it and apply first")]
     NodeNotDeclared { node: String, revision: i64 },
+    #[error("pool `{pool}` is not declared in revision {revision}; declare it as a [[pool]] and apply first")]
+    PoolNotDeclared { pool: String, revision: i64 },
     #[error("node `{0}` declares a public_key: it is managed outside trellis and does not enrol")]
     NodeManagedOutside(String),
     #[error("no token {0}")]
@@ -100,6 +102,10 @@ pub enum Redemption {
     BadCsr(String),
     #[error("too many refused enrolments from {from}; try again in {wait} s")]
     TooMany { from: String, wait: i64 },
+    #[error("pool `{pool}` holds {size} members already, its size; wait for one to be removed or raise `size`")]
+    PoolFull { pool: String, size: u32 },
+    #[error("pool `{pool}` is no longer declared (revision {revision})")]
+    PoolUndeclared { pool: String, revision: i64 },
 }
 
 /// Why a node's request was refused before it was heard.
@@ -140,7 +146,7 @@ impl Error {
             Error::InvalidDeclaration { .. } => "invalid_declaration",
             Error::RevisionConflict { .. } => "revision_conflict",
             Error::NoDeclaration(_) => "no_declaration",
-            Error::NodeNotDeclared { .. } | Error::TokenNotFound(_) => "not_found",
+            Error::NodeNotDeclared { .. } | Error::PoolNotDeclared { .. } | Error::TokenNotFound(_) => "not_found",
             Error::NodeManagedOutside(_) => "node_managed_outside",
             Error::TokenNotRevocable { .. } => "token_not_revocable",
             Error::Redemption(r) => r.code(),
@@ -178,6 +184,8 @@ impl Redemption {
             Redemption::NoDeclaration => "no_declaration",
             Redemption::NodeUndeclared { .. } => "node_undeclared",
             Redemption::NodeManagedOutside(_) => "node_managed_outside",
+            Redemption::PoolFull { .. } => "pool_full",
+            Redemption::PoolUndeclared { .. } => "pool_undeclared",
         }
     }
 }

@@ -10,6 +10,7 @@ pub mod enrolment;
 pub mod error;
 pub mod metrics;
 pub mod nodes;
+pub mod pools;
 pub mod publish;
 pub mod refusals;
 pub mod state;
@@ -87,6 +88,8 @@ pub struct Controller {
     stopping: tokio::sync::watch::Sender<bool>,
     /// What decisions, publish runs and the HTTP edge count (see `metrics`).
     pub metrics: metrics::Metrics,
+    /// The current declaration with its pools' members (see `pools`).
+    members_cache: pools::MembersCache,
 }
 
 impl Controller {
@@ -105,6 +108,7 @@ impl Controller {
             refusals: refusals::Refusals::new(refusals::RefusalLimits::default()),
             stopping: tokio::sync::watch::Sender::new(false),
             metrics: metrics::Metrics::new(),
+            members_cache: Default::default(),
         }
     }
 

@@ -44,8 +44,9 @@ impl Controller {
     /// Every node, in name order. Contacts held in memory are written first, so they show.
     pub async fn roster(&self) -> Result<Vec<RosterEntry>> {
         self.flush_contacts().await;
-        let decl = self.current_declaration().await?.map(|(_, d)| d);
-        let mut records: HashMap<String, NodeRecord> = self.store.nodes().await?.into_iter().map(|r| (r.name.clone(), r)).collect();
+        let records = self.store.nodes().await?;
+        let decl = self.current_declaration().await?.map(|(rev, d)| self.with_members(rev, d, &records));
+        let mut records: HashMap<String, NodeRecord> = records.into_iter().map(|r| (r.name.clone(), r)).collect();
         let mut names: Vec<String> = decl.iter().flat_map(|d| d.nodes.iter().map(|n| n.name.clone())).collect();
         names.extend(records.keys().cloned());
         names.sort();
@@ -75,8 +76,10 @@ impl Controller {
             .map(|e| {
                 let key = e.declared_key.map(|k| k.to_string()).or_else(|| e.record.as_ref().and_then(|r| r.wg_public_key.clone()));
                 proto::NodeInfo {
-                    ipv4: alloc.ipv4.get(&e.name).map(|a| a.to_string()),
-                    ipv6: alloc.ipv6.get(&e.name).map(|a| a.to_string()),
+                    // A pool's member holds the addresses it was given when it enrolled.
+                    ipv4: alloc.ipv4.get(&e.name).map(|a| a.to_string()).or_else(|| e.record.as_ref().and_then(|r| r.ipv4.clone())),
+                    ipv6: alloc.ipv6.get(&e.name).map(|a| a.to_string()).or_else(|| e.record.as_ref().and_then(|r| r.ipv6.clone())),
+                    pool: e.record.as_ref().and_then(|r| r.pool.clone()),
                     key_fingerprint: key.as_deref().and_then(key_fingerprint),
                     wireguard_public_key: key,
                     cert_not_after: e.record.as_ref().and_then(|r| r.cert_not_after),

@@ -151,6 +151,30 @@ pub struct Publisher {
     background: AtomicBool,
     /// Runs finished, for figures and tests.
     runs: AtomicU64,
+    /// The long-polls open per node (see `polling`).
+    polling: Mutex<HashMap<String, usize>>,
+    /// The pools' members, as the last run read them: only their long-polls count as contact at
+    /// each batch (nothing else is removed for want of contact, and ten thousand agents would
+    /// otherwise be written every five seconds).
+    members: RwLock<HashSet<String>>,
+}
+
+/// A long-poll in progress (see [`Publisher::polling`]).
+pub struct Polling<'a> {
+    publisher: &'a Publisher,
+    node: String,
+}
+
+impl Drop for Polling<'_> {
+    fn drop(&mut self) {
+        let mut p = self.publisher.polling.lock().expect("polling");
+        if let Some(n) = p.get_mut(&self.node) {
+            *n -= 1;
+            if *n == 0 {
+                p.remove(&self.node);
+            }
+        }
+    }
 }
 
 impl Default for Publisher {
@@ -168,6 +192,8 @@ impl Default for Publisher {
             wake: tokio::sync::Notify::new(),
             background: AtomicBool::new(false),
             runs: AtomicU64::new(0),
+            polling: Default::default(),
+            members: Default::default(),
         }
     }
 }
@@ -188,6 +214,14 @@ impl Publisher {
     /// Remembers that a node made contact; written to the database in batches.
     pub fn contact(&self, node: &str, at: i64) {
         self.contacts.lock().expect("contacts").insert(node.to_string(), at);
+    }
+
+    /// A node is long-polling: until the guard drops, every batch of contacts written counts it
+    /// as in contact if it is a pool's member (a long-poll is a node waiting, not a node gone;
+    /// members are removed after a time without contact).
+    pub fn polling(&self, node: &str) -> Polling<'_> {
+        *self.polling.lock().expect("polling").entry(node.to_string()).or_default() += 1;
+        Polling { publisher: self, node: node.to_string() }
     }
 
     /// How many publish runs have finished.
@@ -218,7 +252,15 @@ impl Publisher {
 impl Controller {
     /// Writes the contacts held in memory to the database.
     pub async fn flush_contacts(&self) {
-        let batch: Vec<(String, i64)> = self.publisher.contacts.lock().expect("contacts").drain().collect();
+        let now = self.now();
+        let mut batch: HashMap<String, i64> = self.publisher.contacts.lock().expect("contacts").drain().collect();
+        {
+            let members = self.publisher.members.read().expect("members");
+            for node in self.publisher.polling.lock().expect("polling").keys().filter(|n| members.contains(*n)) {
+                batch.insert(node.clone(), now);
+            }
+        }
+        let batch: Vec<(String, i64)> = batch.into_iter().collect();
         if batch.is_empty() {
             return;
         }
@@ -355,10 +397,13 @@ impl Controller {
         let head = head_record.as_ref().map_or(0, |(seq, _)| *seq);
         let records = self.store.nodes().await?;
         p.set_auth(&records);
-        let Some((_, decl)) = self.current_declaration().await? else {
+        *p.members.write().expect("members") = records.iter().filter(|r| r.pool.is_some()).map(|r| r.name.clone()).collect();
+        let Some((revision, decl)) = self.current_declaration().await? else {
             done(&mut run, head);
             return Ok((0, head_record));
         };
+        // Pools' members are nodes of the mesh too (ADR 0019).
+        let decl = self.with_members(revision, decl, &records);
         *p.mesh.write().expect("mesh") = decl.mesh.name.clone();
         // A set, not `Declaration::node` (a linear search: 50 million comparisons a run at 10k).
         let declared: HashSet<&str> = decl.nodes.iter().map(|n| n.name.as_str()).collect();

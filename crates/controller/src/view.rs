@@ -53,7 +53,7 @@ impl Controller {
     /// The live picture: the current declaration's nodes and links, each node with its state.
     pub async fn graph(&self) -> Result<proto::MeshGraph> {
         let status = self.status().await?;
-        let Some((revision, decl)) = self.current_declaration().await? else {
+        let Some((revision, decl)) = self.current_mesh().await? else {
             return Ok(proto::MeshGraph { revision: None, nodes: Vec::new(), links: Vec::new() });
         };
         let alloc = self.store.allocation().await?;
@@ -100,7 +100,7 @@ impl Controller {
 
     /// `explain` between two nodes of the current declaration.
     pub async fn explain(&self, from: &str, to: &str) -> Result<proto::Explanation> {
-        let Some((_, decl)) = self.current_declaration().await? else {
+        let Some((_, decl)) = self.current_mesh().await? else {
             return Err(Error::NoDeclaration("no declaration has been applied yet; run `trellis apply DIR` first"));
         };
         let alloc = self.store.allocation().await?;

@@ -20,6 +20,7 @@ pub struct Declaration {
     /// nodes.
     pub routes: Vec<Route>,
     pub tests: Vec<PolicyTest>,
+    pub pools: Vec<Pool>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -72,6 +73,9 @@ pub struct Node {
     /// Where each of `networks`, `groups` and `modules` is written, in the same order, so a
     /// diagnostic about one points at it.
     pub refs: NodeRefs,
+    /// The pool this node is a member of: set only on the members the controller adds
+    /// ([`Pool::member`]), never by a declaration file.
+    pub pool: Option<String>,
 }
 
 /// The places of a node's references.
@@ -254,6 +258,8 @@ pub enum Source {
     Node(String),
     Group(String),
     Module(String),
+    /// Every live member of a pool.
+    Pool(String),
     Mesh,
 }
 
@@ -268,6 +274,7 @@ impl Source {
             "node" => Some(Source::Node(name)),
             "group" => Some(Source::Group(name)),
             "module" => Some(Source::Module(name)),
+            "pool" => Some(Source::Pool(name)),
             _ => None,
         }
     }
@@ -279,6 +286,7 @@ impl fmt::Display for Source {
             Source::Node(n) => write!(f, "node:{n}"),
             Source::Group(n) => write!(f, "group:{n}"),
             Source::Module(n) => write!(f, "module:{n}"),
+            Source::Pool(n) => write!(f, "pool:{n}"),
             Source::Mesh => f.write_str("mesh"),
         }
     }
@@ -342,4 +350,112 @@ impl Declaration {
     pub fn route(&self, name: &str) -> Option<&Route> {
         self.routes.iter().find(|r| r.name == name)
     }
+
+    pub fn pool(&self, name: &str) -> Option<&Pool> {
+        self.pools.iter().find(|p| p.name == name)
+    }
+
+    /// The declaration with the live members of its pools added as nodes (`members` are names
+    /// with their pool and pinned overlay addresses): what the controller compiles. A member whose
+    /// pool is no longer declared, or whose name a declared node holds, is left out.
+    pub fn with_members(&self, members: &[Member]) -> Declaration {
+        let mut out = self.clone();
+        for m in members {
+            if let Some(pool) = self.pool(&m.pool) {
+                if self.node(&m.name).is_none() {
+                    out.nodes.push(pool.member(m));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A `[[pool]]`: a template for short-lived nodes that enrol with a reusable token and are named
+/// by the controller `NAME-1`, `NAME-2`, ... (the lowest free number, at most `size`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pool {
+    pub name: String,
+    /// At most this many live members at once; members are numbered 1 to `size`.
+    pub size: u32,
+    pub networks: Vec<String>,
+    pub groups: Vec<String>,
+    pub modules: Vec<String>,
+    /// Seconds without contact after which the controller removes a member.
+    pub ephemeral_after: Option<u64>,
+    pub loc: Loc,
+    pub refs: NodeRefs,
+}
+
+/// A live member of a pool, as the controller records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub name: String,
+    pub pool: String,
+    pub address_ipv4: Option<Ipv4Addr>,
+    pub address_ipv6: Option<Ipv6Addr>,
+}
+
+impl Pool {
+    /// The name of member `n`.
+    pub fn member_name(&self, n: u32) -> String {
+        format!("{}-{n}", self.name)
+    }
+
+    /// The member number `name` would have in this pool (`ci-7` is 7 in `ci`), if it has the
+    /// shape of a member's name: the pool's name, `-`, and digits without a leading zero.
+    pub fn number_of(&self, name: &str) -> Option<u32> {
+        let digits = name.strip_prefix(self.name.as_str())?.strip_prefix('-')?;
+        if digits.is_empty() || digits.starts_with('0') || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        digits.parse().ok()
+    }
+
+    /// The lowest member number in 1..=size that `taken` does not hold; none when the pool is
+    /// full.
+    pub fn lowest_free(&self, taken: impl IntoIterator<Item = u32>) -> Option<u32> {
+        let mut used = vec![false; self.size as usize + 1];
+        for n in taken {
+            if let Some(u) = used.get_mut(n as usize) {
+                *u = true;
+            }
+        }
+        (1..=self.size).find(|&n| !used[n as usize])
+    }
+
+    /// A member as a node: the pool's networks, groups and modules, no endpoint (it dials out),
+    /// the addresses it was given at enrolment pinned, and the pool's place in the declaration.
+    pub fn member(&self, m: &Member) -> Node {
+        Node {
+            name: m.name.clone(),
+            hub: false,
+            networks: self.networks.clone(),
+            groups: self.groups.clone(),
+            modules: self.modules.clone(),
+            address_ipv4: m.address_ipv4,
+            address_ipv6: m.address_ipv6,
+            endpoints: Vec::new(),
+            public_key: None,
+            exit: None,
+            loc: self.loc.clone(),
+            refs: self.refs.clone(),
+            pool: Some(self.name.clone()),
+        }
+    }
+}
+
+/// A duration as declarations and the command line write it: digits and a unit, `s`, `m`, `h`
+/// or `d` (`30s`, `10m`, `1h`, `7d`), in seconds; zero is refused.
+pub fn duration_secs(s: &str) -> Option<u64> {
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit())?);
+    let n: u64 = num.parse().ok().filter(|&n| n > 0)?;
+    let mult = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => return None,
+    };
+    n.checked_mul(mult)
 }

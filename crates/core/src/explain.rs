@@ -109,6 +109,7 @@ fn matches(topo: &Topology, from: u32, r: &ResolvedRule) -> RuleMatch {
                 Some(format!("{s} ({} is a member)", node.name))
             }
             Source::Module(m) if node.modules.contains(m) => Some(format!("{s} ({} runs it)", node.name)),
+            Source::Pool(p) if node.pool.as_ref() == Some(p) => Some(format!("{s} ({} is a member)", node.name)),
             Source::Mesh => Some("mesh".to_string()),
             _ => None,
         })
@@ -223,6 +224,16 @@ fn run_test(topo: &Topology, t: &PolicyTest) -> Result<(), Diagnostic> {
 
 /// Everything `trellis check` reports beyond parsing: an exhausted pool, failing policy tests,
 /// pairs with allowed traffic but no path, and rules whose sources name no node.
+/// Whether the pools' members, once enrolled, may be among a source's nodes.
+fn grows_with_pools(decl: &crate::Declaration, s: &Source) -> bool {
+    match s {
+        Source::Pool(_) => true,
+        Source::Group(g) => decl.pools.iter().any(|p| p.groups.contains(g)),
+        Source::Module(m) => decl.pools.iter().any(|p| p.modules.contains(m)),
+        Source::Node(_) | Source::Mesh => false,
+    }
+}
+
 pub fn check(decl: &crate::Declaration) -> Vec<Diagnostic> {
     let alloc = match crate::allocate(decl, &crate::Allocation::default()) {
         Ok(a) => a,
@@ -239,7 +250,9 @@ pub fn check(decl: &crate::Declaration) -> Vec<Diagnostic> {
         }
     }
     for r in &topo.rules {
-        if r.sources.is_empty() {
+        // A pool's members join when they enrol, so a rule naming a pool, or a group or module
+        // its members join, may admit nobody yet.
+        if r.sources.is_empty() && !r.rule.from.iter().any(|s| grows_with_pools(topo.decl, s)) {
             out.push(Diagnostic::warning(
                 &r.rule.loc,
                 format!("rule {} of module `{}` names sources that contain no node; it admits nothing", r.number, r.module),

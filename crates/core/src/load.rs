@@ -292,6 +292,7 @@ struct Parsed {
     modules: Vec<Module>,
     routes: Vec<Route>,
     tests: Vec<PolicyTest>,
+    pools: Vec<crate::decl::Pool>,
 }
 
 impl Parsed {
@@ -304,17 +305,19 @@ impl Parsed {
             modules: self.modules,
             routes: self.routes,
             tests: self.tests,
+            pools: self.pools,
         })
     }
 }
 
-const MESH_FILE_KEYS: &[&str] = &["mesh", "networks", "groups", "node", "route", "test"];
+const MESH_FILE_KEYS: &[&str] = &["mesh", "networks", "groups", "node", "route", "test", "pool"];
 const MESH_KEYS: &[&str] = &["name", "domain", "overlay_ipv4", "overlay_ipv6", "port", "interface", "mtu"];
 const NODE_KEYS: &[&str] =
     &["name", "hub", "networks", "groups", "modules", "address_ipv4", "address_ipv6", "endpoint", "public_key", "exit"];
 const ROUTE_KEYS: &[&str] = &["name", "prefixes", "via", "masquerade", "allow", "host"];
 const ROUTE_HOST_KEYS: &[&str] = &["name", "address"];
 const ENDPOINT_KEYS: &[&str] = &["address", "reachable_from"];
+const POOL_KEYS: &[&str] = &["name", "size", "networks", "groups", "modules", "ephemeral_after"];
 const TEST_KEYS: &[&str] = &["from", "to", "proto", "port", "expect"];
 const MODULE_FILE_KEYS: &[&str] = &["module", "allow"];
 const MODULE_KEYS: &[&str] = &["name", "description"];
@@ -370,6 +373,11 @@ fn parse_mesh(file: &SourceFile, diags: &mut Vec<Diagnostic>) -> Parsed {
             if let Some(route) = parse_route(&doc, &t, diags) {
                 out.routes.push(route);
             }
+        }
+    }
+    for v in top.tables(&doc, "pool", diags) {
+        if let Some(t) = Table::new(&doc, "[[pool]]", v, POOL_KEYS, diags) {
+            out.pools.extend(parse_pool_table(&doc, &t, diags));
         }
     }
     for v in top.tables(&doc, "test", diags) {
@@ -531,7 +539,61 @@ fn parse_node(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Node>
     }
     let exit = t.str(doc, "exit", diags);
     let (name, _) = name?;
-    Some(Node { name, hub, networks, groups, modules, address_ipv4, address_ipv6, endpoints, public_key, exit, loc: t.loc.clone(), refs })
+    Some(Node {
+        name,
+        hub,
+        networks,
+        groups,
+        modules,
+        address_ipv4,
+        address_ipv6,
+        endpoints,
+        public_key,
+        exit,
+        loc: t.loc.clone(),
+        refs,
+        pool: None,
+    })
+}
+
+/// The most members a pool may hold.
+pub const MAX_POOL_SIZE: i64 = 65_535;
+
+fn parse_pool_table(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<crate::decl::Pool> {
+    let name = t.required_str(doc, "name", diags);
+    let names = |key: &str, diags: &mut Vec<Diagnostic>| -> (Vec<String>, Vec<Loc>) {
+        t.strings(doc, key, diags).unwrap_or_default().into_iter().unzip()
+    };
+    let (networks, network_locs) = names("networks", diags);
+    let (groups, group_locs) = names("groups", diags);
+    let (modules, module_locs) = names("modules", diags);
+    let refs = NodeRefs { networks: network_locs, groups: group_locs, modules: module_locs };
+    if t.get("size").is_none() {
+        t.missing("size", diags);
+    }
+    let size = match t.int(doc, "size", diags) {
+        Some((n, _)) if (1..=MAX_POOL_SIZE).contains(&n) => Some(n as u32),
+        Some((n, loc)) => {
+            diags.push(Diagnostic::error(&loc, format!("pool `size` {n} must be from 1 to {MAX_POOL_SIZE}")));
+            None
+        }
+        None => None,
+    };
+    let ephemeral_after = match t.str(doc, "ephemeral_after", diags) {
+        None => None,
+        Some((s, loc)) => match duration_secs(&s) {
+            Some(secs) => Some(secs),
+            None => {
+                diags.push(Diagnostic::error(
+                    &loc,
+                    format!("pool `ephemeral_after` {s:?} is not a duration such as \"30s\", \"10m\", \"1h\" or \"1d\""),
+                ));
+                return None;
+            }
+        },
+    };
+    let (name, _) = name?;
+    Some(crate::decl::Pool { name, size: size?, networks, groups, modules, ephemeral_after, loc: t.loc.clone(), refs })
 }
 
 fn parse_test(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<PolicyTest> {
@@ -765,8 +827,10 @@ fn rule_sources(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<(Ve
         match Source::parse(&s) {
             Some(src) => sources.push((src, loc)),
             // Reported; the rule keeps its other sources so they are checked too.
-            None => diags
-                .push(Diagnostic::error(&loc, format!("source {s:?} must be \"node:NAME\", \"group:NAME\", \"module:NAME\" or \"mesh\""))),
+            None => diags.push(Diagnostic::error(
+                &loc,
+                format!("source {s:?} must be \"node:NAME\", \"group:NAME\", \"module:NAME\", \"pool:NAME\" or \"mesh\""),
+            )),
         }
     }
     Some(sources.into_iter().unzip())
@@ -802,6 +866,7 @@ fn validate(decl: &Declaration, diags: &mut Vec<Diagnostic>) {
     routes(decl, &declared, diags);
     exits(decl, diags);
     tests(decl, &declared, diags);
+    pools(decl, &declared, diags);
 }
 
 /// The names declared of each kind, for checking what refers to them.
@@ -810,6 +875,7 @@ struct Declared<'d> {
     groups: HashSet<&'d str>,
     nodes: HashSet<&'d str>,
     modules: HashSet<&'d str>,
+    pools: HashSet<&'d str>,
 }
 
 impl<'d> Declared<'d> {
@@ -819,6 +885,7 @@ impl<'d> Declared<'d> {
             groups: decl.groups.iter().map(|g| g.name.as_str()).collect(),
             nodes: decl.nodes.iter().map(|n| n.name.as_str()).collect(),
             modules: decl.modules.iter().map(|m| m.name.as_str()).collect(),
+            pools: decl.pools.iter().map(|p| p.name.as_str()).collect(),
         }
     }
 }
@@ -1024,6 +1091,7 @@ fn module_sources(decl: &Declaration, declared: &Declared, diags: &mut Vec<Diagn
                     Source::Node(n) => ("node", n, &declared.nodes),
                     Source::Group(g) => ("group", g, &declared.groups),
                     Source::Module(m) => ("module", m, &declared.modules),
+                    Source::Pool(p) => ("pool", p, &declared.pools),
                     Source::Mesh => continue,
                 };
                 if !set.contains(name.as_str()) {
@@ -1102,6 +1170,7 @@ fn routes(decl: &Declaration, declared: &Declared, diags: &mut Vec<Diagnostic>) 
                     Source::Node(n) => ("node", n, &declared.nodes),
                     Source::Group(g) => ("group", g, &declared.groups),
                     Source::Module(m) => ("module", m, &declared.modules),
+                    Source::Pool(p) => ("pool", p, &declared.pools),
                     Source::Mesh => continue,
                 };
                 if !set.contains(name.as_str()) {
@@ -1143,6 +1212,7 @@ pub fn names_node(from: &[Source], decl: &Declaration, n: &Node) -> bool {
         Source::Node(x) => *x == n.name,
         Source::Group(g) => n.groups.contains(g) || decl.groups.iter().any(|x| x.name == *g && x.members.contains(&n.name)),
         Source::Module(m) => n.modules.contains(m),
+        Source::Pool(p) => n.pool.as_ref() == Some(p),
         Source::Mesh => true,
     })
 }
@@ -1188,6 +1258,87 @@ fn tests(decl: &Declaration, declared: &Declared, diags: &mut Vec<Diagnostic>) {
                 err(format!("test `to` names module `{m}`, which has no manifest"))
             }
             _ => {}
+        }
+    }
+}
+
+/// A pool: its name a DNS label, unique among pools, with room in a label for its members'
+/// names; its networks, groups and modules declared; no declared node or module named like one
+/// of its members (`NAME-DIGITS`), since the controller names members so and both share the
+/// zone.
+fn pools(decl: &Declaration, declared: &Declared, diags: &mut Vec<Diagnostic>) {
+    names_of("pool", decl.pools.iter().map(|p| (&p.name, &p.loc)), diags);
+    pool_room(decl, diags);
+    let mut seen = HashSet::new();
+    // A pool declared twice is reported as a duplicate, and checked once.
+    for p in decl.pools.iter().filter(|p| seen.insert(p.name.as_str())) {
+        let longest = p.member_name(p.size);
+        if is_dns_label(&p.name) && longest.len() > 63 {
+            diags.push(Diagnostic::error(
+                &p.loc,
+                format!("pool `{}` would name a member `{longest}`, longer than a DNS label (63); use a shorter name", p.name),
+            ));
+        }
+        let at = |locs: &[Loc], i: usize| locs.get(i).unwrap_or(&p.loc).clone();
+        for (i, net) in p.networks.iter().enumerate() {
+            if !declared.networks.contains(net.as_str()) {
+                let msg = format!(
+                    "pool `{}` sits on network `{net}`, which is not declared in [networks] ({})",
+                    p.name,
+                    listing(&declared.networks)
+                );
+                diags.push(Diagnostic::error(&at(&p.refs.networks, i), msg));
+            }
+        }
+        for (i, g) in p.groups.iter().enumerate() {
+            if !declared.groups.contains(g.as_str()) {
+                let msg = format!("pool `{}` names group `{g}`, which is not declared in [groups] ({})", p.name, listing(&declared.groups));
+                diags.push(Diagnostic::error(&at(&p.refs.groups, i), msg));
+            }
+        }
+        for (i, m) in p.modules.iter().enumerate() {
+            if !declared.modules.contains(m.as_str()) {
+                let msg =
+                    format!("pool `{}` runs module `{m}`, which has no manifest in modules/ ({})", p.name, listing(&declared.modules));
+                diags.push(Diagnostic::error(&at(&p.refs.modules, i), msg));
+            }
+        }
+        let taken = decl.nodes.iter().map(|n| ("node", &n.name, &n.loc)).chain(decl.modules.iter().map(|m| ("module", &m.name, &m.loc)));
+        for (kind, name, loc) in taken {
+            if p.number_of(name).is_some() {
+                diags.push(Diagnostic::error(
+                    loc,
+                    format!(
+                        "{kind} `{name}` is named like a member of pool `{}` (declared at {}), which the controller names `{}-1`, `{}-2`, ...; rename one of them",
+                        p.name, p.loc, p.name, p.name
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+/// The overlay has an address of each family for every node and every member the pools may hold.
+fn pool_room(decl: &Declaration, diags: &mut Vec<Diagnostic>) {
+    if decl.pools.is_empty() {
+        return;
+    }
+    let members: u128 = decl.pools.iter().map(|p| p.size as u128).sum();
+    let need = decl.nodes.len() as u128 + members;
+    let v4 = decl.mesh.overlay_ipv4.map(|p| ("overlay_ipv4", p.to_string(), (1u128 << (32 - p.prefix_len())) - 2));
+    let v6 = decl
+        .mesh
+        .overlay_ipv6
+        .map(|p| ("overlay_ipv6", p.to_string(), 1u128.checked_shl(128 - p.prefix_len() as u32).unwrap_or(u128::MAX) - 1));
+    for (key, pool, usable) in [v4, v6].into_iter().flatten() {
+        if need > usable {
+            diags.push(Diagnostic::error(
+                &decl.mesh.loc,
+                format!(
+                    "`{key}` {pool} holds {usable} usable addresses, but {} nodes and pools of up to {members} members may need {need}; use a larger pool or smaller sizes",
+                    decl.nodes.len()
+                ),
+            ));
         }
     }
 }

@@ -168,6 +168,11 @@ fn hubs_len_words(hubs: &[u32]) -> usize {
     hubs.len().div_ceil(64).max(1)
 }
 
+/// The positions of a pool's members (the nodes the controller added for it).
+fn pool_members<'a>(nodes: &'a [&Node], pool: &'a str) -> impl Iterator<Item = u32> + 'a {
+    (0..nodes.len() as u32).filter(move |&i| nodes[i as usize].pool.as_deref() == Some(pool))
+}
+
 fn set_of(mut v: Vec<u32>) -> NodeSet {
     v.sort_unstable();
     v.dedup();
@@ -231,6 +236,7 @@ impl<'d> Topology<'d> {
                     Source::Node(n) => sources.extend(index.get(n.as_str())),
                     Source::Group(g) => sources.extend(groups.get(g.as_str()).into_iter().flatten()),
                     Source::Module(m) => sources.extend(runners.get(m.as_str()).into_iter().flatten()),
+                    Source::Pool(p) => sources.extend(pool_members(&nodes, p)),
                     Source::Mesh => sources.extend(&all),
                 }
             }

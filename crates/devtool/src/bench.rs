@@ -336,6 +336,24 @@ fn bench_compile(args: &CompileArgs) -> Result<ExitCode> {
     }
     moved.groups.iter_mut().find(|g| g.name == "grp-1").expect("generated").members.push(target.clone());
     let moved = Arc::new(moved);
+    // A member of a pool joins (ADR 0019): the declaration gains a node the controller adds, in a
+    // group and running a module, with its key.
+    let mut pooled = (*decl).clone();
+    let template = &decl.nodes[decl.nodes.len() - 1];
+    pooled.pools.push(trellis_core::decl::Pool {
+        name: "pool".into(),
+        size: 10,
+        networks: template.networks.clone(),
+        groups: vec!["grp-1".into()],
+        modules: template.modules.clone(),
+        ephemeral_after: Some(600),
+        loc: template.loc.clone(),
+        refs: Default::default(),
+    });
+    let member = trellis_core::decl::Member { name: "pool-1".into(), pool: "pool".into(), address_ipv4: None, address_ipv6: None };
+    let joined = Arc::new(pooled.with_members(&[member]));
+    let mut member_keys = keys.clone();
+    member_keys.insert("pool-1".into(), PublicKey([0xf0; 32]));
     /// A change to time: what it is for people, its JSON key, and the inputs after it.
     struct Case<'a> {
         what: &'static str,
@@ -347,6 +365,7 @@ fn bench_compile(args: &CompileArgs) -> Result<ExitCode> {
         Case { what: "one node re-keyed", key: "rekey_one_node", decl: &decl, keys: &rekeyed },
         Case { what: "one node enrols", key: "enrol_one_node", decl: &decl, keys: &enrolled },
         Case { what: "one node changes group", key: "regroup_one_node", decl: &moved, keys: &keys },
+        Case { what: "a pool member joins", key: "pool_member_joins", decl: &joined, keys: &member_keys },
         Case { what: "no change", key: "no_change", decl: &decl, keys: &keys },
     ];
     let mut figures = Vec::new();
@@ -457,8 +476,14 @@ async fn bench_enrol(a: &EnrolArgs) -> Result<ExitCode> {
     // Tokens and the nodes' own keys and CSRs are made first: the figure is the controller's.
     let mut requests = Vec::with_capacity(a.nodes);
     for i in 0..a.nodes {
-        let t =
-            admin.create_token(&trellis_proto::TokenRequest { node: format!("n{i:05}"), ttl_secs: 3600, require_approval: false }).await?;
+        let t = admin
+            .create_token(&trellis_proto::TokenRequest {
+                node: format!("n{i:05}"),
+                ttl_secs: 3600,
+                require_approval: false,
+                ..Default::default()
+            })
+            .await?;
         let token = trellis_core::token::EnrolmentToken::decode(&t.token).map_err(|e| anyhow::anyhow!("{e}"))?;
         let (_key, csr) = trellis_pki::node_key_and_csr(&token.node)?;
         let mut wg = [0u8; 32];

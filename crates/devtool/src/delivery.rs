@@ -194,7 +194,9 @@ pub async fn run(a: &DeliveryArgs) -> Result<std::process::ExitCode> {
         let mut tasks = Vec::new();
         for &i in chunk {
             let name = format!("a{i:05}");
-            let t = admin.create_token(&proto::TokenRequest { node: name.clone(), ttl_secs: 3600, require_approval: false }).await?;
+            let t = admin
+                .create_token(&proto::TokenRequest { node: name.clone(), ttl_secs: 3600, require_approval: false, ..Default::default() })
+                .await?;
             let token = trellis_core::token::EnrolmentToken::decode(&t.token).map_err(|e| anyhow::anyhow!("{e}"))?;
             let (plain, base, ca) = (plain.clone(), base.clone(), ca.clone());
             tasks.push(tokio::spawn(async move {

@@ -43,7 +43,12 @@ pub async fn prepare(admin: &Arc<trellis_client::AdminClient>, nodes: Vec<(Strin
                 let mut made = Vec::with_capacity(part.len());
                 for (name, wg) in part {
                     let t = admin
-                        .create_token(&proto::TokenRequest { node: name.clone(), ttl_secs: TOKEN_TTL, require_approval: false })
+                        .create_token(&proto::TokenRequest {
+                            node: name.clone(),
+                            ttl_secs: TOKEN_TTL,
+                            require_approval: false,
+                            ..Default::default()
+                        })
                         .await
                         .with_context(|| format!("cannot create a token for {name}"))?;
                     let token = trellis_core::token::EnrolmentToken::decode(&t.token).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;

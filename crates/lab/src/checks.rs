@@ -28,14 +28,20 @@ impl Row {
 }
 
 /// Overlay addresses by name (nodes, and modules with the nodes that run them), read with the
-/// core's zone reader from the `mesh.zone` of every node the lab enrolled. Each zone holds only
+/// core's zone reader from the `mesh.zone` of every node the lab enrolled (`agents`: the pools'
+/// members among them). Each zone holds only
 /// what its node may reach, but every node's zone holds its own name, so together they name every
 /// node; a module's addresses are those of all its runners any node may reach. Empty when no
 /// node has a zone file yet.
-pub(crate) fn overlay_addresses(dir: &Path, decl: &trellis_core::Declaration) -> Result<HashMap<String, Vec<IpAddr>>> {
+pub(crate) fn overlay_addresses(dir: &Path, decl: &trellis_core::Declaration, agents: &[String]) -> Result<HashMap<String, Vec<IpAddr>>> {
     let mut out: HashMap<String, Vec<IpAddr>> = HashMap::new();
-    for node in decl.nodes.iter().filter(|n| n.public_key.is_none()) {
-        let path = dir.join(format!("root-{}/{}", node.name, trellis_core::compile::MESH_ZONE));
+    // The declared nodes, and the pools' members the lab runs (named as their hosts).
+    let declared = decl.nodes.iter().filter(|n| n.public_key.is_none()).map(|n| n.name.as_str());
+    let mut names: Vec<&str> = declared.chain(agents.iter().map(String::as_str)).collect();
+    names.sort_unstable();
+    names.dedup();
+    for name in names {
+        let path = dir.join(format!("root-{name}/{}", trellis_core::compile::MESH_ZONE));
         let Ok(text) = std::fs::read_to_string(&path) else { continue };
         let zone = trellis_core::zone::parse(&text).with_context(|| format!("cannot read the zone in {}", path.display()))?;
         for (name, addrs) in zone.addresses() {

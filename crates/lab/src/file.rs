@@ -47,10 +47,17 @@ pub struct Net {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Host {
+    /// Left out for a pool's hosts: `load` names them as the controller names the pool's members.
+    #[serde(default)]
     pub name: String,
     #[serde(default)]
     pub role: Role,
     pub addresses: BTreeMap<String, String>,
+    /// With `count`: that many hosts that enrol as members of this pool with one pool token,
+    /// named `POOL-1` ... `POOL-N` (the names the controller gives them, in enrolment order, which
+    /// the lab checks), at consecutive addresses from those given.
+    pub pool: Option<String>,
+    pub count: Option<u32>,
 }
 
 /// What a lab host runs.
@@ -79,6 +86,9 @@ pub struct Step {
     pub kill: Option<String>,
     /// A declaration directory (relative to the lab file) applied through a running controller.
     pub apply: Option<String>,
+    /// A host whose agent is stopped (SIGKILL): a pool member, removed by the controller once
+    /// its pool's `ephemeral_after` has passed. Expectations naming it are out of force after.
+    pub stop: Option<String>,
     /// A node revoked through a running controller (`trellis node revoke`).
     pub revoke: Option<String>,
     /// From this step on: each replaces the expectation with the same check (from, to, proto
@@ -92,6 +102,7 @@ pub struct Step {
 pub enum Action {
     Kill(String),
     Apply(PathBuf),
+    Stop(String),
     Revoke(String),
 }
 
@@ -124,11 +135,12 @@ impl LabFile {
     /// What step `i` does; `lab_dir` is the directory of the lab file.
     pub fn action(&self, i: usize, lab_dir: &Path) -> Action {
         let s = &self.step[i];
-        match (&s.kill, &s.apply, &s.revoke) {
-            (Some(host), _, _) => Action::Kill(host.clone()),
-            (None, Some(dir), _) => Action::Apply(lab_dir.join(dir)),
-            (None, None, Some(node)) => Action::Revoke(node.clone()),
-            (None, None, None) => unreachable!("load checks every step kills, applies or revokes"),
+        match (&s.kill, &s.apply, &s.stop, &s.revoke) {
+            (Some(host), ..) => Action::Kill(host.clone()),
+            (None, Some(dir), ..) => Action::Apply(lab_dir.join(dir)),
+            (None, None, Some(host), _) => Action::Stop(host.clone()),
+            (None, None, None, Some(node)) => Action::Revoke(node.clone()),
+            (None, None, None, None) => unreachable!("load checks every step kills, applies, stops or revokes"),
         }
     }
 
@@ -143,6 +155,21 @@ impl LabFile {
                     None => out.push(e.clone()),
                 }
             }
+            // A stopped host sends and answers nothing more.
+            if let Some(host) = &s.stop {
+                out.retain(|e| !e.names(host));
+            }
+        }
+        out
+    }
+
+    /// The hosts of each pool, in member order (`POOL-1` first).
+    pub fn pools(&self) -> BTreeMap<&str, Vec<&Host>> {
+        let mut out: BTreeMap<&str, Vec<&Host>> = BTreeMap::new();
+        for h in &self.host {
+            if let Some(p) = &h.pool {
+                out.entry(p.as_str()).or_default().push(h);
+            }
         }
         out
     }
@@ -153,6 +180,11 @@ impl LabFile {
 }
 
 impl Expect {
+    /// Whether it sends from, goes to or expects an answer of `host`.
+    pub fn names(&self, host: &str) -> bool {
+        self.from == host || self.to.as_deref() == Some(host) || self.answer.iter().flatten().any(|a| a == host)
+    }
+
     /// Whether both test the same thing (and so cannot both be in force).
     pub fn same_check(&self, other: &Expect) -> bool {
         match (&self.dns, &other.dns) {
@@ -190,7 +222,8 @@ pub fn load(file: &Path) -> Result<(LabFile, PathBuf)> {
 /// Validates a lab file's text; `file` names it in errors and is where the declaration
 /// directory it names is found from. No IO.
 pub fn parse(text: &str, file: &Path) -> Result<(LabFile, PathBuf)> {
-    let lab: LabFile = toml::from_str(text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let mut lab: LabFile = toml::from_str(text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    expand_pools(file, &mut lab)?;
     let decl = file.parent().unwrap_or(Path::new(".")).join(&lab.lab.declaration);
     let names = |role: Role| lab.host.iter().filter(|h| h.role == role).map(|h| format!("`{}`", h.name)).collect::<Vec<_>>();
     let (controllers, postgres) = (names(Role::Controller), names(Role::Postgres));
@@ -254,25 +287,31 @@ fn check_expect(file: &Path, what: &str, e: &Expect) -> Result<()> {
     Ok(())
 }
 
-/// Each step kills a controller still running (never the last one) or applies a declaration,
-/// and an apply says, with expectations that are not already in force, what it changes.
+/// Each step kills a controller still running (never the last one), applies a declaration or
+/// stops a pool's host, and an apply says, with expectations that are not already in force, what
+/// it changes.
 fn check_steps(file: &Path, lab: &LabFile) -> Result<()> {
     let mut running: Vec<&str> = lab.controllers().map(|h| h.name.as_str()).collect();
+    let mut stopped: Vec<&str> = Vec::new();
     for (i, s) in lab.step.iter().enumerate() {
         let n = i + 1;
-        let apply_or_revoke = match (&s.kill, &s.apply, &s.revoke) {
-            (Some(_), None, None) => None,
-            (None, Some(dir), None) => Some(format!("applies {dir:?}")),
-            (None, None, Some(node)) => {
+        let given = [s.kill.is_some(), s.apply.is_some(), s.stop.is_some(), s.revoke.is_some()].iter().filter(|&&x| x).count();
+        if given != 1 {
+            bail!("{}: step {n} needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST` and `revoke = NODE`", file.display());
+        }
+        let changes = match (&s.apply, &s.revoke) {
+            (Some(dir), _) => Some(format!("applies {dir:?}")),
+            (None, Some(node)) => {
                 if !lab.host.iter().any(|h| h.name == *node && h.role == Role::Node) {
                     bail!("{}: step {n} revokes `{node}`, which is not a node host of the lab", file.display());
                 }
                 Some(format!("revokes `{node}`"))
             }
-            _ => bail!("{}: step {n} needs exactly one of `kill = HOST`, `apply = DIR` and `revoke = NODE`", file.display()),
+            (None, None) => None,
         };
-        match (&s.kill, apply_or_revoke) {
-            (Some(host), None) => {
+        match (&s.kill, changes, &s.stop) {
+            (None, None, Some(host)) => check_stop(file, lab, n, host, &stopped)?,
+            (Some(host), None, None) => {
                 if !lab.controllers().any(|h| h.name == *host) {
                     bail!("{}: step {n} kills `{host}`, which is not a host with role = \"controller\"", file.display());
                 }
@@ -290,7 +329,7 @@ fn check_steps(file: &Path, lab: &LabFile) -> Result<()> {
                     );
                 }
             }
-            (None, Some(does)) => {
+            (None, Some(does), None) => {
                 if s.expect.is_empty() {
                     bail!("{}: step {n} {does} but names no expectation; give the ones it changes", file.display());
                 }
@@ -299,11 +338,83 @@ fn check_steps(file: &Path, lab: &LabFile) -> Result<()> {
                     let what = format!("step {n} expectation {}", j + 1);
                     check_expect(file, &what, e)?;
                     if before.iter().any(|b| b.same_check(e) && b.outcome() == e.outcome() && b.via == e.via) {
-                        bail!("{}: {what} is already in force; a step lists what its apply changes", file.display());
+                        bail!("{}: {what} is already in force; a step lists what it changes", file.display());
                     }
                 }
             }
             _ => unreachable!("one action per step, checked above"),
+        }
+        stopped.extend(s.stop.as_deref());
+    }
+    Ok(())
+}
+
+/// A stop names a pool's host not stopped before, and no expectation: what it changes is that
+/// the expectations naming the host go out of force.
+fn check_stop(file: &Path, lab: &LabFile, n: usize, host: &str, stopped: &[&str]) -> Result<()> {
+    if !lab.host.iter().any(|h| h.name == host && h.pool.is_some()) {
+        bail!("{}: step {n} stops `{host}`, which is not a host of a pool (`[[host]] pool = ...`)", file.display());
+    }
+    if stopped.contains(&host) {
+        bail!("{}: step {n} stops `{host}`, which an earlier step stopped", file.display());
+    }
+    if !lab.step[n - 1].expect.is_empty() {
+        bail!("{}: step {n} stops `{host}` and names expectations; a stop takes those naming `{host}` out of force", file.display());
+    }
+    Ok(())
+}
+
+/// The most hosts one pool may have in a lab: each is a network namespace with an agent.
+pub const MAX_POOL_HOSTS: u32 = 250;
+
+/// Replaces each `[[host]]` with `pool` and `count` by its `count` hosts, named `POOL-1` ...,
+/// the first at the addresses given and each next one at the next addresses.
+fn expand_pools(file: &Path, lab: &mut LabFile) -> Result<()> {
+    let mut hosts = Vec::with_capacity(lab.host.len());
+    for h in std::mem::take(&mut lab.host) {
+        let (pool, count) = match (&h.pool, h.count) {
+            (None, None) => {
+                if h.name.is_empty() {
+                    bail!("{}: a [[host]] has no `name`", file.display());
+                }
+                hosts.push(h);
+                continue;
+            }
+            (Some(p), Some(c)) if (1..=MAX_POOL_HOSTS).contains(&c) && h.name.is_empty() && h.role == Role::Node => (p.clone(), c),
+            _ => bail!(
+                "{}: a [[host]] of a pool has `pool` and `count` (1 to {MAX_POOL_HOSTS}), no `name` (the controller names members) and no `role`",
+                file.display()
+            ),
+        };
+        if hosts.iter().any(|x: &Host| x.pool.as_deref() == Some(pool.as_str())) {
+            bail!("{}: pool `{pool}` has two [[host]] tables; give it one with `count`", file.display());
+        }
+        for i in 0..count {
+            let mut addresses = BTreeMap::new();
+            for (net, a) in &h.addresses {
+                let ip: IpAddr = a.parse().with_context(|| format!("{}: pool `{pool}`: {a:?} is not an IP address", file.display()))?;
+                let next = match ip {
+                    IpAddr::V4(v4) => u32::from(v4).checked_add(i).map(|n| IpAddr::from(std::net::Ipv4Addr::from(n))),
+                    IpAddr::V6(v6) => u128::from(v6).checked_add(i as u128).map(|n| IpAddr::from(std::net::Ipv6Addr::from(n))),
+                };
+                let next = next.with_context(|| format!("{}: pool `{pool}`: no address {i} after {a}", file.display()))?;
+                addresses.insert(net.clone(), next.to_string());
+            }
+            hosts.push(Host { name: format!("{pool}-{}", i + 1), role: Role::Node, addresses, pool: Some(pool.clone()), count: None });
+        }
+    }
+    lab.host = hosts;
+    Ok(())
+}
+
+/// A pool's hosts enrol into a pool the declaration has, and no more of them than its size.
+pub fn check_pools(lab: &LabFile, decl: &trellis_core::Declaration) -> Result<()> {
+    for (pool, hosts) in lab.pools() {
+        let Some(p) = decl.pool(pool) else {
+            bail!("the lab has hosts of pool `{pool}`, which the declaration does not declare");
+        };
+        if hosts.len() > p.size as usize {
+            bail!("the lab has {} hosts of pool `{pool}`, whose size is {}", hosts.len(), p.size);
         }
     }
     Ok(())
@@ -403,10 +514,10 @@ mod tests {
             ("kill-node", kill_node, "FILE: step 1 kills `web-1`, which is not a host with role = \"controller\""),
             ("kill-twice", kill_twice, "FILE: step 2 kills `ctl-1`, which an earlier step killed"),
             ("kill-both", kill_both, "FILE: step 2 kills `ctl-2`, the last controller running; a lab keeps one"),
-            ("both", both, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR` and `revoke = NODE`"),
-            ("neither", neither, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR` and `revoke = NODE`"),
+            ("both", both, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST` and `revoke = NODE`"),
+            ("neither", neither, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST` and `revoke = NODE`"),
             ("silent", silent_apply, "FILE: step 2 applies \"ha/metrics\" but names no expectation; give the ones it changes"),
-            ("same", same, "FILE: step 2 expectation 1 is already in force; a step lists what its apply changes"),
+            ("same", same, "FILE: step 2 expectation 1 is already in force; a step lists what it changes"),
             ("role", unknown_role, "unknown variant `database`, expected one of `node`, `controller`, `postgres`"),
         ] {
             match load_text(tag, &text) {
@@ -433,5 +544,47 @@ mod tests {
         let dir = std::path::Path::new("lab");
         assert_eq!(lab.action(0, dir), super::Action::Kill("ctl-1".into()));
         assert_eq!(lab.action(1, dir), super::Action::Apply(dir.join("ha/metrics")));
+    }
+
+    const POOL: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lab/pool.toml"));
+
+    /// A pool's host table becomes its `count` hosts, named as the controller names members, at
+    /// consecutive addresses; a stop takes the expectations naming its host out of force.
+    #[test]
+    fn pool_hosts_are_expanded_and_a_stop_ends_their_expectations() {
+        let lab = load_text("pool", POOL).unwrap();
+        let members: Vec<(&str, &str)> =
+            lab.host.iter().filter(|h| h.pool.is_some()).map(|h| (h.name.as_str(), h.addresses["lan"].as_str())).collect();
+        assert_eq!(members, [("ci-1", "192.0.2.21"), ("ci-2", "192.0.2.22")]);
+        assert_eq!(lab.pools()["ci"].len(), 2);
+        assert_eq!(lab.action(0, std::path::Path::new("lab")), super::Action::Stop("ci-2".into()));
+        let after = lab.expectations(1);
+        assert_eq!(after.len(), lab.expect.len() - 2, "the two naming ci-2 go");
+        assert!(after.iter().all(|e| !e.names("ci-2")) && after.iter().any(|e| e.names("ci-1")));
+    }
+
+    #[test]
+    fn pool_hosts_and_stops_are_checked() {
+        let named = POOL.replace("pool = \"ci\"\ncount = 2", "name = \"r\"\npool = \"ci\"\ncount = 2");
+        let zero = POOL.replace("count = 2", "count = 0");
+        let outside = POOL.replace("count = 2", "count = 240");
+        let many = POOL.replace("count = 2", "count = 4000000000");
+        let stop_node = POOL.replace("stop = \"ci-2\"", "stop = \"web-1\"");
+        let stop_twice = format!("{POOL}\n[[step]]\nstop = \"ci-2\"\n");
+        let stop_expect = format!("{POOL}  [[step.expect]]\n  from = \"ci-1\"\n  to = \"web-1\"\n  proto = \"icmp\"\n");
+        for (tag, text, want) in [
+            ("named", named, "a [[host]] of a pool has `pool` and `count` (1 to 250), no `name`"),
+            ("zero", zero, "a [[host]] of a pool has `pool` and `count` (1 to 250)"),
+            ("many", many, "a [[host]] of a pool has `pool` and `count` (1 to 250)"),
+            ("outside", outside, "host `ci-236` address 192.0.3.0 is not inside net `lan`"),
+            ("stop-node", stop_node, "step 1 stops `web-1`, which is not a host of a pool"),
+            ("stop-twice", stop_twice, "step 2 stops `ci-2`, which an earlier step stopped"),
+            ("stop-expect", stop_expect, "step 1 stops `ci-2` and names expectations"),
+        ] {
+            match load_text(tag, &text) {
+                Ok(_) => panic!("{tag}: loaded, but should fail with {want:?}"),
+                Err(e) => assert!(e.contains(want), "{tag}: {e}"),
+            }
+        }
     }
 }

@@ -47,6 +47,9 @@ pub struct LabState {
     pub postgres: Option<pg::Postgres>,
     /// How many of the lab file's steps `check` has taken.
     pub steps_done: usize,
+    /// The process of each agent, by host, for a step that stops one.
+    #[serde(default)]
+    pub agent_pids: BTreeMap<String, u32>,
 }
 
 impl LabState {
@@ -86,6 +89,7 @@ pub fn up(file: &Path, read_declaration: ReadDeclaration) -> Result<LabState> {
     let (lab, decl_dir) = load(file)?;
     let decl = read_valid(&decl_dir, read_declaration)?;
     file::check_endpoints(&lab, &decl)?;
+    file::check_pools(&lab, &decl)?;
     // A step's declaration is checked now, before anything is built for it.
     for i in 0..lab.step.len() {
         if let Action::Apply(dir) = lab.action(i, lab_dir(file)) {
@@ -154,12 +158,12 @@ fn build(file: &Path, lab: &LabFile, decl_dir: &Path, decl: &Declaration, st: &m
     let db = if database_url.is_some() { "PostgreSQL" } else { "SQLite" };
     progress(&format!("controllers up ({}; {db}), declaration applied ({:.1}s)", at.join(", "), started.elapsed().as_secs_f64()));
 
-    let redeemed = procs::start_agents(decl, &host_ns, st, progress)?;
+    let redeemed = procs::start_agents(lab, decl, &host_ns, st, progress)?;
     st.agents = redeemed.keys().cloned().collect();
     st.agents.sort();
     procs::converge(st, Duration::from_secs(90))?;
     progress(&format!("every node holds its bundle ({:.1}s)", started.elapsed().as_secs_f64()));
-    st.first_packet_ms = timing::first_packets(decl, &host_ns, &redeemed, st)?;
+    st.first_packet_ms = timing::first_packets(&host_ns, &redeemed, st)?;
     progress(&format!("up in {:.1}s", started.elapsed().as_secs_f64()));
     Ok(())
 }
@@ -178,7 +182,7 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
         (0..steps)
             .filter_map(|i| match lab.action(i, lab_dir(file)) {
                 Action::Apply(dir) => Some(dir),
-                Action::Kill(_) | Action::Revoke(_) => None,
+                Action::Kill(_) | Action::Stop(_) | Action::Revoke(_) => None,
             })
             .next_back()
             .unwrap_or_else(|| decl_dir.clone())
@@ -227,6 +231,15 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
                 procs::admin(&st, &["audit", "verify"])?;
                 procs::converge(&st, Duration::from_secs(60))?;
                 println!("step {}: node {node} revoked -> every active node holds its new bundle: {} ms", i + 1, at.elapsed().as_millis());
+            }
+            Action::Stop(host) => {
+                let gone = stop_and_wait(&mut st, &host, file)?;
+                println!(
+                    "step {}: agent of {host} stopped (SIGKILL) -> removed by the controller (gone from `trellis nodes`): {} ms; dropped from every peer's wireguard.conf: {} ms",
+                    i + 1,
+                    gone.listed.as_millis(),
+                    gone.peers.as_millis()
+                );
             }
             Action::Apply(dir) => {
                 let through = st.serving()?.host.clone();
@@ -277,6 +290,21 @@ fn control_through_overlay(st: &LabState, decl: &Declaration) -> Result<Vec<Stri
     Ok(inside)
 }
 
+/// Stops `host`'s agent and waits (at most a minute past its pool's `ephemeral_after`) until
+/// the controller has removed it and every other agent's wireguard.conf has dropped its key.
+fn stop_and_wait(st: &mut LabState, host: &str, file: &Path) -> Result<timing::Removed> {
+    let key = procs::nodes(st)?
+        .into_iter()
+        .find(|n| n.name == host)
+        .and_then(|n| n.wireguard_public_key)
+        .with_context(|| format!("`trellis nodes` lists no key for `{host}` before it is stopped"))?;
+    let at = Instant::now();
+    let stopped = procs::stop(st, host);
+    save(file, st)?;
+    stopped?;
+    timing::removal(st, host, &key, at, Duration::from_secs(90))
+}
+
 /// Rows checked and rows not met, over every round of `check`.
 #[derive(Default)]
 struct Tally {
@@ -289,7 +317,7 @@ impl Tally {
     /// overlay addresses of `decl_dir`, the declaration in force.
     fn round(&mut self, lab: &LabFile, st: &LabState, decl_dir: &Path, read_declaration: ReadDeclaration) -> Result<()> {
         let decl = read_valid(decl_dir, read_declaration)?;
-        let addrs = checks::overlay_addresses(&st.dir, &decl)?;
+        let addrs = checks::overlay_addresses(&st.dir, &decl, &st.agents)?;
         let underlay = checks::Underlay {
             addresses: lab.host.iter().map(|h| (h.name.clone(), h.addresses.values().filter_map(|a| a.parse().ok()).collect())).collect(),
             // Reached at their lab addresses: every host that is no node of the declaration.

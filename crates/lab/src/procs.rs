@@ -157,42 +157,95 @@ pub(crate) fn status(st: &LabState) -> Result<Vec<NodeStatus>> {
 /// For every node the lab enrols (one without a declared key): a token from a running
 /// controller, `trellis-agent enrol` and then `trellis-agent run` in the node's namespace, each
 /// agent in its own mount namespace so the userspace WireGuard control sockets do not collide.
-/// Returns when each token was redeemed.
+/// Then each pool's hosts, in order, with one pool token of as many uses: each must be given the
+/// member name its host has. Returns when each token was redeemed.
 pub(crate) fn start_agents(
+    lab: &LabFile,
     decl: &trellis_core::Declaration,
     host_ns: &HashMap<String, String>,
     st: &mut LabState,
     progress: impl Fn(&str),
 ) -> Result<HashMap<String, Instant>> {
-    let agent = exe("trellis-agent")?;
-    let a = path_str(&agent)?;
     let mut redeemed: HashMap<String, Instant> = HashMap::new();
     for node in &decl.nodes {
         if node.public_key.is_some() {
             continue;
         }
-        let ns = &host_ns[&node.name];
         let token = admin(st, &["token", "create", &node.name])?.trim().to_string();
-        let sdir = st.dir.join(format!("agent-{}", node.name));
-        let root = st.dir.join(format!("root-{}", node.name));
         redeemed.insert(node.name.clone(), Instant::now());
-        // The token goes through a file, as an operator should paste it: not on a command line.
-        let token_file = st.dir.join(format!("token-{}", node.name));
-        trellis_files::create_new(&token_file, token.as_bytes(), 0o600)?;
-        in_ns(ns, &[a, "enrol", "--token-file", path_str(&token_file)?, "--state-dir", path_str(&sdir)?])?;
-        let cmd = format!(
-            "mkdir -p /var/run/wireguard && mount -t tmpfs tmpfs /var/run/wireguard && exec {a} run --state-dir {} --root {} --wireguard auto --max-backoff 2 --metrics-listen {}",
-            sdir.display(),
-            root.display(),
-            crate::metrics::AGENT
-        );
-        let log_path = st.dir.join(format!("agent-{}.log", node.name));
-        let log = std::fs::File::create(&log_path).with_context(|| format!("cannot create {}", log_path.display()))?;
-        let child = ns_cmd(ns, &["unshare", "-m", "sh", "-c", &cmd]).stdout(Stdio::null()).stderr(log).spawn()?;
-        st.pids.push(child.id());
+        enrol_and_run(&node.name, &host_ns[&node.name], &token, st)?;
         progress(&format!("{} enrolled, agent running", node.name));
     }
+    for (pool, hosts) in lab.pools() {
+        let uses = hosts.len().to_string();
+        let token = admin(st, &["token", "create", "--pool", pool, "--uses", &uses])?.trim().to_string();
+        for h in hosts {
+            redeemed.insert(h.name.clone(), Instant::now());
+            let node = enrol_and_run(&h.name, &host_ns[&h.name], &token, st)?;
+            if node != h.name {
+                bail!("host `{}` enrolled with the token of pool `{pool}` and was named `{node}`; the lab names it `{}`", h.name, h.name);
+            }
+            progress(&format!("{} enrolled as a member of pool {pool}, agent running", h.name));
+        }
+    }
     Ok(redeemed)
+}
+
+/// Enrols host `host` (in namespace `ns`) with `token` and runs its agent; returns the node name
+/// the controller gave it, as the agent's identity says.
+fn enrol_and_run(host: &str, ns: &str, token: &str, st: &mut LabState) -> Result<String> {
+    let agent = exe("trellis-agent")?;
+    let a = path_str(&agent)?;
+    let sdir = st.dir.join(format!("agent-{host}"));
+    let root = st.dir.join(format!("root-{host}"));
+    // The token goes through a file, as an operator should paste it: not on a command line.
+    let token_file = st.dir.join(format!("token-{host}"));
+    trellis_files::create_new(&token_file, token.as_bytes(), 0o600)?;
+    in_ns(ns, &[a, "enrol", "--token-file", path_str(&token_file)?, "--state-dir", path_str(&sdir)?])?;
+    let identity: serde_json::Value = serde_json::from_str(&in_ns(ns, &[a, "status", "--json", "--state-dir", path_str(&sdir)?])?)
+        .context("`trellis-agent status --json` printed something else than JSON")?;
+    let node = identity["node"].as_str().context("`trellis-agent status --json` names no node")?.to_string();
+    let cmd = format!(
+        "mkdir -p /var/run/wireguard && mount -t tmpfs tmpfs /var/run/wireguard && exec {a} run --state-dir {} --root {} --wireguard auto --max-backoff 2 --metrics-listen {}",
+        sdir.display(),
+        root.display(),
+        crate::metrics::AGENT
+    );
+    let log_path = st.dir.join(format!("agent-{host}.log"));
+    let log = std::fs::File::create(&log_path).with_context(|| format!("cannot create {}", log_path.display()))?;
+    let child = ns_cmd(ns, &["unshare", "-m", "sh", "-c", &cmd]).stdout(Stdio::null()).stderr(log).spawn()?;
+    st.pids.push(child.id());
+    st.agent_pids.insert(host.to_string(), child.id());
+    Ok(node)
+}
+
+/// Stops host `host`'s agent with SIGKILL, as a runner that is switched off, and waits until it
+/// has ended. Recorded in `st`.
+pub(crate) fn stop(st: &mut LabState, host: &str) -> Result<()> {
+    let pid = *st.agent_pids.get(host).with_context(|| format!("the lab runs no agent on `{host}`"))?;
+    // The pid is the one `ip netns exec` became (then unshare, sh and the agent, each by exec).
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+    if exe.file_name().and_then(|n| n.to_str()) != Some("trellis-agent") || ended(pid) {
+        bail!("the agent on `{host}` (pid {pid}) is not running; see {}", st.dir.join(format!("agent-{host}.log")).display());
+    }
+    sh(&["kill", "-KILL", &pid.to_string()])?;
+    st.pids.retain(|p| *p != pid);
+    st.agent_pids.remove(host);
+    st.agents.retain(|a| a != host);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ended(pid) {
+        if Instant::now() > deadline {
+            bail!("the agent on `{host}` (pid {pid}) did not end after SIGKILL");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+/// `trellis nodes --json` through a running controller.
+pub(crate) fn nodes(st: &LabState) -> Result<Vec<trellis_proto::NodeInfo>> {
+    let text = admin(st, &["nodes", "--json"])?;
+    serde_json::from_str(&text).context("`trellis nodes --json` printed something else than a node list")
 }
 
 /// Waits until at least one node is active and every active node has applied its desired

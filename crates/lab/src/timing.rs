@@ -27,21 +27,20 @@ fn dialled_peer(conf: &Path) -> Result<Option<IpAddr>> {
     Ok(Some(net.addr()))
 }
 
-/// Every enrolled node at once pings a peer it dials itself; the milliseconds from its token's
+/// Every enrolled node (a pool's members too) at once pings a peer it dials itself; the milliseconds from its token's
 /// redemption to the first answer, per node (nodes that dial no one, or get no answer within
 /// 30 s, are left out).
 pub(crate) fn first_packets(
-    decl: &trellis_core::Declaration,
     host_ns: &HashMap<String, String>,
     redeemed: &HashMap<String, Instant>,
     st: &LabState,
 ) -> Result<BTreeMap<String, u64>> {
     let mut probes = Vec::new();
-    for node in decl.nodes.iter().filter(|n| n.public_key.is_none()) {
-        let conf = st.dir.join(format!("root-{}/{}", node.name, trellis_core::compile::WIREGUARD_CONF));
+    for (node, since) in redeemed {
+        let conf = st.dir.join(format!("root-{node}/{}", trellis_core::compile::WIREGUARD_CONF));
         let Some(target) = dialled_peer(&conf)? else { continue };
         let target = target.to_string();
-        let (ns, since, name) = (host_ns[&node.name].clone(), redeemed[&node.name], node.name.clone());
+        let (ns, since, name) = (host_ns[node].clone(), *since, node.clone());
         probes.push(std::thread::spawn(move || {
             let deadline = Instant::now() + Duration::from_secs(30);
             while Instant::now() < deadline {
@@ -165,5 +164,45 @@ pub(crate) fn failover(st: &LabState, since: Instant, limit: Duration) -> Result
             );
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// How long a stopped pool member took to go: from the stop until `trellis nodes` no longer
+/// listed it, and until no other agent's wireguard.conf held its key.
+pub(crate) struct Removed {
+    pub listed: Duration,
+    pub peers: Duration,
+}
+
+/// Waits until the controller has removed `host` (a stopped pool member holding `key`) and every
+/// running agent's wireguard.conf, read with the core's reader, has dropped the key.
+pub(crate) fn removal(st: &LabState, host: &str, key: &str, since: Instant, limit: Duration) -> Result<Removed> {
+    let deadline = since + limit;
+    let listed = loop {
+        if !procs::nodes(st)?.iter().any(|n| n.name == host) {
+            break since.elapsed();
+        }
+        if Instant::now() > deadline {
+            bail!("`{host}` is still listed by `trellis nodes` {} s after its agent stopped", limit.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    loop {
+        let mut holding = Vec::new();
+        for a in &st.agents {
+            let conf = st.dir.join(format!("root-{a}/{}", trellis_core::compile::WIREGUARD_CONF));
+            let Ok(text) = std::fs::read_to_string(&conf) else { continue };
+            let wg = trellis_core::wgconf::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", conf.display()))?;
+            if wg.peers.iter().any(|p| p.public_key == key) {
+                holding.push(a.as_str());
+            }
+        }
+        if holding.is_empty() {
+            return Ok(Removed { listed, peers: since.elapsed() });
+        }
+        if Instant::now() > deadline {
+            bail!("{} still hold(s) `{host}` as a peer {} s after its agent stopped", holding.join(", "), limit.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }

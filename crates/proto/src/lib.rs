@@ -64,14 +64,22 @@ pub struct ApplyResponse {
     pub unchanged: bool,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct TokenRequest {
+    /// The declared node the token enrols; empty for a pool token.
+    #[serde(default)]
     pub node: String,
     pub ttl_secs: u64,
     #[serde(default)]
     pub require_approval: bool,
+    /// The pool whose members the token enrols (instead of `node`), each named by the controller.
+    #[serde(default)]
+    pub pool: Option<String>,
+    /// How many redemptions a pool token allows (default 1).
+    #[serde(default)]
+    pub uses: Option<u32>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -79,8 +87,17 @@ pub struct TokenRequest {
 pub struct TokenCreated {
     pub token: String,
     pub id: String,
+    /// The node, or for a pool token the pool.
     pub node: String,
     pub expires_at: i64,
+    #[serde(default)]
+    pub pool: Option<String>,
+    #[serde(default = "one")]
+    pub uses: i64,
+}
+
+fn one() -> i64 {
+    1
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -94,6 +111,13 @@ pub struct TokenInfo {
     pub revoked_at: Option<i64>,
     pub require_approval: bool,
     pub state: TokenState,
+    /// For a pool token: the pool (also in `node`), and its redemptions allowed and made.
+    #[serde(default)]
+    pub pool: Option<String>,
+    #[serde(default = "one")]
+    pub uses: i64,
+    #[serde(default)]
+    pub used: i64,
 }
 
 /// Sent by `trellis-agent enrol`: the token's id and secret, and the public halves of the keys
@@ -150,6 +174,9 @@ pub struct NodeInfo {
     pub wireguard_public_key: Option<String>,
     pub cert_not_after: Option<i64>,
     pub last_contact: Option<i64>,
+    /// The pool this node is a member of, if any.
+    #[serde(default)]
+    pub pool: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

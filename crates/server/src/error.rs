@@ -34,13 +34,16 @@ pub fn status(e: &Error) -> StatusCode {
         Error::AdminRequired | Error::AdminDenied => StatusCode::UNAUTHORIZED,
         Error::InvalidDeclaration { .. } => StatusCode::UNPROCESSABLE_ENTITY,
         Error::RevisionConflict { .. } | Error::NoDeclaration(_) => StatusCode::CONFLICT,
-        Error::NodeNotDeclared { .. } | Error::TokenNotFound(_) | Error::NotFound(_) => StatusCode::NOT_FOUND,
+        Error::NodeNotDeclared { .. } | Error::PoolNotDeclared { .. } | Error::TokenNotFound(_) | Error::NotFound(_) => {
+            StatusCode::NOT_FOUND
+        }
         Error::NodeManagedOutside(_) | Error::TokenNotRevocable { .. } | Error::KeyTaken(_) => StatusCode::CONFLICT,
         Error::NotPending(_) | Error::NotRevocable(_) => StatusCode::CONFLICT,
         Error::Redemption(r) => match r {
             Redemption::Malformed | Redemption::SecretMalformed | Redemption::BadKey | Redemption::BadCsr(_) => StatusCode::BAD_REQUEST,
             Redemption::Unknown | Redemption::Wrong | Redemption::Revoked | Redemption::Expired => StatusCode::UNAUTHORIZED,
-            Redemption::Used | Redemption::NoDeclaration => StatusCode::CONFLICT,
+            Redemption::Used | Redemption::NoDeclaration | Redemption::PoolFull { .. } => StatusCode::CONFLICT,
+            Redemption::PoolUndeclared { .. } => StatusCode::FORBIDDEN,
             Redemption::TooMany { .. } => StatusCode::TOO_MANY_REQUESTS,
             Redemption::OtherNode { .. } | Redemption::NodeUndeclared { .. } | Redemption::NodeManagedOutside(_) => StatusCode::FORBIDDEN,
         },

@@ -141,6 +141,10 @@ impl Server {
                     n += 1;
                     if n % 10 == 0 {
                         c.flush_contacts().await;
+                        // Pools' members out of contact for their pool's ephemeral_after.
+                        if let Err(e) = c.sweep_members().await {
+                            tracing::error!("sweeping pool members failed: {e}");
+                        }
                         // Refusals counted in windows that have closed, one record each.
                         c.write_refusals().await;
                     }

@@ -274,7 +274,7 @@ async fn bundle(State(c): State<Shared>, Node(who): Node, headers: HeaderMap, Qu
     }
     // A node that can rebuild a bundle from the one it holds takes the edits instead.
     let takes_delta = headers.get_all(header::ACCEPT).iter().any(|v| v.to_str().is_ok_and(|v| v.contains(proto::DELTA_TYPE)));
-    let _open = (q.wait > 0).then(|| c.metrics.long_poll());
+    let _open = (q.wait > 0).then(|| (c.metrics.long_poll(), c.publisher.polling(&who.name)));
     loop {
         let current = c.publisher.current(&who.name);
         let stamp = c.stamp();

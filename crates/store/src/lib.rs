@@ -14,6 +14,7 @@ mod audit;
 mod bundles;
 mod evidence;
 mod nodes;
+mod pools;
 mod revisions;
 // Test hooks only with the `testing` feature, so no product binary carries them.
 #[cfg(feature = "testing")]
@@ -24,6 +25,7 @@ pub use audit::Audit;
 pub use bundles::BundleVersion;
 pub use evidence::{EvidenceRecord, EvidenceSummary, EVIDENCE_KEPT};
 pub use nodes::NodeRecord;
+pub use pools::MemberRefusal;
 pub use revisions::Revision;
 pub use tokens::TokenRecord;
 
@@ -38,6 +40,8 @@ pub enum StoreError {
     TokenUsed,
     #[error("WireGuard public key is already held by node `{0}`")]
     KeyTaken(String),
+    #[error("member refused: {0:?}")]
+    Refused(MemberRefusal),
     #[error("{0} not found")]
     NotFound(String),
     #[error("database URL {0:?} is neither sqlite:// nor postgres://")]

@@ -18,11 +18,20 @@ pub struct NodeRecord {
     pub enrolled_at: i64,
     pub last_contact: Option<i64>,
     pub cert_pem: Option<String>,
+    /// For a member of a pool: the pool, and the overlay addresses it was given when it enrolled.
+    pub pool: Option<String>,
+    pub ipv4: Option<String>,
+    pub ipv6: Option<String>,
 }
 
-const NODE_COLUMNS: &str = "name, state, wg_public_key, cert_serial, prev_cert_serial, cert_not_after, enrolled_at, last_contact, cert_pem";
+pub(crate) const NODE_COLUMNS: &str =
+    "name, state, wg_public_key, cert_serial, prev_cert_serial, cert_not_after, enrolled_at, last_contact, cert_pem, pool, ipv4, ipv6";
 
-fn node_record(r: &AnyRow) -> Result<NodeRecord> {
+/// The columns a declared node's enrolment writes (a member's also has its pool and addresses).
+const DECLARED_NODE_COLUMNS: &str =
+    "name, state, wg_public_key, cert_serial, prev_cert_serial, cert_not_after, enrolled_at, last_contact, cert_pem";
+
+pub(crate) fn node_record(r: &AnyRow) -> Result<NodeRecord> {
     Ok(NodeRecord {
         name: r.try_get("name")?,
         state: parse(r.try_get::<String, _>("state")?)?,
@@ -33,6 +42,9 @@ fn node_record(r: &AnyRow) -> Result<NodeRecord> {
         enrolled_at: r.try_get("enrolled_at")?,
         last_contact: r.try_get("last_contact")?,
         cert_pem: r.try_get("cert_pem")?,
+        pool: r.try_get("pool")?,
+        ipv4: r.try_get("ipv4")?,
+        ipv6: r.try_get("ipv6")?,
     })
 }
 
@@ -47,7 +59,7 @@ impl Store {
                 let token_id = token_id.clone();
                 let node = node.clone();
                 Box::pin(async move {
-                    let used = sqlx::query("UPDATE tokens SET used_at = $1 WHERE id = $2 AND used_at IS NULL AND revoked_at IS NULL")
+                    let used = sqlx::query("UPDATE tokens SET used_at = $1, used = used + 1 WHERE id = $2 AND pool IS NULL AND used_at IS NULL AND revoked_at IS NULL")
                         .bind(node.enrolled_at)
                         .bind(token_id)
                         .execute(&mut **tx)
@@ -67,10 +79,11 @@ impl Store {
                         }
                     }
                     sqlx::query(&format!(
-                        "INSERT INTO nodes ({NODE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+                        "INSERT INTO nodes ({DECLARED_NODE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
                          ON CONFLICT (name) DO UPDATE SET state = excluded.state, wg_public_key = excluded.wg_public_key, \
                          cert_serial = excluded.cert_serial, prev_cert_serial = excluded.prev_cert_serial, \
-                         cert_not_after = excluded.cert_not_after, enrolled_at = excluded.enrolled_at, last_contact = excluded.last_contact, cert_pem = excluded.cert_pem"
+                         cert_not_after = excluded.cert_not_after, enrolled_at = excluded.enrolled_at, last_contact = excluded.last_contact, cert_pem = excluded.cert_pem, \
+                         pool = NULL, ipv4 = NULL, ipv6 = NULL"
                     ))
                     .bind(node.name)
                     .bind(node.state.as_str())

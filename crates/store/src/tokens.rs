@@ -15,9 +15,15 @@ pub struct TokenRecord {
     pub used_at: Option<i64>,
     pub revoked_at: Option<i64>,
     pub require_approval: bool,
+    /// The pool whose members this token enrols (then `node` holds the pool's name too); none
+    /// for a token for one declared node.
+    pub pool: Option<String>,
+    /// How many redemptions the token allows (1 for a node's token), and how many it had.
+    pub uses: i64,
+    pub used: i64,
 }
 
-const TOKEN_COLUMNS: &str = "id, node, secret_sha256, created_at, expires_at, used_at, revoked_at, require_approval";
+const TOKEN_COLUMNS: &str = "id, node, secret_sha256, created_at, expires_at, used_at, revoked_at, require_approval, pool, uses, used";
 
 fn token_record(r: &AnyRow) -> Result<TokenRecord> {
     Ok(TokenRecord {
@@ -29,6 +35,9 @@ fn token_record(r: &AnyRow) -> Result<TokenRecord> {
         used_at: r.try_get("used_at")?,
         revoked_at: r.try_get("revoked_at")?,
         require_approval: r.try_get::<i64, _>("require_approval")? != 0,
+        pool: r.try_get("pool")?,
+        uses: r.try_get("uses")?,
+        used: r.try_get("used")?,
     })
 }
 
@@ -38,7 +47,7 @@ impl Store {
         self.decide(audit, |tx| {
             let t = t.clone();
             Box::pin(async move {
-                sqlx::query(&format!("INSERT INTO tokens ({TOKEN_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"))
+                sqlx::query(&format!("INSERT INTO tokens ({TOKEN_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"))
                     .bind(t.id)
                     .bind(t.node)
                     .bind(t.secret_sha256)
@@ -47,6 +56,9 @@ impl Store {
                     .bind(t.used_at)
                     .bind(t.revoked_at)
                     .bind(t.require_approval as i64)
+                    .bind(t.pool)
+                    .bind(t.uses)
+                    .bind(t.used)
                     .execute(&mut **tx)
                     .await?;
                 Ok(())
@@ -65,7 +77,8 @@ impl Store {
         rows.iter().map(token_record).collect()
     }
 
-    /// Revokes an unused token. Returns false when there is no such token or it was used.
+    /// Revokes a token that has uses left. Returns false when there is no such token or it has
+    /// none (a node's token once used, a pool token used up).
     pub async fn revoke_token(&self, id: &str, audit: &Audit<'_>) -> Result<bool> {
         let id = id.to_string();
         let at = audit.at;
@@ -73,7 +86,7 @@ impl Store {
             .decide(audit, |tx| {
                 let id = id.clone();
                 Box::pin(async move {
-                    let n = sqlx::query("UPDATE tokens SET revoked_at = $1 WHERE id = $2 AND used_at IS NULL AND revoked_at IS NULL")
+                    let n = sqlx::query("UPDATE tokens SET revoked_at = $1 WHERE id = $2 AND used < uses AND revoked_at IS NULL")
                         .bind(at)
                         .bind(id.clone())
                         .execute(&mut **tx)

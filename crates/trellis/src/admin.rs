@@ -137,10 +137,18 @@ pub fn apply(conn: &Conn, dir: &Path, expect_revision: Option<i64>, json_out: bo
 
 #[derive(Subcommand)]
 pub enum TokenCommand {
-    /// Create a one-time enrolment token for a declared node; prints one line to paste on it
+    /// Create a one-time enrolment token for a declared node, or a reusable one for a pool's
+    /// members (--pool); prints one line to paste on it
     Create {
-        /// The node, as declared
-        node: String,
+        /// The node, as declared (not with --pool)
+        #[arg(required_unless_present = "pool", conflicts_with = "pool")]
+        node: Option<String>,
+        /// A token for members of this [[pool]], each named by the controller POOL-1, POOL-2, ...
+        #[arg(long)]
+        pool: Option<String>,
+        /// How many members the pool token may enrol (with --pool; default 1)
+        #[arg(long)]
+        uses: Option<u32>,
         /// How long the token stays valid: 90s, 30m, 1h, 7d
         #[arg(long, default_value = "1h", value_parser = parse_duration)]
         ttl: u64,
@@ -176,18 +184,24 @@ pub fn token(conn: &Conn, cmd: TokenCommand) -> Result<ExitCode> {
     let client = conn.client()?;
     let rt = runtime();
     match cmd {
-        TokenCommand::Create { node, ttl, require_approval, json } => {
-            let t = rt.block_on(client.create_token(&proto::TokenRequest { node, ttl_secs: ttl, require_approval }))?;
+        TokenCommand::Create { node, pool, uses, ttl, require_approval, json } => {
+            let req = proto::TokenRequest { node: node.unwrap_or_default(), ttl_secs: ttl, require_approval, pool, uses };
+            let t = rt.block_on(client.create_token(&req))?;
             if json {
                 println!(
                     "{}",
-                    serde_json::to_string_pretty(&json!({"token": t.token, "id": t.id, "node": t.node, "expires_at": t.expires_at}))?
+                    serde_json::to_string_pretty(
+                        &json!({"token": t.token, "id": t.id, "node": t.node, "pool": t.pool, "uses": t.uses, "expires_at": t.expires_at})
+                    )?
                 );
             } else {
+                let what = match &t.pool {
+                    Some(pool) => format!("pool {} ({} use(s), each a new member)", printable(pool), t.uses),
+                    None => format!("node {}", printable(&t.node)),
+                };
                 eprintln!(
-                    "token {} for node {}, valid until {}; paste on the node: trellis-agent enrol TOKEN --state-dir DIR",
+                    "token {} for {what}, valid until {}; paste on the node: trellis-agent enrol TOKEN --state-dir DIR",
                     t.id,
-                    t.node,
                     crate::time::fmt(t.expires_at)
                 );
                 println!("{}", t.token);
@@ -198,13 +212,19 @@ pub fn token(conn: &Conn, cmd: TokenCommand) -> Result<ExitCode> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&list)?);
             } else {
-                println!("{:<18} {:<20} {:<8} {:<22} APPROVAL", "ID", "NODE", "STATE", "EXPIRES");
+                println!("{:<18} {:<20} {:<8} {:<9} {:<22} APPROVAL", "ID", "NODE", "STATE", "USES", "EXPIRES");
                 for t in list {
+                    // A pool token names its pool, and how many of its uses were taken.
+                    let node = match &t.pool {
+                        Some(p) => format!("pool:{}", printable(p)),
+                        None => printable(&t.node).to_string(),
+                    };
                     println!(
-                        "{:<18} {:<20} {:<8} {:<22} {}",
+                        "{:<18} {:<20} {:<8} {:<9} {:<22} {}",
                         printable(&t.id),
-                        printable(&t.node),
+                        node,
                         t.state,
+                        format!("{}/{}", t.used, t.uses),
                         crate::time::fmt(t.expires_at),
                         if t.require_approval { "required" } else { "-" }
                     );
@@ -225,13 +245,17 @@ pub fn nodes(conn: &Conn, json_out: bool) -> Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&list)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!("{:<20} {:<9} {:<16} {:<28} {:<17} {:<22} LAST CONTACT", "NODE", "STATE", "IPV4", "IPV6", "KEY", "CERT EXPIRES");
+    println!(
+        "{:<20} {:<9} {:<12} {:<16} {:<28} {:<17} {:<22} LAST CONTACT",
+        "NODE", "STATE", "POOL", "IPV4", "IPV6", "KEY", "CERT EXPIRES"
+    );
     for n in list {
         let opt = |o: Option<String>| o.unwrap_or_else(|| "-".into());
         println!(
-            "{:<20} {:<9} {:<16} {:<28} {:<17} {:<22} {}",
+            "{:<20} {:<9} {:<12} {:<16} {:<28} {:<17} {:<22} {}",
             printable(&n.name),
             n.state,
+            n.pool.as_deref().map_or("-".into(), |p| printable(p).to_string()),
             opt(n.ipv4),
             opt(n.ipv6),
             opt(n.key_fingerprint),

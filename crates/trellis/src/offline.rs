@@ -54,7 +54,7 @@ pub fn check(dir: &Path, json_out: bool) -> Result<ExitCode> {
     if json_out {
         let summary = declaration.as_ref().map(|d| {
             json!({
-                "mesh": d.mesh.name, "nodes": d.nodes.len(), "modules": d.modules.len(), "tests": d.tests.len(),
+                "mesh": d.mesh.name, "nodes": d.nodes.len(), "modules": d.modules.len(), "tests": d.tests.len(), "pools": d.pools.len(),
             })
         });
         let doc = json!({
@@ -69,10 +69,14 @@ pub fn check(dir: &Path, json_out: bool) -> Result<ExitCode> {
         print_diagnostics(&diagnostics);
         match (&declaration, errors) {
             (Some(d), 0) => println!(
-                "{}: mesh {} is valid: {} nodes, {} modules, {} policy tests passed{}",
+                "{}: mesh {} is valid: {} nodes, {}{} modules, {} policy tests passed{}",
                 dir.display(),
                 d.mesh.name,
                 d.nodes.len(),
+                match d.pools.len() {
+                    0 => String::new(),
+                    n => format!("{n} pool(s) of up to {} members, ", d.pools.iter().map(|p| p.size as u64).sum::<u64>()),
+                },
                 d.modules.len(),
                 d.tests.len(),
                 if warnings > 0 { format!(", {warnings} warning(s)") } else { String::new() }

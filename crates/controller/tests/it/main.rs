@@ -12,6 +12,8 @@ use trellis_controller::{Clock, Controller, Entropy, Error, Keys, NodeRefusal, R
 use trellis_proto::{self as proto, EnrolledState, NodeState, TokenState};
 use trellis_store::{testdb, Store};
 
+mod pools;
+
 /// A clock that moves only when the test says so.
 struct TestClock(AtomicI64);
 
@@ -108,7 +110,10 @@ where
 async fn tokens_expire_by_the_injected_clock_and_their_ids_come_from_the_injected_randomness() {
     on_both(|fx| async move {
         let c = &fx.c;
-        let created = c.create_token(&proto::TokenRequest { node: "db-1".into(), ttl_secs: 60, require_approval: false }).await.unwrap();
+        let created = c
+            .create_token(&proto::TokenRequest { node: "db-1".into(), ttl_secs: 60, require_approval: false, ..Default::default() })
+            .await
+            .unwrap();
         // The first 8 bytes drawn are the id, the next 24 the secret.
         assert_eq!(created.id, "0102030405060708");
         assert_eq!(created.expires_at, T0 + 60);
@@ -134,7 +139,10 @@ async fn tokens_expire_by_the_injected_clock_and_their_ids_come_from_the_injecte
 async fn enrolment_certificates_and_approval_follow_the_clock_and_the_states() {
     on_both(|fx| async move {
         let c = &fx.c;
-        let created = c.create_token(&proto::TokenRequest { node: "db-1".into(), ttl_secs: 600, require_approval: true }).await.unwrap();
+        let created = c
+            .create_token(&proto::TokenRequest { node: "db-1".into(), ttl_secs: 600, require_approval: true, ..Default::default() })
+            .await
+            .unwrap();
         fx.clock.0.store(T0 + 100, Ordering::SeqCst);
         let (req, _key) = enrol_request(&created.token);
         let enrolled = c.enrol(req.clone()).await.unwrap();
@@ -187,9 +195,12 @@ async fn refusals_are_typed_and_leave_the_records_as_they_were() {
         assert!(matches!(c.authenticate_admin(Some("wrong")), Err(Error::AdminDenied)));
         c.authenticate_admin(Some(ADMIN)).unwrap();
 
-        let r = c.create_token(&proto::TokenRequest { node: "nobody".into(), ttl_secs: 60, require_approval: false }).await;
+        let r = c
+            .create_token(&proto::TokenRequest { node: "nobody".into(), ttl_secs: 60, require_approval: false, ..Default::default() })
+            .await;
         assert!(matches!(r, Err(Error::NodeNotDeclared { ref node, revision: 1 }) if node == "nobody"), "{r:?}");
-        let r = c.create_token(&proto::TokenRequest { node: "db-1".into(), ttl_secs: 0, require_approval: false }).await;
+        let r =
+            c.create_token(&proto::TokenRequest { node: "db-1".into(), ttl_secs: 0, require_approval: false, ..Default::default() }).await;
         assert!(matches!(r, Err(Error::BadRequest(_))), "{r:?}");
 
         let mesh = proto::DeclFile { path: "mesh.toml".into(), text: "[mesh]\nname = \"x\"\nbogus = 1\n".into() };
@@ -207,7 +218,10 @@ async fn refusals_are_typed_and_leave_the_records_as_they_were() {
         assert!(matches!(r, Err(Error::RevisionConflict { current: 1, expected: 0 })), "{r:?}");
         assert_eq!(c.store.current_revision_head().await.unwrap().unwrap().0, 1, "a refused apply leaves the revision in force");
 
-        let t = c.create_token(&proto::TokenRequest { node: "db-1".into(), ttl_secs: 60, require_approval: false }).await.unwrap();
+        let t = c
+            .create_token(&proto::TokenRequest { node: "db-1".into(), ttl_secs: 60, require_approval: false, ..Default::default() })
+            .await
+            .unwrap();
         let (mut req, _) = enrol_request(&t.token);
         req.node = "api-1".into();
         let r = c.enrol(req).await.unwrap_err();
@@ -228,7 +242,10 @@ async fn refusals_are_typed_and_leave_the_records_as_they_were() {
 async fn a_retried_enrolment_is_answered_as_the_first_was_and_only_for_the_same_keys() {
     on_both(|fx| async move {
         let c = &fx.c;
-        let created = c.create_token(&proto::TokenRequest { node: "db-1".into(), ttl_secs: 600, require_approval: false }).await.unwrap();
+        let created = c
+            .create_token(&proto::TokenRequest { node: "db-1".into(), ttl_secs: 600, require_approval: false, ..Default::default() })
+            .await
+            .unwrap();
         let (req, key) = enrol_request(&created.token);
         let first = c.enrol(req.clone()).await.unwrap();
         let audited = c.audit().await.unwrap().len();
@@ -266,7 +283,10 @@ async fn a_retried_enrolment_is_answered_as_the_first_was_and_only_for_the_same_
         assert!(used(c.enrol(req.clone()).await), "a retry after a renewal");
 
         // And a revoked node's token stays used.
-        let t2 = c.create_token(&proto::TokenRequest { node: "api-1".into(), ttl_secs: 600, require_approval: false }).await.unwrap();
+        let t2 = c
+            .create_token(&proto::TokenRequest { node: "api-1".into(), ttl_secs: 600, require_approval: false, ..Default::default() })
+            .await
+            .unwrap();
         let (req2, _) = enrol_request(&t2.token);
         c.enrol(req2.clone()).await.unwrap();
         c.revoke("api-1").await.unwrap();
@@ -274,7 +294,10 @@ async fn a_retried_enrolment_is_answered_as_the_first_was_and_only_for_the_same_
 
         // A retry that races the redemption it repeats (sent before the first was decided)
         // waits for it and gets its answer; neither is refused.
-        let t3 = c.create_token(&proto::TokenRequest { node: "op-1".into(), ttl_secs: 600, require_approval: false }).await.unwrap();
+        let t3 = c
+            .create_token(&proto::TokenRequest { node: "op-1".into(), ttl_secs: 600, require_approval: false, ..Default::default() })
+            .await
+            .unwrap();
         let (req3, _) = enrol_request(&t3.token);
         let (a, b) = tokio::join!(c.enrol(req3.clone()), c.enrol(req3));
         let (a, b) = (a.unwrap(), b.unwrap());
@@ -376,8 +399,15 @@ async fn a_burst_of_enrolments_is_published_in_a_few_runs_and_every_node_gets_it
         let publishing = tokio::spawn(c.clone().publishing());
         let mut requests = Vec::new();
         for i in 0..N {
-            let t =
-                c.create_token(&proto::TokenRequest { node: format!("n-{i:03}"), ttl_secs: 600, require_approval: false }).await.unwrap();
+            let t = c
+                .create_token(&proto::TokenRequest {
+                    node: format!("n-{i:03}"),
+                    ttl_secs: 600,
+                    require_approval: false,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
             requests.push(enrol_request(&t.token).0);
         }
         let before = c.publisher.runs();
@@ -421,7 +451,10 @@ async fn a_burst_of_enrolments_is_published_in_a_few_runs_and_every_node_gets_it
 async fn a_replica_takes_the_version_another_replica_stored_for_the_same_content() {
     on_both(|fx| async move {
         let c = &fx.c;
-        let created = c.create_token(&proto::TokenRequest { node: "db-1".into(), ttl_secs: 600, require_approval: false }).await.unwrap();
+        let created = c
+            .create_token(&proto::TokenRequest { node: "db-1".into(), ttl_secs: 600, require_approval: false, ..Default::default() })
+            .await
+            .unwrap();
         c.enrol(enrol_request(&created.token).0).await.unwrap();
         c.publish().await.unwrap();
         let held = c.publisher.current("db-1").unwrap().version;

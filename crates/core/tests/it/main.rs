@@ -4,6 +4,7 @@ mod allocation;
 mod diagnostics;
 mod golden;
 mod incremental;
+mod pools;
 mod props;
 mod routes;
 mod support;

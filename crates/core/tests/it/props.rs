@@ -16,6 +16,8 @@ pub(crate) struct Gen {
     nodes: Vec<GenNode>,
     groups: usize,
     modules: Vec<Vec<GenRule>>,
+    /// Members of the pool `pl` the controller has added.
+    members: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -42,9 +44,9 @@ pub(crate) fn gen() -> impl Strategy<Value = Gen> {
                 GenNode { networks, endpoints, hub, groups, modules }
             },
         );
-        let rule = (0u8..3, proptest::collection::vec((0u8..4, 0usize..16), 1..4)).prop_map(|(proto, sources)| GenRule { proto, sources });
-        (proptest::collection::vec(node, n), proptest::collection::vec(proptest::collection::vec(rule, 1..3), mods))
-            .prop_map(move |(nodes, modules)| Gen { networks: nets, nodes, groups, modules })
+        let rule = (0u8..3, proptest::collection::vec((0u8..5, 0usize..16), 1..4)).prop_map(|(proto, sources)| GenRule { proto, sources });
+        (proptest::collection::vec(node, n), proptest::collection::vec(proptest::collection::vec(rule, 1..3), mods), 0usize..4)
+            .prop_map(move |(nodes, modules, members)| Gen { networks: nets, nodes, groups, modules, members })
     })
 }
 
@@ -91,6 +93,8 @@ fn render(g: &Gen) -> (String, Vec<(String, String)>) {
             ));
         }
     }
+    // A pool whose members the controller would add: they join a group and run a module.
+    s.push_str("[[pool]]\nname = \"pl\"\nsize = 3\nnetworks = [\"net0\"]\ngroups = [\"g0\"]\nmodules = [\"m0\"]\n");
     let modules = g
         .modules
         .iter()
@@ -105,6 +109,7 @@ fn render(g: &Gen) -> (String, Vec<(String, String)>) {
                         0 => format!("node:n{}", k % g.nodes.len()),
                         1 => format!("group:g{}", k % g.groups),
                         2 => format!("module:m{}", k % g.modules.len()),
+                        3 => "pool:pl".to_string(),
                         _ => "mesh".to_string(),
                     })
                     .collect();
@@ -122,10 +127,19 @@ fn render(g: &Gen) -> (String, Vec<(String, String)>) {
     (s, modules)
 }
 
+/// The generated mesh with `g.members` members of its pool added (each with a key, as an
+/// enrolled member has), as the controller compiles it.
 pub(crate) fn declaration(g: &Gen) -> Declaration {
     let (mesh, modules) = render(g);
     let refs: Vec<(&str, &str)> = modules.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
-    valid(&mesh, &refs)
+    let members: Vec<trellis_core::decl::Member> = (1..=g.members)
+        .map(|i| trellis_core::decl::Member { name: format!("pl-{i}"), pool: "pl".into(), address_ipv4: None, address_ipv6: None })
+        .collect();
+    let mut d = valid(&mesh, &refs).with_members(&members);
+    for (i, n) in d.nodes.iter_mut().filter(|n| n.pool.is_some()).enumerate() {
+        n.public_key = trellis_core::decl::PublicKey::parse(&key(200 + i));
+    }
+    d
 }
 
 /// The naive reading of the declaration, written without the compiler's index.
@@ -144,6 +158,7 @@ impl<'d> Oracle<'d> {
             Source::Node(n) => n == node,
             Source::Group(g) => self.in_group(node, g),
             Source::Module(m) => self.d.node(node).unwrap().modules.contains(m),
+            Source::Pool(p) => self.d.node(node).unwrap().pool.as_ref() == Some(p),
             Source::Mesh => true,
         }
     }

@@ -741,3 +741,50 @@ async fn a_large_bundle_comes_as_a_delta_to_a_node_holding_the_version_before() 
     assert_eq!(resp.headers()["content-type"], "application/octet-stream");
     assert_eq!(resp.bytes().await.unwrap().len(), whole.bytes.len());
 }
+
+/// A pool token over HTTP: redemptions racing past its uses are answered 409 `token_used`, each
+/// winner is named by the controller, a pool at its size answers 409 `pool_full`, and a token
+/// for an undeclared pool 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pool_redemptions_over_http_name_members_and_refuse_past_uses_and_size() {
+    for url in backends().await {
+        let r = Arc::new(start(url.clone()).await);
+        let files: Vec<Value> = ["mesh.toml", "modules/http.toml", "modules/ping.toml", "modules/postgres.toml"]
+            .iter()
+            .map(|p| json!({"path": p, "text": std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lab/pool").join(p)).unwrap()}))
+            .collect();
+        let (status, body) = r.admin_post("/v1/admin/apply", json!({"files": files})).await;
+        assert_eq!(status, 200, "{body}");
+        let (status, body) = r.admin_post("/v1/admin/tokens", json!({"pool": "ci", "uses": 3, "ttl_secs": 600})).await;
+        assert_eq!((status, body["pool"].as_str(), body["uses"].as_i64()), (200, Some("ci"), Some(3)), "{body}");
+        let t = EnrolmentToken::decode(body["token"].as_str().unwrap()).unwrap();
+        let tasks: Vec<_> = (0..6u8)
+            .map(|i| {
+                let (r, body) = (r.clone(), enrol_body(&t, i + 1));
+                tokio::spawn(async move { r.post_raw("/v1/enrol", "application/json", serde_json::to_vec(&body).unwrap()).await })
+            })
+            .collect();
+        let mut names = Vec::new();
+        for task in tasks {
+            let (status, body) = task.await.unwrap();
+            match status {
+                200 => names.push(body["node"].as_str().unwrap().to_string()),
+                409 if body["code"] == "token_used" => {}
+                _ => panic!("{url}: unexpected {status} {body}"),
+            }
+        }
+        names.sort();
+        assert_eq!(names, ["ci-1", "ci-2", "ci-3"], "{url}");
+        let (_, body) = r.admin_post("/v1/admin/tokens", json!({"pool": "ci", "uses": 5, "ttl_secs": 600})).await;
+        let t = EnrolmentToken::decode(body["token"].as_str().unwrap()).unwrap();
+        let (status, body) = r.post_raw("/v1/enrol", "application/json", serde_json::to_vec(&enrol_body(&t, 20)).unwrap()).await;
+        assert_eq!((status, body["node"].as_str()), (200, Some("ci-4")), "{body}");
+        let (status, body) = r.post_raw("/v1/enrol", "application/json", serde_json::to_vec(&enrol_body(&t, 21)).unwrap()).await;
+        assert_eq!((status, body["code"].as_str()), (409, Some("pool_full")), "{body}");
+        let (status, body) = r.admin_post("/v1/admin/tokens", json!({"pool": "cd", "ttl_secs": 600})).await;
+        assert_eq!((status, body["code"].as_str()), (404, Some("not_found")), "{body}");
+        let nodes = r.admin_get("/v1/admin/nodes").await;
+        let members = nodes.as_array().unwrap().iter().filter(|n| n["pool"] == "ci").count();
+        assert_eq!(members, 4, "{url}: {nodes}");
+    }
+}

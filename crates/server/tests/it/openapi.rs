@@ -112,8 +112,18 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
     sample(d, "ApplyRequest", proto::ApplyRequest { files: vec![], expect_revision: Some(1) }, &mut c);
     sample(d, "ApplyRequest", proto::ApplyRequest { files: vec![], expect_revision: None }, &mut c);
     sample(d, "ApplyResponse", proto::ApplyResponse { revision: 1, diagnostics: vec![], unchanged: false }, &mut c);
-    sample(d, "TokenRequest", proto::TokenRequest { node: "n".into(), ttl_secs: 60, require_approval: true }, &mut c);
-    sample(d, "TokenCreated", proto::TokenCreated { token: "t".into(), id: "i".into(), node: "n".into(), expires_at: 9 }, &mut c);
+    sample(d, "TokenRequest", proto::TokenRequest { node: "n".into(), ttl_secs: 60, require_approval: true, ..Default::default() }, &mut c);
+    sample(
+        d,
+        "TokenCreated",
+        proto::TokenCreated { token: "t".into(), id: "i".into(), node: "n".into(), expires_at: 9, pool: None, uses: 1 },
+        &mut c,
+    );
+    let pool_token =
+        proto::TokenCreated { token: "t".into(), id: "i".into(), node: "ci".into(), expires_at: 9, pool: Some("ci".into()), uses: 20 };
+    sample(d, "TokenCreated", pool_token, &mut c);
+    let pool_request = proto::TokenRequest { ttl_secs: 60, pool: Some("ci".into()), uses: Some(20), ..Default::default() };
+    sample(d, "TokenRequest", pool_request, &mut c);
     let info = proto::TokenInfo {
         id: "i".into(),
         node: "n".into(),
@@ -123,8 +133,12 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
         revoked_at: None,
         require_approval: false,
         state: proto::TokenState::Used,
+        pool: None,
+        uses: 1,
+        used: 1,
     };
-    sample(d, "TokenInfo", info, &mut c);
+    sample(d, "TokenInfo", info.clone(), &mut c);
+    sample(d, "TokenInfo", proto::TokenInfo { pool: Some("n".into()), uses: 20, used: 3, state: proto::TokenState::Valid, ..info }, &mut c);
     let enrol = proto::EnrolRequest {
         token_id: "i".into(),
         secret: "s".into(),
@@ -154,8 +168,15 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
         wireguard_public_key: Some("k".into()),
         cert_not_after: None,
         last_contact: Some(4),
+        pool: None,
     };
-    sample(d, "NodeInfo", node, &mut c);
+    sample(d, "NodeInfo", node.clone(), &mut c);
+    sample(
+        d,
+        "NodeInfo",
+        proto::NodeInfo { name: "ci-1".into(), state: proto::NodeState::Active, pool: Some("ci".into()), ..node },
+        &mut c,
+    );
     sample(d, "WhoAmI", proto::WhoAmI { node: "n".into(), state: proto::EnrolledState::Revoked }, &mut c);
     sample(d, "EvidenceBatch", proto::EvidenceBatch { records: vec![evidence.clone()] }, &mut c);
     sample(d, "Evidence", evidence, &mut c);

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use trellis_core::Allocation;
 use trellis_proto::{EnrolledState, EvidenceResult};
-use trellis_store::{testdb, verify_audit, Audit, EvidenceRecord, NodeRecord, Store, StoreError, TokenRecord};
+use trellis_store::{testdb, verify_audit, Audit, EvidenceRecord, MemberRefusal, NodeRecord, Store, StoreError, TokenRecord};
 
 fn audit(action: &str) -> Audit<'static> {
     Audit { at: 1_000, actor: "test", action: Box::leak(action.to_string().into_boxed_str()), subject: "s", detail: String::new() }
@@ -21,6 +21,9 @@ fn token(id: &str, node: &str) -> TokenRecord {
         used_at: None,
         revoked_at: None,
         require_approval: false,
+        pool: None,
+        uses: 1,
+        used: 0,
     }
 }
 
@@ -35,6 +38,9 @@ fn node(name: &str, key: &str) -> NodeRecord {
         enrolled_at: 1_000,
         last_contact: None,
         cert_pem: Some("PEM".into()),
+        pool: None,
+        ipv4: None,
+        ipv6: None,
     }
 }
 
@@ -276,6 +282,157 @@ async fn evidence_is_bounded_per_node_and_pruning_keeps_gaps_countable() {
         assert_eq!((sum.highest_seq, sum.missing()), (total, 1), "the gap at 7 is still counted");
         assert_eq!(s.add_evidence("db-1", &[rec(3)], 2).await.unwrap(), (0, 1), "a pruned record sent again is a duplicate");
         assert_eq!(s.evidence_summary().await.unwrap()["db-1"].missing(), 1);
+    })
+    .await;
+}
+
+fn pool_token(id: &str, pool: &str, uses: i64) -> TokenRecord {
+    TokenRecord { pool: Some(pool.into()), uses, node: pool.into(), ..token(id, pool) }
+}
+
+fn member(name: &str, key: &str, ipv4: &str) -> NodeRecord {
+    NodeRecord { pool: Some("ci".into()), ipv4: Some(ipv4.into()), ..node(name, key) }
+}
+
+/// Twice as many redemptions as the token allows, all at once, each with its own name, key and
+/// address: exactly `uses` are recorded, the rest find the token used up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pool_token_is_redeemed_exactly_uses_times_under_concurrency() {
+    each_backend(|s| async move {
+        let uses = 6;
+        s.create_token(&pool_token("p1", "ci", uses), &audit("token issued")).await.unwrap();
+        let s = Arc::new(s);
+        let tasks: Vec<_> = (1..=2 * uses)
+            .map(|i| {
+                let s = s.clone();
+                tokio::spawn(async move {
+                    s.enrol_member(
+                        "p1",
+                        100,
+                        &member(&format!("ci-{i}"), &format!("key{i}"), &format!("10.0.0.{i}")),
+                        &audit("member enrolled"),
+                    )
+                    .await
+                })
+            })
+            .collect();
+        let (mut won, mut used_up) = (0, 0);
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(Ok(())) => won += 1,
+                Ok(Err(MemberRefusal::TokenUsedUp)) => used_up += 1,
+                other => panic!("{:?}: unexpected {other:?}", s.backend),
+            }
+        }
+        assert_eq!((won, used_up), (uses, uses), "{:?}", s.backend);
+        let t = s.token("p1").await.unwrap().unwrap();
+        assert_eq!((t.used, t.uses), (uses, uses));
+        assert_eq!(s.members().await.unwrap().len(), uses as usize);
+        assert!(!s.revoke_token("p1", &audit("token revoked")).await.unwrap(), "a used-up token cannot be revoked");
+        let audited = s.audit().await.unwrap().iter().filter(|r| r.action == "member enrolled").count();
+        assert_eq!(audited, uses as usize, "{:?}: one audit record per member, none for a refusal", s.backend);
+    })
+    .await;
+}
+
+/// Two tokens for one pool of size 3, redeemed at once: no more than three members, and the
+/// size check is not fooled by redemptions running side by side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pool_never_holds_more_than_its_size() {
+    each_backend(|s| async move {
+        s.create_token(&pool_token("a", "ci", 10), &audit("token issued")).await.unwrap();
+        s.create_token(&pool_token("b", "ci", 10), &audit("token issued")).await.unwrap();
+        let s = Arc::new(s);
+        let tasks: Vec<_> = (1..=10)
+            .map(|i| {
+                let s = s.clone();
+                let token = if i % 2 == 0 { "a" } else { "b" };
+                tokio::spawn(async move {
+                    s.enrol_member(
+                        token,
+                        3,
+                        &member(&format!("ci-{i}"), &format!("key{i}"), &format!("10.0.0.{i}")),
+                        &audit("member enrolled"),
+                    )
+                    .await
+                })
+            })
+            .collect();
+        let (mut won, mut full) = (0, 0);
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(Ok(())) => won += 1,
+                Ok(Err(MemberRefusal::PoolFull)) => full += 1,
+                other => panic!("{:?}: unexpected {other:?}", s.backend),
+            }
+        }
+        assert_eq!((won, full), (3, 7), "{:?}", s.backend);
+        let used = s.token("a").await.unwrap().unwrap().used + s.token("b").await.unwrap().unwrap().used;
+        assert_eq!(used, 3, "{:?}: a refused redemption uses nothing", s.backend);
+    })
+    .await;
+}
+
+/// A member's name, key and addresses are its own: a redemption that would share one is told
+/// to choose again (or that the key is taken), and uses nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_takes_no_name_key_or_address_another_node_holds() {
+    each_backend(|s| async move {
+        s.create_token(&pool_token("p", "ci", 10), &audit("token issued")).await.unwrap();
+        s.create_token(&pool_token("other", "cd", 10), &audit("token issued")).await.unwrap();
+        s.create_token(&TokenRecord { expires_at: 1_000, ..pool_token("old", "ci", 10) }, &audit("token issued")).await.unwrap();
+        let enrol = |t: &'static str, m: NodeRecord| {
+            let s = &s;
+            async move { s.enrol_member(t, 10, &m, &audit("member enrolled")).await.unwrap() }
+        };
+        assert_eq!(enrol("p", member("ci-1", "k1", "10.0.0.1")).await, Ok(()));
+        assert_eq!(enrol("p", member("ci-1", "k2", "10.0.0.2")).await, Err(MemberRefusal::Taken), "name");
+        assert_eq!(enrol("p", member("ci-2", "k2", "10.0.0.1")).await, Err(MemberRefusal::Taken), "address");
+        assert_eq!(enrol("other", member("ci-2", "k2", "10.0.0.2")).await, Err(MemberRefusal::TokenUsedUp), "another pool's token");
+        assert_eq!(enrol("old", member("ci-2", "k2", "10.0.0.2")).await, Err(MemberRefusal::TokenUsedUp), "expired");
+        let taken = s.enrol_member("p", 10, &member("ci-2", "k1", "10.0.0.2"), &audit("member enrolled")).await;
+        assert!(matches!(taken, Err(StoreError::KeyTaken(ref h)) if h == "ci-1"), "{taken:?}");
+        assert_eq!(s.token("p").await.unwrap().unwrap().used, 1, "{:?}: refusals use nothing", s.backend);
+        // A node's token does not enrol a member, nor a pool token a declared node.
+        s.create_token(&token("n", "db-1"), &audit("token issued")).await.unwrap();
+        assert_eq!(enrol("n", member("ci-2", "k2", "10.0.0.2")).await, Err(MemberRefusal::TokenUsedUp));
+        assert!(matches!(s.enrol("p", &node("db-1", "k3"), &audit("node enrolled")).await, Err(StoreError::TokenUsed)));
+    })
+    .await;
+}
+
+/// A member out of contact since before the cutoff is removed, with its evidence, once; one in
+/// contact since, or a declared node, is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_out_of_contact_is_removed_once() {
+    each_backend(|s| async move {
+        s.create_token(&pool_token("p", "ci", 10), &audit("token issued")).await.unwrap();
+        s.create_token(&token("n", "db-1"), &audit("token issued")).await.unwrap();
+        s.enrol("n", &node("db-1", "k0"), &audit("node enrolled")).await.unwrap();
+        for i in 1..=2 {
+            s.enrol_member("p", 10, &member(&format!("ci-{i}"), &format!("k{i}"), &format!("10.0.0.{i}")), &audit("member enrolled"))
+                .await
+                .unwrap()
+                .unwrap();
+        }
+        let ev = EvidenceRecord { seq: 1, version: 1, result: EvidenceResult::Applied, error: None, files: "[]".into(), at: 1_000 };
+        s.add_evidence("ci-1", std::slice::from_ref(&ev), 1_000).await.unwrap();
+        s.touch_all(&[("ci-2".to_string(), 1_500)]).await.unwrap();
+        // enrolled_at is 1000: a cutoff at 1000 removes nobody; at 1200, ci-1 (no contact since).
+        assert!(!s.remove_member("ci-1", 1_000, &audit("member removed")).await.unwrap());
+        assert!(s.remove_member("ci-1", 1_200, &audit("member removed")).await.unwrap());
+        assert!(!s.remove_member("ci-1", 1_200, &audit("member removed")).await.unwrap(), "{:?}: removed once", s.backend);
+        assert!(!s.remove_member("ci-2", 1_200, &audit("member removed")).await.unwrap(), "in contact at 1500");
+        assert!(!s.remove_member("db-1", 9_999, &audit("member removed")).await.unwrap(), "a declared node is never swept");
+        let names: Vec<String> = s.members().await.unwrap().into_iter().map(|m| m.name).collect();
+        assert_eq!(names, vec!["ci-2"]);
+        assert!(s.node("db-1").await.unwrap().is_some());
+        // A new ci-1 starts its evidence afresh.
+        s.enrol_member("p", 10, &member("ci-1", "k9", "10.0.0.9"), &audit("member enrolled")).await.unwrap().unwrap();
+        let added = s.add_evidence("ci-1", &[ev], 2_000).await.unwrap();
+        assert_eq!(added.0, 1, "{:?}: the first record of the new ci-1 is not a re-send", s.backend);
+        let removed = s.audit().await.unwrap().iter().filter(|r| r.action == "member removed").count();
+        assert_eq!(removed, 1, "{:?}: only the removal that happened is audited", s.backend);
     })
     .await;
 }

@@ -1,0 +1,255 @@
+//! Pools of short-lived nodes, on SQLite and PostgreSQL: a reusable token enrols exactly `uses`
+//! members under any concurrency, each named by the controller; members are in their peers'
+//! bundles per policy, listed with their pool, and removed (audited) once out of contact.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use trellis_controller::{Controller, Error, Redemption};
+use trellis_proto::{self as proto, NodeState, TokenState};
+use trellis_store::testdb;
+
+use super::{controller, enrol_request, x25519_public, Fixture, T0};
+
+/// The basic fixture, then `lab/pool` applied over it (web-1, db-1 and the pool `ci` of 4).
+async fn pool_fixture(url: String) -> Fixture {
+    let fx = controller(url).await;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lab/pool");
+    let mut files = vec![proto::DeclFile { path: "mesh.toml".into(), text: std::fs::read_to_string(dir.join("mesh.toml")).unwrap() }];
+    for m in ["http", "ping", "postgres"] {
+        let text = std::fs::read_to_string(dir.join(format!("modules/{m}.toml"))).unwrap();
+        files.push(proto::DeclFile { path: format!("modules/{m}.toml"), text });
+    }
+    fx.c.apply(&files, None).await.unwrap();
+    fx
+}
+
+async fn on_both<F, Fut>(f: F)
+where
+    F: Fn(Fixture) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    for url in testdb::both().await {
+        f(pool_fixture(url).await).await;
+    }
+}
+
+async fn pool_token(c: &Controller, uses: u32) -> proto::TokenCreated {
+    c.create_token(&proto::TokenRequest { ttl_secs: 600, pool: Some("ci".into()), uses: Some(uses), ..Default::default() }).await.unwrap()
+}
+
+/// A redemption of `token` with its own keys (`seed` makes the WireGuard key).
+fn member_request(token: &str, seed: u8) -> proto::EnrolRequest {
+    let (mut req, _) = enrol_request(token);
+    req.wireguard_public_key = x25519_public(seed);
+    req
+}
+
+fn bundle_text(c: &Controller, node: &str) -> String {
+    let p = c.publisher.current(node).unwrap_or_else(|| panic!("{node} has no bundle"));
+    String::from_utf8_lossy(&p.signed.to_vec()).into_owned()
+}
+
+/// Twice as many redemptions as the token allows, at once: exactly `uses` members, named
+/// `ci-1` .. `ci-uses` (the lowest free numbers), each audited; the rest are refused as used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pool_token_enrols_exactly_uses_members_under_concurrency() {
+    on_both(|fx| async move {
+        let c = Arc::new(fx.c);
+        let t = pool_token(&c, 3).await;
+        assert_eq!((t.node.as_str(), t.pool.as_deref(), t.uses), ("ci", Some("ci"), 3));
+        let tasks: Vec<_> = (0..6u8)
+            .map(|i| {
+                let (c, req) = (c.clone(), member_request(&t.token, 10 + i));
+                tokio::spawn(async move { c.enrol(req).await })
+            })
+            .collect();
+        let mut names = BTreeSet::new();
+        let mut refused = 0;
+        for task in tasks {
+            match task.await.unwrap() {
+                Ok(r) => assert!(names.insert(r.node.clone()), "{} given twice", r.node),
+                Err(Error::Redemption(Redemption::Used)) => refused += 1,
+                Err(e) => panic!("{:?}: unexpected refusal: {e}", c.store.backend),
+            }
+        }
+        let want: BTreeSet<String> = ["ci-1", "ci-2", "ci-3"].into_iter().map(String::from).collect();
+        assert_eq!((names, refused), (want, 3), "{:?}", c.store.backend);
+        let info = c.tokens().await.unwrap().into_iter().find(|i| i.id == t.id).unwrap();
+        assert_eq!((info.state, info.used, info.uses), (TokenState::Used, 3, 3));
+        let audit = c.audit().await.unwrap();
+        let enrolled: BTreeSet<&str> =
+            audit.iter().filter(|r| r.action == "node enrolled" && r.detail.contains("pool ci")).map(|r| r.subject.as_str()).collect();
+        assert_eq!(enrolled, ["ci-1", "ci-2", "ci-3"].into_iter().collect());
+    })
+    .await;
+}
+
+/// The pool's size holds across tokens; a freed number is the next one given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_take_the_lowest_free_number_up_to_the_pools_size() {
+    on_both(|fx| async move {
+        let c = &fx.c;
+        let t = pool_token(c, 10).await;
+        for (i, want) in ["ci-1", "ci-2", "ci-3", "ci-4"].iter().enumerate() {
+            assert_eq!(c.enrol(member_request(&t.token, 20 + i as u8)).await.unwrap().node, *want);
+        }
+        let other = pool_token(c, 10).await;
+        let full = c.enrol(member_request(&other.token, 30)).await;
+        assert!(matches!(full, Err(Error::Redemption(Redemption::PoolFull { ref pool, size: 4 })) if pool == "ci"), "{full:?}");
+        assert_eq!(
+            full.unwrap_err().to_string(),
+            "pool `ci` holds 4 members already, its size; wait for one to be removed or raise `size`"
+        );
+        // ci-2 stops; past ephemeral_after (5 s) and the slack, it is removed, and its number is
+        // the next one given.
+        fx.clock.0.store(T0 + 10, std::sync::atomic::Ordering::SeqCst);
+        c.store.touch_all(&[("ci-1".into(), T0 + 10), ("ci-3".into(), T0 + 10), ("ci-4".into(), T0 + 10)]).await.unwrap();
+        fx.clock.0.store(T0 + 10 + 5 + trellis_controller::pools::SWEEP_SLACK, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(c.sweep_members().await.unwrap(), vec!["ci-2".to_string()]);
+        assert_eq!(c.enrol(member_request(&other.token, 31)).await.unwrap().node, "ci-2");
+        let used = c.tokens().await.unwrap().iter().map(|i| i.used).sum::<i64>();
+        assert_eq!(used, 5, "the refusal used nothing");
+    })
+    .await;
+}
+
+/// A member is a node of the compiled mesh: peers per policy (pool:ci and group:runners admit
+/// it; postgres does not), listed with its pool; out of contact, it is removed (audited) and its
+/// peers' bundles drop it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_are_published_listed_and_removed_after_ephemeral_after() {
+    on_both(|fx| async move {
+        let c = &fx.c;
+        let node_token = |n: &str| proto::TokenRequest { node: n.into(), ttl_secs: 600, require_approval: false, ..Default::default() };
+        for (i, n) in ["web-1", "db-1"].iter().enumerate() {
+            let t = c.create_token(&node_token(n)).await.unwrap();
+            c.enrol(member_request(&t.token, 40 + i as u8)).await.unwrap();
+        }
+        let t = pool_token(c, 5).await;
+        let r = c.enrol(member_request(&t.token, 50)).await.unwrap();
+        assert_eq!(r.node, "ci-1");
+        assert!(trellis_pki::inspect_pem(&r.node_cert_pem).unwrap().common_name == "ci-1", "the certificate names the member");
+        c.publish().await.unwrap();
+        let member_key = x25519_public(50);
+        assert!(bundle_text(c, "web-1").contains(&member_key), "web-1 admits ci-1 (http, ping): they peer");
+        assert!(bundle_text(c, "db-1").contains(&member_key), "db-1 admits ci-1 to ping: they peer");
+        // What passes: ping (pool:ci) and HTTP (group:runners) on web-1; ping only on db-1.
+        let passes = |e: &proto::Explanation| e.forward.iter().map(|r| format!("{} {}", r.module, r.matched.join(","))).collect::<Vec<_>>();
+        let to_web = c.explain("ci-1", "web-1").await.unwrap();
+        assert_eq!(passes(&to_web), ["http group:runners (ci-1 is a member)", "ping pool:ci (ci-1 is a member)"]);
+        assert_eq!(passes(&c.explain("ci-1", "db-1").await.unwrap()), ["ping pool:ci (ci-1 is a member)"]);
+        assert!(bundle_text(c, "ci-1").contains("Endpoint = 192.0.2.11:51820"), "ci-1 dials web-1");
+
+        let nodes = c.nodes().await.unwrap();
+        let m = nodes.iter().find(|n| n.name == "ci-1").unwrap();
+        assert_eq!((m.state, m.pool.as_deref()), (NodeState::Active, Some("ci")));
+        let v4 = m.ipv4.clone().expect("a member has an overlay address");
+        assert!(v4.starts_with("10.89.0."), "{v4}");
+        assert!(nodes.iter().filter(|n| n.name != "ci-1").all(|n| n.pool.is_none() && n.ipv4.as_deref() != Some(v4.as_str())));
+
+        // In contact (a long-poll open counts), it stays; out of contact, it goes.
+        let at = |s: i64| fx.clock.0.store(T0 + s, std::sync::atomic::Ordering::SeqCst);
+        at(100);
+        {
+            let _polling = (c.publisher.polling("ci-1"), c.publisher.polling("web-1"));
+            c.flush_contacts().await;
+        }
+        let web = c.store.node("web-1").await.unwrap().unwrap();
+        assert_eq!(web.last_contact, Some(T0), "only members' long-polls are written as contact");
+        assert_eq!(c.store.node("ci-1").await.unwrap().unwrap().last_contact, Some(T0 + 100));
+        at(100 + 5 + trellis_controller::pools::SWEEP_SLACK);
+        assert!(c.sweep_members().await.unwrap().is_empty(), "last contact at +100: not yet");
+        at(100 + 5 + trellis_controller::pools::SWEEP_SLACK + 1);
+        assert_eq!(c.sweep_members().await.unwrap(), vec!["ci-1".to_string()]);
+        assert!(c.sweep_members().await.unwrap().is_empty(), "removed once");
+        c.publish().await.unwrap();
+        assert!(!bundle_text(c, "web-1").contains(&member_key), "web-1 drops ci-1");
+        assert!(c.publisher.current("ci-1").is_none());
+        assert!(c.nodes().await.unwrap().iter().all(|n| n.name != "ci-1"));
+        let removed: Vec<_> = c.audit().await.unwrap().into_iter().filter(|r| r.action == "node removed").collect();
+        assert_eq!(removed.len(), 1);
+        assert_eq!(removed[0].subject, "ci-1");
+        assert!(removed[0].detail.contains("ephemeral_after (5 s)"), "{}", removed[0].detail);
+    })
+    .await;
+}
+
+/// A retry of a redemption whose answer was lost is answered again, using nothing more; a pool
+/// token is refused where it does not fit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_is_answered_again_and_bad_pool_requests_are_refused() {
+    on_both(|fx| async move {
+        let c = &fx.c;
+        let t = pool_token(c, 2).await;
+        let req = member_request(&t.token, 60);
+        let first = c.enrol(req.clone()).await.unwrap();
+        let again = c.enrol(req.clone()).await.unwrap();
+        assert_eq!((first.node.as_str(), again.node.as_str(), again.node_cert_pem == first.node_cert_pem), ("ci-1", "ci-1", true));
+        let info = c.tokens().await.unwrap().into_iter().find(|i| i.id == t.id).unwrap();
+        assert_eq!(info.used, 1, "a retry uses nothing");
+        let mut other = member_request(&t.token, 61);
+        other.node = "ci-9".into();
+        assert!(matches!(c.enrol(other).await, Err(Error::Redemption(Redemption::OtherNode { .. }))));
+
+        let r = c.create_token(&proto::TokenRequest { ttl_secs: 60, pool: Some("cd".into()), ..Default::default() }).await;
+        assert_eq!(r.unwrap_err().to_string(), "pool `cd` is not declared in revision 2; declare it as a [[pool]] and apply first");
+        let r = c.create_token(&proto::TokenRequest { ttl_secs: 60, pool: Some("ci".into()), uses: Some(0), ..Default::default() }).await;
+        assert!(matches!(r, Err(Error::BadRequest(_))), "{r:?}");
+        let r = c.create_token(&proto::TokenRequest { node: "db-1".into(), ttl_secs: 60, uses: Some(3), ..Default::default() }).await;
+        assert!(matches!(r, Err(Error::BadRequest(_))), "{r:?}");
+        // A member is not a declared node: it has no token of its own.
+        let r = c.create_token(&proto::TokenRequest { node: "ci-1".into(), ttl_secs: 60, ..Default::default() }).await;
+        assert!(matches!(r, Err(Error::NodeNotDeclared { .. })), "{r:?}");
+        // A revoked pool token enrols nobody more; its members stay.
+        c.revoke_token(&t.id).await.unwrap();
+        assert!(matches!(c.enrol(member_request(&t.token, 62)).await, Err(Error::Redemption(Redemption::Revoked))));
+        assert!(c.store.node("ci-1").await.unwrap().is_some());
+        // A revoked member is removed by the next sweep, whatever its pool's ephemeral_after.
+        c.revoke("ci-1").await.unwrap();
+        assert_eq!(c.sweep_members().await.unwrap(), vec!["ci-1".to_string()]);
+        assert!(c.store.node("ci-1").await.unwrap().is_none());
+    })
+    .await;
+}
+
+/// A new revision without the pool: its members leave the compiled mesh at once, the next sweep
+/// removes them (audited), and its tokens enrol nobody more. An apply stores only the declared
+/// nodes' addresses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_no_longer_declared_loses_its_members() {
+    on_both(|fx| async move {
+        let c = &fx.c;
+        let t = pool_token(c, 4).await;
+        c.enrol(member_request(&t.token, 70)).await.unwrap();
+        let member_v4 = c.store.node("ci-1").await.unwrap().unwrap().ipv4.unwrap();
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lab/pool");
+        let mesh = std::fs::read_to_string(dir.join("mesh.toml")).unwrap();
+        // The pool goes (and the rules naming it or its group), and a node is added.
+        let without = mesh.split("[[pool]]").next().unwrap().to_string()
+            + "[[node]]\nname = \"late-1\"\nnetworks = [\"lan\"]\n"
+            + mesh.split("ephemeral_after = \"5s\"\n").nth(1).unwrap();
+        let mut files = vec![proto::DeclFile { path: "mesh.toml".into(), text: without }];
+        for m in ["http", "ping", "postgres"] {
+            let text = std::fs::read_to_string(dir.join(format!("modules/{m}.toml"))).unwrap();
+            let text = text.replace("group:runners", "node:web-1").replace("\"pool:ci\", ", "");
+            files.push(proto::DeclFile { path: format!("modules/{m}.toml"), text });
+        }
+        c.apply(&files, None).await.unwrap();
+        let nodes = c.nodes().await.unwrap();
+        let late = nodes.iter().find(|n| n.name == "late-1").unwrap();
+        assert_ne!(late.ipv4.as_deref(), Some(member_v4.as_str()));
+        let stored = c.store.allocation().await.unwrap();
+        assert!(stored.ipv4.contains_key("late-1") && !stored.ipv4.contains_key("ci-1"), "an apply stores declared nodes' addresses only");
+        let (_, mesh_now) = c.current_mesh().await.unwrap().unwrap();
+        assert!(mesh_now.node("ci-1").is_none(), "a member of an undeclared pool is not compiled");
+        let r = c.enrol(member_request(&t.token, 71)).await;
+        assert!(matches!(r, Err(Error::Redemption(Redemption::PoolUndeclared { ref pool, .. })) if pool == "ci"), "{r:?}");
+        assert_eq!(c.sweep_members().await.unwrap(), vec!["ci-1".to_string()]);
+        let audit = c.audit().await.unwrap();
+        let removed = audit.iter().find(|r| r.action == "node removed").unwrap();
+        assert!(removed.detail.contains("which revision 3 no longer declares"), "{}", removed.detail);
+    })
+    .await;
+}
