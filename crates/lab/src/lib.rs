@@ -47,6 +47,9 @@ pub struct LabState {
     pub postgres: Option<pg::Postgres>,
     /// How many of the lab file's steps `check` has taken.
     pub steps_done: usize,
+    /// Every agent's `--wireguard` backend.
+    #[serde(default)]
+    pub wireguard: String,
 }
 
 impl LabState {
@@ -78,8 +81,9 @@ fn is_root() -> bool {
 }
 
 /// Builds the namespaces, starts the controller and an agent per node, and waits for
-/// convergence. What was made is recorded next to the lab even when a step fails.
-pub fn up(file: &Path, read_declaration: ReadDeclaration) -> Result<LabState> {
+/// convergence; every agent runs `--wireguard WIREGUARD`. What was made is recorded next to the
+/// lab even when a step fails.
+pub fn up(file: &Path, read_declaration: ReadDeclaration, wireguard: &str) -> Result<LabState> {
     if !is_root() {
         bail!("the lab needs root: it makes network namespaces");
     }
@@ -99,7 +103,7 @@ pub fn up(file: &Path, read_declaration: ReadDeclaration) -> Result<LabState> {
     let prefix = format!("tl{:04x}", rand_u16());
     let dir = std::env::temp_dir().join(format!("trellis-lab-{prefix}"));
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let mut st = LabState { prefix: prefix.clone(), dir: dir.clone(), ..Default::default() };
+    let mut st = LabState { prefix: prefix.clone(), dir: dir.clone(), wireguard: wireguard.to_string(), ..Default::default() };
     save(file, &st)?;
     let result = build(file, &lab, &decl_dir, &decl, &mut st);
     save(file, &st)?;
@@ -159,6 +163,7 @@ fn build(file: &Path, lab: &LabFile, decl_dir: &Path, decl: &Declaration, st: &m
     st.agents.sort();
     procs::converge(st, Duration::from_secs(90))?;
     progress(&format!("every node holds its bundle ({:.1}s)", started.elapsed().as_secs_f64()));
+    progress(&format!("WireGuard (--wireguard {}): {}", st.wireguard, procs::interfaces(st)?.join(", ")));
     st.first_packet_ms = timing::first_packets(decl, &host_ns, &redeemed, st)?;
     progress(&format!("up in {:.1}s", started.elapsed().as_secs_f64()));
     Ok(())
@@ -250,8 +255,15 @@ impl Tally {
     fn round(&mut self, lab: &LabFile, st: &LabState, decl_dir: &Path, read_declaration: ReadDeclaration) -> Result<()> {
         let decl = read_valid(decl_dir, read_declaration)?;
         let addrs = checks::overlay_addresses(&st.dir, &decl)?;
-        let rows =
-            lab.expectations(st.steps_done).iter().enumerate().map(|(i, e)| checks::run(i, e, &addrs, st)).collect::<Result<Vec<_>>>()?;
+        let rows = lab
+            .expectations(st.steps_done)
+            .iter()
+            .enumerate()
+            .map(|(i, e)| match e.proto.as_deref() {
+                Some(file::THROUGHPUT) => checks::throughput(e, lab, &addrs, st),
+                _ => checks::run(i, e, &addrs, st),
+            })
+            .collect::<Result<Vec<_>>>()?;
         checks::print(&rows);
         self.rows += rows.len();
         self.failures += rows.iter().filter(|r| !r.ok()).count();
@@ -278,16 +290,16 @@ pub fn down(file: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `up`, `check` and `down`, taking the lab down on Ctrl-C too; exit status 1 when an
-/// expectation was not met.
-pub fn run(file: &Path, read_declaration: ReadDeclaration) -> Result<ExitCode> {
+/// `up` (agents on `--wireguard WIREGUARD`), `check` and `down`, taking the lab down on Ctrl-C
+/// too; exit status 1 when an expectation was not met.
+pub fn run(file: &Path, read_declaration: ReadDeclaration, wireguard: &str) -> Result<ExitCode> {
     let started = Instant::now();
     let f = file.to_path_buf();
     let _ = ctrlc::set_handler(move || {
         let _ = down(&f);
         std::process::exit(130);
     });
-    let result = up(file, read_declaration).and_then(|_| check(file, read_declaration));
+    let result = up(file, read_declaration, wireguard).and_then(|_| check(file, read_declaration));
     let cleaned = down(file);
     let ok = result?;
     cleaned?;

@@ -181,9 +181,10 @@ pub(crate) fn start_agents(
         trellis_files::create_new(&token_file, token.as_bytes(), 0o600)?;
         in_ns(ns, &[a, "enrol", "--token-file", path_str(&token_file)?, "--state-dir", path_str(&sdir)?])?;
         let cmd = format!(
-            "mkdir -p /var/run/wireguard && mount -t tmpfs tmpfs /var/run/wireguard && exec {a} run --state-dir {} --root {} --wireguard auto --max-backoff 2 --metrics-listen {}",
+            "mkdir -p /var/run/wireguard && mount -t tmpfs tmpfs /var/run/wireguard && exec {a} run --state-dir {} --root {} --wireguard {} --max-backoff 2 --metrics-listen {}",
             sdir.display(),
             root.display(),
+            if st.wireguard.is_empty() { "auto" } else { &st.wireguard },
             crate::metrics::AGENT
         );
         let log_path = st.dir.join(format!("agent-{}.log", node.name));
@@ -193,6 +194,21 @@ pub(crate) fn start_agents(
         progress(&format!("{} enrolled, agent running", node.name));
     }
     Ok(redeemed)
+}
+
+/// Each agent's WireGuard interface and backend (`api-1 trellis0 (wireguard-go)`), as its
+/// `trellis-agent status` reports it.
+pub(crate) fn interfaces(st: &LabState) -> Result<Vec<String>> {
+    let agent = exe("trellis-agent")?;
+    let mut out = Vec::new();
+    for node in &st.agents {
+        let sdir = st.dir.join(format!("agent-{node}"));
+        let text = in_ns(&format!("{}-{node}", st.prefix), &[path_str(&agent)?, "status", "--state-dir", path_str(&sdir)?, "--json"])?;
+        let status: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("`trellis-agent status` of {node} is not JSON"))?;
+        out.push(format!("{node} {}", status["interface"].as_str().unwrap_or("none")));
+    }
+    Ok(out)
 }
 
 /// Waits until at least one node is active and every active node has applied its desired
