@@ -180,7 +180,7 @@ pub(crate) fn throughput(e: &Expect, lab: &LabFile, addrs: &HashMap<String, Vec<
         Err(err) => format!("failed ({err:#})"),
     };
     let ratio = match (&over, &under) {
-        (Ok((_, o)), Some(Ok((_, u)))) if *u > 0.0 => format!(", ratio {:.2}", o / u),
+        (Ok((_, o)), Some(Ok((_, u)))) if *u > 0.0 => format!(", ratio {:.3}", o / u),
         _ => String::new(),
     };
     let note = format!("overlay {}, underlay {}{ratio}", mbit(&over), under.as_ref().map_or("- (no lab address)".into(), mbit));
