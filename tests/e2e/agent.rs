@@ -267,9 +267,9 @@ fn gone(pid: u32) -> bool {
 }
 
 /// Two agents on `--wireguard wireguard-go`: each runs a real wireguard-go as its child, traffic
-/// passes through the overlay under the policy, a revocation removes the peer over UAPI while the
-/// same process keeps running, and an agent killed with SIGKILL takes its wireguard-go and its
-/// interface with it.
+/// passes through the overlay under the policy, a changed MTU replaces the process (the old one
+/// ends), a revocation removes the peer over UAPI while the same process keeps running, and an
+/// agent killed with SIGKILL takes its wireguard-go and its interface with it.
 #[test]
 fn two_agents_on_wireguard_go_pass_traffic_change_peers_in_place_and_take_it_down_with_them() {
     assert!(run(sh("wireguard-go", &["--version"])).0.status.success(), "wireguard-go is not installed: run scripts/install-deps");
@@ -307,10 +307,28 @@ fn two_agents_on_wireguard_go_pass_traffic_change_peers_in_place_and_take_it_dow
     // The interface is wireguard-go's, the agent's child, as `wg` sees it through the UAPI socket
     // in the agent's mount namespace: one peer (api-1), with a handshake.
     let agent = site.agents["db-1"].0.id();
-    let wg_pid = wireguard_go_child(agent).unwrap_or_else(|| panic!("db-1's agent (pid {agent}) runs no wireguard-go\n{}", site.logs()));
+    let first = wireguard_go_child(agent).unwrap_or_else(|| panic!("db-1's agent (pid {agent}) runs no wireguard-go\n{}", site.logs()));
     let wg = |what: &str| ok(sh("nsenter", &["-t", &agent.to_string(), "-m", "-n", "wg", "show", "trellis0", what]));
     assert_eq!(wg("peers").lines().count(), 1, "{}", wg("dump"));
     assert!(wg("latest-handshakes").split_whitespace().nth(1).is_some_and(|t| t != "0"), "{}", wg("dump"));
+
+    // The interface changes (another MTU): a new wireguard-go replaces the first, which ends.
+    let decl = tempdir("mtu-decl");
+    copy_dir(&repo().join("lab/basic"), &decl.0);
+    let mesh = std::fs::read_to_string(decl.0.join("mesh.toml")).unwrap();
+    let v6 = "overlay_ipv6 = \"fd88:0:0:1::/64\"\n";
+    assert!(mesh.contains(v6));
+    std::fs::write(decl.0.join("mesh.toml"), mesh.replace(v6, &format!("{v6}mtu = 1380\n"))).unwrap();
+    site.admin(&["apply", decl.0.to_str().unwrap()]);
+    site.converge(&["api-1", "db-1"]);
+    let wg_pid = wireguard_go_child(agent).unwrap_or_else(|| panic!("no wireguard-go after the change\n{}", site.logs()));
+    assert_ne!(wg_pid, first, "a new wireguard-go for the new interface");
+    assert!(gone(first), "the first wireguard-go ended when its interface was replaced");
+    assert!(db_ns.ok(&["ip", "link", "show", "trellis0"]).contains("mtu 1380"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ping(api_ns, &db) {
+        assert!(Instant::now() < deadline, "no ping over the new interface\n{}", site.logs());
+    }
 
     // Revocation: db-1 drops api-1 over UAPI; the process and the interface stay.
     site.admin(&["node", "revoke", "api-1"]);
