@@ -63,9 +63,9 @@ impl WireguardGo {
             );
         }
         let mut cmd = Command::new(&program);
-        // In the foreground wireguard-go stays the agent's child; its errors go to the agent's
-        // standard error.
-        cmd.arg(&self.ifname).env("WG_PROCESS_FOREGROUND", "1").stdin(Stdio::null()).stdout(Stdio::null());
+        // In the foreground wireguard-go stays the agent's child. It logs (errors only, unless
+        // LOG_LEVEL says more) on its standard output, which goes to the agent's log.
+        cmd.arg(&self.ifname).env("WG_PROCESS_FOREGROUND", "1").stdin(Stdio::null()).stdout(std::io::stderr());
         let agent = nix::unistd::getpid();
         // SAFETY: between fork and exec the closure calls only prctl and getppid, which are
         // async-signal-safe, and allocates nothing.
