@@ -1,6 +1,7 @@
 //! `trellis-agent run` end to end: a controller and two agents in network namespaces on one
-//! bridge, real WireGuard (embedded userspace boringtun), real nftables, real traffic. And a crash
-//! test: agents killed with SIGKILL in the middle of applies leave every file old or new.
+//! bridge, real WireGuard (the embedded boringtun, and a real `wireguard-go` the agent runs),
+//! real nftables, real traffic. And a crash test: agents killed with SIGKILL in the middle of
+//! applies leave every file old or new.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -22,6 +23,8 @@ struct Site {
     dir: TempDir,
     serve: Option<Proc>,
     agents: HashMap<&'static str, Proc>,
+    /// The agents' `--wireguard` backend.
+    wireguard: &'static str,
 }
 
 impl Site {
@@ -45,7 +48,7 @@ impl Site {
         let mut nodes = HashMap::new();
         nodes.insert("api-1", attach("api", "192.0.2.11"));
         nodes.insert("db-1", attach("db", "192.0.2.12"));
-        Site { _bridge: bridge, ctl, nodes, dir: tempdir("site"), serve: None, agents: HashMap::new() }
+        Site { _bridge: bridge, ctl, nodes, dir: tempdir("site"), serve: None, agents: HashMap::new(), wireguard: "boringtun" }
     }
 
     fn state(&self) -> PathBuf {
@@ -95,9 +98,10 @@ impl Site {
     fn run_agent(&mut self, node: &'static str) {
         let ns = &self.nodes[node];
         let cmd = format!(
-            "mkdir -p /var/run/wireguard && mount -t tmpfs tmpfs /var/run/wireguard && exec {AGENT} run --state-dir {} --root {} --wireguard userspace --max-backoff 1",
+            "mkdir -p /var/run/wireguard && mount -t tmpfs tmpfs /var/run/wireguard && exec {AGENT} run --state-dir {} --root {} --wireguard {} --max-backoff 1",
             self.agent_dir(node).display(),
-            self.root(node).display()
+            self.root(node).display(),
+            self.wireguard
         );
         let log = std::fs::File::create(self.dir.0.join(format!("agent-{node}.log"))).unwrap();
         let child = ns.cmd(&["unshare", "-m", "sh", "-c", &cmd]).stdout(Stdio::null()).stderr(log).spawn().unwrap();
@@ -216,7 +220,7 @@ fn two_agents_bring_up_the_overlay_enforce_the_policy_and_survive_an_outage() {
     let v: serde_json::Value = serde_json::from_str(&local).unwrap();
     assert!(v["last_error"].as_str().unwrap_or_default().contains("cannot reach the controller"), "{local}");
     assert_eq!(v["ruleset_loaded"], true, "the ruleset stays loaded: {local}");
-    assert_eq!(v["interface"], "trellis0 (userspace)", "{local}");
+    assert_eq!(v["interface"], "trellis0 (boringtun)", "{local}");
     assert_eq!(v["dns_serving"].as_array().map(Vec::len), Some(2), "DNS on both overlay addresses: {local}");
 
     drop(listeners);
@@ -245,6 +249,131 @@ fn two_agents_bring_up_the_overlay_enforce_the_policy_and_survive_an_outage() {
         assert!(Instant::now() < deadline, "db-1 still answers the revoked api-1");
     }
     println!("revocation -> former peer drops the revoked node's traffic: {} ms", t0.elapsed().as_millis());
+}
+
+/// The pid of the `wireguard-go` whose parent is `parent`, if there is one.
+fn wireguard_go_child(parent: u32) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let status = std::fs::read_to_string(e.path().join("status")).ok()?;
+        let field = |k: &str| status.lines().find_map(|l| l.strip_prefix(k)).map(str::trim).unwrap_or_default().to_string();
+        (field("Name:") == "wireguard-go" && field("PPid:") == parent.to_string() && !field("State:").starts_with('Z')).then_some(pid)
+    })
+}
+
+/// Whether process `pid` is gone (or a zombie no one has reaped yet).
+fn gone(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
+}
+
+/// Two agents on `--wireguard wireguard-go`: each runs a real wireguard-go as its child, traffic
+/// passes through the overlay under the policy, a changed MTU replaces the process (the old one
+/// ends), a revocation removes the peer over UAPI while the same process keeps running, and an
+/// agent killed with SIGKILL takes its wireguard-go and its interface with it.
+#[test]
+fn two_agents_on_wireguard_go_pass_traffic_change_peers_in_place_and_take_it_down_with_them() {
+    assert!(run(sh("wireguard-go", &["--version"])).0.status.success(), "wireguard-go is not installed: run scripts/install-deps");
+    let mut site = Site::new();
+    site.wireguard = "wireguard-go";
+    site.ctl.ok(&[TRELLIS, "init", "--state-dir", site.state().to_str().unwrap(), "--advertise", "192.0.2.1:8443"]);
+    site.start_controller();
+    site.admin(&["apply", repo().join("lab/basic").to_str().unwrap()]);
+    site.enrol_and_run("db-1");
+    site.enrol_and_run("api-1");
+    site.converge(&["api-1", "db-1"]);
+    let db = site.overlay_v4("db-1");
+    let (api_ns, db_ns) = (&site.nodes["api-1"], &site.nodes["db-1"]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ping(api_ns, &db) {
+        assert!(Instant::now() < deadline, "no ping over the overlay\n{}", site.logs());
+    }
+    let _listeners: Vec<Proc> = ["5432", "22"]
+        .iter()
+        .map(|port| {
+            Proc(db_ns.cmd(&["nc", "-l", "-k", port]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap())
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(port_open(api_ns, &db, 5432), "postgres from api-1 is allowed\n{}", site.logs());
+    assert!(!port_open(api_ns, &db, 22), "ssh from api-1 is denied");
+    let local = ok({
+        let mut c = Command::new(AGENT);
+        c.args(["status", "--state-dir", site.agent_dir("db-1").to_str().unwrap(), "--json"]);
+        c
+    });
+    let v: serde_json::Value = serde_json::from_str(&local).unwrap();
+    assert_eq!(v["interface"], "trellis0 (wireguard-go)", "{local}");
+
+    // The interface is wireguard-go's, the agent's child, as `wg` sees it through the UAPI socket
+    // in the agent's mount namespace: one peer (api-1), with a handshake.
+    let agent = site.agents["db-1"].0.id();
+    let first = wireguard_go_child(agent).unwrap_or_else(|| panic!("db-1's agent (pid {agent}) runs no wireguard-go\n{}", site.logs()));
+    let wg = |what: &str| ok(sh("nsenter", &["-t", &agent.to_string(), "-m", "-n", "wg", "show", "trellis0", what]));
+    assert_eq!(wg("peers").lines().count(), 1, "{}", wg("dump"));
+    assert!(wg("latest-handshakes").split_whitespace().nth(1).is_some_and(|t| t != "0"), "{}", wg("dump"));
+
+    // The interface changes (another MTU): a new wireguard-go replaces the first, which ends.
+    let decl = tempdir("mtu-decl");
+    copy_dir(&repo().join("lab/basic"), &decl.0);
+    let mesh = std::fs::read_to_string(decl.0.join("mesh.toml")).unwrap();
+    let v6 = "overlay_ipv6 = \"fd88:0:0:1::/64\"\n";
+    assert!(mesh.contains(v6));
+    std::fs::write(decl.0.join("mesh.toml"), mesh.replace(v6, &format!("{v6}mtu = 1380\n"))).unwrap();
+    site.admin(&["apply", decl.0.to_str().unwrap()]);
+    site.converge(&["api-1", "db-1"]);
+    let wg_pid = wireguard_go_child(agent).unwrap_or_else(|| panic!("no wireguard-go after the change\n{}", site.logs()));
+    assert_ne!(wg_pid, first, "a new wireguard-go for the new interface");
+    assert!(gone(first), "the first wireguard-go ended when its interface was replaced");
+    assert!(db_ns.ok(&["ip", "link", "show", "trellis0"]).contains("mtu 1380"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ping(api_ns, &db) {
+        assert!(Instant::now() < deadline, "no ping over the new interface\n{}", site.logs());
+    }
+
+    // Revocation: db-1 drops api-1 over UAPI; the process and the interface stay.
+    site.admin(&["node", "revoke", "api-1"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ping(api_ns, &db) {
+        assert!(Instant::now() < deadline, "db-1 still answers the revoked api-1\n{}", site.logs());
+    }
+    site.converge(&["db-1"]);
+    assert_eq!(wg("peers").trim(), "", "api-1 is no longer a peer of db-1");
+    assert_eq!(wireguard_go_child(agent), Some(wg_pid), "the peer changed in place: the same wireguard-go runs");
+
+    // The agent ends without a chance to clean up: wireguard-go ends with it, and the interface.
+    drop(site.agents.remove("db-1"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !gone(wg_pid) {
+        assert!(Instant::now() < deadline, "wireguard-go (pid {wg_pid}) outlived its agent");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while run(db_ns.cmd(&["ip", "link", "show", "trellis0"])).0.status.success() {
+        assert!(Instant::now() < deadline, "trellis0 outlived its wireguard-go");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `--wireguard wireguard-go` on a host without it is refused before anything happens, in one
+/// sentence; `userspace`, the old name of `boringtun`, is still understood.
+#[test]
+fn a_missing_wireguard_go_is_refused_and_userspace_still_means_boringtun() {
+    let dir = tempdir("no-wggo");
+    let agent_run = |mode: &str| {
+        let mut c = Command::new(crate::support::agent());
+        c.args(["run", "--state-dir", dir.0.to_str().unwrap(), "--wireguard", mode]).env("PATH", &dir.0);
+        run(c)
+    };
+    let (out, d) = agent_run("wireguard-go");
+    assert_eq!(out.status.code(), Some(1), "{d}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        "error: --wireguard wireguard-go: no `wireguard-go` on PATH; install it (Debian package wireguard-go) or choose another backend",
+        "{d}"
+    );
+    let (out, d) = agent_run("userspace");
+    assert_eq!(out.status.code(), Some(1), "accepted, then refused for the empty state directory\n{d}");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("invalid value"), "{d}");
 }
 
 fn pseudo_random(n: u64) -> u64 {

@@ -8,10 +8,15 @@ use crate::support::{is_root, run, trellis};
 /// Runs a lab and returns its standard output and standard error, after checking that every
 /// expectation was met and nothing was left behind.
 fn lab_run(file: &str) -> (String, String) {
+    lab_run_with(file, &[])
+}
+
+/// As `lab_run`, with more options to `trellis lab run`.
+fn lab_run_with(file: &str, options: &[&str]) -> (String, String) {
     assert!(is_root(), "the lab needs root (CI runs as root)");
     let (out, d) = run({
         let mut c = trellis();
-        c.args(["lab", "run", file]);
+        c.args(["lab", "run", file]).args(options);
         c
     });
     assert!(out.status.success(), "{d}");
@@ -45,6 +50,28 @@ fn lab_run(file: &str) -> (String, String) {
 #[test]
 fn lab_basic() {
     lab_run("lab/basic.toml");
+}
+
+/// Every agent on wireguard-go (the lab says which backend each one runs), and iperf3 between
+/// every pair through the overlay and on the LAN: each row gives both figures and their ratio.
+#[test]
+fn lab_throughput_on_wireguard_go() {
+    let (stdout, stderr) = lab_run_with("lab/throughput.toml", &["--wireguard", "wireguard-go"]);
+    let backends =
+        "WireGuard (--wireguard wireguard-go): api-1 trellis0 (wireguard-go), db-1 trellis0 (wireguard-go), op-1 trellis0 (wireguard-go)";
+    assert!(stderr.contains(backends), "{stderr}");
+    let rows: Vec<&str> = stdout.lines().filter(|l| l.contains(" throughput ")).collect();
+    assert_eq!(rows.len(), 3, "{stdout}");
+    for row in rows {
+        let figures = row.split(" yes ").nth(1).unwrap_or_else(|| panic!("not met: {row}"));
+        let number = |after: &str| -> f64 {
+            let rest = figures.split(after).nth(1).unwrap_or_else(|| panic!("no {after:?} in {row}"));
+            rest.split([' ', ',']).next().unwrap().parse().unwrap_or_else(|_| panic!("no figure after {after:?} in {row}"))
+        };
+        let (overlay, underlay, ratio) = (number("overlay "), number("underlay "), number("ratio "));
+        assert!(overlay > 0.0 && underlay > 0.0, "{row}");
+        assert!((ratio - overlay / underlay).abs() < 0.001 + ratio * 0.01, "the ratio is overlay / underlay: {row}");
+    }
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! The host side effects, each behind a narrow trait with one implementation per backend:
-//! files (atomic, staged), WireGuard (kernel or embedded userspace boringtun, through
-//! defguard_wireguard_rs), nftables (`nft -f`) and IP forwarding (`/proc/sys`). The executor
-//! talks only to the traits.
+//! files (atomic, staged), WireGuard (the kernel module or the embedded boringtun through
+//! defguard_wireguard_rs, or a `wireguard-go` process: `crate::wggo`), nftables (`nft -f`) and
+//! IP forwarding (`/proc/sys`). The executor talks only to the traits.
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -151,14 +151,27 @@ pub trait Wireguard {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum WgMode {
-    /// The kernel module where it exists, the embedded userspace implementation otherwise
+    /// The kernel module where it exists, else a `wireguard-go` found on PATH, else the embedded boringtun
     Auto,
     /// The kernel module (fails where it is missing)
     Kernel,
+    /// A `wireguard-go` found on PATH, run as the agent's child and driven through its UAPI socket
+    WireguardGo,
     /// The embedded userspace boringtun: a TUN device served by the agent process itself
-    Userspace,
+    #[value(alias = "userspace")]
+    Boringtun,
     /// Leave the WireGuard interface alone (managed elsewhere)
     None,
+}
+
+impl WgMode {
+    /// Refuses, in one sentence, a backend this host cannot run, before anything is applied.
+    pub fn check(self) -> Result<()> {
+        if self == WgMode::WireguardGo && crate::wggo::find().is_none() {
+            bail!(crate::wggo::MISSING);
+        }
+        Ok(())
+    }
 }
 
 pub struct Defguard<T> {
@@ -266,19 +279,23 @@ macro_rules! defguard_backend {
 }
 
 defguard_backend!(defguard_wireguard_rs::Kernel, "kernel");
-defguard_backend!(defguard_wireguard_rs::Userspace, "userspace");
+defguard_backend!(defguard_wireguard_rs::Userspace, "boringtun");
 
-/// Picks the backend: with `auto`, the kernel module if an interface can be made with it.
+/// Picks the backend: with `auto`, the kernel module if an interface can be made with it, else
+/// a `wireguard-go` on PATH, else the embedded boringtun.
 pub fn wireguard(mode: WgMode, ifname: &str) -> Option<Box<dyn Wireguard + Send>> {
     Some(match mode {
         WgMode::None => return None,
         WgMode::Kernel => Box::new(Defguard::<defguard_wireguard_rs::Kernel>::new(ifname)),
-        WgMode::Userspace => Box::new(Defguard::<defguard_wireguard_rs::Userspace>::new(ifname)),
+        WgMode::WireguardGo => Box::new(crate::wggo::WireguardGo::new(ifname)),
+        WgMode::Boringtun => Box::new(Defguard::<defguard_wireguard_rs::Userspace>::new(ifname)),
         WgMode::Auto => {
             let probe = std::process::Command::new("ip").args(["link", "add", "trellis-probe0", "type", "wireguard"]).output();
             if probe.is_ok_and(|o| o.status.success()) {
                 let _ = std::process::Command::new("ip").args(["link", "del", "trellis-probe0"]).output();
                 Box::new(Defguard::<defguard_wireguard_rs::Kernel>::new(ifname))
+            } else if crate::wggo::find().is_some() {
+                Box::new(crate::wggo::WireguardGo::new(ifname))
             } else {
                 Box::new(Defguard::<defguard_wireguard_rs::Userspace>::new(ifname))
             }

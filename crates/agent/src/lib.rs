@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod plan;
 pub mod routes;
 pub mod run;
+pub mod wggo;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -73,6 +74,9 @@ struct HostArgs {
 impl HostArgs {
     /// The agent's options and the real host's backends.
     fn agent(self, wait: u64, max_applies: u64, max_backoff: u64) -> Result<run::Agent> {
+        if !self.files_only {
+            self.wireguard.check()?;
+        }
         let backends = exec::Backends::host(&self.root, &self.state_dir, self.wireguard, self.files_only);
         run::Agent::new(self.options(wait, max_applies, max_backoff), backends)
     }

@@ -1,5 +1,6 @@
-//! The expectation matrix: every `[[expect]]` (tcp, udp, icmp open or closed; DNS answers) run
-//! through the overlay between the lab's namespaces, expected next to seen.
+//! The expectation matrix: every `[[expect]]` (tcp, udp, icmp open or closed; DNS answers;
+//! iperf3 throughput through the overlay next to the underlay) run between the lab's namespaces,
+//! expected next to seen.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -9,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use crate::file::Expect;
+use crate::file::{Expect, LabFile};
 use crate::net::ns_cmd;
 use crate::LabState;
 
@@ -19,6 +20,8 @@ pub struct Row {
     pub what: String,
     pub expected: String,
     pub seen: String,
+    /// Printed after the verdict: the figures of a throughput run.
+    pub note: String,
 }
 
 impl Row {
@@ -64,7 +67,7 @@ pub(crate) fn run(i: usize, e: &Expect, addrs: &HashMap<String, Vec<IpAddr>>, un
         Some(name) => dns(e, name, addrs, st)?,
         None => traffic(i, e, addrs, underlay, st)?,
     };
-    Ok(Row { from: e.from.clone(), what, expected, seen })
+    Ok(Row { from: e.from.clone(), what, expected, seen, note: String::new() })
 }
 
 fn ns(st: &LabState, host: &str) -> String {
@@ -205,6 +208,67 @@ fn traffic(
 pub(crate) fn print(rows: &[Row]) {
     println!("{:<12} {:<34} {:<28} {:<28} OK", "FROM", "CHECK", "EXPECTED", "SEEN");
     for r in rows {
-        println!("{:<12} {:<34} {:<28} {:<28} {}", r.from, r.what, r.expected, r.seen, if r.ok() { "yes" } else { "NO" });
+        let ok = if r.ok() { "yes" } else { "NO" };
+        println!("{}", format!("{:<12} {:<34} {:<28} {:<28} {ok:<3} {}", r.from, r.what, r.expected, r.seen, r.note).trim_end());
     }
+}
+
+/// The seconds each iperf3 run sends for, and the longest a run may take with its start.
+const IPERF_SECONDS: u32 = 3;
+const IPERF_LIMIT: &str = "15";
+
+/// Measures TCP throughput with iperf3 from the from-node to the to-node on the expectation's
+/// port, once to its overlay address and once to its lab address (same family, IPv4 first); met
+/// when the overlay run moved data. The note gives both figures and their ratio.
+pub(crate) fn throughput(e: &Expect, lab: &LabFile, addrs: &HashMap<String, Vec<IpAddr>>, st: &LabState) -> Result<Row> {
+    let to = e.to.as_deref().context("a throughput expectation needs `to`")?;
+    let port = e.port.context("a throughput expectation needs `port`")?;
+    let overlay = addrs.get(to).and_then(|a| a.iter().find(|ip| ip.is_ipv4()).or(a.first())).context("to-node has no overlay address")?;
+    let host = lab.host.iter().find(|h| h.name == to).with_context(|| format!("throughput to `{to}`: no lab host of that name"))?;
+    let lab_addrs: Vec<IpAddr> = host.addresses.values().filter_map(|a| a.parse().ok()).collect();
+    let underlay = lab_addrs.iter().find(|ip| ip.is_ipv4() == overlay.is_ipv4()).or(lab_addrs.first());
+    let over = iperf(st, &e.from, to, *overlay, port);
+    let under = underlay.map(|u| iperf(st, &e.from, to, *u, port));
+    let mbit = |r: &Result<(u64, f64)>| match r {
+        Ok((_, bps)) => format!("{:.0} Mbit/s", bps / 1e6),
+        Err(err) => format!("failed ({err:#})"),
+    };
+    let ratio = match (&over, &under) {
+        (Ok((_, o)), Some(Ok((_, u)))) if *u > 0.0 => format!(", ratio {:.3}", o / u),
+        _ => String::new(),
+    };
+    let note = format!("overlay {}, underlay {}{ratio}", mbit(&over), under.as_ref().map_or("- (no lab address)".into(), mbit));
+    let moved = over.as_ref().is_ok_and(|(bytes, _)| *bytes > 0);
+    Ok(Row {
+        from: e.from.clone(),
+        what: format!("throughput {port} -> {to}"),
+        expected: "data moves".into(),
+        seen: if moved { "data moves".into() } else { "no data".into() },
+        note,
+    })
+}
+
+/// One bounded iperf3 run (`-t 3`, at most 15 s with its start) from `from`'s namespace to `dst`
+/// in `to`'s, where a one-off server listens on `port`: bytes received and bits a second.
+fn iperf(st: &LabState, from: &str, to: &str, dst: IpAddr, port: u16) -> Result<(u64, f64)> {
+    let port = port.to_string();
+    let mut server = ns_cmd(&ns(st, to), &["timeout", IPERF_LIMIT, "iperf3", "-s", "-1", "-p", &port])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("cannot run iperf3 (is it installed?)")?;
+    std::thread::sleep(Duration::from_millis(300));
+    let secs = IPERF_SECONDS.to_string();
+    let client =
+        ns_cmd(&ns(st, from), &["timeout", IPERF_LIMIT, "iperf3", "-c", &dst.to_string(), "-p", &port, "-t", &secs, "-J"]).output();
+    let _ = server.kill();
+    let _ = server.wait();
+    let out = client.context("cannot run iperf3 (is it installed?)")?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).with_context(|| format!("iperf3 to {dst} printed no JSON"))?;
+    if let Some(err) = v["error"].as_str() {
+        bail!("{}", err.trim());
+    }
+    let sum = &v["end"]["sum_received"];
+    Ok((sum["bytes"].as_u64().unwrap_or(0), sum["bits_per_second"].as_f64().unwrap_or(0.0)))
 }

@@ -106,6 +106,10 @@ pub enum Action {
     Revoke(String),
 }
 
+/// `proto = "throughput"`: iperf3 from `from` to `to` on `port`, through the overlay and on the
+/// underlay; met when the overlay run moved data (a measurement, not a speed limit).
+pub const THROUGHPUT: &str = "throughput";
+
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Expect {
@@ -271,6 +275,12 @@ pub fn parse(text: &str, file: &Path) -> Result<(LabFile, PathBuf)> {
 }
 
 fn check_expect(file: &Path, what: &str, e: &Expect) -> Result<()> {
+    if e.proto.as_deref() == Some(THROUGHPUT) && (e.to.is_none() || e.port.is_none() || e.result.is_some() || e.dns.is_some()) {
+        bail!(
+            "{}: {what} measures throughput: give `to` and `port` (a TCP port the target's filter admits from `from`), and no `result` or `dns`",
+            file.display()
+        );
+    }
     if e.dns.is_some() {
         // A DNS expectation that names no answer would be met by silence: it must name the
         // nodes whose addresses answer, or say that the name does not exist.
@@ -524,6 +534,22 @@ mod tests {
                 Ok(_) => assert!(want.is_empty(), "{tag}: loaded, but should fail with {want:?}"),
                 Err(e) => assert!(!want.is_empty() && e.contains(want), "{tag}: {e}"),
             }
+        }
+    }
+
+    /// A throughput expectation names its target and a port the filter admits, and expects
+    /// nothing but data moving.
+    #[test]
+    fn a_throughput_expectation_names_to_and_port_only() {
+        let lab = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lab/throughput.toml"));
+        assert_eq!(load_text("tp", lab).unwrap().expect.iter().filter(|e| e.proto.as_deref() == Some(super::THROUGHPUT)).count(), 3);
+        let want = "FILE: expectation 1 measures throughput: give `to` and `port` (a TCP port the target's filter admits from `from`), and no `result` or `dns`";
+        for (tag, text) in [
+            ("tp-port", lab.replacen("port = 5432\n", "", 1)),
+            ("tp-to", lab.replacen("to = \"db-1\"\n", "", 1)),
+            ("tp-result", lab.replacen("port = 5432\n", "port = 5432\nresult = \"open\"\n", 1)),
+        ] {
+            assert_eq!(load_text(tag, &text).unwrap_err(), want, "{tag}");
         }
     }
 

@@ -50,6 +50,9 @@ pub struct LabState {
     /// The process of each agent, by host, for a step that stops one.
     #[serde(default)]
     pub agent_pids: BTreeMap<String, u32>,
+    /// Every agent's `--wireguard` backend.
+    #[serde(default)]
+    pub wireguard: String,
 }
 
 impl LabState {
@@ -81,8 +84,9 @@ fn is_root() -> bool {
 }
 
 /// Builds the namespaces, starts the controller and an agent per node, and waits for
-/// convergence. What was made is recorded next to the lab even when a step fails.
-pub fn up(file: &Path, read_declaration: ReadDeclaration) -> Result<LabState> {
+/// convergence; every agent runs `--wireguard WIREGUARD`. What was made is recorded next to the
+/// lab even when a step fails.
+pub fn up(file: &Path, read_declaration: ReadDeclaration, wireguard: &str) -> Result<LabState> {
     if !is_root() {
         bail!("the lab needs root: it makes network namespaces");
     }
@@ -103,7 +107,7 @@ pub fn up(file: &Path, read_declaration: ReadDeclaration) -> Result<LabState> {
     let prefix = format!("tl{:04x}", rand_u16());
     let dir = std::env::temp_dir().join(format!("trellis-lab-{prefix}"));
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let mut st = LabState { prefix: prefix.clone(), dir: dir.clone(), ..Default::default() };
+    let mut st = LabState { prefix: prefix.clone(), dir: dir.clone(), wireguard: wireguard.to_string(), ..Default::default() };
     save(file, &st)?;
     let result = build(file, &lab, &decl_dir, &decl, &mut st);
     save(file, &st)?;
@@ -163,6 +167,7 @@ fn build(file: &Path, lab: &LabFile, decl_dir: &Path, decl: &Declaration, st: &m
     st.agents.sort();
     procs::converge(st, Duration::from_secs(90))?;
     progress(&format!("every node holds its bundle ({:.1}s)", started.elapsed().as_secs_f64()));
+    progress(&format!("WireGuard (--wireguard {}): {}", st.wireguard, procs::interfaces(st)?.join(", ")));
     st.first_packet_ms = timing::first_packets(&host_ns, &redeemed, st)?;
     progress(&format!("up in {:.1}s", started.elapsed().as_secs_f64()));
     Ok(())
@@ -327,7 +332,10 @@ impl Tally {
             .expectations(st.steps_done)
             .iter()
             .enumerate()
-            .map(|(i, e)| checks::run(i, e, &addrs, &underlay, st))
+            .map(|(i, e)| match e.proto.as_deref() {
+                Some(file::THROUGHPUT) => checks::throughput(e, lab, &addrs, st),
+                _ => checks::run(i, e, &addrs, &underlay, st),
+            })
             .collect::<Result<Vec<_>>>()?;
         checks::print(&rows);
         self.rows += rows.len();
@@ -355,16 +363,16 @@ pub fn down(file: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `up`, `check` and `down`, taking the lab down on Ctrl-C too; exit status 1 when an
-/// expectation was not met.
-pub fn run(file: &Path, read_declaration: ReadDeclaration) -> Result<ExitCode> {
+/// `up` (agents on `--wireguard WIREGUARD`), `check` and `down`, taking the lab down on Ctrl-C
+/// too; exit status 1 when an expectation was not met.
+pub fn run(file: &Path, read_declaration: ReadDeclaration, wireguard: &str) -> Result<ExitCode> {
     let started = Instant::now();
     let f = file.to_path_buf();
     let _ = ctrlc::set_handler(move || {
         let _ = down(&f);
         std::process::exit(130);
     });
-    let result = up(file, read_declaration).and_then(|_| check(file, read_declaration));
+    let result = up(file, read_declaration, wireguard).and_then(|_| check(file, read_declaration));
     let cleaned = down(file);
     let ok = result?;
     cleaned?;

@@ -206,9 +206,10 @@ fn enrol_and_run(host: &str, ns: &str, token: &str, st: &mut LabState) -> Result
         .context("`trellis-agent status --json` printed something else than JSON")?;
     let node = identity["node"].as_str().context("`trellis-agent status --json` names no node")?.to_string();
     let cmd = format!(
-        "mkdir -p /var/run/wireguard && mount -t tmpfs tmpfs /var/run/wireguard && exec {a} run --state-dir {} --root {} --wireguard auto --max-backoff 2 --metrics-listen {}",
+        "mkdir -p /var/run/wireguard && mount -t tmpfs tmpfs /var/run/wireguard && exec {a} run --state-dir {} --root {} --wireguard {} --max-backoff 2 --metrics-listen {}",
         sdir.display(),
         root.display(),
+        if st.wireguard.is_empty() { "auto" } else { &st.wireguard },
         crate::metrics::AGENT
     );
     let log_path = st.dir.join(format!("agent-{host}.log"));
@@ -246,6 +247,21 @@ pub(crate) fn stop(st: &mut LabState, host: &str) -> Result<()> {
 pub(crate) fn nodes(st: &LabState) -> Result<Vec<trellis_proto::NodeInfo>> {
     let text = admin(st, &["nodes", "--json"])?;
     serde_json::from_str(&text).context("`trellis nodes --json` printed something else than a node list")
+}
+
+/// Each agent's WireGuard interface and backend (`api-1 trellis0 (wireguard-go)`), as its
+/// `trellis-agent status` reports it.
+pub(crate) fn interfaces(st: &LabState) -> Result<Vec<String>> {
+    let agent = exe("trellis-agent")?;
+    let mut out = Vec::new();
+    for node in &st.agents {
+        let sdir = st.dir.join(format!("agent-{node}"));
+        let text = in_ns(&format!("{}-{node}", st.prefix), &[path_str(&agent)?, "status", "--state-dir", path_str(&sdir)?, "--json"])?;
+        let status: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("`trellis-agent status` of {node} is not JSON"))?;
+        out.push(format!("{node} {}", status["interface"].as_str().unwrap_or("none")));
+    }
+    Ok(out)
 }
 
 /// Waits until at least one node is active and every active node has applied its desired

@@ -169,13 +169,29 @@ enum Command {
 #[derive(Subcommand)]
 enum LabCommand {
     /// Build the namespaces, start the controller and an agent per node, wait for convergence
-    Up { file: PathBuf },
+    Up {
+        file: PathBuf,
+        #[command(flatten)]
+        agents: LabAgents,
+    },
     /// Run every expectation through the overlay and print expected versus seen; exit 1 on a mismatch
     Check { file: PathBuf },
     /// Remove every namespace and process the lab made
     Down { file: PathBuf },
     /// up, check and down
-    Run { file: PathBuf },
+    Run {
+        file: PathBuf,
+        #[command(flatten)]
+        agents: LabAgents,
+    },
+}
+
+/// How the lab runs its agents.
+#[derive(clap::Args)]
+struct LabAgents {
+    /// The WireGuard backend of every agent (`trellis-agent run --wireguard`)
+    #[arg(long, default_value = "auto", value_parser = ["auto", "kernel", "wireguard-go", "boringtun", "userspace", "none"])]
+    wireguard: String,
 }
 
 #[derive(Subcommand)]
@@ -205,12 +221,12 @@ fn main() -> ExitCode {
         Command::Assets { dir } => assets::write(<Cli as clap::CommandFactory>::command(), &dir).map(|()| ExitCode::SUCCESS),
         Command::Graph { dir, format, out } => offline::graph(&dir, format, out.as_deref()),
         Command::Lab { cmd } => match cmd {
-            LabCommand::Up { file } => trellis_lab::up(&file, declfs::read).map(|_| ExitCode::SUCCESS),
+            LabCommand::Up { file, agents } => trellis_lab::up(&file, declfs::read, &agents.wireguard).map(|_| ExitCode::SUCCESS),
             LabCommand::Check { file } => {
                 trellis_lab::check(&file, declfs::read).map(|ok| if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
             }
             LabCommand::Down { file } => trellis_lab::down(&file).map(|_| ExitCode::SUCCESS),
-            LabCommand::Run { file } => trellis_lab::run(&file, declfs::read),
+            LabCommand::Run { file, agents } => trellis_lab::run(&file, declfs::read, &agents.wireguard),
         },
         Command::Init { state_dir, advertise, listen, database_url, cert_lifetime } => {
             admin::init(&state_dir, advertise, listen, database_url, cert_lifetime)
