@@ -249,3 +249,86 @@ fn policy_tests_reach_routes() {
          mesh.toml:79:1: error: test from node:laptop-2 to route:office-lan (udp 80) expects allow, but no rule of route `office-lan` that admits laptop-2 opens udp 80\n"
     );
 }
+
+mod props {
+    //! Over generated meshes with a route of random routers and sources: the prefixes reach
+    //! exactly the admitted nodes that have a direct path with a router (and only at the first
+    //! such router), and every router's forward filter names exactly the sources the rule names,
+    //! by a reading of the rule written here without the compiler's index.
+
+    use proptest::prelude::*;
+    use trellis_core::decl::{PortRange, Proto, Route, RouteRule, Source};
+    use trellis_core::topology::{Path, Topology};
+
+    use crate::props::{declaration, gen};
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 120, .. ProptestConfig::default() })]
+
+        #[test]
+        fn the_prefixes_and_the_forward_filter_follow_the_rule(
+            g in gen(),
+            via in proptest::collection::vec(0usize..16, 1..3),
+            sources in proptest::collection::vec((0u8..4, 0usize..16), 1..4),
+        ) {
+            let mut d = declaration(&g);
+            let n = d.nodes.len();
+            let loc = d.nodes[0].loc.clone();
+            let mut via: Vec<String> = via.iter().map(|&i| d.nodes[i % n].name.clone()).collect();
+            via.dedup();
+            let from: Vec<Source> = sources
+                .iter()
+                .map(|&(kind, k)| match kind {
+                    0 => Source::Node(d.nodes[k % n].name.clone()),
+                    1 if !d.groups.is_empty() => Source::Group(d.groups[k % d.groups.len()].name.clone()),
+                    2 if !d.modules.is_empty() => Source::Module(d.modules[k % d.modules.len()].name.clone()),
+                    _ => Source::Mesh,
+                })
+                .collect();
+            d.routes.push(Route {
+                name: "lan".into(),
+                prefixes: vec!["192.168.10.0/24".parse().unwrap()],
+                via: via.clone(),
+                via_locs: via.iter().map(|_| loc.clone()).collect(),
+                masquerade: true,
+                allow: vec![RouteRule {
+                    proto: Some(Proto::Tcp),
+                    ports: vec![PortRange::parse("80").unwrap()],
+                    from_locs: from.iter().map(|_| loc.clone()).collect(),
+                    from: from.clone(),
+                    loc: loc.clone(),
+                }],
+                hosts: Vec::new(),
+                loc,
+            });
+            let c = crate::support::compile_all(&d);
+            let alloc = c.allocation.clone();
+            let topo = Topology::new(&d, &alloc, &Default::default());
+            let admitted: Vec<&str> =
+                d.nodes.iter().filter(|x| trellis_core::load::names_node(&from, &d, x)).map(|x| x.name.as_str()).collect();
+            for node in &d.nodes {
+                let conf = c.nodes[&node.name].files.iter().find(|f| f.path.ends_with("wireguard.conf")).unwrap().content.to_string();
+                let i = topo.index[node.name.as_str()];
+                let first = via.iter().find(|v| matches!(topo.path(i, topo.index[v.as_str()], false), Path::Direct { .. }));
+                let gets = admitted.contains(&node.name.as_str()) && !via.contains(&node.name) && first.is_some();
+                prop_assert_eq!(conf.matches("# routes lan\n").count(), usize::from(gets), "{}:\n{}", node.name, conf);
+                if gets {
+                    let at = conf.find(&format!("\n# {}:", first.unwrap())).unwrap();
+                    let section = &conf[at..];
+                    let end = section[1..].find("\n\n").map_or(section.len(), |e| e + 1);
+                    prop_assert!(section[..end].contains("# routes lan\n"), "{} sends the route to {}:\n{}", node.name, first.unwrap(), conf);
+                }
+                let nft = c.nodes[&node.name].files.iter().find(|f| f.path.ends_with("nftables.conf")).unwrap().content.to_string();
+                if via.contains(&node.name) {
+                    let mut want: Vec<std::net::Ipv4Addr> = admitted.iter().map(|a| alloc.ipv4[*a]).collect();
+                    want.sort_unstable();
+                    let want: Vec<String> = want.iter().map(|a| a.to_string()).collect();
+                    let line = format!("ip saddr {{ {} }} ip daddr {{ 192.168.10.0/24 }} tcp dport {{ 80 }} accept", want.join(", "));
+                    prop_assert!(nft.contains(&line), "{}: want `{}` in\n{}", node.name, line, nft);
+                } else {
+                    prop_assert!(!nft.contains("chain forward"), "{} routes for nothing:\n{}", node.name, nft);
+                }
+            }
+        }
+    }
+}
