@@ -83,6 +83,13 @@ fn del_rules(family: &str, pref: &str) {
 
 impl Routing for IpRouting {
     fn apply(&mut self, interface: &str, routes: &[ipnet::IpNet], exit: Exit, table: u32) -> Result<()> {
+        // A route over the controller would cut the agent off from what could undo it.
+        if !routes.is_empty() {
+            let controllers = (self.controllers)();
+            if let Some((p, c)) = routes.iter().find_map(|p| controllers.iter().find(|c| p.contains(*c)).map(|c| (p, c))) {
+                bail!("route {p} holds the controller's address {c}; it is not routed into the tunnel, which would cut the agent off");
+            }
+        }
         for (family, v6) in [("-4", false), ("-6", true)] {
             let want: Vec<&ipnet::IpNet> = routes.iter().filter(|p| matches!(p, ipnet::IpNet::V6(_)) == v6).collect();
             let have = ours(family, interface)?;

@@ -1152,6 +1152,19 @@ fn routes(decl: &Declaration, declared: &Declared, diags: &mut Vec<Diagnostic>) 
             if p.prefix_len() == 0 {
                 continue;
             }
+            // Users send the prefix into the tunnel: an endpoint on it would be dialled through the
+            // tunnel it carries.
+            if let Some((n, e)) =
+                decl.nodes.iter().flat_map(|n| n.endpoints.iter().map(move |e| (n, e))).find(|(_, e)| p.contains(&e.address.ip()))
+            {
+                diags.push(Diagnostic::error(
+                    &r.loc,
+                    format!(
+                        "route `{}` prefix {p} holds endpoint {} of node `{}`; the underlay must stay outside a route, or the tunnel would carry itself",
+                        r.name, e.address, n.name
+                    ),
+                ));
+            }
             if let Some((q, other)) = seen.iter().find(|(q, _)| q.contains(&p.network()) || p.contains(&q.network())) {
                 diags.push(Diagnostic::error(
                     &r.loc,

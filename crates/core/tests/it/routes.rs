@@ -210,6 +210,10 @@ fn check_refuses_bad_routes_with_their_place() {
     );
     check(&overlapping, &["mesh.toml:59:1: error: route `internet` prefix 192.168.0.0/16 overlaps prefix 192.168.10.0/24 of route `office-lan`; a destination must have one route"]);
 
+    let underlay =
+        MESH.replace("prefixes = [\"192.168.10.0/24\"]", "prefixes = [\"198.51.100.0/24\"]").replace("192.168.10.5", "198.51.100.5");
+    check(&underlay, &["mesh.toml:47:1: error: route `office-lan` prefix 198.51.100.0/24 holds endpoint 198.51.100.10:51820 of node `gw-1`; the underlay must stay outside a route, or the tunnel would carry itself"]);
+
     let host_off = MESH.replace("192.168.10.5", "192.168.11.5");
     check(
         &host_off,
