@@ -155,6 +155,16 @@ pub fn addresses(urls: &[String]) -> Vec<IpAddr> {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn a_route_over_the_controller_is_refused_before_anything_changes() {
+        use super::Routing;
+        let mut r = super::IpRouting::new(Box::new(|| vec!["198.51.100.2".parse().unwrap()]));
+        let routes = vec!["198.51.100.0/24".parse().unwrap()];
+        // Refused before any `ip` command runs: this test changes nothing on the host.
+        let e = r.apply("trellis-test0", &routes, crate::plan::Exit::default(), 51820).unwrap_err().to_string();
+        assert_eq!(e, "route 198.51.100.0/24 holds the controller's address 198.51.100.2; it is not routed into the tunnel, which would cut the agent off");
+    }
+
+    #[test]
     fn controller_urls_give_their_addresses() {
         let urls = vec![
             "198.51.100.2:8443".to_string(),
