@@ -134,7 +134,11 @@ fn main() {
             expect_revision: Some(1),
         };
         out.put("bodies", "apply", &body(3, &apply));
-        out.put("bodies", "token", &body(4, &trellis_proto::TokenRequest { node: "db-1".into(), ttl_secs: 3600, require_approval: true, ..Default::default() }));
+        out.put(
+            "bodies",
+            "token",
+            &body(4, &trellis_proto::TokenRequest { node: "db-1".into(), ttl_secs: 3600, require_approval: true, ..Default::default() }),
+        );
     }
 }
 
