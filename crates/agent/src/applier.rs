@@ -470,7 +470,9 @@ mod tests {
             let commit = journal.iter().position(|l| l == "commit").unwrap();
             let on = journal.iter().position(|l| l == "forwarding on").unwrap();
             let wg = journal.iter().position(|l| l.starts_with("wireguard")).unwrap();
-            assert!(commit < on && on < wg, "{journal:?}");
+            let ruleset = journal.iter().position(|l| l.starts_with("ruleset")).unwrap();
+            // Forwarding goes on only once the filter is loaded.
+            assert!(commit < wg && wg < ruleset && ruleset < on, "{journal:?}");
 
             let mut g = fixture("spoke");
             g.apply(&bundle(1, false, "good1", &[])).await.unwrap();
@@ -513,8 +515,19 @@ mod tests {
             let journal = f.take();
             assert!(journal.iter().any(|l| l == "routes  into trellis0; exit v4 false v6 false table 51820"), "{journal:?}");
             // Nothing installed, nothing to remove: no routing action at all.
+            // (And the same routes and exit again, with other peers, touch nothing: below.)
             f.apply(&routed_bundle(3, "", "10.88.0.11/32")).await.unwrap();
             assert!(!f.take().iter().any(|l| l.starts_with("routes")));
+
+            let mut h = fixture("steady");
+            h.apply(&routed_bundle(1, "exit = true\n", "0.0.0.0/0")).await.unwrap();
+            assert!(h.take().iter().any(|l| l.starts_with("routes ")));
+            // Another peer list, the same exit: the exit's rules are left in place, not taken
+            // down and put back (its traffic would leak outside the tunnel meanwhile).
+            h.apply(&routed_bundle(2, "exit = true\n", "0.0.0.0/0, 10.88.0.12/32")).await.unwrap();
+            let journal = h.take();
+            assert!(journal.iter().any(|l| l.starts_with("wireguard")), "{journal:?}");
+            assert!(!journal.iter().any(|l| l.starts_with("routes ")), "{journal:?}");
 
             let mut g = fixture("router");
             g.apply(&routed_bundle(1, "router = true\n", "10.88.0.10/32")).await.unwrap();

@@ -60,11 +60,15 @@ pub struct Executor {
     key_path: PathBuf,
     wg: Option<Box<dyn Wireguard + Send>>,
     report: HostReport,
+    /// The routes and exit this process installed last: the same again leaves the host alone,
+    /// so an exit's rules are not taken down and put back (traffic leaking outside the tunnel
+    /// meanwhile) at every change of peers.
+    routed: Option<crate::plan::Action>,
 }
 
 impl Executor {
     pub fn new(backends: Backends, root: PathBuf, key_path: PathBuf) -> Executor {
-        Executor { backends, root, key_path, wg: None, report: HostReport::default() }
+        Executor { backends, root, key_path, wg: None, report: HostReport::default(), routed: None }
     }
 
     /// Whether the agent manages a WireGuard interface.
@@ -123,8 +127,13 @@ impl Executor {
                 }
             }
             Action::ConfigureRoutes { interface, routes, exit, table } => {
+                if self.routed.as_ref() == Some(action) {
+                    return Ok(Vec::new());
+                }
                 if let Some(r) = self.backends.routing.as_mut() {
+                    self.routed = None;
                     r.apply(interface, routes, *exit, *table)?;
+                    self.routed = Some(action.clone());
                 }
             }
             Action::LoadRuleset { path } => {

@@ -155,9 +155,6 @@ fn network(bundle: &Bundle, observed: &Observed, scope: &Scope) -> Result<Vec<Ac
         return Ok(Vec::new());
     }
     let mut actions = Vec::new();
-    if (settings.hub || settings.router) && !observed.forwarding {
-        actions.push(Action::EnableForwarding);
-    }
     let mut listen = Vec::new();
     if let (Some(conf), true) = (conf, scope.wireguard) {
         // The zone is served on the overlay addresses of the interface the agent manages.
@@ -180,6 +177,10 @@ fn network(bundle: &Bundle, observed: &Observed, scope: &Scope) -> Result<Vec<Ac
     }
     if file(bundle, NFTABLES_CONF).is_some() {
         actions.push(Action::LoadRuleset { path: NFTABLES_CONF.to_string() });
+    }
+    // Forwarding goes on once the filter that says what may be forwarded is loaded.
+    if (settings.hub || settings.router) && !observed.forwarding {
+        actions.push(Action::EnableForwarding);
     }
     if file(bundle, MESH_ZONE).is_some() && !listen.is_empty() {
         actions.push(Action::ServeZone { path: MESH_ZONE.to_string(), origin: settings.zone, listen });

@@ -14,6 +14,10 @@ use crate::plan::Exit;
 
 /// The routing protocol number on trellis's routes (`ip route ... proto 84`).
 const PROTO: &str = "84";
+/// The metric of trellis's routes: above the kernel's own routes of a connected network (0 for
+/// IPv4, 256 for IPv6), so that a node on a route's LAN keeps reaching it directly and its own
+/// route is never replaced.
+const METRIC: &str = "1024";
 /// Rule preferences: traffic to the controller keeps the main table; then the main table
 /// without its default routes; then everything not WireGuard's own goes to the exit's table.
 const PREF_CONTROLLER: &str = "5300";
@@ -83,9 +87,9 @@ fn del_rules(family: &str, pref: &str) {
 
 impl Routing for IpRouting {
     fn apply(&mut self, interface: &str, routes: &[ipnet::IpNet], exit: Exit, table: u32) -> Result<()> {
+        let controllers = if routes.is_empty() && !exit.any() { Vec::new() } else { (self.controllers)() };
         // A route over the controller would cut the agent off from what could undo it.
         if !routes.is_empty() {
-            let controllers = (self.controllers)();
             if let Some((p, c)) = routes.iter().find_map(|p| controllers.iter().find(|c| p.contains(*c)).map(|c| (p, c))) {
                 bail!("route {p} holds the controller's address {c}; it is not routed into the tunnel, which would cut the agent off");
             }
@@ -94,11 +98,11 @@ impl Routing for IpRouting {
             let want: Vec<&ipnet::IpNet> = routes.iter().filter(|p| matches!(p, ipnet::IpNet::V6(_)) == v6).collect();
             let have = ours(family, interface)?;
             for p in &want {
-                ip(&[family, "route", "replace", &p.to_string(), "dev", interface, "proto", PROTO])
+                ip(&[family, "route", "replace", &p.to_string(), "dev", interface, "proto", PROTO, "metric", METRIC])
                     .with_context(|| format!("cannot route {p} into {interface}"))?;
             }
             for p in have.iter().filter(|p| !want.contains(p)) {
-                ip(&[family, "route", "del", &p.to_string(), "dev", interface, "proto", PROTO])?;
+                ip(&[family, "route", "del", &p.to_string(), "dev", interface, "proto", PROTO, "metric", METRIC])?;
             }
             let on = if v6 { exit.ipv6 } else { exit.ipv4 };
             let table = table.to_string();
@@ -108,7 +112,7 @@ impl Routing for IpRouting {
             if on {
                 ip(&[family, "route", "replace", "default", "dev", interface, "table", &table, "proto", PROTO])
                     .with_context(|| format!("cannot route the default route into {interface}"))?;
-                for c in (self.controllers)().into_iter().filter(|c| c.is_ipv6() == v6) {
+                for c in controllers.iter().filter(|c| c.is_ipv6() == v6) {
                     ip(&[family, "rule", "add", "pref", PREF_CONTROLLER, "to", &c.to_string(), "lookup", "main"])?;
                 }
                 ip(&[family, "rule", "add", "pref", PREF_SUPPRESS, "lookup", "main", "suppress_prefixlength", "0"])?;

@@ -98,9 +98,16 @@ impl Controller {
         }
         let state = if token.require_approval { EnrolledState::Pending } else { EnrolledState::Active };
         let previous = self.store.allocation().await?;
+        // Numbers whose name turned out to be held by another row (a node of another kind that
+        // keeps its record): the next attempt takes the next number instead of the same one.
+        let mut held: Vec<u32> = Vec::new();
         for _ in 0..ATTEMPTS {
             let records = self.store.members().await?;
-            let taken = records.iter().filter(|r| r.pool.as_deref() == Some(pool_name.as_str())).filter_map(|r| pool.number_of(&r.name));
+            let taken = records
+                .iter()
+                .filter(|r| r.pool.as_deref() == Some(pool_name.as_str()))
+                .filter_map(|r| pool.number_of(&r.name))
+                .chain(held.iter().copied());
             let Some(number) = pool.lowest_free(taken) else {
                 return Err(Redemption::PoolFull { pool: pool_name, size: pool.size }.into());
             };
@@ -146,7 +153,10 @@ impl Controller {
                     self.ask_publish();
                     return Ok(self.enrolled(name, decl.mesh.name.clone(), state, issued.cert_pem));
                 }
-                Ok(Err(MemberRefusal::Taken)) => continue,
+                Ok(Err(MemberRefusal::Taken)) => {
+                    held.push(number);
+                    continue;
+                }
                 Ok(Err(MemberRefusal::PoolFull)) => return Err(Redemption::PoolFull { pool: pool_name, size: pool.size }.into()),
                 Ok(Err(MemberRefusal::TokenUsedUp)) => {
                     // Used up (or revoked, or expired) since it was read: say which.

@@ -33,7 +33,7 @@ pub fn allocate(decl: &Declaration, previous: &Allocation) -> Result<Allocation,
             |n| n.address_ipv4.map(|a| space.offset_v4(a)),
             |name| previous.ipv4.get(name).and_then(|a| space.usable_v4(*a)),
         )
-        .map_err(|_| exhausted(decl, "overlay_ipv4", &pool.to_string(), space.usable))?
+        .map_err(|e| unassigned(decl, e, "overlay_ipv4", &pool.to_string(), space.usable))?
         .into_iter()
         .map(|(n, off)| (n, space.v4_at(off)))
         .collect();
@@ -46,7 +46,7 @@ pub fn allocate(decl: &Declaration, previous: &Allocation) -> Result<Allocation,
             |n| n.address_ipv6.map(|a| space.offset_v6(a)),
             |name| previous.ipv6.get(name).and_then(|a| space.usable_v6(*a)),
         )
-        .map_err(|_| exhausted(decl, "overlay_ipv6", &pool.to_string(), space.usable))?
+        .map_err(|e| unassigned(decl, e, "overlay_ipv6", &pool.to_string(), space.usable))?
         .into_iter()
         .map(|(n, off)| (n, space.v6_at(off)))
         .collect();
@@ -54,7 +54,14 @@ pub fn allocate(decl: &Declaration, previous: &Allocation) -> Result<Allocation,
     Ok(out)
 }
 
-fn exhausted(decl: &Declaration, key: &str, pool: &str, usable: u128) -> Diagnostic {
+fn unassigned(decl: &Declaration, e: Unassigned, key: &str, pool: &str, usable: u128) -> Diagnostic {
+    if let Unassigned::SamePin(a, b) = e {
+        let at = decl.node(&a).map_or(&decl.mesh.loc, |n| &n.loc);
+        return Diagnostic::error(
+            at,
+            format!("nodes `{a}` and `{b}` hold the same address of `{key}`; a pinned address must be free (a pool's member may hold it)"),
+        );
+    }
     Diagnostic::error(
         &decl.mesh.loc,
         format!(
@@ -124,23 +131,30 @@ impl Space {
     }
 }
 
-struct Exhausted;
+enum Unassigned {
+    Exhausted,
+    /// Two nodes pin the same address (a declared node and a pool member that holds it).
+    SamePin(String, String),
+}
 
 fn assign(
     decl: &Declaration,
     space: &Space,
     pin: impl Fn(&crate::decl::Node) -> Option<u128>,
     previous: impl Fn(&str) -> Option<u128>,
-) -> Result<Vec<(String, u128)>, Exhausted> {
+) -> Result<Vec<(String, u128)>, Unassigned> {
     if decl.nodes.len() as u128 > space.usable {
-        return Err(Exhausted);
+        return Err(Unassigned::Exhausted);
     }
     let mut used: HashSet<u128> = HashSet::with_capacity(decl.nodes.len());
     let mut out: Vec<(String, u128)> = Vec::with_capacity(decl.nodes.len());
     let mut rest = Vec::new();
     for n in &decl.nodes {
         if let Some(off) = pin(n) {
-            used.insert(off);
+            if !used.insert(off) {
+                let other = out.iter().find(|(_, o)| *o == off).map(|(name, _)| name.clone()).unwrap_or_default();
+                return Err(Unassigned::SamePin(other, n.name.clone()));
+            }
             out.push((n.name.clone(), off));
         }
     }

@@ -139,25 +139,25 @@ pub fn nftables(plan: &NodePlan) -> Text {
     }
     let _ = writeln!(s, "\t\tiifname \"{iface}\" drop comment \"trellis: no rule admits this new inbound traffic\"");
     s.push_str("\t}\n");
-    if !plan.routes_for.is_empty() {
-        // A router: traffic from the overlay to its routes is forwarded only as their rules say;
-        // relaying between overlay peers (a hub) and everything not from the overlay are left be.
-        s.push_str("\n\tchain forward {\n\t\ttype filter hook forward priority filter; policy accept;\n");
-        let _ = writeln!(s, "\t\tiifname != \"{iface}\" accept");
-        let _ = writeln!(s, "\t\toifname \"{iface}\" accept");
-        s.push_str("\t\tct state established,related accept\n\t\tct state invalid drop\n");
+    // Traffic from the overlay leaves it only as a route's rules say, on every node: a router
+    // forwards what its routes admit, a hub relays between overlay peers, and a node that has
+    // forwarding on for any other reason (or from before) forwards nothing from the overlay.
+    // Everything not from the overlay is left be.
+    s.push_str("\n\tchain forward {\n\t\ttype filter hook forward priority filter; policy accept;\n");
+    let _ = writeln!(s, "\t\tiifname != \"{iface}\" accept");
+    let _ = writeln!(s, "\t\toifname \"{iface}\" accept");
+    s.push_str("\t\tct state established,related accept\n\t\tct state invalid drop\n");
+    for r in &plan.routes_for {
+        s.push_shared(&r.forward);
+    }
+    let _ = writeln!(s, "\t\tiifname \"{iface}\" drop comment \"trellis: no route rule admits this forwarded traffic\"");
+    s.push_str("\t}\n");
+    if plan.routes_for.iter().any(|r| !r.nat.is_empty()) {
+        s.push_str("\n\tchain postrouting {\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n");
         for r in &plan.routes_for {
-            s.push_shared(&r.forward);
+            s.push_shared(&r.nat);
         }
-        let _ = writeln!(s, "\t\tiifname \"{iface}\" drop comment \"trellis: no route rule admits this forwarded traffic\"");
         s.push_str("\t}\n");
-        if plan.routes_for.iter().any(|r| !r.nat.is_empty()) {
-            s.push_str("\n\tchain postrouting {\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n");
-            for r in &plan.routes_for {
-                s.push_shared(&r.nat);
-            }
-            s.push_str("\t}\n");
-        }
     }
     s.push_str("}\n");
     s.finish()
@@ -171,9 +171,23 @@ pub fn route_block(topo: &Topology, r: &ResolvedRoute) -> RouteBlock {
     let lines = format!("# routes {}\nAllowedIPs = {}\n", route.name, prefixes.join(", "));
     let v4: Vec<String> = route.prefixes.iter().filter(|p| matches!(p, ipnet::IpNet::V4(_))).map(|p| p.to_string()).collect();
     let v6: Vec<String> = route.prefixes.iter().filter(|p| matches!(p, ipnet::IpNet::V6(_))).map(|p| p.to_string()).collect();
+    let exit = route.is_exit();
+    // An exit forwards for the nodes that use it (admitted and opted in), to the internet: not to
+    // private networks the exit host reaches, nor to other routes' prefixes, whose own rules
+    // decide who reaches them (a LAN behind the exit is a route of its own).
+    let (v4, v6) = if exit {
+        let (x4, x6) = exit_destinations(topo);
+        // Only the families the exit carries (a default prefix of its own).
+        let carries = |v6: bool| route.prefixes.iter().any(|p| p.prefix_len() == 0 && matches!(p, ipnet::IpNet::V6(_)) == v6);
+        (if carries(false) { x4 } else { Vec::new() }, if carries(true) { x6 } else { Vec::new() })
+    } else {
+        (v4, v6)
+    };
+    let (not4, not6) = if exit { ("!= ", "!= ") } else { ("", "") };
     let addrs = |set: &[u32]| -> (Vec<String>, Vec<String>) {
-        let mut a4: Vec<_> = set.iter().filter_map(|&i| topo.ipv4[i as usize]).collect();
-        let mut a6: Vec<_> = set.iter().filter_map(|&i| topo.ipv6[i as usize]).collect();
+        let used = |i: &&u32| !exit || r.users.binary_search(i).is_ok();
+        let mut a4: Vec<_> = set.iter().filter(used).filter_map(|&i| topo.ipv4[i as usize]).collect();
+        let mut a6: Vec<_> = set.iter().filter(used).filter_map(|&i| topo.ipv6[i as usize]).collect();
         a4.sort_unstable();
         a6.sort_unstable();
         (a4.iter().map(|a| a.to_string()).collect(), a6.iter().map(|a| a.to_string()).collect())
@@ -195,12 +209,16 @@ pub fn route_block(topo: &Topology, r: &ResolvedRoute) -> RouteBlock {
             forward.push_str("\t\t# its sources name no node: nothing is forwarded\n");
             continue;
         }
-        for (fam, l4, saddrs, daddrs) in [("ip", "icmp", &s4, &v4), ("ip6", "ipv6-icmp", &s6, &v6)] {
+        for (fam, l4, saddrs, daddrs, not) in [("ip", "icmp", &s4, &v4, not4), ("ip6", "ipv6-icmp", &s6, &v6, not6)] {
             if saddrs.is_empty() || daddrs.is_empty() {
                 continue;
             }
-            let _ =
-                write!(forward, "\t\tiifname \"{iface}\" {fam} saddr {{ {} }} {fam} daddr {{ {} }} ", saddrs.join(", "), daddrs.join(", "));
+            let _ = write!(
+                forward,
+                "\t\tiifname \"{iface}\" {fam} saddr {{ {} }} {fam} daddr {not}{{ {} }} ",
+                saddrs.join(", "),
+                daddrs.join(", ")
+            );
             match rule.proto {
                 None => {}
                 Some(Proto::Icmp) => {
@@ -222,13 +240,13 @@ pub fn route_block(topo: &Topology, r: &ResolvedRoute) -> RouteBlock {
             v
         };
         let (s4, s6) = addrs(&all);
-        for (fam, saddrs, daddrs) in [("ip", &s4, &v4), ("ip6", &s6, &v6)] {
+        for (fam, saddrs, daddrs, not) in [("ip", &s4, &v4, not4), ("ip6", &s6, &v6, not6)] {
             if saddrs.is_empty() || daddrs.is_empty() {
                 continue;
             }
             let _ = writeln!(
                 nat,
-                "\t\toifname != \"{iface}\" {fam} saddr {{ {} }} {fam} daddr {{ {} }} masquerade comment \"route {}\"",
+                "\t\toifname != \"{iface}\" {fam} saddr {{ {} }} {fam} daddr {not}{{ {} }} masquerade comment \"route {}\"",
                 saddrs.join(", "),
                 daddrs.join(", "),
                 route.name
@@ -243,6 +261,28 @@ pub fn route_block(topo: &Topology, r: &ResolvedRoute) -> RouteBlock {
         forward: forward.into(),
         nat: nat.into(),
     }
+}
+
+/// What an exit does not forward to, per family (matched with `!=`): the private, shared and
+/// link-local ranges and every other route's prefixes, merged so that no two overlap.
+fn exit_destinations(topo: &Topology) -> (Vec<String>, Vec<String>) {
+    let mut v4: Vec<ipnet::Ipv4Net> = ["10.0.0.0/8", "100.64.0.0/10", "169.254.0.0/16", "172.16.0.0/12", "192.168.0.0/16"]
+        .iter()
+        .map(|p| p.parse().expect("a prefix"))
+        .collect();
+    let mut v6: Vec<ipnet::Ipv6Net> = ["fc00::/7", "fe80::/10"].iter().map(|p| p.parse().expect("a prefix")).collect();
+    for other in topo.routes.iter().filter(|o| !o.route.is_exit()) {
+        for p in &other.route.prefixes {
+            match p {
+                ipnet::IpNet::V4(p) => v4.push(*p),
+                ipnet::IpNet::V6(p) => v6.push(*p),
+            }
+        }
+    }
+    (
+        ipnet::Ipv4Net::aggregate(&v4).iter().map(|p| p.to_string()).collect(),
+        ipnet::Ipv6Net::aggregate(&v6).iter().map(|p| p.to_string()).collect(),
+    )
 }
 
 /// An nftables comment of at most 120 bytes.

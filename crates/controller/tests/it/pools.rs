@@ -253,3 +253,75 @@ async fn a_pool_no_longer_declared_loses_its_members() {
     })
     .await;
 }
+
+/// The attack of a review: a node once declared as `ci-2` keeps its record after it leaves the
+/// declaration; a pool `ci` added later must not choose that name at every attempt (each a CA
+/// signature) until the redemption fails, but take the next free number.
+#[tokio::test]
+async fn a_name_held_by_another_record_is_skipped_not_retried_until_failure() {
+    for url in testdb::both().await {
+        let fx = controller(url).await;
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lab/pool");
+        let mesh = std::fs::read_to_string(dir.join("mesh.toml")).unwrap();
+        let modules: Vec<proto::DeclFile> = ["http", "ping", "postgres"]
+            .iter()
+            .map(|m| proto::DeclFile {
+                path: format!("modules/{m}.toml"),
+                text: std::fs::read_to_string(dir.join(format!("modules/{m}.toml"))).unwrap(),
+            })
+            .collect();
+        // First without the pool, with a node named as its second member would be.
+        let (head, tail) = mesh.split_at(mesh.find("[[pool]]").unwrap());
+        let tests = &tail[tail.find("[[test]]").unwrap()..];
+        let without = format!("{head}[[node]]\nname = \"ci-2\"\nnetworks = [\"lan\"]\nmodules = [\"ping\"]\n\n{tests}");
+        let mut files = vec![proto::DeclFile { path: "mesh.toml".into(), text: without }];
+        // Its rules may not name the pool yet.
+        files.extend(modules.iter().map(|m| proto::DeclFile { text: m.text.replace("\"pool:ci\"", "\"mesh\""), ..m.clone() }));
+        fx.c.apply(&files, None).await.unwrap();
+        let t = fx.c.create_token(&proto::TokenRequest { node: "ci-2".into(), ttl_secs: 600, ..Default::default() }).await.unwrap();
+        assert_eq!(fx.c.enrol(enrol_request(&t.token).0).await.unwrap().node, "ci-2");
+        // Then the pool, and ci-2 gone from the declaration: its record stays.
+        let mut files = vec![proto::DeclFile { path: "mesh.toml".into(), text: mesh.clone() }];
+        files.extend(modules.iter().cloned());
+        fx.c.apply(&files, None).await.unwrap();
+        let t = pool_token(&fx.c, 2).await;
+        let first = fx.c.enrol(member_request(&t.token, 40)).await.unwrap().node;
+        let second = fx.c.enrol(member_request(&t.token, 41)).await.unwrap().node;
+        assert_eq!((first.as_str(), second.as_str()), ("ci-1", "ci-3"));
+    }
+}
+
+/// The attack of a review: an operator pins a declared node at the address a pool member holds
+/// (copied from `trellis nodes`). Both would have the address, and every rule naming the node
+/// would admit the member. The apply is refused, saying so, and the member keeps its address.
+#[tokio::test]
+async fn a_pin_on_a_members_address_is_refused() {
+    on_both(|fx| async move {
+        let t = pool_token(&fx.c, 1).await;
+        assert_eq!(fx.c.enrol(member_request(&t.token, 50)).await.unwrap().node, "ci-1");
+        let held = fx.c.nodes().await.unwrap().into_iter().find(|n| n.name == "ci-1").unwrap().ipv4.expect("an IPv4 address");
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lab/pool");
+        let mesh = std::fs::read_to_string(dir.join("mesh.toml")).unwrap();
+        let pinned = format!("{mesh}\n[[node]]\nname = \"x-1\"\nnetworks = [\"lan\"]\naddress_ipv4 = \"{held}\"\n");
+        let mut files = vec![proto::DeclFile { path: "mesh.toml".into(), text: pinned }];
+        for m in ["http", "ping", "postgres"] {
+            files.push(proto::DeclFile {
+                path: format!("modules/{m}.toml"),
+                text: std::fs::read_to_string(dir.join(format!("modules/{m}.toml"))).unwrap(),
+            });
+        }
+        match fx.c.apply(&files, None).await {
+            Err(Error::InvalidDeclaration { diagnostics, .. }) => {
+                assert_eq!(diagnostics.len(), 1, "{diagnostics:?}");
+                assert!(
+                    diagnostics[0].message.contains("nodes `x-1` and `ci-1` hold the same address of `overlay_ipv4`"),
+                    "{diagnostics:?}"
+                );
+            }
+            other => panic!("a pin on a member's address must be refused, got {other:?}"),
+        }
+        let still = fx.c.nodes().await.unwrap().into_iter().find(|n| n.name == "ci-1").unwrap().ipv4;
+        assert_eq!(still.as_deref(), Some(held.as_str()));
+    })
+    .await;
+}
