@@ -28,6 +28,27 @@ struct Site {
 }
 
 impl Site {
+    /// `trellis init` and `serve` on the controller, and lab/basic applied.
+    fn serve_basic(&mut self) {
+        self.ctl.ok(&[TRELLIS, "init", "--state-dir", self.state().to_str().unwrap(), "--advertise", "192.0.2.1:8443"]);
+        self.start_controller();
+        self.admin(&["apply", repo().join("lab/basic").to_str().unwrap()]);
+    }
+
+    /// db-1 and api-1 enrolled, their agents running and converged, and api-1 pinging db-1 over
+    /// the overlay; db-1's overlay address.
+    fn pair_up(&mut self) -> String {
+        self.enrol_and_run("db-1");
+        self.enrol_and_run("api-1");
+        self.converge(&["api-1", "db-1"]);
+        let db = self.overlay_v4("db-1");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !ping(&self.nodes["api-1"], &db) {
+            assert!(Instant::now() < deadline, "no ping over the overlay\n{}", self.logs());
+        }
+        db
+    }
+
     /// The controller at 192.0.2.1, api-1 at .11 and db-1 at .12, as lab/basic declares.
     fn new() -> Site {
         crate::support::agent();
@@ -163,21 +184,12 @@ fn file_hashes(root: &Path) -> Vec<(String, String)> {
 #[test]
 fn two_agents_bring_up_the_overlay_enforce_the_policy_and_survive_an_outage() {
     let mut site = Site::new();
-    site.ctl.ok(&[TRELLIS, "init", "--state-dir", site.state().to_str().unwrap(), "--advertise", "192.0.2.1:8443"]);
-    site.start_controller();
-    site.admin(&["apply", repo().join("lab/basic").to_str().unwrap()]);
-    site.enrol_and_run("db-1");
-    site.enrol_and_run("api-1");
-    site.converge(&["api-1", "db-1"]);
-    let db = site.overlay_v4("db-1");
+    site.serve_basic();
+    let db = site.pair_up();
     let (api_ns, db_ns) = (&site.nodes["api-1"], &site.nodes["db-1"]);
 
     // The overlay works, and the filter on db-1 is the policy: postgres from module:api is open,
     // ssh (admins only) is closed.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !ping(api_ns, &db) {
-        assert!(Instant::now() < deadline, "no ping over the overlay\n{}", site.logs());
-    }
     let mut listeners = Vec::new();
     for port in ["5432", "22"] {
         listeners.push(Proc(
@@ -275,18 +287,9 @@ fn two_agents_on_wireguard_go_pass_traffic_change_peers_in_place_and_take_it_dow
     assert!(run(sh("wireguard-go", &["--version"])).0.status.success(), "wireguard-go is not installed: run scripts/install-deps");
     let mut site = Site::new();
     site.wireguard = "wireguard-go";
-    site.ctl.ok(&[TRELLIS, "init", "--state-dir", site.state().to_str().unwrap(), "--advertise", "192.0.2.1:8443"]);
-    site.start_controller();
-    site.admin(&["apply", repo().join("lab/basic").to_str().unwrap()]);
-    site.enrol_and_run("db-1");
-    site.enrol_and_run("api-1");
-    site.converge(&["api-1", "db-1"]);
-    let db = site.overlay_v4("db-1");
+    site.serve_basic();
+    let db = site.pair_up();
     let (api_ns, db_ns) = (&site.nodes["api-1"], &site.nodes["db-1"]);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !ping(api_ns, &db) {
-        assert!(Instant::now() < deadline, "no ping over the overlay\n{}", site.logs());
-    }
     let _listeners: Vec<Proc> = ["5432", "22"]
         .iter()
         .map(|port| {
@@ -491,9 +494,7 @@ fn an_agent_killed_at_any_moment_leaves_every_file_old_or_new() {
 fn a_ruleset_nft_refuses_leaves_the_previous_one_loaded_and_the_failure_in_status() {
     use base64::Engine;
     let mut site = Site::new();
-    site.ctl.ok(&[TRELLIS, "init", "--state-dir", site.state().to_str().unwrap(), "--advertise", "192.0.2.1:8443"]);
-    site.start_controller();
-    site.admin(&["apply", repo().join("lab/basic").to_str().unwrap()]);
+    site.serve_basic();
     site.enrol_and_run("db-1");
     site.converge(&["db-1"]);
     site.agents.clear(); // stop the running agent; its ruleset stays loaded in the kernel

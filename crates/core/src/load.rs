@@ -1082,25 +1082,11 @@ fn public_keys(decl: &Declaration, diags: &mut Vec<Diagnostic>) {
     }
 }
 
-/// Every source a module's rules admit is a declared node, group or module.
+/// Every source a module's rules admit is a declared node, group, module or pool.
 fn module_sources(decl: &Declaration, declared: &Declared, diags: &mut Vec<Diagnostic>) {
     for m in &decl.modules {
         for rule in &m.allow {
-            for (src, loc) in rule.from.iter().zip(&rule.from_locs) {
-                let (kind, name, set) = match src {
-                    Source::Node(n) => ("node", n, &declared.nodes),
-                    Source::Group(g) => ("group", g, &declared.groups),
-                    Source::Module(m) => ("module", m, &declared.modules),
-                    Source::Pool(p) => ("pool", p, &declared.pools),
-                    Source::Mesh => continue,
-                };
-                if !set.contains(name.as_str()) {
-                    diags.push(Diagnostic::error(
-                        loc,
-                        format!("rule of module `{}` names source `{src}`, but no {kind} `{name}` is declared ({})", m.name, listing(set)),
-                    ));
-                }
-            }
+            undeclared_sources(&format!("module `{}`", m.name), &rule.from, &rule.from_locs, declared, diags);
         }
     }
 }
@@ -1178,21 +1164,7 @@ fn routes(decl: &Declaration, declared: &Declared, diags: &mut Vec<Diagnostic>) 
             }
         }
         for rule in &r.allow {
-            for (src, loc) in rule.from.iter().zip(&rule.from_locs) {
-                let (kind, name, set) = match src {
-                    Source::Node(n) => ("node", n, &declared.nodes),
-                    Source::Group(g) => ("group", g, &declared.groups),
-                    Source::Module(m) => ("module", m, &declared.modules),
-                    Source::Pool(p) => ("pool", p, &declared.pools),
-                    Source::Mesh => continue,
-                };
-                if !set.contains(name.as_str()) {
-                    diags.push(Diagnostic::error(
-                        loc,
-                        format!("rule of route `{}` names source `{src}`, but no {kind} `{name}` is declared ({})", r.name, listing(set)),
-                    ));
-                }
-            }
+            undeclared_sources(&format!("route `{}`", r.name), &rule.from, &rule.from_locs, declared, diags);
         }
         for h in &r.hosts {
             if !is_dns_label(&h.name) {
@@ -1252,6 +1224,26 @@ fn exits(decl: &Declaration, diags: &mut Vec<Diagnostic>) {
             diags.push(Diagnostic::error(
                 loc,
                 format!("node `{}` uses exit `{exit}`, but no [[route.allow]] of route `{exit}` admits it; add a rule naming it, its group or its module", n.name),
+            ));
+        }
+    }
+}
+
+/// Reports each source of a rule of `owner` (`module `pg``, `route `lan``) that names nothing
+/// declared, where it is written.
+fn undeclared_sources(owner: &str, from: &[Source], locs: &[Loc], declared: &Declared, diags: &mut Vec<Diagnostic>) {
+    for (src, loc) in from.iter().zip(locs) {
+        let (kind, name, set) = match src {
+            Source::Node(n) => ("node", n, &declared.nodes),
+            Source::Group(g) => ("group", g, &declared.groups),
+            Source::Module(m) => ("module", m, &declared.modules),
+            Source::Pool(p) => ("pool", p, &declared.pools),
+            Source::Mesh => continue,
+        };
+        if !set.contains(name.as_str()) {
+            diags.push(Diagnostic::error(
+                loc,
+                format!("rule of {owner} names source `{src}`, but no {kind} `{name}` is declared ({})", listing(set)),
             ));
         }
     }
