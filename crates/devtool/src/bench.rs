@@ -98,6 +98,10 @@ pub struct CompileArgs {
     /// How many times to time the full compile and each change (the medians are reported)
     #[arg(long, default_value_t = 5)]
     runs: usize,
+    /// Time only this change (its JSON key: rekey_one_node, enrol_one_node, regroup_one_node,
+    /// pool_member_joins, no_change), for a profiler
+    #[arg(long, value_name = "KEY")]
+    only: Option<String>,
     /// Print the figures as JSON
     #[arg(long)]
     json: bool,
@@ -369,7 +373,16 @@ fn bench_compile(args: &CompileArgs) -> Result<ExitCode> {
         Case { what: "no change", key: "no_change", decl: &decl, keys: &keys },
     ];
     let mut figures = Vec::new();
+    if let Some(only) = &args.only {
+        if !cases.iter().any(|c| c.key == only) {
+            let keys: Vec<&str> = cases.iter().map(|c| c.key).collect();
+            bail!("--only {only}: no such change; choose one of {}", keys.join(", "));
+        }
+    }
     for Case { what, key, decl: d, keys: k } in cases {
+        if args.only.as_ref().is_some_and(|o| o != key) {
+            continue;
+        }
         // Each change is timed `--runs` times from a copy of the base; the median is reported.
         let (mut took, mut cpu) = (Vec::new(), Vec::new());
         let mut c = None;
