@@ -28,8 +28,24 @@ pub(crate) const NODE_COLUMNS: &str =
     "name, state, wg_public_key, cert_serial, prev_cert_serial, cert_not_after, enrolled_at, last_contact, cert_pem, pool, ipv4, ipv6";
 
 /// The columns a declared node's enrolment writes (a member's also has its pool and addresses).
-const DECLARED_NODE_COLUMNS: &str =
+pub(crate) const DECLARED_NODE_COLUMNS: &str =
     "name, state, wg_public_key, cert_serial, prev_cert_serial, cert_not_after, enrolled_at, last_contact, cert_pem";
+
+/// Binds the values of `DECLARED_NODE_COLUMNS`, in that order, to a query's next placeholders.
+pub(crate) fn bind_enrolled<'q>(
+    q: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>,
+    node: &NodeRecord,
+) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>> {
+    q.bind(node.name.clone())
+        .bind(node.state.as_str())
+        .bind(node.wg_public_key.clone())
+        .bind(node.cert_serial.clone())
+        .bind(node.prev_cert_serial.clone())
+        .bind(node.cert_not_after)
+        .bind(node.enrolled_at)
+        .bind(node.last_contact)
+        .bind(node.cert_pem.clone())
+}
 
 pub(crate) fn node_record(r: &AnyRow) -> Result<NodeRecord> {
     Ok(NodeRecord {
@@ -78,24 +94,14 @@ impl Store {
                             return Err(StoreError::KeyTaken(h.try_get("name")?));
                         }
                     }
-                    sqlx::query(&format!(
+                    let insert = format!(
                         "INSERT INTO nodes ({DECLARED_NODE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
                          ON CONFLICT (name) DO UPDATE SET state = excluded.state, wg_public_key = excluded.wg_public_key, \
                          cert_serial = excluded.cert_serial, prev_cert_serial = excluded.prev_cert_serial, \
                          cert_not_after = excluded.cert_not_after, enrolled_at = excluded.enrolled_at, last_contact = excluded.last_contact, cert_pem = excluded.cert_pem, \
                          pool = NULL, ipv4 = NULL, ipv6 = NULL"
-                    ))
-                    .bind(node.name)
-                    .bind(node.state.as_str())
-                    .bind(node.wg_public_key)
-                    .bind(node.cert_serial)
-                    .bind(node.prev_cert_serial)
-                    .bind(node.cert_not_after)
-                    .bind(node.enrolled_at)
-                    .bind(node.last_contact)
-                    .bind(node.cert_pem)
-                    .execute(&mut **tx)
-                    .await?;
+                    );
+                    bind_enrolled(sqlx::query(&insert), &node).execute(&mut **tx).await?;
                     Ok(())
                 })
             })

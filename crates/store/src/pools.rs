@@ -4,7 +4,7 @@
 
 use sqlx::Row;
 
-use crate::nodes::{node_record, NODE_COLUMNS};
+use crate::nodes::{bind_enrolled, node_record, DECLARED_NODE_COLUMNS, NODE_COLUMNS};
 use crate::{is_unique_violation, Audit, NodeRecord, Result, Store, StoreError};
 
 /// Why a member could not be recorded.
@@ -90,19 +90,14 @@ impl Store {
                     if taken.is_some() {
                         return Err(StoreError::Refused(MemberRefusal::Taken));
                     }
-                    sqlx::query(&format!("INSERT INTO nodes ({NODE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"))
-                        .bind(node.name)
-                        .bind(node.state.as_str())
-                        .bind(node.wg_public_key)
-                        .bind(node.cert_serial)
-                        .bind(node.prev_cert_serial)
-                        .bind(node.cert_not_after)
-                        .bind(node.enrolled_at)
-                        .bind(node.last_contact)
-                        .bind(node.cert_pem)
-                        .bind(node.pool)
-                        .bind(node.ipv4)
-                        .bind(node.ipv6)
+                    // A member's row is a declared node's, with its pool and addresses.
+                    let insert = format!(
+                        "INSERT INTO nodes ({DECLARED_NODE_COLUMNS}, pool, ipv4, ipv6) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+                    );
+                    bind_enrolled(sqlx::query(&insert), &node)
+                        .bind(node.pool.clone())
+                        .bind(node.ipv4.clone())
+                        .bind(node.ipv6.clone())
                         .execute(&mut **tx)
                         .await?;
                     Ok(())
