@@ -475,15 +475,18 @@ fn parse_pool<P: Pool>(s: &str, loc: &Loc, key: &str, max_prefix: u8, diags: &mu
     Some(net)
 }
 
+/// A node's or a pool's `networks`, `groups` and `modules`, with where each name is written.
+fn memberships(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> (Vec<String>, Vec<String>, Vec<String>, NodeRefs) {
+    let mut names = |key: &str| -> (Vec<String>, Vec<Loc>) { t.strings(doc, key, diags).unwrap_or_default().into_iter().unzip() };
+    let (networks, network_locs) = names("networks");
+    let (groups, group_locs) = names("groups");
+    let (modules, module_locs) = names("modules");
+    (networks, groups, modules, NodeRefs { networks: network_locs, groups: group_locs, modules: module_locs })
+}
+
 fn parse_node(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Node> {
     let name = t.required_str(doc, "name", diags);
-    let names = |key: &str, diags: &mut Vec<Diagnostic>| -> (Vec<String>, Vec<Loc>) {
-        t.strings(doc, key, diags).unwrap_or_default().into_iter().unzip()
-    };
-    let (networks, network_locs) = names("networks", diags);
-    let (groups, group_locs) = names("groups", diags);
-    let (modules, module_locs) = names("modules", diags);
-    let refs = NodeRefs { networks: network_locs, groups: group_locs, modules: module_locs };
+    let (networks, groups, modules, refs) = memberships(doc, t, diags);
     let hub = t.bool(doc, "hub", diags).unwrap_or(false);
     let address_ipv4 = t.str(doc, "address_ipv4", diags).and_then(|(s, loc)| match s.parse() {
         Ok(a) => Some(a),
@@ -561,13 +564,7 @@ pub const MAX_POOL_SIZE: i64 = 65_535;
 
 fn parse_pool_table(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<crate::decl::Pool> {
     let name = t.required_str(doc, "name", diags);
-    let names = |key: &str, diags: &mut Vec<Diagnostic>| -> (Vec<String>, Vec<Loc>) {
-        t.strings(doc, key, diags).unwrap_or_default().into_iter().unzip()
-    };
-    let (networks, network_locs) = names("networks", diags);
-    let (groups, group_locs) = names("groups", diags);
-    let (modules, module_locs) = names("modules", diags);
-    let refs = NodeRefs { networks: network_locs, groups: group_locs, modules: module_locs };
+    let (networks, groups, modules, refs) = memberships(doc, t, diags);
     if t.get("size").is_none() {
         t.missing("size", diags);
     }
