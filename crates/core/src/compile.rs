@@ -886,8 +886,6 @@ fn relays(paths: &[Vec<(u32, Path)>]) -> Vec<Vec<u32>> {
 impl Cache {
     /// `old` gives a node's text from the previous compile, kept when its name and addresses are
     /// the same (so that plans compare it by pointer).
-    /// `old` gives a node's text from the previous compile, kept when its name and addresses are
-    /// the same (so that plans compare it by pointer).
     fn new(
         decl: &Arc<Declaration>,
         topo: &Topology,

@@ -183,7 +183,8 @@ pub fn route_block(topo: &Topology, r: &ResolvedRoute) -> RouteBlock {
     } else {
         (v4, v6)
     };
-    let (not4, not6) = if exit { ("!= ", "!= ") } else { ("", "") };
+    // An exit's destinations are those it does not forward to.
+    let not = if exit { "!= " } else { "" };
     let addrs = |set: &[u32]| -> (Vec<String>, Vec<String>) {
         let used = |i: &&u32| !exit || r.users.binary_search(i).is_ok();
         let mut a4: Vec<_> = set.iter().filter(used).filter_map(|&i| topo.ipv4[i as usize]).collect();
@@ -209,7 +210,7 @@ pub fn route_block(topo: &Topology, r: &ResolvedRoute) -> RouteBlock {
             forward.push_str("\t\t# its sources name no node: nothing is forwarded\n");
             continue;
         }
-        for (fam, l4, saddrs, daddrs, not) in [("ip", "icmp", &s4, &v4, not4), ("ip6", "ipv6-icmp", &s6, &v6, not6)] {
+        for (fam, l4, saddrs, daddrs) in [("ip", "icmp", &s4, &v4), ("ip6", "ipv6-icmp", &s6, &v6)] {
             if saddrs.is_empty() || daddrs.is_empty() {
                 continue;
             }
@@ -240,7 +241,7 @@ pub fn route_block(topo: &Topology, r: &ResolvedRoute) -> RouteBlock {
             v
         };
         let (s4, s6) = addrs(&all);
-        for (fam, saddrs, daddrs, not) in [("ip", &s4, &v4, not4), ("ip6", &s6, &v6, not6)] {
+        for (fam, saddrs, daddrs) in [("ip", &s4, &v4), ("ip6", &s6, &v6)] {
             if saddrs.is_empty() || daddrs.is_empty() {
                 continue;
             }
