@@ -12,16 +12,19 @@ use trellis_store::testdb;
 
 use super::{controller, enrol_request, x25519_public, Fixture, T0};
 
+/// The files of `lab/pool`, each passed through `edit` (given its path and text).
+fn lab_pool(edit: impl Fn(&str, String) -> String) -> Vec<proto::DeclFile> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lab/pool");
+    ["mesh.toml", "modules/http.toml", "modules/ping.toml", "modules/postgres.toml"]
+        .iter()
+        .map(|p| proto::DeclFile { path: p.to_string(), text: edit(p, std::fs::read_to_string(dir.join(p)).unwrap()) })
+        .collect()
+}
+
 /// The basic fixture, then `lab/pool` applied over it (web-1, db-1 and the pool `ci` of 4).
 async fn pool_fixture(url: String) -> Fixture {
     let fx = controller(url).await;
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lab/pool");
-    let mut files = vec![proto::DeclFile { path: "mesh.toml".into(), text: std::fs::read_to_string(dir.join("mesh.toml")).unwrap() }];
-    for m in ["http", "ping", "postgres"] {
-        let text = std::fs::read_to_string(dir.join(format!("modules/{m}.toml"))).unwrap();
-        files.push(proto::DeclFile { path: format!("modules/{m}.toml"), text });
-    }
-    fx.c.apply(&files, None).await.unwrap();
+    fx.c.apply(&lab_pool(|_, t| t), None).await.unwrap();
     fx
 }
 
@@ -224,18 +227,15 @@ async fn a_pool_no_longer_declared_loses_its_members() {
         let t = pool_token(c, 4).await;
         c.enrol(member_request(&t.token, 70)).await.unwrap();
         let member_v4 = c.store.node("ci-1").await.unwrap().unwrap().ipv4.unwrap();
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lab/pool");
-        let mesh = std::fs::read_to_string(dir.join("mesh.toml")).unwrap();
         // The pool goes (and the rules naming it or its group), and a node is added.
-        let without = mesh.split("[[pool]]").next().unwrap().to_string()
-            + "[[node]]\nname = \"late-1\"\nnetworks = [\"lan\"]\n"
-            + mesh.split("ephemeral_after = \"5s\"\n").nth(1).unwrap();
-        let mut files = vec![proto::DeclFile { path: "mesh.toml".into(), text: without }];
-        for m in ["http", "ping", "postgres"] {
-            let text = std::fs::read_to_string(dir.join(format!("modules/{m}.toml"))).unwrap();
-            let text = text.replace("group:runners", "node:web-1").replace("\"pool:ci\", ", "");
-            files.push(proto::DeclFile { path: format!("modules/{m}.toml"), text });
-        }
+        let files = lab_pool(|path, text| match path {
+            "mesh.toml" => {
+                text.split("[[pool]]").next().unwrap().to_string()
+                    + "[[node]]\nname = \"late-1\"\nnetworks = [\"lan\"]\n"
+                    + text.split("ephemeral_after = \"5s\"\n").nth(1).unwrap()
+            }
+            _ => text.replace("group:runners", "node:web-1").replace("\"pool:ci\", ", ""),
+        });
         c.apply(&files, None).await.unwrap();
         let nodes = c.nodes().await.unwrap();
         let late = nodes.iter().find(|n| n.name == "late-1").unwrap();
@@ -261,29 +261,21 @@ async fn a_pool_no_longer_declared_loses_its_members() {
 async fn a_name_held_by_another_record_is_skipped_not_retried_until_failure() {
     for url in testdb::both().await {
         let fx = controller(url).await;
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lab/pool");
-        let mesh = std::fs::read_to_string(dir.join("mesh.toml")).unwrap();
-        let modules: Vec<proto::DeclFile> = ["http", "ping", "postgres"]
-            .iter()
-            .map(|m| proto::DeclFile {
-                path: format!("modules/{m}.toml"),
-                text: std::fs::read_to_string(dir.join(format!("modules/{m}.toml"))).unwrap(),
-            })
-            .collect();
-        // First without the pool, with a node named as its second member would be.
-        let (head, tail) = mesh.split_at(mesh.find("[[pool]]").unwrap());
-        let tests = &tail[tail.find("[[test]]").unwrap()..];
-        let without = format!("{head}[[node]]\nname = \"ci-2\"\nnetworks = [\"lan\"]\nmodules = [\"ping\"]\n\n{tests}");
-        let mut files = vec![proto::DeclFile { path: "mesh.toml".into(), text: without }];
-        // Its rules may not name the pool yet.
-        files.extend(modules.iter().map(|m| proto::DeclFile { text: m.text.replace("\"pool:ci\"", "\"mesh\""), ..m.clone() }));
+        // First without the pool (its rules may not name it yet), with a node named as its
+        // second member would be.
+        let files = lab_pool(|path, text| match path {
+            "mesh.toml" => {
+                let (head, tail) = text.split_at(text.find("[[pool]]").unwrap());
+                let tests = &tail[tail.find("[[test]]").unwrap()..];
+                format!("{head}[[node]]\nname = \"ci-2\"\nnetworks = [\"lan\"]\nmodules = [\"ping\"]\n\n{tests}")
+            }
+            _ => text.replace("\"pool:ci\"", "\"mesh\""),
+        });
         fx.c.apply(&files, None).await.unwrap();
         let t = fx.c.create_token(&proto::TokenRequest { node: "ci-2".into(), ttl_secs: 600, ..Default::default() }).await.unwrap();
         assert_eq!(fx.c.enrol(enrol_request(&t.token).0).await.unwrap().node, "ci-2");
         // Then the pool, and ci-2 gone from the declaration: its record stays.
-        let mut files = vec![proto::DeclFile { path: "mesh.toml".into(), text: mesh.clone() }];
-        files.extend(modules.iter().cloned());
-        fx.c.apply(&files, None).await.unwrap();
+        fx.c.apply(&lab_pool(|_, t| t), None).await.unwrap();
         let t = pool_token(&fx.c, 2).await;
         let first = fx.c.enrol(member_request(&t.token, 40)).await.unwrap().node;
         let second = fx.c.enrol(member_request(&t.token, 41)).await.unwrap().node;
@@ -300,16 +292,10 @@ async fn a_pin_on_a_members_address_is_refused() {
         let t = pool_token(&fx.c, 1).await;
         assert_eq!(fx.c.enrol(member_request(&t.token, 50)).await.unwrap().node, "ci-1");
         let held = fx.c.nodes().await.unwrap().into_iter().find(|n| n.name == "ci-1").unwrap().ipv4.expect("an IPv4 address");
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lab/pool");
-        let mesh = std::fs::read_to_string(dir.join("mesh.toml")).unwrap();
-        let pinned = format!("{mesh}\n[[node]]\nname = \"x-1\"\nnetworks = [\"lan\"]\naddress_ipv4 = \"{held}\"\n");
-        let mut files = vec![proto::DeclFile { path: "mesh.toml".into(), text: pinned }];
-        for m in ["http", "ping", "postgres"] {
-            files.push(proto::DeclFile {
-                path: format!("modules/{m}.toml"),
-                text: std::fs::read_to_string(dir.join(format!("modules/{m}.toml"))).unwrap(),
-            });
-        }
+        let files = lab_pool(|path, text| match path {
+            "mesh.toml" => format!("{text}\n[[node]]\nname = \"x-1\"\nnetworks = [\"lan\"]\naddress_ipv4 = \"{held}\"\n"),
+            _ => text,
+        });
         match fx.c.apply(&files, None).await {
             Err(Error::InvalidDeclaration { diagnostics, .. }) => {
                 assert_eq!(diagnostics.len(), 1, "{diagnostics:?}");
