@@ -4,7 +4,6 @@
 //!
 //! `cargo run --manifest-path fuzz/Cargo.toml --example seeds` (from the repository root).
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -66,14 +65,14 @@ fn main() {
         let modules: Vec<&str> = files[1..].iter().map(|(_, t)| t.as_str()).collect();
         out.put("declaration", &name, &join_files(&files[0].1, modules));
         let decl = trellis_core::load_relative(&files, str::to_string).declaration.unwrap_or_else(|| panic!("{name} loads"));
-        let keys: HashMap<String, PublicKey> =
+        let keys: trellis_core::Keys =
             decl.nodes.iter().map(|n| (n.name.clone(), PublicKey(Sha256::digest(n.name.as_bytes()).into()))).collect();
         let compiled = trellis_core::compile(&Arc::new(decl), &keys, &Default::default(), None).expect("compiles");
         for (node, output) in compiled.nodes.iter().take(2) {
             for f in &output.files {
                 match f.path.as_str() {
-                    WIREGUARD_CONF => out.put("wgconf", &format!("{name}-{node}"), f.content.as_bytes()),
-                    MESH_ZONE => out.put("zone", &format!("{name}-{node}"), f.content.as_bytes()),
+                    WIREGUARD_CONF => out.put("wgconf", &format!("{name}-{node}"), &f.content.to_bytes()),
+                    MESH_ZONE => out.put("zone", &format!("{name}-{node}"), &f.content.to_bytes()),
                     _ => {}
                 }
             }
@@ -86,8 +85,7 @@ fn main() {
         let (key_pem, csr) = trellis_pki::node_key_and_csr(trellis_fuzz::NODE).expect("a CSR");
         drop(key_pem);
         let cert = ca.sign_node(&csr, trellis_fuzz::NODE, trellis_fuzz::MESH, now, Duration::from_secs(86400)).expect("signed");
-        let mut files: Vec<BundleFile> =
-            output.files.iter().map(|f| BundleFile::new(&f.path, f.mode, f.content.as_bytes().to_vec())).collect();
+        let mut files: Vec<BundleFile> = output.files.iter().map(|f| BundleFile::new(&f.path, f.mode, f.content.to_bytes())).collect();
         files.push(BundleFile::new(CA_PEM, 0o644, ca.cert_pem().as_bytes().to_vec()));
         files.push(BundleFile::new(NODE_PEM, 0o644, cert.cert_pem.into_bytes()));
         files.sort_by(|a, b| a.path.cmp(&b.path));
@@ -110,7 +108,7 @@ fn main() {
             secret: base64_std(&[9; 24]),
             node: trellis_fuzz::NODE.into(),
             csr_pem: csr.clone(),
-            wireguard_public_key: keys[trellis_fuzz::NODE].to_string(),
+            wireguard_public_key: keys.get(trellis_fuzz::NODE).expect("the node has a key").to_string(),
         };
         out.put("bodies", "enrol", &body(0, &enrol));
         out.put("bodies", "renew", &body(1, &trellis_proto::RenewRequest { csr_pem: csr }));

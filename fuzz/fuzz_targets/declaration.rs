@@ -9,7 +9,7 @@
 //! they were rendered from.
 #![no_main]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -42,7 +42,7 @@ fuzz_target!(|data: &[u8]| {
     let checked = explain::check(&decl);
 
     let decl = Arc::new(decl);
-    let bare = match compile(&decl, &HashMap::new(), &Allocation::default(), None) {
+    let bare = match compile(&decl, &Default::default(), &Allocation::default(), None) {
         Ok(c) => c,
         Err(d) => {
             assert!(checked.contains(&d), "compiling fails with {d}, which `check` does not report");
@@ -50,7 +50,7 @@ fuzz_target!(|data: &[u8]| {
         }
     };
     // Keys for every node not declared with one, as enrolments would bring them.
-    let keys: HashMap<String, PublicKey> = decl
+    let keys: trellis_core::Keys = decl
         .nodes
         .iter()
         .filter(|n| n.public_key.is_none())

@@ -121,6 +121,9 @@ pub struct AuthEntry {
 #[derive(Default)]
 struct Run {
     compiled: Option<Compiled>,
+    /// The active nodes' keys, kept across runs and changed in place: the compiler reads only the
+    /// names changed since the last run.
+    keys: trellis_core::Keys,
     /// Per node: the digest last published and the certificate it carried.
     published: HashMap<String, (String, Option<String>)>,
     audit_head: i64,
@@ -409,13 +412,12 @@ impl Controller {
         let declared: HashSet<&str> = decl.nodes.iter().map(|n| n.name.as_str()).collect();
         let active: Vec<&trellis_store::NodeRecord> =
             records.iter().filter(|r| r.state == trellis_proto::EnrolledState::Active && declared.contains(r.name.as_str())).collect();
-        let keys: HashMap<String, PublicKey> =
-            active.iter().filter_map(|r| r.wg_public_key.as_deref().and_then(PublicKey::parse).map(|k| (r.name.clone(), k))).collect();
+        run.keys.replace(active.iter().filter_map(|r| r.wg_public_key.as_deref().and_then(PublicKey::parse).map(|k| (r.name.as_str(), k))));
         // A recompile keeps addresses from its previous output (the same allocation the apply
         // stored); only a first compile reads them from the database.
         let allocation = if run.compiled.is_some() { Default::default() } else { self.store.allocation().await? };
-        let mut compiled =
-            trellis_core::compile(&decl, &keys, &allocation, run.compiled.take()).map_err(|d| Error::internal("compiling", d))?;
+        let previous = run.compiled.take();
+        let mut compiled = trellis_core::compile(&decl, &run.keys, &allocation, previous).map_err(|d| Error::internal("compiling", d))?;
         let rendered: HashSet<&str> = compiled.rendered.iter().map(String::as_str).collect();
         let ca_pem: Piecewise = BundleFile::new(trellis_core::compile::CA_PEM, 0o644, self.ca().cert_pem().as_bytes().to_vec()).into();
         let mut contents = std::mem::take(&mut run.contents);

@@ -57,7 +57,7 @@ impl Controller {
             return Ok(proto::MeshGraph { revision: None, nodes: Vec::new(), links: Vec::new() });
         };
         let alloc = self.store.allocation().await?;
-        let topo = Topology::new(&decl, &alloc, &HashMap::new());
+        let topo = Topology::new(&decl, &alloc, &trellis_core::Keys::default());
         let g = trellis_core::graph::graph(&topo);
         let by_name: HashMap<&str, &proto::NodeStatus> = status.iter().map(|s| (s.name.as_str(), s)).collect();
         let spots: HashMap<&str, &trellis_core::graph::Spot> = g.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
@@ -104,7 +104,7 @@ impl Controller {
             return Err(Error::NoDeclaration("no declaration has been applied yet; run `trellis apply DIR` first"));
         };
         let alloc = self.store.allocation().await?;
-        let topo = Topology::new(&decl, &alloc, &HashMap::new());
+        let topo = Topology::new(&decl, &alloc, &trellis_core::Keys::default());
         for n in [from, to] {
             if decl.node(n).is_none() {
                 return Err(Error::NotFound(format!("node `{}` in the current declaration", proto::text::printable(n))));

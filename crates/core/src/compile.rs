@@ -11,6 +11,7 @@ use std::sync::Arc;
 use crate::alloc::{allocate, Allocation};
 use crate::decl::{Declaration, PublicKey};
 use crate::diag::{self, Diagnostic};
+use crate::keys::{Keys, KeysSeen};
 use crate::par;
 use crate::render;
 use crate::text::Text;
@@ -274,6 +275,9 @@ struct Cache {
     route_blocks: Vec<Arc<RouteBlock>>,
     /// Whether each node routes for some route.
     router: Vec<bool>,
+    /// Where the compile that made this cache stood in its key set: the next one reads only the
+    /// names changed since.
+    keys_seen: Option<KeysSeen>,
 }
 
 impl Cache {
@@ -304,7 +308,20 @@ impl Cache {
 /// recomputed. The result is the same as a compile without `previous`, byte for byte.
 pub fn compile(
     decl: &Arc<Declaration>,
-    keys: &HashMap<String, PublicKey>,
+    keys: &Keys,
+    previous_allocation: &Allocation,
+    previous: Option<Compiled>,
+) -> Result<Compiled, Diagnostic> {
+    let mut done = compile_from(decl, keys, previous_allocation, previous)?;
+    if let Some(cache) = done.cache.as_mut() {
+        cache.keys_seen = Some(keys.seen());
+    }
+    Ok(done)
+}
+
+fn compile_from(
+    decl: &Arc<Declaration>,
+    keys: &Keys,
     previous_allocation: &Allocation,
     previous: Option<Compiled>,
 ) -> Result<Compiled, Diagnostic> {
@@ -362,30 +379,44 @@ enum Rekeyed {
 /// The recompile for a change of keys only: the same declaration (so the same allocation, rules,
 /// zones and paths), some nodes with another key or none. Gives `previous` back when it does not
 /// apply (another declaration, or a hub's key changed, which can change which hub relays).
-fn rekey(decl: &Arc<Declaration>, keys: &HashMap<String, PublicKey>, mut previous: Compiled) -> Rekeyed {
+fn rekey(decl: &Arc<Declaration>, keys: &Keys, mut previous: Compiled) -> Rekeyed {
     let Some(cache) = previous.cache.as_ref() else { return Rekeyed::NotApplicable(previous) };
     if !Arc::ptr_eq(decl, &cache.decl) && **decl != *cache.decl {
         return Rekeyed::NotApplicable(previous);
     }
-    let new_keys: Vec<Option<PublicKey>> =
-        (0..cache.names.len()).map(|a| cache.declared_keys[a].or_else(|| keys.get(&*cache.names[a]).copied())).collect();
-    let changed: Vec<u32> = (0..new_keys.len() as u32).filter(|&a| new_keys[a as usize] != cache.keys[a as usize]).collect();
+    // The nodes whose key changed, with their new key: from the names the key set changed since
+    // the last compile when it continues the set that compile read, else from every name.
+    let key_of = |a: usize| cache.declared_keys[a].or_else(|| keys.get(&cache.names[a]));
+    let mut changed: Vec<(u32, Option<PublicKey>)> = match cache.keys_seen.as_ref().and_then(|seen| keys.changed_since(seen)) {
+        Some(names) => {
+            let mut at: Vec<u32> = names.filter_map(|n| cache.index.get(n).copied()).collect();
+            at.sort_unstable();
+            at.dedup();
+            at.into_iter().map(|a| (a, key_of(a as usize))).filter(|&(a, k)| k != cache.keys[a as usize]).collect()
+        }
+        None => (0..cache.names.len()).map(|a| (a as u32, key_of(a))).filter(|&(a, k)| k != cache.keys[a as usize]).collect(),
+    };
     previous.rendered.clear();
     if changed.is_empty() {
         return Rekeyed::Done(previous);
     }
-    // A router's key decides which router a route's users send to: the whole plan is made.
-    if cache.reach.hub_keys_differ(&new_keys, &cache.keys) || changed.iter().any(|&k| cache.router[k as usize]) {
+    // A hub's key decides which hub relays, a router's which router a route's users send to: the
+    // whole plan is made.
+    if changed.iter().any(|&(a, _)| cache.reach.hubs.binary_search(&a).is_ok() || cache.router[a as usize]) {
         return Rekeyed::NotApplicable(previous);
     }
     let cache = previous.cache.as_mut().expect("checked above");
-    let was = std::mem::replace(&mut cache.keys, new_keys);
+    // Each changed node's key as it was.
+    for (a, key) in &mut changed {
+        std::mem::swap(key, &mut cache.keys[*a as usize]);
+    }
+    let (changed, was): (Vec<u32>, Vec<Option<PublicKey>>) = changed.into_iter().unzip();
     // (affected node, changed node it sees): a partner's plan names k's key only where it peers
     // with k directly; a relayed path names k, not its key, unless k gained or lost its key (left
     // out, or not); a hub names the key of every node it relays for.
     let mut pairs: Vec<(u32, u32)> = Vec::new();
-    for &k in &changed {
-        let presence = cache.keys[k as usize].is_some() != was[k as usize].is_some();
+    for (&k, was) in changed.iter().zip(&was) {
+        let presence = cache.keys[k as usize].is_some() != was.is_some();
         for &p in &cache.partners[k as usize] {
             let list = &cache.paths[p as usize];
             let direct = list.binary_search_by_key(&k, |&(b, _)| b).map_or(true, |i| matches!(list[i].1, Path::Direct { .. }));
@@ -926,6 +957,8 @@ impl Cache {
             // Set by the caller, from what the plans share.
             route_blocks: Vec::new(),
             router,
+            // Set by `compile`, which has the key set.
+            keys_seen: None,
         }
     }
 }

@@ -220,7 +220,6 @@ pub fn svg(g: &Graph, states: &BTreeMap<String, String>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
 
     use super::*;
 
@@ -262,7 +261,7 @@ networks = ["site-b"]
     fn a_relayed_pair_is_drawn_through_its_hub_and_both_peer_with_it() {
         let decl = relayed_mesh();
         let alloc = crate::allocate(&decl, &Default::default()).unwrap();
-        let topo = Topology::new(&decl, &alloc, &HashMap::new());
+        let topo = Topology::new(&decl, &alloc, &crate::keys::Keys::default());
         let g = graph(&topo);
         let link = |a: &str, b: &str, reach: Reach| Link { a: a.into(), b: b.into(), reach };
         assert_eq!(

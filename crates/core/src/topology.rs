@@ -130,11 +130,6 @@ impl Reach {
         }
         Path::None
     }
-
-    /// Whether any hub's key differs between `keys` and `other`.
-    pub fn hub_keys_differ(&self, keys: &[Option<PublicKey>], other: &[Option<PublicKey>]) -> bool {
-        self.hubs.iter().any(|&h| keys[h as usize] != other[h as usize])
-    }
 }
 
 pub struct Topology<'d> {
@@ -182,7 +177,7 @@ fn set_of(mut v: Vec<u32>) -> NodeSet {
 impl<'d> Topology<'d> {
     /// Indexes a validated declaration. `keys` are the WireGuard keys known for nodes (enrolled
     /// or declared); a key declared in the mesh wins over one given here.
-    pub fn new(decl: &'d Declaration, alloc: &Allocation, keys: &HashMap<String, PublicKey>) -> Self {
+    pub fn new(decl: &'d Declaration, alloc: &Allocation, keys: &crate::keys::Keys) -> Self {
         let mut order: Vec<u32> = (0..decl.nodes.len() as u32).collect();
         order.sort_unstable_by(|&a, &b| decl.nodes[a as usize].name.cmp(&decl.nodes[b as usize].name));
         let nodes: Vec<&Node> = order.iter().map(|&i| &decl.nodes[i as usize]).collect();
@@ -272,7 +267,7 @@ impl<'d> Topology<'d> {
 
         let ipv4 = nodes.iter().map(|n| alloc.ipv4.get(&n.name).copied()).collect();
         let ipv6 = nodes.iter().map(|n| alloc.ipv6.get(&n.name).copied()).collect();
-        let keys: Vec<Option<PublicKey>> = nodes.iter().map(|n| n.public_key.or_else(|| keys.get(&n.name).copied())).collect();
+        let keys: Vec<Option<PublicKey>> = nodes.iter().map(|n| n.public_key.or_else(|| keys.get(&n.name))).collect();
         let hub_words = hubs_len_words(&hubs);
         let mut keyed_hubs = Bits::new(hub_words);
         for (j, &h) in hubs.iter().enumerate() {

@@ -107,7 +107,6 @@ pub fn parse(text: &str) -> Result<Zone, ZoneError> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
     use std::net::IpAddr;
 
     use crate::compile::MESH_ZONE;
@@ -128,7 +127,7 @@ mod tests {
             &[SourceFile { path: "modules/web.toml".into(), text: WEB.into() }],
         );
         let decl = loaded.declaration.unwrap_or_else(|| panic!("{:?}", loaded.diagnostics));
-        let compiled = compile(&std::sync::Arc::new(decl), &HashMap::new(), &Default::default(), None).expect("compiles");
+        let compiled = compile(&std::sync::Arc::new(decl), &Default::default(), &Default::default(), None).expect("compiles");
         // gamma may reach web on alpha and beta: it resolves them and the module.
         let zone = zone_of(&compiled, "gamma");
         assert_eq!(zone.origin, "z.mesh");

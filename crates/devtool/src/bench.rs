@@ -1,7 +1,6 @@
 //! `trellis-dev bench`: figures for the compiler on a generated mesh, printed for people (or as
 //! JSON). Time is measured here, at the edge; the compiler itself has no clock.
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -12,7 +11,7 @@ use serde_json::json;
 use std::sync::Arc;
 use trellis_core::decl::PublicKey;
 
-use trellis_core::{compile, load, Compiled, Declaration, SourceFile};
+use trellis_core::{compile, load, Compiled, Declaration, Keys, SourceFile};
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -307,8 +306,8 @@ fn bench_compile(args: &CompileArgs) -> Result<ExitCode> {
     let decl = Arc::new(decl);
     // Every node has enrolled except `late`, which enrols during the figures.
     let (target, late) = (node_name(a.hubs + 7, a.hubs), node_name(a.hubs + 8, a.hubs));
-    let keys: HashMap<String, PublicKey> = (0..a.nodes).map(|i| (node_name(i, a.hubs), key(i))).filter(|(n, _)| *n != late).collect();
-    let run = |decl: &Arc<Declaration>, keys: &HashMap<String, PublicKey>, prev: Option<Compiled>| {
+    let keys: Keys = (0..a.nodes).map(|i| (node_name(i, a.hubs), key(i))).filter(|(n, _)| *n != late).collect();
+    let run = |decl: &Arc<Declaration>, keys: &Keys, prev: Option<Compiled>| {
         let (t, cpu) = (Instant::now(), cpu_time());
         let c = compile(decl, keys, &Default::default(), prev).map_err(|d| anyhow::anyhow!("{d}"))?;
         Ok::<_, anyhow::Error>(((t.elapsed(), cpu_time() - cpu), c))
@@ -331,9 +330,9 @@ fn bench_compile(args: &CompileArgs) -> Result<ExitCode> {
 
     // One-node changes, each from the base compile, each checked against a full compile.
     let mut rekeyed = keys.clone();
-    rekeyed.insert(target.clone(), PublicKey([0xee; 32]));
+    rekeyed.set(&target, Some(PublicKey([0xee; 32])));
     let mut enrolled = keys.clone();
-    enrolled.insert(late.clone(), PublicKey([0xef; 32]));
+    enrolled.set(&late, Some(PublicKey([0xef; 32])));
     let mut moved = (*decl).clone();
     for grp in &mut moved.groups {
         grp.members.retain(|m| *m != target);
@@ -357,13 +356,13 @@ fn bench_compile(args: &CompileArgs) -> Result<ExitCode> {
     let member = trellis_core::decl::Member { name: "pool-1".into(), pool: "pool".into(), address_ipv4: None, address_ipv6: None };
     let joined = Arc::new(pooled.with_members(&[member]));
     let mut member_keys = keys.clone();
-    member_keys.insert("pool-1".into(), PublicKey([0xf0; 32]));
+    member_keys.set("pool-1", Some(PublicKey([0xf0; 32])));
     /// A change to time: what it is for people, its JSON key, and the inputs after it.
     struct Case<'a> {
         what: &'static str,
         key: &'static str,
         decl: &'a Arc<Declaration>,
-        keys: &'a HashMap<String, PublicKey>,
+        keys: &'a Keys,
     }
     let cases = [
         Case { what: "one node re-keyed", key: "rekey_one_node", decl: &decl, keys: &rekeyed },

@@ -57,7 +57,7 @@ fn changed(what: String, before: &Compiled, after: &Compiled) -> Change {
     change
 }
 
-fn compile(mesh: &MeshDir, keys: &HashMap<String, PublicKey>, previous: Option<Compiled>) -> Result<Compiled> {
+fn compile(mesh: &MeshDir, keys: &trellis_core::Keys, previous: Option<Compiled>) -> Result<Compiled> {
     trellis_core::compile(&mesh.decl, keys, &Default::default(), previous).map_err(|d| anyhow::anyhow!("{}: {d}", mesh.dir.display()))
 }
 
@@ -103,7 +103,7 @@ fn reach(decl: &trellis_core::Declaration) -> Vec<usize> {
 /// The changes, worked out offline: (a) one node moved to another group, chosen among a few
 /// so that the share of bundles it changes is nearest 1 %; (b) a node added, (c) that node
 /// enrolled.
-fn plan_changes(mesh: &MeshDir, keys: &HashMap<String, PublicKey>) -> Result<Plan> {
+fn plan_changes(mesh: &MeshDir, keys: &trellis_core::Keys) -> Result<Plan> {
     let t = Instant::now();
     let rss = memory_kib(std::process::id(), "VmRSS").unwrap_or(0);
     let base = compile(mesh, keys, None)?;
@@ -160,7 +160,7 @@ fn plan_changes(mesh: &MeshDir, keys: &HashMap<String, PublicKey>) -> Result<Pla
     let added = changed(format!("{ADDED} added, like {like}"), &after_move, &after_add);
     drop(after_move);
     let mut with_added = keys.clone();
-    with_added.insert(ADDED.to_string(), added_key(decl));
+    with_added.set(ADDED, Some(added_key(decl)));
     let after_enrol = compile(&added_mesh, &with_added, Some(after_add.clone()))?;
     let enrolled = changed(format!("{ADDED} enrolled"), &after_add, &after_enrol);
     Ok(Plan { moved_mesh, moved, added_mesh, added, enrolled })
@@ -313,7 +313,7 @@ pub async fn run(a: &DeliveryArgs, dir: &Path) -> Result<ExitCode> {
     let trellis = trellis_exe()?;
     raise_fd_limit();
     let names: Vec<String> = mesh.decl.nodes.iter().map(|n| n.name.clone()).collect();
-    let keys: HashMap<String, PublicKey> = names.iter().enumerate().map(|(i, n)| (n.clone(), crate::bench::key(i))).collect();
+    let keys: trellis_core::Keys = names.iter().enumerate().map(|(i, n)| (n.clone(), crate::bench::key(i))).collect();
     // The agents, spread evenly over the mesh (the first is the first node, a hub in a
     // generated mesh).
     let agent_of: HashMap<&str, usize> = (0..a.agents).map(|k| (names[k * n / a.agents].as_str(), k)).collect();
@@ -341,7 +341,9 @@ pub async fn run(a: &DeliveryArgs, dir: &Path) -> Result<ExitCode> {
 
     // Every node enrols, 64 in flight; the agents' certificates are kept.
     eprintln!("making {n} tokens, keys and CSRs...");
-    let enrolees = enrolling::prepare(&admin, names.iter().map(|name| (name.clone(), keys[name])).collect()).await?;
+    let enrolees =
+        enrolling::prepare(&admin, names.iter().map(|name| (name.clone(), keys.get(name).expect("every node has a key"))).collect())
+            .await?;
     eprintln!("enrolling {n} nodes...");
     let t = Instant::now();
     let enrolled = enrolling::enrol_all(&base, &ca, enrolees, 64).await?;

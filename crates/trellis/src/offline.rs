@@ -1,6 +1,5 @@
 //! The offline commands: `check`, `compile`, `explain` and `graph` over a declaration directory.
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
@@ -106,8 +105,8 @@ pub fn compile(dir: &Path, node: Option<&str>, out: &Path, json_out: bool) -> Re
             bail!("node `{n}` is not declared in {} (declared: {})", dir.display(), names.join(", "));
         }
     }
-    let compiled =
-        core_compile(&std::sync::Arc::new(decl.clone()), &HashMap::new(), &Default::default(), None).map_err(|d| anyhow::anyhow!("{d}"))?;
+    let compiled = core_compile(&std::sync::Arc::new(decl.clone()), &Default::default(), &Default::default(), None)
+        .map_err(|d| anyhow::anyhow!("{d}"))?;
     print_diagnostics(&compiled.diagnostics);
     // Nodes are written in parallel (the work is system calls); each file is staged, synced and
     // renamed into place, and each node's directory synced once after its files.
@@ -169,7 +168,7 @@ pub fn explain(dir: &Path, from: &str, to: &str, json_out: bool) -> Result<ExitC
             bail!("node `{from}` is not declared in {}", dir.display());
         }
         let alloc = trellis_core::allocate(&decl, &Default::default()).map_err(|d| anyhow::anyhow!("{d}"))?;
-        let topo = Topology::new(&decl, &alloc, &HashMap::new());
+        let topo = Topology::new(&decl, &alloc, &trellis_core::Keys::default());
         let text = explain::explain_route(&topo, from, to).context("the node is declared")?.map_err(|e| anyhow::anyhow!("{e}"))?;
         if json_out {
             println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "from": from, "to": to, "text": text }))?);
@@ -184,7 +183,7 @@ pub fn explain(dir: &Path, from: &str, to: &str, json_out: bool) -> Result<ExitC
         }
     }
     let alloc = trellis_core::allocate(&decl, &Default::default()).map_err(|d| anyhow::anyhow!("{d}"))?;
-    let topo = Topology::new(&decl, &alloc, &HashMap::new());
+    let topo = Topology::new(&decl, &alloc, &trellis_core::Keys::default());
     let e = explain::explain(&topo, from, to).context("nodes are declared")?;
     if json_out {
         // The shape `GET /v1/admin/explain` answers, text included.
@@ -208,7 +207,7 @@ pub enum GraphFormat {
 pub fn graph(dir: &Path, format: GraphFormat, out: Option<&Path>) -> Result<ExitCode> {
     let (decl, _) = load_valid(dir)?;
     let alloc = trellis_core::allocate(&decl, &Default::default()).map_err(|d| anyhow::anyhow!("{d}"))?;
-    let topo = Topology::new(&decl, &alloc, &HashMap::new());
+    let topo = Topology::new(&decl, &alloc, &trellis_core::Keys::default());
     let g = trellis_core::graph::graph(&topo);
     let states = Default::default();
     let text = match format {

@@ -1,7 +1,6 @@
 //! Pools of short-lived nodes: the `[[pool]]` table, its checks, `pool:NAME` as a source, and
 //! members compiled as nodes once the controller adds them.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use trellis_core::decl::{duration_secs, Member, PublicKey, Source};
@@ -75,7 +74,11 @@ fn members_are_nodes_with_the_pools_networks_groups_and_modules() {
     assert_eq!((m.pool.as_deref(), m.endpoints.len(), m.groups.clone()), (Some("ci"), 0, vec!["runners".to_string()]));
 
     // pool:ci admits the members to ping on web-1; group:runners admits them to web.
-    let topo = trellis_core::topology::Topology::new(&full, &trellis_core::allocate(&full, &Default::default()).unwrap(), &HashMap::new());
+    let topo = trellis_core::topology::Topology::new(
+        &full,
+        &trellis_core::allocate(&full, &Default::default()).unwrap(),
+        &trellis_core::Keys::default(),
+    );
     let (web, ci1, ci2, db) = (topo.index["web-1"], topo.index["ci-1"], topo.index["ci-2"], topo.index["db-1"]);
     let ping = topo.rules.iter().find(|r| r.module == "ping").unwrap();
     assert_eq!(ping.sources, vec![ci1, ci2]);
@@ -90,7 +93,7 @@ fn members_are_nodes_with_the_pools_networks_groups_and_modules() {
 fn a_members_peers_come_from_the_policy_and_drop_it_when_it_leaves() {
     let d = valid(&mesh(), &[("ping.toml", PING), ("web.toml", WEB)]);
     let key = |b: u8| PublicKey([b; 32]);
-    let keys: HashMap<String, PublicKey> =
+    let keys: trellis_core::Keys =
         [("web-1", key(1)), ("db-1", key(2)), ("ci-1", key(3))].into_iter().map(|(n, k)| (n.to_string(), k)).collect();
     let with = Arc::new(d.with_members(&[member("ci-1")]));
     let c = trellis_core::compile(&with, &keys, &Default::default(), None).unwrap();
@@ -107,7 +110,7 @@ fn a_members_peers_come_from_the_policy_and_drop_it_when_it_leaves() {
     // Recompiled from that output without the member: its peers drop it.
     let without = Arc::new(d.with_members(&[]));
     let mut keys = keys;
-    keys.remove("ci-1");
+    keys.set("ci-1", None);
     let c2 = trellis_core::compile(&without, &keys, &Default::default(), Some(c)).unwrap();
     assert!(!c2.nodes.contains_key("ci-1"));
     assert!(!wg(&c2, "web-1").contains(&key(3).to_string()));

@@ -3,11 +3,10 @@
 //! router's forward filter with exactly the named sources, masquerading, and failover to the
 //! next router when the first has no key.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use trellis_core::decl::PublicKey;
-use trellis_core::{compile, Declaration};
+use trellis_core::{compile, Declaration, Keys};
 
 use crate::support::{lines, load_text, valid};
 
@@ -84,7 +83,7 @@ fn key(b: u8) -> PublicKey {
     PublicKey([b; 32])
 }
 
-fn keys(names: &[&str]) -> HashMap<String, PublicKey> {
+fn keys(names: &[&str]) -> Keys {
     names.iter().enumerate().map(|(i, n)| (n.to_string(), key(i as u8 + 1))).collect()
 }
 
@@ -131,13 +130,13 @@ fn only_admitted_nodes_get_the_prefixes_and_only_at_the_first_router_with_a_key(
 
     // gw-1 revoked (no key): gw-2 takes over.
     let mut k = keys(ALL);
-    k.remove("gw-1");
+    k.set("gw-1", None);
     let again = compile(&d, &k, &c.allocation, Some(c.clone())).unwrap();
     let conf = file(&again, "laptop-2", "wireguard.conf");
     assert!(section(&conf, "gw-2").contains("AllowedIPs = 192.168.10.0/24"), "{conf}");
     assert!(!conf.contains("# gw-1:"), "{conf}");
     // With no router keyed at all, the prefixes are not routed anywhere.
-    k.remove("gw-2");
+    k.set("gw-2", None);
     let none = compile(&d, &k, &c.allocation, Some(again)).unwrap();
     assert!(!file(&none, "laptop-2", "wireguard.conf").contains("192.168.10.0/24"));
     assert!(!file(&none, "laptop-2", "node.toml").contains("routes"));

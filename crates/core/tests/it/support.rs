@@ -1,6 +1,5 @@
 //! Helpers shared by the core's integration tests.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use trellis_core::{load, Compiled, Declaration, Loaded, SourceFile};
@@ -44,5 +43,5 @@ pub fn fixture(name: &str) -> Declaration {
 }
 
 pub fn compile_all(decl: &Declaration) -> Compiled {
-    trellis_core::compile(&std::sync::Arc::new(decl.clone()), &HashMap::new(), &Default::default(), None).expect("compiles")
+    trellis_core::compile(&std::sync::Arc::new(decl.clone()), &Default::default(), &Default::default(), None).expect("compiles")
 }
