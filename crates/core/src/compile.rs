@@ -268,6 +268,12 @@ struct Cache {
     relayed_by: Vec<Vec<u32>>,
     /// Per node, the modules it may reach, as positions in `Topology::module_names`.
     reached: Vec<Vec<u32>>,
+    /// `Topology::module_names`, and each module's sources (`Topology::module_sources`): what
+    /// the partners come from.
+    module_names: Vec<(Arc<str>, NodeSet)>,
+    module_sources: Vec<NodeSet>,
+    /// Per route, its users.
+    route_users: Vec<NodeSet>,
     /// Per route, its routers in order of preference.
     route_via: Vec<Vec<u32>>,
     /// Per node, the routes it uses.
@@ -607,7 +613,7 @@ fn same_route(a: &crate::decl::Route, b: &crate::decl::Route) -> bool {
 /// changed; and the hubs whose relayed nodes changed. Every other node keeps its plan, its files
 /// and its paths. Gives `previous` back when it does not apply.
 fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -> Rekeyed {
-    let Some(old) = previous.cache.take() else { return Rekeyed::NotApplicable(previous) };
+    let Some(mut old) = previous.cache.take() else { return Rekeyed::NotApplicable(previous) };
     let od = &old.decl;
     let same_settings = {
         let (a, b) = (&decl.mesh, &od.mesh);
@@ -638,7 +644,14 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
         }
     }
     let identity = n == old.names.len() && new_to_old.iter().enumerate().all(|(a, o)| *o == Some(a as u32));
-    let partners = topo.partners();
+    // Partners: with the same nodes in the same places, only the nodes a change of a module's
+    // runners or sources reaches have theirs made again; the others keep theirs.
+    let sources = topo.module_sources();
+    let fresh_partners: Vec<Option<NodeSet>> = match identity.then(|| partners_touched(topo, &sources, &old)).flatten() {
+        Some(touched) => par::map(n, |a| touched[a].then(|| topo.partners_of(a as u32, &sources))),
+        None => topo.partners().into_iter().map(Some).collect(),
+    };
+    let partners = |a: usize| fresh_partners[a].as_ref().unwrap_or_else(|| &old.partners[a]);
     let shared = shared(topo, Some(&previous));
 
     let mut affected = vec![false; n];
@@ -679,21 +692,22 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
         if !moved[a] {
             continue;
         }
-        for &p in &partners[a] {
+        for &p in partners(a) {
             affected[p as usize] = true;
         }
         if let Some(o) = new_to_old[a] {
             mark_old(&mut affected, o);
         }
     }
-    let reached = topo.modules_reached();
+    let reached = topo.modules_reached(&sources);
     for a in 0..n {
         if affected[a] {
             continue;
         }
         let o = new_to_old[a].expect("nodes without an old position are changed") as usize;
-        let same_partners = partners[a].len() == old.partners[o].len()
-            && partners[a].iter().zip(&old.partners[o]).all(|(&p, &q)| old_to_new[q as usize] == Some(p));
+        let same_partners = fresh_partners[a].as_ref().is_none_or(|now| {
+            now.len() == old.partners[o].len() && now.iter().zip(&old.partners[o]).all(|(&p, &q)| old_to_new[q as usize] == Some(p))
+        });
         let prior = &previous.nodes[&*old.names[o]].plan;
         // Module blocks are interned: the same records are the same allocation.
         let same_modules = reached[a].len() == prior.zone_modules.len()
@@ -709,10 +723,10 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
     }
     // Paths: computed for the affected nodes; every other node's are its old ones (the same
     // partners, and neither side changed).
-    let mut old_paths = old.paths;
+    let mut old_paths = std::mem::take(&mut old.paths);
     let paths: Vec<Vec<(u32, Path)>> = par::map(n, |a| {
         if affected[a] {
-            return partners[a].iter().map(|&b| (b, topo.path(a as u32, b, true))).collect();
+            return partners(a).iter().map(|&b| (b, topo.path(a as u32, b, true))).collect();
         }
         Vec::new()
     });
@@ -752,7 +766,10 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
             affected[h] = true;
         }
     }
-    let mut cache = Cache::new(decl, topo, partners, paths, relayed_by, reached, |a| new_to_old[a].map(|o| old.texts[o as usize].clone()));
+    let mut old_partners = std::mem::take(&mut old.partners);
+    let partners: Vec<NodeSet> =
+        fresh_partners.into_iter().enumerate().map(|(a, p)| p.unwrap_or_else(|| std::mem::take(&mut old_partners[a]))).collect();
+    let mut cache = Cache::new(decl, topo, partners, paths, relayed_by, sources, |a| new_to_old[a].map(|o| old.texts[o as usize].clone()));
     cache.route_blocks = shared.route_blocks.clone();
     let mut old_nodes = std::mem::take(&mut previous.nodes);
     let fresh: Vec<Option<NodePlan>> = par::map(n, |a| affected[a].then(|| node_plan(topo, &shared, &cache, a)));
@@ -785,6 +802,61 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
         rule_blocks: shared.rule_blocks,
         zone_blocks: shared.zone_blocks,
         cache: Some(Box::new(cache)),
+    })
+}
+
+/// Which nodes' partners may differ from those of `old`, for a topology with the same nodes in
+/// the same places: the runners and sources of a module whose runners changed; the runners of a
+/// module whose sources changed, and the nodes that joined or left its sources. `None` when the
+/// modules some node runs or the routes' routers or users changed: every node's are made again.
+fn partners_touched(topo: &Topology, sources: &[NodeSet], old: &Cache) -> Option<Vec<bool>> {
+    let same_modules =
+        topo.module_names.len() == old.module_names.len() && topo.module_names.iter().zip(&old.module_names).all(|(a, b)| a.0 == b.0);
+    let same_routes = topo.routes.len() == old.route_via.len()
+        && topo.routes.iter().zip(old.route_via.iter().zip(&old.route_users)).all(|(r, (via, users))| r.via == *via && r.users == *users);
+    if !(same_modules && same_routes) {
+        return None;
+    }
+    let mut touched = vec![false; topo.nodes.len()];
+    for (((_, runners), now), ((_, was_run), was)) in
+        topo.module_names.iter().zip(sources).zip(old.module_names.iter().zip(&old.module_sources))
+    {
+        if runners != was_run {
+            for &a in runners.iter().chain(was_run).chain(now).chain(was) {
+                touched[a as usize] = true;
+            }
+        } else if now != was {
+            for &a in runners {
+                touched[a as usize] = true;
+            }
+            for a in symmetric_difference(now, was) {
+                touched[a as usize] = true;
+            }
+        }
+    }
+    Some(touched)
+}
+
+/// The members of exactly one of two sorted sets.
+fn symmetric_difference<'s>(a: &'s [u32], b: &'s [u32]) -> impl Iterator<Item = u32> + 's {
+    let (mut i, mut j) = (0, 0);
+    std::iter::from_fn(move || loop {
+        match (a.get(i), b.get(j)) {
+            (Some(x), Some(y)) if x == y => (i, j) = (i + 1, j + 1),
+            (Some(&x), Some(&y)) if x < y => {
+                i += 1;
+                return Some(x);
+            }
+            (_, Some(&y)) => {
+                j += 1;
+                return Some(y);
+            }
+            (Some(&x), None) => {
+                i += 1;
+                return Some(x);
+            }
+            (None, None) => return None,
+        }
     })
 }
 
@@ -923,7 +995,7 @@ impl Cache {
         partners: Vec<NodeSet>,
         paths: Vec<Vec<(u32, Path)>>,
         relayed_by: Vec<Vec<u32>>,
-        reached: Vec<Vec<u32>>,
+        module_sources: Vec<NodeSet>,
         old: impl Fn(usize) -> Option<Arc<NodeText>> + Sync,
     ) -> Cache {
         let mut router = vec![false; topo.nodes.len()];
@@ -951,7 +1023,10 @@ impl Cache {
             partners,
             relayed_by,
             paths,
-            reached,
+            reached: topo.modules_reached(&module_sources),
+            module_names: topo.module_names.clone(),
+            module_sources,
+            route_users: topo.routes.iter().map(|r| r.users.clone()).collect(),
             route_via: topo.routes.iter().map(|r| r.via.clone()).collect(),
             routes_of: topo.routes_of.clone(),
             // Set by the caller, from what the plans share.
@@ -1088,7 +1163,7 @@ fn plan(decl: &Arc<Declaration>, topo: &Topology, previous: Option<&Compiled>) -
     let paths: Vec<Vec<(u32, Path)>> = par::map(n, |a| partners[a].iter().map(|&b| (b, topo.path(a as u32, b, true))).collect());
     let relayed_by = relays(&paths);
     let shared = shared(topo, previous);
-    let mut cache = Cache::new(decl, topo, partners, paths, relayed_by, topo.modules_reached(), |_| None);
+    let mut cache = Cache::new(decl, topo, partners, paths, relayed_by, topo.module_sources(), |_| None);
     cache.route_blocks = shared.route_blocks.clone();
     let plans = par::map(n, |a| node_plan(topo, &shared, &cache, a));
     (plans, shared, cache)

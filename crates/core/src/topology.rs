@@ -369,16 +369,48 @@ impl<'d> Topology<'d> {
         })
     }
 
+    /// For every module of `module_names`, the nodes its rules admit: the union of their sources.
+    pub fn module_sources(&self) -> Vec<NodeSet> {
+        self.module_names
+            .iter()
+            .map(|(name, _)| {
+                set_of(self.rules[self.module_rules[&**name].clone()].iter().flat_map(|r| r.sources.iter().copied()).collect())
+            })
+            .collect()
+    }
+
+    /// The partners of one node (what `partners` gives it), from `module_sources`: the sources
+    /// of the modules it runs, the runners of the modules that admit it, and a route's routers
+    /// for its users and users for its routers.
+    pub fn partners_of(&self, a: u32, sources: &[NodeSet]) -> NodeSet {
+        let mut v = Vec::new();
+        for ((_, runners), sources) in self.module_names.iter().zip(sources) {
+            if runners.binary_search(&a).is_ok() {
+                v.extend_from_slice(sources);
+            }
+            if sources.binary_search(&a).is_ok() {
+                v.extend_from_slice(runners);
+            }
+        }
+        for r in &self.routes {
+            if r.users.binary_search(&a).is_ok() {
+                v.extend_from_slice(&r.via);
+            }
+            if r.via.contains(&a) {
+                v.extend_from_slice(&r.users);
+            }
+        }
+        let mut v = set_of(v);
+        v.retain(|&p| p != a);
+        v
+    }
+
     /// For every node, the modules it may reach (a rule of the module names it as a source), in
-    /// name order, as positions in `module_names`.
-    pub fn modules_reached(&self) -> Vec<Vec<u32>> {
+    /// name order, as positions in `module_names`; `sources` is `module_sources`.
+    pub fn modules_reached(&self, sources: &[NodeSet]) -> Vec<Vec<u32>> {
         let mut out: Vec<Vec<u32>> = vec![Vec::new(); self.nodes.len()];
-        for (m, (name, _)) in self.module_names.iter().enumerate() {
-            let rules = &self.rules[self.module_rules[&**name].clone()];
-            let mut sources: Vec<u32> = rules.iter().flat_map(|r| r.sources.iter().copied()).collect();
-            sources.sort_unstable();
-            sources.dedup();
-            for s in sources {
+        for (m, sources) in sources.iter().enumerate() {
+            for &s in sources {
                 out[s as usize].push(m as u32);
             }
         }

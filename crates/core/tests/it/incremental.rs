@@ -154,7 +154,8 @@ fn same(inc: &Compiled, full: &Compiled, before: &Compiled, step: usize) -> Resu
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 150, .. ProptestConfig::default() })]
+    // PROPTEST_CASES=N runs more.
+    #![proptest_config(ProptestConfig { cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(150), .. ProptestConfig::default() })]
 
     #[test]
     fn an_incremental_recompile_equals_a_full_compile(g in gen(), enrolled in proptest::collection::vec(any::<bool>(), 32), routed in any::<bool>(), changes in proptest::collection::vec((change(), any::<bool>()), 1..10)) {
