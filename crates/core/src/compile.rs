@@ -274,6 +274,9 @@ struct Cache {
     module_sources: Vec<NodeSet>,
     /// Per route, its users.
     route_users: Vec<NodeSet>,
+    /// Every rule of `Topology::rules` as it was resolved: its module, number, declaration and
+    /// sources, what its filter block is made from (with the addresses).
+    rules: Vec<(Arc<str>, usize, crate::decl::Rule, NodeSet)>,
     /// Per route, its routers in order of preference.
     route_via: Vec<Vec<u32>>,
     /// Per node, the routes it uses.
@@ -331,14 +334,19 @@ fn compile_from(
     previous_allocation: &Allocation,
     previous: Option<Compiled>,
 ) -> Result<Compiled, Diagnostic> {
-    let previous = match previous {
+    let mut previous = match previous {
         Some(p) => match rekey(decl, keys, p) {
             Rekeyed::Done(done) => return Ok(done),
             Rekeyed::NotApplicable(p) => Some(p),
         },
         None => None,
     };
-    let allocation = allocate(decl, previous.as_ref().map_or(previous_allocation, |p| &p.allocation))?;
+    // The same nodes with the same pins in the same pools hold the addresses they held: the
+    // previous allocation is the one `allocate` would give again.
+    let allocation = match previous.as_mut() {
+        Some(p) if p.cache.as_ref().is_some_and(|c| same_addressing(decl, &c.decl)) => std::mem::take(&mut p.allocation),
+        _ => allocate(decl, previous.as_ref().map_or(previous_allocation, |p| &p.allocation))?,
+    };
     let topo = Topology::new(decl, &allocation, keys);
     let previous = match previous {
         Some(p) => match redeclare(decl, &topo, p) {
@@ -357,9 +365,11 @@ fn compile_from(
     diagnostics.extend(left_out_diagnostics(plans.iter(), |b| cache.loc(cache.index[b])));
     diag::sort(&mut diagnostics);
 
-    let render_needed: Vec<bool> =
-        plans.iter().map(|p| previous.and_then(|c| c.nodes.get(&*p.node)).is_none_or(|o| o.plan != *p)).collect();
-    let files = par::map(plans.len(), |i| render_needed[i].then(|| render::files(&plans[i])));
+    let files = par::map(plans.len(), |i| match previous.and_then(|c| c.nodes.get(&*plans[i].node)) {
+        Some(o) if o.plan == plans[i] => None,
+        Some(o) => Some(render::files_again(&plans[i], &o.plan, &o.files)),
+        None => Some(render::files(&plans[i])),
+    });
     let mut nodes = BTreeMap::new();
     let mut rendered = Vec::new();
     for (plan, files) in plans.into_iter().zip(files) {
@@ -587,6 +597,14 @@ fn same_node(a: &crate::decl::Node, b: &crate::decl::Node) -> bool {
         && same_reach(a, b)
 }
 
+/// Whether two declarations give the same addresses from the same previous allocation: the same
+/// mesh name and overlay pools, and the same nodes in the same order with the same pins.
+fn same_addressing(a: &Declaration, b: &Declaration) -> bool {
+    (&a.mesh.name, a.mesh.overlay_ipv4, a.mesh.overlay_ipv6) == (&b.mesh.name, b.mesh.overlay_ipv4, b.mesh.overlay_ipv6)
+        && a.nodes.len() == b.nodes.len()
+        && a.nodes.iter().zip(&b.nodes).all(|(x, y)| (&x.name, x.address_ipv4, x.address_ipv6) == (&y.name, y.address_ipv4, y.address_ipv6))
+}
+
 /// Whether a node is reached the same way: the same networks and endpoints (not where written).
 fn same_reach(a: &crate::decl::Node, b: &crate::decl::Node) -> bool {
     a.networks == b.networks
@@ -652,7 +670,7 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
         None => topo.partners().into_iter().map(Some).collect(),
     };
     let partners = |a: usize| fresh_partners[a].as_ref().unwrap_or_else(|| &old.partners[a]);
-    let shared = shared(topo, Some(&previous));
+    let shared = shared(topo, Some(&previous), Some(&old));
 
     let mut affected = vec![false; n];
     // `changed`: the node's declaration, address or key changed. `moved`: what others' files
@@ -700,6 +718,8 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
         }
     }
     let reached = topo.modules_reached(&sources);
+    // The previous plans by old position (name order, as the outputs are kept).
+    let prior_plans: Vec<&NodePlan> = previous.nodes.values().map(|o| &o.plan).collect();
     for a in 0..n {
         if affected[a] {
             continue;
@@ -708,7 +728,7 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
         let same_partners = fresh_partners[a].as_ref().is_none_or(|now| {
             now.len() == old.partners[o].len() && now.iter().zip(&old.partners[o]).all(|(&p, &q)| old_to_new[q as usize] == Some(p))
         });
-        let prior = &previous.nodes[&*old.names[o]].plan;
+        let prior = prior_plans[o];
         // Module blocks are interned: the same records are the same allocation.
         let same_modules = reached[a].len() == prior.zone_modules.len()
             && reached[a].iter().zip(&prior.zone_modules).all(|(&m, b)| Arc::ptr_eq(&shared.zone_blocks[m as usize], b));
@@ -756,7 +776,24 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
         .collect();
     // A hub's plan lists the nodes it relays for: recomputed when that list changed or one of
     // them changed.
-    let relayed_by = relays(&paths);
+    // Which hubs relay for whom: an unaffected node's relayed paths are its old ones.
+    let mut relayed_by: Vec<Vec<u32>> = vec![Vec::new(); n];
+    for &h in &topo.hubs {
+        let o = new_to_old[h as usize].expect("hubs are unchanged") as usize;
+        relayed_by[h as usize] =
+            old.relayed_by[o].iter().filter_map(|&q| old_to_new[q as usize]).filter(|&a| !affected[a as usize]).collect();
+    }
+    for (a, list) in paths.iter().enumerate().filter(|&(a, _)| affected[a]) {
+        for &(_, p) in list {
+            if let Path::Relay { hub } = p {
+                relayed_by[hub as usize].push(a as u32);
+            }
+        }
+    }
+    for &h in &topo.hubs {
+        relayed_by[h as usize].sort_unstable();
+        relayed_by[h as usize].dedup();
+    }
     for &h in &topo.hubs {
         let h = h as usize;
         let o = new_to_old[h].expect("hubs are unchanged") as usize;
@@ -769,26 +806,39 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
     let mut old_partners = std::mem::take(&mut old.partners);
     let partners: Vec<NodeSet> =
         fresh_partners.into_iter().enumerate().map(|(a, p)| p.unwrap_or_else(|| std::mem::take(&mut old_partners[a]))).collect();
-    let mut cache = Cache::new(decl, topo, partners, paths, relayed_by, sources, |a| new_to_old[a].map(|o| old.texts[o as usize].clone()));
+    // The same names in the same places: the index by name is the one before.
+    let index = identity.then(|| std::mem::take(&mut old.index));
+    let mut cache =
+        Cache::new(decl, topo, partners, paths, relayed_by, sources, index, |a| new_to_old[a].map(|o| old.texts[o as usize].clone()));
     cache.route_blocks = shared.route_blocks.clone();
-    let mut old_nodes = std::mem::take(&mut previous.nodes);
     let fresh: Vec<Option<NodePlan>> = par::map(n, |a| affected[a].then(|| node_plan(topo, &shared, &cache, a)));
-    let mut nodes = BTreeMap::new();
+    // The outputs are the previous ones, edited where nodes went, came or were recomputed.
+    let mut nodes = std::mem::take(&mut previous.nodes);
+    for (o, a) in old_to_new.iter().enumerate() {
+        if a.is_none() {
+            nodes.remove(&*old.names[o]);
+        }
+    }
+    let fresh: Vec<(u32, NodePlan)> = fresh.into_iter().enumerate().filter_map(|(a, p)| Some((a as u32, p?))).collect();
+    // A plan the same as before keeps its files; another keeps those of its files whose inputs
+    // are the same. Made on every core.
+    let made: Vec<Option<Vec<FileResource>>> = par::map(fresh.len(), |i| {
+        let (a, plan) = &fresh[i];
+        match nodes.get(&*cache.names[*a as usize]) {
+            Some(prior) if prior.plan == *plan => None,
+            Some(prior) => Some(render::files_again(plan, &prior.plan, &prior.files)),
+            None => Some(render::files(plan)),
+        }
+    });
     let mut rendered = Vec::new();
-    for (a, plan) in fresh.into_iter().enumerate() {
-        let name = cache.names[a].to_string();
-        let prior = old_nodes.remove(&name);
-        let out = match (plan, prior) {
-            (None, Some(prior)) => prior,
-            (Some(plan), Some(prior)) if prior.plan == plan => NodeOutput { plan, files: prior.files },
-            (Some(plan), _) => {
-                rendered.push(name.clone());
-                let files = render::files(&plan);
-                NodeOutput { plan, files }
-            }
-            (None, None) => unreachable!("a node without an old plan is affected"),
+    for ((a, plan), files) in fresh.into_iter().zip(made) {
+        let name = &cache.names[a as usize];
+        let Some(files) = files else {
+            nodes.get_mut(&**name).expect("a plan the same as before has an output").plan = plan;
+            continue;
         };
-        nodes.insert(name, out);
+        rendered.push(name.to_string());
+        nodes.insert(name.to_string(), NodeOutput { plan, files });
     }
     let plans = || nodes.values().map(|o| &o.plan);
     let mut diagnostics = path_diagnostics(plans(), &cache);
@@ -988,7 +1038,7 @@ fn relays(paths: &[Vec<(u32, Path)>]) -> Vec<Vec<u32>> {
 
 impl Cache {
     /// `old` gives a node's text from the previous compile, kept when its name and addresses are
-    /// the same (so that plans compare it by pointer).
+    /// the same (so that plans compare it by pointer); `index`, the index by name when it is known.
     fn new(
         decl: &Arc<Declaration>,
         topo: &Topology,
@@ -996,6 +1046,7 @@ impl Cache {
         paths: Vec<Vec<(u32, Path)>>,
         relayed_by: Vec<Vec<u32>>,
         module_sources: Vec<NodeSet>,
+        index: Option<HashMap<Arc<str>, u32>>,
         old: impl Fn(usize) -> Option<Arc<NodeText>> + Sync,
     ) -> Cache {
         let mut router = vec![false; topo.nodes.len()];
@@ -1013,7 +1064,7 @@ impl Cache {
             texts,
             decl: decl.clone(),
             order: topo.order.clone(),
-            index: names.iter().enumerate().map(|(i, n)| (n.clone(), i as u32)).collect(),
+            index: index.unwrap_or_else(|| names.iter().enumerate().map(|(i, n)| (n.clone(), i as u32)).collect()),
             names,
             ipv4: topo.ipv4.clone(),
             ipv6: topo.ipv6.clone(),
@@ -1027,6 +1078,7 @@ impl Cache {
             module_names: topo.module_names.clone(),
             module_sources,
             route_users: topo.routes.iter().map(|r| r.users.clone()).collect(),
+            rules: topo.rules.iter().map(|r| (Arc::from(r.module), r.number, r.rule.clone(), r.sources.clone())).collect(),
             route_via: topo.routes.iter().map(|r| r.via.clone()).collect(),
             routes_of: topo.routes_of.clone(),
             // Set by the caller, from what the plans share.
@@ -1051,7 +1103,7 @@ struct Shared {
     route_zones: Vec<Option<Arc<ZoneBlock>>>,
 }
 
-fn shared(topo: &Topology, previous: Option<&Compiled>) -> Shared {
+fn shared(topo: &Topology, previous: Option<&Compiled>, old: Option<&Cache>) -> Shared {
     let common = Common {
         mesh: topo.decl.mesh.name.clone(),
         interface: topo.decl.mesh.interface.clone(),
@@ -1066,11 +1118,33 @@ fn shared(topo: &Topology, previous: Option<&Compiled>) -> Shared {
         Some(old) if **old == common => old.clone(),
         _ => Arc::new(common),
     };
+    // With every node at the same position and address, a rule resolved to the same sources,
+    // and a module run by the same nodes, has the same text as before: kept without making it.
+    let (old, previous) = match (old, previous) {
+        (Some(c), Some(p))
+            if c.ipv4 == topo.ipv4
+                && c.ipv6 == topo.ipv6
+                && c.decl.mesh.interface == topo.decl.mesh.interface
+                && c.rules.len() == p.rule_blocks.len() =>
+        {
+            (Some((c, p)), Some(p))
+        }
+        (_, p) => (None, p),
+    };
+    let old_rules: HashMap<(&str, usize), usize> =
+        old.into_iter().flat_map(|(c, _)| c.rules.iter().enumerate()).map(|(i, r)| ((&*r.0, r.1), i)).collect();
     let old_blocks: HashMap<&str, &Arc<str>> = previous.into_iter().flat_map(|c| c.rule_blocks.iter()).map(|b| (&**b, b)).collect();
     let rule_blocks: Vec<Arc<str>> = topo
         .rules
         .iter()
         .map(|r| {
+            if let Some((c, p)) = old {
+                if let Some(&i) = old_rules.get(&(r.module, r.number)) {
+                    if c.rules[i].2 == *r.rule && c.rules[i].3 == r.sources {
+                        return p.rule_blocks[i].clone();
+                    }
+                }
+            }
             let text = render::rule_block(topo, r);
             old_blocks.get(text.as_str()).map_or_else(|| Arc::from(text), |b| (*b).clone())
         })
@@ -1080,7 +1154,13 @@ fn shared(topo: &Topology, previous: Option<&Compiled>) -> Shared {
     let zone_blocks = topo
         .module_names
         .iter()
-        .map(|(module, runners)| {
+        .enumerate()
+        .map(|(i, (module, runners))| {
+            if let Some((c, p)) = old {
+                if c.module_names.get(i).is_some_and(|(m, r)| m == module && r == runners) && p.zone_blocks.len() == c.module_names.len() {
+                    return p.zone_blocks[i].clone();
+                }
+            }
             let records = render::zone_records(runners.iter().map(|&r| (&**module, topo.ipv4[r as usize], topo.ipv6[r as usize])));
             match old_zones.get(&(&**module, records.as_str())) {
                 Some(b) => (*b).clone(),
@@ -1162,8 +1242,8 @@ fn plan(decl: &Arc<Declaration>, topo: &Topology, previous: Option<&Compiled>) -
     let partners = topo.partners();
     let paths: Vec<Vec<(u32, Path)>> = par::map(n, |a| partners[a].iter().map(|&b| (b, topo.path(a as u32, b, true))).collect());
     let relayed_by = relays(&paths);
-    let shared = shared(topo, previous);
-    let mut cache = Cache::new(decl, topo, partners, paths, relayed_by, topo.module_sources(), |_| None);
+    let shared = shared(topo, previous, previous.and_then(|p| p.cache.as_deref()));
+    let mut cache = Cache::new(decl, topo, partners, paths, relayed_by, topo.module_sources(), None, |_| None);
     cache.route_blocks = shared.route_blocks.clone();
     let plans = par::map(n, |a| node_plan(topo, &shared, &cache, a));
     (plans, shared, cache)

@@ -21,6 +21,34 @@ pub fn files(plan: &NodePlan) -> Vec<FileResource> {
     ]
 }
 
+/// The files of `plan`, given the node's previous plan and files: a file whose inputs are the
+/// same as before is kept, the others are made (the same files as `files` makes).
+pub fn files_again(plan: &NodePlan, prior: &NodePlan, prior_files: &[FileResource]) -> Vec<FileResource> {
+    let same_head = plan.node == prior.node && plan.common == prior.common;
+    let (p, q) = (plan, prior);
+    let kept = |path: &str, same: bool| {
+        (same_head && same).then(|| prior_files.iter().find(|f| f.path == path).map(|f| f.content.clone())).flatten()
+    };
+    let wireguard_same = (p.ipv4, p.ipv6, &p.peers, &p.left_out, &p.no_path) == (q.ipv4, q.ipv6, &q.peers, &q.left_out, &q.no_path);
+    let nftables_same = (&p.rules, &p.routes_for) == (&q.rules, &q.routes_for);
+    let zone_same = (&p.zone, &p.zone_modules, &p.zone_routes) == (&q.zone, &q.zone_modules, &q.zone_routes);
+    let toml_same = (p.hub, &p.routes_for, &p.routed) == (q.hub, &q.routes_for, &q.routed);
+    vec![
+        FileResource {
+            path: WIREGUARD_CONF.into(),
+            mode: 0o600,
+            content: kept(WIREGUARD_CONF, wireguard_same).unwrap_or_else(|| wireguard(plan)),
+        },
+        FileResource {
+            path: NFTABLES_CONF.into(),
+            mode: 0o644,
+            content: kept(NFTABLES_CONF, nftables_same).unwrap_or_else(|| nftables(plan)),
+        },
+        FileResource { path: MESH_ZONE.into(), mode: 0o644, content: kept(MESH_ZONE, zone_same).unwrap_or_else(|| zone(plan)) },
+        FileResource { path: NODE_TOML.into(), mode: 0o644, content: kept(NODE_TOML, toml_same).unwrap_or_else(|| node_toml(plan).into()) },
+    ]
+}
+
 /// What the agent needs to know about its own node beyond the three files: the interface, the
 /// zone's name, and whether it relays for others (a hub forwards between overlay peers).
 /// A router also says so (it forwards from the overlay to its routes), and a node that uses
