@@ -809,7 +809,7 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
     // The same names in the same places: the index by name is the one before.
     let index = identity.then(|| std::mem::take(&mut old.index));
     let mut cache =
-        Cache::new(decl, topo, partners, paths, relayed_by, sources, index, |a| new_to_old[a].map(|o| old.texts[o as usize].clone()));
+        Cache::new(decl, topo, (partners, paths, relayed_by), sources, index, |a| new_to_old[a].map(|o| old.texts[o as usize].clone()));
     cache.route_blocks = shared.route_blocks.clone();
     let fresh: Vec<Option<NodePlan>> = par::map(n, |a| affected[a].then(|| node_plan(topo, &shared, &cache, a)));
     // The outputs are the previous ones, edited where nodes went, came or were recomputed.
@@ -839,6 +839,11 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
         };
         rendered.push(name.to_string());
         nodes.insert(name.to_string(), NodeOutput { plan, files });
+    }
+    if std::env::var_os("PHASES").is_some() {
+        let big = rendered.iter().filter(|n| nodes[n.as_str()].plan.peers.len() > 1000).count();
+        let zbig = rendered.iter().filter(|n| nodes[n.as_str()].plan.zone.len() > 1000).count();
+        eprintln!("rendered {} big-peers {} big-zones {}", rendered.len(), big, zbig);
     }
     let plans = || nodes.values().map(|o| &o.plan);
     let mut diagnostics = path_diagnostics(plans(), &cache);
@@ -1036,15 +1041,16 @@ fn relays(paths: &[Vec<(u32, Path)>]) -> Vec<Vec<u32>> {
     relayed_by
 }
 
+/// Every node's partners, its paths to them, and for every hub the nodes it relays for.
+type Links = (Vec<NodeSet>, Vec<Vec<(u32, Path)>>, Vec<Vec<u32>>);
+
 impl Cache {
     /// `old` gives a node's text from the previous compile, kept when its name and addresses are
     /// the same (so that plans compare it by pointer); `index`, the index by name when it is known.
     fn new(
         decl: &Arc<Declaration>,
         topo: &Topology,
-        partners: Vec<NodeSet>,
-        paths: Vec<Vec<(u32, Path)>>,
-        relayed_by: Vec<Vec<u32>>,
+        (partners, paths, relayed_by): Links,
         module_sources: Vec<NodeSet>,
         index: Option<HashMap<Arc<str>, u32>>,
         old: impl Fn(usize) -> Option<Arc<NodeText>> + Sync,
@@ -1243,7 +1249,7 @@ fn plan(decl: &Arc<Declaration>, topo: &Topology, previous: Option<&Compiled>) -
     let paths: Vec<Vec<(u32, Path)>> = par::map(n, |a| partners[a].iter().map(|&b| (b, topo.path(a as u32, b, true))).collect());
     let relayed_by = relays(&paths);
     let shared = shared(topo, previous, previous.and_then(|p| p.cache.as_deref()));
-    let mut cache = Cache::new(decl, topo, partners, paths, relayed_by, topo.module_sources(), None, |_| None);
+    let mut cache = Cache::new(decl, topo, (partners, paths, relayed_by), topo.module_sources(), None, |_| None);
     cache.route_blocks = shared.route_blocks.clone();
     let plans = par::map(n, |a| node_plan(topo, &shared, &cache, a));
     (plans, shared, cache)
