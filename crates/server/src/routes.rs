@@ -274,6 +274,9 @@ async fn bundle(State(c): State<Shared>, Node(who): Node, headers: HeaderMap, Qu
     }
     // A node that can rebuild a bundle from the one it holds takes the edits instead.
     let takes_delta = headers.get_all(header::ACCEPT).iter().any(|v| v.to_str().is_ok_and(|v| v.contains(proto::DELTA_TYPE)));
+    // The request's headers share the connection's read buffer (several KiB): a long-poll keeps
+    // only what it read from them, or ten thousand waiting nodes hold ten thousand such buffers.
+    drop(headers);
     let _open = (q.wait > 0).then(|| (c.metrics.long_poll(), c.publisher.polling(&who.name)));
     loop {
         let current = c.publisher.current(&who.name);
