@@ -1,5 +1,5 @@
 //! Publishing bundles: recompile, give a new version (from the database) only to nodes whose
-//! files changed, sign, and hold the signed bytes in memory so that an unchanged bundle is
+//! files changed, sign, and hold the signed bundles in memory so that an unchanged bundle is
 //! answered `304` without recompiling or re-signing. Long-polls wait on a watch channel.
 //!
 //! A decision does not publish in its request: it returns once it is durable in the database and
@@ -21,7 +21,6 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use base64::Engine;
-use trellis_core::bundle::{BundleFile, Piecewise};
 use trellis_core::decl::PublicKey;
 use trellis_core::{Compiled, Text};
 
@@ -30,7 +29,7 @@ use crate::{Controller, Error, Result};
 /// One node's current bundle, signed.
 pub struct Published {
     pub version: i64,
-    pub signed: trellis_core::bundle::Signed,
+    pub signed: Signed,
     /// For a large bundle, the edits from the version before it (that version, the delta): a
     /// node holding that one fetches these instead of the whole bundle.
     pub delta: Option<(i64, bytes::Bytes)>,
@@ -40,16 +39,43 @@ pub struct Published {
 /// cost less to send whole than to diff.
 pub const DELTA_FROM: usize = 128 * 1024;
 
-/// Compiled file contents as `Bytes` pieces, each content hashed once: an entry lives as long as
-/// the compiled output holds its content (it keeps the content alive, so its address names it),
-/// so a file a recompile left unchanged is not hashed or gathered again when its bundle is
-/// rebuilt. A large piece (a module's zone records, a rule's address set) is shared with every
-/// bundle that holds it, without a copy; runs of small pieces are gathered into one buffer.
-#[derive(Default)]
-struct Contents(HashMap<usize, (Text, Vec<bytes::Bytes>, [u8; 32])>);
+/// A signed bundle as held: the head (magic, signature, manifest) and the files' contents in
+/// manifest order, as the compiled output holds them. A content is made of pieces shared with
+/// other files (a peer's `[Peer]` section, a rule's filter block, a module's zone records): the
+/// bundles hold them once, with the compiled output, and `Body` sends them from there. None of
+/// them is copied into a buffer per file or per bundle: ten thousand wireguard.conf files
+/// naming the same few thousand peers would hold about 190 MiB of copies of a few MiB.
+pub struct Signed {
+    pub head: bytes::Bytes,
+    pub contents: Vec<Text>,
+}
 
-/// Pieces from this size on are sent from where the compiled output holds them.
+impl Signed {
+    pub fn len(&self) -> usize {
+        self.head.len() + self.contents.iter().map(Text::len).sum::<usize>()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bundle in one buffer, as a node receives it.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len());
+        out.extend_from_slice(&self.head);
+        for c in &self.contents {
+            c.pieces().iter().for_each(|p| out.extend_from_slice(p.as_bytes()));
+        }
+        out
+    }
+}
+
+/// Pieces from this size on are sent from where the compiled output holds them; smaller ones
+/// are gathered into the buffer of the answer that sends them.
 const SHARED_PIECE: usize = 4096;
+
+/// The most bytes of small pieces one chunk of an answer gathers.
+const CHUNK: usize = 16 * 1024;
 
 struct ArcStr(Arc<str>);
 
@@ -59,18 +85,77 @@ impl AsRef<[u8]> for ArcStr {
     }
 }
 
-/// A content as bundles send it: its pieces (each shares the text's piece, no copy), and its
-/// SHA-256.
-fn pieces_of(content: &Text) -> (Vec<bytes::Bytes>, [u8; 32]) {
-    let pieces = content.pieces().iter().map(|p| bytes::Bytes::from_owner(ArcStr(p.clone()))).collect();
-    (pieces, content.sha256())
+/// A bundle's bytes in order, as the chunks of one answer: the head, then each large piece as it
+/// is held (no copy) and the runs of small pieces between them gathered into buffers of at most
+/// `CHUNK` bytes. What it gathers lives while the answer is sent, not while the bundle is held.
+pub struct Body {
+    bundle: Arc<Published>,
+    head: bool,
+    /// The next piece to send: a content of the bundle and a piece of it.
+    file: usize,
+    piece: usize,
+    left: usize,
 }
 
+impl Body {
+    pub fn new(bundle: Arc<Published>) -> Body {
+        let left = bundle.signed.len();
+        Body { bundle, head: true, file: 0, piece: 0, left }
+    }
+
+    /// The bytes not sent yet.
+    pub fn remaining(&self) -> usize {
+        self.left
+    }
+}
+
+impl Iterator for Body {
+    type Item = bytes::Bytes;
+
+    fn next(&mut self) -> Option<bytes::Bytes> {
+        let signed = &self.bundle.signed;
+        if std::mem::take(&mut self.head) && !signed.head.is_empty() {
+            self.left -= signed.head.len();
+            return Some(signed.head.clone());
+        }
+        let mut run = bytes::BytesMut::new();
+        while let Some(content) = signed.contents.get(self.file) {
+            let Some(piece) = content.pieces().get(self.piece) else {
+                (self.file, self.piece) = (self.file + 1, 0);
+                continue;
+            };
+            if piece.len() >= SHARED_PIECE {
+                if !run.is_empty() {
+                    break;
+                }
+                self.piece += 1;
+                self.left -= piece.len();
+                return Some(bytes::Bytes::from_owner(ArcStr(piece.clone())));
+            }
+            if run.len() + piece.len() > CHUNK {
+                break;
+            }
+            if run.capacity() == 0 {
+                run.reserve(self.left.min(CHUNK));
+            }
+            run.extend_from_slice(piece.as_bytes());
+            self.piece += 1;
+        }
+        self.left -= run.len();
+        (!run.is_empty()).then(|| run.freeze())
+    }
+}
+
+/// Compiled file contents, each hashed once: an entry lives as long as the compiled output holds
+/// its content (it keeps the content alive, so its address names it), so a file a recompile left
+/// unchanged is not hashed again when its bundle is signed again.
+#[derive(Default)]
+struct Contents(HashMap<usize, (Text, [u8; 32])>);
+
 impl Contents {
-    /// Gathers (`Text::gathered`) and hashes, on every core, the contents of `compiled`'s files
-    /// for these nodes that are not held yet, and puts the gathered text in place of each in
-    /// `compiled`: the compiled output and the bundles then hold the same buffers, once.
-    fn add(&mut self, compiled: &mut Compiled, nodes: &[&str]) {
+    /// Hashes, on every core, the contents of `compiled`'s files for these nodes that are not
+    /// held yet.
+    fn add(&mut self, compiled: &Compiled, nodes: &[&str]) {
         let mut new: Vec<Text> = Vec::new();
         let mut ids = HashSet::new();
         for n in nodes {
@@ -80,28 +165,15 @@ impl Contents {
                 }
             }
         }
-        let made = trellis_core::par::map(new.len(), |i| {
-            let g = new[i].gathered(SHARED_PIECE);
-            let (pieces, digest) = pieces_of(&g);
-            (g, pieces, digest)
-        });
-        let swap: HashMap<usize, Text> = new.iter().zip(&made).map(|(old, (g, _, _))| (old.id(), g.clone())).collect();
-        for n in nodes {
-            for f in &mut compiled.nodes.get_mut(*n).expect("named from the output").files {
-                if let Some(g) = swap.get(&f.content.id()) {
-                    f.content = g.clone();
-                }
-            }
-        }
-        for (g, pieces, digest) in made {
-            self.0.insert(g.id(), (g, pieces, digest));
+        let digests = trellis_core::par::map(new.len(), |i| new[i].sha256());
+        for (content, digest) in new.into_iter().zip(digests) {
+            self.0.insert(content.id(), (content, digest));
         }
     }
 
-    /// A file of a bundle, from a content `add` holds.
-    fn file(&self, path: &str, mode: u32, content: &Text) -> Piecewise {
-        let (_, pieces, digest) = &self.0[&content.id()];
-        Piecewise { path: path.to_string(), mode, sha256: *digest, pieces: pieces.clone() }
+    /// The SHA-256 of a content `add` holds.
+    fn digest(&self, content: &Text) -> [u8; 32] {
+        self.0[&content.id()].1
     }
 
     /// Forgets the contents the compiled output no longer holds.
@@ -109,6 +181,14 @@ impl Contents {
         let live: HashSet<usize> = compiled.nodes.values().flat_map(|o| o.files.iter()).map(|f| f.content.id()).collect();
         self.0.retain(|k, _| live.contains(k));
     }
+}
+
+/// A file of a bundle about to be signed: what its manifest says of it, and its content.
+struct Listed<'a> {
+    path: &'a str,
+    mode: u32,
+    sha256: [u8; 32],
+    content: Text,
 }
 
 /// What the node endpoints need to authenticate a certificate without the database.
@@ -417,9 +497,10 @@ impl Controller {
         // stored); only a first compile reads them from the database.
         let allocation = if run.compiled.is_some() { Default::default() } else { self.store.allocation().await? };
         let previous = run.compiled.take();
-        let mut compiled = trellis_core::compile(&decl, &run.keys, &allocation, previous).map_err(|d| Error::internal("compiling", d))?;
+        let compiled = trellis_core::compile(&decl, &run.keys, &allocation, previous).map_err(|d| Error::internal("compiling", d))?;
         let rendered: HashSet<&str> = compiled.rendered.iter().map(String::as_str).collect();
-        let ca_pem: Piecewise = BundleFile::new(trellis_core::compile::CA_PEM, 0o644, self.ca().cert_pem().as_bytes().to_vec()).into();
+        let ca_pem = Text::from(self.ca().cert_pem());
+        let ca_digest = ca_pem.sha256();
         let mut contents = std::mem::take(&mut run.contents);
 
         let mut due: Vec<&trellis_store::NodeRecord> = Vec::new();
@@ -437,18 +518,22 @@ impl Controller {
             }
         }
         drop(rendered);
-        contents.add(&mut compiled, &due.iter().map(|r| r.name.as_str()).collect::<Vec<_>>());
-        let due: Vec<(&trellis_store::NodeRecord, &trellis_core::compile::NodeOutput)> =
-            due.into_iter().map(|r| (r, &compiled.nodes[&r.name])).collect();
-        let mut pending: Vec<(&trellis_store::NodeRecord, Vec<Piecewise>, String)> = Vec::with_capacity(due.len());
-        for (r, out) in due {
-            let mut files: Vec<Piecewise> = out.files.iter().map(|f| contents.file(&f.path, f.mode, &f.content)).collect();
-            files.push(ca_pem.clone());
+        contents.add(&compiled, &due.iter().map(|r| r.name.as_str()).collect::<Vec<_>>());
+        let mut pending: Vec<(&trellis_store::NodeRecord, Vec<Listed>, String)> = Vec::with_capacity(due.len());
+        for r in due {
+            let out = &compiled.nodes[&r.name];
+            let mut files: Vec<Listed> = out
+                .files
+                .iter()
+                .map(|f| Listed { path: &f.path, mode: f.mode, sha256: contents.digest(&f.content), content: f.content.clone() })
+                .collect();
+            files.push(Listed { path: trellis_core::compile::CA_PEM, mode: 0o644, sha256: ca_digest, content: ca_pem.clone() });
             if let Some(pem) = &r.cert_pem {
-                files.push(BundleFile::new(trellis_core::compile::NODE_PEM, 0o644, pem.as_bytes().to_vec()).into());
+                let content = Text::from(pem.as_str());
+                files.push(Listed { path: trellis_core::compile::NODE_PEM, mode: 0o644, sha256: content.sha256(), content });
             }
-            files.sort_by(|a, b| a.path.cmp(&b.path));
-            let digest = hex::encode(trellis_core::bundle::piecewise_digest(&files));
+            files.sort_by(|a, b| a.path.cmp(b.path));
+            let digest = hex::encode(trellis_core::bundle::entries_digest(&entries(&files)));
             pending.push((r, files, digest));
         }
         let changes: Vec<(String, String)> = pending.iter().map(|(r, _, d)| (r.name.clone(), d.clone())).collect();
@@ -458,11 +543,16 @@ impl Controller {
         pending.retain(|(r, _, digest)| versions[&r.name].digest == *digest);
         // Signed on every core: ten thousand signatures are a few hundred milliseconds on one.
         let (key, mesh) = (&self.keys.signing_key, &decl.mesh.name);
-        let signed = trellis_core::par::map(pending.len(), |i| {
+        let heads = trellis_core::par::map(pending.len(), |i| {
             let (r, files, _) = &pending[i];
             let v = &versions[&r.name];
-            trellis_core::bundle::sign_pieces(key, mesh, &r.name, v.version as u64, v.issued_at, files)
+            trellis_core::bundle::sign_entries(key, mesh, &r.name, v.version as u64, v.issued_at, &entries(files))
         });
+        let signed = pending
+            .iter()
+            .zip(heads)
+            .map(|((_, files, _), head)| Signed { head, contents: files.iter().map(|f| f.content.clone()).collect() });
+        let signed: Vec<Signed> = signed.collect();
         let mut count = 0;
         let mut large = Vec::new();
         for ((record, _, digest), signed) in pending.into_iter().zip(signed) {
@@ -500,5 +590,50 @@ impl Controller {
         run.compiled = Some(compiled);
         done(&mut run, head);
         Ok((count, head_record))
+    }
+}
+
+/// What the manifests say of these files.
+fn entries<'a>(files: &'a [Listed]) -> Vec<trellis_core::bundle::Entry<'a>> {
+    files.iter().map(|f| (f.path, f.mode, &f.sha256, f.content.len())).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn piece(c: char, n: usize) -> Arc<str> {
+        Arc::from(c.to_string().repeat(n).as_str())
+    }
+
+    #[test]
+    fn an_answer_sends_the_bundle_as_held_large_pieces_without_a_copy() {
+        let large = piece('L', SHARED_PIECE);
+        let small: Vec<Arc<str>> = (0..40).map(|i| piece(char::from(b'a' + i % 26), 700)).collect();
+        let mut first = small[..30].to_vec();
+        first.push(large.clone());
+        first.extend_from_slice(&small[30..]);
+        let contents = vec![Text::from_pieces(first), Text::from(""), Text::from_pieces(vec![piece('z', 3), large.clone()])];
+        let head = bytes::Bytes::from_static(b"TRB1 head");
+        let bundle = Arc::new(Published { version: 7, signed: Signed { head: head.clone(), contents }, delta: None });
+        let mut body = Body::new(bundle.clone());
+        assert_eq!(body.remaining(), bundle.signed.len());
+        let mut chunks = Vec::new();
+        let mut left = Vec::new();
+        while let Some(c) = body.next() {
+            chunks.push(c);
+            left.push(body.remaining());
+        }
+        assert_eq!(chunks.concat(), bundle.signed.to_vec());
+        assert_eq!(body.remaining(), 0);
+        assert_eq!(left.last(), Some(&0));
+        assert_eq!(chunks[0], head);
+        // 30 small pieces (21,000 bytes) come as one full chunk and one short one, then the large
+        // piece itself, then the last 10 and the next file's small piece, then the large one.
+        let sizes: Vec<usize> = chunks.iter().map(bytes::Bytes::len).collect();
+        assert_eq!(sizes, [head.len(), 16_100, 4_900, SHARED_PIECE, 7_003, SHARED_PIECE]);
+        for i in [3, 5] {
+            assert_eq!(chunks[i].as_ptr(), large.as_ptr(), "a large piece is sent from where it is held");
+        }
     }
 }

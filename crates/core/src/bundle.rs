@@ -149,8 +149,9 @@ impl From<BundleFile> for Piecewise {
     }
 }
 
-/// What the manifest says of one file: path, mode, digest and length.
-type Entry<'a> = (&'a str, u32, &'a [u8; 32], usize);
+/// What the manifest says of one file: path, mode, digest and length. A signer that holds the
+/// contents elsewhere (shared between bundles, sent from where they were compiled) signs these.
+pub type Entry<'a> = (&'a str, u32, &'a [u8; 32], usize);
 
 /// The canonical manifest that is signed.
 fn manifest_of<'a>(mesh: &str, node: &str, version: u64, issued_at: i64, files: &[Entry<'a>]) -> Vec<u8> {
@@ -189,8 +190,14 @@ fn signed_head(key: &SigningKey, manifest: &[u8]) -> Bytes {
 /// Signs a bundle whose files are held in pieces (see `Bundle::sign`).
 pub fn sign_pieces(key: &SigningKey, mesh: &str, node: &str, version: u64, issued_at: i64, files: &[Piecewise]) -> Signed {
     let entries: Vec<Entry> = files.iter().map(|f| (f.path.as_str(), f.mode, &f.sha256, f.len())).collect();
-    let head = signed_head(key, &manifest_of(mesh, node, version, issued_at, &entries));
+    let head = sign_entries(key, mesh, node, version, issued_at, &entries);
     Signed { head, contents: files.iter().flat_map(|f| f.pieces.iter().cloned()).collect() }
+}
+
+/// The head of a signed bundle (magic, signature, manifest) for files the signer holds
+/// elsewhere: their contents, in the order of `files`, follow it on the wire.
+pub fn sign_entries(key: &SigningKey, mesh: &str, node: &str, version: u64, issued_at: i64, files: &[Entry]) -> Bytes {
+    signed_head(key, &manifest_of(mesh, node, version, issued_at, files))
 }
 
 impl Bundle {
@@ -220,6 +227,11 @@ pub fn content_digest(files: &[BundleFile]) -> [u8; 32] {
 /// `content_digest` of files held in pieces.
 pub fn piecewise_digest(files: &[Piecewise]) -> [u8; 32] {
     digest_of(files.iter().map(|f| (f.path.as_str(), f.mode, &f.sha256)))
+}
+
+/// `content_digest` of files listed by what the manifest says of them.
+pub fn entries_digest(files: &[Entry]) -> [u8; 32] {
+    digest_of(files.iter().map(|&(path, mode, sha256, _)| (path, mode, sha256)))
 }
 
 fn digest_of<'a>(files: impl Iterator<Item = (&'a str, u32, &'a [u8; 32])>) -> [u8; 32] {
@@ -466,6 +478,16 @@ mod tests {
         assert_eq!(signed.to_vec(), b.sign(&key()).to_vec());
         assert_eq!(piecewise_digest(&pieces), b.content_digest());
         assert_eq!(check(&signed.to_vec(), None).unwrap().bundle, b);
+    }
+
+    #[test]
+    fn a_head_signed_from_entries_followed_by_the_contents_is_the_same_bundle() {
+        let b = sample(3);
+        let entries: Vec<Entry> = b.files.iter().map(|f| (f.path.as_str(), f.mode, &f.sha256, f.content.len())).collect();
+        let mut bytes = sign_entries(&key(), &b.mesh, &b.node, b.version, b.issued_at, &entries).to_vec();
+        b.files.iter().for_each(|f| bytes.extend_from_slice(&f.content));
+        assert_eq!(bytes, b.sign(&key()).to_vec());
+        assert_eq!(entries_digest(&entries), b.content_digest());
     }
 
     #[test]

@@ -99,8 +99,7 @@ pub async fn run(a: &EnrolArgs, dir: &std::path::Path) -> Result<ExitCode> {
         let answer = client.bundle(0, None).await.with_context(|| format!("{} cannot fetch its bundle", e.name))?;
         let body = answer.body.with_context(|| format!("{} was refused its bundle", e.name))?.context("a first fetch got 304")?;
         let held = controller.publisher.current(&e.name).with_context(|| format!("{} holds no bundle", e.name))?;
-        let mut expect = held.signed.head.to_vec();
-        held.signed.contents.iter().for_each(|c| expect.extend_from_slice(c));
+        let expect = held.signed.to_vec();
         if body != expect || answer.etag.as_deref() != Some(held.version.to_string().as_str()) {
             bail!("{} fetched other bytes than the controller holds for it", e.name);
         }

@@ -274,6 +274,9 @@ async fn bundle(State(c): State<Shared>, Node(who): Node, headers: HeaderMap, Qu
     }
     // A node that can rebuild a bundle from the one it holds takes the edits instead.
     let takes_delta = headers.get_all(header::ACCEPT).iter().any(|v| v.to_str().is_ok_and(|v| v.contains(proto::DELTA_TYPE)));
+    // The request's headers share the connection's read buffer (several KiB): a long-poll keeps
+    // only what it read from them, or ten thousand waiting nodes hold ten thousand such buffers.
+    drop(headers);
     let _open = (q.wait > 0).then(|| (c.metrics.long_poll(), c.publisher.polling(&who.name)));
     loop {
         let current = c.publisher.current(&who.name);
@@ -289,7 +292,7 @@ async fn bundle(State(c): State<Shared>, Node(who): Node, headers: HeaderMap, Qu
                 return Ok((headers, delta.clone()).into_response());
             }
             if held.as_deref() != Some(etag(p.version).as_str()) {
-                let body = Chunks(p.signed.head.clone(), p.signed.contents.iter().cloned().collect());
+                let body = Chunks(trellis_controller::publish::Body::new(p.clone()));
                 c.metrics.bundle_answer("200", http_body::Body::size_hint(&body).exact().unwrap_or(0) as usize);
                 let body = axum::body::Body::new(body);
                 let headers = [
@@ -318,9 +321,9 @@ async fn bundle(State(c): State<Shared>, Node(who): Node, headers: HeaderMap, Qu
     }
 }
 
-/// A response body made of shared chunks: the bundle's head and its contents, sent without
-/// copying them into one buffer.
-struct Chunks(bytes::Bytes, std::collections::VecDeque<bytes::Bytes>);
+/// A response body sent from the bundle as it is held (`publish::Body`): shared pieces as they
+/// are, small ones gathered one chunk at a time, never the whole bundle in one buffer.
+struct Chunks(trellis_controller::publish::Body);
 
 impl http_body::Body for Chunks {
     type Data = bytes::Bytes;
@@ -330,11 +333,14 @@ impl http_body::Body for Chunks {
         mut self: std::pin::Pin<&mut Self>,
         _: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
-        let next = if self.0.is_empty() { self.1.pop_front() } else { Some(std::mem::take(&mut self.0)) };
-        std::task::Poll::Ready(next.map(|b| Ok(http_body::Frame::data(b))))
+        std::task::Poll::Ready(self.0.next().map(|b| Ok(http_body::Frame::data(b))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.remaining() == 0
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        http_body::SizeHint::with_exact((self.0.len() + self.1.iter().map(bytes::Bytes::len).sum::<usize>()) as u64)
+        http_body::SizeHint::with_exact(self.0.remaining() as u64)
     }
 }
