@@ -64,7 +64,7 @@ impl Signed {
         let mut out = Vec::with_capacity(self.len());
         out.extend_from_slice(&self.head);
         for c in &self.contents {
-            c.pieces().iter().for_each(|p| out.extend_from_slice(p.as_bytes()));
+            c.pieces().for_each(|p| out.extend_from_slice(p.as_bytes()));
         }
         out
     }
@@ -91,8 +91,9 @@ impl AsRef<[u8]> for ArcStr {
 pub struct Body {
     bundle: Arc<Published>,
     head: bool,
-    /// The next piece to send: a content of the bundle and a piece of it.
+    /// The next piece to send: a content of the bundle, a chunk of it and a piece of that.
     file: usize,
+    chunk: usize,
     piece: usize,
     left: usize,
 }
@@ -100,7 +101,7 @@ pub struct Body {
 impl Body {
     pub fn new(bundle: Arc<Published>) -> Body {
         let left = bundle.signed.len();
-        Body { bundle, head: true, file: 0, piece: 0, left }
+        Body { bundle, head: true, file: 0, chunk: 0, piece: 0, left }
     }
 
     /// The bytes not sent yet.
@@ -120,8 +121,12 @@ impl Iterator for Body {
         }
         let mut run = bytes::BytesMut::new();
         while let Some(content) = signed.contents.get(self.file) {
-            let Some(piece) = content.pieces().get(self.piece) else {
-                (self.file, self.piece) = (self.file + 1, 0);
+            let Some(chunk) = content.chunks().get(self.chunk) else {
+                (self.file, self.chunk, self.piece) = (self.file + 1, 0, 0);
+                continue;
+            };
+            let Some(piece) = chunk.pieces().get(self.piece) else {
+                (self.chunk, self.piece) = (self.chunk + 1, 0);
                 continue;
             };
             if piece.len() >= SHARED_PIECE {

@@ -181,16 +181,13 @@ pub struct Common {
 pub struct PeerPlan {
     /// The peer; its addresses are the first AllowedIPs.
     pub node: Arc<NodeText>,
-    pub key: PublicKey,
-    /// The endpoint this node dials, if it dials this peer.
-    pub endpoint: Option<SocketAddr>,
-    /// Set on the side that dials a peer which cannot dial back.
-    pub keepalive: bool,
     /// Nodes whose traffic this peer relays (it is a hub): their addresses are routed to it too.
     pub relays_for: Vec<Arc<NodeText>>,
-    /// The head of its `[Peer]` section of `wireguard.conf`, made from the fields above and
-    /// shared with every node that holds this peer the same way; the `relay_lines` of the nodes
-    /// in `relays_for` follow it.
+    /// The head of its `[Peer]` section of `wireguard.conf`: its key, the endpoint this node
+    /// dials (if it dials it) and whether it keeps the path open (it dials a peer that cannot
+    /// dial back), made by `PeerPlan::new` and shared with every node that holds this peer the
+    /// same way. The `relay_lines` of the nodes in `relays_for` follow it. Two plans of a peer
+    /// with the same head hold it the same way.
     pub block: Arc<str>,
     /// The routes this node sends to this peer (it is their chosen router): their `lines`
     /// follow the relay lines.
@@ -206,11 +203,21 @@ impl PeerPlan {
         relays_for: Vec<Arc<NodeText>>,
     ) -> PeerPlan {
         let block = node.peer_block(key, endpoint, keepalive, !relays_for.is_empty());
-        PeerPlan { node, key, endpoint, keepalive, relays_for, block, routes: Vec::new() }
+        PeerPlan { node, relays_for, block, routes: Vec::new() }
     }
 
     pub fn name(&self) -> &str {
         &self.node.name
+    }
+
+    /// The endpoint this node dials the peer at, as its section says.
+    pub fn endpoint(&self) -> Option<SocketAddr> {
+        self.block.lines().find_map(|l| l.strip_prefix("Endpoint = ")).and_then(|e| e.parse().ok())
+    }
+
+    /// Whether this node keeps the path to the peer open, as its section says.
+    pub fn keepalive(&self) -> bool {
+        self.block.lines().any(|l| l.starts_with("PersistentKeepalive = "))
     }
 
     /// The overlay addresses routed to this peer: its own, then those of the nodes it relays for.
@@ -481,7 +488,10 @@ fn rekey(decl: &Arc<Declaration>, keys: &Keys, mut previous: Compiled) -> Rekeye
     // Only the peers changed: the other files stay as they were.
     edited.sort_unstable();
     let outputs = &previous.nodes;
-    let files = par::map(edited.len(), |i| render::wireguard(&outputs[&*cache.names[edited[i] as usize]].plan));
+    let files = par::map(edited.len(), |i| {
+        let out = &outputs[&*cache.names[edited[i] as usize]];
+        render::wireguard(&out.plan, out.files.iter().find(|f| f.path == WIREGUARD_CONF).map(|f| &f.content))
+    });
     for (a, content) in edited.into_iter().zip(files) {
         let name = &cache.names[a as usize];
         let out = previous.nodes.get_mut(&**name).expect("every node has an output");

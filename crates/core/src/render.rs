@@ -4,17 +4,18 @@
 
 use std::fmt::Write;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
 use crate::compile::{FileResource, NodePlan, NodeText, RouteBlock, MESH_ZONE, NFTABLES_CONF, NODE_TOML, WIREGUARD_CONF};
 use crate::decl::{Proto, PublicKey, KEEPALIVE_SECS};
-use crate::text::{Text, TextBuilder};
+use crate::text::{Runs, Text, TextBuilder};
 use crate::topology::{ResolvedRoute, ResolvedRule, Topology};
 
 pub fn files(plan: &NodePlan) -> Vec<FileResource> {
     vec![
-        FileResource { path: WIREGUARD_CONF.into(), mode: 0o600, content: wireguard(plan) },
+        FileResource { path: WIREGUARD_CONF.into(), mode: 0o600, content: wireguard(plan, None) },
         FileResource { path: NFTABLES_CONF.into(), mode: 0o644, content: nftables(plan) },
         FileResource { path: MESH_ZONE.into(), mode: 0o644, content: zone(plan) },
         FileResource { path: NODE_TOML.into(), mode: 0o644, content: node_toml(plan).into() },
@@ -26,9 +27,8 @@ pub fn files(plan: &NodePlan) -> Vec<FileResource> {
 pub fn files_again(plan: &NodePlan, prior: &NodePlan, prior_files: &[FileResource]) -> Vec<FileResource> {
     let same_head = plan.node == prior.node && plan.common == prior.common;
     let (p, q) = (plan, prior);
-    let kept = |path: &str, same: bool| {
-        (same_head && same).then(|| prior_files.iter().find(|f| f.path == path).map(|f| f.content.clone())).flatten()
-    };
+    let prior_file = |path: &str| prior_files.iter().find(|f| f.path == path).map(|f| &f.content);
+    let kept = |path: &str, same: bool| (same_head && same).then(|| prior_file(path).cloned()).flatten();
     let wireguard_same = (p.ipv4, p.ipv6, &p.peers, &p.left_out, &p.no_path) == (q.ipv4, q.ipv6, &q.peers, &q.left_out, &q.no_path);
     let nftables_same = (&p.rules, &p.routes_for) == (&q.rules, &q.routes_for);
     let zone_same = (&p.zone, &p.zone_modules, &p.zone_routes) == (&q.zone, &q.zone_modules, &q.zone_routes);
@@ -37,7 +37,7 @@ pub fn files_again(plan: &NodePlan, prior: &NodePlan, prior_files: &[FileResourc
         FileResource {
             path: WIREGUARD_CONF.into(),
             mode: 0o600,
-            content: kept(WIREGUARD_CONF, wireguard_same).unwrap_or_else(|| wireguard(plan)),
+            content: kept(WIREGUARD_CONF, wireguard_same).unwrap_or_else(|| wireguard(plan, prior_file(WIREGUARD_CONF))),
         },
         FileResource {
             path: NFTABLES_CONF.into(),
@@ -77,7 +77,12 @@ pub fn node_toml(plan: &NodePlan) -> String {
 /// A node's `wireguard.conf`. A peer that relays for no one is written the same way in every
 /// file that has it the same way (key, endpoint, keepalive), so that text is made once and
 /// shared (`NodeText::peer_block`).
-pub fn wireguard(plan: &NodePlan) -> Text {
+///
+/// The peers' sections are held in runs (`text::Chunk`) that end at peers picked by their
+/// address in memory, about one in 64: a file made again with `before`, the node's file before,
+/// takes from it every run whose peers and sections are the same, so that one peer more or less
+/// in a list of ten thousand costs a run, not ten thousand references.
+pub fn wireguard(plan: &NodePlan, before: Option<&Text>) -> Text {
     let c = &plan.common;
     let mut s = TextBuilder::with_capacity(plan.peers.len() + 2, 256);
     let _ = writeln!(s, "# trellis: WireGuard overlay of node {} in mesh {}. Generated; do not edit.", plan.node, c.mesh);
@@ -93,15 +98,23 @@ pub fn wireguard(plan: &NodePlan) -> Text {
     let _ = writeln!(s, "Address = {}", addrs.join(", "));
     let _ = writeln!(s, "ListenPort = {}", c.port);
     let _ = writeln!(s, "MTU = {}", c.mtu);
+    let mut before = Runs::of(before);
+    let mut run: Vec<&Arc<str>> = Vec::with_capacity(256);
     for p in &plan.peers {
-        s.push_shared(&p.block);
+        // A block is never empty (it starts with the blank line before the section).
+        run.push(&p.block);
         for r in &p.relays_for {
-            s.push_shared(&r.relay_lines);
+            run.push(&r.relay_lines);
         }
         for r in &p.routes {
-            s.push_shared(&r.lines);
+            run.push(&r.lines);
+        }
+        if ends_run(p) {
+            s.push_run(&run, &mut before);
+            run.clear();
         }
     }
+    s.push_run(&run, &mut before);
     if !plan.left_out.is_empty() {
         let names: Vec<&str> = plan.left_out.iter().map(|n| &**n).collect();
         let _ = writeln!(s, "\n# Left out until they enrol (no public key yet): {}", names.join(", "));
@@ -111,6 +124,13 @@ pub fn wireguard(plan: &NodePlan) -> Text {
         let _ = writeln!(s, "\n# No path (see `trellis explain`): {}", names.join(", "));
     }
     s.finish()
+}
+
+/// Whether a run of peers' sections ends after this peer: for about one peer in 64, the same as
+/// long as the peer's text is held (a hash of its address).
+fn ends_run(p: &crate::compile::PeerPlan) -> bool {
+    let at = Arc::as_ptr(&p.node) as usize as u64;
+    (at >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58 == 0
 }
 
 /// The head of one `[Peer]` section, with the blank line before it: `node` with `key`, dialled

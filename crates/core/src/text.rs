@@ -14,8 +14,65 @@ use sha2::{Digest, Sha256};
 pub struct Text(Arc<Inner>);
 
 struct Inner {
+    chunks: Vec<Chunk>,
+    len: usize,
+}
+
+/// A run of a text's pieces, held by reference: a text made again from mostly the same pieces
+/// (a peer list with one peer more) takes the runs that did not change from the text before, so
+/// that it costs what changed rather than one reference per piece.
+#[derive(Clone)]
+pub struct Chunk(Arc<ChunkInner>);
+
+struct ChunkInner {
     pieces: Vec<Arc<str>>,
     len: usize,
+}
+
+impl Chunk {
+    fn new(pieces: Vec<Arc<str>>) -> Chunk {
+        let len = pieces.iter().map(|p| p.len()).sum();
+        Chunk(Arc::new(ChunkInner { pieces, len }))
+    }
+
+    pub fn pieces(&self) -> &[Arc<str>] {
+        &self.0.pieces
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.len == 0
+    }
+}
+
+/// The chunks of a text, in order, for `TextBuilder::push_run` to take runs from: a text made
+/// again from mostly the same runs finds each at or just after where the last one was taken.
+pub struct Runs<'t> {
+    chunks: &'t [Chunk],
+    next: usize,
+}
+
+/// How far past the last run taken `Runs` looks for the next one.
+const LOOK_AHEAD: usize = 8;
+
+impl<'t> Runs<'t> {
+    pub fn of(text: Option<&'t Text>) -> Runs<'t> {
+        Runs { chunks: text.map_or(&[], |t| t.chunks()), next: 0 }
+    }
+
+    /// The chunk holding exactly these pieces (by address), if it is near where the last was.
+    fn take(&mut self, run: &[&Arc<str>]) -> Option<&'t Chunk> {
+        let ahead = self.chunks.get(self.next..)?;
+        let at = ahead
+            .iter()
+            .take(LOOK_AHEAD)
+            .position(|c| c.pieces().len() == run.len() && c.pieces().iter().zip(run).all(|(a, b)| Arc::ptr_eq(a, b)))?;
+        self.next += at + 1;
+        Some(&ahead[at])
+    }
 }
 
 impl Text {
@@ -29,34 +86,18 @@ impl Text {
 
     /// A text of these pieces, in order.
     pub fn from_pieces(pieces: Vec<Arc<str>>) -> Text {
-        let len = pieces.iter().map(|p| p.len()).sum();
-        Text(Arc::new(Inner { pieces, len }))
+        let chunk = Chunk::new(pieces);
+        Text(Arc::new(Inner { len: chunk.len(), chunks: vec![chunk] }))
     }
 
-    /// The same bytes with every run of pieces shorter than `shared` gathered into one piece:
-    /// what a holder of many small pieces keeps to send them from few buffers.
-    pub fn gathered(&self, shared: usize) -> Text {
-        let mut pieces = Vec::new();
-        let mut small = String::new();
-        for p in self.pieces() {
-            if p.len() < shared {
-                small.push_str(p);
-                continue;
-            }
-            if !small.is_empty() {
-                pieces.push(Arc::from(std::mem::take(&mut small)));
-            }
-            pieces.push(p.clone());
-        }
-        if !small.is_empty() {
-            pieces.push(Arc::from(small));
-        }
-        Text(Arc::new(Inner { pieces, len: self.len() }))
+    /// The chunks, in order; their pieces, in order, are the text.
+    pub fn chunks(&self) -> &[Chunk] {
+        &self.0.chunks
     }
 
     /// The pieces, in order; their concatenation is the text.
-    pub fn pieces(&self) -> &[Arc<str>] {
-        &self.0.pieces
+    pub fn pieces(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.0.chunks.iter().flat_map(|c| c.pieces())
     }
 
     /// Whether both are the same value (not only the same bytes): a clone of a text is.
@@ -88,7 +129,7 @@ impl Text {
     }
 
     fn bytes(&self) -> impl Iterator<Item = &[u8]> {
-        self.pieces().iter().map(|p| p.as_bytes())
+        self.pieces().map(|p| p.as_bytes())
     }
 }
 
@@ -129,7 +170,7 @@ impl Eq for Text {}
 
 impl fmt::Display for Text {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.pieces().iter().try_for_each(|p| f.write_str(p))
+        self.pieces().try_for_each(|p| f.write_str(p))
     }
 }
 
@@ -157,6 +198,8 @@ impl From<&str> for Text {
 /// reference.
 #[derive(Default)]
 pub struct TextBuilder {
+    chunks: Vec<Chunk>,
+    /// The pieces of the chunk being made.
     pieces: Vec<Arc<str>>,
     len: usize,
     pending: String,
@@ -165,7 +208,7 @@ pub struct TextBuilder {
 impl TextBuilder {
     /// A builder with room for `pieces` shared pieces and `bytes` of text of its own.
     pub fn with_capacity(pieces: usize, bytes: usize) -> TextBuilder {
-        TextBuilder { pieces: Vec::with_capacity(pieces), len: 0, pending: String::with_capacity(bytes) }
+        TextBuilder { chunks: Vec::new(), pieces: Vec::with_capacity(pieces), len: 0, pending: String::with_capacity(bytes) }
     }
 
     /// Text of this file alone, copied.
@@ -183,6 +226,21 @@ impl TextBuilder {
         self.pieces.push(s.clone());
     }
 
+    /// A run of shared pieces (none empty) as a chunk of its own: the chunk of the text before
+    /// that holds exactly these pieces, if there is one where `before` looks, else a new one.
+    pub fn push_run(&mut self, run: &[&Arc<str>], before: &mut Runs) {
+        self.end_chunk();
+        if run.is_empty() {
+            return;
+        }
+        let chunk = match before.take(run) {
+            Some(c) => c.clone(),
+            None => Chunk::new(run.iter().map(|p| (*p).clone()).collect()),
+        };
+        self.len += chunk.len();
+        self.chunks.push(chunk);
+    }
+
     fn flush(&mut self) {
         if !self.pending.is_empty() {
             let s = std::mem::take(&mut self.pending);
@@ -191,9 +249,16 @@ impl TextBuilder {
         }
     }
 
-    pub fn finish(mut self) -> Text {
+    fn end_chunk(&mut self) {
         self.flush();
-        Text(Arc::new(Inner { pieces: self.pieces, len: self.len }))
+        if !self.pieces.is_empty() {
+            self.chunks.push(Chunk::new(std::mem::take(&mut self.pieces)));
+        }
+    }
+
+    pub fn finish(mut self) -> Text {
+        self.end_chunk();
+        Text(Arc::new(Inner { chunks: self.chunks, len: self.len }))
     }
 }
 
@@ -235,17 +300,6 @@ mod tests {
     }
 
     #[test]
-    fn a_gathered_text_is_the_same_text_in_fewer_pieces() {
-        let big: Arc<str> = Arc::from("B".repeat(10).as_str());
-        let t = Text::from_pieces(vec![Arc::from("a"), Arc::from("b"), big.clone(), Arc::from("c")]);
-        let g = t.gathered(8);
-        assert_eq!(g, t);
-        assert_eq!(g.pieces().iter().map(|p| &**p).collect::<Vec<_>>(), ["ab", &*big, "c"]);
-        assert!(Arc::ptr_eq(&g.pieces()[1], &big), "a large piece is kept, not copied");
-        assert_eq!(g.len(), t.len());
-    }
-
-    #[test]
     fn owned_text_between_shared_pieces_keeps_its_place() {
         let shared: Arc<str> = Arc::from("[shared]");
         let mut b = TextBuilder::default();
@@ -255,7 +309,40 @@ mod tests {
         b.push_str(" tail");
         let t = b.finish();
         assert_eq!(t.to_string(), "head more [shared] tail");
-        assert_eq!(t.pieces().len(), 3);
-        assert!(Arc::ptr_eq(&t.pieces()[1], &shared));
+        let pieces: Vec<&Arc<str>> = t.pieces().collect();
+        assert_eq!(pieces.len(), 3);
+        assert!(Arc::ptr_eq(pieces[1], &shared));
+    }
+
+    #[test]
+    fn a_run_the_same_as_before_is_taken_from_the_text_before() {
+        let pieces: Vec<Arc<str>> = (0..6).map(|i| Arc::from(format!("[piece {i}]\n"))).collect();
+        let build = |runs: &[&[usize]], before: Option<&Text>| {
+            let mut before = Runs::of(before);
+            let mut b = TextBuilder::default();
+            b.push_str("head\n");
+            for run in runs {
+                b.push_run(&run.iter().map(|&i| &pieces[i]).collect::<Vec<_>>(), &mut before);
+            }
+            b.push_str("tail\n");
+            b.finish()
+        };
+        let first = build(&[&[0, 1], &[2, 3], &[4]], None);
+        assert_eq!(first.to_string(), "head\n[piece 0]\n[piece 1]\n[piece 2]\n[piece 3]\n[piece 4]\ntail\n");
+        assert_eq!(first.chunks().len(), 5);
+        // Piece 3 gone, 5 added: the first run is taken from before, the others are new.
+        let second = build(&[&[0, 1], &[2], &[4, 5]], Some(&first));
+        assert_eq!(second.to_string(), "head\n[piece 0]\n[piece 1]\n[piece 2]\n[piece 4]\n[piece 5]\ntail\n");
+        assert_eq!(second.len(), second.to_string().len());
+        assert!(Arc::ptr_eq(&second.chunks()[1].0, &first.chunks()[1].0), "the same run is the same chunk");
+        assert!(!Arc::ptr_eq(&second.chunks()[2].0, &first.chunks()[2].0), "a run that lost a piece is made again");
+        // The same pieces from another allocation are not the same run: taken by address.
+        let copy: Arc<str> = Arc::from(&*pieces[0]);
+        let mut before = Runs::of(Some(&first));
+        let mut b = TextBuilder::default();
+        b.push_run(&[&copy, &pieces[1]], &mut before);
+        let third = b.finish();
+        assert!(!Arc::ptr_eq(&third.chunks()[0].0, &first.chunks()[1].0));
+        assert_eq!(third.to_string(), "[piece 0]\n[piece 1]\n");
     }
 }

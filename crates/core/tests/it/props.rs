@@ -288,12 +288,12 @@ proptest! {
                     .filter(|e| e.reachable_from.iter().any(|n| me.networks.contains(n)))
                     .map(|e| e.address)
                     .collect();
-                match p.endpoint {
+                match p.endpoint() {
                     Some(e) => prop_assert!(dialable.contains(&e), "{} got endpoint {} of {} it cannot dial", node, e, p.name()),
                     None => prop_assert!(dialable.is_empty(), "{} can dial {} but got no endpoint", node, p.name()),
                 }
                 let back = me.endpoints.iter().any(|e| e.reachable_from.iter().any(|n| peer.networks.contains(n)));
-                prop_assert_eq!(p.keepalive, p.endpoint.is_some() && !back, "keepalive of {} towards {}", node, p.name());
+                prop_assert_eq!(p.keepalive(), p.endpoint().is_some() && !back, "keepalive of {} towards {}", node, p.name());
             }
         }
     }
