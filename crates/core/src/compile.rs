@@ -263,7 +263,7 @@ struct Cache {
     texts: Vec<Arc<NodeText>>,
     /// Position in name order to index in `decl.nodes`.
     order: Vec<u32>,
-    index: HashMap<Arc<str>, u32>,
+    index: crate::FastMap<Arc<str>, u32>,
     ipv4: Vec<Option<std::net::Ipv4Addr>>,
     ipv6: Vec<Option<std::net::Ipv6Addr>>,
     keys: Vec<Option<PublicKey>>,
@@ -1062,7 +1062,7 @@ impl Cache {
         topo: &Topology,
         (partners, paths, relayed_by): Links,
         module_sources: Vec<NodeSet>,
-        index: Option<HashMap<Arc<str>, u32>>,
+        index: Option<crate::FastMap<Arc<str>, u32>>,
         old: impl Fn(usize) -> Option<Arc<NodeText>> + Sync,
     ) -> Cache {
         let mut router = vec![false; topo.nodes.len()];

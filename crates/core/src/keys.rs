@@ -23,7 +23,7 @@ const REMEMBERED: usize = 4096;
 /// Keys by node name, and the names changed since the set was made.
 #[derive(Clone, Debug)]
 pub struct Keys {
-    map: HashMap<String, PublicKey>,
+    map: crate::FastMap<String, PublicKey>,
     /// The set this one continues: a clone keeps it, a new set takes a new one.
     origin: u64,
     /// The names set or removed, oldest first, each with its number.
@@ -49,7 +49,7 @@ impl Default for Keys {
 
 impl From<HashMap<String, PublicKey>> for Keys {
     fn from(map: HashMap<String, PublicKey>) -> Keys {
-        Keys { map, origin: next(), changes: Vec::new(), forgotten: 0 }
+        Keys { map: map.into_iter().collect(), origin: next(), changes: Vec::new(), forgotten: 0 }
     }
 }
 

@@ -1,11 +1,11 @@
 //! The mesh as an index: nodes by position, network sets as bits, groups and module runners
 //! as node sets, rules with their sources resolved, and the path rule between two nodes.
 
-use std::collections::HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::alloc::Allocation;
 use crate::decl::{Declaration, Node, PortRange, Proto, PublicKey, Route, Rule, Source};
+use crate::FastMap;
 
 /// A set of networks, one bit each.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -138,18 +138,18 @@ pub struct Topology<'d> {
     pub nodes: Vec<&'d Node>,
     /// Each position's index in `decl.nodes`.
     pub order: Vec<u32>,
-    pub index: HashMap<&'d str, u32>,
+    pub index: FastMap<&'d str, u32>,
     pub ipv4: Vec<Option<Ipv4Addr>>,
     pub ipv6: Vec<Option<Ipv6Addr>>,
     pub keys: Vec<Option<PublicKey>>,
-    pub network_index: HashMap<&'d str, usize>,
+    pub network_index: FastMap<&'d str, usize>,
     pub reach: Reach,
     pub hubs: Vec<u32>,
-    pub groups: HashMap<&'d str, NodeSet>,
-    pub runners: HashMap<&'d str, NodeSet>,
+    pub groups: FastMap<&'d str, NodeSet>,
+    pub runners: FastMap<&'d str, NodeSet>,
     pub rules: Vec<ResolvedRule<'d>>,
     /// The rules of each module, as a range of `rules`.
-    pub module_rules: HashMap<&'d str, std::ops::Range<usize>>,
+    pub module_rules: FastMap<&'d str, std::ops::Range<usize>>,
     /// Every module that some node runs, in name order, with its runners: the module names of
     /// the zone.
     pub module_names: Vec<(std::sync::Arc<str>, NodeSet)>,
@@ -157,6 +157,8 @@ pub struct Topology<'d> {
     pub routes: Vec<ResolvedRoute<'d>>,
     /// Per node, the routes it uses, as positions in `routes`.
     pub routes_of: Vec<Vec<u32>>,
+    /// Per node, the rules of the modules it runs (positions in `rules`), modules in name order.
+    inbound: Vec<Vec<u32>>,
 }
 
 fn hubs_len_words(hubs: &[u32]) -> usize {
@@ -166,6 +168,19 @@ fn hubs_len_words(hubs: &[u32]) -> usize {
 /// The positions of a pool's members (the nodes the controller added for it).
 fn pool_members<'a>(nodes: &'a [&Node], pool: &'a str) -> impl Iterator<Item = u32> + 'a {
     (0..nodes.len() as u32).filter(move |&i| nodes[i as usize].pool.as_deref() == Some(pool))
+}
+
+/// Each node's entry in a map by name: both in name order, so read side by side rather than
+/// looked up.
+fn by_name<T: Copy>(nodes: &[&Node], map: &std::collections::BTreeMap<String, T>) -> Vec<Option<T>> {
+    let mut entries = map.iter().peekable();
+    nodes
+        .iter()
+        .map(|n| {
+            while entries.next_if(|(k, _)| k.as_str() < n.name.as_str()).is_some() {}
+            entries.next_if(|(k, _)| **k == n.name).map(|(_, v)| *v)
+        })
+        .collect()
 }
 
 fn set_of(mut v: Vec<u32>) -> NodeSet {
@@ -181,8 +196,8 @@ impl<'d> Topology<'d> {
         let mut order: Vec<u32> = (0..decl.nodes.len() as u32).collect();
         order.sort_unstable_by(|&a, &b| decl.nodes[a as usize].name.cmp(&decl.nodes[b as usize].name));
         let nodes: Vec<&Node> = order.iter().map(|&i| &decl.nodes[i as usize]).collect();
-        let index: HashMap<&str, u32> = nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i as u32)).collect();
-        let network_index: HashMap<&str, usize> = decl.networks.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
+        let index: FastMap<&str, u32> = nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i as u32)).collect();
+        let network_index: FastMap<&str, usize> = decl.networks.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
         let words = decl.networks.len().div_ceil(64).max(1);
         let bits_of = |names: &[String]| {
             let mut b = Bits::new(words);
@@ -206,12 +221,12 @@ impl<'d> Topology<'d> {
             .collect();
         let hubs: Vec<u32> = (0..nodes.len() as u32).filter(|&i| nodes[i as usize].hub).collect();
 
-        let mut groups: HashMap<&str, Vec<u32>> = decl
+        let mut groups: FastMap<&str, Vec<u32>> = decl
             .groups
             .iter()
             .map(|g| (g.name.as_str(), g.members.iter().filter_map(|m| index.get(m.as_str()).copied()).collect()))
             .collect();
-        let mut runners: HashMap<&str, Vec<u32>> = decl.modules.iter().map(|m| (m.name.as_str(), Vec::new())).collect();
+        let mut runners: FastMap<&str, Vec<u32>> = decl.modules.iter().map(|m| (m.name.as_str(), Vec::new())).collect();
         for (i, n) in nodes.iter().enumerate() {
             for g in &n.groups {
                 groups.entry(g.as_str()).or_default().push(i as u32);
@@ -220,8 +235,8 @@ impl<'d> Topology<'d> {
                 runners.entry(m.as_str()).or_default().push(i as u32);
             }
         }
-        let groups: HashMap<&str, NodeSet> = groups.into_iter().map(|(k, v)| (k, set_of(v))).collect();
-        let runners: HashMap<&str, NodeSet> = runners.into_iter().map(|(k, v)| (k, set_of(v))).collect();
+        let groups: FastMap<&str, NodeSet> = groups.into_iter().map(|(k, v)| (k, set_of(v))).collect();
+        let runners: FastMap<&str, NodeSet> = runners.into_iter().map(|(k, v)| (k, set_of(v))).collect();
 
         let all: NodeSet = (0..nodes.len() as u32).collect();
         let resolve = |from: &[Source]| {
@@ -238,7 +253,7 @@ impl<'d> Topology<'d> {
             set_of(sources)
         };
         let mut rules = Vec::new();
-        let mut module_rules = HashMap::new();
+        let mut module_rules = FastMap::default();
         for m in &decl.modules {
             let start = rules.len();
             for (i, rule) in m.allow.iter().enumerate() {
@@ -265,8 +280,8 @@ impl<'d> Topology<'d> {
             })
             .collect();
 
-        let ipv4 = nodes.iter().map(|n| alloc.ipv4.get(&n.name).copied()).collect();
-        let ipv6 = nodes.iter().map(|n| alloc.ipv6.get(&n.name).copied()).collect();
+        let ipv4 = by_name(&nodes, &alloc.ipv4);
+        let ipv6 = by_name(&nodes, &alloc.ipv6);
         let keys: Vec<Option<PublicKey>> = nodes.iter().map(|n| n.public_key.or_else(|| keys.get(&n.name))).collect();
         let hub_words = hubs_len_words(&hubs);
         let mut keyed_hubs = Bits::new(hub_words);
@@ -278,6 +293,14 @@ impl<'d> Topology<'d> {
         let mut module_names: Vec<(std::sync::Arc<str>, NodeSet)> =
             runners.iter().filter(|(_, r)| !r.is_empty()).map(|(m, r)| (std::sync::Arc::from(*m), r.clone())).collect();
         module_names.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let mut inbound: Vec<Vec<u32>> = vec![Vec::new(); nodes.len()];
+        for (m, runners) in &module_names {
+            for i in module_rules[&**m].clone() {
+                for &r in runners {
+                    inbound[r as usize].push(i as u32);
+                }
+            }
+        }
         let mut r = Reach { nets, reach, endpoint_reach, hubs: hubs.clone(), hub_links: Vec::new(), keyed_hubs };
         r.hub_links = (0..nodes.len() as u32)
             .map(|a| {
@@ -308,6 +331,7 @@ impl<'d> Topology<'d> {
             module_names,
             routes,
             routes_of,
+            inbound,
         }
     }
 
@@ -331,10 +355,7 @@ impl<'d> Topology<'d> {
 
     /// The rules of the modules `node` runs, in manifest order of module names.
     pub fn inbound_rules(&self, node: u32) -> impl Iterator<Item = (usize, &ResolvedRule<'d>)> {
-        let mut modules: Vec<&str> = self.nodes[node as usize].modules.iter().map(String::as_str).collect();
-        modules.sort_unstable();
-        modules.dedup();
-        modules.into_iter().flat_map(move |m| self.module_rules.get(m).cloned().unwrap_or(0..0)).map(move |i| (i, &self.rules[i]))
+        self.inbound[node as usize].iter().map(move |&i| (i as usize, &self.rules[i as usize]))
     }
 
     /// For every node, the nodes it has any allowed traffic with, in either direction.
