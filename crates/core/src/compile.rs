@@ -850,11 +850,6 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
         rendered.push(name.to_string());
         nodes.insert(name.to_string(), NodeOutput { plan, files });
     }
-    if std::env::var_os("PHASES").is_some() {
-        let big = rendered.iter().filter(|n| nodes[n.as_str()].plan.peers.len() > 1000).count();
-        let zbig = rendered.iter().filter(|n| nodes[n.as_str()].plan.zone.len() > 1000).count();
-        eprintln!("rendered {} big-peers {} big-zones {}", rendered.len(), big, zbig);
-    }
     let plans = || nodes.values().map(|o| &o.plan);
     let mut diagnostics = path_diagnostics(plans(), &cache);
     diagnostics.extend(left_out_diagnostics(plans(), |b| cache.loc(cache.index[b])));
