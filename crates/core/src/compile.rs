@@ -498,15 +498,41 @@ fn rekey(decl: &Arc<Declaration>, keys: &Keys, mut previous: Compiled) -> Rekeye
         out.files.iter_mut().find(|f| f.path == WIREGUARD_CONF).expect("every node has a wireguard.conf").content = content;
         previous.rendered.push(name.to_string());
     }
-    // The warnings come from those lists alone: made again only when one of them changed.
+    // The warnings change only where a node's key came or went: a node without a key is in the
+    // left-out list of each of its partners, and a pair without a path is reported by the node
+    // that sorts first when the other has a key (`path_diagnostics`, `left_out_diagnostics`).
     if lists_changed {
-        let plans = || previous.nodes.values().map(|o| &o.plan);
-        let mut diagnostics = path_diagnostics(plans(), cache);
-        diagnostics.extend(left_out_diagnostics(plans(), |b| cache.loc(cache.index[b])));
-        diag::sort(&mut diagnostics);
-        previous.diagnostics = diagnostics;
+        let diagnostics = &mut previous.diagnostics;
+        for (&k, was) in changed.iter().zip(&was) {
+            let keyed = cache.keys[k as usize].is_some();
+            if keyed == was.is_some() {
+                continue;
+            }
+            let partners = &cache.partners[k as usize];
+            if !partners.is_empty() {
+                set_diagnostic(diagnostics, left_out_warning(&cache.names[k as usize], partners.len(), &cache.loc(k)), !keyed);
+            }
+            for &p in partners.iter().take_while(|&&p| p < k) {
+                let list = &cache.paths[p as usize];
+                if list.binary_search_by_key(&k, |&(b, _)| b).is_ok_and(|i| list[i].1 == Path::None) {
+                    let (a, b) = (&cache.names[p as usize], &cache.names[k as usize]);
+                    let message = no_path_text(&cache.reach, a, b, cache.reach.path(p, k, false), |h| &cache.names[h as usize]);
+                    set_diagnostic(diagnostics, Diagnostic::warning(&cache.loc(p), message), keyed);
+                }
+            }
+        }
     }
     Rekeyed::Done(previous)
+}
+
+/// Puts a warning into the sorted warnings (`diag::sort`) or takes it out.
+fn set_diagnostic(diagnostics: &mut Vec<Diagnostic>, d: Diagnostic, present: bool) {
+    let at = diagnostics.binary_search_by(|x| (&x.loc, x.severity, &x.message).cmp(&(&d.loc, d.severity, &d.message)));
+    match (at, present) {
+        (Err(i), true) => diagnostics.insert(i, d),
+        (Ok(i), false) => drop(diagnostics.remove(i)),
+        _ => {}
+    }
 }
 
 /// Whether a node that sees these changed keys (pairs of it and a changed node) has its peer
@@ -1284,17 +1310,15 @@ fn left_out_diagnostics<'p>(plans: impl Iterator<Item = &'p NodePlan>, loc: impl
             *wanted_by.entry(b).or_default() += 1;
         }
     }
-    wanted_by
-        .into_iter()
-        .map(|(b, count)| {
-            Diagnostic::warning(
-                &loc(b),
-                format!(
-                    "node `{b}` has no public key yet (not enrolled); it is left out of the peer lists of {count} node(s) until it has one"
-                ),
-            )
-        })
-        .collect()
+    wanted_by.into_iter().map(|(b, count)| left_out_warning(b, count, &loc(b))).collect()
+}
+
+/// The warning for a node left out of `count` peer lists for want of a key.
+fn left_out_warning(name: &str, count: usize, loc: &crate::Loc) -> Diagnostic {
+    Diagnostic::warning(
+        loc,
+        format!("node `{name}` has no public key yet (not enrolled); it is left out of the peer lists of {count} node(s) until it has one"),
+    )
 }
 
 /// Why two nodes with allowed traffic have no path.
