@@ -45,30 +45,7 @@ pub const DELTA_FROM: usize = 128 * 1024;
 /// bundles hold them once, with the compiled output, and `Body` sends them from there. None of
 /// them is copied into a buffer per file or per bundle: ten thousand wireguard.conf files
 /// naming the same few thousand peers would hold about 190 MiB of copies of a few MiB.
-pub struct Signed {
-    pub head: bytes::Bytes,
-    pub contents: Vec<Text>,
-}
-
-impl Signed {
-    pub fn len(&self) -> usize {
-        self.head.len() + self.contents.iter().map(Text::len).sum::<usize>()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The bundle in one buffer, as a node receives it.
-    pub fn to_vec(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.len());
-        out.extend_from_slice(&self.head);
-        for c in &self.contents {
-            c.pieces().for_each(|p| out.extend_from_slice(p.as_bytes()));
-        }
-        out
-    }
-}
+pub type Signed = trellis_core::bundle::Signed<Text>;
 
 /// Pieces from this size on are sent from where the compiled output holds them; smaller ones
 /// are gathered into the buffer of the answer that sends them.

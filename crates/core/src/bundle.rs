@@ -42,27 +42,57 @@ impl BundleFile {
 }
 
 /// A signed bundle as sent: the head (magic, signature, manifest) and the contents, kept apart
-/// so that a content shared by many bundles is not copied into each.
+/// so that a content shared by many bundles is not copied into each. The contents are buffers,
+/// or the compiled `Text`s themselves (the controller holds those).
 #[derive(Clone, Debug)]
-pub struct Signed {
+pub struct Signed<C = Bytes> {
     pub head: Bytes,
-    pub contents: Vec<Bytes>,
+    pub contents: Vec<C>,
 }
 
-impl Signed {
+/// A bundle's content as `Signed` holds it.
+pub trait Content {
+    /// How many bytes it holds.
+    fn byte_len(&self) -> usize;
+    /// Appends the bytes to `out`.
+    fn write_to(&self, out: &mut Vec<u8>);
+}
+
+impl Content for Bytes {
+    fn byte_len(&self) -> usize {
+        Bytes::len(self)
+    }
+
+    fn write_to(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self);
+    }
+}
+
+impl Content for crate::Text {
+    fn byte_len(&self) -> usize {
+        crate::Text::len(self)
+    }
+
+    fn write_to(&self, out: &mut Vec<u8>) {
+        self.pieces().for_each(|p| out.extend_from_slice(p.as_bytes()));
+    }
+}
+
+impl<C: Content> Signed<C> {
     pub fn len(&self) -> usize {
-        self.head.len() + self.contents.iter().map(Bytes::len).sum::<usize>()
+        self.head.len() + self.contents.iter().map(Content::byte_len).sum::<usize>()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// The bundle in one buffer, as a node receives it.
     pub fn to_vec(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.len());
         out.extend_from_slice(&self.head);
         for c in &self.contents {
-            out.extend_from_slice(c);
+            c.write_to(&mut out);
         }
         out
     }
