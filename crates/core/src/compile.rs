@@ -810,8 +810,6 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
                 .collect()
         })
         .collect();
-    // A hub's plan lists the nodes it relays for: recomputed when that list changed or one of
-    // them changed.
     // Which hubs relay for whom: an unaffected node's relayed paths are its old ones.
     let mut relayed_by: Vec<Vec<u32>> = vec![Vec::new(); n];
     for &h in &topo.hubs {
@@ -830,6 +828,8 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
         relayed_by[h as usize].sort_unstable();
         relayed_by[h as usize].dedup();
     }
+    // A hub's plan lists the nodes it relays for: recomputed when that list changed or one of
+    // them changed.
     for &h in &topo.hubs {
         let h = h as usize;
         let o = new_to_old[h].expect("hubs are unchanged") as usize;
