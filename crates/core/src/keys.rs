@@ -23,7 +23,10 @@ const REMEMBERED: usize = 4096;
 /// Keys by node name, and the names changed since the set was made.
 #[derive(Clone, Debug)]
 pub struct Keys {
-    map: crate::FastMap<String, PublicKey>,
+    /// Each name's key, and the number of the last `replace` that gave it.
+    map: crate::FastMap<String, (PublicKey, u64)>,
+    /// The number of the last `replace`.
+    replaced: u64,
     /// The set this one continues: a clone keeps it, a new set takes a new one.
     origin: u64,
     /// The names set or removed, oldest first, each with its number.
@@ -49,7 +52,7 @@ impl Default for Keys {
 
 impl From<HashMap<String, PublicKey>> for Keys {
     fn from(map: HashMap<String, PublicKey>) -> Keys {
-        Keys { map: map.into_iter().collect(), origin: next(), changes: Vec::new(), forgotten: 0 }
+        Keys { map: map.into_iter().map(|(n, k)| (n, (k, 0))).collect(), replaced: 0, origin: next(), changes: Vec::new(), forgotten: 0 }
     }
 }
 
@@ -61,7 +64,7 @@ impl FromIterator<(String, PublicKey)> for Keys {
 
 impl PartialEq for Keys {
     fn eq(&self, other: &Keys) -> bool {
-        self.map == other.map
+        self.map.len() == other.map.len() && self.map.iter().all(|(n, (k, _))| other.get(n) == Some(*k))
     }
 }
 
@@ -69,7 +72,7 @@ impl Eq for Keys {}
 
 impl Keys {
     pub fn get(&self, name: &str) -> Option<PublicKey> {
-        self.map.get(name).copied()
+        self.map.get(name).map(|v| v.0)
     }
 
     pub fn len(&self) -> usize {
@@ -81,20 +84,19 @@ impl Keys {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&str, &PublicKey)> {
-        self.map.iter().map(|(n, k)| (n.as_str(), k))
+        self.map.iter().map(|(n, (k, _))| (n.as_str(), k))
     }
 
     /// Gives `name` this key, or none; whether that changed the set.
     pub fn set(&mut self, name: &str, key: Option<PublicKey>) -> bool {
         let changed = match key {
             Some(k) => match self.map.get_mut(name) {
-                Some(old) if *old == k => false,
                 Some(old) => {
-                    *old = k;
-                    true
+                    old.1 = self.replaced;
+                    std::mem::replace(&mut old.0, k) != k
                 }
                 None => {
-                    self.map.insert(name.to_string(), k);
+                    self.map.insert(name.to_string(), (k, self.replaced));
                     true
                 }
             },
@@ -106,17 +108,17 @@ impl Keys {
         changed
     }
 
-    /// Makes the set exactly these keys, noting only what changed. Each name is to be given
-    /// once.
+    /// Makes the set exactly these keys, noting only what changed (a name given twice keeps
+    /// the last key given).
     pub fn replace<'a>(&mut self, keys: impl IntoIterator<Item = (&'a str, PublicKey)>) {
-        let mut given = Vec::with_capacity(self.map.len());
+        self.replaced += 1;
         for (name, key) in keys {
             self.set(name, Some(key));
-            given.push(name);
         }
-        if given.len() != self.map.len() {
-            let given: std::collections::HashSet<&str> = given.into_iter().collect();
-            let gone: Vec<String> = self.map.keys().filter(|n| !given.contains(n.as_str())).cloned().collect();
+        // Every name given carries this replace's number: the others are gone.
+        let now = self.replaced;
+        if self.map.values().any(|v| v.1 != now) {
+            let gone: Vec<String> = self.map.iter().filter(|(_, v)| v.1 != now).map(|(n, _)| n.clone()).collect();
             for name in gone {
                 self.set(&name, None);
             }
@@ -214,6 +216,10 @@ mod tests {
         assert_eq!(names, ["b", "c", "d"]);
         let now: Keys = [("a".to_string(), key(1)), ("c".to_string(), key(7)), ("d".to_string(), key(4))].into_iter().collect();
         assert_eq!(keys, now);
+        // A name given twice is one name: the other still goes (two names given, two held).
+        keys.set("d", None);
+        keys.replace([("a", key(1)), ("a", key(2))]);
+        assert_eq!(keys, [("a".to_string(), key(2))].into_iter().collect::<Keys>());
     }
 
     #[test]
