@@ -62,24 +62,32 @@ pub struct NodePlan {
     pub routes_for: Vec<Arc<RouteBlock>>,
     /// The routes this node uses that have a router it can reach: their prefixes are sent into
     /// the overlay (an exit's default prefixes by policy routing).
-    pub routed: Vec<Arc<RouteBlock>>,
+    pub routed: Vec<Arc<RouteUse>>,
     /// The names of hosts on the routes this node uses.
     pub zone_routes: Vec<Arc<ZoneBlock>>,
 }
 
-/// A route as the files of its users and routers hold it, rendered once per compile.
+/// A route as the files of its routers hold it, rendered once per compile.
 #[derive(Debug, PartialEq, Eq)]
 pub struct RouteBlock {
+    /// What its users' files hold of it.
+    pub route: Arc<RouteUse>,
+    /// The router's forward filter lines: each rule's sources to the prefixes.
+    pub forward: Arc<str>,
+    /// The router's masquerading lines (empty when the route does not masquerade).
+    pub nat: Arc<str>,
+}
+
+/// A route as the files of its users hold it: what the route declares, not who uses it (so a
+/// user's plan stays the same when other users come or go).
+#[derive(Debug, PartialEq, Eq)]
+pub struct RouteUse {
     pub name: Arc<str>,
     pub prefixes: Vec<ipnet::IpNet>,
     pub exit: bool,
     /// Its lines under the `[Peer]` section of the router a user sends it to: its name in a
     /// comment and its prefixes as one more `AllowedIPs` line.
     pub lines: Arc<str>,
-    /// The router's forward filter lines: each rule's sources to the prefixes.
-    pub forward: Arc<str>,
-    /// The router's masquerading lines (empty when the route does not masquerade).
-    pub nat: Arc<str>,
 }
 
 /// A module's records in a zone, rendered once and shared by every node that may reach it.
@@ -191,7 +199,7 @@ pub struct PeerPlan {
     pub block: Arc<str>,
     /// The routes this node sends to this peer (it is their chosen router): their `lines`
     /// follow the relay lines.
-    pub routes: Vec<Arc<RouteBlock>>,
+    pub routes: Vec<Arc<RouteUse>>,
 }
 
 impl PeerPlan {
@@ -1009,7 +1017,7 @@ fn peers_of(c: &Cache, me: u32) -> (Vec<PeerPlan>, Vec<Arc<str>>, Vec<Arc<str>>)
     for &r in &c.routes_of[me as usize] {
         if let Some(v) = router_of(c, me, r) {
             if let Ok(i) = peers.binary_search_by(|p| (*p.node.name).cmp(&c.names[v as usize])) {
-                peers[i].routes.push(c.route_blocks[r as usize].clone());
+                peers[i].routes.push(c.route_blocks[r as usize].route.clone());
             }
         }
     }
@@ -1049,7 +1057,7 @@ fn peer_entry(c: &Cache, me: u32, b: u32) -> Option<PeerPlan> {
     };
     for &r in &c.routes_of[me as usize] {
         if router_of(c, me, r) == Some(b) {
-            peer.routes.push(c.route_blocks[r as usize].clone());
+            peer.routes.push(c.route_blocks[r as usize].route.clone());
         }
     }
     Some(peer)
@@ -1253,7 +1261,7 @@ fn node_plan(topo: &Topology, shared: &Shared, cache: &Cache, a: usize) -> NodeP
         topo.routes.iter().enumerate().filter(|(_, r)| r.via.contains(&me)).map(|(i, _)| shared.route_blocks[i].clone()).collect();
     let routes_of = &topo.routes_of[a];
     let routed =
-        routes_of.iter().filter(|&&r| router_of(cache, me, r).is_some()).map(|&r| shared.route_blocks[r as usize].clone()).collect();
+        routes_of.iter().filter(|&&r| router_of(cache, me, r).is_some()).map(|&r| shared.route_blocks[r as usize].route.clone()).collect();
     let zone_routes = routes_of.iter().filter_map(|&r| shared.route_zones[r as usize].clone()).collect();
     NodePlan {
         node: names[a].clone(),

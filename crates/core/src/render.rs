@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use crate::compile::{FileResource, NodePlan, NodeText, RouteBlock, MESH_ZONE, NFTABLES_CONF, NODE_TOML, WIREGUARD_CONF};
+use crate::compile::{FileResource, NodePlan, NodeText, RouteBlock, RouteUse, MESH_ZONE, NFTABLES_CONF, NODE_TOML, WIREGUARD_CONF};
 use crate::decl::{Proto, PublicKey, KEEPALIVE_SECS};
 use crate::text::{Runs, Text, TextBuilder};
 use crate::topology::{ResolvedRoute, ResolvedRule, Topology};
@@ -60,7 +60,7 @@ pub fn node_toml(plan: &NodePlan) -> String {
         plan.node, c.mesh, plan.node, c.mesh, c.interface, c.domain, plan.hub
     );
     if !plan.routes_for.is_empty() {
-        let names: Vec<String> = plan.routes_for.iter().map(|r| format!("\"{}\"", r.name)).collect();
+        let names: Vec<String> = plan.routes_for.iter().map(|r| format!("\"{}\"", r.route.name)).collect();
         let _ = writeln!(s, "# Routes this node forwards to: {}\nrouter = true", names.join(", "));
     }
     let prefixes: Vec<String> =
@@ -302,14 +302,9 @@ pub fn route_block(topo: &Topology, r: &ResolvedRoute) -> RouteBlock {
             );
         }
     }
-    RouteBlock {
-        name: std::sync::Arc::from(route.name.as_str()),
-        prefixes: route.prefixes.clone(),
-        exit: route.is_exit(),
-        lines: lines.into(),
-        forward: forward.into(),
-        nat: nat.into(),
-    }
+    let route =
+        RouteUse { name: Arc::from(route.name.as_str()), prefixes: route.prefixes.clone(), exit: route.is_exit(), lines: lines.into() };
+    RouteBlock { route: Arc::new(route), forward: forward.into(), nat: nat.into() }
 }
 
 /// What an exit does not forward to, per family (matched with `!=`): the private, shared and

@@ -145,11 +145,16 @@ fn same(inc: &Compiled, full: &Compiled, before: &Compiled, step: usize) -> Resu
             prop_assert_eq!(a, b, "step {}: node {} file {} differs from a full compile", step, name, b.path);
         }
         prop_assert_eq!(out.files.len(), want.files.len());
+        // The plans too: a plan that differs from a full compile's makes a later recompile
+        // render files that did not change.
+        prop_assert_eq!(&out.plan, &want.plan, "step {}: node {}'s plan differs from a full compile", step, name);
         let changed = before.nodes.get(name).is_none_or(|o| o.files != out.files);
         prop_assert!(!changed || inc.rendered.contains(name), "step {}: {}'s files changed but it is not named as rendered", step, name);
     }
     prop_assert_eq!(&inc.diagnostics, &full.diagnostics, "step {}: diagnostics", step);
     prop_assert_eq!(&inc.allocation, &full.allocation);
+    prop_assert_eq!(&inc.rule_blocks, &full.rule_blocks, "step {}: rule blocks", step);
+    prop_assert_eq!(&inc.zone_blocks, &full.zone_blocks, "step {}: zone blocks", step);
     Ok(())
 }
 
