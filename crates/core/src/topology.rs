@@ -360,34 +360,8 @@ impl<'d> Topology<'d> {
 
     /// For every node, the nodes it has any allowed traffic with, in either direction.
     pub fn partners(&self) -> Vec<NodeSet> {
-        let mut out: Vec<Vec<u32>> = vec![Vec::new(); self.nodes.len()];
-        for m in &self.decl.modules {
-            let targets = &self.runners[m.name.as_str()];
-            for r in &self.rules[self.module_rules[m.name.as_str()].clone()] {
-                for &t in targets {
-                    out[t as usize].extend_from_slice(&r.sources);
-                }
-                for &s in &r.sources {
-                    out[s as usize].extend_from_slice(targets);
-                }
-            }
-        }
-        // A route's users peer with all its routers, so that another takes over when one goes.
-        for r in &self.routes {
-            for &u in &r.users {
-                out[u as usize].extend_from_slice(&r.via);
-            }
-            for &v in &r.via {
-                out[v as usize].extend_from_slice(&r.users);
-            }
-        }
-        let out = std::sync::Mutex::new(out.into_iter().map(Some).collect::<Vec<_>>());
-        crate::par::map(self.nodes.len(), |i| {
-            let v = out.lock().expect("partner lists")[i].take().expect("each list taken once");
-            let mut v = set_of(v);
-            v.retain(|&p| p != i as u32);
-            v
-        })
+        let sources = self.module_sources();
+        crate::par::map(self.nodes.len(), |a| self.partners_of(a as u32, &sources))
     }
 
     /// For every module of `module_names`, the nodes its rules admit: the union of their sources.
