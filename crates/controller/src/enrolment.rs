@@ -161,20 +161,7 @@ impl Controller {
             .sign_node(&req.csr_pem, &req.node, &decl.mesh.name, self.system_time(), lifetime)
             .map_err(|e| Redemption::BadCsr(e.to_string()))?;
         let state = if token.require_approval { EnrolledState::Pending } else { EnrolledState::Active };
-        let record = NodeRecord {
-            name: req.node.clone(),
-            state,
-            wg_public_key: Some(key.to_string()),
-            cert_serial: Some(issued.serial.clone()),
-            prev_cert_serial: None,
-            cert_not_after: Some(issued.not_after),
-            enrolled_at: t,
-            last_contact: Some(t),
-            cert_pem: Some(issued.cert_pem.clone()),
-            pool: None,
-            ipv4: None,
-            ipv6: None,
-        };
+        let record = enrolled_record(&req.node, state, key, &issued, t);
         let audit = Audit {
             at: t,
             actor: &format!("token {}", token.id),
@@ -303,5 +290,24 @@ impl Controller {
             return Err(NodeRefusal::PendingApproval(who.name.clone()).into());
         }
         Ok(())
+    }
+}
+
+/// The record of a node that has just enrolled with `key` and been issued `issued` at `at`
+/// (a pool's member adds its pool and addresses).
+pub(crate) fn enrolled_record(name: &str, state: EnrolledState, key: PublicKey, issued: &trellis_pki::IssuedCert, at: i64) -> NodeRecord {
+    NodeRecord {
+        name: name.to_string(),
+        state,
+        wg_public_key: Some(key.to_string()),
+        cert_serial: Some(issued.serial.clone()),
+        prev_cert_serial: None,
+        cert_not_after: Some(issued.not_after),
+        enrolled_at: at,
+        last_contact: Some(at),
+        cert_pem: Some(issued.cert_pem.clone()),
+        pool: None,
+        ipv4: None,
+        ipv6: None,
     }
 }

@@ -128,18 +128,10 @@ impl Controller {
                 .sign_node(&req.csr_pem, &name, &decl.mesh.name, self.system_time(), Duration::from_secs(self.config.node_cert_secs))
                 .map_err(|e| Redemption::BadCsr(e.to_string()))?;
             let record = NodeRecord {
-                name: name.clone(),
-                state,
-                wg_public_key: Some(key.to_string()),
-                cert_serial: Some(issued.serial.clone()),
-                prev_cert_serial: None,
-                cert_not_after: Some(issued.not_after),
-                enrolled_at: now,
-                last_contact: Some(now),
-                cert_pem: Some(issued.cert_pem.clone()),
                 pool: Some(pool_name.clone()),
                 ipv4: allocation.ipv4.get(&name).map(|a| a.to_string()),
                 ipv6: allocation.ipv6.get(&name).map(|a| a.to_string()),
+                ..crate::enrolment::enrolled_record(&name, state, key, &issued, now)
             };
             let audit = Audit {
                 at: now,
