@@ -1178,7 +1178,9 @@ fn shared(topo: &Topology, previous: Option<&Compiled>, old: Option<&Cache>) -> 
     };
     let old_rules: HashMap<(&str, usize), usize> =
         old.into_iter().flat_map(|(c, _)| c.rules.iter().enumerate()).map(|(i, r)| ((&*r.0, r.1), i)).collect();
-    let old_blocks: HashMap<&str, &Arc<str>> = previous.into_iter().flat_map(|c| c.rule_blocks.iter()).map(|b| (&**b, b)).collect();
+    // The previous blocks by their text, to intern a block made again: built only if one is
+    // (hashing every block's text costs more than the blocks kept as they were).
+    let old_blocks: std::cell::OnceCell<HashMap<&str, &Arc<str>>> = std::cell::OnceCell::new();
     let rule_blocks: Vec<Arc<str>> = topo
         .rules
         .iter()
@@ -1191,11 +1193,12 @@ fn shared(topo: &Topology, previous: Option<&Compiled>, old: Option<&Cache>) -> 
                 }
             }
             let text = render::rule_block(topo, r);
+            let old_blocks =
+                old_blocks.get_or_init(|| previous.into_iter().flat_map(|c| c.rule_blocks.iter()).map(|b| (&**b, b)).collect());
             old_blocks.get(text.as_str()).map_or_else(|| Arc::from(text), |b| (*b).clone())
         })
         .collect();
-    let old_zones: HashMap<(&str, &str), &Arc<ZoneBlock>> =
-        previous.into_iter().flat_map(|c| c.zone_blocks.iter()).map(|b| ((&*b.module, &*b.records), b)).collect();
+    let old_zones: std::cell::OnceCell<HashMap<(&str, &str), &Arc<ZoneBlock>>> = std::cell::OnceCell::new();
     let zone_blocks = topo
         .module_names
         .iter()
@@ -1207,6 +1210,8 @@ fn shared(topo: &Topology, previous: Option<&Compiled>, old: Option<&Cache>) -> 
                 }
             }
             let records = render::zone_records(runners.iter().map(|&r| (&**module, topo.ipv4[r as usize], topo.ipv6[r as usize])));
+            let old_zones = old_zones
+                .get_or_init(|| previous.into_iter().flat_map(|c| c.zone_blocks.iter()).map(|b| ((&*b.module, &*b.records), b)).collect());
             match old_zones.get(&(&**module, records.as_str())) {
                 Some(b) => (*b).clone(),
                 None => {
