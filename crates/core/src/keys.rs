@@ -52,13 +52,13 @@ impl Default for Keys {
 
 impl From<HashMap<String, PublicKey>> for Keys {
     fn from(map: HashMap<String, PublicKey>) -> Keys {
-        Keys { map: map.into_iter().map(|(n, k)| (n, (k, 0))).collect(), replaced: 0, origin: next(), changes: Vec::new(), forgotten: 0 }
+        map.into_iter().collect()
     }
 }
 
 impl FromIterator<(String, PublicKey)> for Keys {
     fn from_iter<I: IntoIterator<Item = (String, PublicKey)>>(iter: I) -> Keys {
-        Keys::from(iter.into_iter().collect::<HashMap<_, _>>())
+        Keys { map: iter.into_iter().map(|(n, k)| (n, (k, 0))).collect(), replaced: 0, origin: next(), changes: Vec::new(), forgotten: 0 }
     }
 }
 
@@ -73,14 +73,6 @@ impl Eq for Keys {}
 impl Keys {
     pub fn get(&self, name: &str) -> Option<PublicKey> {
         self.map.get(name).map(|v| v.0)
-    }
-
-    pub fn len(&self) -> usize {
-        self.map.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&str, &PublicKey)> {
@@ -117,11 +109,9 @@ impl Keys {
         }
         // Every name given carries this replace's number: the others are gone.
         let now = self.replaced;
-        if self.map.values().any(|v| v.1 != now) {
-            let gone: Vec<String> = self.map.iter().filter(|(_, v)| v.1 != now).map(|(n, _)| n.clone()).collect();
-            for name in gone {
-                self.set(&name, None);
-            }
+        let gone: Vec<String> = self.map.iter().filter(|(_, v)| v.1 != now).map(|(n, _)| n.clone()).collect();
+        for name in gone {
+            self.set(&name, None);
         }
     }
 
