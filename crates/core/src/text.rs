@@ -39,12 +39,8 @@ impl Chunk {
         &self.0.pieces
     }
 
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.0.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.len == 0
     }
 }
 
