@@ -382,7 +382,7 @@ fn compile_from(
 
     let files = par::map(plans.len(), |i| match previous.and_then(|c| c.nodes.get(&*plans[i].node)) {
         Some(o) if o.plan == plans[i] => None,
-        Some(o) => Some(render::files_again(&plans[i], &o.plan, &o.files)),
+        Some(o) => Some(render::files_again(&plans[i], Some((&o.plan, &o.files)))),
         None => Some(render::files(&plans[i])),
     });
     let mut nodes = BTreeMap::new();
@@ -870,7 +870,7 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
         let (a, plan) = &fresh[i];
         match nodes.get(&*cache.names[*a as usize]) {
             Some(prior) if prior.plan == *plan => None,
-            Some(prior) => Some(render::files_again(plan, &prior.plan, &prior.files)),
+            Some(prior) => Some(render::files_again(plan, Some((&prior.plan, &prior.files)))),
             None => Some(render::files(plan)),
         }
     });

@@ -14,38 +14,29 @@ use crate::text::{Runs, Text, TextBuilder};
 use crate::topology::{ResolvedRoute, ResolvedRule, Topology};
 
 pub fn files(plan: &NodePlan) -> Vec<FileResource> {
-    vec![
-        FileResource { path: WIREGUARD_CONF.into(), mode: 0o600, content: wireguard(plan, None) },
-        FileResource { path: NFTABLES_CONF.into(), mode: 0o644, content: nftables(plan) },
-        FileResource { path: MESH_ZONE.into(), mode: 0o644, content: zone(plan) },
-        FileResource { path: NODE_TOML.into(), mode: 0o644, content: node_toml(plan).into() },
-    ]
+    files_again(plan, None)
 }
 
-/// The files of `plan`, given the node's previous plan and files: a file whose inputs are the
-/// same as before is kept, the others are made (the same files as `files` makes).
-pub fn files_again(plan: &NodePlan, prior: &NodePlan, prior_files: &[FileResource]) -> Vec<FileResource> {
-    let same_head = plan.node == prior.node && plan.common == prior.common;
-    let (p, q) = (plan, prior);
-    let prior_file = |path: &str| prior_files.iter().find(|f| f.path == path).map(|f| &f.content);
-    let kept = |path: &str, same: bool| (same_head && same).then(|| prior_file(path).cloned()).flatten();
-    let wireguard_same = (p.ipv4, p.ipv6, &p.peers, &p.left_out, &p.no_path) == (q.ipv4, q.ipv6, &q.peers, &q.left_out, &q.no_path);
-    let nftables_same = (&p.rules, &p.routes_for) == (&q.rules, &q.routes_for);
-    let zone_same = (&p.zone, &p.zone_modules, &p.zone_routes) == (&q.zone, &q.zone_modules, &q.zone_routes);
-    let toml_same = (p.hub, &p.routes_for, &p.routed) == (q.hub, &q.routes_for, &q.routed);
+/// The files of `plan`, given the node's previous plan and files if there are any: a file whose
+/// inputs are the same as before is kept, the others are made (the same files as `files` makes).
+pub fn files_again(plan: &NodePlan, prior: Option<(&NodePlan, &[FileResource])>) -> Vec<FileResource> {
+    let prior_file = |path: &str| prior.and_then(|(_, files)| files.iter().find(|f| f.path == path)).map(|f| &f.content);
+    // A file is kept when the previous plan gave the same inputs to it.
+    let kept = |path: &str, same: fn(&NodePlan, &NodePlan) -> bool| {
+        prior.filter(|(q, _)| plan.node == q.node && plan.common == q.common && same(plan, q)).and_then(|_| prior_file(path).cloned())
+    };
+    let wireguard_same: fn(&NodePlan, &NodePlan) -> bool =
+        |p, q| (p.ipv4, p.ipv6, &p.peers, &p.left_out, &p.no_path) == (q.ipv4, q.ipv6, &q.peers, &q.left_out, &q.no_path);
+    let nftables_same: fn(&NodePlan, &NodePlan) -> bool = |p, q| (&p.rules, &p.routes_for) == (&q.rules, &q.routes_for);
+    let zone_same: fn(&NodePlan, &NodePlan) -> bool =
+        |p, q| (&p.zone, &p.zone_modules, &p.zone_routes) == (&q.zone, &q.zone_modules, &q.zone_routes);
+    let toml_same: fn(&NodePlan, &NodePlan) -> bool = |p, q| (p.hub, &p.routes_for, &p.routed) == (q.hub, &q.routes_for, &q.routed);
+    let file = |path: &str, mode: u32, content: Text| FileResource { path: path.into(), mode, content };
     vec![
-        FileResource {
-            path: WIREGUARD_CONF.into(),
-            mode: 0o600,
-            content: kept(WIREGUARD_CONF, wireguard_same).unwrap_or_else(|| wireguard(plan, prior_file(WIREGUARD_CONF))),
-        },
-        FileResource {
-            path: NFTABLES_CONF.into(),
-            mode: 0o644,
-            content: kept(NFTABLES_CONF, nftables_same).unwrap_or_else(|| nftables(plan)),
-        },
-        FileResource { path: MESH_ZONE.into(), mode: 0o644, content: kept(MESH_ZONE, zone_same).unwrap_or_else(|| zone(plan)) },
-        FileResource { path: NODE_TOML.into(), mode: 0o644, content: kept(NODE_TOML, toml_same).unwrap_or_else(|| node_toml(plan).into()) },
+        file(WIREGUARD_CONF, 0o600, kept(WIREGUARD_CONF, wireguard_same).unwrap_or_else(|| wireguard(plan, prior_file(WIREGUARD_CONF)))),
+        file(NFTABLES_CONF, 0o644, kept(NFTABLES_CONF, nftables_same).unwrap_or_else(|| nftables(plan))),
+        file(MESH_ZONE, 0o644, kept(MESH_ZONE, zone_same).unwrap_or_else(|| zone(plan))),
+        file(NODE_TOML, 0o644, kept(NODE_TOML, toml_same).unwrap_or_else(|| node_toml(plan).into())),
     ]
 }
 
