@@ -380,11 +380,7 @@ fn compile_from(
     diagnostics.extend(left_out_diagnostics(plans.iter(), |b| cache.loc(cache.index[b])));
     diag::sort(&mut diagnostics);
 
-    let files = par::map(plans.len(), |i| match previous.and_then(|c| c.nodes.get(&*plans[i].node)) {
-        Some(o) if o.plan == plans[i] => None,
-        Some(o) => Some(render::files_again(&plans[i], Some((&o.plan, &o.files)))),
-        None => Some(render::files(&plans[i])),
-    });
+    let files = par::map(plans.len(), |i| files_of(&plans[i], previous.and_then(|c| c.nodes.get(&*plans[i].node))));
     let mut nodes = BTreeMap::new();
     let mut rendered = Vec::new();
     for (plan, files) in plans.into_iter().zip(files) {
@@ -399,6 +395,15 @@ fn compile_from(
         nodes.insert(name, NodeOutput { plan, files });
     }
     Ok(Compiled { allocation, nodes, diagnostics, rendered, rule_blocks, zone_blocks, cache: Some(Box::new(cache)) })
+}
+
+/// A plan's files given the node's previous output: none when the plan is the same as before (it
+/// keeps its files); else the files, keeping those whose inputs are the same.
+fn files_of(plan: &NodePlan, prior: Option<&NodeOutput>) -> Option<Vec<FileResource>> {
+    match prior {
+        Some(o) if o.plan == *plan => None,
+        prior => Some(render::files_again(plan, prior.map(|o| (&o.plan, &o.files[..])))),
+    }
 }
 
 enum Rekeyed {
@@ -864,16 +869,8 @@ fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -
         }
     }
     let fresh: Vec<(u32, NodePlan)> = fresh.into_iter().enumerate().filter_map(|(a, p)| Some((a as u32, p?))).collect();
-    // A plan the same as before keeps its files; another keeps those of its files whose inputs
-    // are the same. Made on every core.
-    let made: Vec<Option<Vec<FileResource>>> = par::map(fresh.len(), |i| {
-        let (a, plan) = &fresh[i];
-        match nodes.get(&*cache.names[*a as usize]) {
-            Some(prior) if prior.plan == *plan => None,
-            Some(prior) => Some(render::files_again(plan, Some((&prior.plan, &prior.files)))),
-            None => Some(render::files(plan)),
-        }
-    });
+    let made: Vec<Option<Vec<FileResource>>> =
+        par::map(fresh.len(), |i| files_of(&fresh[i].1, nodes.get(&*cache.names[fresh[i].0 as usize])));
     let mut rendered = Vec::new();
     for ((a, plan), files) in fresh.into_iter().zip(made) {
         let name = &cache.names[a as usize];
