@@ -402,7 +402,7 @@ fn compile_from(
 fn files_of(plan: &NodePlan, prior: Option<&NodeOutput>) -> Option<Vec<FileResource>> {
     match prior {
         Some(o) if o.plan == *plan => None,
-        prior => Some(render::files_again(plan, prior.map(|o| (&o.plan, &o.files[..])))),
+        prior => Some(render::files(plan, prior.map(|o| (&o.plan, &o.files[..])))),
     }
 }
 

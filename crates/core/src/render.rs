@@ -13,13 +13,9 @@ use crate::decl::{Proto, PublicKey, KEEPALIVE_SECS};
 use crate::text::{Runs, Text, TextBuilder};
 use crate::topology::{ResolvedRoute, ResolvedRule, Topology};
 
-pub fn files(plan: &NodePlan) -> Vec<FileResource> {
-    files_again(plan, None)
-}
-
 /// The files of `plan`, given the node's previous plan and files if there are any: a file whose
-/// inputs are the same as before is kept, the others are made (the same files as `files` makes).
-pub fn files_again(plan: &NodePlan, prior: Option<(&NodePlan, &[FileResource])>) -> Vec<FileResource> {
+/// inputs are the same as before is kept, the others are made.
+pub fn files(plan: &NodePlan, prior: Option<(&NodePlan, &[FileResource])>) -> Vec<FileResource> {
     let prior_file = |path: &str| prior.and_then(|(_, files)| files.iter().find(|f| f.path == path)).map(|f| &f.content);
     // A file is kept when the previous plan gave the same inputs to it.
     let kept = |path: &str, same: fn(&NodePlan, &NodePlan) -> bool| {
