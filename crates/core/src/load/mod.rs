@@ -1,0 +1,75 @@
+//! Reading declarations: TOML text to a validated [`Declaration`], reporting every problem at
+//! once with its file, line and column. Unknown keys are refused in every table.
+//!
+//! Three phases, one file each: the schema walker (`schema`) reads spanned tables and refuses
+//! unknown keys; parsing (`parse`) turns each file's tables into the declaration's parts; then
+//! the cross-references and the rules that span the whole mesh are checked (`validate`). A
+//! `Declaration` comes out only when no phase reported an error.
+
+mod parse;
+mod schema;
+mod validate;
+
+use crate::decl::Declaration;
+use crate::diag::{self, Diagnostic};
+use parse::{parse_mesh, parse_module};
+use validate::validate;
+
+pub use parse::MAX_POOL_SIZE;
+pub use validate::{is_dns_label, names_node};
+
+/// One declaration file as text. `path` is how diagnostics name it.
+#[derive(Clone, Debug)]
+pub struct SourceFile {
+    pub path: String,
+    pub text: String,
+}
+
+/// The result of loading: the declaration when there was no error, and every diagnostic
+/// (errors and warnings) sorted by file and line.
+#[derive(Debug)]
+pub struct Loaded {
+    pub declaration: Option<Declaration>,
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+impl Loaded {
+    pub fn errors(&self) -> impl Iterator<Item = &Diagnostic> {
+        self.diagnostics.iter().filter(|d| d.is_error())
+    }
+}
+
+/// Loads a mesh from `mesh.toml` and the module manifests.
+pub fn load(mesh: &SourceFile, modules: &[SourceFile]) -> Loaded {
+    let mut diags = Vec::new();
+    let mut parsed = parse_mesh(mesh, &mut diags);
+    for file in modules {
+        if let Some(m) = parse_module(file, &mut diags) {
+            parsed.modules.push(m);
+        }
+    }
+    if let Some(decl) = parsed.finish() {
+        validate(&decl, &mut diags);
+        let has_errors = diags.iter().any(Diagnostic::is_error);
+        diag::sort(&mut diags);
+        return Loaded { declaration: (!has_errors).then_some(decl), diagnostics: diags };
+    }
+    diag::sort(&mut diags);
+    Loaded { declaration: None, diagnostics: diags }
+}
+
+/// The file of a declaration directory that holds the mesh; the others are `modules/NAME.toml`.
+pub const MESH_FILE: &str = "mesh.toml";
+
+/// Loads a declaration given as its files, each named relative to the declaration directory
+/// (`mesh.toml`, `modules/NAME.toml`), in any order: the modules are read in name order, and a
+/// missing `mesh.toml` loads as an empty one (which reports what it lacks). `display` names a
+/// file in diagnostics (the directory it was read from, or nothing).
+pub fn load_relative(files: &[(String, String)], display: impl Fn(&str) -> String) -> Loaded {
+    let file = |(p, t): &(String, String)| SourceFile { path: display(p), text: t.clone() };
+    let mesh = files.iter().find(|(p, _)| p == MESH_FILE).map(file).unwrap_or(SourceFile { path: display(MESH_FILE), text: String::new() });
+    let mut modules: Vec<&(String, String)> = files.iter().filter(|(p, _)| p != MESH_FILE).collect();
+    modules.sort_by(|a, b| a.0.cmp(&b.0));
+    let modules: Vec<SourceFile> = modules.into_iter().map(file).collect();
+    load(&mesh, &modules)
+}

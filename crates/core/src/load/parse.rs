@@ -1,0 +1,562 @@
+//! Parsing: each file's tables into the declaration's parts (`mesh.toml`, then each
+//! `modules/NAME.toml`), leaving out what fails to parse and reporting why. What refers to other
+//! tables is checked afterwards, by `validate`.
+
+use std::net::{IpAddr, SocketAddr};
+
+use ipnet::{Ipv4Net, Ipv6Net};
+
+use super::schema::{map_of, parse_document, root, strings_of, Doc, Table};
+use super::validate::is_dns_label;
+use super::SourceFile;
+use crate::decl::*;
+use crate::diag::{Diagnostic, Loc};
+
+/// What the parse produced before cross-references are checked. Parts that failed to parse
+/// are left out, and the error that says why is already reported.
+#[derive(Default)]
+pub(super) struct Parsed {
+    mesh: Option<MeshSettings>,
+    networks: Vec<Network>,
+    groups: Vec<Group>,
+    nodes: Vec<Node>,
+    pub(super) modules: Vec<Module>,
+    routes: Vec<Route>,
+    tests: Vec<PolicyTest>,
+    pools: Vec<crate::decl::Pool>,
+}
+
+impl Parsed {
+    pub(super) fn finish(self) -> Option<Declaration> {
+        Some(Declaration {
+            mesh: self.mesh?,
+            networks: self.networks,
+            groups: self.groups,
+            nodes: self.nodes,
+            modules: self.modules,
+            routes: self.routes,
+            tests: self.tests,
+            pools: self.pools,
+        })
+    }
+}
+
+const MESH_FILE_KEYS: &[&str] = &["mesh", "networks", "groups", "node", "route", "test", "pool"];
+const MESH_KEYS: &[&str] = &["name", "domain", "overlay_ipv4", "overlay_ipv6", "port", "interface", "mtu"];
+const NODE_KEYS: &[&str] =
+    &["name", "hub", "networks", "groups", "modules", "address_ipv4", "address_ipv6", "endpoint", "public_key", "exit"];
+const ROUTE_KEYS: &[&str] = &["name", "prefixes", "via", "masquerade", "allow", "host"];
+const ROUTE_HOST_KEYS: &[&str] = &["name", "address"];
+const ENDPOINT_KEYS: &[&str] = &["address", "reachable_from"];
+const POOL_KEYS: &[&str] = &["name", "size", "networks", "groups", "modules", "ephemeral_after"];
+const TEST_KEYS: &[&str] = &["from", "to", "proto", "port", "expect"];
+const MODULE_FILE_KEYS: &[&str] = &["module", "allow"];
+const MODULE_KEYS: &[&str] = &["name", "description"];
+const RULE_KEYS: &[&str] = &["proto", "ports", "from"];
+
+pub(super) fn parse_mesh(file: &SourceFile, diags: &mut Vec<Diagnostic>) -> Parsed {
+    let doc = Doc::new(file);
+    let mut out = Parsed::default();
+    let Some(table) = parse_document(&doc, &file.text, diags) else {
+        return out;
+    };
+    let top = root(&doc, &table, file.path.as_str(), MESH_FILE_KEYS, diags);
+
+    match top.get("mesh") {
+        None => diags.push(Diagnostic::error(
+            &doc.start(),
+            "the declaration has no [mesh] table; add one with at least `name`, `domain` and `overlay_ipv4` or `overlay_ipv6`",
+        )),
+        Some(v) => out.mesh = Table::new(&doc, "[mesh]", v, MESH_KEYS, diags).and_then(|t| parse_mesh_settings(&doc, &t, diags)),
+    }
+    if let Some(v) = top.get("networks") {
+        if let Some(t) = map_of(&doc, "[networks]", v, diags) {
+            // Each network is a table of its own; none takes keys yet, so `internet = {}`.
+            for (key, value) in t.iter() {
+                let name = key.get_ref().to_string();
+                let what = format!("network `{name}`");
+                if Table::new(&doc, what, value, &[], diags).is_some() {
+                    out.networks.push(Network { name, loc: doc.loc(&key.span()) });
+                }
+            }
+        }
+    }
+    if let Some(v) = top.get("groups") {
+        if let Some(t) = map_of(&doc, "[groups]", v, diags) {
+            for (key, value) in t.iter() {
+                let name = key.get_ref().to_string();
+                let what = format!("group `{name}` in [groups]");
+                if let Some(members) = strings_of(&doc, value, &what, diags) {
+                    out.groups.push(Group { name, members: members.into_iter().map(|(m, _)| m).collect(), loc: doc.loc(&key.span()) });
+                }
+            }
+        }
+    }
+    for v in top.tables(&doc, "node", diags) {
+        if let Some(t) = Table::new(&doc, "[[node]]", v, NODE_KEYS, diags) {
+            if let Some(node) = parse_node(&doc, &t, diags) {
+                out.nodes.push(node);
+            }
+        }
+    }
+    for v in top.tables(&doc, "route", diags) {
+        if let Some(t) = Table::new(&doc, "[[route]]", v, ROUTE_KEYS, diags) {
+            if let Some(route) = parse_route(&doc, &t, diags) {
+                out.routes.push(route);
+            }
+        }
+    }
+    for v in top.tables(&doc, "pool", diags) {
+        if let Some(t) = Table::new(&doc, "[[pool]]", v, POOL_KEYS, diags) {
+            out.pools.extend(parse_pool_table(&doc, &t, diags));
+        }
+    }
+    for v in top.tables(&doc, "test", diags) {
+        if let Some(t) = Table::new(&doc, "[[test]]", v, TEST_KEYS, diags) {
+            if let Some(test) = parse_test(&doc, &t, diags) {
+                out.tests.push(test);
+            }
+        }
+    }
+    out
+}
+
+fn parse_mesh_settings(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<MeshSettings> {
+    let name = t.required_str(doc, "name", diags);
+    let domain = t.required_str(doc, "domain", diags);
+    let v4 = t.str(doc, "overlay_ipv4", diags).and_then(|(s, loc)| parse_pool::<Ipv4Net>(&s, &loc, "overlay_ipv4", 30, diags));
+    let v6 = t.str(doc, "overlay_ipv6", diags).and_then(|(s, loc)| parse_pool::<Ipv6Net>(&s, &loc, "overlay_ipv6", 126, diags));
+    if t.get("overlay_ipv4").is_none() && t.get("overlay_ipv6").is_none() {
+        diags.push(Diagnostic::error(&t.loc, "[mesh] needs `overlay_ipv4`, `overlay_ipv6` or both: the overlay has no address pool"));
+    }
+    let port = match t.int(doc, "port", diags) {
+        None => DEFAULT_PORT,
+        Some((p, _)) if (1..=65535).contains(&p) => p as u16,
+        Some((p, loc)) => {
+            diags.push(Diagnostic::error(&loc, format!("`port` {p} is not a valid UDP port (1-65535)")));
+            DEFAULT_PORT
+        }
+    };
+    let mtu = match t.int(doc, "mtu", diags) {
+        None => DEFAULT_MTU,
+        Some((m, _)) if (1280..=9000).contains(&m) => m as u16,
+        Some((m, loc)) => {
+            diags.push(Diagnostic::error(&loc, format!("`mtu` {m} is out of range (1280-9000)")));
+            DEFAULT_MTU
+        }
+    };
+    let interface = match t.str(doc, "interface", diags) {
+        None => DEFAULT_INTERFACE.to_string(),
+        Some((i, loc)) => {
+            if i.is_empty() || i.len() > 15 || !i.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.') {
+                diags.push(Diagnostic::error(
+                    &loc,
+                    format!("`interface` {i:?} is not a valid interface name (1-15 of letters, digits, '-', '_', '.')"),
+                ));
+            }
+            i
+        }
+    };
+    let (name, name_loc) = name?;
+    if name.is_empty() || name.len() > 32 || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
+        diags.push(Diagnostic::error(&name_loc, format!("mesh name {name:?} must be 1-32 of a-z, 0-9 and '-'")));
+    }
+    let (domain, domain_loc) = domain?;
+    let domain = domain.trim_end_matches('.').to_string();
+    if domain.is_empty() || domain.len() > 200 || !domain.split('.').all(is_dns_label) {
+        diags.push(Diagnostic::error(&domain_loc, format!("`domain` {domain:?} is not a valid DNS name (labels of a-z, 0-9 and '-')")));
+    }
+    Some(MeshSettings { name, domain, overlay_ipv4: v4, overlay_ipv6: v6, port, interface, mtu, loc: t.loc.clone() })
+}
+
+trait Pool: Sized + std::str::FromStr + std::fmt::Display + Copy + PartialEq {
+    fn prefix(&self) -> u8;
+    fn trunc(&self) -> Self;
+}
+impl Pool for Ipv4Net {
+    fn prefix(&self) -> u8 {
+        self.prefix_len()
+    }
+    fn trunc(&self) -> Self {
+        Ipv4Net::trunc(self)
+    }
+}
+impl Pool for Ipv6Net {
+    fn prefix(&self) -> u8 {
+        self.prefix_len()
+    }
+    fn trunc(&self) -> Self {
+        Ipv6Net::trunc(self)
+    }
+}
+
+fn parse_pool<P: Pool>(s: &str, loc: &Loc, key: &str, max_prefix: u8, diags: &mut Vec<Diagnostic>) -> Option<P> {
+    let Ok(net) = s.parse::<P>() else {
+        diags.push(Diagnostic::error(loc, format!("`{key}` {s:?} is not a valid CIDR of its address family")));
+        return None;
+    };
+    if net.trunc() != net {
+        diags.push(Diagnostic::error(loc, format!("`{key}` {s} has host bits set; did you mean {}?", net.trunc())));
+        return None;
+    }
+    if net.prefix() > max_prefix {
+        diags.push(Diagnostic::error(loc, format!("`{key}` {s} is too small for a mesh; use a prefix of /{max_prefix} or shorter")));
+        return None;
+    }
+    Some(net)
+}
+
+/// A node's or a pool's `networks`, `groups` and `modules`, with where each name is written.
+fn memberships(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> (Vec<String>, Vec<String>, Vec<String>, NodeRefs) {
+    let mut names = |key: &str| -> (Vec<String>, Vec<Loc>) { t.strings(doc, key, diags).unwrap_or_default().into_iter().unzip() };
+    let (networks, network_locs) = names("networks");
+    let (groups, group_locs) = names("groups");
+    let (modules, module_locs) = names("modules");
+    (networks, groups, modules, NodeRefs { networks: network_locs, groups: group_locs, modules: module_locs })
+}
+
+fn parse_node(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Node> {
+    let name = t.required_str(doc, "name", diags);
+    let (networks, groups, modules, refs) = memberships(doc, t, diags);
+    let hub = t.bool(doc, "hub", diags).unwrap_or(false);
+    let address_ipv4 = t.str(doc, "address_ipv4", diags).and_then(|(s, loc)| match s.parse() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            diags.push(Diagnostic::error(&loc, format!("`address_ipv4` {s:?} is not an IPv4 address")));
+            None
+        }
+    });
+    let address_ipv6 = t.str(doc, "address_ipv6", diags).and_then(|(s, loc)| match s.parse() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            diags.push(Diagnostic::error(&loc, format!("`address_ipv6` {s:?} is not an IPv6 address")));
+            None
+        }
+    });
+    let public_key = t.str(doc, "public_key", diags).and_then(|(s, loc)| match PublicKey::parse(&s) {
+        Some(k) => Some(k),
+        None => {
+            diags.push(Diagnostic::error(
+                &loc,
+                format!("`public_key` {s:?} is not a WireGuard public key (44 characters of base64, 32 bytes)"),
+            ));
+            None
+        }
+    });
+    let mut endpoints = Vec::new();
+    for v in t.tables(doc, "endpoint", diags) {
+        let Some(e) = Table::new(doc, "[[node.endpoint]]", v, ENDPOINT_KEYS, diags) else {
+            continue;
+        };
+        let address = e.required_str(doc, "address", diags).and_then(|(s, loc)| match s.parse::<SocketAddr>() {
+            Ok(a) if a.port() != 0 => Some(a),
+            _ => {
+                diags.push(Diagnostic::error(
+                    &loc,
+                    format!("endpoint `address` {s:?} must be IP:PORT or [IPv6]:PORT, with a port from 1 to 65535"),
+                ));
+                None
+            }
+        });
+        let reachable_from = match e.strings(doc, "reachable_from", diags) {
+            Some(r) => r.into_iter().map(|(s, _)| s).collect(),
+            None => {
+                if e.get("reachable_from").is_none() {
+                    e.missing("reachable_from", diags);
+                }
+                continue;
+            }
+        };
+        if let Some(address) = address {
+            endpoints.push(Endpoint { address, reachable_from, loc: e.loc.clone() });
+        }
+    }
+    let exit = t.str(doc, "exit", diags);
+    let (name, _) = name?;
+    Some(Node {
+        name,
+        hub,
+        networks,
+        groups,
+        modules,
+        address_ipv4,
+        address_ipv6,
+        endpoints,
+        public_key,
+        exit,
+        loc: t.loc.clone(),
+        refs,
+        pool: None,
+    })
+}
+
+/// The most members a pool may hold.
+pub const MAX_POOL_SIZE: i64 = 65_535;
+
+fn parse_pool_table(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<crate::decl::Pool> {
+    let name = t.required_str(doc, "name", diags);
+    let (networks, groups, modules, refs) = memberships(doc, t, diags);
+    if t.get("size").is_none() {
+        t.missing("size", diags);
+    }
+    let size = match t.int(doc, "size", diags) {
+        Some((n, _)) if (1..=MAX_POOL_SIZE).contains(&n) => Some(n as u32),
+        Some((n, loc)) => {
+            diags.push(Diagnostic::error(&loc, format!("pool `size` {n} must be from 1 to {MAX_POOL_SIZE}")));
+            None
+        }
+        None => None,
+    };
+    let ephemeral_after = match t.str(doc, "ephemeral_after", diags) {
+        None => None,
+        Some((s, loc)) => match duration_secs(&s) {
+            Some(secs) => Some(secs),
+            None => {
+                diags.push(Diagnostic::error(
+                    &loc,
+                    format!("pool `ephemeral_after` {s:?} is not a duration such as \"30s\", \"10m\", \"1h\" or \"1d\""),
+                ));
+                return None;
+            }
+        },
+    };
+    let (name, _) = name?;
+    Some(crate::decl::Pool { name, size: size?, networks, groups, modules, ephemeral_after, loc: t.loc.clone(), refs })
+}
+
+fn parse_test(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<PolicyTest> {
+    let from = t.required_str(doc, "from", diags).and_then(|(s, loc)| match s.strip_prefix("node:") {
+        Some(n) => Some(n.to_string()),
+        None => {
+            diags.push(Diagnostic::error(&loc, format!("test `from` {s:?} must name one node, as \"node:NAME\"")));
+            None
+        }
+    });
+    let to = t.required_str(doc, "to", diags).and_then(|(s, loc)| {
+        if let Some(n) = s.strip_prefix("node:") {
+            Some(Target::Node(n.to_string()))
+        } else if let Some(m) = s.strip_prefix("module:") {
+            Some(Target::Module(m.to_string()))
+        } else if let Some(r) = s.strip_prefix("route:") {
+            Some(Target::Route(r.to_string()))
+        } else {
+            diags.push(Diagnostic::error(&loc, format!("test `to` {s:?} must be \"node:NAME\", \"module:NAME\" or \"route:NAME\"")));
+            None
+        }
+    });
+    let proto = parse_proto(doc, t, diags);
+    let port = match t.int(doc, "port", diags) {
+        None => None,
+        Some((p, _)) if (1..=65535).contains(&p) => Some(p as u16),
+        Some((p, loc)) => {
+            diags.push(Diagnostic::error(&loc, format!("test `port` {p} is not a valid port (1-65535)")));
+            return None;
+        }
+    };
+    let expect = t.required_str(doc, "expect", diags).and_then(|(s, loc)| match s.as_str() {
+        "allow" => Some(Expect::Allow),
+        "deny" => Some(Expect::Deny),
+        _ => {
+            diags.push(Diagnostic::error(&loc, format!("test `expect` {s:?} must be \"allow\" or \"deny\"")));
+            None
+        }
+    });
+    let proto = proto?;
+    match (proto, port) {
+        (Proto::Icmp, Some(_)) => {
+            diags.push(Diagnostic::error(&t.loc, "[[test]] with proto \"icmp\" takes no `port`"));
+            return None;
+        }
+        (Proto::Tcp | Proto::Udp, None) => {
+            diags.push(Diagnostic::error(&t.loc, format!("[[test]] with proto \"{proto}\" needs a `port`")));
+            return None;
+        }
+        _ => {}
+    }
+    Some(PolicyTest { from: from?, to: to?, proto, port, expect: expect?, loc: t.loc.clone() })
+}
+
+fn parse_proto(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Proto> {
+    t.required_str(doc, "proto", diags).and_then(|(s, loc)| match Proto::parse(&s) {
+        Some(p) => Some(p),
+        None => {
+            diags.push(Diagnostic::error(&loc, format!("`proto` {s:?} must be \"tcp\", \"udp\" or \"icmp\"")));
+            None
+        }
+    })
+}
+
+fn parse_route(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Route> {
+    let name = t.required_str(doc, "name", diags);
+    let mut prefixes = Vec::new();
+    match t.strings(doc, "prefixes", diags) {
+        None if t.get("prefixes").is_none() => t.missing("prefixes", diags),
+        None => {}
+        Some(list) if list.is_empty() => {
+            diags.push(Diagnostic::error(&t.loc, "[[route]] has an empty `prefixes`: name the prefixes it reaches"))
+        }
+        Some(list) => {
+            for (p, loc) in list {
+                match p.parse::<ipnet::IpNet>() {
+                    Ok(net) if net.trunc() != net => {
+                        diags.push(Diagnostic::error(&loc, format!("route prefix {p} has host bits set; did you mean {}?", net.trunc())))
+                    }
+                    Ok(net) => prefixes.push(net),
+                    Err(_) => {
+                        diags.push(Diagnostic::error(&loc, format!("route prefix {p:?} is not a CIDR prefix such as \"192.168.10.0/24\"")))
+                    }
+                }
+            }
+        }
+    }
+    let (via, via_locs): (Vec<String>, Vec<Loc>) = match t.strings(doc, "via", diags) {
+        None if t.get("via").is_none() => {
+            t.missing("via", diags);
+            (Vec::new(), Vec::new())
+        }
+        Some(list) if list.is_empty() => {
+            diags.push(Diagnostic::error(&t.loc, "[[route]] has an empty `via`: name the node(s) that route to it"));
+            (Vec::new(), Vec::new())
+        }
+        other => other.unwrap_or_default().into_iter().unzip(),
+    };
+    let masquerade = t.bool(doc, "masquerade", diags).unwrap_or(true);
+    let mut allow = Vec::new();
+    let rules = t.tables(doc, "allow", diags);
+    if rules.is_empty() {
+        let named = name.as_ref().map_or(String::new(), |(n, _)| format!(" `{n}`"));
+        diags.push(Diagnostic::warning(&t.loc, format!("route{named} has no [[route.allow]]: no node may use it")));
+    }
+    for v in rules {
+        let Some(r) = Table::new(doc, "[[route.allow]]", v, RULE_KEYS, diags) else { continue };
+        if let Some(rule) = parse_route_rule(doc, &r, diags) {
+            allow.push(rule);
+        }
+    }
+    let mut hosts = Vec::new();
+    for v in t.tables(doc, "host", diags) {
+        let Some(h) = Table::new(doc, "[[route.host]]", v, ROUTE_HOST_KEYS, diags) else { continue };
+        let hname = h.required_str(doc, "name", diags);
+        let address = h.required_str(doc, "address", diags).and_then(|(s, loc)| match s.parse::<IpAddr>() {
+            Ok(a) => Some(a),
+            Err(_) => {
+                diags.push(Diagnostic::error(&loc, format!("route host `address` {s:?} is not an IP address")));
+                None
+            }
+        });
+        if let (Some((hname, _)), Some(address)) = (hname, address) {
+            hosts.push(RouteHost { name: hname, address, loc: h.loc.clone() });
+        }
+    }
+    let (name, _) = name?;
+    Some(Route { name, prefixes, via, via_locs, masquerade, allow, hosts, loc: t.loc.clone() })
+}
+
+/// A route's `[[route.allow]]`: a module rule's shape, where `proto` may also be `"any"`.
+fn parse_route_rule(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<RouteRule> {
+    if t.str(doc, "proto", &mut Vec::new()).is_some_and(|(p, _)| p == "any") {
+        if t.get("ports").is_some() {
+            diags.push(Diagnostic::error(&t.loc, "[[route.allow]] with proto \"any\" takes no `ports`: it admits every protocol and port"));
+            return None;
+        }
+        let (from, from_locs) = rule_sources(doc, t, diags)?;
+        return Some(RouteRule { proto: None, ports: Vec::new(), from, from_locs, loc: t.loc.clone() });
+    }
+    let rule = parse_rule(doc, t, diags)?;
+    Some(RouteRule { proto: Some(rule.proto), ports: rule.ports, from: rule.from, from_locs: rule.from_locs, loc: rule.loc })
+}
+
+pub(super) fn parse_module(file: &SourceFile, diags: &mut Vec<Diagnostic>) -> Option<Module> {
+    let doc = Doc::new(file);
+    let table = parse_document(&doc, &file.text, diags)?;
+    let top = root(&doc, &table, file.path.as_str(), MODULE_FILE_KEYS, diags);
+    let Some(v) = top.get("module") else {
+        diags.push(Diagnostic::error(&doc.start(), "a module manifest needs a [module] table with `name`"));
+        return None;
+    };
+    let header = Table::new(&doc, "[module]", v, MODULE_KEYS, diags)?;
+    let name = header.required_str(&doc, "name", diags);
+    let _ = header.str(&doc, "description", diags);
+    let mut allow = Vec::new();
+    for v in top.tables(&doc, "allow", diags) {
+        let Some(t) = Table::new(&doc, "[[allow]]", v, RULE_KEYS, diags) else {
+            continue;
+        };
+        if let Some(rule) = parse_rule(&doc, &t, diags) {
+            allow.push(rule);
+        }
+    }
+    let (name, _) = name?;
+    Some(Module { name, allow, loc: header.loc })
+}
+
+fn parse_rule(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Rule> {
+    let proto = parse_proto(doc, t, diags);
+    let ports = t.strings(doc, "ports", diags);
+    let mut ok = true;
+    let mut ranges = Vec::new();
+    for (p, loc) in ports.iter().flatten() {
+        match PortRange::parse(p) {
+            Some(r) => ranges.push(r),
+            None => {
+                diags.push(Diagnostic::error(
+                    loc,
+                    format!("port {p:?} is not a port (1-65535) or a range \"FIRST-LAST\" with FIRST <= LAST"),
+                ));
+            }
+        }
+    }
+    match (proto, &ports) {
+        (Some(Proto::Icmp), Some(_)) => {
+            diags.push(Diagnostic::error(&t.loc, format!("{} with proto \"icmp\" takes no `ports`: ICMP has no ports", t.what)));
+            ok = false;
+        }
+        (Some(p @ (Proto::Tcp | Proto::Udp)), None) => {
+            diags.push(Diagnostic::error(
+                &t.loc,
+                format!("{} with proto \"{p}\" needs `ports`; an allow rule without ports would open every port", t.what),
+            ));
+            ok = false;
+        }
+        (Some(p @ (Proto::Tcp | Proto::Udp)), Some(list)) if list.is_empty() => {
+            diags.push(Diagnostic::error(&t.loc, format!("{} with proto \"{p}\" has an empty `ports` list", t.what)));
+            ok = false;
+        }
+        _ => {}
+    }
+    let from = rule_sources(doc, t, diags);
+    let (from, from_locs) = from?;
+    if !ok {
+        return None;
+    }
+    Some(Rule { proto: proto?, ports: ranges, from, from_locs, loc: t.loc.clone() })
+}
+
+/// A rule's `from`: required and not empty, every source of a known kind. The sources that
+/// parse, with where each is written; `None` when the list is missing or empty.
+fn rule_sources(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<(Vec<Source>, Vec<Loc>)> {
+    const KINDS: &str = "(\"node:NAME\", \"group:NAME\", \"module:NAME\" or \"mesh\")";
+    let from = match t.strings(doc, "from", diags) {
+        None if t.get("from").is_none() => {
+            diags.push(Diagnostic::error(&t.loc, format!("{} has no `from`: every rule must name its sources {KINDS}", t.what)));
+            return None;
+        }
+        Some(list) if list.is_empty() => {
+            diags.push(Diagnostic::error(&t.loc, format!("{} has an empty `from`: every rule must name its sources {KINDS}", t.what)));
+            return None;
+        }
+        other => other?,
+    };
+    let mut sources = Vec::new();
+    for (s, loc) in from {
+        match Source::parse(&s) {
+            Some(src) => sources.push((src, loc)),
+            // Reported; the rule keeps its other sources so they are checked too.
+            None => diags.push(Diagnostic::error(
+                &loc,
+                format!("source {s:?} must be \"node:NAME\", \"group:NAME\", \"module:NAME\", \"pool:NAME\" or \"mesh\""),
+            )),
+        }
+    }
+    Some(sources.into_iter().unzip())
+}

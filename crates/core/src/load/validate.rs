@@ -1,0 +1,518 @@
+//! Cross-reference validation: the rules that span the whole mesh (names unique and declared,
+//! endpoints, pinned addresses, keys, sources, routes, exits, tests, pools), checked on the parsed
+//! declaration, each adding its diagnostics.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+
+use crate::decl::*;
+use crate::diag::{Diagnostic, Loc};
+
+/// A name the zone can hold: 1 to 63 of a-z, 0-9 and `-`, not starting or ending with `-`. Node
+/// and module names are such labels.
+pub fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
+/// The checks that span the whole mesh, each adding its diagnostics; `load` sorts them.
+pub(super) fn validate(decl: &Declaration, diags: &mut Vec<Diagnostic>) {
+    names(decl, diags);
+    zone_names(decl, diags);
+    let declared = Declared::of(decl);
+    groups(decl, &declared, diags);
+    for n in &decl.nodes {
+        node_references(n, &declared, diags);
+        endpoints(n, &decl.mesh, &declared, diags);
+    }
+    pinned_addresses(decl, diags);
+    public_keys(decl, diags);
+    module_sources(decl, &declared, diags);
+    routes(decl, &declared, diags);
+    exits(decl, diags);
+    tests(decl, &declared, diags);
+    pools(decl, &declared, diags);
+}
+
+/// The names declared of each kind, for checking what refers to them.
+struct Declared<'d> {
+    networks: HashSet<&'d str>,
+    groups: HashSet<&'d str>,
+    nodes: HashSet<&'d str>,
+    modules: HashSet<&'d str>,
+    pools: HashSet<&'d str>,
+}
+
+impl<'d> Declared<'d> {
+    fn of(decl: &'d Declaration) -> Self {
+        Declared {
+            networks: decl.networks.iter().map(|n| n.name.as_str()).collect(),
+            groups: decl.groups.iter().map(|g| g.name.as_str()).collect(),
+            nodes: decl.nodes.iter().map(|n| n.name.as_str()).collect(),
+            modules: decl.modules.iter().map(|m| m.name.as_str()).collect(),
+            pools: decl.pools.iter().map(|p| p.name.as_str()).collect(),
+        }
+    }
+}
+
+/// The names of a set, for a diagnostic that says what could have been meant.
+fn listing(set: &HashSet<&str>) -> String {
+    let mut v: Vec<&str> = set.iter().copied().collect();
+    v.sort_unstable();
+    if v.is_empty() {
+        "none are declared".to_string()
+    } else {
+        format!("declared: {}", v.join(", "))
+    }
+}
+
+/// Every name is a DNS label and unique within its kind.
+fn names(decl: &Declaration, diags: &mut Vec<Diagnostic>) {
+    names_of("network", decl.networks.iter().map(|n| (&n.name, &n.loc)), diags);
+    names_of("group", decl.groups.iter().map(|g| (&g.name, &g.loc)), diags);
+    names_of("node", decl.nodes.iter().map(|n| (&n.name, &n.loc)), diags);
+    names_of("module", decl.modules.iter().map(|m| (&m.name, &m.loc)), diags);
+}
+
+fn names_of<'d>(kind: &str, items: impl Iterator<Item = (&'d String, &'d Loc)>, diags: &mut Vec<Diagnostic>) {
+    let mut first: HashMap<&str, &Loc> = HashMap::new();
+    for (name, loc) in items {
+        if !is_dns_label(name) {
+            diags.push(Diagnostic::error(
+                loc,
+                format!("{kind} name {name:?} must be a DNS label: 1-63 of a-z, 0-9 and '-', not starting or ending with '-'"),
+            ));
+        }
+        if let Some(first) = first.get(name.as_str()) {
+            diags.push(Diagnostic::error(loc, format!("duplicate {kind} `{name}`: already declared at {first}")));
+        } else {
+            first.insert(name, loc);
+        }
+    }
+}
+
+/// A module may not take a node's name. Both become names in the mesh's DNS zone
+/// (`NAME.DOMAIN`), so one of them would shadow the other; the names of each kind are unique
+/// among themselves (`names`), and this is the one rule that spans two kinds.
+fn zone_names(decl: &Declaration, diags: &mut Vec<Diagnostic>) {
+    let mut nodes: HashMap<&str, &Loc> = HashMap::new();
+    for n in &decl.nodes {
+        nodes.entry(n.name.as_str()).or_insert(&n.loc);
+    }
+    for m in &decl.modules {
+        if let Some(node) = nodes.get(m.name.as_str()) {
+            diags.push(Diagnostic::error(
+                &m.loc,
+                format!(
+                    "module `{}` has the name of node declared at {node}; nodes and modules share the DNS zone, so their names must differ",
+                    m.name
+                ),
+            ));
+        }
+    }
+}
+
+/// Every member of a group is a declared node.
+fn groups(decl: &Declaration, declared: &Declared, diags: &mut Vec<Diagnostic>) {
+    for g in &decl.groups {
+        for m in &g.members {
+            if !declared.nodes.contains(m.as_str()) {
+                diags.push(Diagnostic::error(&g.loc, format!("group `{}` lists `{m}`, which is not a declared node", g.name)));
+            }
+        }
+    }
+}
+
+/// A node's networks, groups and modules are declared, and a hub has an endpoint.
+fn node_references(n: &Node, declared: &Declared, diags: &mut Vec<Diagnostic>) {
+    // Each points at the name it is about, or at the node when that place is unknown.
+    let at = |locs: &[Loc], i: usize| locs.get(i).unwrap_or(&n.loc).clone();
+    for (i, net) in n.networks.iter().enumerate() {
+        if !declared.networks.contains(net.as_str()) {
+            let loc = at(&n.refs.networks, i);
+            diags.push(Diagnostic::error(
+                &loc,
+                format!("node `{}` sits on network `{net}`, which is not declared in [networks] ({})", n.name, listing(&declared.networks)),
+            ));
+        }
+    }
+    for (i, g) in n.groups.iter().enumerate() {
+        if !declared.groups.contains(g.as_str()) {
+            let msg = format!("node `{}` names group `{g}`, which is not declared in [groups] ({})", n.name, listing(&declared.groups));
+            diags.push(Diagnostic::error(&at(&n.refs.groups, i), msg));
+        }
+    }
+    for (i, m) in n.modules.iter().enumerate() {
+        if !declared.modules.contains(m.as_str()) {
+            let msg = format!("node `{}` runs module `{m}`, which has no manifest in modules/ ({})", n.name, listing(&declared.modules));
+            diags.push(Diagnostic::error(&at(&n.refs.modules, i), msg));
+        }
+    }
+    if n.hub && n.endpoints.is_empty() {
+        diags.push(Diagnostic::error(
+            &n.loc,
+            format!(
+                "hub `{}` has no [[node.endpoint]]: a hub relays for nodes that dial it, so it needs an endpoint they can reach",
+                n.name
+            ),
+        ));
+    }
+}
+
+/// A node's endpoints: reachable from declared networks (from none is a warning), and outside
+/// the overlay.
+fn endpoints(n: &Node, mesh: &MeshSettings, declared: &Declared, diags: &mut Vec<Diagnostic>) {
+    for e in &n.endpoints {
+        for net in &e.reachable_from {
+            if !declared.networks.contains(net.as_str()) {
+                diags.push(Diagnostic::error(
+                    &e.loc,
+                    format!(
+                        "endpoint {} of node `{}` is reachable from `{net}`, which is not declared in [networks] ({})",
+                        e.address,
+                        n.name,
+                        listing(&declared.networks)
+                    ),
+                ));
+            }
+        }
+        if e.reachable_from.is_empty() {
+            diags.push(Diagnostic::warning(
+                &e.loc,
+                format!("endpoint {} of node `{}` is reachable from no network: nobody will dial it", e.address, n.name),
+            ));
+        }
+        let inside = match e.address.ip() {
+            IpAddr::V4(a) => mesh.overlay_ipv4.is_some_and(|p| p.contains(&a)),
+            IpAddr::V6(a) => mesh.overlay_ipv6.is_some_and(|p| p.contains(&a)),
+        };
+        if inside {
+            diags.push(Diagnostic::error(
+                &e.loc,
+                format!(
+                    "endpoint {} of node `{}` lies inside the overlay pool; an underlay address must not overlap the overlay",
+                    e.address, n.name
+                ),
+            ));
+        }
+    }
+}
+
+/// A pinned overlay address is a usable address of its pool, and no two nodes pin the same.
+fn pinned_addresses(decl: &Declaration, diags: &mut Vec<Diagnostic>) {
+    let v4 = decl.mesh.overlay_ipv4;
+    let v6 = decl.mesh.overlay_ipv6;
+    let mut pinned: HashMap<IpAddr, &str> = HashMap::new();
+    for n in &decl.nodes {
+        let mut err = |msg: String| diags.push(Diagnostic::error(&n.loc, msg));
+        if let Some(a) = n.address_ipv4 {
+            match v4 {
+                None => err(format!("node `{}` pins `address_ipv4` {a}, but the mesh has no `overlay_ipv4`", n.name)),
+                Some(p) if !p.contains(&a) || a == p.network() || a == p.broadcast() => {
+                    err(format!("node `{}` pins `address_ipv4` {a}, which is not a usable address of the pool {p}", n.name))
+                }
+                _ => {}
+            }
+            if let Some(other) = pinned.insert(IpAddr::V4(a), &n.name) {
+                err(format!("node `{}` pins {a}, which node `{other}` pins already", n.name));
+            }
+        }
+        if let Some(a) = n.address_ipv6 {
+            match v6 {
+                None => err(format!("node `{}` pins `address_ipv6` {a}, but the mesh has no `overlay_ipv6`", n.name)),
+                Some(p) if !p.contains(&a) || a == p.network() => {
+                    err(format!("node `{}` pins `address_ipv6` {a}, which is not a usable address of the pool {p}", n.name))
+                }
+                _ => {}
+            }
+            if let Some(other) = pinned.insert(IpAddr::V6(a), &n.name) {
+                err(format!("node `{}` pins {a}, which node `{other}` pins already", n.name));
+            }
+        }
+    }
+}
+
+/// No two nodes declare the same WireGuard public key.
+fn public_keys(decl: &Declaration, diags: &mut Vec<Diagnostic>) {
+    let mut keys: HashMap<PublicKey, &str> = HashMap::new();
+    for n in &decl.nodes {
+        if let Some(k) = n.public_key {
+            if let Some(other) = keys.insert(k, &n.name) {
+                diags.push(Diagnostic::error(
+                    &n.loc,
+                    format!("node `{}` declares the same `public_key` as node `{other}`; every node needs its own key", n.name),
+                ));
+            }
+        }
+    }
+}
+
+/// Every source a module's rules admit is a declared node, group, module or pool.
+fn module_sources(decl: &Declaration, declared: &Declared, diags: &mut Vec<Diagnostic>) {
+    for m in &decl.modules {
+        for rule in &m.allow {
+            undeclared_sources(&format!("module `{}`", m.name), &rule.from, &rule.from_locs, declared, diags);
+        }
+    }
+}
+
+/// Routes: unique names, declared routers, known sources, prefixes clear of the overlay and of
+/// each other, host names that are free in the zone and addresses on the route.
+fn routes(decl: &Declaration, declared: &Declared, diags: &mut Vec<Diagnostic>) {
+    names_of("route", decl.routes.iter().map(|r| (&r.name, &r.loc)), diags);
+    let mut zone: HashMap<&str, String> = HashMap::new();
+    for n in &decl.nodes {
+        zone.entry(n.name.as_str()).or_insert_with(|| format!("node `{}`", n.name));
+    }
+    for m in &decl.modules {
+        zone.entry(m.name.as_str()).or_insert_with(|| format!("module `{}`", m.name));
+    }
+    // Prefixes of routes that are not exits, to find overlaps between routes.
+    let mut seen: Vec<(ipnet::IpNet, &str)> = Vec::new();
+    for r in &decl.routes {
+        for (v, loc) in r.via.iter().zip(&r.via_locs) {
+            if !declared.nodes.contains(v.as_str()) {
+                diags.push(Diagnostic::error(
+                    loc,
+                    format!("route `{}` goes via `{v}`, which is not a declared node ({})", r.name, listing(&declared.nodes)),
+                ));
+            }
+        }
+        for (i, v) in r.via.iter().enumerate() {
+            if r.via[..i].contains(v) {
+                diags.push(Diagnostic::error(&r.via_locs[i], format!("route `{}` names `{v}` in `via` twice", r.name)));
+            }
+        }
+        for p in &r.prefixes {
+            let overlay = match p {
+                ipnet::IpNet::V4(p4) => {
+                    decl.mesh.overlay_ipv4.filter(|o| o.contains(&p4.network()) || p4.contains(&o.network())).map(|o| o.to_string())
+                }
+                ipnet::IpNet::V6(p6) => {
+                    decl.mesh.overlay_ipv6.filter(|o| o.contains(&p6.network()) || p6.contains(&o.network())).map(|o| o.to_string())
+                }
+            };
+            // A default route holds the overlay by definition; the overlay's own routes are
+            // more specific and win.
+            if let Some(o) = overlay.filter(|_| p.prefix_len() > 0) {
+                diags.push(Diagnostic::error(
+                    &r.loc,
+                    format!("route `{}` prefix {p} overlaps the overlay {o}; a route must reach addresses outside the overlay", r.name),
+                ));
+            }
+            if p.prefix_len() == 0 {
+                continue;
+            }
+            // Users send the prefix into the tunnel: an endpoint on it would be dialled through the
+            // tunnel it carries.
+            if let Some((n, e)) =
+                decl.nodes.iter().flat_map(|n| n.endpoints.iter().map(move |e| (n, e))).find(|(_, e)| p.contains(&e.address.ip()))
+            {
+                diags.push(Diagnostic::error(
+                    &r.loc,
+                    format!(
+                        "route `{}` prefix {p} holds endpoint {} of node `{}`; the underlay must stay outside a route, or the tunnel would carry itself",
+                        r.name, e.address, n.name
+                    ),
+                ));
+            }
+            if let Some((q, other)) = seen.iter().find(|(q, _)| q.contains(&p.network()) || p.contains(&q.network())) {
+                diags.push(Diagnostic::error(
+                    &r.loc,
+                    format!("route `{}` prefix {p} overlaps prefix {q} of route `{other}`; a destination must have one route", r.name),
+                ));
+            }
+        }
+        for p in &r.prefixes {
+            if p.prefix_len() > 0 {
+                seen.push((*p, &r.name));
+            }
+        }
+        for rule in &r.allow {
+            undeclared_sources(&format!("route `{}`", r.name), &rule.from, &rule.from_locs, declared, diags);
+        }
+        for h in &r.hosts {
+            if !is_dns_label(&h.name) {
+                diags.push(Diagnostic::error(
+                    &h.loc,
+                    format!("route host name {:?} must be a DNS label: 1-63 of a-z, 0-9 and '-', not starting or ending with '-'", h.name),
+                ));
+            }
+            if let Some(other) = zone.get(h.name.as_str()) {
+                diags.push(Diagnostic::error(
+                    &h.loc,
+                    format!("host `{}` of route `{}` takes the name of {other}; names in the zone must differ", h.name, r.name),
+                ));
+            } else {
+                zone.insert(&h.name, format!("host `{}` of route `{}`", h.name, r.name));
+            }
+            if !r.prefixes.iter().any(|p| p.contains(&h.address)) {
+                diags.push(Diagnostic::error(
+                    &h.loc,
+                    format!("host `{}` of route `{}` has address {}, which is on none of the route's prefixes", h.name, r.name, h.address),
+                ));
+            }
+        }
+    }
+}
+
+/// Whether a rule's sources name this node (by name, group, module, or the whole mesh).
+pub fn names_node(from: &[Source], decl: &Declaration, n: &Node) -> bool {
+    from.iter().any(|s| match s {
+        Source::Node(x) => *x == n.name,
+        Source::Group(g) => n.groups.contains(g) || decl.groups.iter().any(|x| x.name == *g && x.members.contains(&n.name)),
+        Source::Module(m) => n.modules.contains(m),
+        Source::Pool(p) => n.pool.as_ref() == Some(p),
+        Source::Mesh => true,
+    })
+}
+
+/// A node's `exit` names a declared exit route that one of its rules admits the node to, and
+/// that the node does not itself route for.
+fn exits(decl: &Declaration, diags: &mut Vec<Diagnostic>) {
+    for n in &decl.nodes {
+        let Some((exit, loc)) = &n.exit else { continue };
+        let Some(r) = decl.route(exit) else {
+            let exits: Vec<&str> = decl.routes.iter().filter(|r| r.is_exit()).map(|r| r.name.as_str()).collect();
+            let declared = if exits.is_empty() { "none are declared".to_string() } else { format!("declared: {}", exits.join(", ")) };
+            diags.push(Diagnostic::error(loc, format!("node `{}` uses exit `{exit}`, which is not a declared route ({declared})", n.name)));
+            continue;
+        };
+        if !r.is_exit() {
+            diags.push(Diagnostic::error(
+                loc,
+                format!("node `{}` uses exit `{exit}`, but that route has no default prefix (0.0.0.0/0 or ::/0), so it is no exit", n.name),
+            ));
+        } else if r.via.contains(&n.name) {
+            diags.push(Diagnostic::error(loc, format!("node `{}` uses exit `{exit}`, which it routes for itself", n.name)));
+        } else if !r.allow.iter().any(|rule| names_node(&rule.from, decl, n)) {
+            diags.push(Diagnostic::error(
+                loc,
+                format!("node `{}` uses exit `{exit}`, but no [[route.allow]] of route `{exit}` admits it; add a rule naming it, its group or its module", n.name),
+            ));
+        }
+    }
+}
+
+/// Reports each source of a rule of `owner` (`module `pg``, `route `lan``) that names nothing
+/// declared, where it is written.
+fn undeclared_sources(owner: &str, from: &[Source], locs: &[Loc], declared: &Declared, diags: &mut Vec<Diagnostic>) {
+    for (src, loc) in from.iter().zip(locs) {
+        let (kind, name, set) = match src {
+            Source::Node(n) => ("node", n, &declared.nodes),
+            Source::Group(g) => ("group", g, &declared.groups),
+            Source::Module(m) => ("module", m, &declared.modules),
+            Source::Pool(p) => ("pool", p, &declared.pools),
+            Source::Mesh => continue,
+        };
+        if !set.contains(name.as_str()) {
+            diags.push(Diagnostic::error(
+                loc,
+                format!("rule of {owner} names source `{src}`, but no {kind} `{name}` is declared ({})", listing(set)),
+            ));
+        }
+    }
+}
+
+/// A policy test goes from a declared node to a declared node or module.
+fn tests(decl: &Declaration, declared: &Declared, diags: &mut Vec<Diagnostic>) {
+    for t in &decl.tests {
+        let mut err = |msg: String| diags.push(Diagnostic::error(&t.loc, msg));
+        if !declared.nodes.contains(t.from.as_str()) {
+            err(format!("test `from` names node `{}`, which is not declared", t.from));
+        }
+        match &t.to {
+            Target::Node(n) if !declared.nodes.contains(n.as_str()) => err(format!("test `to` names node `{n}`, which is not declared")),
+            Target::Route(r) if decl.route(r).is_none() => err(format!("test `to` names route `{r}`, which is not declared")),
+            Target::Module(m) if !declared.modules.contains(m.as_str()) => {
+                err(format!("test `to` names module `{m}`, which has no manifest"))
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A pool: its name a DNS label, unique among pools, with room in a label for its members'
+/// names; its networks, groups and modules declared; no declared node or module named like one
+/// of its members (`NAME-DIGITS`), since the controller names members so and both share the
+/// zone.
+fn pools(decl: &Declaration, declared: &Declared, diags: &mut Vec<Diagnostic>) {
+    names_of("pool", decl.pools.iter().map(|p| (&p.name, &p.loc)), diags);
+    pool_room(decl, diags);
+    let mut seen = HashSet::new();
+    // A pool declared twice is reported as a duplicate, and checked once.
+    for p in decl.pools.iter().filter(|p| seen.insert(p.name.as_str())) {
+        let longest = p.member_name(p.size);
+        if is_dns_label(&p.name) && longest.len() > 63 {
+            diags.push(Diagnostic::error(
+                &p.loc,
+                format!("pool `{}` would name a member `{longest}`, longer than a DNS label (63); use a shorter name", p.name),
+            ));
+        }
+        let at = |locs: &[Loc], i: usize| locs.get(i).unwrap_or(&p.loc).clone();
+        for (i, net) in p.networks.iter().enumerate() {
+            if !declared.networks.contains(net.as_str()) {
+                let msg = format!(
+                    "pool `{}` sits on network `{net}`, which is not declared in [networks] ({})",
+                    p.name,
+                    listing(&declared.networks)
+                );
+                diags.push(Diagnostic::error(&at(&p.refs.networks, i), msg));
+            }
+        }
+        for (i, g) in p.groups.iter().enumerate() {
+            if !declared.groups.contains(g.as_str()) {
+                let msg = format!("pool `{}` names group `{g}`, which is not declared in [groups] ({})", p.name, listing(&declared.groups));
+                diags.push(Diagnostic::error(&at(&p.refs.groups, i), msg));
+            }
+        }
+        for (i, m) in p.modules.iter().enumerate() {
+            if !declared.modules.contains(m.as_str()) {
+                let msg =
+                    format!("pool `{}` runs module `{m}`, which has no manifest in modules/ ({})", p.name, listing(&declared.modules));
+                diags.push(Diagnostic::error(&at(&p.refs.modules, i), msg));
+            }
+        }
+        let taken = decl.nodes.iter().map(|n| ("node", &n.name, &n.loc)).chain(decl.modules.iter().map(|m| ("module", &m.name, &m.loc)));
+        for (kind, name, loc) in taken {
+            if p.number_of(name).is_some() {
+                diags.push(Diagnostic::error(
+                    loc,
+                    format!(
+                        "{kind} `{name}` is named like a member of pool `{}` (declared at {}), which the controller names `{}-1`, `{}-2`, ...; rename one of them",
+                        p.name, p.loc, p.name, p.name
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+/// The overlay has an address of each family for every node and every member the pools may hold.
+fn pool_room(decl: &Declaration, diags: &mut Vec<Diagnostic>) {
+    if decl.pools.is_empty() {
+        return;
+    }
+    let members: u128 = decl.pools.iter().map(|p| p.size as u128).sum();
+    let need = decl.nodes.len() as u128 + members;
+    let v4 = decl.mesh.overlay_ipv4.map(|p| ("overlay_ipv4", p.to_string(), (1u128 << (32 - p.prefix_len())) - 2));
+    let v6 = decl
+        .mesh
+        .overlay_ipv6
+        .map(|p| ("overlay_ipv6", p.to_string(), 1u128.checked_shl(128 - p.prefix_len() as u32).unwrap_or(u128::MAX) - 1));
+    for (key, pool, usable) in [v4, v6].into_iter().flatten() {
+        if need > usable {
+            diags.push(Diagnostic::error(
+                &decl.mesh.loc,
+                format!(
+                    "`{key}` {pool} holds {usable} usable addresses, but {} nodes and pools of up to {members} members may need {need}; use a larger pool or smaller sizes",
+                    decl.nodes.len()
+                ),
+            ));
+        }
+    }
+}
