@@ -140,7 +140,7 @@ impl std::fmt::Display for BundleError {
             }
             BundleError::FileDigest { path } => write!(f, "file {path} does not match its SHA-256 in the bundle"),
             BundleError::UnsafePath { path } => {
-                write!(f, "file path {path:?} is not one of the files trellis delivers ({})", crate::compile::DELIVERED.join(", "))
+                write!(f, "file path {path:?} is not one of the files trellis delivers ({})", crate::plan::DELIVERED.join(", "))
             }
         }
     }
@@ -313,7 +313,7 @@ impl<'a> Reader<'a> {
 /// agent's own key) is refused even when the signature is good: a bundle describes the mesh, it
 /// does not administer the host.
 pub fn safe_path(p: &str) -> bool {
-    crate::compile::DELIVERED.contains(&p)
+    crate::plan::DELIVERED.contains(&p)
 }
 
 /// What the verifier knows of the last bundle applied on this node.

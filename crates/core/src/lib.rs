@@ -13,6 +13,7 @@ pub mod graph;
 pub mod keys;
 pub mod load;
 pub mod par;
+pub mod plan;
 pub mod render;
 pub mod text;
 pub mod token;
@@ -21,11 +22,12 @@ pub mod wgconf;
 pub mod zone;
 
 pub use alloc::{allocate, Allocation};
-pub use compile::{compile, Compiled, FileResource, NodePlan};
+pub use compile::{compile, Compiled};
 pub use decl::Declaration;
 pub use diag::{Diagnostic, Loc, Severity};
 pub use keys::Keys;
 pub use load::{load, load_relative, Loaded, SourceFile};
+pub use plan::{FileResource, NodePlan};
 pub use text::Text;
 
 /// A hash map for the compiler's maps by name: foldhash, randomly seeded per map, is several

@@ -1,6 +1,7 @@
 //! Rendering plans into the files a node receives: `wireguard.conf` (wg-quick format without
 //! `PrivateKey`), `nftables.conf` (one `table inet trellis`, replaced atomically by `nft -f`) and
-//! `mesh.zone` (a master file for the mesh domain holding only the names the node may reach).
+//! `mesh.zone` (a master file for the mesh domain holding only the names the node may reach);
+//! and the texts plans share, made once (`NodeText::new`, `NodeText::peer_block`, `PeerPlan::new`).
 
 use std::fmt::Write;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -8,8 +9,8 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use crate::compile::{FileResource, NodePlan, NodeText, RouteBlock, RouteUse, MESH_ZONE, NFTABLES_CONF, NODE_TOML, WIREGUARD_CONF};
 use crate::decl::{Proto, PublicKey, KEEPALIVE_SECS};
+use crate::plan::{FileResource, NodePlan, NodeText, PeerPlan, RouteBlock, RouteUse, MESH_ZONE, NFTABLES_CONF, NODE_TOML, WIREGUARD_CONF};
 use crate::text::{Runs, Text, TextBuilder};
 use crate::topology::{ResolvedRoute, ResolvedRule, Topology};
 
@@ -115,7 +116,7 @@ pub fn wireguard(plan: &NodePlan, before: Option<&Text>) -> Text {
 
 /// Whether a run of peers' sections ends after this peer: for about one peer in 64, the same as
 /// long as the peer's text is held (a hash of its address).
-fn ends_run(p: &crate::compile::PeerPlan) -> bool {
+fn ends_run(p: &PeerPlan) -> bool {
     let at = Arc::as_ptr(&p.node) as usize as u64;
     (at >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58 == 0
 }
@@ -158,6 +159,57 @@ pub fn relay_lines(name: &str, allowed: &str) -> String {
         return format!("# relays for {name}\n");
     }
     format!("# relays for {name}\nAllowedIPs = {allowed}\n")
+}
+
+/// How many ways of holding one node as a peer `NodeText` keeps.
+const PEER_WAYS_KEPT: usize = 8;
+
+impl NodeText {
+    /// A node's text: its addresses as AllowedIPs entries, its zone records and its relay lines.
+    pub fn new(name: Arc<str>, ipv4: Option<Ipv4Addr>, ipv6: Option<Ipv6Addr>) -> NodeText {
+        let mut allowed = String::new();
+        if let Some(a) = ipv4 {
+            let _ = write!(allowed, "{a}/32");
+        }
+        if let Some(a) = ipv6 {
+            let _ = write!(allowed, "{}{a}/128", if allowed.is_empty() { "" } else { ", " });
+        }
+        let records: Arc<str> = zone_records(std::iter::once((&*name, ipv4, ipv6))).into();
+        let records_hash = Sha256::digest(records.as_bytes())[..8].try_into().expect("8 bytes");
+        let relay_lines = relay_lines(&name, &allowed).into();
+        NodeText { name, ipv4, ipv6, allowed, records, records_hash, relay_lines, blocks: Default::default() }
+    }
+
+    /// The head of this node's `[Peer]` section in the file of a node that has it with `key`,
+    /// `endpoint` and `keepalive`, relaying through it or not (`peer_block`), made once.
+    pub fn peer_block(self: &Arc<NodeText>, key: PublicKey, endpoint: Option<SocketAddr>, keepalive: bool, relays: bool) -> Arc<str> {
+        let way = (key, endpoint, keepalive, relays);
+        let mut blocks = self.blocks.lock().expect("peer blocks");
+        if let Some((_, b)) = blocks.iter().find(|(w, _)| *w == way) {
+            return b.clone();
+        }
+        let block: Arc<str> = peer_block(self, key, endpoint, keepalive, relays).into();
+        if blocks.len() == PEER_WAYS_KEPT {
+            blocks.remove(0);
+        }
+        blocks.push((way, block.clone()));
+        block
+    }
+}
+
+impl PeerPlan {
+    /// `node` as a peer held with `key`, `endpoint` and `keepalive`, relaying for `relays_for`:
+    /// its section's head is the one `NodeText::peer_block` made for that way.
+    pub fn new(
+        node: Arc<NodeText>,
+        key: PublicKey,
+        endpoint: Option<SocketAddr>,
+        keepalive: bool,
+        relays_for: Vec<Arc<NodeText>>,
+    ) -> PeerPlan {
+        let block = node.peer_block(key, endpoint, keepalive, !relays_for.is_empty());
+        PeerPlan { node, relays_for, block, routes: Vec::new() }
+    }
 }
 
 pub fn nftables(plan: &NodePlan) -> Text {

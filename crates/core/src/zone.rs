@@ -109,7 +109,7 @@ pub fn parse(text: &str) -> Result<Zone, ZoneError> {
 mod tests {
     use std::net::IpAddr;
 
-    use crate::compile::MESH_ZONE;
+    use crate::plan::MESH_ZONE;
     use crate::{compile, load, SourceFile};
 
     const MESH: &str = "[mesh]\nname = \"z\"\ndomain = \"z.mesh\"\noverlay_ipv4 = \"10.7.0.0/16\"\noverlay_ipv6 = \"fd07::/64\"\n\n[networks]\nlan = {}\n\n[[node]]\nname = \"alpha\"\nnetworks = [\"lan\"]\nmodules = [\"web\"]\n\n[[node]]\nname = \"beta\"\nnetworks = [\"lan\"]\nmodules = [\"web\"]\n\n[[node]]\nname = \"gamma\"\nnetworks = [\"lan\"]\n";

@@ -1,0 +1,416 @@
+//! The recompile for a declaration that keeps the mesh settings, the networks, the hubs (and
+//! their keys) and the routes (ADR 0010): the mesh is indexed again, and only the nodes the change
+//! can reach are recomputed, in phases: where each node was before, whose partners are made
+//! again, which nodes changed and whom that reaches, whose plan inputs changed, the paths, the
+//! relaying hubs, and the outputs edited where nodes came, went or were recomputed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::cache::Cache;
+use super::full::{node_plan, shared, Shared};
+use super::warnings::{left_out_diagnostics, path_diagnostics};
+use super::{files_of, Compiled, NodeOutput, Recompiled};
+use crate::decl::Declaration;
+use crate::diag;
+use crate::par;
+use crate::plan::{FileResource, NodePlan};
+use crate::topology::{NodeSet, Path, Topology};
+
+/// The recompile for a new declaration that keeps the mesh settings, the networks, the hubs and
+/// the routes as they were: nodes join, leave, change group, modules, endpoints or addresses, and
+/// rules change their sources. Recomputes the nodes such a change can reach: the nodes that
+/// changed, with their old and new partners when what others see of them changed (address, key,
+/// networks, endpoints); the nodes whose partners, filter rules, reachable module blocks or routes
+/// changed; and the hubs whose relayed nodes changed. Every other node keeps its plan, its files
+/// and its paths. Gives `previous` back when it does not apply.
+pub(super) fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -> Recompiled {
+    let Some(mut old) = previous.cache.take() else { return Recompiled::NotApplicable(previous) };
+    if !keeps_mesh(decl, topo, &old) {
+        previous.cache = Some(old);
+        return Recompiled::NotApplicable(previous);
+    }
+    let old_paths = std::mem::take(&mut old.paths);
+    let sources = topo.module_sources();
+    let step = Redeclare::new(topo, &old, &sources);
+    let shared = shared(topo, Some(&previous), Some(&old));
+    let (mut affected, moved) = step.reached_by_changes();
+    step.mark_changed_inputs(&shared, &previous, &sources, &mut affected);
+    let paths = step.paths(old_paths, &affected);
+    let relayed_by = step.relayed_by(&paths, &affected);
+    step.mark_hubs(&relayed_by, &moved, &mut affected);
+    let Redeclare { new_to_old, old_to_new, identity, fresh_partners, .. } = step;
+    let mut old_partners = std::mem::take(&mut old.partners);
+    let partners: Vec<NodeSet> =
+        fresh_partners.into_iter().enumerate().map(|(a, p)| p.unwrap_or_else(|| std::mem::take(&mut old_partners[a]))).collect();
+    // The same names in the same places: the index by name is the one before.
+    let index = identity.then(|| std::mem::take(&mut old.index));
+    let mut cache =
+        Cache::new(decl, topo, (partners, paths, relayed_by), sources, index, |a| new_to_old[a].map(|o| old.texts[o as usize].clone()));
+    cache.route_blocks = shared.route_blocks.clone();
+    let gone = old_to_new.iter().zip(&old.names).filter(|(a, _)| a.is_none()).map(|(_, name)| name);
+    let (nodes, rendered) = outputs(topo, &shared, &cache, &affected, gone, std::mem::take(&mut previous.nodes));
+    let plans = || nodes.values().map(|o| &o.plan);
+    let mut diagnostics = path_diagnostics(plans(), &cache);
+    diagnostics.extend(left_out_diagnostics(plans(), |b| cache.loc(cache.index[b])));
+    diag::sort(&mut diagnostics);
+    Recompiled::Done(Compiled {
+        allocation: previous.allocation,
+        nodes,
+        diagnostics,
+        rendered,
+        rule_blocks: shared.rule_blocks,
+        zone_blocks: shared.zone_blocks,
+        cache: Some(Box::new(cache)),
+    })
+}
+
+/// Whether the declaration keeps the mesh settings, the networks, the hubs (the same nodes with
+/// the same keys) and the routes of the compile that made `old`.
+fn keeps_mesh(decl: &Declaration, topo: &Topology, old: &Cache) -> bool {
+    let od = &old.decl;
+    let same_settings = {
+        let (a, b) = (&decl.mesh, &od.mesh);
+        (&a.name, &a.domain, a.overlay_ipv4, a.overlay_ipv6, a.port, &a.interface, a.mtu)
+            == (&b.name, &b.domain, b.overlay_ipv4, b.overlay_ipv6, b.port, &b.interface, b.mtu)
+    };
+    let same_networks = decl.networks.len() == od.networks.len() && decl.networks.iter().zip(&od.networks).all(|(a, b)| a.name == b.name);
+    let old_hubs: Vec<&Arc<str>> = old.reach.hubs.iter().map(|&h| &old.names[h as usize]).collect();
+    let same_hubs = old_hubs.len() == topo.hubs.len()
+        && topo.hubs.iter().zip(&old_hubs).all(|(&h, name)| {
+            let o = old.order[old.index[&***name] as usize] as usize;
+            topo.name(h) == &***name
+                && same_node(topo.nodes[h as usize], &od.nodes[o])
+                && topo.keys[h as usize] == old.keys[old.index[&***name] as usize]
+        });
+    let same_routes = decl.routes.len() == od.routes.len() && decl.routes.iter().zip(&od.routes).all(|(a, b)| same_route(a, b));
+    same_settings && same_networks && same_hubs && same_routes
+}
+
+/// What the phases of a redeclare share: the new topology, the cache of the compile before, where
+/// each node is in the other, and the partners made again.
+struct Redeclare<'a, 'd> {
+    topo: &'a Topology<'d>,
+    old: &'a Cache,
+    /// Each node's old position, by name; `None` for a node that is new.
+    new_to_old: Vec<Option<u32>>,
+    /// Each old position's node now; `None` for a node that left.
+    old_to_new: Vec<Option<u32>>,
+    /// The same nodes in the same places.
+    identity: bool,
+    /// Per node, its partners when they were made again; else its old ones stand.
+    fresh_partners: Vec<Option<NodeSet>>,
+}
+
+impl<'a, 'd> Redeclare<'a, 'd> {
+    /// Where each node was and is, by name, and the partners made again: with the same nodes in
+    /// the same places, only those of the nodes a change of a module's runners or sources
+    /// reaches (`partners_touched`); else every node's.
+    fn new(topo: &'a Topology<'d>, old: &'a Cache, sources: &[NodeSet]) -> Self {
+        let n = topo.nodes.len();
+        let new_to_old: Vec<Option<u32>> = topo.nodes.iter().map(|node| old.index.get(node.name.as_str()).copied()).collect();
+        let mut old_to_new: Vec<Option<u32>> = vec![None; old.names.len()];
+        for (a, o) in new_to_old.iter().enumerate() {
+            if let Some(o) = o {
+                old_to_new[*o as usize] = Some(a as u32);
+            }
+        }
+        let identity = n == old.names.len() && new_to_old.iter().enumerate().all(|(a, o)| *o == Some(a as u32));
+        let fresh_partners: Vec<Option<NodeSet>> = match identity.then(|| partners_touched(topo, sources, old)).flatten() {
+            Some(touched) => par::map(n, |a| touched[a].then(|| topo.partners_of(a as u32, sources))),
+            None => topo.partners().into_iter().map(Some).collect(),
+        };
+        Redeclare { topo, old, new_to_old, old_to_new, identity, fresh_partners }
+    }
+
+    /// Node `a`'s partners now: made again, or kept from before.
+    fn partners(&self, a: usize) -> &NodeSet {
+        self.fresh_partners[a].as_ref().unwrap_or_else(|| &self.old.partners[a])
+    }
+
+    /// Marks the old partners of the node at old position `o`.
+    fn mark_old_partners(&self, affected: &mut [bool], o: u32) {
+        for &p in &self.old.partners[o as usize] {
+            if let Some(a) = self.old_to_new[p as usize] {
+                affected[a as usize] = true;
+            }
+        }
+    }
+
+    /// The nodes a change of their own reaches, and which nodes moved. `changed`: the node's
+    /// declaration, address or key changed. `moved`: what others' files say of it changed (its
+    /// address or key), or how it is reached (networks, endpoints), or it is new: its partners,
+    /// old and new, are reached too, as are the old partners of a node that left. A change of
+    /// groups or modules alone reaches others through their partners, rules and module blocks
+    /// (`mark_changed_inputs`).
+    fn reached_by_changes(&self) -> (Vec<bool>, Vec<bool>) {
+        let (topo, old) = (self.topo, self.old);
+        let n = topo.nodes.len();
+        let mut affected = vec![false; n];
+        let mut changed = vec![false; n];
+        let mut moved = vec![false; n];
+        for a in 0..n {
+            let Some(o) = self.new_to_old[a] else {
+                changed[a] = true;
+                moved[a] = true;
+                continue;
+            };
+            let o = o as usize;
+            let (now, was) = (topo.nodes[a], &old.decl.nodes[old.order[o] as usize]);
+            moved[a] = !same_reach(now, was) || topo.ipv4[a] != old.ipv4[o] || topo.ipv6[a] != old.ipv6[o] || topo.keys[a] != old.keys[o];
+            changed[a] = moved[a] || !same_node(now, was);
+        }
+        for (o, a) in self.old_to_new.iter().enumerate() {
+            if a.is_none() {
+                self.mark_old_partners(&mut affected, o as u32);
+            }
+        }
+        for a in 0..n {
+            if !changed[a] {
+                continue;
+            }
+            affected[a] = true;
+            if !moved[a] {
+                continue;
+            }
+            for &p in self.partners(a) {
+                affected[p as usize] = true;
+            }
+            if let Some(o) = self.new_to_old[a] {
+                self.mark_old_partners(&mut affected, o);
+            }
+        }
+        (affected, moved)
+    }
+
+    /// Marks the other nodes whose plan inputs differ from their previous plan's: partners,
+    /// reachable module blocks, filter blocks, routes or the shared settings.
+    fn mark_changed_inputs(&self, shared: &Shared, previous: &Compiled, sources: &[NodeSet], affected: &mut [bool]) {
+        let (topo, old) = (self.topo, self.old);
+        let reached = topo.modules_reached(sources);
+        // The previous plans by old position (name order, as the outputs are kept).
+        let prior_plans: Vec<&NodePlan> = previous.nodes.values().map(|o| &o.plan).collect();
+        for a in 0..topo.nodes.len() {
+            if affected[a] {
+                continue;
+            }
+            let o = self.new_to_old[a].expect("nodes without an old position are changed") as usize;
+            let same_partners = self.fresh_partners[a].as_ref().is_none_or(|now| {
+                now.len() == old.partners[o].len()
+                    && now.iter().zip(&old.partners[o]).all(|(&p, &q)| self.old_to_new[q as usize] == Some(p))
+            });
+            let prior = prior_plans[o];
+            // Module blocks are interned: the same records are the same allocation.
+            let same_modules = reached[a].len() == prior.zone_modules.len()
+                && reached[a].iter().zip(&prior.zone_modules).all(|(&m, b)| Arc::ptr_eq(&shared.zone_blocks[m as usize], b));
+            let same_rules = {
+                let mut now = topo.inbound_rules(a as u32).map(|(i, _)| &shared.rule_blocks[i]);
+                prior.rules.iter().all(|r| now.next().is_some_and(|x| Arc::ptr_eq(x, r))) && now.next().is_none()
+            };
+            let same_route_use = topo.routes_of[a] == old.routes_of[o]
+                && prior.routes_for.len() == topo.routes.iter().filter(|r| r.via.contains(&(a as u32))).count()
+                && prior.routes_for.iter().all(|b| shared.route_blocks.iter().any(|x| x == b));
+            affected[a] = !(same_partners && same_modules && same_rules && same_route_use && Arc::ptr_eq(&prior.common, &shared.common));
+        }
+    }
+
+    /// Every node's paths: computed for the affected nodes; every other node's are its old ones
+    /// (the same partners, and neither side changed), renumbered when positions moved.
+    fn paths(&self, mut old_paths: Vec<Vec<(u32, Path)>>, affected: &[bool]) -> Vec<Vec<(u32, Path)>> {
+        let topo = self.topo;
+        let paths: Vec<Vec<(u32, Path)>> = par::map(topo.nodes.len(), |a| {
+            if affected[a] {
+                return self.partners(a).iter().map(|&b| (b, topo.path(a as u32, b, true))).collect();
+            }
+            Vec::new()
+        });
+        paths
+            .into_iter()
+            .enumerate()
+            .map(|(a, fresh)| {
+                if affected[a] {
+                    return fresh;
+                }
+                let o = self.new_to_old[a].expect("unaffected nodes have an old position") as usize;
+                let list = std::mem::take(&mut old_paths[o]);
+                if self.identity {
+                    return list;
+                }
+                let at = |i: u32| self.old_to_new[i as usize].expect("partners of unaffected nodes stay");
+                list.into_iter()
+                    .map(|(b, p)| {
+                        let p = match p {
+                            Path::Relay { hub } => Path::Relay { hub: at(hub) },
+                            other => other,
+                        };
+                        (at(b), p)
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Which hubs relay for whom: an unaffected node's relayed paths are its old ones, an affected
+    /// node's are in `paths`.
+    fn relayed_by(&self, paths: &[Vec<(u32, Path)>], affected: &[bool]) -> Vec<Vec<u32>> {
+        let (topo, old) = (self.topo, self.old);
+        let mut relayed_by: Vec<Vec<u32>> = vec![Vec::new(); topo.nodes.len()];
+        for &h in &topo.hubs {
+            let o = self.new_to_old[h as usize].expect("hubs are unchanged") as usize;
+            relayed_by[h as usize] =
+                old.relayed_by[o].iter().filter_map(|&q| self.old_to_new[q as usize]).filter(|&a| !affected[a as usize]).collect();
+        }
+        for (a, list) in paths.iter().enumerate().filter(|&(a, _)| affected[a]) {
+            for &(_, p) in list {
+                if let Path::Relay { hub } = p {
+                    relayed_by[hub as usize].push(a as u32);
+                }
+            }
+        }
+        for &h in &topo.hubs {
+            relayed_by[h as usize].sort_unstable();
+            relayed_by[h as usize].dedup();
+        }
+        relayed_by
+    }
+
+    /// Marks the hubs whose plan lists other nodes than before: their relayed nodes changed, or
+    /// one of them moved.
+    fn mark_hubs(&self, relayed_by: &[Vec<u32>], moved: &[bool], affected: &mut [bool]) {
+        for &h in &self.topo.hubs {
+            let h = h as usize;
+            let o = self.new_to_old[h].expect("hubs are unchanged") as usize;
+            let was = &self.old.relayed_by[o];
+            let same = relayed_by[h].len() == was.len()
+                && relayed_by[h].iter().zip(was).all(|(&r, &q)| !moved[r as usize] && self.old_to_new[q as usize] == Some(r));
+            if !same {
+                affected[h] = true;
+            }
+        }
+    }
+}
+
+/// The outputs: the previous ones (`nodes`), without the nodes that are `gone`, and with the
+/// affected nodes' plans made again; of those, the files whose inputs changed are made, on every
+/// core. Returns them with the names of the nodes whose files were made.
+fn outputs<'n>(
+    topo: &Topology,
+    shared: &Shared,
+    cache: &Cache,
+    affected: &[bool],
+    gone: impl Iterator<Item = &'n Arc<str>>,
+    mut nodes: BTreeMap<String, NodeOutput>,
+) -> (BTreeMap<String, NodeOutput>, Vec<String>) {
+    let fresh: Vec<Option<NodePlan>> = par::map(topo.nodes.len(), |a| affected[a].then(|| node_plan(topo, shared, cache, a)));
+    for name in gone {
+        nodes.remove(&**name);
+    }
+    let fresh: Vec<(u32, NodePlan)> = fresh.into_iter().enumerate().filter_map(|(a, p)| Some((a as u32, p?))).collect();
+    let made: Vec<Option<Vec<FileResource>>> =
+        par::map(fresh.len(), |i| files_of(&fresh[i].1, nodes.get(&*cache.names[fresh[i].0 as usize])));
+    let mut rendered = Vec::new();
+    for ((a, plan), files) in fresh.into_iter().zip(made) {
+        let name = &cache.names[a as usize];
+        let Some(files) = files else {
+            nodes.get_mut(&**name).expect("a plan the same as before has an output").plan = plan;
+            continue;
+        };
+        rendered.push(name.to_string());
+        nodes.insert(name.to_string(), NodeOutput { plan, files });
+    }
+    (nodes, rendered)
+}
+
+/// Whether two declarations of a node are the same but for where they are written.
+fn same_node(a: &crate::decl::Node, b: &crate::decl::Node) -> bool {
+    a.name == b.name
+        && a.hub == b.hub
+        && a.groups == b.groups
+        && a.modules == b.modules
+        && a.address_ipv4 == b.address_ipv4
+        && a.address_ipv6 == b.address_ipv6
+        && a.public_key == b.public_key
+        && a.exit.as_ref().map(|e| &e.0) == b.exit.as_ref().map(|e| &e.0)
+        && same_reach(a, b)
+}
+
+/// Whether two declarations give the same addresses from the same previous allocation: the same
+/// mesh name and overlay pools, and the same nodes in the same order with the same pins.
+pub(super) fn same_addressing(a: &Declaration, b: &Declaration) -> bool {
+    (&a.mesh.name, a.mesh.overlay_ipv4, a.mesh.overlay_ipv6) == (&b.mesh.name, b.mesh.overlay_ipv4, b.mesh.overlay_ipv6)
+        && a.nodes.len() == b.nodes.len()
+        && a.nodes.iter().zip(&b.nodes).all(|(x, y)| (&x.name, x.address_ipv4, x.address_ipv6) == (&y.name, y.address_ipv4, y.address_ipv6))
+}
+
+/// Whether a node is reached the same way: the same networks and endpoints (not where written).
+fn same_reach(a: &crate::decl::Node, b: &crate::decl::Node) -> bool {
+    a.networks == b.networks
+        && a.endpoints.len() == b.endpoints.len()
+        && a.endpoints.iter().zip(&b.endpoints).all(|(x, y)| x.address == y.address && x.reachable_from == y.reachable_from)
+}
+
+/// Whether two declarations of a route are the same but for where they are written.
+fn same_route(a: &crate::decl::Route, b: &crate::decl::Route) -> bool {
+    let rule = |x: &crate::decl::RouteRule, y: &crate::decl::RouteRule| (x.proto, &x.ports, &x.from) == (y.proto, &y.ports, &y.from);
+    let host = |x: &crate::decl::RouteHost, y: &crate::decl::RouteHost| (&x.name, x.address) == (&y.name, y.address);
+    (&a.name, &a.prefixes, &a.via, a.masquerade) == (&b.name, &b.prefixes, &b.via, b.masquerade)
+        && a.allow.len() == b.allow.len()
+        && a.allow.iter().zip(&b.allow).all(|(x, y)| rule(x, y))
+        && a.hosts.len() == b.hosts.len()
+        && a.hosts.iter().zip(&b.hosts).all(|(x, y)| host(x, y))
+}
+
+/// Which nodes' partners may differ from those of `old`, for a topology with the same nodes in
+/// the same places: the runners and sources of a module whose runners changed; the runners of a
+/// module whose sources changed, and the nodes that joined or left its sources. `None` when the
+/// modules some node runs or the routes' routers or users changed: every node's are made again.
+fn partners_touched(topo: &Topology, sources: &[NodeSet], old: &Cache) -> Option<Vec<bool>> {
+    let same_modules =
+        topo.module_names.len() == old.module_names.len() && topo.module_names.iter().zip(&old.module_names).all(|(a, b)| a.0 == b.0);
+    let same_routes = topo.routes.len() == old.route_via.len()
+        && topo.routes.iter().zip(old.route_via.iter().zip(&old.route_users)).all(|(r, (via, users))| r.via == *via && r.users == *users);
+    if !(same_modules && same_routes) {
+        return None;
+    }
+    let mut touched = vec![false; topo.nodes.len()];
+    for (((_, runners), now), ((_, was_run), was)) in
+        topo.module_names.iter().zip(sources).zip(old.module_names.iter().zip(&old.module_sources))
+    {
+        if runners != was_run {
+            for &a in runners.iter().chain(was_run).chain(now).chain(was) {
+                touched[a as usize] = true;
+            }
+        } else if now != was {
+            for &a in runners {
+                touched[a as usize] = true;
+            }
+            for a in symmetric_difference(now, was) {
+                touched[a as usize] = true;
+            }
+        }
+    }
+    Some(touched)
+}
+
+/// The members of exactly one of two sorted sets.
+fn symmetric_difference<'s>(a: &'s [u32], b: &'s [u32]) -> impl Iterator<Item = u32> + 's {
+    let (mut i, mut j) = (0, 0);
+    std::iter::from_fn(move || loop {
+        match (a.get(i), b.get(j)) {
+            (Some(x), Some(y)) if x == y => (i, j) = (i + 1, j + 1),
+            (Some(&x), Some(&y)) if x < y => {
+                i += 1;
+                return Some(x);
+            }
+            (_, Some(&y)) => {
+                j += 1;
+                return Some(y);
+            }
+            (Some(&x), None) => {
+                i += 1;
+                return Some(x);
+            }
+            (None, None) => return None,
+        }
+    })
+}

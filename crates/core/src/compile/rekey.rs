@@ -1,0 +1,279 @@
+//! The recompile for a change of keys only (ADR 0010): the same declaration, so the same
+//! allocation, rules, zones and paths, and some nodes with another key or none. The plans that
+//! show a changed key are edited where it shows, and only their `wireguard.conf` is made again.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::cache::Cache;
+use super::full::{peers_of, router_of};
+use super::warnings::{left_out_warning, no_path_text, set_diagnostic};
+use super::{Compiled, NodeOutput, Recompiled};
+use crate::decl::{Declaration, PublicKey};
+use crate::diag::Diagnostic;
+use crate::keys::Keys;
+use crate::par;
+use crate::plan::{NodePlan, NodeText, PeerPlan, WIREGUARD_CONF};
+use crate::render;
+use crate::topology::Path;
+
+/// The recompile for a change of keys only: the same declaration (so the same allocation, rules,
+/// zones and paths), some nodes with another key or none. Gives `previous` back when it does not
+/// apply (another declaration, or a hub's or a router's key changed, which can change which hub
+/// relays or which router a route goes to).
+pub(super) fn rekey(decl: &Arc<Declaration>, keys: &Keys, mut previous: Compiled) -> Recompiled {
+    let Some(cache) = previous.cache.as_ref() else { return Recompiled::NotApplicable(previous) };
+    if !Arc::ptr_eq(decl, &cache.decl) && **decl != *cache.decl {
+        return Recompiled::NotApplicable(previous);
+    }
+    let mut changed = changed_keys(cache, keys);
+    previous.rendered.clear();
+    if changed.is_empty() {
+        return Recompiled::Done(previous);
+    }
+    // A hub's key decides which hub relays, a router's which router a route's users send to: the
+    // whole plan is made.
+    if changed.iter().any(|&(a, _)| cache.reach.hubs.binary_search(&a).is_ok() || cache.router[a as usize]) {
+        return Recompiled::NotApplicable(previous);
+    }
+    let cache = previous.cache.as_mut().expect("checked above");
+    // Each changed node's key as it was.
+    for (a, key) in &mut changed {
+        std::mem::swap(key, &mut cache.keys[*a as usize]);
+    }
+    let (changed, was): (Vec<u32>, Vec<Option<PublicKey>>) = changed.into_iter().unzip();
+    let pairs = affected_pairs(cache, &changed, &was);
+    let (mut edited, lists_changed) = edit_plans(cache, &pairs, &mut previous.nodes);
+    // Only the peers changed: the other files stay as they were.
+    edited.sort_unstable();
+    let outputs = &previous.nodes;
+    let files = par::map(edited.len(), |i| {
+        let out = &outputs[&*cache.names[edited[i] as usize]];
+        render::wireguard(&out.plan, out.files.iter().find(|f| f.path == WIREGUARD_CONF).map(|f| &f.content))
+    });
+    for (a, content) in edited.into_iter().zip(files) {
+        let name = &cache.names[a as usize];
+        let out = previous.nodes.get_mut(&**name).expect("every node has an output");
+        out.files.iter_mut().find(|f| f.path == WIREGUARD_CONF).expect("every node has a wireguard.conf").content = content;
+        previous.rendered.push(name.to_string());
+    }
+    if lists_changed {
+        edit_warnings(cache, &changed, &was, &mut previous.diagnostics);
+    }
+    Recompiled::Done(previous)
+}
+
+/// The nodes whose key changed, with their new key: from the names the key set changed since the
+/// last compile when it continues the set that compile read, else from every name.
+fn changed_keys(cache: &Cache, keys: &Keys) -> Vec<(u32, Option<PublicKey>)> {
+    let key_of = |a: usize| cache.declared_keys[a].or_else(|| keys.get(&cache.names[a]));
+    match cache.keys_seen.as_ref().and_then(|seen| keys.changed_since(seen)) {
+        Some(names) => {
+            let mut at: Vec<u32> = names.filter_map(|n| cache.index.get(n).copied()).collect();
+            at.sort_unstable();
+            at.dedup();
+            at.into_iter().map(|a| (a, key_of(a as usize))).filter(|&(a, k)| k != cache.keys[a as usize]).collect()
+        }
+        None => (0..cache.names.len()).map(|a| (a as u32, key_of(a))).filter(|&(a, k)| k != cache.keys[a as usize]).collect(),
+    }
+}
+
+/// The pairs (affected node, changed node it sees), sorted: a partner's plan names k's key only
+/// where it peers with k directly; a relayed path names k, not its key, unless k gained or lost
+/// its key (left out, or not); a hub names the key of every node it relays for. `was` is each
+/// changed node's key before.
+fn affected_pairs(cache: &Cache, changed: &[u32], was: &[Option<PublicKey>]) -> Vec<(u32, u32)> {
+    let mut pairs: Vec<(u32, u32)> = Vec::new();
+    for (&k, was) in changed.iter().zip(was) {
+        let presence = cache.keys[k as usize].is_some() != was.is_some();
+        for &p in &cache.partners[k as usize] {
+            let list = &cache.paths[p as usize];
+            let direct = list.binary_search_by_key(&k, |&(b, _)| b).map_or(true, |i| matches!(list[i].1, Path::Direct { .. }));
+            if presence || direct {
+                pairs.push((p, k));
+            }
+        }
+    }
+    for &h in &cache.reach.hubs {
+        for &k in changed {
+            if cache.relayed_by[h as usize].binary_search(&k).is_ok() {
+                pairs.push((h, k));
+            }
+        }
+    }
+    pairs.sort_unstable();
+    pairs.dedup();
+    pairs
+}
+
+/// Edits each affected plan where the changed keys show (`edit_peers`): a node with ten thousand
+/// peers costs what its changed peers cost. A node that sees many changed keys at once (a burst
+/// of enrolments covered by one run) has its peer list made again instead, on every core.
+/// Returns the nodes whose plan changed, and whether a list of nodes left out or without a path
+/// did.
+fn edit_plans(cache: &Cache, pairs: &[(u32, u32)], nodes: &mut BTreeMap<String, NodeOutput>) -> (Vec<u32>, bool) {
+    let (many, few): (Vec<_>, Vec<_>) = pairs.chunk_by(|x, y| x.0 == y.0).partition(|seen| remake(cache, seen));
+    let remade = par::map(many.len(), |i| peers_of(cache, many[i][0].0));
+    let mut lists_changed = false;
+    let mut edited: Vec<u32> = Vec::new();
+    for (seen, (peers, left_out, no_path)) in many.iter().zip(remade) {
+        let a = seen[0].0;
+        let plan = &mut nodes.get_mut(&*cache.names[a as usize]).expect("every node has an output").plan;
+        let lists = (&left_out, &no_path) != (&plan.left_out, &plan.no_path);
+        if !lists && peers == plan.peers {
+            continue;
+        }
+        lists_changed |= lists;
+        (plan.peers, plan.left_out, plan.no_path) = (peers, left_out, no_path);
+        edited.push(a);
+    }
+    for seen in few {
+        let a = seen[0].0;
+        let plan = &mut nodes.get_mut(&*cache.names[a as usize]).expect("every node has an output").plan;
+        let (peers, lists) = edit_peers(cache, a, seen, plan);
+        lists_changed |= lists;
+        if peers || lists {
+            edited.push(a);
+        }
+    }
+    (edited, lists_changed)
+}
+
+/// Edits the warnings where a node's key came or went: a node without a key is in the left-out
+/// list of each of its partners, and a pair without a path is reported by the node that sorts
+/// first when the other has a key (`path_diagnostics`, `left_out_diagnostics`).
+fn edit_warnings(cache: &Cache, changed: &[u32], was: &[Option<PublicKey>], diagnostics: &mut Vec<Diagnostic>) {
+    for (&k, was) in changed.iter().zip(was) {
+        let keyed = cache.keys[k as usize].is_some();
+        if keyed == was.is_some() {
+            continue;
+        }
+        let partners = &cache.partners[k as usize];
+        if !partners.is_empty() {
+            set_diagnostic(diagnostics, left_out_warning(&cache.names[k as usize], partners.len(), &cache.loc(k)), !keyed);
+        }
+        for &p in partners.iter().take_while(|&&p| p < k) {
+            let list = &cache.paths[p as usize];
+            if list.binary_search_by_key(&k, |&(b, _)| b).is_ok_and(|i| list[i].1 == Path::None) {
+                let (a, b) = (&cache.names[p as usize], &cache.names[k as usize]);
+                let message = no_path_text(&cache.reach, a, b, cache.reach.path(p, k, false), |h| &cache.names[h as usize]);
+                set_diagnostic(diagnostics, Diagnostic::warning(&cache.loc(p), message), keyed);
+            }
+        }
+    }
+}
+
+/// Whether a node that sees these changed keys (pairs of it and a changed node) has its peer
+/// list made again rather than edited: when they are many, or a quarter of its partners or more
+/// (an edit costs a search and a shift per changed key, making the list costs each partner once).
+fn remake(cache: &Cache, seen: &[(u32, u32)]) -> bool {
+    seen.len() >= 32 || seen.len() * 4 >= cache.paths[seen[0].0 as usize].len()
+}
+
+/// Edits the plan of node `a` for the changed nodes it sees (`seen`: pairs of `a` and a changed
+/// node) where their keys show: their entries, the entries of the hubs relaying to them, and
+/// the lists naming nodes without a key or without a path. The result is the plan `peers_of`
+/// would make. Returns whether the peers changed, and whether those lists did.
+fn edit_peers(cache: &Cache, a: u32, seen: &[(u32, u32)], plan: &mut NodePlan) -> (bool, bool) {
+    let paths = &cache.paths[a as usize];
+    let mut touched = Vec::new();
+    let mut relayed = Vec::new();
+    let mut lists = false;
+    for &(_, k) in seen {
+        let kname = &cache.names[k as usize];
+        if let Ok(i) = paths.binary_search_by_key(&k, |&(b, _)| b) {
+            match paths[i].1 {
+                Path::Direct { .. } => touched.push(k),
+                Path::Relay { hub } => relayed.push((hub, k)),
+                Path::None => {}
+            }
+            let keyed = cache.keys[k as usize].is_some();
+            lists |=
+                set_member(&mut plan.left_out, kname, !keyed) | set_member(&mut plan.no_path, kname, keyed && paths[i].1 == Path::None);
+        }
+        if cache.relayed_by[a as usize].binary_search(&k).is_ok() {
+            touched.push(k);
+        }
+    }
+    touched.sort_unstable();
+    touched.dedup();
+    let mut peers = false;
+    for t in touched {
+        let at = plan.peers.binary_search_by(|p| (*p.node.name).cmp(&cache.names[t as usize]));
+        match (at, peer_entry(cache, a, t)) {
+            (Ok(i), Some(p)) if plan.peers[i] != p => plan.peers[i] = p,
+            (Ok(_), Some(_)) | (Err(_), None) => continue,
+            (Ok(i), None) => drop(plan.peers.remove(i)),
+            (Err(i), Some(p)) => plan.peers.insert(i, p),
+        }
+        peers = true;
+    }
+    // A node reached through a hub joins or leaves that hub's list where its name sorts.
+    for (hub, k) in relayed {
+        let keyed = cache.keys[k as usize].is_some();
+        let at = plan.peers.binary_search_by(|p| (*p.node.name).cmp(&cache.names[hub as usize]));
+        let Ok(i) = at else {
+            if let Some(p) = keyed.then(|| peer_entry(cache, a, hub)).flatten() {
+                plan.peers.insert(at.unwrap_err(), p);
+                peers = true;
+            }
+            continue;
+        };
+        let list = &mut plan.peers[i].relays_for;
+        match (list.binary_search_by(|t| (*t.name).cmp(&cache.names[k as usize])), keyed) {
+            (Ok(j), false) => drop(list.remove(j)),
+            (Err(j), true) => list.insert(j, cache.texts[k as usize].clone()),
+            _ => continue,
+        }
+        peers = true;
+        // The first node relayed, or the last gone: the head of the hub's section says so, and
+        // the hub may stop being a peer at all.
+        if list.len() == usize::from(keyed) {
+            match peer_entry(cache, a, hub) {
+                Some(p) => plan.peers[i] = p,
+                None => drop(plan.peers.remove(i)),
+            }
+        }
+    }
+    (peers, lists)
+}
+
+/// Puts `name` into the sorted list `names` or takes it out; whether that changed the list.
+fn set_member(names: &mut Vec<Arc<str>>, name: &Arc<str>, member: bool) -> bool {
+    match (names.binary_search_by(|n| (**n).cmp(name)), member) {
+        (Ok(i), false) => drop(names.remove(i)),
+        (Err(i), true) => names.insert(i, name.clone()),
+        _ => return false,
+    }
+    true
+}
+
+/// The entry for `b` in the peer list of `me`, if `b` is its peer: the same as `peers_of` makes,
+/// for one peer.
+fn peer_entry(c: &Cache, me: u32, b: u32) -> Option<PeerPlan> {
+    c.keys[b as usize]?;
+    let paths = &c.paths[me as usize];
+    let path = paths.binary_search_by_key(&b, |&(x, _)| x).ok().map(|i| paths[i].1);
+    let relays_for: Vec<Arc<NodeText>> = if c.reach.hubs.binary_search(&b).is_ok() {
+        paths
+            .iter()
+            .filter(|&&(x, p)| p == Path::Relay { hub: b } && c.keys[x as usize].is_some())
+            .map(|&(x, _)| c.texts[x as usize].clone())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut peer = match path {
+        Some(Path::Direct { a_dials, b_dials }) => c.peer(b, a_dials, b_dials.is_some(), relays_for),
+        _ if !relays_for.is_empty() || c.relayed_by[me as usize].binary_search(&b).is_ok() => {
+            c.peer(b, c.reach.dials(me, b), c.reach.dials(b, me).is_some(), relays_for)
+        }
+        _ => return None,
+    };
+    for &r in &c.routes_of[me as usize] {
+        if router_of(c, me, r) == Some(b) {
+            peer.routes.push(c.route_blocks[r as usize].route.clone());
+        }
+    }
+    Some(peer)
+}

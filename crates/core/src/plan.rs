@@ -1,0 +1,185 @@
+//! What the compiler makes and the renderer reads: every node's plan (`NodePlan`, its peers,
+//! the blocks it shares with other nodes, `NodeText`), the file resources, and the paths of the
+//! files a bundle carries. Data only: the compiler (`compile`) makes them, with the texts that
+//! `render` makes of them (`NodeText::new`, `PeerPlan::new`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use crate::decl::PublicKey;
+use crate::text::Text;
+
+/// The files the compiler makes for every node, relative to the agent's root.
+pub const WIREGUARD_CONF: &str = "etc/trellis/wireguard.conf";
+pub const NFTABLES_CONF: &str = "etc/trellis/nftables.conf";
+pub const MESH_ZONE: &str = "etc/trellis/mesh.zone";
+pub const NODE_TOML: &str = "etc/trellis/node.toml";
+/// The mesh CA and the node's certificate, added to each bundle by the controller.
+pub const CA_PEM: &str = "etc/trellis/ca.pem";
+pub const NODE_PEM: &str = "etc/trellis/node.pem";
+/// Every file a bundle may carry; an agent writes nothing else.
+pub const DELIVERED: &[&str] = &[WIREGUARD_CONF, NFTABLES_CONF, MESH_ZONE, NODE_TOML, CA_PEM, NODE_PEM];
+
+/// One file to write on a node, relative to the agent's root.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileResource {
+    pub path: String,
+    pub mode: u32,
+    pub content: Text,
+}
+
+/// Everything that decides one node's files. Two equal plans render to equal files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodePlan {
+    pub node: Arc<str>,
+    pub common: Arc<Common>,
+    pub hub: bool,
+    pub ipv4: Option<std::net::Ipv4Addr>,
+    pub ipv6: Option<std::net::Ipv6Addr>,
+    pub peers: Vec<PeerPlan>,
+    /// Nodes this one has traffic with whose key is not known yet.
+    pub left_out: Vec<Arc<str>>,
+    /// Nodes this one has traffic with but no path to.
+    pub no_path: Vec<Arc<str>>,
+    /// Pre-rendered filter blocks of the rules of the modules this node runs.
+    pub rules: Vec<Arc<str>>,
+    /// The names this node may resolve: itself and every node it has allowed traffic with
+    /// (either direction), in name order; then `zone_modules`. Nothing else: other names are
+    /// NXDOMAIN.
+    pub zone: Vec<Arc<NodeText>>,
+    /// The modules this node may reach, in name order, each answering with every node that runs
+    /// it; shared by every node that reaches the module.
+    pub zone_modules: Vec<Arc<ZoneBlock>>,
+    /// The routes this node routes for (it is in their `via`): its forward filter and
+    /// masquerading.
+    pub routes_for: Vec<Arc<RouteBlock>>,
+    /// The routes this node uses that have a router it can reach: their prefixes are sent into
+    /// the overlay (an exit's default prefixes by policy routing).
+    pub routed: Vec<Arc<RouteUse>>,
+    /// The names of hosts on the routes this node uses.
+    pub zone_routes: Vec<Arc<ZoneBlock>>,
+}
+
+/// A route as the files of its routers hold it, rendered once per compile.
+#[derive(Debug, PartialEq, Eq)]
+pub struct RouteBlock {
+    /// What its users' files hold of it.
+    pub route: Arc<RouteUse>,
+    /// The router's forward filter lines: each rule's sources to the prefixes.
+    pub forward: Arc<str>,
+    /// The router's masquerading lines (empty when the route does not masquerade).
+    pub nat: Arc<str>,
+}
+
+/// A route as the files of its users hold it: what the route declares, not who uses it (so a
+/// user's plan stays the same when other users come or go).
+#[derive(Debug, PartialEq, Eq)]
+pub struct RouteUse {
+    pub name: Arc<str>,
+    pub prefixes: Vec<ipnet::IpNet>,
+    pub exit: bool,
+    /// Its lines under the `[Peer]` section of the router a user sends it to: its name in a
+    /// comment and its prefixes as one more `AllowedIPs` line.
+    pub lines: Arc<str>,
+}
+
+/// A module's records in a zone, rendered once and shared by every node that may reach it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ZoneBlock {
+    pub module: Arc<str>,
+    /// The address records, one line each.
+    pub records: Arc<str>,
+    /// SHA-256 of `records`: a node's zone serial hashes these instead of the records.
+    pub digest: [u8; 32],
+}
+
+/// A node as the files of other nodes name it, rendered once per compile: its name, its overlay
+/// addresses as AllowedIPs entries, its zone records, and its `[Peer]` sections as others hold
+/// them. Kept from one compile to the next while the node's name and addresses stay.
+#[derive(Debug)]
+pub struct NodeText {
+    pub name: Arc<str>,
+    pub ipv4: Option<std::net::Ipv4Addr>,
+    pub ipv6: Option<std::net::Ipv6Addr>,
+    /// `10.88.0.1/32, fd88::1/128`: empty when it has no overlay address.
+    pub allowed: String,
+    /// Its address records in a zone, one line each.
+    pub records: Arc<str>,
+    /// The start of SHA-256 of `records`: a zone's serial hashes these instead of the records.
+    pub records_hash: [u8; 8],
+    /// Its lines under the `[Peer]` section of a hub that relays for it: its name in a comment
+    /// and its addresses as one more `AllowedIPs` line.
+    pub relay_lines: Arc<str>,
+    /// Its `[Peer]` sections made so far, by how a peer has it (key, endpoint, keepalive): most
+    /// nodes are held the same way by every node that peers with them. The newest few are kept.
+    pub(crate) blocks: std::sync::Mutex<Vec<(PeerWay, Arc<str>)>>,
+}
+
+/// How a node is held as a peer, what the head of its `[Peer]` section depends on: key,
+/// endpoint, keepalive, and whether it relays for the holder.
+pub(crate) type PeerWay = (PublicKey, Option<SocketAddr>, bool, bool);
+
+impl PartialEq for NodeText {
+    fn eq(&self, other: &NodeText) -> bool {
+        (&self.name, self.ipv4, self.ipv6, &self.allowed, &self.records)
+            == (&other.name, other.ipv4, other.ipv6, &other.allowed, &other.records)
+    }
+}
+
+impl Eq for NodeText {}
+
+/// What every node of the mesh shares.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Common {
+    pub mesh: String,
+    pub interface: String,
+    pub port: u16,
+    pub mtu: u16,
+    pub ipv4_prefix: u8,
+    pub ipv6_prefix: u8,
+    /// The DNS zone's name (the mesh domain).
+    pub domain: String,
+}
+
+/// One peer in a node's `wireguard.conf`: who it is, whom it relays for, the head of its section
+/// and the routes sent to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerPlan {
+    /// The peer; its addresses are the first AllowedIPs.
+    pub node: Arc<NodeText>,
+    /// Nodes whose traffic this peer relays (it is a hub): their addresses are routed to it too.
+    pub relays_for: Vec<Arc<NodeText>>,
+    /// The head of its `[Peer]` section of `wireguard.conf`: its key, the endpoint this node
+    /// dials (if it dials it) and whether it keeps the path open (it dials a peer that cannot
+    /// dial back), made by `PeerPlan::new` and shared with every node that holds this peer the
+    /// same way. The `relay_lines` of the nodes in `relays_for` follow it. Two plans of a peer
+    /// with the same head hold it the same way.
+    pub block: Arc<str>,
+    /// The routes this node sends to this peer (it is their chosen router): their `lines`
+    /// follow the relay lines.
+    pub routes: Vec<Arc<RouteUse>>,
+}
+
+impl PeerPlan {
+    pub fn name(&self) -> &str {
+        &self.node.name
+    }
+
+    /// The endpoint this node dials the peer at, as its section says.
+    pub fn endpoint(&self) -> Option<SocketAddr> {
+        self.block.lines().find_map(|l| l.strip_prefix("Endpoint = ")).and_then(|e| e.parse().ok())
+    }
+
+    /// Whether this node keeps the path to the peer open, as its section says.
+    pub fn keepalive(&self) -> bool {
+        self.block.lines().any(|l| l.starts_with("PersistentKeepalive = "))
+    }
+
+    /// The overlay addresses routed to this peer: its own, then those of the nodes it relays for.
+    pub fn allowed(&self) -> Vec<std::net::IpAddr> {
+        std::iter::once(&self.node)
+            .chain(self.relays_for.iter())
+            .flat_map(|t| t.ipv4.map(std::net::IpAddr::V4).into_iter().chain(t.ipv6.map(std::net::IpAddr::V6)))
+            .collect()
+    }
+}
