@@ -34,11 +34,6 @@ impl BundleFile {
         let content = content.into();
         BundleFile { path: path.into(), mode, sha256: Sha256::digest(&content).into(), content }
     }
-
-    /// A file whose digest is already known (a content shared by many bundles, hashed once).
-    pub fn with_digest(path: impl Into<String>, mode: u32, content: Bytes, sha256: [u8; 32]) -> BundleFile {
-        BundleFile { path: path.into(), mode, sha256, content }
-    }
 }
 
 /// A signed bundle as sent: the head (magic, signature, manifest) and the contents, kept apart
