@@ -3,6 +3,7 @@
 
 use std::thread;
 
+/// `f` over `0..n`, in order: on up to eight threads from 256 items on.
 pub fn map<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
     map_from(n, 256, f)
 }

@@ -30,6 +30,8 @@ pub(super) fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: 
         previous.cache = Some(old);
         return Recompiled::NotApplicable(previous);
     }
+    // The unaffected nodes' paths move into the new cache (`Redeclare::paths`); nothing before
+    // that phase reads them.
     let old_paths = std::mem::take(&mut old.paths);
     let sources = topo.module_sources();
     let step = Redeclare::new(topo, &old, &sources);
@@ -65,8 +67,7 @@ pub(super) fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: 
     })
 }
 
-/// Whether the declaration keeps the mesh settings, the networks, the hubs (the same nodes with
-/// the same keys) and the routes of the compile that made `old`.
+/// Whether the declaration keeps the mesh settings, networks, hubs (and their keys) and routes.
 fn keeps_mesh(decl: &Declaration, topo: &Topology, old: &Cache) -> bool {
     let od = &old.decl;
     let same_settings = {
@@ -103,9 +104,7 @@ struct Redeclare<'a, 'd> {
 }
 
 impl<'a, 'd> Redeclare<'a, 'd> {
-    /// Where each node was and is, by name, and the partners made again: with the same nodes in
-    /// the same places, only those of the nodes a change of a module's runners or sources
-    /// reaches (`partners_touched`); else every node's.
+    /// Where each node was and is, by name, and the partners made again.
     fn new(topo: &'a Topology<'d>, old: &'a Cache, sources: &[NodeSet]) -> Self {
         let n = topo.nodes.len();
         let new_to_old: Vec<Option<u32>> = topo.nodes.iter().map(|node| old.index.get(node.name.as_str()).copied()).collect();
@@ -116,6 +115,8 @@ impl<'a, 'd> Redeclare<'a, 'd> {
             }
         }
         let identity = n == old.names.len() && new_to_old.iter().enumerate().all(|(a, o)| *o == Some(a as u32));
+        // With the same nodes in the same places, only the nodes a change of a module's runners
+        // or sources reaches have their partners made again (`partners_touched`); else all do.
         let fresh_partners: Vec<Option<NodeSet>> = match identity.then(|| partners_touched(topo, sources, old)).flatten() {
             Some(touched) => par::map(n, |a| touched[a].then(|| topo.partners_of(a as u32, sources))),
             None => topo.partners().into_iter().map(Some).collect(),
@@ -137,16 +138,16 @@ impl<'a, 'd> Redeclare<'a, 'd> {
         }
     }
 
-    /// The nodes a change of their own reaches, and which nodes moved. `changed`: the node's
-    /// declaration, address or key changed. `moved`: what others' files say of it changed (its
-    /// address or key), or how it is reached (networks, endpoints), or it is new: its partners,
-    /// old and new, are reached too, as are the old partners of a node that left. A change of
-    /// groups or modules alone reaches others through their partners, rules and module blocks
-    /// (`mark_changed_inputs`).
+    /// The nodes a change of their own reaches, and which nodes moved (for `mark_hubs`).
     fn reached_by_changes(&self) -> (Vec<bool>, Vec<bool>) {
         let (topo, old) = (self.topo, self.old);
         let n = topo.nodes.len();
         let mut affected = vec![false; n];
+        // `changed`: the node's declaration, address or key changed. `moved`: what others' files
+        // say of it changed (its address or key), or how it is reached (networks, endpoints), or
+        // it is new: its partners, old and new, are reached too, as are the old partners of a
+        // node that left. A change of groups or modules alone reaches others through their
+        // partners, rules and module blocks (`mark_changed_inputs`).
         let mut changed = vec![false; n];
         let mut moved = vec![false; n];
         for a in 0..n {
@@ -183,8 +184,7 @@ impl<'a, 'd> Redeclare<'a, 'd> {
         (affected, moved)
     }
 
-    /// Marks the other nodes whose plan inputs differ from their previous plan's: partners,
-    /// reachable module blocks, filter blocks, routes or the shared settings.
+    /// Marks the nodes whose partners, module or filter blocks, routes or settings changed.
     fn mark_changed_inputs(&self, shared: &Shared, previous: &Compiled, sources: &[NodeSet], affected: &mut [bool]) {
         let (topo, old) = (self.topo, self.old);
         let reached = topo.modules_reached(sources);
@@ -214,10 +214,10 @@ impl<'a, 'd> Redeclare<'a, 'd> {
         }
     }
 
-    /// Every node's paths: computed for the affected nodes; every other node's are its old ones
-    /// (the same partners, and neither side changed), renumbered when positions moved.
+    /// Every node's paths: made for the affected nodes, the old ones (renumbered) for the others.
     fn paths(&self, mut old_paths: Vec<Vec<(u32, Path)>>, affected: &[bool]) -> Vec<Vec<(u32, Path)>> {
         let topo = self.topo;
+        // An unaffected node has the same partners, and neither side changed: its old paths hold.
         let paths: Vec<Vec<(u32, Path)>> = par::map(topo.nodes.len(), |a| {
             if affected[a] {
                 return self.partners(a).iter().map(|&b| (b, topo.path(a as u32, b, true))).collect();
@@ -250,8 +250,7 @@ impl<'a, 'd> Redeclare<'a, 'd> {
             .collect()
     }
 
-    /// Which hubs relay for whom: an unaffected node's relayed paths are its old ones, an affected
-    /// node's are in `paths`.
+    /// Which hubs relay for whom: the old lists for the unaffected nodes, `paths` for the others.
     fn relayed_by(&self, paths: &[Vec<(u32, Path)>], affected: &[bool]) -> Vec<Vec<u32>> {
         let (topo, old) = (self.topo, self.old);
         let mut relayed_by: Vec<Vec<u32>> = vec![Vec::new(); topo.nodes.len()];
@@ -274,8 +273,7 @@ impl<'a, 'd> Redeclare<'a, 'd> {
         relayed_by
     }
 
-    /// Marks the hubs whose plan lists other nodes than before: their relayed nodes changed, or
-    /// one of them moved.
+    /// Marks the hubs whose relayed nodes changed, or one of which moved: their plans list them.
     fn mark_hubs(&self, relayed_by: &[Vec<u32>], moved: &[bool], affected: &mut [bool]) {
         for &h in &self.topo.hubs {
             let h = h as usize;
@@ -290,9 +288,7 @@ impl<'a, 'd> Redeclare<'a, 'd> {
     }
 }
 
-/// The outputs: the previous ones (`nodes`), without the nodes that are `gone`, and with the
-/// affected nodes' plans made again; of those, the files whose inputs changed are made, on every
-/// core. Returns them with the names of the nodes whose files were made.
+/// The previous outputs, edited where nodes went, came or were recomputed; and whose files were made.
 fn outputs<'n>(
     topo: &Topology,
     shared: &Shared,
@@ -301,6 +297,8 @@ fn outputs<'n>(
     gone: impl Iterator<Item = &'n Arc<str>>,
     mut nodes: BTreeMap<String, NodeOutput>,
 ) -> (BTreeMap<String, NodeOutput>, Vec<String>) {
+    // The affected nodes' plans are made again; of those, the files whose inputs changed, on
+    // every core.
     let fresh: Vec<Option<NodePlan>> = par::map(topo.nodes.len(), |a| affected[a].then(|| node_plan(topo, shared, cache, a)));
     for name in gone {
         nodes.remove(&**name);

@@ -63,9 +63,10 @@ pub(super) fn rekey(decl: &Arc<Declaration>, keys: &Keys, mut previous: Compiled
     Recompiled::Done(previous)
 }
 
-/// The nodes whose key changed, with their new key: from the names the key set changed since the
-/// last compile when it continues the set that compile read, else from every name.
+/// The nodes whose key changed, with their new key.
 fn changed_keys(cache: &Cache, keys: &Keys) -> Vec<(u32, Option<PublicKey>)> {
+    // From the names the key set changed since the last compile when it continues the set that
+    // compile read, else from every name.
     let key_of = |a: usize| cache.declared_keys[a].or_else(|| keys.get(&cache.names[a]));
     match cache.keys_seen.as_ref().and_then(|seen| keys.changed_since(seen)) {
         Some(names) => {
@@ -78,11 +79,11 @@ fn changed_keys(cache: &Cache, keys: &Keys) -> Vec<(u32, Option<PublicKey>)> {
     }
 }
 
-/// The pairs (affected node, changed node it sees), sorted: a partner's plan names k's key only
-/// where it peers with k directly; a relayed path names k, not its key, unless k gained or lost
-/// its key (left out, or not); a hub names the key of every node it relays for. `was` is each
-/// changed node's key before.
+/// The pairs (affected node, changed node it sees), sorted; `was` is each changed node's old key.
 fn affected_pairs(cache: &Cache, changed: &[u32], was: &[Option<PublicKey>]) -> Vec<(u32, u32)> {
+    // A partner's plan names k's key only where it peers with k directly; a relayed path names
+    // k, not its key, unless k gained or lost its key (left out, or not); a hub names the key of
+    // every node it relays for.
     let mut pairs: Vec<(u32, u32)> = Vec::new();
     for (&k, was) in changed.iter().zip(was) {
         let presence = cache.keys[k as usize].is_some() != was.is_some();
@@ -106,12 +107,12 @@ fn affected_pairs(cache: &Cache, changed: &[u32], was: &[Option<PublicKey>]) -> 
     pairs
 }
 
-/// Edits each affected plan where the changed keys show (`edit_peers`): a node with ten thousand
-/// peers costs what its changed peers cost. A node that sees many changed keys at once (a burst
-/// of enrolments covered by one run) has its peer list made again instead, on every core.
-/// Returns the nodes whose plan changed, and whether a list of nodes left out or without a path
-/// did.
+/// Edits the affected plans; returns whose changed, and whether a left-out or no-path list did.
 fn edit_plans(cache: &Cache, pairs: &[(u32, u32)], nodes: &mut BTreeMap<String, NodeOutput>) -> (Vec<u32>, bool) {
+    // Each plan is edited where the changed keys show (`edit_peers`): a node with ten thousand
+    // peers costs what its changed peers cost. A node that sees many changed keys at once (a
+    // burst of enrolments covered by one run) has its peer list made again instead, on every
+    // core.
     let (many, few): (Vec<_>, Vec<_>) = pairs.chunk_by(|x, y| x.0 == y.0).partition(|seen| remake(cache, seen));
     let remade = par::map(many.len(), |i| peers_of(cache, many[i][0].0));
     let mut lists_changed = false;
@@ -139,10 +140,11 @@ fn edit_plans(cache: &Cache, pairs: &[(u32, u32)], nodes: &mut BTreeMap<String, 
     (edited, lists_changed)
 }
 
-/// Edits the warnings where a node's key came or went: a node without a key is in the left-out
-/// list of each of its partners, and a pair without a path is reported by the node that sorts
-/// first when the other has a key (`path_diagnostics`, `left_out_diagnostics`).
+/// Edits the warnings where a node's key came or went.
 fn edit_warnings(cache: &Cache, changed: &[u32], was: &[Option<PublicKey>], diagnostics: &mut Vec<Diagnostic>) {
+    // A node without a key is in the left-out list of each of its partners, and a pair without a
+    // path is reported by the node that sorts first when the other has a key (`path_diagnostics`,
+    // `left_out_diagnostics`).
     for (&k, was) in changed.iter().zip(was) {
         let keyed = cache.keys[k as usize].is_some();
         if keyed == was.is_some() {
