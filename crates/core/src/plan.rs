@@ -110,8 +110,9 @@ pub struct NodeText {
     /// Its lines under the `[Peer]` section of a hub that relays for it: its name in a comment
     /// and its addresses as one more `AllowedIPs` line.
     pub relay_lines: Arc<str>,
-    /// Its `[Peer]` sections made so far, by how a peer has it (key, endpoint, keepalive): most
-    /// nodes are held the same way by every node that peers with them. The newest few are kept.
+    /// Its `[Peer]` sections made so far (`NodeText::peer_block`), by how a peer has it (key,
+    /// endpoint, keepalive): most nodes are held the same way by every node that peers with them.
+    /// The newest few are kept.
     pub(crate) blocks: std::sync::Mutex<Vec<(PeerWay, Arc<str>)>>,
 }
 
