@@ -4,25 +4,17 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use base64::Engine;
 use trellis_core::bundle::{verify as verify_bundle, Applied};
 
-use crate::identity::{controller_error, load, node_client, Identity};
-
-pub fn signing_key(id: &Identity) -> Result<ed25519_dalek::VerifyingKey> {
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(&id.signing_public_key)
-        .context("identity.toml: signing_public_key is not base64")?;
-    let bytes: [u8; 32] = bytes.try_into().map_err(|_| anyhow::anyhow!("identity.toml: signing_public_key is not 32 bytes"))?;
-    ed25519_dalek::VerifyingKey::from_bytes(&bytes).context("identity.toml: signing_public_key is not an ed25519 key")
-}
+use crate::identity::{controller_error, node_client};
+use crate::state::Identity;
 
 pub async fn fetch(dir: &Path, out: &Path, wait: u64, held: Option<i64>) -> Result<()> {
-    let id = load(dir)?;
+    let id = Identity::load(dir)?;
     let client = node_client(dir, &id)?;
     let answer = client.bundle(wait, held).await?;
     let fresh = match answer.freshness {
-        Some(stamp) => match trellis_core::bundle::verify_stamp(&stamp, &signing_key(&id)?, &id.mesh) {
+        Some(stamp) => match trellis_core::bundle::verify_stamp(&stamp, &id.signing_key()?, &id.mesh) {
             Ok(at) => format!("the controller's signed word is {}s old", (crate::unix_now() - at).max(0)),
             Err(e) => format!("freshness stamp refused: {e}"),
         },
@@ -44,8 +36,8 @@ pub async fn fetch(dir: &Path, out: &Path, wait: u64, held: Option<i64>) -> Resu
 }
 
 pub fn verify(file: &Path, dir: &Path, last_version: Option<u64>, last_bundle: Option<&Path>, json: bool) -> Result<()> {
-    let id = load(dir)?;
-    let key = signing_key(&id)?;
+    let id = Identity::load(dir)?;
+    let key = id.signing_key()?;
     let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
     let last = match last_bundle {
         Some(p) => {

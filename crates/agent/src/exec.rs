@@ -1,14 +1,16 @@
 //! The executor: carries a plan's actions out through the host traits (`FileWriter`,
-//! `Wireguard`, `Firewall`, `Resolver`, `Forwarding`), in order, stopping at the first failure.
-//! The backends are chosen at run time: the real host's by the binary, fakes by tests.
+//! `Wireguard`, `Firewall`, `Resolver`, `Forwarding`, `Routing`), in order, stopping at the
+//! first failure. The backends are chosen at run time: the real host's by the binary, fakes by
+//! tests.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::apply::{self, FileOutcome, FileWriter, Firewall, Forwarding, PeerState, Wireguard};
 use crate::dns::Resolver;
+use crate::host::{self, FileOutcome, FileWriter, Firewall, Forwarding, Wireguard};
 use crate::plan::Action;
+use crate::state::{Identity, PeerState};
 
 /// Makes the WireGuard backend for an interface, on the first apply that names it.
 pub type WireguardFactory = Box<dyn FnMut(&str) -> Option<Box<dyn Wireguard + Send>> + Send>;
@@ -26,19 +28,19 @@ pub struct Backends {
 impl Backends {
     /// The real host's: files under `root`, WireGuard by `mode`, `nft`, hickory-dns and
     /// `/proc/sys`; with `files_only`, no ruleset and no DNS.
-    pub fn host(root: &Path, state_dir: &Path, mode: apply::WgMode, files_only: bool) -> Backends {
+    pub fn host(root: &Path, state_dir: &Path, mode: host::WgMode, files_only: bool) -> Backends {
         let state_dir = state_dir.to_path_buf();
-        let controllers = move || crate::identity::load(&state_dir).map(|id| crate::routes::addresses(&id.controllers)).unwrap_or_default();
+        let controllers = move || Identity::load(&state_dir).map(|id| crate::routes::addresses(&id.controllers)).unwrap_or_default();
         let wireguard: Option<WireguardFactory> = match mode {
-            apply::WgMode::None => None,
-            mode => Some(Box::new(move |ifname: &str| apply::wireguard(mode, ifname))),
+            host::WgMode::None => None,
+            mode => Some(Box::new(move |ifname: &str| host::wireguard(mode, ifname))),
         };
         Backends {
-            files: Box::new(apply::DiskWriter { root: root.to_path_buf() }),
+            files: Box::new(host::DiskWriter { root: root.to_path_buf() }),
             wireguard,
-            firewall: if files_only { None } else { Some(Box::new(apply::Nft::new())) },
+            firewall: if files_only { None } else { Some(Box::new(host::Nft::new())) },
             resolver: if files_only { None } else { Some(Box::new(crate::dns::Hickory::default())) },
-            forwarding: Box::new(apply::ProcSys),
+            forwarding: Box::new(host::ProcSys),
             routing: if files_only { None } else { Some(Box::new(crate::routes::IpRouting::new(Box::new(controllers)))) },
         }
     }
@@ -69,11 +71,6 @@ pub struct Executor {
 impl Executor {
     pub fn new(backends: Backends, root: PathBuf, key_path: PathBuf) -> Executor {
         Executor { backends, root, key_path, wg: None, report: HostReport::default(), routed: None }
-    }
-
-    /// Whether the agent manages a WireGuard interface.
-    pub fn manages_wireguard(&self) -> bool {
-        self.backends.wireguard.is_some()
     }
 
     /// Whether this agent has routes or an exit installed.

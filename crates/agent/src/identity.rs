@@ -1,5 +1,6 @@
-//! The node's identity: its WireGuard and TLS keys (made here, mode 0600 from the first byte),
-//! its certificate, the mesh CA, and `identity.toml` (who it is and where the controller is).
+//! Enrolment, renewal and `status`: the node's WireGuard and TLS keys made here (mode 0600 from
+//! the first byte), its certificate and the mesh CA asked of the controllers, and the identity
+//! they answer with (`state::Identity`) saved; the client that presents the certificate.
 
 use std::path::Path;
 
@@ -8,21 +9,9 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use trellis_client::NodeClient;
 use trellis_core::token::EnrolmentToken;
-use trellis_proto as proto;
-
 use trellis_files::replace as write_file;
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Identity {
-    pub node: String,
-    pub mesh: String,
-    pub controllers: Vec<String>,
-    /// Base64 of the controller's ed25519 bundle-signing public key.
-    pub signing_public_key: String,
-    /// As of enrolment.
-    pub state: proto::EnrolledState,
-}
+use crate::state::{AgentStatus, Identity, Manifest, CA_CERT, ENROL_PENDING, IDENTITY, NODE_CERT, NODE_KEY, WIREGUARD_KEY};
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
@@ -32,7 +21,7 @@ fn read(path: &Path) -> Result<String> {
 
 /// The node's WireGuard key pair, made on first use and kept.
 fn wireguard_key(dir: &Path) -> Result<String> {
-    let path = dir.join("wireguard.key");
+    let path = dir.join(WIREGUARD_KEY);
     let secret = if path.exists() {
         let bytes = B64.decode(read(&path)?.trim()).ok().and_then(|b| <[u8; 32]>::try_from(b).ok());
         x25519_dalek::StaticSecret::from(bytes.with_context(|| format!("{} does not hold a WireGuard private key", path.display()))?)
@@ -88,17 +77,15 @@ struct Pending {
     made_dir: bool,
 }
 
-const PENDING: &str = "enrol.pending";
-
 fn pending(dir: &Path, token: &EnrolmentToken) -> Option<Pending> {
-    let p: Pending = toml::from_str(&std::fs::read_to_string(dir.join(PENDING)).ok()?).ok()?;
+    let p: Pending = toml::from_str(&std::fs::read_to_string(dir.join(ENROL_PENDING)).ok()?).ok()?;
     (p.token_id == trellis_core::token::hex(&token.id) && p.node == token.node).then_some(p)
 }
 
 pub async fn enrol(source: TokenSource, dir: &Path, force: bool, retry_for: std::time::Duration) -> Result<()> {
     // A damaged token fails here, before any key is made or any packet is sent.
     let token = EnrolmentToken::decode(source.read()?.trim()).map_err(|e| anyhow::anyhow!("{e}"))?;
-    if dir.join("identity.toml").exists() && !force {
+    if dir.join(IDENTITY).exists() && !force {
         bail!("{} already holds the identity of a node; pass --force to enrol again", dir.display());
     }
     // Made private, or refused if it exists open to others; never chmod'ed.
@@ -107,12 +94,12 @@ pub async fn enrol(source: TokenSource, dir: &Path, force: bool, retry_for: std:
         // An earlier run sent this token and got no answer: the same keys again.
         Some(p) => p,
         None => {
-            let made_wireguard_key = !dir.join("wireguard.key").exists();
+            let made_wireguard_key = !dir.join(WIREGUARD_KEY).exists();
             let key_pem = trellis_pki::node_key()?;
             let p =
                 Pending { token_id: trellis_core::token::hex(&token.id), node: token.node.clone(), key_pem, made_wireguard_key, made_dir };
             // Written before the request leaves, so that no answer can be lost with the key.
-            write_file(&dir.join(PENDING), toml::to_string(&p)?.as_bytes(), 0o600)?;
+            write_file(&dir.join(ENROL_PENDING), toml::to_string(&p)?.as_bytes(), 0o600)?;
             p
         }
     };
@@ -144,9 +131,9 @@ pub async fn enrol(source: TokenSource, dir: &Path, force: bool, retry_for: std:
             }
             Err(e) => {
                 // A refused enrolment leaves nothing behind that it made.
-                let _ = std::fs::remove_file(dir.join(PENDING));
+                let _ = std::fs::remove_file(dir.join(ENROL_PENDING));
                 if pending.made_wireguard_key {
-                    let _ = std::fs::remove_file(dir.join("wireguard.key"));
+                    let _ = std::fs::remove_file(dir.join(WIREGUARD_KEY));
                 }
                 if pending.made_dir {
                     let _ = std::fs::remove_dir(dir);
@@ -155,9 +142,9 @@ pub async fn enrol(source: TokenSource, dir: &Path, force: bool, retry_for: std:
             }
         }
     };
-    write_file(&dir.join("node.key"), pending.key_pem.as_bytes(), 0o600)?;
-    write_file(&dir.join("node.pem"), resp.node_cert_pem.as_bytes(), 0o644)?;
-    write_file(&dir.join("ca.pem"), resp.ca_pem.as_bytes(), 0o644)?;
+    write_file(&dir.join(NODE_KEY), pending.key_pem.as_bytes(), 0o600)?;
+    write_file(&dir.join(NODE_CERT), resp.node_cert_pem.as_bytes(), 0o644)?;
+    write_file(&dir.join(CA_CERT), resp.ca_pem.as_bytes(), 0o644)?;
     let id = Identity {
         node: resp.node.clone(),
         mesh: resp.mesh.clone(),
@@ -165,8 +152,8 @@ pub async fn enrol(source: TokenSource, dir: &Path, force: bool, retry_for: std:
         signing_public_key: resp.signing_public_key,
         state: resp.state,
     };
-    write_file(&dir.join("identity.toml"), toml::to_string(&id)?.as_bytes(), 0o644)?;
-    std::fs::remove_file(dir.join(PENDING)).with_context(|| format!("cannot remove {}", dir.join(PENDING).display()))?;
+    id.save(dir)?;
+    std::fs::remove_file(dir.join(ENROL_PENDING)).with_context(|| format!("cannot remove {}", dir.join(ENROL_PENDING).display()))?;
     let info = trellis_pki::inspect_pem(&resp.node_cert_pem)?;
     println!(
         "enrolled node {} in mesh {} ({}); certificate valid until {} (unix); WireGuard public key {wg_public}",
@@ -175,17 +162,9 @@ pub async fn enrol(source: TokenSource, dir: &Path, force: bool, retry_for: std:
     Ok(())
 }
 
-pub fn load(dir: &Path) -> Result<Identity> {
-    let path = dir.join("identity.toml");
-    let text = read(&path).with_context(|| {
-        format!("{} holds no enrolled node; run `trellis-agent enrol TOKEN --state-dir {}`", dir.display(), dir.display())
-    })?;
-    toml::from_str(&text).with_context(|| format!("{} is not a valid identity", path.display()))
-}
-
 /// A client for the node's controllers, presenting its certificate and trusting only the mesh CA.
 pub fn node_client(dir: &Path, id: &Identity) -> Result<NodeClient> {
-    let (ca, cert, key) = (read(&dir.join("ca.pem"))?, read(&dir.join("node.pem"))?, read(&dir.join("node.key"))?);
+    let (ca, cert, key) = (read(&dir.join(CA_CERT))?, read(&dir.join(NODE_CERT))?, read(&dir.join(NODE_KEY))?);
     Ok(NodeClient::new(id.controllers.clone(), &ca, &cert, &key)?)
 }
 
@@ -195,11 +174,11 @@ pub fn renewal_due(not_before: i64, not_after: i64, now: i64) -> bool {
 }
 
 pub async fn renew(dir: &Path, force: bool) -> Result<()> {
-    let id = load(dir)?;
+    let id = Identity::load(dir)?;
     match renew_inner(dir, force, &node_client(dir, &id)?).await? {
         Some(not_after) => println!("renewed the certificate of node {}; valid until {not_after} (unix)", id.node),
         None => {
-            let info = trellis_pki::inspect_pem(&read(&dir.join("node.pem"))?)?;
+            let info = trellis_pki::inspect_pem(&read(&dir.join(NODE_CERT))?)?;
             println!(
                 "certificate of node {} is not due for renewal until two thirds of its lifetime; it expires at {}",
                 id.node, info.not_after
@@ -216,8 +195,8 @@ pub async fn renew_if_due(dir: &Path, client: &NodeClient) -> Result<bool> {
 }
 
 async fn renew_inner(dir: &Path, force: bool, client: &NodeClient) -> Result<Option<i64>> {
-    let id = load(dir)?;
-    let cert = read(&dir.join("node.pem"))?;
+    let id = Identity::load(dir)?;
+    let cert = read(&dir.join(NODE_CERT))?;
     let info = trellis_pki::inspect_pem(&cert)?;
     let now = crate::unix_now();
     if now >= info.not_after {
@@ -226,17 +205,17 @@ async fn renew_inner(dir: &Path, force: bool, client: &NodeClient) -> Result<Opt
     if !force && !renewal_due(info.not_before, info.not_after, now) {
         return Ok(None);
     }
-    let csr = trellis_pki::csr_from_key(&read(&dir.join("node.key"))?, &id.node)?;
+    let csr = trellis_pki::csr_from_key(&read(&dir.join(NODE_KEY))?, &id.node)?;
     let resp = client.renew(&csr).await.map_err(controller_error)?;
-    write_file(&dir.join("node.pem"), resp.node_cert_pem.as_bytes(), 0o644)?;
+    write_file(&dir.join(NODE_CERT), resp.node_cert_pem.as_bytes(), 0o644)?;
     Ok(Some(resp.not_after))
 }
 
 pub fn status(dir: &Path, json: bool) -> Result<()> {
-    let id = load(dir)?;
-    let info = trellis_pki::inspect_pem(&read(&dir.join("node.pem"))?)?;
-    let run = crate::run::load_status(dir);
-    let manifest = crate::run::load_manifest(dir);
+    let id = Identity::load(dir)?;
+    let info = trellis_pki::inspect_pem(&read(&dir.join(NODE_CERT))?)?;
+    let run = AgentStatus::load(dir);
+    let manifest = Manifest::load(dir);
     let now = crate::unix_now();
     let staleness = run.fresh_at.map(|f| now - f);
     if json {

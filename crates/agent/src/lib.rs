@@ -2,39 +2,29 @@
 //! the host to the bundles the controller decides. The binary of the same name only calls
 //! [`main`].
 
-pub mod applier;
-pub mod apply;
 mod assets;
 pub mod backoff;
 pub mod bundle;
 pub mod dns;
 pub mod exec;
+pub mod host;
 pub mod identity;
+pub mod install;
 pub mod log;
 pub mod metrics;
 pub mod plan;
 pub mod routes;
 pub mod run;
+pub mod state;
 pub mod wggo;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use serde::{Deserialize, Serialize};
 
 pub use trellis_files::unix_now;
-
-/// A JSON state file, or the default when it is missing or unreadable.
-fn read_json<T: for<'de> Deserialize<'de> + Default>(path: &Path) -> T {
-    std::fs::read(path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
-}
-
-/// Writes a JSON state file atomically, mode 0600.
-fn write_json<T: Serialize>(path: &Path, v: &T) -> Result<()> {
-    Ok(trellis_files::replace(path, &serde_json::to_vec_pretty(v)?, 0o600)?)
-}
 
 #[derive(Parser)]
 #[command(
@@ -59,7 +49,7 @@ struct HostArgs {
     root: PathBuf,
     /// WireGuard backend
     #[arg(long, value_enum, default_value = "auto")]
-    wireguard: apply::WgMode,
+    wireguard: host::WgMode,
     /// Write the files only: no interface, no ruleset, no DNS
     #[arg(long)]
     files_only: bool,
@@ -226,7 +216,7 @@ pub fn main() -> ExitCode {
                 match ev.as_ref().and_then(|ev| ev.error.clone()) {
                     None => {
                         // A bundle already applied is left as it is; the outcome is the same.
-                        let version = ev.map_or_else(|| run::load_manifest(&state_dir).version as i64, |ev| ev.version);
+                        let version = ev.map_or_else(|| state::Manifest::load(&state_dir).version as i64, |ev| ev.version);
                         println!("applied version {version} from {}", file.display());
                         Ok(())
                     }

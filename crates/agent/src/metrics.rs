@@ -16,7 +16,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 use tokio::net::TcpListener;
 
-use crate::run::AgentStatus;
+use crate::state::AgentStatus;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
@@ -180,7 +180,7 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apply::PeerState;
+    use crate::state::PeerState;
 
     #[test]
     fn ages_are_taken_at_the_scrape_and_unknown_ones_are_minus_one() {

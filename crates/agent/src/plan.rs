@@ -4,9 +4,9 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use serde::Deserialize;
 use trellis_core::bundle::{Bundle, BundleFile};
 use trellis_core::compile::{MESH_ZONE, NFTABLES_CONF, NODE_TOML, WIREGUARD_CONF};
+use trellis_core::nodefile::{NodeFile, NodeFileError};
 use trellis_core::wgconf::WgConf;
 
 /// One step of bringing the host to a bundle, in the order the plan lists them: files first
@@ -85,43 +85,21 @@ pub enum PlanError {
     NoSettings,
     #[error("node.toml is not UTF-8")]
     SettingsNotUtf8,
-    #[error("etc/trellis/node.toml is not valid: {0}")]
-    Settings(toml::de::Error),
+    #[error("{0}")]
+    Settings(NodeFileError),
     #[error("wireguard.conf is not UTF-8")]
     ConfNotUtf8,
     #[error("{0}")]
     Conf(String),
 }
 
-/// `etc/trellis/node.toml`: the interface, the zone's name, and whether this node is a hub.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NodeSettings {
-    #[allow(dead_code)]
-    node: String,
-    #[allow(dead_code)]
-    mesh: String,
-    interface: String,
-    zone: String,
-    hub: bool,
-    /// It forwards from the overlay to routes.
-    #[serde(default)]
-    router: bool,
-    /// Prefixes sent into the overlay.
-    #[serde(default)]
-    routes: Vec<ipnet::IpNet>,
-    /// Internet traffic leaves through an exit.
-    #[serde(default)]
-    exit: bool,
-}
-
 fn file<'a>(bundle: &'a Bundle, path: &str) -> Option<&'a BundleFile> {
     bundle.files.iter().find(|f| f.path == path)
 }
 
-fn settings(bundle: &Bundle) -> Result<NodeSettings, PlanError> {
+fn settings(bundle: &Bundle) -> Result<NodeFile, PlanError> {
     let f = file(bundle, NODE_TOML).ok_or(PlanError::NoSettings)?;
-    toml::from_str(std::str::from_utf8(&f.content).map_err(|_| PlanError::SettingsNotUtf8)?).map_err(PlanError::Settings)
+    NodeFile::parse(std::str::from_utf8(&f.content).map_err(|_| PlanError::SettingsNotUtf8)?).map_err(PlanError::Settings)
 }
 
 /// The actions that bring the host from what it holds to `bundle`. A re-delivery of what is

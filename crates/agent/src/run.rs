@@ -1,22 +1,21 @@
-//! `trellis-agent run`: long-poll the bundle, verify it, apply it (`applier`), report evidence.
+//! `trellis-agent run`: long-poll the bundle, verify it, install it (`install`), report evidence.
 //! With the controller away the last verified bundle stays applied and the overlay keeps
 //! running; the agent retries with backoff and jitter and shows its staleness.
 
-use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use serde::{Deserialize, Serialize};
 use trellis_client::NodeClient;
 use trellis_core::bundle::{verify, Applied, Bundle};
 use trellis_proto as proto;
 
-use crate::applier::{Applier, Manifest, LAST_BUNDLE, MANIFEST};
 use crate::exec::{Backends, Executor};
-use crate::identity::{self, Identity};
+use crate::identity;
+use crate::install::Installer;
 use crate::plan::Scope;
-use crate::{apply, read_json, unix_now, write_json};
+use crate::state::{self, AgentStatus, EvidenceBuffer, Identity, Manifest, LAST_BUNDLE};
+use crate::unix_now;
 
 pub struct Options {
     pub state_dir: PathBuf,
@@ -40,79 +39,11 @@ struct Polled {
     fresh_at: Option<i64>,
 }
 
-/// What `trellis-agent status` shows, written by the run loop.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct AgentStatus {
-    pub pid: u32,
-    pub updated_at: i64,
-    pub last_contact: Option<i64>,
-    /// The time in the controller's newest signed freshness stamp.
-    pub fresh_at: Option<i64>,
-    pub version: u64,
-    pub last_error: Option<String>,
-    pub interface: Option<String>,
-    pub peers: Vec<apply::PeerState>,
-    pub ruleset_loaded: bool,
-    pub dns_serving: Vec<String>,
-    /// Milliseconds from a bundle's arrival to its files written and interface, ruleset and DNS
-    /// updated, for the last one applied.
-    pub last_apply_ms: Option<u64>,
-    pub buffered_evidence: usize,
-    pub dropped_evidence: u64,
-}
-
-pub const EVIDENCE_BOUND: u64 = 10 * 1024 * 1024;
-
-/// Evidence waiting to be delivered: one JSON record a line, oldest first, bounded on disk.
-pub struct EvidenceBuffer {
-    path: PathBuf,
-    next_path: PathBuf,
-}
-
-impl EvidenceBuffer {
-    pub fn new(dir: &Path) -> Self {
-        EvidenceBuffer { path: dir.join("evidence.jsonl"), next_path: dir.join("evidence.next") }
-    }
-
-    pub fn pending(&self) -> Vec<proto::Evidence> {
-        std::fs::read_to_string(&self.path).unwrap_or_default().lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
-    }
-
-    fn next_seq(&self) -> i64 {
-        std::fs::read_to_string(&self.next_path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(1)
-    }
-
-    /// Appends a record with the next sequence number; drops the oldest records (their numbers
-    /// become a visible gap) when the buffer would pass its bound. Returns how many were dropped.
-    pub fn push(&self, mut record: proto::Evidence) -> Result<u64> {
-        record.seq = self.next_seq();
-        trellis_files::replace(&self.next_path, (record.seq + 1).to_string().as_bytes(), 0o600)?;
-        let mut lines: VecDeque<String> = std::fs::read_to_string(&self.path).unwrap_or_default().lines().map(str::to_string).collect();
-        lines.push_back(serde_json::to_string(&record)?);
-        let mut dropped = 0;
-        let mut size: u64 = lines.iter().map(|l| l.len() as u64 + 1).sum();
-        while size > EVIDENCE_BOUND && lines.len() > 1 {
-            size -= lines.pop_front().map_or(0, |l| l.len() as u64 + 1);
-            dropped += 1;
-        }
-        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
-        trellis_files::replace(&self.path, text.as_bytes(), 0o600)?;
-        Ok(dropped)
-    }
-
-    /// Removes the records the controller acknowledged (the first `n`).
-    pub fn ack(&self, n: usize) -> Result<()> {
-        let lines: Vec<String> = std::fs::read_to_string(&self.path).unwrap_or_default().lines().skip(n).map(str::to_string).collect();
-        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
-        Ok(trellis_files::replace(&self.path, text.as_bytes(), 0o600)?)
-    }
-}
-
 pub struct Agent {
     opts: Options,
     id: Identity,
     key: ed25519_dalek::VerifyingKey,
-    applier: Applier,
+    installer: Installer,
     evidence: EvidenceBuffer,
     status: AgentStatus,
     client: NodeClient,
@@ -129,18 +60,18 @@ fn last_bundle(dir: &Path, key: &ed25519_dalek::VerifyingKey, id: &Identity) -> 
 impl Agent {
     /// An agent for the node enrolled in `opts.state_dir`, acting on the host through `backends`.
     pub fn new(opts: Options, backends: Backends) -> Result<Agent> {
-        let id = identity::load(&opts.state_dir)?;
-        let key = crate::bundle::signing_key(&id)?;
-        let manifest: Manifest = read_json(&opts.state_dir.join(MANIFEST));
+        let id = Identity::load(&opts.state_dir)?;
+        let key = id.signing_key()?;
+        let manifest = Manifest::load(&opts.state_dir);
         let scope = Scope { files_only: opts.files_only, wireguard: backends.wireguard.is_some(), dns_port: opts.dns_port };
-        let exec = Executor::new(backends, opts.root.clone(), opts.state_dir.join("wireguard.key"));
+        let exec = Executor::new(backends, opts.root.clone(), opts.state_dir.join(state::WIREGUARD_KEY));
         // What an apply that fails falls back to.
         let previous = last_bundle(&opts.state_dir, &key, &id).ok().flatten();
         let client = identity::node_client(&opts.state_dir, &id)?;
         Ok(Agent {
             evidence: EvidenceBuffer::new(&opts.state_dir),
             status: AgentStatus { pid: std::process::id(), version: manifest.version, ..Default::default() },
-            applier: Applier::new(exec, scope, &opts.state_dir, manifest, previous),
+            installer: Installer::new(exec, scope, &opts.state_dir, manifest, previous),
             id,
             key,
             client,
@@ -156,18 +87,18 @@ impl Agent {
     /// Applies the bundle the manifest names again after a restart: the files are in place, the
     /// interface and ruleset are not (they lived in the previous process or were flushed).
     async fn resume(&mut self) -> Result<()> {
-        if self.applier.manifest().version == 0 || self.opts.files_only {
+        if self.installer.manifest().version == 0 || self.opts.files_only {
             return Ok(());
         }
         let Some(bundle) = last_bundle(&self.opts.state_dir, &self.key, &self.id)? else { return Ok(()) };
-        let result = self.applier.resume(&bundle).await;
+        let result = self.installer.resume(&bundle).await;
         self.host_status();
         result
     }
 
     /// Copies what the host shows after an apply into the status.
     fn host_status(&mut self) {
-        let report = self.applier.executor().report().clone();
+        let report = self.installer.executor().report().clone();
         self.status.interface = report.interface;
         self.status.ruleset_loaded = report.ruleset_loaded;
         self.status.dns_serving = report.dns_serving;
@@ -176,18 +107,18 @@ impl Agent {
     /// Applies a verified bundle; `None` when it is already applied.
     async fn apply(&mut self, bytes: &[u8], bundle: Bundle, again: bool) -> Option<proto::Evidence> {
         let started = std::time::Instant::now();
-        let evidence = self.applier.apply(bytes, bundle, unix_now(), again).await?;
+        let evidence = self.installer.apply(bytes, bundle, unix_now(), again).await?;
         let took = started.elapsed();
         self.metrics.apply(evidence.result == proto::EvidenceResult::Applied, took);
         match &evidence.error {
             None => tracing::info!(version = evidence.version, ms = took.as_millis() as u64, "applied"),
             Some(e) => tracing::error!(version = evidence.version, "apply failed, the previous configuration restored: {e}"),
         }
-        self.status.last_apply_ms = self.applier.last_apply_ms;
+        self.status.last_apply_ms = self.installer.last_apply_ms;
         self.host_status();
         match evidence.result {
             proto::EvidenceResult::Applied => {
-                self.status.version = self.applier.manifest().version;
+                self.status.version = self.installer.manifest().version;
                 self.status.last_error = None;
             }
             _ => self.status.last_error = evidence.error.clone(),
@@ -240,10 +171,10 @@ impl Agent {
     /// answered and the time in its signed freshness stamp. Takes `&self` so that the status
     /// can be refreshed while it waits.
     async fn poll(&self) -> Polled {
-        let version = self.applier.manifest().version;
+        let version = self.installer.manifest().version;
         let held = (version > 0).then_some(version as i64);
         // A large bundle may come as the edits from the one held, rebuilt here from its bytes.
-        let last = self.opts.state_dir.join(crate::applier::LAST_BUNDLE);
+        let last = self.opts.state_dir.join(LAST_BUNDLE);
         let rebuild = held.is_some() && last.exists();
         match self.client.bundle_or_delta(self.opts.wait, held, rebuild).await {
             Ok(answer) => {
@@ -280,16 +211,16 @@ impl Agent {
     fn snapshot(&self) -> AgentStatus {
         let mut status = self.status.clone();
         status.updated_at = unix_now();
-        status.peers = self.applier.executor().peers();
+        status.peers = self.installer.executor().peers();
         status.buffered_evidence = self.evidence.pending().len();
-        let _ = write_json(&self.opts.state_dir.join("agent-status.json"), &status);
+        let _ = status.save(&self.opts.state_dir);
         self.metrics.status(&status);
         status
     }
 
     /// The last applied version and digest, for verifying what arrives next.
     fn applied(&self) -> Option<Applied> {
-        let m = self.applier.manifest();
+        let m = self.installer.manifest();
         (m.version > 0).then(|| Applied { version: m.version, digest: m.digest() })
     }
 
@@ -422,14 +353,6 @@ impl Drop for AbortOnDrop {
     }
 }
 
-pub fn load_status(dir: &Path) -> AgentStatus {
-    read_json(&dir.join("agent-status.json"))
-}
-
-pub fn load_manifest(dir: &Path) -> Manifest {
-    read_json(&dir.join(MANIFEST))
-}
-
 /// A refusal that sending again will not change: the request itself is wrong.
 fn refused_for_good(e: &trellis_client::Error) -> bool {
     e.refused().is_some_and(|r| matches!(r.status, 400 | 413 | 422))
@@ -450,51 +373,5 @@ fn answered(e: trellis_client::Error) -> anyhow::Error {
         trellis_client::Error::Refused(r) => anyhow::anyhow!("the controller answered {}: {r}", r.status),
         trellis_client::Error::Answered { status, text } => anyhow::anyhow!("the controller answered {}: {text}", status.as_u16()),
         e => e.into(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn record(version: i64) -> proto::Evidence {
-        proto::Evidence { seq: 0, version, result: proto::EvidenceResult::Applied, error: None, files: Vec::new(), at: 1 }
-    }
-
-    #[test]
-    fn evidence_is_numbered_kept_in_order_and_acknowledged_from_the_front() {
-        let dir = std::env::temp_dir().join(format!("trellis-evidence-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let buf = EvidenceBuffer::new(&dir);
-        for v in 1..=5 {
-            assert_eq!(buf.push(record(v)).unwrap(), 0);
-        }
-        let seqs: Vec<i64> = buf.pending().iter().map(|r| r.seq).collect();
-        assert_eq!(seqs, [1, 2, 3, 4, 5]);
-        buf.ack(2).unwrap();
-        buf.push(record(6)).unwrap();
-        let seqs: Vec<i64> = buf.pending().iter().map(|r| r.seq).collect();
-        assert_eq!(seqs, [3, 4, 5, 6], "numbers keep rising after an acknowledgement");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn the_buffer_is_bounded_and_drops_the_oldest() {
-        let dir = std::env::temp_dir().join(format!("trellis-evidence-bound-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let buf = EvidenceBuffer::new(&dir);
-        let mut big = record(1);
-        big.error = Some("x".repeat(1024 * 1024));
-        let mut dropped = 0;
-        for _ in 0..12 {
-            dropped += buf.push(big.clone()).unwrap();
-        }
-        assert!(dropped >= 2, "dropped {dropped}");
-        let size = std::fs::metadata(dir.join("evidence.jsonl")).unwrap().len();
-        assert!(size <= EVIDENCE_BOUND, "{size}");
-        let seqs: Vec<i64> = buf.pending().iter().map(|r| r.seq).collect();
-        assert_eq!(*seqs.last().unwrap(), 12, "the newest is kept");
-        assert_eq!(seqs.first().copied(), Some(12 - seqs.len() as i64 + 1), "the oldest went first; the gap is visible by number");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -14,7 +14,8 @@ use anyhow::{bail, Context, Result};
 use base64::Engine;
 use trellis_core::wgconf::{WgConf, WgPeer};
 
-use crate::apply::{PeerState, Wireguard};
+use crate::host::Wireguard;
+use crate::state::PeerState;
 
 /// Where wireguard-go (like boringtun and `wg`) keeps its control sockets.
 const SOCKET_DIR: &str = "/var/run/wireguard";

@@ -12,6 +12,7 @@ pub mod explain;
 pub mod graph;
 pub mod keys;
 pub mod load;
+pub mod nodefile;
 pub mod par;
 pub mod plan;
 pub mod render;

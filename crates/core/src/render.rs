@@ -10,6 +10,7 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 
 use crate::decl::{Proto, PublicKey, KEEPALIVE_SECS};
+use crate::nodefile::{Comments, NodeFile};
 use crate::plan::{FileResource, NodePlan, NodeText, PeerPlan, RouteBlock, RouteUse, MESH_ZONE, NFTABLES_CONF, NODE_TOML, WIREGUARD_CONF};
 use crate::text::{Runs, Text, TextBuilder};
 use crate::topology::{ResolvedRoute, ResolvedRule, Topology};
@@ -43,23 +44,21 @@ pub fn files(plan: &NodePlan, prior: Option<(&NodePlan, &[FileResource])>) -> Ve
 /// routes lists the prefixes it sends into the overlay and whether it uses an exit.
 pub fn node_toml(plan: &NodePlan) -> String {
     let c = &plan.common;
-    let mut s = format!(
-        "# trellis: settings of node {} in mesh {}. Generated; do not edit.\nnode = \"{}\"\nmesh = \"{}\"\ninterface = \"{}\"\nzone = \"{}\"\nhub = {}\n",
-        plan.node, c.mesh, plan.node, c.mesh, c.interface, c.domain, plan.hub
-    );
-    if !plan.routes_for.is_empty() {
-        let names: Vec<String> = plan.routes_for.iter().map(|r| format!("\"{}\"", r.route.name)).collect();
-        let _ = writeln!(s, "# Routes this node forwards to: {}\nrouter = true", names.join(", "));
-    }
-    let prefixes: Vec<String> =
-        plan.routed.iter().filter(|r| !r.exit).flat_map(|r| r.prefixes.iter().map(|p| format!("\"{p}\""))).collect();
-    if !prefixes.is_empty() {
-        let _ = writeln!(s, "routes = [{}]", prefixes.join(", "));
-    }
-    if let Some(exit) = plan.routed.iter().find(|r| r.exit) {
-        let _ = writeln!(s, "# Internet traffic leaves through route {}\nexit = true", exit.name);
-    }
-    s
+    let file = NodeFile {
+        node: plan.node.to_string(),
+        mesh: c.mesh.clone(),
+        interface: c.interface.clone(),
+        zone: c.domain.clone(),
+        hub: plan.hub,
+        router: !plan.routes_for.is_empty(),
+        routes: plan.routed.iter().filter(|r| !r.exit).flat_map(|r| r.prefixes.iter().copied()).collect(),
+        exit: plan.routed.iter().any(|r| r.exit),
+    };
+    let comments = Comments {
+        forwards_to: plan.routes_for.iter().map(|r| &*r.route.name).collect(),
+        exit_through: plan.routed.iter().find(|r| r.exit).map(|r| &*r.name),
+    };
+    file.write(&comments)
 }
 
 /// A node's `wireguard.conf`. A peer that relays for no one is written the same way in every

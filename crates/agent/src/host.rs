@@ -1,7 +1,8 @@
 //! The host side effects, each behind a narrow trait with one implementation per backend:
 //! files (atomic, staged), WireGuard (the kernel module or the embedded boringtun through
 //! defguard_wireguard_rs, or a `wireguard-go` process: `crate::wggo`), nftables (`nft -f`) and
-//! IP forwarding (`/proc/sys`). The executor talks only to the traits.
+//! IP forwarding (`/proc/sys`); the zone's server is `crate::dns`, routes `crate::routes`. The
+//! executor talks only to the traits.
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -11,6 +12,8 @@ use sha2::{Digest, Sha256};
 use trellis_core::bundle::BundleFile;
 use trellis_core::wgconf::WgConf;
 use trellis_files::beneath::Beneath;
+
+use crate::state::PeerState;
 
 // --- files -----------------------------------------------------------------------------------
 
@@ -31,10 +34,6 @@ pub trait FileWriter {
 
 pub struct DiskWriter {
     pub root: PathBuf,
-}
-
-fn sha_hex(b: &[u8]) -> String {
-    hex::encode(Sha256::digest(b))
 }
 
 impl DiskWriter {
@@ -126,21 +125,7 @@ impl FileWriter for DiskWriter {
     }
 }
 
-/// The SHA-256 of a file on disk, if it exists.
-pub fn disk_sha(path: &Path) -> Option<String> {
-    std::fs::read(path).ok().map(|b| sha_hex(&b))
-}
-
 // --- WireGuard -------------------------------------------------------------------------------
-
-/// One peer as the interface sees it.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub struct PeerState {
-    pub public_key: String,
-    pub endpoint: Option<String>,
-    /// Unix seconds of the last handshake, if any.
-    pub last_handshake: Option<u64>,
-}
 
 pub trait Wireguard {
     /// Brings the interface to this configuration: created on first use, peers changed in place.

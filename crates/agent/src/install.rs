@@ -1,64 +1,24 @@
-//! Applying one verified bundle: plan it against what is held and observed, execute the plan,
-//! then either remember the bundle (its bytes and the manifest) or, on failure, put the
-//! previous bundle's files back and apply its configuration again. Reports evidence.
+//! Installing one verified bundle: plan it against what is held and observed, have the executor
+//! carry the plan out, then either remember the bundle (its bytes and the manifest) or, on
+//! failure, put the previous bundle's files back and apply its configuration again. Reports
+//! evidence.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use serde::{Deserialize, Serialize};
 use trellis_core::bundle::Bundle;
 use trellis_proto as proto;
 
 use crate::exec::Executor;
 use crate::plan::{plan, Action, Held, Observed, Scope};
+use crate::state::{Manifest, LAST_BUNDLE};
 
-/// What the agent last applied, kept on disk so a restart resumes without rewriting anything.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Manifest {
-    pub version: u64,
-    pub digest: String,
-    pub files: Vec<ManifestFile>,
+/// What the manifest says is held, for the plan.
+fn held(m: &Manifest) -> Held {
+    Held { version: m.version, digest: m.digest().unwrap_or_default(), files: m.files.iter().map(|f| f.path.clone()).collect() }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ManifestFile {
-    pub path: String,
-    pub sha256: String,
-    pub mode: u32,
-}
-
-impl Manifest {
-    pub fn of(bundle: &Bundle) -> Manifest {
-        Manifest {
-            version: bundle.version,
-            digest: hex::encode(bundle.content_digest()),
-            files: bundle
-                .files
-                .iter()
-                .map(|f| ManifestFile { path: f.path.clone(), sha256: hex::encode(f.sha256), mode: f.mode })
-                .collect(),
-        }
-    }
-
-    /// The digest, when the manifest holds a valid one.
-    pub fn digest(&self) -> Option<[u8; 32]> {
-        hex::decode(&self.digest).ok().and_then(|d| d.try_into().ok())
-    }
-
-    fn held(&self) -> Held {
-        Held {
-            version: self.version,
-            digest: self.digest().unwrap_or_default(),
-            files: self.files.iter().map(|f| f.path.clone()).collect(),
-        }
-    }
-}
-
-pub const MANIFEST: &str = "manifest.json";
-/// The bytes of the bundle last applied, as received.
-pub const LAST_BUNDLE: &str = "bundle.last";
-
-pub struct Applier {
+pub struct Installer {
     exec: Executor,
     scope: Scope,
     state_dir: PathBuf,
@@ -71,9 +31,9 @@ pub struct Applier {
     pub last_apply_ms: Option<u64>,
 }
 
-impl Applier {
-    pub fn new(exec: Executor, scope: Scope, state_dir: &Path, manifest: Manifest, previous: Option<Bundle>) -> Applier {
-        Applier { exec, scope, state_dir: state_dir.to_path_buf(), manifest, previous, network: None, last_apply_ms: None }
+impl Installer {
+    pub fn new(exec: Executor, scope: Scope, state_dir: &Path, manifest: Manifest, previous: Option<Bundle>) -> Installer {
+        Installer { exec, scope, state_dir: state_dir.to_path_buf(), manifest, previous, network: None, last_apply_ms: None }
     }
 
     pub fn manifest(&self) -> &Manifest {
@@ -111,7 +71,7 @@ impl Applier {
             files: Vec::new(),
             at: now,
         };
-        let (mut held, mut observed) = (self.manifest.held(), self.observed());
+        let (mut held, mut observed) = (held(&self.manifest), self.observed());
         if again {
             held.version = 0;
             observed.network = None;
@@ -141,7 +101,7 @@ impl Applier {
                 let manifest = Manifest::of(&bundle);
                 let saved = trellis_files::replace(&self.state_dir.join(LAST_BUNDLE), bytes, 0o600)
                     .map_err(anyhow::Error::from)
-                    .and_then(|_| crate::write_json(&self.state_dir.join(MANIFEST), &manifest));
+                    .and_then(|_| manifest.save(&self.state_dir));
                 if let Err(e) = saved {
                     evidence.result = proto::EvidenceResult::Failed;
                     evidence.error = Some(format!("{e:#}"));
@@ -197,9 +157,10 @@ mod tests {
     use trellis_core::wgconf::WgConf;
 
     use super::*;
-    use crate::apply::{FileOutcome, FileWriter, Firewall, Forwarding, PeerState, Wireguard};
     use crate::dns::{BoxFuture, Resolver};
     use crate::exec::Backends;
+    use crate::host::{FileOutcome, FileWriter, Firewall, Forwarding, Wireguard};
+    use crate::state::PeerState;
 
     type Journal = Arc<Mutex<Vec<String>>>;
     /// The fake host's files, path to content, as committed.
@@ -302,7 +263,7 @@ mod tests {
     struct Fixture {
         journal: Journal,
         dir: PathBuf,
-        applier: Applier,
+        applier: Installer,
     }
 
     impl Drop for Fixture {
@@ -329,7 +290,7 @@ mod tests {
         };
         let exec = Executor::new(backends, dir.join("root"), dir.join("wireguard.key"));
         let scope = Scope { files_only: false, wireguard: true, dns_port: 53 };
-        Fixture { applier: Applier::new(exec, scope, &dir, Manifest::default(), None), journal, dir }
+        Fixture { applier: Installer::new(exec, scope, &dir, Manifest::default(), None), journal, dir }
     }
 
     impl Fixture {
@@ -387,7 +348,7 @@ mod tests {
     }
 
     fn load(dir: &Path) -> Manifest {
-        crate::run::load_manifest(dir)
+        Manifest::load(dir)
     }
 
     #[test]

@@ -1,0 +1,267 @@
+//! The state directory (`--state-dir`): the names of the files the agent keeps there, and the
+//! ones it reads back as values: the identity, the manifest of the bundle applied, the status
+//! the loop writes, and the evidence waiting to be delivered. A leaf: it uses no other module of
+//! the agent, so every phase can share these types without importing another.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use trellis_core::bundle::Bundle;
+use trellis_proto as proto;
+
+/// Who the node is and where its controllers are (TOML).
+pub const IDENTITY: &str = "identity.toml";
+/// The node's WireGuard private key (base64), made at enrolment and kept.
+pub const WIREGUARD_KEY: &str = "wireguard.key";
+/// The node's TLS key (PEM).
+pub const NODE_KEY: &str = "node.key";
+/// The node's certificate (PEM).
+pub const NODE_CERT: &str = "node.pem";
+/// The mesh CA's certificate (PEM).
+pub const CA_CERT: &str = "ca.pem";
+/// An enrolment sent and not yet answered (TOML).
+pub const ENROL_PENDING: &str = "enrol.pending";
+/// What the agent last applied (`Manifest`, JSON).
+pub const MANIFEST: &str = "manifest.json";
+/// The bytes of the bundle last applied, as received.
+pub const LAST_BUNDLE: &str = "bundle.last";
+/// What the loop shows (`AgentStatus`, JSON).
+pub const STATUS: &str = "agent-status.json";
+/// Evidence waiting to be delivered, one JSON record a line.
+pub const EVIDENCE: &str = "evidence.jsonl";
+/// The sequence number of the next evidence record.
+pub const EVIDENCE_NEXT: &str = "evidence.next";
+
+/// A JSON state file, or the default when it is missing or unreadable.
+fn read_json<T: for<'de> Deserialize<'de> + Default>(path: &Path) -> T {
+    std::fs::read(path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
+}
+
+/// Writes a JSON state file atomically, mode 0600.
+fn write_json<T: Serialize>(path: &Path, v: &T) -> Result<()> {
+    Ok(trellis_files::replace(path, &serde_json::to_vec_pretty(v)?, 0o600)?)
+}
+
+// --- identity --------------------------------------------------------------------------------
+
+/// `identity.toml`: who the node is, as the controller answered its enrolment.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Identity {
+    pub node: String,
+    pub mesh: String,
+    pub controllers: Vec<String>,
+    /// Base64 of the controller's ed25519 bundle-signing public key.
+    pub signing_public_key: String,
+    /// As of enrolment.
+    pub state: proto::EnrolledState,
+}
+
+impl Identity {
+    pub fn load(dir: &Path) -> Result<Identity> {
+        let path = dir.join(IDENTITY);
+        let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display())).with_context(|| {
+            format!("{} holds no enrolled node; run `trellis-agent enrol TOKEN --state-dir {}`", dir.display(), dir.display())
+        })?;
+        toml::from_str(&text).with_context(|| format!("{} is not a valid identity", path.display()))
+    }
+
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        Ok(trellis_files::replace(&dir.join(IDENTITY), toml::to_string(self)?.as_bytes(), 0o644)?)
+    }
+
+    /// The key bundles and freshness stamps are signed with.
+    pub fn signing_key(&self) -> Result<ed25519_dalek::VerifyingKey> {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(&self.signing_public_key)
+            .context("identity.toml: signing_public_key is not base64")?;
+        let bytes: [u8; 32] = bytes.try_into().map_err(|_| anyhow::anyhow!("identity.toml: signing_public_key is not 32 bytes"))?;
+        ed25519_dalek::VerifyingKey::from_bytes(&bytes).context("identity.toml: signing_public_key is not an ed25519 key")
+    }
+}
+
+// --- manifest --------------------------------------------------------------------------------
+
+/// What the agent last applied, kept on disk so a restart resumes without rewriting anything.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub version: u64,
+    pub digest: String,
+    pub files: Vec<ManifestFile>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestFile {
+    pub path: String,
+    pub sha256: String,
+    pub mode: u32,
+}
+
+impl Manifest {
+    pub fn of(bundle: &Bundle) -> Manifest {
+        Manifest {
+            version: bundle.version,
+            digest: hex::encode(bundle.content_digest()),
+            files: bundle
+                .files
+                .iter()
+                .map(|f| ManifestFile { path: f.path.clone(), sha256: hex::encode(f.sha256), mode: f.mode })
+                .collect(),
+        }
+    }
+
+    /// The digest, when the manifest holds a valid one.
+    pub fn digest(&self) -> Option<[u8; 32]> {
+        hex::decode(&self.digest).ok().and_then(|d| d.try_into().ok())
+    }
+
+    /// The manifest saved in `dir`; the empty one (version 0) when there is none.
+    pub fn load(dir: &Path) -> Manifest {
+        read_json(&dir.join(MANIFEST))
+    }
+
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        write_json(&dir.join(MANIFEST), self)
+    }
+}
+
+// --- status ----------------------------------------------------------------------------------
+
+/// One peer as the interface sees it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PeerState {
+    pub public_key: String,
+    pub endpoint: Option<String>,
+    /// Unix seconds of the last handshake, if any.
+    pub last_handshake: Option<u64>,
+}
+
+/// What `trellis-agent status` shows, written by the run loop.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct AgentStatus {
+    pub pid: u32,
+    pub updated_at: i64,
+    pub last_contact: Option<i64>,
+    /// The time in the controller's newest signed freshness stamp.
+    pub fresh_at: Option<i64>,
+    pub version: u64,
+    pub last_error: Option<String>,
+    pub interface: Option<String>,
+    pub peers: Vec<PeerState>,
+    pub ruleset_loaded: bool,
+    pub dns_serving: Vec<String>,
+    /// Milliseconds from a bundle's arrival to its files written and interface, ruleset and DNS
+    /// updated, for the last one applied.
+    pub last_apply_ms: Option<u64>,
+    pub buffered_evidence: usize,
+    pub dropped_evidence: u64,
+}
+
+impl AgentStatus {
+    /// The status saved in `dir`; the default when there is none.
+    pub fn load(dir: &Path) -> AgentStatus {
+        read_json(&dir.join(STATUS))
+    }
+
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        write_json(&dir.join(STATUS), self)
+    }
+}
+
+// --- evidence --------------------------------------------------------------------------------
+
+pub const EVIDENCE_BOUND: u64 = 10 * 1024 * 1024;
+
+/// Evidence waiting to be delivered: one JSON record a line, oldest first, bounded on disk.
+pub struct EvidenceBuffer {
+    path: PathBuf,
+    next_path: PathBuf,
+}
+
+impl EvidenceBuffer {
+    pub fn new(dir: &Path) -> Self {
+        EvidenceBuffer { path: dir.join(EVIDENCE), next_path: dir.join(EVIDENCE_NEXT) }
+    }
+
+    pub fn pending(&self) -> Vec<proto::Evidence> {
+        std::fs::read_to_string(&self.path).unwrap_or_default().lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+    }
+
+    fn next_seq(&self) -> i64 {
+        std::fs::read_to_string(&self.next_path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(1)
+    }
+
+    /// Appends a record with the next sequence number; drops the oldest records (their numbers
+    /// become a visible gap) when the buffer would pass its bound. Returns how many were dropped.
+    pub fn push(&self, mut record: proto::Evidence) -> Result<u64> {
+        record.seq = self.next_seq();
+        trellis_files::replace(&self.next_path, (record.seq + 1).to_string().as_bytes(), 0o600)?;
+        let mut lines: VecDeque<String> = std::fs::read_to_string(&self.path).unwrap_or_default().lines().map(str::to_string).collect();
+        lines.push_back(serde_json::to_string(&record)?);
+        let mut dropped = 0;
+        let mut size: u64 = lines.iter().map(|l| l.len() as u64 + 1).sum();
+        while size > EVIDENCE_BOUND && lines.len() > 1 {
+            size -= lines.pop_front().map_or(0, |l| l.len() as u64 + 1);
+            dropped += 1;
+        }
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        trellis_files::replace(&self.path, text.as_bytes(), 0o600)?;
+        Ok(dropped)
+    }
+
+    /// Removes the records the controller acknowledged (the first `n`).
+    pub fn ack(&self, n: usize) -> Result<()> {
+        let lines: Vec<String> = std::fs::read_to_string(&self.path).unwrap_or_default().lines().skip(n).map(str::to_string).collect();
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        Ok(trellis_files::replace(&self.path, text.as_bytes(), 0o600)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(version: i64) -> proto::Evidence {
+        proto::Evidence { seq: 0, version, result: proto::EvidenceResult::Applied, error: None, files: Vec::new(), at: 1 }
+    }
+
+    #[test]
+    fn evidence_is_numbered_kept_in_order_and_acknowledged_from_the_front() {
+        let dir = std::env::temp_dir().join(format!("trellis-evidence-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let buf = EvidenceBuffer::new(&dir);
+        for v in 1..=5 {
+            assert_eq!(buf.push(record(v)).unwrap(), 0);
+        }
+        let seqs: Vec<i64> = buf.pending().iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, [1, 2, 3, 4, 5]);
+        buf.ack(2).unwrap();
+        buf.push(record(6)).unwrap();
+        let seqs: Vec<i64> = buf.pending().iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, [3, 4, 5, 6], "numbers keep rising after an acknowledgement");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_buffer_is_bounded_and_drops_the_oldest() {
+        let dir = std::env::temp_dir().join(format!("trellis-evidence-bound-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let buf = EvidenceBuffer::new(&dir);
+        let mut big = record(1);
+        big.error = Some("x".repeat(1024 * 1024));
+        let mut dropped = 0;
+        for _ in 0..12 {
+            dropped += buf.push(big.clone()).unwrap();
+        }
+        assert!(dropped >= 2, "dropped {dropped}");
+        let size = std::fs::metadata(dir.join(EVIDENCE)).unwrap().len();
+        assert!(size <= EVIDENCE_BOUND, "{size}");
+        let seqs: Vec<i64> = buf.pending().iter().map(|r| r.seq).collect();
+        assert_eq!(*seqs.last().unwrap(), 12, "the newest is kept");
+        assert_eq!(seqs.first().copied(), Some(12 - seqs.len() as i64 + 1), "the oldest went first; the gap is visible by number");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
