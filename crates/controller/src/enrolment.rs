@@ -8,7 +8,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use trellis_core::decl::PublicKey;
 use trellis_proto as proto;
-use trellis_proto::{EnrolledState, TokenState};
+use trellis_proto::{AuditAction, EnrolledState, TokenState};
 use trellis_store::{Audit, NodeRecord};
 
 use crate::error::{NodeRefusal, Redemption};
@@ -78,7 +78,7 @@ impl Controller {
                     let audit = Audit {
                         at: now,
                         actor: &format!("token {token_id}"),
-                        action: "token redemption refused",
+                        action: AuditAction::TokenRedemptionRefused,
                         subject: &node,
                         detail: format!("{e} (from {source})"),
                     };
@@ -99,7 +99,7 @@ impl Controller {
             let audit = Audit {
                 at: self.now(),
                 actor: &format!("source {source}"),
-                action: "token redemptions refused",
+                action: AuditAction::TokenRedemptionsRefused,
                 subject: &source.to_string(),
                 detail: format!(
                     "{} more refused from {source} in the {} s from {} ({} of them turned away unread); the last: {}",
@@ -165,7 +165,7 @@ impl Controller {
         let audit = Audit {
             at: t,
             actor: &format!("token {}", token.id),
-            action: "node enrolled",
+            action: AuditAction::NodeEnrolled,
             subject: &req.node,
             detail: format!("state {state}, key {key}, certificate {}", issued.serial),
         };
@@ -245,7 +245,7 @@ impl Controller {
         let audit = Audit {
             at: self.now(),
             actor: &format!("node {name}"),
-            action: "certificate renewed",
+            action: AuditAction::CertificateRenewed,
             subject: &name,
             detail: format!("{} replaces {}", issued.serial, who.serial),
         };

@@ -9,7 +9,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use base64::Engine;
 use trellis_controller::state::Config;
 use trellis_controller::{Clock, Controller, Entropy, Error, Keys, NodeRefusal, Redemption};
-use trellis_proto::{self as proto, EnrolledState, NodeState, TokenState};
+use trellis_proto::{self as proto, AuditAction, EnrolledState, NodeState, TokenState};
 use trellis_store::{testdb, Store};
 
 mod pools;
@@ -129,7 +129,7 @@ async fn tokens_expire_by_the_injected_clock_and_their_ids_come_from_the_injecte
         assert_eq!(refused.code(), "token_expired");
         let audit = c.audit().await.unwrap();
         let last = audit.last().unwrap();
-        assert_eq!((last.action.as_str(), last.subject.as_str(), last.at), ("token redemption refused", "db-1", T0 + 60));
+        assert_eq!((last.action.as_str(), last.subject.as_str(), last.at), (AuditAction::TokenRedemptionRefused.as_str(), "db-1", T0 + 60));
         assert_eq!(trellis_proto::audit::verify(&audit), Ok(audit.len()));
     })
     .await;
@@ -305,7 +305,7 @@ async fn a_retried_enrolment_is_answered_as_the_first_was_and_only_for_the_same_
         assert_eq!(c.store.node("op-1").await.unwrap().unwrap().cert_pem.as_deref(), Some(a.node_cert_pem.as_str()));
 
         let audit = c.audit().await.unwrap();
-        assert_eq!(audit.iter().filter(|r| r.action == "node enrolled").count(), 3);
+        assert_eq!(audit.iter().filter(|r| r.action == AuditAction::NodeEnrolled.as_str()).count(), 3);
         assert_eq!(trellis_proto::audit::verify(&audit), Ok(audit.len()));
     })
     .await;
@@ -356,7 +356,7 @@ async fn refused_redemptions_are_audited_counted_then_turned_away_per_source() {
         let audit = c.audit().await.unwrap();
         assert_eq!(audit.len() - before, 7, "{:?}", &audit[before..]);
         let summary = audit.last().unwrap();
-        assert_eq!((summary.action.as_str(), summary.subject.as_str()), ("token redemptions refused", "192.0.2.66"));
+        assert_eq!((summary.action.as_str(), summary.subject.as_str()), (AuditAction::TokenRedemptionsRefused.as_str(), "192.0.2.66"));
         assert!(
             summary
                 .detail

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use trellis_controller::{Controller, Error, Redemption};
-use trellis_proto::{self as proto, NodeState, TokenState};
+use trellis_proto::{self as proto, AuditAction, NodeState, TokenState};
 use trellis_store::testdb;
 
 use super::{controller, enrol_request, x25519_public, Fixture, T0};
@@ -82,8 +82,11 @@ async fn a_pool_token_enrols_exactly_uses_members_under_concurrency() {
         let info = c.tokens().await.unwrap().into_iter().find(|i| i.id == t.id).unwrap();
         assert_eq!((info.state, info.used, info.uses), (TokenState::Used, 3, 3));
         let audit = c.audit().await.unwrap();
-        let enrolled: BTreeSet<&str> =
-            audit.iter().filter(|r| r.action == "node enrolled" && r.detail.contains("pool ci")).map(|r| r.subject.as_str()).collect();
+        let enrolled: BTreeSet<&str> = audit
+            .iter()
+            .filter(|r| r.action == AuditAction::NodeEnrolled.as_str() && r.detail.contains("pool ci"))
+            .map(|r| r.subject.as_str())
+            .collect();
         assert_eq!(enrolled, ["ci-1", "ci-2", "ci-3"].into_iter().collect());
     })
     .await;
@@ -171,7 +174,7 @@ async fn members_are_published_listed_and_removed_after_ephemeral_after() {
         assert!(!bundle_text(c, "web-1").contains(&member_key), "web-1 drops ci-1");
         assert!(c.publisher.current("ci-1").is_none());
         assert!(c.nodes().await.unwrap().iter().all(|n| n.name != "ci-1"));
-        let removed: Vec<_> = c.audit().await.unwrap().into_iter().filter(|r| r.action == "node removed").collect();
+        let removed: Vec<_> = c.audit().await.unwrap().into_iter().filter(|r| r.action == AuditAction::NodeRemoved.as_str()).collect();
         assert_eq!(removed.len(), 1);
         assert_eq!(removed[0].subject, "ci-1");
         assert!(removed[0].detail.contains("ephemeral_after (5 s)"), "{}", removed[0].detail);
@@ -248,7 +251,7 @@ async fn a_pool_no_longer_declared_loses_its_members() {
         assert!(matches!(r, Err(Error::Redemption(Redemption::PoolUndeclared { ref pool, .. })) if pool == "ci"), "{r:?}");
         assert_eq!(c.sweep_members().await.unwrap(), vec!["ci-1".to_string()]);
         let audit = c.audit().await.unwrap();
-        let removed = audit.iter().find(|r| r.action == "node removed").unwrap();
+        let removed = audit.iter().find(|r| r.action == AuditAction::NodeRemoved.as_str()).unwrap();
         assert!(removed.detail.contains("which revision 3 no longer declares"), "{}", removed.detail);
     })
     .await;
