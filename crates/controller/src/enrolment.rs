@@ -158,7 +158,7 @@ impl Controller {
         let lifetime = Duration::from_secs(self.config.node_cert_secs);
         let issued = self
             .ca()
-            .sign_node(&req.csr_pem, &req.node, &decl.mesh.name, self.system_time(), lifetime)
+            .sign_node(&req.csr_pem, &req.node, &decl.mesh.name, self.system_time(), lifetime, self.random())
             .map_err(|e| Redemption::BadCsr(e.to_string()))?;
         let state = if token.require_approval { EnrolledState::Pending } else { EnrolledState::Active };
         let record = enrolled_record(&req.node, state, key, &issued, t);
@@ -240,7 +240,7 @@ impl Controller {
         let mesh = self.current_declaration().await?.map(|(_, d)| d.mesh.name.clone()).unwrap_or_default();
         let issued = self
             .ca()
-            .sign_node(&req.csr_pem, &name, &mesh, self.system_time(), Duration::from_secs(self.config.node_cert_secs))
+            .sign_node(&req.csr_pem, &name, &mesh, self.system_time(), Duration::from_secs(self.config.node_cert_secs), self.random())
             .map_err(|e| Error::BadRequest(e.to_string()))?;
         let audit = Audit {
             at: self.now(),

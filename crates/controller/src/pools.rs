@@ -125,7 +125,14 @@ impl Controller {
                 .map_err(|d| Error::internal("giving a pool member its addresses", d.message))?;
             let issued = self
                 .ca()
-                .sign_node(&req.csr_pem, &name, &decl.mesh.name, self.system_time(), Duration::from_secs(self.config.node_cert_secs))
+                .sign_node(
+                    &req.csr_pem,
+                    &name,
+                    &decl.mesh.name,
+                    self.system_time(),
+                    Duration::from_secs(self.config.node_cert_secs),
+                    self.random(),
+                )
                 .map_err(|e| Redemption::BadCsr(e.to_string()))?;
             let record = NodeRecord {
                 pool: Some(pool_name.clone()),

@@ -47,7 +47,7 @@ struct Fixture {
 async fn controller(url: String) -> Fixture {
     use sha2::Digest;
     let store = Store::open(&url).await.unwrap();
-    let ca = trellis_pki::create_ca("trellis", UNIX_EPOCH + Duration::from_secs(T0 as u64)).unwrap();
+    let ca = trellis_pki::create_ca("trellis", UNIX_EPOCH + Duration::from_secs(T0 as u64), [0xca; 16]).unwrap();
     let keys = Keys {
         ca: trellis_pki::Ca::load(&ca.cert_pem, &ca.key_pem).unwrap(),
         signing_key: ed25519_dalek::SigningKey::from_bytes(&[7; 32]),
