@@ -144,17 +144,16 @@ impl Checkpoint {
     }
 }
 
-/// Checks a whole chain against a checkpoint of its head (whose signature the caller has
-/// checked): it must reach the checkpoint's record, with the same hash there.
-pub fn verify_against(records: &[AuditRecord], checkpoint: &Checkpoint) -> Result<usize, String> {
-    let mut check = ChainCheck::new(Some(checkpoint.clone()));
-    records.iter().try_for_each(|r| check.feed(r))?;
-    check.finish()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A whole chain checked against a checkpoint of its head.
+    fn verify_against(records: &[AuditRecord], checkpoint: &Checkpoint) -> Result<usize, String> {
+        let mut check = ChainCheck::new(Some(checkpoint.clone()));
+        records.iter().try_for_each(|r| check.feed(r))?;
+        check.finish()
+    }
 
     fn chain(n: i64) -> Vec<AuditRecord> {
         let mut out: Vec<AuditRecord> = Vec::new();
