@@ -479,3 +479,67 @@ async fn a_replica_takes_the_version_another_replica_stored_for_the_same_content
     })
     .await;
 }
+
+/// What a node asking for its bundle is answered, as a value: the whole bundle after the run
+/// that covers its enrolment, `Current` while it holds the newest, the whole newer one as soon as
+/// a decision publishes it, `Current` at once when the controller stops; nothing while pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bundle_request_is_answered_as_a_value() {
+    use trellis_controller::{BundleAnswer, BundleRequest};
+    on_both(|fx| async move {
+        let c = &fx.c;
+        let token = |node: &str, require_approval: bool| {
+            let req = proto::TokenRequest { node: node.into(), ttl_secs: 600, require_approval, ..Default::default() };
+            async move { c.create_token(&req).await.unwrap().token }
+        };
+        let (req, key) = enrol_request(&token("db-1", false).await);
+        let enrolled = c.enrol(req).await.unwrap();
+        let der = trellis_pki::pem_to_der(&enrolled.node_cert_pem, "CERTIFICATE").unwrap();
+        let who = c.authenticate_node(Some(&der)).await.unwrap();
+        let ask = |held: Option<i64>, wait: u64| BundleRequest { held, takes_delta: true, wait: Duration::from_secs(wait) };
+
+        // No bundle held yet: the request waits for the run that covers the enrolment.
+        let first = match c.bundle_answer(&who, ask(None, 0)).await.unwrap() {
+            BundleAnswer::Whole { version, body, stamp } => {
+                let held = c.bundle("db-1").unwrap();
+                assert_eq!(version, held.version);
+                assert_eq!(body.collect::<Vec<_>>().concat(), held.signed.to_vec(), "the bundle as held");
+                assert!(!stamp.is_empty());
+                version
+            }
+            _ => panic!("a node holding nothing is sent its bundle whole"),
+        };
+        assert!(matches!(c.bundle_answer(&who, ask(Some(first), 0)).await.unwrap(), BundleAnswer::Current { version, .. } if version == first));
+        assert!(
+            matches!(c.bundle_answer(&who, ask(Some(first + 7), 0)).await.unwrap(), BundleAnswer::Whole { version, .. } if version == first),
+            "a version it does not have is answered with the current one"
+        );
+
+        // A renewal changes its certificate, so its bundle: a long-poll holding the old one hears
+        // of the new one as soon as it is published.
+        let csr_pem = trellis_pki::csr_from_key(&key, "db-1").unwrap();
+        let (answer, ()) = tokio::join!(c.bundle_answer(&who, ask(Some(first), 30)), async {
+            c.renew(&who, &proto::RenewRequest { csr_pem }).await.unwrap();
+            c.publish().await.unwrap();
+        });
+        let second = match answer.unwrap() {
+            BundleAnswer::Whole { version, .. } => version,
+            _ => panic!("a newer bundle is sent whole (it is too small for a delta)"),
+        };
+        assert!(second > first, "{second} after {first}");
+
+        let (req, _) = enrol_request(&token("api-1", true).await);
+        let pending = c.enrol(req).await.unwrap();
+        let der = trellis_pki::pem_to_der(&pending.node_cert_pem, "CERTIFICATE").unwrap();
+        let waiting = c.authenticate_node(Some(&der)).await.unwrap();
+        let refused = c.bundle_answer(&waiting, ask(None, 0)).await.err().unwrap();
+        assert!(matches!(refused, Error::Node(NodeRefusal::PendingApproval(_))), "{refused:?}");
+
+        c.stop();
+        let started = std::time::Instant::now();
+        let stopped = c.bundle_answer(&who, ask(Some(second), 60)).await.unwrap();
+        assert!(matches!(stopped, BundleAnswer::Current { version, .. } if version == second));
+        assert!(started.elapsed() < Duration::from_secs(10), "a stopping controller answers at once");
+    })
+    .await;
+}
