@@ -21,7 +21,7 @@ fn main() {
     let mut out = Seeds { dir: seeds };
 
     let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-    let ca_pair = trellis_pki::create_ca(trellis_fuzz::MESH, now).expect("a CA");
+    let ca_pair = trellis_pki::create_ca(trellis_fuzz::MESH, now, [1; 16]).expect("a CA");
     let ca = trellis_pki::Ca::load(&ca_pair.cert_pem, &ca_pair.key_pem).expect("the CA loads");
 
     // Tokens: as pasted, and as a payload the harness completes with its checksum.
@@ -84,7 +84,7 @@ fn main() {
         let output = &compiled.nodes[trellis_fuzz::NODE];
         let (key_pem, csr) = trellis_pki::node_key_and_csr(trellis_fuzz::NODE).expect("a CSR");
         drop(key_pem);
-        let cert = ca.sign_node(&csr, trellis_fuzz::NODE, trellis_fuzz::MESH, now, Duration::from_secs(86400)).expect("signed");
+        let cert = ca.sign_node(&csr, trellis_fuzz::NODE, trellis_fuzz::MESH, now, Duration::from_secs(86400), [2; 16]).expect("signed");
         let mut files: Vec<BundleFile> = output.files.iter().map(|f| BundleFile::new(&f.path, f.mode, f.content.to_bytes())).collect();
         files.push(BundleFile::new(CA_PEM, 0o644, ca.cert_pem().as_bytes().to_vec()));
         files.push(BundleFile::new(NODE_PEM, 0o644, cert.cert_pem.into_bytes()));

@@ -10,6 +10,7 @@ use base64::Engine;
 use ed25519_dalek::Signer;
 use trellis_proto::audit::Checkpoint;
 
+use crate::bundle::SETTLE;
 use crate::{Controller, Error, Result};
 
 /// The checkpoint's file in the state directory.
@@ -47,8 +48,10 @@ impl Controller {
         Ok(())
     }
 
-    /// The newest checkpoint, if one was written.
-    pub fn checkpoint(&self) -> Result<Checkpoint> {
+    /// The newest checkpoint, once the publish run that covers every decision made here before
+    /// the call has signed it (waiting at most [`SETTLE`]).
+    pub async fn checkpoint(&self) -> Result<Checkpoint> {
+        self.settle(SETTLE).await?;
         self.checkpoint.as_deref().and_then(read_checkpoint).ok_or_else(|| Error::NotFound("audit checkpoint yet".into()))
     }
 }

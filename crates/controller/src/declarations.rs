@@ -6,6 +6,7 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use trellis_core::Declaration;
 use trellis_proto as proto;
+use trellis_proto::AuditAction;
 use trellis_store::Audit;
 
 use crate::{Controller, Error, Result};
@@ -120,7 +121,7 @@ impl Controller {
         let audit = Audit {
             at: self.now(),
             actor: "admin",
-            action: "declaration applied",
+            action: AuditAction::DeclarationApplied,
             subject: &decl.mesh.name,
             detail: format!("sha256 {digest}"),
         };

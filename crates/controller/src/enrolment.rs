@@ -8,7 +8,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use trellis_core::decl::PublicKey;
 use trellis_proto as proto;
-use trellis_proto::{EnrolledState, TokenState};
+use trellis_proto::{AuditAction, EnrolledState, TokenState};
 use trellis_store::{Audit, NodeRecord};
 
 use crate::error::{NodeRefusal, Redemption};
@@ -78,7 +78,7 @@ impl Controller {
                     let audit = Audit {
                         at: now,
                         actor: &format!("token {token_id}"),
-                        action: "token redemption refused",
+                        action: AuditAction::TokenRedemptionRefused,
                         subject: &node,
                         detail: format!("{e} (from {source})"),
                     };
@@ -99,7 +99,7 @@ impl Controller {
             let audit = Audit {
                 at: self.now(),
                 actor: &format!("source {source}"),
-                action: "token redemptions refused",
+                action: AuditAction::TokenRedemptionsRefused,
                 subject: &source.to_string(),
                 detail: format!(
                     "{} more refused from {source} in the {} s from {} ({} of them turned away unread); the last: {}",
@@ -158,14 +158,14 @@ impl Controller {
         let lifetime = Duration::from_secs(self.config.node_cert_secs);
         let issued = self
             .ca()
-            .sign_node(&req.csr_pem, &req.node, &decl.mesh.name, self.system_time(), lifetime)
+            .sign_node(&req.csr_pem, &req.node, &decl.mesh.name, self.system_time(), lifetime, self.random())
             .map_err(|e| Redemption::BadCsr(e.to_string()))?;
         let state = if token.require_approval { EnrolledState::Pending } else { EnrolledState::Active };
         let record = enrolled_record(&req.node, state, key, &issued, t);
         let audit = Audit {
             at: t,
             actor: &format!("token {}", token.id),
-            action: "node enrolled",
+            action: AuditAction::NodeEnrolled,
             subject: &req.node,
             detail: format!("state {state}, key {key}, certificate {}", issued.serial),
         };
@@ -240,12 +240,12 @@ impl Controller {
         let mesh = self.current_declaration().await?.map(|(_, d)| d.mesh.name.clone()).unwrap_or_default();
         let issued = self
             .ca()
-            .sign_node(&req.csr_pem, &name, &mesh, self.system_time(), Duration::from_secs(self.config.node_cert_secs))
+            .sign_node(&req.csr_pem, &name, &mesh, self.system_time(), Duration::from_secs(self.config.node_cert_secs), self.random())
             .map_err(|e| Error::BadRequest(e.to_string()))?;
         let audit = Audit {
             at: self.now(),
             actor: &format!("node {name}"),
-            action: "certificate renewed",
+            action: AuditAction::CertificateRenewed,
             subject: &name,
             detail: format!("{} replaces {}", issued.serial, who.serial),
         };

@@ -5,6 +5,7 @@
 //! randomness are injected, so every decision can be tested in process with fixed values.
 
 pub mod audit;
+pub mod bundle;
 pub mod declarations;
 pub mod enrolment;
 pub mod error;
@@ -22,9 +23,10 @@ use std::sync::Arc;
 use trellis_core::Declaration;
 use trellis_store::Store;
 
+pub use bundle::{BundleAnswer, BundleRequest};
 pub use enrolment::NodeIdentity;
 pub use error::{Error, NodeRefusal, Redemption, Result};
-pub use publish::{Published, Publisher};
+pub use publish::Published;
 
 /// The time, in Unix seconds. Injected so that expiry and renewal are tested without waiting.
 pub trait Clock: Send + Sync {
@@ -67,12 +69,13 @@ pub struct Keys {
 }
 
 /// One controller: its records, keys, configuration, the bundles it publishes, and its clock.
+/// Callers reach all of them through its methods.
 pub struct Controller {
-    pub store: Store,
-    pub config: state::Config,
+    store: Store,
+    config: state::Config,
     keys: Keys,
     signing_public_key: [u8; 32],
-    pub publisher: Publisher,
+    publisher: publish::Publisher,
     /// The parsed declaration of the newest revision seen, keyed by its number. A cache only:
     /// the database says which revision is current.
     declaration: tokio::sync::Mutex<Option<(i64, Arc<Declaration>)>>,
@@ -83,11 +86,11 @@ pub struct Controller {
     /// The sequence number last signed into it, once known; one signer at a time.
     checkpoint_seq: tokio::sync::Mutex<Option<i64>>,
     /// Refused redemptions per source (audited, counted, or turned away).
-    pub refusals: refusals::Refusals,
+    refusals: refusals::Refusals,
     /// Set once when the controller stops serving: long-polls answer at once.
     stopping: tokio::sync::watch::Sender<bool>,
     /// What decisions, publish runs and the HTTP edge count (see `metrics`).
-    pub metrics: metrics::Metrics,
+    metrics: metrics::Metrics,
     /// The current declaration with its pools' members (see `pools`).
     members_cache: pools::MembersCache,
 }
@@ -99,7 +102,7 @@ impl Controller {
             config,
             signing_public_key: keys.signing_key.verifying_key().to_bytes(),
             keys,
-            publisher: Publisher::default(),
+            publisher: publish::Publisher::default(),
             declaration: Default::default(),
             clock,
             entropy,
@@ -125,14 +128,8 @@ impl Controller {
         }
     }
 
-    /// Counts refused redemptions per source with these limits instead of the defaults.
-    pub fn with_refusal_limits(mut self, limits: refusals::RefusalLimits) -> Controller {
-        self.refusals = refusals::Refusals::new(limits);
-        self
-    }
-
     /// Keeps a signed checkpoint of the audit head in this file (see `audit`).
-    pub fn with_checkpoint(mut self, path: std::path::PathBuf) -> Controller {
+    fn with_checkpoint(mut self, path: std::path::PathBuf) -> Controller {
         self.checkpoint = Some(path);
         self
     }
@@ -153,8 +150,20 @@ impl Controller {
             .with_checkpoint(state.path(audit::CHECKPOINT)))
     }
 
-    pub fn now(&self) -> i64 {
+    /// The time on the controller's clock.
+    pub(crate) fn now(&self) -> i64 {
         self.clock.now()
+    }
+
+    /// The newest audit sequence number (see `Store::audit_head`).
+    pub async fn audit_head(&self) -> Result<i64> {
+        Ok(self.store.audit_head().await?)
+    }
+
+    /// The store, for tests that look at or change the records underneath the decisions.
+    #[cfg(feature = "testing")]
+    pub fn store(&self) -> &Store {
+        &self.store
     }
 
     fn random<const N: usize>(&self) -> [u8; N] {
@@ -163,7 +172,7 @@ impl Controller {
         b
     }
 
-    pub fn ca(&self) -> &trellis_pki::Ca {
+    pub(crate) fn ca(&self) -> &trellis_pki::Ca {
         &self.keys.ca
     }
 

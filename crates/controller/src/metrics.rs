@@ -11,7 +11,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
-use trellis_proto::{EvidenceResult, NodeState, NodeStatus};
+use trellis_proto::{self as proto, EvidenceResult, NodeState, NodeStatus};
+
+use crate::Controller;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -220,6 +222,36 @@ impl Metrics {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");
         out
+    }
+}
+
+/// What the HTTP edge records: each request answered, and the decisions and enrolments it asked
+/// for.
+impl Controller {
+    /// A request answered, by method, the route it matched (never the raw path) and status.
+    pub fn request_answered(&self, method: &str, route: &str, status: u16, took: Duration) {
+        self.metrics.request(method, route, status, took);
+    }
+
+    /// A decision taken over the API, counted by kind.
+    pub fn count_decision(&self, kind: Decision) {
+        self.metrics.decision(kind);
+    }
+
+    /// An enrolment request answered, counted by the state it gave or the refusal's code.
+    pub fn count_enrolment(&self, answer: &crate::Result<proto::EnrolResponse>) {
+        self.metrics.enrolment(match answer {
+            Ok(e) => e.state.as_str(),
+            Err(e) => e.code(),
+        });
+    }
+
+    /// The metrics as Prometheus reads them ([`CONTENT_TYPE`]), with the roster gauges set from
+    /// `status` now.
+    pub async fn scrape(&self) -> String {
+        let status = self.status().await;
+        self.metrics.roster(status.as_deref().ok());
+        self.metrics.encode()
     }
 }
 

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use sha2::{Digest, Sha256};
 use trellis_core::decl::PublicKey;
 use trellis_proto as proto;
-use trellis_proto::{EnrolledState, NodeState};
+use trellis_proto::{AuditAction, EnrolledState, NodeState};
 use trellis_store::{Audit, NodeRecord, StoreError};
 
 use crate::{Controller, Error, NodeIdentity, Result};
@@ -93,7 +93,7 @@ impl Controller {
 
     /// Lets a node that enrolled pending approval take part.
     pub async fn approve(&self, name: &str) -> Result<proto::WhoAmI> {
-        let audit = Audit { at: self.now(), actor: "admin", action: "node approved", subject: name, detail: String::new() };
+        let audit = Audit { at: self.now(), actor: "admin", action: AuditAction::NodeApproved, subject: name, detail: String::new() };
         self.store.set_state(name, &[EnrolledState::Pending], EnrolledState::Active, &audit).await.map_err(|e| match e {
             StoreError::NotFound(_) => Error::NotPending(name.to_string()),
             other => other.into(),
@@ -105,7 +105,7 @@ impl Controller {
 
     /// Revokes a node: its certificates are refused on its next request, and its peers drop it.
     pub async fn revoke(&self, name: &str) -> Result<proto::WhoAmI> {
-        let audit = Audit { at: self.now(), actor: "admin", action: "node revoked", subject: name, detail: String::new() };
+        let audit = Audit { at: self.now(), actor: "admin", action: AuditAction::NodeRevoked, subject: name, detail: String::new() };
         self.store.set_state(name, &[EnrolledState::Pending, EnrolledState::Active], EnrolledState::Revoked, &audit).await.map_err(
             |e| match e {
                 StoreError::NotFound(_) => Error::NotRevocable(name.to_string()),

@@ -10,7 +10,7 @@ use std::time::Duration;
 use trellis_core::decl::{Member, PublicKey};
 use trellis_core::Declaration;
 use trellis_proto as proto;
-use trellis_proto::{EnrolledState, TokenState};
+use trellis_proto::{AuditAction, EnrolledState, TokenState};
 use trellis_store::{Audit, MemberRefusal, NodeRecord, StoreError, TokenRecord};
 
 use crate::error::Redemption;
@@ -125,7 +125,14 @@ impl Controller {
                 .map_err(|d| Error::internal("giving a pool member its addresses", d.message))?;
             let issued = self
                 .ca()
-                .sign_node(&req.csr_pem, &name, &decl.mesh.name, self.system_time(), Duration::from_secs(self.config.node_cert_secs))
+                .sign_node(
+                    &req.csr_pem,
+                    &name,
+                    &decl.mesh.name,
+                    self.system_time(),
+                    Duration::from_secs(self.config.node_cert_secs),
+                    self.random(),
+                )
                 .map_err(|e| Redemption::BadCsr(e.to_string()))?;
             let record = NodeRecord {
                 pool: Some(pool_name.clone()),
@@ -136,7 +143,7 @@ impl Controller {
             let audit = Audit {
                 at: now,
                 actor: &format!("token {}", token.id),
-                action: "node enrolled",
+                action: AuditAction::NodeEnrolled,
                 subject: &name,
                 detail: format!("member {number} of pool {pool_name}, state {state}, key {key}, certificate {}", issued.serial),
             };
@@ -230,7 +237,7 @@ impl Controller {
             let audit = Audit {
                 at: now,
                 actor: "controller",
-                action: "node removed",
+                action: AuditAction::NodeRemoved,
                 subject: &m.name,
                 detail: format!("{detail}; last contact {last}"),
             };

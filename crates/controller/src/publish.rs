@@ -197,7 +197,7 @@ struct Run {
     versions_seen: Option<(i64, i64)>,
 }
 
-pub struct Publisher {
+pub(crate) struct Publisher {
     run: tokio::sync::Mutex<Run>,
     table: RwLock<HashMap<String, Arc<Published>>>,
     auth: RwLock<HashMap<String, AuthEntry>>,
@@ -335,7 +335,7 @@ impl Controller {
     }
 
     /// The freshness stamp (base64), signed at most once a second.
-    pub fn stamp(&self) -> Arc<str> {
+    pub(crate) fn stamp(&self) -> Arc<str> {
         let p = &self.publisher;
         let t = self.now();
         let mut s = p.stamp.lock().expect("stamp");

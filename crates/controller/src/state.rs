@@ -1,8 +1,10 @@
 //! The controller's state directory: mesh CA, TLS certificate, bundle-signing key, admin
-//! credential and configuration, made once by `trellis init`.
+//! credential and configuration, made once by `trellis init`. Made before any controller
+//! exists, on the system clock and the operating system's randomness (the two a controller
+//! opened from it is given).
 
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use base64::Engine;
@@ -10,6 +12,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use trellis_files as files;
+
+use crate::{Clock, Entropy, OsEntropy, SystemClock};
 
 pub const CONFIG: &str = "controller.toml";
 
@@ -91,6 +95,13 @@ pub fn split_host_port(s: &str) -> Result<(String, u16)> {
     Ok((host, port))
 }
 
+/// Bytes from the operating system's randomness.
+fn random<const N: usize>() -> [u8; N] {
+    let mut b = [0u8; N];
+    OsEntropy.fill(&mut b);
+    b
+}
+
 /// Creates a controller in `dir`. Refuses a directory that already holds one.
 pub async fn init(dir: &Path, opts: &InitOptions) -> Result<StateDir> {
     if opts.advertise.is_empty() {
@@ -105,12 +116,12 @@ pub async fn init(dir: &Path, opts: &InitOptions) -> Result<StateDir> {
     }
     // Made private, or refused if it exists open to others; never chmod'ed.
     files::private_dir(dir)?;
-    let now = SystemTime::now();
-    let ca = trellis_pki::create_ca("trellis", now)?;
+    let now = UNIX_EPOCH + Duration::from_secs(SystemClock.now().max(0) as u64);
+    let ca = trellis_pki::create_ca("trellis", now, random())?;
     let ca_loaded = trellis_pki::Ca::load(&ca.cert_pem, &ca.key_pem)?;
-    let server = ca_loaded.server_cert(&hosts, now)?;
-    let signing = ed25519_dalek::SigningKey::generate(&mut rand::rngs::OsRng);
-    let admin: [u8; 32] = rand::random();
+    let server = ca_loaded.server_cert(&hosts, now, random())?;
+    let signing = ed25519_dalek::SigningKey::from_bytes(&random());
+    let admin: [u8; 32] = random();
     let admin_token = format!("trellis-admin-{}", hex::encode(admin));
     let (_, port) = split_host_port(&opts.advertise[0])?;
     let (first_host, _) = split_host_port(&opts.advertise[0])?;

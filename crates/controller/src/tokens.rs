@@ -4,7 +4,7 @@
 use sha2::{Digest, Sha256};
 use trellis_core::token::EnrolmentToken;
 use trellis_proto as proto;
-use trellis_proto::TokenState;
+use trellis_proto::{AuditAction, TokenState};
 use trellis_store::{Audit, TokenRecord};
 
 use crate::{Controller, Error, Result};
@@ -109,7 +109,7 @@ impl Controller {
             Some(pool) => format!("token {} for pool {pool}, {uses} use(s), expires {expires}", record.id),
             None => format!("token {} expires {expires}", record.id),
         };
-        let audit = Audit { at: created, actor: "admin", action: "token issued", subject, detail };
+        let audit = Audit { at: created, actor: "admin", action: AuditAction::TokenIssued, subject, detail };
         self.store.create_token(&record, &audit).await?;
         Ok(proto::TokenCreated {
             token: text,
@@ -131,7 +131,8 @@ impl Controller {
         let Some(t) = self.store.token(id).await? else {
             return Err(Error::TokenNotFound(id.to_string()));
         };
-        let audit = Audit { at: self.now(), actor: "admin", action: "token revoked", subject: &t.node, detail: format!("token {id}") };
+        let audit =
+            Audit { at: self.now(), actor: "admin", action: AuditAction::TokenRevoked, subject: &t.node, detail: format!("token {id}") };
         if !self.store.revoke_token(id, &audit).await? {
             return Err(Error::TokenNotRevocable { id: id.to_string(), state: token_state(&t, self.now()) });
         }

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use trellis_core::graph;
 use trellis_core::topology::Topology;
 use trellis_proto::{self as proto, EvidenceResult, NodeState, Shown};
 
@@ -46,6 +47,21 @@ pub fn shown(s: &proto::NodeStatus) -> Shown {
         NodeState::Declared => Shown::Declared,
         NodeState::External => Shown::External,
         NodeState::Removed => Shown::Removed,
+    }
+}
+
+/// A shown state as `core::graph` draws it (and colours it: the live page takes its colours from
+/// there).
+pub fn drawn(s: Shown) -> graph::State {
+    match s {
+        Shown::Active => graph::State::Active,
+        Shown::Pending => graph::State::Pending,
+        Shown::Revoked => graph::State::Revoked,
+        Shown::Stale => graph::State::Stale,
+        Shown::Failing => graph::State::Failing,
+        Shown::Declared => graph::State::Declared,
+        Shown::External => graph::State::External,
+        Shown::Removed => graph::State::Removed,
     }
 }
 
@@ -144,5 +160,12 @@ mod tests {
         assert_eq!(shown(&s), Shown::Revoked);
         s.state = NodeState::Pending;
         assert_eq!(shown(&s), Shown::Pending);
+    }
+
+    #[test]
+    fn the_picture_labels_each_shown_state_by_its_name() {
+        for s in Shown::ALL {
+            assert_eq!(drawn(*s).as_str(), s.as_str());
+        }
     }
 }

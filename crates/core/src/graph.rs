@@ -115,34 +115,72 @@ pub fn curve(a: &Spot, b: &Spot, reach: &Reach) -> String {
     }
 }
 
-/// The colour a state is drawn in (the live page uses the same ones).
-pub fn colour(state: &str) -> &'static str {
-    match state {
-        "active" => "#2e7d32",
-        "pending" => "#f9a825",
-        "revoked" => "#c62828",
-        "stale" => "#ef6c00",
-        "failing" => "#6a1b9a",
-        "hub" => "#1565c0",
-        _ => "#78909c",
+/// A node's state as the picture draws it. The controller's live page converts the API's
+/// `proto::Shown` into it (the core knows no wire format); an offline declaration has none, and
+/// its nodes are drawn as declared (a hub as a hub).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum State {
+    Active,
+    Pending,
+    Revoked,
+    /// Active, with its desired version not applied.
+    Stale,
+    /// Active, with its last apply failed.
+    Failing,
+    Declared,
+    External,
+    Removed,
+}
+
+impl State {
+    /// The name the picture labels a node with: the state's name in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Active => "active",
+            State::Pending => "pending",
+            State::Revoked => "revoked",
+            State::Stale => "stale",
+            State::Failing => "failing",
+            State::Declared => "declared",
+            State::External => "external",
+            State::Removed => "removed",
+        }
     }
 }
 
-fn fill(spot: &Spot, states: &BTreeMap<String, String>) -> &'static str {
+/// The colour a state is drawn in (the live page uses the same ones).
+pub fn colour(state: State) -> &'static str {
+    match state {
+        State::Active => "#2e7d32",
+        State::Pending => "#f9a825",
+        State::Revoked => "#c62828",
+        State::Stale => "#ef6c00",
+        State::Failing => "#6a1b9a",
+        State::Declared | State::External | State::Removed => OTHER,
+    }
+}
+
+/// A hub with no state to show.
+const HUB: &str = "#1565c0";
+
+/// The colour of every state not named in [`colour`].
+const OTHER: &str = "#78909c";
+
+fn fill(spot: &Spot, states: &BTreeMap<String, State>) -> &'static str {
     match states.get(&spot.name) {
-        Some(s) => colour(s),
-        None if spot.hub => colour("hub"),
-        None => colour("declared"),
+        Some(s) => colour(*s),
+        None if spot.hub => HUB,
+        None => colour(State::Declared),
     }
 }
 
 /// Graphviz DOT: solid edges are peerings, dashed ones pairs relayed through the hub named on
 /// them, red dotted ones pairs with no path.
-pub fn dot(g: &Graph, states: &BTreeMap<String, String>) -> String {
+pub fn dot(g: &Graph, states: &BTreeMap<String, State>) -> String {
     let mut s =
         String::from("graph mesh {\n  layout=neato;\n  node [shape=circle style=filled fontcolor=white fontname=\"sans-serif\"];\n");
     for n in &g.nodes {
-        let state = states.get(&n.name).map(|s| format!("\\n{s}")).unwrap_or_default();
+        let state = states.get(&n.name).map(|s| format!("\\n{}", s.as_str())).unwrap_or_default();
         let _ = writeln!(
             s,
             "  \"{}\" [label=\"{}{}\" fillcolor=\"{}\" pos=\"{},{}!\"{}];",
@@ -172,7 +210,7 @@ fn escape(s: &str) -> String {
 }
 
 /// SVG, drawn here: the same layout and styles as [`dot`], with a legend.
-pub fn svg(g: &Graph, states: &BTreeMap<String, String>) -> String {
+pub fn svg(g: &Graph, states: &BTreeMap<String, State>) -> String {
     let at: BTreeMap<&str, &Spot> = g.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
     let mut s = String::from(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 1000 1000\" width=\"1000\" height=\"1000\" font-family=\"sans-serif\">\n\
@@ -193,7 +231,7 @@ pub fn svg(g: &Graph, states: &BTreeMap<String, String>) -> String {
         let _ = writeln!(s, "<path d=\"{}\" fill=\"none\" {style}><title>{}</title></path>", curve(a, b, &l.reach), escape(&title));
     }
     for n in &g.nodes {
-        let state = states.get(&n.name).map(String::as_str).unwrap_or(if n.hub { "hub" } else { "declared" });
+        let state = states.get(&n.name).map_or(if n.hub { "hub" } else { "declared" }, |s| s.as_str());
         let _ = writeln!(
             s,
             "<g><title>{} ({state}; networks: {})</title><circle cx=\"{}\" cy=\"{}\" r=\"{}\" fill=\"{}\" stroke=\"#263238\" stroke-width=\"{}\"/>\
@@ -274,7 +312,7 @@ networks = ["site-b"]
         );
         assert_eq!(g.nodes[0].name, "hub-1", "hubs first, in the middle");
         assert_eq!((g.nodes[0].x, g.nodes[0].y), (500.0, 500.0));
-        let states = BTreeMap::from([("a-1".to_string(), "revoked".to_string())]);
+        let states = BTreeMap::from([("a-1".to_string(), State::Revoked)]);
         let dot = dot(&g, &states);
         assert!(dot.contains("\"a-1\" -- \"b-1\" [style=dashed label=\"via hub-1\"];"), "{dot}");
         assert!(dot.contains("fillcolor=\"#c62828\""), "a revoked node is red: {dot}");

@@ -60,7 +60,7 @@ pub async fn run(a: &EnrolArgs, dir: &std::path::Path) -> Result<ExitCode> {
     let ca = std::fs::read_to_string(state_dir.join("ca.pem"))?;
 
     eprintln!("enrolling {} nodes, {concurrency} in flight...", names.len());
-    let runs_before = controller.publisher.runs();
+    let runs_before = controller.publish_runs();
     let (stop_sampling, sampler) = sample_runs(controller.clone(), runs_before);
     let started = Instant::now();
     let enrolled = enrolling::enrol_all(&base, &ca, enrolees, concurrency).await?;
@@ -70,7 +70,7 @@ pub async fn run(a: &EnrolArgs, dir: &std::path::Path) -> Result<ExitCode> {
     // Every node holds its first bundle when the controller would answer it one.
     let mut waiting: Vec<&str> = names.iter().map(String::as_str).collect();
     let all_held = loop {
-        waiting.retain(|n| controller.publisher.current(n).is_none());
+        waiting.retain(|n| controller.bundle(n).is_none());
         if waiting.is_empty() {
             break Some(Instant::now().saturating_duration_since(last));
         }
@@ -81,7 +81,7 @@ pub async fn run(a: &EnrolArgs, dir: &std::path::Path) -> Result<ExitCode> {
     };
     // The run that gave the last nodes their bundle finishes after filling the table: count it.
     let _ = controller.settle(Duration::from_secs(60)).await;
-    let runs = controller.publisher.runs() - runs_before;
+    let runs = controller.publish_runs() - runs_before;
     stop_sampling.store(true, std::sync::atomic::Ordering::SeqCst);
     let ends = sampler.await?;
     // When each publish run finished, relative to the last answer (negative: before it).
@@ -98,7 +98,7 @@ pub async fn run(a: &EnrolArgs, dir: &std::path::Path) -> Result<ExitCode> {
         let client = trellis_client::NodeClient::new(vec![addr.clone()], &ca, &e.cert_pem, &e.key_pem)?;
         let answer = client.bundle(0, None).await.with_context(|| format!("{} cannot fetch its bundle", e.name))?;
         let body = answer.body.with_context(|| format!("{} was refused its bundle", e.name))?.context("a first fetch got 304")?;
-        let held = controller.publisher.current(&e.name).with_context(|| format!("{} holds no bundle", e.name))?;
+        let held = controller.bundle(&e.name).with_context(|| format!("{} holds no bundle", e.name))?;
         let expect = held.signed.to_vec();
         if body != expect || answer.etag.as_deref() != Some(held.version.to_string().as_str()) {
             bail!("{} fetched other bytes than the controller holds for it", e.name);
@@ -178,7 +178,7 @@ fn sample_runs(
         let deadline = Instant::now() + Duration::from_secs(600);
         let mut ends = Vec::new();
         loop {
-            let now = controller.publisher.runs();
+            let now = controller.publish_runs();
             if now != seen {
                 ends.extend(std::iter::repeat_n(Instant::now(), (now - seen) as usize));
                 seen = now;

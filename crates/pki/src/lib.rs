@@ -1,6 +1,7 @@
 //! The mesh CA: creating it, certificates for the controller and for nodes (from CSRs whose
-//! names the CA decides), the node's own key and CSR, fingerprints and inspection. No IO and no
-//! clock: `now` is an argument.
+//! names the CA decides), the node's own key and CSR, fingerprints and inspection. No IO, no
+//! clock and no randomness of its own but rcgen's key generation: `now` and each certificate's
+//! serial are arguments.
 
 pub mod tls;
 
@@ -36,16 +37,17 @@ fn odt(t: SystemTime) -> OffsetDateTime {
     OffsetDateTime::from(t)
 }
 
-fn random_serial() -> SerialNumber {
-    let mut b: [u8; 16] = rand::random();
+/// A certificate's serial number from 16 random bytes (the caller's randomness).
+fn serial(mut b: [u8; 16]) -> SerialNumber {
     // Positive, and with no leading zero byte, so that its DER encoding (which x509 parsers
     // report) is these exact 16 bytes.
     b[0] = (b[0] & 0x7f) | 0x40;
     SerialNumber::from_slice(&b)
 }
 
-/// Creates the mesh CA: ECDSA P-256, valid for ten years from `now`.
-pub fn create_ca(mesh: &str, now: SystemTime) -> Result<Pair, PkiError> {
+/// Creates the mesh CA: ECDSA P-256, valid for ten years from `now`, its serial number made from
+/// 16 random bytes.
+pub fn create_ca(mesh: &str, now: SystemTime, random: [u8; 16]) -> Result<Pair, PkiError> {
     let key = KeyPair::generate()?;
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
@@ -56,7 +58,7 @@ pub fn create_ca(mesh: &str, now: SystemTime) -> Result<Pair, PkiError> {
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
     params.not_before = odt(now - Duration::from_secs(300));
     params.not_after = odt(now + Duration::from_secs(10 * 365 * 86400));
-    params.serial_number = Some(random_serial());
+    params.serial_number = Some(serial(random));
     let cert = params.self_signed(&key)?;
     Ok(Pair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
 }
@@ -85,8 +87,9 @@ impl Ca {
         fingerprint(&self.cert_der)
     }
 
-    /// The controller's TLS certificate, naming every advertised host (IP address or DNS name).
-    pub fn server_cert(&self, hosts: &[String], now: SystemTime) -> Result<Pair, PkiError> {
+    /// The controller's TLS certificate, naming every advertised host (IP address or DNS name),
+    /// its serial number made from 16 random bytes.
+    pub fn server_cert(&self, hosts: &[String], now: SystemTime, random: [u8; 16]) -> Result<Pair, PkiError> {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         for h in hosts {
@@ -102,14 +105,23 @@ impl Ca {
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.not_before = odt(now - Duration::from_secs(300));
         params.not_after = odt(now + Duration::from_secs(5 * 365 * 86400));
-        params.serial_number = Some(random_serial());
+        params.serial_number = Some(serial(random));
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok(Pair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
     }
 
     /// Signs a node's CSR. The signature on the CSR proves possession of the key; every name
-    /// in it is ignored: the certificate names the node the controller says it is.
-    pub fn sign_node(&self, csr_pem: &str, node: &str, mesh: &str, now: SystemTime, lifetime: Duration) -> Result<IssuedCert, PkiError> {
+    /// in it is ignored: the certificate names the node the controller says it is. Its serial
+    /// number is made from 16 random bytes.
+    pub fn sign_node(
+        &self,
+        csr_pem: &str,
+        node: &str,
+        mesh: &str,
+        now: SystemTime,
+        lifetime: Duration,
+        random: [u8; 16],
+    ) -> Result<IssuedCert, PkiError> {
         let csr = CertificateSigningRequestParams::from_pem(csr_pem).map_err(|e| PkiError::BadCsr(e.to_string()))?;
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         let mut dn = DistinguishedName::new();
@@ -122,7 +134,7 @@ impl Ca {
         params.not_before = odt(now - Duration::from_secs(60));
         let not_after = now + lifetime;
         params.not_after = odt(not_after);
-        let serial = random_serial();
+        let serial = serial(random);
         params.serial_number = Some(serial.clone());
         let signed = CertificateSigningRequestParams { params, public_key: csr.public_key }.signed_by(&self.issuer)?;
         Ok(IssuedCert {
@@ -231,11 +243,11 @@ mod tests {
     #[test]
     fn a_node_certificate_names_the_node_the_ca_says() {
         let now = SystemTime::now();
-        let ca_pair = create_ca("acme", now).unwrap();
+        let ca_pair = create_ca("acme", now, [1; 16]).unwrap();
         let ca = Ca::load(&ca_pair.cert_pem, &ca_pair.key_pem).unwrap();
         // The node asks for another name; the CA ignores it.
         let (_key, csr) = node_key_and_csr("db-1-but-call-me-admin").unwrap();
-        let issued = ca.sign_node(&csr, "db-1", "acme", now, Duration::from_secs(86400)).unwrap();
+        let issued = ca.sign_node(&csr, "db-1", "acme", now, Duration::from_secs(86400), [2; 16]).unwrap();
         let info = inspect_pem(&issued.cert_pem).unwrap();
         assert_eq!(info.common_name, "db-1");
         assert_eq!(info.serial, issued.serial);
@@ -246,10 +258,10 @@ mod tests {
     #[test]
     fn a_certificate_certifies_the_key_of_its_csr_and_of_no_other() {
         let now = SystemTime::now();
-        let ca_pair = create_ca("acme", now).unwrap();
+        let ca_pair = create_ca("acme", now, [1; 16]).unwrap();
         let ca = Ca::load(&ca_pair.cert_pem, &ca_pair.key_pem).unwrap();
         let (key, csr) = node_key_and_csr("db-1").unwrap();
-        let issued = ca.sign_node(&csr, "db-1", "acme", now, Duration::from_secs(60)).unwrap();
+        let issued = ca.sign_node(&csr, "db-1", "acme", now, Duration::from_secs(60), [2; 16]).unwrap();
         let certified = cert_public_key(&issued.cert_pem).unwrap();
         assert_eq!(csr_public_key(&csr).unwrap(), certified);
         // Another CSR for the same key (a retry) names the same key; a new key does not.
@@ -260,20 +272,26 @@ mod tests {
 
     #[test]
     fn the_recorded_serial_is_the_one_in_the_certificate_every_time() {
-        // A serial whose DER form loses a leading zero byte would lock its node out.
+        // A serial whose DER form loses a leading zero byte, or gains one, would lock its node
+        // out: every first byte, followed by zeros and by ones.
         let now = SystemTime::now();
-        let ca_pair = create_ca("acme", now).unwrap();
+        let ca_pair = create_ca("acme", now, [0; 16]).unwrap();
         let ca = Ca::load(&ca_pair.cert_pem, &ca_pair.key_pem).unwrap();
         let (_key, csr) = node_key_and_csr("n").unwrap();
-        for _ in 0..400 {
-            let issued = ca.sign_node(&csr, "n", "acme", now, Duration::from_secs(60)).unwrap();
-            assert_eq!(inspect_pem(&issued.cert_pem).unwrap().serial, issued.serial);
+        for first in 0..=255u8 {
+            for rest in [0x00, 0xff] {
+                let mut random = [rest; 16];
+                random[0] = first;
+                let issued = ca.sign_node(&csr, "n", "acme", now, Duration::from_secs(60), random).unwrap();
+                assert_eq!(inspect_pem(&issued.cert_pem).unwrap().serial, issued.serial);
+                assert_eq!(issued.serial.len(), 32, "16 bytes");
+            }
         }
     }
 
     #[test]
     fn a_tampered_csr_is_refused() {
-        let ca_pair = create_ca("acme", SystemTime::now()).unwrap();
+        let ca_pair = create_ca("acme", SystemTime::now(), [1; 16]).unwrap();
         let ca = Ca::load(&ca_pair.cert_pem, &ca_pair.key_pem).unwrap();
         let (_key, csr) = node_key_and_csr("db-1").unwrap();
         let der = pem_to_der(&csr, "CERTIFICATE REQUEST").unwrap();
@@ -285,6 +303,6 @@ mod tests {
             use base64::Engine;
             base64::engine::general_purpose::STANDARD.encode(&bad)
         });
-        assert!(ca.sign_node(&pem, "db-1", "acme", SystemTime::now(), Duration::from_secs(60)).is_err());
+        assert!(ca.sign_node(&pem, "db-1", "acme", SystemTime::now(), Duration::from_secs(60), [2; 16]).is_err());
     }
 }

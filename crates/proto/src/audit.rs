@@ -5,6 +5,29 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+crate::state::states! {
+    /// What a governance decision did, as its audit record names it. The names are hashed into
+    /// the chain, so they never change: a renamed action would break every chain that holds it.
+    AuditAction, "an audit action" {
+        DeclarationApplied = "declaration applied",
+        TokenIssued = "token issued",
+        TokenRevoked = "token revoked",
+        NodeEnrolled = "node enrolled",
+        /// A redemption refused, audited by itself.
+        TokenRedemptionRefused = "token redemption refused",
+        /// The redemptions refused from one source in a window and counted, not audited one by one.
+        TokenRedemptionsRefused = "token redemptions refused",
+        CertificateRenewed = "certificate renewed",
+        NodeApproved = "node approved",
+        NodeRevoked = "node revoked",
+        /// A pool's member removed by the sweep.
+        NodeRemoved = "node removed",
+    }
+}
+
+/// One record as stored. Its action is kept as the text that was hashed (an [`AuditAction`]'s
+/// name when this controller wrote it), so that a chain is checked byte for byte, whatever wrote
+/// it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AuditRecord {
@@ -121,28 +144,27 @@ impl Checkpoint {
     }
 }
 
-/// Checks a whole chain against a checkpoint of its head (whose signature the caller has
-/// checked): it must reach the checkpoint's record, with the same hash there.
-pub fn verify_against(records: &[AuditRecord], checkpoint: &Checkpoint) -> Result<usize, String> {
-    let mut check = ChainCheck::new(Some(checkpoint.clone()));
-    records.iter().try_for_each(|r| check.feed(r))?;
-    check.finish()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A whole chain checked against a checkpoint of its head.
+    fn verify_against(records: &[AuditRecord], checkpoint: &Checkpoint) -> Result<usize, String> {
+        let mut check = ChainCheck::new(Some(checkpoint.clone()));
+        records.iter().try_for_each(|r| check.feed(r))?;
+        check.finish()
+    }
 
     fn chain(n: i64) -> Vec<AuditRecord> {
         let mut out: Vec<AuditRecord> = Vec::new();
         for seq in 1..=n {
             let prev_hash = out.last().map(|r| r.hash.clone()).unwrap_or_default();
-            let hash = hash(seq, 100 + seq, "admin", "node approved", "db-1", "", &prev_hash);
+            let hash = hash(seq, 100 + seq, "admin", AuditAction::NodeApproved.as_str(), "db-1", "", &prev_hash);
             out.push(AuditRecord {
                 seq,
                 at: 100 + seq,
                 actor: "admin".into(),
-                action: "node approved".into(),
+                action: AuditAction::NodeApproved.to_string(),
                 subject: "db-1".into(),
                 detail: String::new(),
                 prev_hash,
@@ -178,12 +200,40 @@ mod tests {
         // Rewritten and re-chained: the chain verifies alone, but not against the checkpoint.
         let mut rewritten = chain(3);
         rewritten[2].detail = "nothing happened".into();
-        rewritten[2].hash = hash(3, rewritten[2].at, "admin", "node approved", "db-1", "nothing happened", &rewritten[2].prev_hash);
+        rewritten[2].hash =
+            hash(3, rewritten[2].at, "admin", AuditAction::NodeApproved.as_str(), "db-1", "nothing happened", &rewritten[2].prev_hash);
         assert_eq!(verify(&rewritten), Ok(3));
         assert_eq!(
             verify_against(&rewritten, &cp),
             Err("audit record 3 is not the one the controller's checkpoint names: the chain was rewritten".into())
         );
         assert_eq!(verify_against(&chain(4), &cp), Ok(4), "records after the checkpoint are fine");
+    }
+
+    #[test]
+    fn the_actions_keep_the_names_existing_chains_hashed() {
+        // Chains written before the actions were an enum hold these exact names; each is also the
+        // enum's serde, `Display` and `FromStr` name.
+        let names: Vec<&str> = AuditAction::ALL.iter().map(|a| a.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "declaration applied",
+                "token issued",
+                "token revoked",
+                "node enrolled",
+                "token redemption refused",
+                "token redemptions refused",
+                "certificate renewed",
+                "node approved",
+                "node revoked",
+                "node removed",
+            ]
+        );
+        for a in AuditAction::ALL {
+            assert_eq!(serde_json::to_string(a).unwrap(), format!("\"{a}\""));
+            assert_eq!(a.as_str().parse::<AuditAction>(), Ok(*a));
+        }
+        assert_eq!("node deleted".parse::<AuditAction>().unwrap_err().to_string(), "\"node deleted\" is not an audit action");
     }
 }

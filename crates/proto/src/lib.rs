@@ -7,7 +7,7 @@ pub mod audit;
 pub mod state;
 pub mod text;
 
-pub use audit::AuditRecord;
+pub use audit::{AuditAction, AuditRecord};
 pub use state::{EnrolledState, EvidenceResult, FileResult, NodeState, Shown, TokenState};
 
 /// Every error answer: one sentence, and a stable code a script can match.

@@ -2,31 +2,32 @@
 //! node, a token, an evidence record and one file of it. The same names are stored in the
 //! database and printed by the CLI, so each is spelled once, here.
 
-use serde::{Deserialize, Serialize};
-
 /// A stored or received name that is none of an enum's states.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UnknownState {
+    /// What the name should have been, with its article ("a node state").
     pub kind: &'static str,
     pub given: String,
 }
 
 impl std::fmt::Display for UnknownState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?} is not a {} state", self.given, self.kind)
+        write!(f, "{:?} is not {}", self.given, self.kind)
     }
 }
 
 impl std::error::Error for UnknownState {}
 
+/// An enum whose every variant has one name, for serde, `Display` and `FromStr` alike. A name is
+/// taken as a token tree, not a `literal` fragment: utoipa's derive does not read a rename out of
+/// the invisible group a `literal` fragment becomes.
 macro_rules! states {
-    ($(#[$doc:meta])* $name:ident, $kind:literal { $($(#[$vdoc:meta])* $variant:ident = $text:literal),+ $(,)? }) => {
+    ($(#[$doc:meta])* $name:ident, $kind:literal { $($(#[$vdoc:meta])* $variant:ident = $text:tt),+ $(,)? }) => {
         $(#[$doc])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::serde::Serialize, ::serde::Deserialize)]
         #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-        #[serde(rename_all = "lowercase")]
         pub enum $name {
-            $($(#[$vdoc])* $variant),+
+            $($(#[$vdoc])* #[serde(rename = $text)] $variant),+
         }
 
         impl $name {
@@ -46,12 +47,12 @@ macro_rules! states {
         }
 
         impl std::str::FromStr for $name {
-            type Err = UnknownState;
+            type Err = $crate::state::UnknownState;
 
-            fn from_str(s: &str) -> Result<Self, UnknownState> {
+            fn from_str(s: &str) -> Result<Self, $crate::state::UnknownState> {
                 match s {
                     $($text => Ok($name::$variant),)+
-                    _ => Err(UnknownState { kind: $kind, given: s.to_string() }),
+                    _ => Err($crate::state::UnknownState { kind: $kind, given: s.to_string() }),
                 }
             }
         }
@@ -60,7 +61,7 @@ macro_rules! states {
 
 states! {
     /// The state of an enrolled node, as stored.
-    EnrolledState, "node" {
+    EnrolledState, "a node state" {
         /// Enrolled with a token that needs approval; receives no bundle until approved.
         Pending = "pending",
         Active = "active",
@@ -71,7 +72,7 @@ states! {
 
 states! {
     /// A node as the roster shows it: declared, enrolled, or both.
-    NodeState, "node" {
+    NodeState, "a node state" {
         /// Declared, not enrolled yet.
         Declared = "declared",
         /// Declared with its own public key: managed outside trellis, never enrols.
@@ -97,7 +98,7 @@ impl From<EnrolledState> for NodeState {
 states! {
     /// A node as the live picture shows it: its roster state, with an active node that has not
     /// applied its desired version shown stale, and one whose last apply failed shown failing.
-    Shown, "shown" {
+    Shown, "a shown state" {
         Active = "active",
         Pending = "pending",
         Revoked = "revoked",
@@ -111,7 +112,7 @@ states! {
 
 states! {
     /// An enrolment token.
-    TokenState, "token" {
+    TokenState, "a token state" {
         Valid = "valid",
         Used = "used",
         Expired = "expired",
@@ -121,7 +122,7 @@ states! {
 
 states! {
     /// What an agent did with one bundle.
-    EvidenceResult, "evidence result" {
+    EvidenceResult, "an evidence result state" {
         Applied = "applied",
         Failed = "failed",
     }
@@ -129,7 +130,7 @@ states! {
 
 states! {
     /// What an agent did with one file of a bundle.
-    FileResult, "file result" {
+    FileResult, "a file result state" {
         Written = "written",
         Unchanged = "unchanged",
         Removed = "removed",
@@ -137,9 +138,12 @@ states! {
     }
 }
 
+pub(crate) use states;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde::{Deserialize, Serialize};
 
     /// The wire name, the stored name and the printed name are one.
     fn round_trips<T>(all: &[T])

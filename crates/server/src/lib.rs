@@ -1,7 +1,7 @@
 //! The controller's HTTPS API: `fn app(controller) -> Router` and the TLS listener. Handlers are
 //! thin adapters: an extractor parses the body or recognises the caller, the handler calls one
 //! decision of `trellis-controller`, and `error` maps its refusal to an HTTP status, once.
-//! Long-polls wait here, on the publisher's change channel.
+//! A bundle long-poll waits in the controller's decision, which returns what to answer.
 
 pub mod auth;
 pub mod body;

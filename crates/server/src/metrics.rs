@@ -19,9 +19,7 @@ pub fn app(controller: Arc<Controller>) -> Router {
 }
 
 async fn scrape(State(c): State<Arc<Controller>>) -> impl IntoResponse {
-    let status = c.status().await;
-    c.metrics.roster(status.as_deref().ok());
-    ([(header::CONTENT_TYPE, trellis_controller::metrics::CONTENT_TYPE)], c.metrics.encode())
+    ([(header::CONTENT_TYPE, trellis_controller::metrics::CONTENT_TYPE)], c.scrape().await)
 }
 
 /// Serves the metrics on `listener` until the task is aborted.

@@ -1,5 +1,5 @@
-//! The routes: each handler parses, calls one decision, and answers. The long-poll for bundles
-//! waits here, on the publisher's change channel.
+//! The routes: each handler parses, calls one decision, and answers. A bundle long-poll waits in
+//! the controller's decision, which returns what to answer.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +10,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use trellis_controller::metrics::Decision;
-use trellis_controller::{Controller, Error};
+use trellis_controller::{BundleAnswer, BundleRequest, Controller, Error};
 use trellis_proto as proto;
 use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouterExt};
 use utoipa_axum::routes;
@@ -88,7 +88,7 @@ async fn timed(State(c): State<Shared>, req: Request, next: Next) -> Response {
     let response = next.run(req).instrument(span.clone()).await;
     let took = started.elapsed();
     let status = response.status().as_u16();
-    c.metrics.request(method.as_str(), &route, status, took);
+    c.request_answered(method.as_str(), &route, status, took);
     span.in_scope(|| tracing::debug!(status, ms = took.as_millis() as u64, "answered"));
     response
 }
@@ -100,8 +100,8 @@ async fn decided<T>(c: &Controller, kind: Decision, r: Result<T, Error>) -> Answ
     span.record("decision", kind.as_str());
     match &r {
         Ok(_) => {
-            c.metrics.decision(kind);
-            if let Ok(seq) = c.store.audit_head().await {
+            c.count_decision(kind);
+            if let Ok(seq) = c.audit_head().await {
                 span.record("audit_seq", seq);
             }
             tracing::info!("decided");
@@ -200,10 +200,9 @@ async fn audit_log(State(c): State<Shared>, _: Admin, Query(q): Query<AuditQuery
 
 #[utoipa::path(get, path = "/v1/admin/audit/checkpoint", tag = "admin", security(("admin" = [])), responses((status = 200, description = "The signed audit head, once the publish run covering earlier decisions is done", body = proto::audit::Checkpoint), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
 async fn audit_checkpoint(State(c): State<Shared>, _: Admin) -> Answer<proto::audit::Checkpoint> {
-    // The checkpoint is signed by the publish run that covers a decision: wait for the run that
-    // covers every decision made before this request.
-    c.settle(SETTLE).await?;
-    Ok(Json(c.checkpoint()?))
+    // The checkpoint is signed by the publish run that covers a decision: it waits for the run
+    // that covers every decision made before this request.
+    Ok(Json(c.checkpoint().await?))
 }
 
 // --- nodes -----------------------------------------------------------------------------------
@@ -212,10 +211,7 @@ async fn audit_checkpoint(State(c): State<Shared>, _: Admin) -> Answer<proto::au
 async fn enrol(State(c): State<Shared>, Peer(source): Peer, Body(req): Body<proto::EnrolRequest>) -> Answer<proto::EnrolResponse> {
     tracing::Span::current().record("node", &*proto::text::printable(&req.node));
     let r = c.enrol_from(req, source).await;
-    c.metrics.enrolment(match &r {
-        Ok(e) => e.state.as_str(),
-        Err(e) => e.code(),
-    });
+    c.count_enrolment(&r);
     decided(&c, Decision::Enrol, r).await
 }
 
@@ -247,78 +243,48 @@ pub struct BundleQuery {
     wait: u64,
 }
 
-pub const MAX_WAIT: u64 = 60;
-
-/// How long a request that needs the decisions before it published (a node's first bundle, the
-/// audit checkpoint) waits for the publish run that covers them.
-const SETTLE: Duration = Duration::from_secs(20);
-
 fn etag(version: i64) -> String {
     format!("\"{version}\"")
 }
 
+/// The version an ETag names, if it is one of ours.
+fn version_of(etag_text: &str) -> Option<i64> {
+    let version = etag_text.strip_prefix('"')?.strip_suffix('"')?.parse().ok()?;
+    (etag(version) == etag_text).then_some(version)
+}
+
 /// `GET /v1/bundle`: the node's current signed bundle, `304` when it already holds it. With
 /// `wait`, the answer comes as soon as a newer one exists. Every answer carries a signed
-/// freshness stamp.
+/// freshness stamp. What to answer is the controller's decision (`BundleAnswer`); this writes it.
 #[utoipa::path(get, path = "/v1/bundle", tag = "node", security(("node" = [])), params(BundleQuery, ("If-None-Match" = Option<String>, Header, description = "The version held, as its ETag")), responses((status = 200, description = "The signed bundle (application/octet-stream, ADR 0012), or the edits from the held version (application/x-trellis-delta); ETag names the version, X-Trellis-Freshness carries a signed stamp", content_type = "application/octet-stream"), (status = 304, description = "The bundle held is current"), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
 async fn bundle(State(c): State<Shared>, Node(who): Node, headers: HeaderMap, Query(q): Query<BundleQuery>) -> Result<Response, ApiError> {
-    c.require_approved(&who)?;
-    let held = headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()).map(str::to_string);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(q.wait.min(MAX_WAIT));
-    let mut changes = c.publisher.subscribe();
-    let freshness = header::HeaderName::from_static("x-trellis-freshness");
-    if c.publisher.current(&who.name).is_none() {
-        // A node that just enrolled: its first bundle follows the publish run that covers the
-        // enrolment, which has not finished yet.
-        c.settle(SETTLE).await?;
-    }
-    // A node that can rebuild a bundle from the one it holds takes the edits instead.
-    let takes_delta = headers.get_all(header::ACCEPT).iter().any(|v| v.to_str().is_ok_and(|v| v.contains(proto::DELTA_TYPE)));
+    let ask = BundleRequest {
+        held: headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()).and_then(version_of),
+        takes_delta: headers.get_all(header::ACCEPT).iter().any(|v| v.to_str().is_ok_and(|v| v.contains(proto::DELTA_TYPE))),
+        wait: Duration::from_secs(q.wait),
+    };
     // The request's headers share the connection's read buffer (several KiB): a long-poll keeps
     // only what it read from them, or ten thousand waiting nodes hold ten thousand such buffers.
     drop(headers);
-    let _open = (q.wait > 0).then(|| (c.metrics.long_poll(), c.publisher.polling(&who.name)));
-    loop {
-        let current = c.publisher.current(&who.name);
-        let stamp = c.stamp();
-        if let Some(p) = &current {
-            if let Some((_, delta)) = p.delta.as_ref().filter(|(base, _)| takes_delta && held.as_deref() == Some(etag(*base).as_str())) {
-                let headers = [
-                    (header::CONTENT_TYPE, proto::DELTA_TYPE.to_string()),
-                    (header::ETAG, etag(p.version)),
-                    (freshness, stamp.to_string()),
-                ];
-                c.metrics.bundle_answer("delta", delta.len());
-                return Ok((headers, delta.clone()).into_response());
-            }
-            if held.as_deref() != Some(etag(p.version).as_str()) {
-                let body = Chunks(trellis_controller::publish::Body::new(p.clone()));
-                c.metrics.bundle_answer("200", http_body::Body::size_hint(&body).exact().unwrap_or(0) as usize);
-                let body = axum::body::Body::new(body);
-                let headers = [
-                    (header::CONTENT_TYPE, "application/octet-stream".to_string()),
-                    (header::ETAG, etag(p.version)),
-                    (freshness, stamp.to_string()),
-                ];
-                return Ok((headers, body).into_response());
-            }
+    let freshness = header::HeaderName::from_static("x-trellis-freshness");
+    Ok(match c.bundle_answer(&who, ask).await? {
+        BundleAnswer::Delta { version, delta, stamp } => {
+            let headers =
+                [(header::CONTENT_TYPE, proto::DELTA_TYPE.to_string()), (header::ETAG, etag(version)), (freshness, stamp.to_string())];
+            (headers, delta).into_response()
         }
-        let changed = tokio::select! {
-            r = tokio::time::timeout_at(deadline, changes.changed()) => matches!(r, Ok(Ok(()))),
-            // The controller is stopping: the node hears now that what it holds is current, and
-            // asks again (another replica, or this one once it is back).
-            _ = c.stopped() => false,
-        };
-        if !changed {
-            return match current {
-                Some(p) => {
-                    c.metrics.bundle_answer("304", 0);
-                    Ok((StatusCode::NOT_MODIFIED, [(header::ETAG, etag(p.version)), (freshness, stamp.to_string())]).into_response())
-                }
-                None => Err(Error::NoBundleYet(who.name).into()),
-            };
+        BundleAnswer::Whole { version, body, stamp } => {
+            let headers = [
+                (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+                (header::ETAG, etag(version)),
+                (freshness, stamp.to_string()),
+            ];
+            (headers, axum::body::Body::new(Chunks(body))).into_response()
         }
-    }
+        BundleAnswer::Current { version, stamp } => {
+            (StatusCode::NOT_MODIFIED, [(header::ETAG, etag(version)), (freshness, stamp.to_string())]).into_response()
+        }
+    })
 }
 
 /// A response body sent from the bundle as it is held (`publish::Body`): shared pieces as they

@@ -15,7 +15,8 @@ pub async fn page() -> impl IntoResponse {
     let colours: String = trellis_proto::Shown::ALL
         .iter()
         .map(|s| {
-            format!(".s-{0} circle {{ fill: {1}; }} .k-{0} {{ background: {1}; }}\n", s.as_str(), trellis_core::graph::colour(s.as_str()))
+            let colour = trellis_core::graph::colour(trellis_controller::view::drawn(*s));
+            format!(".s-{0} circle {{ fill: {colour}; }} .k-{0} {{ background: {colour}; }}\n", s.as_str())
         })
         .collect();
     (

@@ -2,7 +2,7 @@
 //! by SHA-256 (ADR 0008), and reading it back.
 
 use sqlx::{Any, Row, Transaction};
-use trellis_proto::AuditRecord;
+use trellis_proto::{AuditAction, AuditRecord};
 
 use crate::{Result, Store};
 
@@ -10,7 +10,7 @@ use crate::{Result, Store};
 pub struct Audit<'a> {
     pub at: i64,
     pub actor: &'a str,
-    pub action: &'a str,
+    pub action: AuditAction,
     pub subject: &'a str,
     pub detail: String,
 }
@@ -72,12 +72,12 @@ pub(crate) async fn append(tx: &mut Transaction<'static, Any>, a: &Audit<'_>) ->
         Some(r) => (r.try_get::<i64, _>("seq")? + 1, r.try_get::<String, _>("hash")?),
         None => (1, String::new()),
     };
-    let hash = trellis_proto::audit::hash(seq, a.at, a.actor, a.action, a.subject, &a.detail, &prev);
+    let hash = trellis_proto::audit::hash(seq, a.at, a.actor, a.action.as_str(), a.subject, &a.detail, &prev);
     sqlx::query("INSERT INTO audit (seq, at, actor, action, subject, detail, prev_hash, hash) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)")
         .bind(seq)
         .bind(a.at)
         .bind(a.actor)
-        .bind(a.action)
+        .bind(a.action.as_str())
         .bind(a.subject)
         .bind(a.detail.clone())
         .bind(prev)

@@ -9,7 +9,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use base64::Engine;
 use trellis_controller::state::Config;
 use trellis_controller::{Clock, Controller, Entropy, Error, Keys, NodeRefusal, Redemption};
-use trellis_proto::{self as proto, EnrolledState, NodeState, TokenState};
+use trellis_proto::{self as proto, AuditAction, EnrolledState, NodeState, TokenState};
 use trellis_store::{testdb, Store};
 
 mod pools;
@@ -47,7 +47,7 @@ struct Fixture {
 async fn controller(url: String) -> Fixture {
     use sha2::Digest;
     let store = Store::open(&url).await.unwrap();
-    let ca = trellis_pki::create_ca("trellis", UNIX_EPOCH + Duration::from_secs(T0 as u64)).unwrap();
+    let ca = trellis_pki::create_ca("trellis", UNIX_EPOCH + Duration::from_secs(T0 as u64), [0xca; 16]).unwrap();
     let keys = Keys {
         ca: trellis_pki::Ca::load(&ca.cert_pem, &ca.key_pem).unwrap(),
         signing_key: ed25519_dalek::SigningKey::from_bytes(&[7; 32]),
@@ -129,7 +129,7 @@ async fn tokens_expire_by_the_injected_clock_and_their_ids_come_from_the_injecte
         assert_eq!(refused.code(), "token_expired");
         let audit = c.audit().await.unwrap();
         let last = audit.last().unwrap();
-        assert_eq!((last.action.as_str(), last.subject.as_str(), last.at), ("token redemption refused", "db-1", T0 + 60));
+        assert_eq!((last.action.as_str(), last.subject.as_str(), last.at), (AuditAction::TokenRedemptionRefused.as_str(), "db-1", T0 + 60));
         assert_eq!(trellis_proto::audit::verify(&audit), Ok(audit.len()));
     })
     .await;
@@ -173,15 +173,15 @@ async fn enrolment_certificates_and_approval_follow_the_clock_and_the_states() {
         c.publish().await.unwrap();
         let who = c.authenticate_node(Some(&der)).await.unwrap();
         c.require_approved(&who).unwrap();
-        assert!(c.publisher.current("db-1").is_some(), "an active node has a bundle");
+        assert!(c.bundle("db-1").is_some(), "an active node has a bundle");
 
         assert_eq!(c.revoke("db-1").await.unwrap().state, EnrolledState::Revoked);
         let refused = c.authenticate_node(Some(&der)).await.unwrap_err();
         assert!(matches!(refused, Error::Node(NodeRefusal::Revoked(_))), "{refused:?}");
         assert!(matches!(c.revoke("db-1").await.unwrap_err(), Error::NotRevocable(_)));
-        assert!(c.publisher.current("db-1").is_some(), "the decision returns before publishing");
+        assert!(c.bundle("db-1").is_some(), "the decision returns before publishing");
         c.settle(std::time::Duration::from_secs(5)).await.unwrap();
-        assert!(c.publisher.current("db-1").is_none(), "a revoked node's bundle is withdrawn");
+        assert!(c.bundle("db-1").is_none(), "a revoked node's bundle is withdrawn");
         assert_eq!(node("db-1").await, NodeState::Revoked);
     })
     .await;
@@ -216,7 +216,7 @@ async fn refusals_are_typed_and_leave_the_records_as_they_were() {
         };
         let r = c.apply(&[stale], Some(0)).await;
         assert!(matches!(r, Err(Error::RevisionConflict { current: 1, expected: 0 })), "{r:?}");
-        assert_eq!(c.store.current_revision_head().await.unwrap().unwrap().0, 1, "a refused apply leaves the revision in force");
+        assert_eq!(c.store().current_revision_head().await.unwrap().unwrap().0, 1, "a refused apply leaves the revision in force");
 
         let t = c
             .create_token(&proto::TokenRequest { node: "db-1".into(), ttl_secs: 60, require_approval: false, ..Default::default() })
@@ -302,10 +302,10 @@ async fn a_retried_enrolment_is_answered_as_the_first_was_and_only_for_the_same_
         let (a, b) = tokio::join!(c.enrol(req3.clone()), c.enrol(req3));
         let (a, b) = (a.unwrap(), b.unwrap());
         assert_eq!(a.node_cert_pem, b.node_cert_pem);
-        assert_eq!(c.store.node("op-1").await.unwrap().unwrap().cert_pem.as_deref(), Some(a.node_cert_pem.as_str()));
+        assert_eq!(c.store().node("op-1").await.unwrap().unwrap().cert_pem.as_deref(), Some(a.node_cert_pem.as_str()));
 
         let audit = c.audit().await.unwrap();
-        assert_eq!(audit.iter().filter(|r| r.action == "node enrolled").count(), 3);
+        assert_eq!(audit.iter().filter(|r| r.action == AuditAction::NodeEnrolled.as_str()).count(), 3);
         assert_eq!(trellis_proto::audit::verify(&audit), Ok(audit.len()));
     })
     .await;
@@ -356,7 +356,7 @@ async fn refused_redemptions_are_audited_counted_then_turned_away_per_source() {
         let audit = c.audit().await.unwrap();
         assert_eq!(audit.len() - before, 7, "{:?}", &audit[before..]);
         let summary = audit.last().unwrap();
-        assert_eq!((summary.action.as_str(), summary.subject.as_str()), ("token redemptions refused", "192.0.2.66"));
+        assert_eq!((summary.action.as_str(), summary.subject.as_str()), (AuditAction::TokenRedemptionsRefused.as_str(), "192.0.2.66"));
         assert!(
             summary
                 .detail
@@ -410,7 +410,7 @@ async fn a_burst_of_enrolments_is_published_in_a_few_runs_and_every_node_gets_it
                 .unwrap();
             requests.push(enrol_request(&t.token).0);
         }
-        let before = c.publisher.runs();
+        let before = c.publish_runs();
         let enrolments: Vec<_> = requests
             .into_iter()
             .enumerate()
@@ -425,12 +425,12 @@ async fn a_burst_of_enrolments_is_published_in_a_few_runs_and_every_node_gets_it
             assert_eq!(e.await.unwrap().unwrap().state, EnrolledState::Active);
         }
         c.settle(Duration::from_secs(60)).await.unwrap();
-        let runs = c.publisher.runs() - before;
+        let runs = c.publish_runs() - before;
         assert!(runs >= 1 && runs <= N as u64 / 4, "{N} enrolments took {runs} publish runs; they should share runs");
         let key = ed25519_dalek::SigningKey::from_bytes(&[7; 32]).verifying_key();
         for i in 0..N {
             let node = format!("n-{i:03}");
-            let p = c.publisher.current(&node).unwrap_or_else(|| panic!("{node} has no bundle"));
+            let p = c.bundle(&node).unwrap_or_else(|| panic!("{node} has no bundle"));
             let v = trellis_core::bundle::verify(&p.signed.to_vec(), &key, "storm", &node, None).unwrap();
             let wg = v.bundle.files.iter().find(|f| f.path == trellis_core::compile::WIREGUARD_CONF).unwrap();
             let peers = std::str::from_utf8(&wg.content).unwrap().matches("[Peer]").count();
@@ -457,25 +457,89 @@ async fn a_replica_takes_the_version_another_replica_stored_for_the_same_content
             .unwrap();
         c.enrol(enrol_request(&created.token).0).await.unwrap();
         c.publish().await.unwrap();
-        let held = c.publisher.current("db-1").unwrap().version;
-        let stored = c.store.bundle("db-1").await.unwrap().unwrap();
+        let held = c.bundle("db-1").unwrap().version;
+        let stored = c.store().bundle("db-1").await.unwrap().unwrap();
         assert_eq!(held, stored.version);
         // The other replica's late run, then its next one, as they reach the database.
-        c.store.publish(&[("db-1".into(), "0".repeat(64))], T0).await.unwrap();
-        c.store.publish(&[("db-1".into(), stored.digest.clone())], T0 + 1).await.unwrap();
-        assert_eq!(c.store.bundle("db-1").await.unwrap().unwrap().version, held + 2);
+        c.store().publish(&[("db-1".into(), "0".repeat(64))], T0).await.unwrap();
+        c.store().publish(&[("db-1".into(), stored.digest.clone())], T0 + 1).await.unwrap();
+        assert_eq!(c.store().bundle("db-1").await.unwrap().unwrap().version, held + 2);
 
         c.publish_if_moved().await.unwrap();
-        let p = c.publisher.current("db-1").unwrap();
+        let p = c.bundle("db-1").unwrap();
         assert_eq!(p.version, held + 2, "the replica serves the stored version");
         let key = ed25519_dalek::SigningKey::from_bytes(&[7; 32]).verifying_key();
         let v = trellis_core::bundle::verify(&p.signed.to_vec(), &key, "basic", "db-1", None).unwrap();
         assert_eq!((v.bundle.version, v.bundle.issued_at), ((held + 2) as u64, T0 + 1), "signed as the other replica signed it");
         // Once the versions match, looking again publishes nothing.
-        let runs = c.publisher.runs();
+        let runs = c.publish_runs();
         c.publish_if_moved().await.unwrap();
         c.publish_if_moved().await.unwrap();
-        assert_eq!(c.publisher.runs(), runs);
+        assert_eq!(c.publish_runs(), runs);
+    })
+    .await;
+}
+
+/// What a node asking for its bundle is answered, as a value: the whole bundle after the run
+/// that covers its enrolment, `Current` while it holds the newest, the whole newer one as soon as
+/// a decision publishes it, `Current` at once when the controller stops; nothing while pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bundle_request_is_answered_as_a_value() {
+    use trellis_controller::{BundleAnswer, BundleRequest};
+    on_both(|fx| async move {
+        let c = &fx.c;
+        let token = |node: &str, require_approval: bool| {
+            let req = proto::TokenRequest { node: node.into(), ttl_secs: 600, require_approval, ..Default::default() };
+            async move { c.create_token(&req).await.unwrap().token }
+        };
+        let (req, key) = enrol_request(&token("db-1", false).await);
+        let enrolled = c.enrol(req).await.unwrap();
+        let der = trellis_pki::pem_to_der(&enrolled.node_cert_pem, "CERTIFICATE").unwrap();
+        let who = c.authenticate_node(Some(&der)).await.unwrap();
+        let ask = |held: Option<i64>, wait: u64| BundleRequest { held, takes_delta: true, wait: Duration::from_secs(wait) };
+
+        // No bundle held yet: the request waits for the run that covers the enrolment.
+        let first = match c.bundle_answer(&who, ask(None, 0)).await.unwrap() {
+            BundleAnswer::Whole { version, body, stamp } => {
+                let held = c.bundle("db-1").unwrap();
+                assert_eq!(version, held.version);
+                assert_eq!(body.collect::<Vec<_>>().concat(), held.signed.to_vec(), "the bundle as held");
+                assert!(!stamp.is_empty());
+                version
+            }
+            _ => panic!("a node holding nothing is sent its bundle whole"),
+        };
+        assert!(matches!(c.bundle_answer(&who, ask(Some(first), 0)).await.unwrap(), BundleAnswer::Current { version, .. } if version == first));
+        assert!(
+            matches!(c.bundle_answer(&who, ask(Some(first + 7), 0)).await.unwrap(), BundleAnswer::Whole { version, .. } if version == first),
+            "a version it does not have is answered with the current one"
+        );
+
+        // A renewal changes its certificate, so its bundle: a long-poll holding the old one hears
+        // of the new one as soon as it is published.
+        let csr_pem = trellis_pki::csr_from_key(&key, "db-1").unwrap();
+        let (answer, ()) = tokio::join!(c.bundle_answer(&who, ask(Some(first), 30)), async {
+            c.renew(&who, &proto::RenewRequest { csr_pem }).await.unwrap();
+            c.publish().await.unwrap();
+        });
+        let second = match answer.unwrap() {
+            BundleAnswer::Whole { version, .. } => version,
+            _ => panic!("a newer bundle is sent whole (it is too small for a delta)"),
+        };
+        assert!(second > first, "{second} after {first}");
+
+        let (req, _) = enrol_request(&token("api-1", true).await);
+        let pending = c.enrol(req).await.unwrap();
+        let der = trellis_pki::pem_to_der(&pending.node_cert_pem, "CERTIFICATE").unwrap();
+        let waiting = c.authenticate_node(Some(&der)).await.unwrap();
+        let refused = c.bundle_answer(&waiting, ask(None, 0)).await.err().unwrap();
+        assert!(matches!(refused, Error::Node(NodeRefusal::PendingApproval(_))), "{refused:?}");
+
+        c.stop();
+        let started = std::time::Instant::now();
+        let stopped = c.bundle_answer(&who, ask(Some(second), 60)).await.unwrap();
+        assert!(matches!(stopped, BundleAnswer::Current { version, .. } if version == second));
+        assert!(started.elapsed() < Duration::from_secs(10), "a stopping controller answers at once");
     })
     .await;
 }

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use trellis_controller::{Controller, Error, Redemption};
-use trellis_proto::{self as proto, NodeState, TokenState};
+use trellis_proto::{self as proto, AuditAction, NodeState, TokenState};
 use trellis_store::testdb;
 
 use super::{controller, enrol_request, x25519_public, Fixture, T0};
@@ -50,7 +50,7 @@ fn member_request(token: &str, seed: u8) -> proto::EnrolRequest {
 }
 
 fn bundle_text(c: &Controller, node: &str) -> String {
-    let p = c.publisher.current(node).unwrap_or_else(|| panic!("{node} has no bundle"));
+    let p = c.bundle(node).unwrap_or_else(|| panic!("{node} has no bundle"));
     String::from_utf8_lossy(&p.signed.to_vec()).into_owned()
 }
 
@@ -74,16 +74,19 @@ async fn a_pool_token_enrols_exactly_uses_members_under_concurrency() {
             match task.await.unwrap() {
                 Ok(r) => assert!(names.insert(r.node.clone()), "{} given twice", r.node),
                 Err(Error::Redemption(Redemption::Used)) => refused += 1,
-                Err(e) => panic!("{:?}: unexpected refusal: {e}", c.store.backend),
+                Err(e) => panic!("{:?}: unexpected refusal: {e}", c.store().backend),
             }
         }
         let want: BTreeSet<String> = ["ci-1", "ci-2", "ci-3"].into_iter().map(String::from).collect();
-        assert_eq!((names, refused), (want, 3), "{:?}", c.store.backend);
+        assert_eq!((names, refused), (want, 3), "{:?}", c.store().backend);
         let info = c.tokens().await.unwrap().into_iter().find(|i| i.id == t.id).unwrap();
         assert_eq!((info.state, info.used, info.uses), (TokenState::Used, 3, 3));
         let audit = c.audit().await.unwrap();
-        let enrolled: BTreeSet<&str> =
-            audit.iter().filter(|r| r.action == "node enrolled" && r.detail.contains("pool ci")).map(|r| r.subject.as_str()).collect();
+        let enrolled: BTreeSet<&str> = audit
+            .iter()
+            .filter(|r| r.action == AuditAction::NodeEnrolled.as_str() && r.detail.contains("pool ci"))
+            .map(|r| r.subject.as_str())
+            .collect();
         assert_eq!(enrolled, ["ci-1", "ci-2", "ci-3"].into_iter().collect());
     })
     .await;
@@ -108,7 +111,7 @@ async fn members_take_the_lowest_free_number_up_to_the_pools_size() {
         // ci-2 stops; past ephemeral_after (5 s) and the slack, it is removed, and its number is
         // the next one given.
         fx.clock.0.store(T0 + 10, std::sync::atomic::Ordering::SeqCst);
-        c.store.touch_all(&[("ci-1".into(), T0 + 10), ("ci-3".into(), T0 + 10), ("ci-4".into(), T0 + 10)]).await.unwrap();
+        c.store().touch_all(&[("ci-1".into(), T0 + 10), ("ci-3".into(), T0 + 10), ("ci-4".into(), T0 + 10)]).await.unwrap();
         fx.clock.0.store(T0 + 10 + 5 + trellis_controller::pools::SWEEP_SLACK, std::sync::atomic::Ordering::SeqCst);
         assert_eq!(c.sweep_members().await.unwrap(), vec!["ci-2".to_string()]);
         assert_eq!(c.enrol(member_request(&other.token, 31)).await.unwrap().node, "ci-2");
@@ -156,12 +159,12 @@ async fn members_are_published_listed_and_removed_after_ephemeral_after() {
         let at = |s: i64| fx.clock.0.store(T0 + s, std::sync::atomic::Ordering::SeqCst);
         at(100);
         {
-            let _polling = (c.publisher.polling("ci-1"), c.publisher.polling("web-1"));
+            let _polling = (c.polling("ci-1"), c.polling("web-1"));
             c.flush_contacts().await;
         }
-        let web = c.store.node("web-1").await.unwrap().unwrap();
+        let web = c.store().node("web-1").await.unwrap().unwrap();
         assert_eq!(web.last_contact, Some(T0), "only members' long-polls are written as contact");
-        assert_eq!(c.store.node("ci-1").await.unwrap().unwrap().last_contact, Some(T0 + 100));
+        assert_eq!(c.store().node("ci-1").await.unwrap().unwrap().last_contact, Some(T0 + 100));
         at(100 + 5 + trellis_controller::pools::SWEEP_SLACK);
         assert!(c.sweep_members().await.unwrap().is_empty(), "last contact at +100: not yet");
         at(100 + 5 + trellis_controller::pools::SWEEP_SLACK + 1);
@@ -169,9 +172,9 @@ async fn members_are_published_listed_and_removed_after_ephemeral_after() {
         assert!(c.sweep_members().await.unwrap().is_empty(), "removed once");
         c.publish().await.unwrap();
         assert!(!bundle_text(c, "web-1").contains(&member_key), "web-1 drops ci-1");
-        assert!(c.publisher.current("ci-1").is_none());
+        assert!(c.bundle("ci-1").is_none());
         assert!(c.nodes().await.unwrap().iter().all(|n| n.name != "ci-1"));
-        let removed: Vec<_> = c.audit().await.unwrap().into_iter().filter(|r| r.action == "node removed").collect();
+        let removed: Vec<_> = c.audit().await.unwrap().into_iter().filter(|r| r.action == AuditAction::NodeRemoved.as_str()).collect();
         assert_eq!(removed.len(), 1);
         assert_eq!(removed[0].subject, "ci-1");
         assert!(removed[0].detail.contains("ephemeral_after (5 s)"), "{}", removed[0].detail);
@@ -208,11 +211,11 @@ async fn a_retry_is_answered_again_and_bad_pool_requests_are_refused() {
         // A revoked pool token enrols nobody more; its members stay.
         c.revoke_token(&t.id).await.unwrap();
         assert!(matches!(c.enrol(member_request(&t.token, 62)).await, Err(Error::Redemption(Redemption::Revoked))));
-        assert!(c.store.node("ci-1").await.unwrap().is_some());
+        assert!(c.store().node("ci-1").await.unwrap().is_some());
         // A revoked member is removed by the next sweep, whatever its pool's ephemeral_after.
         c.revoke("ci-1").await.unwrap();
         assert_eq!(c.sweep_members().await.unwrap(), vec!["ci-1".to_string()]);
-        assert!(c.store.node("ci-1").await.unwrap().is_none());
+        assert!(c.store().node("ci-1").await.unwrap().is_none());
     })
     .await;
 }
@@ -226,7 +229,7 @@ async fn a_pool_no_longer_declared_loses_its_members() {
         let c = &fx.c;
         let t = pool_token(c, 4).await;
         c.enrol(member_request(&t.token, 70)).await.unwrap();
-        let member_v4 = c.store.node("ci-1").await.unwrap().unwrap().ipv4.unwrap();
+        let member_v4 = c.store().node("ci-1").await.unwrap().unwrap().ipv4.unwrap();
         // The pool goes (and the rules naming it or its group), and a node is added.
         let files = lab_pool(|path, text| match path {
             "mesh.toml" => {
@@ -240,7 +243,7 @@ async fn a_pool_no_longer_declared_loses_its_members() {
         let nodes = c.nodes().await.unwrap();
         let late = nodes.iter().find(|n| n.name == "late-1").unwrap();
         assert_ne!(late.ipv4.as_deref(), Some(member_v4.as_str()));
-        let stored = c.store.allocation().await.unwrap();
+        let stored = c.store().allocation().await.unwrap();
         assert!(stored.ipv4.contains_key("late-1") && !stored.ipv4.contains_key("ci-1"), "an apply stores declared nodes' addresses only");
         let (_, mesh_now) = c.current_mesh().await.unwrap().unwrap();
         assert!(mesh_now.node("ci-1").is_none(), "a member of an undeclared pool is not compiled");
@@ -248,7 +251,7 @@ async fn a_pool_no_longer_declared_loses_its_members() {
         assert!(matches!(r, Err(Error::Redemption(Redemption::PoolUndeclared { ref pool, .. })) if pool == "ci"), "{r:?}");
         assert_eq!(c.sweep_members().await.unwrap(), vec!["ci-1".to_string()]);
         let audit = c.audit().await.unwrap();
-        let removed = audit.iter().find(|r| r.action == "node removed").unwrap();
+        let removed = audit.iter().find(|r| r.action == AuditAction::NodeRemoved.as_str()).unwrap();
         assert!(removed.detail.contains("which revision 3 no longer declares"), "{}", removed.detail);
     })
     .await;

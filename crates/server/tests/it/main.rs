@@ -10,6 +10,7 @@ use base64::Engine;
 use serde_json::{json, Value};
 use trellis_controller::state::{self, InitOptions};
 use trellis_core::token::EnrolmentToken;
+use trellis_proto::AuditAction;
 use trellis_server::Server;
 use trellis_store::testdb;
 
@@ -176,7 +177,7 @@ async fn twenty_concurrent_redemptions_of_one_token_have_one_winner() {
         // one; the other 14 are counted and written as one record when the minute is over (see
         // the controller's `refused_redemptions_are_audited_counted_then_turned_away_per_source`).
         let audit = r.admin_get("/v1/admin/audit").await;
-        let refused = audit.as_array().unwrap().iter().filter(|a| a["action"] == "token redemption refused").count();
+        let refused = audit.as_array().unwrap().iter().filter(|a| a["action"] == AuditAction::TokenRedemptionRefused.as_str()).count();
         assert_eq!(refused, 5, "{url}: {audit}");
     }
 }
@@ -533,7 +534,11 @@ async fn malformed_enrolments_are_refused_before_anything_is_written() {
     assert_eq!((s, b["code"].as_str()), (401, Some("token_unknown")), "{b}");
     let audit = r.admin_get("/v1/admin/audit").await;
     let last = audit.as_array().unwrap().last().unwrap().clone();
-    assert_eq!((last["action"].as_str(), last["subject"].as_str()), (Some("token redemption refused"), Some("db-1")), "{last}");
+    assert_eq!(
+        (last["action"].as_str(), last["subject"].as_str()),
+        (Some(AuditAction::TokenRedemptionRefused.as_str()), Some("db-1")),
+        "{last}"
+    );
 }
 
 /// The audit flood over HTTP: 300 well-formed enrolments with unknown tokens from one address,

@@ -201,7 +201,7 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
         seq: 1,
         at: 2,
         actor: "admin".into(),
-        action: "node revoked".into(),
+        action: proto::AuditAction::NodeRevoked.to_string(),
         subject: "n".into(),
         detail: String::new(),
         prev_hash: "0".into(),

@@ -4,11 +4,11 @@
 use std::sync::Arc;
 
 use trellis_core::Allocation;
-use trellis_proto::{EnrolledState, EvidenceResult};
+use trellis_proto::{AuditAction, EnrolledState, EvidenceResult};
 use trellis_store::{testdb, verify_audit, Audit, EvidenceRecord, MemberRefusal, NodeRecord, Store, StoreError, TokenRecord};
 
-fn audit(action: &str) -> Audit<'static> {
-    Audit { at: 1_000, actor: "test", action: Box::leak(action.to_string().into_boxed_str()), subject: "s", detail: String::new() }
+fn audit(action: AuditAction) -> Audit<'static> {
+    Audit { at: 1_000, actor: "test", action, subject: "s", detail: String::new() }
 }
 
 fn token(id: &str, node: &str) -> TokenRecord {
@@ -68,7 +68,7 @@ async fn an_apply_writes_the_allocation_it_was_given_whatever_was_there() {
                 first.ipv6.insert(format!("n{i}"), std::net::Ipv6Addr::from(0xfd00_u128 << 112 | i as u128));
             }
         }
-        s.apply(&files, "d1", &first, None, &audit("apply")).await.unwrap();
+        s.apply(&files, "d1", &first, None, &audit(AuditAction::DeclarationApplied)).await.unwrap();
         assert_eq!(s.allocation().await.unwrap(), first, "{:?}: 700 new rows, in batches", s.backend);
         let mut second = first.clone();
         second.ipv4.remove("n1");
@@ -77,9 +77,9 @@ async fn an_apply_writes_the_allocation_it_was_given_whatever_was_there() {
         second.ipv4.insert("n3".into(), "10.9.9.9".parse().unwrap());
         second.ipv6.insert("n5".into(), "fd00::5:5".parse().unwrap());
         second.ipv4.insert("fresh".into(), "10.8.8.8".parse().unwrap());
-        s.apply(&files, "d2", &second, None, &audit("apply")).await.unwrap();
+        s.apply(&files, "d2", &second, None, &audit(AuditAction::DeclarationApplied)).await.unwrap();
         assert_eq!(s.allocation().await.unwrap(), second, "{:?}: removed, moved, given a second family, added", s.backend);
-        s.apply(&files, "d3", &Allocation::default(), None, &audit("apply")).await.unwrap();
+        s.apply(&files, "d3", &Allocation::default(), None, &audit(AuditAction::DeclarationApplied)).await.unwrap();
         assert_eq!(s.allocation().await.unwrap(), Allocation::default(), "{:?}: every row removed", s.backend);
     })
     .await;
@@ -92,9 +92,9 @@ async fn revisions_increase_and_expect_revision_detects_a_race() {
         let files = vec![("mesh.toml".to_string(), "x".to_string())];
         let mut alloc = Allocation::default();
         alloc.ipv4.insert("a".into(), "10.0.0.1".parse().unwrap());
-        assert_eq!(s.apply(&files, "d1", &alloc, Some(0), &audit("apply")).await.unwrap(), 1);
-        assert_eq!(s.apply(&files, "d2", &alloc, None, &audit("apply")).await.unwrap(), 2);
-        match s.apply(&files, "d3", &alloc, Some(1), &audit("apply")).await {
+        assert_eq!(s.apply(&files, "d1", &alloc, Some(0), &audit(AuditAction::DeclarationApplied)).await.unwrap(), 1);
+        assert_eq!(s.apply(&files, "d2", &alloc, None, &audit(AuditAction::DeclarationApplied)).await.unwrap(), 2);
+        match s.apply(&files, "d3", &alloc, Some(1), &audit(AuditAction::DeclarationApplied)).await {
             Err(StoreError::Conflict { current: 2, expected: 1 }) => {}
             other => panic!("{:?}: expected a conflict, got {other:?}", s.backend),
         }
@@ -109,7 +109,9 @@ async fn revisions_increase_and_expect_revision_detects_a_race() {
                 let s = s.clone();
                 let files = files.clone();
                 let alloc = alloc.clone();
-                tokio::spawn(async move { s.apply(&files, &format!("r{i}"), &alloc, Some(2), &audit("apply")).await })
+                tokio::spawn(
+                    async move { s.apply(&files, &format!("r{i}"), &alloc, Some(2), &audit(AuditAction::DeclarationApplied)).await },
+                )
             })
             .collect();
         let mut ok = 0;
@@ -128,12 +130,12 @@ async fn revisions_increase_and_expect_revision_detects_a_race() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_is_used_once_even_when_redeemed_concurrently() {
     each_backend(|s| async move {
-        s.create_token(&token("t1", "db-1"), &audit("token issued")).await.unwrap();
+        s.create_token(&token("t1", "db-1"), &audit(AuditAction::TokenIssued)).await.unwrap();
         let s = Arc::new(s);
         let tasks: Vec<_> = (0..8)
             .map(|i| {
                 let s = s.clone();
-                tokio::spawn(async move { s.enrol("t1", &node("db-1", &format!("key{i}")), &audit("node enrolled")).await })
+                tokio::spawn(async move { s.enrol("t1", &node("db-1", &format!("key{i}")), &audit(AuditAction::NodeEnrolled)).await })
             })
             .collect();
         let mut won = 0;
@@ -147,7 +149,7 @@ async fn a_token_is_used_once_even_when_redeemed_concurrently() {
         assert_eq!(won, 1, "{:?}: one redemption wins", s.backend);
         let t = s.token("t1").await.unwrap().unwrap();
         assert!(t.used_at.is_some());
-        assert!(!s.revoke_token("t1", &audit("token revoked")).await.unwrap(), "a used token cannot be revoked");
+        assert!(!s.revoke_token("t1", &audit(AuditAction::TokenRevoked)).await.unwrap(), "a used token cannot be revoked");
     })
     .await;
 }
@@ -155,10 +157,10 @@ async fn a_token_is_used_once_even_when_redeemed_concurrently() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_held_by_another_node_is_refused_and_the_token_stays_unused() {
     each_backend(|s| async move {
-        s.create_token(&token("t1", "a"), &audit("t")).await.unwrap();
-        s.create_token(&token("t2", "b"), &audit("t")).await.unwrap();
-        s.enrol("t1", &node("a", "K"), &audit("e")).await.unwrap();
-        match s.enrol("t2", &node("b", "K"), &audit("e")).await {
+        s.create_token(&token("t1", "a"), &audit(AuditAction::TokenIssued)).await.unwrap();
+        s.create_token(&token("t2", "b"), &audit(AuditAction::TokenIssued)).await.unwrap();
+        s.enrol("t1", &node("a", "K"), &audit(AuditAction::NodeEnrolled)).await.unwrap();
+        match s.enrol("t2", &node("b", "K"), &audit(AuditAction::NodeEnrolled)).await {
             Err(StoreError::KeyTaken(holder)) => assert_eq!(holder, "a"),
             other => panic!("{other:?}"),
         }
@@ -170,16 +172,18 @@ async fn a_key_held_by_another_node_is_refused_and_the_token_stays_unused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn states_change_and_every_decision_is_in_a_verifiable_audit_chain() {
     each_backend(|s| async move {
-        s.create_token(&token("t1", "a"), &audit("token issued")).await.unwrap();
+        s.create_token(&token("t1", "a"), &audit(AuditAction::TokenIssued)).await.unwrap();
         let mut n = node("a", "K");
         n.state = EnrolledState::Pending;
-        s.enrol("t1", &n, &audit("node enrolled")).await.unwrap();
+        s.enrol("t1", &n, &audit(AuditAction::NodeEnrolled)).await.unwrap();
         assert_eq!(
-            s.set_state("a", &[EnrolledState::Pending], EnrolledState::Active, &audit("node approved")).await.unwrap(),
+            s.set_state("a", &[EnrolledState::Pending], EnrolledState::Active, &audit(AuditAction::NodeApproved)).await.unwrap(),
             EnrolledState::Pending
         );
-        assert!(s.set_state("a", &[EnrolledState::Pending], EnrolledState::Active, &audit("node approved")).await.is_err());
-        s.set_state("a", &[EnrolledState::Active, EnrolledState::Pending], EnrolledState::Revoked, &audit("node revoked")).await.unwrap();
+        assert!(s.set_state("a", &[EnrolledState::Pending], EnrolledState::Active, &audit(AuditAction::NodeApproved)).await.is_err());
+        s.set_state("a", &[EnrolledState::Active, EnrolledState::Pending], EnrolledState::Revoked, &audit(AuditAction::NodeRevoked))
+            .await
+            .unwrap();
         let rec = s.node("a").await.unwrap().unwrap();
         assert_eq!((rec.state, rec.cert_serial), (EnrolledState::Revoked, None));
 
@@ -300,7 +304,7 @@ fn member(name: &str, key: &str, ipv4: &str) -> NodeRecord {
 async fn a_pool_token_is_redeemed_exactly_uses_times_under_concurrency() {
     each_backend(|s| async move {
         let uses = 6;
-        s.create_token(&pool_token("p1", "ci", uses), &audit("token issued")).await.unwrap();
+        s.create_token(&pool_token("p1", "ci", uses), &audit(AuditAction::TokenIssued)).await.unwrap();
         let s = Arc::new(s);
         let tasks: Vec<_> = (1..=2 * uses)
             .map(|i| {
@@ -310,7 +314,7 @@ async fn a_pool_token_is_redeemed_exactly_uses_times_under_concurrency() {
                         "p1",
                         100,
                         &member(&format!("ci-{i}"), &format!("key{i}"), &format!("10.0.0.{i}")),
-                        &audit("member enrolled"),
+                        &audit(AuditAction::NodeEnrolled),
                     )
                     .await
                 })
@@ -328,8 +332,8 @@ async fn a_pool_token_is_redeemed_exactly_uses_times_under_concurrency() {
         let t = s.token("p1").await.unwrap().unwrap();
         assert_eq!((t.used, t.uses), (uses, uses));
         assert_eq!(s.members().await.unwrap().len(), uses as usize);
-        assert!(!s.revoke_token("p1", &audit("token revoked")).await.unwrap(), "a used-up token cannot be revoked");
-        let audited = s.audit().await.unwrap().iter().filter(|r| r.action == "member enrolled").count();
+        assert!(!s.revoke_token("p1", &audit(AuditAction::TokenRevoked)).await.unwrap(), "a used-up token cannot be revoked");
+        let audited = s.audit().await.unwrap().iter().filter(|r| r.action == AuditAction::NodeEnrolled.as_str()).count();
         assert_eq!(audited, uses as usize, "{:?}: one audit record per member, none for a refusal", s.backend);
     })
     .await;
@@ -340,8 +344,8 @@ async fn a_pool_token_is_redeemed_exactly_uses_times_under_concurrency() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_pool_never_holds_more_than_its_size() {
     each_backend(|s| async move {
-        s.create_token(&pool_token("a", "ci", 10), &audit("token issued")).await.unwrap();
-        s.create_token(&pool_token("b", "ci", 10), &audit("token issued")).await.unwrap();
+        s.create_token(&pool_token("a", "ci", 10), &audit(AuditAction::TokenIssued)).await.unwrap();
+        s.create_token(&pool_token("b", "ci", 10), &audit(AuditAction::TokenIssued)).await.unwrap();
         let s = Arc::new(s);
         let tasks: Vec<_> = (1..=10)
             .map(|i| {
@@ -352,7 +356,7 @@ async fn a_pool_never_holds_more_than_its_size() {
                         token,
                         3,
                         &member(&format!("ci-{i}"), &format!("key{i}"), &format!("10.0.0.{i}")),
-                        &audit("member enrolled"),
+                        &audit(AuditAction::NodeEnrolled),
                     )
                     .await
                 })
@@ -378,25 +382,25 @@ async fn a_pool_never_holds_more_than_its_size() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_takes_no_name_key_or_address_another_node_holds() {
     each_backend(|s| async move {
-        s.create_token(&pool_token("p", "ci", 10), &audit("token issued")).await.unwrap();
-        s.create_token(&pool_token("other", "cd", 10), &audit("token issued")).await.unwrap();
-        s.create_token(&TokenRecord { expires_at: 1_000, ..pool_token("old", "ci", 10) }, &audit("token issued")).await.unwrap();
+        s.create_token(&pool_token("p", "ci", 10), &audit(AuditAction::TokenIssued)).await.unwrap();
+        s.create_token(&pool_token("other", "cd", 10), &audit(AuditAction::TokenIssued)).await.unwrap();
+        s.create_token(&TokenRecord { expires_at: 1_000, ..pool_token("old", "ci", 10) }, &audit(AuditAction::TokenIssued)).await.unwrap();
         let enrol = |t: &'static str, m: NodeRecord| {
             let s = &s;
-            async move { s.enrol_member(t, 10, &m, &audit("member enrolled")).await.unwrap() }
+            async move { s.enrol_member(t, 10, &m, &audit(AuditAction::NodeEnrolled)).await.unwrap() }
         };
         assert_eq!(enrol("p", member("ci-1", "k1", "10.0.0.1")).await, Ok(()));
         assert_eq!(enrol("p", member("ci-1", "k2", "10.0.0.2")).await, Err(MemberRefusal::Taken), "name");
         assert_eq!(enrol("p", member("ci-2", "k2", "10.0.0.1")).await, Err(MemberRefusal::Taken), "address");
         assert_eq!(enrol("other", member("ci-2", "k2", "10.0.0.2")).await, Err(MemberRefusal::TokenUsedUp), "another pool's token");
         assert_eq!(enrol("old", member("ci-2", "k2", "10.0.0.2")).await, Err(MemberRefusal::TokenUsedUp), "expired");
-        let taken = s.enrol_member("p", 10, &member("ci-2", "k1", "10.0.0.2"), &audit("member enrolled")).await;
+        let taken = s.enrol_member("p", 10, &member("ci-2", "k1", "10.0.0.2"), &audit(AuditAction::NodeEnrolled)).await;
         assert!(matches!(taken, Err(StoreError::KeyTaken(ref h)) if h == "ci-1"), "{taken:?}");
         assert_eq!(s.token("p").await.unwrap().unwrap().used, 1, "{:?}: refusals use nothing", s.backend);
         // A node's token does not enrol a member, nor a pool token a declared node.
-        s.create_token(&token("n", "db-1"), &audit("token issued")).await.unwrap();
+        s.create_token(&token("n", "db-1"), &audit(AuditAction::TokenIssued)).await.unwrap();
         assert_eq!(enrol("n", member("ci-2", "k2", "10.0.0.2")).await, Err(MemberRefusal::TokenUsedUp));
-        assert!(matches!(s.enrol("p", &node("db-1", "k3"), &audit("node enrolled")).await, Err(StoreError::TokenUsed)));
+        assert!(matches!(s.enrol("p", &node("db-1", "k3"), &audit(AuditAction::NodeEnrolled)).await, Err(StoreError::TokenUsed)));
     })
     .await;
 }
@@ -406,32 +410,37 @@ async fn a_member_takes_no_name_key_or_address_another_node_holds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_out_of_contact_is_removed_once() {
     each_backend(|s| async move {
-        s.create_token(&pool_token("p", "ci", 10), &audit("token issued")).await.unwrap();
-        s.create_token(&token("n", "db-1"), &audit("token issued")).await.unwrap();
-        s.enrol("n", &node("db-1", "k0"), &audit("node enrolled")).await.unwrap();
+        s.create_token(&pool_token("p", "ci", 10), &audit(AuditAction::TokenIssued)).await.unwrap();
+        s.create_token(&token("n", "db-1"), &audit(AuditAction::TokenIssued)).await.unwrap();
+        s.enrol("n", &node("db-1", "k0"), &audit(AuditAction::NodeEnrolled)).await.unwrap();
         for i in 1..=2 {
-            s.enrol_member("p", 10, &member(&format!("ci-{i}"), &format!("k{i}"), &format!("10.0.0.{i}")), &audit("member enrolled"))
-                .await
-                .unwrap()
-                .unwrap();
+            s.enrol_member(
+                "p",
+                10,
+                &member(&format!("ci-{i}"), &format!("k{i}"), &format!("10.0.0.{i}")),
+                &audit(AuditAction::NodeEnrolled),
+            )
+            .await
+            .unwrap()
+            .unwrap();
         }
         let ev = EvidenceRecord { seq: 1, version: 1, result: EvidenceResult::Applied, error: None, files: "[]".into(), at: 1_000 };
         s.add_evidence("ci-1", std::slice::from_ref(&ev), 1_000).await.unwrap();
         s.touch_all(&[("ci-2".to_string(), 1_500)]).await.unwrap();
         // enrolled_at is 1000: a cutoff at 1000 removes nobody; at 1200, ci-1 (no contact since).
-        assert!(!s.remove_member("ci-1", 1_000, &audit("member removed")).await.unwrap());
-        assert!(s.remove_member("ci-1", 1_200, &audit("member removed")).await.unwrap());
-        assert!(!s.remove_member("ci-1", 1_200, &audit("member removed")).await.unwrap(), "{:?}: removed once", s.backend);
-        assert!(!s.remove_member("ci-2", 1_200, &audit("member removed")).await.unwrap(), "in contact at 1500");
-        assert!(!s.remove_member("db-1", 9_999, &audit("member removed")).await.unwrap(), "a declared node is never swept");
+        assert!(!s.remove_member("ci-1", 1_000, &audit(AuditAction::NodeRemoved)).await.unwrap());
+        assert!(s.remove_member("ci-1", 1_200, &audit(AuditAction::NodeRemoved)).await.unwrap());
+        assert!(!s.remove_member("ci-1", 1_200, &audit(AuditAction::NodeRemoved)).await.unwrap(), "{:?}: removed once", s.backend);
+        assert!(!s.remove_member("ci-2", 1_200, &audit(AuditAction::NodeRemoved)).await.unwrap(), "in contact at 1500");
+        assert!(!s.remove_member("db-1", 9_999, &audit(AuditAction::NodeRemoved)).await.unwrap(), "a declared node is never swept");
         let names: Vec<String> = s.members().await.unwrap().into_iter().map(|m| m.name).collect();
         assert_eq!(names, vec!["ci-2"]);
         assert!(s.node("db-1").await.unwrap().is_some());
         // A new ci-1 starts its evidence afresh.
-        s.enrol_member("p", 10, &member("ci-1", "k9", "10.0.0.9"), &audit("member enrolled")).await.unwrap().unwrap();
+        s.enrol_member("p", 10, &member("ci-1", "k9", "10.0.0.9"), &audit(AuditAction::NodeEnrolled)).await.unwrap().unwrap();
         let added = s.add_evidence("ci-1", &[ev], 2_000).await.unwrap();
         assert_eq!(added.0, 1, "{:?}: the first record of the new ci-1 is not a re-send", s.backend);
-        let removed = s.audit().await.unwrap().iter().filter(|r| r.action == "member removed").count();
+        let removed = s.audit().await.unwrap().iter().filter(|r| r.action == AuditAction::NodeRemoved.as_str()).count();
         assert_eq!(removed, 1, "{:?}: only the removal that happened is audited", s.backend);
     })
     .await;
