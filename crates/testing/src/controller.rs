@@ -42,8 +42,9 @@ impl Entropy for Counting {
     }
 }
 
-/// A controller with nothing applied, its clock, and the database it is on (kept while the
-/// fixture lives).
+/// A controller with nothing applied, its clock, and the database it is on. A SQLite database
+/// is removed once the last clone of `db` is dropped: a caller that moves `c` out (an `async
+/// move` block naming only `fx.c` drops the rest at once) keeps a clone of the database.
 pub struct Fixture {
     pub c: Controller,
     pub clock: Arc<TestClock>,

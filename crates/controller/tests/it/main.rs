@@ -41,7 +41,8 @@ where
     Fut: std::future::Future<Output = ()>,
 {
     for url in trellis_testing::databases().await {
-        f(controller(url).await).await;
+        // A clone kept here: a test that moves `fx.c` out drops the rest of the fixture at once.
+        f(controller(url.clone()).await).await;
     }
 }
 

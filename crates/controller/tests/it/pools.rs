@@ -34,7 +34,8 @@ where
     Fut: std::future::Future<Output = ()>,
 {
     for url in trellis_testing::databases().await {
-        f(pool_fixture(url).await).await;
+        // A clone kept here: a test that moves `fx.c` out drops the rest of the fixture at once.
+        f(pool_fixture(url.clone()).await).await;
     }
 }
 
