@@ -10,8 +10,11 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
+use trellis_testing::cmd::{ok, run, sh, Proc};
+use trellis_testing::{can_run, repo, Need, TempDir};
+
 use crate::controller::copy_dir;
-use crate::support::{ok, repo, run, sh, tempdir, Netns, Proc, TempDir};
+use crate::support::Netns;
 
 const AGENT: &str = crate::support::AGENT;
 const TRELLIS: &str = env!("CARGO_BIN_EXE_trellis");
@@ -69,11 +72,11 @@ impl Site {
         let mut nodes = HashMap::new();
         nodes.insert("api-1", attach("api", "192.0.2.11"));
         nodes.insert("db-1", attach("db", "192.0.2.12"));
-        Site { _bridge: bridge, ctl, nodes, dir: tempdir("site"), serve: None, agents: HashMap::new(), wireguard: "boringtun" }
+        Site { _bridge: bridge, ctl, nodes, dir: TempDir::new("site"), serve: None, agents: HashMap::new(), wireguard: "boringtun" }
     }
 
     fn state(&self) -> PathBuf {
-        self.dir.0.join("ctl")
+        self.dir.path().join("ctl")
     }
 
     fn admin(&self, args: &[&str]) -> String {
@@ -85,7 +88,7 @@ impl Site {
     }
 
     fn start_controller(&mut self) {
-        let log = std::fs::File::create(self.dir.0.join("serve.log")).unwrap();
+        let log = std::fs::File::create(self.dir.path().join("serve.log")).unwrap();
         let child = self
             .ctl
             .cmd(&[TRELLIS, "serve", "--state-dir", self.state().to_str().unwrap()])
@@ -102,11 +105,11 @@ impl Site {
     }
 
     fn root(&self, node: &str) -> PathBuf {
-        self.dir.0.join(format!("root-{node}"))
+        self.dir.path().join(format!("root-{node}"))
     }
 
     fn agent_dir(&self, node: &str) -> PathBuf {
-        self.dir.0.join(format!("agent-{node}"))
+        self.dir.path().join(format!("agent-{node}"))
     }
 
     fn enrol_and_run(&mut self, node: &'static str) {
@@ -124,7 +127,7 @@ impl Site {
             self.root(node).display(),
             self.wireguard
         );
-        let log = std::fs::File::create(self.dir.0.join(format!("agent-{node}.log"))).unwrap();
+        let log = std::fs::File::create(self.dir.path().join(format!("agent-{node}.log"))).unwrap();
         let child = ns.cmd(&["unshare", "-m", "sh", "-c", &cmd]).stdout(Stdio::null()).stderr(log).spawn().unwrap();
         self.agents.insert(node, Proc(child));
     }
@@ -153,7 +156,7 @@ impl Site {
     fn logs(&self) -> String {
         let mut s = String::new();
         for f in ["serve.log", "agent-api-1.log", "agent-db-1.log"] {
-            s.push_str(&format!("--- {f}\n{}\n", std::fs::read_to_string(self.dir.0.join(f)).unwrap_or_default()));
+            s.push_str(&format!("--- {f}\n{}\n", std::fs::read_to_string(self.dir.path().join(f)).unwrap_or_default()));
         }
         s
     }
@@ -183,6 +186,9 @@ fn file_hashes(root: &Path) -> Vec<(String, String)> {
 
 #[test]
 fn two_agents_bring_up_the_overlay_enforce_the_policy_and_survive_an_outage() {
+    if !can_run(Need::Root) {
+        return;
+    }
     let mut site = Site::new();
     site.serve_basic();
     let db = site.pair_up();
@@ -238,12 +244,12 @@ fn two_agents_bring_up_the_overlay_enforce_the_policy_and_survive_an_outage() {
     drop(listeners);
     // It comes back with a change (a node more): both agents catch up, and the evidence of every
     // apply is there, numbered from 1 without gaps.
-    let decl = tempdir("decl");
-    copy_dir(&repo().join("lab/basic"), &decl.0);
-    let mesh = std::fs::read_to_string(decl.0.join("mesh.toml")).unwrap();
-    std::fs::write(decl.0.join("mesh.toml"), mesh + "\n[[node]]\nname = \"extra-1\"\n").unwrap();
+    let decl = TempDir::new("decl");
+    copy_dir(&repo().join("lab/basic"), decl.path());
+    let mesh = std::fs::read_to_string(decl.path().join("mesh.toml")).unwrap();
+    std::fs::write(decl.path().join("mesh.toml"), mesh + "\n[[node]]\nname = \"extra-1\"\n").unwrap();
     site.start_controller();
-    site.admin(&["apply", decl.0.to_str().unwrap()]);
+    site.admin(&["apply", decl.path().to_str().unwrap()]);
     site.converge(&["api-1", "db-1"]);
     let s = site.status();
     for n in ["api-1", "db-1"] {
@@ -284,7 +290,9 @@ fn gone(pid: u32) -> bool {
 /// agent killed with SIGKILL takes its wireguard-go and its interface with it.
 #[test]
 fn two_agents_on_wireguard_go_pass_traffic_change_peers_in_place_and_take_it_down_with_them() {
-    assert!(run(sh("wireguard-go", &["--version"])).0.status.success(), "wireguard-go is not installed: run scripts/install-deps");
+    if !(can_run(Need::Root) && can_run(Need::Program("wireguard-go"))) {
+        return;
+    }
     let mut site = Site::new();
     site.wireguard = "wireguard-go";
     site.serve_basic();
@@ -316,13 +324,13 @@ fn two_agents_on_wireguard_go_pass_traffic_change_peers_in_place_and_take_it_dow
     assert!(wg("latest-handshakes").split_whitespace().nth(1).is_some_and(|t| t != "0"), "{}", wg("dump"));
 
     // The interface changes (another MTU): a new wireguard-go replaces the first, which ends.
-    let decl = tempdir("mtu-decl");
-    copy_dir(&repo().join("lab/basic"), &decl.0);
-    let mesh = std::fs::read_to_string(decl.0.join("mesh.toml")).unwrap();
+    let decl = TempDir::new("mtu-decl");
+    copy_dir(&repo().join("lab/basic"), decl.path());
+    let mesh = std::fs::read_to_string(decl.path().join("mesh.toml")).unwrap();
     let v6 = "overlay_ipv6 = \"fd88:0:0:1::/64\"\n";
     assert!(mesh.contains(v6));
-    std::fs::write(decl.0.join("mesh.toml"), mesh.replace(v6, &format!("{v6}mtu = 1380\n"))).unwrap();
-    site.admin(&["apply", decl.0.to_str().unwrap()]);
+    std::fs::write(decl.path().join("mesh.toml"), mesh.replace(v6, &format!("{v6}mtu = 1380\n"))).unwrap();
+    site.admin(&["apply", decl.path().to_str().unwrap()]);
     site.converge(&["api-1", "db-1"]);
     let wg_pid = wireguard_go_child(agent).unwrap_or_else(|| panic!("no wireguard-go after the change\n{}", site.logs()));
     assert_ne!(wg_pid, first, "a new wireguard-go for the new interface");
@@ -361,10 +369,10 @@ fn two_agents_on_wireguard_go_pass_traffic_change_peers_in_place_and_take_it_dow
 /// sentence; `userspace`, the old name of `boringtun`, is still understood.
 #[test]
 fn a_missing_wireguard_go_is_refused_and_userspace_still_means_boringtun() {
-    let dir = tempdir("no-wggo");
+    let dir = TempDir::new("no-wggo");
     let agent_run = |mode: &str| {
         let mut c = Command::new(crate::support::agent());
-        c.args(["run", "--state-dir", dir.0.to_str().unwrap(), "--wireguard", mode]).env("PATH", &dir.0);
+        c.args(["run", "--state-dir", dir.path().to_str().unwrap(), "--wireguard", mode]).env("PATH", dir.path());
         run(c)
     };
     let (out, d) = agent_run("wireguard-go");
@@ -389,8 +397,8 @@ fn an_agent_killed_at_any_moment_leaves_every_file_old_or_new() {
     use crate::controller::{agent_bin, enrol, Controller, Db};
     let c = Controller::start(Db::Sqlite);
     c.ok(&["apply", "lab/basic"]);
-    let work = tempdir("crash");
-    let (state, root) = (work.0.join("db-1"), work.0.join("root"));
+    let work = TempDir::new("crash");
+    let (state, root) = (work.path().join("db-1"), work.path().join("root"));
     ok(enrol(&c.token("db-1", &[]), &state));
 
     // Every content each file has had in any version: a file on disk must be one of them. A
@@ -398,7 +406,7 @@ fn an_agent_killed_at_any_moment_leaves_every_file_old_or_new() {
     // version after the one it last saw.
     let mut known: HashMap<String, HashSet<String>> = HashMap::new();
     let learn = |known: &mut HashMap<String, HashSet<String>>, held: Option<i64>| -> i64 {
-        let out = work.0.join("latest.bundle");
+        let out = work.path().join("latest.bundle");
         let mut f = agent_bin();
         f.args(["fetch", "--state-dir", state.to_str().unwrap(), "--out", out.to_str().unwrap()]);
         if let Some(v) = held {
@@ -417,9 +425,9 @@ fn an_agent_killed_at_any_moment_leaves_every_file_old_or_new() {
     };
     let mut held = learn(&mut known, None);
 
-    let decl = tempdir("crash-decl");
-    copy_dir(&repo().join("lab/basic"), &decl.0);
-    let base = std::fs::read_to_string(decl.0.join("mesh.toml")).unwrap();
+    let decl = TempDir::new("crash-decl");
+    copy_dir(&repo().join("lab/basic"), decl.path());
+    let base = std::fs::read_to_string(decl.path().join("mesh.toml")).unwrap();
     let rounds = 25;
     for round in 0..rounds {
         let mut agent = Proc(
@@ -441,8 +449,8 @@ fn an_agent_killed_at_any_moment_leaves_every_file_old_or_new() {
         );
         // A new version: another node joins, so every file of db-1 that lists nodes changes.
         let extra: String = (0..=round % 4).map(|k| format!("\n[[node]]\nname = \"extra-{round}-{k}\"\nmodules = [\"ping\"]\n")).collect();
-        std::fs::write(decl.0.join("mesh.toml"), format!("{base}{extra}")).unwrap();
-        c.ok(&["apply", decl.0.to_str().unwrap()]);
+        std::fs::write(decl.path().join("mesh.toml"), format!("{base}{extra}")).unwrap();
+        c.ok(&["apply", decl.path().to_str().unwrap()]);
         held = learn(&mut known, Some(held));
         // Kills land before, during and after the write: the apply takes a few milliseconds.
         std::thread::sleep(Duration::from_millis(pseudo_random(60)));
@@ -469,7 +477,7 @@ fn an_agent_killed_at_any_moment_leaves_every_file_old_or_new() {
             .spawn()
             .unwrap(),
     );
-    let newest = work.0.join("newest.bundle");
+    let newest = work.path().join("newest.bundle");
     let mut f = agent_bin();
     f.args(["fetch", "--state-dir", state.to_str().unwrap(), "--out", newest.to_str().unwrap()]);
     ok(f);
@@ -492,6 +500,9 @@ fn an_agent_killed_at_any_moment_leaves_every_file_old_or_new() {
 
 #[test]
 fn a_ruleset_nft_refuses_leaves_the_previous_one_loaded_and_the_failure_in_status() {
+    if !can_run(Need::Root) {
+        return;
+    }
     use base64::Engine;
     let mut site = Site::new();
     site.serve_basic();
@@ -501,7 +512,7 @@ fn a_ruleset_nft_refuses_leaves_the_previous_one_loaded_and_the_failure_in_statu
     let db_ns = &site.nodes["db-1"];
     let state = site.agent_dir("db-1");
     let root = site.root("db-1");
-    let saved = site.dir.0.join("current.bundle");
+    let saved = site.dir.path().join("current.bundle");
     db_ns.ok(&[AGENT, "fetch", "--state-dir", state.to_str().unwrap(), "--out", saved.to_str().unwrap()]);
     let seed = std::fs::read_to_string(site.state().join("signing.key")).unwrap();
     let key =
@@ -515,18 +526,18 @@ fn a_ruleset_nft_refuses_leaves_the_previous_one_loaded_and_the_failure_in_statu
     // stopped agent has not fetched; a bundle of that version is forged with a ruleset nft
     // refuses. (Evidence for a version the controller never published is refused, so the forged
     // bundle carries a published version number.)
-    let spare = tempdir("spare-decl");
-    copy_dir(&repo().join("lab/basic"), &spare.0);
-    let mesh = std::fs::read_to_string(spare.0.join("mesh.toml")).unwrap();
-    std::fs::write(spare.0.join("mesh.toml"), mesh + "\n[[node]]\nname = \"spare-1\"\n").unwrap();
-    site.admin(&["apply", spare.0.to_str().unwrap()]);
+    let spare = TempDir::new("spare-decl");
+    copy_dir(&repo().join("lab/basic"), spare.path());
+    let mesh = std::fs::read_to_string(spare.path().join("mesh.toml")).unwrap();
+    std::fs::write(spare.path().join("mesh.toml"), mesh + "\n[[node]]\nname = \"spare-1\"\n").unwrap();
+    site.admin(&["apply", spare.path().to_str().unwrap()]);
     let mut bad = current.clone();
     bad.version += 1;
     for f in bad.files.iter_mut().filter(|f| f.path == "etc/trellis/nftables.conf") {
         let text = format!("{}\ntable inet trellis {{ chain broken {{ this is not nft }} }}\n", String::from_utf8_lossy(&f.content));
         *f = trellis_core::bundle::BundleFile::new(f.path.clone(), f.mode, text.into_bytes());
     }
-    let forged = site.dir.0.join("refused.bundle");
+    let forged = site.dir.path().join("refused.bundle");
     std::fs::write(&forged, bad.sign(&key).to_vec()).unwrap();
     let apply = |file: &Path| {
         run(db_ns.cmd(&[
@@ -554,12 +565,12 @@ fn a_ruleset_nft_refuses_leaves_the_previous_one_loaded_and_the_failure_in_statu
     assert_eq!(e["applied_version"].as_u64(), Some(current.version), "{e}");
 
     // Evidence made while the controller is away is kept on disk and arrives later, in order.
-    let decl = tempdir("outage-decl");
-    copy_dir(&repo().join("lab/basic"), &decl.0);
-    let mesh = std::fs::read_to_string(decl.0.join("mesh.toml")).unwrap();
-    std::fs::write(decl.0.join("mesh.toml"), mesh + "\n[[node]]\nname = \"extra-1\"\n").unwrap();
-    site.admin(&["apply", decl.0.to_str().unwrap()]);
-    let newer = site.dir.0.join("newer.bundle");
+    let decl = TempDir::new("outage-decl");
+    copy_dir(&repo().join("lab/basic"), decl.path());
+    let mesh = std::fs::read_to_string(decl.path().join("mesh.toml")).unwrap();
+    std::fs::write(decl.path().join("mesh.toml"), mesh + "\n[[node]]\nname = \"extra-1\"\n").unwrap();
+    site.admin(&["apply", decl.path().to_str().unwrap()]);
+    let newer = site.dir.path().join("newer.bundle");
     // Published behind the apply's answer: long-poll for the version after the current one.
     let held = current.version.to_string();
     db_ns.ok(&[AGENT, "fetch", "--state-dir", state.to_str().unwrap(), "--out", newer.to_str().unwrap(), "--held", &held, "--wait", "20"]);
@@ -633,11 +644,14 @@ impl Drop for SmallDisk {
 #[test]
 fn a_full_disk_mid_apply_leaves_the_old_files_and_reports_the_failure() {
     use crate::controller::{agent_bin, enrol, Controller, Db};
-    assert!(crate::support::is_root(), "this test mounts a small tmpfs (CI runs as root)");
+    // It mounts a small tmpfs.
+    if !can_run(Need::Root) {
+        return;
+    }
     let c = Controller::start(Db::Sqlite);
     c.ok(&["apply", "lab/basic"]);
-    let work = tempdir("full");
-    let (state, root) = (work.0.join("db-1"), work.0.join("root"));
+    let work = TempDir::new("full");
+    let (state, root) = (work.path().join("db-1"), work.path().join("root"));
     ok(enrol(&c.token("db-1", &[]), &state));
     let disk = SmallDisk::mount(&root, "256k");
     let fetch = |out: &Path, held: Option<&str>| {
@@ -661,18 +675,18 @@ fn a_full_disk_mid_apply_leaves_the_old_files_and_reports_the_failure() {
         ]);
         a
     };
-    let (v1, v2) = (work.0.join("v1.bundle"), work.0.join("v2.bundle"));
+    let (v1, v2) = (work.path().join("v1.bundle"), work.path().join("v2.bundle"));
     fetch(&v1, None);
     ok(apply(&v1));
     let old = all_files(&root);
     assert!(old.iter().any(|(p, _)| p.ends_with("etc/trellis/mesh.zone")), "{old:?}");
 
     // A new version: another node joins.
-    let decl = tempdir("full-decl");
-    copy_dir(&repo().join("lab/basic"), &decl.0);
-    let mesh = std::fs::read_to_string(decl.0.join("mesh.toml")).unwrap();
-    std::fs::write(decl.0.join("mesh.toml"), mesh + "\n[[node]]\nname = \"extra-1\"\nmodules = [\"ping\"]\n").unwrap();
-    c.ok(&["apply", decl.0.to_str().unwrap()]);
+    let decl = TempDir::new("full-decl");
+    copy_dir(&repo().join("lab/basic"), decl.path());
+    let mesh = std::fs::read_to_string(decl.path().join("mesh.toml")).unwrap();
+    std::fs::write(decl.path().join("mesh.toml"), mesh + "\n[[node]]\nname = \"extra-1\"\nmodules = [\"ping\"]\n").unwrap();
+    c.ok(&["apply", decl.path().to_str().unwrap()]);
     let v1_version = {
         let mut v = agent_bin();
         v.args(["verify", v1.to_str().unwrap(), "--state-dir", state.to_str().unwrap(), "--json"]);

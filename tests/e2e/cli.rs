@@ -2,7 +2,10 @@
 
 use std::os::unix::fs::PermissionsExt;
 
-use crate::support::{ok, run, tempdir, trellis};
+use trellis_testing::cmd::{ok, run};
+use trellis_testing::TempDir;
+
+use crate::support::trellis;
 
 fn args(a: &[&str]) -> std::process::Command {
     let mut c = trellis();
@@ -18,19 +21,20 @@ fn check_accepts_the_shipped_lab_declarations() {
 
 #[test]
 fn check_reports_every_error_with_its_place_and_exits_1() {
-    let dir = tempdir("check");
-    std::fs::create_dir_all(dir.0.join("modules")).unwrap();
-    std::fs::write(dir.0.join("mesh.toml"), "[mesh]\nname = \"x\"\ndomain = \"x.mesh\"\noverlay_ipv4 = \"10.1.0.0/16\"\n[[node]]\nname = \"a\"\nmodules = [\"web\"]\ncolour = 1\n").unwrap();
-    std::fs::write(dir.0.join("modules/web.toml"), "[module]\nname = \"web\"\n[[allow]]\nproto = \"tcp\"\nports = [\"80\"]\n").unwrap();
-    let (out, d) = run(args(&["check", dir.0.to_str().unwrap()]));
+    let dir = TempDir::new("check");
+    std::fs::create_dir_all(dir.path().join("modules")).unwrap();
+    std::fs::write(dir.path().join("mesh.toml"), "[mesh]\nname = \"x\"\ndomain = \"x.mesh\"\noverlay_ipv4 = \"10.1.0.0/16\"\n[[node]]\nname = \"a\"\nmodules = [\"web\"]\ncolour = 1\n").unwrap();
+    std::fs::write(dir.path().join("modules/web.toml"), "[module]\nname = \"web\"\n[[allow]]\nproto = \"tcp\"\nports = [\"80\"]\n")
+        .unwrap();
+    let (out, d) = run(args(&["check", dir.path().to_str().unwrap()]));
     assert_eq!(out.status.code(), Some(1), "{d}");
     let err = String::from_utf8_lossy(&out.stderr);
-    let mesh = format!("{}/mesh.toml:8:1: error: unknown key `colour` in [[node]]", dir.0.display());
-    let web = format!("{}/modules/web.toml:3:1: error: [[allow]] has no `from`", dir.0.display());
+    let mesh = format!("{}/mesh.toml:8:1: error: unknown key `colour` in [[node]]", dir.path().display());
+    let web = format!("{}/modules/web.toml:3:1: error: [[allow]] has no `from`", dir.path().display());
     assert!(err.contains(&mesh) && err.contains(&web), "{d}");
     assert!(err.find(&mesh) < err.find(&web), "sorted by file: {d}");
 
-    let (out, d) = run(args(&["check", dir.0.to_str().unwrap(), "--json"]));
+    let (out, d) = run(args(&["check", dir.path().to_str().unwrap(), "--json"]));
     assert_eq!(out.status.code(), Some(1), "{d}");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["valid"], false);
@@ -42,7 +46,8 @@ fn check_reports_every_error_with_its_place_and_exits_1() {
 fn usage_errors_exit_2_and_a_missing_directory_exits_1() {
     let (out, d) = run(args(&["check"]));
     assert_eq!(out.status.code(), Some(2), "{d}");
-    let (out, d) = run(args(&["compile", "lab/basic", "--out", "/tmp/x"]));
+    let dir = TempDir::new("usage");
+    let (out, d) = run(args(&["compile", "lab/basic", "--out", dir.join("x").to_str().unwrap()]));
     assert_eq!(out.status.code(), Some(2), "--node or --all is required: {d}");
     let (out, d) = run(args(&["check", "/nonexistent/decl"]));
     assert_eq!(out.status.code(), Some(1), "{d}");
@@ -51,21 +56,21 @@ fn usage_errors_exit_2_and_a_missing_directory_exits_1() {
 
 #[test]
 fn compile_writes_a_node_and_all_nodes_with_their_modes() {
-    let out = tempdir("compile");
-    let one = out.0.join("one");
+    let out = TempDir::new("compile");
+    let one = out.path().join("one");
     ok(args(&["compile", "lab/basic", "--node", "db-1", "--out", one.to_str().unwrap()]));
     for (f, mode) in [("wireguard.conf", 0o600), ("nftables.conf", 0o644), ("mesh.zone", 0o644)] {
         let meta = std::fs::metadata(one.join("etc/trellis").join(f)).unwrap();
         assert_eq!(meta.permissions().mode() & 0o777, mode, "{f}");
     }
-    let all = out.0.join("all");
+    let all = out.path().join("all");
     let text = ok(args(&["compile", "lab/basic", "--all", "--out", all.to_str().unwrap(), "--json"]));
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["written"].as_array().unwrap().len(), 12);
     for n in ["api-1", "db-1", "op-1"] {
         assert!(all.join(n).join("etc/trellis/nftables.conf").is_file(), "{n}");
     }
-    let (o, d) = run(args(&["compile", "lab/basic", "--node", "ghost", "--out", "/tmp/x"]));
+    let (o, d) = run(args(&["compile", "lab/basic", "--node", "ghost", "--out", out.join("x").to_str().unwrap()]));
     assert_eq!(o.status.code(), Some(1), "{d}");
     assert!(String::from_utf8_lossy(&o.stderr).contains("node `ghost` is not declared"), "{d}");
 }
@@ -84,17 +89,17 @@ fn explain_says_why_and_what_passes() {
 
 #[test]
 fn completions_and_man_pages_are_made_from_the_command_line() {
-    let dir = tempdir("assets");
-    ok(args(&["assets", dir.0.to_str().unwrap()]));
-    let bash = std::fs::read_to_string(dir.0.join("completions/trellis.bash")).unwrap();
+    let dir = TempDir::new("assets");
+    ok(args(&["assets", dir.path().to_str().unwrap()]));
+    let bash = std::fs::read_to_string(dir.path().join("completions/trellis.bash")).unwrap();
     assert!(bash.contains("--metrics-listen") && bash.contains("graph"), "{bash}");
     for f in ["completions/_trellis", "completions/trellis.fish", "man/trellis.1", "man/trellis-token-create.1"] {
-        assert!(dir.0.join(f).is_file(), "{f} was not written");
+        assert!(dir.path().join(f).is_file(), "{f} was not written");
     }
-    let man = std::fs::read_to_string(dir.0.join("man/trellis-serve.1")).unwrap();
+    let man = std::fs::read_to_string(dir.path().join("man/trellis-serve.1")).unwrap();
     assert!(man.starts_with(".ie") || man.contains(".TH"), "a roff page: {man}");
     assert!(man.contains("metrics"), "{man}");
-    assert!(!dir.0.join("man/trellis-assets.1").exists(), "the hidden command has no page");
+    assert!(!dir.path().join("man/trellis-assets.1").exists(), "the hidden command has no page");
 }
 
 #[test]

@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 
 use trellis_core::token::EnrolmentToken;
 
-use crate::support::{describe, repo, sh, tempdir, TempDir};
+use trellis_testing::cmd::{fails_with, ok, run, sh};
+use trellis_testing::{can_run, repo, Need, TempDir};
+
+use crate::support::trellis_cmd;
 
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -41,7 +44,10 @@ pub enum Db {
 pub fn database_url(db: Db) -> Option<String> {
     match db {
         Db::Sqlite => None,
-        Db::Postgres => Some(tokio::runtime::Runtime::new().unwrap().block_on(trellis_store::testdb::postgres_url())),
+        Db::Postgres => {
+            let db = tokio::runtime::Runtime::new().unwrap().block_on(trellis_testing::Database::postgres());
+            Some(db.expect("a test on PostgreSQL first asks can_run(Need::Postgres)").to_string())
+        }
     }
 }
 
@@ -61,8 +67,8 @@ impl Controller {
 
     /// A controller on this database, `init` with `extra` and `serve` with `serve_args`.
     pub fn start_serving(database_url: Option<String>, extra: &[&str], serve_args: &[&str]) -> Controller {
-        let dir = tempdir("ctl");
-        let state = dir.0.join("state");
+        let dir = TempDir::new("ctl");
+        let state = dir.path().join("state");
         let port = free_port();
         let advertise = format!("127.0.0.1:{port}");
         let listen = format!("127.0.0.1:{port}");
@@ -71,7 +77,7 @@ impl Controller {
             init.args(["--database-url", u]);
         }
         init.args(extra);
-        must(init);
+        ok(init);
         let serve_args = serve_args.iter().map(|a| a.to_string()).collect();
         let mut c = Controller { dir, state, port, database_url, serves: Vec::new(), serve_args };
         c.serve(port);
@@ -85,7 +91,7 @@ impl Controller {
             cmd.args(["--database-url", u]);
         }
         cmd.args(&self.serve_args);
-        let log = std::fs::File::create(self.dir.0.join(format!("serve-{port}.log"))).unwrap();
+        let log = std::fs::File::create(self.dir.path().join(format!("serve-{port}.log"))).unwrap();
         let child = cmd.stdout(Stdio::null()).stderr(log).spawn().expect("spawn trellis serve");
         self.serves.push(child);
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -105,7 +111,7 @@ impl Controller {
     }
 
     pub fn log(&self, port: u16) -> String {
-        std::fs::read_to_string(self.dir.0.join(format!("serve-{port}.log"))).unwrap_or_default()
+        std::fs::read_to_string(self.dir.path().join(format!("serve-{port}.log"))).unwrap_or_default()
     }
 
     pub fn admin(&self, args: &[&str]) -> Command {
@@ -115,7 +121,7 @@ impl Controller {
     }
 
     pub fn ok(&self, args: &[&str]) -> String {
-        must(self.admin(args))
+        ok(self.admin(args))
     }
 
     pub fn token(&self, node: &str, extra: &[&str]) -> String {
@@ -143,34 +149,6 @@ impl Drop for Controller {
     }
 }
 
-pub fn trellis_cmd(args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_trellis"));
-    c.current_dir(repo()).args(args);
-    c
-}
-
-#[track_caller]
-pub fn must(mut cmd: Command) -> String {
-    let out = cmd.output().unwrap();
-    assert!(out.status.success(), "command failed\n{}", describe(&cmd, &out));
-    String::from_utf8(out.stdout).unwrap()
-}
-
-pub fn run(mut cmd: Command) -> (Output, String) {
-    let out = cmd.output().unwrap();
-    let d = describe(&cmd, &out);
-    (out, d)
-}
-
-#[track_caller]
-pub fn fails_with(cmd: Command, text: &str) -> String {
-    let (out, d) = run(cmd);
-    assert_eq!(out.status.code(), Some(1), "expected exit 1\n{d}");
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(err.contains(text), "expected {text:?} in stderr\n{d}");
-    err
-}
-
 pub fn enrol(token: &str, dir: &Path) -> Command {
     let mut c = agent_bin();
     c.args(["enrol", token, "--state-dir", dir.to_str().unwrap()]);
@@ -181,9 +159,11 @@ fn mode(p: &Path) -> u32 {
     std::fs::metadata(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())).permissions().mode() & 0o777
 }
 
+/// On SQLite, then on PostgreSQL unless the test skips it (`can_run`).
 fn both(f: impl Fn(Db)) {
-    for db in [Db::Sqlite, Db::Postgres] {
-        f(db);
+    f(Db::Sqlite);
+    if can_run(Need::Postgres) {
+        f(Db::Postgres);
     }
 }
 
@@ -209,13 +189,13 @@ fn a_node_enrols_with_one_pasted_line_and_its_keys_never_leave_it() {
         c.ok(&["apply", "lab/basic"]);
         let token = c.token("db-1", &[]);
         assert!(token.len() <= 400 && !token.contains(char::is_whitespace), "{token}");
-        let node = tempdir("node");
-        let out = must(enrol(&token, &node.0));
+        let node = TempDir::new("node");
+        let out = ok(enrol(&token, node.path()));
         assert!(out.contains("enrolled node db-1 in mesh basic (active)"), "{out}");
         for (f, m) in [("wireguard.key", 0o600), ("node.key", 0o600), ("node.pem", 0o644), ("ca.pem", 0o644), ("identity.toml", 0o644)] {
-            assert_eq!(mode(&node.0.join(f)), m, "{f}");
+            assert_eq!(mode(&node.path().join(f)), m, "{f}");
         }
-        let identity = std::fs::read_to_string(node.0.join("identity.toml")).unwrap();
+        let identity = std::fs::read_to_string(node.path().join("identity.toml")).unwrap();
         assert!(
             identity.contains("node = \"db-1\"")
                 && identity.contains(&format!("127.0.0.1:{}", c.port))
@@ -223,8 +203,8 @@ fn a_node_enrols_with_one_pasted_line_and_its_keys_never_leave_it() {
             "{identity}"
         );
         // The private keys are not in anything the controller holds.
-        let wg_private = std::fs::read_to_string(node.0.join("wireguard.key")).unwrap();
-        let tls_private = std::fs::read_to_string(node.0.join("node.key")).unwrap();
+        let wg_private = std::fs::read_to_string(node.path().join("wireguard.key")).unwrap();
+        let tls_private = std::fs::read_to_string(node.path().join("node.key")).unwrap();
         let nodes = c.ok(&["nodes", "--json"]);
         assert!(!nodes.contains(wg_private.trim()) && !nodes.contains(&tls_private[40..80]), "{nodes}");
         let v: serde_json::Value = serde_json::from_str(&nodes).unwrap();
@@ -234,9 +214,9 @@ fn a_node_enrols_with_one_pasted_line_and_its_keys_never_leave_it() {
         let text = c.ok(&["nodes"]);
         assert!(text.lines().any(|l| l.starts_with("op-1") && l.contains("declared")), "{text}");
         // The certificate names db-1, and the controller recorded its serial.
-        let status: serde_json::Value = serde_json::from_str(&must({
+        let status: serde_json::Value = serde_json::from_str(&ok({
             let mut a = agent_bin();
-            a.args(["status", "--state-dir", node.0.to_str().unwrap(), "--json"]);
+            a.args(["status", "--state-dir", node.path().to_str().unwrap(), "--json"]);
             a
         }))
         .unwrap();
@@ -256,12 +236,12 @@ fn pool_members_enrol_with_one_line_and_are_listed_with_their_pool() {
         let token = c.ok(&["token", "create", "--pool", "ci", "--uses", "2", "--ttl", "10m"]).trim().to_string();
         let t = EnrolmentToken::decode(&token).unwrap();
         assert_eq!(t.node, "ci", "a pool token names its pool");
-        let runners = [tempdir("ci-a"), tempdir("ci-b"), tempdir("ci-c")];
+        let runners = [TempDir::new("ci-a"), TempDir::new("ci-b"), TempDir::new("ci-c")];
         for (i, r) in runners[..2].iter().enumerate() {
-            let out = must(enrol(&token, &r.0));
+            let out = ok(enrol(&token, r.path()));
             assert!(out.contains(&format!("enrolled node ci-{} in mesh pool (active)", i + 1)), "{db:?}: {out}");
         }
-        fails_with(enrol(&token, &runners[2].0), "token already used");
+        fails_with(enrol(&token, runners[2].path()), "token already used");
         let nodes = c.nodes();
         let pools: Vec<(&str, &str)> =
             nodes.as_array().unwrap().iter().map(|n| (n["name"].as_str().unwrap(), n["pool"].as_str().unwrap_or("-"))).collect();
@@ -283,9 +263,9 @@ fn a_token_works_once_even_when_two_nodes_race() {
         let c = Controller::start(db);
         c.ok(&["apply", "lab/basic"]);
         let token = c.token("api-1", &[]);
-        let dirs = [tempdir("race-a"), tempdir("race-b")];
+        let dirs = [TempDir::new("race-a"), TempDir::new("race-b")];
         let children: Vec<Child> =
-            dirs.iter().map(|d| enrol(&token, &d.0).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()).collect();
+            dirs.iter().map(|d| enrol(&token, d.path()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()).collect();
         let outs: Vec<Output> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
         let won = outs.iter().filter(|o| o.status.success()).count();
         assert_eq!(won, 1, "{db:?}: exactly one wins: {outs:?}");
@@ -305,8 +285,8 @@ fn damaged_expired_revoked_and_mismatched_tokens_are_refused_with_those_words() 
     let i = damaged.len() / 2;
     damaged[i] = if damaged[i] == 'x' { 'y' } else { 'x' };
     let damaged: String = damaged.into_iter().collect();
-    let node = tempdir("dmg");
-    let nodedir = node.0.join("n");
+    let node = TempDir::new("dmg");
+    let nodedir = node.path().join("n");
     fails_with(enrol(&damaged, &nodedir), "token is damaged");
     assert!(!nodedir.exists(), "nothing is made for a damaged token");
 
@@ -321,12 +301,12 @@ fn damaged_expired_revoked_and_mismatched_tokens_are_refused_with_those_words() 
     // Revoked.
     let id = v[0]["id"].as_str().unwrap().to_string();
     c.ok(&["token", "revoke", &id]);
-    fails_with(enrol(&token, &tempdir("rev").0.join("n")), "token has been revoked");
+    fails_with(enrol(&token, &TempDir::new("rev").path().join("n")), "token has been revoked");
 
     // Expired.
     let short = c.token("op-1", &["--ttl", "1s"]);
     std::thread::sleep(Duration::from_millis(2100));
-    fails_with(enrol(&short, &tempdir("exp").0.join("n")), "token has expired");
+    fails_with(enrol(&short, &TempDir::new("exp").path().join("n")), "token has expired");
 
     // Tokens only for declared nodes that enrol.
     fails_with(c.admin(&["token", "create", "ghost"]), "node `ghost` is not declared");
@@ -338,14 +318,14 @@ fn damaged_expired_revoked_and_mismatched_tokens_are_refused_with_those_words() 
 fn a_wireguard_key_held_by_another_node_is_refused() {
     let c = Controller::start(Db::Sqlite);
     c.ok(&["apply", "lab/basic"]);
-    let a = tempdir("key-a");
-    must(enrol(&c.token("db-1", &[]), &a.0));
+    let a = TempDir::new("key-a");
+    ok(enrol(&c.token("db-1", &[]), a.path()));
     // A second node that somehow holds the same WireGuard key.
-    let b = tempdir("key-b");
-    std::fs::create_dir_all(&b.0).unwrap();
-    std::fs::copy(a.0.join("wireguard.key"), b.0.join("wireguard.key")).unwrap();
+    let b = TempDir::new("key-b");
+    std::fs::create_dir_all(b.path()).unwrap();
+    std::fs::copy(a.path().join("wireguard.key"), b.path().join("wireguard.key")).unwrap();
     let token = c.token("op-1", &[]);
-    fails_with(enrol(&token, &b.0), "already held by node `db-1`");
+    fails_with(enrol(&token, b.path()), "already held by node `db-1`");
     assert_eq!(c.node_state("op-1"), "declared");
 }
 
@@ -354,21 +334,21 @@ fn renewal_needs_the_node_certificate_and_revocation_refuses_it_at_once() {
     both(|db| {
         let c = Controller::start(db);
         c.ok(&["apply", "lab/basic"]);
-        let node = tempdir("renew");
-        must(enrol(&c.token("db-1", &[]), &node.0));
+        let node = TempDir::new("renew");
+        ok(enrol(&c.token("db-1", &[]), node.path()));
         let renew = |force: bool| {
             let mut a = agent_bin();
-            a.args(["renew", "--state-dir", node.0.to_str().unwrap()]);
+            a.args(["renew", "--state-dir", node.path().to_str().unwrap()]);
             if force {
                 a.arg("--force");
             }
             a
         };
-        let before = std::fs::read_to_string(node.0.join("node.pem")).unwrap();
-        let out = must(renew(false));
+        let before = std::fs::read_to_string(node.path().join("node.pem")).unwrap();
+        let out = ok(renew(false));
         assert!(out.contains("not due for renewal"), "{out}");
-        must(renew(true));
-        let after = std::fs::read_to_string(node.0.join("node.pem")).unwrap();
+        ok(renew(true));
+        let after = std::fs::read_to_string(node.path().join("node.pem")).unwrap();
         assert_ne!(before, after, "a new certificate was written");
         c.ok(&["node", "revoke", "db-1"]);
         fails_with(renew(true), "node `db-1` has been revoked");
@@ -382,11 +362,11 @@ fn renewal_needs_the_node_certificate_and_revocation_refuses_it_at_once() {
 fn an_expired_certificate_cannot_renew() {
     let c = Controller::start_with(Db::Sqlite, &["--cert-lifetime", "2s"]);
     c.ok(&["apply", "lab/basic"]);
-    let node = tempdir("expired");
-    must(enrol(&c.token("db-1", &[]), &node.0));
+    let node = TempDir::new("expired");
+    ok(enrol(&c.token("db-1", &[]), node.path()));
     std::thread::sleep(Duration::from_millis(2500));
     let mut a = agent_bin();
-    a.args(["renew", "--state-dir", node.0.to_str().unwrap(), "--force"]);
+    a.args(["renew", "--state-dir", node.path().to_str().unwrap(), "--force"]);
     fails_with(a, "enrol again with a new token");
 }
 
@@ -394,8 +374,8 @@ fn an_expired_certificate_cannot_renew() {
 fn approval_holds_a_node_in_pending() {
     let c = Controller::start(Db::Sqlite);
     c.ok(&["apply", "lab/basic"]);
-    let node = tempdir("pending");
-    let out = must(enrol(&c.token("op-1", &["--require-approval"]), &node.0));
+    let node = TempDir::new("pending");
+    let out = ok(enrol(&c.token("op-1", &["--require-approval"]), node.path()));
     assert!(out.contains("(pending)"), "{out}");
     assert_eq!(c.node_state("op-1"), "pending");
     c.ok(&["node", "approve", "op-1"]);
@@ -409,15 +389,15 @@ fn a_rejected_apply_changes_nothing_and_expect_revision_catches_a_race() {
         let c = Controller::start(db);
         let out = c.ok(&["apply", "lab/basic", "--expect-revision", "0", "--json"]);
         assert!(out.contains("\"revision\": 1"), "{out}");
-        let bad = tempdir("bad");
-        std::fs::create_dir_all(bad.0.join("modules")).unwrap();
+        let bad = TempDir::new("bad");
+        std::fs::create_dir_all(bad.path().join("modules")).unwrap();
         std::fs::write(
-            bad.0.join("mesh.toml"),
+            bad.path().join("mesh.toml"),
             "[mesh]\nname = \"basic\"\ndomain = \"basic.mesh\"\noverlay_ipv4 = \"10.88.0.0/16\"\n[[node]]\nname = \"a\"\nscope = 1\n",
         )
         .unwrap();
-        let err = fails_with(c.admin(&["apply", bad.0.to_str().unwrap()]), "nothing was changed");
-        assert!(err.contains(&format!("{}/mesh.toml:7:1: error: unknown key `scope`", bad.0.display())), "{err}");
+        let err = fails_with(c.admin(&["apply", bad.path().to_str().unwrap()]), "nothing was changed");
+        assert!(err.contains(&format!("{}/mesh.toml:7:1: error: unknown key `scope`", bad.path().display())), "{err}");
         // Still revision 1, and tokens for its nodes still work.
         c.token("db-1", &[]);
         let again = c.ok(&["apply", "lab/basic"]);
@@ -429,18 +409,21 @@ fn a_rejected_apply_changes_nothing_and_expect_revision_catches_a_race() {
 #[test]
 fn admin_commands_need_the_credential() {
     let c = Controller::start(Db::Sqlite);
-    let wrong = tempdir("wrong");
-    std::fs::write(wrong.0.join("token"), "trellis-admin-nope\n").unwrap();
+    let wrong = TempDir::new("wrong");
+    std::fs::write(wrong.path().join("token"), "trellis-admin-nope\n").unwrap();
     let mut cmd = trellis_cmd(&["nodes", "--server", &format!("127.0.0.1:{}", c.port), "--admin-token-file"]);
-    cmd.arg(wrong.0.join("token")).arg("--ca-file").arg(c.state.join("ca.pem"));
+    cmd.arg(wrong.path().join("token")).arg("--ca-file").arg(c.state.join("ca.pem"));
     fails_with(cmd, "the admin credential is wrong");
     let mut cmd = trellis_cmd(&["nodes", "--server", &format!("127.0.0.1:{}", c.port), "--admin-token-file"]);
     cmd.arg(c.state.join("admin.token")).arg("--ca-file").arg(c.state.join("ca.pem"));
-    must(cmd);
+    ok(cmd);
 }
 
 #[test]
 fn two_controllers_share_one_postgresql() {
+    if !can_run(Need::Postgres) {
+        return;
+    }
     let mut c = Controller::start(Db::Postgres);
     let second = free_port();
     c.serve(second);
@@ -449,20 +432,20 @@ fn two_controllers_share_one_postgresql() {
     let token = c.token("db-1", &[]);
     let mut t = EnrolmentToken::decode(&token).unwrap();
     t.controllers = vec![format!("127.0.0.1:{second}")];
-    let node = tempdir("replica");
-    must(enrol(&t.encode().unwrap(), &node.0));
+    let node = TempDir::new("replica");
+    ok(enrol(&t.encode().unwrap(), node.path()));
     assert_eq!(c.node_state("db-1"), "active");
     // The same token through the first controller: already used, whichever replica answers.
-    fails_with(enrol(&token, &tempdir("replica2").0), "token already used");
+    fails_with(enrol(&token, TempDir::new("replica2").path()), "token already used");
     // Two applies of a changed declaration race through the two replicas, both expecting
     // revision 1: exactly one wins, the other sees the conflict.
-    let changed = tempdir("changed");
-    copy_dir(&repo().join("lab/basic"), &changed.0);
-    let mesh = std::fs::read_to_string(changed.0.join("mesh.toml")).unwrap();
-    std::fs::write(changed.0.join("mesh.toml"), mesh + "\n[[node]]\nname = \"extra-1\"\n").unwrap();
+    let changed = TempDir::new("changed");
+    copy_dir(&repo().join("lab/basic"), changed.path());
+    let mesh = std::fs::read_to_string(changed.path().join("mesh.toml")).unwrap();
+    std::fs::write(changed.path().join("mesh.toml"), mesh + "\n[[node]]\nname = \"extra-1\"\n").unwrap();
     let spawn = |port: u16| {
         let mut cmd =
-            trellis_cmd(&["apply", changed.0.to_str().unwrap(), "--expect-revision", "1", "--server", &format!("127.0.0.1:{port}")]);
+            trellis_cmd(&["apply", changed.path().to_str().unwrap(), "--expect-revision", "1", "--server", &format!("127.0.0.1:{port}")]);
         cmd.arg("--admin-token-file").arg(c.state.join("admin.token")).arg("--ca-file").arg(c.state.join("ca.pem"));
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
     };
@@ -492,10 +475,10 @@ fn a_second_controller_with_another_ca_at_the_tokens_address_gets_no_secret() {
     let token = real.token("db-1", &[]);
     real.stop_serving();
     // An impostor: a controller of its own, with its own CA, answering at the token's address.
-    let impostor = tempdir("impostor");
-    let state = impostor.0.join("state");
+    let impostor = TempDir::new("impostor");
+    let state = impostor.path().join("state");
     let addr = format!("127.0.0.1:{}", real.port);
-    must(trellis_cmd(&["init", "--state-dir", state.to_str().unwrap(), "--advertise", &addr, "--listen", &addr]));
+    ok(trellis_cmd(&["init", "--state-dir", state.to_str().unwrap(), "--advertise", &addr, "--listen", &addr]));
     let mut serve =
         trellis_cmd(&["serve", "--state-dir", state.to_str().unwrap()]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -503,15 +486,15 @@ fn a_second_controller_with_another_ca_at_the_tokens_address_gets_no_secret() {
         assert!(Instant::now() < deadline, "impostor did not start");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let node = tempdir("victim");
-    let err = fails_with(enrol(&token, &node.0), "does not match the token");
+    let node = TempDir::new("victim");
+    let err = fails_with(enrol(&token, node.path()), "does not match the token");
     assert!(err.contains("refusing to send the token's secret"), "{err}");
     let _ = serve.kill();
     let _ = serve.wait();
     // The real controller never saw the secret: the token still works, once.
     real.serve(real.port);
     assert!(real.ok(&["token", "list"]).contains("valid"));
-    must(enrol(&token, &node.0.join("again")));
+    ok(enrol(&token, &node.path().join("again")));
     assert_eq!(real.node_state("db-1"), "active");
 }
 
@@ -524,8 +507,8 @@ fn a_second_controller_with_another_ca_at_the_tokens_address_gets_no_secret() {
 fn stored_strings_cannot_forge_rows_or_reach_the_terminal_raw() {
     let c = Controller::start(Db::Sqlite);
     c.ok(&["apply", "lab/basic"]);
-    let node = tempdir("inject");
-    must(enrol(&c.token("db-1", &[]), &node.0));
+    let node = TempDir::new("inject");
+    ok(enrol(&c.token("db-1", &[]), node.path()));
     let status: serde_json::Value = serde_json::from_str(&c.ok(&["status", "--json"])).unwrap();
     let version = status.as_array().unwrap().iter().find(|n| n["name"] == "db-1").unwrap()["desired_version"].as_i64().unwrap();
     let forged = "x\nop-1                 active          1       1  current                                      0  \u{1b}[2K";
@@ -533,7 +516,7 @@ fn stored_strings_cannot_forge_rows_or_reach_the_terminal_raw() {
         serde_json::json!({"records": [{"seq": 1, "version": version, "result": "failed", "error": forged, "files": [], "at": 1}]});
     let curl = |path: &str, body: &serde_json::Value, cert: bool| {
         let ca = c.state.join("ca.pem");
-        let (cert_path, key_path) = (node.0.join("node.pem"), node.0.join("node.key"));
+        let (cert_path, key_path) = (node.path().join("node.pem"), node.path().join("node.key"));
         let mut args = vec!["-sS", "--cacert", ca.to_str().unwrap(), "-H", "content-type: application/json"];
         if cert {
             args.extend(["--cert", cert_path.to_str().unwrap(), "--key", key_path.to_str().unwrap()]);
@@ -573,41 +556,41 @@ fn stored_strings_cannot_forge_rows_or_reach_the_terminal_raw() {
 #[test]
 fn open_directories_are_refused_unchanged_refusals_leave_nothing_and_tokens_come_from_files() {
     let full_mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
-    let open = tempdir("open");
-    std::fs::set_permissions(&open.0, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let open = TempDir::new("open");
+    std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
     let err =
-        fails_with(trellis_cmd(&["init", "--state-dir", open.0.to_str().unwrap(), "--advertise", "127.0.0.1:1"]), "is open to others");
+        fails_with(trellis_cmd(&["init", "--state-dir", open.path().to_str().unwrap(), "--advertise", "127.0.0.1:1"]), "is open to others");
     assert!(err.contains("(mode 1777)"), "{err}");
-    assert_eq!(full_mode(&open.0), 0o1777, "init keeps the directory's mode");
+    assert_eq!(full_mode(open.path()), 0o1777, "init keeps the directory's mode");
 
     let c = Controller::start(Db::Sqlite);
     c.ok(&["apply", "lab/basic"]);
-    fails_with(enrol(&c.token("db-1", &[]), &open.0), "is open to others");
-    assert_eq!(full_mode(&open.0), 0o1777, "enrol keeps the directory's mode");
-    assert!(!open.0.join("wireguard.key").exists(), "no key is made in an open directory");
+    fails_with(enrol(&c.token("db-1", &[]), open.path()), "is open to others");
+    assert_eq!(full_mode(open.path()), 0o1777, "enrol keeps the directory's mode");
+    assert!(!open.path().join("wireguard.key").exists(), "no key is made in an open directory");
 
     let revoked = c.token("op-1", &[]);
     let list: serde_json::Value = serde_json::from_str(&c.ok(&["token", "list", "--json"])).unwrap();
     let id = list.as_array().unwrap().iter().find(|t| t["node"] == "op-1").unwrap()["id"].as_str().unwrap().to_string();
     c.ok(&["token", "revoke", &id]);
-    let parent = tempdir("refused");
-    let fresh = parent.0.join("n");
+    let parent = TempDir::new("refused");
+    let fresh = parent.path().join("n");
     fails_with(enrol(&revoked, &fresh), "token has been revoked");
     assert!(!fresh.exists(), "a refused enrolment leaves nothing it made");
-    let kept = tempdir("kept");
-    fails_with(enrol(&revoked, &kept.0), "token has been revoked");
-    assert!(!kept.0.join("wireguard.key").exists(), "nor a key in a directory that was there");
+    let kept = TempDir::new("kept");
+    fails_with(enrol(&revoked, kept.path()), "token has been revoked");
+    assert!(!kept.path().join("wireguard.key").exists(), "nor a key in a directory that was there");
 
-    let file = parent.0.join("token");
+    let file = parent.path().join("token");
     std::fs::write(&file, c.token("db-1", &[]) + "\n").unwrap();
-    let by_file = parent.0.join("by-file");
-    must({
+    let by_file = parent.path().join("by-file");
+    ok({
         let mut a = agent_bin();
         a.args(["enrol", "--token-file", file.to_str().unwrap(), "--state-dir", by_file.to_str().unwrap()]);
         a
     });
     assert_eq!(full_mode(&by_file), 0o700);
-    let by_stdin = parent.0.join("by-stdin");
+    let by_stdin = parent.path().join("by-stdin");
     let mut a = agent_bin();
     a.args(["enrol", "--token-file", "-", "--state-dir", by_stdin.to_str().unwrap()]).stdin(Stdio::piped()).stdout(Stdio::piped());
     let mut child = a.spawn().unwrap();
@@ -753,8 +736,8 @@ fn a_lost_enrolment_answer_is_asked_for_again_with_the_same_keys() {
         // The first answer is cut after the commit; the agent asks again within its run.
         let token = c.token("db-1", &[]);
         let (relay, cut) = cutting_relay(c.port, 1, used("db-1"));
-        let node = tempdir("lost");
-        let mut cmd = enrol(&through(&token, relay), &node.0);
+        let node = TempDir::new("lost");
+        let mut cmd = enrol(&through(&token, relay), node.path());
         cmd.args(["--retry-for", "30"]);
         let (out, d) = run(cmd);
         assert!(out.status.success(), "{db:?}: the retry is answered\n{d}");
@@ -770,28 +753,28 @@ fn a_lost_enrolment_answer_is_asked_for_again_with_the_same_keys() {
         assert!((0.5..=1.0).contains(&waited), "{d}");
         // The certificate it holds is the node's current one: it renews with it.
         assert_eq!(c.node_state("db-1"), "active");
-        must(renew(&node.0));
+        ok(renew(node.path()));
         assert_eq!(enrolled("db-1"), 1, "enrolled once");
-        assert!(!node.0.join("enrol.pending").exists());
+        assert!(!node.path().join("enrol.pending").exists());
         // Other keys with the same token: refused.
-        fails_with(enrol(&token, &tempdir("thief").0), "token already used");
+        fails_with(enrol(&token, TempDir::new("thief").path()), "token already used");
 
         // Every answer is cut and the agent gives up at once: its keys stay, and the same
         // command, once the controller is reachable, completes the enrolment.
         let token = c.token("op-1", &[]);
         let (relay, cut) = cutting_relay(c.port, usize::MAX, used("op-1"));
-        let node = tempdir("later");
-        let mut cmd = enrol(&through(&token, relay), &node.0);
+        let node = TempDir::new("later");
+        let mut cmd = enrol(&through(&token, relay), node.path());
         cmd.args(["--retry-for", "0"]);
         let err = fails_with(cmd, "it may have reached the controller, so this node's keys are kept in");
         assert_eq!(cut.load(std::sync::atomic::Ordering::SeqCst), 1, "{err}");
-        assert_eq!(mode(&node.0.join("enrol.pending")), 0o600, "the pending TLS key is private");
-        assert!(node.0.join("wireguard.key").exists() && !node.0.join("identity.toml").exists(), "{err}");
-        let out = must(enrol(&token, &node.0));
+        assert_eq!(mode(&node.path().join("enrol.pending")), 0o600, "the pending TLS key is private");
+        assert!(node.path().join("wireguard.key").exists() && !node.path().join("identity.toml").exists(), "{err}");
+        let out = ok(enrol(&token, node.path()));
         assert!(out.contains("enrolled node op-1"), "{out}");
-        must(renew(&node.0));
+        ok(renew(node.path()));
         assert_eq!(enrolled("op-1"), 1, "enrolled once");
-        assert!(!node.0.join("enrol.pending").exists());
+        assert!(!node.path().join("enrol.pending").exists());
     });
 }
 
@@ -804,7 +787,7 @@ struct OwnPostgres {
 
 impl OwnPostgres {
     fn start() -> OwnPostgres {
-        let out = must(sh(&repo().join("scripts/postgres").to_string_lossy(), &["start"]));
+        let out = ok(sh(&repo().join("scripts/postgres").to_string_lossy(), &["start"]));
         let field = |name: &str| {
             out.split_whitespace()
                 .find_map(|w| w.strip_prefix(&format!("{name}=")))
@@ -815,8 +798,8 @@ impl OwnPostgres {
     }
 
     fn pg_ctl(&self, args: &str) {
-        let bin = must(sh("sh", &["-c", "ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1"])).trim().to_string();
-        must(sh("su", &["postgres", "-s", "/bin/sh", "-c", &format!("'{bin}/pg_ctl' -D '{}/data' -w {args} >/dev/null", self.dir)]));
+        let bin = ok(sh("sh", &["-c", "ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1"])).trim().to_string();
+        ok(sh("su", &["postgres", "-s", "/bin/sh", "-c", &format!("'{bin}/pg_ctl' -D '{}/data' -w {args} >/dev/null", self.dir)]));
     }
 }
 
@@ -833,18 +816,21 @@ impl Drop for OwnPostgres {
 /// controller decides again, without a restart.
 #[test]
 fn a_database_restart_is_answered_503_with_a_sentence_and_the_controller_recovers() {
-    assert!(crate::support::is_root(), "this test starts its own PostgreSQL as the postgres user (CI runs as root)");
+    // It starts its own PostgreSQL as the postgres user.
+    if !can_run(Need::Root) {
+        return;
+    }
     let pg = OwnPostgres::start();
     let c = Controller::start_on(Some(pg.url.clone()), &[]);
     c.ok(&["apply", "lab/basic"]);
-    let node = tempdir("pgnode");
-    must(enrol(&c.token("db-1", &[]), &node.0));
+    let node = TempDir::new("pgnode");
+    ok(enrol(&c.token("db-1", &[]), node.path()));
     let fetch = |out: &str| {
         let mut a = agent_bin();
-        a.args(["fetch", "--state-dir", node.0.to_str().unwrap(), "--out", &node.0.join(out).to_string_lossy()]);
+        a.args(["fetch", "--state-dir", node.path().to_str().unwrap(), "--out", &node.path().join(out).to_string_lossy()]);
         a
     };
-    must(fetch("before.bundle"));
+    ok(fetch("before.bundle"));
 
     // Load: a client deciding (token after token) all along, bounded in count and time.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -880,7 +866,7 @@ fn a_database_restart_is_answered_503_with_a_sentence_and_the_controller_recover
     let err = fails_with(c.admin(&["nodes"]), "the database is unavailable");
     assert!(t.elapsed() < Duration::from_secs(15), "answered after {:?}: {err}", t.elapsed());
     assert!(err.contains("nothing was changed: try again once it is back"), "{err}");
-    must(fetch("during.bundle"));
+    ok(fetch("during.bundle"));
     std::thread::sleep(Duration::from_secs(1));
     // Started again as `scripts/postgres` starts it: same socket directory, address and port.
     let port = pg.url.rsplit(':').next().unwrap().split('/').next().unwrap().to_string();

@@ -6,13 +6,15 @@ use std::path::Path;
 use base64::Engine;
 use trellis_core::bundle::{Bundle, BundleFile};
 
-use crate::controller::{agent_bin, enrol, fails_with, must, Controller, Db};
-use crate::support::tempdir;
+use trellis_testing::cmd::{fails_with, ok};
+use trellis_testing::TempDir;
+
+use crate::controller::{agent_bin, enrol, Controller, Db};
 
 fn fetch(node: &Path, out: &Path) -> String {
     let mut c = agent_bin();
     c.args(["fetch", "--state-dir", node.to_str().unwrap(), "--out", out.to_str().unwrap()]);
-    must(c)
+    ok(c)
 }
 
 fn verify(file: &Path, node: &Path, extra: &[&str]) -> std::process::Command {
@@ -25,17 +27,17 @@ fn verify(file: &Path, node: &Path, extra: &[&str]) -> std::process::Command {
 fn fetch_and_verify_and_every_refusal_with_its_reason() {
     let c = Controller::start(Db::Sqlite);
     c.ok(&["apply", "lab/basic"]);
-    let work = tempdir("delivery");
-    let (db, op) = (work.0.join("db-1"), work.0.join("op-1"));
-    must(enrol(&c.token("db-1", &[]), &db));
-    must(enrol(&c.token("op-1", &[]), &op));
-    let v_a = work.0.join("a.bundle");
+    let work = TempDir::new("delivery");
+    let (db, op) = (work.path().join("db-1"), work.path().join("op-1"));
+    ok(enrol(&c.token("db-1", &[]), &db));
+    ok(enrol(&c.token("op-1", &[]), &op));
+    let v_a = work.path().join("a.bundle");
     let out = fetch(&db, &v_a);
     assert!(out.contains("saved the bundle") && out.contains("signed word is"), "{out}");
 
     // A change that touches every node (a node more in the zone) gives db-1 a newer version.
-    let changed = work.0.join("decl");
-    crate::controller::copy_dir(&crate::support::repo().join("lab/basic"), &changed);
+    let changed = work.path().join("decl");
+    crate::controller::copy_dir(&trellis_testing::repo().join("lab/basic"), &changed);
     let mesh = std::fs::read_to_string(changed.join("mesh.toml")).unwrap();
     std::fs::write(changed.join("mesh.toml"), mesh + "\n[[node]]\nname = \"extra-1\"\n").unwrap();
     c.ok(&["apply", changed.to_str().unwrap()]);
@@ -44,7 +46,7 @@ fn fetch_and_verify_and_every_refusal_with_its_reason() {
         .unwrap()
         .bundle
         .version;
-    let v_b = work.0.join("b.bundle");
+    let v_b = work.path().join("b.bundle");
     let mut newer = agent_bin();
     newer.args([
         "fetch",
@@ -57,9 +59,9 @@ fn fetch_and_verify_and_every_refusal_with_its_reason() {
         "--wait",
         "20",
     ]);
-    must(newer);
+    ok(newer);
 
-    let ok = must(verify(&v_b, &db, &["--last-bundle", v_a.to_str().unwrap()]));
+    let ok = ok(verify(&v_b, &db, &["--last-bundle", v_a.to_str().unwrap()]));
     assert!(ok.contains("valid bundle for node db-1 in mesh basic"), "{ok}");
     assert!(ok.contains("etc/trellis/wireguard.conf") && ok.contains("etc/trellis/node.pem"), "{ok}");
     let b =
@@ -76,7 +78,7 @@ fn fetch_and_verify_and_every_refusal_with_its_reason() {
 
     // One byte changed: in the signed manifest (the node name's first byte), or in a file.
     let original = std::fs::read(&v_b).unwrap();
-    let tampered = work.0.join("tampered.bundle");
+    let tampered = work.path().join("tampered.bundle");
     let mut bytes = original.clone();
     bytes[72 + "trellis-bundle-v1\n".len() + 4 + 4 + 4] ^= 0x01;
     std::fs::write(&tampered, &bytes).unwrap();
@@ -88,7 +90,7 @@ fn fetch_and_verify_and_every_refusal_with_its_reason() {
     fails_with(verify(&tampered, &db, &[]), "file etc/trellis/wireguard.conf does not match its SHA-256 in the bundle");
 
     // Another node's bundle.
-    let theirs = work.0.join("op.bundle");
+    let theirs = work.path().join("op.bundle");
     fetch(&op, &theirs);
     fails_with(verify(&theirs, &db, &[]), "bundle is for node `op-1`, not for this node `db-1`");
 
@@ -96,7 +98,7 @@ fn fetch_and_verify_and_every_refusal_with_its_reason() {
     let mut forged = b.clone();
     forged.files.push(BundleFile::new("etc/trellis/extra.conf", 0o644, b"x".to_vec()));
     forged.files.sort_by(|x, y| x.path.cmp(&y.path));
-    let forged_path = work.0.join("forged.bundle");
+    let forged_path = work.path().join("forged.bundle");
     std::fs::write(&forged_path, Bundle::sign(&forged, &signing(&c)).to_vec()).unwrap();
     fails_with(
         verify(&forged_path, &db, &["--last-bundle", v_b.to_str().unwrap()]),
@@ -106,12 +108,12 @@ fn fetch_and_verify_and_every_refusal_with_its_reason() {
     // Too large, and an unknown format.
     let mut huge = b"TRB1".to_vec();
     huge.resize(trellis_core::bundle::MAX_BUNDLE + 1, 0);
-    let huge_path = work.0.join("huge.bundle");
+    let huge_path = work.path().join("huge.bundle");
     std::fs::write(&huge_path, &huge).unwrap();
     fails_with(verify(&huge_path, &db, &[]), "over the bound of 16777216");
     let mut unknown = std::fs::read(&v_b).unwrap();
     unknown[..4].copy_from_slice(b"TRB9");
-    let unknown_path = work.0.join("unknown.bundle");
+    let unknown_path = work.path().join("unknown.bundle");
     std::fs::write(&unknown_path, &unknown).unwrap();
     fails_with(verify(&unknown_path, &db, &[]), "unknown format");
 }
@@ -129,24 +131,24 @@ fn signing(c: &Controller) -> ed25519_dalek::SigningKey {
 fn evidence_refused_for_good_is_dropped_and_counted_not_kept_for_ever() {
     let c = Controller::start(Db::Sqlite);
     c.ok(&["apply", "lab/basic"]);
-    let work = tempdir("dropped");
-    let db = work.0.join("db-1");
-    must(enrol(&c.token("db-1", &[]), &db));
-    let saved = work.0.join("a.bundle");
+    let work = TempDir::new("dropped");
+    let db = work.path().join("db-1");
+    ok(enrol(&c.token("db-1", &[]), &db));
+    let saved = work.path().join("a.bundle");
     fetch(&db, &saved);
     let key = signing(&c);
     let mut never =
         trellis_core::bundle::verify(&std::fs::read(&saved).unwrap(), &key.verifying_key(), "basic", "db-1", None).unwrap().bundle;
     never.version += 5;
-    let forged = work.0.join("never.bundle");
+    let forged = work.path().join("never.bundle");
     std::fs::write(&forged, never.sign(&key).to_vec()).unwrap();
-    let root = work.0.join("root");
+    let root = work.path().join("root");
     let mut apply = agent_bin();
     apply.args(["apply", forged.to_str().unwrap(), "--state-dir", db.to_str().unwrap(), "--root", root.to_str().unwrap(), "--files-only"]);
-    let out = must(apply);
+    let out = ok(apply);
     assert!(out.contains(&format!("applied version {}", never.version)), "{out}");
     let mut status = agent_bin();
     status.args(["status", "--state-dir", db.to_str().unwrap(), "--json"]);
-    let s: serde_json::Value = serde_json::from_str(&must(status)).unwrap();
+    let s: serde_json::Value = serde_json::from_str(&ok(status)).unwrap();
     assert_eq!((s["buffered_evidence"].as_u64(), s["dropped_evidence"].as_u64()), (Some(0), Some(1)), "{s}");
 }

@@ -6,8 +6,10 @@ use std::io::{Read, Write};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use crate::controller::{agent_bin, enrol, free_port, run, Controller};
-use crate::support::{repo, tempdir};
+use trellis_testing::cmd::{run, Proc};
+use trellis_testing::{repo, TempDir};
+
+use crate::controller::{agent_bin, enrol, free_port, Controller};
 
 /// `GET /metrics` over plain HTTP (the listener may be a moment behind the API's).
 fn scrape(port: u16) -> String {
@@ -67,13 +69,13 @@ fn both_metric_endpoints_count_enrolments_show_staleness_and_time_publishing() {
     assert_eq!(must_value(&applied, "trellis_nodes{state=\"declared\"}"), 3.0, "lab/basic declares three nodes");
 
     // db-1 enrols and runs an agent; api-1 enrols and never runs one, so it stays stale.
-    let dir = tempdir("metrics");
+    let dir = TempDir::new("metrics");
     let token = c.token("db-1", &[]);
-    let (out, d) = run(enrol(&token, &dir.0.join("db-1")));
+    let (out, d) = run(enrol(&token, &dir.path().join("db-1")));
     assert!(out.status.success(), "{d}");
-    let (out, _) = run(enrol(&token, &dir.0.join("again")));
+    let (out, _) = run(enrol(&token, &dir.path().join("again")));
     assert!(!out.status.success(), "a used token is refused");
-    let (out, d) = run(enrol(&c.token("api-1", &[]), &dir.0.join("api-1")));
+    let (out, d) = run(enrol(&c.token("api-1", &[]), &dir.path().join("api-1")));
     assert!(out.status.success(), "{d}");
 
     // Every decision so far is published (the checkpoint waits for the run covering them): the
@@ -81,12 +83,12 @@ fn both_metric_endpoints_count_enrolments_show_staleness_and_time_publishing() {
     c.ok(&["audit", "verify"]);
     let agent_port = free_port();
     let agent_listen = format!("127.0.0.1:{agent_port}");
-    let root = dir.0.join("root-db-1");
+    let root = dir.path().join("root-db-1");
     let mut cmd = agent_bin();
     cmd.args(["run", "--files-only", "--wait", "5", "--metrics-listen", &agent_listen]);
-    cmd.args(["--state-dir", dir.0.join("db-1").to_str().unwrap(), "--root", root.to_str().unwrap()]);
-    let log = std::fs::File::create(dir.0.join("agent.log")).unwrap();
-    let _agent = crate::support::Proc(cmd.stdout(Stdio::null()).stderr(log).spawn().unwrap());
+    cmd.args(["--state-dir", dir.path().join("db-1").to_str().unwrap(), "--root", root.to_str().unwrap()]);
+    let log = std::fs::File::create(dir.path().join("agent.log")).unwrap();
+    let _agent = Proc(cmd.stdout(Stdio::null()).stderr(log).spawn().unwrap());
 
     let status: serde_json::Value = serde_json::from_str(&c.ok(&["status", "--json"])).unwrap();
     let desired = |n: &str| status.as_array().unwrap().iter().find(|x| x["name"] == n).unwrap()["desired_version"].as_f64();

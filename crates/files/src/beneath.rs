@@ -159,11 +159,8 @@ impl Beneath {
 mod tests {
     use super::*;
 
-    fn scratch(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("trellis-beneath-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+    fn scratch(tag: &str) -> trellis_testing::TempDir {
+        trellis_testing::TempDir::new(&format!("beneath-{tag}"))
     }
 
     /// The race the path check could not close: the directory is swapped for a link to
@@ -185,12 +182,12 @@ mod tests {
         // Opened again now, the link is refused.
         let e = Beneath::open(&root, "etc/trellis", true).err().expect("a link is refused").to_string();
         assert!(e.contains("is a symbolic link"), "{e}");
-        let _ = std::fs::remove_dir_all(&base);
     }
 
     #[test]
     fn files_are_made_with_their_mode_read_back_and_removed() {
-        let root = scratch("plain").join("new-root");
+        let base = scratch("plain");
+        let root = base.join("new-root");
         let dir = Beneath::open(&root, "etc/trellis", true).unwrap();
         assert!(dir.read("node.toml").is_none());
         let staged = dir.stage("node.toml", b"x", 0o600).unwrap();
@@ -202,6 +199,5 @@ mod tests {
         assert!(dir.remove("node.toml").unwrap());
         assert!(!dir.remove("node.toml").unwrap());
         assert!(Beneath::open(&root, "etc/../..", false).is_err());
-        let _ = std::fs::remove_dir_all(&root);
     }
 }

@@ -136,8 +136,7 @@ mod tests {
 
     #[test]
     fn replace_keeps_the_mode_from_the_first_byte_and_leaves_no_temporary_file() {
-        let dir = std::env::temp_dir().join(format!("trellis-files-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = trellis_testing::TempDir::new("files");
         let path = dir.join("key");
         replace(&path, b"one", 0o600).unwrap();
         replace(&path, b"two", 0o600).unwrap();
@@ -155,12 +154,11 @@ mod tests {
         assert_eq!(std::fs::metadata(&staged).unwrap().permissions().mode() & 0o777, 0o600);
         commit(&staged, &path).unwrap();
         assert_eq!(read(&path).unwrap(), "four");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn a_private_directory_is_made_private_and_an_open_one_is_refused_unchanged() {
-        let base = std::env::temp_dir().join(format!("trellis-private-{}", std::process::id()));
+        let base = trellis_testing::TempDir::new("private");
         let made = base.join("a/b");
         assert!(private_dir(&made).unwrap());
         assert_eq!(std::fs::metadata(&made).unwrap().permissions().mode() & 0o7777, 0o700);
@@ -171,6 +169,5 @@ mod tests {
         let e = private_dir(&open).unwrap_err();
         assert!(e.to_string().contains("is open to others (mode 1777)"), "{e}");
         assert_eq!(std::fs::metadata(&open).unwrap().permissions().mode() & 0o7777, 0o1777, "its mode is kept");
-        let _ = std::fs::remove_dir_all(&base);
     }
 }

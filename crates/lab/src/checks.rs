@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use crate::file::{Expect, LabFile};
+use crate::file::{Expect, LabFile, Outcome, Proto};
 use crate::net::ns_cmd;
 use crate::LabState;
 
@@ -89,7 +89,7 @@ fn dns(e: &Expect, name: &str, addrs: &HashMap<String, Vec<IpAddr>>, st: &LabSta
         .map(|ip| ip.to_string())
         .collect();
     want.sort();
-    let nxdomain = e.result.as_deref() == Some("nxdomain");
+    let nxdomain = e.result == Some(Outcome::Nxdomain);
     if want.is_empty() && !nxdomain {
         // Expected and seen would both be empty, and the check could not fail.
         bail!("expectation dns {name}: none of {:?} has an address in the family the resolver of `{}` is asked in", e.answer, e.from);
@@ -131,17 +131,17 @@ fn traffic(
     st: &LabState,
 ) -> Result<(String, String, String)> {
     let to = e.to.as_deref().context("an expectation needs `to` or `dns`")?;
-    let proto = e.proto.as_deref().unwrap_or("tcp");
+    let proto = e.proto.unwrap_or_default();
     let first = |a: &Vec<IpAddr>| a.iter().find(|ip| ip.is_ipv4()).or(a.first()).map(|ip| ip.to_string());
     let dst = if underlay.outside.iter().any(|o| o == to) {
         underlay.addresses.get(to).and_then(first).context("outside host has no lab address")?
     } else {
         addrs.get(to).and_then(first).context("to-node has no overlay address")?
     };
-    let mut expected = e.result.clone().unwrap_or_else(|| "open".into());
+    let mut expected = e.result.unwrap_or(Outcome::Open).as_str().to_string();
     let via = match &e.via {
         Some(v) => {
-            if proto != "tcp" {
+            if proto != Proto::Tcp {
                 bail!("expectation {}: `via` is checked on tcp only", i + 1);
             }
             expected = format!("{expected} via {v}");
@@ -152,11 +152,11 @@ fn traffic(
     let log = st.dir.join(format!("tcp-{i}.log"));
     let (from_ns, to_ns) = (ns(st, &e.from), ns(st, to));
     let open = match proto {
-        "icmp" => ns_cmd(&from_ns, &["ping", "-c", "1", "-W", "2", &dst]).stdout(Stdio::null()).status()?.success(),
-        "tcp" | "udp" => {
+        Proto::Icmp => ns_cmd(&from_ns, &["ping", "-c", "1", "-W", "2", &dst]).stdout(Stdio::null()).status()?.success(),
+        Proto::Tcp | Proto::Udp => {
             let port = e.port.context("tcp and udp expectations need a port")?.to_string();
             let mark = st.dir.join(format!("udp-{i}.out"));
-            let listener = if proto == "tcp" {
+            let listener = if proto == Proto::Tcp {
                 // Verbose: the listener says where each connection came from.
                 let f = std::fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
                 ns_cmd(&to_ns, &["nc", "-v", "-n", "-l", "-k", &port]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(f).spawn()?
@@ -165,7 +165,7 @@ fn traffic(
                 ns_cmd(&to_ns, &["nc", "-u", "-l", "-k", &port]).stdin(Stdio::null()).stdout(f).stderr(Stdio::null()).spawn()?
             };
             std::thread::sleep(Duration::from_millis(300));
-            let ok = if proto == "tcp" {
+            let ok = if proto == Proto::Tcp {
                 ns_cmd(&from_ns, &["nc", "-z", "-n", "-w", "2", &dst, &port]).status()?.success()
             } else {
                 let mut c =
@@ -190,7 +190,7 @@ fn traffic(
             let _ = l.wait();
             ok
         }
-        other => bail!("expectation {}: proto {other:?} must be tcp, udp or icmp", i + 1),
+        Proto::Throughput => bail!("expectation {}: proto \"throughput\" is measured by `throughput`, not sent", i + 1),
     };
     let port = e.port.map(|p| format!(" {p}")).unwrap_or_default();
     let mut seen = if open { "open".to_string() } else { "closed".to_string() };

@@ -106,18 +106,63 @@ pub enum Action {
     Revoke(String),
 }
 
-/// `proto = "throughput"`: iperf3 from `from` to `to` on `port`, through the overlay and on the
-/// underlay; met when the overlay run moved data (a measurement, not a speed limit).
-pub const THROUGHPUT: &str = "throughput";
+/// What an expectation sends (`proto`); tcp when unsaid.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Proto {
+    #[default]
+    Tcp,
+    Udp,
+    Icmp,
+    /// iperf3 from `from` to `to` on `port`, through the overlay and on the underlay; met when
+    /// the overlay run moved data (a measurement, not a speed limit).
+    Throughput,
+}
+
+impl Proto {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+            Proto::Icmp => "icmp",
+            Proto::Throughput => "throughput",
+        }
+    }
+}
+
+impl std::fmt::Display for Proto {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What an expectation expects (`result`): traffic `open` or `closed`, a DNS name `nxdomain`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    Open,
+    Closed,
+    Nxdomain,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Open => "open",
+            Outcome::Closed => "closed",
+            Outcome::Nxdomain => "nxdomain",
+        }
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Expect {
     pub from: String,
     pub to: Option<String>,
-    pub proto: Option<String>,
+    pub proto: Option<Proto>,
     pub port: Option<u16>,
-    pub result: Option<String>,
+    pub result: Option<Outcome>,
     pub dns: Option<String>,
     pub answer: Option<Vec<String>>,
     /// The node whose underlay address the connection must arrive from (what an exit or a
@@ -194,8 +239,8 @@ impl Expect {
         match (&self.dns, &other.dns) {
             (Some(a), Some(b)) => self.from == other.from && a == b,
             (None, None) => {
-                (&self.from, &self.to, self.proto.as_deref().unwrap_or("tcp"), self.port)
-                    == (&other.from, &other.to, other.proto.as_deref().unwrap_or("tcp"), other.port)
+                (&self.from, &self.to, self.proto.unwrap_or_default(), self.port)
+                    == (&other.from, &other.to, other.proto.unwrap_or_default(), other.port)
             }
             _ => false,
         }
@@ -203,8 +248,8 @@ impl Expect {
 
     /// What is expected: `open` or `closed` for traffic (open when unsaid), the answer or
     /// `nxdomain` for DNS.
-    pub fn outcome(&self) -> (Option<&str>, Option<&[String]>) {
-        let result = self.result.as_deref().or(if self.dns.is_none() { Some("open") } else { None });
+    pub fn outcome(&self) -> (Option<Outcome>, Option<&[String]>) {
+        let result = self.result.or(if self.dns.is_none() { Some(Outcome::Open) } else { None });
         (result, self.answer.as_deref())
     }
 }
@@ -226,7 +271,7 @@ pub fn load(file: &Path) -> Result<(LabFile, PathBuf)> {
 /// Validates a lab file's text; `file` names it in errors and is where the declaration
 /// directory it names is found from. No IO.
 pub fn parse(text: &str, file: &Path) -> Result<(LabFile, PathBuf)> {
-    let mut lab: LabFile = toml::from_str(text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let mut lab: LabFile = toml::from_str(text).map_err(|e| parse_error(text, file, &e))?;
     expand_pools(file, &mut lab)?;
     let decl = file.parent().unwrap_or(Path::new(".")).join(&lab.lab.declaration);
     let names = |role: Role| lab.host.iter().filter(|h| h.role == role).map(|h| format!("`{}`", h.name)).collect::<Vec<_>>();
@@ -274,8 +319,20 @@ pub fn parse(text: &str, file: &Path) -> Result<(LabFile, PathBuf)> {
     Ok((lab, decl))
 }
 
+/// A TOML or schema error (a typo in `proto`, `result` or `role` included) at FILE:LINE:COL,
+/// found before anything is built.
+fn parse_error(text: &str, file: &Path, e: &toml::de::Error) -> anyhow::Error {
+    let Some(span) = e.span() else {
+        return anyhow::anyhow!("{}: {}", file.display(), e.message());
+    };
+    let before = &text[..span.start.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    anyhow::anyhow!("{}:{line}:{col}: {}", file.display(), e.message())
+}
+
 fn check_expect(file: &Path, what: &str, e: &Expect) -> Result<()> {
-    if e.proto.as_deref() == Some(THROUGHPUT) && (e.to.is_none() || e.port.is_none() || e.result.is_some() || e.dns.is_some()) {
+    if e.proto == Some(Proto::Throughput) && (e.to.is_none() || e.port.is_none() || e.result.is_some() || e.dns.is_some()) {
         bail!(
             "{}: {what} measures throughput: give `to` and `port` (a TCP port the target's filter admits from `from`), and no `result` or `dns`",
             file.display()
@@ -284,7 +341,7 @@ fn check_expect(file: &Path, what: &str, e: &Expect) -> Result<()> {
     if e.dns.is_some() {
         // A DNS expectation that names no answer would be met by silence: it must name the
         // nodes whose addresses answer, or say that the name does not exist.
-        let nxdomain = e.result.as_deref() == Some("nxdomain");
+        let nxdomain = e.result == Some(Outcome::Nxdomain);
         let answers = e.answer.as_ref().is_some_and(|a| !a.is_empty());
         if nxdomain == answers {
             bail!(
@@ -462,8 +519,7 @@ mod tests {
     /// A DNS expectation that names no answer would be met by an empty reply: refused at load.
     #[test]
     fn a_dns_expectation_names_its_answer_or_nxdomain() {
-        let dir = std::env::temp_dir().join(format!("trellis-labfile-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = trellis_testing::TempDir::new("labfile");
         let head = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lab/basic.toml")).unwrap();
         let file = dir.join("lab.toml");
         for (tail, ok) in [
@@ -479,18 +535,14 @@ mod tests {
                 assert!(e.to_string().contains("give `answer = [NODE, ...]` or `result = \"nxdomain\"`"), "{e}");
             }
         }
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// Loads `text` as a lab file next to the shipped ones; the error's text, if any.
     fn load_text(tag: &str, text: &str) -> Result<super::LabFile, String> {
-        let dir = std::env::temp_dir().join(format!("trellis-labfile-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = trellis_testing::TempDir::new(&format!("labfile-{tag}"));
         let file = dir.join("lab.toml");
         std::fs::write(&file, text).unwrap();
-        let r = super::load(&file).map(|(lab, _)| lab).map_err(|e| e.to_string().replace(&file.display().to_string(), "FILE"));
-        let _ = std::fs::remove_dir_all(&dir);
-        r
+        super::load(&file).map(|(lab, _)| lab).map_err(|e| e.to_string().replace(&file.display().to_string(), "FILE"))
     }
 
     const HA: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lab/ha.toml"));
@@ -542,7 +594,7 @@ mod tests {
     #[test]
     fn a_throughput_expectation_names_to_and_port_only() {
         let lab = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lab/throughput.toml"));
-        assert_eq!(load_text("tp", lab).unwrap().expect.iter().filter(|e| e.proto.as_deref() == Some(super::THROUGHPUT)).count(), 3);
+        assert_eq!(load_text("tp", lab).unwrap().expect.iter().filter(|e| e.proto == Some(super::Proto::Throughput)).count(), 3);
         let want = "FILE: expectation 1 measures throughput: give `to` and `port` (a TCP port the target's filter admits from `from`), and no `result` or `dns`";
         for (tag, text) in [
             ("tp-port", lab.replacen("port = 5432\n", "", 1)),
@@ -551,6 +603,23 @@ mod tests {
         ] {
             assert_eq!(load_text(tag, &text).unwrap_err(), want, "{tag}");
         }
+    }
+
+    /// A typo in `proto` or `result` is refused at load, at its line and column, before any
+    /// namespace is made.
+    #[test]
+    fn a_typo_in_proto_or_result_is_refused_at_load_with_its_place() {
+        let lab = |expect: &str| {
+            format!("[lab]\nname = \"typo\"\ndeclaration = \"basic\"\n\n[[expect]]\nfrom = \"op-1\"\nto = \"db-1\"\n{expect}")
+        };
+        assert_eq!(
+            load_text("proto-typo", &lab("proto = \"icmpp\"\n")).unwrap_err(),
+            "FILE:8:9: unknown variant `icmpp`, expected one of `tcp`, `udp`, `icmp`, `throughput`"
+        );
+        assert_eq!(
+            load_text("result-typo", &lab("port = 5432\nresult = \"close\"\n")).unwrap_err(),
+            "FILE:9:10: unknown variant `close`, expected one of `open`, `closed`, `nxdomain`"
+        );
     }
 
     /// A step's expectations replace those with the same check and keep the others.
@@ -562,11 +631,11 @@ mod tests {
         let after = lab.expectations(2);
         assert_eq!(after.len(), lab.expect.len());
         let port = after.iter().find(|e| e.from == "op-1" && e.port == Some(9100)).unwrap();
-        assert_eq!(port.result.as_deref(), Some("open"));
+        assert_eq!(port.result, Some(super::Outcome::Open));
         let dns = after.iter().find(|e| e.dns.as_deref() == Some("metrics.ha.mesh")).unwrap();
         assert_eq!(dns.answer.as_deref().unwrap(), ["web-1", "api-1", "db-1"]);
         let closed = after.iter().find(|e| e.from == "api-1" && e.port == Some(9100)).unwrap();
-        assert_eq!(closed.result.as_deref(), Some("closed"), "an expectation no step names stays");
+        assert_eq!(closed.result, Some(super::Outcome::Closed), "an expectation no step names stays");
         let dir = std::path::Path::new("lab");
         assert_eq!(lab.action(0, dir), super::Action::Kill("ctl-1".into()));
         assert_eq!(lab.action(1, dir), super::Action::Apply(dir.join("ha/metrics")));

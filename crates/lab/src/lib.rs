@@ -332,8 +332,8 @@ impl Tally {
             .expectations(st.steps_done)
             .iter()
             .enumerate()
-            .map(|(i, e)| match e.proto.as_deref() {
-                Some(file::THROUGHPUT) => checks::throughput(e, lab, &addrs, st),
+            .map(|(i, e)| match e.proto {
+                Some(file::Proto::Throughput) => checks::throughput(e, lab, &addrs, st),
                 _ => checks::run(i, e, &addrs, &underlay, st),
             })
             .collect::<Result<Vec<_>>>()?;

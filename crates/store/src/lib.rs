@@ -16,9 +16,6 @@ mod evidence;
 mod nodes;
 mod pools;
 mod revisions;
-// Test hooks only with the `testing` feature, so no product binary carries them.
-#[cfg(feature = "testing")]
-pub mod testdb;
 mod tokens;
 
 pub use audit::Audit;

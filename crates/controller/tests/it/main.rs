@@ -1,99 +1,38 @@
 //! The controller's decisions in process, with no HTTP: a clock the test moves and randomness
 //! the test chooses, on SQLite and PostgreSQL. (The HTTP mapping is tested in `trellis-server`.)
 
-use std::path::Path;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use base64::Engine;
-use trellis_controller::state::Config;
-use trellis_controller::{Clock, Controller, Entropy, Error, Keys, NodeRefusal, Redemption};
+use trellis_controller::{Error, NodeRefusal, Redemption};
 use trellis_proto::{self as proto, AuditAction, EnrolledState, NodeState, TokenState};
-use trellis_store::{testdb, Store};
+use trellis_testing::controller::{Fixture, ADMIN, T0};
+use trellis_testing::Database;
 
 mod pools;
 
-/// A clock that moves only when the test says so.
-struct TestClock(AtomicI64);
-
-impl Clock for TestClock {
-    fn now(&self) -> i64 {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
-/// Bytes that count up from one, so token ids are known in advance; each further run of 256
-/// bytes is XORed with its number, so that token ids do not repeat after eight tokens.
-struct Counting(AtomicU64);
-
-impl Entropy for Counting {
-    fn fill(&self, buf: &mut [u8]) {
-        for b in buf {
-            let n = self.0.fetch_add(1, Ordering::SeqCst);
-            *b = (n as u8).wrapping_add(1) ^ (n >> 8) as u8;
-        }
-    }
-}
-
-const T0: i64 = 1_900_000_000;
-const ADMIN: &str = "trellis-admin-test";
-
-struct Fixture {
-    c: Controller,
-    clock: Arc<TestClock>,
-}
-
-async fn controller(url: String) -> Fixture {
-    use sha2::Digest;
-    let store = Store::open(&url).await.unwrap();
-    let ca = trellis_pki::create_ca("trellis", UNIX_EPOCH + Duration::from_secs(T0 as u64), [0xca; 16]).unwrap();
-    let keys = Keys {
-        ca: trellis_pki::Ca::load(&ca.cert_pem, &ca.key_pem).unwrap(),
-        signing_key: ed25519_dalek::SigningKey::from_bytes(&[7; 32]),
-        admin_sha256: sha2::Sha256::digest(ADMIN.as_bytes()).into(),
-    };
-    let config = Config {
-        advertise: vec!["127.0.0.1:8443".into()],
-        listen: "127.0.0.1:8443".into(),
-        database_url: url,
-        admin_token_sha256: String::new(),
-        node_cert_secs: 3600,
-    };
-    let clock = Arc::new(TestClock(AtomicI64::new(T0)));
-    let c = Controller::new(store, config, keys, clock.clone(), Arc::new(Counting(AtomicU64::new(0))));
-    let lab = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lab/basic");
-    let mut files = vec![proto::DeclFile { path: "mesh.toml".into(), text: std::fs::read_to_string(lab.join("mesh.toml")).unwrap() }];
-    for m in ["api", "http", "ping", "postgres", "resolver", "ssh"] {
-        files.push(proto::DeclFile {
-            path: format!("modules/{m}.toml"),
-            text: std::fs::read_to_string(lab.join(format!("modules/{m}.toml"))).unwrap(),
-        });
-    }
+/// The fixture with `lab/basic` applied (revision 1).
+async fn controller(db: Database) -> Fixture {
+    let fx = trellis_testing::controller::controller(db).await;
+    let c = &fx.c;
+    let files = trellis_testing::controller::lab_files("basic");
     let applied = c.apply(&files, Some(0)).await.unwrap();
     assert_eq!((applied.revision, applied.unchanged), (1, false));
     let again = c.apply(&files, None).await.unwrap();
     assert_eq!((again.revision, again.unchanged), (1, true), "the same files are answered as unchanged");
-    Fixture { c, clock }
+    fx
 }
 
 fn enrol_request(token: &str) -> (proto::EnrolRequest, String) {
     let t = trellis_core::token::EnrolmentToken::decode(token).unwrap();
-    let (key, csr) = trellis_pki::node_key_and_csr(&t.node).unwrap();
-    let wg = x25519_public(t.id[0]);
-    let req = proto::EnrolRequest {
-        token_id: trellis_core::token::hex(&t.id),
-        secret: base64::engine::general_purpose::STANDARD.encode(t.secret),
-        node: t.node.clone(),
-        csr_pem: csr,
-        wireguard_public_key: wg,
-    };
-    (req, key)
+    trellis_testing::controller::enrol_request(&t, x25519_public(t.id[0]))
 }
 
 /// A distinct valid WireGuard public key (any 32 bytes are one).
 fn x25519_public(seed: u8) -> String {
-    base64::engine::general_purpose::STANDARD.encode([seed.wrapping_add(100); 32])
+    trellis_testing::controller::wireguard_key(seed.wrapping_add(100))
 }
 
 async fn on_both<F, Fut>(f: F)
@@ -101,8 +40,9 @@ where
     F: Fn(Fixture) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    for url in testdb::both().await {
-        f(controller(url).await).await;
+    for url in trellis_testing::databases().await {
+        // A clone kept here: a test that moves `fx.c` out drops the rest of the fixture at once.
+        f(controller(url.clone()).await).await;
     }
 }
 

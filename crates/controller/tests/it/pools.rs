@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use trellis_controller::{Controller, Error, Redemption};
 use trellis_proto::{self as proto, AuditAction, NodeState, TokenState};
-use trellis_store::testdb;
+use trellis_testing::Database;
 
 use super::{controller, enrol_request, x25519_public, Fixture, T0};
 
@@ -22,7 +22,7 @@ fn lab_pool(edit: impl Fn(&str, String) -> String) -> Vec<proto::DeclFile> {
 }
 
 /// The basic fixture, then `lab/pool` applied over it (web-1, db-1 and the pool `ci` of 4).
-async fn pool_fixture(url: String) -> Fixture {
+async fn pool_fixture(url: Database) -> Fixture {
     let fx = controller(url).await;
     fx.c.apply(&lab_pool(|_, t| t), None).await.unwrap();
     fx
@@ -33,8 +33,9 @@ where
     F: Fn(Fixture) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    for url in testdb::both().await {
-        f(pool_fixture(url).await).await;
+    for url in trellis_testing::databases().await {
+        // A clone kept here: a test that moves `fx.c` out drops the rest of the fixture at once.
+        f(pool_fixture(url.clone()).await).await;
     }
 }
 
@@ -262,7 +263,7 @@ async fn a_pool_no_longer_declared_loses_its_members() {
 /// signature) until the redemption fails, but take the next free number.
 #[tokio::test]
 async fn a_name_held_by_another_record_is_skipped_not_retried_until_failure() {
-    for url in testdb::both().await {
+    for url in trellis_testing::databases().await {
         let fx = controller(url).await;
         // First without the pool (its rules may not name it yet), with a node named as its
         // second member would be.

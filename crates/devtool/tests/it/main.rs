@@ -3,21 +3,15 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+use trellis_testing::cmd::describe as shown;
+use trellis_testing::TempDir;
+
 /// Runs `trellis-dev ARGS`; a failure shows the command, its status and both outputs.
 fn trellis_dev(args: &[&str]) -> (Command, Output) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_trellis-dev"));
     cmd.args(args);
     let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
     (cmd, out)
-}
-
-fn shown(cmd: &Command, out: &Output) -> String {
-    format!(
-        "command: {cmd:?}\nstatus: {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 /// Runs `trellis-dev ARGS`, which must succeed and print JSON.
@@ -28,27 +22,24 @@ fn figures(args: &[&str]) -> serde_json::Value {
 }
 
 /// A generated mesh of 60 nodes written by `trellis-dev mesh`, removed when dropped.
-struct Mesh(PathBuf);
+struct Mesh {
+    dir: PathBuf,
+    _tmp: TempDir,
+}
 
 impl Mesh {
     fn new(name: &str, extra: &[&str]) -> Mesh {
-        let dir = std::env::temp_dir().join(format!("trellis-dev-it-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let tmp = TempDir::new(&format!("dev-it-{name}"));
+        let dir = tmp.path().join("mesh");
         let mut args = vec!["mesh", "--nodes", "60", "--groups", "6", "--hubs", "2", "--out", dir.to_str().unwrap()];
         args.extend_from_slice(extra);
         let (cmd, out) = trellis_dev(&args);
         assert!(out.status.success(), "{}", shown(&cmd, &out));
-        Mesh(dir)
+        Mesh { dir, _tmp: tmp }
     }
 
     fn path(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-
-impl Drop for Mesh {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        self.dir.to_str().unwrap()
     }
 }
 
@@ -77,9 +68,9 @@ fn bench_enrol_on_a_mesh_enrols_every_node_and_every_node_holds_a_bundle() {
     assert_eq!(v["nodes"], 60, "{v:#}");
     assert_eq!(v["enrolled"], 60, "every node enrols: {v:#}");
     assert_eq!(v["held"], 60, "every node holds its first bundle: {v:#}");
-    assert!(number(&v, "/last_answer_to_all_held_ms") >= 0.0, "{v:#}");
     assert!(number(&v, "/enrolments_per_second") > 0.0, "{v:#}");
-    assert!(number(&v, "/latency_ms/p50") <= number(&v, "/latency_ms/p99"), "{v:#}");
+    // Each enrolment's latency lies within the run, from the first request to the last answer.
+    assert!(number(&v, "/latency_ms/p50") > 0.0 && number(&v, "/latency_ms/p99") <= number(&v, "/wall_ms"), "{v:#}");
     assert!(number(&v, "/publish_runs") >= 1.0, "the storm is published: {v:#}");
     assert_eq!(v["sample_fetched"], 4, "{v:#}");
     assert!(number(&v, "/sample_bytes") > 0.0, "{v:#}");
@@ -107,7 +98,6 @@ fn bench_delivery_on_a_mesh_delivers_every_change_to_the_agents_it_affects() {
     assert_eq!(change["agents_unexpected"], 0, "{v:#}");
     assert_eq!(change["agents_missing"], 0, "{v:#}");
     assert!(number(change, "/to_bundle_ms/p50") > 0.0, "{v:#}");
-    assert!(number(change, "/to_bundle_ms/p50") <= number(change, "/to_bundle_ms/p99"), "{v:#}");
     assert!(number(change, "/bytes") > 0.0, "{v:#}");
     for phase in ["declare", "enrol"] {
         let p = &v["add_node"][phase];

@@ -12,10 +12,11 @@ use trellis_controller::state::{self, InitOptions};
 use trellis_core::token::EnrolmentToken;
 use trellis_proto::AuditAction;
 use trellis_server::Server;
-use trellis_store::testdb;
+use trellis_testing::{Database, TempDir};
 
 struct Running {
     _dir: TempDir,
+    _db: Database,
     ca_path: std::path::PathBuf,
     base: String,
     admin: String,
@@ -23,13 +24,6 @@ struct Running {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     /// The server's `run`, which returns once it has stopped.
     done: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
-}
-
-struct TempDir(std::path::PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 impl Drop for Running {
@@ -40,20 +34,20 @@ impl Drop for Running {
     }
 }
 
-async fn start(database_url: String) -> Running {
+async fn start(database_url: Database) -> Running {
     start_with(database_url, trellis_server::Limits::default()).await
 }
 
-async fn start_with(database_url: String, limits: trellis_server::Limits) -> Running {
-    let dir = std::env::temp_dir().join(format!("trellis-api-{}-{}", std::process::id(), rand::random::<u32>()));
+async fn start_with(database_url: Database, limits: trellis_server::Limits) -> Running {
+    let dir = TempDir::new("api");
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let opts = InitOptions {
         advertise: vec![format!("127.0.0.1:{port}")],
         listen: Some(format!("127.0.0.1:{port}")),
-        database_url: Some(database_url),
+        database_url: Some(database_url.to_string()),
         node_cert_secs: 3600,
     };
-    let state = state::init(&dir.join("s"), &opts).await.unwrap();
+    let state = state::init(&dir.path().join("s"), &opts).await.unwrap();
     let server = Server::bind(&state, None, None).await.unwrap().with_limits(limits);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let done = tokio::spawn(server.run(async {
@@ -63,18 +57,16 @@ async fn start_with(database_url: String, limits: trellis_server::Limits) -> Run
     let http = reqwest::Client::builder().use_preconfigured_tls(trellis_pki::tls::client_config(&ca, None).unwrap()).build().unwrap();
     let admin = state.read("admin.token").unwrap().trim().to_string();
     let r = Running {
-        ca_path: dir.join("s/ca.pem"),
-        _dir: TempDir(dir),
+        ca_path: dir.path().join("s/ca.pem"),
+        _dir: dir,
+        _db: database_url,
         base: format!("https://127.0.0.1:{port}"),
         admin,
         http,
         stop: Some(tx),
         done: Some(done),
     };
-    let files: Vec<Value> = ["mesh.toml", "modules/api.toml", "modules/http.toml", "modules/ping.toml", "modules/postgres.toml", "modules/resolver.toml", "modules/ssh.toml"]
-        .iter()
-        .map(|p| json!({"path": p, "text": std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lab/basic").join(p)).unwrap()}))
-        .collect();
+    let files = trellis_testing::controller::lab_files("basic");
     let (status, body) = r.admin_post("/v1/admin/apply", json!({"files": files})).await;
     assert_eq!(status, 200, "{body}");
     r
@@ -136,18 +128,12 @@ impl Running {
 }
 
 fn enrol_body(t: &EnrolmentToken, key_byte: u8) -> Value {
-    let (_key, csr) = trellis_pki::node_key_and_csr(&t.node).unwrap();
-    json!({
-        "token_id": trellis_core::token::hex(&t.id),
-        "secret": base64::engine::general_purpose::STANDARD.encode(t.secret),
-        "node": t.node,
-        "csr_pem": csr,
-        "wireguard_public_key": base64::engine::general_purpose::STANDARD.encode([key_byte; 32]),
-    })
+    let (req, _key) = trellis_testing::controller::enrol_request(t, trellis_testing::controller::wireguard_key(key_byte));
+    serde_json::to_value(req).unwrap()
 }
 
-async fn backends() -> Vec<String> {
-    testdb::both().await
+async fn backends() -> Vec<Database> {
+    trellis_testing::databases().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -248,7 +234,7 @@ async fn bad_input_gets_a_4xx_sentence_and_changes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_and_node_endpoints_refuse_without_credentials() {
-    let r = start(testdb::sqlite_url()).await;
+    let r = start(Database::sqlite()).await;
     let resp = r.http.get(format!("{}/v1/admin/nodes", r.base)).send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 401);
     let resp = r.http.get(format!("{}/v1/admin/nodes", r.base)).bearer_auth("trellis-admin-0000").send().await.unwrap();
@@ -437,7 +423,7 @@ async fn bundles_are_versioned_signed_long_polled_and_answered_304() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pending_node_gets_no_bundle_until_approved() {
-    let r = start(testdb::sqlite_url()).await;
+    let r = start(Database::sqlite()).await;
     let op = r.enrol_node("op-1", 5, true).await;
     let f = op.fetch(&r.base, None, 0).await;
     assert_eq!(f.status, 403);
@@ -512,7 +498,7 @@ async fn evidence_beyond_the_published_version_and_from_a_pending_node_is_refuse
 /// a well-formed one with an unknown token is still audited, with bounded fields.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_enrolments_are_refused_before_anything_is_written() {
-    let r = start(testdb::sqlite_url()).await;
+    let r = start(Database::sqlite()).await;
     let before = r.admin_get("/v1/admin/audit").await.as_array().unwrap().len();
     for i in 0..40 {
         let big = "x".repeat(30_000);
@@ -547,7 +533,7 @@ async fn malformed_enrolments_are_refused_before_anything_is_written() {
 /// sentence before anything is read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_refused_enrolments_from_one_address_is_counted_and_turned_away() {
-    let r = start(testdb::sqlite_url()).await;
+    let r = start(Database::sqlite()).await;
     let before = r.admin_get("/v1/admin/audit").await.as_array().unwrap().len();
     let mut statuses = std::collections::BTreeMap::new();
     let mut last = Value::Null;
@@ -595,7 +581,7 @@ impl Running {
 async fn a_body_that_never_arrives_and_too_many_connections_are_cut_off() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let limits = trellis_server::Limits { max_connections: 64, per_source: 6, body_timeout: std::time::Duration::from_secs(1) };
-    let r = start_with(testdb::sqlite_url(), limits).await;
+    let r = start_with(Database::sqlite(), limits).await;
 
     let mut held = r.connect().await;
     held.write_all(b"POST /v1/enrol HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"tok")
@@ -640,7 +626,7 @@ async fn a_body_that_never_arrives_and_too_many_connections_are_cut_off() {
 async fn stopping_answers_long_polls_at_once_and_finishes_the_decisions_in_flight() {
     use std::time::{Duration, Instant};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let url = testdb::sqlite_url();
+    let url = Database::sqlite();
     let mut r = start(url.clone()).await;
     let node = r.enrol_node("db-1", 1, false).await;
     let held = node.fetch(&r.base, None, 0).await;
@@ -703,7 +689,7 @@ fn wide_mesh(n: usize, extra: bool) -> Value {
 /// another version, gets the whole bundle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_bundle_comes_as_a_delta_to_a_node_holding_the_version_before() {
-    let r = start(testdb::sqlite_url()).await;
+    let r = start(Database::sqlite()).await;
     let (s, b) = r.admin_post("/v1/admin/apply", wide_mesh(WIDE, false)).await;
     assert_eq!(s, 200, "{b}");
     let node = r.enrol_node("op-1", 250, false).await;

@@ -6,7 +6,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{json, Value};
 use trellis_proto as proto;
-use trellis_store::testdb;
+use trellis_testing::Database;
 
 use super::start;
 
@@ -283,7 +283,7 @@ fn concrete(path: &str) -> String {
 
 #[tokio::test]
 async fn every_route_is_described_and_every_described_path_is_a_route() {
-    let r = start(testdb::sqlite_url()).await;
+    let r = start(Database::sqlite()).await;
     let served: Value = r.http.get(format!("{}/v1/openapi.json", r.base)).send().await.unwrap().json().await.unwrap();
     assert_eq!(served, serde_json::to_value(trellis_server::openapi::document()).unwrap(), "the served document is the one made");
     let paths = served["paths"].as_object().unwrap();

@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use trellis_core::Allocation;
 use trellis_proto::{AuditAction, EnrolledState, EvidenceResult};
-use trellis_store::{testdb, verify_audit, Audit, EvidenceRecord, MemberRefusal, NodeRecord, Store, StoreError, TokenRecord};
+use trellis_store::{verify_audit, Audit, EvidenceRecord, MemberRefusal, NodeRecord, Store, StoreError, TokenRecord};
+use trellis_testing::Database;
 
 fn audit(action: AuditAction) -> Audit<'static> {
     Audit { at: 1_000, actor: "test", action, subject: "s", detail: String::new() }
@@ -49,7 +50,7 @@ where
     F: Fn(Store) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    for url in testdb::both().await {
+    for url in trellis_testing::databases().await {
         let store = Store::open(&url).await.unwrap_or_else(|e| panic!("open {url}: {e}"));
         f(store).await;
     }
@@ -212,7 +213,7 @@ async fn bundle_versions_rise_only_when_content_changes_even_across_replicas() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_publishers_on_one_database_agree_on_versions() {
-    let url = testdb::postgres_url().await;
+    let Some(url) = Database::postgres().await else { return };
     let a = Arc::new(Store::open(&url).await.unwrap());
     let b = Arc::new(Store::open(&url).await.unwrap());
     let changes: Vec<(String, String)> = (0..50).map(|i| (format!("n{i}"), "d1".to_string())).collect();
