@@ -114,18 +114,22 @@ impl Controller {
         let members: Vec<trellis_core::decl::Member> = self.store.members().await?.iter().filter_map(crate::pools::member_of).collect();
         let mut allocation = trellis_core::allocate(&decl.with_members(&members), &previous)
             .map_err(|d| Error::InvalidDeclaration { message: d.message.clone(), diagnostics: vec![diagnostic(&d)] })?;
-        for m in members.iter().filter(|m| decl.node(&m.name).is_none()) {
+        // A member whose name the declaration now gives a declared node (its pool gone or
+        // renamed) goes with this revision: a record of a pool is never taken for a declared node.
+        let declared: std::collections::HashSet<&str> = decl.nodes.iter().map(|n| n.name.as_str()).collect();
+        let (replaced, members): (Vec<_>, Vec<_>) = members.iter().partition(|m| declared.contains(m.name.as_str()));
+        for m in members {
             allocation.ipv4.remove(&m.name);
             allocation.ipv6.remove(&m.name);
         }
-        let audit = Audit {
-            at: self.now(),
-            actor: "admin",
-            action: AuditAction::DeclarationApplied,
-            subject: &decl.mesh.name,
-            detail: format!("sha256 {digest}"),
-        };
-        let revision = self.store.apply(&files, &digest, &allocation, expect_revision, &audit).await?;
+        let mut detail = format!("sha256 {digest}");
+        if !replaced.is_empty() {
+            let named: Vec<String> = replaced.iter().map(|m| format!("{} (pool {})", m.name, m.pool)).collect();
+            detail.push_str(&format!("; removed the pool members it names as declared nodes: {}", named.join(", ")));
+        }
+        let audit = Audit { at: self.now(), actor: "admin", action: AuditAction::DeclarationApplied, subject: &decl.mesh.name, detail };
+        let replaced: Vec<String> = replaced.iter().map(|m| m.name.clone()).collect();
+        let revision = self.store.apply(&files, &digest, &allocation, expect_revision, &replaced, &audit).await?;
         // The publish run that follows uses this declaration instead of parsing the stored files
         // again (the cache is keyed by revision, so a newer one elsewhere still wins).
         {

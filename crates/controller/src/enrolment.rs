@@ -270,9 +270,22 @@ impl Controller {
             Some(e) if e.serials.contains(&info.serial) || e.state == EnrolledState::Revoked => e,
             _ => {
                 let record = self.store.node(&node).await?.ok_or_else(|| NodeRefusal::Unknown(node.clone()))?;
-                AuthEntry { state: record.state, serials: [record.cert_serial, record.prev_cert_serial].into_iter().flatten().collect() }
+                // Not in the table yet (enrolled since the last run): a member is checked against
+                // the current declaration here.
+                let replaced = match &record.pool {
+                    Some(pool) => match self.current_declaration().await? {
+                        Some((_, decl)) if decl.node(&node).is_some() => Some(pool.clone()),
+                        _ => None,
+                    },
+                    None => None,
+                };
+                let serials = [record.cert_serial, record.prev_cert_serial].into_iter().flatten().collect();
+                AuthEntry { state: record.state, serials, replaced }
             }
         };
+        if let Some(pool) = entry.replaced {
+            return Err(NodeRefusal::Replaced { node, pool }.into());
+        }
         if entry.state == EnrolledState::Revoked {
             return Err(NodeRefusal::Revoked(node).into());
         }

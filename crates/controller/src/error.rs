@@ -125,6 +125,10 @@ pub enum NodeRefusal {
     PendingApproval(String),
     #[error("this certificate of node `{0}` has been renewed already; renew with the newest one")]
     Superseded(String),
+    #[error(
+        "`{node}` was a member of pool `{pool}`, and the declaration now names a declared node `{node}`; the member is no part of the mesh"
+    )]
+    Replaced { node: String, pool: String },
 }
 
 impl Error {
@@ -200,6 +204,7 @@ impl NodeRefusal {
             NodeRefusal::CertificateReplaced(_) => "certificate_replaced",
             NodeRefusal::PendingApproval(_) => "pending_approval",
             NodeRefusal::Superseded(_) => "certificate_superseded",
+            NodeRefusal::Replaced { .. } => "member_replaced",
         }
     }
 }

@@ -178,6 +178,9 @@ struct Listed<'a> {
 pub struct AuthEntry {
     pub state: trellis_proto::EnrolledState,
     pub serials: Vec<String>,
+    /// The pool of a member whose name the current declaration gives a declared node: the
+    /// record is no node of the mesh, and its certificate is refused.
+    pub replaced: Option<String>,
 }
 
 #[derive(Default)]
@@ -302,12 +305,15 @@ impl Publisher {
         }
     }
 
-    fn set_auth(&self, records: &[trellis_store::NodeRecord]) {
+    /// The table from the records, as the mesh (declared nodes by name, members by name and pool,
+    /// if a declaration is current) takes them.
+    fn set_auth(&self, records: &[trellis_store::NodeRecord], mesh: Option<&HashMap<&str, Option<&str>>>) {
         let map = records
             .iter()
             .map(|r| {
                 let serials = [r.cert_serial.clone(), r.prev_cert_serial.clone()].into_iter().flatten().collect();
-                (r.name.clone(), AuthEntry { state: r.state, serials })
+                let replaced = r.pool.clone().filter(|_| mesh.is_some_and(|m| m.get(r.name.as_str()) == Some(&None)));
+                (r.name.clone(), AuthEntry { state: r.state, serials, replaced })
             })
             .collect();
         *self.auth.write().expect("auth table") = map;
@@ -461,19 +467,25 @@ impl Controller {
         let head_record = self.store.audit_head_hash().await?;
         let head = head_record.as_ref().map_or(0, |(seq, _)| *seq);
         let records = self.store.nodes().await?;
-        p.set_auth(&records);
         *p.members.write().expect("members") = records.iter().filter(|r| r.pool.is_some()).map(|r| r.name.clone()).collect();
         let Some((revision, decl)) = self.current_declaration().await? else {
+            p.set_auth(&records, None);
             done(&mut run, head);
             return Ok((0, head_record));
         };
         // Pools' members are nodes of the mesh too (ADR 0019).
         let decl = self.with_members(revision, decl, &records);
         *p.mesh.write().expect("mesh") = decl.mesh.name.clone();
-        // A set, not `Declaration::node` (a linear search: 50 million comparisons a run at 10k).
-        let declared: HashSet<&str> = decl.nodes.iter().map(|n| n.name.as_str()).collect();
-        let active: Vec<&trellis_store::NodeRecord> =
-            records.iter().filter(|r| r.state == trellis_proto::EnrolledState::Active && declared.contains(r.name.as_str())).collect();
+        // The mesh's nodes by name, with the pool of each member: a record is taken for the node
+        // of its name only if it is of the same kind (a member of a pool that is gone is never
+        // taken for a declared node of its name). A map, not `Declaration::node` (a linear
+        // search: 50 million comparisons a run at 10k).
+        let declared: HashMap<&str, Option<&str>> = decl.nodes.iter().map(|n| (n.name.as_str(), n.pool.as_deref())).collect();
+        p.set_auth(&records, Some(&declared));
+        let active: Vec<&trellis_store::NodeRecord> = records
+            .iter()
+            .filter(|r| r.state == trellis_proto::EnrolledState::Active && declared.get(r.name.as_str()) == Some(&r.pool.as_deref()))
+            .collect();
         run.keys.replace(active.iter().filter_map(|r| r.wg_public_key.as_deref().and_then(PublicKey::parse).map(|k| (r.name.as_str(), k))));
         // A recompile keeps addresses from its previous output (the same allocation the apply
         // stored); only a first compile reads them from the database.

@@ -53,7 +53,8 @@ pub fn status(e: &Error) -> StatusCode {
             | NodeRefusal::Revoked(_)
             | NodeRefusal::CertificateReplaced(_)
             | NodeRefusal::PendingApproval(_)
-            | NodeRefusal::Superseded(_) => StatusCode::FORBIDDEN,
+            | NodeRefusal::Superseded(_)
+            | NodeRefusal::Replaced { .. } => StatusCode::FORBIDDEN,
         },
         Error::NoBundleYet(_) | Error::PublishingBehind(_) | Error::DatabaseUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         Error::Internal { .. } => StatusCode::INTERNAL_SERVER_ERROR,

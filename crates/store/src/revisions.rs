@@ -36,13 +36,17 @@ impl Store {
     }
 
     /// Stores a declaration as the next revision with its address allocation, atomically. With
-    /// `expect`, fails with `Conflict` unless the current revision is that one (0 for none).
+    /// `expect`, fails with `Conflict` unless the current revision is that one (0 for none). The
+    /// pool members named in `replaced` (the revision declares nodes of their names) are removed
+    /// in the same transaction, so no revision is ever current while a member holds the name of
+    /// one of its declared nodes.
     pub async fn apply(
         &self,
         files: &[(String, String)],
         digest: &str,
         allocation: &Allocation,
         expect: Option<i64>,
+        replaced: &[String],
         audit: &Audit<'_>,
     ) -> Result<i64> {
         let files_json = serde_json::to_string(files).expect("strings serialize");
@@ -53,6 +57,7 @@ impl Store {
                 let files_json = files_json.clone();
                 let digest = digest.to_string();
                 let allocation = allocation.clone();
+                let replaced = replaced.to_vec();
                 Box::pin(async move {
                     let current: Option<i64> =
                         sqlx::query("SELECT MAX(number) AS n FROM revisions").fetch_one(&mut **tx).await?.try_get("n")?;
@@ -70,6 +75,12 @@ impl Store {
                         .bind(files_json)
                         .execute(&mut **tx)
                         .await?;
+                    for name in &replaced {
+                        sqlx::query("DELETE FROM nodes WHERE name = $1 AND pool IS NOT NULL").bind(name).execute(&mut **tx).await?;
+                        for table in ["evidence", "evidence_floor"] {
+                            sqlx::query(&format!("DELETE FROM {table} WHERE node = $1")).bind(name).execute(&mut **tx).await?;
+                        }
+                    }
                     // Only what changed is written: an apply that moves no address writes none.
                     let mut wanted: BTreeMap<&str, (Option<String>, Option<String>)> = BTreeMap::new();
                     for (n, a) in &allocation.ipv4 {

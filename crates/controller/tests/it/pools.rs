@@ -315,3 +315,59 @@ async fn a_pin_on_a_members_address_is_refused() {
     })
     .await;
 }
+
+/// The attack of a review: the pool `ci` is replaced by a declared node `ci-1` while the member
+/// `ci-1` is live. The member must take nothing of the declared node: the apply removes it in its
+/// own transaction (audited there), no bundle is published for it and its peers never get its
+/// key; and a member record that holds a declared node's name anyway (enrolled against the old
+/// revision while the apply commits) is neither published nor authenticated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_replaced_by_a_declared_node_of_a_members_name_gives_the_member_nothing() {
+    on_both(|fx| async move {
+        let c = &fx.c;
+        let web = c.create_token(&proto::TokenRequest { node: "web-1".into(), ttl_secs: 600, ..Default::default() }).await.unwrap();
+        c.enrol(member_request(&web.token, 80)).await.unwrap();
+        let t = pool_token(c, 4).await;
+        let member = c.enrol(member_request(&t.token, 81)).await.unwrap();
+        assert_eq!(member.node, "ci-1");
+        c.publish().await.unwrap();
+        let member_key = x25519_public(81);
+        assert!(bundle_text(c, "web-1").contains(&member_key), "the member peers with web-1 while its pool is declared");
+
+        // The pool goes; a declared node takes the name of its member, with a rule of its own.
+        let files = lab_pool(|path, text| match path {
+            "mesh.toml" => {
+                text.split("[[pool]]").next().unwrap().to_string()
+                    + "[[node]]\nname = \"ci-1\"\nnetworks = [\"lan\"]\nmodules = [\"postgres\"]\n"
+                    + text.split("ephemeral_after = \"5s\"\n").nth(1).unwrap()
+            }
+            _ => text.replace("group:runners", "node:web-1").replace("\"pool:ci\", ", ""),
+        });
+        c.apply(&files, None).await.unwrap();
+        assert!(c.store().node("ci-1").await.unwrap().is_none(), "the apply removed the member whose name it declares");
+        let audit = c.audit().await.unwrap();
+        let applied = audit.iter().rev().find(|r| r.action == AuditAction::DeclarationApplied.as_str()).unwrap();
+        assert!(applied.detail.contains("removed the pool members it names as declared nodes: ci-1 (pool ci)"), "{}", applied.detail);
+        c.publish().await.unwrap();
+        assert!(c.bundle("ci-1").is_none(), "the declared ci-1 has not enrolled: nobody holds its bundle");
+        assert!(!bundle_text(c, "web-1").contains(&member_key), "web-1 no longer peers with the member's key");
+        let der = trellis_pki::pem_to_der(&member.node_cert_pem, "CERTIFICATE").unwrap();
+        assert!(matches!(c.authenticate_node(Some(&der)).await, Err(Error::Node(_))), "the member's certificate is refused");
+
+        // The declared ci-1 enrols; then its record is made to say it belongs to pool ci, as a
+        // member enrolled against the old revision would be: it is neither published nor let in.
+        let declared = c.create_token(&proto::TokenRequest { node: "ci-1".into(), ttl_secs: 600, ..Default::default() }).await.unwrap();
+        let enrolled = c.enrol(member_request(&declared.token, 82)).await.unwrap();
+        c.publish().await.unwrap();
+        let der = trellis_pki::pem_to_der(&enrolled.node_cert_pem, "CERTIFICATE").unwrap();
+        c.authenticate_node(Some(&der)).await.unwrap();
+        assert!(bundle_text(c, "web-1").contains(&x25519_public(82)), "the declared ci-1 peers with web-1");
+        c.store().execute_raw("UPDATE nodes SET pool = 'ci' WHERE name = 'ci-1'").await.unwrap();
+        c.publish().await.unwrap();
+        assert!(!bundle_text(c, "web-1").contains(&x25519_public(82)), "a pool's record is not taken for the declared node");
+        let refused = c.authenticate_node(Some(&der)).await.unwrap_err();
+        assert!(matches!(refused, Error::Node(trellis_controller::NodeRefusal::Replaced { .. })), "{refused:?}");
+        assert_eq!(refused.code(), "member_replaced");
+    })
+    .await;
+}

@@ -69,7 +69,7 @@ async fn an_apply_writes_the_allocation_it_was_given_whatever_was_there() {
                 first.ipv6.insert(format!("n{i}"), std::net::Ipv6Addr::from(0xfd00_u128 << 112 | i as u128));
             }
         }
-        s.apply(&files, "d1", &first, None, &audit(AuditAction::DeclarationApplied)).await.unwrap();
+        s.apply(&files, "d1", &first, None, &[], &audit(AuditAction::DeclarationApplied)).await.unwrap();
         assert_eq!(s.allocation().await.unwrap(), first, "{:?}: 700 new rows, in batches", s.backend);
         let mut second = first.clone();
         second.ipv4.remove("n1");
@@ -78,9 +78,9 @@ async fn an_apply_writes_the_allocation_it_was_given_whatever_was_there() {
         second.ipv4.insert("n3".into(), "10.9.9.9".parse().unwrap());
         second.ipv6.insert("n5".into(), "fd00::5:5".parse().unwrap());
         second.ipv4.insert("fresh".into(), "10.8.8.8".parse().unwrap());
-        s.apply(&files, "d2", &second, None, &audit(AuditAction::DeclarationApplied)).await.unwrap();
+        s.apply(&files, "d2", &second, None, &[], &audit(AuditAction::DeclarationApplied)).await.unwrap();
         assert_eq!(s.allocation().await.unwrap(), second, "{:?}: removed, moved, given a second family, added", s.backend);
-        s.apply(&files, "d3", &Allocation::default(), None, &audit(AuditAction::DeclarationApplied)).await.unwrap();
+        s.apply(&files, "d3", &Allocation::default(), None, &[], &audit(AuditAction::DeclarationApplied)).await.unwrap();
         assert_eq!(s.allocation().await.unwrap(), Allocation::default(), "{:?}: every row removed", s.backend);
     })
     .await;
@@ -93,9 +93,9 @@ async fn revisions_increase_and_expect_revision_detects_a_race() {
         let files = vec![("mesh.toml".to_string(), "x".to_string())];
         let mut alloc = Allocation::default();
         alloc.ipv4.insert("a".into(), "10.0.0.1".parse().unwrap());
-        assert_eq!(s.apply(&files, "d1", &alloc, Some(0), &audit(AuditAction::DeclarationApplied)).await.unwrap(), 1);
-        assert_eq!(s.apply(&files, "d2", &alloc, None, &audit(AuditAction::DeclarationApplied)).await.unwrap(), 2);
-        match s.apply(&files, "d3", &alloc, Some(1), &audit(AuditAction::DeclarationApplied)).await {
+        assert_eq!(s.apply(&files, "d1", &alloc, Some(0), &[], &audit(AuditAction::DeclarationApplied)).await.unwrap(), 1);
+        assert_eq!(s.apply(&files, "d2", &alloc, None, &[], &audit(AuditAction::DeclarationApplied)).await.unwrap(), 2);
+        match s.apply(&files, "d3", &alloc, Some(1), &[], &audit(AuditAction::DeclarationApplied)).await {
             Err(StoreError::Conflict { current: 2, expected: 1 }) => {}
             other => panic!("{:?}: expected a conflict, got {other:?}", s.backend),
         }
@@ -110,9 +110,9 @@ async fn revisions_increase_and_expect_revision_detects_a_race() {
                 let s = s.clone();
                 let files = files.clone();
                 let alloc = alloc.clone();
-                tokio::spawn(
-                    async move { s.apply(&files, &format!("r{i}"), &alloc, Some(2), &audit(AuditAction::DeclarationApplied)).await },
-                )
+                tokio::spawn(async move {
+                    s.apply(&files, &format!("r{i}"), &alloc, Some(2), &[], &audit(AuditAction::DeclarationApplied)).await
+                })
             })
             .collect();
         let mut ok = 0;
