@@ -228,11 +228,16 @@ pub fn nftables(plan: &NodePlan) -> Text {
     // Traffic from the overlay leaves it only as a route's rules say, on every node: a router
     // forwards what its routes admit, a hub relays between overlay peers, and a node that has
     // forwarding on for any other reason (or from before) forwards nothing from the overlay.
-    // Everything not from the overlay is left be.
+    // Traffic from the underlay enters the overlay only as a reply to what a route's rules let
+    // out (routes are one-way): a host beside a router or an exit that routes the overlay's
+    // prefix through it must not reach the mesh, least of all with another node's overlay
+    // address as its source, which the receiving node's filter would take for that node.
+    // Forwarding between other interfaces is left be.
     s.push_str("\n\tchain forward {\n\t\ttype filter hook forward priority filter; policy accept;\n");
-    let _ = writeln!(s, "\t\tiifname != \"{iface}\" accept");
-    let _ = writeln!(s, "\t\toifname \"{iface}\" accept");
+    let _ = writeln!(s, "\t\tiifname != \"{iface}\" oifname != \"{iface}\" accept");
+    let _ = writeln!(s, "\t\tiifname \"{iface}\" oifname \"{iface}\" accept");
     s.push_str("\t\tct state established,related accept\n\t\tct state invalid drop\n");
+    let _ = writeln!(s, "\t\toifname \"{iface}\" drop comment \"trellis: only replies enter the overlay from outside it\"");
     for r in &plan.routes_for {
         s.push_shared(&r.forward);
     }

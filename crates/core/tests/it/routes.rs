@@ -179,7 +179,7 @@ fn a_router_forwards_exactly_the_named_sources_to_the_named_ports_and_masquerade
     let plain = file(&c, "laptop-1", "nftables.conf");
     let forward = &plain[plain.find("chain forward").expect("every node has a forward chain")..];
     assert!(!forward.contains("daddr"), "{plain}");
-    assert!(forward.contains("\t\toifname \"trellis0\" accept\n\t\tct state established,related accept\n\t\tct state invalid drop\n\t\tiifname \"trellis0\" drop comment \"trellis: no route rule admits this forwarded traffic\"\n"), "{plain}");
+    assert!(forward.contains("\t\tiifname \"trellis0\" oifname \"trellis0\" accept\n\t\tct state established,related accept\n\t\tct state invalid drop\n\t\toifname \"trellis0\" drop comment \"trellis: only replies enter the overlay from outside it\"\n\t\tiifname \"trellis0\" drop comment \"trellis: no route rule admits this forwarded traffic\"\n"), "{plain}");
 }
 
 /// Loads `mesh` and compares its diagnostics, in order, with `expect`.
