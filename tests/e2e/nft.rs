@@ -135,7 +135,8 @@ fn packets(listing: &str) -> u64 {
 /// overlay (a veth named like the WireGuard interface, the exit's user on its other end): the
 /// user's connection to the internet goes out and its replies come back in, while a host on the
 /// underlay that routes the overlay's prefix through the exit and sends with another node's
-/// overlay address reaches nothing of the mesh.
+/// overlay address reaches nothing of the mesh, and the exit does not forward into the ranges
+/// the IANA registries mark as not globally reachable.
 #[test]
 fn an_exit_admits_replies_into_the_overlay_and_nothing_spoofed_from_the_underlay() {
     let out = tempdir("nft-exit");
@@ -146,7 +147,7 @@ fn an_exit_admits_replies_into_the_overlay_and_nothing_spoofed_from_the_underlay
     });
     let read = |n: &str, f: &str| std::fs::read_to_string(out.0.join(n).join("etc/trellis").join(f)).unwrap();
     let [exit1, laptop1, laptop2] = ["exit-1", "laptop-1", "laptop-2"].map(|n| address(&read(n, "wireguard.conf"), false));
-    let (web, exit_underlay) = ("198.51.100.80", "198.51.100.10");
+    let (web, bench, exit_underlay) = ("198.51.100.80", "198.18.0.5", "198.51.100.10");
 
     let internet = Netns::new("inet");
     let exit = Netns::new("exit");
@@ -162,7 +163,7 @@ fn an_exit_admits_replies_into_the_overlay_and_nothing_spoofed_from_the_underlay
     exit.ok(&["ip", "addr", "add", &format!("{exit1}/16"), "dev", "trellis0"]);
     exit.ok(&["ip", "addr", "add", &format!("{exit_underlay}/24"), "dev", "eth0"]);
     user.ok(&["ip", "addr", "add", &format!("{laptop1}/16"), "dev", "trellis0"]);
-    for a in [format!("{web}/24"), format!("{laptop2}/32")] {
+    for a in [format!("{web}/24"), format!("{bench}/32"), format!("{laptop2}/32")] {
         internet.ok(&["ip", "addr", "add", &a, "dev", "eth0"]);
     }
     for ns in [&exit, &user, &internet] {
@@ -171,6 +172,7 @@ fn an_exit_admits_replies_into_the_overlay_and_nothing_spoofed_from_the_underlay
         }
     }
     user.ok(&["ip", "route", "add", "default", "via", &exit1, "dev", "trellis0"]);
+    exit.ok(&["ip", "route", "add", "198.18.0.0/15", "via", web]);
     // The attacker's route: the overlay's prefix through the exit's underlay address.
     internet.ok(&["ip", "route", "add", "10.88.0.0/16", "via", exit_underlay]);
     let ruleset = out.0.join("exit-1/etc/trellis/nftables.conf");
@@ -203,6 +205,8 @@ fn an_exit_admits_replies_into_the_overlay_and_nothing_spoofed_from_the_underlay
     assert!(reach(&user, &laptop1, web, 80), "laptop-1's connection to the web server through the exit\n{listed}");
     let ping = |ns: &Netns, src: &str, dst: &str| run(ns.cmd(&["ping", "-c", "1", "-W", "2", "-I", src, dst])).0.status.success();
     assert!(ping(&user, &laptop1, web), "laptop-1's ping to the web server through the exit\n{listed}");
+    // Not into a range no exit forwards to (benchmarking, 198.18.0.0/15), though it is routed.
+    assert!(!reach(&user, &laptop1, bench, 80), "the exit forwarded laptop-1 to {bench}\n{listed}");
 
     // The attack: laptop-2's overlay address, from the underlay, towards laptop-1.
     let _ = reach(&internet, &laptop2, &laptop1, 80);

@@ -350,14 +350,48 @@ pub fn route_block(topo: &Topology, r: &ResolvedRoute) -> RouteBlock {
     RouteBlock { route: Arc::new(route), forward: forward.into(), nat: nat.into() }
 }
 
-/// What an exit does not forward to, per family (matched with `!=`): the private, shared and
-/// link-local ranges and every other route's prefixes, merged so that no two overlap.
+/// The ranges an exit never forwards to, from the IANA IPv4 and IPv6 Special-Purpose Address
+/// Registries (iana.org/assignments/iana-ipv4-special-registry and iana-ipv6-special-registry):
+/// every entry whose "Globally Reachable" is False, taken whole (the anycast services the IPv6
+/// registry lists inside 2001::/23 and the IPv4 one inside 192.0.0.0/24 go with it), because an
+/// exit is the internet and these are not; less the documentation ranges (192.0.2.0/24,
+/// 198.51.100.0/24, 203.0.113.0/24, 2001:db8::/32, 3fff::/20), which reach nothing on a real
+/// network and which labs and tests use as their internet. And the translation prefixes, whatever
+/// their "Globally Reachable" (True for 64:ff9b::/96, N/A for 2002::/16): each embeds an IPv4
+/// address that a NAT64 or 6to4 relay on the exit's network would reach, private ones included.
+/// A global IPv6 LAN behind an exit is in none of these: it is a route of its own, with its rules.
+const EXIT_NEVER_V4: [&str; 10] = [
+    "0.0.0.0/8",      // "this network"
+    "10.0.0.0/8",     // private use
+    "100.64.0.0/10",  // shared address space (carrier-grade NAT)
+    "127.0.0.0/8",    // loopback
+    "169.254.0.0/16", // link local
+    "172.16.0.0/12",  // private use
+    "192.0.0.0/24",   // IETF protocol assignments
+    "192.168.0.0/16", // private use
+    "198.18.0.0/15",  // benchmarking
+    "240.0.0.0/4",    // reserved, and the limited broadcast address
+];
+const EXIT_NEVER_V6: [&str; 12] = [
+    "::/128",         // unspecified
+    "::1/128",        // loopback
+    "::ffff:0:0/96",  // IPv4-mapped
+    "64:ff9b::/96",   // IPv4-IPv6 translation (NAT64): reaches IPv4, private ranges included
+    "64:ff9b:1::/48", // local-use IPv4-IPv6 translation
+    "100::/64",       // discard-only
+    "2001::/23",      // IETF protocol assignments (Teredo, benchmarking, ORCHID, ...)
+    "2002::/16",      // 6to4: reaches IPv4 through a relay
+    "5f00::/16",      // segment routing (SRv6) SIDs
+    "fc00::/7",       // unique local
+    "fe80::/10",      // link-local unicast
+    "100:0:0:1::/64", // dummy IPv6 prefix
+];
+
+/// What an exit does not forward to, per family (matched with `!=`): `EXIT_NEVER_V4` and
+/// `EXIT_NEVER_V6` and every other route's prefixes, merged so that no two overlap.
 fn exit_destinations(topo: &Topology) -> (Vec<String>, Vec<String>) {
-    let mut v4: Vec<ipnet::Ipv4Net> = ["10.0.0.0/8", "100.64.0.0/10", "169.254.0.0/16", "172.16.0.0/12", "192.168.0.0/16"]
-        .iter()
-        .map(|p| p.parse().expect("a prefix"))
-        .collect();
-    let mut v6: Vec<ipnet::Ipv6Net> = ["fc00::/7", "fe80::/10"].iter().map(|p| p.parse().expect("a prefix")).collect();
+    let mut v4: Vec<ipnet::Ipv4Net> = EXIT_NEVER_V4.iter().map(|p| p.parse().expect("a prefix")).collect();
+    let mut v6: Vec<ipnet::Ipv6Net> = EXIT_NEVER_V6.iter().map(|p| p.parse().expect("a prefix")).collect();
     for other in topo.routes.iter().filter(|o| !o.route.is_exit()) {
         for p in &other.route.prefixes {
             match p {
