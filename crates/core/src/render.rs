@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use crate::decl::{Proto, PublicKey, KEEPALIVE_SECS};
+use crate::decl::{Proto, PublicKey, KEEPALIVE_SECS, NAMESERVER};
 use crate::nodefile::{Comments, NodeFile};
 use crate::plan::{FileResource, NodePlan, NodeText, PeerPlan, RouteBlock, RouteUse, MESH_ZONE, NFTABLES_CONF, NODE_TOML, WIREGUARD_CONF};
 use crate::text::{Runs, Text, TextBuilder};
@@ -485,8 +485,11 @@ pub fn zone_records<'n>(names: impl Iterator<Item = (&'n str, Option<Ipv4Addr>, 
     records
 }
 
-/// A node's zone: the names it may resolve (see `NodePlan::zone`) and nothing else. The serial is
-/// derived from the records (the module blocks by their digests), so it changes when they do.
+/// A node's zone: the names it may resolve (see `NodePlan::zone`) and nothing else, with its name
+/// server `ns` at the node's own addresses. The serial written here is derived from the records
+/// (the module blocks by their digests), so it changes when they do but does not rise: the
+/// controller gives each bundle's zone the bundle's version as its serial (`with_serial`), which
+/// rises whenever the bundle's content changes (ADR 0010); an offline compile keeps this one.
 pub fn zone(plan: &NodePlan) -> Text {
     let domain = &plan.common.domain;
     let mut hash = Sha256::new();
@@ -498,12 +501,15 @@ pub fn zone(plan: &NodePlan) -> Text {
     }
     let digest = hash.finalize();
     let serial = u32::from_be_bytes(digest[..4].try_into().expect("4 bytes")) & 0x7fff_ffff;
-    let mut s = TextBuilder::with_capacity(plan.zone_modules.len() + 1, 256 + plan.zone.iter().map(|z| z.records.len()).sum::<usize>());
+    let mut s = TextBuilder::with_capacity(plan.zone_modules.len() + 2, 256 + plan.zone.iter().map(|z| z.records.len()).sum::<usize>());
     let _ = writeln!(s, "; trellis: zone {domain} of mesh {} as node {} sees it. Generated; do not edit.", plan.common.mesh, plan.node);
     let _ = writeln!(s, "$ORIGIN {domain}.");
     s.push_str("$TTL 60\n");
-    let _ = writeln!(s, "@\tIN\tSOA\tns.{domain}. hostmaster.{domain}. {serial} 3600 600 86400 60");
-    let _ = writeln!(s, "@\tIN\tNS\tns.{domain}.");
+    // A piece of its own, so that `with_serial` replaces it and shares the rest.
+    s.push_shared(&Arc::from(soa(domain, serial)));
+    let _ = writeln!(s, "@\tIN\tNS\t{NAMESERVER}.{domain}.");
+    // The name server is the node's own resolver, which the agent serves on its overlay addresses.
+    s.push_str(&zone_records(std::iter::once((NAMESERVER, plan.ipv4, plan.ipv6))));
     // A node's records are a line or two: copied, which costs less than sharing them.
     for z in &plan.zone {
         s.push_str(&z.records);
@@ -512,4 +518,37 @@ pub fn zone(plan: &NodePlan) -> Text {
         s.push_shared(&m.records);
     }
     s.finish()
+}
+
+/// The SOA record of a zone of `domain` with `serial`.
+fn soa(domain: &str, serial: u32) -> String {
+    format!("@\tIN\tSOA\t{NAMESERVER}.{domain}. hostmaster.{domain}. {serial} 3600 600 86400 60\n")
+}
+
+/// `zone` (as `zone` makes it) with the serial `serial` in its SOA record, sharing the rest.
+pub fn with_serial(zone: &Text, serial: u32) -> Text {
+    let soa_of = |p: &str| -> Option<String> {
+        let rest = p.strip_prefix("@\tIN\tSOA\t")?.strip_suffix('\n')?;
+        let f: Vec<&str> = rest.split(' ').collect();
+        let domain = f.first()?.strip_prefix(&format!("{NAMESERVER}."))?.strip_suffix('.')?;
+        (f.len() == 7 && !rest.contains('\n')).then(|| soa(domain, serial))
+    };
+    let mut found = false;
+    let pieces: Vec<Arc<str>> = zone
+        .pieces()
+        .map(|p| match soa_of(p).filter(|_| !found) {
+            Some(new) => {
+                found = true;
+                Arc::from(new)
+            }
+            None => p.clone(),
+        })
+        .collect();
+    if found {
+        return Text::from_pieces(pieces);
+    }
+    // A zone cut another way: line by line.
+    let text = zone.to_string();
+    let lines: Vec<String> = text.lines().map(|l| soa_of(&format!("{l}\n")).unwrap_or_else(|| format!("{l}\n"))).collect();
+    Text::from(lines.concat())
 }
