@@ -130,3 +130,94 @@ fn compiled_ruleset_loads_and_enforces_the_policy() {
     assert!(!ping(outsider), "ping from outside the mesh is dropped");
     drop(listeners);
 }
+
+/// The `packets N` of the first counter in `listing`.
+fn packets(listing: &str) -> u64 {
+    let at = listing.find("counter packets ").unwrap_or_else(|| panic!("no counter in\n{listing}"));
+    listing[at + "counter packets ".len()..].split_whitespace().next().and_then(|n| n.parse().ok()).expect("a packet count")
+}
+
+/// An exit's ruleset in a namespace between the underlay (a host on the internet side) and the
+/// overlay (a veth named like the WireGuard interface, the exit's user on its other end): the
+/// user's connection to the internet goes out and its replies come back in, while a host on the
+/// underlay that routes the overlay's prefix through the exit and sends with another node's
+/// overlay address reaches nothing of the mesh, and the exit does not forward into the ranges
+/// the IANA registries mark as not globally reachable.
+#[test]
+fn an_exit_admits_replies_into_the_overlay_and_nothing_spoofed_from_the_underlay() {
+    let out = tempdir("nft-exit");
+    ok({
+        let mut c = trellis();
+        c.args(["compile", "lab/exit", "--all", "--out", out.0.to_str().unwrap()]);
+        c
+    });
+    let read = |n: &str, f: &str| std::fs::read_to_string(out.0.join(n).join("etc/trellis").join(f)).unwrap();
+    let [exit1, laptop1, laptop2] = ["exit-1", "laptop-1", "laptop-2"].map(|n| address(&read(n, "wireguard.conf"), false));
+    let (web, bench, exit_underlay) = ("198.51.100.80", "198.18.0.5", "198.51.100.10");
+
+    let internet = Netns::new("inet");
+    let exit = Netns::new("exit");
+    let user = Netns::new("user");
+    ok(sh("ip", &["link", "add", "trellis0", "netns", &exit.name, "type", "veth", "peer", "name", "trellis0", "netns", &user.name]));
+    ok(sh("ip", &["link", "add", "eth0", "netns", &exit.name, "type", "veth", "peer", "name", "eth0", "netns", &internet.name]));
+    // The worst case: no reverse-path filter stops a source address that belongs elsewhere, so
+    // only the ruleset stands between the underlay and the overlay.
+    for key in ["all", "default", "eth0", "trellis0"] {
+        exit.ok(&["sysctl", "-qw", &format!("net.ipv4.conf.{key}.rp_filter=0")]);
+    }
+    exit.ok(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    exit.ok(&["ip", "addr", "add", &format!("{exit1}/16"), "dev", "trellis0"]);
+    exit.ok(&["ip", "addr", "add", &format!("{exit_underlay}/24"), "dev", "eth0"]);
+    user.ok(&["ip", "addr", "add", &format!("{laptop1}/16"), "dev", "trellis0"]);
+    for a in [format!("{web}/24"), format!("{bench}/32"), format!("{laptop2}/32")] {
+        internet.ok(&["ip", "addr", "add", &a, "dev", "eth0"]);
+    }
+    for ns in [&exit, &user, &internet] {
+        for dev in ["trellis0", "eth0"] {
+            let _ = run(ns.cmd(&["ip", "link", "set", dev, "up"]));
+        }
+    }
+    user.ok(&["ip", "route", "add", "default", "via", &exit1, "dev", "trellis0"]);
+    exit.ok(&["ip", "route", "add", "198.18.0.0/15", "via", web]);
+    // The attacker's route: the overlay's prefix through the exit's underlay address.
+    internet.ok(&["ip", "route", "add", "10.88.0.0/16", "via", exit_underlay]);
+    let ruleset = out.0.join("exit-1/etc/trellis/nftables.conf");
+    exit.ok(&["nft", "-f", ruleset.to_str().unwrap()]);
+    // Counts what reaches the overlay side with laptop-2's address as its source, before any
+    // filter of the receiving node could look at it.
+    user.ok(&["nft", "add", "table", "inet", "probe"]);
+    user.ok(&["nft", "add", "chain", "inet", "probe", "pre", "{ type filter hook prerouting priority -300; }"]);
+    user.ok(&["nft", "add", "rule", "inet", "probe", "pre", "ip", "saddr", &laptop2, "counter"]);
+
+    let mut listeners = Listeners(Vec::new());
+    for ns in [&internet, &user] {
+        let child = ns
+            .cmd(&["nc", "-4", "-l", "-k", "80"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nc listener");
+        listeners.0.push(child);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while ![&internet, &user].iter().all(|ns| ns.ok(&["ss", "-ltnH"]).contains(":80 ")) {
+        assert!(std::time::Instant::now() < deadline, "listeners did not start");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let listed = exit.ok(&["nft", "list", "table", "inet", "trellis"]);
+
+    // The exit's user: out to the internet, and the replies back in (TCP and ICMP).
+    assert!(reach(&user, &laptop1, web, 80), "laptop-1's connection to the web server through the exit\n{listed}");
+    let ping = |ns: &Netns, src: &str, dst: &str| run(ns.cmd(&["ping", "-c", "1", "-W", "2", "-I", src, dst])).0.status.success();
+    assert!(ping(&user, &laptop1, web), "laptop-1's ping to the web server through the exit\n{listed}");
+    // Not into a range no exit forwards to (benchmarking, 198.18.0.0/15), though it is routed.
+    assert!(!reach(&user, &laptop1, bench, 80), "the exit forwarded laptop-1 to {bench}\n{listed}");
+
+    // The attack: laptop-2's overlay address, from the underlay, towards laptop-1.
+    let _ = reach(&internet, &laptop2, &laptop1, 80);
+    let _ = ping(&internet, &laptop2, &laptop1);
+    let arrived = packets(&user.ok(&["nft", "list", "chain", "inet", "probe", "pre"]));
+    assert_eq!(arrived, 0, "packets from the underlay with laptop-2's overlay address reached laptop-1 through the exit\n{listed}");
+    drop(listeners);
+}

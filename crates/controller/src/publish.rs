@@ -535,6 +535,15 @@ impl Controller {
         // Another replica may have published other content for a node: ours is stale; the next
         // run (its audit head moved) will catch up.
         pending.retain(|(r, _, digest)| versions[&r.name].digest == *digest);
+        // The zone's serial is the bundle's version: it rises whenever the bundle's content does,
+        // and it is the same on every replica (the version is the database's). The digest above,
+        // which decides whether the content changed, is of the zone as compiled.
+        for (r, files, _) in &mut pending {
+            if let Some(zone) = files.iter_mut().find(|f| f.path == trellis_core::compile::MESH_ZONE) {
+                zone.content = trellis_core::render::with_serial(&zone.content, zone_serial(versions[&r.name].version));
+                zone.sha256 = zone.content.sha256();
+            }
+        }
         // Signed on every core: ten thousand signatures are a few hundred milliseconds on one.
         let (key, mesh) = (&self.keys.signing_key, &decl.mesh.name);
         let heads = trellis_core::par::map(pending.len(), |i| {
@@ -585,6 +594,12 @@ impl Controller {
         done(&mut run, head);
         Ok((count, head_record))
     }
+}
+
+/// A bundle version as a zone's SOA serial: the serial arithmetic of RFC 1982 wraps at 2^32, so
+/// a version beyond it still reads as higher than the one before.
+fn zone_serial(version: i64) -> u32 {
+    version as u64 as u32
 }
 
 /// What the manifests say of these files.

@@ -38,6 +38,11 @@ pub struct MeshSettings {
 pub const DEFAULT_PORT: u16 = 51820;
 pub const DEFAULT_INTERFACE: &str = "trellis0";
 pub const DEFAULT_MTU: u16 = 1420;
+/// The name of every zone's name server (`ns.DOMAIN`), with the addresses of the node's own
+/// resolver (the agent serves the zone on the node's overlay addresses). No node, module or
+/// route host may take it.
+pub const NAMESERVER: &str = "ns";
+
 /// Seconds between keepalives sent by the side that dials.
 pub const KEEPALIVE_SECS: u16 = 25;
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use crate::decl::{Proto, PublicKey, KEEPALIVE_SECS};
+use crate::decl::{Proto, PublicKey, KEEPALIVE_SECS, NAMESERVER};
 use crate::nodefile::{Comments, NodeFile};
 use crate::plan::{FileResource, NodePlan, NodeText, PeerPlan, RouteBlock, RouteUse, MESH_ZONE, NFTABLES_CONF, NODE_TOML, WIREGUARD_CONF};
 use crate::text::{Runs, Text, TextBuilder};
@@ -228,11 +228,16 @@ pub fn nftables(plan: &NodePlan) -> Text {
     // Traffic from the overlay leaves it only as a route's rules say, on every node: a router
     // forwards what its routes admit, a hub relays between overlay peers, and a node that has
     // forwarding on for any other reason (or from before) forwards nothing from the overlay.
-    // Everything not from the overlay is left be.
+    // Traffic from the underlay enters the overlay only as a reply to what a route's rules let
+    // out (routes are one-way): a host beside a router or an exit that routes the overlay's
+    // prefix through it must not reach the mesh, least of all with another node's overlay
+    // address as its source, which the receiving node's filter would take for that node.
+    // Forwarding between other interfaces is left be.
     s.push_str("\n\tchain forward {\n\t\ttype filter hook forward priority filter; policy accept;\n");
-    let _ = writeln!(s, "\t\tiifname != \"{iface}\" accept");
-    let _ = writeln!(s, "\t\toifname \"{iface}\" accept");
+    let _ = writeln!(s, "\t\tiifname != \"{iface}\" oifname != \"{iface}\" accept");
+    let _ = writeln!(s, "\t\tiifname \"{iface}\" oifname \"{iface}\" accept");
     s.push_str("\t\tct state established,related accept\n\t\tct state invalid drop\n");
+    let _ = writeln!(s, "\t\toifname \"{iface}\" drop comment \"trellis: only replies enter the overlay from outside it\"");
     for r in &plan.routes_for {
         s.push_shared(&r.forward);
     }
@@ -345,14 +350,48 @@ pub fn route_block(topo: &Topology, r: &ResolvedRoute) -> RouteBlock {
     RouteBlock { route: Arc::new(route), forward: forward.into(), nat: nat.into() }
 }
 
-/// What an exit does not forward to, per family (matched with `!=`): the private, shared and
-/// link-local ranges and every other route's prefixes, merged so that no two overlap.
+/// The ranges an exit never forwards to, from the IANA IPv4 and IPv6 Special-Purpose Address
+/// Registries (iana.org/assignments/iana-ipv4-special-registry and iana-ipv6-special-registry):
+/// every entry whose "Globally Reachable" is False, taken whole (the anycast services the IPv6
+/// registry lists inside 2001::/23 and the IPv4 one inside 192.0.0.0/24 go with it), because an
+/// exit is the internet and these are not; less the documentation ranges (192.0.2.0/24,
+/// 198.51.100.0/24, 203.0.113.0/24, 2001:db8::/32, 3fff::/20), which reach nothing on a real
+/// network and which labs and tests use as their internet. And the translation prefixes, whatever
+/// their "Globally Reachable" (True for 64:ff9b::/96, N/A for 2002::/16): each embeds an IPv4
+/// address that a NAT64 or 6to4 relay on the exit's network would reach, private ones included.
+/// A global IPv6 LAN behind an exit is in none of these: it is a route of its own, with its rules.
+const EXIT_NEVER_V4: [&str; 10] = [
+    "0.0.0.0/8",      // "this network"
+    "10.0.0.0/8",     // private use
+    "100.64.0.0/10",  // shared address space (carrier-grade NAT)
+    "127.0.0.0/8",    // loopback
+    "169.254.0.0/16", // link local
+    "172.16.0.0/12",  // private use
+    "192.0.0.0/24",   // IETF protocol assignments
+    "192.168.0.0/16", // private use
+    "198.18.0.0/15",  // benchmarking
+    "240.0.0.0/4",    // reserved, and the limited broadcast address
+];
+const EXIT_NEVER_V6: [&str; 12] = [
+    "::/128",         // unspecified
+    "::1/128",        // loopback
+    "::ffff:0:0/96",  // IPv4-mapped
+    "64:ff9b::/96",   // IPv4-IPv6 translation (NAT64): reaches IPv4, private ranges included
+    "64:ff9b:1::/48", // local-use IPv4-IPv6 translation
+    "100::/64",       // discard-only
+    "2001::/23",      // IETF protocol assignments (Teredo, benchmarking, ORCHID, ...)
+    "2002::/16",      // 6to4: reaches IPv4 through a relay
+    "5f00::/16",      // segment routing (SRv6) SIDs
+    "fc00::/7",       // unique local
+    "fe80::/10",      // link-local unicast
+    "100:0:0:1::/64", // dummy IPv6 prefix
+];
+
+/// What an exit does not forward to, per family (matched with `!=`): `EXIT_NEVER_V4` and
+/// `EXIT_NEVER_V6` and every other route's prefixes, merged so that no two overlap.
 fn exit_destinations(topo: &Topology) -> (Vec<String>, Vec<String>) {
-    let mut v4: Vec<ipnet::Ipv4Net> = ["10.0.0.0/8", "100.64.0.0/10", "169.254.0.0/16", "172.16.0.0/12", "192.168.0.0/16"]
-        .iter()
-        .map(|p| p.parse().expect("a prefix"))
-        .collect();
-    let mut v6: Vec<ipnet::Ipv6Net> = ["fc00::/7", "fe80::/10"].iter().map(|p| p.parse().expect("a prefix")).collect();
+    let mut v4: Vec<ipnet::Ipv4Net> = EXIT_NEVER_V4.iter().map(|p| p.parse().expect("a prefix")).collect();
+    let mut v6: Vec<ipnet::Ipv6Net> = EXIT_NEVER_V6.iter().map(|p| p.parse().expect("a prefix")).collect();
     for other in topo.routes.iter().filter(|o| !o.route.is_exit()) {
         for p in &other.route.prefixes {
             match p {
@@ -446,8 +485,11 @@ pub fn zone_records<'n>(names: impl Iterator<Item = (&'n str, Option<Ipv4Addr>, 
     records
 }
 
-/// A node's zone: the names it may resolve (see `NodePlan::zone`) and nothing else. The serial is
-/// derived from the records (the module blocks by their digests), so it changes when they do.
+/// A node's zone: the names it may resolve (see `NodePlan::zone`) and nothing else, with its name
+/// server `ns` at the node's own addresses. The serial written here is derived from the records
+/// (the module blocks by their digests), so it changes when they do but does not rise: the
+/// controller gives each bundle's zone the bundle's version as its serial (`with_serial`), which
+/// rises whenever the bundle's content changes (ADR 0010); an offline compile keeps this one.
 pub fn zone(plan: &NodePlan) -> Text {
     let domain = &plan.common.domain;
     let mut hash = Sha256::new();
@@ -459,12 +501,15 @@ pub fn zone(plan: &NodePlan) -> Text {
     }
     let digest = hash.finalize();
     let serial = u32::from_be_bytes(digest[..4].try_into().expect("4 bytes")) & 0x7fff_ffff;
-    let mut s = TextBuilder::with_capacity(plan.zone_modules.len() + 1, 256 + plan.zone.iter().map(|z| z.records.len()).sum::<usize>());
+    let mut s = TextBuilder::with_capacity(plan.zone_modules.len() + 2, 256 + plan.zone.iter().map(|z| z.records.len()).sum::<usize>());
     let _ = writeln!(s, "; trellis: zone {domain} of mesh {} as node {} sees it. Generated; do not edit.", plan.common.mesh, plan.node);
     let _ = writeln!(s, "$ORIGIN {domain}.");
     s.push_str("$TTL 60\n");
-    let _ = writeln!(s, "@\tIN\tSOA\tns.{domain}. hostmaster.{domain}. {serial} 3600 600 86400 60");
-    let _ = writeln!(s, "@\tIN\tNS\tns.{domain}.");
+    // A piece of its own, so that `with_serial` replaces it and shares the rest.
+    s.push_shared(&Arc::from(soa(domain, serial)));
+    let _ = writeln!(s, "@\tIN\tNS\t{NAMESERVER}.{domain}.");
+    // The name server is the node's own resolver, which the agent serves on its overlay addresses.
+    s.push_str(&zone_records(std::iter::once((NAMESERVER, plan.ipv4, plan.ipv6))));
     // A node's records are a line or two: copied, which costs less than sharing them.
     for z in &plan.zone {
         s.push_str(&z.records);
@@ -473,4 +518,37 @@ pub fn zone(plan: &NodePlan) -> Text {
         s.push_shared(&m.records);
     }
     s.finish()
+}
+
+/// The SOA record of a zone of `domain` with `serial`.
+fn soa(domain: &str, serial: u32) -> String {
+    format!("@\tIN\tSOA\t{NAMESERVER}.{domain}. hostmaster.{domain}. {serial} 3600 600 86400 60\n")
+}
+
+/// `zone` (as `zone` makes it) with the serial `serial` in its SOA record, sharing the rest.
+pub fn with_serial(zone: &Text, serial: u32) -> Text {
+    let soa_of = |p: &str| -> Option<String> {
+        let rest = p.strip_prefix("@\tIN\tSOA\t")?.strip_suffix('\n')?;
+        let f: Vec<&str> = rest.split(' ').collect();
+        let domain = f.first()?.strip_prefix(&format!("{NAMESERVER}."))?.strip_suffix('.')?;
+        (f.len() == 7 && !rest.contains('\n')).then(|| soa(domain, serial))
+    };
+    let mut found = false;
+    let pieces: Vec<Arc<str>> = zone
+        .pieces()
+        .map(|p| match soa_of(p).filter(|_| !found) {
+            Some(new) => {
+                found = true;
+                Arc::from(new)
+            }
+            None => p.clone(),
+        })
+        .collect();
+    if found {
+        return Text::from_pieces(pieces);
+    }
+    // A zone cut another way: line by line.
+    let text = zone.to_string();
+    let lines: Vec<String> = text.lines().map(|l| soa_of(&format!("{l}\n")).unwrap_or_else(|| format!("{l}\n"))).collect();
+    Text::from(lines.concat())
 }

@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-/// The zone a `mesh.zone` describes: its origin, default TTL, serial and address records.
+/// The zone a `mesh.zone` describes: its origin, default TTL, serial, name server and address
+/// records.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Zone {
     /// The origin without its final dot (`lab.mesh`).
@@ -15,6 +16,9 @@ pub struct Zone {
     pub serial: Option<u32>,
     /// The name server the NS record names, as written (`ns.lab.mesh.`).
     pub nameserver: Option<String>,
+    /// The name server's addresses (the node's own resolver), in file order: not in `records`,
+    /// which are the names the node may reach.
+    pub nameserver_addresses: Vec<IpAddr>,
     /// A and AAAA records in file order.
     pub records: Vec<AddressRecord>,
 }
@@ -76,15 +80,18 @@ pub fn parse(text: &str) -> Result<Zone, ZoneError> {
                 if zone.origin.is_empty() {
                     return Err(at("a record comes before $ORIGIN".into()));
                 }
+                // The name server's own records (`ns`, when the NS record names `ns.ORIGIN.`).
+                let of_nameserver = zone.nameserver.as_deref() == Some(&format!("{name}.{}.", zone.origin));
+                let mut address = |address: IpAddr| {
+                    if of_nameserver {
+                        zone.nameserver_addresses.push(address);
+                    } else {
+                        zone.records.push(AddressRecord { name: name.to_string(), address });
+                    }
+                };
                 match (kind, data) {
-                    ("A", [a]) => {
-                        let a: Ipv4Addr = a.parse().map_err(|_| at(format!("`{a}` is not an IPv4 address")))?;
-                        zone.records.push(AddressRecord { name: name.to_string(), address: a.into() });
-                    }
-                    ("AAAA", [a]) => {
-                        let a: Ipv6Addr = a.parse().map_err(|_| at(format!("`{a}` is not an IPv6 address")))?;
-                        zone.records.push(AddressRecord { name: name.to_string(), address: a.into() });
-                    }
+                    ("A", [a]) => address(a.parse::<Ipv4Addr>().map_err(|_| at(format!("`{a}` is not an IPv4 address")))?.into()),
+                    ("AAAA", [a]) => address(a.parse::<Ipv6Addr>().map_err(|_| at(format!("`{a}` is not an IPv6 address")))?.into()),
                     ("NS", [ns]) => zone.nameserver = Some(ns.to_string()),
                     ("SOA", [_mname, _rname, serial, refresh, retry, expire, minimum]) => {
                         for v in [refresh, retry, expire, minimum] {
@@ -134,6 +141,12 @@ mod tests {
         assert_eq!(zone.ttl, Some(60));
         assert!(zone.serial.is_some());
         assert_eq!(zone.nameserver.as_deref(), Some("ns.z.mesh."));
+        let own = &compiled.nodes["gamma"].plan;
+        assert_eq!(
+            zone.nameserver_addresses,
+            [IpAddr::from(own.ipv4.unwrap()), IpAddr::from(own.ipv6.unwrap())],
+            "ns is gamma's own resolver"
+        );
         let by_name = zone.addresses();
         assert_eq!(by_name.keys().copied().collect::<Vec<_>>(), ["alpha", "beta", "gamma", "web"]);
         for (name, node) in &compiled.nodes {

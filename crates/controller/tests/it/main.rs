@@ -483,3 +483,51 @@ async fn a_bundle_request_is_answered_as_a_value() {
     })
     .await;
 }
+
+/// A zone's SOA serial is its bundle's version: every change of the zone (here a node more that
+/// db-1 may reach, each time) gives it a higher serial, so a secondary that compares serials sees
+/// every change; a publish that changes nothing keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_serial_of_a_changed_zone_rises() {
+    on_both(|fx| async move {
+        let c = &fx.c;
+        let created = c
+            .create_token(&proto::TokenRequest { node: "db-1".into(), ttl_secs: 600, require_approval: false, ..Default::default() })
+            .await
+            .unwrap();
+        c.enrol(enrol_request(&created.token).0).await.unwrap();
+        c.publish().await.unwrap();
+        let key = ed25519_dalek::SigningKey::from_bytes(&[7; 32]).verifying_key();
+        let zone = || {
+            let p = c.publisher.current("db-1").unwrap();
+            let v = trellis_core::bundle::verify(&p.signed.to_vec(), &key, "basic", "db-1", None).unwrap();
+            let f = v.bundle.files.iter().find(|f| f.path == trellis_core::compile::MESH_ZONE).unwrap();
+            let text = String::from_utf8(f.content.to_vec()).unwrap();
+            (trellis_core::zone::parse(&text).unwrap().serial.unwrap(), text)
+        };
+        let (mut serial, _) = zone();
+        let lab = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lab/basic");
+        let mut mesh = std::fs::read_to_string(lab.join("mesh.toml")).unwrap();
+        let modules: Vec<proto::DeclFile> = ["api", "http", "ping", "postgres", "resolver", "ssh"]
+            .iter()
+            .map(|m| proto::DeclFile {
+                path: format!("modules/{m}.toml"),
+                text: std::fs::read_to_string(lab.join(format!("modules/{m}.toml"))).unwrap(),
+            })
+            .collect();
+        for k in 1..=8 {
+            mesh.push_str(&format!("\n[[node]]\nname = \"extra-{k}\"\nnetworks = [\"lan\"]\nmodules = [\"ping\"]\n"));
+            let mut files = vec![proto::DeclFile { path: "mesh.toml".into(), text: mesh.clone() }];
+            files.extend(modules.iter().cloned());
+            c.apply(&files, None).await.unwrap();
+            c.publish().await.unwrap();
+            let (now, text) = zone();
+            assert!(text.contains(&format!("\nextra-{k}\tIN\tA\t")), "db-1 may reach extra-{k}:\n{text}");
+            assert!(now > serial, "change {k}: the zone changed but its serial went from {serial} to {now}\n{text}");
+            serial = now;
+        }
+        c.publish().await.unwrap();
+        assert_eq!(zone().0, serial, "a publish that changes nothing keeps the serial");
+    })
+    .await;
+}

@@ -95,10 +95,29 @@ fn names_of<'d>(kind: &str, items: impl Iterator<Item = (&'d String, &'d Loc)>, 
     }
 }
 
-/// A module may not take a node's name. Both become names in the mesh's DNS zone
+/// No name in the zone is `NAMESERVER`, and a module may not take a node's name. Both become names in the mesh's DNS zone
 /// (`NAME.DOMAIN`), so one of them would shadow the other; the names of each kind are unique
 /// among themselves (`names`), and this is the one rule that spans two kinds.
 fn zone_names(decl: &Declaration, diags: &mut Vec<Diagnostic>) {
+    use crate::decl::NAMESERVER;
+    let hosts = decl.routes.iter().flat_map(|r| r.hosts.iter().map(move |h| (format!("host `ns` of route `{}`", r.name), &h.name, &h.loc)));
+    let named = decl
+        .nodes
+        .iter()
+        .map(|n| ("node `ns`".to_string(), &n.name, &n.loc))
+        .chain(decl.modules.iter().map(|m| ("module `ns`".to_string(), &m.name, &m.loc)))
+        .chain(hosts);
+    for (what, name, loc) in named {
+        if name == NAMESERVER {
+            diags.push(Diagnostic::error(
+                loc,
+                format!(
+                    "{what}: the name `{NAMESERVER}` is reserved: every zone names its name server `{NAMESERVER}.{}`, the node's own resolver",
+                    decl.mesh.domain
+                ),
+            ));
+        }
+    }
     let mut nodes: HashMap<&str, &Loc> = HashMap::new();
     for n in &decl.nodes {
         nodes.entry(n.name.as_str()).or_insert(&n.loc);

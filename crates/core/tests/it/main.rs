@@ -8,3 +8,4 @@ mod pools;
 mod props;
 mod routes;
 mod support;
+mod zones;

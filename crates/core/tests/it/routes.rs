@@ -165,13 +165,13 @@ fn a_router_forwards_exactly_the_named_sources_to_the_named_ports_and_masquerade
     // private networks and other routes' prefixes (office-lan lies in 192.168.0.0/16).
     let exit = file(&c, "exit-1", "nftables.conf");
     let want = format!(
-        "\t\tiifname \"trellis0\" ip saddr {{ {} }} ip daddr != {{ 10.0.0.0/8, 100.64.0.0/10, 169.254.0.0/16, 172.16.0.0/12, 192.168.0.0/16 }} accept comment \"route internet rule 1: from group:travellers\"\n",
+        "\t\tiifname \"trellis0\" ip saddr {{ {} }} ip daddr != {{ 0.0.0.0/8, 10.0.0.0/8, 100.64.0.0/10, 127.0.0.0/8, 169.254.0.0/16, 172.16.0.0/12, 192.0.0.0/24, 192.168.0.0/16, 198.18.0.0/15, 240.0.0.0/4 }} accept comment \"route internet rule 1: from group:travellers\"\n",
         addr("laptop-1")
     );
     assert!(exit.contains(&want), "want\n{want}in\n{exit}");
     assert!(!exit.contains(&format!("{} ", addr("guest-1"))), "guest-1 does not opt in: {exit}");
     let masquerade = format!(
-        "\t\toifname != \"trellis0\" ip saddr {{ {} }} ip daddr != {{ 10.0.0.0/8, 100.64.0.0/10, 169.254.0.0/16, 172.16.0.0/12, 192.168.0.0/16 }} masquerade comment \"route internet\"\n",
+        "\t\toifname != \"trellis0\" ip saddr {{ {} }} ip daddr != {{ 0.0.0.0/8, 10.0.0.0/8, 100.64.0.0/10, 127.0.0.0/8, 169.254.0.0/16, 172.16.0.0/12, 192.0.0.0/24, 192.168.0.0/16, 198.18.0.0/15, 240.0.0.0/4 }} masquerade comment \"route internet\"\n",
         addr("laptop-1")
     );
     assert!(exit.contains(&masquerade), "want\n{masquerade}in\n{exit}");
@@ -179,7 +179,56 @@ fn a_router_forwards_exactly_the_named_sources_to_the_named_ports_and_masquerade
     let plain = file(&c, "laptop-1", "nftables.conf");
     let forward = &plain[plain.find("chain forward").expect("every node has a forward chain")..];
     assert!(!forward.contains("daddr"), "{plain}");
-    assert!(forward.contains("\t\toifname \"trellis0\" accept\n\t\tct state established,related accept\n\t\tct state invalid drop\n\t\tiifname \"trellis0\" drop comment \"trellis: no route rule admits this forwarded traffic\"\n"), "{plain}");
+    assert!(forward.contains("\t\tiifname \"trellis0\" oifname \"trellis0\" accept\n\t\tct state established,related accept\n\t\tct state invalid drop\n\t\toifname \"trellis0\" drop comment \"trellis: only replies enter the overlay from outside it\"\n\t\tiifname \"trellis0\" drop comment \"trellis: no route rule admits this forwarded traffic\"\n"), "{plain}");
+}
+
+/// The prefixes of the set after `daddr != ` in each forward line of `nft` for `family`.
+fn refused(nft: &str, family: &str) -> Vec<ipnet::IpNet> {
+    let tag = format!(" {family} daddr != {{ ");
+    let lines: Vec<&str> = nft.lines().filter(|l| l.contains(&tag) && l.contains(" accept ")).collect();
+    assert!(!lines.is_empty(), "no {family} forward line of an exit in\n{nft}");
+    let set = |l: &str| -> Vec<ipnet::IpNet> {
+        let after = &l[l.find(&tag).unwrap() + tag.len()..];
+        after[..after.find(" }").unwrap()]
+            .split(", ")
+            .map(|p| p.parse().unwrap_or_else(|_| p.parse::<std::net::IpAddr>().unwrap().into()))
+            .collect()
+    };
+    let first = set(lines[0]);
+    assert!(lines.iter().all(|l| set(l) == first), "every line of the exit refuses the same ranges\n{nft}");
+    first
+}
+
+#[test]
+fn an_exit_refuses_the_ranges_the_iana_registries_mark_as_not_globally_reachable() {
+    let dual = MESH
+        .replace("overlay_ipv4 = \"10.88.0.0/24\"", "overlay_ipv4 = \"10.88.0.0/24\"\noverlay_ipv6 = \"fd88::/64\"")
+        .replace("prefixes = [\"0.0.0.0/0\"]", "prefixes = [\"0.0.0.0/0\", \"::/0\"]");
+    let d = Arc::new(valid(&dual, &[]));
+    let c = compile(&d, &keys(ALL), &Default::default(), None).unwrap();
+    let nft = file(&c, "exit-1", "nftables.conf");
+    let covered = |set: &[ipnet::IpNet], p: &str| {
+        let p: ipnet::IpNet = p.parse().unwrap();
+        set.iter().any(|s| s.contains(&p))
+    };
+    let (v4, v6) = (refused(&nft, "ip"), refused(&nft, "ip6"));
+    let never4 = ["0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12", "192.0.0.0/24"];
+    let never4 = never4.iter().chain(&["192.168.0.0/16", "198.18.0.0/15", "240.0.0.0/4", "255.255.255.255/32"]);
+    let never6 = ["::1/128", "::/128", "::ffff:0:0/96", "64:ff9b::/96", "64:ff9b:1::/48", "100::/64", "2001::/32", "2001:2::/48"];
+    let never6 = never6.iter().chain(&["2002::/16", "5f00::/16", "fc00::/7", "fe80::/10"]);
+    for p in never4 {
+        assert!(covered(&v4, p), "the exit forwards to {p}\n{nft}");
+    }
+    for p in never6 {
+        assert!(covered(&v6, p), "the exit forwards to {p}\n{nft}");
+    }
+    // The internet, and the documentation ranges that stand for it in labs, stay open.
+    for p in ["8.8.8.8/32", "198.51.100.80/32", "203.0.113.1/32", "192.0.2.1/32", "1.1.1.1/32"] {
+        assert!(!covered(&v4, p), "the exit refuses {p}\n{nft}");
+    }
+    for p in ["2606:4700::1111/128", "2001:db8::1/128", "2a00::/16"] {
+        assert!(!covered(&v6, p), "the exit refuses {p}\n{nft}");
+    }
 }
 
 /// Loads `mesh` and compares its diagnostics, in order, with `expect`.

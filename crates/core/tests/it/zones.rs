@@ -1,0 +1,101 @@
+//! The zones the compiler writes, as BIND reads them: every node's zone of every shipped lab
+//! loads in `named-checkzone` with its strictest checks (names, and a name server with an
+//! address in the zone), the name server being the node's own resolver.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use trellis_core::plan::MESH_ZONE;
+use trellis_core::{load, SourceFile};
+
+use crate::support::{compile_all, lines};
+
+/// Every declaration the labs use: each directory under `lab/` (and one level further, as
+/// `ha/metrics`) that holds a `mesh.toml`.
+fn lab_declarations() -> Vec<PathBuf> {
+    let lab = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lab");
+    let mut out = Vec::new();
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&lab).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
+    dirs.sort();
+    for d in dirs {
+        let mut inner: Vec<PathBuf> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
+        inner.sort();
+        out.extend(std::iter::once(d).chain(inner).filter(|p| p.join("mesh.toml").exists()));
+    }
+    out
+}
+
+fn load_dir(dir: &Path) -> trellis_core::Declaration {
+    let read = |p: &Path, shown: String| SourceFile {
+        path: shown,
+        text: std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
+    };
+    let mesh = read(&dir.join("mesh.toml"), "mesh.toml".into());
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir.join("modules")).map_or(Vec::new(), |r| r.map(|e| e.unwrap().path()).collect());
+    paths.sort();
+    let modules: Vec<SourceFile> = paths.iter().map(|p| read(p, format!("modules/{}", p.file_name().unwrap().to_str().unwrap()))).collect();
+    let loaded = load(&mesh, &modules);
+    loaded.declaration.unwrap_or_else(|| panic!("{} is invalid:\n{}", dir.display(), lines(&loaded.diagnostics)))
+}
+
+#[test]
+fn every_zone_of_every_lab_loads_in_named_checkzone() {
+    if Command::new("named-checkzone").arg("-v").output().is_err() {
+        eprintln!("skipped: named-checkzone is not installed (scripts/install-deps installs bind9-utils)");
+        return;
+    }
+    let dirs = lab_declarations();
+    assert!(dirs.len() >= 10, "the labs' declarations: {dirs:?}");
+    let tmp = std::env::temp_dir().join(format!("trellis-zones-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let mut failed = Vec::new();
+    let mut checked = 0;
+    for dir in &dirs {
+        let decl = load_dir(dir);
+        let compiled = compile_all(&decl);
+        for (node, out) in &compiled.nodes {
+            let zone = out.files.iter().find(|f| f.path == MESH_ZONE).expect("a zone").content.to_string();
+            let file = tmp.join(format!("{}-{node}.zone", dir.file_name().unwrap().to_str().unwrap()));
+            std::fs::write(&file, &zone).unwrap();
+            let run =
+                Command::new("named-checkzone").args(["-k", "fail", "-n", "fail"]).arg(&decl.mesh.domain).arg(&file).output().unwrap();
+            checked += 1;
+            if !run.status.success() {
+                failed.push(format!(
+                    "{} node {node}:\n{}{}\n{zone}",
+                    dir.display(),
+                    String::from_utf8_lossy(&run.stdout),
+                    String::from_utf8_lossy(&run.stderr)
+                ));
+            }
+            // The name server the zone names is the node's own resolver, on its overlay addresses.
+            let read = trellis_core::zone::parse(&zone).unwrap_or_else(|e| panic!("{node}: {e}\n{zone}"));
+            let own: Vec<std::net::IpAddr> = [out.plan.ipv4.map(Into::into), out.plan.ipv6.map(Into::into)].into_iter().flatten().collect();
+            assert_eq!(read.nameserver_addresses, own, "{} node {node}: the name server's addresses\n{zone}", dir.display());
+        }
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    assert!(failed.is_empty(), "{} of {checked} zones fail named-checkzone -k fail -n fail:\n{}", failed.len(), failed.join("\n"));
+}
+
+/// `ns` names every zone's name server: a node, a module or a route host that took it would be
+/// answered as the resolver (or hide it), so `check` refuses each, with its place.
+#[test]
+fn the_name_server_s_name_is_refused_for_a_node_a_module_and_a_route_host() {
+    let mesh = "[mesh]\nname = \"z\"\ndomain = \"z.mesh\"\noverlay_ipv4 = \"10.7.0.0/16\"\n\n[networks]\nlan = {}\n\n\
+                [[node]]\nname = \"ns\"\nnetworks = [\"lan\"]\nmodules = [\"ns\"]\n\n[[node]]\nname = \"gw\"\nnetworks = [\"lan\"]\n\n\
+                [[route]]\nname = \"lan\"\nprefixes = [\"192.168.1.0/24\"]\nvia = [\"gw\"]\n  [[route.allow]]\n  proto = \"any\"\n  from = [\"mesh\"]\n\
+                \x20 [[route.host]]\n  name = \"ns\"\n  address = \"192.168.1.2\"\n";
+    let module = "[module]\nname = \"ns\"\n\n[[allow]]\nproto = \"icmp\"\nfrom = [\"mesh\"]\n";
+    let loaded = crate::support::load_text(mesh, &[("ns.toml", module)]);
+    assert!(loaded.declaration.is_none());
+    let got = lines(&loaded.diagnostics);
+    let reserved = "the name `ns` is reserved: every zone names its name server `ns.z.mesh`, the node's own resolver";
+    for want in [
+        format!("mesh.toml:9:1: error: node `ns`: {reserved}"),
+        format!("modules/ns.toml:1:1: error: module `ns`: {reserved}"),
+        format!("mesh.toml:25:3: error: host `ns` of route `lan`: {reserved}"),
+    ] {
+        assert!(got.contains(&want), "want\n{want}\nin\n{got}");
+    }
+}
