@@ -499,22 +499,16 @@ async fn the_serial_of_a_changed_zone_rises() {
         c.publish().await.unwrap();
         let key = ed25519_dalek::SigningKey::from_bytes(&[7; 32]).verifying_key();
         let zone = || {
-            let p = c.publisher.current("db-1").unwrap();
+            let p = c.bundle("db-1").unwrap();
             let v = trellis_core::bundle::verify(&p.signed.to_vec(), &key, "basic", "db-1", None).unwrap();
             let f = v.bundle.files.iter().find(|f| f.path == trellis_core::compile::MESH_ZONE).unwrap();
             let text = String::from_utf8(f.content.to_vec()).unwrap();
             (trellis_core::zone::parse(&text).unwrap().serial.unwrap(), text)
         };
         let (mut serial, _) = zone();
-        let lab = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lab/basic");
-        let mut mesh = std::fs::read_to_string(lab.join("mesh.toml")).unwrap();
-        let modules: Vec<proto::DeclFile> = ["api", "http", "ping", "postgres", "resolver", "ssh"]
-            .iter()
-            .map(|m| proto::DeclFile {
-                path: format!("modules/{m}.toml"),
-                text: std::fs::read_to_string(lab.join(format!("modules/{m}.toml"))).unwrap(),
-            })
-            .collect();
+        let basic = trellis_testing::controller::lab_files("basic");
+        let mut mesh = basic.iter().find(|f| f.path == "mesh.toml").unwrap().text.clone();
+        let modules: Vec<proto::DeclFile> = basic.iter().filter(|f| f.path != "mesh.toml").cloned().collect();
         for k in 1..=8 {
             mesh.push_str(&format!("\n[[node]]\nname = \"extra-{k}\"\nnetworks = [\"lan\"]\nmodules = [\"ping\"]\n"));
             let mut files = vec![proto::DeclFile { path: "mesh.toml".into(), text: mesh.clone() }];
