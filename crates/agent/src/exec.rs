@@ -1,14 +1,16 @@
 //! The executor: carries a plan's actions out through the host traits (`FileWriter`,
-//! `Wireguard`, `Firewall`, `Resolver`, `Forwarding`, `Routing`), in order, stopping at the
-//! first failure. The backends are chosen at run time: the real host's by the binary, fakes by
+//! `Wireguard`, `Firewall`, `Resolver`, `Forwarding`, `Routing`, `Prompter`), in order, stopping
+//! at the first failure (a handshake prompt that cannot be sent is only logged). The backends are chosen at run time: the real host's by the binary, fakes by
 //! tests.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
+use trellis_core::wgconf::WgConf;
 
 use crate::dns::Resolver;
-use crate::host::{self, FileOutcome, FileWriter, Firewall, Forwarding, Wireguard};
+use crate::host::{self, FileOutcome, FileWriter, Firewall, Forwarding, Prompter, Wireguard};
 use crate::plan::Action;
 use crate::state::{Identity, PeerState};
 
@@ -23,11 +25,13 @@ pub struct Backends {
     pub resolver: Option<Box<dyn Resolver>>,
     pub forwarding: Box<dyn Forwarding + Send>,
     pub routing: Option<Box<dyn crate::routes::Routing + Send>>,
+    pub prompter: Option<Box<dyn Prompter + Send>>,
 }
 
 impl Backends {
-    /// The real host's: files under `root`, WireGuard by `mode`, `nft`, hickory-dns and
-    /// `/proc/sys`; with `files_only`, no ruleset and no DNS.
+    /// The real host's: files under `root`, WireGuard by `mode`, `nft`, hickory-dns,
+    /// `/proc/sys`, `ip` routes and datagrams bound to the interface; with `files_only`, no
+    /// ruleset, DNS, routes or prompts.
     pub fn host(root: &Path, state_dir: &Path, mode: host::WgMode, files_only: bool) -> Backends {
         let state_dir = state_dir.to_path_buf();
         let controllers = move || Identity::load(&state_dir).map(|id| crate::routes::addresses(&id.controllers)).unwrap_or_default();
@@ -42,6 +46,7 @@ impl Backends {
             resolver: if files_only { None } else { Some(Box::new(crate::dns::Hickory::default())) },
             forwarding: Box::new(host::ProcSys),
             routing: if files_only { None } else { Some(Box::new(crate::routes::IpRouting::new(Box::new(controllers)))) },
+            prompter: if files_only { None } else { Some(Box::new(host::Datagrams)) },
         }
     }
 }
@@ -61,6 +66,8 @@ pub struct Executor {
     /// The node's WireGuard private key, read when the interface is configured.
     key_path: PathBuf,
     wg: Option<Box<dyn Wireguard + Send>>,
+    /// What the interface was brought to last; `None` before, and after a failed configuration.
+    configured: Option<Arc<WgConf>>,
     report: HostReport,
     /// The routes and exit this process installed last: the same again leaves the host alone,
     /// so an exit's rules are not taken down and put back (traffic leaking outside the tunnel
@@ -70,7 +77,12 @@ pub struct Executor {
 
 impl Executor {
     pub fn new(backends: Backends, root: PathBuf, key_path: PathBuf) -> Executor {
-        Executor { backends, root, key_path, wg: None, report: HostReport::default(), routed: None }
+        Executor { backends, root, key_path, wg: None, configured: None, report: HostReport::default(), routed: None }
+    }
+
+    /// The configuration the interface was last brought to, for the plan's prompts.
+    pub fn configured(&self) -> Option<Arc<WgConf>> {
+        self.configured.clone()
     }
 
     /// Whether this agent has routes or an exit installed.
@@ -118,8 +130,10 @@ impl Executor {
                     self.wg = self.backends.wireguard.as_mut().and_then(|make| make(interface));
                 }
                 if let Some(wg) = self.wg.as_mut() {
+                    self.configured = None;
                     let private = std::fs::read_to_string(&self.key_path).context("cannot read wireguard.key")?;
                     wg.apply(conf, private.trim())?;
+                    self.configured = Some(Arc::new(conf.clone()));
                     self.report.interface = Some(wg.describe());
                 }
             }
@@ -143,6 +157,15 @@ impl Executor {
                 if let Some(dns) = self.backends.resolver.as_mut() {
                     dns.apply(&self.root.join(path), origin, listen).await?;
                     self.report.dns_serving = dns.serving().iter().map(|a| a.to_string()).collect();
+                }
+            }
+            Action::PromptHandshakes { interface, to } => {
+                if let Some(p) = self.backends.prompter.as_mut() {
+                    // A prompt only hastens a handshake WireGuard makes anyway: one not sent is
+                    // no reason to put the previous bundle back.
+                    if let Err(e) = p.prompt(interface, to) {
+                        tracing::warn!("handshake prompts through {interface}: {e:#}");
+                    }
                 }
             }
         }

@@ -1,9 +1,10 @@
 //! The host side effects, each behind a narrow trait with one implementation per backend:
 //! files (atomic, staged), WireGuard (the kernel module or the embedded boringtun through
-//! defguard_wireguard_rs, or a `wireguard-go` process: `crate::wggo`), nftables (`nft -f`) and
-//! IP forwarding (`/proc/sys`); the zone's server is `crate::dns`, routes `crate::routes`. The
-//! executor talks only to the traits.
+//! defguard_wireguard_rs, or a `wireguard-go` process: `crate::wggo`), nftables (`nft -f`), IP
+//! forwarding (`/proc/sys`) and handshake prompts (datagrams bound to the interface); the zone's
+//! server is `crate::dns`, routes `crate::routes`. The executor talks only to the traits.
 
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
@@ -350,6 +351,40 @@ impl Forwarding for ProcSys {
     fn enable(&mut self) -> Result<()> {
         for knob in FORWARDING_KNOBS {
             std::fs::write(knob, "1").with_context(|| format!("cannot enable forwarding ({knob})"))?;
+        }
+        Ok(())
+    }
+}
+
+// --- handshake prompts -----------------------------------------------------------------------
+
+/// Makes WireGuard start handshakes now, whatever the backend: a packet for a peer without a
+/// session is what starts one.
+pub trait Prompter {
+    /// Sends one empty datagram to each overlay address in `to`, through `interface` only.
+    fn prompt(&mut self, interface: &str, to: &[IpAddr]) -> Result<()>;
+}
+
+/// UDP datagrams to the discard port (9), each from a socket bound to the interface
+/// (`SO_BINDTODEVICE`): it leaves through WireGuard, which hands it only to the peer whose
+/// AllowedIPs hold the address, or not at all; never by the underlay, whatever the routes say.
+/// The peer's filter drops it; the handshake it started stays.
+pub struct Datagrams;
+
+const DISCARD_PORT: u16 = 9;
+
+impl Prompter for Datagrams {
+    fn prompt(&mut self, interface: &str, to: &[IpAddr]) -> Result<()> {
+        use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+        let send = |addr: IpAddr| -> std::io::Result<()> {
+            let to = std::net::SocketAddr::new(addr, DISCARD_PORT);
+            let socket = Socket::new(Domain::for_address(to), Type::DGRAM, Some(Protocol::UDP))?;
+            socket.bind_device(Some(interface.as_bytes()))?;
+            socket.send_to(&[], &SockAddr::from(to)).map(drop)
+        };
+        let failed: Vec<String> = to.iter().filter_map(|a| send(*a).err().map(|e| format!("{a}: {e}"))).collect();
+        if !failed.is_empty() {
+            bail!("cannot send a datagram through {interface} to {}", failed.join(", "));
         }
         Ok(())
     }

@@ -45,7 +45,12 @@ impl Installer {
     }
 
     fn observed(&self) -> Observed {
-        Observed { forwarding: self.exec.forwarding(), routing: self.exec.routing(), network: self.network }
+        Observed {
+            forwarding: self.exec.forwarding(),
+            routing: self.exec.routing(),
+            network: self.network,
+            interface: self.exec.configured(),
+        }
     }
 
     /// Applies the network configuration of the bundle whose files are in place (after a
@@ -260,8 +265,23 @@ mod tests {
         }
     }
 
+    /// Notes every prompt; refuses to send with `fail`.
+    struct Prompts(Journal, Arc<Mutex<bool>>);
+    impl crate::host::Prompter for Prompts {
+        fn prompt(&mut self, interface: &str, to: &[std::net::IpAddr]) -> Result<()> {
+            let to: Vec<String> = to.iter().map(|a| a.to_string()).collect();
+            note(&self.0, format!("prompt {interface} {}", to.join(" ")));
+            if *self.1.lock().unwrap() {
+                anyhow::bail!("cannot send a datagram through {interface}");
+            }
+            Ok(())
+        }
+    }
+
     struct Fixture {
         journal: Journal,
+        /// Whether the fake prompter fails.
+        prompts_fail: Arc<Mutex<bool>>,
         dir: PathBuf,
         applier: Installer,
     }
@@ -279,6 +299,7 @@ mod tests {
         std::fs::write(dir.join("wireguard.key"), "PRIVATE\n").unwrap();
         let journal = Journal::default();
         let disk = Disk::default();
+        let prompts_fail = Arc::new(Mutex::new(false));
         let j = journal.clone();
         let backends = Backends {
             files: Box::new(Files(journal.clone(), disk.clone())),
@@ -287,10 +308,11 @@ mod tests {
             resolver: Some(Box::new(Dns(journal.clone()))),
             forwarding: Box::new(Fwd(journal.clone(), false)),
             routing: Some(Box::new(Rt(journal.clone(), false))),
+            prompter: Some(Box::new(Prompts(journal.clone(), prompts_fail.clone()))),
         };
         let exec = Executor::new(backends, dir.join("root"), dir.join("wireguard.key"));
         let scope = Scope { files_only: false, wireguard: true, dns_port: 53 };
-        Fixture { applier: Installer::new(exec, scope, &dir, Manifest::default(), None), journal, dir }
+        Fixture { applier: Installer::new(exec, scope, &dir, Manifest::default(), None), journal, prompts_fail, dir }
     }
 
     impl Fixture {
@@ -493,6 +515,60 @@ mod tests {
             let mut g = fixture("router");
             g.apply(&routed_bundle(1, "router = true\n", "10.88.0.10/32")).await.unwrap();
             assert!(g.take().iter().any(|l| l == "forwarding on"), "a router forwards");
+        });
+    }
+
+    /// A bundle whose node has these peers: (key letter, endpoint, overlay address).
+    fn peered_bundle(version: u64, peers: &[(char, Option<&str>, &str)]) -> Bundle {
+        let mut b = bundle(version, false, "good1", &[]);
+        let mut conf = "[Interface]\nAddress = 10.88.0.5/16\nListenPort = 51820\n".to_string();
+        for (key, endpoint, ip) in peers {
+            conf.push_str(&format!("\n[Peer]\nPublicKey = {}=\nAllowedIPs = {ip}/32\n", key.to_string().repeat(43)));
+            if let Some(e) = endpoint {
+                conf.push_str(&format!("Endpoint = {e}\n"));
+            }
+        }
+        b.files[1] = BundleFile::new(WIREGUARD_CONF, 0o600, conf.into_bytes());
+        b
+    }
+
+    /// Peers the interface just got, or dials at another endpoint, are prompted, last, once the
+    /// ruleset and the zone are in place; peers it had as they were, or that dial this node, are
+    /// not; a prompt that cannot be sent fails nothing.
+    #[test]
+    fn new_and_moved_peers_are_prompted_after_everything_else() {
+        rt().block_on(async {
+            let mut f = fixture("prompts");
+            let a = ('A', Some("192.0.2.11:51820"), "10.88.0.6");
+            let ev = f.apply(&peered_bundle(1, &[a])).await.unwrap();
+            assert_eq!(ev.result, proto::EvidenceResult::Applied, "{ev:?}");
+            let journal = f.take();
+            assert_eq!(
+                journal[journal.len() - 2..],
+                lines(&["dns basic.mesh on 10.88.0.5:53", "prompt trellis0 10.88.0.6"]),
+                "{journal:?}"
+            );
+
+            let b = ('B', Some("192.0.2.12:51820"), "10.88.0.7");
+            f.apply(&peered_bundle(2, &[a, b])).await.unwrap();
+            assert_eq!(f.take().last().map(String::as_str), Some("prompt trellis0 10.88.0.7"), "only the new peer");
+
+            let moved = ('A', Some("198.51.100.11:51820"), "10.88.0.6");
+            f.apply(&peered_bundle(3, &[moved, b])).await.unwrap();
+            assert_eq!(f.take().last().map(String::as_str), Some("prompt trellis0 10.88.0.6"), "only the moved peer");
+
+            let dials_us = ('C', None, "10.88.0.8");
+            f.apply(&peered_bundle(4, &[moved, b, dials_us])).await.unwrap();
+            let journal = f.take();
+            assert!(journal.iter().any(|l| l.starts_with("wireguard")), "{journal:?}");
+            assert!(!journal.iter().any(|l| l.starts_with("prompt")), "nothing to prompt: {journal:?}");
+
+            *f.prompts_fail.lock().unwrap() = true;
+            let d = ('D', Some("192.0.2.14:51820"), "10.88.0.9");
+            let ev = f.apply(&peered_bundle(5, &[moved, b, dials_us, d])).await.unwrap();
+            assert_eq!(ev.result, proto::EvidenceResult::Applied, "a prompt not sent is no failure: {ev:?}");
+            assert_eq!(f.take().last().map(String::as_str), Some("prompt trellis0 10.88.0.9"));
+            assert_eq!(f.applier.manifest().version, 5);
         });
     }
 

@@ -3,14 +3,16 @@
 //! clock; the executor (`exec`) carries the actions out.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use trellis_core::bundle::{Bundle, BundleFile};
 use trellis_core::compile::{MESH_ZONE, NFTABLES_CONF, NODE_TOML, WIREGUARD_CONF};
 use trellis_core::nodefile::{NodeFile, NodeFileError};
-use trellis_core::wgconf::WgConf;
+use trellis_core::wgconf::{WgConf, WgPeer};
 
 /// One step of bringing the host to a bundle, in the order the plan lists them: files first
-/// (staged, then committed), then the network (forwarding, WireGuard, ruleset, DNS).
+/// (staged, then committed), then the network (WireGuard, routes, ruleset, forwarding, DNS,
+/// handshake prompts).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
     /// Stage every file, commit them all, then remove the files the bundle no longer has.
@@ -27,6 +29,12 @@ pub enum Action {
     LoadRuleset { path: String },
     /// Serve the zone written at this path (relative to the root) on these addresses.
     ServeZone { path: String, origin: String, listen: Vec<SocketAddr> },
+    /// Send one empty datagram through the interface to each of these overlay addresses, one
+    /// per peer the interface just got or now dials at another endpoint: WireGuard starts the
+    /// handshake at once, so whichever end comes up second completes it, and a first packet
+    /// does not wait for the 5 s retry of an initiation that was lost (or that crossed the
+    /// other end's) while the tunnel was not up on both ends.
+    PromptHandshakes { interface: String, to: Vec<IpAddr> },
 }
 
 /// Which families' default routes go through the overlay.
@@ -67,6 +75,9 @@ pub struct Observed {
     /// The version and content digest whose network configuration this process applied last,
     /// if it applied one and nothing failed since.
     pub network: Option<(u64, [u8; 32])>,
+    /// The configuration this process last brought the interface to, if it did and nothing
+    /// failed since: peers it already has at the same endpoint need no prompt.
+    pub interface: Option<Arc<WgConf>>,
 }
 
 /// What this agent manages, from its options.
@@ -134,6 +145,7 @@ fn network(bundle: &Bundle, observed: &Observed, scope: &Scope) -> Result<Vec<Ac
     }
     let mut actions = Vec::new();
     let mut listen = Vec::new();
+    let mut prompt = None;
     if let (Some(conf), true) = (conf, scope.wireguard) {
         // The zone is served on the overlay addresses of the interface the agent manages.
         listen = conf
@@ -148,6 +160,10 @@ fn network(bundle: &Bundle, observed: &Observed, scope: &Scope) -> Result<Vec<Ac
             ipv6: settings.exit && conf.peers.iter().any(|p| p.allowed_ips.iter().any(|a| a == "::/0")),
         };
         let table = u32::from(conf.listen_port.unwrap_or(trellis_core::decl::DEFAULT_PORT));
+        let to = prompts(&conf, observed.interface.as_deref());
+        if !to.is_empty() {
+            prompt = Some(Action::PromptHandshakes { interface: settings.interface.clone(), to });
+        }
         actions.push(Action::ConfigureWireguard { interface: settings.interface.clone(), conf });
         if !settings.routes.is_empty() || exit.any() || observed.routing {
             actions.push(Action::ConfigureRoutes { interface: settings.interface.clone(), routes: settings.routes.clone(), exit, table });
@@ -163,5 +179,97 @@ fn network(bundle: &Bundle, observed: &Observed, scope: &Scope) -> Result<Vec<Ac
     if file(bundle, MESH_ZONE).is_some() && !listen.is_empty() {
         actions.push(Action::ServeZone { path: MESH_ZONE.to_string(), origin: settings.zone, listen });
     }
+    // Last, once the filter that guards the tunnel is loaded and everything else is in place.
+    actions.extend(prompt);
     Ok(actions)
+}
+
+/// The overlay address of every peer to prompt: each peer this node dials (it has an
+/// `Endpoint`) that the interface `before` did not have, or had at another endpoint; every
+/// peer it dials when the interface is new or made again (other addresses, port or MTU: the
+/// backends make it anew, without sessions). A peer that dials this node is left to do so.
+fn prompts(conf: &WgConf, before: Option<&WgConf>) -> Vec<IpAddr> {
+    let before = before.filter(|b| b.addresses == conf.addresses && b.listen_port == conf.listen_port && b.mtu == conf.mtu);
+    let held = |p: &WgPeer| before.is_some_and(|b| b.peers.iter().any(|o| o.public_key == p.public_key && o.endpoint == p.endpoint));
+    let overlay: Vec<ipnet::IpNet> = conf.addresses.iter().filter_map(|a| a.parse().ok()).collect();
+    conf.peers.iter().filter(|p| p.endpoint.is_some() && !held(p)).filter_map(|p| overlay_address(p, &overlay)).collect()
+}
+
+/// A peer's own overlay address: the first of its AllowedIPs (`render` writes the peer's own
+/// addresses first, then the nodes a hub relays for and routes), if it is a single address
+/// inside the overlay the interface's addresses span. Never a route's prefix or an exit's
+/// default, so a prompt goes to the peer itself and nowhere else.
+fn overlay_address(peer: &WgPeer, overlay: &[ipnet::IpNet]) -> Option<IpAddr> {
+    let first: ipnet::IpNet = peer.allowed_ips.first()?.parse().ok()?;
+    let single = first.prefix_len() == first.max_prefix_len();
+    (single && overlay.iter().any(|net| net.contains(&first.addr()))).then(|| first.addr())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = "YWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWE=";
+    const B: &str = "YmJiYmJiYmJiYmJiYmJiYmJiYmJiYmJiYmJiYmJiYmI=";
+    const C: &str = "Y2NjY2NjY2NjY2NjY2NjY2NjY2NjY2NjY2NjY2NjY2M=";
+
+    fn peer(key: &str, endpoint: Option<&str>, allowed: &[&str]) -> WgPeer {
+        WgPeer {
+            public_key: key.into(),
+            allowed_ips: allowed.iter().map(|a| a.to_string()).collect(),
+            endpoint: endpoint.map(|e| e.parse().unwrap()),
+            keepalive: None,
+        }
+    }
+
+    fn conf(peers: Vec<WgPeer>) -> WgConf {
+        WgConf { addresses: vec!["10.88.0.5/16".into(), "fd88::5/64".into()], listen_port: Some(51820), mtu: None, peers }
+    }
+
+    /// The prompts the plan makes for `after` when the interface holds `before`.
+    fn check(before: Option<&WgConf>, after: &WgConf, expect: &[&str]) {
+        let expect: Vec<IpAddr> = expect.iter().map(|a| a.parse().unwrap()).collect();
+        assert_eq!(prompts(after, before), expect, "before {before:?}\nafter {after:?}");
+    }
+
+    #[test]
+    fn a_new_peer_or_a_changed_endpoint_is_prompted_and_an_unchanged_peer_is_not() {
+        let a = peer(A, Some("192.0.2.11:51820"), &["10.88.0.6/32", "fd88::6/128"]);
+        let b = peer(B, Some("192.0.2.12:51820"), &["10.88.0.7/32"]);
+        let held = conf(vec![a.clone()]);
+        // A fresh interface: every peer it dials.
+        check(None, &held, &["10.88.0.6"]);
+        check(Some(&held), &held, &[]);
+        // B is new; A is as it was (its allowed IPs may change: its session stays).
+        let mut a_more = a.clone();
+        a_more.allowed_ips.push("10.88.0.9/32".into());
+        check(Some(&held), &conf(vec![a_more, b.clone()]), &["10.88.0.7"]);
+        // A is dialled at another endpoint.
+        let moved = peer(A, Some("198.51.100.11:51820"), &["10.88.0.6/32", "fd88::6/128"]);
+        check(Some(&held), &conf(vec![moved.clone(), b.clone()]), &["10.88.0.6", "10.88.0.7"]);
+        // A re-keyed peer is a new peer.
+        check(Some(&held), &conf(vec![peer(C, a.endpoint.map(|e| e.to_string()).as_deref(), &["10.88.0.6/32"])]), &["10.88.0.6"]);
+        // The interface made again (another port): it has no sessions left.
+        let mut other_port = conf(vec![a.clone(), b.clone()]);
+        other_port.listen_port = Some(51821);
+        check(Some(&conf(vec![a, b])), &other_port, &["10.88.0.6", "10.88.0.7"]);
+    }
+
+    #[test]
+    fn only_a_dialled_peers_own_overlay_address_is_prompted() {
+        // A peer that dials this node (no endpoint) is left to do so.
+        check(None, &conf(vec![peer(A, None, &["10.88.0.6/32"])]), &[]);
+        // A route's prefix, an exit's default, a relayed node's address outside the overlay:
+        // never a target. An IPv6-only peer is prompted at its IPv6 address.
+        check(
+            None,
+            &conf(vec![
+                peer(A, Some("192.0.2.11:51820"), &["192.168.10.0/24", "10.88.0.6/32"]),
+                peer(B, Some("192.0.2.12:51820"), &["0.0.0.0/0", "::/0"]),
+                peer(C, Some("192.0.2.13:51820"), &["10.89.0.7/32"]),
+            ]),
+            &[],
+        );
+        check(None, &conf(vec![peer(A, Some("[2001:db8::11]:51820"), &["fd88::6/128", "10.88.0.6/32"])]), &["fd88::6"]);
+    }
 }

@@ -197,6 +197,10 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
     for (node, ms) in &st.first_packet_ms {
         println!("token redeemed -> first packet over the overlay: {node} {ms} ms");
     }
+    let retried = timing::waited_for_retry(&st.first_packet_ms);
+    if !retried.is_empty() {
+        println!("NO: a first packet waited past WireGuard's 5 s rekey timeout, for a handshake's retry: {}", retried.join(", "));
+    }
     let dir = in_force(st.steps_done);
     let c = timing::reapply(&dir, &st)?;
     println!("re-apply -> every node converged: {} ms ({} of {} nodes changed)", c.took.as_millis(), c.changed, c.nodes);
@@ -264,7 +268,7 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
         tally.round(&lab, &st, &in_force(st.steps_done), read_declaration)?;
     }
     println!("{} of {} expectations met", tally.rows - tally.failures, tally.rows);
-    Ok(tally.failures == 0 && metrics_wrong.is_empty() && through_overlay.is_empty())
+    Ok(tally.failures == 0 && metrics_wrong.is_empty() && through_overlay.is_empty() && retried.is_empty())
 }
 
 /// The agents whose connection to a controller leaves from an overlay address, after printing

@@ -65,6 +65,19 @@ pub(crate) fn first_packets(
     Ok(out)
 }
 
+/// WireGuard's REKEY_TIMEOUT: a handshake initiation that got no answer is sent again only
+/// after it.
+const REKEY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The nodes whose first packet came later than the rekey timeout after their token's
+/// redemption: their tunnel waited for a handshake's retry (an initiation lost while the peer
+/// was not up, or crossing the peer's), which prompted handshakes avoid. A bound that tells that
+/// wait apart, not a speed limit: without it every shipped lab is well under.
+pub(crate) fn waited_for_retry(first_packet_ms: &BTreeMap<String, u64>) -> Vec<String> {
+    let bound = REKEY_TIMEOUT.as_millis() as u64;
+    first_packet_ms.iter().filter(|(_, ms)| **ms > bound).map(|(node, ms)| format!("{node} {ms} ms")).collect()
+}
+
 /// What an apply changed, and how long until every node it changed had applied it.
 pub(crate) struct Converged {
     pub took: Duration,
