@@ -246,6 +246,56 @@ fn a_node_enrols_with_one_pasted_line_and_its_keys_never_leave_it() {
     });
 }
 
+/// Unix seconds as GNU `date` writes them in RFC 3339 UTC: an oracle the binaries do not share.
+fn rfc3339(unix: i64) -> String {
+    let out = Command::new("date").args(["-u", "-d", &format!("@{unix}"), "+%Y-%m-%dT%H:%M:%SZ"]).output().unwrap();
+    assert!(out.status.success(), "date -u -d @{unix}");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// What an operator reads while enrolling: `token create` says to give the token in a file (an
+/// argument shows in the process list and the shell's history), and every expiry is a date in
+/// RFC 3339 UTC, never Unix seconds. Before, the hint was `trellis-agent enrol TOKEN` and the
+/// agent said "valid until 1796194702 (unix)".
+#[test]
+fn enrolment_says_dates_as_dates_and_suggests_the_token_file() {
+    let c = Controller::start(Db::Sqlite);
+    c.ok(&["apply", "lab/basic"]);
+    let out = c.admin(&["token", "create", "db-1"]).output().unwrap();
+    assert!(out.status.success());
+    let (token, hint) = (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap());
+    assert!(hint.contains("trellis-agent enrol --token-file FILE --state-dir DIR"), "{hint}");
+    assert!(!hint.contains("enrol TOKEN"), "the token is not suggested as an argument: {hint}");
+    let tokens: serde_json::Value = serde_json::from_str(&c.ok(&["token", "list", "--json"])).unwrap();
+    let expires = tokens.as_array().unwrap().iter().find(|t| t["node"] == "db-1").unwrap()["expires_at"].as_i64().unwrap();
+    assert!(hint.contains(&format!("valid until {};", rfc3339(expires))), "{hint}");
+
+    let node = tempdir("dates");
+    let file = node.0.join("db-1.token");
+    std::fs::write(&file, token).unwrap();
+    let state = node.0.join("state");
+    let enrolled = must({
+        let mut a = agent_bin();
+        a.args(["enrol", "--token-file", file.to_str().unwrap(), "--state-dir", state.to_str().unwrap()]);
+        a
+    });
+    let nodes = c.nodes();
+    let not_after = nodes.as_array().unwrap().iter().find(|n| n["name"] == "db-1").unwrap()["cert_not_after"].as_i64().unwrap();
+    let until = rfc3339(not_after);
+    assert!(enrolled.contains(&format!("certificate valid until {until};")), "{enrolled}");
+    let status = must({
+        let mut a = agent_bin();
+        a.args(["status", "--state-dir", state.to_str().unwrap()]);
+        a
+    });
+    assert!(status.lines().any(|l| l.starts_with("certificate: serial ") && l.ends_with(&format!(", valid until {until}"))), "{status}");
+    let table = c.ok(&["nodes"]);
+    assert!(table.lines().any(|l| l.starts_with("db-1 ") && l.contains(&until)), "{table}");
+    for text in [&hint, &enrolled, &status, &table] {
+        assert!(!text.contains("(unix)") && !text.contains(&not_after.to_string()), "{text}");
+    }
+}
+
 /// A pool token: one pasted line enrols as many runners as it has uses, each named by the
 /// controller; `trellis nodes` and `token list` show the pool, and a use too many is refused.
 #[test]
