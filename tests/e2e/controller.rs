@@ -296,6 +296,64 @@ fn enrolment_says_dates_as_dates_and_suggests_the_token_file() {
     }
 }
 
+/// A control character in a declaration, or in what the agent keeps in its state directory,
+/// reaches the terminal escaped as the audit list escapes it: `check`, a refused `apply` and
+/// `trellis-agent status` print `\u{1b}`, never the raw byte. Before, the diagnostics and the
+/// status lines carried ESC and BEL as they were.
+#[test]
+fn declaration_and_state_text_reach_the_terminal_escaped() {
+    let decl = tempdir("escdecl");
+    must(sh("cp", &["-r", &format!("{}/lab/basic/.", repo().display()), decl.0.to_str().unwrap()]));
+    let mesh = decl.0.join("mesh.toml");
+    let text = std::fs::read_to_string(&mesh).unwrap();
+    let text = text.replacen("admins = [\"op-1\"]", "admins = [\"op-1\", \"ghost\\u001b]0;pwned\\u0007\"]", 1);
+    let text =
+        text.replacen("modules = [\"postgres\", \"ssh\", \"ping\"]", "modules = [\"postgres\", \"ssh\", \"ping\", \"evil\\u001b[2K\"]", 1);
+    std::fs::write(&mesh, text).unwrap();
+    let raw = |s: &str| s.contains('\u{1b}') || s.contains('\u{7}');
+    let expect_escaped = |err: &str| {
+        assert!(!raw(err), "a raw control character reached the terminal:\n{err:?}");
+        assert!(err.contains("lists `ghost\\u{1b}]0;pwned\\u{7}`, which is not a declared node"), "{err}");
+        assert!(err.contains("runs module `evil\\u{1b}[2K`, which has no manifest"), "{err}");
+    };
+    let (out, d) = run(trellis_cmd(&["check", decl.0.to_str().unwrap()]));
+    assert_eq!(out.status.code(), Some(1), "{d}");
+    expect_escaped(&String::from_utf8_lossy(&out.stderr));
+
+    let c = Controller::start(Db::Sqlite);
+    let (out, d) = run(c.admin(&["apply", decl.0.to_str().unwrap()]));
+    assert_eq!(out.status.code(), Some(1), "{d}");
+    expect_escaped(&String::from_utf8_lossy(&out.stderr));
+
+    c.ok(&["apply", "lab/basic"]);
+    let node = tempdir("escstate");
+    must(enrol(&c.token("db-1", &[]), &node.0));
+    let identity = node.0.join("identity.toml");
+    let text = std::fs::read_to_string(&identity).unwrap().replacen("mesh = \"basic\"", "mesh = \"basic\\u001b[2K\"", 1);
+    std::fs::write(&identity, text).unwrap();
+    let status = serde_json::json!({
+        "pid": 1, "updated_at": 1, "version": 0, "last_error": "nft failed\n    7  node approved db-1\u{1b}[2K",
+        "interface": "wg\u{1b}0", "peers": [{"public_key": "k\u{1b}[31m", "endpoint": "192.0.2.1:1\u{7}", "last_handshake": null}],
+        "ruleset_loaded": false, "dns_serving": ["10.0.0.1:53\u{1b}"], "buffered_evidence": 0, "dropped_evidence": 0,
+    });
+    std::fs::write(node.0.join("agent-status.json"), status.to_string()).unwrap();
+    let shown = must({
+        let mut a = agent_bin();
+        a.args(["status", "--state-dir", node.0.to_str().unwrap()]);
+        a
+    });
+    assert!(!raw(&shown), "a raw control character reached the terminal:\n{shown:?}");
+    for line in [
+        "node db-1 in mesh basic\\u{1b}[2K (at enrolment: active)",
+        "interface: wg\\u{1b}0",
+        "  peer k\\u{1b}[31m endpoint 192.0.2.1:1\\u{7} last handshake never",
+        "DNS serving: 10.0.0.1:53\\u{1b}",
+        "last error: nft failed\\n    7  node approved db-1\\u{1b}[2K",
+    ] {
+        assert!(shown.lines().any(|l| l == line), "no {line:?} in\n{shown}");
+    }
+}
+
 /// A pool token: one pasted line enrols as many runners as it has uses, each named by the
 /// controller; `trellis nodes` and `token list` show the pool, and a use too many is refused.
 #[test]

@@ -245,8 +245,11 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
             }))?
         );
     } else {
-        println!("node {} in mesh {} (at enrolment: {})", id.node, id.mesh, id.state);
-        println!("controllers: {}", id.controllers.join(", "));
+        // Everything below was read from the state directory (and came from the controller or
+        // the host): shown through `printable`, so no stored string can rewrite the terminal.
+        let list = |items: &[String]| items.iter().map(|i| printable(i).into_owned()).collect::<Vec<_>>().join(", ");
+        println!("node {} in mesh {} (at enrolment: {})", printable(&id.node), printable(&id.mesh), id.state);
+        println!("controllers: {}", list(&id.controllers));
         println!("certificate: serial {}, valid until {}", info.serial, date(info.not_after));
         println!("bundle version: {}", manifest.version);
         println!("last contact: {}", run.last_contact.map_or("never".into(), |t| format!("{}s ago", now - t)));
@@ -256,24 +259,24 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
                 "the controller's newest signed word is {s}s old"
             ))
         );
-        println!("interface: {}", run.interface.as_deref().unwrap_or("-"));
+        println!("interface: {}", printable(run.interface.as_deref().unwrap_or("-")));
         for p in &run.peers {
             println!(
                 "  peer {} endpoint {} last handshake {}",
-                p.public_key,
-                p.endpoint.as_deref().unwrap_or("-"),
+                printable(&p.public_key),
+                printable(p.endpoint.as_deref().unwrap_or("-")),
                 p.last_handshake.map_or("never".into(), |t| format!("{}s ago", now - t as i64))
             );
         }
         println!("ruleset loaded: {}", if run.ruleset_loaded { "yes" } else { "no" });
-        println!("DNS serving: {}", if run.dns_serving.is_empty() { "no".to_string() } else { run.dns_serving.join(", ") });
+        println!("DNS serving: {}", if run.dns_serving.is_empty() { "no".to_string() } else { list(&run.dns_serving) });
         println!(
             "buffered evidence: {} record(s){}",
             run.buffered_evidence,
             if run.dropped_evidence > 0 { format!(", {} dropped", run.dropped_evidence) } else { String::new() }
         );
         if let Some(e) = &run.last_error {
-            println!("last error: {e}");
+            println!("last error: {}", printable(e));
         }
     }
     Ok(())

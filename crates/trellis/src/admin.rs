@@ -102,7 +102,7 @@ fn print_refusal(e: &anyhow::Error, prefix: &Path) {
         for d in &r.body.diagnostics {
             let mut d = d.clone();
             d.file = prefix.join(&d.file).display().to_string();
-            eprintln!("{d}");
+            eprintln!("{}", printable(&d.to_string()));
         }
     }
 }
@@ -117,7 +117,7 @@ pub fn apply(conn: &Conn, dir: &Path, expect_revision: Option<i64>, json_out: bo
             for d in &r.diagnostics {
                 let mut d = d.clone();
                 d.file = dir.join(&d.file).display().to_string();
-                eprintln!("{d}");
+                eprintln!("{}", printable(&d.to_string()));
             }
             if json_out {
                 println!("{}", serde_json::to_string_pretty(&json!({"revision": r.revision, "unchanged": r.unchanged}))?);
