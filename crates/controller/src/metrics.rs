@@ -215,16 +215,14 @@ impl Metrics {
         self.evidence_missing.set(status.iter().map(|n| n.evidence_missing).sum());
     }
 
-    /// The text exposition (OpenMetrics, which Prometheus reads).
+    /// The text exposition in OpenMetrics; `trellis_proto::exposition` turns it into the
+    /// format the scraper asks for.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");
         out
     }
 }
-
-/// The media type of [`Metrics::encode`]'s output.
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// A long-poll counted open; dropped when it answers.
 pub struct LongPoll(Gauge);
