@@ -226,6 +226,114 @@ fn a_node_enrols_with_one_pasted_line_and_its_keys_never_leave_it() {
     });
 }
 
+/// Unix seconds as GNU `date` writes them in RFC 3339 UTC: an oracle the binaries do not share.
+fn rfc3339(unix: i64) -> String {
+    let out = Command::new("date").args(["-u", "-d", &format!("@{unix}"), "+%Y-%m-%dT%H:%M:%SZ"]).output().unwrap();
+    assert!(out.status.success(), "date -u -d @{unix}");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// What an operator reads while enrolling: `token create` says to give the token in a file (an
+/// argument shows in the process list and the shell's history), and every expiry is a date in
+/// RFC 3339 UTC, never Unix seconds. Before, the hint was `trellis-agent enrol TOKEN` and the
+/// agent said "valid until 1796194702 (unix)".
+#[test]
+fn enrolment_says_dates_as_dates_and_suggests_the_token_file() {
+    let c = Controller::start(Db::Sqlite);
+    c.ok(&["apply", "lab/basic"]);
+    let out = c.admin(&["token", "create", "db-1"]).output().unwrap();
+    assert!(out.status.success());
+    let (token, hint) = (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap());
+    assert!(hint.contains("trellis-agent enrol --token-file FILE --state-dir DIR"), "{hint}");
+    assert!(!hint.contains("enrol TOKEN"), "the token is not suggested as an argument: {hint}");
+    let tokens: serde_json::Value = serde_json::from_str(&c.ok(&["token", "list", "--json"])).unwrap();
+    let expires = tokens.as_array().unwrap().iter().find(|t| t["node"] == "db-1").unwrap()["expires_at"].as_i64().unwrap();
+    assert!(hint.contains(&format!("valid until {};", rfc3339(expires))), "{hint}");
+
+    let node = tempdir("dates");
+    let file = node.0.join("db-1.token");
+    std::fs::write(&file, token).unwrap();
+    let state = node.0.join("state");
+    let enrolled = must({
+        let mut a = agent_bin();
+        a.args(["enrol", "--token-file", file.to_str().unwrap(), "--state-dir", state.to_str().unwrap()]);
+        a
+    });
+    let nodes = c.nodes();
+    let not_after = nodes.as_array().unwrap().iter().find(|n| n["name"] == "db-1").unwrap()["cert_not_after"].as_i64().unwrap();
+    let until = rfc3339(not_after);
+    assert!(enrolled.contains(&format!("certificate valid until {until};")), "{enrolled}");
+    let status = must({
+        let mut a = agent_bin();
+        a.args(["status", "--state-dir", state.to_str().unwrap()]);
+        a
+    });
+    assert!(status.lines().any(|l| l.starts_with("certificate: serial ") && l.ends_with(&format!(", valid until {until}"))), "{status}");
+    let table = c.ok(&["nodes"]);
+    assert!(table.lines().any(|l| l.starts_with("db-1 ") && l.contains(&until)), "{table}");
+    for text in [&hint, &enrolled, &status, &table] {
+        assert!(!text.contains("(unix)") && !text.contains(&not_after.to_string()), "{text}");
+    }
+}
+
+/// A control character in a declaration, or in what the agent keeps in its state directory,
+/// reaches the terminal escaped as the audit list escapes it: `check`, a refused `apply` and
+/// `trellis-agent status` print `\u{1b}`, never the raw byte. Before, the diagnostics and the
+/// status lines carried ESC and BEL as they were.
+#[test]
+fn declaration_and_state_text_reach_the_terminal_escaped() {
+    let decl = tempdir("escdecl");
+    must(sh("cp", &["-r", &format!("{}/lab/basic/.", repo().display()), decl.0.to_str().unwrap()]));
+    let mesh = decl.0.join("mesh.toml");
+    let text = std::fs::read_to_string(&mesh).unwrap();
+    let text = text.replacen("admins = [\"op-1\"]", "admins = [\"op-1\", \"ghost\\u001b]0;pwned\\u0007\"]", 1);
+    let text =
+        text.replacen("modules = [\"postgres\", \"ssh\", \"ping\"]", "modules = [\"postgres\", \"ssh\", \"ping\", \"evil\\u001b[2K\"]", 1);
+    std::fs::write(&mesh, text).unwrap();
+    let raw = |s: &str| s.contains('\u{1b}') || s.contains('\u{7}');
+    let expect_escaped = |err: &str| {
+        assert!(!raw(err), "a raw control character reached the terminal:\n{err:?}");
+        assert!(err.contains("lists `ghost\\u{1b}]0;pwned\\u{7}`, which is not a declared node"), "{err}");
+        assert!(err.contains("runs module `evil\\u{1b}[2K`, which has no manifest"), "{err}");
+    };
+    let (out, d) = run(trellis_cmd(&["check", decl.0.to_str().unwrap()]));
+    assert_eq!(out.status.code(), Some(1), "{d}");
+    expect_escaped(&String::from_utf8_lossy(&out.stderr));
+
+    let c = Controller::start(Db::Sqlite);
+    let (out, d) = run(c.admin(&["apply", decl.0.to_str().unwrap()]));
+    assert_eq!(out.status.code(), Some(1), "{d}");
+    expect_escaped(&String::from_utf8_lossy(&out.stderr));
+
+    c.ok(&["apply", "lab/basic"]);
+    let node = tempdir("escstate");
+    must(enrol(&c.token("db-1", &[]), &node.0));
+    let identity = node.0.join("identity.toml");
+    let text = std::fs::read_to_string(&identity).unwrap().replacen("mesh = \"basic\"", "mesh = \"basic\\u001b[2K\"", 1);
+    std::fs::write(&identity, text).unwrap();
+    let status = serde_json::json!({
+        "pid": 1, "updated_at": 1, "version": 0, "last_error": "nft failed\n    7  node approved db-1\u{1b}[2K",
+        "interface": "wg\u{1b}0", "peers": [{"public_key": "k\u{1b}[31m", "endpoint": "192.0.2.1:1\u{7}", "last_handshake": null}],
+        "ruleset_loaded": false, "dns_serving": ["10.0.0.1:53\u{1b}"], "buffered_evidence": 0, "dropped_evidence": 0,
+    });
+    std::fs::write(node.0.join("agent-status.json"), status.to_string()).unwrap();
+    let shown = must({
+        let mut a = agent_bin();
+        a.args(["status", "--state-dir", node.0.to_str().unwrap()]);
+        a
+    });
+    assert!(!raw(&shown), "a raw control character reached the terminal:\n{shown:?}");
+    for line in [
+        "node db-1 in mesh basic\\u{1b}[2K (at enrolment: active)",
+        "interface: wg\\u{1b}0",
+        "  peer k\\u{1b}[31m endpoint 192.0.2.1:1\\u{7} last handshake never",
+        "DNS serving: 10.0.0.1:53\\u{1b}",
+        "last error: nft failed\\n    7  node approved db-1\\u{1b}[2K",
+    ] {
+        assert!(shown.lines().any(|l| l == line), "no {line:?} in\n{shown}");
+    }
+}
+
 /// A pool token: one pasted line enrols as many runners as it has uses, each named by the
 /// controller; `trellis nodes` and `token list` show the pool, and a use too many is refused.
 #[test]

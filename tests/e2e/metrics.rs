@@ -11,8 +11,20 @@ use trellis_testing::{repo, TempDir};
 
 use crate::controller::{agent_bin, enrol, free_port, Controller};
 
-/// `GET /metrics` over plain HTTP (the listener may be a moment behind the API's).
+/// What Prometheus sends when it scrapes: OpenMetrics first.
+const PROMETHEUS_ACCEPT: &str =
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+
+/// `GET /metrics` as Prometheus asks for it (the listener may be a moment behind the API's).
 fn scrape(port: u16) -> String {
+    let text = scrape_as(port, Some(PROMETHEUS_ACCEPT));
+    assert!(text.contains("application/openmetrics-text"), "{text}");
+    text
+}
+
+/// `GET /metrics` over plain HTTP with this `Accept` header (none: without one); the whole
+/// answer, headers included.
+fn scrape_as(port: u16, accept: Option<&str>) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut s = loop {
         match std::net::TcpStream::connect(("127.0.0.1", port)) {
@@ -22,11 +34,11 @@ fn scrape(port: u16) -> String {
         }
     };
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").unwrap();
+    let accept = accept.map(|a| format!("Accept: {a}\r\n")).unwrap_or_default();
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n{accept}Connection: close\r\n\r\n").unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    assert!(text.contains("application/openmetrics-text"), "{text}");
     text
 }
 
@@ -127,4 +139,87 @@ fn both_metric_endpoints_count_enrolments_show_staleness_and_time_publishing() {
     let after = until(ctl_port, "api-1 revoked and no longer stale", |t| value(t, "trellis_nodes_stale") == Some(0.0));
     assert_eq!(must_value(&after, "trellis_nodes{state=\"revoked\"}"), 1.0);
     assert_eq!(must_value(&after, "trellis_decisions_total{kind=\"revoke\"}"), 1.0);
+}
+
+/// The answer's `Content-Type` and body (the answers are not chunked: one body of known length).
+fn split(answer: &str) -> (String, String) {
+    let (head, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
+    let ct = head.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("content-type:").map(|v| v.trim().to_string()));
+    (ct.unwrap_or_default(), body.to_string())
+}
+
+/// Runs `program args` with `input` on standard input; its status and output.
+fn lint(program: &str, args: &[&str], input: &str) -> (bool, String) {
+    let mut child = std::process::Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+/// Python's OpenMetrics parser (Debian's python3-prometheus-client), strict about the format
+/// (`# EOF`, counter and unit naming); promtool reads only the classic format.
+const OPENMETRICS_PARSE: &str = "import sys\nfrom prometheus_client.openmetrics.parser import text_string_to_metric_families as parse\nfor f in parse(sys.stdin.read()):\n    print(f.name, f.type, len(f.samples))\n";
+
+/// Both endpoints answer in the format the scraper asks for, and each answer passes its linter:
+/// `promtool check metrics` for the classic text format (asked for, or no Accept header), the
+/// OpenMetrics parser of the Python client for OpenMetrics. Before, both always answered
+/// OpenMetrics, which promtool rejects ("no help text" for every counter).
+#[test]
+fn both_metric_endpoints_answer_the_format_asked_for_and_pass_promtool() {
+    let python = "/usr/bin/python3";
+    let have_parser =
+        std::process::Command::new(python).args(["-c", "import prometheus_client"]).output().is_ok_and(|o| o.status.success());
+    if std::process::Command::new("promtool").arg("--version").output().is_err() || !have_parser {
+        eprintln!(
+            "skipped: promtool (Debian package prometheus) or python3-prometheus-client is absent; scripts/install-deps installs both"
+        );
+        return;
+    }
+    let ctl_port = free_port();
+    let c = Controller::start_serving(None, &[], &["--metrics-listen", &format!("127.0.0.1:{ctl_port}")]);
+    c.ok(&["apply", repo().join("lab/basic").to_str().unwrap()]);
+    let dir = tempdir("promtool");
+    let (out, d) = run(enrol(&c.token("db-1", &[]), &dir.0.join("db-1")));
+    assert!(out.status.success(), "{d}");
+    c.ok(&["audit", "verify"]);
+    let agent_port = free_port();
+    let mut cmd = agent_bin();
+    cmd.args(["run", "--files-only", "--wait", "5", "--metrics-listen", &format!("127.0.0.1:{agent_port}")]);
+    cmd.args(["--state-dir", dir.0.join("db-1").to_str().unwrap(), "--root", dir.0.join("root").to_str().unwrap()]);
+    let log = std::fs::File::create(dir.0.join("agent.log")).unwrap();
+    let _agent = crate::support::Proc(cmd.stdout(Stdio::null()).stderr(log).spawn().unwrap());
+    // Every kind of series is present: the agent applied (a histogram observed, a counter
+    // counted) and holds a long-poll (a gauge at 1); a token is used up (a refusal counted).
+    until(agent_port, "the agent applied its bundle", |t| value(t, "trellis_agent_applies_total{result=\"applied\"}") == Some(1.0));
+    until(ctl_port, "the agent's long-poll is open", |t| value(t, "trellis_long_polls_open") == Some(1.0));
+
+    for (port, who) in [(ctl_port, "controller"), (agent_port, "agent")] {
+        for accept in [None, Some("text/plain; version=0.0.4"), Some("*/*")] {
+            let (ct, body) = split(&scrape_as(port, accept));
+            assert_eq!(ct, "text/plain; version=0.0.4; charset=utf-8", "{who}, Accept {accept:?}");
+            assert!(!body.contains("# EOF") && !body.contains("# UNIT"), "{who}, Accept {accept:?}:\n{body}");
+            let (ok, said) = lint("promtool", &["check", "metrics"], &body);
+            assert!(ok, "promtool check metrics refused the {who}'s answer to Accept {accept:?}:\n{said}\n{body}");
+        }
+        let (ct, body) = split(&scrape_as(port, Some(PROMETHEUS_ACCEPT)));
+        assert_eq!(ct, "application/openmetrics-text; version=1.0.0; charset=utf-8", "{who}");
+        assert!(body.ends_with("# EOF\n"), "{who}:\n{body}");
+        let (ok, said) = lint(python, &["-c", OPENMETRICS_PARSE], &body);
+        assert!(ok, "the OpenMetrics parser refused the {who}'s answer:\n{said}\n{body}");
+        // The same series in both (by name: a long-poll may answer between the two scrapes and
+        // add a label set); only the format differs.
+        let (_, classic) = split(&scrape_as(port, None));
+        let names = |t: &str| {
+            let names: std::collections::BTreeSet<String> =
+                t.lines().filter(|l| !l.starts_with('#')).filter_map(|l| l.split(['{', ' ']).next()).map(str::to_string).collect();
+            names
+        };
+        assert_eq!(names(&classic), names(&body), "{who}");
+    }
 }

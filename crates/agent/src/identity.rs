@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use trellis_client::NodeClient;
 use trellis_core::token::EnrolmentToken;
 use trellis_files::replace as write_file;
+use trellis_proto::text::{date, printable};
 
 use crate::state::{AgentStatus, Identity, Manifest, CA_CERT, ENROL_PENDING, IDENTITY, NODE_CERT, NODE_KEY, WIREGUARD_KEY};
 
@@ -156,8 +157,11 @@ pub async fn enrol(source: TokenSource, dir: &Path, force: bool, retry_for: std:
     std::fs::remove_file(dir.join(ENROL_PENDING)).with_context(|| format!("cannot remove {}", dir.join(ENROL_PENDING).display()))?;
     let info = trellis_pki::inspect_pem(&resp.node_cert_pem)?;
     println!(
-        "enrolled node {} in mesh {} ({}); certificate valid until {} (unix); WireGuard public key {wg_public}",
-        resp.node, resp.mesh, resp.state, info.not_after
+        "enrolled node {} in mesh {} ({}); certificate valid until {}; WireGuard public key {wg_public}",
+        printable(&resp.node),
+        printable(&resp.mesh),
+        resp.state,
+        date(info.not_after)
     );
     Ok(())
 }
@@ -176,12 +180,13 @@ pub fn renewal_due(not_before: i64, not_after: i64, now: i64) -> bool {
 pub async fn renew(dir: &Path, force: bool) -> Result<()> {
     let id = Identity::load(dir)?;
     match renew_inner(dir, force, &node_client(dir, &id)?).await? {
-        Some(not_after) => println!("renewed the certificate of node {}; valid until {not_after} (unix)", id.node),
+        Some(not_after) => println!("renewed the certificate of node {}; valid until {}", printable(&id.node), date(not_after)),
         None => {
             let info = trellis_pki::inspect_pem(&read(&dir.join(NODE_CERT))?)?;
             println!(
                 "certificate of node {} is not due for renewal until two thirds of its lifetime; it expires at {}",
-                id.node, info.not_after
+                printable(&id.node),
+                date(info.not_after)
             );
         }
     }
@@ -200,7 +205,7 @@ async fn renew_inner(dir: &Path, force: bool, client: &NodeClient) -> Result<Opt
     let info = trellis_pki::inspect_pem(&cert)?;
     let now = crate::unix_now();
     if now >= info.not_after {
-        bail!("the certificate of node {} expired at {} (unix): it cannot renew; enrol again with a new token", id.node, info.not_after);
+        bail!("the certificate of node {} expired at {}: it cannot renew; enrol again with a new token", id.node, date(info.not_after));
     }
     if !force && !renewal_due(info.not_before, info.not_after, now) {
         return Ok(None);
@@ -240,9 +245,12 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
             }))?
         );
     } else {
-        println!("node {} in mesh {} (at enrolment: {})", id.node, id.mesh, id.state);
-        println!("controllers: {}", id.controllers.join(", "));
-        println!("certificate: serial {}, valid until {} (unix)", info.serial, info.not_after);
+        // Everything below was read from the state directory (and came from the controller or
+        // the host): shown through `printable`, so no stored string can rewrite the terminal.
+        let list = |items: &[String]| items.iter().map(|i| printable(i).into_owned()).collect::<Vec<_>>().join(", ");
+        println!("node {} in mesh {} (at enrolment: {})", printable(&id.node), printable(&id.mesh), id.state);
+        println!("controllers: {}", list(&id.controllers));
+        println!("certificate: serial {}, valid until {}", info.serial, date(info.not_after));
         println!("bundle version: {}", manifest.version);
         println!("last contact: {}", run.last_contact.map_or("never".into(), |t| format!("{}s ago", now - t)));
         println!(
@@ -251,24 +259,24 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
                 "the controller's newest signed word is {s}s old"
             ))
         );
-        println!("interface: {}", run.interface.as_deref().unwrap_or("-"));
+        println!("interface: {}", printable(run.interface.as_deref().unwrap_or("-")));
         for p in &run.peers {
             println!(
                 "  peer {} endpoint {} last handshake {}",
-                p.public_key,
-                p.endpoint.as_deref().unwrap_or("-"),
+                printable(&p.public_key),
+                printable(p.endpoint.as_deref().unwrap_or("-")),
                 p.last_handshake.map_or("never".into(), |t| format!("{}s ago", now - t as i64))
             );
         }
         println!("ruleset loaded: {}", if run.ruleset_loaded { "yes" } else { "no" });
-        println!("DNS serving: {}", if run.dns_serving.is_empty() { "no".to_string() } else { run.dns_serving.join(", ") });
+        println!("DNS serving: {}", if run.dns_serving.is_empty() { "no".to_string() } else { list(&run.dns_serving) });
         println!(
             "buffered evidence: {} record(s){}",
             run.buffered_evidence,
             if run.dropped_evidence > 0 { format!(", {} dropped", run.dropped_evidence) } else { String::new() }
         );
         if let Some(e) = &run.last_error {
-            println!("last error: {e}");
+            println!("last error: {}", printable(e));
         }
     }
     Ok(())

@@ -192,7 +192,7 @@ pub fn main() -> ExitCode {
         _ => log::init(log::LogFormat::Text, "warn"),
     };
     if let Err(e) = logging {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", trellis_proto::text::printable(&format!("{e:#}")));
         return ExitCode::from(2);
     }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
@@ -236,7 +236,7 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", trellis_proto::text::printable(&format!("{e:#}")));
             ExitCode::from(1)
         }
     }

@@ -15,6 +15,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 use tokio::net::TcpListener;
+use trellis_proto::exposition::Format;
 
 use crate::state::AgentStatus;
 
@@ -28,9 +29,6 @@ struct PeerLabel {
     /// The peer's WireGuard public key (what the interface knows it by).
     peer: String,
 }
-
-/// The media type of [`Metrics::encode`]'s output.
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 pub struct Metrics {
     registry: Registry,
@@ -115,7 +113,8 @@ impl Metrics {
         *self.status.lock().expect("agent status") = status.clone();
     }
 
-    /// The text exposition, the gauges set from the status as of `now` (Unix seconds).
+    /// The text exposition in OpenMetrics, the gauges set from the status as of `now` (Unix
+    /// seconds); `trellis_proto::exposition` turns it into the format the scraper asks for.
     pub fn encode(&self, now: i64) -> String {
         {
             let s = self.status.lock().expect("agent status");
@@ -160,14 +159,17 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
             let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                 let metrics = metrics.clone();
                 async move {
+                    // OpenMetrics when the scraper's Accept asks for it, the classic format otherwise.
+                    let format = Format::negotiate(req.headers().get(hyper::header::ACCEPT).and_then(|v| v.to_str().ok()));
                     let (status, body) = if req.uri().path() == "/metrics" {
-                        (200, metrics.encode(crate::unix_now()))
+                        (200, format.render(metrics.encode(crate::unix_now())))
                     } else {
                         (404, "not found; the metrics are at /metrics\n".to_string())
                     };
                     hyper::Response::builder()
                         .status(status)
-                        .header(hyper::header::CONTENT_TYPE, if status == 200 { CONTENT_TYPE } else { "text/plain" })
+                        .header(hyper::header::CONTENT_TYPE, if status == 200 { format.content_type() } else { "text/plain" })
+                        .header(hyper::header::VARY, "Accept")
                         .body(http_body_util::Full::new(bytes::Bytes::from(body)))
                 }
             });

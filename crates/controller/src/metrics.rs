@@ -217,7 +217,8 @@ impl Metrics {
         self.evidence_missing.set(status.iter().map(|n| n.evidence_missing).sum());
     }
 
-    /// The text exposition (OpenMetrics, which Prometheus reads).
+    /// The text exposition in OpenMetrics; `trellis_proto::exposition` turns it into the
+    /// format the scraper asks for.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");
@@ -246,7 +247,7 @@ impl Controller {
         });
     }
 
-    /// The metrics as Prometheus reads them ([`CONTENT_TYPE`]), with the roster gauges set from
+    /// The metrics in OpenMetrics, with the roster gauges set from
     /// `status` now.
     pub async fn scrape(&self) -> String {
         let status = self.status().await;
@@ -254,9 +255,6 @@ impl Controller {
         self.metrics.encode()
     }
 }
-
-/// The media type of [`Metrics::encode`]'s output.
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// A long-poll counted open; dropped when it answers.
 pub struct LongPoll(Gauge);

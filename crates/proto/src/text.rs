@@ -2,6 +2,7 @@
 //! the network; printed raw, a newline or an escape sequence in it could forge a row of a table
 //! ("node approved db-1 admin") or rewrite the terminal. Every human-readable output passes such
 //! strings through [`printable`] (JSON output stays exact: serde escapes control characters).
+//! Times are shown to people as [`date`]s, never as Unix seconds.
 
 use std::borrow::Cow;
 
@@ -29,9 +30,36 @@ pub fn printable(s: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// Unix seconds as an RFC 3339 date in UTC (`2026-12-01T10:00:00Z`), for what people read: the
+/// same form in tables, in the CLI's sentences and in the agent's.
+pub fn date(unix: i64) -> String {
+    let days = unix.div_euclid(86400);
+    let secs = unix.rem_euclid(86400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", secs / 3600, secs % 3600 / 60, secs % 60)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::printable;
+    use super::{date, printable};
+
+    #[test]
+    fn dates_are_rfc3339_in_utc() {
+        assert_eq!(date(0), "1970-01-01T00:00:00Z");
+        assert_eq!(date(1_796_000_000), "2026-11-30T00:53:20Z");
+        assert_eq!(date(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(date(1_796_194_702), "2026-12-02T06:58:22Z");
+        assert_eq!(date(-1), "1969-12-31T23:59:59Z");
+    }
 
     #[test]
     fn control_characters_and_bidi_overrides_are_escaped_and_the_rest_is_kept() {

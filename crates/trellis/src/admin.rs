@@ -11,7 +11,7 @@ use serde_json::json;
 use trellis_client::AdminClient;
 use trellis_controller::state::{self, InitOptions};
 use trellis_proto as proto;
-use trellis_proto::text::printable;
+use trellis_proto::text::{date, printable};
 
 /// How an admin command finds the controller.
 #[derive(Args, Clone)]
@@ -102,7 +102,7 @@ fn print_refusal(e: &anyhow::Error, prefix: &Path) {
         for d in &r.body.diagnostics {
             let mut d = d.clone();
             d.file = prefix.join(&d.file).display().to_string();
-            eprintln!("{d}");
+            eprintln!("{}", printable(&d.to_string()));
         }
     }
 }
@@ -117,7 +117,7 @@ pub fn apply(conn: &Conn, dir: &Path, expect_revision: Option<i64>, json_out: bo
             for d in &r.diagnostics {
                 let mut d = d.clone();
                 d.file = dir.join(&d.file).display().to_string();
-                eprintln!("{d}");
+                eprintln!("{}", printable(&d.to_string()));
             }
             if json_out {
                 println!("{}", serde_json::to_string_pretty(&json!({"revision": r.revision, "unchanged": r.unchanged}))?);
@@ -138,7 +138,7 @@ pub fn apply(conn: &Conn, dir: &Path, expect_revision: Option<i64>, json_out: bo
 #[derive(Subcommand)]
 pub enum TokenCommand {
     /// Create a one-time enrolment token for a declared node, or a reusable one for a pool's
-    /// members (--pool); prints one line to paste on it
+    /// members (--pool); prints the one line the node enrols with (`trellis-agent enrol --token-file`)
     Create {
         /// The node, as declared (not with --pool)
         #[arg(required_unless_present = "pool", conflicts_with = "pool")]
@@ -200,9 +200,9 @@ pub fn token(conn: &Conn, cmd: TokenCommand) -> Result<ExitCode> {
                     None => format!("node {}", printable(&t.node)),
                 };
                 eprintln!(
-                    "token {} for {what}, valid until {}; paste on the node: trellis-agent enrol TOKEN --state-dir DIR",
+                    "token {} for {what}, valid until {}; on the node, save it to a file and run: trellis-agent enrol --token-file FILE --state-dir DIR (or give it on standard input with --token-file -)",
                     t.id,
-                    crate::time::fmt(t.expires_at)
+                    date(t.expires_at)
                 );
                 println!("{}", t.token);
             }
@@ -225,7 +225,7 @@ pub fn token(conn: &Conn, cmd: TokenCommand) -> Result<ExitCode> {
                         node,
                         t.state,
                         format!("{}/{}", t.used, t.uses),
-                        crate::time::fmt(t.expires_at),
+                        date(t.expires_at),
                         if t.require_approval { "required" } else { "-" }
                     );
                 }
@@ -259,8 +259,8 @@ pub fn nodes(conn: &Conn, json_out: bool) -> Result<ExitCode> {
             opt(n.ipv4),
             opt(n.ipv6),
             opt(n.key_fingerprint),
-            n.cert_not_after.map_or("-".into(), crate::time::fmt),
-            n.last_contact.map_or("-".into(), crate::time::fmt)
+            n.cert_not_after.map_or("-".into(), date),
+            n.last_contact.map_or("-".into(), date)
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -357,7 +357,7 @@ pub fn audit_list(conn: &Conn, json_out: bool, page: i64) -> Result<ExitCode> {
                 out,
                 "{:>5}  {:<20}  {:<26}  {:<20}  {:<24}  {}",
                 r.seq,
-                crate::time::fmt(r.at),
+                date(r.at),
                 printable(&r.action),
                 printable(&r.subject),
                 printable(&r.actor),
@@ -394,8 +394,8 @@ pub fn status(conn: &Conn, json_out: bool) -> Result<ExitCode> {
             num(n.desired_version),
             num(n.applied_version),
             staleness,
-            n.last_contact.map_or("-".into(), crate::time::fmt),
-            n.cert_not_after.map_or("-".into(), crate::time::fmt),
+            n.last_contact.map_or("-".into(), date),
+            n.cert_not_after.map_or("-".into(), date),
             n.evidence_missing,
             printable(n.last_error.as_deref().unwrap_or_default())
         );

@@ -6,7 +6,6 @@ mod assets;
 mod declfs;
 mod log;
 mod offline;
-mod time;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -9,6 +9,7 @@ use serde_json::json;
 use trellis_core::explain;
 use trellis_core::topology::Topology;
 use trellis_core::{compile as core_compile, Declaration, Diagnostic, Loaded};
+use trellis_proto::text::printable;
 
 use crate::declfs;
 
@@ -22,10 +23,13 @@ fn diag_json(d: &Diagnostic) -> serde_json::Value {
     })
 }
 
+/// Prints diagnostics one a line. They quote declaration text (names, strings, file names), so
+/// each passes through `printable`: a control character in a declaration cannot rewrite the
+/// terminal or forge a line.
 fn print_diagnostics(diags: &[Diagnostic]) {
     let mut err = std::io::stderr().lock();
     for d in diags {
-        let _ = writeln!(err, "{d}");
+        let _ = writeln!(err, "{}", printable(&d.to_string()));
     }
 }
 
@@ -69,8 +73,8 @@ pub fn check(dir: &Path, json_out: bool) -> Result<ExitCode> {
         match (&declaration, errors) {
             (Some(d), 0) => println!(
                 "{}: mesh {} is valid: {} nodes, {}{} modules, {} policy tests passed{}",
-                dir.display(),
-                d.mesh.name,
+                printable(&dir.display().to_string()),
+                printable(&d.mesh.name),
                 d.nodes.len(),
                 match d.pools.len() {
                     0 => String::new(),
@@ -80,7 +84,7 @@ pub fn check(dir: &Path, json_out: bool) -> Result<ExitCode> {
                 d.tests.len(),
                 if warnings > 0 { format!(", {warnings} warning(s)") } else { String::new() }
             ),
-            _ => eprintln!("{}: {errors} error(s), {warnings} warning(s)", dir.display()),
+            _ => eprintln!("{}: {errors} error(s), {warnings} warning(s)", printable(&dir.display().to_string())),
         }
     }
     Ok(if errors == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
