@@ -9,7 +9,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
-use trellis_controller::metrics::Decision;
+use trellis_controller::metrics::{self, Decision};
 use trellis_controller::{BundleAnswer, BundleRequest, Controller, Error};
 use trellis_proto as proto;
 use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouterExt};
@@ -71,14 +71,14 @@ async fn openapi_json() -> Json<&'static utoipa::openapi::OpenApi> {
 
 /// Every request runs in a span (method, route, and, once known, the node, the decision and the
 /// audit head after it) and is timed by the route it matched (never the raw path: names in paths
-/// would make one series per node).
+/// would make one series per node; and the controller counts made-up methods as one).
 async fn timed(State(c): State<Shared>, req: Request, next: Next) -> Response {
     use tracing::Instrument;
-    let route = req.extensions().get::<MatchedPath>().map_or("unmatched", MatchedPath::as_str).to_string();
-    let method = req.method().clone();
+    let route = req.extensions().get::<MatchedPath>().map_or(metrics::UNMATCHED, MatchedPath::as_str).to_string();
+    let method = metrics::method_label(req.method().as_str());
     let span = tracing::info_span!(
         "request",
-        method = %method,
+        method,
         route = %route,
         node = tracing::field::Empty,
         decision = tracing::field::Empty,
@@ -88,7 +88,7 @@ async fn timed(State(c): State<Shared>, req: Request, next: Next) -> Response {
     let response = next.run(req).instrument(span.clone()).await;
     let took = started.elapsed();
     let status = response.status().as_u16();
-    c.request_answered(method.as_str(), &route, status, took);
+    c.request_answered(method, &route, status, took);
     span.in_scope(|| tracing::debug!(status, ms = took.as_millis() as u64, "answered"));
     response
 }

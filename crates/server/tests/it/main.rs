@@ -1,6 +1,7 @@
 //! The HTTP API through the real router and TLS stack, in process, on SQLite and PostgreSQL:
 //! concurrent redemptions and every kind of bad input.
 
+mod hardening;
 mod openapi;
 
 use std::path::Path;
@@ -21,6 +22,8 @@ struct Running {
     admin: String,
     http: reqwest::Client,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The controller the server runs, for its metrics.
+    controller: Arc<trellis_controller::Controller>,
     /// The server's `run`, which returns once it has stopped.
     done: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }
@@ -55,6 +58,7 @@ async fn start_with(database_url: String, limits: trellis_server::Limits) -> Run
     };
     let state = state::init(&dir.join("s"), &opts).await.unwrap();
     let server = Server::bind(&state, None, None).await.unwrap().with_limits(limits);
+    let controller = server.controller.clone();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let done = tokio::spawn(server.run(async {
         let _ = rx.await;
@@ -69,6 +73,7 @@ async fn start_with(database_url: String, limits: trellis_server::Limits) -> Run
         admin,
         http,
         stop: Some(tx),
+        controller,
         done: Some(done),
     };
     let files: Vec<Value> = ["mesh.toml", "modules/api.toml", "modules/http.toml", "modules/ping.toml", "modules/postgres.toml", "modules/resolver.toml", "modules/ssh.toml"]
