@@ -12,6 +12,7 @@ use trellis_controller::{Clock, Controller, Entropy, Error, Keys, NodeRefusal, R
 use trellis_proto::{self as proto, AuditAction, EnrolledState, NodeState, TokenState};
 use trellis_store::{testdb, Store};
 
+mod long_polls;
 mod pools;
 
 /// A clock that moves only when the test says so.
