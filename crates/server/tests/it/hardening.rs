@@ -111,3 +111,14 @@ async fn every_refusal_is_an_error_body_with_a_stable_code() {
     let (status, challenge, _, code) = refusal(resp).await;
     assert_eq!((status, code.as_str(), challenge.as_deref()), (401, "token_wrong", Some("EnrolmentToken realm=\"trellis-enrolment\"")));
 }
+
+/// The attack: another site frames the live page and has the operator click through it unseen.
+/// Before, the page said nothing of framing; now its policy allows no frame ancestor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_page_may_not_be_framed() {
+    let r = start(testdb::sqlite_url()).await;
+    let resp = r.http.get(format!("{}/ui/", r.base)).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let csp = resp.headers()["content-security-policy"].to_str().unwrap().to_string();
+    assert!(csp.split(';').any(|d| d.trim() == "frame-ancestors 'none'"), "{csp}");
+}
