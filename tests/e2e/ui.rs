@@ -221,3 +221,39 @@ fn the_live_page_shows_every_node_turns_a_revoked_one_red_without_a_reload_and_e
     }
     drop(agents);
 }
+
+/// Whether the credential form is shown, the page's error line, and what the tab stores.
+const LOGIN: &str = "return [getComputedStyle(document.querySelector('#login')).display !== 'none', document.querySelector('#error').textContent, sessionStorage.getItem('trellis-admin')];";
+
+/// The attack on the operator: a wrong credential typed once. Before, it stayed in the tab's
+/// storage and the form was gone, so the page kept sending it (a reload too) and the only way
+/// back was a new tab. Now the refusal is shown, the credential forgotten and the form offered
+/// again, in the same tab and after a reload.
+#[test]
+fn a_refused_credential_is_forgotten_and_the_form_offered_again() {
+    let c = Controller::start_serving(None, &[], &[]);
+    c.ok(&["apply", repo().join("lab/cgnat").to_str().unwrap()]);
+    let b = Browser::start();
+    b.call("POST", "/url", Some(json!({"url": format!("https://127.0.0.1:{}/ui/", c.port)})));
+    let type_in = |text: &str| {
+        let field = b.element("#token");
+        b.call("POST", &format!("/element/{field}/clear"), Some(json!({})));
+        b.call("POST", &format!("/element/{field}/value"), Some(json!({"text": text})));
+        b.click("#show");
+    };
+    let offered = |v: &Value| v[0] == true && v[1] == "the admin credential is wrong" && v[2].is_null();
+    type_in("trellis-admin-wrong");
+    b.until("the refusal shown, the form offered again and the credential forgotten", LOGIN, offered);
+
+    // A wrong credential already in the tab's storage (kept by an earlier page): a reload offers
+    // the form too.
+    b.script("sessionStorage.setItem('trellis-admin', 'trellis-admin-stale'); return null;");
+    b.call("POST", "/refresh", Some(json!({})));
+    b.until("the form offered after a reload with a wrong stored credential", LOGIN, offered);
+
+    let admin = std::fs::read_to_string(c.state.join("admin.token")).unwrap();
+    type_in(admin.trim());
+    b.until("every node of lab/cgnat shown", SHOWN, |v| v.as_object().is_some_and(|o| o.len() == 3));
+    let v = b.until("the form gone once the credential is taken", LOGIN, |v| v[0] == false);
+    assert_eq!(v[2], admin.trim(), "the credential taken is kept for the tab");
+}

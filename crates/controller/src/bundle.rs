@@ -27,6 +27,20 @@ pub struct BundleRequest {
     pub wait: Duration,
 }
 
+/// Resolves when the long-poll `open` holds was pushed out by newer ones of its node (never
+/// when there is none, or once it has fired).
+async fn displaced(open: &mut Option<(crate::metrics::LongPoll, crate::publish::Polling<'_>)>) {
+    match open {
+        Some((_, polling)) if !polling.displaced.is_terminated() => {
+            // A sender dropped without a word is a long-poll answered: nothing to do.
+            if (&mut polling.displaced).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        _ => std::future::pending().await,
+    }
+}
+
 /// The answer to a [`BundleRequest`]. Each carries the version it names and a signed freshness
 /// stamp (base64).
 pub enum BundleAnswer {
@@ -53,7 +67,7 @@ impl Controller {
             // enrolment, which has not finished yet.
             self.settle(SETTLE).await?;
         }
-        let _open = (!ask.wait.is_zero()).then(|| (self.metrics.long_poll(), self.publisher.polling(&who.name)));
+        let mut open = (!ask.wait.is_zero()).then(|| (self.metrics.long_poll(), self.publisher.polling(&who.name)));
         loop {
             let current = self.publisher.current(&who.name);
             let stamp = self.stamp();
@@ -73,6 +87,9 @@ impl Controller {
                 // The controller is stopping: the node hears now that what it holds is current, and
                 // asks again (another replica, or this one once it is back).
                 _ = self.stopped() => false,
+                // Newer long-polls of the same node pushed this one out: it answers now, as when
+                // the wait is over.
+                _ = displaced(&mut open) => false,
             };
             if !changed {
                 return match current {

@@ -219,26 +219,41 @@ pub(crate) struct Publisher {
     background: AtomicBool,
     /// Runs finished, for figures and tests.
     runs: AtomicU64,
-    /// The long-polls open per node (see `polling`).
-    polling: Mutex<HashMap<String, usize>>,
+    /// The long-polls open per node, oldest first (see `polling`).
+    polling: Mutex<HashMap<String, Polls>>,
     /// The pools' members, as the last run read them: only their long-polls count as contact at
     /// each batch (nothing else is removed for want of contact, and ten thousand agents would
     /// otherwise be written every five seconds).
     members: RwLock<HashSet<String>>,
 }
 
+/// The most long-polls one node holds open at once. An agent holds one (two for a moment when it
+/// moves to another replica); a node opening more has the oldest answered at once, so that one
+/// certificate cannot hold thousands of requests (3,000 held 85 MB).
+pub const POLLS_PER_NODE: usize = 4;
+
+/// One node's long-polls, oldest first: each one's number and what tells it to answer now.
+#[derive(Default)]
+struct Polls {
+    next: u64,
+    open: std::collections::VecDeque<(u64, tokio::sync::oneshot::Sender<()>)>,
+}
+
 /// A long-poll in progress (see [`Publisher::polling`]).
 pub struct Polling<'a> {
     publisher: &'a Publisher,
     node: String,
+    id: u64,
+    /// Resolves when newer long-polls of the same node pushed this one out.
+    pub displaced: tokio::sync::oneshot::Receiver<()>,
 }
 
 impl Drop for Polling<'_> {
     fn drop(&mut self) {
         let mut p = self.publisher.polling.lock().expect("polling");
-        if let Some(n) = p.get_mut(&self.node) {
-            *n -= 1;
-            if *n == 0 {
+        if let Some(polls) = p.get_mut(&self.node) {
+            polls.open.retain(|(id, _)| *id != self.id);
+            if polls.open.is_empty() {
                 p.remove(&self.node);
             }
         }
@@ -286,10 +301,21 @@ impl Publisher {
 
     /// A node is long-polling: until the guard drops, every batch of contacts written counts it
     /// as in contact if it is a pool's member (a long-poll is a node waiting, not a node gone;
-    /// members are removed after a time without contact).
+    /// members are removed after a time without contact). A node holds at most
+    /// [`POLLS_PER_NODE`]: beyond it, the oldest is told (`Polling::displaced`) to answer now.
     pub fn polling(&self, node: &str) -> Polling<'_> {
-        *self.polling.lock().expect("polling").entry(node.to_string()).or_default() += 1;
-        Polling { publisher: self, node: node.to_string() }
+        let (tell, displaced) = tokio::sync::oneshot::channel();
+        let mut p = self.polling.lock().expect("polling");
+        let polls = p.entry(node.to_string()).or_default();
+        while polls.open.len() >= POLLS_PER_NODE {
+            if let Some((_, oldest)) = polls.open.pop_front() {
+                let _ = oldest.send(());
+            }
+        }
+        let id = polls.next;
+        polls.next += 1;
+        polls.open.push_back((id, tell));
+        Polling { publisher: self, node: node.to_string(), id, displaced }
     }
 
     /// How many publish runs have finished.

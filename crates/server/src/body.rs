@@ -62,7 +62,7 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync, const MAX: usize> axum::ext
 }
 
 /// The innermost cause: serde's sentence without axum's wrapping.
-fn inner(e: &dyn std::error::Error) -> String {
+pub(crate) fn inner(e: &dyn std::error::Error) -> String {
     let mut e = e;
     while let Some(s) = e.source() {
         e = s;

@@ -61,18 +61,46 @@ pub fn status(e: &Error) -> StatusCode {
     }
 }
 
+/// The admin credential's challenge: a bearer token (RFC 6750), the one `trellis init` writes to
+/// `admin.token`.
+pub const ADMIN_CHALLENGE: &str = "Bearer realm=\"trellis-admin\"";
+
+/// A node's challenge: its certificate, presented in the TLS handshake (no HTTP scheme carries
+/// one, so the challenge names it).
+pub const NODE_CHALLENGE: &str = "ClientCertificate realm=\"trellis-node\"";
+
+/// An enrolment's challenge: the token, sent in the request body.
+pub const ENROLMENT_CHALLENGE: &str = "EnrolmentToken realm=\"trellis-enrolment\"";
+
+/// What a `401` asks for (`WWW-Authenticate`, which every 401 carries): the admin credential, a
+/// node's certificate or an enrolment token.
+pub fn challenge(e: &Error) -> Option<&'static str> {
+    match e {
+        Error::AdminRequired => Some(ADMIN_CHALLENGE),
+        Error::AdminDenied => Some("Bearer realm=\"trellis-admin\", error=\"invalid_token\""),
+        Error::Node(NodeRefusal::CertificateRequired | NodeRefusal::BadCertificate(_)) => Some(NODE_CHALLENGE),
+        Error::Redemption(Redemption::Unknown | Redemption::Wrong | Redemption::Revoked | Redemption::Expired) => Some(ENROLMENT_CHALLENGE),
+        _ => None,
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (status, body) = match self {
+        let (status, body, challenge) = match self {
             ApiError::Refused(e) => {
                 // An internal error's detail was logged where it happened; the client gets the
                 // context only.
-                (status(&e), ErrorBody { error: e.to_string(), code: e.code().to_string(), diagnostics: e.diagnostics().to_vec() })
+                let body = ErrorBody { error: e.to_string(), code: e.code().to_string(), diagnostics: e.diagnostics().to_vec() };
+                (status(&e), body, challenge(&e))
             }
             ApiError::Body { status, code, message } => {
-                (status, ErrorBody { error: message, code: code.to_string(), diagnostics: Vec::new() })
+                (status, ErrorBody { error: message, code: code.to_string(), diagnostics: Vec::new() }, None)
             }
         };
-        (status, Json(body)).into_response()
+        let mut response = (status, Json(body)).into_response();
+        if let Some(c) = challenge {
+            response.headers_mut().insert(axum::http::header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static(c));
+        }
+        response
     }
 }

@@ -9,6 +9,7 @@ pub mod error;
 pub mod listener;
 pub mod metrics;
 pub mod openapi;
+pub mod params;
 pub mod routes;
 pub mod ui;
 

@@ -4,12 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Query, Request, State};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
-use trellis_controller::metrics::Decision;
+use trellis_controller::metrics::{self, Decision};
 use trellis_controller::{BundleAnswer, BundleRequest, Controller, Error};
 use trellis_proto as proto;
 use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouterExt};
@@ -18,6 +18,7 @@ use utoipa_axum::routes;
 use crate::auth::{Admin, Node, Peer};
 use crate::body::{Body, DECLARATION_BODY, EVIDENCE_BODY, SMALL_BODY};
 use crate::error::ApiError;
+use crate::params::{Path, Query};
 
 type Shared = Arc<Controller>;
 type Answer<T> = Result<Json<T>, ApiError>;
@@ -28,6 +29,8 @@ type Answer<T> = Result<Json<T>, ApiError>;
 pub fn app(controller: Shared) -> Router {
     let (router, _) = api().split_for_parts();
     router
+        .fallback(no_route)
+        .method_not_allowed_fallback(no_method)
         .layer(DefaultBodyLimit::max(SMALL_BODY))
         .layer(axum::middleware::from_fn_with_state(controller.clone(), timed))
         .with_state(controller)
@@ -57,6 +60,21 @@ pub(crate) fn api() -> OpenApiRouter<Shared> {
         .routes(routes!(crate::ui::page))
 }
 
+/// A path no route serves: refused in the error shape, as every refusal is.
+async fn no_route() -> ApiError {
+    ApiError::body(StatusCode::NOT_FOUND, "no_route", "no such path in this API (see /v1/openapi.json)")
+}
+
+/// A method the path does not take (the `Allow` header names those it does).
+async fn no_method(method: axum::http::Method) -> ApiError {
+    // A method as sent may be kilobytes long: only a known one is named.
+    let message = match metrics::method_label(method.as_str()) {
+        "other" => "this path does not take this method".to_string(),
+        known => format!("this path does not take {known}"),
+    };
+    ApiError::body(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", message)
+}
+
 /// `GET /v1/health`: the process answers.
 #[utoipa::path(get, path = "/v1/health", tag = "health", responses((status = 200, description = "The controller answers", body = String, content_type = "text/plain")))]
 async fn health() -> &'static str {
@@ -71,14 +89,14 @@ async fn openapi_json() -> Json<&'static utoipa::openapi::OpenApi> {
 
 /// Every request runs in a span (method, route, and, once known, the node, the decision and the
 /// audit head after it) and is timed by the route it matched (never the raw path: names in paths
-/// would make one series per node).
+/// would make one series per node; and the controller counts made-up methods as one).
 async fn timed(State(c): State<Shared>, req: Request, next: Next) -> Response {
     use tracing::Instrument;
-    let route = req.extensions().get::<MatchedPath>().map_or("unmatched", MatchedPath::as_str).to_string();
-    let method = req.method().clone();
+    let route = req.extensions().get::<MatchedPath>().map_or(metrics::UNMATCHED, MatchedPath::as_str).to_string();
+    let method = metrics::method_label(req.method().as_str());
     let span = tracing::info_span!(
         "request",
-        method = %method,
+        method,
         route = %route,
         node = tracing::field::Empty,
         decision = tracing::field::Empty,
@@ -88,7 +106,7 @@ async fn timed(State(c): State<Shared>, req: Request, next: Next) -> Response {
     let response = next.run(req).instrument(span.clone()).await;
     let took = started.elapsed();
     let status = response.status().as_u16();
-    c.request_answered(method.as_str(), &route, status, took);
+    c.request_answered(method, &route, status, took);
     span.in_scope(|| tracing::debug!(status, ms = took.as_millis() as u64, "answered"));
     response
 }
@@ -238,8 +256,10 @@ async fn evidence(
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct BundleQuery {
-    /// Seconds to wait for a newer bundle than the one named in If-None-Match (at most 60).
+    /// Seconds to wait for a newer bundle than the one named in If-None-Match (at most 60;
+    /// more is taken as 60).
     #[serde(default)]
+    #[param(minimum = 0, maximum = 60)]
     wait: u64,
 }
 
@@ -254,9 +274,10 @@ fn version_of(etag_text: &str) -> Option<i64> {
 }
 
 /// `GET /v1/bundle`: the node's current signed bundle, `304` when it already holds it. With
-/// `wait`, the answer comes as soon as a newer one exists. Every answer carries a signed
+/// `wait`, the answer comes as soon as a newer one exists. A node whose `Accept` names
+/// `proto::DELTA_TYPE` may get the edits from the version it holds instead. Every answer carries a signed
 /// freshness stamp. What to answer is the controller's decision (`BundleAnswer`); this writes it.
-#[utoipa::path(get, path = "/v1/bundle", tag = "node", security(("node" = [])), params(BundleQuery, ("If-None-Match" = Option<String>, Header, description = "The version held, as its ETag")), responses((status = 200, description = "The signed bundle (application/octet-stream, ADR 0012), or the edits from the held version (application/x-trellis-delta); ETag names the version, X-Trellis-Freshness carries a signed stamp", content_type = "application/octet-stream"), (status = 304, description = "The bundle held is current"), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/bundle", tag = "node", security(("node" = [])), params(BundleQuery, ("If-None-Match" = Option<String>, Header, description = "The version held, as its ETag")), responses((status = 200, description = "The signed bundle (application/octet-stream, ADR 0012), or, to a node that accepts them and holds the version before, the edits from it (application/x-trellis-delta)", content(("application/octet-stream"), ("application/x-trellis-delta")), headers(("ETag" = String, description = "The version sent, quoted (\"7\")"), ("X-Trellis-Freshness" = String, description = "A signed freshness stamp of now (base64, ADR 0012)"))), (status = 304, description = "The bundle held is current", headers(("ETag" = String, description = "The version held, quoted"), ("X-Trellis-Freshness" = String, description = "A signed freshness stamp of now (base64, ADR 0012)"))), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
 async fn bundle(State(c): State<Shared>, Node(who): Node, headers: HeaderMap, Query(q): Query<BundleQuery>) -> Result<Response, ApiError> {
     let ask = BundleRequest {
         held: headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()).and_then(version_of),

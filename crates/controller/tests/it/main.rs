@@ -11,6 +11,7 @@ use trellis_proto::{self as proto, AuditAction, EnrolledState, NodeState, TokenS
 use trellis_testing::controller::{Fixture, ADMIN, T0};
 use trellis_testing::Database;
 
+mod long_polls;
 mod pools;
 
 /// The fixture with `lab/basic` applied (revision 1).

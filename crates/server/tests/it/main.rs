@@ -1,6 +1,7 @@
 //! The HTTP API through the real router and TLS stack, in process, on SQLite and PostgreSQL:
 //! concurrent redemptions and every kind of bad input.
 
+mod hardening;
 mod openapi;
 
 use std::path::Path;
@@ -22,6 +23,8 @@ struct Running {
     admin: String,
     http: reqwest::Client,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The controller the server runs, for its metrics.
+    controller: Arc<trellis_controller::Controller>,
     /// The server's `run`, which returns once it has stopped.
     done: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }
@@ -49,6 +52,7 @@ async fn start_with(database_url: Database, limits: trellis_server::Limits) -> R
     };
     let state = state::init(&dir.path().join("s"), &opts).await.unwrap();
     let server = Server::bind(&state, None, None).await.unwrap().with_limits(limits);
+    let controller = server.controller.clone();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let done = tokio::spawn(server.run(async {
         let _ = rx.await;
@@ -64,6 +68,7 @@ async fn start_with(database_url: Database, limits: trellis_server::Limits) -> R
         admin,
         http,
         stop: Some(tx),
+        controller,
         done: Some(done),
     };
     let files = trellis_testing::controller::lab_files("basic");

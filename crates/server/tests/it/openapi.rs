@@ -276,6 +276,24 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
     assert!(unchecked.is_empty(), "schemas without a sample here: {unchecked:?}");
 }
 
+/// Checks a live answer against the operation's description: its status is described (itself
+/// or its class), a JSON body conforms to the schema described for it, and a 401's challenge
+/// header is there.
+fn answers_as_described(doc: &Value, op: &Value, status: u16, challenge: bool, text: &str) -> Result<(), String> {
+    let responses = &op["responses"];
+    let class = format!("{}XX", status / 100);
+    let described =
+        [status.to_string(), class].into_iter().find_map(|k| responses.get(&k)).ok_or_else(|| format!("{status} is not described"))?;
+    if status == 401 && !challenge {
+        return Err("a 401 without WWW-Authenticate".into());
+    }
+    if let Some(schema) = described["content"].get("application/json").and_then(|c| c.get("schema")) {
+        let value: Value = serde_json::from_str(text).map_err(|e| format!("{status}: not JSON ({e}): {text}"))?;
+        conforms(doc, schema, &value, "answer")?;
+    }
+    Ok(())
+}
+
 /// `{name}` and `{id}` filled in, so that the request reaches the handler.
 fn concrete(path: &str) -> String {
     path.replace("{name}", "nobody").replace("{id}", "00")
@@ -289,22 +307,27 @@ async fn every_route_is_described_and_every_described_path_is_a_route() {
     let paths = served["paths"].as_object().unwrap();
     let mut operations = 0;
     for (path, item) in paths {
-        for (method, _) in item.as_object().unwrap().iter().filter(|(m, _)| ["get", "post", "delete", "put"].contains(&m.as_str())) {
+        for (method, op) in item.as_object().unwrap().iter().filter(|(m, _)| ["get", "post", "delete", "put"].contains(&m.as_str())) {
             operations += 1;
             let url = format!("{}{}", r.base, concrete(path));
             let req = r.http.request(method.to_uppercase().parse().unwrap(), &url).bearer_auth(&r.admin).json(&json!({}));
             let resp = req.send().await.unwrap();
             let status = resp.status().as_u16();
+            let challenge = resp.headers().contains_key("www-authenticate");
             let text = resp.text().await.unwrap_or_default();
-            // The router's own 404 (no route) has an empty body and 405 names no handler; every
-            // handler's refusal is an ErrorBody.
-            assert!(status != 405 && !(status == 404 && text.is_empty()), "{method} {path}: the router has no such route ({status})");
+            answers_as_described(&served, op, status, challenge, &text).unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+            // The router's own refusals (no route, no such method) have their own codes; every
+            // handler's refusal is an ErrorBody with another.
+            let code = serde_json::from_str::<Value>(&text).ok().and_then(|b| b["code"].as_str().map(str::to_string));
+            let routed = status != 405 && status != 404 || code.is_some_and(|c| c != "no_route" && c != "method_not_allowed");
+            assert!(routed, "{method} {path}: the router has no such route ({status} {text})");
         }
     }
     // Every route the router serves comes from the same list as the document (`routes::api`);
     // and a path that is not described is not served.
     let unknown = r.http.get(format!("{}/v1/admin/undescribed", r.base)).bearer_auth(&r.admin).send().await.unwrap();
     assert_eq!(unknown.status().as_u16(), 404);
+    assert_eq!(unknown.json::<Value>().await.unwrap()["code"], "no_route");
     assert_eq!(operations, 20, "operations described: {:?}", paths.keys().collect::<Vec<_>>());
 
     // Every path the client crate calls is described.
@@ -316,5 +339,55 @@ async fn every_route_is_described_and_every_described_path_is_a_route() {
             let pattern = called.replace("{node}", "{name}");
             assert!(paths.contains_key(&pattern), "the client calls {called}, which the document does not describe");
         }
+    }
+}
+
+/// What the document says of the answers the handlers' types do not show: the bundle's two
+/// content types and its headers, `wait`'s bound, and the `WWW-Authenticate` of every 401. And
+/// the document is valid OpenAPI, as `openapi-spec-validator` (PyPI; `scripts/install-deps`
+/// installs it) reads it.
+#[test]
+fn the_document_describes_headers_content_types_and_bounds_and_is_valid() {
+    let doc = serde_json::to_value(trellis_server::openapi::document()).unwrap();
+    let bundle = &doc["paths"]["/v1/bundle"]["get"];
+    let whole = &bundle["responses"]["200"];
+    let types: Vec<&String> = whole["content"].as_object().unwrap().keys().collect();
+    assert_eq!(types, ["application/octet-stream", proto::DELTA_TYPE], "{whole:#}");
+    for status in ["200", "304"] {
+        for header in ["ETag", "X-Trellis-Freshness"] {
+            assert!(bundle["responses"][status]["headers"][header].is_object(), "{status} {header}: {bundle:#}");
+        }
+    }
+    let wait = bundle["parameters"].as_array().unwrap().iter().find(|p| p["name"] == "wait").unwrap();
+    assert_eq!(wait["schema"]["maximum"], json!(trellis_controller::bundle::MAX_WAIT.as_secs()), "{wait:#}");
+    let mut challenged = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let secured = op.get("security").is_some() || path == "/v1/enrol";
+            let unauthorized = &op["responses"]["401"];
+            assert_eq!(secured, unauthorized.is_object(), "{method} {path}: a 401 is described where a credential is asked for");
+            if secured {
+                assert!(unauthorized["headers"]["WWW-Authenticate"].is_object(), "{method} {path}: {unauthorized:#}");
+                challenged += 1;
+            }
+        }
+    }
+    assert!(challenged >= 15, "{challenged}");
+
+    let file = std::env::temp_dir().join(format!("trellis-openapi-{}.json", std::process::id()));
+    std::fs::write(&file, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
+    let run = std::process::Command::new("openapi-spec-validator").arg(&file).output();
+    let _ = std::fs::remove_file(&file);
+    match run {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("SKIPPED: openapi-spec-validator is not installed (pip install openapi-spec-validator; scripts/install-deps does)")
+        }
+        Err(e) => panic!("openapi-spec-validator: {e}"),
+        Ok(out) => assert!(
+            out.status.success(),
+            "openapi-spec-validator refuses the document:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
     }
 }

@@ -1,0 +1,124 @@
+//! Attacks on what the API keeps per request (issue 24): each test sends the requests an
+//! attacker would and shows what they can no longer grow.
+
+use trellis_store::testdb;
+
+use super::start;
+
+/// The series of the request latency histogram in a scrape.
+fn request_series(scrape: &str) -> Vec<&str> {
+    scrape.lines().filter(|l| l.starts_with("trellis_http_request_duration_seconds_count{")).collect()
+}
+
+/// The attack: unauthenticated requests with made-up methods and paths. Before, the method was a
+/// label as sent, so each made-up method made a series (5,000 of 4,000 bytes made one scrape
+/// 410 MB). Now methods outside a fixed set are `other` and paths no route matches `unmatched`:
+/// however many are sent, the series are the same few.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn made_up_methods_and_paths_make_no_new_metric_series() {
+    let r = start(testdb::sqlite_url()).await;
+    let send = |method: String, path: String| {
+        let req = r.http.request(reqwest::Method::from_bytes(method.as_bytes()).unwrap(), format!("{}{path}", r.base));
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+    // Warm up the series a well-behaved client makes, then count.
+    assert_eq!(send("GET".into(), "/v1/health".into()).await, 200);
+    let before = request_series(&r.controller.scrape().await).len();
+    for i in 0..100 {
+        let method = format!("M{i:03}{}", "X".repeat(1000));
+        send(method.clone(), "/v1/health".into()).await;
+        send(method, format!("/v1/nothing-{i}")).await;
+        send("GET".into(), format!("/v1/nothing/{i}/{}", "y".repeat(500))).await;
+    }
+    let scrape = r.controller.scrape().await;
+    let series = request_series(&scrape);
+    assert!(!scrape.contains("XXXX") && !scrape.contains("nothing"), "a label carries what the client sent:\n{}", series.join("\n"));
+    // At most: other on a matched route (405), other and GET where no route matched (404).
+    assert!(series.len() <= before + 3, "{} series after 300 made-up requests, {before} before:\n{}", series.len(), series.join("\n"));
+    assert!(series.iter().any(|l| l.contains("method=\"other\"")), "{}", series.join("\n"));
+    assert!(scrape.len() < 64 * 1024, "a scrape of {} bytes", scrape.len());
+}
+
+/// Reads a refusal: its status, its `WWW-Authenticate`, `Allow`, and its body, which must be an
+/// ErrorBody (JSON with `error` and `code`, and nothing else but `diagnostics`).
+async fn refusal(resp: reqwest::Response) -> (u16, Option<String>, Option<String>, String) {
+    let status = resp.status().as_u16();
+    let header = |name: &str| resp.headers().get(name).map(|v| v.to_str().unwrap().to_string());
+    let (challenge, allow) = (header("www-authenticate"), header("allow"));
+    let content_type = header("content-type");
+    let text = resp.text().await.unwrap();
+    assert_eq!(content_type.as_deref(), Some("application/json"), "{status}: {text}");
+    let body: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{status}: not JSON ({e}): {text}"));
+    let fields: Vec<&String> = body.as_object().unwrap_or_else(|| panic!("{text}")).keys().collect();
+    assert!(fields.iter().all(|k| ["error", "code", "diagnostics"].contains(&k.as_str())), "{status}: {text}");
+    let error: trellis_proto::ErrorBody =
+        serde_json::from_value(body).unwrap_or_else(|e| panic!("{status}: not an ErrorBody ({e}): {text}"));
+    assert!(!error.error.is_empty(), "{text}");
+    (status, challenge, allow, error.code)
+}
+
+/// The refusals the HTTP layer makes itself. Before, a query string that did not fit answered
+/// axum's `text/plain` sentence, an unknown path or method an empty body, and a 401 no
+/// `WWW-Authenticate`; now each is an ErrorBody with a stable code, and every 401 names what it
+/// asks for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_refusal_is_an_error_body_with_a_stable_code() {
+    let r = start(testdb::sqlite_url()).await;
+    let get = |path: &str, admin: Option<&str>| {
+        let mut req = r.http.get(format!("{}{path}", r.base));
+        if let Some(a) = admin {
+            req = req.bearer_auth(a);
+        }
+        async move { refusal(req.send().await.unwrap()).await }
+    };
+    let admin = Some(r.admin.as_str());
+    for query in ["/v1/admin/audit?after=first", "/v1/admin/audit?everything=1", "/v1/admin/explain?from=a", "/v1/bundle?wait=-1"] {
+        let (status, _, _, code) = get(query, if query.starts_with("/v1/admin") { admin } else { None }).await;
+        // The bundle is for nodes: without a certificate, that refusal comes first.
+        let expected = if query.starts_with("/v1/bundle") { (401, "node_certificate_required") } else { (400, "bad_query") };
+        assert_eq!((status, code.as_str()), expected, "{query}");
+    }
+    let resp = r.http.post(format!("{}/v1/admin/nodes/%FF/approve", r.base)).bearer_auth(&r.admin).send().await.unwrap();
+    let (status, _, _, code) = refusal(resp).await;
+    assert_eq!((status, code.as_str()), (400, "bad_path"));
+    for path in ["/", "/v1/nothing", "/v1/admin/nodes/a/b/c", "/ui"] {
+        let (status, _, _, code) = get(path, admin).await;
+        assert_eq!((status, code.as_str()), (404, "no_route"), "{path}");
+    }
+    for method in ["DELETE", "PUT", "MADEUP"] {
+        let req = r.http.request(reqwest::Method::from_bytes(method.as_bytes()).unwrap(), format!("{}/v1/health", r.base));
+        let (status, _, allow, code) = refusal(req.send().await.unwrap()).await;
+        assert_eq!((status, code.as_str()), (405, "method_not_allowed"), "{method}");
+        assert!(allow.as_deref().is_some_and(|a| a.contains("GET")), "{method}: Allow {allow:?}");
+    }
+
+    let (status, challenge, _, code) = get("/v1/admin/nodes", None).await;
+    assert_eq!((status, code.as_str(), challenge.as_deref()), (401, "admin_required", Some("Bearer realm=\"trellis-admin\"")));
+    let (status, challenge, _, code) = get("/v1/admin/nodes", Some("trellis-admin-0000")).await;
+    assert_eq!(
+        (status, code.as_str(), challenge.as_deref()),
+        (401, "admin_denied", Some("Bearer realm=\"trellis-admin\", error=\"invalid_token\""))
+    );
+    let (status, challenge, _, code) = get("/v1/whoami", None).await;
+    assert_eq!(
+        (status, code.as_str(), challenge.as_deref()),
+        (401, "node_certificate_required", Some("ClientCertificate realm=\"trellis-node\""))
+    );
+    let t = r.token("db-1").await;
+    let mut wrong = super::enrol_body(&t, 1);
+    wrong["secret"] = serde_json::json!(base64::Engine::encode(&base64::engine::general_purpose::STANDARD, [0u8; 24]));
+    let resp = r.http.post(format!("{}/v1/enrol", r.base)).json(&wrong).send().await.unwrap();
+    let (status, challenge, _, code) = refusal(resp).await;
+    assert_eq!((status, code.as_str(), challenge.as_deref()), (401, "token_wrong", Some("EnrolmentToken realm=\"trellis-enrolment\"")));
+}
+
+/// The attack: another site frames the live page and has the operator click through it unseen.
+/// Before, the page said nothing of framing; now its policy allows no frame ancestor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_page_may_not_be_framed() {
+    let r = start(testdb::sqlite_url()).await;
+    let resp = r.http.get(format!("{}/ui/", r.base)).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let csp = resp.headers()["content-security-policy"].to_str().unwrap().to_string();
+    assert!(csp.split(';').any(|d| d.trim() == "frame-ancestors 'none'"), "{csp}");
+}
