@@ -250,11 +250,11 @@ fn enrolment_says_dates_as_dates_and_suggests_the_token_file() {
     let expires = tokens.as_array().unwrap().iter().find(|t| t["node"] == "db-1").unwrap()["expires_at"].as_i64().unwrap();
     assert!(hint.contains(&format!("valid until {};", rfc3339(expires))), "{hint}");
 
-    let node = tempdir("dates");
-    let file = node.0.join("db-1.token");
+    let node = TempDir::new("dates");
+    let file = node.path().join("db-1.token");
     std::fs::write(&file, token).unwrap();
-    let state = node.0.join("state");
-    let enrolled = must({
+    let state = node.path().join("state");
+    let enrolled = ok({
         let mut a = agent_bin();
         a.args(["enrol", "--token-file", file.to_str().unwrap(), "--state-dir", state.to_str().unwrap()]);
         a
@@ -263,7 +263,7 @@ fn enrolment_says_dates_as_dates_and_suggests_the_token_file() {
     let not_after = nodes.as_array().unwrap().iter().find(|n| n["name"] == "db-1").unwrap()["cert_not_after"].as_i64().unwrap();
     let until = rfc3339(not_after);
     assert!(enrolled.contains(&format!("certificate valid until {until};")), "{enrolled}");
-    let status = must({
+    let status = ok({
         let mut a = agent_bin();
         a.args(["status", "--state-dir", state.to_str().unwrap()]);
         a
@@ -282,9 +282,9 @@ fn enrolment_says_dates_as_dates_and_suggests_the_token_file() {
 /// status lines carried ESC and BEL as they were.
 #[test]
 fn declaration_and_state_text_reach_the_terminal_escaped() {
-    let decl = tempdir("escdecl");
-    must(sh("cp", &["-r", &format!("{}/lab/basic/.", repo().display()), decl.0.to_str().unwrap()]));
-    let mesh = decl.0.join("mesh.toml");
+    let decl = TempDir::new("escdecl");
+    ok(sh("cp", &["-r", &format!("{}/lab/basic/.", repo().display()), decl.path().to_str().unwrap()]));
+    let mesh = decl.path().join("mesh.toml");
     let text = std::fs::read_to_string(&mesh).unwrap();
     let text = text.replacen("admins = [\"op-1\"]", "admins = [\"op-1\", \"ghost\\u001b]0;pwned\\u0007\"]", 1);
     let text =
@@ -296,19 +296,19 @@ fn declaration_and_state_text_reach_the_terminal_escaped() {
         assert!(err.contains("lists `ghost\\u{1b}]0;pwned\\u{7}`, which is not a declared node"), "{err}");
         assert!(err.contains("runs module `evil\\u{1b}[2K`, which has no manifest"), "{err}");
     };
-    let (out, d) = run(trellis_cmd(&["check", decl.0.to_str().unwrap()]));
+    let (out, d) = run(trellis_cmd(&["check", decl.path().to_str().unwrap()]));
     assert_eq!(out.status.code(), Some(1), "{d}");
     expect_escaped(&String::from_utf8_lossy(&out.stderr));
 
     let c = Controller::start(Db::Sqlite);
-    let (out, d) = run(c.admin(&["apply", decl.0.to_str().unwrap()]));
+    let (out, d) = run(c.admin(&["apply", decl.path().to_str().unwrap()]));
     assert_eq!(out.status.code(), Some(1), "{d}");
     expect_escaped(&String::from_utf8_lossy(&out.stderr));
 
     c.ok(&["apply", "lab/basic"]);
-    let node = tempdir("escstate");
-    must(enrol(&c.token("db-1", &[]), &node.0));
-    let identity = node.0.join("identity.toml");
+    let node = TempDir::new("escstate");
+    ok(enrol(&c.token("db-1", &[]), node.path()));
+    let identity = node.path().join("identity.toml");
     let text = std::fs::read_to_string(&identity).unwrap().replacen("mesh = \"basic\"", "mesh = \"basic\\u001b[2K\"", 1);
     std::fs::write(&identity, text).unwrap();
     let status = serde_json::json!({
@@ -316,10 +316,10 @@ fn declaration_and_state_text_reach_the_terminal_escaped() {
         "interface": "wg\u{1b}0", "peers": [{"public_key": "k\u{1b}[31m", "endpoint": "192.0.2.1:1\u{7}", "last_handshake": null}],
         "ruleset_loaded": false, "dns_serving": ["10.0.0.1:53\u{1b}"], "buffered_evidence": 0, "dropped_evidence": 0,
     });
-    std::fs::write(node.0.join("agent-status.json"), status.to_string()).unwrap();
-    let shown = must({
+    std::fs::write(node.path().join("agent-status.json"), status.to_string()).unwrap();
+    let shown = ok({
         let mut a = agent_bin();
-        a.args(["status", "--state-dir", node.0.to_str().unwrap()]);
+        a.args(["status", "--state-dir", node.path().to_str().unwrap()]);
         a
     });
     assert!(!raw(&shown), "a raw control character reached the terminal:\n{shown:?}");

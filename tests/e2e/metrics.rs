@@ -184,16 +184,16 @@ fn both_metric_endpoints_answer_the_format_asked_for_and_pass_promtool() {
     let ctl_port = free_port();
     let c = Controller::start_serving(None, &[], &["--metrics-listen", &format!("127.0.0.1:{ctl_port}")]);
     c.ok(&["apply", repo().join("lab/basic").to_str().unwrap()]);
-    let dir = tempdir("promtool");
-    let (out, d) = run(enrol(&c.token("db-1", &[]), &dir.0.join("db-1")));
+    let dir = TempDir::new("promtool");
+    let (out, d) = run(enrol(&c.token("db-1", &[]), &dir.path().join("db-1")));
     assert!(out.status.success(), "{d}");
     c.ok(&["audit", "verify"]);
     let agent_port = free_port();
     let mut cmd = agent_bin();
     cmd.args(["run", "--files-only", "--wait", "5", "--metrics-listen", &format!("127.0.0.1:{agent_port}")]);
-    cmd.args(["--state-dir", dir.0.join("db-1").to_str().unwrap(), "--root", dir.0.join("root").to_str().unwrap()]);
-    let log = std::fs::File::create(dir.0.join("agent.log")).unwrap();
-    let _agent = crate::support::Proc(cmd.stdout(Stdio::null()).stderr(log).spawn().unwrap());
+    cmd.args(["--state-dir", dir.path().join("db-1").to_str().unwrap(), "--root", dir.path().join("root").to_str().unwrap()]);
+    let log = std::fs::File::create(dir.path().join("agent.log")).unwrap();
+    let _agent = Proc(cmd.stdout(Stdio::null()).stderr(log).spawn().unwrap());
     // Every kind of series is present: the agent applied (a histogram observed, a counter
     // counted) and holds a long-poll (a gauge at 1); a token is used up (a refusal counted).
     until(agent_port, "the agent applied its bundle", |t| value(t, "trellis_agent_applies_total{result=\"applied\"}") == Some(1.0));

@@ -1,7 +1,7 @@
 //! Attacks on what the API keeps per request (issue 24): each test sends the requests an
 //! attacker would and shows what they can no longer grow.
 
-use trellis_store::testdb;
+use trellis_testing::Database;
 
 use super::start;
 
@@ -16,7 +16,7 @@ fn request_series(scrape: &str) -> Vec<&str> {
 /// however many are sent, the series are the same few.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn made_up_methods_and_paths_make_no_new_metric_series() {
-    let r = start(testdb::sqlite_url()).await;
+    let r = start(Database::sqlite()).await;
     let send = |method: String, path: String| {
         let req = r.http.request(reqwest::Method::from_bytes(method.as_bytes()).unwrap(), format!("{}{path}", r.base));
         async move { req.send().await.unwrap().status().as_u16() }
@@ -63,7 +63,7 @@ async fn refusal(resp: reqwest::Response) -> (u16, Option<String>, Option<String
 /// asks for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_refusal_is_an_error_body_with_a_stable_code() {
-    let r = start(testdb::sqlite_url()).await;
+    let r = start(Database::sqlite()).await;
     let get = |path: &str, admin: Option<&str>| {
         let mut req = r.http.get(format!("{}{path}", r.base));
         if let Some(a) = admin {
@@ -116,7 +116,7 @@ async fn every_refusal_is_an_error_body_with_a_stable_code() {
 /// Before, the page said nothing of framing; now its policy allows no frame ancestor.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_live_page_may_not_be_framed() {
-    let r = start(testdb::sqlite_url()).await;
+    let r = start(Database::sqlite()).await;
     let resp = r.http.get(format!("{}/ui/", r.base)).send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 200);
     let csp = resp.headers()["content-security-policy"].to_str().unwrap().to_string();
