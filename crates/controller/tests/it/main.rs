@@ -36,6 +36,16 @@ fn x25519_public(seed: u8) -> String {
     trellis_testing::controller::wireguard_key(seed.wrapping_add(100))
 }
 
+/// Enrols `node` with a token of its own (no approval) and publishes.
+async fn enrol_and_publish(c: &trellis_controller::Controller, node: &str) {
+    let created = c
+        .create_token(&proto::TokenRequest { node: node.into(), ttl_secs: 600, require_approval: false, ..Default::default() })
+        .await
+        .unwrap();
+    c.enrol(enrol_request(&created.token).0).await.unwrap();
+    c.publish().await.unwrap();
+}
+
 async fn on_both<F, Fut>(f: F)
 where
     F: Fn(Fixture) -> Fut,
@@ -392,12 +402,7 @@ async fn a_burst_of_enrolments_is_published_in_a_few_runs_and_every_node_gets_it
 async fn a_replica_takes_the_version_another_replica_stored_for_the_same_content() {
     on_both(|fx| async move {
         let c = &fx.c;
-        let created = c
-            .create_token(&proto::TokenRequest { node: "db-1".into(), ttl_secs: 600, require_approval: false, ..Default::default() })
-            .await
-            .unwrap();
-        c.enrol(enrol_request(&created.token).0).await.unwrap();
-        c.publish().await.unwrap();
+        enrol_and_publish(c, "db-1").await;
         let held = c.bundle("db-1").unwrap().version;
         let stored = c.store().bundle("db-1").await.unwrap().unwrap();
         assert_eq!(held, stored.version);
@@ -492,12 +497,7 @@ async fn a_bundle_request_is_answered_as_a_value() {
 async fn the_serial_of_a_changed_zone_rises() {
     on_both(|fx| async move {
         let c = &fx.c;
-        let created = c
-            .create_token(&proto::TokenRequest { node: "db-1".into(), ttl_secs: 600, require_approval: false, ..Default::default() })
-            .await
-            .unwrap();
-        c.enrol(enrol_request(&created.token).0).await.unwrap();
-        c.publish().await.unwrap();
+        enrol_and_publish(c, "db-1").await;
         let key = ed25519_dalek::SigningKey::from_bytes(&[7; 32]).verifying_key();
         let zone = || {
             let p = c.bundle("db-1").unwrap();

@@ -21,6 +21,15 @@ fn lab_pool(edit: impl Fn(&str, String) -> String) -> Vec<proto::DeclFile> {
         .collect()
 }
 
+/// `lab/pool` without its pool (and the rules naming it or its group), `node` declared in its
+/// place.
+fn lab_pool_without_pool(node: &str) -> Vec<proto::DeclFile> {
+    lab_pool(|path, text| match path {
+        "mesh.toml" => text.split("[[pool]]").next().unwrap().to_string() + node + text.split("ephemeral_after = \"5s\"\n").nth(1).unwrap(),
+        _ => text.replace("group:runners", "node:web-1").replace("\"pool:ci\", ", ""),
+    })
+}
+
 /// The basic fixture, then `lab/pool` applied over it (web-1, db-1 and the pool `ci` of 4).
 async fn pool_fixture(url: Database) -> Fixture {
     let fx = controller(url).await;
@@ -232,14 +241,7 @@ async fn a_pool_no_longer_declared_loses_its_members() {
         c.enrol(member_request(&t.token, 70)).await.unwrap();
         let member_v4 = c.store().node("ci-1").await.unwrap().unwrap().ipv4.unwrap();
         // The pool goes (and the rules naming it or its group), and a node is added.
-        let files = lab_pool(|path, text| match path {
-            "mesh.toml" => {
-                text.split("[[pool]]").next().unwrap().to_string()
-                    + "[[node]]\nname = \"late-1\"\nnetworks = [\"lan\"]\n"
-                    + text.split("ephemeral_after = \"5s\"\n").nth(1).unwrap()
-            }
-            _ => text.replace("group:runners", "node:web-1").replace("\"pool:ci\", ", ""),
-        });
+        let files = lab_pool_without_pool("[[node]]\nname = \"late-1\"\nnetworks = [\"lan\"]\n");
         c.apply(&files, None).await.unwrap();
         let nodes = c.nodes().await.unwrap();
         let late = nodes.iter().find(|n| n.name == "late-1").unwrap();
@@ -335,14 +337,7 @@ async fn a_pool_replaced_by_a_declared_node_of_a_members_name_gives_the_member_n
         assert!(bundle_text(c, "web-1").contains(&member_key), "the member peers with web-1 while its pool is declared");
 
         // The pool goes; a declared node takes the name of its member, with a rule of its own.
-        let files = lab_pool(|path, text| match path {
-            "mesh.toml" => {
-                text.split("[[pool]]").next().unwrap().to_string()
-                    + "[[node]]\nname = \"ci-1\"\nnetworks = [\"lan\"]\nmodules = [\"postgres\"]\n"
-                    + text.split("ephemeral_after = \"5s\"\n").nth(1).unwrap()
-            }
-            _ => text.replace("group:runners", "node:web-1").replace("\"pool:ci\", ", ""),
-        });
+        let files = lab_pool_without_pool("[[node]]\nname = \"ci-1\"\nnetworks = [\"lan\"]\nmodules = [\"postgres\"]\n");
         c.apply(&files, None).await.unwrap();
         assert!(c.store().node("ci-1").await.unwrap().is_none(), "the apply removed the member whose name it declares");
         let audit = c.audit().await.unwrap();
