@@ -115,6 +115,11 @@ pub fn print_zone(zone: &Zone) -> String {
     if let Some(ns) = &zone.nameserver {
         let _ = writeln!(out, "@ IN NS {ns}");
     }
+    for a in &zone.nameserver_addresses {
+        let name = zone.nameserver_name().expect("the name server has addresses only inside the zone");
+        let kind = if a.is_ipv4() { "A" } else { "AAAA" };
+        let _ = writeln!(out, "{name} IN {kind} {a}");
+    }
     for r in &zone.records {
         let kind = if r.address.is_ipv4() { "A" } else { "AAAA" };
         let _ = writeln!(out, "{} IN {kind} {}", r.name, r.address);

@@ -57,10 +57,14 @@ impl fmt::Display for ZoneError {
 
 impl std::error::Error for ZoneError {}
 
-/// Parses the file. Only what `render::zone` writes is accepted: `$ORIGIN`, `$TTL`, and SOA, NS,
-/// A and AAAA records of class IN; anything else is an error naming the line.
+/// Parses the file. Only what `render::zone` writes is accepted: one `$ORIGIN` before any record,
+/// at most one `$TTL`, SOA and NS, and A and AAAA records, all of class IN; anything else is an
+/// error naming the line. The name server's own addresses are told from the other records once
+/// the whole file is read, so the order of the NS record and theirs does not matter.
 pub fn parse(text: &str) -> Result<Zone, ZoneError> {
     let mut zone = Zone::default();
+    let mut seen_ttl = false;
+    let mut seen_soa = false;
     for (n, raw) in text.lines().enumerate() {
         let at = |problem: String| ZoneError { line: n + 1, problem };
         let line = raw.split(';').next().unwrap_or("").trim();
@@ -70,30 +74,40 @@ pub fn parse(text: &str) -> Result<Zone, ZoneError> {
         let fields: Vec<&str> = line.split_whitespace().collect();
         match fields[..] {
             ["$ORIGIN", origin] => {
+                if !zone.origin.is_empty() {
+                    return Err(at("a second $ORIGIN (trellis writes one)".into()));
+                }
                 let Some(origin) = origin.strip_suffix('.') else {
                     return Err(at(format!("$ORIGIN `{origin}` is not a fully qualified name (it must end with a dot)")));
                 };
+                if origin.is_empty() {
+                    return Err(at("$ORIGIN is the root (`.`), not a mesh domain".into()));
+                }
                 zone.origin = origin.to_string();
             }
-            ["$TTL", ttl] => zone.ttl = Some(ttl.parse().map_err(|_| at(format!("$TTL `{ttl}` is not a number of seconds")))?),
+            ["$TTL", ttl] => {
+                if std::mem::replace(&mut seen_ttl, true) {
+                    return Err(at("a second $TTL".into()));
+                }
+                zone.ttl = Some(ttl.parse().map_err(|_| at(format!("$TTL `{ttl}` is not a number of seconds")))?);
+            }
             [name, "IN", kind, ref data @ ..] => {
                 if zone.origin.is_empty() {
                     return Err(at("a record comes before $ORIGIN".into()));
                 }
-                // The name server's own records (`ns`, when the NS record names `ns.ORIGIN.`).
-                let of_nameserver = zone.nameserver.as_deref() == Some(&format!("{name}.{}.", zone.origin));
-                let mut address = |address: IpAddr| {
-                    if of_nameserver {
-                        zone.nameserver_addresses.push(address);
-                    } else {
-                        zone.records.push(AddressRecord { name: name.to_string(), address });
-                    }
-                };
+                let mut address = |address: IpAddr| zone.records.push(AddressRecord { name: name.to_string(), address });
                 match (kind, data) {
                     ("A", [a]) => address(a.parse::<Ipv4Addr>().map_err(|_| at(format!("`{a}` is not an IPv4 address")))?.into()),
                     ("AAAA", [a]) => address(a.parse::<Ipv6Addr>().map_err(|_| at(format!("`{a}` is not an IPv6 address")))?.into()),
-                    ("NS", [ns]) => zone.nameserver = Some(ns.to_string()),
+                    ("NS", [ns]) => {
+                        if zone.nameserver.replace(ns.to_string()).is_some() {
+                            return Err(at("a second NS record (trellis writes one)".into()));
+                        }
+                    }
                     ("SOA", [_mname, _rname, serial, refresh, retry, expire, minimum]) => {
+                        if std::mem::replace(&mut seen_soa, true) {
+                            return Err(at("a second SOA record".into()));
+                        }
                         for v in [refresh, retry, expire, minimum] {
                             v.parse::<u32>().map_err(|_| at(format!("SOA timer `{v}` is not a number")))?;
                         }
@@ -109,7 +123,23 @@ pub fn parse(text: &str) -> Result<Zone, ZoneError> {
     if zone.origin.is_empty() {
         return Err(ZoneError { line: text.lines().count().max(1), problem: "no $ORIGIN".into() });
     }
+    // The name server's own records (`ns`, when the NS record names `ns.ORIGIN.`) are the node's
+    // resolver, not a name it may reach.
+    if let Some(own) = zone.nameserver_name().map(str::to_string) {
+        let (of_nameserver, others) = std::mem::take(&mut zone.records).into_iter().partition(|r| r.name == own);
+        zone.records = others;
+        zone.nameserver_addresses = of_nameserver.into_iter().map(|r: AddressRecord| r.address).collect();
+    }
     Ok(zone)
+}
+
+impl Zone {
+    /// The name server's name relative to the origin (`ns` for `ns.lab.mesh.` in `lab.mesh`), when
+    /// the NS record names a name inside the zone.
+    pub fn nameserver_name(&self) -> Option<&str> {
+        let ns = self.nameserver.as_deref()?.strip_suffix('.')?.strip_suffix(self.origin.as_str())?.strip_suffix('.')?;
+        (!ns.is_empty()).then_some(ns)
+    }
 }
 
 #[cfg(test)]
@@ -185,5 +215,28 @@ mod tests {
         assert_eq!((e.line, e.problem.as_str()), (1, "a record comes before $ORIGIN"));
         let e = super::parse("$ORIGIN z.mesh\n").unwrap_err();
         assert_eq!(e.line, 1, "{e}");
+        for (text, line, problem) in [
+            ("$ORIGIN z.mesh.\n$ORIGIN y.mesh.\n", 2, "a second $ORIGIN"),
+            ("$ORIGIN .\n", 1, "the root"),
+            ("$ORIGIN z.mesh.\n$TTL 60\n$TTL 60\n", 3, "a second $TTL"),
+            ("$ORIGIN z.mesh.\n@ IN NS ns.z.mesh.\n@ IN NS ns.y.mesh.\n", 3, "a second NS"),
+        ] {
+            let e = super::parse(text).unwrap_err();
+            assert_eq!(e.line, line, "{text:?}: {e}");
+            assert!(e.problem.contains(problem), "{text:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_name_servers_records_are_its_own_wherever_the_ns_record_stands() {
+        let before = super::parse("$ORIGIN z.mesh.\nns IN A 10.0.0.1\nweb IN A 10.0.0.2\n@ IN NS ns.z.mesh.\n").unwrap();
+        let after = super::parse("$ORIGIN z.mesh.\n@ IN NS ns.z.mesh.\nns IN A 10.0.0.1\nweb IN A 10.0.0.2\n").unwrap();
+        assert_eq!(before, after);
+        assert_eq!(before.nameserver_addresses, ["10.0.0.1".parse::<IpAddr>().unwrap()]);
+        assert_eq!(before.addresses().keys().copied().collect::<Vec<_>>(), ["web"]);
+        // A name server outside the zone has no records in it: `ns` is then a name like any other.
+        let outside = super::parse("$ORIGIN z.mesh.\n@ IN NS ns.y.mesh.\nns IN A 10.0.0.1\n").unwrap();
+        assert!(outside.nameserver_addresses.is_empty());
+        assert_eq!(outside.records.len(), 1);
     }
 }
