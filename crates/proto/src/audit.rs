@@ -22,6 +22,10 @@ crate::state::states! {
         NodeRevoked = "node revoked",
         /// A pool's member removed by the sweep.
         NodeRemoved = "node removed",
+        /// A service certificate signed for a module a node runs (ADR 0023).
+        ServiceCertificateIssued = "service certificate issued",
+        /// A service certificate request refused, with why.
+        ServiceCertificateRefused = "service certificate refused",
     }
 }
 
@@ -228,6 +232,8 @@ mod tests {
                 "node approved",
                 "node revoked",
                 "node removed",
+                "service certificate issued",
+                "service certificate refused",
             ]
         );
         for a in AuditAction::ALL {

@@ -4,11 +4,13 @@
 use serde::{Deserialize, Serialize};
 
 pub mod audit;
+pub mod certs;
 pub mod exposition;
 pub mod state;
 pub mod text;
 
 pub use audit::{AuditAction, AuditRecord};
+pub use certs::{ServiceCertInfo, ServiceCertList, ServiceCertRequest, ServiceCertResponse, ServiceCertSpec};
 pub use state::{EnrolledState, EvidenceResult, FileResult, NodeState, Shown, TokenState};
 
 /// Every error answer: one sentence, and a stable code a script can match.

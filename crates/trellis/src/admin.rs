@@ -31,7 +31,7 @@ pub struct Conn {
 }
 
 impl Conn {
-    fn client(&self) -> Result<AdminClient> {
+    pub(crate) fn client(&self) -> Result<AdminClient> {
         match (&self.state_dir, &self.server) {
             (Some(dir), _) => {
                 let (host, ca, token) = state::StateDir::load(dir)?.admin_access()?;
@@ -399,6 +399,12 @@ pub fn status(conn: &Conn, json_out: bool) -> Result<ExitCode> {
             n.evidence_missing,
             printable(n.last_error.as_deref().unwrap_or_default())
         );
+    }
+    // A controller without service certificates answers 404 here: nothing to add.
+    if let Ok(certs) = runtime().block_on(conn.client()?.certificates()) {
+        for note in crate::certs::notes(&certs, trellis_files::unix_now()) {
+            println!("{note}");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
