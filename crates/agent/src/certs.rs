@@ -371,7 +371,153 @@ pub fn files_of(module: &str) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, UNIX_EPOCH};
+
     use super::*;
+
+    /// The controller's side in process: the real services CA, signing for the spec's names.
+    struct InProcess {
+        ca_pem: String,
+        services: trellis_pki::ServicesCa,
+        names: trellis_pki::ServiceNames,
+        now: i64,
+        asked: AtomicUsize,
+        refuse: AtomicBool,
+    }
+
+    impl Signer for InProcess {
+        fn sign<'a>(
+            &'a self,
+            req: &'a proto::ServiceCertRequest,
+        ) -> Pin<Box<dyn Future<Output = Result<proto::ServiceCertResponse>> + Send + 'a>> {
+            Box::pin(async move {
+                self.asked.fetch_add(1, Ordering::SeqCst);
+                if self.refuse.load(Ordering::SeqCst) {
+                    bail!("node `db-1` does not run module `pg` with a [module.certificate] in the current declaration");
+                }
+                let now = UNIX_EPOCH + Duration::from_secs(self.now as u64);
+                let issued = self
+                    .services
+                    .sign(&req.csr_pem, &self.names, now, Duration::from_secs(1200), rand::random())?
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                Ok(proto::ServiceCertResponse {
+                    module: req.module.clone(),
+                    cert_pem: issued.cert_pem,
+                    chain_pem: self.services.cert_pem().to_string(),
+                    ca_pem: self.ca_pem.clone(),
+                    serial: issued.serial,
+                    not_after: issued.not_after,
+                })
+            })
+        }
+    }
+
+    #[derive(Clone, Default)]
+    struct Reloads(Arc<Mutex<Vec<String>>>);
+
+    impl Reloader for Reloads {
+        fn reload(&mut self, unit: &str) -> Result<()> {
+            self.0.lock().unwrap().push(unit.to_string());
+            Ok(())
+        }
+    }
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    #[tokio::test]
+    async fn certificates_are_written_kept_renewed_refused_and_removed_under_the_root() {
+        let t0 = crate::unix_now();
+        let ca = trellis_pki::create_ca("t", UNIX_EPOCH + Duration::from_secs(t0 as u64), [1; 16]).unwrap();
+        let mesh = trellis_pki::Ca::load(&ca.cert_pem, &ca.key_pem).unwrap();
+        let pair = mesh.services_ca("t", UNIX_EPOCH + Duration::from_secs(t0 as u64), [2; 16]).unwrap();
+        let mut pg = spec("pg");
+        // A group every Debian-like host has, other than root's.
+        let group = ["nogroup", "daemon"].into_iter().find(|g| nix::unistd::Group::from_name(g).ok().flatten().is_some());
+        pg.group = group.map(str::to_string);
+        pg.reload = Some("postgresql.service".into());
+        let names = trellis_pki::ServiceNames { dns: pg.dns.clone(), ips: vec!["10.0.0.1".parse().unwrap()], uri: pg.uri.clone() };
+        let mut signer = InProcess {
+            ca_pem: ca.cert_pem.clone(),
+            services: trellis_pki::ServicesCa::load(&pair.cert_pem, &pair.key_pem).unwrap(),
+            names,
+            now: t0,
+            asked: AtomicUsize::new(0),
+            refuse: AtomicBool::new(false),
+        };
+        let root = trellis_testing::TempDir::new("agent-certs");
+        let reloads = Reloads::default();
+        let mut certs = Certs::new(root.path(), Some(Box::new(reloads.clone())));
+        let list = proto::ServiceCertList { certificates: vec![pg.clone()] };
+
+        // Written: the key 0640 and the group's (0600 without one), the rest 0644; reloaded.
+        let next = certs.apply(&list, t0, &signer).await;
+        let dir = root.path().join(CERTS_DIR).join("pg");
+        let key = dir.join(KEY);
+        assert_eq!(mode(&key), if group.is_some() { 0o640 } else { 0o600 });
+        if let Some(g) = group {
+            assert_eq!(std::fs::metadata(&key).unwrap().gid(), nix::unistd::Group::from_name(g).unwrap().unwrap().gid.as_raw());
+        }
+        for f in [CERT, CHAIN, CA] {
+            assert_eq!(mode(&dir.join(f)), 0o644, "{f}");
+        }
+        assert_eq!(*reloads.0.lock().unwrap(), ["postgresql.service"]);
+        let first = certs.status()[0].clone();
+        assert_eq!(first.error, None);
+        let serial = first.serial.clone().unwrap();
+        assert!(next > t0 && next <= t0 + 800, "looked at again by its renewal: {next}");
+        let names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        assert_eq!(names.len(), 4, "no staging file is left: {names:?}");
+        if trellis_testing::can_run(trellis_testing::Need::Program("openssl")) {
+            let p = |f: &str| dir.join(f).to_str().unwrap().to_string();
+            let out = trellis_testing::cmd::ok(trellis_testing::cmd::sh(
+                "openssl",
+                &["verify", "-x509_strict", "-verify_hostname", "pg.t.mesh", "-CAfile", &p(CA), "-untrusted", &p(CHAIN), &p(CERT)],
+            ));
+            assert!(out.contains(": OK"), "{out}");
+        }
+
+        // Not due: nothing asked, nothing reloaded.
+        certs.apply(&list, t0 + 10, &signer).await;
+        assert_eq!(signer.asked.load(Ordering::SeqCst), 1);
+        assert_eq!(reloads.0.lock().unwrap().len(), 1);
+
+        // Due (two thirds of 1200 s, less the jitter): a new key and certificate, reloaded.
+        signer.now = t0 + 800;
+        certs.apply(&list, t0 + 800, &signer).await;
+        assert_eq!(signer.asked.load(Ordering::SeqCst), 2);
+        let second = certs.status()[0].serial.clone().unwrap();
+        assert_ne!(second, serial);
+        assert_eq!(reloads.0.lock().unwrap().len(), 2);
+
+        // Refused at the next renewal: the files stay, and the status says why.
+        let before = std::fs::read(dir.join(CERT)).unwrap();
+        signer.refuse.store(true, Ordering::SeqCst);
+        let next = certs.apply(&list, t0 + 1700, &signer).await;
+        assert_eq!(std::fs::read(dir.join(CERT)).unwrap(), before, "the certificate in place stays");
+        let e = certs.status()[0].error.clone().unwrap();
+        assert!(e.starts_with("certificate for pg: renewal refused: node `db-1` does not run module `pg`"), "{e}");
+        assert!(e.contains(&format!("the certificate in place ({second}) stays until it expires in")), "{e}");
+        assert_eq!(next, t0 + 1700 + RETRY_SECS);
+        assert_eq!(reloads.0.lock().unwrap().len(), 2, "nothing replaced, nothing reloaded");
+
+        // No longer listed: removed.
+        certs.apply(&proto::ServiceCertList { certificates: vec![] }, t0 + 1800, &signer).await;
+        assert!(!dir.exists());
+        assert!(root.path().join(CERTS_DIR).exists());
+
+        // A module directory that is a symbolic link is never followed.
+        let outside = trellis_testing::TempDir::new("agent-certs-outside");
+        std::os::unix::fs::symlink(outside.path(), root.path().join(CERTS_DIR).join("pg")).unwrap();
+        signer.refuse.store(false, Ordering::SeqCst);
+        certs.apply(&list, t0 + 1900, &signer).await;
+        assert!(std::fs::read_dir(outside.path()).unwrap().next().is_none(), "nothing written through the link");
+        assert!(certs.status()[0].error.as_deref().unwrap().contains("symbolic link"), "{:?}", certs.status());
+    }
 
     fn spec(module: &str) -> proto::ServiceCertSpec {
         proto::ServiceCertSpec {
@@ -391,7 +537,7 @@ mod tests {
     }
 
     #[test]
-    fn renewal_comes_between_three_quarters_less_a_twelfth_and_two_thirds_of_the_lifetime() {
+    fn renewal_comes_at_two_thirds_of_the_lifetime_less_up_to_a_twelfth_of_it() {
         let mut seen = std::collections::BTreeSet::new();
         for i in 0..500 {
             let at = renew_at(1000, 2200, &format!("{i:032x}"));
