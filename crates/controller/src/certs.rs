@@ -210,6 +210,23 @@ impl Controller {
     }
 }
 
+impl Controller {
+    /// Per node, the modules whose declared service certificate expires within a quarter of its
+    /// lifetime of now, or has expired: what the live page marks.
+    pub async fn certificates_expiring(&self) -> Result<std::collections::HashMap<String, Vec<String>>> {
+        let now = self.now();
+        let mut out: std::collections::HashMap<String, Vec<String>> = Default::default();
+        for c in self.service_certs().await? {
+            if let (true, Some(t), Some(life)) = (c.declared, c.not_after, c.lifetime_secs) {
+                if expiring(t, life, now) {
+                    out.entry(c.node).or_default().push(c.module);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
 /// Whether a certificate valid until `not_after` for `lifetime` seconds expires within a quarter
 /// of its lifetime of `now`: what the live page marks.
 pub fn expiring(not_after: i64, lifetime: u64, now: i64) -> bool {

@@ -75,6 +75,7 @@ impl Controller {
         let alloc = self.store.allocation().await?;
         let topo = Topology::new(&decl, &alloc, &trellis_core::Keys::default());
         let g = trellis_core::graph::graph(&topo);
+        let expiring = self.certificates_expiring().await?;
         let by_name: HashMap<&str, &proto::NodeStatus> = status.iter().map(|s| (s.name.as_str(), s)).collect();
         let spots: HashMap<&str, &trellis_core::graph::Spot> = g.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
         let links = g
@@ -107,6 +108,7 @@ impl Controller {
                     stale_for: s.and_then(|s| s.stale_for),
                     last_contact: s.and_then(|s| s.last_contact),
                     last_error: s.and_then(|s| s.last_error.as_deref()).map(|e| proto::text::printable(e).into_owned()),
+                    certificates_expiring: expiring.get(n.name.as_str()).cloned().unwrap_or_default(),
                     name: n.name,
                 }
             })

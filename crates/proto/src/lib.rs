@@ -320,6 +320,10 @@ pub struct GraphNode {
     pub stale_for: Option<i64>,
     pub last_contact: Option<i64>,
     pub last_error: Option<String>,
+    /// The modules whose service certificate on this node expires within a quarter of its
+    /// lifetime (or has expired): the page marks the node (ADR 0023).
+    #[serde(default)]
+    pub certificates_expiring: Vec<String>,
 }
 
 /// Two nodes with allowed traffic between them, or a node and the hub that relays for it.

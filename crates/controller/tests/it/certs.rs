@@ -4,6 +4,8 @@
 //! identity; a node that stops running the module is refused its renewal, the certificate before
 //! it kept on record beside the refusal.
 
+use std::sync::atomic::Ordering;
+
 use trellis_controller::{Controller, Error, NodeIdentity, NodeRefusal, ServiceCertRefusal};
 use trellis_pki::services::{inspect_service, service_csr, service_key_and_csr};
 use trellis_pki::CsrRefusal;
@@ -132,6 +134,14 @@ async fn a_node_is_certified_for_exactly_its_names_and_every_refusal_is_audited(
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         }
+
+        // The live page marks db-1 once its certificate is within a quarter of its lifetime.
+        let marked = |g: proto::MeshGraph| g.nodes.into_iter().find(|n| n.name == "db-1").unwrap().certificates_expiring;
+        fx.clock.0.store(T0 + 86_400 * 3 / 4 - 1, Ordering::SeqCst);
+        assert!(marked(c.graph().await.unwrap()).is_empty());
+        fx.clock.0.store(T0 + 86_400 * 3 / 4, Ordering::SeqCst);
+        assert_eq!(marked(c.graph().await.unwrap()), ["postgres"]);
+        assert!(c.graph().await.unwrap().nodes.iter().filter(|n| n.name != "db-1").all(|n| n.certificates_expiring.is_empty()));
     })
     .await;
 }

@@ -242,6 +242,7 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
         stale_for: Some(30),
         last_contact: None,
         last_error: Some("e".into()),
+        certificates_expiring: vec!["postgres".into()],
     };
     let link = proto::GraphLink {
         a: "a-1".into(),
