@@ -152,7 +152,15 @@ impl Controller {
             subject: &format!("{}/{}", who.name, cert.module),
             detail: format!("certificate {} for {} until {}", issued.serial, names.join(", "), issued.not_after),
         };
-        self.store.issue_service_cert(&who.name, &cert.module, &issued.serial, &names, at, issued.not_after, &audit).await?;
+        let record = trellis_store::IssuedServiceCert {
+            node: &who.name,
+            module: &cert.module,
+            serial: &issued.serial,
+            names: &names,
+            issued_at: at,
+            not_after: issued.not_after,
+        };
+        self.store.issue_service_cert(&record, &audit).await?;
         self.metrics.service_cert_issued();
         Ok(proto::ServiceCertResponse {
             module: cert.module.clone(),

@@ -21,19 +21,22 @@ pub struct ServiceCertRecord {
     pub refusal: Option<String>,
 }
 
+/// A certificate just issued for a node's module.
+#[derive(Clone, Debug)]
+pub struct IssuedServiceCert<'a> {
+    pub node: &'a str,
+    pub module: &'a str,
+    pub serial: &'a str,
+    pub names: &'a [String],
+    pub issued_at: i64,
+    pub not_after: i64,
+}
+
 impl Store {
-    /// Records a certificate issued for `node`'s `module`, clearing any refusal before it.
-    pub async fn issue_service_cert(
-        &self,
-        node: &str,
-        module: &str,
-        serial: &str,
-        names: &[String],
-        issued_at: i64,
-        not_after: i64,
-        audit: &Audit<'_>,
-    ) -> Result<()> {
-        let (node, module, serial, names) = (node.to_string(), module.to_string(), serial.to_string(), names.join("\n"));
+    /// Records a certificate issued for a node's module, clearing any refusal before it.
+    pub async fn issue_service_cert(&self, c: &IssuedServiceCert<'_>, audit: &Audit<'_>) -> Result<()> {
+        let (node, module, serial, names) = (c.node.to_string(), c.module.to_string(), c.serial.to_string(), c.names.join("\n"));
+        let (issued_at, not_after) = (c.issued_at, c.not_after);
         self.decide(audit, |tx| {
             let (node, module, serial, names) = (node.clone(), module.clone(), serial.clone(), names.clone());
             Box::pin(async move {

@@ -21,7 +21,7 @@ mod tokens;
 
 pub use audit::Audit;
 pub use bundles::BundleVersion;
-pub use certs::ServiceCertRecord;
+pub use certs::{IssuedServiceCert, ServiceCertRecord};
 pub use evidence::{EvidenceRecord, EvidenceSummary, EVIDENCE_KEPT};
 pub use nodes::NodeRecord;
 pub use pools::MemberRefusal;

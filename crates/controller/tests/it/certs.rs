@@ -66,7 +66,7 @@ async fn a_node_is_certified_for_exactly_its_names_and_every_refusal_is_audited(
         let info = inspect_service(&issued.cert_pem).unwrap();
         assert_eq!(info.dns, spec.dns);
         assert_eq!(info.ips.iter().map(|i| i.to_string()).collect::<Vec<_>>(), spec.ips);
-        assert_eq!(info.uris, [spec.uri.clone()]);
+        assert_eq!(info.uris, std::slice::from_ref(&spec.uri));
         assert_eq!((info.serial.as_str(), info.not_after), (issued.serial.as_str(), T0 + 86_400));
         assert_eq!(trellis_pki::cert_public_key(&issued.cert_pem).unwrap(), trellis_pki::services::public_key_of(&key).unwrap());
         let (action, subject, detail) = last_audit(c).await;

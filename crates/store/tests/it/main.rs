@@ -453,7 +453,15 @@ async fn a_member_out_of_contact_is_removed_once() {
 async fn a_refused_renewal_keeps_the_certificate_before_it_on_record() {
     each_backend(|s| async move {
         let names = vec!["postgres.t.mesh".to_string(), "db-1.t.mesh".to_string(), "10.0.0.1".to_string()];
-        s.issue_service_cert("db-1", "postgres", "01ab", &names, 100, 200, &audit(AuditAction::ServiceCertificateIssued)).await.unwrap();
+        let issued = |serial, issued_at, not_after| trellis_store::IssuedServiceCert {
+            node: "db-1",
+            module: "postgres",
+            serial,
+            names: &names,
+            issued_at,
+            not_after,
+        };
+        s.issue_service_cert(&issued("01ab", 100, 200), &audit(AuditAction::ServiceCertificateIssued)).await.unwrap();
         s.refuse_service_cert(
             "db-1",
             "postgres",
@@ -472,7 +480,7 @@ async fn a_refused_renewal_keeps_the_certificate_before_it_on_record() {
         assert_eq!(pg.serial.as_deref(), Some("01ab"));
         assert_eq!(pg.names, names);
         assert_eq!((pg.issued_at, pg.not_after, pg.refused_at), (Some(100), Some(200), Some(150)));
-        s.issue_service_cert("db-1", "postgres", "02cd", &names, 170, 270, &audit(AuditAction::ServiceCertificateIssued)).await.unwrap();
+        s.issue_service_cert(&issued("02cd", 170, 270), &audit(AuditAction::ServiceCertificateIssued)).await.unwrap();
         let pg = s.service_certs().await.unwrap().into_iter().find(|r| r.node == "db-1").unwrap();
         assert_eq!((pg.serial.as_deref(), pg.not_after, pg.refused_at, pg.refusal), (Some("02cd"), Some(270), None, None));
         let chain = s.audit().await.unwrap();
