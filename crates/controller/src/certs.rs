@@ -88,10 +88,18 @@ impl Controller {
         Ok(trellis_core::certs::all(&decl, &alloc))
     }
 
+    /// The certificates of one node of the current declaration: its own addresses only are
+    /// read, so a node's request costs the same at any mesh size.
+    async fn certs_of(&self, node: &str) -> Result<Vec<ServiceCert>> {
+        let Some((_, decl)) = self.current_mesh().await? else { return Ok(Vec::new()) };
+        let alloc = self.store.allocation_of(node).await?;
+        Ok(trellis_core::certs::for_node(&decl, &alloc, node))
+    }
+
     /// The certificates `who` is to hold now; it removes any other.
     pub async fn service_cert_specs(&self, who: &NodeIdentity) -> Result<proto::ServiceCertList> {
         self.require_approved(who)?;
-        let certificates = self.declared_certs().await?.iter().filter(|c| c.node == who.name).map(spec).collect();
+        let certificates = self.certs_of(&who.name).await?.iter().map(spec).collect();
         Ok(proto::ServiceCertList { certificates })
     }
 
@@ -133,8 +141,8 @@ impl Controller {
             EnrolledState::Revoked => return Err(ServiceCertRefusal::Revoked(who.name.clone()).into()),
             EnrolledState::Active => {}
         }
-        let certs = self.declared_certs().await?;
-        let Some(cert) = certs.iter().find(|c| c.node == who.name && c.module == req.module) else {
+        let certs = self.certs_of(&who.name).await?;
+        let Some(cert) = certs.iter().find(|c| c.module == req.module) else {
             return Err(ServiceCertRefusal::NotServed { node: who.name.clone(), module: req.module.clone() }.into());
         };
         let services = self.keys.services.as_ref().ok_or(ServiceCertRefusal::NoServicesCa)?;

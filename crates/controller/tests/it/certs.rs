@@ -44,9 +44,10 @@ async fn a_node_is_certified_for_exactly_its_names_and_every_refusal_is_audited(
         let (db, _) = enrol(c, "db-1", false).await;
         let (api, _) = enrol(c, "api-1", false).await;
 
-        // What db-1 is to hold: postgres, for its names; api-1 runs no module that asks.
+        // What db-1 is to hold: postgres and ssh, for their names; api-1 runs no module that asks.
         let list = c.service_cert_specs(&db).await.unwrap();
-        assert_eq!(list.certificates.len(), 1, "{list:?}");
+        let modules: Vec<&str> = list.certificates.iter().map(|s| s.module.as_str()).collect();
+        assert_eq!(modules, ["postgres", "ssh"], "in the order of db-1's modules: {list:?}");
         let spec = &list.certificates[0];
         assert_eq!(spec.module, "postgres");
         assert_eq!(spec.dns, ["postgres.basic.mesh", "db-1.basic.mesh"]);
@@ -89,10 +90,10 @@ async fn a_node_is_certified_for_exactly_its_names_and_every_refusal_is_audited(
         let (action, subject, detail) = last_audit(c).await;
         assert_eq!((action.as_str(), subject.as_str()), (AuditAction::ServiceCertificateRefused.as_str(), "api-1/postgres"));
         assert_eq!(detail, r.to_string());
-        // ... a module no one declares ...
+        // ... a module it runs that asks for none ...
         let (_, csr) = service_key_and_csr(&[]).unwrap();
-        let r = refused(c.sign_service_cert(&db, &request("ssh", csr)).await.unwrap_err());
-        assert!(matches!(r, ServiceCertRefusal::NotServed { .. }), "ssh asks for no certificate: {r:?}");
+        let r = refused(c.sign_service_cert(&db, &request("ping", csr)).await.unwrap_err());
+        assert!(matches!(r, ServiceCertRefusal::NotServed { .. }), "ping asks for no certificate: {r:?}");
         // ... a CSR asking to be a CA ...
         let mut params = rcgen::CertificateParams::new(vec!["postgres.basic.mesh".to_string()]).unwrap();
         params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -203,7 +204,8 @@ async fn a_node_that_stops_running_the_module_is_refused_its_renewal() {
             })
             .collect();
         assert_eq!(c.apply(&files, Some(1)).await.unwrap().revision, 2);
-        assert!(c.service_cert_specs(&db).await.unwrap().certificates.is_empty(), "nothing more to hold: the agent removes its files");
+        let left: Vec<String> = c.service_cert_specs(&db).await.unwrap().certificates.into_iter().map(|s| s.module).collect();
+        assert_eq!(left, ["ssh"], "postgres is no more to hold: the agent removes its files");
         let (_, csr) = service_key_and_csr(&[]).unwrap();
         let r = c.sign_service_cert(&db, &request("postgres", csr)).await.unwrap_err();
         assert!(matches!(r, Error::ServiceCert(ServiceCertRefusal::NotServed { .. })), "{r:?}");
