@@ -171,3 +171,63 @@ fn a_module_assigned_to_a_node_brings_its_certificate_which_a_tls_client_verifie
         assert_eq!(entry["declared"], false, "{entry}");
     }
 }
+
+/// A one-minute lifetime: the agent renews at two thirds of it (less its jitter) with a new key,
+/// the files are replaced whole, and the new certificate verifies; the controller audited both.
+#[test]
+fn a_short_lived_certificate_is_renewed_with_a_new_key_before_it_expires() {
+    if !can_run(Need::Program("openssl")) {
+        return;
+    }
+    let c = Controller::start(Db::Sqlite);
+    let work = TempDir::new("certs-renew");
+    let decl = work.path().join("decl");
+    basic_with_postgres_on(&decl, "db-1");
+    let mesh = decl.join("mesh.toml");
+    let text = std::fs::read_to_string(&mesh)
+        .unwrap()
+        .replace("domain = \"basic.mesh\"\n", "domain = \"basic.mesh\"\nservice_cert_lifetime = \"1m\"\n");
+    std::fs::write(&mesh, text).unwrap();
+    c.ok(&["apply", decl.to_str().unwrap()]);
+    let state = work.path().join("agent-db-1");
+    let root = work.path().join("root-db-1");
+    ok(enrol(&c.token("db-1", &[]), &state));
+    let log = work.path().join("agent.log");
+    let mut cmd = agent_bin();
+    cmd.args(["run", "--files-only", "--wait", "2", "--state-dir", state.to_str().unwrap(), "--root", root.to_str().unwrap()]);
+    let _agent = Proc(cmd.stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap());
+    let dir = root.join("etc/trellis/certs/postgres");
+    let read = || {
+        let cert = std::fs::read_to_string(dir.join("cert.pem")).ok()?;
+        let key = std::fs::read_to_string(dir.join("key.pem")).ok()?;
+        Some((trellis_pki::services::inspect_service(&cert).ok()?, key))
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (first, first_key) = loop {
+        if let Some(r) = read() {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "no certificate\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(first.not_after - first.not_before, 60 + 60, "a minute, and the minute of grace before it");
+    // Renewed at two thirds of 120 s of validity (from not_before), less up to a twelfth: 70-80 s
+    // after not_before, that is 10-20 s after issuance; the long-poll of 2 s bounds the wait.
+    let deadline = Instant::now() + Duration::from_secs(45);
+    let (second, second_key) = loop {
+        if let Some((info, key)) = read().filter(|(i, _)| i.serial != first.serial) {
+            break (info, key);
+        }
+        assert!(Instant::now() < deadline, "not renewed\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(second.not_after > first.not_after);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    assert!(now < first.not_after, "renewed before the first expired");
+    assert_ne!(second_key, first_key, "a new key for the new certificate");
+    let (good, d) = verifies(&dir, "postgres.basic.mesh");
+    assert!(good, "{d}");
+    let audit = c.ok(&["audit", "list", "--json"]);
+    let issued = audit.matches("\"service certificate issued\"").count();
+    assert!(issued >= 2, "both issuances audited: {audit}");
+}
