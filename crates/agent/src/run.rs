@@ -284,15 +284,19 @@ impl Agent {
             let _ = self.flush_evidence().await;
             let polled = {
                 // While the long-poll waits, the status file is refreshed every ten seconds so
-                // that `trellis-agent status` shows live peers and handshakes.
+                // that `trellis-agent status` shows live peers and handshakes, and peers prompted
+                // without a handshake yet are followed up (`Executor::follow_up`).
                 let poll = self.poll();
                 tokio::pin!(poll);
                 let mut tick = tokio::time::interval(Duration::from_secs(10));
                 tick.tick().await;
                 loop {
+                    let follow_up = self.installer.executor().next_follow_up();
+                    let due = tokio::time::sleep_until(follow_up.unwrap_or_else(std::time::Instant::now).into());
                     tokio::select! {
                         p = &mut poll => break p,
                         _ = tick.tick() => { self.snapshot(); }
+                        _ = due, if follow_up.is_some() => { self.installer.executor().follow_up(); }
                     }
                 }
             };
