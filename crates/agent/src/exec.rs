@@ -3,8 +3,8 @@
 //! at the first failure (a handshake prompt that cannot be sent is only logged). The backends
 //! are chosen at run time: the real host's by the binary, fakes by tests.
 //!
-//! Prompts are followed up: a peer still without a handshake a second after its prompt has its
-//! handshake restarted and is prompted again, every second, a few times (see [`FollowUp`]).
+//! Prompts are followed up: a peer still without a handshake a moment after its prompt has its
+//! handshake restarted and is prompted again, a few times (see [`FOLLOW_UP_DELAYS`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -82,12 +82,23 @@ pub struct Executor {
     follow_up: Mutex<Option<FollowUp>>,
 }
 
-/// How long after a prompt a peer without a handshake is prompted again, and how many times.
-/// A handshake takes a round trip; one not done in a second was dropped by a peer that did not
-/// have this node yet (it applies its bundle a moment later). WireGuard itself would retry only
-/// after its 5 s rekey timeout; after the last follow-up, that retry takes over.
-pub const FOLLOW_UP_EVERY: Duration = Duration::from_secs(1);
-pub const FOLLOW_UPS: u32 = 8;
+/// When, after a prompt, a peer still without a handshake is prompted again: each delay after
+/// the one before. A handshake takes a round trip; one not done by then was dropped by a peer
+/// that did not have this node yet (it applies its bundle a moment later, typically within a
+/// second). The delays grow so that a slow round trip (a loaded host) is not restarted forever;
+/// WireGuard itself would retry only after its 5 s rekey timeout, and after the last follow-up,
+/// that retry takes over.
+pub const FOLLOW_UP_DELAYS: [Duration; 8] = [
+    Duration::from_millis(250),
+    Duration::from_millis(250),
+    Duration::from_millis(500),
+    Duration::from_secs(1),
+    Duration::from_secs(1),
+    Duration::from_secs(1),
+    Duration::from_secs(1),
+    Duration::from_secs(1),
+];
+pub const FOLLOW_UPS: u32 = FOLLOW_UP_DELAYS.len() as u32;
 
 /// Prompted peers awaiting their first handshake.
 #[derive(Debug)]
@@ -151,9 +162,9 @@ impl Executor {
                 tracing::warn!("handshake prompts through {}: {e:#}", f.interface);
             }
         }
-        f.next = Instant::now() + FOLLOW_UP_EVERY;
-        if f.done >= FOLLOW_UPS {
-            *slot = None;
+        match FOLLOW_UP_DELAYS.get(f.done as usize) {
+            Some(delay) => f.next = Instant::now() + *delay,
+            None => *slot = None,
         }
         keys
     }
@@ -255,7 +266,7 @@ impl Executor {
                             peers.push(old);
                         }
                     }
-                    let next = Instant::now() + FOLLOW_UP_EVERY;
+                    let next = Instant::now() + FOLLOW_UP_DELAYS[0];
                     *slot = Some(FollowUp { interface: interface.clone(), peers, done: 0, next });
                 }
             }

@@ -164,7 +164,7 @@ mod tests {
     use super::*;
     use crate::dns::{BoxFuture, Resolver};
     use crate::exec::Backends;
-    use crate::exec::{FOLLOW_UPS, FOLLOW_UP_EVERY};
+    use crate::exec::{FOLLOW_UPS, FOLLOW_UP_DELAYS};
     use crate::host::{FileOutcome, FileWriter, Firewall, Forwarding, Wireguard};
     use crate::state::PeerState;
 
@@ -585,7 +585,7 @@ mod tests {
         });
     }
 
-    /// A prompted peer without a handshake a second later (it dropped the initiation: it did not
+    /// A prompted peer without a handshake a moment later (it dropped the initiation: it did not
     /// have this node yet) has its handshake restarted and is prompted again, until it has one or
     /// the follow-ups are spent; one with a handshake is left alone.
     #[test]
@@ -598,7 +598,7 @@ mod tests {
             assert_eq!(f.take().last().map(String::as_str), Some("prompt trellis0 10.88.0.6 10.88.0.7"));
             let exec = f.applier.executor();
             let due = exec.next_follow_up().expect("a follow-up is due");
-            assert!(due > std::time::Instant::now() + FOLLOW_UP_EVERY / 2, "not before a handshake had its time");
+            assert!(due > std::time::Instant::now() + FOLLOW_UP_DELAYS[0] / 2, "not before a handshake had its time");
 
             // A answered; B did not.
             f.shaken.lock().unwrap().push(key('A'));
