@@ -146,6 +146,18 @@ impl Drop for Controller {
             let _ = c.kill();
             let _ = c.wait();
         }
+        // A failed test shows what the controller said, before its directory goes with it.
+        if std::thread::panicking() {
+            for entry in std::fs::read_dir(self.dir.path()).into_iter().flatten().flatten() {
+                let name = entry.file_name().to_string_lossy().to_string();
+                if name.starts_with("serve-") && name.ends_with(".log") {
+                    let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+                    let lines: Vec<&str> = text.lines().collect();
+                    let tail = lines[lines.len().saturating_sub(80)..].join("\n");
+                    eprintln!("--- the last {} lines of {name} ---\n{tail}", lines.len().min(80));
+                }
+            }
+        }
     }
 }
 
