@@ -8,5 +8,6 @@ mod delivery;
 mod lab;
 mod metrics;
 mod nft;
+mod restores;
 mod support;
 mod ui;

@@ -171,8 +171,13 @@ impl Agent {
     /// answered and the time in its signed freshness stamp. Takes `&self` so that the status
     /// can be refreshed while it waits.
     async fn poll(&self) -> Polled {
-        let version = self.installer.manifest().version;
-        let held = (version > 0).then_some(version as i64);
+        // What is held, by its tag: the version and the start of the content digest, so that a
+        // controller restored from a backup, which numbered other content so, knows (ADR 0024).
+        let m = self.installer.manifest();
+        let held = (m.version > 0).then(|| match m.digest() {
+            Some(d) => trellis_proto::etag::BundleTag::new(m.version as i64, &d),
+            None => trellis_proto::etag::BundleTag { version: m.version as i64, digest: None },
+        });
         // A large bundle may come as the edits from the one held, rebuilt here from its bytes.
         let last = self.opts.state_dir.join(LAST_BUNDLE);
         let rebuild = held.is_some() && last.exists();
@@ -192,7 +197,7 @@ impl Agent {
     /// The new bundle's bytes from the ones held and a delta; when the delta does not rebuild
     /// them (the held file damaged, say), the whole bundle is fetched instead. The bytes are
     /// verified as any bundle is, after this.
-    async fn rebuild(&self, last: &Path, delta: &[u8], held: Option<i64>) -> Result<Option<Vec<u8>>> {
+    async fn rebuild(&self, last: &Path, delta: &[u8], held: Option<trellis_proto::etag::BundleTag>) -> Result<Option<Vec<u8>>> {
         let base = std::fs::read(last).with_context(|| format!("cannot read {}", last.display()))?;
         match trellis_core::delta::apply(&base, delta) {
             Ok(bytes) => {

@@ -171,7 +171,9 @@ impl Controller {
                 let b = bundles.get(&e.name).filter(|_| e.state == NodeState::Active);
                 let ev = evidence.get(&e.name);
                 let applied = ev.and_then(|ev| ev.applied_version);
-                let stale = b.is_some_and(|b| applied.is_none_or(|a| a < b.version));
+                // Applied above the desired version is stale too: the node holds a bundle this
+                // database never gave it (restored from an older backup), until it asks again.
+                let stale = b.is_some_and(|b| applied.is_none_or(|a| a != b.version));
                 proto::NodeStatus {
                     desired_version: b.map(|b| b.version),
                     applied_version: applied,

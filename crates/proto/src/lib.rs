@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 pub mod audit;
+pub mod etag;
 pub mod exposition;
 pub mod state;
 pub mod text;

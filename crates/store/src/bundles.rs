@@ -49,6 +49,20 @@ impl Store {
             .transpose()
     }
 
+    /// Numbers a node's current bundle above `held`, the version the node says it holds, when
+    /// the stored one is not above it already (the database was restored from a backup taken
+    /// before the node got it): its content stays, and the next publish run signs it at the new
+    /// version. Returns whether the version moved.
+    pub async fn raise_version(&self, node: &str, held: i64) -> Result<bool> {
+        let moved = sqlx::query("UPDATE bundles SET version = $2 + 1 WHERE node = $1 AND version <= $2")
+            .bind(node)
+            .bind(held)
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        Ok(moved > 0)
+    }
+
     /// Records new content for these nodes: each whose digest differs from its stored one gets
     /// the next version, in one transaction. A node whose stored digest already matches (another
     /// replica published it first) keeps its version. Returns the versions now in force.

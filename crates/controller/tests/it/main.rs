@@ -7,12 +7,14 @@ use std::time::Duration;
 
 use base64::Engine;
 use trellis_controller::{Error, NodeRefusal, Redemption};
+use trellis_proto::etag::BundleTag;
 use trellis_proto::{self as proto, AuditAction, EnrolledState, NodeState, TokenState};
 use trellis_testing::controller::{Fixture, ADMIN, T0};
 use trellis_testing::Database;
 
 mod long_polls;
 mod pools;
+mod restores;
 
 /// The fixture with `lab/basic` applied (revision 1).
 async fn controller(db: Database) -> Fixture {
@@ -442,34 +444,34 @@ async fn a_bundle_request_is_answered_as_a_value() {
         let enrolled = c.enrol(req).await.unwrap();
         let der = trellis_pki::pem_to_der(&enrolled.node_cert_pem, "CERTIFICATE").unwrap();
         let who = c.authenticate_node(Some(&der)).await.unwrap();
-        let ask = |held: Option<i64>, wait: u64| BundleRequest { held, takes_delta: true, wait: Duration::from_secs(wait) };
+        let ask = |held: Option<BundleTag>, wait: u64| BundleRequest { held, takes_delta: true, wait: Duration::from_secs(wait) };
+        let version_only = |version: i64| BundleTag { version, digest: None };
 
         // No bundle held yet: the request waits for the run that covers the enrolment.
         let first = match c.bundle_answer(&who, ask(None, 0)).await.unwrap() {
-            BundleAnswer::Whole { version, body, stamp } => {
+            BundleAnswer::Whole { tag, body, stamp } => {
                 let held = c.bundle("db-1").unwrap();
-                assert_eq!(version, held.version);
+                assert_eq!(tag, BundleTag::new(held.version, &held.digest), "the tag names the version and the content");
                 assert_eq!(body.collect::<Vec<_>>().concat(), held.signed.to_vec(), "the bundle as held");
                 assert!(!stamp.is_empty());
-                version
+                tag
             }
             _ => panic!("a node holding nothing is sent its bundle whole"),
         };
-        assert!(matches!(c.bundle_answer(&who, ask(Some(first), 0)).await.unwrap(), BundleAnswer::Current { version, .. } if version == first));
-        assert!(
-            matches!(c.bundle_answer(&who, ask(Some(first + 7), 0)).await.unwrap(), BundleAnswer::Whole { version, .. } if version == first),
-            "a version it does not have is answered with the current one"
-        );
+        assert!(matches!(c.bundle_answer(&who, ask(Some(first), 0)).await.unwrap(), BundleAnswer::Current { tag, .. } if tag == first));
+        // An older agent's tag, the version alone, names the bundle too.
+        assert!(matches!(c.bundle_answer(&who, ask(Some(version_only(first.version)), 0)).await.unwrap(), BundleAnswer::Current { .. }));
+        let first = first.version;
 
         // A renewal changes its certificate, so its bundle: a long-poll holding the old one hears
         // of the new one as soon as it is published.
         let csr_pem = trellis_pki::csr_from_key(&key, "db-1").unwrap();
-        let (answer, ()) = tokio::join!(c.bundle_answer(&who, ask(Some(first), 30)), async {
+        let (answer, ()) = tokio::join!(c.bundle_answer(&who, ask(Some(version_only(first)), 30)), async {
             c.renew(&who, &proto::RenewRequest { csr_pem }).await.unwrap();
             c.publish().await.unwrap();
         });
         let second = match answer.unwrap() {
-            BundleAnswer::Whole { version, .. } => version,
+            BundleAnswer::Whole { tag, .. } => tag.version,
             _ => panic!("a newer bundle is sent whole (it is too small for a delta)"),
         };
         assert!(second > first, "{second} after {first}");
@@ -483,8 +485,8 @@ async fn a_bundle_request_is_answered_as_a_value() {
 
         c.stop();
         let started = std::time::Instant::now();
-        let stopped = c.bundle_answer(&who, ask(Some(second), 60)).await.unwrap();
-        assert!(matches!(stopped, BundleAnswer::Current { version, .. } if version == second));
+        let stopped = c.bundle_answer(&who, ask(Some(version_only(second)), 60)).await.unwrap();
+        assert!(matches!(stopped, BundleAnswer::Current { tag, .. } if tag.version == second));
         assert!(started.elapsed() < Duration::from_secs(10), "a stopping controller answers at once");
     })
     .await;
