@@ -91,17 +91,22 @@ fn restored_from_before_three_changes(whole_state_directory: bool) {
         if whole_state_directory { "state directory" } else { "database" },
         took.as_millis()
     );
-    // What the agent holds is what the controller has: it is current, at the version it applied.
-    let held: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(state.join("manifest.json")).unwrap()).unwrap();
+    // What the agent holds is what the controller has: it is shown current once it says it
+    // applied it (its files are written before its manifest and its evidence).
     let started = Instant::now();
     loop {
+        // The controller first, then the agent: an applied version the controller shows is one
+        // the agent's manifest holds already.
         let status: serde_json::Value = serde_json::from_str(&c.ok(&["status", "--json"])).unwrap();
+        let held: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(state.join("manifest.json")).unwrap()).unwrap();
         let db1 = status.as_array().unwrap().iter().find(|n| n["name"] == "db-1").unwrap().clone();
-        assert_eq!(db1["desired_version"], held["version"], "{db1}\nholds {held}");
-        if db1["stale"] == false && db1["applied_version"] == held["version"] {
+        if db1["desired_version"] == held["version"] && db1["applied_version"] == held["version"] {
+            assert_eq!(db1["stale"], false, "{db1}");
             break;
         }
-        assert!(started.elapsed() < Duration::from_secs(30), "db-1 never shown current: {db1}");
+        // Until then it is never shown current.
+        assert_eq!(db1["stale"], true, "{db1}\nholds {held}");
+        assert!(started.elapsed() < Duration::from_secs(30), "db-1 never shown current: {db1}\nholds {held}");
         std::thread::sleep(Duration::from_millis(200));
     }
 }
