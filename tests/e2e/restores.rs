@@ -36,8 +36,49 @@ fn until_written(root: &Path, name: &str) -> Result<Duration, String> {
     Err(format!("after 30 s db-1's zone does not name {name}:\n{}", std::fs::read_to_string(&zone).unwrap_or_default()))
 }
 
-fn restored_from_before_three_changes(whole_state_directory: bool) {
-    let mut c = Controller::start(Db::Sqlite);
+/// On PostgreSQL, the database copied as a template (the controller stopped: no connection to it
+/// may be open), or put back from that copy.
+fn postgres(sql: &str) {
+    let admin = std::env::var("TRELLIS_TEST_POSTGRES_URL").expect("checked by can_run");
+    trellis_testing::cmd::ok(trellis_testing::cmd::sh("psql", &[&admin, "-v", "ON_ERROR_STOP=1", "-q", "-c", sql]));
+}
+
+/// The backup: the state directory, and on PostgreSQL the database too.
+fn back_up(c: &Controller, to: &Path) {
+    copy_dir(&c.state, to);
+    if let Some(url) = &c.database_url {
+        let name = url.rsplit('/').next().unwrap();
+        postgres(&format!("CREATE DATABASE {name}_backup TEMPLATE {name}"));
+    }
+}
+
+/// The restore: the database (on SQLite its files in the state directory), or the whole state
+/// directory with it.
+fn restore(c: &Controller, from: &Path, whole_state_directory: bool) {
+    let database = |name: &std::ffi::OsStr| name.to_string_lossy().starts_with("trellis.db");
+    if whole_state_directory {
+        std::fs::remove_dir_all(&c.state).unwrap();
+        copy_dir(from, &c.state);
+    } else if c.database_url.is_none() {
+        for f in std::fs::read_dir(&c.state).unwrap().flatten().filter(|f| database(&f.file_name())) {
+            std::fs::remove_file(f.path()).unwrap();
+        }
+        for f in std::fs::read_dir(from).unwrap().flatten().filter(|f| database(&f.file_name())) {
+            std::fs::copy(f.path(), c.state.join(f.file_name())).unwrap();
+        }
+    }
+    if let Some(url) = &c.database_url {
+        let name = url.rsplit('/').next().unwrap();
+        postgres(&format!("DROP DATABASE {name}"));
+        postgres(&format!("CREATE DATABASE {name} TEMPLATE {name}_backup"));
+    }
+}
+
+fn restored_from_before_three_changes(db: Db, whole_state_directory: bool) {
+    if matches!(db, Db::Postgres) && !trellis_testing::can_run(trellis_testing::Need::Postgres) {
+        return;
+    }
+    let mut c = Controller::start(db);
     let work = TempDir::new("restore");
     let (state, root, decl) = (work.path().join("db-1"), work.path().join("root"), work.path().join("decl"));
     declaration(&decl, 0);
@@ -56,7 +97,7 @@ fn restored_from_before_three_changes(whole_state_directory: bool) {
     // The backup, taken with the controller stopped (as a VM snapshot or a copy of its files).
     c.stop_serving();
     let backup = work.path().join("backup");
-    copy_dir(&c.state, &backup);
+    back_up(&c, &backup);
     c.serve(c.port);
     for k in 1..=3 {
         declaration(&decl, k);
@@ -66,28 +107,31 @@ fn restored_from_before_three_changes(whole_state_directory: bool) {
 
     // The restore.
     c.stop_serving();
+    restore(&c, &backup, whole_state_directory);
     if whole_state_directory {
-        std::fs::remove_dir_all(&c.state).unwrap();
-        copy_dir(&backup, &c.state);
+        // The state directory agrees with itself: it starts as it is, and the agent, holding
+        // versions it never numbered, catches it up (ADR 0024).
+        c.serve(c.port);
     } else {
-        for f in std::fs::read_dir(&c.state).unwrap().flatten() {
-            if f.file_name().to_string_lossy().starts_with("trellis.db") {
-                std::fs::remove_file(f.path()).unwrap();
-            }
-        }
-        for f in std::fs::read_dir(&backup).unwrap().flatten() {
-            if f.file_name().to_string_lossy().starts_with("trellis.db") {
-                std::fs::copy(f.path(), c.state.join(f.file_name())).unwrap();
-            }
-        }
+        // The database alone is behind the controller's signed checkpoint: refused, saying what
+        // to do; then started once with --restored.
+        let refused = trellis_testing::cmd::fails_with(c.serve_cmd(c.port, &[]), "the database's audit chain ends at record");
+        assert!(refused.contains("restored from an older backup") && refused.contains("trellis serve --restored"), "{refused}");
+        c.serve_with(c.port, &["--restored"]);
+        let audit = c.ok(&["audit", "list", "--json"]);
+        assert!(audit.contains("restored from backup") && audit.contains("every bundle version moved past 4"), "{audit}");
+        // The chain is anchored again: it verifies against the new checkpoint.
+        c.ok(&["audit", "verify"]);
+        // Started again, it is no longer behind.
+        c.stop_serving();
+        c.serve(c.port);
     }
-    c.serve(c.port);
     // The next change, numbered from the backup's versions: below what the agent holds.
     declaration(&decl, 4);
     c.ok(&["apply", decl.to_str().unwrap()]);
     let took = until_written(&root, "extra-4").unwrap_or_else(|e| panic!("{e}\nthe controller said:\n{}", c.log(c.port)));
     eprintln!(
-        "restored ({}): the next change reached the agent in {} ms",
+        "restored ({}, {db:?}): the next change reached the agent in {} ms",
         if whole_state_directory { "state directory" } else { "database" },
         took.as_millis()
     );
@@ -112,11 +156,13 @@ fn restored_from_before_three_changes(whole_state_directory: bool) {
 }
 
 #[test]
-fn a_restored_database_reaches_an_agent_that_held_newer_bundles() {
-    restored_from_before_three_changes(false);
+fn a_restored_database_is_refused_until_told_then_reaches_an_agent_that_held_newer_bundles() {
+    restored_from_before_three_changes(Db::Sqlite, false);
+    restored_from_before_three_changes(Db::Postgres, false);
 }
 
 #[test]
 fn a_restored_state_directory_reaches_an_agent_that_held_newer_bundles() {
-    restored_from_before_three_changes(true);
+    restored_from_before_three_changes(Db::Sqlite, true);
+    restored_from_before_three_changes(Db::Postgres, true);
 }

@@ -561,6 +561,7 @@ impl Controller {
         }
         let changes: Vec<(String, String)> = pending.iter().map(|(r, _, d)| (r.name.clone(), d.clone())).collect();
         let versions: HashMap<String, trellis_store::BundleVersion> = self.store.publish(&changes, self.now()).await?.into_iter().collect();
+        self.raise_high_water(versions.values().map(|v| v.version).max().unwrap_or(0))?;
         // Another replica may have published other content for a node: ours is stale; the next
         // run (its audit head moved) will catch up.
         pending.retain(|(r, _, digest)| versions[&r.name].digest == *digest);

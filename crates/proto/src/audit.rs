@@ -22,6 +22,8 @@ crate::state::states! {
         NodeRevoked = "node revoked",
         /// A pool's member removed by the sweep.
         NodeRemoved = "node removed",
+        /// `trellis serve --restored` on a database behind the controller's signed checkpoint.
+        RestoredFromBackup = "restored from backup",
     }
 }
 
@@ -228,6 +230,7 @@ mod tests {
                 "node approved",
                 "node revoked",
                 "node removed",
+                "restored from backup",
             ]
         );
         for a in AuditAction::ALL {

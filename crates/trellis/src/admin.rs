@@ -69,10 +69,16 @@ pub fn init(dir: &Path, advertise: Vec<String>, listen: Option<String>, database
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn serve(dir: &Path, database_url: Option<String>, listen: Option<String>, metrics_listen: Option<String>) -> Result<ExitCode> {
+pub fn serve(
+    dir: &Path,
+    database_url: Option<String>,
+    listen: Option<String>,
+    metrics_listen: Option<String>,
+    restored: bool,
+) -> Result<ExitCode> {
     let st = state::StateDir::load(dir)?;
     runtime().block_on(async {
-        let mut server = trellis_server::Server::bind(&st, database_url.as_deref(), listen.as_deref()).await?;
+        let mut server = trellis_server::Server::bind_restored(&st, database_url.as_deref(), listen.as_deref(), restored).await?;
         if let Some(m) = &metrics_listen {
             server = server.with_metrics(m).await?;
         }
