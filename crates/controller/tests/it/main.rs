@@ -394,6 +394,41 @@ async fn a_burst_of_enrolments_is_published_in_a_few_runs_and_every_node_gets_it
     .await;
 }
 
+/// Two replicas on one database: a node revoked through one is refused by the other on its very
+/// next request. Before, the other replica authenticated from a table its publish runs refresh
+/// (every 500 ms, when it sees the audit head move), and let the revoked node in meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_through_one_replica_is_refused_by_the_other_at_once() {
+    on_both(|fx| async move {
+        let a = &fx.c;
+        let created = a.create_token(&proto::TokenRequest { node: "db-1".into(), ttl_secs: 600, ..Default::default() }).await.unwrap();
+        let enrolled = a.enrol(enrol_request(&created.token).0).await.unwrap();
+        a.publish().await.unwrap();
+        let der = trellis_pki::pem_to_der(&enrolled.node_cert_pem, "CERTIFICATE").unwrap();
+        // The other replica, on the same database, with its table built.
+        let b = trellis_testing::controller::controller(fx.db.clone()).await.c;
+        b.publish().await.unwrap();
+        assert!(b.authenticate_node(Some(&der)).await.is_ok(), "db-1 is in through either replica");
+
+        a.revoke("db-1").await.unwrap();
+        let refused = b.authenticate_node(Some(&der)).await.err().expect("refused by the other replica at once");
+        assert!(matches!(refused, Error::Node(NodeRefusal::Revoked(_))), "{refused:?}");
+        // And a renewal through one replica: the other takes the new certificate at once, and the
+        // one before it (until it is replaced again).
+        let created = a.create_token(&proto::TokenRequest { node: "op-1".into(), ttl_secs: 600, ..Default::default() }).await.unwrap();
+        let (req, key) = enrol_request(&created.token);
+        let enrolled = a.enrol(req).await.unwrap();
+        let old = trellis_pki::pem_to_der(&enrolled.node_cert_pem, "CERTIFICATE").unwrap();
+        let who = a.authenticate_node(Some(&old)).await.unwrap();
+        b.publish().await.unwrap();
+        let renewed = a.renew(&who, &proto::RenewRequest { csr_pem: trellis_pki::csr_from_key(&key, "op-1").unwrap() }).await.unwrap();
+        let new = trellis_pki::pem_to_der(&renewed.node_cert_pem, "CERTIFICATE").unwrap();
+        assert!(b.authenticate_node(Some(&new)).await.is_ok(), "the renewed certificate, before any run of the other replica");
+        assert!(b.authenticate_node(Some(&old)).await.is_ok(), "and the one before it");
+    })
+    .await;
+}
+
 /// Replicas on one database: a run of one replica that read the database before a decision can
 /// commit after the other replica's run covering that decision. Its older content then gets the
 /// next version, and its next run stores the current content again, one version higher still,
