@@ -153,6 +153,13 @@ fn restored_from_before_three_changes(db: Db, whole_state_directory: bool) {
         assert!(started.elapsed() < Duration::from_secs(30), "db-1 never shown current: {db1}\nholds {held}");
         std::thread::sleep(Duration::from_millis(200));
     }
+    // The agent said which release it is and the protocol it speaks (issue 21, item 3).
+    let nodes = c.nodes();
+    let db1 = nodes.as_array().unwrap().iter().find(|n| n["name"] == "db-1").unwrap().clone();
+    assert_eq!((db1["agent_release"].as_str(), db1["agent_protocol"].as_str()), (Some(env!("CARGO_PKG_VERSION")), Some("1.0")), "{db1}");
+    let listed = c.ok(&["nodes"]);
+    let line = listed.lines().find(|l| l.starts_with("db-1 ")).unwrap_or_default();
+    assert!(line.ends_with(&format!("{} (1.0)", env!("CARGO_PKG_VERSION"))), "{listed}");
 }
 
 #[test]

@@ -17,7 +17,18 @@ pub use node::{enrol, enrol_request, read_bounded, BundleAnswer, NodeClient};
 
 /// A reqwest client over a rustls configuration made by `trellis_pki::tls`.
 fn http_client(tls: rustls::ClientConfig, connect: Duration, timeout: Duration) -> Result<reqwest::Client, Error> {
+    http_client_with(tls, connect, timeout, reqwest::header::HeaderMap::new())
+}
+
+/// As [`http_client`], sending `headers` with every request.
+fn http_client_with(
+    tls: rustls::ClientConfig,
+    connect: Duration,
+    timeout: Duration,
+    headers: reqwest::header::HeaderMap,
+) -> Result<reqwest::Client, Error> {
     reqwest::Client::builder()
+        .default_headers(headers)
         .use_preconfigured_tls(tls)
         .connect_timeout(connect)
         .timeout(timeout)

@@ -79,7 +79,14 @@ pub struct NodeClient {
 impl NodeClient {
     pub fn new(controllers: Vec<String>, ca_pem: &str, cert_pem: &str, key_pem: &str) -> Result<NodeClient, Error> {
         let tls = trellis_pki::tls::client_config(ca_pem, Some((cert_pem, key_pem)))?;
-        Ok(NodeClient { http: crate::http_client(tls, CONNECT, TIMEOUT)?, controllers })
+        // Every node request says the protocol it speaks and the agent's release (this crate's
+        // release is the workspace's, the agent's).
+        use trellis_proto::version::{AGENT_HEADER, PROTOCOL, PROTOCOL_HEADER};
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers
+            .insert(PROTOCOL_HEADER, reqwest::header::HeaderValue::from_str(&PROTOCOL.to_string()).expect("a version is a header value"));
+        headers.insert(AGENT_HEADER, reqwest::header::HeaderValue::from_static(env!("CARGO_PKG_VERSION")));
+        Ok(NodeClient { http: crate::http_client_with(tls, CONNECT, TIMEOUT, headers)?, controllers })
     }
 
     pub async fn renew(&self, csr_pem: &str) -> Result<proto::RenewResponse, Error> {

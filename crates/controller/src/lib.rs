@@ -97,6 +97,9 @@ pub struct Controller {
     metrics: metrics::Metrics,
     /// The current declaration with its pools' members (see `pools`).
     members_cache: pools::MembersCache,
+    /// The protocol and release each node's agent last said here (`Controller::hello`): only a
+    /// change is written to the database.
+    agents: std::sync::Mutex<std::collections::HashMap<String, (String, String)>>,
 }
 
 impl Controller {
@@ -117,6 +120,7 @@ impl Controller {
             stopping: tokio::sync::watch::Sender::new(false),
             metrics: metrics::Metrics::new(),
             members_cache: Default::default(),
+            agents: Default::default(),
         }
     }
 

@@ -133,6 +133,28 @@ impl Store {
         .transpose()
     }
 
+    /// Records the protocol and release a node's agent says it speaks.
+    pub async fn set_agent(&self, name: &str, protocol: &str, release: &str) -> Result<()> {
+        sqlx::query("UPDATE nodes SET agent_protocol = $2, agent_release = $3 WHERE name = $1")
+            .bind(name)
+            .bind(protocol)
+            .bind(release)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// The protocol and release each node's agent last said it speaks, for the nodes whose
+    /// agent said so.
+    pub async fn agents(&self) -> Result<std::collections::HashMap<String, (String, String)>> {
+        let rows = sqlx::query(
+            "SELECT name, agent_protocol, agent_release FROM nodes WHERE agent_protocol IS NOT NULL AND agent_release IS NOT NULL",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|r| Ok((r.try_get("name")?, (r.try_get("agent_protocol")?, r.try_get("agent_release")?)))).collect()
+    }
+
     pub async fn nodes(&self) -> Result<Vec<NodeRecord>> {
         let rows = sqlx::query(&format!("SELECT {NODE_COLUMNS} FROM nodes ORDER BY name")).fetch_all(&self.pool).await?;
         rows.iter().map(node_record).collect()

@@ -252,13 +252,18 @@ pub fn nodes(conn: &Conn, json_out: bool) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{:<20} {:<9} {:<12} {:<16} {:<28} {:<17} {:<22} LAST CONTACT",
-        "NODE", "STATE", "POOL", "IPV4", "IPV6", "KEY", "CERT EXPIRES"
+        "{:<20} {:<9} {:<12} {:<16} {:<28} {:<17} {:<22} {:<22} AGENT",
+        "NODE", "STATE", "POOL", "IPV4", "IPV6", "KEY", "CERT EXPIRES", "LAST CONTACT"
     );
     for n in list {
         let opt = |o: Option<String>| o.unwrap_or_else(|| "-".into());
+        // The agent's release and, after it, the protocol it speaks: `0.1.0 (1.0)`.
+        let agent = match (&n.agent_release, &n.agent_protocol) {
+            (Some(r), Some(p)) => format!("{} ({})", printable(r), printable(p)),
+            _ => "-".into(),
+        };
         println!(
-            "{:<20} {:<9} {:<12} {:<16} {:<28} {:<17} {:<22} {}",
+            "{:<20} {:<9} {:<12} {:<16} {:<28} {:<17} {:<22} {:<22} {agent}",
             printable(&n.name),
             n.state,
             n.pool.as_deref().map_or("-".into(), |p| printable(p).to_string()),
