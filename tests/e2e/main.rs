@@ -5,6 +5,7 @@ mod agent;
 mod cli;
 mod controller;
 mod delivery;
+mod failover;
 mod lab;
 mod metrics;
 mod nft;

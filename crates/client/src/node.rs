@@ -74,6 +74,8 @@ pub struct BundleAnswer {
 pub struct NodeClient {
     http: reqwest::Client,
     controllers: Vec<String>,
+    /// The controller that answered last: asked first next time.
+    last: std::sync::atomic::AtomicUsize,
 }
 
 impl NodeClient {
@@ -86,12 +88,12 @@ impl NodeClient {
         headers
             .insert(PROTOCOL_HEADER, reqwest::header::HeaderValue::from_str(&PROTOCOL.to_string()).expect("a version is a header value"));
         headers.insert(AGENT_HEADER, reqwest::header::HeaderValue::from_static(env!("CARGO_PKG_VERSION")));
-        Ok(NodeClient { http: crate::http_client_with(tls, CONNECT, TIMEOUT, headers)?, controllers })
+        Ok(NodeClient { http: crate::http_client_with(tls, CONNECT, TIMEOUT, headers)?, controllers, last: Default::default() })
     }
 
     pub async fn renew(&self, csr_pem: &str) -> Result<proto::RenewResponse, Error> {
         let req = proto::RenewRequest { csr_pem: csr_pem.to_string() };
-        each_controller(&self.controllers, |c| {
+        crate::each_controller_from(&self.controllers, &self.last, |c| {
             let send = self.http.post(format!("https://{c}/v1/renew")).json(&req).send();
             async move { answer(send.await.map_err(Error::Send)?).await }
         })
@@ -99,7 +101,7 @@ impl NodeClient {
     }
 
     pub async fn whoami(&self) -> Result<proto::WhoAmI, Error> {
-        each_controller(&self.controllers, |c| {
+        crate::each_controller_from(&self.controllers, &self.last, |c| {
             let send = self.http.get(format!("https://{c}/v1/whoami")).send();
             async move { answer(send.await.map_err(Error::Send)?).await }
         })
@@ -108,7 +110,7 @@ impl NodeClient {
 
     /// Delivers a batch of evidence records.
     pub async fn post_evidence(&self, batch: &proto::EvidenceBatch) -> Result<(), Error> {
-        each_controller(&self.controllers, |c| {
+        crate::each_controller_from(&self.controllers, &self.last, |c| {
             let send = self.http.post(format!("https://{c}/v1/evidence")).json(batch).send();
             async move {
                 let resp = send.await.map_err(Error::Send)?;
@@ -136,7 +138,7 @@ impl NodeClient {
         held: Option<trellis_proto::etag::BundleTag>,
         delta: bool,
     ) -> Result<BundleAnswer, Error> {
-        each_controller(&self.controllers, |controller| {
+        crate::each_controller_from(&self.controllers, &self.last, |controller| {
             let mut req = self.http.get(format!("https://{controller}/v1/bundle?wait={wait}")).timeout(Duration::from_secs(wait + 30));
             if let Some(tag) = held {
                 req = req.header("if-none-match", tag.etag());
