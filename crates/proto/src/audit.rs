@@ -22,6 +22,8 @@ crate::state::states! {
         NodeRevoked = "node revoked",
         /// A pool's member removed by the sweep.
         NodeRemoved = "node removed",
+        /// `trellis serve --restored` on a database behind the controller's signed checkpoint.
+        RestoredFromBackup = "restored from backup",
         /// A service certificate signed for a module a node runs (ADR 0023).
         ServiceCertificateIssued = "service certificate issued",
         /// A service certificate request refused, with why.
@@ -232,6 +234,7 @@ mod tests {
                 "node approved",
                 "node revoked",
                 "node removed",
+                "restored from backup",
                 "service certificate issued",
                 "service certificate refused",
             ]

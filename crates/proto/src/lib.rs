@@ -5,9 +5,11 @@ use serde::{Deserialize, Serialize};
 
 pub mod audit;
 pub mod certs;
+pub mod etag;
 pub mod exposition;
 pub mod state;
 pub mod text;
+pub mod version;
 
 pub use audit::{AuditAction, AuditRecord};
 pub use certs::{ServiceCertInfo, ServiceCertList, ServiceCertRequest, ServiceCertResponse, ServiceCertSpec};
@@ -180,6 +182,11 @@ pub struct NodeInfo {
     /// The pool this node is a member of, if any.
     #[serde(default)]
     pub pool: Option<String>,
+    /// The protocol (`MAJOR.MINOR`) and release its agent last said it speaks (`version`).
+    #[serde(default)]
+    pub agent_protocol: Option<String>,
+    #[serde(default)]
+    pub agent_release: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
