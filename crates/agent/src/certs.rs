@@ -169,10 +169,11 @@ impl Certs {
         let list = match client.service_certificates().await {
             Ok(l) => l,
             Err(e) => {
-                // An old controller without the endpoint, or none reachable: asked again later,
-                // nothing on disk touched.
+                // Nothing on disk is touched. None reachable: asked again soon. An answer that
+                // refuses (a controller without service certificates answers 404): asked again
+                // at the list's pace, so an old controller is not asked every few seconds.
                 tracing::debug!("service certificate list: {e}");
-                self.next = now + RETRY_SECS;
+                self.next = now + if e.refused().is_some() { LIST_EVERY_SECS } else { RETRY_SECS };
                 return;
             }
         };

@@ -170,7 +170,7 @@ async fn issuance(a: &CertsArgs) -> Result<Issuance> {
     let mut work = Vec::with_capacity(enrolled.len());
     for e in &enrolled {
         let client = trellis_client::NodeClient::new(vec![addr.clone()], &ca, &e.cert_pem, &e.key_pem)?;
-        let (_, csr) = trellis_pki::services::service_key_and_csr(&[format!("svc.bench.mesh")])?;
+        let (_, csr) = trellis_pki::services::service_key_and_csr(&["svc.bench.mesh".to_string()])?;
         work.push((client, proto::ServiceCertRequest { module: "svc".into(), csr_pem: csr }));
     }
     // One request each before timing, so that every session's TLS handshake is done.
