@@ -43,6 +43,7 @@ pub fn shown(s: &proto::NodeStatus) -> Shown {
         NodeState::Active if s.stale => Shown::Stale,
         NodeState::Active => Shown::Active,
         NodeState::Pending => Shown::Pending,
+        NodeState::Revoking => Shown::Revoking,
         NodeState::Revoked => Shown::Revoked,
         NodeState::Declared => Shown::Declared,
         NodeState::External => Shown::External,
@@ -56,6 +57,7 @@ pub fn drawn(s: Shown) -> graph::State {
     match s {
         Shown::Active => graph::State::Active,
         Shown::Pending => graph::State::Pending,
+        Shown::Revoking => graph::State::Revoking,
         Shown::Revoked => graph::State::Revoked,
         Shown::Stale => graph::State::Stale,
         Shown::Failing => graph::State::Failing,
@@ -150,6 +152,7 @@ mod tests {
             last_error: None,
             evidence_records: 1,
             evidence_missing: 0,
+            revocation: None,
         };
         assert_eq!(shown(&s), Shown::Active);
         s.stale = true;
@@ -158,6 +161,8 @@ mod tests {
         assert_eq!(shown(&s), Shown::Failing);
         s.state = NodeState::Revoked;
         assert_eq!(shown(&s), Shown::Revoked);
+        s.state = NodeState::Revoking;
+        assert_eq!(shown(&s), Shown::Revoking);
         s.state = NodeState::Pending;
         assert_eq!(shown(&s), Shown::Pending);
     }

@@ -22,6 +22,8 @@ crate::state::states! {
         NodeRevoked = "node revoked",
         /// A pool's member removed by the sweep.
         NodeRemoved = "node removed",
+        /// Every node that held a revoked node's key applied a bundle without it (ADR 0022).
+        RevocationCompleted = "revocation completed",
     }
 }
 
@@ -228,6 +230,7 @@ mod tests {
                 "node approved",
                 "node revoked",
                 "node removed",
+                "revocation completed",
             ]
         );
         for a in AuditAction::ALL {

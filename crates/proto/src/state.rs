@@ -79,6 +79,10 @@ states! {
         External = "external",
         Pending = "pending",
         Active = "active",
+        /// Revoked, while a node that held its key has not applied a bundle without it (ADR
+        /// 0022): its certificate is refused, but a peer may still accept its packets.
+        Revoking = "revoking",
+        /// Revoked, and every node that held its key applied a bundle without it.
         Revoked = "revoked",
         /// Enrolled, no longer declared.
         Removed = "removed",
@@ -101,6 +105,7 @@ states! {
     Shown, "a shown state" {
         Active = "active",
         Pending = "pending",
+        Revoking = "revoking",
         Revoked = "revoked",
         Stale = "stale",
         Failing = "failing",
@@ -168,6 +173,7 @@ mod tests {
         round_trips(EvidenceResult::ALL);
         round_trips(FileResult::ALL);
         for s in EnrolledState::ALL {
+            // A revoked node is shown `revoking` until its revocation is complete (ADR 0022).
             assert_eq!(NodeState::from(*s).as_str(), s.as_str());
         }
         assert_eq!(format!("{:<9}|", NodeState::Active), "active   |", "tables pad states like strings");

@@ -138,6 +138,10 @@ impl Server {
                     if let Err(e) = c.publish_if_moved().await {
                         tracing::error!("publishing failed: {e}");
                     }
+                    // Evidence that arrived while a revocation was open may have completed it.
+                    if let Err(e) = c.settle_revocations_if_due().await {
+                        tracing::error!("following revocations failed: {e}");
+                    }
                     n += 1;
                     if n % 10 == 0 {
                         c.flush_contacts().await;

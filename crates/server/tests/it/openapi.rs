@@ -169,6 +169,7 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
         cert_not_after: None,
         last_contact: Some(4),
         pool: None,
+        revocation: None,
     };
     sample(d, "NodeInfo", node.clone(), &mut c);
     sample(
@@ -195,8 +196,36 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
         last_error: None,
         evidence_records: 1,
         evidence_missing: 0,
+        revocation: None,
     };
-    sample(d, "NodeStatus", status, &mut c);
+    sample(d, "NodeStatus", status.clone(), &mut c);
+    let holder = proto::KeyHolder {
+        name: "db-1".into(),
+        dropped_in: Some(13),
+        applied_version: Some(12),
+        last_contact: Some(7),
+        last_error: Some("nft: syntax error".into()),
+    };
+    let revocation = proto::Revocation {
+        node: "n".into(),
+        decided_at: 5,
+        completed_at: None,
+        seconds: 9,
+        holders_known: true,
+        holders: 3,
+        holding: vec![holder.clone()],
+    };
+    let revoking = proto::NodeStatus { state: proto::NodeState::Revoking, revocation: Some(revocation.clone()), ..status };
+    sample(d, "NodeStatus", revoking, &mut c);
+    sample(d, "Revocation", revocation.clone(), &mut c);
+    sample(d, "Revocation", proto::Revocation { completed_at: Some(14), holding: vec![], ..revocation }, &mut c);
+    sample(d, "KeyHolder", holder.clone(), &mut c);
+    sample(
+        d,
+        "KeyHolder",
+        proto::KeyHolder { dropped_in: None, applied_version: None, last_contact: None, last_error: None, ..holder },
+        &mut c,
+    );
     let record = proto::AuditRecord {
         seq: 1,
         at: 2,
@@ -328,7 +357,7 @@ async fn every_route_is_described_and_every_described_path_is_a_route() {
     let unknown = r.http.get(format!("{}/v1/admin/undescribed", r.base)).bearer_auth(&r.admin).send().await.unwrap();
     assert_eq!(unknown.status().as_u16(), 404);
     assert_eq!(unknown.json::<Value>().await.unwrap()["code"], "no_route");
-    assert_eq!(operations, 20, "operations described: {:?}", paths.keys().collect::<Vec<_>>());
+    assert_eq!(operations, 21, "operations described: {:?}", paths.keys().collect::<Vec<_>>());
 
     // Every path the client crate calls is described.
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../client/src");
