@@ -327,6 +327,7 @@ mod tests {
     fn revoking(name: &str, seconds: i64) -> NodeStatus {
         let revocation = proto::Revocation {
             node: name.to_string(),
+            kind: proto::Withdrawal::Revocation,
             decided_at: 1000,
             completed_at: None,
             seconds,

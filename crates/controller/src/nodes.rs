@@ -62,6 +62,24 @@ impl Controller {
                 e.revocation = Some(v.clone());
             }
         }
+        // A member the sweep removed (revoked or out of contact) has no record left: it stays
+        // listed while its peers still hold its key.
+        let listed: std::collections::HashSet<String> = roster.iter().map(|e| e.name.clone()).collect();
+        let gone = views.values().filter(|v| !v.complete() && !listed.contains(&v.node)).map(|v| RosterEntry {
+            name: v.node.clone(),
+            state: match v.kind {
+                proto::Withdrawal::Revocation => NodeState::Revoking,
+                proto::Withdrawal::Removal => NodeState::Removing,
+            },
+            declared_key: None,
+            record: None,
+            revocation: Some(v.clone()),
+        });
+        let gone: Vec<RosterEntry> = gone.collect();
+        if !gone.is_empty() {
+            roster.extend(gone);
+            roster.sort_by(|a, b| a.name.cmp(&b.name));
+        }
         Ok((roster, views))
     }
 

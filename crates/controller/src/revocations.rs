@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use trellis_core::Compiled;
-use trellis_proto::{self as proto, AuditAction, EnrolledState, EvidenceResult, NodeState};
+use trellis_proto::{self as proto, AuditAction, EnrolledState, EvidenceResult, NodeState, Withdrawal};
 use trellis_store::{Audit, NodeRecord, RevocationRecord};
 
 use crate::nodes::RosterEntry;
@@ -64,6 +64,7 @@ pub(crate) fn judge(r: &RevocationRecord, state_of: &dyn Fn(&str) -> Option<Node
     if let Some(done) = r.completed_at {
         return proto::Revocation {
             node: r.node.clone(),
+            kind: r.kind,
             decided_at: r.decided_at,
             completed_at: Some(done),
             seconds: done - r.decided_at,
@@ -88,12 +89,23 @@ pub(crate) fn judge(r: &RevocationRecord, state_of: &dyn Fn(&str) -> Option<Node
         .then(|| counted.iter().filter_map(|h| h.applied_at).max().unwrap_or(r.decided_at).max(r.decided_at));
     proto::Revocation {
         node: r.node.clone(),
+        kind: r.kind,
         decided_at: r.decided_at,
         completed_at,
         seconds: completed_at.unwrap_or(now) - r.decided_at,
         holders_known: r.holders_known,
         holders: counted.len(),
         holding,
+    }
+}
+
+/// Whether the node's record says it is no longer what the revocation or removal was about: a
+/// node enrolled again since its revocation, a member of the same name enrolled since a removal.
+fn superseded(r: &RevocationRecord, record: Option<&NodeRecord>) -> bool {
+    match (r.kind, record) {
+        (_, None) => false,
+        (Withdrawal::Revocation, Some(rec)) => rec.state != EnrolledState::Revoked,
+        (Withdrawal::Removal, Some(_)) => true,
     }
 }
 
@@ -110,8 +122,7 @@ impl Controller {
         let now = self.now();
         let mut views: BTreeMap<String, proto::Revocation> = records
             .iter()
-            // A node enrolled again since its revocation is not revoked any more.
-            .filter(|r| by_name.get(r.node.as_str()).and_then(|e| e.record.as_ref()).is_none_or(|rec| rec.state == EnrolledState::Revoked))
+            .filter(|r| !superseded(r, by_name.get(r.node.as_str()).and_then(|e| e.record.as_ref())))
             .map(|r| (r.node.clone(), judge(r, &state_of, now)))
             .collect();
         if views.values().any(|v| !v.holding.is_empty()) {
@@ -149,7 +160,7 @@ impl Controller {
         let now = self.now();
         let mut recorded = 0;
         for r in &open {
-            if by_name.get(r.node.as_str()).and_then(|e| e.record.as_ref()).is_some_and(|rec| rec.state != EnrolledState::Revoked) {
+            if superseded(r, by_name.get(r.node.as_str()).and_then(|e| e.record.as_ref())) {
                 continue;
             }
             let v = judge(r, &state_of, now);
@@ -157,7 +168,10 @@ impl Controller {
             let audit = Audit {
                 at: now,
                 actor: "controller",
-                action: AuditAction::RevocationCompleted,
+                action: match r.kind {
+                    Withdrawal::Revocation => AuditAction::RevocationCompleted,
+                    Withdrawal::Removal => AuditAction::RemovalCompleted,
+                },
                 subject: &r.node,
                 detail: format!(
                     "every node that held its key applied a bundle without it: {} holder(s), {} s after the decision",
@@ -165,7 +179,7 @@ impl Controller {
                 ),
             };
             if self.store.complete_revocation(&r.node, at, v.holders as i64, &audit).await? {
-                tracing::info!(node = %r.node, holders = v.holders, seconds = v.seconds, "revocation complete");
+                tracing::info!(node = %r.node, kind = %r.kind, holders = v.holders, seconds = v.seconds, "every holder dropped the key");
                 recorded += 1;
             }
         }

@@ -47,7 +47,7 @@ pub fn shown(s: &proto::NodeStatus) -> Shown {
         NodeState::Revoked => Shown::Revoked,
         NodeState::Declared => Shown::Declared,
         NodeState::External => Shown::External,
-        NodeState::Removed => Shown::Removed,
+        NodeState::Removed | NodeState::Removing => Shown::Removed,
     }
 }
 

@@ -275,10 +275,11 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
             Action::Stop(host) => {
                 let gone = stop_and_wait(&mut st, &host, file)?;
                 println!(
-                    "step {}: agent of {host} stopped (SIGKILL) -> removed by the controller (gone from `trellis nodes`): {} ms; dropped from every peer's wireguard.conf: {} ms",
+                    "step {}: agent of {host} stopped (SIGKILL) -> removed by the controller (removing in `trellis nodes`): {} ms; dropped from every peer's wireguard.conf: {} ms; removed (every peer applied a bundle without it): {} ms",
                     i + 1,
                     gone.listed.as_millis(),
-                    gone.peers.as_millis()
+                    gone.peers.as_millis(),
+                    gone.complete.as_millis()
                 );
             }
             Action::Apply(dir) => {

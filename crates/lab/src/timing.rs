@@ -180,11 +180,14 @@ pub(crate) fn failover(st: &LabState, since: Instant, limit: Duration) -> Result
     }
 }
 
-/// How long a stopped pool member took to go: from the stop until `trellis nodes` no longer
-/// listed it, and until no other agent's wireguard.conf held its key.
+/// How long a stopped pool member took to go: from the stop until the controller removed it
+/// (`trellis nodes` lists it `removing`, or no more), until no other agent's wireguard.conf held
+/// its key, and until `trellis nodes` no longer listed it (every holder reported applying a
+/// bundle without it, ADR 0022).
 pub(crate) struct Removed {
     pub listed: Duration,
     pub peers: Duration,
+    pub complete: Duration,
 }
 
 /// Waits until the controller has removed `host` (a stopped pool member holding `key`) and every
@@ -192,7 +195,7 @@ pub(crate) struct Removed {
 pub(crate) fn removal(st: &LabState, host: &str, key: &str, since: Instant, limit: Duration) -> Result<Removed> {
     let deadline = since + limit;
     let listed = loop {
-        if !procs::nodes(st)?.iter().any(|n| n.name == host) {
+        if !procs::nodes(st)?.iter().any(|n| n.name == host && n.state != NodeState::Removing) {
             break since.elapsed();
         }
         if Instant::now() > deadline {
@@ -200,7 +203,7 @@ pub(crate) fn removal(st: &LabState, host: &str, key: &str, since: Instant, limi
         }
         std::thread::sleep(Duration::from_millis(250));
     };
-    loop {
+    let peers = loop {
         let mut holding = Vec::new();
         for a in &st.agents {
             let conf = st.dir.join(format!("root-{a}/{}", trellis_core::compile::WIREGUARD_CONF));
@@ -211,10 +214,20 @@ pub(crate) fn removal(st: &LabState, host: &str, key: &str, since: Instant, limi
             }
         }
         if holding.is_empty() {
-            return Ok(Removed { listed, peers: since.elapsed() });
+            break since.elapsed();
         }
         if Instant::now() > deadline {
             bail!("{} still hold(s) `{host}` as a peer {} s after its agent stopped", holding.join(", "), limit.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    loop {
+        let Some(n) = procs::nodes(st)?.into_iter().find(|n| n.name == host) else {
+            return Ok(Removed { listed, peers, complete: since.elapsed() });
+        };
+        if Instant::now() > deadline {
+            let said = n.revocation.map(|r| r.summary(trellis_files::unix_now())).unwrap_or_else(|| n.state.to_string());
+            bail!("`{host}` is still listed by `trellis nodes` {} s after its agent stopped: {said}", limit.as_secs());
         }
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -24,6 +24,8 @@ crate::state::states! {
         NodeRemoved = "node removed",
         /// Every node that held a revoked node's key applied a bundle without it (ADR 0022).
         RevocationCompleted = "revocation completed",
+        /// Every node that held a removed pool member's key applied a bundle without it.
+        RemovalCompleted = "removal completed",
     }
 }
 
@@ -231,6 +233,7 @@ mod tests {
                 "node revoked",
                 "node removed",
                 "revocation completed",
+                "removal completed",
             ]
         );
         for a in AuditAction::ALL {

@@ -9,7 +9,7 @@ pub mod state;
 pub mod text;
 
 pub use audit::{AuditAction, AuditRecord};
-pub use state::{EnrolledState, EvidenceResult, FileResult, NodeState, Shown, TokenState};
+pub use state::{EnrolledState, EvidenceResult, FileResult, NodeState, Shown, TokenState, Withdrawal};
 
 /// Every error answer: one sentence, and a stable code a script can match.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -270,6 +270,10 @@ pub struct NodeStatus {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Revocation {
     pub node: String,
+    /// A revocation, or the removal of a pool's member by the sweep (followed the same way:
+    /// `removing`, then `removed`).
+    #[serde(default)]
+    pub kind: Withdrawal,
     pub decided_at: i64,
     /// When the last holder applied a version without the key (by the controller's clock, as
     /// its evidence arrived); absent while revoking.
@@ -311,15 +315,19 @@ impl Revocation {
     /// `revoking (2 of 3 peers still hold its key: db-1 applied v12 < v13, offline 3 h; ...)`.
     pub fn summary(&self, now: i64) -> String {
         use text::{duration, printable};
+        let (doing, done) = match self.kind {
+            Withdrawal::Revocation => ("revoking", "revoked"),
+            Withdrawal::Removal => ("removing", "removed"),
+        };
         if self.complete() {
-            return format!("revoked (in {}, {} peer(s) dropped its key)", duration(self.seconds), self.holders);
+            return format!("{done} (in {}, {} peer(s) dropped its key)", duration(self.seconds), self.holders);
         }
         if !self.holders_known {
-            return format!("revoking (for {}: the publish run that drops its key has not run yet)", duration(self.seconds));
+            return format!("{doing} (for {}: the publish run that drops its key has not run yet)", duration(self.seconds));
         }
         let held: Vec<String> = self.holding.iter().map(|h| format!("{} {}", printable(&h.name), h.why(now))).collect();
         format!(
-            "revoking (for {}; {} of {} peer(s) still hold its key: {})",
+            "{doing} (for {}; {} of {} peer(s) still hold its key: {})",
             duration(self.seconds),
             self.holding.len(),
             self.holders,
@@ -429,7 +437,7 @@ pub struct GraphLink {
 
 #[cfg(test)]
 mod tests {
-    use super::{KeyHolder, Revocation};
+    use super::{KeyHolder, Revocation, Withdrawal};
 
     fn holder(name: &str, applied: Option<i64>, dropped: Option<i64>, contact: Option<i64>, error: Option<&str>) -> KeyHolder {
         KeyHolder {
@@ -448,6 +456,7 @@ mod tests {
         let now = 100_000;
         let r = Revocation {
             node: "gone-1".into(),
+            kind: Withdrawal::Revocation,
             decided_at: now - 40,
             completed_at: None,
             seconds: 40,
@@ -469,5 +478,13 @@ mod tests {
         let done = Revocation { completed_at: Some(now - 33), seconds: 7, holding: vec![], holders: 3, ..r };
         assert!(done.complete());
         assert_eq!(done.summary(now), "revoked (in 7 s, 3 peer(s) dropped its key)");
+        let removing = Revocation {
+            kind: Withdrawal::Removal,
+            completed_at: None,
+            holders: 1,
+            holding: vec![holder("ci-1", Some(3), Some(4), Some(now - 5), None)],
+            ..done
+        };
+        assert_eq!(removing.summary(now), "removing (for 7 s; 1 of 1 peer(s) still hold its key: ci-1 applied v3 < v4)");
     }
 }

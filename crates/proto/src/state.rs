@@ -86,6 +86,9 @@ states! {
         Revoked = "revoked",
         /// Enrolled, no longer declared.
         Removed = "removed",
+        /// A pool's member the sweep removed, while a node that held its key has not applied a
+        /// bundle without it (ADR 0022).
+        Removing = "removing",
     }
 }
 
@@ -112,6 +115,21 @@ states! {
         Declared = "declared",
         External = "external",
         Removed = "removed",
+    }
+}
+
+states! {
+    /// What a node's peers are to drop it for (ADR 0022): it was revoked, or it was a pool's
+    /// member the sweep removed.
+    Withdrawal, "a withdrawal" {
+        Revocation = "revocation",
+        Removal = "removal",
+    }
+}
+
+impl Default for Withdrawal {
+    fn default() -> Self {
+        Withdrawal::Revocation
     }
 }
 
@@ -170,6 +188,7 @@ mod tests {
         round_trips(NodeState::ALL);
         round_trips(Shown::ALL);
         round_trips(TokenState::ALL);
+        round_trips(Withdrawal::ALL);
         round_trips(EvidenceResult::ALL);
         round_trips(FileResult::ALL);
         for s in EnrolledState::ALL {

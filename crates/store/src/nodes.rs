@@ -146,7 +146,7 @@ impl Store {
                 };
                 sqlx::query(sql).bind(to.as_str()).bind(name.clone()).execute(&mut **tx).await?;
                 if to == EnrolledState::Revoked {
-                    crate::revocations::open(tx, &name, at, state == EnrolledState::Active).await?;
+                    crate::revocations::open(tx, &name, trellis_proto::Withdrawal::Revocation, at, state == EnrolledState::Active).await?;
                 }
                 Ok(state)
             })

@@ -6,14 +6,15 @@
 use std::collections::HashMap;
 
 use sqlx::Row;
-use trellis_proto::EvidenceResult;
+use trellis_proto::{EvidenceResult, Withdrawal};
 
-use crate::{Audit, Result, Store, StoreError};
+use crate::{parse, Audit, Result, Store, StoreError};
 
 /// One revocation as stored, with its holders while it is open.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RevocationRecord {
     pub node: String,
+    pub kind: Withdrawal,
     pub decided_at: i64,
     /// Whether a publish run has recorded the holders.
     pub holders_known: bool,
@@ -40,7 +41,7 @@ impl Store {
     pub async fn revocations(&self, open_only: bool) -> Result<Vec<RevocationRecord>> {
         let filter = if open_only { " WHERE completed_at IS NULL" } else { "" };
         let rows = sqlx::query(&format!(
-            "SELECT node, decided_at, holders_known, completed_at, holders FROM revocations{filter} ORDER BY decided_at, node"
+            "SELECT node, kind, decided_at, holders_known, completed_at, holders FROM revocations{filter} ORDER BY decided_at, node"
         ))
         .fetch_all(&self.pool)
         .await?;
@@ -49,6 +50,7 @@ impl Store {
             .map(|r| {
                 Ok(RevocationRecord {
                     node: r.try_get("node")?,
+                    kind: parse(r.try_get::<String, _>("kind")?)?,
                     decided_at: r.try_get("decided_at")?,
                     holders_known: r.try_get::<i64, _>("holders_known")? != 0,
                     completed_at: r.try_get("completed_at")?,
@@ -184,13 +186,20 @@ impl Store {
 /// Opens a revocation in a decision's transaction: a node revoked again starts over. A node that
 /// was not active was given to no peer: nobody holds its key, and the revocation is complete as
 /// soon as it is looked at.
-pub(crate) async fn open(tx: &mut sqlx::Transaction<'static, sqlx::Any>, node: &str, at: i64, was_active: bool) -> Result<()> {
+pub(crate) async fn open(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    node: &str,
+    kind: Withdrawal,
+    at: i64,
+    was_active: bool,
+) -> Result<()> {
     sqlx::query(
-        "INSERT INTO revocations (node, decided_at, holders_known, completed_at, holders) VALUES ($1, $2, $3, NULL, 0) \
-         ON CONFLICT (node) DO UPDATE SET decided_at = excluded.decided_at, holders_known = excluded.holders_known, \
-         completed_at = NULL, holders = 0",
+        "INSERT INTO revocations (node, kind, decided_at, holders_known, completed_at, holders) VALUES ($1, $2, $3, $4, NULL, 0) \
+         ON CONFLICT (node) DO UPDATE SET kind = excluded.kind, decided_at = excluded.decided_at, \
+         holders_known = excluded.holders_known, completed_at = NULL, holders = 0",
     )
     .bind(node.to_string())
+    .bind(kind.as_str())
     .bind(at)
     .bind(i64::from(!was_active))
     .execute(&mut **tx)

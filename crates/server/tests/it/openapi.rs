@@ -208,6 +208,7 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
     };
     let revocation = proto::Revocation {
         node: "n".into(),
+        kind: proto::Withdrawal::Revocation,
         decided_at: 5,
         completed_at: None,
         seconds: 9,
@@ -218,6 +219,7 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
     let revoking = proto::NodeStatus { state: proto::NodeState::Revoking, revocation: Some(revocation.clone()), ..status };
     sample(d, "NodeStatus", revoking, &mut c);
     sample(d, "Revocation", revocation.clone(), &mut c);
+    sample(d, "Revocation", proto::Revocation { kind: proto::Withdrawal::Removal, ..revocation.clone() }, &mut c);
     sample(d, "Revocation", proto::Revocation { completed_at: Some(14), holding: vec![], ..revocation }, &mut c);
     sample(d, "KeyHolder", holder.clone(), &mut c);
     sample(
@@ -293,6 +295,9 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
     }
     for s in proto::TokenState::ALL {
         sample(d, "TokenState", *s, &mut c);
+    }
+    for s in proto::Withdrawal::ALL {
+        sample(d, "Withdrawal", *s, &mut c);
     }
     for s in proto::EvidenceResult::ALL {
         sample(d, "EvidenceResult", *s, &mut c);
