@@ -472,16 +472,15 @@ impl Controller {
             Ok((published, head.map(|(seq, _)| seq)))
         };
         let result = run.await;
-        if result.is_ok() {
-            // A run can complete a revocation (a holder left the mesh); evidence completes the others.
-            if let Err(e) = self.settle_revocations().await {
-                tracing::error!("following revocations failed: {e}");
-            }
-        }
         let took = started.elapsed();
         self.metrics.publish_run(took, result.as_ref().map(|(n, _)| *n).map_err(|_| ()));
         if let Ok((bundles, audit_seq)) = &result {
             tracing::debug!(bundles, audit_seq, ms = took.as_millis() as u64, "publish run");
+            // A run can complete a revocation (a holder left the mesh); evidence completes the
+            // others.
+            if let Err(e) = self.settle_revocations().await {
+                tracing::error!("following revocations failed: {e}");
+            }
         }
         result.map(|(n, _)| n)
     }

@@ -121,15 +121,11 @@ states! {
 states! {
     /// What a node's peers are to drop it for (ADR 0022): it was revoked, or it was a pool's
     /// member the sweep removed.
+    #[derive(Default)]
     Withdrawal, "a withdrawal" {
+        #[default]
         Revocation = "revocation",
         Removal = "removal",
-    }
-}
-
-impl Default for Withdrawal {
-    fn default() -> Self {
-        Withdrawal::Revocation
     }
 }
 

@@ -110,13 +110,20 @@ impl Store {
             tx.rollback().await?;
             return Ok(false);
         }
-        for (holder, dropped_in) in holders {
-            sqlx::query("INSERT INTO revocation_holders (node, holder, dropped_in) VALUES ($1, $2, $3)")
-                .bind(node)
-                .bind(holder)
-                .bind(*dropped_in)
-                .execute(&mut *tx)
-                .await?;
+        // Multi-row inserts: an operator's node may have ten thousand holders.
+        for chunk in holders.chunks(250) {
+            let mut sql = String::from("INSERT INTO revocation_holders (node, holder, dropped_in) VALUES ");
+            for k in 0..chunk.len() {
+                if k > 0 {
+                    sql.push_str(", ");
+                }
+                sql.push_str(&format!("(${}, ${}, ${})", 3 * k + 1, 3 * k + 2, 3 * k + 3));
+            }
+            let mut q = sqlx::query(&sql);
+            for (holder, dropped_in) in chunk {
+                q = q.bind(node.to_string()).bind(holder.clone()).bind(*dropped_in);
+            }
+            q.execute(&mut *tx).await?;
         }
         tx.commit().await?;
         Ok(true)
