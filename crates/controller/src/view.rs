@@ -78,6 +78,13 @@ impl Controller {
         let topo = Topology::new(&decl, &alloc, &trellis_core::Keys::default());
         let g = trellis_core::graph::graph(&topo);
         let by_name: HashMap<&str, &proto::NodeStatus> = status.iter().map(|s| (s.name.as_str(), s)).collect();
+        // Who still holds the key of a node revoking or removing.
+        let mut holds: HashMap<&str, Vec<String>> = HashMap::new();
+        for r in status.iter().filter_map(|s| s.revocation.as_ref()).filter(|r| !r.complete()) {
+            for h in &r.holding {
+                holds.entry(h.name.as_str()).or_default().push(r.node.clone());
+            }
+        }
         let spots: HashMap<&str, &trellis_core::graph::Spot> = g.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
         let links = g
             .links
@@ -109,6 +116,7 @@ impl Controller {
                     stale_for: s.and_then(|s| s.stale_for),
                     last_contact: s.and_then(|s| s.last_contact),
                     last_error: s.and_then(|s| s.last_error.as_deref()).map(|e| proto::text::printable(e).into_owned()),
+                    holds: holds.remove(n.name.as_str()).unwrap_or_default(),
                     name: n.name,
                 }
             })

@@ -420,6 +420,10 @@ pub struct GraphNode {
     pub stale_for: Option<i64>,
     pub last_contact: Option<i64>,
     pub last_error: Option<String>,
+    /// The revoked or removed nodes whose key this node still holds: it has not reported
+    /// applying a bundle without them (ADR 0022).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holds: Vec<String>,
 }
 
 /// Two nodes with allowed traffic between them, or a node and the hub that relays for it.

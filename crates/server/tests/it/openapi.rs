@@ -273,6 +273,7 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
         stale_for: Some(30),
         last_contact: None,
         last_error: Some("e".into()),
+        holds: vec![],
     };
     let link = proto::GraphLink {
         a: "a-1".into(),
@@ -282,6 +283,7 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
         d: "M1 2 Q3 4 5 6".into(),
     };
     sample(d, "MeshGraph", proto::MeshGraph { revision: Some(1), nodes: vec![gnode.clone()], links: vec![link.clone()] }, &mut c);
+    sample(d, "GraphNode", proto::GraphNode { holds: vec!["db-1".into()], ..gnode.clone() }, &mut c);
     sample(d, "GraphNode", gnode, &mut c);
     sample(d, "GraphLink", link, &mut c);
     for s in proto::Shown::ALL {
