@@ -144,9 +144,10 @@ impl Controller {
     }
 
     /// Records the completion of every open revocation that is complete now, each with its
-    /// audit record (once, whichever replica gets there first). Publish runs end with it, and
-    /// the server calls it when evidence arrived while a revocation was open. Returns how many
-    /// it recorded.
+    /// audit record (once, whichever replica gets there first). Publish runs end with it; the
+    /// server calls it on its next tick when evidence arrived here while a revocation was open,
+    /// and every 5 s in any case (the evidence may have reached another replica). Returns how
+    /// many it recorded.
     pub async fn settle_revocations(&self) -> Result<usize> {
         self.revocations.dirty.store(false, Ordering::SeqCst);
         let open = self.store.revocations(true).await?;

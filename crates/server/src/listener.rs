@@ -151,6 +151,12 @@ impl Server {
                         }
                         // Refusals counted in windows that have closed, one record each.
                         c.write_refusals().await;
+                        // A revocation completed by evidence another replica received is
+                        // recorded here too, if no look has recorded it yet (one query when none
+                        // is open).
+                        if let Err(e) = c.settle_revocations().await {
+                            tracing::error!("following revocations failed: {e}");
+                        }
                     }
                 }
             })

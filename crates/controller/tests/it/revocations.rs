@@ -243,3 +243,28 @@ async fn a_node_revoked_before_it_took_part_is_revoked_at_once() {
         assert_eq!((s, r.holders, r.seconds), (NodeState::Revoked, 0, 0), "{db}: {r:?}");
     }
 }
+
+/// Two replicas on one database: the state is computed from the records and the evidence, so
+/// the other replica, which published nothing and received no evidence, says the same; and the
+/// completion is audited once, by whichever looks first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_on_one_database_say_the_same_and_audit_the_completion_once() {
+    for db in trellis_testing::databases().await {
+        let (fx, mut agents) = enrolled(db.clone()).await;
+        let (a, b) = (&fx.c, &trellis_testing::controller::controller(db.clone()).await.c);
+        a.revoke("gone-1").await.unwrap();
+        a.publish().await.unwrap();
+        agents[1].applies(a).await;
+        agents[2].applies(a).await;
+        let here = a.revocation("gone-1").await.unwrap();
+        assert_eq!(holding(&here), ["peer-3"], "{db}");
+        assert_eq!(b.revocation("gone-1").await.unwrap(), here, "{db}: the other replica says the same");
+        assert_eq!(state(b, "gone-1").await.0, NodeState::Revoking);
+        agents[3].applies(a).await;
+        assert!(b.revocation("gone-1").await.unwrap().complete(), "{db}");
+        assert_eq!(b.settle_revocations().await.unwrap(), 1, "the other replica looks first");
+        assert_eq!(a.settle_revocations().await.unwrap(), 0, "{db}: recorded once");
+        assert_eq!(completions(&a.audit().await.unwrap(), "gone-1"), 1);
+        assert_eq!(state(a, "gone-1").await, state(b, "gone-1").await);
+    }
+}
