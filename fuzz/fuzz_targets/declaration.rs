@@ -96,6 +96,8 @@ fn reads_back(name: &str, out: &NodeOutput, key_of: &dyn Fn(&str) -> PublicKey) 
         assert_eq!(seen.get(&*t.name).cloned().unwrap_or_default(), want, "{name}: the zone's addresses of {}", t.name);
     }
     names.extend(plan.zone_modules.iter().filter(|m| !m.records.is_empty()).map(|m| &*m.module));
+    // A route's block names the hosts on it, each on its own record lines.
+    names.extend(plan.zone_routes.iter().flat_map(|r| r.records.lines().filter_map(|l| l.split_whitespace().next())));
     names.sort_unstable();
     let listed: Vec<&str> = seen.keys().copied().collect();
     let want: Vec<&str> = BTreeMap::from_iter(names.into_iter().map(|n| (n, ()))).into_keys().collect();
@@ -118,6 +120,8 @@ fn expected_wgconf(plan: &NodePlan, key_of: &dyn Fn(&str) -> PublicKey) -> WgCon
             allowed_ips: std::iter::once(&p.node)
                 .chain(p.relays_for.iter())
                 .flat_map(|t| t.allowed.split(", ").filter(|s| !s.is_empty()).map(str::to_string))
+                // Then the prefixes of the routes this node sends to the peer, its router.
+                .chain(p.routes.iter().flat_map(|r| r.prefixes.iter().map(|n| n.to_string())))
                 .collect(),
             endpoint: p.endpoint(),
             keepalive: p.keepalive().then_some(KEEPALIVE_SECS),

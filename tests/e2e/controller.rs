@@ -86,11 +86,22 @@ impl Controller {
 
     /// Starts (another) `trellis serve` on this state directory and database, on `port`.
     pub fn serve(&mut self, port: u16) {
+        self.serve_with(port, &[]);
+    }
+
+    /// The `trellis serve` command of this controller, on `port`, with `extra` arguments.
+    pub fn serve_cmd(&self, port: u16, extra: &[&str]) -> Command {
         let mut cmd = trellis_cmd(&["serve", "--state-dir", self.state.to_str().unwrap(), "--listen", &format!("127.0.0.1:{port}")]);
         if let Some(u) = &self.database_url {
             cmd.args(["--database-url", u]);
         }
-        cmd.args(&self.serve_args);
+        cmd.args(&self.serve_args).args(extra);
+        cmd
+    }
+
+    /// As [`Controller::serve`], with `extra` arguments.
+    pub fn serve_with(&mut self, port: u16, extra: &[&str]) {
+        let mut cmd = self.serve_cmd(port, extra);
         let log = std::fs::File::create(self.dir.path().join(format!("serve-{port}.log"))).unwrap();
         let child = cmd.stdout(Stdio::null()).stderr(log).spawn().expect("spawn trellis serve");
         self.serves.push(child);
@@ -145,6 +156,18 @@ impl Drop for Controller {
         for c in &mut self.serves {
             let _ = c.kill();
             let _ = c.wait();
+        }
+        // A failed test shows what the controller said, before its directory goes with it.
+        if std::thread::panicking() {
+            for entry in std::fs::read_dir(self.dir.path()).into_iter().flatten().flatten() {
+                let name = entry.file_name().to_string_lossy().to_string();
+                if name.starts_with("serve-") && name.ends_with(".log") {
+                    let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+                    let lines: Vec<&str> = text.lines().collect();
+                    let tail = lines[lines.len().saturating_sub(80)..].join("\n");
+                    eprintln!("--- the last {} lines of {name} ---\n{tail}", lines.len().min(80));
+                }
+            }
         }
     }
 }

@@ -12,7 +12,7 @@ use crate::state::Identity;
 pub async fn fetch(dir: &Path, out: &Path, wait: u64, held: Option<i64>) -> Result<()> {
     let id = Identity::load(dir)?;
     let client = node_client(dir, &id)?;
-    let answer = client.bundle(wait, held).await?;
+    let answer = client.bundle(wait, held.map(|version| trellis_proto::etag::BundleTag { version, digest: None })).await?;
     let fresh = match answer.freshness {
         Some(stamp) => match trellis_core::bundle::verify_stamp(&stamp, &id.signing_key()?, &id.mesh) {
             Ok(at) => format!("the controller's signed word is {}s old", (crate::unix_now() - at).max(0)),
@@ -26,7 +26,7 @@ pub async fn fetch(dir: &Path, out: &Path, wait: u64, held: Option<i64>) -> Resu
             std::fs::write(out, &bytes).with_context(|| format!("cannot write {}", out.display()))?;
             println!(
                 "saved the bundle (version {}, {} bytes) to {} ({fresh})",
-                answer.etag.unwrap_or_default(),
+                answer.tag.map_or_else(|| "unnamed".to_string(), |t| t.version.to_string()),
                 bytes.len(),
                 out.display()
             );

@@ -1,17 +1,21 @@
 //! The executor: carries a plan's actions out through the host traits (`FileWriter`,
 //! `Wireguard`, `Firewall`, `Resolver`, `Forwarding`, `Routing`, `Prompter`), in order, stopping
-//! at the first failure (a handshake prompt that cannot be sent is only logged). The backends are chosen at run time: the real host's by the binary, fakes by
-//! tests.
+//! at the first failure (a handshake prompt that cannot be sent is only logged). The backends
+//! are chosen at run time: the real host's by the binary, fakes by tests.
+//!
+//! Prompts are followed up: a peer still without a handshake a moment after its prompt has its
+//! handshake restarted and is prompted again, a few times (see [`FOLLOW_UP_DELAYS`]).
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use trellis_core::wgconf::WgConf;
 
 use crate::dns::Resolver;
 use crate::host::{self, FileOutcome, FileWriter, Firewall, Forwarding, Prompter, Wireguard};
-use crate::plan::Action;
+use crate::plan::{Action, Prompt};
 use crate::state::{Identity, PeerState};
 
 /// Makes the WireGuard backend for an interface, on the first apply that names it.
@@ -73,11 +77,96 @@ pub struct Executor {
     /// so an exit's rules are not taken down and put back (traffic leaking outside the tunnel
     /// meanwhile) at every change of peers.
     routed: Option<crate::plan::Action>,
+    /// The prompted peers still to be checked for a handshake. Behind a lock so that the run loop
+    /// follows them up while a long-poll (which borrows the agent) waits.
+    follow_up: Mutex<Option<FollowUp>>,
+}
+
+/// When, after a prompt, a peer still without a handshake is prompted again: each delay after
+/// the one before. A handshake takes a round trip; one not done by then was dropped by a peer
+/// that did not have this node yet (it applies its bundle a moment later, typically within a
+/// second). The delays grow so that a slow round trip (a loaded host) is not restarted forever;
+/// WireGuard itself would retry only after its 5 s rekey timeout, and after the last follow-up,
+/// that retry takes over.
+pub const FOLLOW_UP_DELAYS: [Duration; 8] = [
+    Duration::from_millis(250),
+    Duration::from_millis(250),
+    Duration::from_millis(500),
+    Duration::from_secs(1),
+    Duration::from_secs(1),
+    Duration::from_secs(1),
+    Duration::from_secs(1),
+    Duration::from_secs(1),
+];
+pub const FOLLOW_UPS: u32 = FOLLOW_UP_DELAYS.len() as u32;
+
+/// Prompted peers awaiting their first handshake.
+#[derive(Debug)]
+struct FollowUp {
+    interface: String,
+    peers: Vec<Prompt>,
+    /// Follow-ups done so far.
+    done: u32,
+    next: Instant,
 }
 
 impl Executor {
     pub fn new(backends: Backends, root: PathBuf, key_path: PathBuf) -> Executor {
-        Executor { backends, root, key_path, wg: None, configured: None, report: HostReport::default(), routed: None }
+        Executor {
+            backends,
+            root,
+            key_path,
+            wg: None,
+            configured: None,
+            report: HostReport::default(),
+            routed: None,
+            follow_up: Mutex::new(None),
+        }
+    }
+
+    /// When the prompted peers are next checked for a handshake; `None` when none waits.
+    pub fn next_follow_up(&self) -> Option<Instant> {
+        self.follow_up.lock().expect("follow-up lock").as_ref().map(|f| f.next)
+    }
+
+    /// Checks the prompted peers: those with a handshake are done; each other has its handshake
+    /// restarted and is prompted again, until [`FOLLOW_UPS`] follow-ups are spent. Returns the
+    /// keys of the peers prompted again. A failure is logged: prompts only hasten a handshake.
+    pub fn follow_up(&self) -> Vec<String> {
+        let mut slot = self.follow_up.lock().expect("follow-up lock");
+        let (Some(f), Some(wg)) = (slot.as_mut(), self.wg.as_ref()) else {
+            *slot = None;
+            return Vec::new();
+        };
+        let shaken: Vec<String> = match wg.peers() {
+            Ok(peers) => peers.into_iter().filter(|p| p.last_handshake.is_some_and(|t| t > 0)).map(|p| p.public_key).collect(),
+            Err(e) => {
+                tracing::warn!("reading the handshakes of {}: {e:#}", f.interface);
+                Vec::new()
+            }
+        };
+        f.peers.retain(|p| !shaken.contains(&p.public_key));
+        f.done += 1;
+        if f.peers.is_empty() {
+            *slot = None;
+            return Vec::new();
+        }
+        let keys: Vec<String> = f.peers.iter().map(|p| p.public_key.clone()).collect();
+        let to: Vec<std::net::IpAddr> = f.peers.iter().map(|p| p.address).collect();
+        tracing::debug!(peers = keys.len(), follow_up = f.done, "no handshake yet: restarting it");
+        if let Err(e) = wg.restart_handshakes(&keys) {
+            tracing::warn!("restarting handshakes on {}: {e:#}", f.interface);
+        }
+        if let Some(p) = self.backends.prompter.as_ref() {
+            if let Err(e) = p.prompt(&f.interface, &to) {
+                tracing::warn!("handshake prompts through {}: {e:#}", f.interface);
+            }
+        }
+        match FOLLOW_UP_DELAYS.get(f.done as usize) {
+            Some(delay) => f.next = Instant::now() + *delay,
+            None => *slot = None,
+        }
+        keys
     }
 
     /// The configuration the interface was last brought to, for the plan's prompts.
@@ -160,12 +249,25 @@ impl Executor {
                 }
             }
             Action::PromptHandshakes { interface, to } => {
-                if let Some(p) = self.backends.prompter.as_mut() {
+                if let Some(p) = self.backends.prompter.as_ref() {
                     // A prompt only hastens a handshake WireGuard makes anyway: one not sent is
                     // no reason to put the previous bundle back.
-                    if let Err(e) = p.prompt(interface, to) {
+                    let addresses: Vec<std::net::IpAddr> = to.iter().map(|p| p.address).collect();
+                    if let Err(e) = p.prompt(interface, &addresses) {
                         tracing::warn!("handshake prompts through {interface}: {e:#}");
                     }
+                    // Peers still waiting from an earlier prompt wait on, if the interface
+                    // still has them; every one is followed up from now.
+                    let mut slot = self.follow_up.lock().expect("follow-up lock");
+                    let mut peers = to.clone();
+                    let kept = |k: &str| self.configured.as_ref().is_some_and(|c| c.peers.iter().any(|p| p.public_key == k));
+                    for old in slot.take().map(|f| f.peers).unwrap_or_default() {
+                        if kept(&old.public_key) && !peers.iter().any(|p| p.public_key == old.public_key) {
+                            peers.push(old);
+                        }
+                    }
+                    let next = Instant::now() + FOLLOW_UP_DELAYS[0];
+                    *slot = Some(FollowUp { interface: interface.clone(), peers, done: 0, next });
                 }
             }
         }

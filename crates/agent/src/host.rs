@@ -133,6 +133,11 @@ pub trait Wireguard {
     fn apply(&mut self, conf: &WgConf, private_key: &str) -> Result<()>;
     fn peers(&self) -> Result<Vec<PeerState>>;
     fn describe(&self) -> String;
+    /// Removes these peers and adds them again as configured, so that the next packet to each
+    /// starts a handshake now. Every backend sends at most one initiation per peer in WireGuard's
+    /// 5 s rekey timeout: one the other end dropped (it did not have this node yet) is otherwise
+    /// retried only then. A peer that has a session must not be named (it loses the session).
+    fn restart_handshakes(&self, public_keys: &[String]) -> Result<()>;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -260,6 +265,17 @@ macro_rules! defguard_backend {
             fn describe(&self) -> String {
                 format!("{} ({})", self.ifname, self.backend)
             }
+
+            fn restart_handshakes(&self, public_keys: &[String]) -> Result<()> {
+                use defguard_wireguard_rs::WireguardInterfaceApi;
+                let (Some(api), Some(current)) = (&self.api, &self.current) else { return Ok(()) };
+                for p in current.peers.iter().filter(|p| public_keys.contains(&p.public_key)) {
+                    let key = defguard_wireguard_rs::key::Key::from_str(&p.public_key).map_err(|e| anyhow::anyhow!("{e}"))?;
+                    api.remove_peer(&key).map_err(|e| anyhow::anyhow!("removing peer {} to restart its handshake: {e}", p.public_key))?;
+                    api.configure_peer(&dg_peer(p)?).map_err(|e| anyhow::anyhow!("adding peer {} again: {e}", p.public_key))?;
+                }
+                Ok(())
+            }
         }
     };
 }
@@ -362,7 +378,7 @@ impl Forwarding for ProcSys {
 /// session is what starts one.
 pub trait Prompter {
     /// Sends one empty datagram to each overlay address in `to`, through `interface` only.
-    fn prompt(&mut self, interface: &str, to: &[IpAddr]) -> Result<()>;
+    fn prompt(&self, interface: &str, to: &[IpAddr]) -> Result<()>;
 }
 
 /// UDP datagrams to the discard port (9), each from a socket bound to the interface
@@ -374,7 +390,7 @@ pub struct Datagrams;
 const DISCARD_PORT: u16 = 9;
 
 impl Prompter for Datagrams {
-    fn prompt(&mut self, interface: &str, to: &[IpAddr]) -> Result<()> {
+    fn prompt(&self, interface: &str, to: &[IpAddr]) -> Result<()> {
         use socket2::{Domain, Protocol, SockAddr, Socket, Type};
         let send = |addr: IpAddr| -> std::io::Result<()> {
             let to = std::net::SocketAddr::new(addr, DISCARD_PORT);

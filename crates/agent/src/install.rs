@@ -164,6 +164,7 @@ mod tests {
     use super::*;
     use crate::dns::{BoxFuture, Resolver};
     use crate::exec::Backends;
+    use crate::exec::{FOLLOW_UPS, FOLLOW_UP_DELAYS};
     use crate::host::{FileOutcome, FileWriter, Firewall, Forwarding, Wireguard};
     use crate::state::PeerState;
 
@@ -197,17 +198,26 @@ mod tests {
         }
     }
 
-    struct Wg(Journal);
+    /// The peers with a handshake, by key, as the fake interface shows them.
+    type Shaken = Arc<Mutex<Vec<String>>>;
+
+    struct Wg(Journal, Shaken);
     impl Wireguard for Wg {
         fn apply(&mut self, conf: &WgConf, private_key: &str) -> Result<()> {
             note(&self.0, format!("wireguard {} key {private_key}", conf.addresses.join(",")));
             Ok(())
         }
         fn peers(&self) -> Result<Vec<PeerState>> {
-            Ok(Vec::new())
+            let shaken = self.1.lock().unwrap();
+            Ok(shaken.iter().map(|k| PeerState { public_key: k.clone(), endpoint: None, last_handshake: Some(1_700_000_000) }).collect())
         }
         fn describe(&self) -> String {
             "fake".into()
+        }
+        fn restart_handshakes(&self, public_keys: &[String]) -> Result<()> {
+            let first: Vec<String> = public_keys.iter().map(|k| k[..1].to_string()).collect();
+            note(&self.0, format!("restart {}", first.join(" ")));
+            Ok(())
         }
     }
 
@@ -268,7 +278,7 @@ mod tests {
     /// Notes every prompt; refuses to send with `fail`.
     struct Prompts(Journal, Arc<Mutex<bool>>);
     impl crate::host::Prompter for Prompts {
-        fn prompt(&mut self, interface: &str, to: &[std::net::IpAddr]) -> Result<()> {
+        fn prompt(&self, interface: &str, to: &[std::net::IpAddr]) -> Result<()> {
             let to: Vec<String> = to.iter().map(|a| a.to_string()).collect();
             note(&self.0, format!("prompt {interface} {}", to.join(" ")));
             if *self.1.lock().unwrap() {
@@ -282,6 +292,7 @@ mod tests {
         journal: Journal,
         /// Whether the fake prompter fails.
         prompts_fail: Arc<Mutex<bool>>,
+        shaken: Shaken,
         dir: PathBuf,
         applier: Installer,
     }
@@ -301,9 +312,11 @@ mod tests {
         let disk = Disk::default();
         let prompts_fail = Arc::new(Mutex::new(false));
         let j = journal.clone();
+        let shaken = Shaken::default();
+        let s = shaken.clone();
         let backends = Backends {
             files: Box::new(Files(journal.clone(), disk.clone())),
-            wireguard: Some(Box::new(move |_: &str| Some(Box::new(Wg(j.clone())) as Box<dyn Wireguard + Send>))),
+            wireguard: Some(Box::new(move |_: &str| Some(Box::new(Wg(j.clone(), s.clone())) as Box<dyn Wireguard + Send>))),
             firewall: Some(Box::new(Fw(journal.clone(), disk))),
             resolver: Some(Box::new(Dns(journal.clone()))),
             forwarding: Box::new(Fwd(journal.clone(), false)),
@@ -312,7 +325,7 @@ mod tests {
         };
         let exec = Executor::new(backends, dir.join("root"), dir.join("wireguard.key"));
         let scope = Scope { files_only: false, wireguard: true, dns_port: 53 };
-        Fixture { applier: Installer::new(exec, scope, &dir, Manifest::default(), None), journal, prompts_fail, dir }
+        Fixture { applier: Installer::new(exec, scope, &dir, Manifest::default(), None), journal, prompts_fail, shaken, dir }
     }
 
     impl Fixture {
@@ -569,6 +582,44 @@ mod tests {
             assert_eq!(ev.result, proto::EvidenceResult::Applied, "a prompt not sent is no failure: {ev:?}");
             assert_eq!(f.take().last().map(String::as_str), Some("prompt trellis0 10.88.0.9"));
             assert_eq!(f.applier.manifest().version, 5);
+        });
+    }
+
+    /// A prompted peer without a handshake a moment later (it dropped the initiation: it did not
+    /// have this node yet) has its handshake restarted and is prompted again, until it has one or
+    /// the follow-ups are spent; one with a handshake is left alone.
+    #[test]
+    fn a_prompted_peer_without_a_handshake_is_restarted_and_prompted_again() {
+        rt().block_on(async {
+            let mut f = fixture("follow-up");
+            let key = |c: char| format!("{}=", c.to_string().repeat(43));
+            let (a, b) = (('A', Some("192.0.2.11:51820"), "10.88.0.6"), ('B', Some("192.0.2.12:51820"), "10.88.0.7"));
+            f.apply(&peered_bundle(1, &[a, b])).await.unwrap();
+            assert_eq!(f.take().last().map(String::as_str), Some("prompt trellis0 10.88.0.6 10.88.0.7"));
+            let exec = f.applier.executor();
+            let due = exec.next_follow_up().expect("a follow-up is due");
+            assert!(due > std::time::Instant::now() + FOLLOW_UP_DELAYS[0] / 2, "not before a handshake had its time");
+
+            // A answered; B did not.
+            f.shaken.lock().unwrap().push(key('A'));
+            assert_eq!(exec.follow_up(), [key('B')]);
+            assert_eq!(f.take(), lines(&["restart B", "prompt trellis0 10.88.0.7"]));
+
+            // B still without one: followed up until they are spent, then left to WireGuard.
+            for _ in 1..FOLLOW_UPS {
+                assert_eq!(exec.follow_up(), [key('B')]);
+            }
+            assert_eq!(exec.next_follow_up(), None, "{FOLLOW_UPS} follow-ups, no more");
+            assert_eq!(f.take().iter().filter(|l| l.starts_with("restart")).count(), FOLLOW_UPS as usize - 1);
+
+            // A new bundle adds C: C and B, still waiting, are followed up; B's handshake ends it.
+            let c = ('C', Some("192.0.2.13:51820"), "10.88.0.8");
+            f.apply(&peered_bundle(2, &[a, b, c])).await.unwrap();
+            let exec = f.applier.executor();
+            assert_eq!(exec.follow_up(), [key('C')], "B was spent before C came");
+            f.shaken.lock().unwrap().push(key('C'));
+            assert!(exec.follow_up().is_empty());
+            assert_eq!(exec.next_follow_up(), None, "everyone has a handshake");
         });
     }
 

@@ -34,7 +34,15 @@ pub enum Action {
     /// handshake at once, so whichever end comes up second completes it, and a first packet
     /// does not wait for the 5 s retry of an initiation that was lost (or that crossed the
     /// other end's) while the tunnel was not up on both ends.
-    PromptHandshakes { interface: String, to: Vec<IpAddr> },
+    PromptHandshakes { interface: String, to: Vec<Prompt> },
+}
+
+/// One peer to prompt: its key (for the executor's follow-up, which restarts the handshake of a
+/// peer still without one) and its own overlay address (where the datagram goes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Prompt {
+    pub public_key: String,
+    pub address: IpAddr,
 }
 
 /// Which families' default routes go through the overlay.
@@ -188,11 +196,15 @@ fn network(bundle: &Bundle, observed: &Observed, scope: &Scope) -> Result<Vec<Ac
 /// `Endpoint`) that the interface `before` did not have, or had at another endpoint; every
 /// peer it dials when the interface is new or made again (other addresses, port or MTU: the
 /// backends make it anew, without sessions). A peer that dials this node is left to do so.
-fn prompts(conf: &WgConf, before: Option<&WgConf>) -> Vec<IpAddr> {
+fn prompts(conf: &WgConf, before: Option<&WgConf>) -> Vec<Prompt> {
     let before = before.filter(|b| b.addresses == conf.addresses && b.listen_port == conf.listen_port && b.mtu == conf.mtu);
     let held = |p: &WgPeer| before.is_some_and(|b| b.peers.iter().any(|o| o.public_key == p.public_key && o.endpoint == p.endpoint));
     let overlay: Vec<ipnet::IpNet> = conf.addresses.iter().filter_map(|a| a.parse().ok()).collect();
-    conf.peers.iter().filter(|p| p.endpoint.is_some() && !held(p)).filter_map(|p| overlay_address(p, &overlay)).collect()
+    conf.peers
+        .iter()
+        .filter(|p| p.endpoint.is_some() && !held(p))
+        .filter_map(|p| Some(Prompt { public_key: p.public_key.clone(), address: overlay_address(p, &overlay)? }))
+        .collect()
 }
 
 /// A peer's own overlay address: the first of its AllowedIPs (`render` writes the peer's own
@@ -229,7 +241,12 @@ mod tests {
     /// The prompts the plan makes for `after` when the interface holds `before`.
     fn check(before: Option<&WgConf>, after: &WgConf, expect: &[&str]) {
         let expect: Vec<IpAddr> = expect.iter().map(|a| a.parse().unwrap()).collect();
-        assert_eq!(prompts(after, before), expect, "before {before:?}\nafter {after:?}");
+        let to: Vec<IpAddr> = prompts(after, before).iter().map(|p| p.address).collect();
+        assert_eq!(to, expect, "before {before:?}\nafter {after:?}");
+        for p in prompts(after, before) {
+            let peer = after.peers.iter().find(|peer| peer.public_key == p.public_key).expect("the prompt names a peer");
+            assert!(peer.allowed_ips[0].starts_with(&p.address.to_string()), "{p:?} is {peer:?}'s own address");
+        }
     }
 
     #[test]

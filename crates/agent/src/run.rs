@@ -171,8 +171,13 @@ impl Agent {
     /// answered and the time in its signed freshness stamp. Takes `&self` so that the status
     /// can be refreshed while it waits.
     async fn poll(&self) -> Polled {
-        let version = self.installer.manifest().version;
-        let held = (version > 0).then_some(version as i64);
+        // What is held, by its tag: the version and the start of the content digest, so that a
+        // controller restored from a backup, which numbered other content so, knows (ADR 0024).
+        let m = self.installer.manifest();
+        let held = (m.version > 0).then(|| match m.digest() {
+            Some(d) => trellis_proto::etag::BundleTag::new(m.version as i64, &d),
+            None => trellis_proto::etag::BundleTag { version: m.version as i64, digest: None },
+        });
         // A large bundle may come as the edits from the one held, rebuilt here from its bytes.
         let last = self.opts.state_dir.join(LAST_BUNDLE);
         let rebuild = held.is_some() && last.exists();
@@ -192,7 +197,7 @@ impl Agent {
     /// The new bundle's bytes from the ones held and a delta; when the delta does not rebuild
     /// them (the held file damaged, say), the whole bundle is fetched instead. The bytes are
     /// verified as any bundle is, after this.
-    async fn rebuild(&self, last: &Path, delta: &[u8], held: Option<i64>) -> Result<Option<Vec<u8>>> {
+    async fn rebuild(&self, last: &Path, delta: &[u8], held: Option<trellis_proto::etag::BundleTag>) -> Result<Option<Vec<u8>>> {
         let base = std::fs::read(last).with_context(|| format!("cannot read {}", last.display()))?;
         match trellis_core::delta::apply(&base, delta) {
             Ok(bytes) => {
@@ -284,15 +289,19 @@ impl Agent {
             let _ = self.flush_evidence().await;
             let polled = {
                 // While the long-poll waits, the status file is refreshed every ten seconds so
-                // that `trellis-agent status` shows live peers and handshakes.
+                // that `trellis-agent status` shows live peers and handshakes, and peers prompted
+                // without a handshake yet are followed up (`Executor::follow_up`).
                 let poll = self.poll();
                 tokio::pin!(poll);
                 let mut tick = tokio::time::interval(Duration::from_secs(10));
                 tick.tick().await;
                 loop {
+                    let follow_up = self.installer.executor().next_follow_up();
+                    let due = tokio::time::sleep_until(follow_up.unwrap_or_else(std::time::Instant::now).into());
                     tokio::select! {
                         p = &mut poll => break p,
                         _ = tick.tick() => { self.snapshot(); }
+                        _ = due, if follow_up.is_some() => { self.installer.executor().follow_up(); }
                     }
                 }
             };

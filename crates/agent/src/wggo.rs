@@ -202,6 +202,25 @@ impl Wireguard for WireguardGo {
     fn describe(&self) -> String {
         format!("{} (wireguard-go)", self.ifname)
     }
+
+    fn restart_handshakes(&self, public_keys: &[String]) -> Result<()> {
+        let Some(current) = self.current.as_ref().filter(|_| self.child.is_some()) else { return Ok(()) };
+        let body = restart_peers(&current.peers, public_keys)?;
+        if !body.is_empty() {
+            self.set(&body)?;
+        }
+        Ok(())
+    }
+}
+
+/// The `set=1` body that removes the named peers of `peers` and adds them again as they are.
+fn restart_peers(peers: &[WgPeer], public_keys: &[String]) -> Result<String> {
+    let mut out = String::new();
+    for p in peers.iter().filter(|p| public_keys.contains(&p.public_key)) {
+        out.push_str(&format!("public_key={}\nremove=true\n", hex_key(&p.public_key)?));
+        peer_lines(p, &mut out)?;
+    }
+    Ok(out)
 }
 
 /// Runs `ip ARGS`; its complaint is the error.
@@ -321,6 +340,7 @@ mod tests {
 
     const A: &str = "YWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWE=";
     const B: &str = "YmJiYmJiYmJiYmJiYmJiYmJiYmJiYmJiYmJiYmJiYmI=";
+    const C: &str = "Y2NjY2NjY2NjY2NjY2NjY2NjY2NjY2NjY2NjY2NjY2M=";
 
     fn peer(key: &str, endpoint: Option<&str>, keepalive: Option<u16>, ips: &[&str]) -> WgPeer {
         WgPeer {
@@ -369,6 +389,18 @@ mod tests {
             format!("public_key={a}\nremove=true\npublic_key={a}\npersistent_keepalive_interval=25\nreplace_allowed_ips=true\nallowed_ip=10.88.0.6/32\n")
         );
         assert!(set_peers(&[], &[peer("short", None, None, &[])]).unwrap_err().to_string().contains("is not a WireGuard key"));
+    }
+
+    #[test]
+    fn a_restarted_handshake_removes_the_peer_and_adds_it_back_as_it_was() {
+        let a = hex::encode([b'a'; 32]);
+        let peers = vec![peer(A, Some("192.0.2.11:51820"), Some(25), &["10.88.0.6/32"]), peer(B, None, None, &["10.88.0.7/32"])];
+        assert_eq!(
+            restart_peers(&peers, &[A.to_string(), C.to_string()]).unwrap(),
+            format!("public_key={a}\nremove=true\npublic_key={a}\nendpoint=192.0.2.11:51820\npersistent_keepalive_interval=25\nreplace_allowed_ips=true\nallowed_ip=10.88.0.6/32\n"),
+            "only A: C is not a peer, B is not named"
+        );
+        assert_eq!(restart_peers(&peers, &[]).unwrap(), "");
     }
 
     #[test]

@@ -17,7 +17,18 @@ pub use node::{enrol, enrol_request, read_bounded, BundleAnswer, NodeClient};
 
 /// A reqwest client over a rustls configuration made by `trellis_pki::tls`.
 fn http_client(tls: rustls::ClientConfig, connect: Duration, timeout: Duration) -> Result<reqwest::Client, Error> {
+    http_client_with(tls, connect, timeout, reqwest::header::HeaderMap::new())
+}
+
+/// As [`http_client`], sending `headers` with every request.
+fn http_client_with(
+    tls: rustls::ClientConfig,
+    connect: Duration,
+    timeout: Duration,
+    headers: reqwest::header::HeaderMap,
+) -> Result<reqwest::Client, Error> {
     reqwest::Client::builder()
+        .default_headers(headers)
         .use_preconfigured_tls(tls)
         .connect_timeout(connect)
         .timeout(timeout)
@@ -28,16 +39,38 @@ fn http_client(tls: rustls::ClientConfig, connect: Duration, timeout: Duration) 
 /// Tries each controller in turn: a connection failure ([`Error::Send`]) moves on to the next;
 /// an answer of any status, or any other error, stops the loop and is returned. When none
 /// answered, [`Error::Unreachable`] names every controller tried with its failure.
-pub async fn each_controller<T, F, Fut>(controllers: &[String], mut attempt: F) -> Result<T, Error>
+pub async fn each_controller<T, F, Fut>(controllers: &[String], attempt: F) -> Result<T, Error>
 where
     F: FnMut(String) -> Fut,
     Fut: Future<Output = Result<T, Error>>,
 {
+    each_controller_from(controllers, &std::sync::atomic::AtomicUsize::new(0), attempt).await
+}
+
+/// As [`each_controller`], starting at the controller `last` names, the one that answered
+/// last, and remembering in it the one that answers now: a controller that went silent costs
+/// its connect timeout once, not on every request (issue 21, item 4).
+pub async fn each_controller_from<T, F, Fut>(
+    controllers: &[String],
+    last: &std::sync::atomic::AtomicUsize,
+    mut attempt: F,
+) -> Result<T, Error>
+where
+    F: FnMut(String) -> Fut,
+    Fut: Future<Output = Result<T, Error>>,
+{
+    use std::sync::atomic::Ordering;
     let mut tried = Tried::default();
-    for c in controllers {
+    let start = last.load(Ordering::Relaxed);
+    for i in 0..controllers.len() {
+        let k = (start + i) % controllers.len();
+        let c = &controllers[k];
         match attempt(c.clone()).await {
             Err(Error::Send(e)) => tried.0.push((c.clone(), e.to_string())),
-            other => return other,
+            other => {
+                last.store(k, Ordering::Relaxed);
+                return other;
+            }
         }
     }
     Err(Error::Unreachable(tried))

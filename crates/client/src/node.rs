@@ -62,8 +62,8 @@ pub struct BundleAnswer {
     pub controller: String,
     /// The signed freshness stamp, decoded from base64, when the answer carries one.
     pub freshness: Option<Vec<u8>>,
-    /// The version the answer names (its ETag without quotes).
-    pub etag: Option<String>,
+    /// The bundle the answer names (its ETag): its version and the start of its content digest.
+    pub tag: Option<trellis_proto::etag::BundleTag>,
     /// The bundle's bytes; `None` when the held version is current (304).
     pub body: Result<Option<Vec<u8>>, Error>,
     /// The body is a delta from the held version (`trellis_core::delta`), not a bundle.
@@ -74,17 +74,26 @@ pub struct BundleAnswer {
 pub struct NodeClient {
     http: reqwest::Client,
     controllers: Vec<String>,
+    /// The controller that answered last: asked first next time.
+    last: std::sync::atomic::AtomicUsize,
 }
 
 impl NodeClient {
     pub fn new(controllers: Vec<String>, ca_pem: &str, cert_pem: &str, key_pem: &str) -> Result<NodeClient, Error> {
         let tls = trellis_pki::tls::client_config(ca_pem, Some((cert_pem, key_pem)))?;
-        Ok(NodeClient { http: crate::http_client(tls, CONNECT, TIMEOUT)?, controllers })
+        // Every node request says the protocol it speaks and the agent's release (this crate's
+        // release is the workspace's, the agent's).
+        use trellis_proto::version::{AGENT_HEADER, PROTOCOL, PROTOCOL_HEADER};
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers
+            .insert(PROTOCOL_HEADER, reqwest::header::HeaderValue::from_str(&PROTOCOL.to_string()).expect("a version is a header value"));
+        headers.insert(AGENT_HEADER, reqwest::header::HeaderValue::from_static(env!("CARGO_PKG_VERSION")));
+        Ok(NodeClient { http: crate::http_client_with(tls, CONNECT, TIMEOUT, headers)?, controllers, last: Default::default() })
     }
 
     pub async fn renew(&self, csr_pem: &str) -> Result<proto::RenewResponse, Error> {
         let req = proto::RenewRequest { csr_pem: csr_pem.to_string() };
-        each_controller(&self.controllers, |c| {
+        crate::each_controller_from(&self.controllers, &self.last, |c| {
             let send = self.http.post(format!("https://{c}/v1/renew")).json(&req).send();
             async move { answer(send.await.map_err(Error::Send)?).await }
         })
@@ -92,7 +101,7 @@ impl NodeClient {
     }
 
     pub async fn whoami(&self) -> Result<proto::WhoAmI, Error> {
-        each_controller(&self.controllers, |c| {
+        crate::each_controller_from(&self.controllers, &self.last, |c| {
             let send = self.http.get(format!("https://{c}/v1/whoami")).send();
             async move { answer(send.await.map_err(Error::Send)?).await }
         })
@@ -101,7 +110,7 @@ impl NodeClient {
 
     /// Delivers a batch of evidence records.
     pub async fn post_evidence(&self, batch: &proto::EvidenceBatch) -> Result<(), Error> {
-        each_controller(&self.controllers, |c| {
+        crate::each_controller_from(&self.controllers, &self.last, |c| {
             let send = self.http.post(format!("https://{c}/v1/evidence")).json(batch).send();
             async move {
                 let resp = send.await.map_err(Error::Send)?;
@@ -114,20 +123,25 @@ impl NodeClient {
         .await
     }
 
-    /// The bundle, long-polling up to `wait` seconds for a version newer than `held` (sent as
+    /// The bundle, long-polling up to `wait` seconds for another than `held` (its tag, sent as
     /// If-None-Match). The outer error says no controller answered; an answer that is an error
     /// is in [`BundleAnswer::body`], with the freshness stamp it carried.
-    pub async fn bundle(&self, wait: u64, held: Option<i64>) -> Result<BundleAnswer, Error> {
+    pub async fn bundle(&self, wait: u64, held: Option<trellis_proto::etag::BundleTag>) -> Result<BundleAnswer, Error> {
         self.bundle_or_delta(wait, held, false).await
     }
 
     /// [`NodeClient::bundle`]; with `delta`, the node can rebuild a bundle from the one it holds
     /// (`held`), and a large one may come as a delta ([`BundleAnswer::delta`]).
-    pub async fn bundle_or_delta(&self, wait: u64, held: Option<i64>, delta: bool) -> Result<BundleAnswer, Error> {
-        each_controller(&self.controllers, |controller| {
+    pub async fn bundle_or_delta(
+        &self,
+        wait: u64,
+        held: Option<trellis_proto::etag::BundleTag>,
+        delta: bool,
+    ) -> Result<BundleAnswer, Error> {
+        crate::each_controller_from(&self.controllers, &self.last, |controller| {
             let mut req = self.http.get(format!("https://{controller}/v1/bundle?wait={wait}")).timeout(Duration::from_secs(wait + 30));
-            if let Some(v) = held {
-                req = req.header("if-none-match", format!("\"{v}\""));
+            if let Some(tag) = held {
+                req = req.header("if-none-match", tag.etag());
             }
             if delta && held.is_some() {
                 req = req.header("accept", format!("application/octet-stream, {}", trellis_proto::DELTA_TYPE));
@@ -137,7 +151,7 @@ impl NodeClient {
                 let resp = send.await.map_err(Error::Send)?;
                 let freshness =
                     resp.headers().get(FRESHNESS).and_then(|v| base64::engine::general_purpose::STANDARD.decode(v.as_bytes()).ok());
-                let etag = resp.headers().get("etag").and_then(|v| v.to_str().ok()).map(|s| s.trim_matches('"').to_string());
+                let tag = resp.headers().get("etag").and_then(|v| v.to_str().ok()).and_then(trellis_proto::etag::BundleTag::parse);
                 let status = resp.status();
                 let is_delta = resp.headers().get("content-type").is_some_and(|v| v.as_bytes() == trellis_proto::DELTA_TYPE.as_bytes());
                 let body = if status == reqwest::StatusCode::NOT_MODIFIED {
@@ -147,7 +161,7 @@ impl NodeClient {
                 } else {
                     Err(crate::refusal(resp).await)
                 };
-                Ok(BundleAnswer { controller, freshness, etag, body, delta: is_delta })
+                Ok(BundleAnswer { controller, freshness, tag, body, delta: is_delta })
             }
         })
         .await

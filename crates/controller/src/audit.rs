@@ -48,6 +48,20 @@ impl Controller {
         Ok(())
     }
 
+    /// Signs the audit head into the checkpoint file even though it is below the one signed: the
+    /// chain after a restore, anchored again (`restore`).
+    pub(crate) async fn write_checkpoint_anew(&self, seq: i64, hash: &str) -> Result<()> {
+        let Some(path) = &self.checkpoint else { return Ok(()) };
+        let mut signed = self.checkpoint_seq.lock().await;
+        let signature = self.keys.signing_key.sign(&Checkpoint::signed_bytes(seq, hash));
+        let cp =
+            Checkpoint { seq, hash: hash.to_string(), signature: base64::engine::general_purpose::STANDARD.encode(signature.to_bytes()) };
+        let bytes = serde_json::to_vec_pretty(&cp).map_err(|e| Error::internal("writing the audit checkpoint", e))?;
+        trellis_files::replace(path, &bytes, 0o600).map_err(|e| Error::internal("writing the audit checkpoint", e))?;
+        *signed = Some(seq);
+        Ok(())
+    }
+
     /// The newest checkpoint, once the publish run that covers every decision made here before
     /// the call has signed it (waiting at most [`SETTLE`]).
     pub async fn checkpoint(&self) -> Result<Checkpoint> {

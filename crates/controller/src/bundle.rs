@@ -6,6 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use trellis_proto::etag::BundleTag;
+
 use crate::publish::Body;
 use crate::{Controller, Error, NodeIdentity, Result};
 
@@ -19,8 +21,8 @@ pub const SETTLE: Duration = Duration::from_secs(20);
 /// A node's request for its bundle.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BundleRequest {
-    /// The version it holds, if any.
-    pub held: Option<i64>,
+    /// The version it holds, if any, and (from a current agent) the start of its content digest.
+    pub held: Option<trellis_proto::etag::BundleTag>,
     /// Whether it can rebuild a bundle from the one it holds, and so takes the edits instead.
     pub takes_delta: bool,
     /// How long to wait for a newer bundle than the one held (at most [`MAX_WAIT`]).
@@ -41,15 +43,19 @@ async fn displaced(open: &mut Option<(crate::metrics::LongPoll, crate::publish::
     }
 }
 
-/// The answer to a [`BundleRequest`]. Each carries the version it names and a signed freshness
-/// stamp (base64).
+/// The answer to a [`BundleRequest`]. Each carries the tag of the bundle it names (its ETag) and
+/// a signed freshness stamp (base64).
 pub enum BundleAnswer {
-    /// The edits from the version held to `version` (`proto::DELTA_TYPE`).
-    Delta { version: i64, delta: bytes::Bytes, stamp: Arc<str> },
-    /// The whole signed bundle at `version`, to be sent as it is held.
-    Whole { version: i64, body: Body, stamp: Arc<str> },
-    /// The version held, `version`, is current (`304`).
-    Current { version: i64, stamp: Arc<str> },
+    /// The edits from the version held to the bundle `tag` names (`proto::DELTA_TYPE`).
+    Delta { tag: BundleTag, delta: bytes::Bytes, stamp: Arc<str> },
+    /// The whole signed bundle `tag` names, to be sent as it is held.
+    Whole { tag: BundleTag, body: Body, stamp: Arc<str> },
+    /// The bundle held, which `tag` names, is current (`304`).
+    Current { tag: BundleTag, stamp: Arc<str> },
+}
+
+fn tag_of(p: &crate::Published) -> BundleTag {
+    BundleTag::new(p.version, &p.digest)
 }
 
 impl Controller {
@@ -68,18 +74,28 @@ impl Controller {
             self.settle(SETTLE).await?;
         }
         let mut open = (!ask.wait.is_zero()).then(|| (self.metrics.long_poll(), self.publisher.polling(&who.name)));
+        let mut witnessed = false;
         loop {
             let current = self.publisher.current(&who.name);
             let stamp = self.stamp();
             if let Some(p) = &current {
-                if let Some((_, delta)) = p.delta.as_ref().filter(|(base, _)| ask.takes_delta && ask.held == Some(*base)) {
-                    self.metrics.bundle_answer("delta", delta.len());
-                    return Ok(BundleAnswer::Delta { version: p.version, delta: delta.clone(), stamp });
+                if !witnessed && ask.held.is_some_and(|held| is_ahead(held, p)) {
+                    // The node holds a bundle this controller did not number so: the database
+                    // was restored from before it. Its bundle is numbered above what it holds
+                    // (so it is not refused as a rollback) and published again.
+                    witnessed = true;
+                    self.renumber_above(&who.name, ask.held.expect("held").version, p.version).await?;
+                    continue;
                 }
-                if ask.held != Some(p.version) {
+                if let Some((_, delta)) = p.delta.as_ref().filter(|(base, _)| ask.takes_delta && ask.held.map(|h| h.version) == Some(*base))
+                {
+                    self.metrics.bundle_answer("delta", delta.len());
+                    return Ok(BundleAnswer::Delta { tag: tag_of(p), delta: delta.clone(), stamp });
+                }
+                if !ask.held.is_some_and(|h| h.names(p.version, &p.digest)) {
                     let body = Body::new(p.clone());
                     self.metrics.bundle_answer("200", body.remaining());
-                    return Ok(BundleAnswer::Whole { version: p.version, body, stamp });
+                    return Ok(BundleAnswer::Whole { tag: tag_of(p), body, stamp });
                 }
             }
             let changed = tokio::select! {
@@ -95,12 +111,28 @@ impl Controller {
                 return match current {
                     Some(p) => {
                         self.metrics.bundle_answer("304", 0);
-                        Ok(BundleAnswer::Current { version: p.version, stamp })
+                        Ok(BundleAnswer::Current { tag: tag_of(&p), stamp })
                     }
                     None => Err(Error::NoBundleYet(who.name.clone())),
                 };
             }
         }
+    }
+
+    /// Numbers `node`'s bundle above `held` in the database and publishes it again at that
+    /// version (every replica serves the stored version, `publish_if_moved`).
+    async fn renumber_above(&self, node: &str, held: i64, ours: i64) -> Result<()> {
+        if self.store.raise_version(node, held).await? {
+            tracing::warn!(
+                node,
+                held,
+                ours,
+                "the node holds version {held} (or other content at {ours}): the database was restored from an older backup; its bundle is numbered {} and published again",
+                held + 1
+            );
+            self.metrics.renumbered();
+        }
+        self.publish_if_moved().await
     }
 
     /// A node's current bundle, as held in memory.
@@ -119,4 +151,11 @@ impl Controller {
     pub fn polling(&self, node: &str) -> crate::publish::Polling<'_> {
         self.publisher.polling(node)
     }
+}
+
+/// Whether a node holding `held` holds what this controller did not publish so: a version above
+/// the current one, or the current number with other content. Either comes only from a database
+/// restored from before the node got its bundle (versions only rise otherwise).
+fn is_ahead(held: BundleTag, current: &crate::Published) -> bool {
+    held.version > current.version || (held.version == current.version && !held.names(current.version, &current.digest))
 }

@@ -266,22 +266,34 @@ impl Controller {
         let cert = cert_der.ok_or(NodeRefusal::CertificateRequired)?;
         let info = trellis_pki::inspect_der(cert).map_err(|e| NodeRefusal::BadCertificate(e.to_string()))?;
         let node = info.common_name;
-        let entry = match self.publisher.auth(&node) {
-            Some(e) if e.serials.contains(&info.serial) || e.state == EnrolledState::Revoked => e,
-            _ => {
-                let record = self.store.node(&node).await?.ok_or_else(|| NodeRefusal::Unknown(node.clone()))?;
-                // Not in the table yet (enrolled since the last run): a member is checked against
-                // the current declaration here.
-                let replaced = match &record.pool {
-                    Some(pool) => match self.current_declaration().await? {
+        // The node's state and serials are read from the database on every request, so that a
+        // revocation (or renewal) decided by any replica is seen here at once (issue 21, item 5):
+        // the table, refreshed by publish runs, lagged up to half a second on other replicas. It
+        // answers only while the database cannot: the mesh keeps being served in an outage.
+        let entry = match self.store.node_auth(&node).await {
+            Ok(Some((state, serials, pool))) => {
+                // A member whose name the declaration now gives a declared node is no node of
+                // the mesh: the table knows from the last run; a member newer than that is
+                // checked against the current declaration here.
+                let replaced = match (self.publisher.auth(&node), &pool) {
+                    (Some(e), Some(_)) if e.serials == serials => e.replaced,
+                    (_, Some(pool)) => match self.current_declaration().await? {
                         Some((_, decl)) if decl.node(&node).is_some() => Some(pool.clone()),
                         _ => None,
                     },
-                    None => None,
+                    (_, None) => None,
                 };
-                let serials = [record.cert_serial, record.prev_cert_serial].into_iter().flatten().collect();
-                AuthEntry { state: record.state, serials, replaced }
+                AuthEntry { state, serials, replaced }
             }
+            Ok(None) => return Err(NodeRefusal::Unknown(node).into()),
+            Err(e) if e.unavailable().is_some() => match self.publisher.auth(&node) {
+                Some(entry) => {
+                    tracing::warn!(node, "the database is unavailable ({e}): the node authenticated by the last publish run's table");
+                    entry
+                }
+                None => return Err(e.into()),
+            },
+            Err(e) => return Err(e.into()),
         };
         if let Some(pool) = entry.replaced {
             return Err(NodeRefusal::Replaced { node, pool }.into());

@@ -64,6 +64,9 @@ pub enum Error {
 
     #[error("no {0}")]
     NotFound(String),
+    /// A node speaks a protocol major this controller does not.
+    #[error("node `{node}` speaks trellis protocol {theirs} (agent {release}); this controller speaks {ours}: run an agent that speaks {major}.x, or a controller that speaks {theirs}", major = ours.major)]
+    ProtocolUnsupported { node: String, theirs: trellis_proto::version::Protocol, release: String, ours: trellis_proto::version::Protocol },
 
     // --- inside ------------------------------------------------------------------------------
     /// Something failed inside the controller; the detail goes to its log, not to the client.
@@ -144,6 +147,7 @@ impl Error {
     pub fn code(&self) -> &'static str {
         match self {
             Error::BadRequest(_) => "bad_request",
+            Error::ProtocolUnsupported { .. } => "protocol_unsupported",
             Error::TooLarge(_) => "too_large",
             Error::AdminRequired => "admin_required",
             Error::AdminDenied => "admin_denied",

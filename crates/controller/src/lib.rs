@@ -16,6 +16,7 @@ pub mod pools;
 pub mod publish;
 pub mod refusals;
 pub mod revocations;
+pub mod restore;
 pub mod state;
 pub mod tokens;
 pub mod view;
@@ -87,6 +88,9 @@ pub struct Controller {
     checkpoint: Option<std::path::PathBuf>,
     /// The sequence number last signed into it, once known; one signer at a time.
     checkpoint_seq: tokio::sync::Mutex<Option<i64>>,
+    /// The highest bundle version this state directory published, kept outside the database
+    /// beside the checkpoint (see `restore`), and the value last written there.
+    high_water: Option<(std::path::PathBuf, std::sync::atomic::AtomicI64)>,
     /// Refused redemptions per source (audited, counted, or turned away).
     refusals: refusals::Refusals,
     /// Set once when the controller stops serving: long-polls answer at once.
@@ -97,6 +101,9 @@ pub struct Controller {
     members_cache: pools::MembersCache,
     /// Whether evidence may have completed a revocation (see `revocations`).
     revocations: revocations::Tracking,
+    /// The protocol and release each node's agent last said here (`Controller::hello`): only a
+    /// change is written to the database.
+    agents: std::sync::Mutex<std::collections::HashMap<String, (String, String)>>,
 }
 
 impl Controller {
@@ -112,11 +119,13 @@ impl Controller {
             entropy,
             checkpoint: None,
             checkpoint_seq: Default::default(),
+            high_water: None,
             refusals: refusals::Refusals::new(refusals::RefusalLimits::default()),
             stopping: tokio::sync::watch::Sender::new(false),
             metrics: metrics::Metrics::new(),
             members_cache: Default::default(),
             revocations: Default::default(),
+            agents: Default::default(),
         }
     }
 
@@ -139,9 +148,19 @@ impl Controller {
         self
     }
 
+    /// Keeps the highest bundle version published in this file (see `restore`).
+    fn with_high_water(mut self, path: std::path::PathBuf) -> Controller {
+        let mark = restore::read_high_water(&path);
+        self.high_water = Some((path, std::sync::atomic::AtomicI64::new(mark)));
+        self
+    }
+
     /// The controller a state directory describes, on the system clock and randomness. Opens the
-    /// store (running migrations); `database_url` overrides the configured one.
-    pub async fn open(state: &state::StateDir, database_url: Option<&str>) -> anyhow::Result<Controller> {
+    /// store (running migrations); `database_url` overrides the configured one. A database
+    /// behind the controller's own signed audit checkpoint (restored from an older backup) is
+    /// refused with what to do, unless `restored` says the operator restored it: then every
+    /// version moves past the high-water mark and the restore is audited (ADR 0024).
+    pub async fn open(state: &state::StateDir, database_url: Option<&str>, restored: bool) -> anyhow::Result<Controller> {
         use anyhow::Context;
         let url = database_url.unwrap_or(&state.config.database_url);
         let store = Store::open(url).await.with_context(|| format!("cannot open the database {}", state::redact(url)))?;
@@ -151,8 +170,11 @@ impl Controller {
             .and_then(|b| b.try_into().ok())
             .context("admin_token_sha256 in controller.toml is not 64 hex digits")?;
         let keys = Keys { ca, signing_key: state.signing_key()?, admin_sha256 };
-        Ok(Controller::new(store, state.config.clone(), keys, Arc::new(SystemClock), Arc::new(OsEntropy))
-            .with_checkpoint(state.path(audit::CHECKPOINT)))
+        let c = Controller::new(store, state.config.clone(), keys, Arc::new(SystemClock), Arc::new(OsEntropy))
+            .with_checkpoint(state.path(audit::CHECKPOINT))
+            .with_high_water(state.path(restore::HIGH_WATER));
+        c.start_after_restore(restored).await?;
+        Ok(c)
     }
 
     /// The time on the controller's clock.

@@ -105,6 +105,7 @@ pub struct Metrics {
     published_bundles: Counter,
     bundle_answers: Family<AnswerLabel, Counter>,
     bundle_bytes: Counter,
+    renumbered: Counter,
     long_polls: Gauge,
     requests: Family<RouteLabel, Histogram, fn() -> Histogram>,
     nodes: Family<StateLabel, Gauge>,
@@ -140,6 +141,12 @@ impl Metrics {
         r.register("bundle_answers", "Answers to GET /v1/bundle: 200 (whole), delta, 304 (unchanged)", bundle_answers.clone());
         let bundle_bytes = Counter::default();
         r.register_with_unit("bundle_sent", "Bundle and delta bytes sent", Unit::Bytes, bundle_bytes.clone());
+        let renumbered = Counter::default();
+        r.register(
+            "bundles_renumbered",
+            "Bundles numbered above what their node holds: the node held a version, or content under a version, this database never gave it (restored from an older backup)",
+            renumbered.clone(),
+        );
         let long_polls = Gauge::default();
         r.register("long_polls_open", "Bundle long-polls waiting now", long_polls.clone());
         let requests = Family::<RouteLabel, Histogram, fn() -> Histogram>::new_with_constructor(latency);
@@ -178,6 +185,7 @@ impl Metrics {
             published_bundles,
             bundle_answers,
             bundle_bytes,
+            renumbered,
             long_polls,
             requests,
             nodes,
@@ -214,6 +222,11 @@ impl Metrics {
     pub fn bundle_answer(&self, answer: &'static str, bytes: usize) {
         self.bundle_answers.get_or_create(&AnswerLabel { answer }).inc();
         self.bundle_bytes.inc_by(bytes as u64);
+    }
+
+    /// A bundle numbered above what its node held (`Controller::bundle_answer`).
+    pub fn renumbered(&self) {
+        self.renumbered.inc();
     }
 
     /// Counts a long-poll open for as long as the guard lives.

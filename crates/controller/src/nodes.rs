@@ -112,6 +112,7 @@ impl Controller {
 
     pub async fn nodes(&self) -> Result<Vec<proto::NodeInfo>> {
         let alloc = self.store.allocation().await?;
+        let mut agents = self.store.agents().await?;
         Ok(self
             .roster()
             .await?
@@ -127,12 +128,46 @@ impl Controller {
                     wireguard_public_key: key,
                     cert_not_after: e.record.as_ref().and_then(|r| r.cert_not_after),
                     last_contact: e.record.as_ref().and_then(|r| r.last_contact),
+                    agent_protocol: agents.get(&e.name).map(|(p, _)| p.clone()),
+                    agent_release: agents.remove(&e.name).map(|(_, r)| r),
                     name: e.name,
                     state: e.state,
                     revocation: e.revocation,
                 }
             })
             .collect())
+    }
+
+    /// What a node's request says of its agent: the protocol it speaks (`None`: an agent older than
+    /// the header, which spoke 1.0) and its release. A major this controller does not speak is
+    /// refused, naming the node and both versions; what changed since the node last said is
+    /// recorded, for `trellis nodes`.
+    pub async fn hello(&self, who: &NodeIdentity, protocol: Option<&str>, release: Option<&str>) -> Result<()> {
+        use trellis_proto::version::{plain_release, Protocol, PROTOCOL};
+        let theirs: Protocol = match protocol {
+            Some(p) => p.parse().map_err(|e: String| Error::BadRequest(format!("the Trellis-Protocol header: {e}")))?,
+            None => Protocol { major: 1, minor: 0 },
+        };
+        let release = match release {
+            Some(r) if plain_release(r) => r,
+            Some(_) => {
+                return Err(Error::BadRequest(format!(
+                    "the Trellis-Agent header is not a release (at most {} characters of letters, digits and .-+~_)",
+                    trellis_proto::version::MAX_RELEASE
+                )))
+            }
+            None => "unknown",
+        };
+        if theirs.major != PROTOCOL.major {
+            return Err(Error::ProtocolUnsupported { node: who.name.clone(), theirs, release: release.to_string(), ours: PROTOCOL });
+        }
+        let said = (theirs.to_string(), release.to_string());
+        let changed = self.agents.lock().expect("agents").get(&who.name) != Some(&said);
+        if changed {
+            self.store.set_agent(&who.name, &said.0, &said.1).await?;
+            self.agents.lock().expect("agents").insert(who.name.clone(), said);
+        }
+        Ok(())
     }
 
     /// Lets a node that enrolled pending approval take part.
@@ -217,7 +252,9 @@ impl Controller {
                 let b = bundles.get(&e.name).filter(|_| e.state == NodeState::Active);
                 let ev = evidence.get(&e.name);
                 let applied = ev.and_then(|ev| ev.applied_version);
-                let stale = b.is_some_and(|b| applied.is_none_or(|a| a < b.version));
+                // Applied above the desired version is stale too: the node holds a bundle this
+                // database never gave it (restored from an older backup), until it asks again.
+                let stale = b.is_some_and(|b| applied.is_none_or(|a| a != b.version));
                 proto::NodeStatus {
                     desired_version: b.map(|b| b.version),
                     applied_version: applied,

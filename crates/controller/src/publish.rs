@@ -29,6 +29,9 @@ use crate::{Controller, Error, Result};
 /// One node's current bundle, signed.
 pub struct Published {
     pub version: i64,
+    /// The digest of its content as signed (`trellis_core::bundle::content_digest`): with the
+    /// version, what its ETag names.
+    pub digest: [u8; 32],
     pub signed: Signed,
     /// For a large bundle, the edits from the version before it (that version, the delta): a
     /// node holding that one fetches these instead of the whole bundle.
@@ -580,6 +583,7 @@ impl Controller {
         }
         let changes: Vec<(String, String)> = pending.iter().map(|(r, _, d)| (r.name.clone(), d.clone())).collect();
         let versions: HashMap<String, trellis_store::BundleVersion> = self.store.publish(&changes, self.now()).await?.into_iter().collect();
+        self.raise_high_water(versions.values().map(|v| v.version).max().unwrap_or(0))?;
         // Another replica may have published other content for a node: ours is stale; the next
         // run (its audit head moved) will catch up.
         let stale: HashSet<String> =
@@ -599,28 +603,32 @@ impl Controller {
         let heads = trellis_core::par::map(pending.len(), |i| {
             let (r, files, _) = &pending[i];
             let v = &versions[&r.name];
-            trellis_core::bundle::sign_entries(key, mesh, &r.name, v.version as u64, v.issued_at, &entries(files))
+            let entries = entries(files);
+            (
+                trellis_core::bundle::sign_entries(key, mesh, &r.name, v.version as u64, v.issued_at, &entries),
+                trellis_core::bundle::entries_digest(&entries),
+            )
         });
         let signed = pending
             .iter()
             .zip(heads)
-            .map(|((_, files, _), head)| Signed { head, contents: files.iter().map(|f| f.content.clone()).collect() });
-        let signed: Vec<Signed> = signed.collect();
+            .map(|((_, files, _), (head, digest))| (Signed { head, contents: files.iter().map(|f| f.content.clone()).collect() }, digest));
+        let signed: Vec<(Signed, [u8; 32])> = signed.collect();
         let mut count = 0;
         let mut large = Vec::new();
-        for ((record, _, digest), signed) in pending.into_iter().zip(signed) {
+        for ((record, _, digest), (signed, content)) in pending.into_iter().zip(signed) {
             let node = record.name.clone();
             let v = &versions[&node];
             run.published.insert(node.clone(), (digest, record.cert_pem.clone()));
             // A large bundle's previous version, to make a delta from.
             let previous = (signed.len() >= DELTA_FROM).then(|| p.current(&node)).flatten().filter(|old| old.version < v.version);
-            large.push((node, v.version, signed, previous));
+            large.push((node, v.version, content, signed, previous));
             count += 1;
         }
         // Deltas, on every core: a bundle of a few megabytes takes some milliseconds.
-        let heavy: Vec<usize> = (0..large.len()).filter(|&i| large[i].3.is_some()).collect();
+        let heavy: Vec<usize> = (0..large.len()).filter(|&i| large[i].4.is_some()).collect();
         let made = trellis_core::par::map_each(heavy.len(), |k| {
-            let (_, _, new, old) = &large[heavy[k]];
+            let (_, _, _, new, old) = &large[heavy[k]];
             let old = old.as_ref().expect("only bundles with a previous version");
             (old.version, bytes::Bytes::from(trellis_core::delta::make(&old.signed.to_vec(), &new.to_vec())))
         });
@@ -628,7 +636,7 @@ impl Controller {
         let table: HashMap<String, Arc<Published>> = large
             .into_iter()
             .enumerate()
-            .map(|(i, (node, version, signed, _))| (node, Arc::new(Published { version, signed, delta: made.remove(&i) })))
+            .map(|(i, (node, version, digest, signed, _))| (node, Arc::new(Published { version, digest, signed, delta: made.remove(&i) })))
             .collect();
         {
             let mut t = p.table.write().expect("bundle table");
@@ -678,7 +686,7 @@ mod tests {
         first.extend_from_slice(&small[30..]);
         let contents = vec![Text::from_pieces(first), Text::from(""), Text::from_pieces(vec![piece('z', 3), large.clone()])];
         let head = bytes::Bytes::from_static(b"TRB1 head");
-        let bundle = Arc::new(Published { version: 7, signed: Signed { head: head.clone(), contents }, delta: None });
+        let bundle = Arc::new(Published { version: 7, digest: [0; 32], signed: Signed { head: head.clone(), contents }, delta: None });
         let mut body = Body::new(bundle.clone());
         assert_eq!(body.remaining(), bundle.signed.len());
         let mut chunks = Vec::new();

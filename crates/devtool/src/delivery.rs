@@ -151,7 +151,8 @@ pub async fn fetch(agent: &Agent, base: &str, held: Option<u64>, wait: u64, delt
     }
     let resp = req.send().await?;
     let status = resp.status().as_u16();
-    let version = resp.headers().get("etag").and_then(|v| v.to_str().ok()).and_then(|v| v.trim_matches('"').parse().ok());
+    let version =
+        resp.headers().get("etag").and_then(|v| v.to_str().ok()).and_then(trellis_proto::etag::BundleTag::parse).map(|t| t.version as u64);
     let is_delta = resp.headers().get("content-type").is_some_and(|v| v.as_bytes() == trellis_proto::DELTA_TYPE.as_bytes());
     let body = resp.bytes().await?;
     if status != 200 && status != 304 {

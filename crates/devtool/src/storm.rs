@@ -100,7 +100,7 @@ pub async fn run(a: &EnrolArgs, dir: &std::path::Path) -> Result<ExitCode> {
         let body = answer.body.with_context(|| format!("{} was refused its bundle", e.name))?.context("a first fetch got 304")?;
         let held = controller.bundle(&e.name).with_context(|| format!("{} holds no bundle", e.name))?;
         let expect = held.signed.to_vec();
-        if body != expect || answer.etag.as_deref() != Some(held.version.to_string().as_str()) {
+        if body != expect || answer.tag != Some(trellis_proto::etag::BundleTag::new(held.version, &held.digest)) {
             bail!("{} fetched other bytes than the controller holds for it", e.name);
         }
         sample_bytes += body.len();

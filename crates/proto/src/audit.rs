@@ -26,6 +26,8 @@ crate::state::states! {
         RevocationCompleted = "revocation completed",
         /// Every node that held a removed pool member's key applied a bundle without it.
         RemovalCompleted = "removal completed",
+        /// `trellis serve --restored` on a database behind the controller's signed checkpoint.
+        RestoredFromBackup = "restored from backup",
     }
 }
 
@@ -234,6 +236,7 @@ mod tests {
                 "node removed",
                 "revocation completed",
                 "removal completed",
+                "restored from backup",
             ]
         );
         for a in AuditAction::ALL {

@@ -4,9 +4,11 @@
 use serde::{Deserialize, Serialize};
 
 pub mod audit;
+pub mod etag;
 pub mod exposition;
 pub mod state;
 pub mod text;
+pub mod version;
 
 pub use audit::{AuditAction, AuditRecord};
 pub use state::{EnrolledState, EvidenceResult, FileResult, NodeState, Shown, TokenState, Withdrawal};
@@ -181,6 +183,11 @@ pub struct NodeInfo {
     /// For a revoked node: how far its revocation has reached (ADR 0022).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revocation: Option<Revocation>,
+    /// The protocol (`MAJOR.MINOR`) and release its agent last said it speaks (`version`).
+    #[serde(default)]
+    pub agent_protocol: Option<String>,
+    #[serde(default)]
+    pub agent_release: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -29,7 +29,7 @@ impl ApiError {
 /// The HTTP status of each refusal.
 pub fn status(e: &Error) -> StatusCode {
     match e {
-        Error::BadRequest(_) => StatusCode::BAD_REQUEST,
+        Error::BadRequest(_) | Error::ProtocolUnsupported { .. } => StatusCode::BAD_REQUEST,
         Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
         Error::AdminRequired | Error::AdminDenied => StatusCode::UNAUTHORIZED,
         Error::InvalidDeclaration { .. } => StatusCode::UNPROCESSABLE_ENTITY,

@@ -89,7 +89,13 @@ pub struct Server {
 impl Server {
     /// Opens the store (running migrations), loads keys and binds the listener.
     pub async fn bind(state: &StateDir, database_url: Option<&str>, listen: Option<&str>) -> Result<Server> {
-        let controller = Controller::open(state, database_url).await?;
+        Self::bind_restored(state, database_url, listen, false).await
+    }
+
+    /// As [`Server::bind`]; with `restored`, a database behind the controller's checkpoint is
+    /// taken as restored from a backup and recovered from, not refused (`Controller::open`).
+    pub async fn bind_restored(state: &StateDir, database_url: Option<&str>, listen: Option<&str>, restored: bool) -> Result<Server> {
+        let controller = Controller::open(state, database_url, restored).await?;
         let tls = trellis_pki::tls::server_config(&state.read("server.pem")?, &state.read("server.key")?, &state.read("ca.pem")?)?;
         let addr: SocketAddr = listen.unwrap_or(&state.config.listen).parse().context("the listen address is not IP:PORT")?;
         let listener = TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;

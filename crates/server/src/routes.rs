@@ -269,24 +269,14 @@ pub struct BundleQuery {
     wait: u64,
 }
 
-fn etag(version: i64) -> String {
-    format!("\"{version}\"")
-}
-
-/// The version an ETag names, if it is one of ours.
-fn version_of(etag_text: &str) -> Option<i64> {
-    let version = etag_text.strip_prefix('"')?.strip_suffix('"')?.parse().ok()?;
-    (etag(version) == etag_text).then_some(version)
-}
-
 /// `GET /v1/bundle`: the node's current signed bundle, `304` when it already holds it. With
 /// `wait`, the answer comes as soon as a newer one exists. A node whose `Accept` names
 /// `proto::DELTA_TYPE` may get the edits from the version it holds instead. Every answer carries a signed
 /// freshness stamp. What to answer is the controller's decision (`BundleAnswer`); this writes it.
-#[utoipa::path(get, path = "/v1/bundle", tag = "node", security(("node" = [])), params(BundleQuery, ("If-None-Match" = Option<String>, Header, description = "The version held, as its ETag")), responses((status = 200, description = "The signed bundle (application/octet-stream, ADR 0012), or, to a node that accepts them and holds the version before, the edits from it (application/x-trellis-delta)", content(("application/octet-stream"), ("application/x-trellis-delta")), headers(("ETag" = String, description = "The version sent, quoted (\"7\")"), ("X-Trellis-Freshness" = String, description = "A signed freshness stamp of now (base64, ADR 0012)"))), (status = 304, description = "The bundle held is current", headers(("ETag" = String, description = "The version held, quoted"), ("X-Trellis-Freshness" = String, description = "A signed freshness stamp of now (base64, ADR 0012)"))), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/bundle", tag = "node", security(("node" = [])), params(BundleQuery, ("If-None-Match" = Option<String>, Header, description = "The bundle held, as its ETag (\"7.0123456789abcdef\": its version and the start of its content digest; \"7\", the version alone, is read too)")), responses((status = 200, description = "The signed bundle (application/octet-stream, ADR 0012), or, to a node that accepts them and holds the version before, the edits from it (application/x-trellis-delta)", content(("application/octet-stream"), ("application/x-trellis-delta")), headers(("ETag" = String, description = "The bundle sent: its version and the first 8 bytes of its content digest in hex, quoted (\"7.0123456789abcdef\")"), ("X-Trellis-Freshness" = String, description = "A signed freshness stamp of now (base64, ADR 0012)"))), (status = 304, description = "The bundle held is current", headers(("ETag" = String, description = "The bundle held, as its ETag"), ("X-Trellis-Freshness" = String, description = "A signed freshness stamp of now (base64, ADR 0012)"))), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
 async fn bundle(State(c): State<Shared>, Node(who): Node, headers: HeaderMap, Query(q): Query<BundleQuery>) -> Result<Response, ApiError> {
     let ask = BundleRequest {
-        held: headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()).and_then(version_of),
+        held: headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()).and_then(proto::etag::BundleTag::parse),
         takes_delta: headers.get_all(header::ACCEPT).iter().any(|v| v.to_str().is_ok_and(|v| v.contains(proto::DELTA_TYPE))),
         wait: Duration::from_secs(q.wait),
     };
@@ -295,21 +285,21 @@ async fn bundle(State(c): State<Shared>, Node(who): Node, headers: HeaderMap, Qu
     drop(headers);
     let freshness = header::HeaderName::from_static("x-trellis-freshness");
     Ok(match c.bundle_answer(&who, ask).await? {
-        BundleAnswer::Delta { version, delta, stamp } => {
+        BundleAnswer::Delta { tag, delta, stamp } => {
             let headers =
-                [(header::CONTENT_TYPE, proto::DELTA_TYPE.to_string()), (header::ETAG, etag(version)), (freshness, stamp.to_string())];
+                [(header::CONTENT_TYPE, proto::DELTA_TYPE.to_string()), (header::ETAG, tag.etag()), (freshness, stamp.to_string())];
             (headers, delta).into_response()
         }
-        BundleAnswer::Whole { version, body, stamp } => {
+        BundleAnswer::Whole { tag, body, stamp } => {
             let headers = [
                 (header::CONTENT_TYPE, "application/octet-stream".to_string()),
-                (header::ETAG, etag(version)),
+                (header::ETAG, tag.etag()),
                 (freshness, stamp.to_string()),
             ];
             (headers, axum::body::Body::new(Chunks(body))).into_response()
         }
-        BundleAnswer::Current { version, stamp } => {
-            (StatusCode::NOT_MODIFIED, [(header::ETAG, etag(version)), (freshness, stamp.to_string())]).into_response()
+        BundleAnswer::Current { tag, stamp } => {
+            (StatusCode::NOT_MODIFIED, [(header::ETAG, tag.etag()), (freshness, stamp.to_string())]).into_response()
         }
     })
 }

@@ -29,6 +29,12 @@ impl Store {
         row.map(|r| Ok((r.try_get("seq")?, r.try_get("hash")?))).transpose()
     }
 
+    /// The hash of the record at `seq`, if the chain holds it.
+    pub async fn audit_hash_at(&self, seq: i64) -> Result<Option<String>> {
+        let row = sqlx::query("SELECT hash FROM audit WHERE seq = $1").bind(seq).fetch_optional(&self.pool).await?;
+        row.map(|r| Ok(r.try_get("hash")?)).transpose()
+    }
+
     /// Records an event that changes nothing else, such as a refused token redemption.
     pub async fn record(&self, audit: &Audit<'_>) -> Result<()> {
         self.decide(audit, |_| Box::pin(async { Ok(()) })).await

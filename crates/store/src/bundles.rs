@@ -49,6 +49,32 @@ impl Store {
             .transpose()
     }
 
+    /// Moves every bundle's version up by `past`, with the audit record that says so: after a
+    /// restore, every version is then above any this mesh numbered before (`past` is the highest).
+    pub async fn renumber_past(&self, past: i64, audit: &crate::Audit<'_>) -> Result<()> {
+        self.decide(audit, |tx| {
+            Box::pin(async move {
+                sqlx::query("UPDATE bundles SET version = version + $1").bind(past).execute(&mut **tx).await?;
+                Ok(())
+            })
+        })
+        .await
+    }
+
+    /// Numbers a node's current bundle above `held`, the version the node says it holds, when
+    /// the stored one is not above it already (the database was restored from a backup taken
+    /// before the node got it): its content stays, and the next publish run signs it at the new
+    /// version. Returns whether the version moved.
+    pub async fn raise_version(&self, node: &str, held: i64) -> Result<bool> {
+        let moved = sqlx::query("UPDATE bundles SET version = $2 + 1 WHERE node = $1 AND version <= $2")
+            .bind(node)
+            .bind(held)
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        Ok(moved > 0)
+    }
+
     /// Records new content for these nodes: each whose digest differs from its stored one gets
     /// the next version, in one transaction. A node whose stored digest already matches (another
     /// replica published it first) keeps its version. Returns the versions now in force.

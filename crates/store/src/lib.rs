@@ -119,7 +119,13 @@ impl Store {
         // (restarting), it is told so promptly instead of hanging for sqlx's default 30 s.
         let mut opts = AnyPoolOptions::new()
             .max_connections(if backend == Backend::Sqlite { 4 } else { 8 })
-            .acquire_timeout(std::time::Duration::from_secs(10));
+            .acquire_timeout(std::time::Duration::from_secs(10))
+            // A connection that comes back inside a transaction is closed, not reused (closing
+            // rolls it back). sqlx returns one so when a request is cancelled (its client went
+            // away) after `BEGIN` ran but before the `Transaction` that would roll it back on drop
+            // existed: on SQLite it would hold the write lock, and every later write would fail
+            // with "database is locked" or "cannot start a transaction within a transaction".
+            .after_release(|conn, _| Box::pin(async move { Ok(!sqlx::Connection::is_in_transaction(conn)) }));
         if backend == Backend::Sqlite {
             opts = opts.after_connect(|conn, _| {
                 Box::pin(async move {
@@ -179,6 +185,17 @@ impl Store {
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+
+    /// For tests: a connection goes back to the pool inside a transaction that nothing will roll
+    /// back, as one does when a request is cancelled after `BEGIN` ran but before the
+    /// `Transaction` existed.
+    #[cfg(feature = "testing")]
+    pub async fn leave_a_transaction_open(&self) -> Result<()> {
+        let mut conn = self.pool.acquire().await?;
+        let statement = if self.backend == Backend::Sqlite { "BEGIN IMMEDIATE" } else { "BEGIN" };
+        std::mem::forget(sqlx::Connection::begin_with(&mut *conn, statement).await?);
+        Ok(())
     }
 
     /// For tests: run raw SQL (used to tamper with the audit chain on purpose).

@@ -117,6 +117,44 @@ impl Store {
         row.as_ref().map(node_record).transpose()
     }
 
+    /// What authenticating a node's certificate needs, read fresh: its state, the serials of the
+    /// certificates it may present (the current one and the one before a renewal), and its pool.
+    /// One row by its key, on every node request: a revocation decided by any replica is seen
+    /// by every replica at once.
+    pub async fn node_auth(&self, name: &str) -> Result<Option<(EnrolledState, Vec<String>, Option<String>)>> {
+        let row = sqlx::query("SELECT state, cert_serial, prev_cert_serial, pool FROM nodes WHERE name = $1")
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| {
+            let serials = [r.try_get::<Option<String>, _>("cert_serial")?, r.try_get::<Option<String>, _>("prev_cert_serial")?];
+            Ok((parse(r.try_get("state")?)?, serials.into_iter().flatten().collect(), r.try_get("pool")?))
+        })
+        .transpose()
+    }
+
+    /// Records the protocol and release a node's agent says it speaks.
+    pub async fn set_agent(&self, name: &str, protocol: &str, release: &str) -> Result<()> {
+        sqlx::query("UPDATE nodes SET agent_protocol = $2, agent_release = $3 WHERE name = $1")
+            .bind(name)
+            .bind(protocol)
+            .bind(release)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// The protocol and release each node's agent last said it speaks, for the nodes whose
+    /// agent said so.
+    pub async fn agents(&self) -> Result<std::collections::HashMap<String, (String, String)>> {
+        let rows = sqlx::query(
+            "SELECT name, agent_protocol, agent_release FROM nodes WHERE agent_protocol IS NOT NULL AND agent_release IS NOT NULL",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|r| Ok((r.try_get("name")?, (r.try_get("agent_protocol")?, r.try_get("agent_release")?)))).collect()
+    }
+
     pub async fn nodes(&self) -> Result<Vec<NodeRecord>> {
         let rows = sqlx::query(&format!("SELECT {NODE_COLUMNS} FROM nodes ORDER BY name")).fetch_all(&self.pool).await?;
         rows.iter().map(node_record).collect()

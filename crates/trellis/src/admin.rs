@@ -69,10 +69,16 @@ pub fn init(dir: &Path, advertise: Vec<String>, listen: Option<String>, database
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn serve(dir: &Path, database_url: Option<String>, listen: Option<String>, metrics_listen: Option<String>) -> Result<ExitCode> {
+pub fn serve(
+    dir: &Path,
+    database_url: Option<String>,
+    listen: Option<String>,
+    metrics_listen: Option<String>,
+    restored: bool,
+) -> Result<ExitCode> {
     let st = state::StateDir::load(dir)?;
     runtime().block_on(async {
-        let mut server = trellis_server::Server::bind(&st, database_url.as_deref(), listen.as_deref()).await?;
+        let mut server = trellis_server::Server::bind_restored(&st, database_url.as_deref(), listen.as_deref(), restored).await?;
         if let Some(m) = &metrics_listen {
             server = server.with_metrics(m).await?;
         }
@@ -246,13 +252,18 @@ pub fn nodes(conn: &Conn, json_out: bool) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{:<20} {:<9} {:<12} {:<16} {:<28} {:<17} {:<22} LAST CONTACT",
-        "NODE", "STATE", "POOL", "IPV4", "IPV6", "KEY", "CERT EXPIRES"
+        "{:<20} {:<9} {:<12} {:<16} {:<28} {:<17} {:<22} {:<22} AGENT",
+        "NODE", "STATE", "POOL", "IPV4", "IPV6", "KEY", "CERT EXPIRES", "LAST CONTACT"
     );
     for n in list.clone() {
         let opt = |o: Option<String>| o.unwrap_or_else(|| "-".into());
+        // The agent's release and, after it, the protocol it speaks: `0.1.0 (1.0)`.
+        let agent = match (&n.agent_release, &n.agent_protocol) {
+            (Some(r), Some(p)) => format!("{} ({})", printable(r), printable(p)),
+            _ => "-".into(),
+        };
         println!(
-            "{:<20} {:<9} {:<12} {:<16} {:<28} {:<17} {:<22} {}",
+            "{:<20} {:<9} {:<12} {:<16} {:<28} {:<17} {:<22} {:<22} {agent}",
             printable(&n.name),
             n.state,
             n.pool.as_deref().map_or("-".into(), |p| printable(p).to_string()),

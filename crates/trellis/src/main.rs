@@ -108,6 +108,12 @@ enum Command {
         /// The log on standard error: text, or one JSON object a line (filter with RUST_LOG, e.g. RUST_LOG=debug)
         #[arg(long, value_enum, default_value = "text")]
         log_format: log::LogFormat,
+        /// The database was restored from a backup: serve it although it is behind this
+        /// controller's signed audit checkpoint (refused otherwise). Every bundle version moves
+        /// past the highest ever published, so every node takes its next bundle, and the restore
+        /// is recorded in the audit chain. Needed once; harmless when nothing was restored.
+        #[arg(long)]
+        restored: bool,
     },
     /// Publish a declaration directory to the controller as a new revision (validated exactly like check)
     Apply {
@@ -231,8 +237,8 @@ fn main() -> ExitCode {
         Command::Init { state_dir, advertise, listen, database_url, cert_lifetime } => {
             admin::init(&state_dir, advertise, listen, database_url, cert_lifetime)
         }
-        Command::Serve { state_dir, database_url, listen, metrics_listen, log_format } => {
-            log::init(log_format).and_then(|()| admin::serve(&state_dir, database_url, listen, metrics_listen))
+        Command::Serve { state_dir, database_url, listen, metrics_listen, log_format, restored } => {
+            log::init(log_format).and_then(|()| admin::serve(&state_dir, database_url, listen, metrics_listen, restored))
         }
         Command::Apply { dir, expect_revision, json, conn } => admin::apply(&conn, &dir, expect_revision, json),
         Command::Token { cmd, conn } => admin::token(&conn, cmd),

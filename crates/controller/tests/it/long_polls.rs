@@ -41,7 +41,7 @@ async fn one_node_holds_at_most_a_few_long_polls_and_the_oldest_answer_at_once()
         let der = trellis_pki::pem_to_der(&enrolled.node_cert_pem, "CERTIFICATE").unwrap();
         let who = c.authenticate_node(Some(&der)).await.unwrap();
         let held = match c.bundle_answer(&who, BundleRequest::default()).await.unwrap() {
-            BundleAnswer::Whole { version, .. } => version,
+            BundleAnswer::Whole { tag, .. } => tag,
             _ => panic!("a node holding nothing is sent its bundle whole"),
         };
 
@@ -67,7 +67,7 @@ async fn one_node_holds_at_most_a_few_long_polls_and_the_oldest_answer_at_once()
         for p in pushed_out {
             let (answer, _) = p.await.unwrap();
             assert!(
-                matches!(answer.unwrap(), BundleAnswer::Current { version, .. } if version == held),
+                matches!(answer.unwrap(), BundleAnswer::Current { tag, .. } if tag == held),
                 "the oldest are told what they hold is current"
             );
         }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use trellis_controller::{Error, NodeRefusal, Redemption};
+use trellis_proto::etag::BundleTag;
 use trellis_proto::{self as proto, AuditAction, EnrolledState, NodeState, TokenState};
 use trellis_testing::controller::{Fixture, ADMIN, T0};
 use trellis_testing::Database;
@@ -14,6 +15,7 @@ use trellis_testing::Database;
 mod long_polls;
 mod pools;
 mod revocations;
+mod restores;
 
 /// The fixture with `lab/basic` applied (revision 1).
 async fn controller(db: Database) -> Fixture {
@@ -393,6 +395,41 @@ async fn a_burst_of_enrolments_is_published_in_a_few_runs_and_every_node_gets_it
     .await;
 }
 
+/// Two replicas on one database: a node revoked through one is refused by the other on its very
+/// next request. Before, the other replica authenticated from a table its publish runs refresh
+/// (every 500 ms, when it sees the audit head move), and let the revoked node in meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_through_one_replica_is_refused_by_the_other_at_once() {
+    on_both(|fx| async move {
+        let a = &fx.c;
+        let created = a.create_token(&proto::TokenRequest { node: "db-1".into(), ttl_secs: 600, ..Default::default() }).await.unwrap();
+        let enrolled = a.enrol(enrol_request(&created.token).0).await.unwrap();
+        a.publish().await.unwrap();
+        let der = trellis_pki::pem_to_der(&enrolled.node_cert_pem, "CERTIFICATE").unwrap();
+        // The other replica, on the same database, with its table built.
+        let b = trellis_testing::controller::controller(fx.db.clone()).await.c;
+        b.publish().await.unwrap();
+        assert!(b.authenticate_node(Some(&der)).await.is_ok(), "db-1 is in through either replica");
+
+        a.revoke("db-1").await.unwrap();
+        let Err(refused) = b.authenticate_node(Some(&der)).await else { panic!("db-1 let in by the other replica after its revocation") };
+        assert!(matches!(refused, Error::Node(NodeRefusal::Revoked(_))), "{refused:?}");
+        // And a renewal through one replica: the other takes the new certificate at once, and the
+        // one before it (until it is replaced again).
+        let created = a.create_token(&proto::TokenRequest { node: "op-1".into(), ttl_secs: 600, ..Default::default() }).await.unwrap();
+        let (req, key) = enrol_request(&created.token);
+        let enrolled = a.enrol(req).await.unwrap();
+        let old = trellis_pki::pem_to_der(&enrolled.node_cert_pem, "CERTIFICATE").unwrap();
+        let who = a.authenticate_node(Some(&old)).await.unwrap();
+        b.publish().await.unwrap();
+        let renewed = a.renew(&who, &proto::RenewRequest { csr_pem: trellis_pki::csr_from_key(&key, "op-1").unwrap() }).await.unwrap();
+        let new = trellis_pki::pem_to_der(&renewed.node_cert_pem, "CERTIFICATE").unwrap();
+        assert!(b.authenticate_node(Some(&new)).await.is_ok(), "the renewed certificate, before any run of the other replica");
+        assert!(b.authenticate_node(Some(&old)).await.is_ok(), "and the one before it");
+    })
+    .await;
+}
+
 /// Replicas on one database: a run of one replica that read the database before a decision can
 /// commit after the other replica's run covering that decision. Its older content then gets the
 /// next version, and its next run stores the current content again, one version higher still,
@@ -443,34 +480,34 @@ async fn a_bundle_request_is_answered_as_a_value() {
         let enrolled = c.enrol(req).await.unwrap();
         let der = trellis_pki::pem_to_der(&enrolled.node_cert_pem, "CERTIFICATE").unwrap();
         let who = c.authenticate_node(Some(&der)).await.unwrap();
-        let ask = |held: Option<i64>, wait: u64| BundleRequest { held, takes_delta: true, wait: Duration::from_secs(wait) };
+        let ask = |held: Option<BundleTag>, wait: u64| BundleRequest { held, takes_delta: true, wait: Duration::from_secs(wait) };
+        let version_only = |version: i64| BundleTag { version, digest: None };
 
         // No bundle held yet: the request waits for the run that covers the enrolment.
         let first = match c.bundle_answer(&who, ask(None, 0)).await.unwrap() {
-            BundleAnswer::Whole { version, body, stamp } => {
+            BundleAnswer::Whole { tag, body, stamp } => {
                 let held = c.bundle("db-1").unwrap();
-                assert_eq!(version, held.version);
+                assert_eq!(tag, BundleTag::new(held.version, &held.digest), "the tag names the version and the content");
                 assert_eq!(body.collect::<Vec<_>>().concat(), held.signed.to_vec(), "the bundle as held");
                 assert!(!stamp.is_empty());
-                version
+                tag
             }
             _ => panic!("a node holding nothing is sent its bundle whole"),
         };
-        assert!(matches!(c.bundle_answer(&who, ask(Some(first), 0)).await.unwrap(), BundleAnswer::Current { version, .. } if version == first));
-        assert!(
-            matches!(c.bundle_answer(&who, ask(Some(first + 7), 0)).await.unwrap(), BundleAnswer::Whole { version, .. } if version == first),
-            "a version it does not have is answered with the current one"
-        );
+        assert!(matches!(c.bundle_answer(&who, ask(Some(first), 0)).await.unwrap(), BundleAnswer::Current { tag, .. } if tag == first));
+        // An older agent's tag, the version alone, names the bundle too.
+        assert!(matches!(c.bundle_answer(&who, ask(Some(version_only(first.version)), 0)).await.unwrap(), BundleAnswer::Current { .. }));
+        let first = first.version;
 
         // A renewal changes its certificate, so its bundle: a long-poll holding the old one hears
         // of the new one as soon as it is published.
         let csr_pem = trellis_pki::csr_from_key(&key, "db-1").unwrap();
-        let (answer, ()) = tokio::join!(c.bundle_answer(&who, ask(Some(first), 30)), async {
+        let (answer, ()) = tokio::join!(c.bundle_answer(&who, ask(Some(version_only(first)), 30)), async {
             c.renew(&who, &proto::RenewRequest { csr_pem }).await.unwrap();
             c.publish().await.unwrap();
         });
         let second = match answer.unwrap() {
-            BundleAnswer::Whole { version, .. } => version,
+            BundleAnswer::Whole { tag, .. } => tag.version,
             _ => panic!("a newer bundle is sent whole (it is too small for a delta)"),
         };
         assert!(second > first, "{second} after {first}");
@@ -484,8 +521,8 @@ async fn a_bundle_request_is_answered_as_a_value() {
 
         c.stop();
         let started = std::time::Instant::now();
-        let stopped = c.bundle_answer(&who, ask(Some(second), 60)).await.unwrap();
-        assert!(matches!(stopped, BundleAnswer::Current { version, .. } if version == second));
+        let stopped = c.bundle_answer(&who, ask(Some(version_only(second)), 60)).await.unwrap();
+        assert!(matches!(stopped, BundleAnswer::Current { tag, .. } if tag.version == second));
         assert!(started.elapsed() < Duration::from_secs(10), "a stopping controller answers at once");
     })
     .await;

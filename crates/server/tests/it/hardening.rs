@@ -122,3 +122,38 @@ async fn the_live_page_may_not_be_framed() {
     let csp = resp.headers()["content-security-policy"].to_str().unwrap().to_string();
     assert!(csp.split(';').any(|d| d.trim() == "frame-ancestors 'none'"), "{csp}");
 }
+
+/// Protocol versions (issue 21, item 3): a node request naming a protocol major this controller
+/// does not speak is refused with `protocol_unsupported`, naming the node and both versions.
+/// Before, agents and controllers of different releases were not told apart at all. A version
+/// that is no version, or a release that is not plain, is refused too; without the header (an
+/// older agent) it is 1.0; a higher minor is spoken. What the agent said is listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_protocol_major_not_spoken_is_refused_naming_the_node_and_both_versions() {
+    let r = start(Database::sqlite()).await;
+    let n = r.enrol_node("db-1", 1, false).await;
+    let whoami = |protocol: Option<&str>, release: Option<&str>| {
+        let mut req = n.http.get(format!("{}/v1/whoami", r.base));
+        if let Some(p) = protocol {
+            req = req.header("trellis-protocol", p);
+        }
+        if let Some(a) = release {
+            req = req.header("trellis-agent", a);
+        }
+        req.send()
+    };
+    let resp = whoami(Some("2.0"), Some("9.0.0")).await.unwrap();
+    let text = resp.text().await.unwrap();
+    let body: trellis_proto::ErrorBody = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(body.code, "protocol_unsupported", "{text}");
+    assert!(body.error.starts_with("node `db-1` speaks trellis protocol 2.0 (agent 9.0.0); this controller speaks 1.0"), "{text}");
+    for (protocol, release, code) in [(Some("1.x"), Some("0.1.0"), "bad_request"), (Some("1.0"), Some("0.1 0"), "bad_request")] {
+        let (status, _, _, got) = refusal(whoami(protocol, release).await.unwrap()).await;
+        assert_eq!((status, got.as_str()), (400, code), "{protocol:?} {release:?}");
+    }
+    assert_eq!(whoami(None, None).await.unwrap().status().as_u16(), 200, "an agent older than the header speaks 1.0");
+    assert_eq!(whoami(Some("1.7"), Some("0.9.0")).await.unwrap().status().as_u16(), 200, "a higher minor is spoken");
+    let nodes = r.admin_get("/v1/admin/nodes").await;
+    let db1 = nodes.as_array().unwrap().iter().find(|n| n["name"] == "db-1").unwrap();
+    assert_eq!((db1["agent_protocol"].as_str(), db1["agent_release"].as_str()), (Some("1.7"), Some("0.9.0")), "{db1}");
+}

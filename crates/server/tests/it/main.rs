@@ -299,7 +299,12 @@ impl Node {
         }
         let resp = req.send().await.unwrap();
         let status = resp.status().as_u16();
-        let version = resp.headers().get("etag").and_then(|v| v.to_str().ok()).and_then(|v| v.trim_matches('"').parse().ok());
+        let version = resp
+            .headers()
+            .get("etag")
+            .and_then(|v| v.to_str().ok())
+            .and_then(trellis_proto::etag::BundleTag::parse)
+            .map(|t| t.version as u64);
         let stamp =
             resp.headers().get("x-trellis-freshness").map(|v| base64::engine::general_purpose::STANDARD.decode(v.as_bytes()).unwrap());
         Fetched { status, version, bytes: resp.bytes().await.unwrap().to_vec(), stamp }
@@ -717,7 +722,8 @@ async fn a_large_bundle_comes_as_a_delta_to_a_node_holding_the_version_before() 
         .unwrap();
     assert_eq!(resp.status().as_u16(), 200);
     assert_eq!(resp.headers()["content-type"], trellis_proto::DELTA_TYPE);
-    assert_eq!(resp.headers()["etag"].to_str().unwrap(), format!("\"{}\"", whole.version.unwrap()));
+    let tag = trellis_proto::etag::BundleTag::parse(resp.headers()["etag"].to_str().unwrap()).expect("an ETag of ours");
+    assert_eq!(tag.version as u64, whole.version.unwrap());
     let delta = resp.bytes().await.unwrap();
     assert!(delta.len() * 50 < whole.bytes.len(), "a delta of {} bytes for a bundle of {}", delta.len(), whole.bytes.len());
     let rebuilt = trellis_core::delta::apply(&first.bytes, &delta).unwrap();
@@ -725,7 +731,8 @@ async fn a_large_bundle_comes_as_a_delta_to_a_node_holding_the_version_before() 
     let b = node.open(&Fetched { status: 200, version: whole.version, bytes: rebuilt, stamp: None }, "op-1");
     assert!(file(&b, "etc/trellis/wireguard.conf").matches("[Peer]").count() > WIDE);
 
-    // Holding another version, the node gets the whole bundle even when it accepts deltas.
+    // Holding another version, the node gets the whole bundle even when it accepts deltas (one
+    // above any this database numbered: a restore; its bundle is numbered above it, ADR 0024).
     let resp = node
         .http
         .get(format!("{}/v1/bundle?wait=0", r.base))
@@ -735,7 +742,10 @@ async fn a_large_bundle_comes_as_a_delta_to_a_node_holding_the_version_before() 
         .await
         .unwrap();
     assert_eq!(resp.headers()["content-type"], "application/octet-stream");
-    assert_eq!(resp.bytes().await.unwrap().len(), whole.bytes.len());
+    let tag = trellis_proto::etag::BundleTag::parse(resp.headers()["etag"].to_str().unwrap()).unwrap();
+    assert_eq!(tag.version, 1000, "numbered above what the node holds");
+    let b = node.open(&Fetched { status: 200, version: Some(1000), bytes: resp.bytes().await.unwrap().to_vec(), stamp: None }, "op-1");
+    assert_eq!(b.version, 1000);
 }
 
 /// A pool token over HTTP: redemptions racing past its uses are answered 409 `token_used`, each

@@ -170,6 +170,8 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
         last_contact: Some(4),
         pool: None,
         revocation: None,
+        agent_protocol: Some("1.0".into()),
+        agent_release: Some("0.1.0".into()),
     };
     sample(d, "NodeInfo", node.clone(), &mut c);
     sample(

@@ -446,3 +446,25 @@ async fn a_member_out_of_contact_is_removed_once() {
     })
     .await;
 }
+
+/// The attack: a client goes away while its request's transaction begins, and the connection goes
+/// back to the pool inside it. Before, on SQLite it kept the write lock: every later write waited
+/// out the busy timeout and failed ("database is locked"), or, on that connection, could not begin
+/// ("cannot start a transaction within a transaction"). Now such a connection is closed.
+#[tokio::test]
+async fn a_connection_left_inside_a_transaction_is_not_reused() {
+    each_backend(|s| async move {
+        s.leave_a_transaction_open().await.unwrap();
+        // More writes than the pool has connections, one after the other: each gets a connection
+        // the pool holds, the one returned inside its transaction among them.
+        for i in 0..10 {
+            let started = std::time::Instant::now();
+            s.create_token(&token(&format!("t{i}"), "db-1"), &audit(AuditAction::TokenIssued))
+                .await
+                .unwrap_or_else(|e| panic!("write {i}: {e}"));
+            assert!(started.elapsed() < std::time::Duration::from_secs(5), "write {i} waited {:?} for a lock", started.elapsed());
+        }
+        assert_eq!(s.tokens().await.unwrap().len(), 10);
+    })
+    .await;
+}

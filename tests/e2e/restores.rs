@@ -1,0 +1,175 @@
+//! A controller restored from a backup (issue 21, item 1), end to end: the real `trellis serve`
+//! on SQLite, stopped, its database (or its whole state directory) put back as a backup taken
+//! before three changes, and started again; a real agent that held the newer bundles gets the
+//! next change. Before, the next change was numbered below what the agent held, and it refused
+//! every later bundle as a rollback, silently.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use trellis_testing::cmd::Proc;
+use trellis_testing::TempDir;
+
+use crate::controller::{agent_bin, copy_dir, enrol, Controller, Db};
+
+/// The declaration `lab/basic` with `extra` more nodes that db-1 may reach.
+fn declaration(dir: &Path, extra: u32) {
+    copy_dir(&trellis_testing::repo().join("lab/basic"), dir);
+    let mut mesh = std::fs::read_to_string(trellis_testing::repo().join("lab/basic/mesh.toml")).unwrap();
+    for k in 1..=extra {
+        mesh.push_str(&format!("\n[[node]]\nname = \"extra-{k}\"\nnetworks = [\"lan\"]\nmodules = [\"ping\"]\n"));
+    }
+    std::fs::write(dir.join("mesh.toml"), mesh).unwrap();
+}
+
+/// Waits (at most 30 s) until db-1's zone, as the agent wrote it, names `name`.
+fn until_written(root: &Path, name: &str) -> Result<Duration, String> {
+    let started = Instant::now();
+    let zone = root.join("etc/trellis/mesh.zone");
+    while started.elapsed() < Duration::from_secs(30) {
+        if std::fs::read_to_string(&zone).is_ok_and(|z| z.contains(&format!("\n{name}\t"))) {
+            return Ok(started.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Err(format!("after 30 s db-1's zone does not name {name}:\n{}", std::fs::read_to_string(&zone).unwrap_or_default()))
+}
+
+/// On PostgreSQL, the database copied as a template (the controller stopped: no connection to it
+/// may be open), or put back from that copy.
+fn postgres(sql: &str) {
+    let admin = std::env::var("TRELLIS_TEST_POSTGRES_URL").expect("checked by can_run");
+    trellis_testing::cmd::ok(trellis_testing::cmd::sh("psql", &[&admin, "-v", "ON_ERROR_STOP=1", "-q", "-c", sql]));
+}
+
+/// The backup: the state directory, and on PostgreSQL the database too.
+fn back_up(c: &Controller, to: &Path) {
+    copy_dir(&c.state, to);
+    if let Some(url) = &c.database_url {
+        let name = url.rsplit('/').next().unwrap();
+        postgres(&format!("CREATE DATABASE {name}_backup TEMPLATE {name}"));
+    }
+}
+
+/// The restore: the database (on SQLite its files in the state directory), or the whole state
+/// directory with it.
+fn restore(c: &Controller, from: &Path, whole_state_directory: bool) {
+    let database = |name: &std::ffi::OsStr| name.to_string_lossy().starts_with("trellis.db");
+    if whole_state_directory {
+        std::fs::remove_dir_all(&c.state).unwrap();
+        copy_dir(from, &c.state);
+    } else if c.database_url.is_none() {
+        for f in std::fs::read_dir(&c.state).unwrap().flatten().filter(|f| database(&f.file_name())) {
+            std::fs::remove_file(f.path()).unwrap();
+        }
+        for f in std::fs::read_dir(from).unwrap().flatten().filter(|f| database(&f.file_name())) {
+            std::fs::copy(f.path(), c.state.join(f.file_name())).unwrap();
+        }
+    }
+    if let Some(url) = &c.database_url {
+        let name = url.rsplit('/').next().unwrap();
+        postgres(&format!("DROP DATABASE {name}"));
+        postgres(&format!("CREATE DATABASE {name} TEMPLATE {name}_backup"));
+    }
+}
+
+fn restored_from_before_three_changes(db: Db, whole_state_directory: bool) {
+    if matches!(db, Db::Postgres) && !trellis_testing::can_run(trellis_testing::Need::Postgres) {
+        return;
+    }
+    let mut c = Controller::start(db);
+    let work = TempDir::new("restore");
+    let (state, root, decl) = (work.path().join("db-1"), work.path().join("root"), work.path().join("decl"));
+    declaration(&decl, 0);
+    c.ok(&["apply", decl.to_str().unwrap()]);
+    trellis_testing::cmd::ok(enrol(&c.token("db-1", &[]), &state));
+    let _agent = Proc(
+        agent_bin()
+            .args(["run", "--files-only", "--max-backoff", "1", "--state-dir", state.to_str().unwrap(), "--root", root.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    until_written(&root, "db-1").unwrap();
+
+    // The backup, taken with the controller stopped (as a VM snapshot or a copy of its files).
+    c.stop_serving();
+    let backup = work.path().join("backup");
+    back_up(&c, &backup);
+    c.serve(c.port);
+    for k in 1..=3 {
+        declaration(&decl, k);
+        c.ok(&["apply", decl.to_str().unwrap()]);
+        until_written(&root, &format!("extra-{k}")).unwrap();
+    }
+
+    // The restore.
+    c.stop_serving();
+    restore(&c, &backup, whole_state_directory);
+    if whole_state_directory {
+        // The state directory agrees with itself: it starts as it is, and the agent, holding
+        // versions it never numbered, catches it up (ADR 0024).
+        c.serve(c.port);
+    } else {
+        // The database alone is behind the controller's signed checkpoint: refused, saying what
+        // to do; then started once with --restored.
+        let refused = trellis_testing::cmd::fails_with(c.serve_cmd(c.port, &[]), "the database's audit chain ends at record");
+        assert!(refused.contains("restored from an older backup") && refused.contains("trellis serve --restored"), "{refused}");
+        c.serve_with(c.port, &["--restored"]);
+        let audit = c.ok(&["audit", "list", "--json"]);
+        assert!(audit.contains("restored from backup") && audit.contains("every bundle version moved past 4"), "{audit}");
+        // The chain is anchored again: it verifies against the new checkpoint.
+        c.ok(&["audit", "verify"]);
+        // Started again, it is no longer behind.
+        c.stop_serving();
+        c.serve(c.port);
+    }
+    // The next change, numbered from the backup's versions: below what the agent holds.
+    declaration(&decl, 4);
+    c.ok(&["apply", decl.to_str().unwrap()]);
+    let took = until_written(&root, "extra-4").unwrap_or_else(|e| panic!("{e}\nthe controller said:\n{}", c.log(c.port)));
+    eprintln!(
+        "restored ({}, {db:?}): the next change reached the agent in {} ms",
+        if whole_state_directory { "state directory" } else { "database" },
+        took.as_millis()
+    );
+    // What the agent holds is what the controller has: it is shown current once it says it
+    // applied it (its files are written before its manifest and its evidence).
+    let started = Instant::now();
+    loop {
+        // The controller first, then the agent: an applied version the controller shows is one
+        // the agent's manifest holds already.
+        let status: serde_json::Value = serde_json::from_str(&c.ok(&["status", "--json"])).unwrap();
+        let held: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(state.join("manifest.json")).unwrap()).unwrap();
+        let db1 = status.as_array().unwrap().iter().find(|n| n["name"] == "db-1").unwrap().clone();
+        if db1["desired_version"] == held["version"] && db1["applied_version"] == held["version"] {
+            assert_eq!(db1["stale"], false, "{db1}");
+            break;
+        }
+        // Until then it is never shown current.
+        assert_eq!(db1["stale"], true, "{db1}\nholds {held}");
+        assert!(started.elapsed() < Duration::from_secs(30), "db-1 never shown current: {db1}\nholds {held}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The agent said which release it is and the protocol it speaks (issue 21, item 3).
+    let nodes = c.nodes();
+    let db1 = nodes.as_array().unwrap().iter().find(|n| n["name"] == "db-1").unwrap().clone();
+    assert_eq!((db1["agent_release"].as_str(), db1["agent_protocol"].as_str()), (Some(env!("CARGO_PKG_VERSION")), Some("1.0")), "{db1}");
+    let listed = c.ok(&["nodes"]);
+    let line = listed.lines().find(|l| l.starts_with("db-1 ")).unwrap_or_default();
+    assert!(line.ends_with(&format!("{} (1.0)", env!("CARGO_PKG_VERSION"))), "{listed}");
+}
+
+#[test]
+fn a_restored_database_is_refused_until_told_then_reaches_an_agent_that_held_newer_bundles() {
+    restored_from_before_three_changes(Db::Sqlite, false);
+    restored_from_before_three_changes(Db::Postgres, false);
+}
+
+#[test]
+fn a_restored_state_directory_reaches_an_agent_that_held_newer_bundles() {
+    restored_from_before_three_changes(Db::Sqlite, true);
+    restored_from_before_three_changes(Db::Postgres, true);
+}
