@@ -14,8 +14,8 @@ use trellis_testing::Database;
 
 mod long_polls;
 mod pools;
-mod revocations;
 mod restores;
+mod revocations;
 
 /// The fixture with `lab/basic` applied (revision 1).
 async fn controller(db: Database) -> Fixture {
