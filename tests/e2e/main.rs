@@ -2,6 +2,7 @@
 //! namespaces with real nftables.
 
 mod agent;
+mod certs;
 mod cli;
 mod controller;
 mod delivery;

@@ -198,6 +198,9 @@ fn both_metric_endpoints_answer_the_format_asked_for_and_pass_promtool() {
     // counted) and holds a long-poll (a gauge at 1); a token is used up (a refusal counted).
     until(agent_port, "the agent applied its bundle", |t| value(t, "trellis_agent_applies_total{result=\"applied\"}") == Some(1.0));
     until(ctl_port, "the agent's long-poll is open", |t| value(t, "trellis_long_polls_open") == Some(1.0));
+    // db-1 runs postgres and ssh, which ask for certificates: the per-node expiry series is
+    // linted too.
+    until(ctl_port, "db-1's service certificates issued", |t| value(t, "trellis_service_certificates_issued_total") == Some(2.0));
 
     for (port, who) in [(ctl_port, "controller"), (agent_port, "agent")] {
         for accept in [None, Some("text/plain; version=0.0.4"), Some("*/*")] {

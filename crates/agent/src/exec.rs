@@ -30,6 +30,8 @@ pub struct Backends {
     pub forwarding: Box<dyn Forwarding + Send>,
     pub routing: Option<Box<dyn crate::routes::Routing + Send>>,
     pub prompter: Option<Box<dyn Prompter + Send>>,
+    /// Reloads a module's unit after its service certificate is replaced (`crate::certs`).
+    pub reloader: Option<Box<dyn crate::certs::Reloader>>,
 }
 
 impl Backends {
@@ -51,6 +53,7 @@ impl Backends {
             forwarding: Box::new(host::ProcSys),
             routing: if files_only { None } else { Some(Box::new(crate::routes::IpRouting::new(Box::new(controllers)))) },
             prompter: if files_only { None } else { Some(Box::new(host::Datagrams)) },
+            reloader: if files_only { None } else { Some(Box::new(crate::certs::Systemctl)) },
         }
     }
 }

@@ -240,6 +240,7 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
                 "last_apply_ms": run.last_apply_ms,
                 "buffered_evidence": run.buffered_evidence,
                 "dropped_evidence": run.dropped_evidence,
+                "service_certificates": run.certificates,
                 "last_error": run.last_error,
                 "updated_at": run.updated_at,
             }))?
@@ -275,6 +276,13 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
             run.buffered_evidence,
             if run.dropped_evidence > 0 { format!(", {} dropped", run.dropped_evidence) } else { String::new() }
         );
+        for c in &run.certificates {
+            let until = c.not_after.map_or("none yet".to_string(), |t| format!("valid until {}", date(t)));
+            println!("service certificate for {}: {until}", printable(&c.module));
+            if let Some(e) = &c.error {
+                println!("  {}", printable(e));
+            }
+        }
         if let Some(e) = &run.last_error {
             println!("last error: {}", printable(e));
         }

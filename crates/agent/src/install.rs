@@ -322,6 +322,7 @@ mod tests {
             forwarding: Box::new(Fwd(journal.clone(), false)),
             routing: Some(Box::new(Rt(journal.clone(), false))),
             prompter: Some(Box::new(Prompts(journal.clone(), prompts_fail.clone()))),
+            reloader: None,
         };
         let exec = Executor::new(backends, dir.join("root"), dir.join("wireguard.key"));
         let scope = Scope { files_only: false, wireguard: true, dns_port: 53 };

@@ -5,6 +5,7 @@
 mod assets;
 pub mod backoff;
 pub mod bundle;
+pub mod certs;
 pub mod dns;
 pub mod exec;
 pub mod host;

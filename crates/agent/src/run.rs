@@ -48,6 +48,8 @@ pub struct Agent {
     status: AgentStatus,
     client: NodeClient,
     metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// The node's service certificates (ADR 0023).
+    certs: crate::certs::Certs,
 }
 
 /// The bundle last applied (`bundle.last`), verified again; `None` when there is none.
@@ -59,7 +61,8 @@ fn last_bundle(dir: &Path, key: &ed25519_dalek::VerifyingKey, id: &Identity) -> 
 
 impl Agent {
     /// An agent for the node enrolled in `opts.state_dir`, acting on the host through `backends`.
-    pub fn new(opts: Options, backends: Backends) -> Result<Agent> {
+    pub fn new(opts: Options, mut backends: Backends) -> Result<Agent> {
+        let certs = crate::certs::Certs::new(&opts.root, backends.reloader.take());
         let id = Identity::load(&opts.state_dir)?;
         let key = id.signing_key()?;
         let manifest = Manifest::load(&opts.state_dir);
@@ -77,6 +80,7 @@ impl Agent {
             client,
             opts,
             metrics: Default::default(),
+            certs,
         })
     }
 
@@ -218,6 +222,7 @@ impl Agent {
         status.updated_at = unix_now();
         status.peers = self.installer.executor().peers();
         status.buffered_evidence = self.evidence.pending().len();
+        status.certificates = self.certs.status().to_vec();
         let _ = status.save(&self.opts.state_dir);
         self.metrics.status(&status);
         status
@@ -287,6 +292,7 @@ impl Agent {
             // Evidence waiting from before (an outage, a restart) goes out before the next long
             // poll, which may hold the connection for most of a minute.
             let _ = self.flush_evidence().await;
+            let applied_before = applies;
             let polled = {
                 // While the long-poll waits, the status file is refreshed every ten seconds so
                 // that `trellis-agent status` shows live peers and handshakes, and peers prompted
@@ -335,6 +341,12 @@ impl Agent {
                     failures += 1;
                     self.status.last_error = Some(format!("{e:#}"));
                 }
+            }
+            // Service certificates: at once after a new bundle (a module may have come or gone),
+            // else when one is due or the list is to be asked for again.
+            if self.installer.manifest().version > 0 {
+                let applied = applies > applied_before;
+                self.certs.tend(&self.client, unix_now(), applied).await;
             }
             if let Err(e) = self.flush_evidence().await {
                 if failures == 0 {

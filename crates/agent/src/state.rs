@@ -158,6 +158,9 @@ pub struct AgentStatus {
     pub last_apply_ms: Option<u64>,
     pub buffered_evidence: usize,
     pub dropped_evidence: u64,
+    /// The node's service certificates, and why the last request for one failed.
+    #[serde(default)]
+    pub certificates: Vec<crate::certs::CertStatus>,
 }
 
 impl AgentStatus {

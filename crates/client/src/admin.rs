@@ -96,6 +96,11 @@ impl AdminClient {
         self.get("/v1/admin/status").await
     }
 
+    /// Every service certificate (ADR 0023).
+    pub async fn certificates(&self) -> Result<Vec<proto::ServiceCertInfo>, Error> {
+        self.get("/v1/admin/certificates").await
+    }
+
     /// One page of the audit chain: at most `limit` records after sequence number `after`.
     pub async fn audit_page(&self, after: i64, limit: i64) -> Result<Vec<proto::AuditRecord>, Error> {
         self.get(&format!("/v1/admin/audit?after={after}&limit={limit}")).await

@@ -100,6 +100,24 @@ impl NodeClient {
         .await
     }
 
+    /// The service certificates this node is to hold (ADR 0023).
+    pub async fn service_certificates(&self) -> Result<proto::ServiceCertList, Error> {
+        crate::each_controller_from(&self.controllers, &self.last, |c| {
+            let send = self.http.get(format!("https://{c}/v1/node/certificates")).send();
+            async move { answer(send.await.map_err(Error::Send)?).await }
+        })
+        .await
+    }
+
+    /// A CSR for one module's service certificate, signed or refused.
+    pub async fn sign_service_certificate(&self, req: &proto::ServiceCertRequest) -> Result<proto::ServiceCertResponse, Error> {
+        crate::each_controller_from(&self.controllers, &self.last, |c| {
+            let send = self.http.post(format!("https://{c}/v1/node/certificates")).json(req).send();
+            async move { answer(send.await.map_err(Error::Send)?).await }
+        })
+        .await
+    }
+
     pub async fn whoami(&self) -> Result<proto::WhoAmI, Error> {
         crate::each_controller_from(&self.controllers, &self.last, |c| {
             let send = self.http.get(format!("https://{c}/v1/whoami")).send();

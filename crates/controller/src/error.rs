@@ -49,6 +49,8 @@ pub enum Error {
     // --- nodes -------------------------------------------------------------------------------
     #[error("{0}")]
     Node(#[from] NodeRefusal),
+    #[error("{0}")]
+    ServiceCert(#[from] crate::certs::ServiceCertRefusal),
     #[error("node `{0}` is not pending approval")]
     NotPending(String),
     #[error("node `{0}` is not enrolled, or is revoked already")]
@@ -124,6 +126,9 @@ pub enum NodeRefusal {
     Revoked(String),
     #[error("this certificate of node `{0}` has been replaced; enrol again")]
     CertificateReplaced(String),
+    /// A service certificate (issued by the services CA) presented where a node's is needed.
+    #[error("the certificate presented for `{0}` is a service certificate, not a node certificate")]
+    ServiceCertificate(String),
     #[error("node `{0}` is pending approval; an operator runs `trellis node approve {0}`")]
     PendingApproval(String),
     #[error("this certificate of node `{0}` has been renewed already; renew with the newest one")]
@@ -160,6 +165,7 @@ impl Error {
             Error::Redemption(r) => r.code(),
             Error::KeyTaken(_) => "key_taken",
             Error::Node(n) => n.code(),
+            Error::ServiceCert(r) => r.code(),
             Error::NotPending(_) => "not_pending",
             Error::NotRevocable(_) => "not_revocable",
             Error::NoBundleYet(_) => "no_bundle_yet",
@@ -206,6 +212,7 @@ impl NodeRefusal {
             NodeRefusal::Unknown(_) => "unknown_node",
             NodeRefusal::Revoked(_) => "node_revoked",
             NodeRefusal::CertificateReplaced(_) => "certificate_replaced",
+            NodeRefusal::ServiceCertificate(_) => "service_certificate",
             NodeRefusal::PendingApproval(_) => "pending_approval",
             NodeRefusal::Superseded(_) => "certificate_superseded",
             NodeRefusal::Replaced { .. } => "member_replaced",

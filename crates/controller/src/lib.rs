@@ -7,6 +7,7 @@
 
 pub mod audit;
 pub mod bundle;
+pub mod certs;
 pub mod declarations;
 pub mod enrolment;
 pub mod error;
@@ -27,6 +28,7 @@ use trellis_core::Declaration;
 use trellis_store::Store;
 
 pub use bundle::{BundleAnswer, BundleRequest};
+pub use certs::ServiceCertRefusal;
 pub use enrolment::NodeIdentity;
 pub use error::{Error, NodeRefusal, Redemption, Result};
 pub use publish::Published;
@@ -65,6 +67,8 @@ impl Entropy for OsEntropy {
 /// The keys a controller decides with.
 pub struct Keys {
     pub ca: trellis_pki::Ca,
+    /// Signs service certificates (ADR 0023); none in a state directory made before them.
+    pub services: Option<trellis_pki::ServicesCa>,
     /// Signs every bundle and freshness stamp.
     pub signing_key: ed25519_dalek::SigningKey,
     /// SHA-256 of the admin credential.
@@ -77,6 +81,8 @@ pub struct Controller {
     store: Store,
     config: state::Config,
     keys: Keys,
+    /// The mesh CA's subject (DER): the issuer every node certificate names.
+    ca_subject: Vec<u8>,
     signing_public_key: [u8; 32],
     publisher: publish::Publisher,
     /// The parsed declaration of the newest revision seen, keyed by its number. A cache only:
@@ -112,6 +118,7 @@ impl Controller {
             store,
             config,
             signing_public_key: keys.signing_key.verifying_key().to_bytes(),
+            ca_subject: keys.ca.subject_der(),
             keys,
             publisher: publish::Publisher::default(),
             declaration: Default::default(),
@@ -169,7 +176,7 @@ impl Controller {
             .ok()
             .and_then(|b| b.try_into().ok())
             .context("admin_token_sha256 in controller.toml is not 64 hex digits")?;
-        let keys = Keys { ca, signing_key: state.signing_key()?, admin_sha256 };
+        let keys = Keys { ca, services: state.services_ca()?, signing_key: state.signing_key()?, admin_sha256 };
         let c = Controller::new(store, state.config.clone(), keys, Arc::new(SystemClock), Arc::new(OsEntropy))
             .with_checkpoint(state.path(audit::CHECKPOINT))
             .with_high_water(state.path(restore::HIGH_WATER));

@@ -116,6 +116,15 @@ pub struct Metrics {
     revoking: Gauge,
     revoking_oldest: Gauge,
     scrape_errors: Counter,
+    service_certs_issued: Counter,
+    service_cert_refusals: Family<ReasonLabel, Counter>,
+    service_cert_expiry: Family<NodeLabel, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// One of [`crate::certs::REFUSAL_REASONS`].
+    pub reason: &'static str,
 }
 
 impl Default for Metrics {
@@ -176,6 +185,23 @@ impl Metrics {
         );
         let scrape_errors = Counter::default();
         r.register("metrics_roster_errors", "Scrapes whose roster gauges could not be read", scrape_errors.clone());
+        let service_certs_issued = Counter::default();
+        r.register("service_certificates_issued", "Service certificates signed (ADR 0023)", service_certs_issued.clone());
+        let service_cert_refusals = Family::<ReasonLabel, Counter>::default();
+        for reason in crate::certs::REFUSAL_REASONS {
+            let _ = service_cert_refusals.get_or_create(&ReasonLabel { reason });
+        }
+        r.register(
+            "service_certificate_refusals",
+            "Service certificate requests and renewals refused, by reason",
+            service_cert_refusals.clone(),
+        );
+        let service_cert_expiry = Family::<NodeLabel, Gauge>::default();
+        r.register(
+            "service_certificate_earliest_expiry_timestamp_seconds",
+            "Per node holding a declared service certificate: when the first of them expires (Unix seconds)",
+            service_cert_expiry.clone(),
+        );
         Metrics {
             registry: r,
             enrolments,
@@ -196,6 +222,34 @@ impl Metrics {
             revoking,
             revoking_oldest,
             scrape_errors,
+            service_certs_issued,
+            service_cert_refusals,
+            service_cert_expiry,
+        }
+    }
+
+    pub fn service_cert_issued(&self) {
+        self.service_certs_issued.inc();
+    }
+
+    /// A service certificate refused, by one of [`crate::certs::REFUSAL_REASONS`].
+    pub fn service_cert_refused(&self, reason: &'static str) {
+        self.service_cert_refusals.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    /// Sets the earliest expiry of each node's declared, issued service certificates; a node
+    /// without one has no series.
+    pub fn service_cert_expiries(&self, certs: &[proto::ServiceCertInfo]) {
+        self.service_cert_expiry.clear();
+        let mut earliest: std::collections::BTreeMap<&str, i64> = Default::default();
+        for c in certs.iter().filter(|c| c.declared) {
+            if let Some(t) = c.not_after {
+                let e = earliest.entry(c.node.as_str()).or_insert(t);
+                *e = (*e).min(t);
+            }
+        }
+        for (node, t) in earliest {
+            self.service_cert_expiry.get_or_create(&NodeLabel { node: node.to_string() }).set(t);
         }
     }
 
@@ -302,6 +356,12 @@ impl Controller {
     pub async fn scrape(&self) -> String {
         let status = self.status().await;
         self.metrics.roster(status.as_deref().ok());
+        match self.service_certs().await {
+            Ok(certs) => self.metrics.service_cert_expiries(&certs),
+            Err(_) => {
+                self.metrics.scrape_errors.inc();
+            }
+        }
         self.metrics.encode()
     }
 }

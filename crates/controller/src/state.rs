@@ -16,6 +16,9 @@ use trellis_files as files;
 use crate::{Clock, Entropy, OsEntropy, SystemClock};
 
 pub const CONFIG: &str = "controller.toml";
+/// The services intermediate CA's certificate and key (ADR 0023).
+pub const SERVICES_CA_CERT: &str = "services-ca.pem";
+pub const SERVICES_CA_KEY: &str = "services-ca.key";
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -59,6 +62,17 @@ impl StateDir {
     pub fn admin_access(&self) -> Result<(String, String, String)> {
         let host = self.config.advertise.first().context("controller.toml advertises no address")?;
         Ok((host.clone(), self.read("ca.pem")?, self.read("admin.token")?))
+    }
+
+    /// The services intermediate CA (ADR 0023), if this state directory has one: one made before
+    /// service certificates has none, and its controller refuses to sign them.
+    pub fn services_ca(&self) -> Result<Option<trellis_pki::ServicesCa>> {
+        if !self.path(SERVICES_CA_KEY).exists() {
+            return Ok(None);
+        }
+        let ca = trellis_pki::ServicesCa::load(&self.read(SERVICES_CA_CERT)?, &self.read(SERVICES_CA_KEY)?)
+            .with_context(|| format!("{} does not hold a services CA", self.path(SERVICES_CA_CERT).display()))?;
+        Ok(Some(ca))
     }
 
     pub fn signing_key(&self) -> Result<ed25519_dalek::SigningKey> {
@@ -120,6 +134,7 @@ pub async fn init(dir: &Path, opts: &InitOptions) -> Result<StateDir> {
     let ca = trellis_pki::create_ca("trellis", now, random())?;
     let ca_loaded = trellis_pki::Ca::load(&ca.cert_pem, &ca.key_pem)?;
     let server = ca_loaded.server_cert(&hosts, now, random())?;
+    let services = ca_loaded.services_ca("trellis", now, random())?;
     let signing = ed25519_dalek::SigningKey::from_bytes(&random());
     let admin: [u8; 32] = random();
     let admin_token = format!("trellis-admin-{}", hex::encode(admin));
@@ -140,6 +155,8 @@ pub async fn init(dir: &Path, opts: &InitOptions) -> Result<StateDir> {
     files::create_new(&dir.join("ca.pem"), ca.cert_pem.as_bytes(), 0o644)?;
     files::create_new(&dir.join("server.key"), server.key_pem.as_bytes(), 0o600)?;
     files::create_new(&dir.join("server.pem"), server.cert_pem.as_bytes(), 0o644)?;
+    files::create_new(&dir.join(SERVICES_CA_KEY), services.key_pem.as_bytes(), 0o600)?;
+    files::create_new(&dir.join(SERVICES_CA_CERT), services.cert_pem.as_bytes(), 0o644)?;
     files::create_new(&dir.join("signing.key"), base64::engine::general_purpose::STANDARD.encode(signing.to_bytes()).as_bytes(), 0o600)?;
     files::create_new(&dir.join("admin.token"), format!("{admin_token}\n").as_bytes(), 0o600)?;
     trellis_store::Store::open(&database_url).await.with_context(|| format!("cannot create the database {database_url}"))?;

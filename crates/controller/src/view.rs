@@ -77,6 +77,7 @@ impl Controller {
         let alloc = self.store.allocation().await?;
         let topo = Topology::new(&decl, &alloc, &trellis_core::Keys::default());
         let g = trellis_core::graph::graph(&topo);
+        let expiring = self.certificates_expiring().await?;
         let by_name: HashMap<&str, &proto::NodeStatus> = status.iter().map(|s| (s.name.as_str(), s)).collect();
         // Who still holds the key of a node revoking or removing.
         let mut holds: HashMap<&str, Vec<String>> = HashMap::new();
@@ -117,6 +118,7 @@ impl Controller {
                     last_contact: s.and_then(|s| s.last_contact),
                     last_error: s.and_then(|s| s.last_error.as_deref()).map(|e| proto::text::printable(e).into_owned()),
                     holds: holds.remove(n.name.as_str()).unwrap_or_default(),
+                    certificates_expiring: expiring.get(n.name.as_str()).cloned().unwrap_or_default(),
                     name: n.name,
                 }
             })

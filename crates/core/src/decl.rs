@@ -32,8 +32,18 @@ pub struct MeshSettings {
     pub port: u16,
     pub interface: String,
     pub mtu: u16,
+    /// How long a service certificate is valid, in seconds (`service_cert_lifetime`).
+    pub service_cert_secs: u64,
     pub loc: Loc,
 }
+
+/// A service certificate's lifetime when `[mesh]` names none: a day, as step-ca's leaves.
+pub const DEFAULT_SERVICE_CERT_SECS: u64 = 86_400;
+/// The shortest `service_cert_lifetime`: renewal at two thirds of it, with jitter, must leave
+/// the agent room to ask again.
+pub const MIN_SERVICE_CERT_SECS: u64 = 60;
+/// The longest `service_cert_lifetime`: a short-lived identity, never a year-long one.
+pub const MAX_SERVICE_CERT_SECS: u64 = 90 * 86_400;
 
 pub const DEFAULT_PORT: u16 = 51820;
 pub const DEFAULT_INTERFACE: &str = "trellis0";
@@ -128,7 +138,26 @@ impl fmt::Debug for PublicKey {
 pub struct Module {
     pub name: String,
     pub allow: Vec<Rule>,
+    /// `[module.certificate]`: every node running the module holds a service certificate for it.
+    pub certificate: Option<CertificateSpec>,
     pub loc: Loc,
+}
+
+/// What a module's `[module.certificate]` asks for: the group that may read the key (the files
+/// are `root:GROUP`, the key 0640) and the systemd unit reloaded after a renewal.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CertificateSpec {
+    pub group: Option<String>,
+    pub reload: Option<String>,
+}
+
+/// Whether `s` is a plain name for a group or a systemd unit: 1-64 of letters, digits, `-`, `_`,
+/// `.` and `@`, not starting with `-` or `.`, so that it is never read as an option or a path.
+pub fn is_plain_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && !s.starts_with(['-', '.'])
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'@'))
 }
 
 /// One allow rule of a module: traffic of `proto` to `ports` on every node running the

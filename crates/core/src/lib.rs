@@ -4,6 +4,7 @@
 
 pub mod alloc;
 pub mod bundle;
+pub mod certs;
 pub mod compile;
 pub mod decl;
 pub mod delta;

@@ -26,6 +26,9 @@ pub enum BenchCommand {
     /// DIR, on a real declaration: a change to about 1 % of the nodes, one node added, and the
     /// controller's memory
     Delivery(DeliveryArgs),
+    /// Service certificates (ADR 0023): the services CA's signatures per second, issuance over
+    /// HTTPS end to end, and what renewals cost a controller at a fleet's size
+    Certs(crate::certs::CertsArgs),
 }
 
 #[derive(Args)]
@@ -154,6 +157,7 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
             Some(dir) => runtime()?.block_on(crate::storm::run(&a, dir)),
             None => runtime()?.block_on(bench_enrol(&a)),
         },
+        BenchCommand::Certs(a) => runtime()?.block_on(crate::certs::run(&a)),
         BenchCommand::Delivery(a) => match &a.mesh {
             Some(dir) => runtime()?.block_on(crate::fleet::run(&a, dir)),
             None => runtime()?.block_on(crate::delivery::run(&a)),

@@ -2,6 +2,7 @@
 //! of the binaries that are shipped.
 
 mod bench;
+mod certs;
 mod delivery;
 mod enrolling;
 mod fleet;

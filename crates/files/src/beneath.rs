@@ -130,6 +130,62 @@ impl Beneath {
         Ok(staged)
     }
 
+    /// As [`Beneath::stage`], for a file that holds a key another group may read: created 0600
+    /// before any byte is written, then, written and synced, given group `gid` (when one is
+    /// named) and its final `mode`. Until it is committed nobody but the owner can open it.
+    pub fn stage_for_group(&self, name: &str, content: &[u8], gid: Option<u32>, mode: u32) -> Result<String, FileError> {
+        let staged = self.stage(name, content, 0o600)?;
+        let p = self.path.join(&staged);
+        let fd = openat(self.fd.as_fd(), staged.as_str(), OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())
+            .map_err(|e| err("open", p.clone(), e));
+        let finish = fd.and_then(|fd| {
+            let f = std::fs::File::from(fd);
+            if gid.is_some() {
+                std::os::unix::fs::fchown(&f, None, gid).map_err(|source| FileError {
+                    op: "change the group of",
+                    path: p.clone(),
+                    source,
+                })?;
+            }
+            use std::os::unix::fs::PermissionsExt;
+            f.set_permissions(std::fs::Permissions::from_mode(mode)).map_err(|source| FileError {
+                op: "set the mode of",
+                path: p.clone(),
+                source,
+            })?;
+            f.sync_all().map_err(|source| FileError { op: "sync", path: p.clone(), source })
+        });
+        if let Err(e) = finish {
+            self.discard(&staged);
+            return Err(e);
+        }
+        Ok(staged)
+    }
+
+    /// The names in this directory (not `.` or `..`), sorted.
+    pub fn names(&self) -> Result<Vec<String>, FileError> {
+        // A description of its own, so that reading it moves no position the handle shares.
+        let mut dir =
+            nix::dir::Dir::openat(self.fd.as_fd(), ".", DIR_FLAGS, Mode::empty()).map_err(|e| err("read", self.path.clone(), e))?;
+        let mut out: Vec<String> = dir
+            .iter()
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().to_str().ok().map(str::to_string))
+            .filter(|n| n != "." && n != "..")
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    /// Removes the empty directory `name`; `false` when it was not there.
+    pub fn remove_dir(&self, name: &str) -> Result<bool, FileError> {
+        match unlinkat(self.fd.as_fd(), name, UnlinkatFlags::RemoveDir) {
+            Ok(()) => Ok(true),
+            Err(Errno::ENOENT) => Ok(false),
+            Err(e) => Err(err("remove", self.path.join(name), e)),
+        }
+    }
+
     /// Renames a staged file over `name` (a link at `name` is replaced, not followed).
     pub fn commit(&self, staged: &str, name: &str) -> Result<(), FileError> {
         renameat(self.fd.as_fd(), staged, self.fd.as_fd(), name).map_err(|e| err("rename a staged file onto", self.path.join(name), e))

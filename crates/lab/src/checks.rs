@@ -1,5 +1,6 @@
 //! The expectation matrix: every `[[expect]]` (tcp, udp, icmp open or closed; DNS answers;
-//! iperf3 throughput through the overlay next to the underlay) run between the lab's namespaces,
+//! iperf3 throughput through the overlay next to the underlay; TLS handshakes that verify a
+//! service certificate's name) run between the lab's namespaces,
 //! expected next to seen.
 
 use std::collections::HashMap;
@@ -151,6 +152,9 @@ fn traffic(
     };
     let log = st.dir.join(format!("tcp-{i}.log"));
     let (from_ns, to_ns) = (ns(st, &e.from), ns(st, to));
+    if proto == Proto::Tls {
+        return tls(e, to, &dst, st);
+    }
     let open = match proto {
         Proto::Icmp => ns_cmd(&from_ns, &["ping", "-c", "1", "-W", "2", &dst]).stdout(Stdio::null()).status()?.success(),
         Proto::Tcp | Proto::Udp => {
@@ -191,6 +195,7 @@ fn traffic(
             ok
         }
         Proto::Throughput => bail!("expectation {}: proto \"throughput\" is measured by `throughput`, not sent", i + 1),
+        Proto::Tls => unreachable!("handled above"),
     };
     let port = e.port.map(|p| format!(" {p}")).unwrap_or_default();
     let mut seen = if open { "open".to_string() } else { "closed".to_string() };
@@ -202,6 +207,108 @@ fn traffic(
         seen = if addrs.iter().any(|a| a.to_string() == source) { format!("open via {v}") } else { format!("open from {source}") };
     }
     Ok((format!("{proto}{port} -> {to}"), expected, seen))
+}
+
+/// A TLS handshake from the from-node to `dst` (the to-node's overlay address) on the
+/// expectation's port, verifying `name` against the mesh CA the from-node holds, as a client
+/// with `sslmode=verify-full` does (`openssl s_client -verify_hostname NAME
+/// -verify_return_error`). The to-node serves with the files its agent wrote for the module
+/// `name` names (else the first it holds). `closed` when no connection is admitted, `refused`
+/// when the handshake does not verify, `open` when it does.
+fn tls(e: &Expect, to: &str, dst: &str, st: &LabState) -> Result<(String, String, String)> {
+    let name = e.name.as_deref().context("a tls expectation needs `name`")?;
+    let port = e.port.context("a tls expectation needs a port")?.to_string();
+    let certs = st.dir.join(format!("root-{to}/etc/trellis/certs"));
+    let module = name.split('.').next().unwrap_or_default();
+    // The agent writes its certificates right after the bundle that brought the module.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let dir = loop {
+        let wanted = certs.join(module);
+        let found = if wanted.join("cert.pem").exists() {
+            Some(wanted)
+        } else {
+            let mut dirs: Vec<_> = std::fs::read_dir(&certs)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|d| d.path())
+                .filter(|d| d.join("cert.pem").exists())
+                .collect();
+            dirs.sort();
+            dirs.into_iter().next()
+        };
+        match found {
+            Some(d) => break d,
+            None if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+            None => bail!(
+                "tls {name} -> {to}: `{to}` holds no service certificate in {} (does a module it runs have [module.certificate]?)",
+                certs.display()
+            ),
+        }
+    };
+    let file = |f: &str| dir.join(f).to_string_lossy().into_owned();
+    let mut server = ns_cmd(
+        &ns(st, to),
+        &[
+            "openssl",
+            "s_server",
+            "-quiet",
+            "-accept",
+            &port,
+            "-cert",
+            &file("cert.pem"),
+            "-key",
+            &file("key.pem"),
+            "-cert_chain",
+            &file("chain.pem"),
+        ],
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .context("cannot run openssl s_server")?;
+    std::thread::sleep(Duration::from_millis(400));
+    let from_ns = ns(st, &e.from);
+    let reached = ns_cmd(&from_ns, &["nc", "-z", "-n", "-w", "2", dst, &port]).status()?.success();
+    let seen = if !reached {
+        "closed"
+    } else {
+        let ca = st.dir.join(format!("root-{}/etc/trellis/ca.pem", e.from));
+        let connect = if dst.contains(':') { format!("[{dst}]:{port}") } else { format!("{dst}:{port}") };
+        let out = ns_cmd(
+            &from_ns,
+            &[
+                "timeout",
+                "10",
+                "openssl",
+                "s_client",
+                "-connect",
+                &connect,
+                "-servername",
+                name,
+                "-verify_hostname",
+                name,
+                "-verify_return_error",
+                "-CAfile",
+                &ca.to_string_lossy(),
+            ],
+        )
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .context("cannot run openssl s_client")?;
+        let verified = out.status.success() && String::from_utf8_lossy(&out.stdout).contains("Verify return code: 0 (ok)");
+        if verified {
+            "open"
+        } else {
+            "refused"
+        }
+    };
+    let _ = server.kill();
+    let _ = server.wait();
+    let expected = e.result.unwrap_or(Outcome::Open).as_str().to_string();
+    Ok((format!("tls {port} {name} -> {to}"), expected, seen.to_string()))
 }
 
 /// Prints the matrix as the lab always has: one row per expectation, `NO` where they differ.

@@ -128,6 +128,9 @@ pub enum Proto {
     /// iperf3 from `from` to `to` on `port`, through the overlay and on the underlay; met when
     /// the overlay run moved data (a measurement, not a speed limit).
     Throughput,
+    /// A TLS handshake from `from` to `to` on `port` that verifies `name` against the mesh CA,
+    /// served on `to` with the service certificate its agent wrote (ADR 0023).
+    Tls,
 }
 
 impl Proto {
@@ -137,6 +140,7 @@ impl Proto {
             Proto::Udp => "udp",
             Proto::Icmp => "icmp",
             Proto::Throughput => "throughput",
+            Proto::Tls => "tls",
         }
     }
 }
@@ -147,13 +151,15 @@ impl std::fmt::Display for Proto {
     }
 }
 
-/// What an expectation expects (`result`): traffic `open` or `closed`, a DNS name `nxdomain`.
+/// What an expectation expects (`result`): traffic `open` or `closed`, a DNS name `nxdomain`, a
+/// TLS handshake whose certificate does not verify `refused`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Outcome {
     Open,
     Closed,
     Nxdomain,
+    Refused,
 }
 
 impl Outcome {
@@ -162,6 +168,7 @@ impl Outcome {
             Outcome::Open => "open",
             Outcome::Closed => "closed",
             Outcome::Nxdomain => "nxdomain",
+            Outcome::Refused => "refused",
         }
     }
 }
@@ -179,6 +186,8 @@ pub struct Expect {
     /// The node whose underlay address the connection must arrive from (what an exit or a
     /// masquerading router does); without it the check is reachability alone.
     pub via: Option<String>,
+    /// For `proto = "tls"`: the name the handshake verifies (`postgres.basic.mesh`).
+    pub name: Option<String>,
 }
 
 impl LabFile {
@@ -261,8 +270,8 @@ impl Expect {
         match (&self.dns, &other.dns) {
             (Some(a), Some(b)) => self.from == other.from && a == b,
             (None, None) => {
-                (&self.from, &self.to, self.proto.unwrap_or_default(), self.port)
-                    == (&other.from, &other.to, other.proto.unwrap_or_default(), other.port)
+                (&self.from, &self.to, self.proto.unwrap_or_default(), self.port, &self.name)
+                    == (&other.from, &other.to, other.proto.unwrap_or_default(), other.port, &other.name)
             }
             _ => false,
         }
@@ -359,6 +368,19 @@ fn check_expect(file: &Path, what: &str, e: &Expect) -> Result<()> {
             "{}: {what} measures throughput: give `to` and `port` (a TCP port the target's filter admits from `from`), and no `result` or `dns`",
             file.display()
         );
+    }
+    let tls = e.proto == Some(Proto::Tls);
+    if tls && (e.to.is_none() || e.port.is_none() || e.name.is_none() || e.dns.is_some() || e.via.is_some()) {
+        bail!(
+            "{}: {what} is a TLS handshake: give `to`, `port` and the `name` it verifies (\"postgres.basic.mesh\"), and no `dns` or `via`",
+            file.display()
+        );
+    }
+    if !tls && e.name.is_some() {
+        bail!("{}: {what} gives `name`, which only a `proto = \"tls\"` expectation verifies", file.display());
+    }
+    if e.result == Some(Outcome::Refused) && !tls {
+        bail!("{}: {what} expects `refused`, which only a `proto = \"tls\"` handshake can be", file.display());
     }
     if e.dns.is_some() {
         // A DNS expectation that names no answer would be met by silence: it must name the
@@ -571,6 +593,38 @@ pub fn check_endpoints(lab: &LabFile, decl: &trellis_core::Declaration) -> Resul
 
 #[cfg(test)]
 mod tests {
+    /// A TLS expectation names where it goes and the name it verifies; `name` and `refused` belong
+    /// to TLS alone.
+    #[test]
+    fn a_tls_expectation_names_its_target_port_and_name() {
+        let dir = trellis_testing::TempDir::new("labfile-tls");
+        let head = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lab/basic.toml")).unwrap();
+        let file = dir.join("lab.toml");
+        let tls = "[[expect]]\nfrom = \"api-1\"\nproto = \"tls\"\n";
+        for (tail, wrong) in [
+            (format!("{tls}to = \"db-1\"\nport = 5432\nname = \"postgres.basic.mesh\"\nresult = \"refused\"\n"), None),
+            (format!("{tls}to = \"db-1\"\nport = 5432\n"), Some("is a TLS handshake: give `to`, `port` and the `name` it verifies")),
+            (format!("{tls}to = \"db-1\"\nname = \"postgres.basic.mesh\"\n"), Some("is a TLS handshake")),
+            (format!("{tls}to = \"db-1\"\nport = 5432\nname = \"p\"\nvia = \"db-1\"\n"), Some("and no `dns` or `via`")),
+            (
+                "[[expect]]\nfrom = \"api-1\"\nto = \"db-1\"\nport = 5432\nname = \"p\"\n".to_string(),
+                Some("gives `name`, which only a `proto = \"tls\"`"),
+            ),
+            (
+                "[[expect]]\nfrom = \"api-1\"\nto = \"db-1\"\nport = 5432\nresult = \"refused\"\n".to_string(),
+                Some("expects `refused`, which only"),
+            ),
+        ] {
+            std::fs::write(&file, format!("{head}\n{tail}")).unwrap();
+            let r = super::load(&file);
+            match (wrong, r) {
+                (None, r) => assert!(r.is_ok(), "{tail}: {:?}", r.err()),
+                (Some(w), Ok(_)) => panic!("{tail}: loaded; wanted {w:?}"),
+                (Some(w), Err(e)) => assert!(e.to_string().contains(w), "{tail}: {e}"),
+            }
+        }
+    }
+
     /// A DNS expectation that names no answer would be met by an empty reply: refused at load.
     #[test]
     fn a_dns_expectation_names_its_answer_or_nxdomain() {
@@ -669,11 +723,11 @@ mod tests {
         };
         assert_eq!(
             load_text("proto-typo", &lab("proto = \"icmpp\"\n")).unwrap_err(),
-            "FILE:8:9: unknown variant `icmpp`, expected one of `tcp`, `udp`, `icmp`, `throughput`"
+            "FILE:8:9: unknown variant `icmpp`, expected one of `tcp`, `udp`, `icmp`, `throughput`, `tls`"
         );
         assert_eq!(
             load_text("result-typo", &lab("port = 5432\nresult = \"close\"\n")).unwrap_err(),
-            "FILE:9:10: unknown variant `close`, expected one of `open`, `closed`, `nxdomain`"
+            "FILE:9:10: unknown variant `close`, expected one of `open`, `closed`, `nxdomain`, `refused`"
         );
     }
 

@@ -3,7 +3,10 @@
 //! clock and no randomness of its own but rcgen's key generation: `now` and each certificate's
 //! serial are arguments.
 
+pub mod services;
 pub mod tls;
+
+pub use services::{CsrRefusal, ServiceNames, ServicesCa};
 
 use std::time::{Duration, SystemTime};
 
@@ -46,7 +49,7 @@ fn serial(mut b: [u8; 16]) -> SerialNumber {
 }
 
 /// Creates the mesh CA: ECDSA P-256, valid for ten years from `now`, its serial number made from
-/// 16 random bytes.
+/// 16 random bytes. Its path length allows one intermediate below it: the services CA.
 pub fn create_ca(mesh: &str, now: SystemTime, random: [u8; 16]) -> Result<Pair, PkiError> {
     let key = KeyPair::generate()?;
     let mut params = CertificateParams::default();
@@ -54,7 +57,7 @@ pub fn create_ca(mesh: &str, now: SystemTime, random: [u8; 16]) -> Result<Pair, 
     dn.push(DnType::CommonName, format!("trellis mesh CA {mesh}"));
     dn.push(DnType::OrganizationName, "trellis");
     params.distinguished_name = dn;
-    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(1));
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
     params.not_before = odt(now - Duration::from_secs(300));
     params.not_after = odt(now + Duration::from_secs(10 * 365 * 86400));
@@ -145,6 +148,7 @@ impl Ca {
     }
 }
 
+#[derive(Clone, Debug)]
 pub struct IssuedCert {
     pub cert_pem: String,
     /// Lower-case hex of the serial number.

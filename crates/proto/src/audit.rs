@@ -28,6 +28,10 @@ crate::state::states! {
         RemovalCompleted = "removal completed",
         /// `trellis serve --restored` on a database behind the controller's signed checkpoint.
         RestoredFromBackup = "restored from backup",
+        /// A service certificate signed for a module a node runs (ADR 0023).
+        ServiceCertificateIssued = "service certificate issued",
+        /// A service certificate request refused, with why.
+        ServiceCertificateRefused = "service certificate refused",
     }
 }
 
@@ -237,6 +241,8 @@ mod tests {
                 "revocation completed",
                 "removal completed",
                 "restored from backup",
+                "service certificate issued",
+                "service certificate refused",
             ]
         );
         for a in AuditAction::ALL {

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 pub mod audit;
+pub mod certs;
 pub mod etag;
 pub mod exposition;
 pub mod state;
@@ -11,6 +12,7 @@ pub mod text;
 pub mod version;
 
 pub use audit::{AuditAction, AuditRecord};
+pub use certs::{ServiceCertInfo, ServiceCertList, ServiceCertRequest, ServiceCertResponse, ServiceCertSpec};
 pub use state::{EnrolledState, EvidenceResult, FileResult, NodeState, Shown, TokenState, Withdrawal};
 
 /// Every error answer: one sentence, and a stable code a script can match.
@@ -431,6 +433,10 @@ pub struct GraphNode {
     /// applying a bundle without them (ADR 0022).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub holds: Vec<String>,
+    /// The modules whose service certificate on this node expires within a quarter of its
+    /// lifetime (or has expired): the page marks the node (ADR 0023).
+    #[serde(default)]
+    pub certificates_expiring: Vec<String>,
 }
 
 /// Two nodes with allowed traffic between them, or a node and the hub that relays for it.

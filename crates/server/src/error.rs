@@ -3,7 +3,8 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use trellis_controller::{Error, NodeRefusal, Redemption};
+use trellis_controller::{Error, NodeRefusal, Redemption, ServiceCertRefusal};
+use trellis_pki::CsrRefusal;
 use trellis_proto::ErrorBody;
 
 /// A refusal on its way to the client: a decision's, or the HTTP layer's own when a request
@@ -52,9 +53,18 @@ pub fn status(e: &Error) -> StatusCode {
             NodeRefusal::Unknown(_)
             | NodeRefusal::Revoked(_)
             | NodeRefusal::CertificateReplaced(_)
+            | NodeRefusal::ServiceCertificate(_)
             | NodeRefusal::PendingApproval(_)
             | NodeRefusal::Superseded(_)
             | NodeRefusal::Replaced { .. } => StatusCode::FORBIDDEN,
+        },
+        Error::ServiceCert(r) => match r {
+            ServiceCertRefusal::Malformed | ServiceCertRefusal::Csr(CsrRefusal::Invalid(_)) => StatusCode::BAD_REQUEST,
+            ServiceCertRefusal::NoServicesCa => StatusCode::SERVICE_UNAVAILABLE,
+            ServiceCertRefusal::NotServed { .. }
+            | ServiceCertRefusal::Pending(_)
+            | ServiceCertRefusal::Revoked(_)
+            | ServiceCertRefusal::Csr(_) => StatusCode::FORBIDDEN,
         },
         Error::NoBundleYet(_) | Error::PublishingBehind(_) | Error::DatabaseUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         Error::Internal { .. } => StatusCode::INTERNAL_SERVER_ERROR,

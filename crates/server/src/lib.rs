@@ -5,6 +5,7 @@
 
 pub mod auth;
 pub mod body;
+pub mod certs;
 pub mod error;
 pub mod listener;
 pub mod metrics;

@@ -58,6 +58,11 @@ pub(crate) fn api() -> OpenApiRouter<Shared> {
         .routes(routes!(audit_checkpoint))
         .routes(routes!(graph))
         .routes(routes!(explain))
+        .routes(
+            routes!(crate::certs::node_certificates, crate::certs::sign_certificate)
+                .layer(DefaultBodyLimit::max(crate::certs::CERTIFICATE_BODY)),
+        )
+        .routes(routes!(crate::certs::list_certificates))
         .routes(routes!(crate::ui::page))
 }
 

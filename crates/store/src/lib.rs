@@ -12,6 +12,7 @@ pub use trellis_proto::AuditRecord;
 
 mod audit;
 mod bundles;
+mod certs;
 mod evidence;
 mod nodes;
 mod pools;
@@ -21,6 +22,7 @@ mod tokens;
 
 pub use audit::Audit;
 pub use bundles::BundleVersion;
+pub use certs::{IssuedServiceCert, ServiceCertRecord};
 pub use evidence::{EvidenceRecord, EvidenceSummary, EVIDENCE_KEPT};
 pub use nodes::NodeRecord;
 pub use pools::MemberRefusal;

@@ -137,6 +137,22 @@ impl Store {
         }
     }
 
+    /// The allocation of one node only (what a node's own request needs, at any mesh size).
+    pub async fn allocation_of(&self, node: &str) -> Result<Allocation> {
+        let rows = sqlx::query("SELECT node, ipv4, ipv6 FROM addresses WHERE node = $1").bind(node).fetch_all(&self.pool).await?;
+        let mut a = Allocation::default();
+        for r in rows {
+            let node: String = r.try_get("node")?;
+            if let Some(v4) = r.try_get::<Option<String>, _>("ipv4")?.and_then(|s| s.parse().ok()) {
+                a.ipv4.insert(node.clone(), v4);
+            }
+            if let Some(v6) = r.try_get::<Option<String>, _>("ipv6")?.and_then(|s| s.parse().ok()) {
+                a.ipv6.insert(node, v6);
+            }
+        }
+        Ok(a)
+    }
+
     pub async fn allocation(&self) -> Result<Allocation> {
         let rows = sqlx::query("SELECT node, ipv4, ipv6 FROM addresses").fetch_all(&self.pool).await?;
         let mut a = Allocation::default();

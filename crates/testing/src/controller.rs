@@ -52,13 +52,16 @@ pub struct Fixture {
 }
 
 /// A controller on `db`, at [`T0`] by a [`TestClock`], drawing from [`Counting`] from zero,
-/// with a fresh CA, the signing key `[7; 32]` and the admin credential [`ADMIN`].
+/// with a fresh CA and services CA, the signing key `[7; 32]` and the admin credential [`ADMIN`].
 pub async fn controller(db: Database) -> Fixture {
     use sha2::Digest;
     let store = Store::open(&db).await.unwrap_or_else(|e| panic!("open {db}: {e}"));
     let ca = trellis_pki::create_ca("trellis", UNIX_EPOCH + Duration::from_secs(T0 as u64), [0xca; 16]).unwrap();
+    let ca = trellis_pki::Ca::load(&ca.cert_pem, &ca.key_pem).unwrap();
+    let services = ca.services_ca("trellis", UNIX_EPOCH + Duration::from_secs(T0 as u64), [0x5e; 16]).unwrap();
     let keys = Keys {
-        ca: trellis_pki::Ca::load(&ca.cert_pem, &ca.key_pem).unwrap(),
+        services: Some(trellis_pki::ServicesCa::load(&services.cert_pem, &services.key_pem).unwrap()),
+        ca,
         signing_key: ed25519_dalek::SigningKey::from_bytes(&[7; 32]),
         admin_sha256: sha2::Sha256::digest(ADMIN.as_bytes()).into(),
     };

@@ -31,7 +31,7 @@ pub struct Conn {
 }
 
 impl Conn {
-    fn client(&self) -> Result<AdminClient> {
+    pub(crate) fn client(&self) -> Result<AdminClient> {
         match (&self.state_dir, &self.server) {
             (Some(dir), _) => {
                 let (host, ca, token) = state::StateDir::load(dir)?.admin_access()?;
@@ -474,5 +474,11 @@ pub fn status(conn: &Conn, json_out: bool) -> Result<ExitCode> {
         );
     }
     print_revoking(list.iter().filter_map(|n| n.revocation.as_ref().map(|r| (n.name.as_str(), r))));
+    // A controller without service certificates answers 404 here: nothing to add.
+    if let Ok(certs) = runtime().block_on(conn.client()?.certificates()) {
+        for note in crate::certs::notes(&certs, trellis_files::unix_now()) {
+            println!("{note}");
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }

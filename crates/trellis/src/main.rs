@@ -3,6 +3,7 @@
 mod admin;
 #[path = "../../agent/src/assets.rs"]
 mod assets;
+mod certs;
 mod declfs;
 mod log;
 mod offline;
@@ -148,6 +149,13 @@ enum Command {
         #[command(flatten)]
         conn: admin::Conn,
     },
+    /// Every service certificate: node, module, serial, expiry, state and the names it carries (ADR 0023)
+    Certs {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        conn: admin::Conn,
+    },
     /// Approve or revoke a node
     Node {
         #[command(subcommand)]
@@ -245,6 +253,7 @@ fn main() -> ExitCode {
         Command::Nodes { json, conn } => admin::nodes(&conn, json),
         Command::Node { cmd, conn } => admin::node(&conn, cmd),
         Command::Status { json, conn } => admin::status(&conn, json),
+        Command::Certs { json, conn } => certs::certs(&conn, json),
         Command::Audit { cmd: AuditCommand::Verify { page_size }, conn } => admin::audit_verify(&conn, page_size),
         Command::Audit { cmd: AuditCommand::List { json, page_size }, conn } => admin::audit_list(&conn, json, page_size),
     };

@@ -12,6 +12,7 @@ use trellis_proto::{self as proto, AuditAction, EnrolledState, NodeState, TokenS
 use trellis_testing::controller::{Fixture, ADMIN, T0};
 use trellis_testing::Database;
 
+mod certs;
 mod long_polls;
 mod pools;
 mod restores;

@@ -42,7 +42,7 @@ impl Parsed {
 }
 
 const MESH_FILE_KEYS: &[&str] = &["mesh", "networks", "groups", "node", "route", "test", "pool"];
-const MESH_KEYS: &[&str] = &["name", "domain", "overlay_ipv4", "overlay_ipv6", "port", "interface", "mtu"];
+const MESH_KEYS: &[&str] = &["name", "domain", "overlay_ipv4", "overlay_ipv6", "port", "interface", "mtu", "service_cert_lifetime"];
 const NODE_KEYS: &[&str] =
     &["name", "hub", "networks", "groups", "modules", "address_ipv4", "address_ipv6", "endpoint", "public_key", "exit"];
 const ROUTE_KEYS: &[&str] = &["name", "prefixes", "via", "masquerade", "allow", "host"];
@@ -51,7 +51,8 @@ const ENDPOINT_KEYS: &[&str] = &["address", "reachable_from"];
 const POOL_KEYS: &[&str] = &["name", "size", "networks", "groups", "modules", "ephemeral_after"];
 const TEST_KEYS: &[&str] = &["from", "to", "proto", "port", "expect"];
 const MODULE_FILE_KEYS: &[&str] = &["module", "allow"];
-const MODULE_KEYS: &[&str] = &["name", "description"];
+const MODULE_KEYS: &[&str] = &["name", "description", "certificate"];
+const CERTIFICATE_KEYS: &[&str] = &["group", "reload"];
 const RULE_KEYS: &[&str] = &["proto", "ports", "from"];
 
 pub(super) fn parse_mesh(file: &SourceFile, diags: &mut Vec<Diagnostic>) -> Parsed {
@@ -166,7 +167,20 @@ fn parse_mesh_settings(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Opt
     if domain.is_empty() || domain.len() > 200 || !domain.split('.').all(is_dns_label) {
         diags.push(Diagnostic::error(&domain_loc, format!("`domain` {domain:?} is not a valid DNS name (labels of a-z, 0-9 and '-')")));
     }
-    Some(MeshSettings { name, domain, overlay_ipv4: v4, overlay_ipv6: v6, port, interface, mtu, loc: t.loc.clone() })
+    let service_cert_secs = match t.str(doc, "service_cert_lifetime", diags) {
+        None => DEFAULT_SERVICE_CERT_SECS,
+        Some((s, loc)) => match duration_secs(&s) {
+            Some(secs) if (MIN_SERVICE_CERT_SECS..=MAX_SERVICE_CERT_SECS).contains(&secs) => secs,
+            _ => {
+                diags.push(Diagnostic::error(
+                    &loc,
+                    format!("`service_cert_lifetime` {s:?} must be a duration from \"1m\" to \"90d\", such as \"24h\""),
+                ));
+                DEFAULT_SERVICE_CERT_SECS
+            }
+        },
+    };
+    Some(MeshSettings { name, domain, overlay_ipv4: v4, overlay_ipv6: v6, port, interface, mtu, service_cert_secs, loc: t.loc.clone() })
 }
 
 trait Pool: Sized + std::str::FromStr + std::fmt::Display + Copy + PartialEq {
@@ -477,6 +491,25 @@ pub(super) fn parse_module(file: &SourceFile, diags: &mut Vec<Diagnostic>) -> Op
     let header = Table::new(&doc, "[module]", v, MODULE_KEYS, diags)?;
     let name = header.required_str(&doc, "name", diags);
     let _ = header.str(&doc, "description", diags);
+    let certificate = header.get("certificate").and_then(|v| {
+        let t = Table::new(&doc, "[module.certificate]", v, CERTIFICATE_KEYS, diags)?;
+        let mut plain = |key: &str, what: &str| {
+            t.str(&doc, key, diags).and_then(|(s, loc)| {
+                if is_plain_name(&s) {
+                    Some(s)
+                } else {
+                    diags.push(Diagnostic::error(
+                        &loc,
+                        format!("`{key}` {s:?} in [module.certificate] is not a plain {what} name (1-64 of letters, digits, '-', '_', '.', '@', not starting with '-' or '.')"),
+                    ));
+                    None
+                }
+            })
+        };
+        let group = plain("group", "group");
+        let reload = plain("reload", "systemd unit");
+        Some(CertificateSpec { group, reload })
+    });
     let mut allow = Vec::new();
     for v in top.tables(&doc, "allow", diags) {
         let Some(t) = Table::new(&doc, "[[allow]]", v, RULE_KEYS, diags) else {
@@ -487,7 +520,7 @@ pub(super) fn parse_module(file: &SourceFile, diags: &mut Vec<Diagnostic>) -> Op
         }
     }
     let (name, _) = name?;
-    Some(Module { name, allow, loc: header.loc })
+    Some(Module { name, allow, certificate, loc: header.loc })
 }
 
 fn parse_rule(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Rule> {

@@ -32,7 +32,7 @@ fn unknown_keys_are_named_with_the_keys_allowed_there() {
         &format!("{HEAD}colour = \"red\"\n[[node]]\nname = \"a\"\nscope = \"internal\"\n"),
         &[("pg.toml", "[module]\nname = \"pg\"\n[[allow]]\nproto = \"tcp\"\nports = [\"5432\"]\nfrom = [\"node:a\"]\nscope = \"lan\"\n")],
         &[
-            "mesh.toml:5:1: error: unknown key `colour` in [mesh]; allowed keys: name, domain, overlay_ipv4, overlay_ipv6, port, interface, mtu",
+            "mesh.toml:5:1: error: unknown key `colour` in [mesh]; allowed keys: name, domain, overlay_ipv4, overlay_ipv6, port, interface, mtu, service_cert_lifetime",
             "mesh.toml:8:1: error: unknown key `scope` in [[node]]; allowed keys: name, hub, networks, groups, modules, address_ipv4, address_ipv6, endpoint, public_key, exit",
             "modules/pg.toml:7:1: error: unknown key `scope` in [[allow]]; allowed keys: proto, ports, from",
         ],
@@ -243,4 +243,32 @@ fn failing_policy_tests_say_what_the_policy_does() {
             "mesh.toml:34:1: error: test from node:a to node:b (icmp) expects allow, but the policy denies it on b: no rule of its modules [pg] admits a on icmp",
         ],
     );
+}
+
+#[test]
+fn a_certificate_table_takes_only_plain_names_and_known_keys() {
+    check(
+        &format!("{HEAD}service_cert_lifetime = \"30s\"\n[[node]]\nname = \"a\"\nmodules = [\"pg\"]\n"),
+        &[(
+            "pg.toml",
+            "[module]\nname = \"pg\"\n\n[module.certificate]\ngroup = \"../etc\"\nreload = \"-x.service\"\nmode = \"0644\"\n",
+        )],
+        &[
+            "mesh.toml:5:25: error: `service_cert_lifetime` \"30s\" must be a duration from \"1m\" to \"90d\", such as \"24h\"",
+            "modules/pg.toml:5:9: error: `group` \"../etc\" in [module.certificate] is not a plain group name (1-64 of letters, digits, '-', '_', '.', '@', not starting with '-' or '.')",
+            "modules/pg.toml:6:10: error: `reload` \"-x.service\" in [module.certificate] is not a plain systemd unit name (1-64 of letters, digits, '-', '_', '.', '@', not starting with '-' or '.')",
+            "modules/pg.toml:7:1: error: unknown key `mode` in [module.certificate]; allowed keys: group, reload",
+        ],
+    );
+}
+
+#[test]
+fn an_empty_certificate_table_asks_for_the_defaults() {
+    let decl = crate::support::valid(
+        &format!("{HEAD}[[node]]\nname = \"a\"\nmodules = [\"pg\"]\n"),
+        &[("pg.toml", "[module]\nname = \"pg\"\n[module.certificate]\n")],
+    );
+    let m = decl.module("pg").unwrap();
+    assert_eq!(m.certificate, Some(trellis_core::decl::CertificateSpec::default()));
+    assert_eq!(decl.mesh.service_cert_secs, trellis_core::decl::DEFAULT_SERVICE_CERT_SECS);
 }

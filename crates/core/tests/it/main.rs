@@ -1,6 +1,7 @@
 //! Integration tests of the core: diagnostics, golden renderings, allocation and properties.
 
 mod allocation;
+mod certs;
 mod diagnostics;
 mod golden;
 mod incremental;

@@ -107,3 +107,14 @@ fn bench_delivery_on_a_mesh_delivers_every_change_to_the_agents_it_affects() {
     assert!(number(&v, "/add_node/refetched_bytes") > 0.0, "{v:#}");
     assert!(number(&v, "/serve_peak_rss_kib") > 0.0, "{v:#}");
 }
+
+#[test]
+fn bench_certs_prints_signing_issuance_and_fleet_figures() {
+    let v = figures(&["bench", "certs", "--nodes", "20", "--concurrency", "4", "--signatures", "50", "--fleet", "10000", "--json"]);
+    assert!(number(&v, "/signing/per_second") > 0.0, "{v:#}");
+    assert!(number(&v, "/issuance/per_second") > 0.0, "{v:#}");
+    assert!(number(&v, "/issuance/latency_ms/p50") <= number(&v, "/issuance/latency_ms/p99"), "{v:#}");
+    // One certificate a node, renewed every 16 h.
+    let needed = number(&v, "/fleet/signatures_per_second");
+    assert!((needed - 10_000.0 / 57_600.0).abs() < 1e-9, "{v:#}");
+}

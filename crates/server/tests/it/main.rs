@@ -794,3 +794,83 @@ async fn pool_redemptions_over_http_name_members_and_refuse_past_uses_and_size()
         assert_eq!(members, 4, "{url}: {nodes}");
     }
 }
+
+/// Service certificates over the real TLS session (ADR 0023): db-1 asks what it is to hold and
+/// gets it signed; the certificate, presented with its chain as a client certificate, is no
+/// node's identity; a CSR asking to be a CA and a body past the bound are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_gets_its_service_certificate_and_it_opens_no_node_endpoint() {
+    for url in backends().await {
+        let r = start(url).await;
+        let db = r.enrol_node("db-1", 1, false).await;
+        let list: Value = db.http.get(format!("{}/v1/node/certificates", r.base)).send().await.unwrap().json().await.unwrap();
+        assert_eq!(list["certificates"][0]["module"], "postgres", "{list}");
+        assert_eq!(list["certificates"][0]["dns"], json!(["postgres.basic.mesh", "db-1.basic.mesh"]));
+        let (key, csr) = trellis_pki::services::service_key_and_csr(&["postgres.basic.mesh".into()]).unwrap();
+        let resp = db
+            .http
+            .post(format!("{}/v1/node/certificates", r.base))
+            .json(&json!({"module": "postgres", "csr_pem": csr}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        let issued: Value = resp.json().await.unwrap();
+        let (cert, chain) = (issued["cert_pem"].as_str().unwrap(), issued["chain_pem"].as_str().unwrap());
+        assert_eq!(issued["ca_pem"].as_str().unwrap(), db.ca, "clients trust the mesh CA");
+
+        // The service certificate and its chain as a client certificate: TLS accepts the chain
+        // (it ends at the mesh CA), the controller does not take it for a node.
+        let der = |pem: &str| rustls::pki_types::CertificateDer::from(trellis_pki::pem_to_der(pem, "CERTIFICATE").unwrap());
+        let key_der = rustls::pki_types::PrivateKeyDer::Pkcs8(trellis_pki::pem_to_der(&key, "PRIVATE KEY").unwrap().into());
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(der(&db.ca)).unwrap();
+        let cfg = rustls::ClientConfig::builder_with_provider(trellis_pki::tls::provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(vec![der(cert), der(chain)], key_der)
+            .unwrap();
+        let service = reqwest::Client::builder().use_preconfigured_tls(cfg).build().unwrap();
+        for path in ["/v1/whoami", "/v1/node/certificates"] {
+            let resp = service.get(format!("{}{path}", r.base)).send().await.unwrap();
+            let status = resp.status().as_u16();
+            let body: Value = resp.json().await.unwrap();
+            assert_eq!((status, body["code"].as_str()), (403, Some("service_certificate")), "{path}: {body}");
+        }
+
+        // CA:true requested, over the wire.
+        let mut params = rcgen::CertificateParams::new(vec!["postgres.basic.mesh".to_string()]).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_csr = params.serialize_request(&rcgen::KeyPair::from_pem(&key).unwrap()).unwrap().pem().unwrap();
+        let resp = db
+            .http
+            .post(format!("{}/v1/node/certificates", r.base))
+            .json(&json!({"module": "postgres", "csr_pem": ca_csr}))
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!((status, body["code"].as_str()), (403, Some("certificate_ca_requested")), "{body}");
+        // A body past the bound is refused before it is read whole.
+        let big = "A".repeat(trellis_server::certs::CERTIFICATE_BODY + 1);
+        let resp = db
+            .http
+            .post(format!("{}/v1/node/certificates", r.base))
+            .json(&json!({"module": "postgres", "csr_pem": big}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 413);
+        // An unknown field is refused, as in every request body.
+        let resp = db
+            .http
+            .post(format!("{}/v1/node/certificates", r.base))
+            .json(&json!({"module": "postgres", "csr_pem": csr, "ca": true}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 422);
+    }
+}

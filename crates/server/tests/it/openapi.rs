@@ -276,6 +276,7 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
         last_contact: None,
         last_error: Some("e".into()),
         holds: vec![],
+        certificates_expiring: vec!["postgres".into()],
     };
     let link = proto::GraphLink {
         a: "a-1".into(),
@@ -288,6 +289,40 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
     sample(d, "GraphNode", proto::GraphNode { holds: vec!["db-1".into()], ..gnode.clone() }, &mut c);
     sample(d, "GraphNode", gnode, &mut c);
     sample(d, "GraphLink", link, &mut c);
+    let spec = proto::ServiceCertSpec {
+        module: "postgres".into(),
+        dns: vec!["postgres.m".into(), "db-1.m".into()],
+        ips: vec!["10.0.0.1".into()],
+        uri: "spiffe://m/module/postgres".into(),
+        group: Some("postgres".into()),
+        reload: None,
+        lifetime_secs: 86_400,
+    };
+    sample(d, "ServiceCertList", proto::ServiceCertList { certificates: vec![spec.clone()] }, &mut c);
+    sample(d, "ServiceCertSpec", spec, &mut c);
+    sample(d, "ServiceCertRequest", proto::ServiceCertRequest { module: "postgres".into(), csr_pem: "CSR".into() }, &mut c);
+    let issued = proto::ServiceCertResponse {
+        module: "postgres".into(),
+        cert_pem: "C".into(),
+        chain_pem: "I".into(),
+        ca_pem: "R".into(),
+        serial: "01".into(),
+        not_after: 2,
+    };
+    sample(d, "ServiceCertResponse", issued, &mut c);
+    let info = proto::ServiceCertInfo {
+        node: "db-1".into(),
+        module: "postgres".into(),
+        declared: true,
+        names: vec!["postgres.m".into()],
+        serial: None,
+        issued_at: None,
+        not_after: Some(3),
+        lifetime_secs: Some(60),
+        refused_at: Some(1),
+        refusal: Some("r".into()),
+    };
+    sample(d, "ServiceCertInfo", info, &mut c);
     for s in proto::Shown::ALL {
         sample(d, "Shown", *s, &mut c);
     }
@@ -366,7 +401,7 @@ async fn every_route_is_described_and_every_described_path_is_a_route() {
     let unknown = r.http.get(format!("{}/v1/admin/undescribed", r.base)).bearer_auth(&r.admin).send().await.unwrap();
     assert_eq!(unknown.status().as_u16(), 404);
     assert_eq!(unknown.json::<Value>().await.unwrap()["code"], "no_route");
-    assert_eq!(operations, 21, "operations described: {:?}", paths.keys().collect::<Vec<_>>());
+    assert_eq!(operations, 24, "operations described: {:?}", paths.keys().collect::<Vec<_>>());
 
     // Every path the client crate calls is described.
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../client/src");

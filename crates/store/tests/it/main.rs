@@ -447,6 +447,53 @@ async fn a_member_out_of_contact_is_removed_once() {
     .await;
 }
 
+/// A service certificate issued, then a renewal refused: the certificate stays recorded beside
+/// the refusal; the next issuance clears it. Each is in the audit chain.
+#[tokio::test]
+async fn a_refused_renewal_keeps_the_certificate_before_it_on_record() {
+    each_backend(|s| async move {
+        let names = vec!["postgres.t.mesh".to_string(), "db-1.t.mesh".to_string(), "10.0.0.1".to_string()];
+        let issued = |serial, issued_at, not_after| trellis_store::IssuedServiceCert {
+            node: "db-1",
+            module: "postgres",
+            serial,
+            names: &names,
+            issued_at,
+            not_after,
+        };
+        s.issue_service_cert(&issued("01ab", 100, 200), &audit(AuditAction::ServiceCertificateIssued)).await.unwrap();
+        s.refuse_service_cert(
+            "db-1",
+            "postgres",
+            150,
+            "node `db-1` no longer runs module `postgres`",
+            &audit(AuditAction::ServiceCertificateRefused),
+        )
+        .await
+        .unwrap();
+        // A refusal for a module never issued is recorded too.
+        s.refuse_service_cert("api-1", "postgres", 160, "not served", &audit(AuditAction::ServiceCertificateRefused)).await.unwrap();
+        let all = s.service_certs().await.unwrap();
+        assert_eq!(all.len(), 2, "{all:?}");
+        assert_eq!((all[0].node.as_str(), all[0].serial.as_deref(), all[0].refusal.as_deref()), ("api-1", None, Some("not served")));
+        let pg = &all[1];
+        assert_eq!(pg.serial.as_deref(), Some("01ab"));
+        assert_eq!(pg.names, names);
+        assert_eq!((pg.issued_at, pg.not_after, pg.refused_at), (Some(100), Some(200), Some(150)));
+        s.issue_service_cert(&issued("02cd", 170, 270), &audit(AuditAction::ServiceCertificateIssued)).await.unwrap();
+        let pg = s.service_certs().await.unwrap().into_iter().find(|r| r.node == "db-1").unwrap();
+        assert_eq!((pg.serial.as_deref(), pg.not_after, pg.refused_at, pg.refusal), (Some("02cd"), Some(270), None, None));
+        let chain = s.audit().await.unwrap();
+        let actions: Vec<&str> = chain.iter().map(|r| r.action.as_str()).collect();
+        assert_eq!(
+            actions,
+            ["service certificate issued", "service certificate refused", "service certificate refused", "service certificate issued"]
+        );
+        verify_audit(&chain).unwrap();
+    })
+    .await;
+}
+
 /// The attack: a client goes away while its request's transaction begins, and the connection goes
 /// back to the pool inside it. Before, on SQLite it kept the write lock: every later write waited
 /// out the busy timeout and failed ("database is locked"), or, on that connection, could not begin

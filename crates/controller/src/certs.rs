@@ -1,0 +1,250 @@
+//! Service certificates (ADR 0023): what each node is to hold (one per module it runs that asks
+//! for one, from `trellis_core::certs`), signing a node's CSR under the services intermediate CA
+//! for exactly the names the current declaration gives it, and every refusal audited. The key
+//! never leaves the node; the controller sees only the CSR.
+
+use std::time::Duration;
+
+use trellis_core::certs::ServiceCert;
+use trellis_pki::{CsrRefusal, ServiceNames};
+use trellis_proto::{self as proto, AuditAction, EnrolledState};
+use trellis_store::Audit;
+
+use crate::{Controller, Error, NodeIdentity, Result};
+
+/// The largest service CSR a node may send (a P-256 CSR with every name is under 2 KiB).
+pub const MAX_SERVICE_CSR: usize = 8 * 1024;
+
+/// Why a service certificate was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceCertRefusal {
+    #[error("node `{node}` does not run module `{module}` with a [module.certificate] in the current declaration; it may hold no certificate for it")]
+    NotServed { node: String, module: String },
+    #[error("node `{0}` is pending approval; an operator runs `trellis node approve {0}`")]
+    Pending(String),
+    #[error("node `{0}` has been revoked")]
+    Revoked(String),
+    #[error("{0}")]
+    Csr(CsrRefusal),
+    #[error("the service certificate request is malformed (module name or CSR size)")]
+    Malformed,
+    #[error("this controller has no services CA (its state directory was made before service certificates); run `trellis init` for a new state directory")]
+    NoServicesCa,
+}
+
+impl ServiceCertRefusal {
+    pub fn code(&self) -> &'static str {
+        match self {
+            ServiceCertRefusal::NotServed { .. } => "certificate_not_served",
+            ServiceCertRefusal::Pending(_) => "pending_approval",
+            ServiceCertRefusal::Revoked(_) => "node_revoked",
+            ServiceCertRefusal::Csr(CsrRefusal::Invalid(_)) | ServiceCertRefusal::Malformed => "bad_request",
+            ServiceCertRefusal::Csr(CsrRefusal::CaRequested) => "certificate_ca_requested",
+            ServiceCertRefusal::Csr(CsrRefusal::NameNotServed(_)) => "certificate_name_not_served",
+            ServiceCertRefusal::NoServicesCa => "no_services_ca",
+        }
+    }
+
+    /// The reason label of `trellis_service_certificate_refusals_total`: a fixed set.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ServiceCertRefusal::NotServed { .. } => "not_served",
+            ServiceCertRefusal::Pending(_) => "pending",
+            ServiceCertRefusal::Revoked(_) => "revoked",
+            ServiceCertRefusal::Csr(CsrRefusal::Invalid(_)) | ServiceCertRefusal::Malformed => "malformed",
+            ServiceCertRefusal::Csr(CsrRefusal::CaRequested) => "ca_requested",
+            ServiceCertRefusal::Csr(CsrRefusal::NameNotServed(_)) => "name_not_served",
+            ServiceCertRefusal::NoServicesCa => "no_services_ca",
+        }
+    }
+}
+
+/// Every reason a refusal is counted under.
+pub const REFUSAL_REASONS: [&str; 7] =
+    ["not_served", "pending", "revoked", "malformed", "ca_requested", "name_not_served", "no_services_ca"];
+
+fn spec(c: &ServiceCert) -> proto::ServiceCertSpec {
+    proto::ServiceCertSpec {
+        module: c.module.clone(),
+        dns: c.dns.clone(),
+        ips: c.ips.iter().map(|ip| ip.to_string()).collect(),
+        uri: c.uri.clone(),
+        group: c.group.clone(),
+        reload: c.reload.clone(),
+        lifetime_secs: c.lifetime_secs,
+    }
+}
+
+/// The names a certificate carries, as `trellis certs` lists them.
+fn listed(c: &ServiceCert) -> Vec<String> {
+    c.dns.iter().cloned().chain(c.ips.iter().map(|ip| ip.to_string())).chain([c.uri.clone()]).collect()
+}
+
+impl Controller {
+    /// The certificates of the current declaration (with its pools' members), every node's.
+    async fn declared_certs(&self) -> Result<Vec<ServiceCert>> {
+        let Some((_, decl)) = self.current_mesh().await? else { return Ok(Vec::new()) };
+        let alloc = self.store.allocation().await?;
+        Ok(trellis_core::certs::all(&decl, &alloc))
+    }
+
+    /// The certificates of one node of the current declaration: its own addresses only are
+    /// read, so a node's request costs the same at any mesh size.
+    async fn certs_of(&self, node: &str) -> Result<Vec<ServiceCert>> {
+        let Some((_, decl)) = self.current_mesh().await? else { return Ok(Vec::new()) };
+        let alloc = self.store.allocation_of(node).await?;
+        Ok(trellis_core::certs::for_node(&decl, &alloc, node))
+    }
+
+    /// The certificates `who` is to hold now; it removes any other.
+    pub async fn service_cert_specs(&self, who: &NodeIdentity) -> Result<proto::ServiceCertList> {
+        self.require_approved(who)?;
+        let certificates = self.certs_of(&who.name).await?.iter().map(spec).collect();
+        Ok(proto::ServiceCertList { certificates })
+    }
+
+    /// Signs `who`'s CSR for one module, for exactly the names the current declaration gives the
+    /// node for it, under the services CA. Every issuance and every refusal is audited, and the
+    /// refusal recorded beside the certificate it leaves in place.
+    pub async fn sign_service_cert(&self, who: &NodeIdentity, req: &proto::ServiceCertRequest) -> Result<proto::ServiceCertResponse> {
+        if !trellis_core::load::is_dns_label(&req.module) || req.csr_pem.len() > MAX_SERVICE_CSR {
+            // Not a module name: nothing of it reaches the audit chain.
+            self.metrics.service_cert_refused(ServiceCertRefusal::Malformed.reason());
+            return Err(ServiceCertRefusal::Malformed.into());
+        }
+        match self.decide_service_cert(who, req).await {
+            Ok(answer) => Ok(answer),
+            Err(Error::ServiceCert(refusal)) => {
+                let at = self.now();
+                let audit = Audit {
+                    at,
+                    actor: &format!("node {}", who.name),
+                    action: AuditAction::ServiceCertificateRefused,
+                    subject: &format!("{}/{}", who.name, req.module),
+                    detail: refusal.to_string(),
+                };
+                self.store.refuse_service_cert(&who.name, &req.module, at, &refusal.to_string(), &audit).await?;
+                self.metrics.service_cert_refused(refusal.reason());
+                tracing::warn!(node = %who.name, module = %req.module, "service certificate refused: {refusal}");
+                Err(refusal.into())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn decide_service_cert(&self, who: &NodeIdentity, req: &proto::ServiceCertRequest) -> Result<proto::ServiceCertResponse> {
+        // The state as stored now, not as the request was authenticated: a revocation or a
+        // node put back to pending between the two is not signed for.
+        let state = self.store.node(&who.name).await?.map_or(EnrolledState::Revoked, |r| r.state);
+        match state {
+            EnrolledState::Pending => return Err(ServiceCertRefusal::Pending(who.name.clone()).into()),
+            EnrolledState::Revoked => return Err(ServiceCertRefusal::Revoked(who.name.clone()).into()),
+            EnrolledState::Active => {}
+        }
+        let certs = self.certs_of(&who.name).await?;
+        let Some(cert) = certs.iter().find(|c| c.module == req.module) else {
+            return Err(ServiceCertRefusal::NotServed { node: who.name.clone(), module: req.module.clone() }.into());
+        };
+        let services = self.keys.services.as_ref().ok_or(ServiceCertRefusal::NoServicesCa)?;
+        let names = ServiceNames { dns: cert.dns.clone(), ips: cert.ips.clone(), uri: cert.uri.clone() };
+        let issued = services
+            .sign(&req.csr_pem, &names, self.system_time(), Duration::from_secs(cert.lifetime_secs), self.random())
+            .map_err(|e| Error::internal("signing a service certificate", e))?
+            .map_err(ServiceCertRefusal::Csr)?;
+        let at = self.now();
+        let names = listed(cert);
+        let audit = Audit {
+            at,
+            actor: &format!("node {}", who.name),
+            action: AuditAction::ServiceCertificateIssued,
+            subject: &format!("{}/{}", who.name, cert.module),
+            detail: format!("certificate {} for {} until {}", issued.serial, names.join(", "), issued.not_after),
+        };
+        let record = trellis_store::IssuedServiceCert {
+            node: &who.name,
+            module: &cert.module,
+            serial: &issued.serial,
+            names: &names,
+            issued_at: at,
+            not_after: issued.not_after,
+        };
+        self.store.issue_service_cert(&record, &audit).await?;
+        self.metrics.service_cert_issued();
+        Ok(proto::ServiceCertResponse {
+            module: cert.module.clone(),
+            cert_pem: issued.cert_pem,
+            chain_pem: services.cert_pem().to_string(),
+            ca_pem: self.ca().cert_pem().to_string(),
+            serial: issued.serial,
+            not_after: issued.not_after,
+        })
+    }
+
+    /// Every service certificate issued or refused, and every one declared but not issued yet,
+    /// by node and module; each says whether the declaration still gives it.
+    pub async fn service_certs(&self) -> Result<Vec<proto::ServiceCertInfo>> {
+        let declared = self.declared_certs().await?;
+        let mut out: Vec<proto::ServiceCertInfo> = self
+            .store
+            .service_certs()
+            .await?
+            .into_iter()
+            .map(|r| {
+                let d = declared.iter().find(|c| c.node == r.node && c.module == r.module);
+                proto::ServiceCertInfo {
+                    declared: d.is_some(),
+                    lifetime_secs: d.map(|c| c.lifetime_secs),
+                    names: r.names,
+                    serial: r.serial,
+                    issued_at: r.issued_at,
+                    not_after: r.not_after,
+                    refused_at: r.refused_at,
+                    refusal: r.refusal,
+                    node: r.node,
+                    module: r.module,
+                }
+            })
+            .collect();
+        for c in &declared {
+            if !out.iter().any(|i| i.node == c.node && i.module == c.module) {
+                out.push(proto::ServiceCertInfo {
+                    node: c.node.clone(),
+                    module: c.module.clone(),
+                    declared: true,
+                    names: listed(c),
+                    serial: None,
+                    issued_at: None,
+                    not_after: None,
+                    lifetime_secs: Some(c.lifetime_secs),
+                    refused_at: None,
+                    refusal: None,
+                });
+            }
+        }
+        out.sort_by(|a, b| (&a.node, &a.module).cmp(&(&b.node, &b.module)));
+        Ok(out)
+    }
+}
+
+impl Controller {
+    /// Per node, the modules whose declared service certificate expires within a quarter of its
+    /// lifetime of now, or has expired: what the live page marks.
+    pub async fn certificates_expiring(&self) -> Result<std::collections::HashMap<String, Vec<String>>> {
+        let now = self.now();
+        let mut out: std::collections::HashMap<String, Vec<String>> = Default::default();
+        for c in self.service_certs().await? {
+            if let (true, Some(t), Some(life)) = (c.declared, c.not_after, c.lifetime_secs) {
+                if expiring(t, life, now) {
+                    out.entry(c.node).or_default().push(c.module);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Whether a certificate valid until `not_after` for `lifetime` seconds expires within a quarter
+/// of its lifetime of `now`: what the live page marks.
+pub fn expiring(not_after: i64, lifetime: u64, now: i64) -> bool {
+    not_after - now <= (lifetime / 4) as i64
+}

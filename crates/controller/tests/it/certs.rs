@@ -1,0 +1,220 @@
+//! Service certificates (ADR 0023), on SQLite and PostgreSQL: a node gets a certificate for
+//! exactly the names the declaration gives it for a module it runs, under the services CA; each
+//! refusal is performed and found in the audit chain; a service certificate is no node's
+//! identity; a node that stops running the module is refused its renewal, the certificate before
+//! it kept on record beside the refusal.
+
+use std::sync::atomic::Ordering;
+
+use trellis_controller::{Controller, Error, NodeIdentity, NodeRefusal, ServiceCertRefusal};
+use trellis_pki::services::{inspect_service, service_csr, service_key_and_csr};
+use trellis_pki::CsrRefusal;
+use trellis_proto::{self as proto, AuditAction};
+
+use super::{enrol_request, on_both, T0};
+
+/// Enrols `node` (pending when `approval`), publishes, and returns its identity.
+async fn enrol(c: &Controller, node: &str, approval: bool) -> (NodeIdentity, Vec<u8>) {
+    let created = c
+        .create_token(&proto::TokenRequest { node: node.into(), ttl_secs: 600, require_approval: approval, ..Default::default() })
+        .await
+        .unwrap();
+    let enrolled = c.enrol(enrol_request(&created.token).0).await.unwrap();
+    c.publish().await.unwrap();
+    let der = trellis_pki::pem_to_der(&enrolled.node_cert_pem, "CERTIFICATE").unwrap();
+    (c.authenticate_node(Some(&der)).await.unwrap(), der)
+}
+
+fn request(module: &str, csr_pem: String) -> proto::ServiceCertRequest {
+    proto::ServiceCertRequest { module: module.into(), csr_pem }
+}
+
+/// The last audit record's action, subject and detail.
+async fn last_audit(c: &Controller) -> (String, String, String) {
+    let a = c.audit().await.unwrap();
+    trellis_proto::audit::verify(&a).unwrap();
+    let r = a.last().unwrap();
+    (r.action.clone(), r.subject.clone(), r.detail.clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_is_certified_for_exactly_its_names_and_every_refusal_is_audited() {
+    on_both(|fx| async move {
+        let c = &fx.c;
+        let (db, _) = enrol(c, "db-1", false).await;
+        let (api, _) = enrol(c, "api-1", false).await;
+
+        // What db-1 is to hold: postgres and ssh, for their names; api-1 runs no module that asks.
+        let list = c.service_cert_specs(&db).await.unwrap();
+        let modules: Vec<&str> = list.certificates.iter().map(|s| s.module.as_str()).collect();
+        assert_eq!(modules, ["postgres", "ssh"], "in the order of db-1's modules: {list:?}");
+        let spec = &list.certificates[0];
+        assert_eq!(spec.module, "postgres");
+        assert_eq!(spec.dns, ["postgres.basic.mesh", "db-1.basic.mesh"]);
+        assert_eq!(spec.ips.len(), 2, "its overlay IPv4 and IPv6 addresses: {spec:?}");
+        assert_eq!(spec.uri, "spiffe://basic.mesh/module/postgres");
+        assert_eq!((spec.group.as_deref(), spec.reload.as_deref()), (Some("postgres"), Some("postgresql.service")));
+        assert_eq!(spec.lifetime_secs, 86_400);
+        assert!(c.service_cert_specs(&api).await.unwrap().certificates.is_empty());
+        let nodes = c.nodes().await.unwrap();
+        let db_info = nodes.iter().find(|n| n.name == "db-1").unwrap();
+        let declared_ips: Vec<String> = [db_info.ipv4.clone(), db_info.ipv6.clone()].into_iter().flatten().collect();
+        assert_eq!(spec.ips, declared_ips, "the addresses the roster gives db-1");
+
+        // Issued: exactly the declared names, whatever the CSR asked for.
+        let (key, csr) = service_key_and_csr(&["postgres.basic.mesh".into()]).unwrap();
+        let issued = c.sign_service_cert(&db, &request("postgres", csr)).await.unwrap();
+        let info = inspect_service(&issued.cert_pem).unwrap();
+        assert_eq!(info.dns, spec.dns);
+        assert_eq!(info.ips.iter().map(|i| i.to_string()).collect::<Vec<_>>(), spec.ips);
+        assert_eq!(info.uris, std::slice::from_ref(&spec.uri));
+        assert_eq!((info.serial.as_str(), info.not_after), (issued.serial.as_str(), T0 + 86_400));
+        assert_eq!(trellis_pki::cert_public_key(&issued.cert_pem).unwrap(), trellis_pki::services::public_key_of(&key).unwrap());
+        let (action, subject, detail) = last_audit(c).await;
+        assert_eq!((action.as_str(), subject.as_str()), (AuditAction::ServiceCertificateIssued.as_str(), "db-1/postgres"));
+        assert!(detail.contains(&issued.serial) && detail.contains("postgres.basic.mesh"), "{detail}");
+
+        // Refused, each audited: a name db-1 does not serve ...
+        let refused = |e: Error| match e {
+            Error::ServiceCert(r) => r,
+            other => panic!("not a service certificate refusal: {other:?}"),
+        };
+        let csr = service_csr(&key, &["postgres.basic.mesh".into(), "api.basic.mesh".into()]).unwrap();
+        let r = refused(c.sign_service_cert(&db, &request("postgres", csr)).await.unwrap_err());
+        assert!(matches!(&r, ServiceCertRefusal::Csr(CsrRefusal::NameNotServed(n)) if n == "the name api.basic.mesh"), "{r:?}");
+        assert_eq!(last_audit(c).await.0, AuditAction::ServiceCertificateRefused.as_str());
+        // ... another node's module ...
+        let (_, csr) = service_key_and_csr(&["postgres.basic.mesh".into()]).unwrap();
+        let r = refused(c.sign_service_cert(&api, &request("postgres", csr)).await.unwrap_err());
+        assert!(matches!(&r, ServiceCertRefusal::NotServed { node, module } if node == "api-1" && module == "postgres"), "{r:?}");
+        let (action, subject, detail) = last_audit(c).await;
+        assert_eq!((action.as_str(), subject.as_str()), (AuditAction::ServiceCertificateRefused.as_str(), "api-1/postgres"));
+        assert_eq!(detail, r.to_string());
+        // ... a module it runs that asks for none ...
+        let (_, csr) = service_key_and_csr(&[]).unwrap();
+        let r = refused(c.sign_service_cert(&db, &request("ping", csr)).await.unwrap_err());
+        assert!(matches!(r, ServiceCertRefusal::NotServed { .. }), "ping asks for no certificate: {r:?}");
+        // ... a CSR asking to be a CA ...
+        let mut params = rcgen::CertificateParams::new(vec!["postgres.basic.mesh".to_string()]).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let csr = params.serialize_request(&rcgen::KeyPair::from_pem(&key).unwrap()).unwrap().pem().unwrap();
+        let r = refused(c.sign_service_cert(&db, &request("postgres", csr)).await.unwrap_err());
+        assert!(matches!(r, ServiceCertRefusal::Csr(CsrRefusal::CaRequested)), "{r:?}");
+        assert_eq!(r.code(), "certificate_ca_requested");
+        // ... from a node pending approval.
+        let (op, _) = enrol(c, "op-1", true).await;
+        let (_, csr) = service_key_and_csr(&[]).unwrap();
+        let r = refused(c.sign_service_cert(&op, &request("postgres", csr)).await.unwrap_err());
+        assert!(matches!(r, ServiceCertRefusal::Pending(ref n) if n == "op-1"), "{r:?}");
+        assert!(matches!(c.service_cert_specs(&op).await.unwrap_err(), Error::Node(NodeRefusal::PendingApproval(_))));
+
+        // A malformed module name is refused before anything is written.
+        let before = c.audit().await.unwrap().len();
+        let r = refused(c.sign_service_cert(&db, &request("../../etc", String::new())).await.unwrap_err());
+        assert!(matches!(r, ServiceCertRefusal::Malformed));
+        assert_eq!(c.audit().await.unwrap().len(), before, "nothing of a malformed request is audited");
+
+        // Listed for operators, with the last refusal beside the certificate.
+        let certs = c.service_certs().await.unwrap();
+        let pg = certs.iter().find(|i| i.node == "db-1" && i.module == "postgres").unwrap();
+        assert_eq!((pg.declared, pg.serial.as_deref(), pg.not_after), (true, Some(issued.serial.as_str()), Some(issued.not_after)));
+        assert_eq!(pg.refusal.as_deref(), Some("the certificate signing request asks to be a CA; a service certificate never is"));
+        assert!(pg.names.contains(&"spiffe://basic.mesh/module/postgres".to_string()), "{pg:?}");
+
+        // Metrics: issued, refused by reason (a fixed set), the earliest expiry per node.
+        let text = c.scrape().await;
+        for line in [
+            "trellis_service_certificates_issued_total 1".to_string(),
+            "trellis_service_certificate_refusals_total{reason=\"name_not_served\"} 1".to_string(),
+            "trellis_service_certificate_refusals_total{reason=\"not_served\"} 2".to_string(),
+            "trellis_service_certificate_refusals_total{reason=\"ca_requested\"} 1".to_string(),
+            "trellis_service_certificate_refusals_total{reason=\"pending\"} 1".to_string(),
+            "trellis_service_certificate_refusals_total{reason=\"malformed\"} 1".to_string(),
+            "trellis_service_certificate_refusals_total{reason=\"revoked\"} 0".to_string(),
+            format!("trellis_service_certificate_earliest_expiry_timestamp_seconds{{node=\"db-1\"}} {}", issued.not_after),
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+
+        // The live page marks db-1 once its certificate is within a quarter of its lifetime.
+        let marked = |g: proto::MeshGraph| g.nodes.into_iter().find(|n| n.name == "db-1").unwrap().certificates_expiring;
+        fx.clock.0.store(T0 + 86_400 * 3 / 4 - 1, Ordering::SeqCst);
+        assert!(marked(c.graph().await.unwrap()).is_empty());
+        fx.clock.0.store(T0 + 86_400 * 3 / 4, Ordering::SeqCst);
+        assert_eq!(marked(c.graph().await.unwrap()), ["postgres"]);
+        assert!(c.graph().await.unwrap().nodes.iter().filter(|n| n.name != "db-1").all(|n| n.certificates_expiring.is_empty()));
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_certificate_is_no_node_identity_and_a_revoked_node_gets_none() {
+    on_both(|fx| async move {
+        let c = &fx.c;
+        let (db, _) = enrol(c, "db-1", false).await;
+        let (_, csr) = service_key_and_csr(&[]).unwrap();
+        let issued = c.sign_service_cert(&db, &request("postgres", csr)).await.unwrap();
+        // Presented where a node certificate is asked for: its chain ends at the mesh CA too, but
+        // the services CA issued it.
+        let der = trellis_pki::pem_to_der(&issued.cert_pem, "CERTIFICATE").unwrap();
+        let refused = c.authenticate_node(Some(&der)).await.unwrap_err();
+        assert!(matches!(&refused, Error::Node(NodeRefusal::ServiceCertificate(cn)) if cn == "postgres.basic.mesh"), "{refused:?}");
+        assert_eq!(refused.code(), "service_certificate");
+
+        // Revoked: refused at authentication, and a decision with the identity from before the
+        // revocation is refused too, and audited.
+        let node_der = {
+            let (_, der) = enrol(c, "api-1", false).await;
+            der
+        };
+        c.revoke("db-1").await.unwrap();
+        c.revoke("api-1").await.unwrap();
+        let r = c.authenticate_node(Some(&node_der)).await.unwrap_err();
+        assert!(matches!(r, Error::Node(NodeRefusal::Revoked(_))), "a revoked node's requests stop at authentication: {r:?}");
+        let (_, csr) = service_key_and_csr(&[]).unwrap();
+        match c.sign_service_cert(&db, &request("postgres", csr)).await.unwrap_err() {
+            Error::ServiceCert(ServiceCertRefusal::Revoked(n)) => assert_eq!(n, "db-1"),
+            other => panic!("{other:?}"),
+        }
+        let (action, subject, _) = last_audit(c).await;
+        assert_eq!((action.as_str(), subject.as_str()), (AuditAction::ServiceCertificateRefused.as_str(), "db-1/postgres"));
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_stops_running_the_module_is_refused_its_renewal() {
+    on_both(|fx| async move {
+        let c = &fx.c;
+        let (db, _) = enrol(c, "db-1", false).await;
+        let (_, csr) = service_key_and_csr(&[]).unwrap();
+        let first = c.sign_service_cert(&db, &request("postgres", csr)).await.unwrap();
+        let files: Vec<proto::DeclFile> = trellis_testing::controller::lab_files("basic")
+            .into_iter()
+            .map(|mut f| {
+                if f.path == "mesh.toml" {
+                    // PostgreSQL moves from db-1 to op-1.
+                    f.text = f.text.replace("modules = [\"postgres\", \"ssh\", \"ping\"]", "modules = [\"ssh\", \"ping\"]");
+                    f.text = f.text.replace(
+                        "name = \"op-1\"\nnetworks = [\"lan\"]\nmodules = [\"ping\"]",
+                        "name = \"op-1\"\nnetworks = [\"lan\"]\nmodules = [\"postgres\", \"ping\"]",
+                    );
+                }
+                f
+            })
+            .collect();
+        assert_eq!(c.apply(&files, Some(1)).await.unwrap().revision, 2);
+        let left: Vec<String> = c.service_cert_specs(&db).await.unwrap().certificates.into_iter().map(|s| s.module).collect();
+        assert_eq!(left, ["ssh"], "postgres is no more to hold: the agent removes its files");
+        let (_, csr) = service_key_and_csr(&[]).unwrap();
+        let r = c.sign_service_cert(&db, &request("postgres", csr)).await.unwrap_err();
+        assert!(matches!(r, Error::ServiceCert(ServiceCertRefusal::NotServed { .. })), "{r:?}");
+        let pg = c.service_certs().await.unwrap().into_iter().find(|i| i.node == "db-1").unwrap();
+        assert!(!pg.declared);
+        assert_eq!(pg.serial.as_deref(), Some(first.serial.as_str()), "the last certificate stays on record");
+        assert!(pg.refusal.as_deref().unwrap().contains("does not run module `postgres`"), "{pg:?}");
+        // No expiry series for a certificate no longer declared.
+        assert!(!c.scrape().await.contains("earliest_expiry_timestamp_seconds{node=\"db-1\"}"));
+    })
+    .await;
+}

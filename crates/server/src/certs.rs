@@ -1,0 +1,43 @@
+//! The routes of service certificates (ADR 0023): a node asks which certificates it is to hold
+//! and sends a CSR for one; an operator lists them all. Each calls one decision.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::Json;
+use trellis_controller::Controller;
+use trellis_proto as proto;
+
+use crate::auth::{Admin, Node};
+use crate::body::Body;
+use crate::error::ApiError;
+
+type Shared = Arc<Controller>;
+type Answer<T> = Result<Json<T>, ApiError>;
+
+/// The largest body of a service certificate request: the CSR's bound and room for the module.
+pub const CERTIFICATE_BODY: usize = 16 * 1024;
+
+#[utoipa::path(get, path = "/v1/node/certificates", tag = "node", security(("node" = [])), responses((status = 200, description = "The service certificates this node is to hold, one per module it runs that asks for one, with their names; any other it holds it removes", body = proto::ServiceCertList), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
+pub(crate) async fn node_certificates(State(c): State<Shared>, Node(who): Node) -> Answer<proto::ServiceCertList> {
+    Ok(Json(c.service_cert_specs(&who).await?))
+}
+
+#[utoipa::path(post, path = "/v1/node/certificates", tag = "node", security(("node" = [])), request_body = proto::ServiceCertRequest, responses((status = 200, description = "The certificate for the CSR's key, naming exactly what the current declaration gives this node for the module, with the services CA and the mesh CA", body = proto::ServiceCertResponse), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
+pub(crate) async fn sign_certificate(
+    State(c): State<Shared>,
+    Node(who): Node,
+    Body(req): Body<proto::ServiceCertRequest, CERTIFICATE_BODY>,
+) -> Answer<proto::ServiceCertResponse> {
+    let r = c.sign_service_cert(&who, &req).await;
+    match &r {
+        Ok(issued) => tracing::info!(module = %issued.module, serial = %issued.serial, "service certificate issued"),
+        Err(e) => tracing::info!(code = e.code(), "refused: {e}"),
+    }
+    Ok(Json(r?))
+}
+
+#[utoipa::path(get, path = "/v1/admin/certificates", tag = "admin", security(("admin" = [])), responses((status = 200, description = "Every service certificate: its node, module, names, serial and expiry, whether the declaration still gives it, and its last refusal", body = Vec<proto::ServiceCertInfo>), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
+pub(crate) async fn list_certificates(State(c): State<Shared>, _: Admin) -> Answer<Vec<proto::ServiceCertInfo>> {
+    Ok(Json(c.service_certs().await?))
+}
