@@ -481,11 +481,53 @@ fn renewal_needs_the_node_certificate_and_revocation_refuses_it_at_once() {
         ok(renew(true));
         let after = std::fs::read_to_string(node.path().join("node.pem")).unwrap();
         assert_ne!(before, after, "a new certificate was written");
-        c.ok(&["node", "revoke", "db-1"]);
+        // No other node took part: nobody held its key, so it is revoked as soon as the publish
+        // run has looked (ADR 0022).
+        let said = c.ok(&["node", "revoke", "db-1", "--wait", "--timeout", "20s"]);
+        assert!(said.starts_with("node db-1 is revoked (in "), "{said}");
         fails_with(renew(true), "node `db-1` has been revoked");
         assert_eq!(c.node_state("db-1"), "revoked");
+        // The decision and its completion, each audited once.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !c.ok(&["audit", "list"]).contains("revocation completed") {
+            assert!(Instant::now() < deadline, "{db:?}: the completion of db-1's revocation is not audited");
+            std::thread::sleep(Duration::from_millis(100));
+        }
         let audit = c.ok(&["audit", "verify"]);
-        assert!(audit.contains("5 records"), "{db:?} {audit}");
+        assert!(audit.contains("6 records"), "{db:?} {audit}");
+    });
+}
+
+/// `trellis node revoke --wait` with a peer that holds the key and never applies (enrolled, no
+/// agent running): it exits 1 after its timeout naming that peer and why, and `trellis nodes`
+/// says the same under its table, and `--json` as the API does.
+#[test]
+fn a_revocation_waited_for_names_the_peer_that_still_holds_the_key() {
+    both(|db| {
+        let c = Controller::start(db);
+        c.ok(&["apply", "lab/basic"]);
+        for node in ["db-1", "api-1"] {
+            let dir = TempDir::new(&format!("hold-{node}"));
+            ok(enrol(&c.token(node, &[]), dir.path()));
+        }
+        // Both published: each holds the other's key in its bundle.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let published = || {
+            let s: serde_json::Value = serde_json::from_str(&c.ok(&["status", "--json"])).unwrap();
+            s.as_array().unwrap().iter().filter(|n| n["desired_version"].is_i64()).count() == 2
+        };
+        while !published() {
+            assert!(Instant::now() < deadline, "{db:?}: api-1 and db-1 were not both published");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let err = fails_with(c.admin(&["node", "revoke", "db-1", "--wait", "--timeout", "2s"]), "node db-1 is still revoking (for ");
+        assert!(err.contains("1 of 1 peer(s) still hold its key: api-1 applied nothing yet < v"), "{db:?} {err}");
+        assert_eq!(c.node_state("db-1"), "revoking");
+        let nodes = c.ok(&["nodes"]);
+        assert!(nodes.lines().any(|l| l.starts_with("db-1: revoking (for ") && l.contains("api-1 applied nothing yet")), "{nodes}");
+        let api: serde_json::Value = serde_json::from_str(&c.ok(&["nodes", "--json"])).unwrap();
+        let rev = &api.as_array().unwrap().iter().find(|n| n["name"] == "db-1").unwrap()["revocation"];
+        assert_eq!((rev["holders"].as_i64(), rev["holding"][0]["name"].as_str()), (Some(1), Some("api-1")), "{rev}");
     });
 }
 

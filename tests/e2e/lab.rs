@@ -156,12 +156,34 @@ fn lab_pool() {
         assert!(stderr.contains(&format!("{m} enrolled as a member of pool ci")), "{stderr}");
     }
     assert!(
-        stdout.contains("step 1: agent of ci-2 stopped (SIGKILL) -> removed by the controller (gone from `trellis nodes`): "),
+        stdout.contains("step 1: agent of ci-2 stopped (SIGKILL) -> removed by the controller (removing in `trellis nodes`): "),
         "{stdout}"
     );
     // Two rounds: all nine before the stop; the seven not naming ci-2 after it.
     assert_eq!(stdout.lines().filter(|l| l.starts_with("FROM ")).count(), 2, "{stdout}");
     assert!(stdout.contains("16 of 16 expectations met"), "{stdout}");
+}
+
+/// A revocation followed to the data plane: op-1's agent is paused (SIGSTOP) before db-1 is
+/// revoked, so db-1 stays `revoking`, held by op-1 alone, while api-1 has dropped its key; once
+/// op-1 resumes and applies, db-1 is `revoked`.
+#[test]
+fn lab_revoke() {
+    if !can_run(Need::Root) {
+        return;
+    }
+    let (stdout, _) = lab_run("lab/revoke.toml");
+    assert!(stdout.contains("step 1: agent of op-1 paused (SIGSTOP)"), "{stdout}");
+    let revoking = stdout
+        .lines()
+        .find(|l| l.starts_with("step 2: node db-1 revoked -> still revoking"))
+        .unwrap_or_else(|| panic!("db-1 is not said to be revoking while op-1 is paused\n{stdout}"));
+    assert!(revoking.contains("1 of 2 peer(s) still hold its key: op-1 applied v"), "{revoking}");
+    assert!(revoking.ends_with("held by the paused agent(s) only"), "{revoking}");
+    assert!(
+        stdout.contains("step 3: agent of op-1 resumed (SIGCONT) -> node db-1 revoked, every node that held its key (2 peer(s)) applied a bundle without it: "),
+        "{stdout}"
+    );
 }
 
 /// Two controller replicas on a real PostgreSQL: ctl-1, which every agent long-polls, is killed

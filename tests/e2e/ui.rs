@@ -213,6 +213,14 @@ fn the_live_page_shows_every_node_turns_a_revoked_one_red_without_a_reload_and_e
     assert_eq!(b.script(&fill("a-1")), "rgb(198, 40, 40)", "revoked is red");
     assert_eq!(b.script("return window.trellisMarker;"), "same page", "the page was not reloaded");
 
+    // hub-1 revoked: a-1 (revoked) no longer counts, b-1 never applies, so hub-1 stays revoking
+    // and b-1 is ringed as still holding its key (ADR 0022).
+    c.ok(&["node", "revoke", "hub-1"]);
+    b.until("hub-1 shown revoking", SHOWN, |v| v["hub-1"] == "revoking");
+    const HOLDS: &str = "return document.querySelector('#node-b-1').dataset.holds;";
+    b.until("b-1 ringed as holding hub-1's key", HOLDS, |v| v == "hub-1");
+    assert_eq!(b.script("return document.querySelector('#node-a-1').dataset.holds;"), "", "a-1 holds nothing it counts for");
+
     if let Ok(path) = std::env::var("TRELLIS_UI_SCREENSHOT") {
         b.script("window.scrollTo(0, 0); return null;");
         let png = b.call("GET", "/screenshot", None);

@@ -87,6 +87,11 @@ impl AdminClient {
         self.post(&format!("/v1/admin/nodes/{node}/revoke"), &()).await
     }
 
+    /// How far a revoked node's revocation has reached (ADR 0022).
+    pub async fn revocation(&self, node: &str) -> Result<proto::Revocation, Error> {
+        self.get(&format!("/v1/admin/nodes/{node}/revocation")).await
+    }
+
     pub async fn status(&self) -> Result<Vec<proto::NodeStatus>, Error> {
         self.get("/v1/admin/status").await
     }

@@ -1,5 +1,6 @@
 //! The controller's decisions, with no HTTP in them: apply a declaration, issue and redeem
-//! tokens, enrol and renew nodes, approve and revoke them, the roster and status, evidence, and
+//! tokens, enrol and renew nodes, approve and revoke them (following a revocation until every
+//! peer dropped the key), the roster and status, evidence, and
 //! publishing signed bundles. Records live in `trellis-store`; policy is computed by
 //! `trellis-core`; `trellis-server` adapts HTTP requests to the functions here. The clock and the
 //! randomness are injected, so every decision can be tested in process with fixed values.
@@ -16,6 +17,7 @@ pub mod pools;
 pub mod publish;
 pub mod refusals;
 pub mod restore;
+pub mod revocations;
 pub mod state;
 pub mod tokens;
 pub mod view;
@@ -103,6 +105,8 @@ pub struct Controller {
     metrics: metrics::Metrics,
     /// The current declaration with its pools' members (see `pools`).
     members_cache: pools::MembersCache,
+    /// Whether evidence may have completed a revocation (see `revocations`).
+    revocations: revocations::Tracking,
     /// The protocol and release each node's agent last said here (`Controller::hello`): only a
     /// change is written to the database.
     agents: std::sync::Mutex<std::collections::HashMap<String, (String, String)>>,
@@ -127,6 +131,7 @@ impl Controller {
             stopping: tokio::sync::watch::Sender::new(false),
             metrics: metrics::Metrics::new(),
             members_cache: Default::default(),
+            revocations: Default::default(),
             agents: Default::default(),
         }
     }

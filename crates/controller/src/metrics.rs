@@ -113,6 +113,8 @@ pub struct Metrics {
     stale_for: Family<NodeLabel, Gauge>,
     failing: Gauge,
     evidence_missing: Gauge,
+    revoking: Gauge,
+    revoking_oldest: Gauge,
     scrape_errors: Counter,
     service_certs_issued: Counter,
     service_cert_refusals: Family<ReasonLabel, Counter>,
@@ -168,6 +170,19 @@ impl Metrics {
         r.register("nodes_failing", "Nodes whose last evidence reports a failed apply", failing.clone());
         let evidence_missing = Gauge::default();
         r.register("evidence_missing_records", "Evidence sequence numbers missing, over every node (gaps)", evidence_missing.clone());
+        let revoking = Gauge::default();
+        r.register(
+            "revocations_in_progress",
+            "Revoked nodes whose key a node that held it has not dropped yet (revoking)",
+            revoking.clone(),
+        );
+        let revoking_oldest = Gauge::default();
+        r.register_with_unit(
+            "revocation_oldest_age",
+            "How long the oldest revocation in progress has been revoking (0 when none is)",
+            Unit::Seconds,
+            revoking_oldest.clone(),
+        );
         let scrape_errors = Counter::default();
         r.register("metrics_roster_errors", "Scrapes whose roster gauges could not be read", scrape_errors.clone());
         let service_certs_issued = Counter::default();
@@ -204,6 +219,8 @@ impl Metrics {
             stale_for,
             failing,
             evidence_missing,
+            revoking,
+            revoking_oldest,
             scrape_errors,
             service_certs_issued,
             service_cert_refusals,
@@ -297,6 +314,10 @@ impl Metrics {
         self.stale.set(stale);
         self.failing.set(status.iter().filter(|n| n.last_result == Some(EvidenceResult::Failed)).count() as i64);
         self.evidence_missing.set(status.iter().map(|n| n.evidence_missing).sum());
+        let revoking: Vec<i64> =
+            status.iter().filter(|n| n.state == NodeState::Revoking).filter_map(|n| n.revocation.as_ref().map(|r| r.seconds)).collect();
+        self.revoking.set(revoking.len() as i64);
+        self.revoking_oldest.set(revoking.iter().copied().max().unwrap_or(0).max(0));
     }
 
     /// The text exposition in OpenMetrics; `trellis_proto::exposition` turns it into the
@@ -372,7 +393,22 @@ mod tests {
             last_error: None,
             evidence_records: 3,
             evidence_missing: missing,
+            revocation: None,
         }
+    }
+
+    fn revoking(name: &str, seconds: i64) -> NodeStatus {
+        let revocation = proto::Revocation {
+            node: name.to_string(),
+            kind: proto::Withdrawal::Revocation,
+            decided_at: 1000,
+            completed_at: None,
+            seconds,
+            holders_known: true,
+            holders: 1,
+            holding: Vec::new(),
+        };
+        NodeStatus { revocation: Some(revocation), ..node(name, NodeState::Revoking, None, None, 0) }
     }
 
     #[test]
@@ -382,6 +418,8 @@ mod tests {
             node("a", NodeState::Active, Some(30), None, 0),
             node("b", NodeState::Active, None, Some(EvidenceResult::Failed), 2),
             node("c", NodeState::Pending, None, None, 0),
+            revoking("d", 40),
+            revoking("e", 7),
         ]));
         m.publish_run(Duration::from_millis(5), Ok(3));
         m.bundle_answer("304", 0);
@@ -391,6 +429,9 @@ mod tests {
             "trellis_nodes{state=\"active\"} 2",
             "trellis_nodes{state=\"pending\"} 1",
             "trellis_nodes{state=\"revoked\"} 0",
+            "trellis_nodes{state=\"revoking\"} 2",
+            "trellis_revocations_in_progress 2",
+            "trellis_revocation_oldest_age_seconds 40",
             "trellis_nodes_stale 1",
             "trellis_node_stale_seconds{node=\"a\"} 30",
             "trellis_nodes_failing 1",
@@ -408,6 +449,8 @@ mod tests {
         let text = m.encode();
         assert!(!text.contains("node=\"a\""), "{text}");
         assert!(text.lines().any(|l| l == "trellis_nodes_stale 0"), "{text}");
+        assert!(text.lines().any(|l| l == "trellis_revocations_in_progress 0"), "{text}");
+        assert!(text.lines().any(|l| l == "trellis_revocation_oldest_age_seconds 0"), "{text}");
         m.roster(None);
         assert!(m.encode().lines().any(|l| l == "trellis_metrics_roster_errors_total 1"));
         let _open = m.long_poll();

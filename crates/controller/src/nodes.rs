@@ -1,7 +1,7 @@
 //! Nodes: the roster (declared and enrolled, with each one's lifecycle state), approval and
 //! revocation, the evidence agents send, desired versus applied status, and the audit chain.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use sha2::{Digest, Sha256};
 use trellis_core::decl::PublicKey;
@@ -17,6 +17,8 @@ pub struct RosterEntry {
     pub state: NodeState,
     pub declared_key: Option<PublicKey>,
     pub record: Option<NodeRecord>,
+    /// For a revoked node: how far its revocation has reached.
+    pub revocation: Option<proto::Revocation>,
 }
 
 /// The longest error an evidence record keeps, in bytes, and the most files it may list (a
@@ -41,8 +43,49 @@ fn key_fingerprint(key: &str) -> Option<String> {
 }
 
 impl Controller {
-    /// Every node, in name order. Contacts held in memory are written first, so they show.
+    /// Every node, in name order, a revoked node `revoking` with its revocation until that is
+    /// complete (ADR 0022).
     pub async fn roster(&self) -> Result<Vec<RosterEntry>> {
+        Ok(self.roster_and_revocations().await?.0)
+    }
+
+    /// The roster, and every revocation followed, by node (those of revoked members the sweep
+    /// removed since included).
+    pub(crate) async fn roster_and_revocations(&self) -> Result<(Vec<RosterEntry>, BTreeMap<String, proto::Revocation>)> {
+        let mut roster = self.roster_entries().await?;
+        let views = self.revocation_view(&roster).await?;
+        for e in &mut roster {
+            if let Some(v) = views.get(&e.name) {
+                if e.state == NodeState::Revoked && !v.complete() {
+                    e.state = NodeState::Revoking;
+                }
+                e.revocation = Some(v.clone());
+            }
+        }
+        // A member the sweep removed (revoked or out of contact) has no record left: it stays
+        // listed while its peers still hold its key.
+        let listed: std::collections::HashSet<String> = roster.iter().map(|e| e.name.clone()).collect();
+        let gone = views.values().filter(|v| !v.complete() && !listed.contains(&v.node)).map(|v| RosterEntry {
+            name: v.node.clone(),
+            state: match v.kind {
+                proto::Withdrawal::Revocation => NodeState::Revoking,
+                proto::Withdrawal::Removal => NodeState::Removing,
+            },
+            declared_key: None,
+            record: None,
+            revocation: Some(v.clone()),
+        });
+        let gone: Vec<RosterEntry> = gone.collect();
+        if !gone.is_empty() {
+            roster.extend(gone);
+            roster.sort_by(|a, b| a.name.cmp(&b.name));
+        }
+        Ok((roster, views))
+    }
+
+    /// Every node, in name order, with the state its record and the declaration give it.
+    /// Contacts held in memory are written first, so they show.
+    pub(crate) async fn roster_entries(&self) -> Result<Vec<RosterEntry>> {
         self.flush_contacts().await;
         let records = self.store.nodes().await?;
         let decl = self.current_declaration().await?.map(|(rev, d)| self.with_members(rev, d, &records));
@@ -62,7 +105,7 @@ impl Controller {
                     (Some(_), None) => NodeState::Declared,
                     (Some(_), Some(r)) => r.state.into(),
                 };
-                RosterEntry { state, declared_key: declared.and_then(|n| n.public_key), record, name }
+                RosterEntry { state, declared_key: declared.and_then(|n| n.public_key), record, name, revocation: None }
             })
             .collect())
     }
@@ -89,6 +132,7 @@ impl Controller {
                     agent_release: agents.remove(&e.name).map(|(_, r)| r),
                     name: e.name,
                     state: e.state,
+                    revocation: e.revocation,
                 }
             })
             .collect())
@@ -138,7 +182,8 @@ impl Controller {
         Ok(proto::WhoAmI { node: name.to_string(), state: EnrolledState::Active })
     }
 
-    /// Revokes a node: its certificates are refused on its next request, and its peers drop it.
+    /// Revokes a node: its certificates are refused on its next request, and its peers drop it;
+    /// it is `revoking` until every node that held its key applied a bundle without it.
     pub async fn revoke(&self, name: &str) -> Result<proto::WhoAmI> {
         let audit = Audit { at: self.now(), actor: "admin", action: AuditAction::NodeRevoked, subject: name, detail: String::new() };
         self.store.set_state(name, &[EnrolledState::Pending, EnrolledState::Active], EnrolledState::Revoked, &audit).await.map_err(
@@ -191,6 +236,7 @@ impl Controller {
             });
         }
         let (accepted, duplicates) = self.store.add_evidence(&who.name, &records, self.now()).await?;
+        self.evidence_arrived();
         Ok(proto::EvidenceAck { accepted, duplicates })
     }
 
@@ -220,6 +266,7 @@ impl Controller {
                     last_error: ev.and_then(|ev| ev.last_error.clone()),
                     evidence_records: ev.map_or(0, |ev| ev.records),
                     evidence_missing: ev.map_or(0, |ev| ev.missing()),
+                    revocation: e.revocation,
                     state: e.state,
                     name: e.name,
                 }

@@ -201,6 +201,8 @@ struct Run {
     lagging: HashSet<String>,
     /// The stored versions (`Store::bundle_versions`) last seen to match the ones held here.
     versions_seen: Option<(i64, i64)>,
+    /// Who held the key of each node that left the compiled mesh in the last run.
+    left: crate::revocations::Left,
 }
 
 pub(crate) struct Publisher {
@@ -477,6 +479,11 @@ impl Controller {
         self.metrics.publish_run(took, result.as_ref().map(|(n, _)| *n).map_err(|_| ()));
         if let Ok((bundles, audit_seq)) = &result {
             tracing::debug!(bundles, audit_seq, ms = took.as_millis() as u64, "publish run");
+            // A run can complete a revocation (a holder left the mesh); evidence completes the
+            // others.
+            if let Err(e) = self.settle_revocations().await {
+                tracing::error!("following revocations failed: {e}");
+            }
         }
         result.map(|(n, _)| n)
     }
@@ -495,10 +502,16 @@ impl Controller {
         };
         let head_record = self.store.audit_head_hash().await?;
         let head = head_record.as_ref().map_or(0, |(seq, _)| *seq);
+        // Read before the nodes: a revocation listed here is one the nodes read below show.
+        let unrecorded = self.store.revocations_unrecorded().await?;
         let records = self.store.nodes().await?;
         *p.members.write().expect("members") = records.iter().filter(|r| r.pool.is_some()).map(|r| r.name.clone()).collect();
         let Some((revision, decl)) = self.current_declaration().await? else {
             p.set_auth(&records, None);
+            // Without a declaration nothing was published: nobody held a key.
+            for node in &unrecorded {
+                self.store.record_holders(node, &[]).await?;
+            }
             done(&mut run, head);
             return Ok((0, head_record));
         };
@@ -515,6 +528,15 @@ impl Controller {
             .iter()
             .filter(|r| r.state == trellis_proto::EnrolledState::Active && declared.get(r.name.as_str()) == Some(&r.pool.as_deref()))
             .collect();
+        // Who held the keys leaving the compiled mesh, while the previous compile still says.
+        let left_now = {
+            let now_active: HashSet<&str> = active.iter().map(|r| r.name.as_str()).collect();
+            let leaving: HashSet<&str> = run.keys.iter().map(|(n, _)| n).filter(|n| !now_active.contains(n)).collect();
+            match &run.compiled {
+                Some(previous) if !leaving.is_empty() => crate::revocations::holders_in(previous, &leaving),
+                _ => Default::default(),
+            }
+        };
         run.keys.replace(active.iter().filter_map(|r| r.wg_public_key.as_deref().and_then(PublicKey::parse).map(|k| (r.name.as_str(), k))));
         // A recompile keeps addresses from its previous output (the same allocation the apply
         // stored); only a first compile reads them from the database.
@@ -564,6 +586,8 @@ impl Controller {
         self.raise_high_water(versions.values().map(|v| v.version).max().unwrap_or(0))?;
         // Another replica may have published other content for a node: ours is stale; the next
         // run (its audit head moved) will catch up.
+        let stale: HashSet<String> =
+            pending.iter().filter(|(r, _, digest)| versions[&r.name].digest != *digest).map(|(r, _, _)| r.name.clone()).collect();
         pending.retain(|(r, _, digest)| versions[&r.name].digest == *digest);
         // The zone's serial is the bundle's version: it rises whenever the bundle's content does,
         // and it is the same on every replica (the version is the database's). The digest above,
@@ -621,6 +645,10 @@ impl Controller {
             t.retain(|n, _| live.contains(n.as_str()));
             run.published.retain(|n, _| live.contains(n.as_str()));
         }
+        let mut known = std::mem::take(&mut run.left);
+        known.extend(left_now.iter().map(|(k, v)| (k.clone(), v.clone())));
+        self.follow_revocations(&unrecorded, &known, &compiled, (&decl, &run.keys, &records), &stale).await?;
+        run.left = left_now;
         contents.keep_only(&compiled);
         run.contents = contents;
         run.lagging.clear();

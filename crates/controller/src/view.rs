@@ -43,10 +43,11 @@ pub fn shown(s: &proto::NodeStatus) -> Shown {
         NodeState::Active if s.stale => Shown::Stale,
         NodeState::Active => Shown::Active,
         NodeState::Pending => Shown::Pending,
+        NodeState::Revoking => Shown::Revoking,
         NodeState::Revoked => Shown::Revoked,
         NodeState::Declared => Shown::Declared,
         NodeState::External => Shown::External,
-        NodeState::Removed => Shown::Removed,
+        NodeState::Removed | NodeState::Removing => Shown::Removed,
     }
 }
 
@@ -56,6 +57,7 @@ pub fn drawn(s: Shown) -> graph::State {
     match s {
         Shown::Active => graph::State::Active,
         Shown::Pending => graph::State::Pending,
+        Shown::Revoking => graph::State::Revoking,
         Shown::Revoked => graph::State::Revoked,
         Shown::Stale => graph::State::Stale,
         Shown::Failing => graph::State::Failing,
@@ -77,6 +79,13 @@ impl Controller {
         let g = trellis_core::graph::graph(&topo);
         let expiring = self.certificates_expiring().await?;
         let by_name: HashMap<&str, &proto::NodeStatus> = status.iter().map(|s| (s.name.as_str(), s)).collect();
+        // Who still holds the key of a node revoking or removing.
+        let mut holds: HashMap<&str, Vec<String>> = HashMap::new();
+        for r in status.iter().filter_map(|s| s.revocation.as_ref()).filter(|r| !r.complete()) {
+            for h in &r.holding {
+                holds.entry(h.name.as_str()).or_default().push(r.node.clone());
+            }
+        }
         let spots: HashMap<&str, &trellis_core::graph::Spot> = g.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
         let links = g
             .links
@@ -108,6 +117,7 @@ impl Controller {
                     stale_for: s.and_then(|s| s.stale_for),
                     last_contact: s.and_then(|s| s.last_contact),
                     last_error: s.and_then(|s| s.last_error.as_deref()).map(|e| proto::text::printable(e).into_owned()),
+                    holds: holds.remove(n.name.as_str()).unwrap_or_default(),
                     certificates_expiring: expiring.get(n.name.as_str()).cloned().unwrap_or_default(),
                     name: n.name,
                 }
@@ -152,6 +162,7 @@ mod tests {
             last_error: None,
             evidence_records: 1,
             evidence_missing: 0,
+            revocation: None,
         };
         assert_eq!(shown(&s), Shown::Active);
         s.stale = true;
@@ -160,6 +171,8 @@ mod tests {
         assert_eq!(shown(&s), Shown::Failing);
         s.state = NodeState::Revoked;
         assert_eq!(shown(&s), Shown::Revoked);
+        s.state = NodeState::Revoking;
+        assert_eq!(shown(&s), Shown::Revoking);
         s.state = NodeState::Pending;
         assert_eq!(shown(&s), Shown::Pending);
     }

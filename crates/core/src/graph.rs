@@ -122,6 +122,8 @@ pub fn curve(a: &Spot, b: &Spot, reach: &Reach) -> String {
 pub enum State {
     Active,
     Pending,
+    /// Revoked, with a node that held its key not having applied a bundle without it.
+    Revoking,
     Revoked,
     /// Active, with its desired version not applied.
     Stale,
@@ -138,6 +140,7 @@ impl State {
         match self {
             State::Active => "active",
             State::Pending => "pending",
+            State::Revoking => "revoking",
             State::Revoked => "revoked",
             State::Stale => "stale",
             State::Failing => "failing",
@@ -153,6 +156,7 @@ pub fn colour(state: State) -> &'static str {
     match state {
         State::Active => "#2e7d32",
         State::Pending => "#f9a825",
+        State::Revoking => "#ad1457",
         State::Revoked => "#c62828",
         State::Stale => "#ef6c00",
         State::Failing => "#6a1b9a",

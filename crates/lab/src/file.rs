@@ -89,8 +89,17 @@ pub struct Step {
     /// A host whose agent is stopped (SIGKILL): a pool member, removed by the controller once
     /// its pool's `ephemeral_after` has passed. Expectations naming it are out of force after.
     pub stop: Option<String>,
-    /// A node revoked through a running controller (`trellis node revoke`).
+    /// A node revoked through a running controller (`trellis node revoke --wait`): the step
+    /// prints the time until it is `revoked`, every node that held its key having applied a
+    /// bundle without it, or, while an agent is paused, that it is still `revoking`, held by the
+    /// paused agents only (ADR 0022).
     pub revoke: Option<String>,
+    /// A node host whose agent is paused (SIGSTOP): it applies and reports nothing until a
+    /// `resume` step. Expectations naming it are out of force meanwhile.
+    pub pause: Option<String>,
+    /// A host paused by an earlier step whose agent continues (SIGCONT); the step prints the time
+    /// until every revocation left `revoking` is complete.
+    pub resume: Option<String>,
     /// From this step on: each replaces the expectation with the same check (from, to, proto
     /// and port; or from and dns), or adds one.
     #[serde(default)]
@@ -104,6 +113,8 @@ pub enum Action {
     Apply(PathBuf),
     Stop(String),
     Revoke(String),
+    Pause(String),
+    Resume(String),
 }
 
 /// What an expectation sends (`proto`); tcp when unsaid.
@@ -193,12 +204,18 @@ impl LabFile {
     /// What step `i` does; `lab_dir` is the directory of the lab file.
     pub fn action(&self, i: usize, lab_dir: &Path) -> Action {
         let s = &self.step[i];
+        if let Some(host) = &s.pause {
+            return Action::Pause(host.clone());
+        }
+        if let Some(host) = &s.resume {
+            return Action::Resume(host.clone());
+        }
         match (&s.kill, &s.apply, &s.stop, &s.revoke) {
             (Some(host), ..) => Action::Kill(host.clone()),
             (None, Some(dir), ..) => Action::Apply(lab_dir.join(dir)),
             (None, None, Some(host), _) => Action::Stop(host.clone()),
             (None, None, None, Some(node)) => Action::Revoke(node.clone()),
-            (None, None, None, None) => unreachable!("load checks every step kills, applies, stops or revokes"),
+            (None, None, None, None) => unreachable!("load checks every step kills, applies, stops, revokes, pauses or resumes"),
         }
     }
 
@@ -206,7 +223,10 @@ impl LabFile {
     /// joined by those of the steps, in order.
     pub fn expectations(&self, steps: usize) -> Vec<Expect> {
         let mut out = self.expect.clone();
+        let mut paused: Vec<&str> = Vec::new();
         for s in &self.step[..steps] {
+            paused.extend(s.pause.as_deref());
+            paused.retain(|h| s.resume.as_deref() != Some(*h));
             for e in &s.expect {
                 match out.iter_mut().find(|o| o.same_check(e)) {
                     Some(o) => *o = e.clone(),
@@ -218,6 +238,8 @@ impl LabFile {
                 out.retain(|e| !e.names(host));
             }
         }
+        // A paused host sends and answers nothing it is expected to until it resumes.
+        out.retain(|e| !paused.iter().any(|h| e.names(h)));
         out
     }
 
@@ -382,11 +404,44 @@ fn check_expect(file: &Path, what: &str, e: &Expect) -> Result<()> {
 fn check_steps(file: &Path, lab: &LabFile) -> Result<()> {
     let mut running: Vec<&str> = lab.controllers().map(|h| h.name.as_str()).collect();
     let mut stopped: Vec<&str> = Vec::new();
+    let mut paused: Vec<&str> = Vec::new();
     for (i, s) in lab.step.iter().enumerate() {
         let n = i + 1;
-        let given = [s.kill.is_some(), s.apply.is_some(), s.stop.is_some(), s.revoke.is_some()].iter().filter(|&&x| x).count();
+        let given = [s.kill.is_some(), s.apply.is_some(), s.stop.is_some(), s.revoke.is_some(), s.pause.is_some(), s.resume.is_some()]
+            .iter()
+            .filter(|&&x| x)
+            .count();
         if given != 1 {
-            bail!("{}: step {n} needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST` and `revoke = NODE`", file.display());
+            bail!(
+                "{}: step {n} needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST` and `resume = HOST`",
+                file.display()
+            );
+        }
+        if let Some(host) = &s.pause {
+            if !lab.host.iter().any(|h| h.name == *host && h.role == Role::Node) {
+                bail!("{}: step {n} pauses `{host}`, which is not a node host of the lab", file.display());
+            }
+            if paused.contains(&host.as_str()) || stopped.contains(&host.as_str()) {
+                bail!("{}: step {n} pauses `{host}`, which an earlier step paused or stopped", file.display());
+            }
+            if !s.expect.is_empty() {
+                bail!(
+                    "{}: step {n} pauses `{host}` and names expectations; a pause takes those naming `{host}` out of force",
+                    file.display()
+                );
+            }
+            paused.push(host);
+            continue;
+        }
+        if let Some(host) = &s.resume {
+            if !paused.contains(&host.as_str()) {
+                bail!("{}: step {n} resumes `{host}`, which no earlier step paused", file.display());
+            }
+            paused.retain(|p| p != host);
+            for (j, e) in s.expect.iter().enumerate() {
+                check_expect(file, &format!("step {n} expectation {}", j + 1), e)?;
+            }
+            continue;
         }
         let changes = match (&s.apply, &s.revoke) {
             (Some(dir), _) => Some(format!("applies {dir:?}")),
@@ -630,8 +685,8 @@ mod tests {
             ("kill-node", kill_node, "FILE: step 1 kills `web-1`, which is not a host with role = \"controller\""),
             ("kill-twice", kill_twice, "FILE: step 2 kills `ctl-1`, which an earlier step killed"),
             ("kill-both", kill_both, "FILE: step 2 kills `ctl-2`, the last controller running; a lab keeps one"),
-            ("both", both, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST` and `revoke = NODE`"),
-            ("neither", neither, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST` and `revoke = NODE`"),
+            ("both", both, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST` and `resume = HOST`"),
+            ("neither", neither, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST` and `resume = HOST`"),
             ("silent", silent_apply, "FILE: step 2 applies \"ha/metrics\" but names no expectation; give the ones it changes"),
             ("same", same, "FILE: step 2 expectation 1 is already in force; a step lists what it changes"),
             ("role", unknown_role, "unknown variant `database`, expected one of `node`, `controller`, `postgres`"),
@@ -734,6 +789,32 @@ mod tests {
                 Ok(_) => panic!("{tag}: loaded, but should fail with {want:?}"),
                 Err(e) => assert!(e.contains(want), "{tag}: {e}"),
             }
+        }
+    }
+
+    const REVOKE: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lab/revoke.toml"));
+
+    /// A pause names a node host not paused already and no expectation; a resume names a host
+    /// paused before; the paused host's expectations are out of force in between.
+    #[test]
+    fn pauses_and_resumes_are_checked_and_take_expectations_out_of_force_in_between() {
+        let lab = load_text("revoke", REVOKE).unwrap();
+        let names = |steps: usize| lab.expectations(steps).iter().filter(|e| e.names("op-1")).count();
+        let before = names(0);
+        assert!(before > 0, "lab/revoke.toml expects something of op-1");
+        assert_eq!((names(1), names(2)), (0, 0), "paused, then still paused while db-1 is revoked");
+        assert!(names(3) > 0, "resumed, op-1 is expected again");
+        assert_eq!(lab.action(0, std::path::Path::new("lab")), super::Action::Pause("op-1".into()));
+        assert_eq!(lab.action(2, std::path::Path::new("lab")), super::Action::Resume("op-1".into()));
+        let twice = REVOKE.replace("[[step]]\npause = \"op-1\"", "[[step]]\npause = \"op-1\"\n\n[[step]]\npause = \"op-1\"");
+        let unpaused = REVOKE.replace("[[step]]\npause = \"op-1\"", "[[step]]\npause = \"api-1\"");
+        let controller = REVOKE.replace("pause = \"op-1\"", "pause = \"controller\"");
+        for (tag, text, want) in [
+            ("twice", twice, "FILE: step 2 pauses `op-1`, which an earlier step paused or stopped"),
+            ("unpaused", unpaused, "FILE: step 3 resumes `op-1`, which no earlier step paused"),
+            ("controller", controller, "FILE: step 1 pauses `controller`, which is not a node host of the lab"),
+        ] {
+            assert_eq!(load_text(tag, &text).err().as_deref(), Some(want), "{tag}");
         }
     }
 }

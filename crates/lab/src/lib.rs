@@ -53,6 +53,9 @@ pub struct LabState {
     /// Every agent's `--wireguard` backend.
     #[serde(default)]
     pub wireguard: String,
+    /// The hosts whose agent a step paused and no step resumed yet.
+    #[serde(default)]
+    pub paused: Vec<String>,
 }
 
 impl LabState {
@@ -187,7 +190,7 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
         (0..steps)
             .filter_map(|i| match lab.action(i, lab_dir(file)) {
                 Action::Apply(dir) => Some(dir),
-                Action::Kill(_) | Action::Stop(_) | Action::Revoke(_) => None,
+                Action::Kill(_) | Action::Stop(_) | Action::Revoke(_) | Action::Pause(_) | Action::Resume(_) => None,
             })
             .next_back()
             .unwrap_or_else(|| decl_dir.clone())
@@ -235,21 +238,47 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
                 );
             }
             Action::Revoke(node) => {
-                let at = Instant::now();
-                procs::admin(&st, &["node", "revoke", &node])?;
+                println!("step {}: node {node} revoked -> {}", i + 1, timing::revocation(&st, &node)?);
                 // The checkpoint answers once the publish covering the revocation is done; then
-                // every node still active applies what it changed.
+                // every node still active (and not paused) applies what it changed.
                 procs::admin(&st, &["audit", "verify"])?;
                 procs::converge(&st, Duration::from_secs(60))?;
-                println!("step {}: node {node} revoked -> every active node holds its new bundle: {} ms", i + 1, at.elapsed().as_millis());
+            }
+            Action::Pause(host) => {
+                let paused = procs::pause(&mut st, &host);
+                save(file, &st)?;
+                paused?;
+                println!("step {}: agent of {host} paused (SIGSTOP): it applies and reports nothing until it resumes", i + 1);
+            }
+            Action::Resume(host) => {
+                let at = Instant::now();
+                let revoking = timing::revoking(&st)?;
+                let resumed = procs::resume(&mut st, &host);
+                save(file, &st)?;
+                resumed?;
+                let done = timing::revoked(&st, &revoking, at, Duration::from_secs(60))?;
+                if done.is_empty() {
+                    println!("step {}: agent of {host} resumed (SIGCONT); no revocation was in progress", i + 1);
+                }
+                for (node, took, r) in done {
+                    println!(
+                        "step {}: agent of {host} resumed (SIGCONT) -> node {node} revoked, every node that held its key ({} peer(s)) applied a bundle without it: {} ms after the resume, {} s after the revocation",
+                        i + 1,
+                        r.holders,
+                        took.as_millis(),
+                        r.seconds
+                    );
+                }
+                procs::converge(&st, Duration::from_secs(60))?;
             }
             Action::Stop(host) => {
                 let gone = stop_and_wait(&mut st, &host, file)?;
                 println!(
-                    "step {}: agent of {host} stopped (SIGKILL) -> removed by the controller (gone from `trellis nodes`): {} ms; dropped from every peer's wireguard.conf: {} ms",
+                    "step {}: agent of {host} stopped (SIGKILL) -> removed by the controller (removing in `trellis nodes`): {} ms; dropped from every peer's wireguard.conf: {} ms; removed (every peer applied a bundle without it): {} ms",
                     i + 1,
                     gone.listed.as_millis(),
-                    gone.peers.as_millis()
+                    gone.peers.as_millis(),
+                    gone.complete.as_millis()
                 );
             }
             Action::Apply(dir) => {

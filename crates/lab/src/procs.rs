@@ -143,6 +143,22 @@ pub(crate) fn admin(st: &LabState, args: &[&str]) -> Result<String> {
     in_ns(&r.ns, &full)
 }
 
+/// An admin command through a running controller that may exit 1 and still print its answer
+/// (`trellis node revoke --wait`): whether it succeeded, and its standard output.
+pub(crate) fn admin_answer(st: &LabState, args: &[&str]) -> Result<(bool, String)> {
+    let r = st.serving()?;
+    let trellis = exe("trellis")?;
+    let (token, ca) = (r.state_dir.join("admin.token"), r.state_dir.join("ca.pem"));
+    let mut c = ns_cmd(&r.ns, &[path_str(&trellis)?]);
+    c.args(args).args(["--server", r.address.as_str(), "--admin-token-file", path_str(&token)?, "--ca-file", path_str(&ca)?]);
+    let out = c.output().with_context(|| format!("cannot run trellis {}", args.join(" ")))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    if !out.status.success() && stdout.trim().is_empty() {
+        bail!("`trellis {}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok((out.status.success(), stdout))
+}
+
 /// `trellis apply DIR` through a running controller.
 pub(crate) fn apply(st: &LabState, decl_dir: &Path) -> Result<()> {
     admin(st, &["apply", path_str(decl_dir)?]).map(|_| ())
@@ -243,6 +259,43 @@ pub(crate) fn stop(st: &mut LabState, host: &str) -> Result<()> {
     Ok(())
 }
 
+/// The pid of host `host`'s agent, checked to be a running `trellis-agent`.
+fn agent_pid(st: &LabState, host: &str) -> Result<u32> {
+    let pid = *st.agent_pids.get(host).with_context(|| format!("the lab runs no agent on `{host}`"))?;
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+    if exe.file_name().and_then(|n| n.to_str()) != Some("trellis-agent") || ended(pid) {
+        bail!("the agent on `{host}` (pid {pid}) is not running; see {}", st.dir.join(format!("agent-{host}.log")).display());
+    }
+    Ok(pid)
+}
+
+/// Pauses host `host`'s agent (SIGSTOP), as a node that hangs or is suspended: it applies and
+/// reports nothing until [`resume`]. Waits until it is stopped; recorded in `st`.
+pub(crate) fn pause(st: &mut LabState, host: &str) -> Result<()> {
+    let pid = agent_pid(st, host)?;
+    sh(&["kill", "-STOP", &pid.to_string()])?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while process_state(pid) != Some('T') {
+        if Instant::now() > deadline {
+            bail!("the agent on `{host}` (pid {pid}) did not stop after SIGSTOP");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    st.paused.push(host.to_string());
+    Ok(())
+}
+
+/// Lets host `host`'s agent, paused by [`pause`], continue (SIGCONT).
+pub(crate) fn resume(st: &mut LabState, host: &str) -> Result<()> {
+    if !st.paused.iter().any(|p| p == host) {
+        bail!("the agent on `{host}` is not paused");
+    }
+    let pid = *st.agent_pids.get(host).with_context(|| format!("the lab runs no agent on `{host}`"))?;
+    sh(&["kill", "-CONT", &pid.to_string()])?;
+    st.paused.retain(|p| p != host);
+    Ok(())
+}
+
 /// `trellis nodes --json` through a running controller.
 pub(crate) fn nodes(st: &LabState) -> Result<Vec<trellis_proto::NodeInfo>> {
     let text = admin(st, &["nodes", "--json"])?;
@@ -264,13 +317,13 @@ pub(crate) fn interfaces(st: &LabState) -> Result<Vec<String>> {
     Ok(out)
 }
 
-/// Waits until at least one node is active and every active node has applied its desired
-/// version, as `trellis status` reports it.
+/// Waits until at least one node is active and every active node (but those whose agent is
+/// paused) has applied its desired version, as `trellis status` reports it.
 pub(crate) fn converge(st: &LabState, limit: Duration) -> Result<()> {
     let deadline = Instant::now() + limit;
     loop {
         let list = status(st)?;
-        let active: Vec<&NodeStatus> = list.iter().filter(|n| n.state == NodeState::Active).collect();
+        let active: Vec<&NodeStatus> = list.iter().filter(|n| n.state == NodeState::Active && !st.paused.contains(&n.name)).collect();
         let pending: Vec<&str> = active.iter().filter(|n| n.desired_version != n.applied_version).map(|n| n.name.as_str()).collect();
         if pending.is_empty() && !active.is_empty() {
             return Ok(());
@@ -284,10 +337,13 @@ pub(crate) fn converge(st: &LabState, limit: Duration) -> Result<()> {
 
 /// Whether process `pid` has ended (gone, or a zombie its parent has not reaped).
 fn ended(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X')),
-        Err(_) => true,
-    }
+    process_state(pid).is_none_or(|s| s == 'Z' || s == 'X')
+}
+
+/// The state letter of process `pid` (`R`, `S`, `T`, `Z`...), if it exists.
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next())
 }
 
 /// Kills controller `host`'s `trellis serve` with SIGKILL, as a crash would end it, and waits

@@ -1,6 +1,6 @@
 //! The lab's timings: from token redemption to the first packet over the overlay, from an
 //! apply until every node it changed converged, and from a controller's kill until every agent
-//! moved to another.
+//! moved to another, and from a revocation until every node that held the key dropped it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -180,11 +180,14 @@ pub(crate) fn failover(st: &LabState, since: Instant, limit: Duration) -> Result
     }
 }
 
-/// How long a stopped pool member took to go: from the stop until `trellis nodes` no longer
-/// listed it, and until no other agent's wireguard.conf held its key.
+/// How long a stopped pool member took to go: from the stop until the controller removed it
+/// (`trellis nodes` lists it `removing`, or no more), until no other agent's wireguard.conf held
+/// its key, and until `trellis nodes` no longer listed it (every holder reported applying a
+/// bundle without it, ADR 0022).
 pub(crate) struct Removed {
     pub listed: Duration,
     pub peers: Duration,
+    pub complete: Duration,
 }
 
 /// Waits until the controller has removed `host` (a stopped pool member holding `key`) and every
@@ -192,7 +195,7 @@ pub(crate) struct Removed {
 pub(crate) fn removal(st: &LabState, host: &str, key: &str, since: Instant, limit: Duration) -> Result<Removed> {
     let deadline = since + limit;
     let listed = loop {
-        if !procs::nodes(st)?.iter().any(|n| n.name == host) {
+        if !procs::nodes(st)?.iter().any(|n| n.name == host && n.state != NodeState::Removing) {
             break since.elapsed();
         }
         if Instant::now() > deadline {
@@ -200,7 +203,7 @@ pub(crate) fn removal(st: &LabState, host: &str, key: &str, since: Instant, limi
         }
         std::thread::sleep(Duration::from_millis(250));
     };
-    loop {
+    let peers = loop {
         let mut holding = Vec::new();
         for a in &st.agents {
             let conf = st.dir.join(format!("root-{a}/{}", trellis_core::compile::WIREGUARD_CONF));
@@ -211,10 +214,82 @@ pub(crate) fn removal(st: &LabState, host: &str, key: &str, since: Instant, limi
             }
         }
         if holding.is_empty() {
-            return Ok(Removed { listed, peers: since.elapsed() });
+            break since.elapsed();
         }
         if Instant::now() > deadline {
             bail!("{} still hold(s) `{host}` as a peer {} s after its agent stopped", holding.join(", "), limit.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    loop {
+        let Some(n) = procs::nodes(st)?.into_iter().find(|n| n.name == host) else {
+            return Ok(Removed { listed, peers, complete: since.elapsed() });
+        };
+        if Instant::now() > deadline {
+            let said = n.revocation.map(|r| r.summary(trellis_files::unix_now())).unwrap_or_else(|| n.state.to_string());
+            bail!("`{host}` is still listed by `trellis nodes` {} s after its agent stopped: {said}", limit.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `trellis node revoke NODE --wait`: the time from the request until the node is `revoked`
+/// (every node that held its key applied a bundle without it), said as the step prints it. While
+/// an agent is paused the revocation cannot complete: it waits 10 s and says that the node is
+/// still `revoking`, held by the paused agents and no other (an error otherwise).
+pub(crate) fn revocation(st: &LabState, node: &str) -> Result<String> {
+    let timeout = if st.paused.is_empty() { "60s" } else { "10s" };
+    let at = Instant::now();
+    let (_, text) = procs::admin_answer(st, &["node", "revoke", node, "--wait", "--timeout", timeout, "--json"])?;
+    let took = at.elapsed();
+    let r: trellis_proto::Revocation = serde_json::from_str(&text)
+        .with_context(|| format!("`trellis node revoke {node} --json` printed something else than a revocation"))?;
+    let now = trellis_files::unix_now();
+    if r.complete() {
+        return Ok(format!(
+            "revoked, every node that held its key ({} peer(s)) applied a bundle without it: {} ms",
+            r.holders,
+            took.as_millis()
+        ));
+    }
+    let holding: Vec<&str> = r.holding.iter().map(|h| h.name.as_str()).collect();
+    if st.paused.is_empty() || holding.is_empty() || holding.iter().any(|h| !st.paused.iter().any(|p| p == h)) {
+        bail!("node {node} is still {} after {timeout}", r.summary(now));
+    }
+    Ok(format!("still {} after {} ms, held by the paused agent(s) only", r.summary(now), took.as_millis()))
+}
+
+/// The nodes `revoking` now, as `trellis nodes` says.
+pub(crate) fn revoking(st: &LabState) -> Result<Vec<String>> {
+    Ok(procs::nodes(st)?.into_iter().filter(|n| n.state == NodeState::Revoking).map(|n| n.name).collect())
+}
+
+/// Waits until each of `nodes` is `revoked`: for each, the time from `since` until `trellis
+/// nodes` first said so, and its revocation.
+pub(crate) fn revoked(
+    st: &LabState,
+    nodes: &[String],
+    since: Instant,
+    limit: Duration,
+) -> Result<Vec<(String, Duration, trellis_proto::Revocation)>> {
+    let mut done: Vec<(String, Duration, trellis_proto::Revocation)> = Vec::new();
+    let deadline = since + limit;
+    loop {
+        let list = procs::nodes(st)?;
+        let took = since.elapsed();
+        for n in list.into_iter().filter(|n| nodes.contains(&n.name) && n.state == NodeState::Revoked) {
+            if !done.iter().any(|(d, _, _)| *d == n.name) {
+                if let Some(r) = n.revocation {
+                    done.push((n.name, took, r));
+                }
+            }
+        }
+        if done.len() == nodes.len() {
+            return Ok(done);
+        }
+        if Instant::now() > deadline {
+            let left: Vec<&String> = nodes.iter().filter(|n| !done.iter().any(|(d, _, _)| d == *n)).collect();
+            bail!("still revoking after {} s: {}", limit.as_secs(), left.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "));
         }
         std::thread::sleep(Duration::from_millis(100));
     }

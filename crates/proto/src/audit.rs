@@ -22,6 +22,10 @@ crate::state::states! {
         NodeRevoked = "node revoked",
         /// A pool's member removed by the sweep.
         NodeRemoved = "node removed",
+        /// Every node that held a revoked node's key applied a bundle without it (ADR 0022).
+        RevocationCompleted = "revocation completed",
+        /// Every node that held a removed pool member's key applied a bundle without it.
+        RemovalCompleted = "removal completed",
         /// `trellis serve --restored` on a database behind the controller's signed checkpoint.
         RestoredFromBackup = "restored from backup",
         /// A service certificate signed for a module a node runs (ADR 0023).
@@ -234,6 +238,8 @@ mod tests {
                 "node approved",
                 "node revoked",
                 "node removed",
+                "revocation completed",
+                "removal completed",
                 "restored from backup",
                 "service certificate issued",
                 "service certificate refused",

@@ -13,7 +13,7 @@ pub mod version;
 
 pub use audit::{AuditAction, AuditRecord};
 pub use certs::{ServiceCertInfo, ServiceCertList, ServiceCertRequest, ServiceCertResponse, ServiceCertSpec};
-pub use state::{EnrolledState, EvidenceResult, FileResult, NodeState, Shown, TokenState};
+pub use state::{EnrolledState, EvidenceResult, FileResult, NodeState, Shown, TokenState, Withdrawal};
 
 /// Every error answer: one sentence, and a stable code a script can match.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -182,6 +182,9 @@ pub struct NodeInfo {
     /// The pool this node is a member of, if any.
     #[serde(default)]
     pub pool: Option<String>,
+    /// For a revoked node: how far its revocation has reached (ADR 0022).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revocation: Option<Revocation>,
     /// The protocol (`MAJOR.MINOR`) and release its agent last said it speaks (`version`).
     #[serde(default)]
     pub agent_protocol: Option<String>,
@@ -262,6 +265,105 @@ pub struct NodeStatus {
     pub evidence_records: i64,
     /// Sequence numbers missing between 1 and the highest received.
     pub evidence_missing: i64,
+    /// For a revoked node: how far its revocation has reached (ADR 0022).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revocation: Option<Revocation>,
+}
+
+/// A revocation as the controller follows it (ADR 0022), computed from the database, so every
+/// replica answers the same: `revoking` from the decision until every node that held the key
+/// (each node whose published bundle named it as a WireGuard peer: its peers, a hub relaying for
+/// it, a router of its routes) has reported applying a version without it, then `revoked`. A
+/// holder that is revoked too, or no longer declared, no longer counts.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Revocation {
+    pub node: String,
+    /// A revocation, or the removal of a pool's member by the sweep (followed the same way:
+    /// `removing`, then `removed`).
+    #[serde(default)]
+    pub kind: Withdrawal,
+    pub decided_at: i64,
+    /// When the last holder applied a version without the key (by the controller's clock, as
+    /// its evidence arrived); absent while revoking.
+    pub completed_at: Option<i64>,
+    /// Seconds from the decision to completion, or to now while revoking.
+    pub seconds: i64,
+    /// Whether a publish run has recorded who held the key yet (until then it is revoking).
+    pub holders_known: bool,
+    /// The nodes that held the key and still count.
+    pub holders: usize,
+    /// Those of them that still hold it, by name.
+    pub holding: Vec<KeyHolder>,
+}
+
+/// A node that held a revoked node's key and has not reported applying a version without it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct KeyHolder {
+    pub name: String,
+    /// The first version of its bundle without the key (absent: not published yet).
+    pub dropped_in: Option<i64>,
+    /// The newest version it reported applied.
+    pub applied_version: Option<i64>,
+    pub last_contact: Option<i64>,
+    /// The error of its newest evidence, if that apply failed.
+    pub last_error: Option<String>,
+}
+
+/// A holder not heard from for longer than this is said to be offline: an agent in contact
+/// long-polls, which counts as contact at least every minute.
+pub const OFFLINE_AFTER: i64 = 120;
+
+impl Revocation {
+    pub fn complete(&self) -> bool {
+        self.completed_at.is_some()
+    }
+
+    /// What the roster and `status` show: `revoked (in 4 s, 3 peers dropped its key)`, or
+    /// `revoking (2 of 3 peers still hold its key: db-1 applied v12 < v13, offline 3 h; ...)`.
+    pub fn summary(&self, now: i64) -> String {
+        use text::{duration, printable};
+        let (doing, done) = match self.kind {
+            Withdrawal::Revocation => ("revoking", "revoked"),
+            Withdrawal::Removal => ("removing", "removed"),
+        };
+        if self.complete() {
+            return format!("{done} (in {}, {} peer(s) dropped its key)", duration(self.seconds), self.holders);
+        }
+        if !self.holders_known {
+            return format!("{doing} (for {}: the publish run that drops its key has not run yet)", duration(self.seconds));
+        }
+        let held: Vec<String> = self.holding.iter().map(|h| format!("{} {}", printable(&h.name), h.why(now))).collect();
+        format!(
+            "{doing} (for {}; {} of {} peer(s) still hold its key: {})",
+            duration(self.seconds),
+            self.holding.len(),
+            self.holders,
+            held.join("; ")
+        )
+    }
+}
+
+impl KeyHolder {
+    /// Why it still holds the key: `applied v12 < v13, offline 3 h, failing: ...`.
+    pub fn why(&self, now: i64) -> String {
+        use text::{duration, printable};
+        let mut parts = vec![match (self.applied_version, self.dropped_in) {
+            (_, None) => "has no bundle without it published yet".to_string(),
+            (Some(a), Some(d)) => format!("applied v{a} < v{d}"),
+            (None, Some(d)) => format!("applied nothing yet < v{d}"),
+        }];
+        match self.last_contact {
+            None => parts.push("never in contact".to_string()),
+            Some(t) if now - t > OFFLINE_AFTER => parts.push(format!("offline {}", duration(now - t))),
+            Some(_) => {}
+        }
+        if let Some(e) = &self.last_error {
+            parts.push(format!("failing: {}", printable(e)));
+        }
+        parts.join(", ")
+    }
 }
 
 /// Why two nodes connect the way they do, and what passes each way: `GET /v1/admin/explain` and
@@ -327,6 +429,10 @@ pub struct GraphNode {
     pub stale_for: Option<i64>,
     pub last_contact: Option<i64>,
     pub last_error: Option<String>,
+    /// The revoked or removed nodes whose key this node still holds: it has not reported
+    /// applying a bundle without them (ADR 0022).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holds: Vec<String>,
     /// The modules whose service certificate on this node expires within a quarter of its
     /// lifetime (or has expired): the page marks the node (ADR 0023).
     #[serde(default)]
@@ -344,4 +450,58 @@ pub struct GraphLink {
     pub hub: Option<String>,
     /// How it is drawn: SVG path data on the nodes' canvas.
     pub d: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{KeyHolder, Revocation, Withdrawal};
+
+    fn holder(name: &str, applied: Option<i64>, dropped: Option<i64>, contact: Option<i64>, error: Option<&str>) -> KeyHolder {
+        KeyHolder {
+            name: name.into(),
+            dropped_in: dropped,
+            applied_version: applied,
+            last_contact: contact,
+            last_error: error.map(String::from),
+        }
+    }
+
+    /// What `trellis nodes` says of a revocation: who still holds the key and why, in one line
+    /// that a name or an error from the network cannot break.
+    #[test]
+    fn a_revocation_says_who_still_holds_the_key_and_why() {
+        let now = 100_000;
+        let r = Revocation {
+            node: "gone-1".into(),
+            kind: Withdrawal::Revocation,
+            decided_at: now - 40,
+            completed_at: None,
+            seconds: 40,
+            holders_known: true,
+            holders: 41,
+            holding: vec![
+                holder("db-1", Some(12), Some(13), Some(now - 3 * 3600), None),
+                holder("web-2", None, Some(4), Some(now - 5), Some("nft: error\n  at line 3")),
+                holder("ci-1", Some(2), None, None, None),
+            ],
+        };
+        assert_eq!(
+            r.summary(now),
+            "revoking (for 40 s; 3 of 41 peer(s) still hold its key: db-1 applied v12 < v13, offline 3 h; \
+             web-2 applied nothing yet < v4, failing: nft: error\\n  at line 3; ci-1 has no bundle without it published yet, never in contact)"
+        );
+        let unknown = Revocation { holders_known: false, holding: vec![], holders: 0, ..r.clone() };
+        assert_eq!(unknown.summary(now), "revoking (for 40 s: the publish run that drops its key has not run yet)");
+        let done = Revocation { completed_at: Some(now - 33), seconds: 7, holding: vec![], holders: 3, ..r };
+        assert!(done.complete());
+        assert_eq!(done.summary(now), "revoked (in 7 s, 3 peer(s) dropped its key)");
+        let removing = Revocation {
+            kind: Withdrawal::Removal,
+            completed_at: None,
+            holders: 1,
+            holding: vec![holder("ci-1", Some(3), Some(4), Some(now - 5), None)],
+            ..done
+        };
+        assert_eq!(removing.summary(now), "removing (for 7 s; 1 of 1 peer(s) still hold its key: ci-1 applied v3 < v4)");
+    }
 }

@@ -79,9 +79,16 @@ states! {
         External = "external",
         Pending = "pending",
         Active = "active",
+        /// Revoked, while a node that held its key has not applied a bundle without it (ADR
+        /// 0022): its certificate is refused, but a peer may still accept its packets.
+        Revoking = "revoking",
+        /// Revoked, and every node that held its key applied a bundle without it.
         Revoked = "revoked",
         /// Enrolled, no longer declared.
         Removed = "removed",
+        /// A pool's member the sweep removed, while a node that held its key has not applied a
+        /// bundle without it (ADR 0022).
+        Removing = "removing",
     }
 }
 
@@ -101,12 +108,24 @@ states! {
     Shown, "a shown state" {
         Active = "active",
         Pending = "pending",
+        Revoking = "revoking",
         Revoked = "revoked",
         Stale = "stale",
         Failing = "failing",
         Declared = "declared",
         External = "external",
         Removed = "removed",
+    }
+}
+
+states! {
+    /// What a node's peers are to drop it for (ADR 0022): it was revoked, or it was a pool's
+    /// member the sweep removed.
+    #[derive(Default)]
+    Withdrawal, "a withdrawal" {
+        #[default]
+        Revocation = "revocation",
+        Removal = "removal",
     }
 }
 
@@ -165,9 +184,11 @@ mod tests {
         round_trips(NodeState::ALL);
         round_trips(Shown::ALL);
         round_trips(TokenState::ALL);
+        round_trips(Withdrawal::ALL);
         round_trips(EvidenceResult::ALL);
         round_trips(FileResult::ALL);
         for s in EnrolledState::ALL {
+            // A revoked node is shown `revoking` until its revocation is complete (ADR 0022).
             assert_eq!(NodeState::from(*s).as_str(), s.as_str());
         }
         assert_eq!(format!("{:<9}|", NodeState::Active), "active   |", "tables pad states like strings");

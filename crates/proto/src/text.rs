@@ -48,9 +48,30 @@ pub fn date(unix: i64) -> String {
     format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", secs / 3600, secs % 3600 / 60, secs % 60)
 }
 
+/// Seconds as people say them: `45 s`, `12 min`, `3 h`, `2 d` (rounded down).
+pub fn duration(secs: i64) -> String {
+    let s = secs.max(0);
+    match s {
+        0..120 => format!("{s} s"),
+        120..7200 => format!("{} min", s / 60),
+        7200..172_800 => format!("{} h", s / 3600),
+        _ => format!("{} d", s / 86400),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{date, printable};
+    use super::{date, duration, printable};
+
+    #[test]
+    fn durations_are_said_in_the_largest_unit_that_keeps_two_figures() {
+        assert_eq!(duration(-3), "0 s");
+        assert_eq!(duration(45), "45 s");
+        assert_eq!(duration(119), "119 s");
+        assert_eq!(duration(720), "12 min");
+        assert_eq!(duration(3 * 3600 + 59), "3 h");
+        assert_eq!(duration(2 * 86400 + 1), "2 d");
+    }
 
     #[test]
     fn dates_are_rfc3339_in_utc() {

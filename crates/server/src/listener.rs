@@ -144,6 +144,10 @@ impl Server {
                     if let Err(e) = c.publish_if_moved().await {
                         tracing::error!("publishing failed: {e}");
                     }
+                    // Evidence that arrived while a revocation was open may have completed it.
+                    if let Err(e) = c.settle_revocations_if_due().await {
+                        tracing::error!("following revocations failed: {e}");
+                    }
                     n += 1;
                     if n % 10 == 0 {
                         c.flush_contacts().await;
@@ -153,6 +157,12 @@ impl Server {
                         }
                         // Refusals counted in windows that have closed, one record each.
                         c.write_refusals().await;
+                        // A revocation completed by evidence another replica received is
+                        // recorded here too, if no look has recorded it yet (one query when none
+                        // is open).
+                        if let Err(e) = c.settle_revocations().await {
+                            tracing::error!("following revocations failed: {e}");
+                        }
                     }
                 }
             })

@@ -53,6 +53,7 @@ pub(crate) fn api() -> OpenApiRouter<Shared> {
         .routes(routes!(list_nodes))
         .routes(routes!(approve))
         .routes(routes!(revoke))
+        .routes(routes!(revocation))
         .routes(routes!(audit_log))
         .routes(routes!(audit_checkpoint))
         .routes(routes!(graph))
@@ -171,6 +172,11 @@ async fn approve(State(c): State<Shared>, _: Admin, Path(name): Path<String>) ->
 async fn revoke(State(c): State<Shared>, _: Admin, Path(name): Path<String>) -> Answer<proto::WhoAmI> {
     tracing::Span::current().record("node", &*proto::text::printable(&name));
     decided(&c, Decision::Revoke, c.revoke(&name).await).await
+}
+
+#[utoipa::path(get, path = "/v1/admin/nodes/{name}/revocation", tag = "admin", security(("admin" = [])), params(("name" = String, Path, description = "The revoked node")), responses((status = 200, description = "How far the node's revocation has reached: revoking while a node that held its key has not applied a bundle without it", body = proto::Revocation), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
+async fn revocation(State(c): State<Shared>, _: Admin, Path(name): Path<String>) -> Answer<proto::Revocation> {
+    Ok(Json(c.revocation(&name).await?))
 }
 
 #[utoipa::path(get, path = "/v1/admin/status", tag = "admin", security(("admin" = [])), responses((status = 200, description = "Per node: desired and applied versions, staleness, last error, evidence", body = Vec<proto::NodeStatus>), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]

@@ -17,6 +17,7 @@ mod evidence;
 mod nodes;
 mod pools;
 mod revisions;
+mod revocations;
 mod tokens;
 
 pub use audit::Audit;
@@ -26,6 +27,7 @@ pub use evidence::{EvidenceRecord, EvidenceSummary, EVIDENCE_KEPT};
 pub use nodes::NodeRecord;
 pub use pools::MemberRefusal;
 pub use revisions::Revision;
+pub use revocations::{HolderRecord, RevocationRecord};
 pub use tokens::TokenRecord;
 
 static SQLITE: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");

@@ -162,9 +162,11 @@ impl Store {
 
     /// Moves a node from one of `from` states to `to`. Revocation also forgets its certificates,
     /// so they are refused at once. Returns the state it was in, or `NotFound`.
+    /// A revocation is opened in the same transaction (ADR 0022), at the audit record's time.
     pub async fn set_state(&self, name: &str, from: &[EnrolledState], to: EnrolledState, audit: &Audit<'_>) -> Result<EnrolledState> {
         let name = name.to_string();
         let from = from.to_vec();
+        let at = audit.at;
         self.decide(audit, |tx| {
             let (name, from) = (name.clone(), from.clone());
             Box::pin(async move {
@@ -180,7 +182,10 @@ impl Store {
                 } else {
                     "UPDATE nodes SET state = $1 WHERE name = $2"
                 };
-                sqlx::query(sql).bind(to.as_str()).bind(name).execute(&mut **tx).await?;
+                sqlx::query(sql).bind(to.as_str()).bind(name.clone()).execute(&mut **tx).await?;
+                if to == EnrolledState::Revoked {
+                    crate::revocations::open(tx, &name, trellis_proto::Withdrawal::Revocation, at, state == EnrolledState::Active).await?;
+                }
                 Ok(state)
             })
         })

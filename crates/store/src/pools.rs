@@ -3,9 +3,10 @@
 //! transaction), and the removal of a member that has been out of contact.
 
 use sqlx::Row;
+use trellis_proto::EnrolledState;
 
 use crate::nodes::{bind_enrolled, node_record, DECLARED_NODE_COLUMNS, NODE_COLUMNS};
-use crate::{is_unique_violation, Audit, NodeRecord, Result, Store, StoreError};
+use crate::{is_unique_violation, parse, Audit, NodeRecord, Result, Store, StoreError};
 
 /// Why a member could not be recorded.
 #[derive(Debug, PartialEq, Eq)]
@@ -120,10 +121,13 @@ impl Store {
     /// contact since (another replica removed it first, or it came back).
     pub async fn remove_member(&self, name: &str, before: i64, audit: &Audit<'_>) -> Result<bool> {
         let name = name.to_string();
+        let audit_at = audit.at;
         let r = self
             .decide(audit, |tx| {
                 let name = name.clone();
                 Box::pin(async move {
+                    let state = sqlx::query("SELECT state FROM nodes WHERE name = $1").bind(name.clone()).fetch_optional(&mut **tx).await?;
+                    let state: Option<EnrolledState> = state.map(|r| parse(r.try_get::<String, _>("state")?)).transpose()?;
                     let n =
                         sqlx::query("DELETE FROM nodes WHERE name = $1 AND pool IS NOT NULL AND COALESCE(last_contact, enrolled_at) < $2")
                             .bind(name.clone())
@@ -136,6 +140,11 @@ impl Store {
                     }
                     for table in ["evidence", "evidence_floor"] {
                         sqlx::query(&format!("DELETE FROM {table} WHERE node = $1")).bind(name.clone()).execute(&mut **tx).await?;
+                    }
+                    // An active member's peers held its key: followed until they drop it (ADR
+                    // 0022). A revoked one's revocation goes on as it was.
+                    if state == Some(EnrolledState::Active) {
+                        crate::revocations::open(tx, &name, trellis_proto::Withdrawal::Removal, audit_at, true).await?;
                     }
                     Ok(())
                 })

@@ -255,7 +255,7 @@ pub fn nodes(conn: &Conn, json_out: bool) -> Result<ExitCode> {
         "{:<20} {:<9} {:<12} {:<16} {:<28} {:<17} {:<22} {:<22} AGENT",
         "NODE", "STATE", "POOL", "IPV4", "IPV6", "KEY", "CERT EXPIRES", "LAST CONTACT"
     );
-    for n in list {
+    for n in list.clone() {
         let opt = |o: Option<String>| o.unwrap_or_else(|| "-".into());
         // The agent's release and, after it, the protocol it speaks: `0.1.0 (1.0)`.
         let agent = match (&n.agent_release, &n.agent_protocol) {
@@ -274,6 +274,7 @@ pub fn nodes(conn: &Conn, json_out: bool) -> Result<ExitCode> {
             n.last_contact.map_or("-".into(), date)
         );
     }
+    print_revoking(list.iter().filter_map(|n| n.revocation.as_ref().map(|r| (n.name.as_str(), r))));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -281,19 +282,80 @@ pub fn nodes(conn: &Conn, json_out: bool) -> Result<ExitCode> {
 pub enum NodeCommand {
     /// Let a node that enrolled with --require-approval take part
     Approve { name: String },
-    /// Revoke a node: its certificate is refused at once
-    Revoke { name: String },
+    /// Revoke a node: its certificate is refused at once, and its peers drop its key in their
+    /// next bundle. It is "revoking" until every node that held its key (its peers, a hub relaying
+    /// for it, the routers of its routes) has reported applying a bundle without it, then
+    /// "revoked" (`trellis nodes` shows which peers still hold it, and why)
+    Revoke {
+        name: String,
+        /// Return once the revocation is complete; exit 1 naming the peers that still hold the
+        /// key, and why, if it is not within --timeout
+        #[arg(long)]
+        wait: bool,
+        /// How long --wait waits: 90s, 30m, 1h
+        #[arg(long, default_value = "60s", value_parser = parse_duration, requires = "wait")]
+        timeout: u64,
+        /// Print the revocation as JSON (with --wait, as it stands when the wait ends)
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 pub fn node(conn: &Conn, cmd: NodeCommand) -> Result<ExitCode> {
     let client = conn.client()?;
     let rt = runtime();
-    let r = match cmd {
-        NodeCommand::Approve { name } => rt.block_on(client.approve(&name))?,
-        NodeCommand::Revoke { name } => rt.block_on(client.revoke(&name))?,
-    };
-    println!("node {} is {}", printable(&r.node), r.state);
-    Ok(ExitCode::SUCCESS)
+    match cmd {
+        NodeCommand::Approve { name } => {
+            let r = rt.block_on(client.approve(&name))?;
+            println!("node {} is {}", printable(&r.node), r.state);
+            Ok(ExitCode::SUCCESS)
+        }
+        NodeCommand::Revoke { name, wait, timeout, json } => revoke(&client, &rt, &name, wait.then_some(timeout), json),
+    }
+}
+
+/// `trellis node revoke`: the decision, then (with a timeout) its revocation followed until it
+/// is complete.
+fn revoke(client: &AdminClient, rt: &tokio::runtime::Runtime, name: &str, wait: Option<u64>, json_out: bool) -> Result<ExitCode> {
+    let started = std::time::Instant::now();
+    rt.block_on(client.revoke(name))?;
+    let mut r = rt.block_on(client.revocation(name))?;
+    if let Some(secs) = wait {
+        let deadline = started + std::time::Duration::from_secs(secs);
+        while !r.complete() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            r = rt.block_on(client.revocation(name))?;
+        }
+    }
+    let took = started.elapsed().as_secs_f64();
+    let now = trellis_controller::unix_now();
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else if r.complete() {
+        println!(
+            "node {} is {}; {took:.2} s after the request, every node that held its key has applied a bundle without it",
+            printable(name),
+            r.summary(now)
+        );
+    } else if wait.is_some() {
+        eprintln!("node {} is still {} after {took:.0} s", printable(name), r.summary(now));
+    } else {
+        println!(
+            "node {} is {}: its certificate is refused now; `trellis node revoke {} --wait` or `trellis nodes` tells when every peer has dropped its key",
+            printable(name),
+            r.summary(now),
+            printable(name)
+        );
+    }
+    Ok(if wait.is_some() && !r.complete() { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+/// A line for each revocation in progress, under a table of nodes.
+fn print_revoking<'a>(revocations: impl Iterator<Item = (&'a str, &'a proto::Revocation)>) {
+    let now = trellis_controller::unix_now();
+    for (name, r) in revocations.filter(|(_, r)| !r.complete()) {
+        println!("{}: {}", printable(name), r.summary(now));
+    }
 }
 
 /// Reads the audit chain page by page (at most `page` records a request), handing each page to
@@ -390,7 +452,7 @@ pub fn status(conn: &Conn, json_out: bool) -> Result<ExitCode> {
         "{:<20} {:<9} {:>7} {:>7}  {:<14} {:<22} {:<22} {:>4}  LAST ERROR",
         "NODE", "STATE", "DESIRED", "APPLIED", "STALENESS", "LAST CONTACT", "CERT EXPIRES", "GAPS"
     );
-    for n in list {
+    for n in &list {
         let num = |v: Option<i64>| v.map_or("-".to_string(), |v| v.to_string());
         let staleness = match (n.stale, n.stale_for) {
             (true, Some(s)) => format!("stale {s}s"),
@@ -411,6 +473,7 @@ pub fn status(conn: &Conn, json_out: bool) -> Result<ExitCode> {
             printable(n.last_error.as_deref().unwrap_or_default())
         );
     }
+    print_revoking(list.iter().filter_map(|n| n.revocation.as_ref().map(|r| (n.name.as_str(), r))));
     // A controller without service certificates answers 404 here: nothing to add.
     if let Ok(certs) = runtime().block_on(conn.client()?.certificates()) {
         for note in crate::certs::notes(&certs, trellis_files::unix_now()) {

@@ -134,7 +134,8 @@ enum Command {
         #[command(flatten)]
         conn: admin::Conn,
     },
-    /// Every node: state, overlay addresses, key fingerprint, certificate expiry, last contact
+    /// Every node: state, overlay addresses, key fingerprint, certificate expiry, last contact; under the table, each
+    /// revocation in progress and the peers that still hold its key
     Nodes {
         #[arg(long)]
         json: bool,

@@ -16,6 +16,7 @@ mod certs;
 mod long_polls;
 mod pools;
 mod restores;
+mod revocations;
 
 /// The fixture with `lab/basic` applied (revision 1).
 async fn controller(db: Database) -> Fixture {

@@ -139,9 +139,12 @@ async fn members_are_published_listed_and_removed_after_ephemeral_after() {
     on_both(|fx| async move {
         let c = &fx.c;
         let node_token = |n: &str| proto::TokenRequest { node: n.into(), ttl_secs: 600, require_approval: false, ..Default::default() };
+        let mut peers = Vec::new();
         for (i, n) in ["web-1", "db-1"].iter().enumerate() {
             let t = c.create_token(&node_token(n)).await.unwrap();
-            c.enrol(member_request(&t.token, 40 + i as u8)).await.unwrap();
+            let enrolled = c.enrol(member_request(&t.token, 40 + i as u8)).await.unwrap();
+            let der = trellis_pki::pem_to_der(&enrolled.node_cert_pem, "CERTIFICATE").unwrap();
+            peers.push(c.authenticate_node(Some(&der)).await.unwrap());
         }
         let t = pool_token(c, 5).await;
         let r = c.enrol(member_request(&t.token, 50)).await.unwrap();
@@ -183,7 +186,23 @@ async fn members_are_published_listed_and_removed_after_ephemeral_after() {
         c.publish().await.unwrap();
         assert!(!bundle_text(c, "web-1").contains(&member_key), "web-1 drops ci-1");
         assert!(c.bundle("ci-1").is_none());
-        assert!(c.nodes().await.unwrap().iter().all(|n| n.name != "ci-1"));
+        // Listed as removing while its peers hold its key: until each reports applying a bundle
+        // without it (ADR 0022).
+        let listed = c.nodes().await.unwrap().into_iter().find(|n| n.name == "ci-1").expect("listed while its peers hold its key");
+        let r = listed.revocation.unwrap();
+        assert_eq!((listed.state, r.kind, r.holders), (NodeState::Removing, proto::Withdrawal::Removal, 2));
+        assert_eq!(r.holding.iter().map(|h| h.name.as_str()).collect::<Vec<_>>(), ["db-1", "web-1"]);
+        assert!(r.summary(T0 + 200).starts_with("removing (for "), "{}", r.summary(T0 + 200));
+        for who in &peers {
+            let version = c.bundle(&who.name).unwrap().version;
+            let applied = proto::Evidence { seq: 1, version, result: proto::EvidenceResult::Applied, error: None, files: vec![], at: T0 };
+            c.evidence(who, &proto::EvidenceBatch { records: vec![applied] }).await.unwrap();
+        }
+        assert!(c.nodes().await.unwrap().iter().all(|n| n.name != "ci-1"), "removed: every peer dropped its key");
+        assert!(c.revocation("ci-1").await.unwrap().summary(T0).starts_with("removed (in 0 s, 2 peer(s) dropped its key)"));
+        assert_eq!(c.settle_revocations().await.unwrap(), 1);
+        let done = c.audit().await.unwrap().into_iter().filter(|r| r.action == AuditAction::RemovalCompleted.as_str()).count();
+        assert_eq!(done, 1);
         let removed: Vec<_> = c.audit().await.unwrap().into_iter().filter(|r| r.action == AuditAction::NodeRemoved.as_str()).collect();
         assert_eq!(removed.len(), 1);
         assert_eq!(removed[0].subject, "ci-1");

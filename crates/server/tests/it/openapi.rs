@@ -169,6 +169,7 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
         cert_not_after: None,
         last_contact: Some(4),
         pool: None,
+        revocation: None,
         agent_protocol: Some("1.0".into()),
         agent_release: Some("0.1.0".into()),
     };
@@ -197,8 +198,38 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
         last_error: None,
         evidence_records: 1,
         evidence_missing: 0,
+        revocation: None,
     };
-    sample(d, "NodeStatus", status, &mut c);
+    sample(d, "NodeStatus", status.clone(), &mut c);
+    let holder = proto::KeyHolder {
+        name: "db-1".into(),
+        dropped_in: Some(13),
+        applied_version: Some(12),
+        last_contact: Some(7),
+        last_error: Some("nft: syntax error".into()),
+    };
+    let revocation = proto::Revocation {
+        node: "n".into(),
+        kind: proto::Withdrawal::Revocation,
+        decided_at: 5,
+        completed_at: None,
+        seconds: 9,
+        holders_known: true,
+        holders: 3,
+        holding: vec![holder.clone()],
+    };
+    let revoking = proto::NodeStatus { state: proto::NodeState::Revoking, revocation: Some(revocation.clone()), ..status };
+    sample(d, "NodeStatus", revoking, &mut c);
+    sample(d, "Revocation", revocation.clone(), &mut c);
+    sample(d, "Revocation", proto::Revocation { kind: proto::Withdrawal::Removal, ..revocation.clone() }, &mut c);
+    sample(d, "Revocation", proto::Revocation { completed_at: Some(14), holding: vec![], ..revocation }, &mut c);
+    sample(d, "KeyHolder", holder.clone(), &mut c);
+    sample(
+        d,
+        "KeyHolder",
+        proto::KeyHolder { dropped_in: None, applied_version: None, last_contact: None, last_error: None, ..holder },
+        &mut c,
+    );
     let record = proto::AuditRecord {
         seq: 1,
         at: 2,
@@ -244,6 +275,7 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
         stale_for: Some(30),
         last_contact: None,
         last_error: Some("e".into()),
+        holds: vec![],
         certificates_expiring: vec!["postgres".into()],
     };
     let link = proto::GraphLink {
@@ -254,6 +286,7 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
         d: "M1 2 Q3 4 5 6".into(),
     };
     sample(d, "MeshGraph", proto::MeshGraph { revision: Some(1), nodes: vec![gnode.clone()], links: vec![link.clone()] }, &mut c);
+    sample(d, "GraphNode", proto::GraphNode { holds: vec!["db-1".into()], ..gnode.clone() }, &mut c);
     sample(d, "GraphNode", gnode, &mut c);
     sample(d, "GraphLink", link, &mut c);
     let spec = proto::ServiceCertSpec {
@@ -301,6 +334,9 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
     }
     for s in proto::TokenState::ALL {
         sample(d, "TokenState", *s, &mut c);
+    }
+    for s in proto::Withdrawal::ALL {
+        sample(d, "Withdrawal", *s, &mut c);
     }
     for s in proto::EvidenceResult::ALL {
         sample(d, "EvidenceResult", *s, &mut c);
@@ -365,7 +401,7 @@ async fn every_route_is_described_and_every_described_path_is_a_route() {
     let unknown = r.http.get(format!("{}/v1/admin/undescribed", r.base)).bearer_auth(&r.admin).send().await.unwrap();
     assert_eq!(unknown.status().as_u16(), 404);
     assert_eq!(unknown.json::<Value>().await.unwrap()["code"], "no_route");
-    assert_eq!(operations, 23, "operations described: {:?}", paths.keys().collect::<Vec<_>>());
+    assert_eq!(operations, 24, "operations described: {:?}", paths.keys().collect::<Vec<_>>());
 
     // Every path the client crate calls is described.
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../client/src");

@@ -1,0 +1,270 @@
+//! Revocations followed to the data plane (ADR 0022), with the evidence agents send: a revoked
+//! node is `revoking` until every node that held its key reported applying a version without it,
+//! then `revoked`, with the completion audited once; a holder that never applies keeps it
+//! `revoking` and is named, with why; a holder revoked too, or no longer declared, no longer
+//! counts.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use base64::Engine;
+use trellis_controller::{Controller, NodeIdentity};
+use trellis_proto::{self as proto, AuditAction, EvidenceResult, NodeState};
+use trellis_testing::controller::{Fixture, T0};
+
+/// A mesh of these nodes on one LAN, each answering ping from the whole mesh: every node peers
+/// with every other.
+fn mesh(names: &[&str]) -> Vec<proto::DeclFile> {
+    let mut mesh = String::from("[mesh]\nname = \"rev\"\ndomain = \"rev.mesh\"\noverlay_ipv4 = \"10.91.0.0/16\"\n\n[networks]\nlan = {}\n");
+    for (i, n) in names.iter().enumerate() {
+        mesh.push_str(&format!(
+            "\n[[node]]\nname = \"{n}\"\nnetworks = [\"lan\"]\nmodules = [\"ping\"]\n[[node.endpoint]]\naddress = \"192.0.2.{}:51820\"\nreachable_from = [\"lan\"]\n",
+            i + 1
+        ));
+    }
+    let ping = "[module]\nname = \"ping\"\n\n[[allow]]\nproto = \"icmp\"\nfrom = [\"mesh\"]\n";
+    vec![proto::DeclFile { path: "mesh.toml".into(), text: mesh }, proto::DeclFile { path: "modules/ping.toml".into(), text: ping.into() }]
+}
+
+const NODES: [&str; 4] = ["gone-1", "peer-1", "peer-2", "peer-3"];
+
+/// An enrolled node as its agent is: its identity, and the evidence sequence number it is at.
+struct Agent {
+    who: NodeIdentity,
+    seq: i64,
+}
+
+impl Agent {
+    /// Reports applying (or failing to apply) `version`.
+    async fn report(&mut self, c: &Controller, version: i64, result: EvidenceResult, error: Option<&str>) {
+        self.seq += 1;
+        let record = proto::Evidence { seq: self.seq, version, result, error: error.map(String::from), files: vec![], at: T0 };
+        c.evidence(&self.who, &proto::EvidenceBatch { records: vec![record] }).await.unwrap();
+    }
+
+    /// Reports applying the version it is given now.
+    async fn applies(&mut self, c: &Controller) -> i64 {
+        let v = c.bundle(&self.who.name).unwrap().version;
+        self.report(c, v, EvidenceResult::Applied, None).await;
+        v
+    }
+}
+
+/// The fixture with `mesh(NODES)` applied, every node enrolled, published, and applying its
+/// bundle.
+async fn enrolled(db: trellis_testing::Database) -> (Fixture, Vec<Agent>) {
+    let fx = trellis_testing::controller::controller(db).await;
+    let c = &fx.c;
+    c.apply(&mesh(&NODES), Some(0)).await.unwrap();
+    let mut agents = Vec::new();
+    for (i, node) in NODES.iter().enumerate() {
+        let t = c
+            .create_token(&proto::TokenRequest { node: node.to_string(), ttl_secs: 600, require_approval: false, ..Default::default() })
+            .await
+            .unwrap();
+        let token = trellis_core::token::EnrolmentToken::decode(&t.token).unwrap();
+        let key = base64::engine::general_purpose::STANDARD.encode([i as u8 + 1; 32]);
+        let (req, _) = trellis_testing::controller::enrol_request(&token, key);
+        let enrolled = c.enrol(req).await.unwrap();
+        let der = trellis_pki::pem_to_der(&enrolled.node_cert_pem, "CERTIFICATE").unwrap();
+        agents.push(Agent { who: c.authenticate_node(Some(&der)).await.unwrap(), seq: 0 });
+    }
+    c.publish().await.unwrap();
+    for a in &mut agents {
+        a.applies(c).await;
+    }
+    (fx, agents)
+}
+
+async fn state(c: &Controller, name: &str) -> (NodeState, Option<proto::Revocation>) {
+    let n = c.nodes().await.unwrap().into_iter().find(|n| n.name == name).unwrap();
+    (n.state, n.revocation)
+}
+
+fn holding(r: &proto::Revocation) -> Vec<&str> {
+    r.holding.iter().map(|h| h.name.as_str()).collect()
+}
+
+fn completions(audit: &[proto::AuditRecord], node: &str) -> usize {
+    audit.iter().filter(|r| r.action == AuditAction::RevocationCompleted.as_str() && r.subject == node).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_node_is_revoking_until_the_last_of_its_peers_applied_a_bundle_without_its_key() {
+    for db in trellis_testing::databases().await {
+        let (fx, mut agents) = enrolled(db.clone()).await;
+        let c = &fx.c;
+        let before: Vec<i64> = agents[1..].iter().map(|a| c.bundle(&a.who.name).unwrap().version).collect();
+        fx.clock.0.store(T0 + 10, Ordering::SeqCst);
+        c.revoke("gone-1").await.unwrap();
+        // Its certificate is refused at once; its peers still hold its key.
+        let (s, r) = state(c, "gone-1").await;
+        let r = r.unwrap();
+        assert_eq!((s, r.holders_known, r.decided_at), (NodeState::Revoking, false, T0 + 10), "{db}: {r:?}");
+        assert!(r.summary(T0 + 12).contains("has not run yet"), "{}", r.summary(T0 + 12));
+
+        c.publish().await.unwrap();
+        let (s, r) = state(c, "gone-1").await;
+        let r = r.unwrap();
+        assert_eq!(s, NodeState::Revoking);
+        assert_eq!((r.holders_known, r.holders), (true, 3), "{db}: {r:?}");
+        assert_eq!(holding(&r), ["peer-1", "peer-2", "peer-3"]);
+        for (h, old) in r.holding.iter().zip(&before) {
+            let now = c.bundle(&h.name).unwrap().version;
+            assert!(now > *old, "{}'s bundle dropped the key in a new version", h.name);
+            assert_eq!((h.dropped_in, h.applied_version), (Some(now), Some(*old)), "{db}: {h:?}");
+        }
+
+        fx.clock.0.store(T0 + 14, Ordering::SeqCst);
+        agents[1].applies(c).await;
+        agents[2].applies(c).await;
+        let (s, r) = state(c, "gone-1").await;
+        let r = r.unwrap();
+        assert_eq!((s, holding(&r)), (NodeState::Revoking, vec!["peer-3"]), "{db}");
+        let said = r.summary(T0 + 15);
+        let v = c.bundle("peer-3").unwrap().version;
+        assert!(said.contains(&format!("1 of 3 peer(s) still hold its key: peer-3 applied v{} < v{v}", before[2])), "{said}");
+        assert_eq!(c.settle_revocations().await.unwrap(), 0, "nothing to complete yet");
+        let status = c.status().await.unwrap();
+        assert_eq!(status.iter().find(|n| n.name == "gone-1").unwrap().state, NodeState::Revoking, "status agrees with the roster");
+        let scraped = c.scrape().await;
+        assert!(scraped.lines().any(|l| l == "trellis_revocations_in_progress 1"), "{scraped}");
+        assert!(scraped.lines().any(|l| l == "trellis_revocation_oldest_age_seconds 4"), "{scraped}");
+
+        fx.clock.0.store(T0 + 17, Ordering::SeqCst);
+        agents[3].applies(c).await;
+        let (s, r) = state(c, "gone-1").await;
+        let r = r.unwrap();
+        assert_eq!((s, r.completed_at, r.seconds, r.holders), (NodeState::Revoked, Some(T0 + 17), 7, 3), "{db}: {r:?}");
+        assert_eq!(c.revocation("gone-1").await.unwrap(), r, "the one node's revocation is the roster's");
+        // The completion is audited once, by whichever look sees it first.
+        assert_eq!(completions(&c.audit().await.unwrap(), "gone-1"), 0);
+        fx.clock.0.store(T0 + 30, Ordering::SeqCst);
+        assert_eq!(c.settle_revocations().await.unwrap(), 1);
+        assert_eq!(c.settle_revocations().await.unwrap(), 0);
+        c.publish().await.unwrap();
+        let audit = c.audit().await.unwrap();
+        assert_eq!(completions(&audit, "gone-1"), 1, "{db}");
+        let done = audit.iter().find(|r| r.action == AuditAction::RevocationCompleted.as_str()).unwrap();
+        assert_eq!(done.at, T0 + 30);
+        assert!(done.detail.contains("3 holder(s), 7 s after the decision"), "{}", done.detail);
+        assert_eq!(trellis_proto::audit::verify(&audit), Ok(audit.len()));
+        // Recorded, it reads the same (from the stored completion).
+        let (s, r) = state(c, "gone-1").await;
+        assert_eq!((s, r.unwrap().seconds), (NodeState::Revoked, 7));
+        let scraped = c.scrape().await;
+        assert!(scraped.lines().any(|l| l == "trellis_revocations_in_progress 0"), "{scraped}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_never_applies_keeps_it_revoking_and_is_named_with_why() {
+    for db in trellis_testing::databases().await {
+        let (fx, mut agents) = enrolled(db.clone()).await;
+        let c = &fx.c;
+        let old = c.bundle("peer-2").unwrap().version;
+        c.revoke("gone-1").await.unwrap();
+        c.publish().await.unwrap();
+        agents[1].applies(c).await;
+        agents[3].applies(c).await;
+        let new = c.bundle("peer-2").unwrap().version;
+        agents[2].report(c, new, EvidenceResult::Failed, Some("nft: syntax error in line 3")).await;
+        fx.clock.0.store(T0 + 3 * 3600, Ordering::SeqCst);
+        c.publish().await.unwrap();
+        assert_eq!(c.settle_revocations().await.unwrap(), 0);
+        let r = c.revocation("gone-1").await.unwrap();
+        assert_eq!(holding(&r), ["peer-2"], "{db}: {r:?}");
+        let h = &r.holding[0];
+        assert_eq!((h.applied_version, h.dropped_in), (Some(old), Some(new)));
+        assert_eq!(h.last_error.as_deref(), Some("nft: syntax error in line 3"));
+        assert_eq!(r.seconds, 3 * 3600, "revoking for as long as the clock says");
+        let said = r.summary(T0 + 3 * 3600);
+        assert!(
+            said.contains(&format!(
+                "1 of 3 peer(s) still hold its key: peer-2 applied v{old} < v{new}, offline 3 h, failing: nft: syntax error in line 3"
+            )),
+            "{said}"
+        );
+        assert_eq!(state(c, "gone-1").await.0, NodeState::Revoking);
+        assert_eq!(completions(&c.audit().await.unwrap(), "gone-1"), 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_revoked_too_or_no_longer_declared_no_longer_counts() {
+    for db in trellis_testing::databases().await {
+        let (fx, mut agents) = enrolled(db.clone()).await;
+        let c = &fx.c;
+        c.revoke("gone-1").await.unwrap();
+        c.publish().await.unwrap();
+        agents[1].applies(c).await;
+        assert_eq!(holding(&c.revocation("gone-1").await.unwrap()), ["peer-2", "peer-3"]);
+
+        // peer-3 is revoked too: it no longer counts as gone-1's holder, and is revoking itself,
+        // held by the two peers left (gone-1 was out of their bundles already).
+        c.revoke("peer-3").await.unwrap();
+        assert_eq!(holding(&c.revocation("gone-1").await.unwrap()), ["peer-2"], "{db}");
+        c.publish().await.unwrap();
+        let r = c.revocation("peer-3").await.unwrap();
+        assert_eq!((r.holders, holding(&r)), (2, vec!["peer-1", "peer-2"]), "{db}: {r:?}");
+
+        // peer-2 is no longer declared: nothing holds gone-1's key any more that counts.
+        c.apply(&mesh(&["gone-1", "peer-1", "peer-3"]), None).await.unwrap();
+        c.publish().await.unwrap();
+        let (s, r) = state(c, "gone-1").await;
+        assert_eq!((s, r.unwrap().holders), (NodeState::Revoked, 1), "{db}: only peer-1 still counts, and it applied");
+        assert_eq!(completions(&c.audit().await.unwrap(), "gone-1"), 1, "the publish run recorded the completion");
+        // peer-3's revocation waits for peer-1 only.
+        let r = c.revocation("peer-3").await.unwrap();
+        assert_eq!((r.holders, holding(&r)), (1, vec!["peer-1"]), "{r:?}");
+        agents[1].applies(c).await;
+        assert!(c.revocation("peer-3").await.unwrap().complete());
+        assert_eq!(c.settle_revocations().await.unwrap(), 1);
+    }
+}
+
+/// A node revoked while pending was never given to a peer: it is revoked at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_revoked_before_it_took_part_is_revoked_at_once() {
+    for db in trellis_testing::databases().await {
+        let fx = trellis_testing::controller::controller(db.clone()).await;
+        let c = Arc::new(fx.c);
+        c.apply(&mesh(&NODES), Some(0)).await.unwrap();
+        let t = c
+            .create_token(&proto::TokenRequest { node: "gone-1".into(), ttl_secs: 600, require_approval: true, ..Default::default() })
+            .await
+            .unwrap();
+        let token = trellis_core::token::EnrolmentToken::decode(&t.token).unwrap();
+        let (req, _) = trellis_testing::controller::enrol_request(&token, trellis_testing::controller::wireguard_key(9));
+        c.enrol(req).await.unwrap();
+        c.revoke("gone-1").await.unwrap();
+        let (s, r) = state(&c, "gone-1").await;
+        let r = r.unwrap();
+        assert_eq!((s, r.holders, r.seconds), (NodeState::Revoked, 0, 0), "{db}: {r:?}");
+    }
+}
+
+/// Two replicas on one database: the state is computed from the records and the evidence, so
+/// the other replica, which published nothing and received no evidence, says the same; and the
+/// completion is audited once, by whichever looks first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_on_one_database_say_the_same_and_audit_the_completion_once() {
+    for db in trellis_testing::databases().await {
+        let (fx, mut agents) = enrolled(db.clone()).await;
+        let (a, b) = (&fx.c, &trellis_testing::controller::controller(db.clone()).await.c);
+        a.revoke("gone-1").await.unwrap();
+        a.publish().await.unwrap();
+        agents[1].applies(a).await;
+        agents[2].applies(a).await;
+        let here = a.revocation("gone-1").await.unwrap();
+        assert_eq!(holding(&here), ["peer-3"], "{db}");
+        assert_eq!(b.revocation("gone-1").await.unwrap(), here, "{db}: the other replica says the same");
+        assert_eq!(state(b, "gone-1").await.0, NodeState::Revoking);
+        agents[3].applies(a).await;
+        assert!(b.revocation("gone-1").await.unwrap().complete(), "{db}");
+        assert_eq!(b.settle_revocations().await.unwrap(), 1, "the other replica looks first");
+        assert_eq!(a.settle_revocations().await.unwrap(), 0, "{db}: recorded once");
+        assert_eq!(completions(&a.audit().await.unwrap(), "gone-1"), 1);
+        assert_eq!(state(a, "gone-1").await, state(b, "gone-1").await);
+    }
+}
