@@ -49,7 +49,8 @@ fn serial(mut b: [u8; 16]) -> SerialNumber {
 }
 
 /// Creates the mesh CA: ECDSA P-256, valid for ten years from `now`, its serial number made from
-/// 16 random bytes. Its path length allows one intermediate below it: the services CA.
+/// 16 random bytes. Its path length allows one intermediate below it: the services CA. It signs
+/// certificates only: no CRL is published, so it claims no CRL Sign (RFC 5280, 4.2.1.3).
 pub fn create_ca(mesh: &str, now: SystemTime, random: [u8; 16]) -> Result<Pair, PkiError> {
     let key = KeyPair::generate()?;
     let mut params = CertificateParams::default();
@@ -58,7 +59,7 @@ pub fn create_ca(mesh: &str, now: SystemTime, random: [u8; 16]) -> Result<Pair, 
     dn.push(DnType::OrganizationName, "trellis");
     params.distinguished_name = dn;
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(1));
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
     params.not_before = odt(now - Duration::from_secs(300));
     params.not_after = odt(now + Duration::from_secs(10 * 365 * 86400));
     params.serial_number = Some(serial(random));
@@ -106,6 +107,11 @@ impl Ca {
         params.distinguished_name = dn;
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        // Authority and Subject Key Identifiers: RFC 5280 says a certificate not self-signed
+        // MUST carry the first, and `openssl verify -x509_strict` refuses one without it; rcgen
+        // writes the second (and `CA:FALSE`) for a certificate explicitly no CA.
+        params.use_authority_key_identifier_extension = true;
+        params.is_ca = IsCa::ExplicitNoCa;
         params.not_before = odt(now - Duration::from_secs(300));
         params.not_after = odt(now + Duration::from_secs(5 * 365 * 86400));
         params.serial_number = Some(serial(random));
@@ -133,6 +139,8 @@ impl Ca {
         params.distinguished_name = dn;
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.use_authority_key_identifier_extension = true;
+        params.is_ca = IsCa::ExplicitNoCa;
         // A minute of grace for clocks that run slightly behind the controller's.
         params.not_before = odt(now - Duration::from_secs(60));
         let not_after = now + lifetime;

@@ -47,7 +47,7 @@ impl Ca {
         dn.push(DnType::OrganizationName, "trellis");
         params.distinguished_name = dn;
         params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
         params.use_authority_key_identifier_extension = true;
         params.not_before = odt(now - Duration::from_secs(300));
         params.not_after = odt(now + Duration::from_secs(5 * 365 * 86400));
