@@ -2,27 +2,14 @@
 //! last first, so a silent one costs its connect timeout once, not on every request.
 
 use std::net::TcpListener;
-use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use trellis_testing::cmd::{ok, Proc};
 use trellis_testing::TempDir;
 
-use crate::controller::{agent_bin, copy_dir, enrol, Controller, Db};
-
-/// Waits (at most 30 s) until db-1's zone, as the agent wrote it, names `name`; the time it took.
-fn until_written(root: &Path, name: &str) -> Duration {
-    let started = Instant::now();
-    let zone = root.join("etc/trellis/mesh.zone");
-    while started.elapsed() < Duration::from_secs(30) {
-        if std::fs::read_to_string(&zone).is_ok_and(|z| z.contains(&format!("\n{name}\t"))) {
-            return started.elapsed();
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("after 30 s db-1's zone does not name {name}");
-}
+use crate::controller::{agent_bin, enrol, Controller, Db};
+use crate::support::{basic_with_extra_nodes, until_zone_names};
 
 /// The controller listed first takes connections and never answers (a hung process, or a
 /// firewall that lets the SYN through). Before, every request (each long-poll, each evidence
@@ -33,7 +20,7 @@ fn a_silent_controller_costs_its_timeout_once_not_on_every_request() {
     let c = Controller::start(Db::Sqlite);
     let work = TempDir::new("silent");
     let (state, root, decl) = (work.path().join("db-1"), work.path().join("root"), work.path().join("decl"));
-    copy_dir(&trellis_testing::repo().join("lab/basic"), &decl);
+    basic_with_extra_nodes(&decl, 0);
     c.ok(&["apply", decl.to_str().unwrap()]);
     ok(enrol(&c.token("db-1", &[]), &state));
     // A silent controller first in the node's list: it accepts and holds every connection.
@@ -59,15 +46,12 @@ fn a_silent_controller_costs_its_timeout_once_not_on_every_request() {
             .spawn()
             .unwrap(),
     );
-    let first = until_written(&root, "db-1");
-    let base = std::fs::read_to_string(decl.join("mesh.toml")).unwrap();
+    let first = until_zone_names(&root, "db-1").unwrap();
     let mut later = Vec::new();
     for k in 1..=3 {
-        let extra: String =
-            (1..=k).map(|i| format!("\n[[node]]\nname = \"extra-{i}\"\nnetworks = [\"lan\"]\nmodules = [\"ping\"]\n")).collect();
-        std::fs::write(decl.join("mesh.toml"), format!("{base}{extra}")).unwrap();
+        basic_with_extra_nodes(&decl, k);
         c.ok(&["apply", decl.to_str().unwrap()]);
-        later.push(until_written(&root, &format!("extra-{k}")));
+        later.push(until_zone_names(&root, &format!("extra-{k}")).unwrap());
     }
     eprintln!("first bundle after {} ms (the silent controller tried first); later changes: {later:?}", first.as_millis());
     for (k, took) in later.iter().enumerate() {

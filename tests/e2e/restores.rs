@@ -12,29 +12,7 @@ use trellis_testing::cmd::Proc;
 use trellis_testing::TempDir;
 
 use crate::controller::{agent_bin, copy_dir, enrol, Controller, Db};
-
-/// The declaration `lab/basic` with `extra` more nodes that db-1 may reach.
-fn declaration(dir: &Path, extra: u32) {
-    copy_dir(&trellis_testing::repo().join("lab/basic"), dir);
-    let mut mesh = std::fs::read_to_string(trellis_testing::repo().join("lab/basic/mesh.toml")).unwrap();
-    for k in 1..=extra {
-        mesh.push_str(&format!("\n[[node]]\nname = \"extra-{k}\"\nnetworks = [\"lan\"]\nmodules = [\"ping\"]\n"));
-    }
-    std::fs::write(dir.join("mesh.toml"), mesh).unwrap();
-}
-
-/// Waits (at most 30 s) until db-1's zone, as the agent wrote it, names `name`.
-fn until_written(root: &Path, name: &str) -> Result<Duration, String> {
-    let started = Instant::now();
-    let zone = root.join("etc/trellis/mesh.zone");
-    while started.elapsed() < Duration::from_secs(30) {
-        if std::fs::read_to_string(&zone).is_ok_and(|z| z.contains(&format!("\n{name}\t"))) {
-            return Ok(started.elapsed());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    Err(format!("after 30 s db-1's zone does not name {name}:\n{}", std::fs::read_to_string(&zone).unwrap_or_default()))
-}
+use crate::support::{basic_with_extra_nodes, until_zone_names};
 
 /// On PostgreSQL, the database copied as a template (the controller stopped: no connection to it
 /// may be open), or put back from that copy.
@@ -81,7 +59,7 @@ fn restored_from_before_three_changes(db: Db, whole_state_directory: bool) {
     let mut c = Controller::start(db);
     let work = TempDir::new("restore");
     let (state, root, decl) = (work.path().join("db-1"), work.path().join("root"), work.path().join("decl"));
-    declaration(&decl, 0);
+    basic_with_extra_nodes(&decl, 0);
     c.ok(&["apply", decl.to_str().unwrap()]);
     trellis_testing::cmd::ok(enrol(&c.token("db-1", &[]), &state));
     let _agent = Proc(
@@ -92,7 +70,7 @@ fn restored_from_before_three_changes(db: Db, whole_state_directory: bool) {
             .spawn()
             .unwrap(),
     );
-    until_written(&root, "db-1").unwrap();
+    until_zone_names(&root, "db-1").unwrap();
 
     // The backup, taken with the controller stopped (as a VM snapshot or a copy of its files).
     c.stop_serving();
@@ -100,9 +78,9 @@ fn restored_from_before_three_changes(db: Db, whole_state_directory: bool) {
     back_up(&c, &backup);
     c.serve(c.port);
     for k in 1..=3 {
-        declaration(&decl, k);
+        basic_with_extra_nodes(&decl, k);
         c.ok(&["apply", decl.to_str().unwrap()]);
-        until_written(&root, &format!("extra-{k}")).unwrap();
+        until_zone_names(&root, &format!("extra-{k}")).unwrap();
     }
 
     // The restore.
@@ -119,7 +97,7 @@ fn restored_from_before_three_changes(db: Db, whole_state_directory: bool) {
         assert!(refused.contains("restored from an older backup") && refused.contains("trellis serve --restored"), "{refused}");
         c.serve_with(c.port, &["--restored"]);
         let audit = c.ok(&["audit", "list", "--json"]);
-        assert!(audit.contains("restored from backup") && audit.contains("every bundle version moved past 4"), "{audit}");
+        assert!(audit.contains("restored from backup") && audit.contains("every bundle version moved past 1024"), "{audit}");
         // The chain is anchored again: it verifies against the new checkpoint.
         c.ok(&["audit", "verify"]);
         // Started again, it is no longer behind.
@@ -127,9 +105,9 @@ fn restored_from_before_three_changes(db: Db, whole_state_directory: bool) {
         c.serve(c.port);
     }
     // The next change, numbered from the backup's versions: below what the agent holds.
-    declaration(&decl, 4);
+    basic_with_extra_nodes(&decl, 4);
     c.ok(&["apply", decl.to_str().unwrap()]);
-    let took = until_written(&root, "extra-4").unwrap_or_else(|e| panic!("{e}\nthe controller said:\n{}", c.log(c.port)));
+    let took = until_zone_names(&root, "extra-4").unwrap_or_else(|e| panic!("{e}\nthe controller said:\n{}", c.log(c.port)));
     eprintln!(
         "restored ({}, {db:?}): the next change reached the agent in {} ms",
         if whole_state_directory { "state directory" } else { "database" },

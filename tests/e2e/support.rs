@@ -75,3 +75,28 @@ impl Drop for Netns {
         let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
     }
 }
+
+/// Writes into `dir` the declaration `lab/basic` with `extra` more nodes (`extra-1`, ...) that
+/// db-1 may reach: each one more changes db-1's files.
+pub fn basic_with_extra_nodes(dir: &Path, extra: u32) {
+    crate::controller::copy_dir(&repo().join("lab/basic"), dir);
+    let mut mesh = std::fs::read_to_string(repo().join("lab/basic/mesh.toml")).unwrap();
+    for k in 1..=extra {
+        mesh.push_str(&format!("\n[[node]]\nname = \"extra-{k}\"\nnetworks = [\"lan\"]\nmodules = [\"ping\"]\n"));
+    }
+    std::fs::write(dir.join("mesh.toml"), mesh).unwrap();
+}
+
+/// Waits (at most 30 s) until the zone an agent wrote under `root` names `name`; the time it
+/// took, or what the zone held instead.
+pub fn until_zone_names(root: &Path, name: &str) -> Result<std::time::Duration, String> {
+    let started = std::time::Instant::now();
+    let zone = root.join("etc/trellis/mesh.zone");
+    while started.elapsed() < std::time::Duration::from_secs(30) {
+        if std::fs::read_to_string(&zone).is_ok_and(|z| z.contains(&format!("\n{name}\t"))) {
+            return Ok(started.elapsed());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    Err(format!("after 30 s the zone does not name {name}:\n{}", std::fs::read_to_string(&zone).unwrap_or_default()))
+}

@@ -79,12 +79,12 @@ impl Controller {
             let current = self.publisher.current(&who.name);
             let stamp = self.stamp();
             if let Some(p) = &current {
-                if !witnessed && ask.held.is_some_and(|held| is_ahead(held, p)) {
+                if let Some(held) = ask.held.filter(|held| !witnessed && is_ahead(*held, p)) {
                     // The node holds a bundle this controller did not number so: the database
                     // was restored from before it. Its bundle is numbered above what it holds
                     // (so it is not refused as a rollback) and published again.
                     witnessed = true;
-                    self.renumber_above(&who.name, ask.held.expect("held").version, p.version).await?;
+                    self.renumber_above(&who.name, held.version, p.version).await?;
                     continue;
                 }
                 if let Some((_, delta)) = p.delta.as_ref().filter(|(base, _)| ask.takes_delta && ask.held.map(|h| h.version) == Some(*base))

@@ -19,6 +19,9 @@ use crate::{audit, Controller, Error, Result};
 /// The high-water mark's file in the state directory: one decimal number.
 pub const HIGH_WATER: &str = "versions.high";
 
+/// The step the high-water mark moves in (see `Controller::raise_high_water`).
+pub const HIGH_WATER_STEP: i64 = 1024;
+
 /// The mark in a file; 0 when there is none (a controller that never published).
 pub fn read_high_water(path: &Path) -> i64 {
     std::fs::read_to_string(path).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0)
@@ -88,13 +91,20 @@ impl Controller {
         self.high_water.as_ref().map_or(0, |(_, mark)| mark.load(Ordering::SeqCst))
     }
 
-    /// Raises the high-water mark to `version` if it is higher (a publish run numbered it).
+    /// Keeps the high-water mark at or above `version` (a publish run numbered it). The mark
+    /// only has to be above every version published, so it is written rounded up to the next
+    /// multiple of [`HIGH_WATER_STEP`]: the file is written once in that many versions, not on
+    /// every publish run.
     pub(crate) fn raise_high_water(&self, version: i64) -> Result<()> {
         let Some((path, mark)) = &self.high_water else { return Ok(()) };
-        if mark.fetch_max(version, Ordering::SeqCst) >= version {
+        if mark.load(Ordering::SeqCst) >= version {
             return Ok(());
         }
-        trellis_files::replace(path, format!("{version}\n").as_bytes(), 0o644)
+        let rounded = (version / HIGH_WATER_STEP + 1) * HIGH_WATER_STEP;
+        if mark.fetch_max(rounded, Ordering::SeqCst) >= rounded {
+            return Ok(());
+        }
+        trellis_files::replace(path, format!("{rounded}\n").as_bytes(), 0o644)
             .map_err(|e| Error::internal("writing the high-water mark", e))
     }
 }

@@ -70,20 +70,27 @@ async fn ask_and_verify(c: &Controller, who: &NodeIdentity, tag: BundleTag, appl
     sent.version
 }
 
+/// db-1 enrolled, backed up, changed three times (it holds the third), then restored from the
+/// backup: who it is, the backup, and what it holds.
+async fn restored_after_three_changes(c: &Controller) -> (NodeIdentity, trellis_store::BundleVersion, BundleTag, Applied) {
+    let who = enrol(c).await;
+    let backup = c.store().bundle("db-1").await.unwrap().unwrap();
+    for k in 1..=3 {
+        change(c, k).await;
+    }
+    let (tag, applied) = held(c);
+    assert_eq!(tag.version, backup.version + 3);
+    restore(c, &backup).await;
+    (who, backup, tag, applied)
+}
+
 /// Restored from before three changes: the next change is numbered below what the node holds.
 /// Before, it was sent at that number and refused as a rollback, for ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_ahead_of_a_restored_database_gets_its_next_bundle_above_what_it_holds() {
     on_both(|fx| async move {
         let c = &fx.c;
-        let who = enrol(c).await;
-        let backup = c.store().bundle("db-1").await.unwrap().unwrap();
-        for k in 1..=3 {
-            change(c, k).await;
-        }
-        let (tag, applied) = held(c);
-        assert_eq!(tag.version, backup.version + 3);
-        restore(c, &backup).await;
+        let (who, backup, tag, applied) = restored_after_three_changes(c).await;
         // The next change after the restore: numbered backup + 1, below what db-1 holds.
         change(c, 4).await;
         assert_eq!(c.bundle("db-1").unwrap().version, backup.version + 1);
@@ -122,13 +129,7 @@ async fn a_node_ahead_of_a_restored_database_gets_its_next_bundle_above_what_it_
 async fn the_same_number_with_other_content_is_never_current() {
     on_both(|fx| async move {
         let c = &fx.c;
-        let who = enrol(c).await;
-        let backup = c.store().bundle("db-1").await.unwrap().unwrap();
-        for k in 1..=3 {
-            change(c, k).await;
-        }
-        let (tag, applied) = held(c);
-        restore(c, &backup).await;
+        let (who, _, tag, applied) = restored_after_three_changes(c).await;
         // Other changes (a different node each time) bring the number back to what db-1 holds.
         for k in [5, 6, 7] {
             change(c, k).await;
