@@ -53,18 +53,26 @@ fn serial(mut b: [u8; 16]) -> SerialNumber {
 /// certificates only: no CRL is published, so it claims no CRL Sign (RFC 5280, 4.2.1.3).
 pub fn create_ca(mesh: &str, now: SystemTime, random: [u8; 16]) -> Result<Pair, PkiError> {
     let key = KeyPair::generate()?;
-    let mut params = CertificateParams::default();
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, format!("trellis mesh CA {mesh}"));
-    dn.push(DnType::OrganizationName, "trellis");
-    params.distinguished_name = dn;
-    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(1));
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
-    params.not_before = odt(now - Duration::from_secs(300));
-    params.not_after = odt(now + Duration::from_secs(10 * 365 * 86400));
-    params.serial_number = Some(serial(random));
+    let params = ca_params(&format!("trellis mesh CA {mesh}"), 1, now, 10 * 365, random);
     let cert = params.self_signed(&key)?;
     Ok(Pair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+}
+
+/// A CA's certificate parameters: `common_name` of organisation trellis, at most `path_len` CAs
+/// below it, certificate signing only (no CRL is published), from five minutes before `now` for
+/// `days`, its serial made from 16 random bytes.
+pub(crate) fn ca_params(common_name: &str, path_len: u8, now: SystemTime, days: u64, random: [u8; 16]) -> CertificateParams {
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, common_name);
+    dn.push(DnType::OrganizationName, "trellis");
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(path_len));
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
+    params.not_before = odt(now - Duration::from_secs(300));
+    params.not_after = odt(now + Duration::from_secs(days * 86400));
+    params.serial_number = Some(serial(random));
+    params
 }
 
 /// The mesh CA, loaded for signing.

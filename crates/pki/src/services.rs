@@ -9,8 +9,8 @@ use std::net::IpAddr;
 use std::time::{Duration, SystemTime};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-    KeyPair, KeyUsagePurpose, SanType,
+    CertificateParams, CertificateSigningRequestParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType,
 };
 
 use crate::{odt, pem_to_der, serial, Ca, IssuedCert, Pair, PkiError};
@@ -41,17 +41,8 @@ impl Ca {
     /// years from `now`), certified by the mesh CA with Authority and Subject Key Identifiers.
     pub fn services_ca(&self, mesh: &str, now: SystemTime, random: [u8; 16]) -> Result<Pair, PkiError> {
         let key = KeyPair::generate()?;
-        let mut params = CertificateParams::default();
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, format!("trellis services CA {mesh}"));
-        dn.push(DnType::OrganizationName, "trellis");
-        params.distinguished_name = dn;
-        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
+        let mut params = crate::ca_params(&format!("trellis services CA {mesh}"), 0, now, 5 * 365, random);
         params.use_authority_key_identifier_extension = true;
-        params.not_before = odt(now - Duration::from_secs(300));
-        params.not_after = odt(now + Duration::from_secs(5 * 365 * 86400));
-        params.serial_number = Some(serial(random));
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok(Pair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
     }
