@@ -18,10 +18,10 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use trellis_client::NodeClient;
 use trellis_files::beneath::Beneath;
+use trellis_pki::services::SERVICE_BACKDATE_SECS;
 use trellis_proto as proto;
 
-/// Where the certificates live under the root, one directory per module.
-pub const CERTS_DIR: &str = "etc/trellis/certs";
+pub use trellis_core::certs::CERTS_DIR;
 pub const KEY: &str = "key.pem";
 pub const CERT: &str = "cert.pem";
 pub const CHAIN: &str = "chain.pem";
@@ -88,14 +88,16 @@ pub struct CertStatus {
 }
 
 /// When a certificate valid from `not_before` to `not_after` is renewed: at two thirds of its
-/// lifetime, earlier by up to a twelfth of it, by an amount drawn from its serial (the same for
-/// the same certificate every time it is asked, spread over certificates).
+/// lifetime, counted from its issuance (`not_before` is backdated for slow clocks by
+/// [`SERVICE_BACKDATE_SECS`]), earlier by up to a twelfth of it, by an amount drawn from its
+/// serial (the same for the same certificate every time it is asked, spread over certificates).
 pub fn renew_at(not_before: i64, not_after: i64, serial: &str) -> i64 {
-    let life = (not_after - not_before).max(0);
+    let issued = (not_before + SERVICE_BACKDATE_SECS).min(not_after);
+    let life = (not_after - issued).max(0);
     let spread = life / 12;
     let draw = u64::from_be_bytes(Sha256::digest(serial.as_bytes())[..8].try_into().expect("8 bytes"));
     let jitter = if spread > 0 { (draw % spread as u64) as i64 } else { 0 };
-    not_before + life * 2 / 3 - jitter
+    issued + life * 2 / 3 - jitter
 }
 
 /// What is on disk for one module: the certificate's serial, validity and names, when it reads.
@@ -158,6 +160,12 @@ impl Certs {
 
     pub fn status(&self) -> &[CertStatus] {
         &self.status
+    }
+
+    /// Unix seconds at which [`Certs::tend`] next has something to do: a renewal due, a retry,
+    /// or the list to be asked for again. The run loop wakes for it even in a long-poll.
+    pub fn next_due(&self) -> i64 {
+        self.next
     }
 
     /// Asks for the certificate list and acts on it, when it is time (`force`: now, as after a
@@ -540,13 +548,21 @@ mod tests {
     #[test]
     fn renewal_comes_at_two_thirds_of_the_lifetime_less_up_to_a_twelfth_of_it() {
         let mut seen = std::collections::BTreeSet::new();
+        // Issued at 1000 for 1200 s: it begins SERVICE_BACKDATE_SECS earlier.
+        let nb = 1000 - super::SERVICE_BACKDATE_SECS;
         for i in 0..500 {
-            let at = renew_at(1000, 2200, &format!("{i:032x}"));
+            let at = renew_at(nb, 2200, &format!("{i:032x}"));
             assert!((1000 + 800 - 100..=1000 + 800).contains(&at), "{at}");
             seen.insert(at);
-            assert_eq!(at, renew_at(1000, 2200, &format!("{i:032x}")), "the same every time for one certificate");
+            assert_eq!(at, renew_at(nb, 2200, &format!("{i:032x}")), "the same every time for one certificate");
         }
         assert!(seen.len() > 50, "spread over certificates: {}", seen.len());
+        // The shortest lifetime, a minute: renewed 35 to 40 s after issuance, not 20 s (two
+        // thirds of the backdated span would be).
+        for i in 0..100 {
+            let at = renew_at(1000 - super::SERVICE_BACKDATE_SECS, 1060, &format!("{i:032x}"));
+            assert!((1035..=1040).contains(&at), "{at}");
+        }
     }
 
     #[test]

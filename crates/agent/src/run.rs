@@ -293,6 +293,12 @@ impl Agent {
             // poll, which may hold the connection for most of a minute.
             let _ = self.flush_evidence().await;
             let applied_before = applies;
+            // A service certificate due while the long-poll waits cuts it short (it only reads,
+            // so dropping it loses nothing): a short-lived certificate is renewed at its time,
+            // not up to a minute late, when the poll would have returned.
+            let certs_due = (self.installer.manifest().version > 0).then(|| self.certs.next_due());
+            let certs_wake = tokio::time::sleep(Duration::from_secs(certs_due.map_or(0, |at| (at - unix_now()).max(0) as u64)));
+            tokio::pin!(certs_wake);
             let polled = {
                 // While the long-poll waits, the status file is refreshed every ten seconds so
                 // that `trellis-agent status` shows live peers and handshakes, and peers prompted
@@ -305,41 +311,44 @@ impl Agent {
                     let follow_up = self.installer.executor().next_follow_up();
                     let due = tokio::time::sleep_until(follow_up.unwrap_or_else(std::time::Instant::now).into());
                     tokio::select! {
-                        p = &mut poll => break p,
+                        p = &mut poll => break Some(p),
+                        _ = &mut certs_wake, if certs_due.is_some() => break None,
                         _ = tick.tick() => { self.snapshot(); }
                         _ = due, if follow_up.is_some() => { self.installer.executor().follow_up(); }
                     }
                 }
             };
-            if polled.answered {
-                self.status.last_contact = Some(unix_now());
-            }
-            if let Some(at) = polled.fresh_at {
-                self.status.fresh_at = Some(self.status.fresh_at.map_or(at, |f| f.max(at)));
-            }
-            match polled.body {
-                Ok(Some(bytes)) => {
-                    failures = 0;
-                    match verify(&bytes, &self.key, &self.id.mesh, &self.id.node, self.applied()) {
-                        Ok(v) if v.redelivery => {}
-                        Ok(v) => {
-                            if let Some(ev) = self.apply(&bytes, v.bundle, false).await {
-                                let dropped = self.evidence.push(ev)?;
-                                self.status.dropped_evidence += dropped;
-                                applies += 1;
+            if let Some(polled) = polled {
+                if polled.answered {
+                    self.status.last_contact = Some(unix_now());
+                }
+                if let Some(at) = polled.fresh_at {
+                    self.status.fresh_at = Some(self.status.fresh_at.map_or(at, |f| f.max(at)));
+                }
+                match polled.body {
+                    Ok(Some(bytes)) => {
+                        failures = 0;
+                        match verify(&bytes, &self.key, &self.id.mesh, &self.id.node, self.applied()) {
+                            Ok(v) if v.redelivery => {}
+                            Ok(v) => {
+                                if let Some(ev) = self.apply(&bytes, v.bundle, false).await {
+                                    let dropped = self.evidence.push(ev)?;
+                                    self.status.dropped_evidence += dropped;
+                                    applies += 1;
+                                }
+                            }
+                            Err(e) => {
+                                // Refused before anything was written: the previous files stay.
+                                tracing::error!("refused a bundle: {e}");
+                                self.status.last_error = Some(format!("refused a bundle: {e}"));
                             }
                         }
-                        Err(e) => {
-                            // Refused before anything was written: the previous files stay.
-                            tracing::error!("refused a bundle: {e}");
-                            self.status.last_error = Some(format!("refused a bundle: {e}"));
-                        }
                     }
-                }
-                Ok(None) => failures = 0,
-                Err(e) => {
-                    failures += 1;
-                    self.status.last_error = Some(format!("{e:#}"));
+                    Ok(None) => failures = 0,
+                    Err(e) => {
+                        failures += 1;
+                        self.status.last_error = Some(format!("{e:#}"));
+                    }
                 }
             }
             // Service certificates: at once after a new bundle (a module may have come or gone),

@@ -9,6 +9,10 @@ use std::net::IpAddr;
 use crate::decl::{Declaration, Node};
 use crate::Allocation;
 
+/// Where a node's agent writes its service certificates under its root, one directory per
+/// module (`MODULE/{key.pem,cert.pem,chain.pem,ca.pem}`).
+pub const CERTS_DIR: &str = "etc/trellis/certs";
+
 /// One certificate a node may hold: for `module` on `node`, with exactly these names.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServiceCert {

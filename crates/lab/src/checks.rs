@@ -64,10 +64,8 @@ pub(crate) fn overlay_addresses(dir: &Path, decl: &trellis_core::Declaration, ag
 /// `underlay` holds every lab host's lab addresses: an outside host is reached at them, and a
 /// `via` node's are where a connection must come from.
 pub(crate) fn run(i: usize, e: &Expect, addrs: &HashMap<String, Vec<IpAddr>>, underlay: &Underlay, st: &LabState) -> Result<Row> {
-    let (what, expected, seen) = match &e.dns {
-        Some(name) => dns(e, name, addrs, st)?,
-        None => traffic(i, e, addrs, underlay, st)?,
-    };
+    let Some(name) = &e.dns else { return traffic(i, e, addrs, underlay, st) };
+    let (what, expected, seen) = dns(e, name, addrs, st)?;
     Ok(Row { from: e.from.clone(), what, expected, seen, note: String::new() })
 }
 
@@ -124,13 +122,7 @@ pub(crate) struct Underlay {
 /// Sends tcp, udp or icmp from the from-node to the to-node's overlay address (IPv4 first), or to
 /// an outside host's lab address, and reports whether it arrived; with `via`, also whether it
 /// arrived from that node's lab address.
-fn traffic(
-    i: usize,
-    e: &Expect,
-    addrs: &HashMap<String, Vec<IpAddr>>,
-    underlay: &Underlay,
-    st: &LabState,
-) -> Result<(String, String, String)> {
+fn traffic(i: usize, e: &Expect, addrs: &HashMap<String, Vec<IpAddr>>, underlay: &Underlay, st: &LabState) -> Result<Row> {
     let to = e.to.as_deref().context("an expectation needs `to` or `dns`")?;
     let proto = e.proto.unwrap_or_default();
     let first = |a: &Vec<IpAddr>| a.iter().find(|ip| ip.is_ipv4()).or(a.first()).map(|ip| ip.to_string());
@@ -206,7 +198,7 @@ fn traffic(
         let v = e.via.as_deref().unwrap_or_default();
         seen = if addrs.iter().any(|a| a.to_string() == source) { format!("open via {v}") } else { format!("open from {source}") };
     }
-    Ok((format!("{proto}{port} -> {to}"), expected, seen))
+    Ok(Row { from: e.from.clone(), what: format!("{proto}{port} -> {to}"), expected, seen, note: String::new() })
 }
 
 /// A TLS handshake from the from-node to `dst` (the to-node's overlay address) on the
@@ -214,11 +206,12 @@ fn traffic(
 /// with `sslmode=verify-full` does (`openssl s_client -verify_hostname NAME
 /// -verify_return_error`). The to-node serves with the files its agent wrote for the module
 /// `name` names (else the first it holds). `closed` when no connection is admitted, `refused`
-/// when the handshake does not verify, `open` when it does.
-fn tls(e: &Expect, to: &str, dst: &str, st: &LabState) -> Result<(String, String, String)> {
+/// when the handshake does not verify, `open` when it does, the note naming the serial served
+/// (a renewal step shows the new one).
+fn tls(e: &Expect, to: &str, dst: &str, st: &LabState) -> Result<Row> {
     let name = e.name.as_deref().context("a tls expectation needs `name`")?;
     let port = e.port.context("a tls expectation needs a port")?.to_string();
-    let certs = st.dir.join(format!("root-{to}/etc/trellis/certs"));
+    let certs = st.dir.join(format!("root-{to}/{}", trellis_core::certs::CERTS_DIR));
     let module = name.split('.').next().unwrap_or_default();
     // The agent writes its certificates right after the bundle that brought the module.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -247,6 +240,12 @@ fn tls(e: &Expect, to: &str, dst: &str, st: &LabState) -> Result<(String, String
         }
     };
     let file = |f: &str| dir.join(f).to_string_lossy().into_owned();
+    // Read before the server starts: what it serves, unless the agent renews in between.
+    let serial = std::fs::read_to_string(dir.join("cert.pem"))
+        .ok()
+        .and_then(|pem| trellis_pki::services::inspect_service(&pem).ok())
+        .map(|c| c.serial)
+        .unwrap_or_default();
     let mut server = ns_cmd(
         &ns(st, to),
         &[
@@ -308,7 +307,8 @@ fn tls(e: &Expect, to: &str, dst: &str, st: &LabState) -> Result<(String, String
     let _ = server.kill();
     let _ = server.wait();
     let expected = e.result.unwrap_or(Outcome::Open).as_str().to_string();
-    Ok((format!("tls {port} {name} -> {to}"), expected, seen.to_string()))
+    let note = if seen == "open" { format!("serial {}", &serial[..serial.len().min(12)]) } else { String::new() };
+    Ok(Row { from: e.from.clone(), what: format!("tls {port} {name} -> {to}"), expected, seen: seen.to_string(), note })
 }
 
 /// Prints the matrix as the lab always has: one row per expectation, `NO` where they differ.

@@ -100,6 +100,12 @@ pub struct Step {
     /// A host paused by an earlier step whose agent continues (SIGCONT); the step prints the time
     /// until every revocation left `revoking` is complete.
     pub resume: Option<String>,
+    /// A node host whose service certificates are renewed by its agent: the step waits until
+    /// every certificate it holds has been replaced (a new serial, issued by the controller) and
+    /// prints when, within the certificates' lifetime; the expectations in force are checked
+    /// again after, with the new files (ADR 0023). The declaration needs a short
+    /// `service_cert_lifetime`.
+    pub renew: Option<String>,
     /// From this step on: each replaces the expectation with the same check (from, to, proto
     /// and port; or from and dns), or adds one.
     #[serde(default)]
@@ -115,6 +121,7 @@ pub enum Action {
     Revoke(String),
     Pause(String),
     Resume(String),
+    Renew(String),
 }
 
 /// What an expectation sends (`proto`); tcp when unsaid.
@@ -209,6 +216,9 @@ impl LabFile {
         }
         if let Some(host) = &s.resume {
             return Action::Resume(host.clone());
+        }
+        if let Some(host) = &s.renew {
+            return Action::Renew(host.clone());
         }
         match (&s.kill, &s.apply, &s.stop, &s.revoke) {
             (Some(host), ..) => Action::Kill(host.clone()),
@@ -398,6 +408,9 @@ fn check_expect(file: &Path, what: &str, e: &Expect) -> Result<()> {
     Ok(())
 }
 
+/// What every step does one of, as an error names them.
+const ONE_ACTION: &str = "`kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST` and `renew = NODE`";
+
 /// Each step kills a controller still running (never the last one), applies a declaration or
 /// stops a pool's host, and an apply says, with expectations that are not already in force, what
 /// it changes.
@@ -407,15 +420,35 @@ fn check_steps(file: &Path, lab: &LabFile) -> Result<()> {
     let mut paused: Vec<&str> = Vec::new();
     for (i, s) in lab.step.iter().enumerate() {
         let n = i + 1;
-        let given = [s.kill.is_some(), s.apply.is_some(), s.stop.is_some(), s.revoke.is_some(), s.pause.is_some(), s.resume.is_some()]
-            .iter()
-            .filter(|&&x| x)
-            .count();
+        let given = [
+            s.kill.is_some(),
+            s.apply.is_some(),
+            s.stop.is_some(),
+            s.revoke.is_some(),
+            s.pause.is_some(),
+            s.resume.is_some(),
+            s.renew.is_some(),
+        ]
+        .iter()
+        .filter(|&&x| x)
+        .count();
         if given != 1 {
-            bail!(
-                "{}: step {n} needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST` and `resume = HOST`",
-                file.display()
-            );
+            bail!("{}: step {n} needs exactly one of {ONE_ACTION}", file.display());
+        }
+        if let Some(host) = &s.renew {
+            if !lab.host.iter().any(|h| h.name == *host && h.role == Role::Node) {
+                bail!("{}: step {n} renews `{host}`'s certificates, and `{host}` is not a node host of the lab", file.display());
+            }
+            if paused.contains(&host.as_str()) || stopped.contains(&host.as_str()) {
+                bail!("{}: step {n} renews `{host}`'s certificates, and an earlier step paused or stopped its agent", file.display());
+            }
+            if !s.expect.is_empty() {
+                bail!(
+                    "{}: step {n} renews certificates, which changes no traffic; the expectations in force are checked again after it",
+                    file.display()
+                );
+            }
+            continue;
         }
         if let Some(host) = &s.pause {
             if !lab.host.iter().any(|h| h.name == *host && h.role == Role::Node) {
@@ -552,6 +585,29 @@ fn expand_pools(file: &Path, lab: &mut LabFile) -> Result<()> {
 }
 
 /// A pool's hosts enrol into a pool the declaration has, and no more of them than its size.
+/// The longest `service_cert_lifetime` a `renew` step waits out: its agent renews at two thirds
+/// of it.
+pub const MAX_RENEW_LIFETIME_SECS: u64 = 300;
+
+/// A `renew` step (step `n`) names a node that `decl`, the declaration in force then, gives a
+/// service certificate with a lifetime short enough to wait for its renewal.
+pub fn check_renewal(n: usize, node: &str, decl: &trellis_core::Declaration) -> Result<()> {
+    let Some(declared) = decl.nodes.iter().find(|d| d.name == node) else {
+        bail!("step {n} renews the certificates of `{node}`, which the declaration does not declare");
+    };
+    let certified = declared.modules.iter().any(|m| decl.modules.iter().any(|d| d.name == *m && d.certificate.is_some()));
+    if !certified {
+        bail!("step {n} renews the certificates of `{node}`, which runs no module with a [module.certificate] in the declaration");
+    }
+    let life = decl.mesh.service_cert_secs;
+    if life > MAX_RENEW_LIFETIME_SECS {
+        bail!(
+            "step {n} renews the certificates of `{node}`, which live {life} s (renewed after about two thirds of that); give the lab's declaration `service_cert_lifetime = \"1m\"` (at most {MAX_RENEW_LIFETIME_SECS} s)"
+        );
+    }
+    Ok(())
+}
+
 pub fn check_pools(lab: &LabFile, decl: &trellis_core::Declaration) -> Result<()> {
     for (pool, hosts) in lab.pools() {
         let Some(p) = decl.pool(pool) else {
@@ -685,8 +741,8 @@ mod tests {
             ("kill-node", kill_node, "FILE: step 1 kills `web-1`, which is not a host with role = \"controller\""),
             ("kill-twice", kill_twice, "FILE: step 2 kills `ctl-1`, which an earlier step killed"),
             ("kill-both", kill_both, "FILE: step 2 kills `ctl-2`, the last controller running; a lab keeps one"),
-            ("both", both, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST` and `resume = HOST`"),
-            ("neither", neither, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST` and `resume = HOST`"),
+            ("both", both, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST` and `renew = NODE`"),
+            ("neither", neither, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST` and `renew = NODE`"),
             ("silent", silent_apply, "FILE: step 2 applies \"ha/metrics\" but names no expectation; give the ones it changes"),
             ("same", same, "FILE: step 2 expectation 1 is already in force; a step lists what it changes"),
             ("role", unknown_role, "unknown variant `database`, expected one of `node`, `controller`, `postgres`"),
@@ -816,5 +872,59 @@ mod tests {
         ] {
             assert_eq!(load_text(tag, &text).err().as_deref(), Some(want), "{tag}");
         }
+    }
+}
+
+#[cfg(test)]
+mod renew_tests {
+    const RENEW: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lab/renew.toml"));
+
+    fn declaration(name: &str) -> trellis_core::Declaration {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lab").join(name);
+        let mut files = vec![("mesh.toml".to_string(), std::fs::read_to_string(root.join("mesh.toml")).unwrap())];
+        for m in std::fs::read_dir(root.join("modules")).unwrap().flatten() {
+            files.push((format!("modules/{}", m.file_name().to_string_lossy()), std::fs::read_to_string(m.path()).unwrap()));
+        }
+        trellis_core::load::load_relative(&files, |p| p.to_string()).declaration.expect("a valid declaration")
+    }
+
+    /// A renew step names a node host whose agent runs, and no expectation; the declaration in
+    /// force gives the node a certificate short-lived enough to wait for.
+    #[test]
+    fn a_renew_step_names_a_running_node_with_a_short_lived_certificate() {
+        let dir = trellis_testing::TempDir::new("labfile-renew");
+        let load = |text: &str| {
+            let file = dir.join("lab.toml");
+            std::fs::write(&file, text).unwrap();
+            super::load(&file).map(|(lab, _)| lab).map_err(|e| e.to_string().replace(&file.display().to_string(), "FILE"))
+        };
+        let lab = load(RENEW).unwrap();
+        assert_eq!(lab.action(0, std::path::Path::new("lab")), super::Action::Renew("db-1".into()));
+        let expects =
+            RENEW.replace("renew = \"db-1\"", "renew = \"db-1\"\n  [[step.expect]]\n  from = \"db-1\"\n  to = \"app-1\"\n  port = 22\n");
+        for (tag, text, want) in [
+            (
+                "controller",
+                RENEW.replace("renew = \"db-1\"", "renew = \"controller\""),
+                "FILE: step 1 renews `controller`'s certificates, and `controller` is not a node host of the lab",
+            ),
+            ("expects", expects, "FILE: step 1 renews certificates, which changes no traffic"),
+            (
+                "paused",
+                RENEW.replace("[[step]]\nrenew", "[[step]]\npause = \"db-1\"\n\n[[step]]\nrenew"),
+                "FILE: step 2 renews `db-1`'s certificates, and an earlier step paused or stopped its agent",
+            ),
+        ] {
+            match load(&text) {
+                Ok(_) => panic!("{tag}: loaded, but should fail with {want:?}"),
+                Err(e) => assert!(e.contains(want), "{tag}: {e}"),
+            }
+        }
+        let renew = declaration("renew");
+        super::check_renewal(1, "db-1", &renew).unwrap();
+        let e = super::check_renewal(1, "app-1", &renew).unwrap_err().to_string();
+        assert_eq!(e, "step 1 renews the certificates of `app-1`, which runs no module with a [module.certificate] in the declaration");
+        let e = super::check_renewal(1, "db-1", &declaration("basic")).unwrap_err().to_string();
+        assert!(e.contains("which live 86400 s") && e.contains("service_cert_lifetime = \"1m\""), "{e}");
     }
 }

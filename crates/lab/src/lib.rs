@@ -98,9 +98,15 @@ pub fn up(file: &Path, read_declaration: ReadDeclaration, wireguard: &str) -> Re
     file::check_endpoints(&lab, &decl)?;
     file::check_pools(&lab, &decl)?;
     // A step's declaration is checked now, before anything is built for it.
+    let mut in_force = decl.clone();
     for i in 0..lab.step.len() {
-        if let Action::Apply(dir) = lab.action(i, lab_dir(file)) {
-            file::check_endpoints(&lab, &read_valid(&dir, read_declaration)?)?;
+        match lab.action(i, lab_dir(file)) {
+            Action::Apply(dir) => {
+                in_force = read_valid(&dir, read_declaration)?;
+                file::check_endpoints(&lab, &in_force)?;
+            }
+            Action::Renew(node) => file::check_renewal(i + 1, &node, &in_force).with_context(|| file.display().to_string())?,
+            _ => {}
         }
     }
     let sp = state_path(file);
@@ -115,6 +121,11 @@ pub fn up(file: &Path, read_declaration: ReadDeclaration, wireguard: &str) -> Re
     let result = build(file, &lab, &decl_dir, &decl, &mut st);
     save(file, &st)?;
     result.map(|_| st)
+}
+
+/// The first twelve hex digits of a serial, as the step prints it.
+fn short(serial: &str) -> &str {
+    &serial[..serial.len().min(12)]
 }
 
 fn lab_dir(file: &Path) -> &Path {
@@ -190,7 +201,7 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
         (0..steps)
             .filter_map(|i| match lab.action(i, lab_dir(file)) {
                 Action::Apply(dir) => Some(dir),
-                Action::Kill(_) | Action::Stop(_) | Action::Revoke(_) | Action::Pause(_) | Action::Resume(_) => None,
+                Action::Kill(_) | Action::Stop(_) | Action::Revoke(_) | Action::Pause(_) | Action::Resume(_) | Action::Renew(_) => None,
             })
             .next_back()
             .unwrap_or_else(|| decl_dir.clone())
@@ -243,6 +254,28 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
                 // every node still active (and not paused) applies what it changed.
                 procs::admin(&st, &["audit", "verify"])?;
                 procs::converge(&st, Duration::from_secs(60))?;
+            }
+            Action::Renew(node) => {
+                let renewed = timing::renewal(&st, &node)?;
+                let said: Vec<String> = renewed
+                    .iter()
+                    .map(|r| {
+                        format!(
+                            "{} {} -> {} after {:.1} s ({}% of its {} s lifetime)",
+                            r.module,
+                            short(&r.old_serial),
+                            short(&r.new_serial),
+                            r.after.as_secs_f64(),
+                            r.at_percent,
+                            r.lifetime
+                        )
+                    })
+                    .collect();
+                println!(
+                    "step {}: service certificates of {node} renewed by its agent, the controller listing each new serial -> {}",
+                    i + 1,
+                    said.join("; ")
+                );
             }
             Action::Pause(host) => {
                 let paused = procs::pause(&mut st, &host);

@@ -294,3 +294,92 @@ pub(crate) fn revoked(
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// One service certificate replaced by its agent's renewal.
+pub(crate) struct Renewed {
+    pub module: String,
+    pub old_serial: String,
+    pub new_serial: String,
+    /// From the step's start until the new file was seen.
+    pub after: Duration,
+    /// When the new certificate begins, as a share of the old one's lifetime.
+    pub at_percent: i64,
+    pub lifetime: i64,
+}
+
+/// The service certificates `node`'s agent holds now, by module: serial, not before, not after.
+fn held_certs(st: &LabState, node: &str) -> Result<BTreeMap<String, (String, i64, i64)>> {
+    let dir = st.dir.join(format!("root-{node}/{}", trellis_core::certs::CERTS_DIR));
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(&dir).with_context(|| format!("`{node}` holds no service certificate: cannot read {}", dir.display()))? {
+        let path = entry?.path().join("cert.pem");
+        let Ok(pem) = std::fs::read_to_string(&path) else { continue };
+        let info = trellis_pki::services::inspect_service(&pem).with_context(|| format!("{} is no certificate", path.display()))?;
+        let module = path.parent().and_then(|p| p.file_name()).map(|m| m.to_string_lossy().into_owned()).unwrap_or_default();
+        out.insert(module, (info.serial, info.not_before, info.not_after));
+    }
+    Ok(out)
+}
+
+/// Waits until `node`'s agent has replaced every service certificate it holds by renewing it,
+/// each at most 30 s after the old one expires, and checks that the controller lists each new
+/// serial (`trellis certs --json`): a renewal is the agent's CSR signed by the controller, not
+/// files appearing.
+pub(crate) fn renewal(st: &LabState, node: &str) -> Result<Vec<Renewed>> {
+    let before = held_certs(st, node)?;
+    if before.is_empty() {
+        bail!("`{node}` holds no service certificate to renew");
+    }
+    let at = Instant::now();
+    let now = trellis_files::unix_now();
+    let mut done: Vec<Renewed> = Vec::new();
+    loop {
+        let held = held_certs(st, node)?;
+        for (module, (old, old_from, old_until)) in &before {
+            if done.iter().any(|d| d.module == *module) {
+                continue;
+            }
+            if let Some((new, from, _)) = held.get(module).filter(|(new, _, _)| new != old) {
+                // Lifetimes count from issuance: a certificate begins a little before it.
+                let issued = old_from + trellis_pki::services::SERVICE_BACKDATE_SECS;
+                let lifetime = (old_until - issued).max(1);
+                done.push(Renewed {
+                    module: module.clone(),
+                    old_serial: old.clone(),
+                    new_serial: new.clone(),
+                    after: at.elapsed(),
+                    at_percent: (from + trellis_pki::services::SERVICE_BACKDATE_SECS - issued) * 100 / lifetime,
+                    lifetime,
+                });
+            } else if trellis_files::unix_now() > old_until + 30 {
+                bail!(
+                    "`{node}`'s certificate for {module} ({old}) expired {} s ago and its agent has not renewed it",
+                    trellis_files::unix_now() - old_until
+                );
+            }
+        }
+        if done.len() == before.len() {
+            break;
+        }
+        let waited = before.values().map(|(_, _, until)| until - now).max().unwrap_or(0);
+        if at.elapsed() > Duration::from_secs(waited.max(0) as u64 + 60) {
+            bail!("`{node}`'s certificates were not all renewed within {} s", at.elapsed().as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let text = procs::admin(st, &["certs", "--json"])?;
+    let listed: Vec<trellis_proto::ServiceCertInfo> =
+        serde_json::from_str(&text).context("`trellis certs --json` printed something else than a certificate list")?;
+    for r in &done {
+        let serial = listed.iter().find(|c| c.node == node && c.module == r.module).and_then(|c| c.serial.as_deref());
+        if serial != Some(r.new_serial.as_str()) {
+            bail!(
+                "`{node}`'s agent wrote certificate {} for {}, but the controller lists {}",
+                r.new_serial,
+                r.module,
+                serial.unwrap_or("none")
+            );
+        }
+    }
+    Ok(done)
+}

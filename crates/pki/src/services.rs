@@ -8,6 +8,11 @@
 use std::net::IpAddr;
 use std::time::{Duration, SystemTime};
 
+/// How far before its issuance a service certificate begins, for clocks behind the
+/// controller's: its lifetime is counted from `not_before` plus this, and renewals (at two
+/// thirds of it) must count the same way.
+pub const SERVICE_BACKDATE_SECS: i64 = 60;
+
 use rcgen::{
     CertificateParams, CertificateSigningRequestParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SanType,
@@ -128,7 +133,7 @@ impl ServicesCa {
         params.use_authority_key_identifier_extension = true;
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.not_before = odt(now - Duration::from_secs(60));
+        params.not_before = odt(now - Duration::from_secs(SERVICE_BACKDATE_SECS as u64));
         let not_after = now + lifetime;
         params.not_after = odt(not_after);
         let serial = serial(random);
