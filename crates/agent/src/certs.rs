@@ -87,6 +87,15 @@ pub struct CertStatus {
     pub error: Option<String>,
 }
 
+/// `text` cut to at most `max` bytes, at a character boundary.
+fn cut(text: &str, max: usize) -> String {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_string()
+}
+
 /// When a certificate valid from `not_before` to `not_after` is renewed: at two thirds of its
 /// lifetime, counted from its issuance (`not_before` is backdated for slow clocks by
 /// [`SERVICE_BACKDATE_SECS`]), earlier by up to a twelfth of it, by an amount drawn from its
@@ -151,11 +160,13 @@ pub struct Certs {
     /// Unix seconds at which `tend` next asks the controller.
     next: i64,
     status: Vec<CertStatus>,
+    /// The status as the controller last acknowledged it: reported again only when it changes.
+    reported: Option<Vec<CertStatus>>,
 }
 
 impl Certs {
     pub fn new(root: &Path, reloader: Option<Box<dyn Reloader>>) -> Certs {
-        Certs { root: root.to_path_buf(), reloader, next: 0, status: Vec::new() }
+        Certs { root: root.to_path_buf(), reloader, next: 0, status: Vec::new(), reported: None }
     }
 
     pub fn status(&self) -> &[CertStatus] {
@@ -186,6 +197,35 @@ impl Certs {
             }
         };
         self.next = self.apply(&list, now, client).await;
+    }
+
+    /// Tells the controller what the node holds, per module (the serial on disk and why the last
+    /// attempt failed here), when that changed since it last acknowledged: a renewal failing on
+    /// the node shows in `trellis certs` and `trellis status`. A controller that does not take
+    /// reports (an older one) is not asked again; one not reached is, next time.
+    pub async fn report(&mut self, client: &NodeClient) {
+        if self.reported.as_ref() == Some(&self.status) {
+            return;
+        }
+        let certificates = self
+            .status
+            .iter()
+            .map(|s| proto::HeldServiceCert {
+                module: s.module.clone(),
+                serial: s.serial.clone(),
+                not_after: s.not_after,
+                error: s.error.as_deref().map(|e| cut(e, proto::certs::MAX_HELD_ERROR)),
+            })
+            .take(proto::certs::MAX_HELD_REPORTED)
+            .collect();
+        match client.report_held_certificates(&proto::HeldServiceCerts { certificates }).await {
+            Ok(_) => self.reported = Some(self.status.clone()),
+            Err(e) if e.refused().is_some_and(|r| r.status < 500) => {
+                tracing::debug!("the controller takes no report of held certificates: {e}");
+                self.reported = Some(self.status.clone());
+            }
+            Err(e) => tracing::debug!("reporting the service certificates held: {e}"),
+        }
     }
 
     /// Carries out [`plan`] for `list` with `signer` as the controller; returns when to look

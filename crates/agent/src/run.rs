@@ -356,6 +356,7 @@ impl Agent {
             if self.installer.manifest().version > 0 {
                 let applied = applies > applied_before;
                 self.certs.tend(&self.client, unix_now(), applied).await;
+                self.certs.report(&self.client).await;
             }
             if let Err(e) = self.flush_evidence().await {
                 if failures == 0 {

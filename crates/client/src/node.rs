@@ -118,6 +118,15 @@ impl NodeClient {
         .await
     }
 
+    /// Reports what this node holds, per module (ADR 0023).
+    pub async fn report_held_certificates(&self, report: &proto::HeldServiceCerts) -> Result<proto::HeldServiceCertsAck, Error> {
+        crate::each_controller_from(&self.controllers, &self.last, |c| {
+            let send = self.http.post(format!("https://{c}/v1/node/certificates/held")).json(report).send();
+            async move { answer(send.await.map_err(Error::Send)?).await }
+        })
+        .await
+    }
+
     pub async fn whoami(&self) -> Result<proto::WhoAmI, Error> {
         crate::each_controller_from(&self.controllers, &self.last, |c| {
             let send = self.http.get(format!("https://{c}/v1/whoami")).send();

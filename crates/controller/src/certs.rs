@@ -180,6 +180,40 @@ impl Controller {
         })
     }
 
+    /// Records what `who` reports holding: per module the declaration gives it a certificate
+    /// for, the serial on its disk and why its last attempt failed there. Modules it is given no
+    /// certificate for are left out (a node writes nothing about another's or an undeclared
+    /// one); a report of more than [`proto::certs::MAX_HELD_REPORTED`] modules, or naming one
+    /// twice, is refused; errors are cut to [`proto::certs::MAX_HELD_ERROR`] bytes. Returns how
+    /// many modules were recorded.
+    pub async fn report_held_certs(&self, who: &NodeIdentity, report: &proto::HeldServiceCerts) -> Result<usize> {
+        self.require_approved(who)?;
+        let list = &report.certificates;
+        let twice = list.iter().enumerate().any(|(i, h)| list[..i].iter().any(|o| o.module == h.module));
+        let bad_serial = |s: &Option<String>| s.as_ref().is_some_and(|s| s.len() > 64 || !s.bytes().all(|b| b.is_ascii_hexdigit()));
+        if list.len() > proto::certs::MAX_HELD_REPORTED || twice || list.iter().any(|h| bad_serial(&h.serial)) {
+            return Err(ServiceCertRefusal::Malformed.into());
+        }
+        let served = self.certs_of(&who.name).await?;
+        let errors: Vec<Option<String>> = list.iter().map(|h| h.error.as_deref().map(|e| cut(e, proto::certs::MAX_HELD_ERROR))).collect();
+        let held: Vec<trellis_store::HeldServiceCert> = list
+            .iter()
+            .zip(&errors)
+            .filter(|(h, _)| served.iter().any(|c| c.module == h.module))
+            .map(|(h, e)| trellis_store::HeldServiceCert {
+                module: &h.module,
+                serial: h.serial.as_deref(),
+                not_after: h.not_after,
+                error: e.as_deref(),
+            })
+            .collect();
+        for h in held.iter().filter(|h| h.error.is_some()) {
+            tracing::warn!(node = %who.name, module = %h.module, "the node reports its service certificate failing: {}", h.error.unwrap_or_default());
+        }
+        self.store.report_service_certs(&who.name, &held, self.now()).await?;
+        Ok(held.len())
+    }
+
     /// Every service certificate issued or refused, and every one declared but not issued yet,
     /// by node and module; each says whether the declaration still gives it.
     pub async fn service_certs(&self) -> Result<Vec<proto::ServiceCertInfo>> {
@@ -200,6 +234,10 @@ impl Controller {
                     not_after: r.not_after,
                     refused_at: r.refused_at,
                     refusal: r.refusal,
+                    held_serial: r.held_serial,
+                    held_not_after: r.held_not_after,
+                    node_error: r.node_error,
+                    reported_at: r.reported_at,
                     node: r.node,
                     module: r.module,
                 }
@@ -218,6 +256,10 @@ impl Controller {
                     lifetime_secs: Some(c.lifetime_secs),
                     refused_at: None,
                     refusal: None,
+                    held_serial: None,
+                    held_not_after: None,
+                    node_error: None,
+                    reported_at: None,
                 });
             }
         }
@@ -247,4 +289,15 @@ impl Controller {
 /// of its lifetime of `now`: what the live page marks.
 pub fn expiring(not_after: i64, lifetime: u64, now: i64) -> bool {
     not_after - now <= (lifetime / 4) as i64
+}
+
+/// `text` cut to at most `max` bytes at a character boundary, its control characters shown
+/// escaped (it is the node's word, printed to operators).
+fn cut(text: &str, max: usize) -> String {
+    let shown = proto::text::printable(text).to_string();
+    let mut end = shown.len().min(max);
+    while !shown.is_char_boundary(end) {
+        end -= 1;
+    }
+    shown[..end].to_string()
 }

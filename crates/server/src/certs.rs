@@ -17,6 +17,9 @@ type Answer<T> = Result<Json<T>, ApiError>;
 
 /// The largest body of a service certificate request: the CSR's bound and room for the module.
 pub const CERTIFICATE_BODY: usize = 16 * 1024;
+/// The largest report of held certificates: 64 modules, each with a serial and an error of
+/// 512 bytes, with room for JSON's escapes.
+pub const HELD_BODY: usize = 96 * 1024;
 
 #[utoipa::path(get, path = "/v1/node/certificates", tag = "node", security(("node" = [])), responses((status = 200, description = "The service certificates this node is to hold, one per module it runs that asks for one, with their names; any other it holds it removes", body = proto::ServiceCertList), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
 pub(crate) async fn node_certificates(State(c): State<Shared>, Node(who): Node) -> Answer<proto::ServiceCertList> {
@@ -35,6 +38,15 @@ pub(crate) async fn sign_certificate(
         Err(e) => tracing::info!(code = e.code(), "refused: {e}"),
     }
     Ok(Json(r?))
+}
+
+#[utoipa::path(post, path = "/v1/node/certificates/held", tag = "node", security(("node" = [])), request_body = proto::HeldServiceCerts, responses((status = 200, description = "Recorded: per module the declaration gives this node a certificate for, the serial on its disk and why its last attempt failed there; other modules are left out", body = proto::HeldServiceCertsAck), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
+pub(crate) async fn report_held(
+    State(c): State<Shared>,
+    Node(who): Node,
+    Body(report): Body<proto::HeldServiceCerts, HELD_BODY>,
+) -> Answer<proto::HeldServiceCertsAck> {
+    Ok(Json(proto::HeldServiceCertsAck { recorded: c.report_held_certs(&who, &report).await? }))
 }
 
 #[utoipa::path(get, path = "/v1/admin/certificates", tag = "admin", security(("admin" = [])), responses((status = 200, description = "Every service certificate: its node, module, names, serial and expiry, whether the declaration still gives it, and its last refusal", body = Vec<proto::ServiceCertInfo>), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]

@@ -62,6 +62,7 @@ pub(crate) fn api() -> OpenApiRouter<Shared> {
             routes!(crate::certs::node_certificates, crate::certs::sign_certificate)
                 .layer(DefaultBodyLimit::max(crate::certs::CERTIFICATE_BODY)),
         )
+        .routes(routes!(crate::certs::report_held).layer(DefaultBodyLimit::max(crate::certs::HELD_BODY)))
         .routes(routes!(crate::certs::list_certificates))
         .routes(routes!(crate::ui::page))
 }

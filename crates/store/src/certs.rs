@@ -19,6 +19,21 @@ pub struct ServiceCertRecord {
     /// The last refusal, when it is newer than the last issuance.
     pub refused_at: Option<i64>,
     pub refusal: Option<String>,
+    /// What the node last reported holding: the serial on its disk, and why its last attempt
+    /// failed there.
+    pub held_serial: Option<String>,
+    pub held_not_after: Option<i64>,
+    pub node_error: Option<String>,
+    pub reported_at: Option<i64>,
+}
+
+/// One module's certificate as a node reports holding it.
+#[derive(Clone, Debug)]
+pub struct HeldServiceCert<'a> {
+    pub module: &'a str,
+    pub serial: Option<&'a str>,
+    pub not_after: Option<i64>,
+    pub error: Option<&'a str>,
 }
 
 /// A certificate just issued for a node's module.
@@ -84,9 +99,33 @@ impl Store {
     }
 
     /// Every node's certificates, by node and module.
+    /// Records what `node` reports holding, per module, at `at`: one transaction, a report is
+    /// not a decision (no audit record; the controller's issuances and refusals are audited).
+    pub async fn report_service_certs(&self, node: &str, held: &[HeldServiceCert<'_>], at: i64) -> Result<()> {
+        let mut tx = self.begin().await?;
+        for h in held {
+            sqlx::query(
+                "INSERT INTO service_certs (node, module, held_serial, held_not_after, node_error, reported_at) VALUES ($1, $2, $3, $4, $5, $6) \
+                 ON CONFLICT (node, module) DO UPDATE SET held_serial = excluded.held_serial, held_not_after = excluded.held_not_after, \
+                 node_error = excluded.node_error, reported_at = excluded.reported_at",
+            )
+            .bind(node)
+            .bind(h.module)
+            .bind(h.serial)
+            .bind(h.not_after)
+            .bind(h.error)
+            .bind(at)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
     pub async fn service_certs(&self) -> Result<Vec<ServiceCertRecord>> {
         let rows = sqlx::query(
-            "SELECT node, module, serial, names, issued_at, not_after, refused_at, refusal FROM service_certs ORDER BY node, module",
+            "SELECT node, module, serial, names, issued_at, not_after, refused_at, refusal, held_serial, held_not_after, node_error, reported_at \
+             FROM service_certs ORDER BY node, module",
         )
         .fetch_all(&self.pool)
         .await?;
@@ -102,6 +141,10 @@ impl Store {
                     not_after: r.try_get("not_after")?,
                     refused_at: r.try_get("refused_at")?,
                     refusal: r.try_get("refusal")?,
+                    held_serial: r.try_get("held_serial")?,
+                    held_not_after: r.try_get("held_not_after")?,
+                    node_error: r.try_get("node_error")?,
+                    reported_at: r.try_get("reported_at")?,
                 })
             })
             .collect()

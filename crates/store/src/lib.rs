@@ -22,7 +22,7 @@ mod tokens;
 
 pub use audit::Audit;
 pub use bundles::BundleVersion;
-pub use certs::{IssuedServiceCert, ServiceCertRecord};
+pub use certs::{HeldServiceCert, IssuedServiceCert, ServiceCertRecord};
 pub use evidence::{EvidenceRecord, EvidenceSummary, EVIDENCE_KEPT};
 pub use nodes::NodeRecord;
 pub use pools::MemberRefusal;

@@ -35,6 +35,15 @@ pub fn certs(conn: &Conn, json: bool) -> Result<ExitCode> {
         if let Some(r) = &c.refusal {
             println!("{:<20} last refusal: {}", "", printable(r));
         }
+        if let (Some(held), Some(issued)) = (&c.held_serial, &c.serial) {
+            if held != issued {
+                let until = c.held_not_after.map_or(String::new(), |t| format!(", until {}", date(t)));
+                println!("{:<20} the node holds {}{until}, not the one last issued", "", printable(held));
+            }
+        }
+        if let Some(e) = &c.node_error {
+            println!("{:<20} failing on the node: {}", "", printable(e));
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -53,20 +62,29 @@ fn state(c: &proto::ServiceCertInfo, now: i64) -> &'static str {
 }
 
 /// What `trellis status` says about certificates: those that expire within a quarter of their
-/// lifetime or whose last request was refused, one sentence each.
+/// lifetime, whose last request was refused, or that fail on the node (as its agent reported),
+/// one sentence each. The expiry is that of the certificate the node holds, when it reported
+/// one.
 pub fn notes(list: &[proto::ServiceCertInfo], now: i64) -> Vec<String> {
     let mut out = Vec::new();
     for c in list.iter().filter(|c| c.declared) {
-        let expiring = matches!(state(c, now), "expiring" | "expired");
-        if !expiring && c.refusal.is_none() {
+        let held = proto::ServiceCertInfo { not_after: c.held_not_after.or(c.not_after), ..c.clone() };
+        let expiring = matches!(state(&held, now), "expiring" | "expired");
+        if !expiring && c.refusal.is_none() && c.node_error.is_none() {
             continue;
         }
-        let when = match c.not_after {
+        let when = match held.not_after {
             Some(t) if t > now => format!("expires in {}", span(t - now)),
             Some(_) => "has expired".to_string(),
             None => "has not been issued".to_string(),
         };
-        let refused = c.refusal.as_ref().map_or(String::new(), |r| format!(", renewal refused: {}", printable(r)));
+        // The controller's refusal says why in its own words; the node's error says what else
+        // went wrong there (it repeats a refusal it was given).
+        let refused = match (&c.refusal, &c.node_error) {
+            (Some(r), _) => format!(", renewal refused: {}", printable(r)),
+            (None, Some(e)) => format!(", failing on the node: {}", printable(e)),
+            (None, None) => String::new(),
+        };
         out.push(format!("{}: certificate for {} {when}{refused}", printable(&c.node), printable(&c.module)));
     }
     out
@@ -96,6 +114,10 @@ mod tests {
             lifetime_secs: Some(86_400),
             refused_at: refusal.map(|_| 10),
             refusal: refusal.map(str::to_string),
+            held_serial: None,
+            held_not_after: None,
+            node_error: None,
+            reported_at: None,
         }
     }
 
@@ -110,5 +132,22 @@ mod tests {
         assert_eq!(notes(&[info(Some(now + 600), None)], now), ["db-1: certificate for postgres expires in 10 min"]);
         let undeclared = proto::ServiceCertInfo { declared: false, ..info(Some(now + 60), Some("x")) };
         assert!(notes(&[undeclared], now).is_empty(), "a certificate no longer declared is `trellis certs`' business");
+        // The node says its last attempt failed there; the expiry is that of what it holds.
+        let failing = proto::ServiceCertInfo {
+            held_serial: Some("00".into()),
+            held_not_after: Some(now + 3 * 3600),
+            node_error: Some("certificate for postgres: group postgres does not exist on this host".into()),
+            reported_at: Some(now),
+            ..info(Some(now + 80_000), None)
+        };
+        assert_eq!(
+            notes(std::slice::from_ref(&failing), now),
+            ["db-1: certificate for postgres expires in 3 h, failing on the node: certificate for postgres: group postgres does not exist on this host"]
+        );
+        let refused = proto::ServiceCertInfo { refusal: Some("node `db-1` has been revoked".into()), ..failing };
+        assert_eq!(
+            notes(&[refused], now),
+            ["db-1: certificate for postgres expires in 3 h, renewal refused: node `db-1` has been revoked"]
+        );
     }
 }

@@ -218,3 +218,68 @@ async fn a_node_that_stops_running_the_module_is_refused_its_renewal() {
     })
     .await;
 }
+
+/// What a node reports holding is recorded beside the certificate, for the modules the
+/// declaration gives it only: the serial on its disk, its expiry and why its last attempt failed
+/// there (what the controller cannot see: a group missing on the host, a unit that would not
+/// reload). Another node's module, an undeclared one, a module named twice and an oversized
+/// report are not recorded; a report replaces the one before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_node_reports_holding_is_recorded_for_its_own_modules_only() {
+    on_both(|fx| async move {
+        let c = &fx.c;
+        let (db, _) = enrol(c, "db-1", false).await;
+        let (api, _) = enrol(c, "api-1", false).await;
+        let (_, csr) = service_key_and_csr(&["postgres.basic.mesh".into()]).unwrap();
+        let issued = c.sign_service_cert(&db, &request("postgres", csr)).await.unwrap();
+        let held = |module: &str, serial: Option<&str>, error: Option<&str>| proto::HeldServiceCert {
+            module: module.into(),
+            serial: serial.map(str::to_string),
+            not_after: Some(T0 + 600),
+            error: error.map(str::to_string),
+        };
+        let failing = "certificate for postgres: group postgres does not exist on this host; the key of postgres is not written";
+        let report = proto::HeldServiceCerts {
+            certificates: vec![held("postgres", Some("0aa1"), Some(failing)), held("web", None, Some("not mine"))],
+        };
+        assert_eq!(c.report_held_certs(&db, &report).await.unwrap(), 1, "web is no module of db-1's");
+        let entry =
+            |list: Vec<proto::ServiceCertInfo>, node: &str, module: &str| list.into_iter().find(|i| i.node == node && i.module == module);
+        let pg = entry(c.service_certs().await.unwrap(), "db-1", "postgres").unwrap();
+        assert_eq!(pg.serial.as_deref(), Some(issued.serial.as_str()), "what the controller issued stays");
+        assert_eq!((pg.held_serial.as_deref(), pg.held_not_after), (Some("0aa1"), Some(T0 + 600)));
+        assert_eq!(pg.node_error.as_deref(), Some(failing));
+        assert_eq!(pg.reported_at, Some(T0));
+        assert!(entry(c.service_certs().await.unwrap(), "db-1", "web").is_none(), "nothing recorded for web");
+
+        // api-1 cannot write about db-1's postgres, nor about a module it does not run.
+        let other = proto::HeldServiceCerts { certificates: vec![held("postgres", None, Some("forged"))] };
+        assert_eq!(c.report_held_certs(&api, &other).await.unwrap(), 0);
+        assert!(entry(c.service_certs().await.unwrap(), "api-1", "postgres").is_none());
+        assert_eq!(entry(c.service_certs().await.unwrap(), "db-1", "postgres").unwrap().node_error.as_deref(), Some(failing));
+
+        // Refused whole: a module named twice, more than the bound, a serial that is no hex.
+        let twice = proto::HeldServiceCerts { certificates: vec![held("postgres", None, None), held("postgres", None, Some("x"))] };
+        let many = proto::HeldServiceCerts { certificates: (0..65).map(|i| held(&format!("m{i}"), None, None)).collect() };
+        let serial = proto::HeldServiceCerts { certificates: vec![held("postgres", Some("<script>"), None)] };
+        for bad in [twice, many, serial] {
+            match c.report_held_certs(&db, &bad).await {
+                Err(Error::ServiceCert(ServiceCertRefusal::Malformed)) => {}
+                other => panic!("{bad:?} not refused as malformed: {other:?}"),
+            }
+        }
+        // A long error is cut, its control characters shown escaped.
+        let long = format!("\u{1b}[31m{}", "é".repeat(600));
+        let report = proto::HeldServiceCerts { certificates: vec![held("postgres", Some(&issued.serial), Some(&long))] };
+        c.report_held_certs(&db, &report).await.unwrap();
+        let said = entry(c.service_certs().await.unwrap(), "db-1", "postgres").unwrap().node_error.unwrap();
+        assert!(said.len() <= proto::certs::MAX_HELD_ERROR && !said.contains('\u{1b}'), "{said}");
+
+        // Healed: the next report clears the error.
+        let healed = proto::HeldServiceCerts { certificates: vec![held("postgres", Some(&issued.serial), None)] };
+        c.report_held_certs(&db, &healed).await.unwrap();
+        let pg = entry(c.service_certs().await.unwrap(), "db-1", "postgres").unwrap();
+        assert_eq!((pg.held_serial.as_deref(), pg.node_error), (Some(issued.serial.as_str()), None));
+    })
+    .await;
+}

@@ -872,5 +872,31 @@ async fn a_node_gets_its_service_certificate_and_it_opens_no_node_endpoint() {
             .await
             .unwrap();
         assert_eq!(resp.status().as_u16(), 422);
+
+        // What the node holds, as its agent reports it: recorded for its own module, and shown
+        // to operators beside the certificate; a report past the bound is refused unread.
+        let report = json!({"certificates": [{"module": "postgres", "serial": "0a", "not_after": 5, "error": "group postgres does not exist on this host"}]});
+        let resp = db.http.post(format!("{}/v1/node/certificates/held", r.base)).json(&report).send().await.unwrap();
+        let status = resp.status().as_u16();
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!((status, body["recorded"].as_u64()), (200, Some(1)), "{body}");
+        let listed = r.admin_get("/v1/admin/certificates").await;
+        let pg = listed.as_array().unwrap().iter().find(|c| c["node"] == "db-1" && c["module"] == "postgres").unwrap();
+        assert_eq!(
+            (pg["held_serial"].as_str(), pg["node_error"].as_str()),
+            (Some("0a"), Some("group postgres does not exist on this host")),
+            "{pg}"
+        );
+        let big = json!({"certificates": [{"module": "postgres", "serial": null, "not_after": null, "error": "A".repeat(trellis_server::certs::HELD_BODY)}]});
+        let resp = db.http.post(format!("{}/v1/node/certificates/held", r.base)).json(&big).send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), 413);
+        let resp = db
+            .http
+            .post(format!("{}/v1/node/certificates/held", r.base))
+            .json(&json!({"certificates": [], "all": true}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 422);
     }
 }

@@ -321,8 +321,16 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
         lifetime_secs: Some(60),
         refused_at: Some(1),
         refusal: Some("r".into()),
+        held_serial: Some("00".into()),
+        held_not_after: Some(2),
+        node_error: Some("e".into()),
+        reported_at: Some(1),
     };
     sample(d, "ServiceCertInfo", info, &mut c);
+    let held = proto::HeldServiceCert { module: "postgres".into(), serial: Some("01".into()), not_after: Some(2), error: None };
+    sample(d, "HeldServiceCerts", proto::HeldServiceCerts { certificates: vec![held.clone()] }, &mut c);
+    sample(d, "HeldServiceCert", held, &mut c);
+    sample(d, "HeldServiceCertsAck", proto::HeldServiceCertsAck { recorded: 1 }, &mut c);
     for s in proto::Shown::ALL {
         sample(d, "Shown", *s, &mut c);
     }
@@ -401,7 +409,7 @@ async fn every_route_is_described_and_every_described_path_is_a_route() {
     let unknown = r.http.get(format!("{}/v1/admin/undescribed", r.base)).bearer_auth(&r.admin).send().await.unwrap();
     assert_eq!(unknown.status().as_u16(), 404);
     assert_eq!(unknown.json::<Value>().await.unwrap()["code"], "no_route");
-    assert_eq!(operations, 24, "operations described: {:?}", paths.keys().collect::<Vec<_>>());
+    assert_eq!(operations, 25, "operations described: {:?}", paths.keys().collect::<Vec<_>>());
 
     // Every path the client crate calls is described.
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../client/src");
