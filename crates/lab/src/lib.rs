@@ -65,9 +65,14 @@ impl LabState {
     }
 }
 
+/// Where the state of a lab that is up is kept: named by the lab file and a digest of its full
+/// path, so the same topology from two checkouts can be up at once.
 fn state_path(file: &Path) -> PathBuf {
     let name = file.file_stem().and_then(|s| s.to_str()).unwrap_or("lab");
-    std::env::temp_dir().join(format!("trellis-lab-{name}.json"))
+    let full = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
+    let mut h = std::hash::DefaultHasher::new();
+    std::hash::Hash::hash(&full, &mut h);
+    std::env::temp_dir().join(format!("trellis-lab-{name}-{:08x}.json", std::hash::Hasher::finish(&h) as u32))
 }
 
 fn progress(msg: &str) {
