@@ -124,7 +124,16 @@ fn lab_routes() {
         return;
     }
     let (stdout, _) = lab_run("lab/routes.toml");
-    assert!(stdout.contains("step 1: node gw-1 revoked"), "{stdout}");
+    // gw-1 taken out of the route while it stays in the mesh: followed until laptop-1 and desk-1,
+    // which sent the office's traffic through it, applied (ADR 0022); gw-2 then withdrew nothing.
+    assert!(
+        stdout.contains(
+            "step 1: routes through gw-1 withdrawn, every node that sent them through it (2 peer(s)) applied a bundle that does not: "
+        ),
+        "{stdout}"
+    );
+    assert!(stdout.contains("step 2: routes through gw-2 withdrawn, every node that sent them through it (2 peer(s))"), "{stdout}");
+    assert!(stdout.contains("step 3: node gw-1 revoked"), "{stdout}");
     let seen = |line: &str| stdout.lines().any(|l| l.starts_with("laptop-1") && l.contains("tcp 631 -> printer") && l.contains(line));
     assert!(seen("open via gw-1                yes") && seen("open via gw-2                yes"), "{stdout}");
 }

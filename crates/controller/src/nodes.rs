@@ -65,11 +65,14 @@ impl Controller {
         // A member the sweep removed (revoked or out of contact) has no record left: it stays
         // listed while its peers still hold its key.
         let listed: std::collections::HashSet<String> = roster.iter().map(|e| e.name.clone()).collect();
-        let gone = views.values().filter(|v| !v.complete() && !listed.contains(&v.node)).map(|v| RosterEntry {
+        // Routes withdrawn from a node are followed on the node while it is listed; a node
+        // gone is a revocation's or removal's.
+        let kept = |v: &&proto::Revocation| v.kind != proto::Withdrawal::Routes;
+        let gone = views.values().filter(|v| !v.complete() && !listed.contains(&v.node)).filter(kept).map(|v| RosterEntry {
             name: v.node.clone(),
             state: match v.kind {
                 proto::Withdrawal::Revocation => NodeState::Revoking,
-                proto::Withdrawal::Removal => NodeState::Removing,
+                proto::Withdrawal::Removal | proto::Withdrawal::Routes => NodeState::Removing,
             },
             declared_key: None,
             record: None,

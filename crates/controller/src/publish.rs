@@ -203,6 +203,8 @@ struct Run {
     versions_seen: Option<(i64, i64)>,
     /// Who held the key of each node that left the compiled mesh in the last run.
     left: crate::revocations::Left,
+    /// The declaration revision the last run compiled: routes and hubs change with it.
+    revision: Option<i64>,
 }
 
 pub(crate) struct Publisher {
@@ -542,6 +544,12 @@ impl Controller {
         // stored); only a first compile reads them from the database.
         let allocation = if run.compiled.is_some() { Default::default() } else { self.store.allocation().await? };
         let previous = run.compiled.take();
+        // What each node sent through routers and hubs, when a new declaration may have taken
+        // some of it away (ADR 0022): read before the compile consumes the previous one.
+        let carried_before = match (&previous, run.revision) {
+            (Some(before), Some(r)) if r != revision => Some(crate::revocations::carried(before)),
+            _ => None,
+        };
         let compiled = trellis_core::compile(&decl, &run.keys, &allocation, previous).map_err(|d| Error::internal("compiling", d))?;
         let rendered: HashSet<&str> = compiled.rendered.iter().map(String::as_str).collect();
         let ca_pem = Text::from(self.ca().cert_pem());
@@ -648,6 +656,17 @@ impl Controller {
         let mut known = std::mem::take(&mut run.left);
         known.extend(left_now.iter().map(|(k, v)| (k.clone(), v.clone())));
         self.follow_revocations(&unrecorded, &known, &compiled, (&decl, &run.keys, &records), &stale).await?;
+        if let Some(before) = carried_before {
+            for (through, holders) in crate::revocations::withdrawn(&before, &compiled) {
+                // Each holder's plan changed, so this run published it: that version, or the one
+                // another replica stored for it.
+                let list: Vec<(String, Option<i64>)> =
+                    holders.into_iter().map(|h| (h.clone(), versions.get(&h).map(|v| v.version))).collect();
+                tracing::info!(node = %through, holders = list.len(), "withdrawing routes: holders recorded");
+                self.store.open_withdrawal(&through, self.now(), &list).await?;
+            }
+        }
+        run.revision = Some(revision);
         run.left = left_now;
         contents.keep_only(&compiled);
         run.contents = contents;

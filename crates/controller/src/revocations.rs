@@ -51,6 +51,45 @@ pub(crate) fn holders_in(compiled: &Compiled, nodes: &HashSet<&str>) -> Left {
     out
 }
 
+/// What each node sends through a peer beyond the peer's own addresses, by (holder, peer): the
+/// nodes the peer relays for it and the routes it carries for it. Only pairs with something.
+pub(crate) type Carried = HashMap<(String, String), (Vec<String>, Vec<String>)>;
+
+pub(crate) fn carried(compiled: &Compiled) -> Carried {
+    let mut out = Carried::new();
+    for (name, o) in &compiled.nodes {
+        for p in o.plan.peers.iter().filter(|p| !p.relays_for.is_empty() || !p.routes.is_empty()) {
+            let relays = p.relays_for.iter().map(|t| t.name.to_string()).collect();
+            let routes = p.routes.iter().map(|r| r.name.to_string()).collect();
+            out.insert((name.clone(), p.name().to_string()), (relays, routes));
+        }
+    }
+    out
+}
+
+/// The withdrawals from `before` to `after`, by the node they went through: the holders (in
+/// name order) that sent a route, or a relayed node's traffic, through a node still in the mesh
+/// that no longer carries it for them. What left the mesh is a revocation's or removal's
+/// business: a peer gone, a holder gone, a relayed node gone are not withdrawals.
+pub(crate) fn withdrawn(before: &Carried, after: &Compiled) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for ((holder, through), (relays, routes)) in before {
+        let (Some(h), true) = (after.nodes.get(holder), after.nodes.contains_key(through)) else { continue };
+        let now = h.plan.peers.iter().find(|p| p.name() == through);
+        let relays_now: Vec<&str> = now.map(|p| p.relays_for.iter().map(|t| &*t.name).collect()).unwrap_or_default();
+        let routes_now: Vec<&str> = now.map(|p| p.routes.iter().map(|r| &*r.name).collect()).unwrap_or_default();
+        let lost = relays.iter().any(|x| !relays_now.contains(&x.as_str()) && after.nodes.contains_key(x))
+            || routes.iter().any(|y| !routes_now.contains(&y.as_str()));
+        if lost {
+            out.entry(through.clone()).or_default().push(holder.clone());
+        }
+    }
+    for holders in out.values_mut() {
+        holders.sort();
+    }
+    out
+}
+
 /// Whether `holder`'s plan in `compiled` holds `node` as a peer.
 fn holds(compiled: &Compiled, holder: &str, node: &str) -> bool {
     compiled.nodes.get(holder).is_some_and(|o| o.plan.peers.iter().any(|p| p.name() == node))
@@ -106,6 +145,8 @@ fn superseded(r: &RevocationRecord, record: Option<&NodeRecord>) -> bool {
         (_, None) => false,
         (Withdrawal::Revocation, Some(rec)) => rec.state != EnrolledState::Revoked,
         (Withdrawal::Removal, Some(_)) => true,
+        // Routes through a node still in the mesh: a revocation of it would have replaced it.
+        (Withdrawal::Routes, Some(_)) => false,
     }
 }
 
@@ -172,12 +213,19 @@ impl Controller {
                 action: match r.kind {
                     Withdrawal::Revocation => AuditAction::RevocationCompleted,
                     Withdrawal::Removal => AuditAction::RemovalCompleted,
+                    Withdrawal::Routes => AuditAction::RoutesWithdrawn,
                 },
                 subject: &r.node,
-                detail: format!(
-                    "every node that held its key applied a bundle without it: {} holder(s), {} s after the decision",
-                    v.holders, v.seconds
-                ),
+                detail: match r.kind {
+                    Withdrawal::Routes => format!(
+                        "every node that sent routes or relayed traffic through it that it no longer carries applied a bundle that does not: {} holder(s), {} s after the decision",
+                        v.holders, v.seconds
+                    ),
+                    _ => format!(
+                        "every node that held its key applied a bundle without it: {} holder(s), {} s after the decision",
+                        v.holders, v.seconds
+                    ),
+                },
             };
             if self.store.complete_revocation(&r.node, at, v.holders as i64, &audit).await? {
                 tracing::info!(node = %r.node, kind = %r.kind, holders = v.holders, seconds = v.seconds, "every holder dropped the key");

@@ -321,6 +321,8 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
             }
             Action::Apply(dir) => {
                 let through = st.serving()?.host.clone();
+                let since = trellis_files::unix_now();
+                let at = Instant::now();
                 let c = timing::apply_and_wait(&dir, &st, Duration::from_secs(60))?;
                 println!(
                     "step {}: apply of {} through {through} -> every node it changed applied it: {} of {} nodes, {} ms",
@@ -330,6 +332,15 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
                     c.nodes,
                     c.took.as_millis()
                 );
+                // Routes the apply took from a router or hub still in the mesh (ADR 0022).
+                for (node, r) in timing::withdrawals(&st, since, at, Duration::from_secs(60))? {
+                    println!(
+                        "step {}: routes through {node} withdrawn, every node that sent them through it ({} peer(s)) applied a bundle that does not: {} ms after the apply",
+                        i + 1,
+                        r.holders,
+                        r.took.as_millis()
+                    );
+                }
             }
         }
         st.steps_done = i + 1;

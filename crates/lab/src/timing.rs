@@ -383,3 +383,41 @@ pub(crate) fn renewal(st: &LabState, node: &str) -> Result<Vec<Renewed>> {
     }
     Ok(done)
 }
+
+/// The withdrawals of routes (ADR 0022) decided at or after `since` (Unix seconds, the apply's
+/// start), waited for until each is complete, as `trellis nodes` says: for each node routes were
+/// taken from, its withdrawal and the time from `at` until the lab first saw it complete.
+pub(crate) fn withdrawals(st: &LabState, since: i64, at: Instant, limit: Duration) -> Result<Vec<(String, Withdrawn)>> {
+    let mut done: BTreeMap<String, Withdrawn> = BTreeMap::new();
+    loop {
+        let open: Vec<(String, trellis_proto::Revocation)> = procs::nodes(st)?
+            .into_iter()
+            .filter_map(|n| n.revocation.map(|r| (n.name, r)))
+            .filter(|(_, r)| r.kind == trellis_proto::Withdrawal::Routes && r.decided_at >= since)
+            .collect();
+        let took = at.elapsed();
+        for (name, r) in &open {
+            if r.complete() && !done.contains_key(name) {
+                done.insert(name.clone(), Withdrawn { holders: r.holders, took });
+            }
+        }
+        let left: Vec<String> = open
+            .iter()
+            .filter(|(n, _)| !done.contains_key(n))
+            .map(|(n, r)| format!("{n}: {}", r.summary(trellis_files::unix_now())))
+            .collect();
+        if left.is_empty() {
+            return Ok(done.into_iter().collect());
+        }
+        if at.elapsed() > limit {
+            bail!("routes still withdrawing {} s after the apply: {}", limit.as_secs(), left.join("; "));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A withdrawal of routes seen complete: its holders, and when.
+pub(crate) struct Withdrawn {
+    pub holders: usize,
+    pub took: Duration,
+}

@@ -32,6 +32,9 @@ crate::state::states! {
         ServiceCertificateIssued = "service certificate issued",
         /// A service certificate request refused, with why.
         ServiceCertificateRefused = "service certificate refused",
+        /// Every node that sent a route or relayed traffic through a node that no longer
+        /// carries it applied a bundle that does not (ADR 0022).
+        RoutesWithdrawn = "routes withdrawal completed",
     }
 }
 
@@ -243,6 +246,7 @@ mod tests {
                 "restored from backup",
                 "service certificate issued",
                 "service certificate refused",
+                "routes withdrawal completed",
             ]
         );
         for a in AuditAction::ALL {

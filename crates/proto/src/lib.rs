@@ -327,24 +327,19 @@ impl Revocation {
     /// `revoking (2 of 3 peers still hold its key: db-1 applied v12 < v13, offline 3 h; ...)`.
     pub fn summary(&self, now: i64) -> String {
         use text::{duration, printable};
-        let (doing, done) = match self.kind {
-            Withdrawal::Revocation => ("revoking", "revoked"),
-            Withdrawal::Removal => ("removing", "removed"),
+        let (doing, done, dropped, hold) = match self.kind {
+            Withdrawal::Revocation => ("revoking", "revoked", "dropped its key", "still hold its key"),
+            Withdrawal::Removal => ("removing", "removed", "dropped its key", "still hold its key"),
+            Withdrawal::Routes => ("withdrawing routes", "routes withdrawn", "stopped routing through it", "still route through it"),
         };
         if self.complete() {
-            return format!("{done} (in {}, {} peer(s) dropped its key)", duration(self.seconds), self.holders);
+            return format!("{done} (in {}, {} peer(s) {dropped})", duration(self.seconds), self.holders);
         }
         if !self.holders_known {
             return format!("{doing} (for {}: the publish run that drops its key has not run yet)", duration(self.seconds));
         }
         let held: Vec<String> = self.holding.iter().map(|h| format!("{} {}", printable(&h.name), h.why(now))).collect();
-        format!(
-            "{doing} (for {}; {} of {} peer(s) still hold its key: {})",
-            duration(self.seconds),
-            self.holding.len(),
-            self.holders,
-            held.join("; ")
-        )
+        format!("{doing} (for {}; {} of {} peer(s) {hold}: {})", duration(self.seconds), self.holding.len(), self.holders, held.join("; "))
     }
 }
 
@@ -506,5 +501,9 @@ mod tests {
             ..done
         };
         assert_eq!(removing.summary(now), "removing (for 7 s; 1 of 1 peer(s) still hold its key: ci-1 applied v3 < v4)");
+        let routes = Revocation { kind: Withdrawal::Routes, ..removing };
+        assert_eq!(routes.summary(now), "withdrawing routes (for 7 s; 1 of 1 peer(s) still route through it: ci-1 applied v3 < v4)");
+        let withdrawn = Revocation { completed_at: Some(now), holding: vec![], ..routes };
+        assert_eq!(withdrawn.summary(now), "routes withdrawn (in 7 s, 1 peer(s) stopped routing through it)");
     }
 }

@@ -126,6 +126,10 @@ states! {
         #[default]
         Revocation = "revocation",
         Removal = "removal",
+        /// Routes or relaying taken from a node still in the mesh (a router removed from a
+        /// route, a hub no longer a hub): followed until every node that sent them through it
+        /// applied a bundle that does not.
+        Routes = "routes",
     }
 }
 

@@ -110,23 +110,23 @@ impl Store {
             tx.rollback().await?;
             return Ok(false);
         }
-        // Multi-row inserts: an operator's node may have ten thousand holders.
-        for chunk in holders.chunks(250) {
-            let mut sql = String::from("INSERT INTO revocation_holders (node, holder, dropped_in) VALUES ");
-            for k in 0..chunk.len() {
-                if k > 0 {
-                    sql.push_str(", ");
-                }
-                sql.push_str(&format!("(${}, ${}, ${})", 3 * k + 1, 3 * k + 2, 3 * k + 3));
-            }
-            let mut q = sqlx::query(&sql);
-            for (holder, dropped_in) in chunk {
-                q = q.bind(node.to_string()).bind(holder.clone()).bind(*dropped_in);
-            }
-            q.execute(&mut *tx).await?;
-        }
+        insert_holders(&mut tx, node, holders).await?;
         tx.commit().await?;
         Ok(true)
+    }
+
+    /// Opens a withdrawal of routes through `node` (a router removed from a route, a hub no
+    /// longer a hub: `Withdrawal::Routes`) decided at `at`, with its holders (each node that sent
+    /// them through it, and the first version of its bundle that does not) known at once: the
+    /// publish run that compiled the change knows both. A withdrawal opened before for the node
+    /// starts over.
+    pub async fn open_withdrawal(&self, node: &str, at: i64, holders: &[(String, Option<i64>)]) -> Result<()> {
+        let mut tx = self.begin().await?;
+        open(&mut tx, node, Withdrawal::Routes, at, true).await?;
+        sqlx::query("UPDATE revocations SET holders_known = 1 WHERE node = $1").bind(node.to_string()).execute(&mut *tx).await?;
+        insert_holders(&mut tx, node, holders).await?;
+        tx.commit().await?;
+        Ok(())
     }
 
     /// The holders of open revocations whose bundle without the key is not published yet, as
@@ -188,6 +188,26 @@ impl Store {
             Err(e) => Err(e),
         }
     }
+}
+
+/// Writes the holders of `node`'s revocation or withdrawal, in multi-row inserts: an operator's
+/// node may have ten thousand holders.
+async fn insert_holders(tx: &mut sqlx::Transaction<'static, sqlx::Any>, node: &str, holders: &[(String, Option<i64>)]) -> Result<()> {
+    for chunk in holders.chunks(250) {
+        let mut sql = String::from("INSERT INTO revocation_holders (node, holder, dropped_in) VALUES ");
+        for k in 0..chunk.len() {
+            if k > 0 {
+                sql.push_str(", ");
+            }
+            sql.push_str(&format!("(${}, ${}, ${})", 3 * k + 1, 3 * k + 2, 3 * k + 3));
+        }
+        let mut q = sqlx::query(&sql);
+        for (holder, dropped_in) in chunk {
+            q = q.bind(node.to_string()).bind(holder.clone()).bind(*dropped_in);
+        }
+        q.execute(&mut **tx).await?;
+    }
+    Ok(())
 }
 
 /// Opens a revocation in a decision's transaction: a node revoked again starts over. A node that

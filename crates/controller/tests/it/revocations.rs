@@ -268,3 +268,147 @@ async fn replicas_on_one_database_say_the_same_and_audit_the_completion_once() {
         assert_eq!(state(a, "gone-1").await, state(b, "gone-1").await);
     }
 }
+
+/// gw-1 and gw-2 on a LAN with two laptops of the ops group, which may print on an office LAN
+/// reached through the routers of `via` (the first is the one chosen).
+fn routed(via: &[&str]) -> Vec<proto::DeclFile> {
+    let mut files = mesh(&["gw-1", "gw-2", "laptop-1", "laptop-2"]);
+    let via: Vec<String> = via.iter().map(|v| format!("\"{v}\"")).collect();
+    files[0].text = files[0].text.replace("[networks]", "[groups]\nops = [\"laptop-1\", \"laptop-2\"]\n\n[networks]");
+    files[0].text.push_str(&format!(
+        "\n[[route]]\nname = \"office\"\nprefixes = [\"192.168.10.0/24\"]\nvia = [{}]\n  [[route.allow]]\n  proto = \"tcp\"\n  ports = [\"631\"]\n  from = [\"group:ops\"]\n",
+        via.join(", ")
+    ));
+    files
+}
+
+/// Enrols every node of `names` (the declaration applied already), publishes, and has each
+/// apply its bundle.
+async fn enrol_all(c: &Controller, names: &[&str]) -> Vec<Agent> {
+    let mut agents = Vec::new();
+    for (i, node) in names.iter().enumerate() {
+        let t = c
+            .create_token(&proto::TokenRequest { node: node.to_string(), ttl_secs: 600, require_approval: false, ..Default::default() })
+            .await
+            .unwrap();
+        let token = trellis_core::token::EnrolmentToken::decode(&t.token).unwrap();
+        let key = base64::engine::general_purpose::STANDARD.encode([i as u8 + 1; 32]);
+        let (req, _) = trellis_testing::controller::enrol_request(&token, key);
+        let enrolled = c.enrol(req).await.unwrap();
+        let der = trellis_pki::pem_to_der(&enrolled.node_cert_pem, "CERTIFICATE").unwrap();
+        agents.push(Agent { who: c.authenticate_node(Some(&der)).await.unwrap(), seq: 0 });
+    }
+    c.publish().await.unwrap();
+    for a in &mut agents {
+        a.applies(c).await;
+    }
+    agents
+}
+
+/// A router removed from a route (ADR 0022): gw-1 stays in the mesh, but the laptops that sent
+/// the office's traffic through it are to send it to gw-2. gw-1 is "withdrawing routes" until
+/// both applied a bundle that does; a laptop that never applies keeps it so, named; the
+/// completion is audited once. An apply that changes no route opens nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_removed_from_a_route_is_followed_until_every_node_that_sent_through_it_applied() {
+    for db in trellis_testing::databases().await {
+        let fx = trellis_testing::controller::controller(db.clone()).await;
+        let c = &fx.c;
+        c.apply(&routed(&["gw-1", "gw-2"]), Some(0)).await.unwrap();
+        let names = ["gw-1", "gw-2", "laptop-1", "laptop-2"];
+        let mut agents = enrol_all(c, &names).await;
+        let office_via = |node: &str| {
+            let conf = c.bundle(node).unwrap().signed.to_vec();
+            let text = String::from_utf8_lossy(&conf).to_string();
+            // The peer whose section routes the prefix: named in the comment before its `[Peer]`.
+            let before = &text[..text.find("AllowedIPs = 192.168.10.0/24")?];
+            let head = &before[..before.rfind("[Peer]")?];
+            head.trim_end().lines().last()?.strip_prefix("# ")?.split(':').next().map(str::to_string)
+        };
+        assert_eq!(office_via("laptop-1").as_deref(), Some("gw-1"), "{db}: the first router is chosen");
+
+        // The same declaration again changes no route: nothing to follow.
+        c.apply(&routed(&["gw-1", "gw-2"]), None).await.unwrap();
+        c.publish().await.unwrap();
+        assert!(state(c, "gw-1").await.1.is_none(), "{db}");
+
+        fx.clock.0.store(T0 + 10, Ordering::SeqCst);
+        c.apply(&routed(&["gw-2"]), None).await.unwrap();
+        c.publish().await.unwrap();
+        let (s, r) = state(c, "gw-1").await;
+        let r = r.unwrap_or_else(|| panic!("{db}: gw-1's routes are not followed"));
+        assert_eq!(s, NodeState::Active, "{db}: gw-1 stays in the mesh");
+        assert_eq!((r.kind, r.holders_known, r.decided_at), (proto::Withdrawal::Routes, true, T0 + 10), "{db}: {r:?}");
+        assert_eq!(holding(&r), ["laptop-1", "laptop-2"], "{db}");
+        for h in &r.holding {
+            assert_eq!(h.dropped_in, Some(c.bundle(&h.name).unwrap().version), "{db}: {h:?}");
+        }
+        assert_eq!(office_via("laptop-1").as_deref(), Some("gw-2"));
+        assert!(state(c, "gw-2").await.1.is_none(), "{db}: gw-2 took the route, it withdrew nothing");
+
+        agents[2].applies(c).await;
+        let (_, r) = state(c, "gw-1").await;
+        let r = r.unwrap();
+        let said = r.summary(T0 + 12);
+        assert!(said.starts_with("withdrawing routes (for "), "{said}");
+        assert!(said.contains("1 of 2 peer(s) still route through it: laptop-2 applied v"), "{said}");
+        assert_eq!(c.settle_revocations().await.unwrap(), 0);
+
+        fx.clock.0.store(T0 + 15, Ordering::SeqCst);
+        agents[3].applies(c).await;
+        let (s, r) = state(c, "gw-1").await;
+        let r = r.unwrap();
+        assert_eq!((s, r.completed_at, r.seconds, r.holders), (NodeState::Active, Some(T0 + 15), 5, 2), "{db}: {r:?}");
+        assert_eq!(r.summary(T0 + 20), "routes withdrawn (in 5 s, 2 peer(s) stopped routing through it)");
+        assert_eq!(c.settle_revocations().await.unwrap(), 1);
+        assert_eq!(c.settle_revocations().await.unwrap(), 0);
+        c.publish().await.unwrap();
+        let audit = c.audit().await.unwrap();
+        let done: Vec<_> = audit.iter().filter(|a| a.action == AuditAction::RoutesWithdrawn.as_str()).collect();
+        assert_eq!(done.len(), 1, "{db}");
+        assert_eq!(done[0].subject, "gw-1");
+        assert!(done[0].detail.contains("2 holder(s), 5 s after the decision"), "{}", done[0].detail);
+        assert_eq!(trellis_proto::audit::verify(&audit), Ok(audit.len()));
+        // No revocation is said: gw-1 is no node revoking.
+        let listed = c.nodes().await.unwrap();
+        assert!(listed.iter().all(|n| n.state != NodeState::Revoking && n.state != NodeState::Removing), "{db}");
+    }
+}
+
+/// hub-1 on the internet and a data centre relays between laptop-1 (internet) and db-1 (dc,
+/// reachable only there); `hub` is the declaration's `hub = ...` of hub-1.
+fn relayed(hub: bool) -> Vec<proto::DeclFile> {
+    let mesh = format!(
+        "[mesh]\nname = \"rev\"\ndomain = \"rev.mesh\"\noverlay_ipv4 = \"10.91.0.0/16\"\n\n[networks]\ninternet = {{}}\ndc = {{}}\n\n\
+         [[node]]\nname = \"hub-1\"\nhub = {hub}\nnetworks = [\"internet\", \"dc\"]\nmodules = [\"ping\"]\n\
+         [[node.endpoint]]\naddress = \"198.51.100.10:51820\"\nreachable_from = [\"internet\"]\n\
+         [[node.endpoint]]\naddress = \"10.20.0.5:51820\"\nreachable_from = [\"dc\"]\n\n\
+         [[node]]\nname = \"db-1\"\nnetworks = [\"dc\"]\nmodules = [\"ping\"]\n[[node.endpoint]]\naddress = \"10.20.0.10:51820\"\nreachable_from = [\"dc\"]\n\n\
+         [[node]]\nname = \"laptop-1\"\nnetworks = [\"internet\"]\nmodules = [\"ping\"]\n"
+    );
+    let ping = "[module]\nname = \"ping\"\n\n[[allow]]\nproto = \"icmp\"\nfrom = [\"mesh\"]\n";
+    vec![proto::DeclFile { path: "mesh.toml".into(), text: mesh }, proto::DeclFile { path: "modules/ping.toml".into(), text: ping.into() }]
+}
+
+/// A hub that is no longer one: laptop-1 and db-1 sent each other's traffic through hub-1;
+/// without the hub they have no path, and hub-1 is "withdrawing routes" until both applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hub_no_longer_a_hub_is_followed_until_the_nodes_it_relayed_for_applied() {
+    for db in trellis_testing::databases().await {
+        let fx = trellis_testing::controller::controller(db.clone()).await;
+        let c = &fx.c;
+        c.apply(&relayed(true), Some(0)).await.unwrap();
+        let mut agents = enrol_all(c, &["hub-1", "db-1", "laptop-1"]).await;
+        c.apply(&relayed(false), None).await.unwrap();
+        c.publish().await.unwrap();
+        let (s, r) = state(c, "hub-1").await;
+        let r = r.unwrap_or_else(|| panic!("{db}: the hub's relaying is not followed"));
+        assert_eq!((s, r.kind), (NodeState::Active, proto::Withdrawal::Routes), "{db}");
+        assert_eq!(holding(&r), ["db-1", "laptop-1"], "{db}");
+        agents[1].applies(c).await;
+        agents[2].applies(c).await;
+        let r = state(c, "hub-1").await.1.unwrap();
+        assert!(r.complete(), "{db}: {r:?}");
+        assert_eq!(c.settle_revocations().await.unwrap(), 1);
+    }
+}
