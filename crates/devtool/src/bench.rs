@@ -169,6 +169,17 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the tokio runtime")
 }
 
+/// The IPv4 overlay of a generated mesh of `nodes`: the /16 the benches have always used while
+/// it holds twice the nodes (figures stay comparable), else one that grows with the mesh
+/// (100,000 nodes: a /14).
+pub fn overlay_for(nodes: usize) -> String {
+    let bits = (2 * nodes as u64 + 2).next_power_of_two().trailing_zeros().max(16);
+    if bits <= 16 {
+        return "10.88.0.0/16".into();
+    }
+    format!("10.64.0.0/{}", 32 - bits.min(22))
+}
+
 /// The WireGuard key of generated node `i`.
 pub fn key(i: usize) -> PublicKey {
     let mut b = [0u8; 32];
@@ -194,8 +205,10 @@ pub fn node_name(i: usize, hubs: usize) -> String {
 pub fn generate(a: &Shape, declared_keys: bool) -> (SourceFile, Vec<SourceFile>) {
     let (n, g, m, w, h) = (a.nodes, a.groups.max(2), a.modules.max(2), a.networks.max(1), a.hubs);
     let mut s = String::with_capacity(n * 200);
-    s.push_str(
-        "[mesh]\nname = \"bench\"\ndomain = \"bench.mesh\"\noverlay_ipv4 = \"10.88.0.0/16\"\noverlay_ipv6 = \"fd88::/64\"\n\n[networks]\n",
+    let _ = write!(
+        s,
+        "[mesh]\nname = \"bench\"\ndomain = \"bench.mesh\"\noverlay_ipv4 = \"{}\"\noverlay_ipv6 = \"fd88::/64\"\n\n[networks]\n",
+        overlay_for(n)
     );
     for i in 0..w {
         let _ = writeln!(s, "net-{i} = {{}}");
@@ -479,7 +492,7 @@ async fn bench_enrol(a: &EnrolArgs) -> Result<ExitCode> {
         let _ = stopped.await;
     }));
     let admin = crate::admin_client(&dir)?;
-    let mut mesh = String::from("[mesh]\nname = \"bench\"\ndomain = \"bench.mesh\"\noverlay_ipv4 = \"10.88.0.0/16\"\n");
+    let mut mesh = format!("[mesh]\nname = \"bench\"\ndomain = \"bench.mesh\"\noverlay_ipv4 = \"{}\"\n", overlay_for(a.nodes));
     for i in 0..a.nodes {
         let _ = write!(mesh, "[[node]]\nname = \"n{i:05}\"\n");
     }
