@@ -203,8 +203,10 @@ struct Run {
     versions_seen: Option<(i64, i64)>,
     /// Who held the key of each node that left the compiled mesh in the last run.
     left: crate::revocations::Left,
-    /// The declaration revision the last run compiled: routes and hubs change with it.
+    /// The declaration revision the last run compiled, and its hubs: routes and hubs change
+    /// with it.
     revision: Option<i64>,
+    hubs: HashSet<String>,
 }
 
 pub(crate) struct Publisher {
@@ -546,8 +548,12 @@ impl Controller {
         let previous = run.compiled.take();
         // What each node sent through routers and hubs, when a new declaration may have taken
         // some of it away (ADR 0022): read before the compile consumes the previous one.
+        let hubs: HashSet<String> = decl.nodes.iter().filter(|n| n.hub).map(|n| n.name.clone()).collect();
         let carried_before = match (&previous, run.revision) {
-            (Some(before), Some(r)) if r != revision => Some(crate::revocations::carried(before)),
+            (Some(before), Some(r)) if r != revision => {
+                let demoted: HashSet<&str> = run.hubs.iter().filter(|h| !hubs.contains(*h)).map(String::as_str).collect();
+                Some(crate::revocations::carried(before, &demoted))
+            }
             _ => None,
         };
         let compiled = trellis_core::compile(&decl, &run.keys, &allocation, previous).map_err(|d| Error::internal("compiling", d))?;
@@ -667,6 +673,7 @@ impl Controller {
             }
         }
         run.revision = Some(revision);
+        run.hubs = hubs;
         run.left = left_now;
         contents.keep_only(&compiled);
         run.contents = contents;

@@ -52,16 +52,22 @@ pub(crate) fn holders_in(compiled: &Compiled, nodes: &HashSet<&str>) -> Left {
 }
 
 /// What each node sends through a peer beyond the peer's own addresses, by (holder, peer): the
-/// nodes the peer relays for it and the routes it carries for it. Only pairs with something.
+/// routes the peer carries for it, and, when the peer is one of `demoted` (a hub no longer one),
+/// the nodes it relays for it. Only pairs with something. Relaying is read for demoted hubs only:
+/// a hub relays for thousands of nodes at 10,000, and the scan runs on every new revision.
 pub(crate) type Carried = HashMap<(String, String), (Vec<String>, Vec<String>)>;
 
-pub(crate) fn carried(compiled: &Compiled) -> Carried {
+pub(crate) fn carried(compiled: &Compiled, demoted: &HashSet<&str>) -> Carried {
     let mut out = Carried::new();
     for (name, o) in &compiled.nodes {
-        for p in o.plan.peers.iter().filter(|p| !p.relays_for.is_empty() || !p.routes.is_empty()) {
-            let relays = p.relays_for.iter().map(|t| t.name.to_string()).collect();
+        for p in &o.plan.peers {
+            let relays = !p.relays_for.is_empty() && demoted.contains(p.name());
+            if p.routes.is_empty() && !relays {
+                continue;
+            }
+            let relayed = if relays { p.relays_for.iter().map(|t| t.name.to_string()).collect() } else { Vec::new() };
             let routes = p.routes.iter().map(|r| r.name.to_string()).collect();
-            out.insert((name.clone(), p.name().to_string()), (relays, routes));
+            out.insert((name.clone(), p.name().to_string()), (relayed, routes));
         }
     }
     out
