@@ -59,11 +59,14 @@ impl Backends {
 }
 
 /// What the host shows after the last actions, for the status file.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct HostReport {
     pub interface: Option<String>,
     pub ruleset_loaded: bool,
     pub dns_serving: Vec<String>,
+    /// Milliseconds each kind of action took in the last run of actions (`files`, `wireguard`,
+    /// `routes`, `ruleset`, `dns`, `forwarding`, `prompts`): where an apply's time goes.
+    pub phases_ms: std::collections::BTreeMap<String, f64>,
 }
 
 pub struct Executor {
@@ -207,8 +210,13 @@ impl Executor {
     /// As [`run`](Self::run), adding what happened to each file to `outcomes` as it goes, so
     /// they are known even when a later action fails.
     pub async fn run_into(&mut self, actions: &[Action], outcomes: &mut Vec<FileOutcome>) -> Result<()> {
+        self.report.phases_ms.clear();
         for action in actions {
-            outcomes.extend(self.one(action).await?);
+            let started = Instant::now();
+            let done = self.one(action).await;
+            let ms = started.elapsed().as_secs_f64() * 1000.0;
+            *self.report.phases_ms.entry(phase(action).to_string()).or_default() += ms;
+            outcomes.extend(done?);
         }
         Ok(())
     }
@@ -275,5 +283,18 @@ impl Executor {
             }
         }
         Ok(Vec::new())
+    }
+}
+
+/// The phase an action's time counts under in [`HostReport::phases_ms`].
+fn phase(action: &Action) -> &'static str {
+    match action {
+        Action::WriteFiles { .. } => "files",
+        Action::EnableForwarding => "forwarding",
+        Action::ConfigureWireguard { .. } => "wireguard",
+        Action::ConfigureRoutes { .. } => "routes",
+        Action::LoadRuleset { .. } => "ruleset",
+        Action::ServeZone { .. } => "dns",
+        Action::PromptHandshakes { .. } => "prompts",
     }
 }

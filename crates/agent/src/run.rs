@@ -106,6 +106,7 @@ impl Agent {
         self.status.interface = report.interface;
         self.status.ruleset_loaded = report.ruleset_loaded;
         self.status.dns_serving = report.dns_serving;
+        self.status.last_apply_phases_ms = report.phases_ms;
     }
 
     /// Applies a verified bundle; `None` when it is already applied.

@@ -156,6 +156,10 @@ pub struct AgentStatus {
     /// Milliseconds from a bundle's arrival to its files written and interface, ruleset and DNS
     /// updated, for the last one applied.
     pub last_apply_ms: Option<u64>,
+    /// Where that time went, in milliseconds per phase (`files`, `wireguard`, `ruleset`, `dns`,
+    /// ...).
+    #[serde(default)]
+    pub last_apply_phases_ms: std::collections::BTreeMap<String, f64>,
     pub buffered_evidence: usize,
     pub dropped_evidence: u64,
     /// The node's service certificates, and why the last request for one failed.

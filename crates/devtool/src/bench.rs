@@ -29,6 +29,10 @@ pub enum BenchCommand {
     /// Service certificates (ADR 0023): the services CA's signatures per second, issuance over
     /// HTTPS end to end, and what renewals cost a controller at a fleet's size
     Certs(crate::certs::CertsArgs),
+    /// A real agent in a network namespace on a node that sees N peers (an operator's): the
+    /// first apply, a change of three peers, each split by phase (files, WireGuard, ruleset,
+    /// DNS), its memory and its resolver's answer time, on each WireGuard backend; needs root
+    Agent(crate::agentbench::AgentArgs),
 }
 
 #[derive(Args)]
@@ -158,6 +162,7 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
             None => runtime()?.block_on(bench_enrol(&a)),
         },
         BenchCommand::Certs(a) => runtime()?.block_on(crate::certs::run(&a)),
+        BenchCommand::Agent(a) => crate::agentbench::run(&a),
         BenchCommand::Delivery(a) => match &a.mesh {
             Some(dir) => runtime()?.block_on(crate::fleet::run(&a, dir)),
             None => runtime()?.block_on(crate::delivery::run(&a)),

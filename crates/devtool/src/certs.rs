@@ -147,7 +147,8 @@ async fn issuance(a: &CertsArgs) -> Result<Issuance> {
         let _ = stopped.await;
     }));
     let admin = Arc::new(crate::admin_client(&dir)?);
-    let mut mesh = format!("[mesh]\nname = \"bench\"\ndomain = \"bench.mesh\"\noverlay_ipv4 = \"{}\"\n", crate::bench::overlay_for(a.nodes));
+    let mut mesh =
+        format!("[mesh]\nname = \"bench\"\ndomain = \"bench.mesh\"\noverlay_ipv4 = \"{}\"\n", crate::bench::overlay_for(a.nodes));
     let names: Vec<String> = (0..a.nodes).map(|i| format!("n{i:05}")).collect();
     for n in &names {
         let _ = write!(mesh, "[[node]]\nname = \"{n}\"\nmodules = [\"svc\"]\n");

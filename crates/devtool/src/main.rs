@@ -1,6 +1,7 @@
 //! `trellis-dev`: tools for developing trellis (benchmarks and the delivery load test), kept out
 //! of the binaries that are shipped.
 
+mod agentbench;
 mod bench;
 mod certs;
 mod delivery;

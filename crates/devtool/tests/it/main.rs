@@ -118,3 +118,29 @@ fn bench_certs_prints_signing_issuance_and_fleet_figures() {
     let needed = number(&v, "/fleet/signatures_per_second");
     assert!((needed - 10_000.0 / 57_600.0).abs() < 1e-9, "{v:#}");
 }
+
+/// `bench agent` on a small mesh, as root: a real agent in a namespace applies the first bundle
+/// and the three-peer change on each backend, and every figure is there (the phases the agent
+/// timed include WireGuard and the ruleset; its resolver answered).
+#[test]
+fn bench_agent_reports_each_backends_applies_memory_and_dns() {
+    if !trellis_testing::can_run(trellis_testing::Need::Root) {
+        return;
+    }
+    let f = figures(&["bench", "agent", "--peers", "20", "--queries", "3", "--json"]);
+    let backends = f["backends"].as_array().unwrap();
+    assert_eq!(backends.len(), 2, "{f}");
+    for b in backends {
+        for run in ["first", "change"] {
+            assert!(b[run]["apply_ms"].as_u64().is_some(), "{run}: {b}");
+            for phase in ["files", "wireguard", "ruleset", "dns"] {
+                assert!(b[run]["phases_ms"][phase].as_f64().is_some(), "{run} {phase}: {b}");
+            }
+        }
+        // p-00001 removed and p-00020 added: still 20 peers on the interface.
+        assert_eq!((b["first"]["peers_on_interface"].as_u64(), b["change"]["peers_on_interface"].as_u64()), (Some(20), Some(20)), "{b}");
+        assert!(b["agent_rss_mib"].as_f64().unwrap() > 1.0, "{b}");
+        assert_eq!(b["dns_queries"], 3, "{b}");
+    }
+    assert!(backends[0]["wireguard_go_rss_mib"].as_f64().is_some_and(|m| m > 1.0), "{f}");
+}
