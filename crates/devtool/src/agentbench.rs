@@ -78,14 +78,15 @@ fn print(f: &Value) {
         phases(&f["change"])
     );
     println!(
-        "{}: agent resident {:.1} MiB (peak {:.1} MiB){}; DNS answer for one name among {}: median {} ms of {} queries",
+        "{}: agent resident {:.1} MiB (peak {:.1} MiB){}; DNS answer for one name among {}: median {} ms of {} queries, {} unanswered within 2 s",
         f["backend"].as_str().unwrap_or(""),
         f["agent_rss_mib"].as_f64().unwrap_or(0.0),
         f["agent_peak_mib"].as_f64().unwrap_or(0.0),
         f["wireguard_go_rss_mib"].as_f64().map(|m| format!(", wireguard-go resident {m:.1} MiB")).unwrap_or_default(),
         f["peers"],
         f["dns_median_ms"],
-        f["dns_queries"]
+        f["dns_queries"],
+        f["dns_unanswered"]
     );
 }
 
@@ -113,7 +114,7 @@ impl Drop for Bench {
             }
         }
         let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
-        if self.done {
+        if self.done && std::env::var_os("TRELLIS_BENCH_KEEP").is_none() {
             let _ = std::fs::remove_dir_all(&self.dir);
         } else {
             eprintln!("bench agent: the logs of the failed run are in {}", self.dir.display());
@@ -224,14 +225,17 @@ impl Bench {
         let status = self.status()?;
         let listen = status["dns_serving"].as_array().and_then(|l| l.first()).and_then(|a| a.as_str()).map(str::to_string);
         let mut times = Vec::new();
+        let mut unanswered = 0;
         if let Some(listen) = listen {
             let (host, port) = listen.rsplit_once(':').context("a DNS address without a port")?;
             let host = host.trim_start_matches('[').trim_end_matches(']');
             let name = format!("p-{:05}.agent.mesh", n / 2);
             for _ in 0..a.queries {
-                let out = self.in_ns(&["dig", "+tries=1", "+time=2", &format!("@{host}"), "-p", port, &name, "A"])?;
+                // An answer not within 2 s counts as unanswered, and is reported so.
+                let out = self.in_ns(&["dig", "+tries=1", "+time=2", &format!("@{host}"), "-p", port, &name, "A"]).unwrap_or_default();
                 if !out.contains("status: NOERROR") || !out.contains("ANSWER: 1") {
-                    bail!("the agent's resolver did not answer {name}: {out}");
+                    unanswered += 1;
+                    continue;
                 }
                 let ms: u64 = out
                     .lines()
@@ -253,6 +257,7 @@ impl Bench {
             "wireguard_go_rss_mib": wg_go,
             "dns_median_ms": times.get(times.len() / 2),
             "dns_queries": times.len(),
+            "dns_unanswered": unanswered,
         }))
     }
 
