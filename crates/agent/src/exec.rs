@@ -270,10 +270,14 @@ impl Executor {
                     // Peers still waiting from an earlier prompt wait on, if the interface
                     // still has them; every one is followed up from now.
                     let mut slot = self.follow_up.lock().expect("follow-up lock");
+                    // By key, through sets: after a first apply ten thousand peers wait, and a
+                    // scan of every one for each took 400 ms of the next change.
                     let mut peers = to.clone();
-                    let kept = |k: &str| self.configured.as_ref().is_some_and(|c| c.peers.iter().any(|p| p.public_key == k));
+                    let configured: std::collections::HashSet<&str> =
+                        self.configured.iter().flat_map(|c| c.peers.iter().map(|p| p.public_key.as_str())).collect();
+                    let mut listed: std::collections::HashSet<String> = peers.iter().map(|p| p.public_key.clone()).collect();
                     for old in slot.take().map(|f| f.peers).unwrap_or_default() {
-                        if kept(&old.public_key) && !peers.iter().any(|p| p.public_key == old.public_key) {
+                        if configured.contains(old.public_key.as_str()) && listed.insert(old.public_key.clone()) {
                             peers.push(old);
                         }
                     }

@@ -285,11 +285,11 @@ fn set_device(conf: &WgConf, private_key: &str) -> Result<String> {
 /// same. A peer that loses its endpoint is removed and added again (UAPI cannot clear one).
 fn set_peers(old: &[WgPeer], new: &[WgPeer]) -> Result<String> {
     let mut out = String::new();
-    for gone in old.iter().filter(|o| !new.iter().any(|n| n.public_key == o.public_key)) {
+    let changes = crate::host::peer_changes(old, new);
+    for gone in changes.gone {
         out.push_str(&format!("public_key={}\nremove=true\n", hex_key(&gone.public_key)?));
     }
-    for p in new.iter().filter(|n| !old.contains(n)) {
-        let before = old.iter().find(|o| o.public_key == p.public_key);
+    for (p, before) in changes.changed {
         if before.is_some_and(|o| o.endpoint.is_some() && p.endpoint.is_none()) {
             out.push_str(&format!("public_key={}\nremove=true\n", hex_key(&p.public_key)?));
         }
