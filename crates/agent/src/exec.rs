@@ -105,6 +105,11 @@ pub const FOLLOW_UP_DELAYS: [Duration; 8] = [
     Duration::from_secs(1),
 ];
 pub const FOLLOW_UPS: u32 = FOLLOW_UP_DELAYS.len() as u32;
+/// The most peers followed up at once: the newest prompted first. A follow-up removes and adds
+/// each peer again; a first bundle of ten thousand peers, most of them not answering at once,
+/// would have the agent rebuild thousands of peers eight times over, its resolver starved
+/// meanwhile (`trellis-dev bench agent`). Beyond these, WireGuard's own retry serves.
+pub const FOLLOW_UP_MAX: usize = 256;
 
 /// Prompted peers awaiting their first handshake.
 #[derive(Debug)]
@@ -151,6 +156,7 @@ impl Executor {
                 Vec::new()
             }
         };
+        let shaken: std::collections::HashSet<String> = shaken.into_iter().collect();
         f.peers.retain(|p| !shaken.contains(&p.public_key));
         f.done += 1;
         if f.peers.is_empty() {
@@ -281,6 +287,7 @@ impl Executor {
                             peers.push(old);
                         }
                     }
+                    peers.truncate(FOLLOW_UP_MAX);
                     let next = Instant::now() + FOLLOW_UP_DELAYS[0];
                     *slot = Some(FollowUp { interface: interface.clone(), peers, done: 0, next });
                 }

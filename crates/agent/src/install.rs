@@ -586,6 +586,35 @@ mod tests {
         });
     }
 
+    /// A first bundle of many peers prompts them all, but follows up at most `FOLLOW_UP_MAX` of
+    /// them: restarting thousands of peers eight times over would starve the agent.
+    #[test]
+    fn follow_ups_are_bounded_however_many_peers_were_prompted() {
+        use base64::Engine;
+        rt().block_on(async {
+            let mut f = fixture("follow-up-bound");
+            let mut b = bundle(1, false, "good1", &[]);
+            let mut conf = "[Interface]\nAddress = 10.88.0.5/16\nListenPort = 51820\n".to_string();
+            for i in 0..300u32 {
+                let mut key = [7u8; 32];
+                key[..4].copy_from_slice(&i.to_be_bytes());
+                let key = base64::engine::general_purpose::STANDARD.encode(key);
+                conf.push_str(&format!(
+                    "\n[Peer]\nPublicKey = {key}\nAllowedIPs = 10.88.{}.{}/32\nEndpoint = 192.0.2.9:{}\n",
+                    1 + i / 250,
+                    1 + i % 250,
+                    1000 + i
+                ));
+            }
+            b.files[1] = BundleFile::new(WIREGUARD_CONF, 0o600, conf.into_bytes());
+            f.apply(&b).await.unwrap();
+            let prompt = f.take().last().cloned().unwrap_or_default();
+            assert_eq!(prompt.split_whitespace().count(), 2 + 300, "every new peer is prompted: {prompt}");
+            let followed = f.applier.executor().follow_up();
+            assert_eq!(followed.len(), crate::exec::FOLLOW_UP_MAX, "at most FOLLOW_UP_MAX are followed up");
+        });
+    }
+
     /// A prompted peer without a handshake a moment later (it dropped the initiation: it did not
     /// have this node yet) has its handshake restarted and is prompted again, until it has one or
     /// the follow-ups are spent; one with a handshake is left alone.

@@ -198,7 +198,10 @@ fn network(bundle: &Bundle, observed: &Observed, scope: &Scope) -> Result<Vec<Ac
 /// backends make it anew, without sessions). A peer that dials this node is left to do so.
 fn prompts(conf: &WgConf, before: Option<&WgConf>) -> Vec<Prompt> {
     let before = before.filter(|b| b.addresses == conf.addresses && b.listen_port == conf.listen_port && b.mtu == conf.mtu);
-    let held = |p: &WgPeer| before.is_some_and(|b| b.peers.iter().any(|o| o.public_key == p.public_key && o.endpoint == p.endpoint));
+    // By key, through a map: ten thousand peers compared with ten thousand cost a change 100 ms.
+    let endpoints: std::collections::HashMap<&str, Option<std::net::SocketAddr>> =
+        before.iter().flat_map(|b| b.peers.iter().map(|o| (o.public_key.as_str(), o.endpoint))).collect();
+    let held = |p: &WgPeer| endpoints.get(p.public_key.as_str()).is_some_and(|e| *e == p.endpoint);
     let overlay: Vec<ipnet::IpNet> = conf.addresses.iter().filter_map(|a| a.parse().ok()).collect();
     conf.peers
         .iter()
