@@ -193,6 +193,8 @@ pub struct StaticPaths {
 /// on a loopback entry point of its own.
 pub fn static_config(ingress: &IngressFile, paths: &StaticPaths) -> String {
     let mut s = format!("# trellis-agent: Traefik of ingress node {}. Written by the agent; do not edit.\n", ingress.node);
+    // Traefik asks the internet for new releases unless told not to; nothing leaves for that.
+    s.push_str("global:\n  checkNewVersion: false\n  sendAnonymousUsage: false\n");
     s.push_str("entryPoints:\n");
     for p in &ingress.listen {
         let _ = writeln!(s, "  {}:\n    address: \":{p}\"", entry_point(*p));
@@ -202,7 +204,7 @@ pub fn static_config(ingress: &IngressFile, paths: &StaticPaths) -> String {
     let _ = writeln!(s, "providers:\n  file:\n    directory: \"{}\"\n    watch: true", paths.dynamic_dir);
     s.push_str("api:\n  insecure: true\n  dashboard: false\n");
     s.push_str("ping:\n  entryPoint: \"traefik\"\n");
-    s.push_str("log:\n  level: \"INFO\"\n");
+    s.push_str("log:\n  level: \"INFO\"\n  noColor: true\n");
     if let Some(dir) = &ingress.acme_directory {
         let _ = writeln!(
             s,
