@@ -379,6 +379,7 @@ mod tests {
             &[trellis_core::SourceFile { path: "modules/web.toml".into(), text: web }],
         );
         let decl = loaded.declaration.unwrap_or_else(|| panic!("{:?}", loaded.diagnostics));
+        let decl_again = decl.clone();
         let mut keys = trellis_core::Keys::default();
         keys.set("edge", Some(trellis_core::decl::PublicKey([1; 32])));
         keys.set("web-1", Some(trellis_core::decl::PublicKey([2; 32])));
@@ -415,6 +416,22 @@ mod tests {
         }
         assert_eq!(get(listen, "closed.example.com").0, "403", "the allow-list refuses a client outside sources");
         assert_eq!(get(listen, "other.example.com").0, "404", "a name nobody exposes is not served");
+        // web-1 loses its key and web-2 gains one: the file is replaced by rename, as the agent's
+        // writer does, and Traefik's watcher moves the traffic without a restart.
+        let mut keys = trellis_core::Keys::default();
+        keys.set("edge", Some(trellis_core::decl::PublicKey([1; 32])));
+        keys.set("web-2", Some(trellis_core::decl::PublicKey([3; 32])));
+        let again = trellis_core::compile(&Arc::new(decl_again), &keys, &Default::default(), Some(compiled)).unwrap();
+        let yml = again.nodes["edge"].files.iter().find(|f| f.path == TRAEFIK_YML).unwrap().content.to_string();
+        trellis_files::replace(&root.join(TRAEFIK_YML), yml.as_bytes(), 0o644).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while get(listen, "shop.example.com").1 != "web-2" {
+            assert!(std::time::Instant::now() < deadline, "Traefik did not take the replaced file");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for _ in 0..6 {
+            assert_eq!(get(listen, "shop.example.com"), ("200".to_string(), "web-2".to_string()));
+        }
         let storage = std::fs::metadata(state.join(ACME_STORAGE)).unwrap();
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(storage.permissions().mode() & 0o777, 0o600);

@@ -201,7 +201,13 @@ pub fn static_config(ingress: &IngressFile, paths: &StaticPaths) -> String {
     }
     // `traefik` is the entry point the API and ping are served on: loopback only.
     let _ = writeln!(s, "  traefik:\n    address: \"{}\"", paths.api);
-    let _ = writeln!(s, "providers:\n  file:\n    directory: \"{}\"\n    watch: true", paths.dynamic_dir);
+    // A new dynamic file takes effect within a fifth of a second (Traefik waits 2 s by default):
+    // a revoked backend stops being sent to as soon as the bundle without it is written.
+    let _ = writeln!(
+        s,
+        "providers:\n  providersThrottleDuration: \"200ms\"\n  file:\n    directory: \"{}\"\n    watch: true",
+        paths.dynamic_dir
+    );
     s.push_str("api:\n  insecure: true\n  dashboard: false\n");
     s.push_str("ping:\n  entryPoint: \"traefik\"\n");
     s.push_str("log:\n  level: \"INFO\"\n  noColor: true\n");
