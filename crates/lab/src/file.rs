@@ -781,12 +781,34 @@ mod tests {
         };
         assert_eq!(
             load_text("proto-typo", &lab("proto = \"icmpp\"\n")).unwrap_err(),
-            "FILE:8:9: unknown variant `icmpp`, expected one of `tcp`, `udp`, `icmp`, `throughput`, `tls`"
+            "FILE:8:9: unknown variant `icmpp`, expected one of `tcp`, `udp`, `icmp`, `throughput`, `tls`, `https`"
         );
         assert_eq!(
             load_text("result-typo", &lab("port = 5432\nresult = \"close\"\n")).unwrap_err(),
             "FILE:9:10: unknown variant `close`, expected one of `open`, `closed`, `nxdomain`, `refused`"
         );
+    }
+
+    /// An HTTPS expectation names where it goes and the host it asks for; `host` and
+    /// `answered_by` belong to it alone, and `answered_by` means open.
+    #[test]
+    fn an_https_expectation_names_its_target_and_host() {
+        let lab = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lab/expose.toml"));
+        let loaded = load_text("https", lab).unwrap();
+        let https: Vec<_> = loaded.expect.iter().filter(|e| e.proto == Some(super::Proto::Https)).collect();
+        assert_eq!(https.len(), 2);
+        assert_eq!((https[0].port(), https[1].port()), (Some(443), Some(8080)));
+        let head = "[lab]\nname = \"h\"\ndeclaration = \"expose/closed\"\n[[net]]\nname = \"n\"\nipv4 = \"192.0.2.0/24\"\n[[host]]\nname = \"c\"\nrole = \"controller\"\naddresses = { n = \"192.0.2.1\" }\n[[expect]]\nfrom = \"c\"\n";
+        for (tag, tail, want) in [
+            ("https-host", "to = \"c\"\nproto = \"https\"\n", "is an HTTPS request: give `to`"),
+            ("https-name", "to = \"c\"\nproto = \"https\"\nhost = \"a.example\"\nname = \"x\"\n", "and no `dns`, `via` or `name`"),
+            ("tcp-host", "to = \"c\"\nport = 1\nhost = \"a.example\"\n", "which only a `proto = \"https\"` expectation uses"),
+            ("https-by", "to = \"c\"\nproto = \"https\"\nhost = \"a.example\"\nanswered_by = [\"c\"]\nresult = \"refused\"\n", "needs the runners that may answer, and `result = \"open\"`"),
+        ] {
+            let err = load_text(tag, &format!("{head}{tail}")).unwrap_err();
+            assert!(err.contains(want), "{tag}: {err}");
+        }
+        assert!(load_text("https-ok", &format!("{head}to = \"c\"\nproto = \"https\"\nhost = \"a.example\"\nresult = \"refused\"\n")).is_ok());
     }
 
     /// A step's expectations replace those with the same check and keep the others.
