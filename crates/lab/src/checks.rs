@@ -333,6 +333,11 @@ pub(crate) enum Served {
 /// One HTTPS request from namespace `from_ns` for `host` to `addr:port`, verifying the
 /// certificate against the lab's ACME root (never skipped), with curl, bounded in time.
 pub(crate) fn https_once(st: &LabState, from_ns: &str, host: &str, addr: &str, port: u16) -> Result<Served> {
+    https_within(st, from_ns, host, addr, port, 5)
+}
+
+/// As `https_once`, each request given at most `secs` seconds.
+pub(crate) fn https_within(st: &LabState, from_ns: &str, host: &str, addr: &str, port: u16, secs: u32) -> Result<Served> {
     let root = st.dir.join("acme-root.pem");
     if !root.exists() {
         bail!("https to {host}: the lab has no ACME root ({} is missing): is there a host with role = \"acme\"?", root.display());
@@ -341,7 +346,19 @@ pub(crate) fn https_once(st: &LabState, from_ns: &str, host: &str, addr: &str, p
     let resolve = format!("{host}:{port}:{addr}");
     let out = ns_cmd(
         from_ns,
-        &["curl", "-s", "--max-time", "5", "--cacert", &root.to_string_lossy(), "--resolve", &resolve, "-w", "\n%{http_code}", &url],
+        &[
+            "curl",
+            "-s",
+            "--max-time",
+            &secs.to_string(),
+            "--cacert",
+            &root.to_string_lossy(),
+            "--resolve",
+            &resolve,
+            "-w",
+            "\n%{http_code}",
+            &url,
+        ],
     )
     .stdin(Stdio::null())
     .output()

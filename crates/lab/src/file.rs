@@ -803,12 +803,18 @@ mod tests {
             ("https-host", "to = \"c\"\nproto = \"https\"\n", "is an HTTPS request: give `to`"),
             ("https-name", "to = \"c\"\nproto = \"https\"\nhost = \"a.example\"\nname = \"x\"\n", "and no `dns`, `via` or `name`"),
             ("tcp-host", "to = \"c\"\nport = 1\nhost = \"a.example\"\n", "which only a `proto = \"https\"` expectation uses"),
-            ("https-by", "to = \"c\"\nproto = \"https\"\nhost = \"a.example\"\nanswered_by = [\"c\"]\nresult = \"refused\"\n", "needs the runners that may answer, and `result = \"open\"`"),
+            (
+                "https-by",
+                "to = \"c\"\nproto = \"https\"\nhost = \"a.example\"\nanswered_by = [\"c\"]\nresult = \"refused\"\n",
+                "needs the runners that may answer, and `result = \"open\"`",
+            ),
         ] {
             let err = load_text(tag, &format!("{head}{tail}")).unwrap_err();
             assert!(err.contains(want), "{tag}: {err}");
         }
-        assert!(load_text("https-ok", &format!("{head}to = \"c\"\nproto = \"https\"\nhost = \"a.example\"\nresult = \"refused\"\n")).is_ok());
+        assert!(
+            load_text("https-ok", &format!("{head}to = \"c\"\nproto = \"https\"\nhost = \"a.example\"\nresult = \"refused\"\n")).is_ok()
+        );
     }
 
     /// A step's expectations replace those with the same check and keep the others.
