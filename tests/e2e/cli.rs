@@ -91,14 +91,14 @@ fn explain_says_why_and_what_passes() {
 /// unknown exposure, or a second argument, is one sentence and exit 1.
 #[test]
 fn explain_an_exposure_names_its_edges_backends_and_rule() {
-    let text = ok(args(&["explain", "lab/expose/open", "expose:shop"]));
+    let text = ok(args(&["explain", "lab/expose", "expose:shop"]));
     assert!(text.contains("ingress nodes (each runs Traefik): edge-1"), "{text}");
     assert!(text.contains("backends: the runners of module web that hold a key: web-1, web-2"), "{text}");
-    assert!(text.contains("admitted by module web rule 1 (lab/expose/open/modules/web.toml:6:1): tcp 8080 from expose:shop"), "{text}");
-    let (o, d) = run(args(&["explain", "lab/expose/open", "expose:shopp"]));
+    assert!(text.contains("admitted by module web rule 1 (lab/expose/modules/web.toml:6:1): tcp 8080 from expose:shop"), "{text}");
+    let (o, d) = run(args(&["explain", "lab/expose", "expose:shopp"]));
     assert_eq!(o.status.code(), Some(1), "{d}");
-    assert!(String::from_utf8_lossy(&o.stderr).contains("no exposure `shopp` is declared in lab/expose/open (declared: shop)"), "{d}");
-    let (o, d) = run(args(&["explain", "lab/expose/open", "expose:shop", "edge-1"]));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no exposure `shopp` is declared in lab/expose (declared: shop)"), "{d}");
+    let (o, d) = run(args(&["explain", "lab/expose", "expose:shop", "edge-1"]));
     assert_eq!(o.status.code(), Some(1), "{d}");
 }
 

@@ -99,6 +99,8 @@ pub struct CertState {
 }
 
 pub struct Ingress {
+    /// The node's name, for the static configuration's header.
+    node: String,
     mode: IngressMode,
     root: PathBuf,
     state_dir: PathBuf,
@@ -110,8 +112,9 @@ pub struct Ingress {
 }
 
 impl Ingress {
-    pub fn new(mode: IngressMode, root: &Path, state_dir: &Path, api: SocketAddr) -> Ingress {
-        Ingress { mode, root: root.to_path_buf(), state_dir: state_dir.to_path_buf(), api, child: None, running: None, status: None }
+    pub fn new(node: &str, mode: IngressMode, root: &Path, state_dir: &Path, api: SocketAddr) -> Ingress {
+        let (root, state_dir) = (root.to_path_buf(), state_dir.to_path_buf());
+        Ingress { node: node.to_string(), mode, root, state_dir, api, child: None, running: None, status: None }
     }
 
     /// The status, when this node is an ingress.
@@ -156,8 +159,8 @@ impl Ingress {
 
     /// Starts Traefik with the static configuration `ingress.toml` makes, unless it runs with it.
     fn ensure(&mut self, settings: &str) -> Result<()> {
-        let node = String::new();
-        let file = IngressFile::parse(&node, settings).map_err(|e| anyhow::anyhow!("{}: {e}", self.root.join(INGRESS_TOML).display()))?;
+        let file =
+            IngressFile::parse(&self.node, settings).map_err(|e| anyhow::anyhow!("{}: {e}", self.root.join(INGRESS_TOML).display()))?;
         let storage = self.state_dir.join(ACME_STORAGE);
         let paths = StaticPaths {
             dynamic_dir: self.root.join(TRAEFIK_DIR).display().to_string(),
@@ -395,7 +398,7 @@ mod tests {
         backend(SocketAddr::new("127.77.0.2".parse().unwrap(), port), "web-1");
         backend(SocketAddr::new("127.77.0.3".parse().unwrap(), port), "web-2");
         let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let mut ingress = Ingress::new(IngressMode::Traefik, &root, &state, api);
+        let mut ingress = Ingress::new("edge", IngressMode::Traefik, &root, &state, api);
         ingress.tend();
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         let status = loop {

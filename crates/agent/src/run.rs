@@ -76,7 +76,7 @@ impl Agent {
         // What an apply that fails falls back to.
         let previous = last_bundle(&opts.state_dir, &key, &id).ok().flatten();
         let client = identity::node_client(&opts.state_dir, &id)?;
-        let ingress = crate::ingress::Ingress::new(opts.ingress, &opts.root, &opts.state_dir, opts.ingress_api);
+        let ingress = crate::ingress::Ingress::new(&id.node, opts.ingress, &opts.root, &opts.state_dir, opts.ingress_api);
         Ok(Agent {
             ingress: std::sync::Mutex::new(ingress),
             evidence: EvidenceBuffer::new(&opts.state_dir),

@@ -798,7 +798,7 @@ mod tests {
         let https: Vec<_> = loaded.expect.iter().filter(|e| e.proto == Some(super::Proto::Https)).collect();
         assert_eq!(https.len(), 2);
         assert_eq!((https[0].port(), https[1].port()), (Some(443), Some(8080)));
-        let head = "[lab]\nname = \"h\"\ndeclaration = \"expose/closed\"\n[[net]]\nname = \"n\"\nipv4 = \"192.0.2.0/24\"\n[[host]]\nname = \"c\"\nrole = \"controller\"\naddresses = { n = \"192.0.2.1\" }\n[[expect]]\nfrom = \"c\"\n";
+        let head = "[lab]\nname = \"h\"\ndeclaration = \"expose-off\"\n[[net]]\nname = \"n\"\nipv4 = \"192.0.2.0/24\"\n[[host]]\nname = \"c\"\nrole = \"controller\"\naddresses = { n = \"192.0.2.1\" }\n[[expect]]\nfrom = \"c\"\n";
         for (tag, tail, want) in [
             ("https-host", "to = \"c\"\nproto = \"https\"\n", "is an HTTPS request: give `to`"),
             ("https-name", "to = \"c\"\nproto = \"https\"\nhost = \"a.example\"\nname = \"x\"\n", "and no `dns`, `via` or `name`"),
