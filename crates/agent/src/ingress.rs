@@ -365,17 +365,18 @@ mod tests {
         if !trellis_testing::can_run(trellis_testing::Need::Program("traefik")) {
             return;
         }
-        let (listen, port) = (free_port(), free_port());
+        let (listen, port, passthrough) = (free_port(), free_port(), free_port());
         let mesh = format!(
             "[mesh]\nname = \"t\"\ndomain = \"t.mesh\"\noverlay_ipv4 = \"127.77.0.0/24\"\n[networks]\nlan = {{}}\n\
              [[node]]\nname = \"edge\"\nnetworks = [\"lan\"]\naddress_ipv4 = \"127.77.0.1\"\n[[node.endpoint]]\naddress = \"192.0.2.1:51820\"\nreachable_from = [\"lan\"]\n\
              [[node]]\nname = \"web-1\"\nnetworks = [\"lan\"]\nmodules = [\"web\"]\naddress_ipv4 = \"127.77.0.2\"\n\
              [[node]]\nname = \"web-2\"\nnetworks = [\"lan\"]\nmodules = [\"web\"]\naddress_ipv4 = \"127.77.0.3\"\n\
              [[expose]]\nname = \"shop\"\nhostnames = [\"shop.example.com\"]\nmodule = \"web\"\nport = {port}\nvia = [\"edge\"]\nlisten = {listen}\ntls = \"none\"\nsources = [\"127.0.0.0/8\"]\n\
-             [[expose]]\nname = \"closed\"\nhostnames = [\"closed.example.com\"]\nmodule = \"web\"\nport = {port}\nvia = [\"edge\"]\nlisten = {listen}\ntls = \"none\"\nsources = [\"192.0.2.0/24\"]\n"
+             [[expose]]\nname = \"closed\"\nhostnames = [\"closed.example.com\"]\nmodule = \"web\"\nport = {port}\nvia = [\"edge\"]\nlisten = {listen}\ntls = \"none\"\nsources = [\"192.0.2.0/24\"]\n\
+             [[expose]]\nname = \"tunnel\"\nhostnames = [\"tunnel.example.com\"]\nmodule = \"web\"\nport = {port}\nvia = [\"edge\"]\nlisten = {passthrough}\ntls = \"passthrough\"\n"
         );
         let web = format!(
-            "[module]\nname = \"web\"\n[[allow]]\nproto = \"tcp\"\nports = [\"{port}\"]\nfrom = [\"expose:shop\", \"expose:closed\"]\n"
+            "[module]\nname = \"web\"\n[[allow]]\nproto = \"tcp\"\nports = [\"{port}\"]\nfrom = [\"expose:shop\", \"expose:closed\", \"expose:tunnel\"]\n"
         );
         let loaded = trellis_core::load(
             &trellis_core::SourceFile { path: "mesh.toml".into(), text: mesh },
@@ -404,15 +405,15 @@ mod tests {
         let status = loop {
             ingress.tend();
             let s = ingress.status().cloned().unwrap();
-            if s.routers.len() == 2 && s.routers.iter().all(|r| r.status == "enabled") {
+            if s.routers.len() == 3 && s.routers.iter().all(|r| r.status == "enabled") {
                 break s;
             }
             assert!(std::time::Instant::now() < deadline, "Traefik's routers did not come up: {s:?}");
             std::thread::sleep(Duration::from_millis(100));
         };
         assert_eq!(status.traefik, "running");
-        let names: Vec<&str> = status.routers.iter().map(|r| r.name.as_str()).collect();
-        assert_eq!(names, ["closed-0", "shop-0"]);
+        let names: Vec<(&str, &str)> = status.routers.iter().map(|r| (r.kind.as_str(), r.name.as_str())).collect();
+        assert_eq!(names, [("http", "closed-0"), ("http", "shop-0"), ("tcp", "tunnel-0")]);
         // web-2 holds no key: every answer comes from web-1.
         for _ in 0..6 {
             assert_eq!(get(listen, "shop.example.com"), ("200".to_string(), "web-1".to_string()));
