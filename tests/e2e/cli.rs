@@ -87,6 +87,21 @@ fn explain_says_why_and_what_passes() {
     assert_eq!(modules, ["ping", "postgres"]);
 }
 
+/// `explain DIR expose:NAME` names the ingress nodes, the backends and the admitting rule; an
+/// unknown exposure, or a second argument, is one sentence and exit 1.
+#[test]
+fn explain_an_exposure_names_its_edges_backends_and_rule() {
+    let text = ok(args(&["explain", "lab/expose", "expose:shop"]));
+    assert!(text.contains("ingress nodes (each runs Traefik): edge-1"), "{text}");
+    assert!(text.contains("backends: the runners of module web that hold a key: web-1, web-2"), "{text}");
+    assert!(text.contains("admitted by module web rule 1 (lab/expose/modules/web.toml:6:1): tcp 8080 from expose:shop"), "{text}");
+    let (o, d) = run(args(&["explain", "lab/expose", "expose:shopp"]));
+    assert_eq!(o.status.code(), Some(1), "{d}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no exposure `shopp` is declared in lab/expose (declared: shop)"), "{d}");
+    let (o, d) = run(args(&["explain", "lab/expose", "expose:shop", "edge-1"]));
+    assert_eq!(o.status.code(), Some(1), "{d}");
+}
+
 #[test]
 fn completions_and_man_pages_are_made_from_the_command_line() {
     let dir = TempDir::new("assets");

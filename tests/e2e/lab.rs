@@ -251,3 +251,23 @@ fn lab_renew() {
     assert_eq!(served(1), [old], "before the step, the first certificate is served and verifies\n{stdout}");
     assert_eq!(served(2), [new], "after it, the renewed one\n{stdout}");
 }
+
+/// Exposure through an ingress (ADR 0026): real Traefik on edge-1 as its agent's child, a real
+/// certificate from the lab's ACME CA (pebble, validating TLS-ALPN-01 against edge-1), real TLS
+/// verified by the client; the exposure applied serves client-1 from both runners and refuses
+/// client-2 (outside its sources); web-2 revoked, the site stays up on web-1 alone; withdrawn, it
+/// is closed. Prints both figures.
+#[test]
+fn lab_expose() {
+    if !can_run(Need::Root) || !can_run(Need::Program("traefik")) || !can_run(Need::Program("pebble")) {
+        return;
+    }
+    let (stdout, _) = lab_run("lab/expose.toml");
+    for want in [
+        "step 1: apply -> https://shop.example.com/ served to client-1 through edge-1, its certificate verified against the lab's ACME root: ",
+        "certificates: shop.example.com until ",
+        "step 2: revocation of web-2 -> edge-1 answers client-1 from web-1 only (8 requests in a row): ",
+    ] {
+        assert!(stdout.contains(want), "no `{want}` in\n{stdout}");
+    }
+}

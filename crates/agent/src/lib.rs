@@ -10,6 +10,7 @@ pub mod dns;
 pub mod exec;
 pub mod host;
 pub mod identity;
+pub mod ingress;
 pub mod install;
 pub mod log;
 pub mod metrics;
@@ -60,6 +61,14 @@ struct HostArgs {
     /// Serve Prometheus metrics in plain HTTP at http://ADDR/metrics (`run` only; off unless given)
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<String>,
+    /// On an ingress node (one the declaration names in an exposure's `via`): run Traefik as the
+    /// agent's child (`traefik`; `auto`: when a `traefik` is on PATH), or leave etc/trellis/traefik/
+    /// to an operator's own Traefik (`none`)
+    #[arg(long, value_enum, default_value = "auto")]
+    ingress: ingress::IngressMode,
+    /// Where the agent's Traefik serves its API and ping, on loopback, for the agent to read
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9180")]
+    ingress_api: std::net::SocketAddr,
 }
 
 impl HostArgs {
@@ -67,6 +76,10 @@ impl HostArgs {
     fn agent(self, wait: u64, max_applies: u64, max_backoff: u64) -> Result<run::Agent> {
         if !self.files_only {
             self.wireguard.check()?;
+            self.ingress.check()?;
+        }
+        if !self.ingress_api.ip().is_loopback() {
+            anyhow::bail!("--ingress-api {}: Traefik's API is served on loopback only", self.ingress_api);
         }
         let backends = exec::Backends::host(&self.root, &self.state_dir, self.wireguard, self.files_only);
         run::Agent::new(self.options(wait, max_applies, max_backoff), backends)
@@ -82,6 +95,8 @@ impl HostArgs {
             max_backoff,
             dns_port: self.dns_port,
             metrics_listen: self.metrics_listen,
+            ingress: if self.files_only { ingress::IngressMode::None } else { self.ingress },
+            ingress_api: self.ingress_api,
         }
     }
 }

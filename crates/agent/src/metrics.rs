@@ -25,6 +25,18 @@ struct ResultLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabel {
+    /// Traefik's word for a router: enabled, warning or disabled.
+    status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HostLabel {
+    /// A declared exposure's host name.
+    hostname: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PeerLabel {
     /// The peer's WireGuard public key (what the interface knows it by).
     peer: String,
@@ -41,6 +53,9 @@ pub struct Metrics {
     handshake_age: Family<PeerLabel, Gauge>,
     buffered: Gauge,
     dropped: Gauge,
+    traefik_running: Gauge,
+    routers: Family<StatusLabel, Gauge>,
+    cert_expiry: Family<HostLabel, Gauge>,
     /// The status last written by the run loop; the gauges are set from it at each scrape.
     status: Mutex<AgentStatus>,
 }
@@ -87,7 +102,21 @@ impl Metrics {
         r.register("evidence_buffered_records", "Evidence records waiting to be sent", buffered.clone());
         let dropped = Gauge::default();
         r.register("evidence_dropped_records", "Evidence records dropped (buffer bound, or refused for good)", dropped.clone());
+        let traefik_running = Gauge::default();
+        r.register("ingress_traefik_running", "On an ingress node: 1 while the agent's Traefik runs", traefik_running.clone());
+        let routers = Family::<StatusLabel, Gauge>::default();
+        r.register("ingress_routers", "On an ingress node: trellis's routers in Traefik, by Traefik's status", routers.clone());
+        let cert_expiry = Family::<HostLabel, Gauge>::default();
+        r.register_with_unit(
+            "ingress_certificate_expiry",
+            "On an ingress node: time until each ACME certificate expires (negative: expired)",
+            Unit::Seconds,
+            cert_expiry.clone(),
+        );
         Metrics {
+            traefik_running,
+            routers,
+            cert_expiry,
             registry: r,
             applies,
             apply_duration,
@@ -130,6 +159,16 @@ impl Metrics {
             }
             self.buffered.set(s.buffered_evidence as i64);
             self.dropped.set(s.dropped_evidence as i64);
+            self.routers.clear();
+            self.cert_expiry.clear();
+            let ingress = s.ingress.as_ref();
+            self.traefik_running.set(ingress.is_some_and(|i| i.traefik == "running") as i64);
+            for r in ingress.iter().flat_map(|i| &i.routers) {
+                self.routers.get_or_create(&StatusLabel { status: r.status.clone() }).inc();
+            }
+            for c in ingress.iter().flat_map(|i| &i.certificates) {
+                self.cert_expiry.get_or_create(&HostLabel { hostname: c.hostname.clone() }).set(c.not_after - now);
+            }
         }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");

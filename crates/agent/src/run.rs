@@ -31,6 +31,9 @@ pub struct Options {
     pub dns_port: u16,
     /// Where to serve the metrics (`run` only).
     pub metrics_listen: Option<String>,
+    /// Whether the agent runs Traefik on an ingress node, and where its API is (ADR 0026).
+    pub ingress: crate::ingress::IngressMode,
+    pub ingress_api: std::net::SocketAddr,
 }
 
 struct Polled {
@@ -50,6 +53,8 @@ pub struct Agent {
     metrics: std::sync::Arc<crate::metrics::Metrics>,
     /// The node's service certificates (ADR 0023).
     certs: crate::certs::Certs,
+    /// Traefik on an ingress node; tended while a long-poll waits, so behind a lock.
+    ingress: std::sync::Mutex<crate::ingress::Ingress>,
 }
 
 /// The bundle last applied (`bundle.last`), verified again; `None` when there is none.
@@ -71,7 +76,9 @@ impl Agent {
         // What an apply that fails falls back to.
         let previous = last_bundle(&opts.state_dir, &key, &id).ok().flatten();
         let client = identity::node_client(&opts.state_dir, &id)?;
+        let ingress = crate::ingress::Ingress::new(&id.node, opts.ingress, &opts.root, &opts.state_dir, opts.ingress_api);
         Ok(Agent {
+            ingress: std::sync::Mutex::new(ingress),
             evidence: EvidenceBuffer::new(&opts.state_dir),
             status: AgentStatus { pid: std::process::id(), version: manifest.version, ..Default::default() },
             installer: Installer::new(exec, scope, &opts.state_dir, manifest, previous),
@@ -107,6 +114,12 @@ impl Agent {
         self.status.ruleset_loaded = report.ruleset_loaded;
         self.status.dns_serving = report.dns_serving;
         self.status.last_apply_phases_ms = report.phases_ms;
+        self.tend_ingress();
+    }
+
+    /// Brings Traefik to the files written and reads its state (ADR 0026).
+    fn tend_ingress(&self) {
+        self.ingress.lock().expect("ingress").tend();
     }
 
     /// Applies a verified bundle; `None` when it is already applied.
@@ -224,6 +237,7 @@ impl Agent {
         status.peers = self.installer.executor().peers();
         status.buffered_evidence = self.evidence.pending().len();
         status.certificates = self.certs.status().to_vec();
+        status.ingress = self.ingress.lock().expect("ingress").status().cloned();
         let _ = status.save(&self.opts.state_dir);
         self.metrics.status(&status);
         status
@@ -314,7 +328,7 @@ impl Agent {
                     tokio::select! {
                         p = &mut poll => break Some(p),
                         _ = &mut certs_wake, if certs_due.is_some() => break None,
-                        _ = tick.tick() => { self.snapshot(); }
+                        _ = tick.tick() => { self.tend_ingress(); self.snapshot(); }
                         _ = due, if follow_up.is_some() => { self.installer.executor().follow_up(); }
                     }
                 }

@@ -165,6 +165,9 @@ pub struct AgentStatus {
     /// The node's service certificates, and why the last request for one failed.
     #[serde(default)]
     pub certificates: Vec<crate::certs::CertStatus>,
+    /// On an ingress node: Traefik, its routers and certificates (ADR 0026).
+    #[serde(default)]
+    pub ingress: Option<crate::ingress::IngressStatus>,
 }
 
 impl AgentStatus {

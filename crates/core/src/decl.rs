@@ -21,6 +21,90 @@ pub struct Declaration {
     pub routes: Vec<Route>,
     pub tests: Vec<PolicyTest>,
     pub pools: Vec<Pool>,
+    /// `[acme]`: where ingress nodes get public certificates (ADR 0026).
+    pub acme: Option<Acme>,
+    /// `[[expose]]`: modules offered beyond the mesh through ingress nodes (ADR 0026).
+    pub exposures: Vec<Exposure>,
+}
+
+/// `[acme]`: the ACME directory ingress nodes take public certificates from, and the account's
+/// contact.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Acme {
+    pub directory: String,
+    pub email: Option<String>,
+    pub loc: Loc,
+}
+
+/// How an exposure's edge handles TLS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ExposeTls {
+    /// The edge terminates TLS with a certificate from `[acme]`.
+    Acme,
+    /// The edge routes TCP by SNI and the runner terminates TLS.
+    Passthrough,
+    /// Plain HTTP at the edge.
+    None,
+}
+
+impl ExposeTls {
+    pub fn parse(s: &str) -> Option<ExposeTls> {
+        match s {
+            "acme" => Some(ExposeTls::Acme),
+            "passthrough" => Some(ExposeTls::Passthrough),
+            "none" => Some(ExposeTls::None),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExposeTls::Acme => "acme",
+            ExposeTls::Passthrough => "passthrough",
+            ExposeTls::None => "none",
+        }
+    }
+}
+
+impl fmt::Display for ExposeTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The port an exposure listens on when it names none.
+pub const DEFAULT_LISTEN: u16 = 443;
+
+/// An `[[expose]]`: a module's port offered to clients beyond the mesh under public host names,
+/// through ingress nodes (`via`) that each run Traefik. The exposure is a rule source
+/// (`expose:NAME`) that resolves to the ingress nodes: a rule of the module must admit it on the
+/// port.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Exposure {
+    pub name: String,
+    pub hostnames: Vec<String>,
+    pub hostname_locs: Vec<Loc>,
+    pub module: String,
+    pub module_loc: Loc,
+    /// The port on the runners.
+    pub port: u16,
+    pub via: Vec<String>,
+    pub via_locs: Vec<Loc>,
+    /// The port the ingress nodes listen on.
+    pub listen: u16,
+    pub tls: ExposeTls,
+    pub tls_loc: Loc,
+    /// The client addresses the edge admits.
+    pub sources: Vec<ipnet::IpNet>,
+    pub loc: Loc,
+}
+
+impl Exposure {
+    /// Whether two exposures are the same but for where they are written.
+    pub fn same(&self, other: &Exposure) -> bool {
+        (&self.name, &self.hostnames, &self.module, self.port, &self.via, self.listen, self.tls, &self.sources)
+            == (&other.name, &other.hostnames, &other.module, other.port, &other.via, other.listen, other.tls, &other.sources)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -294,6 +378,8 @@ pub enum Source {
     Module(String),
     /// Every live member of a pool.
     Pool(String),
+    /// The ingress nodes of an exposure (`expose:NAME`).
+    Expose(String),
     Mesh,
 }
 
@@ -309,6 +395,7 @@ impl Source {
             "group" => Some(Source::Group(name)),
             "module" => Some(Source::Module(name)),
             "pool" => Some(Source::Pool(name)),
+            "expose" => Some(Source::Expose(name)),
             _ => None,
         }
     }
@@ -321,6 +408,7 @@ impl fmt::Display for Source {
             Source::Group(n) => write!(f, "group:{n}"),
             Source::Module(n) => write!(f, "module:{n}"),
             Source::Pool(n) => write!(f, "pool:{n}"),
+            Source::Expose(n) => write!(f, "expose:{n}"),
             Source::Mesh => f.write_str("mesh"),
         }
     }
@@ -387,6 +475,18 @@ impl Declaration {
 
     pub fn pool(&self, name: &str) -> Option<&Pool> {
         self.pools.iter().find(|p| p.name == name)
+    }
+
+    pub fn exposure(&self, name: &str) -> Option<&Exposure> {
+        self.exposures.iter().find(|e| e.name == name)
+    }
+
+    /// Whether the exposures and `[acme]` are the same as `other`'s but for where they are written.
+    pub fn same_exposures(&self, other: &Declaration) -> bool {
+        let acme = |a: &Option<Acme>| a.as_ref().map(|a| (a.directory.clone(), a.email.clone()));
+        acme(&self.acme) == acme(&other.acme)
+            && self.exposures.len() == other.exposures.len()
+            && self.exposures.iter().zip(&other.exposures).all(|(a, b)| a.same(b))
     }
 
     /// The declaration with the live members of its pools added as nodes (`members` are names

@@ -110,6 +110,9 @@ fn matches(topo: &Topology, from: u32, r: &ResolvedRule) -> RuleMatch {
             }
             Source::Module(m) if node.modules.contains(m) => Some(format!("{s} ({} runs it)", node.name)),
             Source::Pool(p) if node.pool.as_ref() == Some(p) => Some(format!("{s} ({} is a member)", node.name)),
+            Source::Expose(e) if topo.decl.exposure(e).is_some_and(|e| e.via.contains(&node.name)) => {
+                Some(format!("{s} ({} is its ingress)", node.name))
+            }
             Source::Mesh => Some("mesh".to_string()),
             _ => None,
         })
@@ -230,7 +233,7 @@ fn grows_with_pools(decl: &crate::Declaration, s: &Source) -> bool {
         Source::Pool(_) => true,
         Source::Group(g) => decl.pools.iter().any(|p| p.groups.contains(g)),
         Source::Module(m) => decl.pools.iter().any(|p| p.modules.contains(m)),
-        Source::Node(_) | Source::Mesh => false,
+        Source::Node(_) | Source::Expose(_) | Source::Mesh => false,
     }
 }
 
@@ -247,6 +250,14 @@ pub fn check(decl: &crate::Declaration) -> Vec<Diagnostic> {
                 let (na, nb) = (topo.name(a as u32), topo.name(b));
                 out.push(Diagnostic::warning(&topo.nodes[a].loc, crate::compile::no_path_message(&topo, na, nb)));
             }
+        }
+    }
+    for e in &topo.decl.exposures {
+        if e.tls == crate::decl::ExposeTls::Acme && e.listen != 443 {
+            out.push(Diagnostic::warning(
+                &e.loc,
+                format!("exposure `{}` takes ACME certificates but listens on {}: TLS-ALPN-01 validation reaches port 443 only, so the edge must also be reached at 443 through a port forward", e.name, e.listen),
+            ));
         }
     }
     for r in &topo.rules {
@@ -406,4 +417,60 @@ pub fn explain_route(topo: &Topology, from: &str, target: &str) -> Option<Result
         }
     }
     Some(Ok(s))
+}
+
+/// What an exposure does (`expose:NAME`): which ingress nodes serve it and how each reaches the
+/// backends, which runners are the backends (those with a key, when `keyed` is known), and which
+/// rule admits the edge. `None` when no exposure has that name.
+pub fn explain_exposure(topo: &Topology, name: &str) -> Option<String> {
+    let e = topo.exposures.iter().find(|e| e.exposure.name == name)?;
+    let x = e.exposure;
+    let mut s = String::new();
+    let sources: Vec<String> = x.sources.iter().map(|p| p.to_string()).collect();
+    let _ = writeln!(
+        s,
+        "exposure {} ({}): port {} of module {} on {} for clients from {}, tls {}",
+        x.name,
+        x.hostnames.join(", "),
+        x.port,
+        x.module,
+        x.listen,
+        sources.join(", "),
+        x.tls
+    );
+    let via: Vec<&str> = e.via.iter().map(|&v| topo.name(v)).collect();
+    let _ = writeln!(s, "  ingress nodes (each runs Traefik): {}", via.join(", "));
+    if e.runners.is_empty() {
+        let _ = writeln!(s, "  backends: none: no node runs module {}, so the edge answers 503", x.module);
+    } else {
+        let runners: Vec<&str> = e.runners.iter().map(|&r| topo.name(r)).collect();
+        let _ = writeln!(s, "  backends: the runners of module {} that hold a key: {}", x.module, runners.join(", "));
+    }
+    let me = Source::Expose(x.name.clone());
+    for r in topo.rules.iter().filter(|r| r.module == x.module && r.rule.from.contains(&me)) {
+        let ports: Vec<String> = r.rule.ports.iter().map(|p| p.to_string()).collect();
+        let _ = writeln!(
+            s,
+            "  admitted by module {} rule {} ({}): {} {} from {me}",
+            r.module,
+            r.number,
+            r.rule.loc,
+            r.rule.proto,
+            ports.join(", ")
+        );
+    }
+    for &v in &e.via {
+        for &b in &e.runners {
+            if v == b {
+                continue;
+            }
+            let how = match topo.path(v, b, false) {
+                Path::Direct { .. } => "direct".to_string(),
+                Path::Relay { hub } => format!("relayed through hub {}", topo.name(hub)),
+                Path::None => "no path: this backend is unreachable from this edge (see `trellis explain`)".to_string(),
+            };
+            let _ = writeln!(s, "  {} -> {}: {how}", topo.name(v), topo.name(b));
+        }
+    }
+    Some(s)
 }

@@ -20,6 +20,7 @@ pub mod render;
 pub mod text;
 pub mod token;
 pub mod topology;
+pub mod traefik;
 pub mod wgconf;
 pub mod zone;
 

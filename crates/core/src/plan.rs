@@ -17,8 +17,14 @@ pub const NODE_TOML: &str = "etc/trellis/node.toml";
 /// The mesh CA and the node's certificate, added to each bundle by the controller.
 pub const CA_PEM: &str = "etc/trellis/ca.pem";
 pub const NODE_PEM: &str = "etc/trellis/node.pem";
+/// An ingress node's Traefik dynamic configuration (file provider) and the settings its static
+/// configuration is made from (ADR 0026); only ingress nodes receive them.
+pub const TRAEFIK_YML: &str = "etc/trellis/traefik/trellis.yml";
+pub const INGRESS_TOML: &str = "etc/trellis/ingress.toml";
+/// The directory Traefik's file provider watches.
+pub const TRAEFIK_DIR: &str = "etc/trellis/traefik";
 /// Every file a bundle may carry; an agent writes nothing else.
-pub const DELIVERED: &[&str] = &[WIREGUARD_CONF, NFTABLES_CONF, MESH_ZONE, NODE_TOML, CA_PEM, NODE_PEM];
+pub const DELIVERED: &[&str] = &[WIREGUARD_CONF, NFTABLES_CONF, MESH_ZONE, NODE_TOML, CA_PEM, NODE_PEM, TRAEFIK_YML, INGRESS_TOML];
 
 /// One file to write on a node, relative to the agent's root.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,6 +64,26 @@ pub struct NodePlan {
     pub routed: Vec<Arc<RouteUse>>,
     /// The names of hosts on the routes this node uses.
     pub zone_routes: Vec<Arc<ZoneBlock>>,
+    /// The exposures this node is an ingress of, in declaration order (empty on every other node).
+    pub ingress: Vec<ExposurePlan>,
+    /// The ACME directory and contact, when one of `ingress` takes certificates from it.
+    pub acme: Option<(String, Option<String>)>,
+}
+
+/// An exposure as one of its ingress nodes serves it: its routers, entry point, allow-list and
+/// backends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExposurePlan {
+    pub name: Arc<str>,
+    pub hostnames: Vec<String>,
+    pub listen: u16,
+    pub tls: crate::decl::ExposeTls,
+    pub sources: Vec<ipnet::IpNet>,
+    /// The port on the runners.
+    pub port: u16,
+    /// The runners that hold keys, in name order, at their overlay address (IPv4 when they have
+    /// one).
+    pub backends: Vec<(Arc<str>, std::net::IpAddr)>,
 }
 
 /// A route as the files of its routers hold it, rendered once per compile.

@@ -11,7 +11,10 @@ use sha2::{Digest, Sha256};
 
 use crate::decl::{Proto, PublicKey, KEEPALIVE_SECS, NAMESERVER};
 use crate::nodefile::{Comments, NodeFile};
-use crate::plan::{FileResource, NodePlan, NodeText, PeerPlan, RouteBlock, RouteUse, MESH_ZONE, NFTABLES_CONF, NODE_TOML, WIREGUARD_CONF};
+use crate::plan::{
+    FileResource, NodePlan, NodeText, PeerPlan, RouteBlock, RouteUse, INGRESS_TOML, MESH_ZONE, NFTABLES_CONF, NODE_TOML, TRAEFIK_YML,
+    WIREGUARD_CONF,
+};
 use crate::text::{Runs, Text, TextBuilder};
 use crate::topology::{ResolvedRoute, ResolvedRule, Topology};
 
@@ -30,12 +33,20 @@ pub fn files(plan: &NodePlan, prior: Option<(&NodePlan, &[FileResource])>) -> Ve
         |p, q| (&p.zone, &p.zone_modules, &p.zone_routes) == (&q.zone, &q.zone_modules, &q.zone_routes);
     let toml_same: fn(&NodePlan, &NodePlan) -> bool = |p, q| (p.hub, &p.routes_for, &p.routed) == (q.hub, &q.routes_for, &q.routed);
     let file = |path: &str, mode: u32, content: Text| FileResource { path: path.into(), mode, content };
-    vec![
+    let ingress_same: fn(&NodePlan, &NodePlan) -> bool = |p, q| (&p.ingress, &p.acme) == (&q.ingress, &q.acme);
+    let mut files = vec![
         file(WIREGUARD_CONF, 0o600, kept(WIREGUARD_CONF, wireguard_same).unwrap_or_else(|| wireguard(plan, prior_file(WIREGUARD_CONF)))),
         file(NFTABLES_CONF, 0o644, kept(NFTABLES_CONF, nftables_same).unwrap_or_else(|| nftables(plan))),
         file(MESH_ZONE, 0o644, kept(MESH_ZONE, zone_same).unwrap_or_else(|| zone(plan))),
         file(NODE_TOML, 0o644, kept(NODE_TOML, toml_same).unwrap_or_else(|| node_toml(plan).into())),
-    ]
+    ];
+    // Only an ingress node has Traefik's files (ADR 0026).
+    if !plan.ingress.is_empty() {
+        let ingress = || crate::traefik::IngressFile::of(plan).write().into();
+        files.push(file(INGRESS_TOML, 0o644, kept(INGRESS_TOML, ingress_same).unwrap_or_else(ingress)));
+        files.push(file(TRAEFIK_YML, 0o644, kept(TRAEFIK_YML, ingress_same).unwrap_or_else(|| crate::traefik::dynamic(plan).into())));
+    }
+    files
 }
 
 /// What the agent needs to know about its own node beyond the three files: the interface, the

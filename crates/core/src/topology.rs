@@ -4,7 +4,7 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::alloc::Allocation;
-use crate::decl::{Declaration, Node, PortRange, Proto, PublicKey, Route, Rule, Source};
+use crate::decl::{Declaration, Exposure, Node, PortRange, Proto, PublicKey, Route, Rule, Source};
 use crate::FastMap;
 
 /// A set of networks, one bit each.
@@ -157,8 +157,20 @@ pub struct Topology<'d> {
     pub routes: Vec<ResolvedRoute<'d>>,
     /// Per node, the routes it uses, as positions in `routes`.
     pub routes_of: Vec<Vec<u32>>,
+    /// The exposures in declaration order.
+    pub exposures: Vec<ResolvedExposure<'d>>,
     /// Per node, the rules of the modules it runs (positions in `rules`), modules in name order.
     inbound: Vec<Vec<u32>>,
+}
+
+/// An exposure with its ingress nodes and its module's runners as node sets.
+#[derive(Debug)]
+pub struct ResolvedExposure<'d> {
+    pub exposure: &'d Exposure,
+    /// The ingress nodes.
+    pub via: NodeSet,
+    /// Every node running the module; the backends are those of them with a key.
+    pub runners: NodeSet,
 }
 
 fn hubs_len_words(hubs: &[u32]) -> usize {
@@ -247,6 +259,8 @@ impl<'d> Topology<'d> {
                     Source::Group(g) => sources.extend(groups.get(g.as_str()).into_iter().flatten()),
                     Source::Module(m) => sources.extend(runners.get(m.as_str()).into_iter().flatten()),
                     Source::Pool(p) => sources.extend(pool_members(&nodes, p)),
+                    Source::Expose(e) => sources
+                        .extend(decl.exposure(e).into_iter().flat_map(|e| e.via.iter().filter_map(|v| index.get(v.as_str()).copied()))),
                     Source::Mesh => sources.extend(&all),
                 }
             }
@@ -280,6 +294,15 @@ impl<'d> Topology<'d> {
             })
             .collect();
 
+        let exposures: Vec<ResolvedExposure> = decl
+            .exposures
+            .iter()
+            .map(|e| ResolvedExposure {
+                exposure: e,
+                via: set_of(e.via.iter().filter_map(|v| index.get(v.as_str()).copied()).collect()),
+                runners: runners.get(e.module.as_str()).cloned().unwrap_or_default(),
+            })
+            .collect();
         let ipv4 = by_name(&nodes, &alloc.ipv4);
         let ipv6 = by_name(&nodes, &alloc.ipv6);
         let keys: Vec<Option<PublicKey>> = nodes.iter().map(|n| n.public_key.or_else(|| keys.get(&n.name))).collect();
@@ -331,6 +354,7 @@ impl<'d> Topology<'d> {
             module_names,
             routes,
             routes_of,
+            exposures,
             inbound,
         }
     }

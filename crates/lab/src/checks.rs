@@ -125,6 +125,10 @@ pub(crate) struct Underlay {
 fn traffic(i: usize, e: &Expect, addrs: &HashMap<String, Vec<IpAddr>>, underlay: &Underlay, st: &LabState) -> Result<Row> {
     let to = e.to.as_deref().context("an expectation needs `to` or `dns`")?;
     let proto = e.proto.unwrap_or_default();
+    if proto == Proto::Https {
+        let (what, expected, seen) = https(e, to, underlay, st)?;
+        return Ok(Row { from: e.from.clone(), what, expected, seen, note: String::new() });
+    }
     let first = |a: &Vec<IpAddr>| a.iter().find(|ip| ip.is_ipv4()).or(a.first()).map(|ip| ip.to_string());
     let dst = if underlay.outside.iter().any(|o| o == to) {
         underlay.addresses.get(to).and_then(first).context("outside host has no lab address")?
@@ -187,7 +191,7 @@ fn traffic(i: usize, e: &Expect, addrs: &HashMap<String, Vec<IpAddr>>, underlay:
             ok
         }
         Proto::Throughput => bail!("expectation {}: proto \"throughput\" is measured by `throughput`, not sent", i + 1),
-        Proto::Tls => unreachable!("handled above"),
+        Proto::Tls | Proto::Https => unreachable!("handled above"),
     };
     let port = e.port.map(|p| format!(" {p}")).unwrap_or_default();
     let mut seen = if open { "open".to_string() } else { "closed".to_string() };
@@ -309,6 +313,112 @@ fn tls(e: &Expect, to: &str, dst: &str, st: &LabState) -> Result<Row> {
     let expected = e.result.unwrap_or(Outcome::Open).as_str().to_string();
     let note = if seen == "open" { format!("serial {}", &serial[..serial.len().min(12)]) } else { String::new() };
     Ok(Row { from: e.from.clone(), what: format!("tls {port} {name} -> {to}"), expected, seen: seen.to_string(), note })
+}
+
+/// How many requests an HTTPS expectation sends: every answer must come from `answered_by`.
+const HTTPS_REQUESTS: usize = 4;
+
+/// What one HTTPS request to an edge came to.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Served {
+    /// Answered 2xx, with the body (the runner's host name).
+    Answered(String),
+    /// Answered 403: the edge's allow-list.
+    Refused,
+    /// No connection, a certificate that does not verify for the name, or no router for it (404).
+    Closed(String),
+    /// Another answer (502/503: no backend).
+    Other(String),
+}
+
+/// One HTTPS request from namespace `from_ns` for `host` to `addr:port`, verifying the
+/// certificate against the lab's ACME root (never skipped), with curl, bounded in time.
+pub(crate) fn https_once(st: &LabState, from_ns: &str, host: &str, addr: &str, port: u16) -> Result<Served> {
+    https_within(st, from_ns, host, addr, port, 5)
+}
+
+/// As `https_once`, each request given at most `secs` seconds.
+pub(crate) fn https_within(st: &LabState, from_ns: &str, host: &str, addr: &str, port: u16, secs: u32) -> Result<Served> {
+    let root = st.dir.join("acme-root.pem");
+    if !root.exists() {
+        bail!("https to {host}: the lab has no ACME root ({} is missing): is there a host with role = \"acme\"?", root.display());
+    }
+    let url = format!("https://{host}:{port}/");
+    let resolve = format!("{host}:{port}:{addr}");
+    let out = ns_cmd(
+        from_ns,
+        &[
+            "curl",
+            "-s",
+            "--max-time",
+            &secs.to_string(),
+            "--cacert",
+            &root.to_string_lossy(),
+            "--resolve",
+            &resolve,
+            "-w",
+            "\n%{http_code}",
+            &url,
+        ],
+    )
+    .stdin(Stdio::null())
+    .output()
+    .context("cannot run curl")?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", text.as_str()));
+    Ok(match (out.status.code(), code) {
+        (Some(0), c) if c.starts_with('2') => Served::Answered(body.trim().to_string()),
+        (Some(0), "403") => Served::Refused,
+        (Some(0), "404") => Served::Closed("404".into()),
+        (Some(0), c) => Served::Other(c.to_string()),
+        // 7: no connection; 28: timed out; 35 and 60: a handshake or certificate that fails.
+        (c, _) => Served::Closed(format!("curl exit {}", c.unwrap_or(-1))),
+    })
+}
+
+/// An HTTPS expectation: requests for `host` from `from` to `to`'s lab address, as the internet
+/// reaches an edge. `open` when every request was answered (by one of `answered_by`, when given),
+/// `refused` when the edge refused, `closed` when nothing served the name.
+fn https(e: &Expect, to: &str, underlay: &Underlay, st: &LabState) -> Result<(String, String, String)> {
+    let host = e.host.as_deref().context("an https expectation needs `host`")?;
+    let port = e.port().unwrap_or(443);
+    let addr = underlay
+        .addresses
+        .get(to)
+        .and_then(|a| a.iter().find(|ip| ip.is_ipv4()).or(a.first()))
+        .with_context(|| format!("https to `{to}`: no lab address"))?
+        .to_string();
+    let from_ns = ns(st, &e.from);
+    let mut expected = e.result.unwrap_or(Outcome::Open).as_str().to_string();
+    if let Some(by) = &e.answered_by {
+        expected = format!("open by {}", by.join("|"));
+    }
+    let mut by: Vec<String> = Vec::new();
+    let mut seen = String::new();
+    for _ in 0..HTTPS_REQUESTS {
+        match https_once(st, &from_ns, host, &addr, port)? {
+            Served::Answered(b) => by.push(b),
+            Served::Refused => seen = "refused".into(),
+            Served::Closed(why) => seen = format!("closed ({why})"),
+            Served::Other(code) => seen = format!("answered {code}"),
+        }
+        if !seen.is_empty() {
+            break;
+        }
+    }
+    if seen.starts_with("closed") && e.result == Some(Outcome::Closed) {
+        seen = "closed".into();
+    }
+    if seen.is_empty() {
+        by.sort();
+        by.dedup();
+        seen = match &e.answered_by {
+            Some(allowed) if by.iter().all(|b| allowed.contains(b)) => expected.clone(),
+            Some(_) => format!("open by {}", by.join("|")),
+            None => "open".into(),
+        };
+    }
+    Ok((format!("https {port} {host} -> {to}"), expected, seen))
 }
 
 /// Prints the matrix as the lab always has: one row per expectation, `NO` where they differ.

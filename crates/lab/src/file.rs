@@ -75,6 +75,10 @@ pub enum Role {
     /// internet): expectations reach it at its lab address, and the lab listens there as on a
     /// node.
     Outside,
+    /// The lab's ACME CA: Debian's `pebble` on the host's first lab address, validating for real
+    /// against the ingress nodes' lab addresses, with a resolver there that answers every
+    /// `[[expose]]` host name with its first ingress node's lab address (ADR 0026).
+    Acme,
 }
 
 /// One step after the first check: a controller killed, or a declaration applied through a
@@ -138,6 +142,11 @@ pub enum Proto {
     /// A TLS handshake from `from` to `to` on `port` that verifies `name` against the mesh CA,
     /// served on `to` with the service certificate its agent wrote (ADR 0023).
     Tls,
+    /// An HTTPS request for `host` (SNI and Host header) from `from` to `to`'s lab address on
+    /// `port` (443 unless said), verifying the certificate against the lab's ACME root; met
+    /// `open` when an answer comes back (from one of `answered_by`, when given), `refused` when the
+    /// edge answers 403 (its allow-list), `closed` when nothing serves that name (ADR 0026).
+    Https,
 }
 
 impl Proto {
@@ -148,6 +157,7 @@ impl Proto {
             Proto::Icmp => "icmp",
             Proto::Throughput => "throughput",
             Proto::Tls => "tls",
+            Proto::Https => "https",
         }
     }
 }
@@ -195,6 +205,11 @@ pub struct Expect {
     pub via: Option<String>,
     /// For `proto = "tls"`: the name the handshake verifies (`postgres.basic.mesh`).
     pub name: Option<String>,
+    /// For `proto = "https"`: the host name asked for (SNI and Host header).
+    pub host: Option<String>,
+    /// For `proto = "https"`: the runners one of which must have answered (the lab's listener on
+    /// a runner answers with its host name).
+    pub answered_by: Option<Vec<String>>,
 }
 
 impl LabFile {
@@ -206,6 +221,11 @@ impl LabFile {
     /// The host with `role = "postgres"`, if any (at most one, checked by `load`).
     pub fn postgres(&self) -> Option<&Host> {
         self.host.iter().find(|h| h.role == Role::Postgres)
+    }
+
+    /// The host with `role = "acme"`, if any (at most one, checked by `load`).
+    pub fn acme(&self) -> Option<&Host> {
+        self.host.iter().find(|h| h.role == Role::Acme)
     }
 
     /// What step `i` does; `lab_dir` is the directory of the lab file.
@@ -272,7 +292,15 @@ impl LabFile {
 impl Expect {
     /// Whether it sends from, goes to or expects an answer of `host`.
     pub fn names(&self, host: &str) -> bool {
-        self.from == host || self.to.as_deref() == Some(host) || self.answer.iter().flatten().any(|a| a == host)
+        self.from == host
+            || self.to.as_deref() == Some(host)
+            || self.answer.iter().flatten().any(|a| a == host)
+            || self.answered_by.iter().flatten().any(|a| a == host)
+    }
+
+    /// The port an expectation goes to: given, or 443 for `https`.
+    pub fn port(&self) -> Option<u16> {
+        self.port.or((self.proto == Some(Proto::Https)).then_some(443))
     }
 
     /// Whether both test the same thing (and so cannot both be in force).
@@ -280,8 +308,8 @@ impl Expect {
         match (&self.dns, &other.dns) {
             (Some(a), Some(b)) => self.from == other.from && a == b,
             (None, None) => {
-                (&self.from, &self.to, self.proto.unwrap_or_default(), self.port, &self.name)
-                    == (&other.from, &other.to, other.proto.unwrap_or_default(), other.port, &other.name)
+                (&self.from, &self.to, self.proto.unwrap_or_default(), self.port(), &self.name, &self.host)
+                    == (&other.from, &other.to, other.proto.unwrap_or_default(), other.port(), &other.name, &other.host)
             }
             _ => false,
         }
@@ -319,6 +347,10 @@ pub fn parse(text: &str, file: &Path) -> Result<(LabFile, PathBuf)> {
     let (controllers, postgres) = (names(Role::Controller), names(Role::Postgres));
     if controllers.is_empty() {
         bail!("{}: no host has role = \"controller\"; the lab needs one", file.display());
+    }
+    let acme = names(Role::Acme);
+    if acme.len() > 1 {
+        bail!("{}: hosts {} have role = \"acme\"; the lab runs one ACME CA", file.display(), acme.join(", "));
     }
     if postgres.len() > 1 {
         bail!("{}: hosts {} have role = \"postgres\"; the lab runs one PostgreSQL", file.display(), postgres.join(", "));
@@ -386,11 +418,27 @@ fn check_expect(file: &Path, what: &str, e: &Expect) -> Result<()> {
             file.display()
         );
     }
+    let https = e.proto == Some(Proto::Https);
+    if https && (e.to.is_none() || e.host.is_none() || e.dns.is_some() || e.via.is_some() || e.name.is_some()) {
+        bail!(
+            "{}: {what} is an HTTPS request: give `to` (the host whose lab address it goes to) and the `host` it asks for (\"shop.example.com\"), and no `dns`, `via` or `name`",
+            file.display()
+        );
+    }
+    if !https && (e.host.is_some() || e.answered_by.is_some()) {
+        bail!("{}: {what} gives `host` or `answered_by`, which only a `proto = \"https\"` expectation uses", file.display());
+    }
+    if https && e.answered_by.as_ref().is_some_and(|a| a.is_empty() || e.result.is_some_and(|r| r != Outcome::Open)) {
+        bail!("{}: {what} gives `answered_by`, which needs the runners that may answer, and `result = \"open\"`", file.display());
+    }
     if !tls && e.name.is_some() {
         bail!("{}: {what} gives `name`, which only a `proto = \"tls\"` expectation verifies", file.display());
     }
-    if e.result == Some(Outcome::Refused) && !tls {
-        bail!("{}: {what} expects `refused`, which only a `proto = \"tls\"` handshake can be", file.display());
+    if e.result == Some(Outcome::Refused) && !tls && !https {
+        bail!(
+            "{}: {what} expects `refused`, which only a `proto = \"tls\"` handshake or a `proto = \"https\"` request can be",
+            file.display()
+        );
     }
     if e.dns.is_some() {
         // A DNS expectation that names no answer would be met by silence: it must name the
@@ -514,7 +562,10 @@ fn check_steps(file: &Path, lab: &LabFile) -> Result<()> {
                 for (j, e) in s.expect.iter().enumerate() {
                     let what = format!("step {n} expectation {}", j + 1);
                     check_expect(file, &what, e)?;
-                    if before.iter().any(|b| b.same_check(e) && b.outcome() == e.outcome() && b.via == e.via) {
+                    if before
+                        .iter()
+                        .any(|b| b.same_check(e) && b.outcome() == e.outcome() && b.via == e.via && b.answered_by == e.answered_by)
+                    {
                         bail!("{}: {what} is already in force; a step lists what it changes", file.display());
                     }
                 }
@@ -622,10 +673,17 @@ pub fn check_pools(lab: &LabFile, decl: &trellis_core::Declaration) -> Result<()
 
 /// Endpoint addresses in the declaration must be lab host addresses of the same node.
 pub fn check_endpoints(lab: &LabFile, decl: &trellis_core::Declaration) -> Result<()> {
-    for h in lab.host.iter().filter(|h| h.role == Role::Outside) {
+    for h in lab.host.iter().filter(|h| matches!(h.role, Role::Outside | Role::Acme)) {
         if decl.node(&h.name).is_some() {
-            bail!("lab host `{}` has role = \"outside\" but the declaration names it as a node; an outside host runs no agent", h.name);
+            bail!(
+                "lab host `{}` has role = \"{}\" but the declaration names it as a node; it runs no agent",
+                h.name,
+                if h.role == Role::Acme { "acme" } else { "outside" }
+            );
         }
+    }
+    if !decl.exposures.is_empty() && decl.acme.is_some() && lab.acme().is_none() {
+        bail!("the declaration takes ACME certificates for its exposures, but no lab host has role = \"acme\" to issue them");
     }
     for node in &decl.nodes {
         let Some(host) = lab.host.iter().find(|h| h.name == node.name) else {
@@ -779,11 +837,39 @@ mod tests {
         };
         assert_eq!(
             load_text("proto-typo", &lab("proto = \"icmpp\"\n")).unwrap_err(),
-            "FILE:8:9: unknown variant `icmpp`, expected one of `tcp`, `udp`, `icmp`, `throughput`, `tls`"
+            "FILE:8:9: unknown variant `icmpp`, expected one of `tcp`, `udp`, `icmp`, `throughput`, `tls`, `https`"
         );
         assert_eq!(
             load_text("result-typo", &lab("port = 5432\nresult = \"close\"\n")).unwrap_err(),
             "FILE:9:10: unknown variant `close`, expected one of `open`, `closed`, `nxdomain`, `refused`"
+        );
+    }
+
+    /// An HTTPS expectation names where it goes and the host it asks for; `host` and
+    /// `answered_by` belong to it alone, and `answered_by` means open.
+    #[test]
+    fn an_https_expectation_names_its_target_and_host() {
+        let lab = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lab/expose.toml"));
+        let loaded = load_text("https", lab).unwrap();
+        let https: Vec<_> = loaded.expect.iter().filter(|e| e.proto == Some(super::Proto::Https)).collect();
+        assert_eq!(https.len(), 2);
+        assert_eq!((https[0].port(), https[1].port()), (Some(443), Some(8080)));
+        let head = "[lab]\nname = \"h\"\ndeclaration = \"expose-off\"\n[[net]]\nname = \"n\"\nipv4 = \"192.0.2.0/24\"\n[[host]]\nname = \"c\"\nrole = \"controller\"\naddresses = { n = \"192.0.2.1\" }\n[[expect]]\nfrom = \"c\"\n";
+        for (tag, tail, want) in [
+            ("https-host", "to = \"c\"\nproto = \"https\"\n", "is an HTTPS request: give `to`"),
+            ("https-name", "to = \"c\"\nproto = \"https\"\nhost = \"a.example\"\nname = \"x\"\n", "and no `dns`, `via` or `name`"),
+            ("tcp-host", "to = \"c\"\nport = 1\nhost = \"a.example\"\n", "which only a `proto = \"https\"` expectation uses"),
+            (
+                "https-by",
+                "to = \"c\"\nproto = \"https\"\nhost = \"a.example\"\nanswered_by = [\"c\"]\nresult = \"refused\"\n",
+                "needs the runners that may answer, and `result = \"open\"`",
+            ),
+        ] {
+            let err = load_text(tag, &format!("{head}{tail}")).unwrap_err();
+            assert!(err.contains(want), "{tag}: {err}");
+        }
+        assert!(
+            load_text("https-ok", &format!("{head}to = \"c\"\nproto = \"https\"\nhost = \"a.example\"\nresult = \"refused\"\n")).is_ok()
         );
     }
 

@@ -8,6 +8,7 @@
 //! figures. Declaration directories are read by the caller's reader (`ReadDeclaration`), the
 //! one `trellis check` uses.
 
+mod acme;
 mod checks;
 pub mod file;
 mod metrics;
@@ -56,6 +57,10 @@ pub struct LabState {
     /// The hosts whose agent a step paused and no step resumed yet.
     #[serde(default)]
     pub paused: Vec<String>,
+    /// The certificate of the lab's ACME directory, which agents trust (`LEGO_CA_CERTIFICATES`),
+    /// when the lab has an acme host.
+    #[serde(default)]
+    pub acme_ca: Option<PathBuf>,
 }
 
 impl LabState {
@@ -103,14 +108,17 @@ pub fn up(file: &Path, read_declaration: ReadDeclaration, wireguard: &str) -> Re
     file::check_endpoints(&lab, &decl)?;
     file::check_pools(&lab, &decl)?;
     // A step's declaration is checked now, before anything is built for it.
-    let mut in_force = decl.clone();
+    let mut later: Vec<Declaration> = Vec::new();
     for i in 0..lab.step.len() {
         match lab.action(i, lab_dir(file)) {
             Action::Apply(dir) => {
-                in_force = read_valid(&dir, read_declaration)?;
-                file::check_endpoints(&lab, &in_force)?;
+                let d = read_valid(&dir, read_declaration)?;
+                file::check_endpoints(&lab, &d)?;
+                later.push(d);
             }
-            Action::Renew(node) => file::check_renewal(i + 1, &node, &in_force).with_context(|| file.display().to_string())?,
+            Action::Renew(node) => {
+                file::check_renewal(i + 1, &node, later.last().unwrap_or(&decl)).with_context(|| file.display().to_string())?
+            }
             _ => {}
         }
     }
@@ -123,7 +131,7 @@ pub fn up(file: &Path, read_declaration: ReadDeclaration, wireguard: &str) -> Re
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let mut st = LabState { prefix: prefix.clone(), dir: dir.clone(), wireguard: wireguard.to_string(), ..Default::default() };
     save(file, &st)?;
-    let result = build(file, &lab, &decl_dir, &decl, &mut st);
+    let result = build(file, &lab, &decl_dir, &decl, &later, &mut st);
     save(file, &st)?;
     result.map(|_| st)
 }
@@ -156,7 +164,7 @@ fn save(file: &Path, st: &LabState) -> Result<()> {
 
 /// Builds the lab, recording in the state file what it made at each stage, so that `down` (also
 /// from Ctrl-C) finds the namespaces and the PostgreSQL server of a build cut short.
-fn build(file: &Path, lab: &LabFile, decl_dir: &Path, decl: &Declaration, st: &mut LabState) -> Result<()> {
+fn build(file: &Path, lab: &LabFile, decl_dir: &Path, decl: &Declaration, later: &[Declaration], st: &mut LabState) -> Result<()> {
     let started = Instant::now();
     progress(&format!("building {} ({} nets, {} hosts) as {}-*", lab.lab.name, lab.net.len(), lab.host.len(), st.prefix));
     let host_ns = net::build(lab, st);
@@ -164,6 +172,19 @@ fn build(file: &Path, lab: &LabFile, decl_dir: &Path, decl: &Declaration, st: &m
     let host_ns = host_ns?;
     progress(&format!("network ready ({:.1}s)", started.elapsed().as_secs_f64()));
 
+    let decls: Vec<&Declaration> = std::iter::once(decl).chain(later).collect();
+    if let Some(h) = lab.acme() {
+        let want = acme::directory(h);
+        if let Some(d) = decls.iter().find_map(|d| d.acme.as_ref().filter(|a| Some(&a.directory) != want.as_ref())) {
+            bail!("the declaration's [acme] directory is {}, but the lab's ACME CA serves {}", d.directory, want.unwrap_or_default());
+        }
+        let names = acme::names(lab, &decls)?;
+        let ca = acme::start(h, &host_ns[&h.name], &names, st);
+        save(file, st)?;
+        st.acme_ca = Some(ca?);
+        save(file, st)?;
+        progress(&format!("ACME CA (pebble) up on {} for {} name(s) ({:.1}s)", h.name, names.len(), started.elapsed().as_secs_f64()));
+    }
     let database_url = match lab.postgres() {
         Some(h) => {
             let url = pg::start(lab, h, &host_ns[&h.name], st);
@@ -181,6 +202,9 @@ fn build(file: &Path, lab: &LabFile, decl_dir: &Path, decl: &Declaration, st: &m
     let db = if database_url.is_some() { "PostgreSQL" } else { "SQLite" };
     progress(&format!("controllers up ({}; {db}), declaration applied ({:.1}s)", at.join(", "), started.elapsed().as_secs_f64()));
 
+    let listened = acme::listeners(&decls, &host_ns, st);
+    save(file, st)?;
+    listened?;
     let redeemed = procs::start_agents(lab, decl, &host_ns, st, progress)?;
     st.agents = redeemed.keys().cloned().collect();
     st.agents.sort();
@@ -254,7 +278,24 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
                 );
             }
             Action::Revoke(node) => {
+                let at = Instant::now();
                 println!("step {}: node {node} revoked -> {}", i + 1, timing::revocation(&st, &node)?);
+                // An exposure it was a backend of: how long until the edge no longer sends to it.
+                for e in lab.step[i].expect.iter().filter(|e| e.proto == Some(file::Proto::Https) && e.answered_by.is_some()) {
+                    let (to, host) = (e.to.clone().unwrap_or_default(), e.host.clone().unwrap_or_default());
+                    let addr =
+                        lab.host.iter().find(|h| h.name == to).and_then(|h| h.addresses.values().next().cloned()).unwrap_or_default();
+                    let by = e.answered_by.clone().unwrap_or_default();
+                    let took = timing::only_by(&st, &e.from, &host, &addr, e.port().unwrap_or(443), &by, at, Duration::from_secs(60))?;
+                    println!(
+                        "step {}: revocation of {node} -> {to} answers {} from {} only ({} requests in a row): {} ms",
+                        i + 1,
+                        e.from,
+                        by.join(", "),
+                        timing::IN_A_ROW,
+                        took.as_millis()
+                    );
+                }
                 // The checkpoint answers once the publish covering the revocation is done; then
                 // every node still active (and not paused) applies what it changed.
                 procs::admin(&st, &["audit", "verify"])?;
@@ -341,6 +382,22 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
                         r.took.as_millis()
                     );
                 }
+                // An exposure the step opens: how long until a client is served through it.
+                for e in
+                    lab.step[i].expect.iter().filter(|e| e.proto == Some(file::Proto::Https) && e.outcome().0 == Some(file::Outcome::Open))
+                {
+                    let (to, host) = (e.to.clone().unwrap_or_default(), e.host.clone().unwrap_or_default());
+                    let addr =
+                        lab.host.iter().find(|h| h.name == to).and_then(|h| h.addresses.values().next().cloned()).unwrap_or_default();
+                    let took = timing::served(&st, &e.from, &host, &addr, e.port().unwrap_or(443), at, Duration::from_secs(90))?;
+                    println!(
+                        "step {}: apply -> https://{host}/ served to {} through {to}, its certificate verified against the lab's ACME root: {} ms",
+                        i + 1,
+                        e.from,
+                        took.as_millis()
+                    );
+                    print_ingress(&st, &to);
+                }
             }
         }
         st.steps_done = i + 1;
@@ -349,6 +406,41 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
     }
     println!("{} of {} expectations met", tally.rows - tally.failures, tally.rows);
     Ok(tally.failures == 0 && metrics_wrong.is_empty() && through_overlay.is_empty() && retried.is_empty())
+}
+
+/// What an ingress node's agent shows of its Traefik (ADR 0026): routers and certificates, from
+/// the status file it writes.
+fn print_ingress(st: &LabState, node: &str) {
+    let path = st.dir.join(format!("agent-{node}/agent-status.json"));
+    let read = || -> serde_json::Value { std::fs::read(&path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default() };
+    // The agent refreshes its status every ten seconds while it waits.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut status = read();
+    while status["ingress"]["certificates"].as_array().is_none_or(|c| c.is_empty()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(250));
+        status = read();
+    }
+    let ingress = &status["ingress"];
+    let routers: Vec<String> = ingress["routers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| format!("{} {}", r["name"].as_str().unwrap_or("?"), r["status"].as_str().unwrap_or("?")))
+        .collect();
+    let certs: Vec<String> = ingress["certificates"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            format!("{} until {}", c["hostname"].as_str().unwrap_or("?"), trellis_proto::text::date(c["not_after"].as_i64().unwrap_or(0)))
+        })
+        .collect();
+    println!(
+        "ingress {node} (its agent's status): traefik {}; routers: {}; certificates: {}",
+        ingress["traefik"].as_str().unwrap_or("not reported"),
+        if routers.is_empty() { "none".into() } else { routers.join(", ") },
+        if certs.is_empty() { "none yet".into() } else { certs.join(", ") }
+    );
 }
 
 /// The agents whose connection to a controller leaves from an overlay address, after printing

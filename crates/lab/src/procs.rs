@@ -221,8 +221,10 @@ fn enrol_and_run(host: &str, ns: &str, token: &str, st: &mut LabState) -> Result
     let identity: serde_json::Value = serde_json::from_str(&in_ns(ns, &[a, "status", "--json", "--state-dir", path_str(&sdir)?])?)
         .context("`trellis-agent status --json` printed something else than JSON")?;
     let node = identity["node"].as_str().context("`trellis-agent status --json` names no node")?.to_string();
+    // An ingress's Traefik trusts the lab's ACME directory by its certificate (lego's variable).
+    let acme = st.acme_ca.as_ref().map_or(String::new(), |ca| format!("env LEGO_CA_CERTIFICATES={} ", ca.display()));
     let cmd = format!(
-        "mkdir -p /var/run/wireguard && mount -t tmpfs tmpfs /var/run/wireguard && exec {a} run --state-dir {} --root {} --wireguard {} --max-backoff 2 --metrics-listen {}",
+        "mkdir -p /var/run/wireguard && mount -t tmpfs tmpfs /var/run/wireguard && exec {acme}{a} run --state-dir {} --root {} --wireguard {} --max-backoff 2 --metrics-listen {}",
         sdir.display(),
         root.display(),
         if st.wireguard.is_empty() { "auto" } else { &st.wireguard },

@@ -421,3 +421,61 @@ pub(crate) struct Withdrawn {
     pub holders: usize,
     pub took: Duration,
 }
+
+/// From `at` (an apply's start) until an HTTPS request from `from` for `host` to `addr:port` is
+/// answered with a certificate that verifies against the lab's ACME root (ADR 0026); failing
+/// past `limit`.
+pub(crate) fn served(st: &LabState, from: &str, host: &str, addr: &str, port: u16, at: Instant, limit: Duration) -> Result<Duration> {
+    let ns = format!("{}-{from}", st.prefix);
+    let mut last = None;
+    while at.elapsed() < limit {
+        match crate::checks::https_once(st, &ns, host, addr, port)? {
+            crate::checks::Served::Answered(_) => return Ok(at.elapsed()),
+            other => last = Some(other),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("https://{host}/ was not served to {from} within {}s (last: {last:?})", limit.as_secs())
+}
+
+/// How many answers in a row `only_by` wants from the runners left.
+pub(crate) const IN_A_ROW: usize = 8;
+
+/// From `at` (a revocation's start) until the edge no longer sends to the revoked runner: the
+/// start of the first of `IN_A_ROW` HTTPS requests in a row each answered by one of `by`. A
+/// request the edge sent to the revoked runner hangs, so each is given a second: the figure is
+/// good to about that. Failing past `limit`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn only_by(
+    st: &LabState,
+    from: &str,
+    host: &str,
+    addr: &str,
+    port: u16,
+    by: &[String],
+    at: Instant,
+    limit: Duration,
+) -> Result<Duration> {
+    let ns = format!("{}-{from}", st.prefix);
+    let mut row = 0;
+    let mut last = None;
+    let mut first_good = None;
+    while at.elapsed() < limit {
+        let sent = at.elapsed();
+        match crate::checks::https_within(st, &ns, host, addr, port, 1)? {
+            crate::checks::Served::Answered(b) if by.contains(&b) => {
+                first_good.get_or_insert(sent);
+                row += 1;
+                if row == IN_A_ROW {
+                    return Ok(first_good.unwrap_or_default());
+                }
+            }
+            other => {
+                row = 0;
+                first_good = None;
+                last = Some(other);
+            }
+        }
+    }
+    bail!("{host} was not answered by {} only within {}s (last: {last:?})", by.join(", "), limit.as_secs())
+}

@@ -52,14 +52,16 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Explain the path between two nodes and what the filter lets through each way
+    /// Explain the path between two nodes and what the filter lets through each way; with
+    /// `expose:NAME` alone, which ingress nodes serve an exposure, its backends and the rule that
+    /// admits the edge
     Explain {
         /// Directory holding mesh.toml and modules/*.toml
         dir: PathBuf,
-        /// One node
+        /// One node, or `expose:NAME`
         from: String,
-        /// The other node
-        to: String,
+        /// The other node, a route (`route:NAME`) or an address; none for `expose:NAME`
+        to: Option<String>,
         /// Print the explanation as JSON
         #[arg(long)]
         json: bool,
@@ -231,7 +233,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Check { dir, json } => offline::check(&dir, json),
         Command::Compile { dir, node, all: _, out, json } => offline::compile(&dir, node.as_deref(), &out, json),
-        Command::Explain { dir, from, to, json } => offline::explain(&dir, &from, &to, json),
+        Command::Explain { dir, from, to, json } => offline::explain(&dir, &from, to.as_deref(), json),
         Command::Assets { dir } => assets::write(<Cli as clap::CommandFactory>::command(), &dir).map(|()| ExitCode::SUCCESS),
         Command::Graph { dir, format, out } => offline::graph(&dir, format, out.as_deref()),
         Command::Lab { cmd } => match cmd {

@@ -162,8 +162,29 @@ pub fn compile(dir: &Path, node: Option<&str>, out: &Path, json_out: bool) -> Re
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn explain(dir: &Path, from: &str, to: &str, json_out: bool) -> Result<ExitCode> {
+pub fn explain(dir: &Path, from: &str, to: Option<&str>, json_out: bool) -> Result<ExitCode> {
     let (decl, _) = load_valid(dir)?;
+    if let Some(name) = from.strip_prefix("expose:") {
+        if let Some(to) = to {
+            bail!("`explain DIR expose:{name}` takes no second argument (found {to:?})");
+        }
+        let alloc = trellis_core::allocate(&decl, &Default::default()).map_err(|d| anyhow::anyhow!("{d}"))?;
+        let topo = Topology::new(&decl, &alloc, &trellis_core::Keys::default());
+        let Some(text) = explain::explain_exposure(&topo, name) else {
+            let names: Vec<&str> = decl.exposures.iter().map(|e| e.name.as_str()).collect();
+            let declared = if names.is_empty() { "none are declared".to_string() } else { format!("declared: {}", names.join(", ")) };
+            bail!("no exposure `{name}` is declared in {} ({declared})", dir.display());
+        };
+        if json_out {
+            println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "from": from, "text": text }))?);
+        } else {
+            print!("{text}");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let Some(to) = to else {
+        bail!("`explain DIR FROM TO` needs a second node, `route:NAME` or an address (only `expose:NAME` stands alone)")
+    };
     // A route, or an address beyond the overlay: which router, which rule, what the filter does.
     if decl.node(to).is_none()
         && (to.starts_with("route:") || to.parse::<std::net::IpAddr>().is_ok() || to.parse::<std::net::SocketAddr>().is_ok())

@@ -49,6 +49,8 @@ pub(super) struct Cache {
     pub(super) route_blocks: Vec<Arc<RouteBlock>>,
     /// Whether each node routes for some route.
     pub(super) router: Vec<bool>,
+    /// Whether each node runs an exposed module: its key decides the ingress nodes' backends.
+    pub(super) backend: Vec<bool>,
     /// Where the compile that made this cache stood in its key set: the next one reads only the
     /// names changed since.
     pub(super) keys_seen: Option<KeysSeen>,
@@ -72,6 +74,12 @@ impl Cache {
         for r in &topo.routes {
             for &v in &r.via {
                 router[v as usize] = true;
+            }
+        }
+        let mut backend = vec![false; topo.nodes.len()];
+        for e in &topo.exposures {
+            for &r in &e.runners {
+                backend[r as usize] = true;
             }
         }
         let texts: Vec<Arc<NodeText>> = par::map(topo.nodes.len(), |a| match old(a) {
@@ -103,6 +111,7 @@ impl Cache {
             // Set by the caller, from what the plans share.
             route_blocks: Vec::new(),
             router,
+            backend,
             // Set by `compile`, which has the key set.
             keys_seen: None,
         }

@@ -10,11 +10,13 @@ use super::warnings::{left_out_diagnostics, path_diagnostics};
 use super::{files_of, Compiled, NodeOutput};
 use crate::alloc::Allocation;
 use crate::decl::Declaration;
+use crate::decl::ExposeTls;
 use crate::diag;
 use crate::par;
-use crate::plan::{Common, NodePlan, NodeText, PeerPlan, RouteBlock, ZoneBlock};
+use crate::plan::{Common, ExposurePlan, NodePlan, NodeText, PeerPlan, RouteBlock, ZoneBlock};
 use crate::render;
 use crate::topology::{Path, Topology};
+use std::net::IpAddr;
 
 /// Every node's plan and output; a node whose plan is the same as in `previous` keeps its files.
 pub(super) fn compile(decl: &Arc<Declaration>, topo: &Topology, allocation: Allocation, previous: Option<&Compiled>) -> Compiled {
@@ -176,6 +178,13 @@ pub(super) fn node_plan(topo: &Topology, shared: &Shared, cache: &Cache, a: usiz
     let routed =
         routes_of.iter().filter(|&&r| router_of(cache, me, r).is_some()).map(|&r| shared.route_blocks[r as usize].route.clone()).collect();
     let zone_routes = routes_of.iter().filter_map(|&r| shared.route_zones[r as usize].clone()).collect();
+    let ingress = ingress_of(topo, cache, me);
+    let acme = topo
+        .decl
+        .acme
+        .as_ref()
+        .filter(|_| ingress.iter().any(|e| e.tls == ExposeTls::Acme))
+        .map(|a| (a.directory.clone(), a.email.clone()));
     NodePlan {
         node: names[a].clone(),
         common: shared.common.clone(),
@@ -191,7 +200,39 @@ pub(super) fn node_plan(topo: &Topology, shared: &Shared, cache: &Cache, a: usiz
         routes_for,
         routed,
         zone_routes,
+        ingress,
+        acme,
     }
+}
+
+/// The exposures node `me` is an ingress of, each with its backends: the runners of its module
+/// that hold a key, at their overlay address.
+fn ingress_of(topo: &Topology, cache: &Cache, me: u32) -> Vec<ExposurePlan> {
+    topo.exposures
+        .iter()
+        .filter(|e| e.via.binary_search(&me).is_ok())
+        .map(|e| {
+            let x = e.exposure;
+            let backends = e
+                .runners
+                .iter()
+                .filter(|&&r| cache.keys[r as usize].is_some())
+                .filter_map(|&r| {
+                    let ip = cache.ipv4[r as usize].map(IpAddr::V4).or(cache.ipv6[r as usize].map(IpAddr::V6))?;
+                    Some((cache.names[r as usize].clone(), ip))
+                })
+                .collect();
+            ExposurePlan {
+                name: Arc::from(x.name.as_str()),
+                hostnames: x.hostnames.clone(),
+                listen: x.listen,
+                tls: x.tls,
+                sources: x.sources.clone(),
+                port: x.port,
+                backends,
+            }
+        })
+        .collect()
 }
 
 /// Every node's plan, in name order, what the plans share, and what the next compile keeps.

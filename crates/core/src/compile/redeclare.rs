@@ -41,6 +41,13 @@ pub(super) fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: 
     let paths = step.paths(old_paths, &affected);
     let relayed_by = step.relayed_by(&paths, &affected);
     step.mark_hubs(&relayed_by, &moved, &mut affected);
+    // An ingress node's backends follow its exposed modules' runners and their keys: ingress
+    // nodes are few, and always made again.
+    for e in &topo.exposures {
+        for &v in &e.via {
+            affected[v as usize] = true;
+        }
+    }
     let Redeclare { new_to_old, old_to_new, identity, fresh_partners, .. } = step;
     let mut old_partners = std::mem::take(&mut old.partners);
     let partners: Vec<NodeSet> =
@@ -85,7 +92,7 @@ fn keeps_mesh(decl: &Declaration, topo: &Topology, old: &Cache) -> bool {
                 && topo.keys[h as usize] == old.keys[old.index[&***name] as usize]
         });
     let same_routes = decl.routes.len() == od.routes.len() && decl.routes.iter().zip(&od.routes).all(|(a, b)| same_route(a, b));
-    same_settings && same_networks && same_hubs && same_routes
+    same_settings && same_networks && same_hubs && same_routes && decl.same_exposures(od)
 }
 
 /// What the phases of a redeclare share: the new topology, the cache of the compile before, where

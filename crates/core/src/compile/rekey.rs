@@ -32,8 +32,9 @@ pub(super) fn rekey(decl: &Arc<Declaration>, keys: &Keys, mut previous: Compiled
         return Recompiled::Done(previous);
     }
     // A hub's key decides which hub relays, a router's which router a route's users send to: the
-    // whole plan is made.
-    if changed.iter().any(|&(a, _)| cache.reach.hubs.binary_search(&a).is_ok() || cache.router[a as usize]) {
+    // whole plan is made. So it is for a backend of an exposure (`redeclare` remakes the ingress).
+    // An exposed module's runner's key decides the ingress nodes' backends (their Traefik files).
+    if changed.iter().any(|&(a, _)| cache.reach.hubs.binary_search(&a).is_ok() || cache.router[a as usize] || cache.backend[a as usize]) {
         return Recompiled::NotApplicable(previous);
     }
     let cache = previous.cache.as_mut().expect("checked above");

@@ -24,6 +24,8 @@ pub(super) struct Parsed {
     routes: Vec<Route>,
     tests: Vec<PolicyTest>,
     pools: Vec<crate::decl::Pool>,
+    acme: Option<Acme>,
+    exposures: Vec<Exposure>,
 }
 
 impl Parsed {
@@ -37,11 +39,15 @@ impl Parsed {
             routes: self.routes,
             tests: self.tests,
             pools: self.pools,
+            acme: self.acme,
+            exposures: self.exposures,
         })
     }
 }
 
-const MESH_FILE_KEYS: &[&str] = &["mesh", "networks", "groups", "node", "route", "test", "pool"];
+const MESH_FILE_KEYS: &[&str] = &["mesh", "networks", "groups", "node", "route", "test", "pool", "acme", "expose"];
+const ACME_KEYS: &[&str] = &["directory", "email"];
+const EXPOSE_KEYS: &[&str] = &["name", "hostnames", "module", "port", "via", "listen", "tls", "sources"];
 const MESH_KEYS: &[&str] = &["name", "domain", "overlay_ipv4", "overlay_ipv6", "port", "interface", "mtu", "service_cert_lifetime"];
 const NODE_KEYS: &[&str] =
     &["name", "hub", "networks", "groups", "modules", "address_ipv4", "address_ipv6", "endpoint", "public_key", "exit"];
@@ -110,6 +116,16 @@ pub(super) fn parse_mesh(file: &SourceFile, diags: &mut Vec<Diagnostic>) -> Pars
     for v in top.tables(&doc, "pool", diags) {
         if let Some(t) = Table::new(&doc, "[[pool]]", v, POOL_KEYS, diags) {
             out.pools.extend(parse_pool_table(&doc, &t, diags));
+        }
+    }
+    if let Some(v) = top.get("acme") {
+        if let Some(t) = Table::new(&doc, "[acme]", v, ACME_KEYS, diags) {
+            out.acme = parse_acme(&doc, &t, diags);
+        }
+    }
+    for v in top.tables(&doc, "expose", diags) {
+        if let Some(t) = Table::new(&doc, "[[expose]]", v, EXPOSE_KEYS, diags) {
+            out.exposures.extend(parse_expose(&doc, &t, diags));
         }
     }
     for v in top.tables(&doc, "test", diags) {
@@ -336,6 +352,135 @@ fn parse_pool_table(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option
     };
     let (name, _) = name?;
     Some(crate::decl::Pool { name, size: size?, networks, groups, modules, ephemeral_after, loc: t.loc.clone(), refs })
+}
+
+fn parse_acme(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Acme> {
+    let directory = t.required_str(doc, "directory", diags).and_then(|(s, loc)| {
+        if s.starts_with("https://") && s.len() > "https://".len() && !s.bytes().any(|b| b.is_ascii_whitespace() || b.is_ascii_control()) {
+            Some(s)
+        } else {
+            diags.push(Diagnostic::error(&loc, format!("[acme] `directory` {s:?} must be an https:// URL of an ACME directory")));
+            None
+        }
+    });
+    let email = t.str(doc, "email", diags).and_then(|(s, loc)| {
+        let ok = s.split_once('@').is_some_and(|(user, host)| {
+            !user.is_empty() && !host.is_empty() && !s.bytes().any(|b| b.is_ascii_whitespace() || b.is_ascii_control() || b == b'"')
+        });
+        if ok {
+            Some(s)
+        } else {
+            diags.push(Diagnostic::error(&loc, format!("[acme] `email` {s:?} is not an email address")));
+            None
+        }
+    });
+    Some(Acme { directory: directory?, email, loc: t.loc.clone() })
+}
+
+/// A public host name an exposure serves: DNS labels, at least two, lower case, no wildcard.
+fn is_hostname(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').count() >= 2 && s.split('.').all(is_dns_label)
+}
+
+fn parse_expose(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Exposure> {
+    let name = t.required_str(doc, "name", diags);
+    let port_of = |key: &str, diags: &mut Vec<Diagnostic>| match t.int(doc, key, diags) {
+        None => None,
+        Some((p, _)) if (1..=65535).contains(&p) => Some(p as u16),
+        Some((p, loc)) => {
+            diags.push(Diagnostic::error(&loc, format!("[[expose]] `{key}` {p} is not a valid TCP port (1-65535)")));
+            None
+        }
+    };
+    let mut hostnames = Vec::new();
+    let mut hostname_locs = Vec::new();
+    match t.strings(doc, "hostnames", diags) {
+        None if t.get("hostnames").is_none() => t.missing("hostnames", diags),
+        None => {}
+        Some(list) if list.is_empty() => {
+            diags.push(Diagnostic::error(&t.loc, "[[expose]] has an empty `hostnames`: name the public names it serves"))
+        }
+        Some(list) => {
+            for (h, loc) in list {
+                let h = h.trim_end_matches('.').to_string();
+                if is_hostname(&h) {
+                    hostnames.push(h);
+                    hostname_locs.push(loc);
+                } else {
+                    diags.push(Diagnostic::error(
+                        &loc,
+                        format!("hostname {h:?} is not a public DNS name (two or more labels of a-z, 0-9 and '-', no wildcard)"),
+                    ));
+                }
+            }
+        }
+    }
+    let module = t.required_str(doc, "module", diags);
+    if t.get("port").is_none() {
+        t.missing("port", diags);
+    }
+    let port = port_of("port", diags);
+    let (via, via_locs): (Vec<String>, Vec<Loc>) = match t.strings(doc, "via", diags) {
+        None if t.get("via").is_none() => {
+            t.missing("via", diags);
+            (Vec::new(), Vec::new())
+        }
+        Some(list) if list.is_empty() => {
+            diags.push(Diagnostic::error(&t.loc, "[[expose]] has an empty `via`: name the ingress node(s) that serve it"));
+            (Vec::new(), Vec::new())
+        }
+        other => other.unwrap_or_default().into_iter().unzip(),
+    };
+    let listen = port_of("listen", diags).unwrap_or(DEFAULT_LISTEN);
+    let (tls, tls_loc) = match t.str(doc, "tls", diags) {
+        None => (Some(ExposeTls::Acme), t.loc.clone()),
+        Some((s, loc)) => match ExposeTls::parse(&s) {
+            Some(tls) => (Some(tls), loc),
+            None => {
+                diags.push(Diagnostic::error(&loc, format!("[[expose]] `tls` {s:?} must be \"acme\", \"passthrough\" or \"none\"")));
+                (None, loc)
+            }
+        },
+    };
+    let sources = match t.strings(doc, "sources", diags) {
+        None if t.get("sources").is_none() => vec!["0.0.0.0/0".parse().expect("a prefix"), "::/0".parse().expect("a prefix")],
+        None => Vec::new(),
+        Some(list) if list.is_empty() => {
+            diags.push(Diagnostic::error(&t.loc, "[[expose]] has an empty `sources`: leave it out to admit everyone, or name prefixes"));
+            Vec::new()
+        }
+        Some(list) => {
+            let mut out = Vec::new();
+            for (p, loc) in list {
+                match p.parse::<ipnet::IpNet>() {
+                    Ok(net) if net.trunc() != net => {
+                        diags.push(Diagnostic::error(&loc, format!("exposure source {p} has host bits set; did you mean {}?", net.trunc())))
+                    }
+                    Ok(net) => out.push(net),
+                    Err(_) => diags
+                        .push(Diagnostic::error(&loc, format!("exposure source {p:?} is not a CIDR prefix such as \"203.0.113.0/24\""))),
+                }
+            }
+            out
+        }
+    };
+    let (name, _) = name?;
+    let (module, module_loc) = module?;
+    Some(Exposure {
+        name,
+        hostnames,
+        hostname_locs,
+        module,
+        module_loc,
+        port: port?,
+        via,
+        via_locs,
+        listen,
+        tls: tls?,
+        tls_loc,
+        sources,
+        loc: t.loc.clone(),
+    })
 }
 
 fn parse_test(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<PolicyTest> {
@@ -587,7 +732,7 @@ fn rule_sources(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<(Ve
             // Reported; the rule keeps its other sources so they are checked too.
             None => diags.push(Diagnostic::error(
                 &loc,
-                format!("source {s:?} must be \"node:NAME\", \"group:NAME\", \"module:NAME\", \"pool:NAME\" or \"mesh\""),
+                format!("source {s:?} must be \"node:NAME\", \"group:NAME\", \"module:NAME\", \"pool:NAME\", \"expose:NAME\" or \"mesh\""),
             )),
         }
     }

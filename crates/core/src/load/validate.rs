@@ -36,6 +36,7 @@ pub(super) fn validate(decl: &Declaration, diags: &mut Vec<Diagnostic>) {
     exits(decl, diags);
     tests(decl, &declared, diags);
     pools(decl, &declared, diags);
+    exposures(decl, &declared, diags);
 }
 
 /// The names declared of each kind, for checking what refers to them.
@@ -45,6 +46,7 @@ struct Declared<'d> {
     nodes: HashSet<&'d str>,
     modules: HashSet<&'d str>,
     pools: HashSet<&'d str>,
+    exposures: HashSet<&'d str>,
 }
 
 impl<'d> Declared<'d> {
@@ -55,6 +57,7 @@ impl<'d> Declared<'d> {
             nodes: decl.nodes.iter().map(|n| n.name.as_str()).collect(),
             modules: decl.modules.iter().map(|m| m.name.as_str()).collect(),
             pools: decl.pools.iter().map(|p| p.name.as_str()).collect(),
+            exposures: decl.exposures.iter().map(|e| e.name.as_str()).collect(),
         }
     }
 }
@@ -386,6 +389,7 @@ pub fn names_node(from: &[Source], decl: &Declaration, n: &Node) -> bool {
         Source::Group(g) => n.groups.contains(g) || decl.groups.iter().any(|x| x.name == *g && x.members.contains(&n.name)),
         Source::Module(m) => n.modules.contains(m),
         Source::Pool(p) => n.pool.as_ref() == Some(p),
+        Source::Expose(e) => decl.exposure(e).is_some_and(|e| e.via.contains(&n.name)),
         Source::Mesh => true,
     })
 }
@@ -426,6 +430,7 @@ fn undeclared_sources(owner: &str, from: &[Source], locs: &[Loc], declared: &Dec
             Source::Group(g) => ("group", g, &declared.groups),
             Source::Module(m) => ("module", m, &declared.modules),
             Source::Pool(p) => ("pool", p, &declared.pools),
+            Source::Expose(e) => ("exposure", e, &declared.exposures),
             Source::Mesh => continue,
         };
         if !set.contains(name.as_str()) {
@@ -532,6 +537,117 @@ fn pool_room(decl: &Declaration, diags: &mut Vec<Diagnostic>) {
                     decl.nodes.len()
                 ),
             ));
+        }
+    }
+}
+
+/// Exposures (ADR 0026): unique names, a declared module and declared ingress nodes, each host
+/// name served once, `[acme]` for `tls = "acme"`, one TLS mode per port of an ingress node, a
+/// source `expose:NAME` only in the rules of the module it exposes, and a rule of that module
+/// that admits the exposure on its port, so that nothing looks exposed while nothing is.
+fn exposures(decl: &Declaration, declared: &Declared, diags: &mut Vec<Diagnostic>) {
+    names_of("exposure", decl.exposures.iter().map(|e| (&e.name, &e.loc)), diags);
+    let mut hostnames: HashMap<&str, (&str, &Loc)> = HashMap::new();
+    // (ingress node, listen port) -> (TLS mode, exposure, where)
+    let mut listens: HashMap<(&str, u16), (ExposeTls, &str)> = HashMap::new();
+    for e in &decl.exposures {
+        if !declared.modules.contains(e.module.as_str()) {
+            diags.push(Diagnostic::error(
+                &e.module_loc,
+                format!(
+                    "exposure `{}` exposes module `{}`, which has no manifest in modules/ ({})",
+                    e.name,
+                    e.module,
+                    listing(&declared.modules)
+                ),
+            ));
+        }
+        for (i, (v, loc)) in e.via.iter().zip(&e.via_locs).enumerate() {
+            if !declared.nodes.contains(v.as_str()) {
+                diags.push(Diagnostic::error(
+                    loc,
+                    format!("exposure `{}` goes via `{v}`, which is not a declared node ({})", e.name, listing(&declared.nodes)),
+                ));
+            }
+            if e.via[..i].contains(v) {
+                diags.push(Diagnostic::error(loc, format!("exposure `{}` names `{v}` in `via` twice", e.name)));
+            }
+        }
+        for (h, loc) in e.hostnames.iter().zip(&e.hostname_locs) {
+            match hostnames.get(h.as_str()) {
+                Some((other, first)) => diags.push(Diagnostic::error(
+                    loc,
+                    format!(
+                        "hostname `{h}` of exposure `{}` is already served by exposure `{other}` at {first}; a name has one exposure",
+                        e.name
+                    ),
+                )),
+                None => {
+                    hostnames.insert(h, (&e.name, loc));
+                }
+            }
+        }
+        if e.tls == ExposeTls::Acme && decl.acme.is_none() {
+            diags.push(Diagnostic::error(
+                &e.tls_loc,
+                format!("exposure `{}` takes its certificates from ACME (`tls = \"acme\"`, the default), but the declaration has no [acme] table with its `directory`", e.name),
+            ));
+        }
+        for v in &e.via {
+            match listens.get(&(v.as_str(), e.listen)) {
+                Some((tls, other)) if *tls != e.tls => diags.push(Diagnostic::error(
+                    &e.tls_loc,
+                    format!(
+                        "exposure `{}` listens on port {} of `{v}` with tls \"{}\", but exposure `{other}` listens there with tls \"{tls}\"; one port of an ingress node has one TLS mode",
+                        e.name, e.listen, e.tls
+                    ),
+                )),
+                Some(_) => {}
+                None => {
+                    listens.insert((v.as_str(), e.listen), (e.tls, &e.name));
+                }
+            }
+        }
+        let Some(m) = decl.module(&e.module) else { continue };
+        let admitted = m.allow.iter().any(|r| {
+            r.proto == Proto::Tcp
+                && r.ports.iter().any(|p| p.contains(e.port))
+                && r.from.iter().any(|s| *s == Source::Expose(e.name.clone()))
+        });
+        if !admitted {
+            diags.push(Diagnostic::error(
+                &e.loc,
+                format!(
+                    "exposure `{}` sends to port {} of module `{}`, but no rule of module `{}` admits it there; add [[allow]] proto = \"tcp\", ports = [\"{}\"], from = [\"expose:{}\"] to modules/{}.toml",
+                    e.name, e.port, e.module, e.module, e.port, e.name, e.module
+                ),
+            ));
+        }
+    }
+    // `expose:NAME` admits the ingress nodes to what they serve, and to nothing else.
+    for m in &decl.modules {
+        for rule in &m.allow {
+            for (src, loc) in rule.from.iter().zip(&rule.from_locs) {
+                let Source::Expose(name) = src else { continue };
+                if let Some(e) = decl.exposure(name).filter(|e| e.module != m.name) {
+                    diags.push(Diagnostic::error(
+                        loc,
+                        format!("rule of module `{}` names source `{src}`, but exposure `{name}` exposes module `{}`; its ingress nodes are admitted only to the module they serve", m.name, e.module),
+                    ));
+                }
+            }
+        }
+    }
+    for r in &decl.routes {
+        for rule in &r.allow {
+            for (src, loc) in rule.from.iter().zip(&rule.from_locs) {
+                if matches!(src, Source::Expose(_)) {
+                    diags.push(Diagnostic::error(
+                        loc,
+                        format!("rule of route `{}` names source `{src}`; an exposure's ingress nodes are admitted only to the module they serve", r.name),
+                    ));
+                }
+            }
         }
     }
 }

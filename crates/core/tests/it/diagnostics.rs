@@ -60,7 +60,7 @@ fn sources_must_name_declared_things() {
             "modules/pg.toml:6:9: error: rule of module `pg` names source `node:ghost`, but no node `ghost` is declared (declared: a)",
             "modules/pg.toml:6:23: error: rule of module `pg` names source `group:devs`, but no group `devs` is declared (declared: ops)",
             "modules/pg.toml:6:37: error: rule of module `pg` names source `module:api`, but no module `api` is declared (declared: pg)",
-            "modules/pg.toml:6:59: error: source \"host:a\" must be \"node:NAME\", \"group:NAME\", \"module:NAME\", \"pool:NAME\" or \"mesh\"",
+            "modules/pg.toml:6:59: error: source \"host:a\" must be \"node:NAME\", \"group:NAME\", \"module:NAME\", \"pool:NAME\", \"expose:NAME\" or \"mesh\"",
         ],
     );
 }

@@ -95,7 +95,8 @@ fn apply(d: &mut Declaration, keys: &mut Keys, c: &Change, added: &mut usize) ->
         }
         Change::RemoveNode(i) => {
             let name = d.nodes[i % n].name.clone();
-            let named = d.modules.iter().flat_map(|m| &m.allow).flat_map(|r| &r.from).any(|s| *s == Source::Node(name.clone()));
+            let named = d.modules.iter().flat_map(|m| &m.allow).flat_map(|r| &r.from).any(|s| *s == Source::Node(name.clone()))
+                || d.exposures.iter().any(|e| e.via.contains(&name));
             if n <= 2 || named {
                 return false;
             }
@@ -163,10 +164,13 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(150), .. ProptestConfig::default() })]
 
     #[test]
-    fn an_incremental_recompile_equals_a_full_compile(g in gen(), enrolled in proptest::collection::vec(any::<bool>(), 32), routed in any::<bool>(), changes in proptest::collection::vec((change(), any::<bool>()), 1..10)) {
+    fn an_incremental_recompile_equals_a_full_compile(g in gen(), enrolled in proptest::collection::vec(any::<bool>(), 32), routed in any::<bool>(), exposed in any::<bool>(), changes in proptest::collection::vec((change(), any::<bool>()), 1..10)) {
         let mut d = declaration(&g);
         if routed {
             add_routes(&mut d);
+        }
+        if exposed {
+            add_exposure(&mut d);
         }
         // Most nodes get their key by enrolling; a few keep a declared one.
         let mut keys = Keys::default();
@@ -241,4 +245,33 @@ fn add_routes(d: &mut Declaration) {
             node.exit = Some(("internet".into(), loc.clone()));
         }
     }
+}
+
+/// An exposure of the first module through the two last nodes, admitted by its first rule, so
+/// that the ingress nodes' backends follow runners and keys as they change.
+fn add_exposure(d: &mut Declaration) {
+    use trellis_core::decl::{Acme, ExposeTls, Exposure};
+    let loc = d.nodes[0].loc.clone();
+    let n = d.nodes.len();
+    let via = vec![d.nodes[n - 1].name.clone(), d.nodes[n - 2].name.clone()];
+    let module = &mut d.modules[0];
+    let port = module.allow[0].ports.first().map_or(80, |p| p.first);
+    module.allow[0].from.push(Source::Expose("shop".into()));
+    module.allow[0].from_locs.push(loc.clone());
+    d.acme = Some(Acme { directory: "https://acme.example.net/dir".into(), email: None, loc: loc.clone() });
+    d.exposures.push(Exposure {
+        name: "shop".into(),
+        hostnames: vec!["shop.example.com".into()],
+        hostname_locs: vec![loc.clone()],
+        module: module.name.clone(),
+        module_loc: loc.clone(),
+        port,
+        via_locs: vec![loc.clone(), loc.clone()],
+        via,
+        listen: 443,
+        tls: ExposeTls::Acme,
+        tls_loc: loc.clone(),
+        sources: vec!["0.0.0.0/0".parse().unwrap()],
+        loc,
+    });
 }

@@ -3,6 +3,7 @@
 mod allocation;
 mod certs;
 mod diagnostics;
+mod exposures;
 mod golden;
 mod incremental;
 mod pools;

@@ -159,6 +159,7 @@ impl<'d> Oracle<'d> {
             Source::Group(g) => self.in_group(node, g),
             Source::Module(m) => self.d.node(node).unwrap().modules.contains(m),
             Source::Pool(p) => self.d.node(node).unwrap().pool.as_ref() == Some(p),
+            Source::Expose(e) => self.d.exposures.iter().any(|x| x.name == *e && x.via.iter().any(|v| v == node)),
             Source::Mesh => true,
         }
     }

