@@ -37,6 +37,23 @@ struct Polled {
     body: Result<Option<Vec<u8>>>,
     answered: bool,
     fresh_at: Option<i64>,
+    /// The freshness stamp was refused: the controller's clock is too far from this node's.
+    skew: Option<String>,
+}
+
+/// A freshness stamp's time `at`, as taken when it has just arrived at `now` (the controller
+/// signs it as it answers): within the tolerated skew it is the controller's newest word; further
+/// from this node's clock, ahead or behind, it is refused with a sentence naming the skew (a
+/// controller's clock that far off, or a stamp replayed from long ago, says nothing fresh).
+fn fresh(at: i64, now: i64) -> Result<i64, String> {
+    use trellis_proto::version::{skew_words, MAX_SKEW_SECS};
+    if (at - now).abs() > MAX_SKEW_SECS {
+        return Err(format!(
+            "the controller's freshness stamp is {} this node's clock, more than the {MAX_SKEW_SECS} s tolerated: set the clocks (NTP)",
+            skew_words(at, now)
+        ));
+    }
+    Ok(at)
 }
 
 pub struct Agent {
@@ -187,14 +204,19 @@ impl Agent {
         let rebuild = held.is_some() && last.exists();
         match self.client.bundle_or_delta(self.opts.wait, held, rebuild).await {
             Ok(answer) => {
-                let fresh_at = answer.freshness.and_then(|stamp| trellis_core::bundle::verify_stamp(&stamp, &self.key, &self.id.mesh).ok());
+                let stamp = answer.freshness.and_then(|stamp| trellis_core::bundle::verify_stamp(&stamp, &self.key, &self.id.mesh).ok());
+                let (fresh_at, skew) = match stamp.map(|at| fresh(at, unix_now())) {
+                    Some(Ok(at)) => (Some(at), None),
+                    Some(Err(sentence)) => (None, Some(sentence)),
+                    None => (None, None),
+                };
                 let body = match answer.body {
                     Ok(Some(delta)) if answer.delta => self.rebuild(&last, &delta, held).await,
                     other => other.map_err(answered),
                 };
-                Polled { fresh_at, body, answered: true }
+                Polled { fresh_at, skew, body, answered: true }
             }
-            Err(e) => Polled { body: Err(e.into()), answered: false, fresh_at: None },
+            Err(e) => Polled { body: Err(e.into()), answered: false, fresh_at: None, skew: None },
         }
     }
 
@@ -317,6 +339,10 @@ impl Agent {
             if let Some(at) = polled.fresh_at {
                 self.status.fresh_at = Some(self.status.fresh_at.map_or(at, |f| f.max(at)));
             }
+            if let Some(skew) = polled.skew {
+                tracing::warn!("{skew}");
+                self.status.last_error = Some(skew);
+            }
             match polled.body {
                 Ok(Some(bytes)) => {
                     failures = 0;
@@ -394,5 +420,28 @@ fn answered(e: trellis_client::Error) -> anyhow::Error {
         trellis_client::Error::Refused(r) => anyhow::anyhow!("the controller answered {}: {r}", r.status),
         trellis_client::Error::Answered { status, text } => anyhow::anyhow!("the controller answered {}: {text}", status.as_u16()),
         e => e.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fresh;
+
+    /// Clock skew (issue 21, item 3): a stamp up to five minutes from this node's clock is the
+    /// controller's newest word; further, either way, is refused with a sentence naming the skew.
+    #[test]
+    fn a_freshness_stamp_further_than_five_minutes_from_this_clock_is_refused_naming_the_skew() {
+        let now = 1_900_000_000;
+        for within in [0, 300, -300, 299, -1] {
+            assert_eq!(fresh(now + within, now), Ok(now + within), "{within} s");
+        }
+        assert_eq!(
+            fresh(now + 432, now),
+            Err("the controller's freshness stamp is 7 min 12 s ahead of this node's clock, more than the 300 s tolerated: set the clocks (NTP)"
+                .into())
+        );
+        assert!(
+            fresh(now - 301, now).is_err_and(|e| e.starts_with("the controller's freshness stamp is 5 min 1 s behind this node's clock"))
+        );
     }
 }

@@ -16,6 +16,7 @@ pub mod load;
 pub mod nodefile;
 pub mod par;
 pub mod plan;
+pub mod release;
 pub mod render;
 pub mod text;
 pub mod token;

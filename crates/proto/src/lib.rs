@@ -268,6 +268,10 @@ pub struct NodeStatus {
     /// For a revoked node: how far its revocation has reached (ADR 0022).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revocation: Option<Revocation>,
+    /// Why the node's requests are refused, when its agent (as it last said) is older than the
+    /// declaration's `min_agent_version`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_refused: Option<String>,
 }
 
 /// A revocation as the controller follows it (ADR 0022), computed from the database, so every

@@ -474,6 +474,10 @@ pub fn status(conn: &Conn, json_out: bool) -> Result<ExitCode> {
         );
     }
     print_revoking(list.iter().filter_map(|n| n.revocation.as_ref().map(|r| (n.name.as_str(), r))));
+    // Agents older than `[mesh] min_agent_version`: refused on every request until upgraded.
+    for refused in list.iter().filter_map(|n| n.agent_refused.as_deref()) {
+        println!("refused: {}", printable(refused));
+    }
     // A controller without service certificates answers 404 here: nothing to add.
     if let Ok(certs) = runtime().block_on(conn.client()?.certificates()) {
         for note in crate::certs::notes(&certs, trellis_files::unix_now()) {

@@ -199,8 +199,16 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
         evidence_records: 1,
         evidence_missing: 0,
         revocation: None,
+        agent_refused: None,
     };
     sample(d, "NodeStatus", status.clone(), &mut c);
+    let refused = proto::NodeStatus {
+        agent_refused: Some(
+            "node `n` runs agent 0.1.0, older than this mesh's min_agent_version 0.2.0: upgrade trellis-agent on it".into(),
+        ),
+        ..status.clone()
+    };
+    sample(d, "NodeStatus", refused, &mut c);
     let holder = proto::KeyHolder {
         name: "db-1".into(),
         dropped_in: Some(13),
