@@ -97,6 +97,21 @@ impl NodeClient {
         Ok(NodeClient { http: crate::http_client_with(tls, CONNECT, TIMEOUT, headers)?, controllers, last: Default::default() })
     }
 
+    /// The controllers asked, in order.
+    pub fn controllers(&self) -> &[String] {
+        &self.controllers
+    }
+
+    /// Asks `controllers` from now on (a list delivered in a bundle, ADR 0028), starting with
+    /// the one that answered last if it is still listed.
+    pub fn set_controllers(&mut self, controllers: Vec<String>) {
+        use std::sync::atomic::Ordering;
+        let last =
+            self.controllers.get(self.last.load(Ordering::Relaxed)).and_then(|c| controllers.iter().position(|n| n == c)).unwrap_or(0);
+        self.controllers = controllers;
+        self.last.store(last, Ordering::Relaxed);
+    }
+
     pub async fn renew(&self, csr_pem: &str) -> Result<proto::RenewResponse, Error> {
         let req = proto::RenewRequest { csr_pem: csr_pem.to_string() };
         crate::each_controller_from(&self.controllers, &self.last, |c| {

@@ -272,6 +272,7 @@ impl Controller {
             });
         }
         let (accepted, duplicates) = self.store.add_evidence(&who.name, &records, self.now()).await?;
+        self.rotation_evidence();
         self.evidence_arrived();
         Ok(proto::EvidenceAck { accepted, duplicates })
     }

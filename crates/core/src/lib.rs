@@ -21,6 +21,7 @@ pub mod render;
 pub mod text;
 pub mod token;
 pub mod topology;
+pub mod trust;
 pub mod wgconf;
 pub mod zone;
 

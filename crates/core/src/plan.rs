@@ -17,8 +17,11 @@ pub const NODE_TOML: &str = "etc/trellis/node.toml";
 /// The mesh CA and the node's certificate, added to each bundle by the controller.
 pub const CA_PEM: &str = "etc/trellis/ca.pem";
 pub const NODE_PEM: &str = "etc/trellis/node.pem";
+/// What the node trusts beyond the CA (`trust::TrustFile`: its controllers, the next signing
+/// key), added to each bundle by the controller.
+pub const TRUST_TOML: &str = "etc/trellis/trust.toml";
 /// Every file a bundle may carry; an agent writes nothing else.
-pub const DELIVERED: &[&str] = &[WIREGUARD_CONF, NFTABLES_CONF, MESH_ZONE, NODE_TOML, CA_PEM, NODE_PEM];
+pub const DELIVERED: &[&str] = &[WIREGUARD_CONF, NFTABLES_CONF, MESH_ZONE, NODE_TOML, CA_PEM, NODE_PEM, TRUST_TOML];
 
 /// One file to write on a node, relative to the agent's root.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -31,6 +31,11 @@ pub struct Conn {
 }
 
 impl Conn {
+    /// The state directory named, if the command runs on the controller's machine.
+    pub(crate) fn state_dir(&self) -> Option<&Path> {
+        self.state_dir.as_deref()
+    }
+
     pub(crate) fn client(&self) -> Result<AdminClient> {
         match (&self.state_dir, &self.server) {
             (Some(dir), _) => {

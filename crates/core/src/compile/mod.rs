@@ -40,7 +40,7 @@ use crate::topology::Topology;
 use cache::Cache;
 
 /// The paths of the files a node receives, where the agent, the controller and the lab use them.
-pub use crate::plan::{CA_PEM, DELIVERED, MESH_ZONE, NFTABLES_CONF, NODE_PEM, NODE_TOML, WIREGUARD_CONF};
+pub use crate::plan::{CA_PEM, DELIVERED, MESH_ZONE, NFTABLES_CONF, NODE_PEM, NODE_TOML, TRUST_TOML, WIREGUARD_CONF};
 pub use warnings::no_path_message;
 
 /// One node's plan and the files rendered from it.
