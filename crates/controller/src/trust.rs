@@ -85,7 +85,7 @@ impl Controller {
             return Err(Error::BadRequest(format!("controller {address} is listed already")));
         }
         let host = crate::state::split_host_port(address).map_err(|e| Error::BadRequest(e.to_string()))?.0;
-        if !self.server_names.is_empty() && !self.server_names.iter().any(|n| *n == host) {
+        if !self.server_names.is_empty() && !self.server_names.contains(&host) {
             return Err(Error::BadRequest(format!(
                 "the server certificate names {}, not {host}: a node dialling {address} would refuse the controller; add an address under one of those names",
                 self.server_names.join(", ")
