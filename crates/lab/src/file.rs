@@ -100,6 +100,10 @@ pub struct Step {
     /// A host paused by an earlier step whose agent continues (SIGCONT); the step prints the time
     /// until every revocation left `revoking` is complete.
     pub resume: Option<String>,
+    /// `signing-key`: `trellis rotate signing-key` through the controller (ADR 0027); the step
+    /// prints the time until every agent holds only the new key, then forges a bundle with the
+    /// retired key for every agent and fails unless each refuses it.
+    pub rotate: Option<String>,
     /// From this step on: each replaces the expectation with the same check (from, to, proto
     /// and port; or from and dns), or adds one.
     #[serde(default)]
@@ -115,6 +119,7 @@ pub enum Action {
     Revoke(String),
     Pause(String),
     Resume(String),
+    Rotate(String),
 }
 
 /// What an expectation sends (`proto`); tcp when unsaid.
@@ -209,6 +214,9 @@ impl LabFile {
         }
         if let Some(host) = &s.resume {
             return Action::Resume(host.clone());
+        }
+        if let Some(what) = &s.rotate {
+            return Action::Rotate(what.clone());
         }
         match (&s.kill, &s.apply, &s.stop, &s.revoke) {
             (Some(host), ..) => Action::Kill(host.clone()),
@@ -407,13 +415,21 @@ fn check_steps(file: &Path, lab: &LabFile) -> Result<()> {
     let mut paused: Vec<&str> = Vec::new();
     for (i, s) in lab.step.iter().enumerate() {
         let n = i + 1;
-        let given = [s.kill.is_some(), s.apply.is_some(), s.stop.is_some(), s.revoke.is_some(), s.pause.is_some(), s.resume.is_some()]
-            .iter()
-            .filter(|&&x| x)
-            .count();
+        let given = [
+            s.kill.is_some(),
+            s.apply.is_some(),
+            s.stop.is_some(),
+            s.revoke.is_some(),
+            s.pause.is_some(),
+            s.resume.is_some(),
+            s.rotate.is_some(),
+        ]
+        .iter()
+        .filter(|&&x| x)
+        .count();
         if given != 1 {
             bail!(
-                "{}: step {n} needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST` and `resume = HOST`",
+                "{}: step {n} needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST` and `rotate = \"signing-key\"`",
                 file.display()
             );
         }
@@ -431,6 +447,21 @@ fn check_steps(file: &Path, lab: &LabFile) -> Result<()> {
                 );
             }
             paused.push(host);
+            continue;
+        }
+        if let Some(what) = &s.rotate {
+            if what != "signing-key" {
+                bail!("{}: step {n} rotates {what:?}; only \"signing-key\" rotates yet", file.display());
+            }
+            if lab.controllers().count() > 1 {
+                bail!(
+                    "{}: step {n} rotates the signing key in a lab of several controllers; the lab copies no next key to replicas yet",
+                    file.display()
+                );
+            }
+            for (j, e) in s.expect.iter().enumerate() {
+                check_expect(file, &format!("step {n} expectation {}", j + 1), e)?;
+            }
             continue;
         }
         if let Some(host) = &s.resume {
@@ -685,8 +716,8 @@ mod tests {
             ("kill-node", kill_node, "FILE: step 1 kills `web-1`, which is not a host with role = \"controller\""),
             ("kill-twice", kill_twice, "FILE: step 2 kills `ctl-1`, which an earlier step killed"),
             ("kill-both", kill_both, "FILE: step 2 kills `ctl-2`, the last controller running; a lab keeps one"),
-            ("both", both, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST` and `resume = HOST`"),
-            ("neither", neither, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST` and `resume = HOST`"),
+            ("both", both, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST` and `rotate = \"signing-key\"`"),
+            ("neither", neither, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST` and `rotate = \"signing-key\"`"),
             ("silent", silent_apply, "FILE: step 2 applies \"ha/metrics\" but names no expectation; give the ones it changes"),
             ("same", same, "FILE: step 2 expectation 1 is already in force; a step lists what it changes"),
             ("role", unknown_role, "unknown variant `database`, expected one of `node`, `controller`, `postgres`"),
@@ -793,6 +824,16 @@ mod tests {
     }
 
     const REVOKE: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lab/revoke.toml"));
+    const ROTATE: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lab/rotate.toml"));
+
+    /// A rotation step rotates the signing key, and only that, in a lab of one controller.
+    #[test]
+    fn a_rotation_step_rotates_the_signing_key_only() {
+        let lab = load_text("rotate", ROTATE).unwrap();
+        assert_eq!(lab.action(0, std::path::Path::new("lab")), super::Action::Rotate("signing-key".into()));
+        let ca = ROTATE.replace("rotate = \"signing-key\"", "rotate = \"ca\"");
+        assert_eq!(load_text("rotate", &ca).unwrap_err(), "FILE: step 1 rotates \"ca\"; only \"signing-key\" rotates yet");
+    }
 
     /// A pause names a node host not paused already and no expectation; a resume names a host
     /// paused before; the paused host's expectations are out of force in between.

@@ -60,7 +60,7 @@ pub struct LabState {
 
 impl LabState {
     /// The first controller still running: admin commands go through it.
-    fn serving(&self) -> Result<&Replica> {
+    pub(crate) fn serving(&self) -> Result<&Replica> {
         self.controllers.iter().find(|r| !r.killed).context("no controller of the lab is running")
     }
 }
@@ -190,7 +190,7 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
         (0..steps)
             .filter_map(|i| match lab.action(i, lab_dir(file)) {
                 Action::Apply(dir) => Some(dir),
-                Action::Kill(_) | Action::Stop(_) | Action::Revoke(_) | Action::Pause(_) | Action::Resume(_) => None,
+                Action::Kill(_) | Action::Stop(_) | Action::Revoke(_) | Action::Pause(_) | Action::Resume(_) | Action::Rotate(_) => None,
             })
             .next_back()
             .unwrap_or_else(|| decl_dir.clone())
@@ -242,6 +242,23 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
                 // The checkpoint answers once the publish covering the revocation is done; then
                 // every node still active (and not paused) applies what it changed.
                 procs::admin(&st, &["audit", "verify"])?;
+                procs::converge(&st, Duration::from_secs(60))?;
+            }
+            Action::Rotate(_) => {
+                let r = timing::rotate_signing_key(&st, Duration::from_secs(60))?;
+                println!(
+                    "step {}: signing key rotated -> every agent ({}) holds only the new key: {} ms after `trellis rotate signing-key` (completed by {})",
+                    i + 1,
+                    st.agents.len() - st.paused.len(),
+                    r.took.as_millis(),
+                    r.completed_by
+                );
+                println!(
+                    "step {}: a bundle signed with the retired key, 100 versions ahead: refused by {} of {} agents",
+                    i + 1,
+                    r.refused,
+                    st.agents.len() - st.paused.len()
+                );
                 procs::converge(&st, Duration::from_secs(60))?;
             }
             Action::Pause(host) => {

@@ -58,10 +58,6 @@ pub fn create_ca(mesh: &str, now: SystemTime, random: [u8; 16]) -> Result<Pair, 
     Ok(Pair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
 }
 
-/// How long before its issue a certificate starts: a clock this far behind the issuer's still
-/// takes it. The skew the node protocol tolerates (`trellis_proto::version::MAX_SKEW_SECS`).
-pub const CLOCK_GRACE: Duration = Duration::from_secs(300);
-
 /// A CA's certificate parameters: `common_name` of organisation trellis, at most `path_len` CAs
 /// below it, certificate signing only (no CRL is published), from five minutes before `now` for
 /// `days`, its serial made from 16 random bytes.
@@ -153,8 +149,10 @@ impl Ca {
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.use_authority_key_identifier_extension = true;
         params.is_ca = IsCa::ExplicitNoCa;
-        // Valid for a clock up to the tolerated skew behind the controller's.
-        params.not_before = odt(now - CLOCK_GRACE);
+        // A minute of grace for clocks that run slightly behind the controller's. Only the
+        // controller checks a node certificate, on its own clock; a longer grace would move the
+        // renewal (two thirds of the validity from its start) before the issue for short lifetimes.
+        params.not_before = odt(now - Duration::from_secs(60));
         let not_after = now + lifetime;
         params.not_after = odt(not_after);
         let serial = serial(random);

@@ -128,8 +128,7 @@ impl ServicesCa {
         params.use_authority_key_identifier_extension = true;
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        // Valid for a client whose clock is up to the tolerated skew behind the controller's.
-        params.not_before = odt(now - crate::CLOCK_GRACE);
+        params.not_before = odt(now - Duration::from_secs(60));
         let not_after = now + lifetime;
         params.not_after = odt(not_after);
         let serial = serial(random);
