@@ -19,6 +19,9 @@ CREATE TABLE rotations (
     completed_at  INTEGER,
     completed_by  TEXT
 );
+-- At most one open rotation of each kind, whatever starts race: the second insert fails, and
+-- its retry sees the first.
+CREATE UNIQUE INDEX rotations_open ON rotations (kind) WHERE completed_at IS NULL;
 
 -- Each node's first bundle version announcing a rotation's key, recorded by the publish run
 -- that made it: the node confirmed the rotation once its evidence applied that version.
