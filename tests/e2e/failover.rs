@@ -37,6 +37,11 @@ fn a_silent_controller_costs_its_timeout_once_not_on_every_request() {
     let real = format!("\"127.0.0.1:{}\"", c.port);
     assert!(text.contains(&real), "{text}");
     std::fs::write(&identity, text.replace(&real, &format!("\"{silent_addr}\", {real}"))).unwrap();
+    // And in the list every bundle delivers (ADR 0028), so that the first bundle keeps it first.
+    let real_addr = format!("127.0.0.1:{}", c.port);
+    c.ok(&["controllers", "add", &silent_addr]);
+    c.ok(&["controllers", "remove", &real_addr]);
+    c.ok(&["controllers", "add", &real_addr]);
 
     let _agent = Proc(
         agent_bin()

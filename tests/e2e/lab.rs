@@ -195,6 +195,25 @@ fn lab_revoke() {
     );
 }
 
+/// The bundle-signing key rotated mid-run (ADR 0027): every agent takes the new key without
+/// enrolling again, by evidence, every expectation holds before and after, and a bundle signed with
+/// the retired key is refused by every agent.
+#[test]
+fn lab_rotate() {
+    if !can_run(Need::Root) {
+        return;
+    }
+    let (stdout, _) = lab_run("lab/rotate.toml");
+    let rotated = stdout
+        .lines()
+        .find(|l| l.starts_with("step 1: signing key rotated -> every agent (3) holds only the new key: "))
+        .unwrap_or_else(|| panic!("no rotation\n{stdout}"));
+    assert!(rotated.ends_with("(completed by evidence)"), "{rotated}");
+    assert!(stdout.contains("step 1: a bundle signed with the retired key, 100 versions ahead: refused by 3 of 3 agents"), "{stdout}");
+    // Two rounds of the same expectations: before the rotation and after.
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("FROM ")).count(), 2, "{stdout}");
+}
+
 /// Two controller replicas on a real PostgreSQL: ctl-1, which every agent long-polls, is killed
 /// mid-run; every agent must move to ctl-2 (the tokens carry both), every expectation must still
 /// hold, and a declaration applied through ctl-2 must reach every node and open the port it opens.

@@ -12,4 +12,5 @@ mod metrics;
 mod nft;
 mod restores;
 mod support;
+mod trust;
 mod ui;

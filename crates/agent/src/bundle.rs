@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use trellis_core::bundle::{verify as verify_bundle, Applied};
+use trellis_core::bundle::Applied;
 
 use crate::identity::{controller_error, node_client};
 use crate::state::Identity;
@@ -14,7 +14,7 @@ pub async fn fetch(dir: &Path, out: &Path, wait: u64, held: Option<i64>) -> Resu
     let client = node_client(dir, &id)?;
     let answer = client.bundle(wait, held.map(|version| trellis_proto::etag::BundleTag { version, digest: None })).await?;
     let fresh = match answer.freshness {
-        Some(stamp) => match trellis_core::bundle::verify_stamp(&stamp, &id.signing_key()?, &id.mesh) {
+        Some(stamp) => match id.signing_keys()?.verify_stamp(&stamp, &id.mesh) {
             Ok(at) => format!("the controller's signed word is {}s old", (crate::unix_now() - at).max(0)),
             Err(e) => format!("freshness stamp refused: {e}"),
         },
@@ -37,18 +37,18 @@ pub async fn fetch(dir: &Path, out: &Path, wait: u64, held: Option<i64>) -> Resu
 
 pub fn verify(file: &Path, dir: &Path, last_version: Option<u64>, last_bundle: Option<&Path>, json: bool) -> Result<()> {
     let id = Identity::load(dir)?;
-    let key = id.signing_key()?;
+    let keys = id.signing_keys()?;
     let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
     let last = match last_bundle {
         Some(p) => {
             let prev = std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?;
-            let prev = verify_bundle(&prev, &key, &id.mesh, &id.node, None)
-                .map_err(|e| anyhow::anyhow!("{}: the last bundle itself is refused: {e}", p.display()))?;
+            let (prev, _) =
+                keys.verify(&prev, &id, None).map_err(|e| anyhow::anyhow!("{}: the last bundle itself is refused: {e}", p.display()))?;
             Some(Applied { version: prev.bundle.version, digest: Some(prev.bundle.content_digest()) })
         }
         None => last_version.map(|version| Applied { version, digest: None }),
     };
-    let v = verify_bundle(&bytes, &key, &id.mesh, &id.node, last).map_err(|e| anyhow::anyhow!("{}: refused: {e}", file.display()))?;
+    let (v, _) = keys.verify(&bytes, &id, last).map_err(|e| anyhow::anyhow!("{}: refused: {e}", file.display()))?;
     let b = v.bundle;
     if json {
         let files: Vec<serde_json::Value> = b

@@ -151,6 +151,7 @@ pub async fn enrol(source: TokenSource, dir: &Path, force: bool, retry_for: std:
         mesh: resp.mesh.clone(),
         controllers: resp.controllers,
         signing_public_key: resp.signing_public_key,
+        next_signing_public_key: None,
         state: resp.state,
     };
     id.save(dir)?;

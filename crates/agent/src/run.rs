@@ -7,15 +7,16 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use trellis_client::NodeClient;
-use trellis_core::bundle::{verify, Applied, Bundle};
+use trellis_core::bundle::{Applied, Bundle};
 use trellis_proto as proto;
 
 use crate::exec::{Backends, Executor};
 use crate::identity;
 use crate::install::Installer;
 use crate::plan::Scope;
-use crate::state::{self, AgentStatus, EvidenceBuffer, Identity, Manifest, LAST_BUNDLE};
+use crate::state::{self, AgentStatus, EvidenceBuffer, Identity, Manifest, SigningKeys, LAST_BUNDLE};
 use crate::unix_now;
+use trellis_core::trust::TrustFile;
 
 pub struct Options {
     pub state_dir: PathBuf,
@@ -40,12 +41,30 @@ struct Polled {
     body: Result<Option<Vec<u8>>>,
     answered: bool,
     fresh_at: Option<i64>,
+    /// The freshness stamp was refused: the controller's clock is too far from this node's.
+    skew: Option<String>,
+}
+
+/// A freshness stamp's time `at`, as taken when it has just arrived at `now` (the controller
+/// signs it as it answers): within the tolerated skew it is the controller's newest word; further
+/// from this node's clock, ahead or behind, it is refused with a sentence naming the skew (a
+/// controller's clock that far off, or a stamp replayed from long ago, says nothing fresh).
+fn fresh(at: i64, now: i64) -> Result<i64, String> {
+    use trellis_proto::version::{skew_words, MAX_SKEW_SECS};
+    if (at - now).abs() > MAX_SKEW_SECS {
+        return Err(format!(
+            "the controller's freshness stamp is {} this node's clock, more than the {MAX_SKEW_SECS} s tolerated: set the clocks (NTP)",
+            skew_words(at, now)
+        ));
+    }
+    Ok(at)
 }
 
 pub struct Agent {
     opts: Options,
     id: Identity,
-    key: ed25519_dalek::VerifyingKey,
+    /// The keys bundles may be signed with: the current one and the one announced next.
+    keys: SigningKeys,
     installer: Installer,
     evidence: EvidenceBuffer,
     status: AgentStatus,
@@ -58,10 +77,23 @@ pub struct Agent {
 }
 
 /// The bundle last applied (`bundle.last`), verified again; `None` when there is none.
-fn last_bundle(dir: &Path, key: &ed25519_dalek::VerifyingKey, id: &Identity) -> Result<Option<Bundle>> {
+fn last_bundle(dir: &Path, keys: &SigningKeys, id: &Identity) -> Result<Option<Bundle>> {
     let Ok(bytes) = std::fs::read(dir.join(LAST_BUNDLE)) else { return Ok(None) };
-    let v = verify(&bytes, key, &id.mesh, &id.node, None).map_err(|e| anyhow::anyhow!("the last applied bundle: {e}"))?;
+    let (v, _) = keys.verify(&bytes, id, None).map_err(|e| anyhow::anyhow!("the last applied bundle: {e}"))?;
     Ok(Some(v.bundle))
+}
+
+/// What a bundle's `trust.toml` says (none from a controller older than it, or unreadable:
+/// then what the node trusts stays as it is).
+fn trust_of(bundle: &Bundle) -> Option<TrustFile> {
+    let file = bundle.files.iter().find(|f| f.path == trellis_core::compile::TRUST_TOML)?;
+    match std::str::from_utf8(&file.content).map_err(|e| e.to_string()).and_then(|t| TrustFile::parse(t).map_err(|e| e.to_string())) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::error!("the bundle's trust.toml is refused, what this node trusts stays as it was: {e}");
+            None
+        }
+    }
 }
 
 impl Agent {
@@ -69,12 +101,12 @@ impl Agent {
     pub fn new(opts: Options, mut backends: Backends) -> Result<Agent> {
         let certs = crate::certs::Certs::new(&opts.root, backends.reloader.take());
         let id = Identity::load(&opts.state_dir)?;
-        let key = id.signing_key()?;
+        let keys = id.signing_keys()?;
         let manifest = Manifest::load(&opts.state_dir);
         let scope = Scope { files_only: opts.files_only, wireguard: backends.wireguard.is_some(), dns_port: opts.dns_port };
         let exec = Executor::new(backends, opts.root.clone(), opts.state_dir.join(state::WIREGUARD_KEY));
         // What an apply that fails falls back to.
-        let previous = last_bundle(&opts.state_dir, &key, &id).ok().flatten();
+        let previous = last_bundle(&opts.state_dir, &keys, &id).ok().flatten();
         let client = identity::node_client(&opts.state_dir, &id)?;
         let ingress = crate::ingress::Ingress::new(&id.node, opts.ingress, &opts.root, &opts.state_dir, opts.ingress_api);
         Ok(Agent {
@@ -83,7 +115,7 @@ impl Agent {
             status: AgentStatus { pid: std::process::id(), version: manifest.version, ..Default::default() },
             installer: Installer::new(exec, scope, &opts.state_dir, manifest, previous),
             id,
-            key,
+            keys,
             client,
             opts,
             metrics: Default::default(),
@@ -101,7 +133,7 @@ impl Agent {
         if self.installer.manifest().version == 0 || self.opts.files_only {
             return Ok(());
         }
-        let Some(bundle) = last_bundle(&self.opts.state_dir, &self.key, &self.id)? else { return Ok(()) };
+        let Some(bundle) = last_bundle(&self.opts.state_dir, &self.keys, &self.id)? else { return Ok(()) };
         let result = self.installer.resume(&bundle).await;
         self.host_status();
         result
@@ -123,7 +155,8 @@ impl Agent {
     }
 
     /// Applies a verified bundle; `None` when it is already applied.
-    async fn apply(&mut self, bytes: &[u8], bundle: Bundle, again: bool) -> Option<proto::Evidence> {
+    async fn apply(&mut self, bytes: &[u8], bundle: Bundle, again: bool, by_next: bool) -> Option<proto::Evidence> {
+        let trust = trust_of(&bundle);
         let started = std::time::Instant::now();
         let evidence = self.installer.apply(bytes, bundle, unix_now(), again).await?;
         let took = started.elapsed();
@@ -138,10 +171,47 @@ impl Agent {
             proto::EvidenceResult::Applied => {
                 self.status.version = self.installer.manifest().version;
                 self.status.last_error = None;
+                self.adopt(trust.as_ref(), by_next);
             }
             _ => self.status.last_error = evidence.error.clone(),
         }
         Some(evidence)
+    }
+
+    /// Takes what an applied bundle says the node trusts (ADR 0027, 0028): its controller list,
+    /// the signing key announced next, and, when the next key signed it, that key as the only
+    /// one (the old key is refused from then on). Kept in `identity.toml`.
+    fn adopt(&mut self, trust: Option<&TrustFile>, by_next: bool) {
+        let id = self.id.adopting(trust, by_next);
+        let (keys_moved, list_moved) = (
+            id.signing_public_key != self.id.signing_public_key || id.next_signing_public_key != self.id.next_signing_public_key,
+            id.controllers != self.id.controllers,
+        );
+        if !keys_moved && !list_moved {
+            return;
+        }
+        let keys = match id.signing_keys() {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::error!("the keys the bundle announces are refused: {e:#}");
+                return;
+            }
+        };
+        if let Err(e) = id.save(&self.opts.state_dir) {
+            tracing::error!("cannot keep what the bundle says this node trusts: {e:#}");
+            return;
+        }
+        if by_next {
+            tracing::info!("bundles are signed with the rotated key from now on; the old key is refused");
+        } else if keys_moved {
+            tracing::info!(next = ?id.next_signing_public_key, "the controller announced its next signing key");
+        }
+        if list_moved {
+            tracing::info!(controllers = ?id.controllers, "the controller list changed");
+            self.client.set_controllers(id.controllers.clone());
+        }
+        self.keys = keys;
+        self.id = id;
     }
 
     async fn flush_evidence(&mut self) -> Result<()> {
@@ -201,14 +271,19 @@ impl Agent {
         let rebuild = held.is_some() && last.exists();
         match self.client.bundle_or_delta(self.opts.wait, held, rebuild).await {
             Ok(answer) => {
-                let fresh_at = answer.freshness.and_then(|stamp| trellis_core::bundle::verify_stamp(&stamp, &self.key, &self.id.mesh).ok());
+                let stamp = answer.freshness.and_then(|stamp| self.keys.verify_stamp(&stamp, &self.id.mesh).ok());
+                let (fresh_at, skew) = match stamp.map(|at| fresh(at, unix_now())) {
+                    Some(Ok(at)) => (Some(at), None),
+                    Some(Err(sentence)) => (None, Some(sentence)),
+                    None => (None, None),
+                };
                 let body = match answer.body {
                     Ok(Some(delta)) if answer.delta => self.rebuild(&last, &delta, held).await,
                     other => other.map_err(answered),
                 };
-                Polled { fresh_at, body, answered: true }
+                Polled { fresh_at, skew, body, answered: true }
             }
-            Err(e) => Polled { body: Err(e.into()), answered: false, fresh_at: None },
+            Err(e) => Polled { body: Err(e.into()), answered: false, fresh_at: None, skew: None },
         }
     }
 
@@ -254,13 +329,13 @@ impl Agent {
     /// Returns the evidence record.
     pub async fn apply_file(mut self, file: &Path) -> Result<Option<proto::Evidence>> {
         let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
-        let v = verify(&bytes, &self.key, &self.id.mesh, &self.id.node, self.applied())
-            .map_err(|e| anyhow::anyhow!("{}: refused: {e}", file.display()))?;
+        let (v, by_next) =
+            self.keys.verify(&bytes, &self.id, self.applied()).map_err(|e| anyhow::anyhow!("{}: refused: {e}", file.display()))?;
         if let Err(e) = self.resume().await {
             tracing::error!("re-applying the running bundle first failed: {e:#}");
         }
         // Applied even when it is the bundle held: `apply` also repairs files changed by hand.
-        let ev = self.apply(&bytes, v.bundle, true).await;
+        let ev = self.apply(&bytes, v.bundle, true, by_next).await;
         if let Some(ev) = &ev {
             self.evidence.push(ev.clone())?;
         }
@@ -340,13 +415,17 @@ impl Agent {
                 if let Some(at) = polled.fresh_at {
                     self.status.fresh_at = Some(self.status.fresh_at.map_or(at, |f| f.max(at)));
                 }
+                if let Some(skew) = polled.skew {
+                    tracing::warn!("{skew}");
+                    self.status.last_error = Some(skew);
+                }
                 match polled.body {
                     Ok(Some(bytes)) => {
                         failures = 0;
-                        match verify(&bytes, &self.key, &self.id.mesh, &self.id.node, self.applied()) {
-                            Ok(v) if v.redelivery => {}
-                            Ok(v) => {
-                                if let Some(ev) = self.apply(&bytes, v.bundle, false).await {
+                        match self.keys.verify(&bytes, &self.id, self.applied()) {
+                            Ok((v, _)) if v.redelivery => {}
+                            Ok((v, by_next)) => {
+                                if let Some(ev) = self.apply(&bytes, v.bundle, false, by_next).await {
                                     let dropped = self.evidence.push(ev)?;
                                     self.status.dropped_evidence += dropped;
                                     applies += 1;
@@ -419,5 +498,28 @@ fn answered(e: trellis_client::Error) -> anyhow::Error {
         trellis_client::Error::Refused(r) => anyhow::anyhow!("the controller answered {}: {r}", r.status),
         trellis_client::Error::Answered { status, text } => anyhow::anyhow!("the controller answered {}: {text}", status.as_u16()),
         e => e.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fresh;
+
+    /// Clock skew (issue 21, item 3): a stamp up to five minutes from this node's clock is the
+    /// controller's newest word; further, either way, is refused with a sentence naming the skew.
+    #[test]
+    fn a_freshness_stamp_further_than_five_minutes_from_this_clock_is_refused_naming_the_skew() {
+        let now = 1_900_000_000;
+        for within in [0, 300, -300, 299, -1] {
+            assert_eq!(fresh(now + within, now), Ok(now + within), "{within} s");
+        }
+        assert_eq!(
+            fresh(now + 432, now),
+            Err("the controller's freshness stamp is 7 min 12 s ahead of this node's clock, more than the 300 s tolerated: set the clocks (NTP)"
+                .into())
+        );
+        assert!(
+            fresh(now - 301, now).is_err_and(|e| e.starts_with("the controller's freshness stamp is 5 min 1 s behind this node's clock"))
+        );
     }
 }

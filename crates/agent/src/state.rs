@@ -56,8 +56,45 @@ pub struct Identity {
     pub controllers: Vec<String>,
     /// Base64 of the controller's ed25519 bundle-signing public key.
     pub signing_public_key: String,
+    /// Base64 of the key announced to come next, in a bundle signed with the current one
+    /// (ADR 0027): a bundle signed with it is taken, and then it is the only key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_signing_public_key: Option<String>,
     /// As of enrolment.
     pub state: proto::EnrolledState,
+}
+
+/// The keys a bundle or a freshness stamp may be signed with: the current one, and the one
+/// announced to come next.
+#[derive(Clone, Debug)]
+pub struct SigningKeys {
+    pub current: ed25519_dalek::VerifyingKey,
+    pub next: Option<ed25519_dalek::VerifyingKey>,
+}
+
+impl SigningKeys {
+    /// Verifies a bundle with the current key, or the next: whether the next signed it.
+    pub fn verify(
+        &self,
+        bytes: &[u8],
+        id: &Identity,
+        last: Option<trellis_core::bundle::Applied>,
+    ) -> Result<(trellis_core::bundle::Verified, bool), trellis_core::bundle::BundleError> {
+        use trellis_core::bundle::{verify, BundleError};
+        match (verify(bytes, &self.current, &id.mesh, &id.node, last), &self.next) {
+            (Err(BundleError::BadSignature), Some(next)) => Ok((verify(bytes, next, &id.mesh, &id.node, last)?, true)),
+            (other, _) => other.map(|v| (v, false)),
+        }
+    }
+
+    /// Verifies a freshness stamp with the current key, or the next.
+    pub fn verify_stamp(&self, stamp: &[u8], mesh: &str) -> Result<i64, trellis_core::bundle::BundleError> {
+        use trellis_core::bundle::{verify_stamp, BundleError};
+        match (verify_stamp(stamp, &self.current, mesh), &self.next) {
+            (Err(BundleError::BadSignature), Some(next)) => verify_stamp(stamp, next, mesh),
+            (other, _) => other,
+        }
+    }
 }
 
 impl Identity {
@@ -75,12 +112,39 @@ impl Identity {
 
     /// The key bundles and freshness stamps are signed with.
     pub fn signing_key(&self) -> Result<ed25519_dalek::VerifyingKey> {
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(&self.signing_public_key)
-            .context("identity.toml: signing_public_key is not base64")?;
-        let bytes: [u8; 32] = bytes.try_into().map_err(|_| anyhow::anyhow!("identity.toml: signing_public_key is not 32 bytes"))?;
-        ed25519_dalek::VerifyingKey::from_bytes(&bytes).context("identity.toml: signing_public_key is not an ed25519 key")
+        key_of(&self.signing_public_key, "signing_public_key")
     }
+
+    /// The current key and the one announced to come next.
+    pub fn signing_keys(&self) -> Result<SigningKeys> {
+        let next = self.next_signing_public_key.as_deref().map(|k| key_of(k, "next_signing_public_key")).transpose()?;
+        Ok(SigningKeys { current: self.signing_key()?, next })
+    }
+
+    /// This identity after applying a bundle whose `trust.toml` said `trust` (absent from a
+    /// controller older than it), signed with the next key if `by_next`: that key is then the
+    /// only one, the controller list is the one delivered, and a key announced is kept as next.
+    pub fn adopting(&self, trust: Option<&trellis_core::trust::TrustFile>, by_next: bool) -> Identity {
+        let mut id = self.clone();
+        if by_next {
+            if let Some(next) = id.next_signing_public_key.take() {
+                id.signing_public_key = next;
+            }
+        }
+        if let Some(t) = trust {
+            id.controllers = t.controllers.clone();
+            id.next_signing_public_key =
+                t.next_signing_key.map(|k| base64::engine::general_purpose::STANDARD.encode(k)).filter(|k| *k != id.signing_public_key);
+        }
+        id
+    }
+}
+
+/// An ed25519 public key in base64, from the identity's `field`.
+fn key_of(b64: &str, field: &str) -> Result<ed25519_dalek::VerifyingKey> {
+    let bytes = base64::engine::general_purpose::STANDARD.decode(b64).with_context(|| format!("identity.toml: {field} is not base64"))?;
+    let bytes: [u8; 32] = bytes.try_into().map_err(|_| anyhow::anyhow!("identity.toml: {field} is not 32 bytes"))?;
+    ed25519_dalek::VerifyingKey::from_bytes(&bytes).with_context(|| format!("identity.toml: {field} is not an ed25519 key"))
 }
 
 // --- manifest --------------------------------------------------------------------------------

@@ -101,6 +101,29 @@ impl AdminClient {
         self.get("/v1/admin/certificates").await
     }
 
+    /// The controllers nodes are given in their bundles (ADR 0028).
+    pub async fn controllers(&self) -> Result<proto::ControllerList, Error> {
+        self.get("/v1/admin/controllers").await
+    }
+
+    pub async fn add_controller(&self, address: &str) -> Result<proto::ControllerList, Error> {
+        self.post("/v1/admin/controllers", &proto::ControllerChange { address: address.to_string() }).await
+    }
+
+    pub async fn remove_controller(&self, address: &str) -> Result<proto::ControllerList, Error> {
+        let body = proto::ControllerChange { address: address.to_string() };
+        self.send(self.http.delete(self.url("/v1/admin/controllers")).json(&body)).await
+    }
+
+    /// Starts a rotation of the bundle-signing key (ADR 0027).
+    pub async fn rotate_signing_key(&self, req: &proto::SigningKeyRotation) -> Result<proto::Rotation, Error> {
+        self.post("/v1/admin/rotations/signing-key", req).await
+    }
+
+    pub async fn rotations(&self) -> Result<Vec<proto::Rotation>, Error> {
+        self.get("/v1/admin/rotations").await
+    }
+
     /// One page of the audit chain: at most `limit` records after sequence number `after`.
     pub async fn audit_page(&self, after: i64, limit: i64) -> Result<Vec<proto::AuditRecord>, Error> {
         self.get(&format!("/v1/admin/audit?after={after}&limit={limit}")).await

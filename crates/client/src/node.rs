@@ -27,6 +27,12 @@ pub fn enrol_request(token: &EnrolmentToken, csr_pem: String, wireguard_public_k
     }
 }
 
+/// A request carrying this node's clock (`Trellis-Time`), read as it is sent, so that a
+/// controller can refuse a clock too far from its own, naming the skew.
+fn stamped(req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    req.header(trellis_proto::version::TIME_HEADER, trellis_files::unix_now().to_string())
+}
+
 async fn answer<T: DeserializeOwned>(resp: reqwest::Response) -> Result<T, Error> {
     if resp.status().is_success() {
         return resp.json().await.map_err(|source| Error::Unexpected { who: "agent", source });
@@ -41,7 +47,7 @@ pub async fn enrol(controllers: &[String], ca_fingerprint: [u8; 32], req: &proto
     let result = each_controller(controllers, |controller| async move {
         let (tls, report) = trellis_pki::tls::pinned_client_config(ca_fingerprint);
         let client = crate::http_client(tls, CONNECT, TIMEOUT)?;
-        match client.post(format!("https://{controller}/v1/enrol")).json(req).send().await {
+        match stamped(client.post(format!("https://{controller}/v1/enrol"))).json(req).send().await {
             Ok(resp) => answer(resp).await,
             Err(e) => match report.lock().expect("pin report").mismatch.clone() {
                 Some(message) => Err(Error::Pinned { controller, message }),
@@ -91,10 +97,25 @@ impl NodeClient {
         Ok(NodeClient { http: crate::http_client_with(tls, CONNECT, TIMEOUT, headers)?, controllers, last: Default::default() })
     }
 
+    /// The controllers asked, in order.
+    pub fn controllers(&self) -> &[String] {
+        &self.controllers
+    }
+
+    /// Asks `controllers` from now on (a list delivered in a bundle, ADR 0028), starting with
+    /// the one that answered last if it is still listed.
+    pub fn set_controllers(&mut self, controllers: Vec<String>) {
+        use std::sync::atomic::Ordering;
+        let last =
+            self.controllers.get(self.last.load(Ordering::Relaxed)).and_then(|c| controllers.iter().position(|n| n == c)).unwrap_or(0);
+        self.controllers = controllers;
+        self.last.store(last, Ordering::Relaxed);
+    }
+
     pub async fn renew(&self, csr_pem: &str) -> Result<proto::RenewResponse, Error> {
         let req = proto::RenewRequest { csr_pem: csr_pem.to_string() };
         crate::each_controller_from(&self.controllers, &self.last, |c| {
-            let send = self.http.post(format!("https://{c}/v1/renew")).json(&req).send();
+            let send = stamped(self.http.post(format!("https://{c}/v1/renew"))).json(&req).send();
             async move { answer(send.await.map_err(Error::Send)?).await }
         })
         .await
@@ -103,7 +124,7 @@ impl NodeClient {
     /// The service certificates this node is to hold (ADR 0023).
     pub async fn service_certificates(&self) -> Result<proto::ServiceCertList, Error> {
         crate::each_controller_from(&self.controllers, &self.last, |c| {
-            let send = self.http.get(format!("https://{c}/v1/node/certificates")).send();
+            let send = stamped(self.http.get(format!("https://{c}/v1/node/certificates"))).send();
             async move { answer(send.await.map_err(Error::Send)?).await }
         })
         .await
@@ -112,7 +133,7 @@ impl NodeClient {
     /// A CSR for one module's service certificate, signed or refused.
     pub async fn sign_service_certificate(&self, req: &proto::ServiceCertRequest) -> Result<proto::ServiceCertResponse, Error> {
         crate::each_controller_from(&self.controllers, &self.last, |c| {
-            let send = self.http.post(format!("https://{c}/v1/node/certificates")).json(req).send();
+            let send = stamped(self.http.post(format!("https://{c}/v1/node/certificates"))).json(req).send();
             async move { answer(send.await.map_err(Error::Send)?).await }
         })
         .await
@@ -129,7 +150,7 @@ impl NodeClient {
 
     pub async fn whoami(&self) -> Result<proto::WhoAmI, Error> {
         crate::each_controller_from(&self.controllers, &self.last, |c| {
-            let send = self.http.get(format!("https://{c}/v1/whoami")).send();
+            let send = stamped(self.http.get(format!("https://{c}/v1/whoami"))).send();
             async move { answer(send.await.map_err(Error::Send)?).await }
         })
         .await
@@ -138,7 +159,7 @@ impl NodeClient {
     /// Delivers a batch of evidence records.
     pub async fn post_evidence(&self, batch: &proto::EvidenceBatch) -> Result<(), Error> {
         crate::each_controller_from(&self.controllers, &self.last, |c| {
-            let send = self.http.post(format!("https://{c}/v1/evidence")).json(batch).send();
+            let send = stamped(self.http.post(format!("https://{c}/v1/evidence"))).json(batch).send();
             async move {
                 let resp = send.await.map_err(Error::Send)?;
                 if resp.status().is_success() {
@@ -166,7 +187,8 @@ impl NodeClient {
         delta: bool,
     ) -> Result<BundleAnswer, Error> {
         crate::each_controller_from(&self.controllers, &self.last, |controller| {
-            let mut req = self.http.get(format!("https://{controller}/v1/bundle?wait={wait}")).timeout(Duration::from_secs(wait + 30));
+            let mut req =
+                stamped(self.http.get(format!("https://{controller}/v1/bundle?wait={wait}"))).timeout(Duration::from_secs(wait + 30));
             if let Some(tag) = held {
                 req = req.header("if-none-match", tag.etag());
             }

@@ -40,7 +40,7 @@ impl Controller {
             return Ok(());
         }
         let hash = hash.to_string();
-        let signature = self.keys.signing_key.sign(&Checkpoint::signed_bytes(seq, &hash));
+        let signature = self.signing_key().sign(&Checkpoint::signed_bytes(seq, &hash));
         let cp = Checkpoint { seq, hash, signature: base64::engine::general_purpose::STANDARD.encode(signature.to_bytes()) };
         let bytes = serde_json::to_vec_pretty(&cp).map_err(|e| Error::internal("writing the audit checkpoint", e))?;
         trellis_files::replace(path, &bytes, 0o600).map_err(|e| Error::internal("writing the audit checkpoint", e))?;
@@ -53,7 +53,7 @@ impl Controller {
     pub(crate) async fn write_checkpoint_anew(&self, seq: i64, hash: &str) -> Result<()> {
         let Some(path) = &self.checkpoint else { return Ok(()) };
         let mut signed = self.checkpoint_seq.lock().await;
-        let signature = self.keys.signing_key.sign(&Checkpoint::signed_bytes(seq, hash));
+        let signature = self.signing_key().sign(&Checkpoint::signed_bytes(seq, hash));
         let cp =
             Checkpoint { seq, hash: hash.to_string(), signature: base64::engine::general_purpose::STANDARD.encode(signature.to_bytes()) };
         let bytes = serde_json::to_vec_pretty(&cp).map_err(|e| Error::internal("writing the audit checkpoint", e))?;

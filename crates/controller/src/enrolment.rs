@@ -192,7 +192,7 @@ impl Controller {
             state,
             node_cert_pem,
             ca_pem: self.ca().cert_pem().to_string(),
-            signing_public_key: base64::engine::general_purpose::STANDARD.encode(self.signing_public_key),
+            signing_public_key: base64::engine::general_purpose::STANDARD.encode(self.signing_key().verifying_key().to_bytes()),
             controllers: self.config.advertise.clone(),
         }
     }

@@ -69,6 +69,12 @@ pub enum Error {
     /// A node speaks a protocol major this controller does not.
     #[error("node `{node}` speaks trellis protocol {theirs} (agent {release}); this controller speaks {ours}: run an agent that speaks {major}.x, or a controller that speaks {theirs}", major = ours.major)]
     ProtocolUnsupported { node: String, theirs: trellis_proto::version::Protocol, release: String, ours: trellis_proto::version::Protocol },
+    /// A node's agent is older than the declaration's `min_agent_version`.
+    #[error("node `{node}` runs agent {release}, older than this mesh's min_agent_version {min}: upgrade trellis-agent on it")]
+    AgentTooOld { node: String, release: String, min: String },
+    /// A node's clock is further from the controller's than is tolerated.
+    #[error("the clock of node `{node}` is {skew} the controller's, more than the {max} s tolerated: set its clock (NTP) and try again", max = trellis_proto::version::MAX_SKEW_SECS)]
+    ClockSkew { node: String, skew: String },
 
     // --- inside ------------------------------------------------------------------------------
     /// Something failed inside the controller; the detail goes to its log, not to the client.
@@ -153,6 +159,8 @@ impl Error {
         match self {
             Error::BadRequest(_) => "bad_request",
             Error::ProtocolUnsupported { .. } => "protocol_unsupported",
+            Error::AgentTooOld { .. } => "agent_too_old",
+            Error::ClockSkew { .. } => "clock_skew",
             Error::TooLarge(_) => "too_large",
             Error::AdminRequired => "admin_required",
             Error::AdminDenied => "admin_denied",

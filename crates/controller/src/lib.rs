@@ -20,6 +20,7 @@ pub mod restore;
 pub mod revocations;
 pub mod state;
 pub mod tokens;
+pub mod trust;
 pub mod view;
 
 use std::sync::Arc;
@@ -83,7 +84,6 @@ pub struct Controller {
     keys: Keys,
     /// The mesh CA's subject (DER): the issuer every node certificate names.
     ca_subject: Vec<u8>,
-    signing_public_key: [u8; 32],
     publisher: publish::Publisher,
     /// The parsed declaration of the newest revision seen, keyed by its number. A cache only:
     /// the database says which revision is current.
@@ -110,6 +110,14 @@ pub struct Controller {
     /// The protocol and release each node's agent last said here (`Controller::hello`): only a
     /// change is written to the database.
     agents: std::sync::Mutex<std::collections::HashMap<String, (String, String)>>,
+    /// The keys bundles are signed with now and next (see `trust`).
+    signing: std::sync::RwLock<trust::Signing>,
+    /// Evidence arrived while a rotation was open: it may have completed it.
+    rotation_due: std::sync::atomic::AtomicBool,
+    /// The state directory, where the next and retired signing keys are kept (none in process).
+    state_dir: Option<std::path::PathBuf>,
+    /// The names the server certificate carries, given to nodes with the controller list.
+    server_names: Vec<String>,
 }
 
 impl Controller {
@@ -117,7 +125,10 @@ impl Controller {
         Controller {
             store,
             config,
-            signing_public_key: keys.signing_key.verifying_key().to_bytes(),
+            signing: std::sync::RwLock::new(trust::Signing { current: keys.signing_key.clone(), next: None }),
+            rotation_due: Default::default(),
+            state_dir: None,
+            server_names: Vec::new(),
             ca_subject: keys.ca.subject_der(),
             keys,
             publisher: publish::Publisher::default(),
@@ -177,9 +188,13 @@ impl Controller {
             .and_then(|b| b.try_into().ok())
             .context("admin_token_sha256 in controller.toml is not 64 hex digits")?;
         let keys = Keys { ca, services: state.services_ca()?, signing_key: state.signing_key()?, admin_sha256 };
-        let c = Controller::new(store, state.config.clone(), keys, Arc::new(SystemClock), Arc::new(OsEntropy))
+        let mut c = Controller::new(store, state.config.clone(), keys, Arc::new(SystemClock), Arc::new(OsEntropy))
             .with_checkpoint(state.path(audit::CHECKPOINT))
             .with_high_water(state.path(restore::HIGH_WATER));
+        c.state_dir = Some(state.dir.clone());
+        if let Ok(server) = trellis_pki::services::inspect_service(&state.read("server.pem")?) {
+            c.server_names = server.dns.into_iter().chain(server.ips.iter().map(|ip| ip.to_string())).collect();
+        }
         c.start_after_restore(restored).await?;
         Ok(c)
     }

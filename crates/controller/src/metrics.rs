@@ -394,6 +394,7 @@ mod tests {
             evidence_records: 3,
             evidence_missing: missing,
             revocation: None,
+            agent_refused: None,
         }
     }
 

@@ -142,10 +142,13 @@ impl Controller {
     }
 
     /// What a node's request says of its agent: the protocol it speaks (`None`: an agent older than
-    /// the header, which spoke 1.0) and its release. A major this controller does not speak is
-    /// refused, naming the node and both versions; what changed since the node last said is
-    /// recorded, for `trellis nodes`.
-    pub async fn hello(&self, who: &NodeIdentity, protocol: Option<&str>, release: Option<&str>) -> Result<()> {
+    /// the header, which spoke 1.0), its release and its clock. A major this controller does not
+    /// speak is refused, naming the node and both versions; a clock further than
+    /// [`MAX_SKEW_SECS`](trellis_proto::version::MAX_SKEW_SECS) from the controller's is refused,
+    /// naming the skew; what changed since the node last said is recorded, for `trellis nodes`,
+    /// and then an agent older than the declaration's `min_agent_version` is refused, naming its
+    /// release and the minimum (recorded first, so `trellis status` can say which nodes it is).
+    pub async fn hello(&self, who: &NodeIdentity, protocol: Option<&str>, release: Option<&str>, time: Option<&str>) -> Result<()> {
         use trellis_proto::version::{plain_release, Protocol, PROTOCOL};
         let theirs: Protocol = match protocol {
             Some(p) => p.parse().map_err(|e: String| Error::BadRequest(format!("the Trellis-Protocol header: {e}")))?,
@@ -164,13 +167,46 @@ impl Controller {
         if theirs.major != PROTOCOL.major {
             return Err(Error::ProtocolUnsupported { node: who.name.clone(), theirs, release: release.to_string(), ours: PROTOCOL });
         }
+        self.check_clock(&who.name, time)?;
         let said = (theirs.to_string(), release.to_string());
         let changed = self.agents.lock().expect("agents").get(&who.name) != Some(&said);
         if changed {
             self.store.set_agent(&who.name, &said.0, &said.1).await?;
             self.agents.lock().expect("agents").insert(who.name.clone(), said);
         }
+        if let Some(min) = self.min_agent_version().await? {
+            if let Some(sentence) = too_old(&who.name, release, &min) {
+                return Err(sentence);
+            }
+        }
         Ok(())
+    }
+
+    /// Refuses a node's clock (`Trellis-Time`, Unix seconds) further than
+    /// [`MAX_SKEW_SECS`](trellis_proto::version::MAX_SKEW_SECS) from the controller's, naming
+    /// the skew. A request without the header comes from an agent older than it: not checked.
+    pub fn check_clock(&self, node: &str, time: Option<&str>) -> Result<()> {
+        use trellis_proto::version::{skew_words, MAX_SKEW_SECS};
+        let Some(time) = time else { return Ok(()) };
+        let theirs: i64 = time
+            .parse()
+            .ok()
+            .filter(|t: &i64| (0..1 << 40).contains(t))
+            .ok_or_else(|| Error::BadRequest("the Trellis-Time header is not a time (Unix seconds)".into()))?;
+        let now = self.now();
+        if (theirs - now).abs() > MAX_SKEW_SECS {
+            return Err(Error::ClockSkew { node: node.to_string(), skew: skew_words(theirs, now) });
+        }
+        Ok(())
+    }
+
+    /// The current declaration's `min_agent_version`, from the declaration the last publish run
+    /// parsed (every node request asks; only before the first run does it read the database).
+    async fn min_agent_version(&self) -> Result<Option<trellis_core::release::Release>> {
+        if let Some((_, d)) = self.declaration.lock().await.as_ref() {
+            return Ok(d.mesh.min_agent_version.clone());
+        }
+        Ok(self.current_declaration().await?.and_then(|(_, d)| d.mesh.min_agent_version.clone()))
     }
 
     /// Lets a node that enrolled pending approval take part.
@@ -239,6 +275,7 @@ impl Controller {
             });
         }
         let (accepted, duplicates) = self.store.add_evidence(&who.name, &records, self.now()).await?;
+        self.rotation_evidence();
         self.evidence_arrived();
         Ok(proto::EvidenceAck { accepted, duplicates })
     }
@@ -246,6 +283,8 @@ impl Controller {
     /// Every node with its desired and applied versions, staleness and evidence.
     pub async fn status(&self) -> Result<Vec<proto::NodeStatus>> {
         let roster = self.roster().await?;
+        let min = self.current_declaration().await?.and_then(|(_, d)| d.mesh.min_agent_version.clone());
+        let agents = if min.is_some() { self.store.agents().await? } else { Default::default() };
         let bundles = self.store.bundles().await?;
         let evidence = self.store.evidence_summary().await?;
         let t = self.now();
@@ -270,6 +309,14 @@ impl Controller {
                     evidence_records: ev.map_or(0, |ev| ev.records),
                     evidence_missing: ev.map_or(0, |ev| ev.missing()),
                     revocation: e.revocation,
+                    // A node whose agent is older than the minimum is refused on every request
+                    // (its last word is what it said then).
+                    agent_refused: min
+                        .as_ref()
+                        .zip(agents.get(&e.name))
+                        .filter(|_| e.state == NodeState::Active || e.state == NodeState::Pending)
+                        .and_then(|(min, (_, release))| too_old(&e.name, release, min))
+                        .map(|refusal| refusal.to_string()),
                     state: e.state,
                     name: e.name,
                 }
@@ -287,4 +334,11 @@ impl Controller {
     pub async fn audit_page(&self, after: i64, limit: i64) -> Result<Vec<proto::AuditRecord>> {
         Ok(self.store.audit_page(after.max(0), limit.clamp(1, proto::AUDIT_PAGE)).await?)
     }
+}
+
+/// The refusal of an agent of `release` under the minimum `min`, if it is older (a release that
+/// names no version, as an agent older than the header's, is older than any).
+fn too_old(node: &str, release: &str, min: &trellis_core::release::Release) -> Option<Error> {
+    let older = release.parse::<trellis_core::release::Release>().map_or(true, |r| r < *min);
+    older.then(|| Error::AgentTooOld { node: node.to_string(), release: release.to_string(), min: min.to_string() })
 }

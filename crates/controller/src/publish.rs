@@ -207,6 +207,9 @@ struct Run {
     /// with it.
     revision: Option<i64>,
     hubs: HashSet<String>,
+    /// The `trust.toml` every bundle of the last run carried: when it changes, every node is
+    /// published again.
+    trust: String,
 }
 
 pub(crate) struct Publisher {
@@ -382,7 +385,7 @@ impl Controller {
         let mut s = p.stamp.lock().expect("stamp");
         if s.0 != t {
             let mesh = p.mesh.read().expect("mesh").clone();
-            let bytes = trellis_core::bundle::sign_stamp(&self.keys.signing_key, &mesh, t);
+            let bytes = trellis_core::bundle::sign_stamp(&self.signing_key(), &mesh, t);
             *s = (t, Arc::from(base64::engine::general_purpose::STANDARD.encode(bytes)));
         }
         s.1.clone()
@@ -560,6 +563,11 @@ impl Controller {
         let rendered: HashSet<&str> = compiled.rendered.iter().map(String::as_str).collect();
         let ca_pem = Text::from(self.ca().cert_pem());
         let ca_digest = ca_pem.sha256();
+        // The controller list and the next signing key (ADR 0027, 0028), the same in every bundle.
+        let trust = self.run_trust().await?;
+        let trust_text = Text::from(trust.text.as_str());
+        let trust_digest = trust_text.sha256();
+        let trust_moved = run.trust != trust.text;
         let mut contents = std::mem::take(&mut run.contents);
 
         let mut due: Vec<&trellis_store::NodeRecord> = Vec::new();
@@ -568,7 +576,8 @@ impl Controller {
                 continue;
             }
             let previous = run.published.get(&r.name);
-            let unchanged = previous.is_some_and(|(_, cert)| *cert == r.cert_pem)
+            let unchanged = !trust_moved
+                && previous.is_some_and(|(_, cert)| *cert == r.cert_pem)
                 && !rendered.contains(r.name.as_str())
                 && !run.lagging.contains(&r.name)
                 && p.current(&r.name).is_some();
@@ -587,6 +596,7 @@ impl Controller {
                 .map(|f| Listed { path: &f.path, mode: f.mode, sha256: contents.digest(&f.content), content: f.content.clone() })
                 .collect();
             files.push(Listed { path: trellis_core::compile::CA_PEM, mode: 0o644, sha256: ca_digest, content: ca_pem.clone() });
+            files.push(Listed { path: trellis_core::compile::TRUST_TOML, mode: 0o644, sha256: trust_digest, content: trust_text.clone() });
             if let Some(pem) = &r.cert_pem {
                 let content = Text::from(pem.as_str());
                 files.push(Listed { path: trellis_core::compile::NODE_PEM, mode: 0o644, sha256: content.sha256(), content });
@@ -613,7 +623,7 @@ impl Controller {
             }
         }
         // Signed on every core: ten thousand signatures are a few hundred milliseconds on one.
-        let (key, mesh) = (&self.keys.signing_key, &decl.mesh.name);
+        let (key, mesh) = (&trust.key, &decl.mesh.name);
         let heads = trellis_core::par::map(pending.len(), |i| {
             let (r, files, _) = &pending[i];
             let v = &versions[&r.name];
@@ -630,9 +640,11 @@ impl Controller {
         let signed: Vec<(Signed, [u8; 32])> = signed.collect();
         let mut count = 0;
         let mut large = Vec::new();
+        let mut published = Vec::new();
         for ((record, _, digest), (signed, content)) in pending.into_iter().zip(signed) {
             let node = record.name.clone();
             let v = &versions[&node];
+            published.push((node.clone(), v.version));
             run.published.insert(node.clone(), (digest, record.cert_pem.clone()));
             // A large bundle's previous version, to make a delta from.
             let previous = (signed.len() >= DELTA_FROM).then(|| p.current(&node)).flatten().filter(|old| old.version < v.version);
@@ -674,6 +686,10 @@ impl Controller {
         }
         run.revision = Some(revision);
         run.hubs = hubs;
+        if let Some(next) = &trust.announcing {
+            self.follow_rotation(next, &published).await?;
+        }
+        run.trust = trust.text;
         run.left = left_now;
         contents.keep_only(&compiled);
         run.contents = contents;

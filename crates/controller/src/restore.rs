@@ -32,7 +32,7 @@ impl Controller {
     pub async fn behind_checkpoint(&self) -> Result<Option<String>> {
         let Some(path) = &self.checkpoint else { return Ok(None) };
         let Some(cp) = audit::read_checkpoint(path) else { return Ok(None) };
-        if !audit::checkpoint_signed_by(&cp, &self.keys.signing_key.verifying_key()) {
+        if !audit::checkpoint_signed_by(&cp, &self.signing_key().verifying_key()) {
             // Not ours: `trellis audit verify` says so; it is no measure of the database.
             tracing::warn!("{} is not signed by this controller's key; not compared with the database", path.display());
             return Ok(None);

@@ -163,6 +163,7 @@ mod tests {
             evidence_records: 1,
             evidence_missing: 0,
             revocation: None,
+            agent_refused: None,
         };
         assert_eq!(shown(&s), Shown::Active);
         s.stale = true;

@@ -118,6 +118,9 @@ pub struct MeshSettings {
     pub mtu: u16,
     /// How long a service certificate is valid, in seconds (`service_cert_lifetime`).
     pub service_cert_secs: u64,
+    /// The oldest agent release the controller serves (`min_agent_version`); older agents are
+    /// refused by name.
+    pub min_agent_version: Option<crate::release::Release>,
     pub loc: Loc,
 }
 

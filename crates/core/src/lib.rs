@@ -16,11 +16,13 @@ pub mod load;
 pub mod nodefile;
 pub mod par;
 pub mod plan;
+pub mod release;
 pub mod render;
 pub mod text;
 pub mod token;
 pub mod topology;
 pub mod traefik;
+pub mod trust;
 pub mod wgconf;
 pub mod zone;
 

@@ -23,8 +23,12 @@ pub const TRAEFIK_YML: &str = "etc/trellis/traefik/trellis.yml";
 pub const INGRESS_TOML: &str = "etc/trellis/ingress.toml";
 /// The directory Traefik's file provider watches.
 pub const TRAEFIK_DIR: &str = "etc/trellis/traefik";
+/// What the node trusts beyond the CA (`trust::TrustFile`: its controllers, the next signing
+/// key), added to each bundle by the controller.
+pub const TRUST_TOML: &str = "etc/trellis/trust.toml";
 /// Every file a bundle may carry; an agent writes nothing else.
-pub const DELIVERED: &[&str] = &[WIREGUARD_CONF, NFTABLES_CONF, MESH_ZONE, NODE_TOML, CA_PEM, NODE_PEM, TRAEFIK_YML, INGRESS_TOML];
+pub const DELIVERED: &[&str] =
+    &[WIREGUARD_CONF, NFTABLES_CONF, MESH_ZONE, NODE_TOML, CA_PEM, NODE_PEM, TRAEFIK_YML, INGRESS_TOML, TRUST_TOML];
 
 /// One file to write on a node, relative to the agent's root.
 #[derive(Clone, Debug, PartialEq, Eq)]

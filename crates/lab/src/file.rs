@@ -110,6 +110,10 @@ pub struct Step {
     /// again after, with the new files (ADR 0023). The declaration needs a short
     /// `service_cert_lifetime`.
     pub renew: Option<String>,
+    /// `signing-key`: `trellis rotate signing-key` through the controller (ADR 0027); the step
+    /// prints the time until every agent holds only the new key, then forges a bundle with the
+    /// retired key for every agent and fails unless each refuses it.
+    pub rotate: Option<String>,
     /// From this step on: each replaces the expectation with the same check (from, to, proto
     /// and port; or from and dns), or adds one.
     #[serde(default)]
@@ -126,6 +130,7 @@ pub enum Action {
     Pause(String),
     Resume(String),
     Renew(String),
+    Rotate(String),
 }
 
 /// What an expectation sends (`proto`); tcp when unsaid.
@@ -239,6 +244,9 @@ impl LabFile {
         }
         if let Some(host) = &s.renew {
             return Action::Renew(host.clone());
+        }
+        if let Some(what) = &s.rotate {
+            return Action::Rotate(what.clone());
         }
         match (&s.kill, &s.apply, &s.stop, &s.revoke) {
             (Some(host), ..) => Action::Kill(host.clone()),
@@ -476,6 +484,7 @@ fn check_steps(file: &Path, lab: &LabFile) -> Result<()> {
             s.pause.is_some(),
             s.resume.is_some(),
             s.renew.is_some(),
+            s.rotate.is_some(),
         ]
         .iter()
         .filter(|&&x| x)
@@ -512,6 +521,21 @@ fn check_steps(file: &Path, lab: &LabFile) -> Result<()> {
                 );
             }
             paused.push(host);
+            continue;
+        }
+        if let Some(what) = &s.rotate {
+            if what != "signing-key" {
+                bail!("{}: step {n} rotates {what:?}; only \"signing-key\" rotates yet", file.display());
+            }
+            if lab.controllers().count() > 1 {
+                bail!(
+                    "{}: step {n} rotates the signing key in a lab of several controllers; the lab copies no next key to replicas yet",
+                    file.display()
+                );
+            }
+            for (j, e) in s.expect.iter().enumerate() {
+                check_expect(file, &format!("step {n} expectation {}", j + 1), e)?;
+            }
             continue;
         }
         if let Some(host) = &s.resume {
@@ -799,8 +823,8 @@ mod tests {
             ("kill-node", kill_node, "FILE: step 1 kills `web-1`, which is not a host with role = \"controller\""),
             ("kill-twice", kill_twice, "FILE: step 2 kills `ctl-1`, which an earlier step killed"),
             ("kill-both", kill_both, "FILE: step 2 kills `ctl-2`, the last controller running; a lab keeps one"),
-            ("both", both, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST` and `renew = NODE`"),
-            ("neither", neither, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST` and `renew = NODE`"),
+            ("both", both, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST`, `renew = NODE` and `rotate = \"signing-key\"`"),
+            ("neither", neither, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST`, `renew = NODE` and `rotate = \"signing-key\"`"),
             ("silent", silent_apply, "FILE: step 2 applies \"ha/metrics\" but names no expectation; give the ones it changes"),
             ("same", same, "FILE: step 2 expectation 1 is already in force; a step lists what it changes"),
             ("role", unknown_role, "unknown variant `database`, expected one of `node`, `controller`, `postgres`"),
@@ -935,6 +959,16 @@ mod tests {
     }
 
     const REVOKE: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lab/revoke.toml"));
+    const ROTATE: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lab/rotate.toml"));
+
+    /// A rotation step rotates the signing key, and only that, in a lab of one controller.
+    #[test]
+    fn a_rotation_step_rotates_the_signing_key_only() {
+        let lab = load_text("rotate", ROTATE).unwrap();
+        assert_eq!(lab.action(0, std::path::Path::new("lab")), super::Action::Rotate("signing-key".into()));
+        let ca = ROTATE.replace("rotate = \"signing-key\"", "rotate = \"ca\"");
+        assert_eq!(load_text("rotate", &ca).unwrap_err(), "FILE: step 1 rotates \"ca\"; only \"signing-key\" rotates yet");
+    }
 
     /// A pause names a node host not paused already and no expectation; a resume names a host
     /// paused before; the paused host's expectations are out of force in between.

@@ -65,7 +65,7 @@ pub struct LabState {
 
 impl LabState {
     /// The first controller still running: admin commands go through it.
-    fn serving(&self) -> Result<&Replica> {
+    pub(crate) fn serving(&self) -> Result<&Replica> {
         self.controllers.iter().find(|r| !r.killed).context("no controller of the lab is running")
     }
 }
@@ -230,7 +230,13 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
         (0..steps)
             .filter_map(|i| match lab.action(i, lab_dir(file)) {
                 Action::Apply(dir) => Some(dir),
-                Action::Kill(_) | Action::Stop(_) | Action::Revoke(_) | Action::Pause(_) | Action::Resume(_) | Action::Renew(_) => None,
+                Action::Kill(_)
+                | Action::Stop(_)
+                | Action::Revoke(_)
+                | Action::Pause(_)
+                | Action::Resume(_)
+                | Action::Renew(_)
+                | Action::Rotate(_) => None,
             })
             .next_back()
             .unwrap_or_else(|| decl_dir.clone())
@@ -322,6 +328,23 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
                     i + 1,
                     said.join("; ")
                 );
+            }
+            Action::Rotate(_) => {
+                let r = timing::rotate_signing_key(&st, Duration::from_secs(60))?;
+                println!(
+                    "step {}: signing key rotated -> every agent ({}) holds only the new key: {} ms after `trellis rotate signing-key` (completed by {})",
+                    i + 1,
+                    st.agents.len() - st.paused.len(),
+                    r.took.as_millis(),
+                    r.completed_by
+                );
+                println!(
+                    "step {}: a bundle signed with the retired key, 100 versions ahead: refused by {} of {} agents",
+                    i + 1,
+                    r.refused,
+                    st.agents.len() - st.paused.len()
+                );
+                procs::converge(&st, Duration::from_secs(60))?;
             }
             Action::Pause(host) => {
                 let paused = procs::pause(&mut st, &host);

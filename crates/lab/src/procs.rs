@@ -43,7 +43,7 @@ pub(crate) fn exe(name: &str) -> Result<PathBuf> {
     Ok(p)
 }
 
-fn path_str(p: &Path) -> Result<&str> {
+pub(crate) fn path_str(p: &Path) -> Result<&str> {
     p.to_str().with_context(|| format!("{} is not UTF-8", p.display()))
 }
 

@@ -479,3 +479,87 @@ pub(crate) fn only_by(
     }
     bail!("{host} was not answered by {} only within {}s (last: {last:?})", by.join(", "), limit.as_secs())
 }
+
+/// What a rotation of the signing key took (ADR 0027).
+pub(crate) struct Rotated {
+    /// From `trellis rotate signing-key` until every agent running held only the new key.
+    pub took: Duration,
+    /// `evidence` or `overlap`, as `trellis rotate status` says.
+    pub completed_by: String,
+    /// How many agents refused a bundle signed with the retired key.
+    pub refused: usize,
+}
+
+/// Rotates the signing key through the controller, waits (at most `limit`) until every agent
+/// running holds only the new key in its identity, then performs the attack of a leaked old key
+/// on each: the bundle it applied last, 100 versions on, signed with the retired key, given to
+/// `trellis-agent verify`. Fails unless every agent refuses it for its signature.
+pub(crate) fn rotate_signing_key(st: &LabState, limit: Duration) -> Result<Rotated> {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let r = st.serving()?;
+    let trellis = procs::exe("trellis")?;
+    let state = procs::path_str(&r.state_dir)?;
+    let at = Instant::now();
+    crate::net::in_ns(&r.ns, &[procs::path_str(&trellis)?, "rotate", "signing-key", "--overlap", "1h", "--state-dir", state])?;
+    let read_key = |file: &str| -> Result<ed25519_dalek::SigningKey> {
+        let path = r.state_dir.join(file);
+        let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        let seed: [u8; 32] =
+            b64.decode(text.trim()).ok().and_then(|b| b.try_into().ok()).with_context(|| format!("{} holds no key", path.display()))?;
+        Ok(ed25519_dalek::SigningKey::from_bytes(&seed))
+    };
+    let next = b64.encode(read_key("signing.next.key")?.verifying_key().to_bytes());
+    let running: Vec<&String> = st.agents.iter().filter(|a| !st.paused.contains(a)).collect();
+    let identity = |node: &str| -> toml::Value {
+        let text = std::fs::read_to_string(st.dir.join(format!("agent-{node}/identity.toml"))).unwrap_or_default();
+        toml::from_str(&text).unwrap_or(toml::Value::Table(Default::default()))
+    };
+    loop {
+        let left: Vec<&String> = running
+            .iter()
+            .copied()
+            .filter(|n| {
+                let id = identity(n);
+                id.get("signing_public_key").and_then(|k| k.as_str()) != Some(next.as_str()) || id.get("next_signing_public_key").is_some()
+            })
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        if at.elapsed() > limit {
+            bail!("{} s after the rotation started, these agents do not hold only the new key: {left:?}", limit.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = at.elapsed();
+    let status: serde_json::Value = serde_json::from_str(&procs::admin(st, &["rotate", "status", "--json"])?)?;
+    let completed_by = status[0]["completed_by"].as_str().unwrap_or("nothing: not completed").to_string();
+    let retired = read_key("signing.retired.key")?;
+    let agent = procs::exe("trellis-agent")?;
+    let mut refused = 0;
+    for node in &running {
+        let dir = st.dir.join(format!("agent-{node}"));
+        let id = identity(node);
+        let mesh = id.get("mesh").and_then(|m| m.as_str()).unwrap_or_default().to_string();
+        let key: [u8; 32] = b64.decode(&next)?.try_into().map_err(|_| anyhow::anyhow!("the new key is not 32 bytes"))?;
+        let current = ed25519_dalek::VerifyingKey::from_bytes(&key)?;
+        let held = std::fs::read(dir.join("bundle.last")).with_context(|| format!("{node} holds no bundle"))?;
+        let mut bundle = trellis_core::bundle::verify(&held, &current, &mesh, node, None)
+            .map_err(|e| anyhow::anyhow!("{node}'s last bundle is not signed by the new key: {e}"))?
+            .bundle;
+        bundle.version += 100;
+        let forged = st.dir.join(format!("forged-{node}.bundle"));
+        std::fs::write(&forged, bundle.sign(&retired).to_vec()).with_context(|| format!("cannot write {}", forged.display()))?;
+        let out = std::process::Command::new(&agent)
+            .args(["verify", procs::path_str(&forged)?, "--state-dir", procs::path_str(&dir)?])
+            .output()
+            .context("cannot run trellis-agent verify")?;
+        let said = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() || !said.contains("bundle signature does not verify") {
+            bail!("{node} did not refuse a bundle signed with the retired key: {}", said.trim());
+        }
+        refused += 1;
+    }
+    Ok(Rotated { took, completed_by, refused })
+}

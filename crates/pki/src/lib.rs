@@ -149,7 +149,9 @@ impl Ca {
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.use_authority_key_identifier_extension = true;
         params.is_ca = IsCa::ExplicitNoCa;
-        // A minute of grace for clocks that run slightly behind the controller's.
+        // A minute of grace for clocks that run slightly behind the controller's. Only the
+        // controller checks a node certificate, on its own clock; a longer grace would move the
+        // renewal (two thirds of the validity from its start) before the issue for short lifetimes.
         params.not_before = odt(now - Duration::from_secs(60));
         let not_after = now + lifetime;
         params.not_after = odt(not_after);

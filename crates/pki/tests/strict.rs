@@ -45,3 +45,34 @@ fn node_and_server_certificates_pass_strict_verification_and_the_ca_claims_no_cr
     assert!(text.contains("X509v3 Subject Key Identifier"), "{text}");
     assert!(text.contains("Certificate Sign") && !text.contains("CRL Sign"), "the CA publishes no CRL:\n{text}");
 }
+
+/// Clock skew (issue 21, item 3): what an agent checks on its own clock, the controller's server
+/// certificate under the mesh CA, is valid for a clock up to five minutes behind the one that made
+/// them (a node enrolling right after `trellis init` with its clock that far behind), and not for
+/// one further behind. Node and service certificates keep a minute of grace: only the controller
+/// checks a node certificate, and a longer grace would move a short-lived certificate's renewal
+/// (two thirds of its validity from its start) before its issue.
+#[test]
+fn the_server_certificate_and_the_ca_are_valid_for_a_clock_five_minutes_behind() {
+    if !can_run(Need::Program("openssl")) {
+        return;
+    }
+    let now = SystemTime::now();
+    let pair = create_ca("acme", now, [1; 16]).unwrap();
+    let ca = Ca::load(&pair.cert_pem, &pair.key_pem).unwrap();
+    let server = ca.server_cert(&["127.0.0.1".into()], now, [3; 16]).unwrap();
+    let dir = TempDir::new("pki-skew");
+    std::fs::write(dir.join("ca.pem"), &pair.cert_pem).unwrap();
+    std::fs::write(dir.join("server.pem"), &server.cert_pem).unwrap();
+    let p = |n: &str| dir.join(n).to_str().unwrap().to_string();
+    let unix = now.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let verify_at = |behind: i64| {
+        let at = (unix - behind).to_string();
+        let (ca, cert) = (p("ca.pem"), p("server.pem"));
+        sh("openssl", &["verify", "-x509_strict", "-purpose", "sslserver", "-attime", &at, "-CAfile", &ca, &cert])
+    };
+    assert!(ok(verify_at(295)).contains(": OK"), "4 min 55 s behind");
+    let late = verify_at(330).output().unwrap();
+    let said = String::from_utf8_lossy(&late.stdout).into_owned() + &String::from_utf8_lossy(&late.stderr);
+    assert!(!late.status.success() && said.contains("not yet valid"), "5 min 30 s behind: {said}");
+}

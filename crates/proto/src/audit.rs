@@ -32,6 +32,14 @@ crate::state::states! {
         ServiceCertificateIssued = "service certificate issued",
         /// A service certificate request refused, with why.
         ServiceCertificateRefused = "service certificate refused",
+        /// A controller address added to the list nodes are given (ADR 0028).
+        ControllerAdded = "controller added",
+        /// A controller address removed from the list nodes are given.
+        ControllerRemoved = "controller removed",
+        /// A next bundle-signing key announced (ADR 0027).
+        SigningKeyRotationStarted = "signing key rotation started",
+        /// Bundles signed with the next key only, from now on.
+        SigningKeyRotationCompleted = "signing key rotation completed",
         /// Every node that sent a route or relayed traffic through a node that no longer
         /// carries it applied a bundle that does not (ADR 0022).
         RoutesWithdrawn = "routes withdrawal completed",
@@ -246,6 +254,10 @@ mod tests {
                 "restored from backup",
                 "service certificate issued",
                 "service certificate refused",
+                "controller added",
+                "controller removed",
+                "signing key rotation started",
+                "signing key rotation completed",
                 "routes withdrawal completed",
             ]
         );

@@ -202,6 +202,59 @@ pub struct WhoAmI {
     pub state: EnrolledState,
 }
 
+/// The controllers nodes are given in their bundles, in the order they try them (ADR 0028),
+/// and the names the controllers' server certificate carries.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ControllerList {
+    pub controllers: Vec<String>,
+    pub server_names: Vec<String>,
+}
+
+/// A controller address to add to the list, or remove from it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ControllerChange {
+    /// `HOST:PORT`, as nodes dial it.
+    pub address: String,
+}
+
+/// Starts a rotation of the bundle-signing key to the key the controller's state directory
+/// holds as `signing.next.key`, whose public half this names.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SigningKeyRotation {
+    /// Base64 of the next key's ed25519 public key.
+    pub next_public_key: String,
+    /// How long nodes that are away are waited for, at most, in seconds.
+    pub overlap_secs: u64,
+}
+
+/// A rotation as the controller follows it (ADR 0027): announced in bundles signed by the
+/// current key, then, once every active node applied a bundle announcing it (or the overlap
+/// passed), the only key bundles are signed with.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Rotation {
+    /// What is rotated: `signing-key`.
+    pub kind: String,
+    /// The next key (base64 of its public half).
+    pub next_key: String,
+    pub started_at: i64,
+    pub overlap_secs: i64,
+    /// When it completes by itself if nodes are still away (`started_at + overlap_secs`).
+    pub completes_by: i64,
+    pub completed_at: Option<i64>,
+    /// `evidence` (every active node confirmed) or `overlap`.
+    pub completed_by: Option<String>,
+    /// Active nodes that applied a bundle announcing the key.
+    pub confirmed: Vec<String>,
+    /// Active nodes that have not yet.
+    pub waiting: Vec<String>,
+}
+
 /// The media type of a bundle sent as the edits from the version the node holds.
 pub const DELTA_TYPE: &str = "application/x-trellis-delta";
 
@@ -271,6 +324,10 @@ pub struct NodeStatus {
     /// For a revoked node: how far its revocation has reached (ADR 0022).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revocation: Option<Revocation>,
+    /// Why the node's requests are refused, when its agent (as it last said) is older than the
+    /// declaration's `min_agent_version`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_refused: Option<String>,
 }
 
 /// A revocation as the controller follows it (ADR 0022), computed from the database, so every

@@ -11,6 +11,13 @@ pub const PROTOCOL: Protocol = Protocol { major: 1, minor: 0 };
 pub const PROTOCOL_HEADER: &str = "trellis-protocol";
 /// The request header that carries the agent's release.
 pub const AGENT_HEADER: &str = "trellis-agent";
+/// The request header that carries the node's clock, in Unix seconds, so that the controller
+/// can refuse a node whose clock is too far from its own, saying by how much.
+pub const TIME_HEADER: &str = "trellis-time";
+/// How far apart, in seconds, a node's clock and the controller's may be: enrolment, renewal
+/// and freshness work within it (certificates start this long before they are issued), and
+/// further apart is refused, naming the skew.
+pub const MAX_SKEW_SECS: i64 = 300;
 /// The longest release a node may name.
 pub const MAX_RELEASE: usize = 64;
 
@@ -48,6 +55,19 @@ pub fn plain_release(s: &str) -> bool {
     !s.is_empty() && s.len() <= MAX_RELEASE && s.bytes().all(|b| b.is_ascii_alphanumeric() || b".-+~_".contains(&b))
 }
 
+/// How far `theirs` is from `ours`, in words: "7 min 12 s ahead of", "42 s behind".
+pub fn skew_words(theirs: i64, ours: i64) -> String {
+    let d = theirs.saturating_sub(ours);
+    let a = d.unsigned_abs();
+    let amount = match (a / 60, a % 60) {
+        (0, s) => format!("{s} s"),
+        (m, 0) => format!("{m} min"),
+        (m, s) => format!("{m} min {s} s"),
+    };
+    let way = if d >= 0 { "ahead of" } else { "behind" };
+    format!("{amount} {way}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,6 +81,9 @@ mod tests {
             assert!(bad.parse::<Protocol>().is_err(), "{bad:?}");
         }
         assert!(plain_release("0.1.0") && plain_release("1.2.3-rc.1+g0a1b2c"));
+        assert_eq!(skew_words(1_000 + 432, 1_000), "7 min 12 s ahead of");
+        assert_eq!(skew_words(1_000 - 42, 1_000), "42 s behind");
+        assert_eq!(skew_words(1_000 - 360, 1_000), "6 min behind");
         assert!(!plain_release("") && !plain_release("0.1 0") && !plain_release("0.1\u{1b}[2J") && !plain_release(&"9".repeat(65)));
     }
 }

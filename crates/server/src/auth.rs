@@ -50,7 +50,8 @@ impl FromRequestParts<Arc<Controller>> for Node {
         let who = c.authenticate_node(cert.as_deref().map(Vec::as_slice)).await?;
         tracing::Span::current().record("node", who.name.as_str());
         let header = |name: &str| parts.headers.get(name).map(|v| v.to_str().unwrap_or("\u{fffd}"));
-        c.hello(&who, header(trellis_proto::version::PROTOCOL_HEADER), header(trellis_proto::version::AGENT_HEADER)).await?;
+        use trellis_proto::version::{AGENT_HEADER, PROTOCOL_HEADER, TIME_HEADER};
+        c.hello(&who, header(PROTOCOL_HEADER), header(AGENT_HEADER), header(TIME_HEADER)).await?;
         Ok(Node(who))
     }
 }

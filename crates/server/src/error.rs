@@ -30,7 +30,8 @@ impl ApiError {
 /// The HTTP status of each refusal.
 pub fn status(e: &Error) -> StatusCode {
     match e {
-        Error::BadRequest(_) | Error::ProtocolUnsupported { .. } => StatusCode::BAD_REQUEST,
+        Error::BadRequest(_) | Error::ProtocolUnsupported { .. } | Error::ClockSkew { .. } => StatusCode::BAD_REQUEST,
+        Error::AgentTooOld { .. } => StatusCode::FORBIDDEN,
         Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
         Error::AdminRequired | Error::AdminDenied => StatusCode::UNAUTHORIZED,
         Error::InvalidDeclaration { .. } => StatusCode::UNPROCESSABLE_ENTITY,

@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod params;
 pub mod routes;
+pub mod trust;
 pub mod ui;
 
 pub use listener::{Limits, Server};

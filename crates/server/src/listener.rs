@@ -148,6 +148,10 @@ impl Server {
                     if let Err(e) = c.settle_revocations_if_due().await {
                         tracing::error!("following revocations failed: {e}");
                     }
+                    // Likewise a rotation of the signing key (ADR 0027); every 5 s its overlap.
+                    if let Err(e) = c.settle_rotation(n % 10 == 0).await {
+                        tracing::error!("following the rotation of the signing key failed: {e}");
+                    }
                     n += 1;
                     if n % 10 == 0 {
                         c.flush_contacts().await;

@@ -64,6 +64,9 @@ pub(crate) fn api() -> OpenApiRouter<Shared> {
         )
         .routes(routes!(crate::certs::report_held).layer(DefaultBodyLimit::max(crate::certs::HELD_BODY)))
         .routes(routes!(crate::certs::list_certificates))
+        .routes(routes!(crate::trust::list_controllers, crate::trust::add_controller, crate::trust::remove_controller))
+        .routes(routes!(crate::trust::rotate_signing_key))
+        .routes(routes!(crate::trust::rotations))
         .routes(routes!(crate::ui::page))
 }
 
@@ -238,8 +241,19 @@ async fn audit_checkpoint(State(c): State<Shared>, _: Admin) -> Answer<proto::au
 // --- nodes -----------------------------------------------------------------------------------
 
 #[utoipa::path(post, path = "/v1/enrol", tag = "node", request_body = proto::EnrolRequest, responses((status = 200, description = "The node's certificate and what it needs to verify its bundles", body = proto::EnrolResponse), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
-async fn enrol(State(c): State<Shared>, Peer(source): Peer, Body(req): Body<proto::EnrolRequest>) -> Answer<proto::EnrolResponse> {
+async fn enrol(
+    State(c): State<Shared>,
+    Peer(source): Peer,
+    headers: axum::http::HeaderMap,
+    Body(req): Body<proto::EnrolRequest>,
+) -> Answer<proto::EnrolResponse> {
     tracing::Span::current().record("node", &*proto::text::printable(&req.node));
+    // A node whose clock is too far from the controller's would hold a certificate it cannot
+    // use: refused before the token is redeemed, naming the skew.
+    let time = headers.get(proto::version::TIME_HEADER).map(|v| v.to_str().unwrap_or("\u{fffd}"));
+    if let Err(e) = c.check_clock(&proto::text::printable(&req.node), time) {
+        return decided(&c, Decision::Enrol, Err(e)).await;
+    }
     let r = c.enrol_from(req, source).await;
     c.count_enrolment(&r);
     decided(&c, Decision::Enrol, r).await

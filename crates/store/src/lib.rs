@@ -19,6 +19,7 @@ mod pools;
 mod revisions;
 mod revocations;
 mod tokens;
+mod trust;
 
 pub use audit::Audit;
 pub use bundles::BundleVersion;
@@ -29,6 +30,7 @@ pub use pools::MemberRefusal;
 pub use revisions::Revision;
 pub use revocations::{HolderRecord, RevocationRecord};
 pub use tokens::TokenRecord;
+pub use trust::RotationRecord;
 
 static SQLITE: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
 static POSTGRES: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
@@ -45,6 +47,9 @@ pub enum StoreError {
     Refused(MemberRefusal),
     #[error("{0} not found")]
     NotFound(String),
+    /// A rotation of this kind is in progress already, to the key named.
+    #[error("a rotation to key {0} is in progress already")]
+    RotationInProgress(String),
     #[error("database URL {0:?} is neither sqlite:// nor postgres://")]
     BadUrl(String),
     #[error("the database holds what this trellis does not understand: {0}")]

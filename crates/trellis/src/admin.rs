@@ -31,6 +31,11 @@ pub struct Conn {
 }
 
 impl Conn {
+    /// The state directory named, if the command runs on the controller's machine.
+    pub(crate) fn state_dir(&self) -> Option<&Path> {
+        self.state_dir.as_deref()
+    }
+
     pub(crate) fn client(&self) -> Result<AdminClient> {
         match (&self.state_dir, &self.server) {
             (Some(dir), _) => {
@@ -474,6 +479,10 @@ pub fn status(conn: &Conn, json_out: bool) -> Result<ExitCode> {
         );
     }
     print_revoking(list.iter().filter_map(|n| n.revocation.as_ref().map(|r| (n.name.as_str(), r))));
+    // Agents older than `[mesh] min_agent_version`: refused on every request until upgraded.
+    for refused in list.iter().filter_map(|n| n.agent_refused.as_deref()) {
+        println!("refused: {}", printable(refused));
+    }
     // A controller without service certificates answers 404 here: nothing to add.
     if let Ok(certs) = runtime().block_on(conn.client()?.certificates()) {
         for note in crate::certs::notes(&certs, trellis_files::unix_now()) {

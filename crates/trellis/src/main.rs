@@ -7,6 +7,7 @@ mod certs;
 mod declfs;
 mod log;
 mod offline;
+mod trust;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -158,6 +159,20 @@ enum Command {
         #[command(flatten)]
         conn: admin::Conn,
     },
+    /// The controllers nodes are given in their signed bundles: list, add or remove one, no node enrols again (ADR 0028)
+    Controllers {
+        #[command(subcommand)]
+        cmd: trust::ControllersCommand,
+        #[command(flatten)]
+        conn: admin::Conn,
+    },
+    /// Rotate the bundle-signing key without re-enrolling any node, and follow the rotation (ADR 0027)
+    Rotate {
+        #[command(subcommand)]
+        cmd: trust::RotateCommand,
+        #[command(flatten)]
+        conn: admin::Conn,
+    },
     /// Approve or revoke a node
     Node {
         #[command(subcommand)]
@@ -256,6 +271,8 @@ fn main() -> ExitCode {
         Command::Node { cmd, conn } => admin::node(&conn, cmd),
         Command::Status { json, conn } => admin::status(&conn, json),
         Command::Certs { json, conn } => certs::certs(&conn, json),
+        Command::Controllers { cmd, conn } => trust::controllers(cmd, &conn),
+        Command::Rotate { cmd, conn } => trust::rotate(cmd, &conn),
         Command::Audit { cmd: AuditCommand::Verify { page_size }, conn } => admin::audit_verify(&conn, page_size),
         Command::Audit { cmd: AuditCommand::List { json, page_size }, conn } => admin::audit_list(&conn, json, page_size),
     };

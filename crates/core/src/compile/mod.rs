@@ -41,7 +41,7 @@ use cache::Cache;
 
 /// The paths of the files a node receives, where the agent, the controller and the lab use them.
 pub use crate::plan::{
-    CA_PEM, DELIVERED, INGRESS_TOML, MESH_ZONE, NFTABLES_CONF, NODE_PEM, NODE_TOML, TRAEFIK_DIR, TRAEFIK_YML, WIREGUARD_CONF,
+    CA_PEM, DELIVERED, INGRESS_TOML, MESH_ZONE, NFTABLES_CONF, NODE_PEM, NODE_TOML, TRAEFIK_DIR, TRAEFIK_YML, TRUST_TOML, WIREGUARD_CONF,
 };
 pub use warnings::no_path_message;
 

@@ -48,7 +48,8 @@ impl Parsed {
 const MESH_FILE_KEYS: &[&str] = &["mesh", "networks", "groups", "node", "route", "test", "pool", "acme", "expose"];
 const ACME_KEYS: &[&str] = &["directory", "email"];
 const EXPOSE_KEYS: &[&str] = &["name", "hostnames", "module", "port", "via", "listen", "tls", "sources"];
-const MESH_KEYS: &[&str] = &["name", "domain", "overlay_ipv4", "overlay_ipv6", "port", "interface", "mtu", "service_cert_lifetime"];
+const MESH_KEYS: &[&str] =
+    &["name", "domain", "overlay_ipv4", "overlay_ipv6", "port", "interface", "mtu", "service_cert_lifetime", "min_agent_version"];
 const NODE_KEYS: &[&str] =
     &["name", "hub", "networks", "groups", "modules", "address_ipv4", "address_ipv6", "endpoint", "public_key", "exit"];
 const ROUTE_KEYS: &[&str] = &["name", "prefixes", "via", "masquerade", "allow", "host"];
@@ -196,7 +197,25 @@ fn parse_mesh_settings(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Opt
             }
         },
     };
-    Some(MeshSettings { name, domain, overlay_ipv4: v4, overlay_ipv6: v6, port, interface, mtu, service_cert_secs, loc: t.loc.clone() })
+    let min_agent_version = t.str(doc, "min_agent_version", diags).and_then(|(s, loc)| match s.parse() {
+        Ok(r) => Some(r),
+        Err(e) => {
+            diags.push(Diagnostic::error(&loc, format!("`min_agent_version` {e}")));
+            None
+        }
+    });
+    Some(MeshSettings {
+        name,
+        domain,
+        overlay_ipv4: v4,
+        overlay_ipv6: v6,
+        port,
+        interface,
+        mtu,
+        service_cert_secs,
+        min_agent_version,
+        loc: t.loc.clone(),
+    })
 }
 
 trait Pool: Sized + std::str::FromStr + std::fmt::Display + Copy + PartialEq {

@@ -32,7 +32,7 @@ fn unknown_keys_are_named_with_the_keys_allowed_there() {
         &format!("{HEAD}colour = \"red\"\n[[node]]\nname = \"a\"\nscope = \"internal\"\n"),
         &[("pg.toml", "[module]\nname = \"pg\"\n[[allow]]\nproto = \"tcp\"\nports = [\"5432\"]\nfrom = [\"node:a\"]\nscope = \"lan\"\n")],
         &[
-            "mesh.toml:5:1: error: unknown key `colour` in [mesh]; allowed keys: name, domain, overlay_ipv4, overlay_ipv6, port, interface, mtu, service_cert_lifetime",
+            "mesh.toml:5:1: error: unknown key `colour` in [mesh]; allowed keys: name, domain, overlay_ipv4, overlay_ipv6, port, interface, mtu, service_cert_lifetime, min_agent_version",
             "mesh.toml:8:1: error: unknown key `scope` in [[node]]; allowed keys: name, hub, networks, groups, modules, address_ipv4, address_ipv6, endpoint, public_key, exit",
             "modules/pg.toml:7:1: error: unknown key `scope` in [[allow]]; allowed keys: proto, ports, from",
         ],
@@ -271,4 +271,17 @@ fn an_empty_certificate_table_asks_for_the_defaults() {
     let m = decl.module("pg").unwrap();
     assert_eq!(m.certificate, Some(trellis_core::decl::CertificateSpec::default()));
     assert_eq!(decl.mesh.service_cert_secs, trellis_core::decl::DEFAULT_SERVICE_CERT_SECS);
+}
+
+/// `[mesh] min_agent_version` (issue 21, item 3) is a release, or refused where it is written.
+#[test]
+fn a_minimum_agent_version_is_a_release() {
+    check(
+        &format!("{HEAD}min_agent_version = \"0.2\"\n[[node]]\nname = \"a\"\n"),
+        &[],
+        &["mesh.toml:5:21: error: `min_agent_version` \"0.2\" is not a release (MAJOR.MINOR.PATCH, such as \"0.2.0\" or \"1.0.0-rc.1\")"],
+    );
+    let decl = crate::support::valid(&format!("{HEAD}min_agent_version = \"0.2.0-rc.1\"\n[[node]]\nname = \"a\"\n"), &[]);
+    assert_eq!(decl.mesh.min_agent_version.map(|r| r.to_string()).as_deref(), Some("0.2.0-rc.1"));
+    assert_eq!(crate::support::valid(&format!("{HEAD}[[node]]\nname = \"a\"\n"), &[]).mesh.min_agent_version, None);
 }

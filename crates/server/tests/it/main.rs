@@ -367,6 +367,7 @@ async fn bundles_are_versioned_signed_long_polled_and_answered_304() {
                 "etc/trellis/nftables.conf",
                 "etc/trellis/node.pem",
                 "etc/trellis/node.toml",
+                "etc/trellis/trust.toml",
                 "etc/trellis/wireguard.conf"
             ]
         );

@@ -199,8 +199,16 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
         evidence_records: 1,
         evidence_missing: 0,
         revocation: None,
+        agent_refused: None,
     };
     sample(d, "NodeStatus", status.clone(), &mut c);
+    let refused = proto::NodeStatus {
+        agent_refused: Some(
+            "node `n` runs agent 0.1.0, older than this mesh's min_agent_version 0.2.0: upgrade trellis-agent on it".into(),
+        ),
+        ..status.clone()
+    };
+    sample(d, "NodeStatus", refused, &mut c);
     let holder = proto::KeyHolder {
         name: "db-1".into(),
         dropped_in: Some(13),
@@ -337,6 +345,26 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
     for s in proto::EnrolledState::ALL {
         sample(d, "EnrolledState", *s, &mut c);
     }
+    let list = proto::ControllerList {
+        controllers: vec!["127.0.0.1:8443".into(), "c2.acme.example:8443".into()],
+        server_names: vec!["127.0.0.1".into()],
+    };
+    sample(d, "ControllerList", list, &mut c);
+    sample(d, "ControllerChange", proto::ControllerChange { address: "c2.acme.example:8443".into() }, &mut c);
+    sample(d, "SigningKeyRotation", proto::SigningKeyRotation { next_public_key: "AAAA".into(), overlap_secs: 86_400 }, &mut c);
+    let rotation = proto::Rotation {
+        kind: "signing-key".into(),
+        next_key: "AAAA".into(),
+        started_at: 1,
+        overlap_secs: 86_400,
+        completes_by: 86_401,
+        completed_at: None,
+        completed_by: None,
+        confirmed: vec!["db-1".into()],
+        waiting: vec!["api-1".into()],
+    };
+    sample(d, "Rotation", rotation.clone(), &mut c);
+    sample(d, "Rotation", proto::Rotation { completed_at: Some(9), completed_by: Some("evidence".into()), ..rotation }, &mut c);
     for s in proto::NodeState::ALL {
         sample(d, "NodeState", *s, &mut c);
     }
@@ -409,7 +437,7 @@ async fn every_route_is_described_and_every_described_path_is_a_route() {
     let unknown = r.http.get(format!("{}/v1/admin/undescribed", r.base)).bearer_auth(&r.admin).send().await.unwrap();
     assert_eq!(unknown.status().as_u16(), 404);
     assert_eq!(unknown.json::<Value>().await.unwrap()["code"], "no_route");
-    assert_eq!(operations, 25, "operations described: {:?}", paths.keys().collect::<Vec<_>>());
+    assert_eq!(operations, 30, "operations described: {:?}", paths.keys().collect::<Vec<_>>());
 
     // Every path the client crate calls is described.
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../client/src");

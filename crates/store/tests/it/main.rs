@@ -515,3 +515,64 @@ async fn a_connection_left_inside_a_transaction_is_not_reused() {
     })
     .await;
 }
+
+/// Rotations of the signing key (ADR 0027): starts racing on one database have one winner, the
+/// others are told which key is being rotated to; the rotation completes once, whichever replica
+/// asks first; each node's first version announcing the key is recorded once. And the
+/// controller list is replaced whole, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_rotations_have_one_winner_and_complete_once() {
+    each_backend(|s| async move {
+        let s = Arc::new(s);
+        let tasks: Vec<_> = (0..8)
+            .map(|i| {
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let r = trellis_store::RotationRecord {
+                        next_key: format!("key{i}"),
+                        kind: "signing-key".into(),
+                        started_at: 100,
+                        overlap_secs: 60,
+                        completed_at: None,
+                        completed_by: None,
+                    };
+                    s.start_rotation(&r, &audit(AuditAction::SigningKeyRotationStarted)).await.map(|()| r.next_key)
+                })
+            })
+            .collect();
+        let (mut won, mut told) = (Vec::new(), 0);
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(key) => won.push(key),
+                Err(StoreError::RotationInProgress(_)) => told += 1,
+                other => panic!("{:?}: unexpected {other:?}", s.backend),
+            }
+        }
+        assert_eq!((won.len(), told), (1, 7), "{:?}: one start wins", s.backend);
+        let key = won.pop().unwrap();
+        assert_eq!(s.rotations().await.unwrap().len(), 1);
+        s.record_announced(&key, &[("db-1".into(), 4), ("api-1".into(), 7)]).await.unwrap();
+        s.record_announced(&key, &[("db-1".into(), 5)]).await.unwrap();
+        let announced = s.announced(&key).await.unwrap();
+        assert_eq!((announced["db-1"], announced["api-1"]), (4, 7), "the first version announcing it is kept");
+        let done = audit(AuditAction::SigningKeyRotationCompleted);
+        assert!(s.complete_rotation(&key, 130, "evidence", &done).await.unwrap());
+        assert!(!s.complete_rotation(&key, 131, "overlap", &done).await.unwrap(), "completed once");
+        let r = &s.rotations().await.unwrap()[0];
+        assert_eq!((r.completed_at, r.completed_by.as_deref()), (Some(130), Some("evidence")));
+        // Completed, the next one may start.
+        let next = trellis_store::RotationRecord { next_key: "key-next".into(), ..r.clone() };
+        let next = trellis_store::RotationRecord { completed_at: None, completed_by: None, ..next };
+        s.start_rotation(&next, &audit(AuditAction::SigningKeyRotationStarted)).await.unwrap();
+
+        assert!(s.controllers().await.unwrap().is_empty());
+        let list = vec!["c1:8443".to_string(), "c2:8443".into(), "c0:8443".into()];
+        s.set_controllers(&list, 200, &audit(AuditAction::ControllerAdded)).await.unwrap();
+        assert_eq!(s.controllers().await.unwrap(), list, "in the order given");
+        s.set_controllers(&list[1..], 201, &audit(AuditAction::ControllerRemoved)).await.unwrap();
+        assert_eq!(s.controllers().await.unwrap(), list[1..]);
+        let records = s.audit().await.unwrap();
+        assert_eq!(verify_audit(&records), Ok(records.len()), "every decision is in the chain");
+    })
+    .await;
+}

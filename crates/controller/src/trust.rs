@@ -1,0 +1,335 @@
+//! What nodes trust beyond the CA, delivered in every bundle as `trust.toml` (issue 21): the
+//! controller list (ADR 0028: `trellis controllers add|remove`, no node enrols again) and the
+//! rotation of the bundle-signing key (ADR 0027: the next key announced in bundles signed by the
+//! current one; once every active node applied such a bundle, or the overlap passed, bundles are
+//! signed with the next key only, and an agent that took one refuses the old key).
+
+use std::path::PathBuf;
+
+use base64::Engine;
+use ed25519_dalek::SigningKey;
+use trellis_core::trust::{controller_address, TrustFile};
+use trellis_proto::{self as proto, AuditAction};
+use trellis_store::{Audit, RotationRecord, StoreError};
+
+use crate::{Controller, Error, Result};
+
+/// The kind a signing-key rotation is recorded as.
+pub const SIGNING_KEY: &str = "signing-key";
+/// The next bundle-signing key, written by `trellis rotate signing-key` into the state
+/// directory before the rotation starts (0600), read by every replica from its own copy.
+pub const NEXT_SIGNING_KEY: &str = "signing.next.key";
+/// The key bundles were signed with before the last rotation completed, kept (0600) so that an
+/// operator can see which key was retired; nothing signs with it again.
+pub const RETIRED_SIGNING_KEY: &str = "signing.retired.key";
+/// The longest overlap a rotation may wait for nodes that are away.
+pub const MAX_OVERLAP_SECS: u64 = 90 * 86_400;
+
+/// The keys bundles, stamps and checkpoints are signed with: the current one, and the next once
+/// a rotation announced it.
+pub(crate) struct Signing {
+    pub current: SigningKey,
+    pub next: Option<SigningKey>,
+}
+
+/// What one publish run puts in every bundle's `trust.toml`, and the key it signs with.
+pub(crate) struct RunTrust {
+    pub text: String,
+    pub key: SigningKey,
+    /// The next key this run announces (base64 of its public half), while a rotation is open.
+    pub announcing: Option<String>,
+}
+
+fn b64(key: &ed25519_dalek::VerifyingKey) -> String {
+    base64::engine::general_purpose::STANDARD.encode(key.to_bytes())
+}
+
+/// Reads a signing key file (base64 of the 32-byte seed).
+pub(crate) fn read_key(path: &std::path::Path) -> anyhow::Result<SigningKey> {
+    use anyhow::Context;
+    let text = trellis_files::read(path)?;
+    let bytes =
+        base64::engine::general_purpose::STANDARD.decode(text.trim()).with_context(|| format!("{} is not base64", path.display()))?;
+    let seed: [u8; 32] = bytes.try_into().map_err(|_| anyhow::anyhow!("{} does not hold 32 bytes", path.display()))?;
+    Ok(SigningKey::from_bytes(&seed))
+}
+
+impl Controller {
+    /// The key this controller signs with now.
+    pub(crate) fn signing_key(&self) -> SigningKey {
+        self.signing.read().expect("signing").current.clone()
+    }
+
+    /// Where this controller's state directory keeps a file, if it has one (not in process).
+    fn state_file(&self, name: &str) -> Option<PathBuf> {
+        self.state_dir.as_ref().map(|d| d.join(name))
+    }
+
+    /// The controller list nodes are given, with the server certificate's names: the stored list,
+    /// or the configured advertise addresses while none was set.
+    pub async fn controllers(&self) -> Result<proto::ControllerList> {
+        let stored = self.store.controllers().await?;
+        let controllers = if stored.is_empty() { self.config.advertise.clone() } else { stored };
+        Ok(proto::ControllerList { controllers, server_names: self.server_names.clone() })
+    }
+
+    /// Adds a controller address at the end of the list nodes are given; audited. Refused: an
+    /// address that is not `HOST:PORT`, one listed already, one whose host the server
+    /// certificate does not name (a node dialling it would refuse the handshake).
+    pub async fn add_controller(&self, address: &str) -> Result<proto::ControllerList> {
+        if !controller_address(address) {
+            return Err(Error::BadRequest(format!("`{}` is not HOST:PORT", proto::text::printable(address))));
+        }
+        let mut list = self.controllers().await?;
+        if list.controllers.iter().any(|c| c == address) {
+            return Err(Error::BadRequest(format!("controller {address} is listed already")));
+        }
+        let host = crate::state::split_host_port(address).map_err(|e| Error::BadRequest(e.to_string()))?.0;
+        if !self.server_names.is_empty() && !self.server_names.contains(&host) {
+            return Err(Error::BadRequest(format!(
+                "the server certificate names {}, not {host}: a node dialling {address} would refuse the controller; add an address under one of those names",
+                self.server_names.join(", ")
+            )));
+        }
+        if list.controllers.len() >= trellis_core::trust::MAX_CONTROLLERS {
+            return Err(Error::BadRequest(format!("the list holds {} controllers, the most it may", trellis_core::trust::MAX_CONTROLLERS)));
+        }
+        list.controllers.push(address.to_string());
+        let audit = Audit {
+            at: self.now(),
+            actor: "admin",
+            action: AuditAction::ControllerAdded,
+            subject: address,
+            detail: list.controllers.join(", "),
+        };
+        self.store.set_controllers(&list.controllers, audit.at, &audit).await?;
+        self.ask_publish();
+        Ok(list)
+    }
+
+    /// Removes a controller address from the list nodes are given; audited. The last one stays.
+    pub async fn remove_controller(&self, address: &str) -> Result<proto::ControllerList> {
+        let mut list = self.controllers().await?;
+        if !list.controllers.iter().any(|c| c == address) {
+            return Err(Error::NotFound(format!(
+                "controller {} in the list ({})",
+                proto::text::printable(address),
+                list.controllers.join(", ")
+            )));
+        }
+        if list.controllers.len() == 1 {
+            return Err(Error::BadRequest(format!(
+                "{address} is the only controller listed: nodes would have none to ask; add another first"
+            )));
+        }
+        list.controllers.retain(|c| c != address);
+        let audit = Audit {
+            at: self.now(),
+            actor: "admin",
+            action: AuditAction::ControllerRemoved,
+            subject: address,
+            detail: list.controllers.join(", "),
+        };
+        self.store.set_controllers(&list.controllers, audit.at, &audit).await?;
+        self.ask_publish();
+        Ok(list)
+    }
+
+    /// Starts a rotation of the bundle-signing key to the key in this controller's
+    /// `signing.next.key` (the one `trellis rotate signing-key` wrote), whose public half the
+    /// request names; audited. Refused while another is in progress.
+    pub async fn rotate_signing_key(&self, req: &proto::SigningKeyRotation) -> Result<proto::Rotation> {
+        if req.overlap_secs == 0 || req.overlap_secs > MAX_OVERLAP_SECS {
+            return Err(Error::BadRequest(format!("the overlap must be from 1 s to {} days", MAX_OVERLAP_SECS / 86_400)));
+        }
+        let next = self.load_next_key(&req.next_public_key)?;
+        let record = RotationRecord {
+            next_key: req.next_public_key.clone(),
+            kind: SIGNING_KEY.into(),
+            started_at: self.now(),
+            overlap_secs: req.overlap_secs as i64,
+            completed_at: None,
+            completed_by: None,
+        };
+        let audit = Audit {
+            at: record.started_at,
+            actor: "admin",
+            action: AuditAction::SigningKeyRotationStarted,
+            subject: &record.next_key,
+            detail: format!("overlap {} s", req.overlap_secs),
+        };
+        self.store.start_rotation(&record, &audit).await.map_err(|e| match e {
+            StoreError::RotationInProgress(key) => {
+                Error::BadRequest(format!("a rotation of the signing key to {key} is in progress; see `trellis rotate status`"))
+            }
+            other => other.into(),
+        })?;
+        self.signing.write().expect("signing").next = Some(next);
+        self.ask_publish();
+        let rotations = self.rotations().await?;
+        rotations
+            .into_iter()
+            .find(|r| r.next_key == req.next_public_key)
+            .ok_or_else(|| Error::internal("starting a rotation", "not recorded"))
+    }
+
+    /// The next key from this state directory, which must be the one named.
+    fn load_next_key(&self, named: &str) -> Result<SigningKey> {
+        let Some(path) = self.state_file(NEXT_SIGNING_KEY) else {
+            return Err(Error::BadRequest("this controller has no state directory to hold a next signing key".into()));
+        };
+        let key = read_key(&path).map_err(|e| {
+            Error::BadRequest(format!(
+                "cannot read the next signing key {}: {e:#}; run `trellis rotate signing-key --state-dir` on this controller's state directory (and copy signing.next.key to every replica's)",
+                path.display()
+            ))
+        })?;
+        if b64(&key.verifying_key()) != named {
+            return Err(Error::BadRequest(format!("{} holds another key than the one named", path.display())));
+        }
+        if key.verifying_key() == self.signing_key().verifying_key() {
+            return Err(Error::BadRequest("the next signing key is the current one".into()));
+        }
+        Ok(key)
+    }
+
+    /// Every rotation, newest first, with which active nodes confirmed it.
+    pub async fn rotations(&self) -> Result<Vec<proto::Rotation>> {
+        let records = self.store.rotations().await?;
+        let mut out = Vec::with_capacity(records.len());
+        let active = self.active_nodes().await?;
+        let evidence = self.store.evidence_summary().await?;
+        for r in records {
+            let announced = self.store.announced(&r.next_key).await?;
+            let (mut confirmed, mut waiting) = (Vec::new(), Vec::new());
+            for node in &active {
+                let applied = evidence.get(node).and_then(|e| e.applied_version);
+                match (announced.get(node), applied) {
+                    (Some(v), Some(a)) if a >= *v => confirmed.push(node.clone()),
+                    _ => waiting.push(node.clone()),
+                }
+            }
+            out.push(proto::Rotation {
+                kind: r.kind,
+                completes_by: r.started_at + r.overlap_secs,
+                next_key: r.next_key,
+                started_at: r.started_at,
+                overlap_secs: r.overlap_secs,
+                completed_at: r.completed_at,
+                completed_by: r.completed_by,
+                confirmed,
+                waiting,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The names of the active nodes of the current mesh.
+    async fn active_nodes(&self) -> Result<Vec<String>> {
+        Ok(self.roster().await?.into_iter().filter(|e| e.state == proto::NodeState::Active).map(|e| e.name).collect())
+    }
+
+    /// What this publish run delivers in `trust.toml` and signs with. A rotation completed
+    /// (here or by another replica) makes its key the current one first, and retires the old.
+    pub(crate) async fn run_trust(&self) -> Result<RunTrust> {
+        let rotation = self.store.rotations().await?.into_iter().find(|r| r.kind == SIGNING_KEY);
+        let mut announcing = None;
+        if let Some(r) = &rotation {
+            let current = b64(&self.signing_key().verifying_key());
+            if r.completed_at.is_some() && current != r.next_key {
+                self.promote(&r.next_key)?;
+            } else if r.completed_at.is_none() {
+                let held = self.signing.read().expect("signing").next.as_ref().map(|k| b64(&k.verifying_key()));
+                if held.as_deref() != Some(&r.next_key) {
+                    // Another replica started it: this one reads the key from its own copy.
+                    match self.load_next_key(&r.next_key) {
+                        Ok(key) => self.signing.write().expect("signing").next = Some(key),
+                        Err(e) => tracing::error!("a rotation of the signing key is in progress, but this replica cannot announce it: {e}"),
+                    }
+                }
+                let held = self.signing.read().expect("signing").next.as_ref().map(|k| b64(&k.verifying_key()));
+                if held.as_deref() == Some(&r.next_key) {
+                    announcing = Some(r.next_key.clone());
+                }
+            }
+        }
+        let list = self.controllers().await?;
+        let next_signing_key =
+            announcing.as_ref().and_then(|k| base64::engine::general_purpose::STANDARD.decode(k).ok()).and_then(|b| b.try_into().ok());
+        let text = TrustFile { controllers: list.controllers, server_names: list.server_names, next_signing_key }.write();
+        Ok(RunTrust { text, key: self.signing_key(), announcing })
+    }
+
+    /// The rotation to `next_key` completed: its key signs from now on; the old one is kept as
+    /// `signing.retired.key` and the state directory's `signing.key` is the new one.
+    fn promote(&self, next_key: &str) -> Result<()> {
+        let mut signing = self.signing.write().expect("signing");
+        let Some(next) = signing.next.take().filter(|k| b64(&k.verifying_key()) == next_key) else {
+            drop(signing);
+            // A replica that never held the key: its own copy, or it cannot sign any more.
+            let key = self.load_next_key(next_key)?;
+            self.signing.write().expect("signing").next = Some(key);
+            return self.promote(next_key);
+        };
+        if let Some(dir) = &self.state_dir {
+            let enc = |k: &SigningKey| base64::engine::general_purpose::STANDARD.encode(k.to_bytes());
+            let write = |name: &str, k: &SigningKey| {
+                trellis_files::replace(&dir.join(name), enc(k).as_bytes(), 0o600)
+                    .map_err(|e| Error::internal("keeping the signing keys", e))
+            };
+            write(RETIRED_SIGNING_KEY, &signing.current)?;
+            write("signing.key", &next)?;
+            let _ = std::fs::remove_file(dir.join(NEXT_SIGNING_KEY));
+        }
+        signing.current = next;
+        tracing::info!("bundles are signed with the rotated key {next_key} from now on");
+        Ok(())
+    }
+
+    /// After a run that announced `next_key`: records the version each node published in it
+    /// first announced it, and completes the rotation once every active node applied such a
+    /// version, or its overlap passed (then asks for a run, which signs with the new key).
+    pub(crate) async fn follow_rotation(&self, next_key: &str, published: &[(String, i64)]) -> Result<()> {
+        self.store.record_announced(next_key, published).await?;
+        let Some(r) = self.rotations().await?.into_iter().find(|r| r.next_key == next_key) else { return Ok(()) };
+        if r.completed_at.is_some() {
+            return Ok(());
+        }
+        let now = self.now();
+        let by = if r.waiting.is_empty() {
+            "evidence"
+        } else if now >= r.completes_by {
+            "overlap"
+        } else {
+            return Ok(());
+        };
+        let detail = match by {
+            "evidence" => format!("every active node ({}) applied a bundle announcing it", r.confirmed.len()),
+            _ => format!("the overlap passed with {} node(s) not confirmed: {}", r.waiting.len(), r.waiting.join(", ")),
+        };
+        let audit = Audit { at: now, actor: "controller", action: AuditAction::SigningKeyRotationCompleted, subject: next_key, detail };
+        if self.store.complete_rotation(next_key, now, by, &audit).await? {
+            tracing::info!("the rotation of the signing key completed ({by})");
+            self.ask_publish();
+        }
+        Ok(())
+    }
+
+    /// Evidence arrived: while a rotation is open, the next look may find it confirmed.
+    pub(crate) fn rotation_evidence(&self) {
+        if self.signing.read().expect("signing").next.is_some() {
+            self.rotation_due.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// Completes an open rotation that evidence arrived for since the last look, or whose overlap
+    /// passed (`overlap`: look whether or not evidence arrived). The server calls it every tick.
+    pub async fn settle_rotation(&self, overlap: bool) -> Result<()> {
+        let next = self.signing.read().expect("signing").next.as_ref().map(|k| b64(&k.verifying_key()));
+        let Some(next) = next else { return Ok(()) };
+        if !self.rotation_due.swap(false, std::sync::atomic::Ordering::SeqCst) && !overlap {
+            return Ok(());
+        }
+        self.follow_rotation(&next, &[]).await
+    }
+}
