@@ -465,7 +465,8 @@ fn check_expect(file: &Path, what: &str, e: &Expect) -> Result<()> {
 }
 
 /// What every step does one of, as an error names them.
-const ONE_ACTION: &str = "`kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST` and `renew = NODE`";
+const ONE_ACTION: &str =
+    "`kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST`, `renew = NODE` and `rotate = \"signing-key\"`";
 
 /// Each step kills a controller still running (never the last one), applies a declaration or
 /// stops a pool's host, and an apply says, with expectations that are not already in force, what
