@@ -285,6 +285,8 @@ fn lab_expose() {
     for want in [
         "step 1: apply -> https://shop.example.com/ served to client-1 through edge-1, its certificate verified against the lab's ACME root: ",
         "certificates: shop.example.com until ",
+        // The agent's report reached the controller: `trellis status` says it.
+        "ingress edge-1 (trellis status): edge-1: ingress: Traefik running, 1 of 1 router(s) enabled, certificates: shop.example.com (expires in ",
         "step 2: revocation of web-2 -> edge-1 answers client-1 from web-1 only (8 requests in a row): ",
     ] {
         assert!(stdout.contains(want), "no `{want}` in\n{stdout}");

@@ -74,6 +74,8 @@ pub struct Agent {
     certs: crate::certs::Certs,
     /// Traefik on an ingress node; tended while a long-poll waits, so behind a lock.
     ingress: std::sync::Mutex<crate::ingress::Ingress>,
+    /// The ingress status the controller last acknowledged: reported again only when it changes.
+    ingress_reported: Option<crate::ingress::IngressStatus>,
 }
 
 /// The bundle last applied (`bundle.last`), verified again; `None` when there is none.
@@ -111,6 +113,7 @@ impl Agent {
         let ingress = crate::ingress::Ingress::new(&id.node, opts.ingress, &opts.root, &opts.state_dir, opts.ingress_api);
         Ok(Agent {
             ingress: std::sync::Mutex::new(ingress),
+            ingress_reported: None,
             evidence: EvidenceBuffer::new(&opts.state_dir),
             status: AgentStatus { pid: std::process::id(), version: manifest.version, ..Default::default() },
             installer: Installer::new(exec, scope, &opts.state_dir, manifest, previous),
@@ -147,6 +150,45 @@ impl Agent {
         self.status.dns_serving = report.dns_serving;
         self.status.last_apply_phases_ms = report.phases_ms;
         self.tend_ingress();
+    }
+
+    /// Tells the controller what this ingress node's Traefik shows (running, its routers, its
+    /// certificates), when that changed since it last acknowledged: `trellis status` and the
+    /// controller's metrics show it (ADR 0026). A node that is no ingress reports nothing; a
+    /// controller that takes no report (an older one) is not asked again for the same status.
+    async fn report_ingress(&mut self) {
+        let Some(now) = self.ingress.lock().expect("ingress").status().cloned() else { return };
+        if self.ingress_reported.as_ref() == Some(&now) {
+            return;
+        }
+        let report = trellis_proto::IngressReport {
+            traefik: now.traefik.clone(),
+            error: now.error.clone(),
+            routers: now
+                .routers
+                .iter()
+                .map(|r| trellis_proto::IngressRouter { name: r.name.clone(), status: r.status.clone(), errors: r.errors.clone() })
+                .collect(),
+            certificates: now
+                .certificates
+                .iter()
+                .map(|c| trellis_proto::IngressCertificate { hostname: c.hostname.clone(), not_after: c.not_after })
+                .collect(),
+        };
+        match self.client.report_ingress(&report).await {
+            Ok(_) => self.ingress_reported = Some(now),
+            Err(e) if e.refused().is_some_and(|r| r.status < 500) => {
+                tracing::debug!("the controller takes no ingress report: {e}");
+                self.ingress_reported = Some(now);
+            }
+            Err(e) => tracing::debug!("reporting the ingress: {e}"),
+        }
+    }
+
+    /// Whether the ingress shows something the controller has not acknowledged.
+    fn ingress_changed(&self) -> bool {
+        let now = self.ingress.lock().expect("ingress").status().cloned();
+        now.is_some() && now != self.ingress_reported
     }
 
     /// Brings Traefik to the files written and reads its state (ADR 0026).
@@ -403,7 +445,14 @@ impl Agent {
                     tokio::select! {
                         p = &mut poll => break Some(p),
                         _ = &mut certs_wake, if certs_due.is_some() => break None,
-                        _ = tick.tick() => { self.tend_ingress(); self.snapshot(); }
+                        _ = tick.tick() => {
+                            self.tend_ingress();
+                            self.snapshot();
+                            // A router or certificate changed: reported now, not when the poll returns.
+                            if self.ingress_changed() {
+                                break None;
+                            }
+                        }
                         _ = due, if follow_up.is_some() => { self.installer.executor().follow_up(); }
                     }
                 }
@@ -452,6 +501,7 @@ impl Agent {
                 self.certs.tend(&self.client, unix_now(), applied).await;
                 self.certs.report(&self.client).await;
             }
+            self.report_ingress().await;
             if let Err(e) = self.flush_evidence().await {
                 if failures == 0 {
                     self.status.last_error = Some(format!("evidence: {e:#}"));

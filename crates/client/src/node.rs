@@ -148,6 +148,15 @@ impl NodeClient {
         .await
     }
 
+    /// Reports this ingress node's Traefik (ADR 0026).
+    pub async fn report_ingress(&self, report: &proto::IngressReport) -> Result<proto::IngressAck, Error> {
+        crate::each_controller_from(&self.controllers, &self.last, |c| {
+            let send = self.http.post(format!("https://{c}/v1/node/ingress")).json(report).send();
+            async move { answer(send.await.map_err(Error::Send)?).await }
+        })
+        .await
+    }
+
     pub async fn whoami(&self) -> Result<proto::WhoAmI, Error> {
         crate::each_controller_from(&self.controllers, &self.last, |c| {
             let send = stamped(self.http.get(format!("https://{c}/v1/whoami"))).send();

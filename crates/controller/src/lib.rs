@@ -11,6 +11,7 @@ pub mod certs;
 pub mod declarations;
 pub mod enrolment;
 pub mod error;
+pub mod ingress;
 pub mod metrics;
 pub mod nodes;
 pub mod pools;

@@ -119,7 +119,20 @@ pub struct Metrics {
     service_certs_issued: Counter,
     service_cert_refusals: Family<ReasonLabel, Counter>,
     service_cert_expiry: Family<NodeLabel, Gauge>,
+    ingress_routers: Family<RouterLabel, Gauge>,
+    ingress_cert_expiry: Family<NodeLabel, Gauge>,
 }
+
+/// An ingress node and a router status as Traefik says it (`enabled`, `warning`, `disabled`, or
+/// `other`): a fixed set per node.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouterLabel {
+    pub node: String,
+    pub status: &'static str,
+}
+
+/// Traefik's router statuses, as the metric labels them.
+const ROUTER_STATUSES: [&str; 4] = ["enabled", "warning", "disabled", "other"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
@@ -170,6 +183,19 @@ impl Metrics {
         r.register("nodes_failing", "Nodes whose last evidence reports a failed apply", failing.clone());
         let evidence_missing = Gauge::default();
         r.register("evidence_missing_records", "Evidence sequence numbers missing, over every node (gaps)", evidence_missing.clone());
+        let ingress_routers = Family::<RouterLabel, Gauge>::default();
+        r.register(
+            "ingress_routers",
+            "On each ingress node, its trellis routers in Traefik by status, as its agent last reported (ADR 0026)",
+            ingress_routers.clone(),
+        );
+        let ingress_cert_expiry = Family::<NodeLabel, Gauge>::default();
+        r.register_with_unit(
+            "ingress_certificate_expiry",
+            "On each ingress node, the time until its earliest ACME certificate expires (negative: expired)",
+            Unit::Seconds,
+            ingress_cert_expiry.clone(),
+        );
         let revoking = Gauge::default();
         r.register(
             "revocations_in_progress",
@@ -225,6 +251,8 @@ impl Metrics {
             service_certs_issued,
             service_cert_refusals,
             service_cert_expiry,
+            ingress_routers,
+            ingress_cert_expiry,
         }
     }
 
@@ -317,6 +345,18 @@ impl Metrics {
         let revoking: Vec<i64> =
             status.iter().filter(|n| n.state == NodeState::Revoking).filter_map(|n| n.revocation.as_ref().map(|r| r.seconds)).collect();
         self.revoking.set(revoking.len() as i64);
+        self.ingress_routers.clear();
+        self.ingress_cert_expiry.clear();
+        let now = crate::unix_now();
+        for i in status.iter().filter_map(|n| n.ingress.as_ref()) {
+            for st in ROUTER_STATUSES {
+                let n = i.report.routers.iter().filter(|r| if st == "other" { !ROUTER_STATUSES[..3].contains(&r.status.as_str()) } else { r.status == st }).count();
+                self.ingress_routers.get_or_create(&RouterLabel { node: i.node.clone(), status: st }).set(n as i64);
+            }
+            if let Some(earliest) = i.report.certificates.iter().map(|c| c.not_after).min() {
+                self.ingress_cert_expiry.get_or_create(&NodeLabel { node: i.node.clone() }).set(earliest - now);
+            }
+        }
         self.revoking_oldest.set(revoking.iter().copied().max().unwrap_or(0).max(0));
     }
 
@@ -395,6 +435,7 @@ mod tests {
             evidence_missing: missing,
             revocation: None,
             agent_refused: None,
+            ingress: None,
         }
     }
 

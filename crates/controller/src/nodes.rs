@@ -287,6 +287,7 @@ impl Controller {
         let agents = if min.is_some() { self.store.agents().await? } else { Default::default() };
         let bundles = self.store.bundles().await?;
         let evidence = self.store.evidence_summary().await?;
+        let mut ingress = self.ingress_states().await?;
         let t = self.now();
         Ok(roster
             .into_iter()
@@ -317,6 +318,7 @@ impl Controller {
                         .filter(|_| e.state == NodeState::Active || e.state == NodeState::Pending)
                         .and_then(|(min, (_, release))| too_old(&e.name, release, min))
                         .map(|refusal| refusal.to_string()),
+                    ingress: ingress.remove(&e.name),
                     state: e.state,
                     name: e.name,
                 }

@@ -464,6 +464,22 @@ fn print_ingress(st: &LabState, node: &str) {
         if routers.is_empty() { "none".into() } else { routers.join(", ") },
         if certs.is_empty() { "none yet".into() } else { certs.join(", ") }
     );
+    // And as the controller has it from the agent's report (`trellis status`).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let reported = procs::status(st).ok().and_then(|l| l.into_iter().find(|n| n.name == node)).and_then(|n| n.ingress);
+        match reported {
+            Some(i) if !i.report.certificates.is_empty() || Instant::now() > deadline => {
+                println!("ingress {node} (trellis status): {}", i.summary(trellis_files::unix_now()));
+                return;
+            }
+            None if Instant::now() > deadline => {
+                println!("ingress {node} (trellis status): no report");
+                return;
+            }
+            _ => std::thread::sleep(Duration::from_millis(250)),
+        }
+    }
 }
 
 /// The agents whose connection to a controller leaves from an overlay address, after printing

@@ -7,11 +7,13 @@ pub mod audit;
 pub mod certs;
 pub mod etag;
 pub mod exposition;
+pub mod ingress;
 pub mod state;
 pub mod text;
 pub mod version;
 
 pub use audit::{AuditAction, AuditRecord};
+pub use ingress::{IngressAck, IngressCertificate, IngressReport, IngressRouter, IngressState};
 pub use certs::{
     HeldServiceCert, HeldServiceCerts, HeldServiceCertsAck, ServiceCertInfo, ServiceCertList, ServiceCertRequest, ServiceCertResponse,
     ServiceCertSpec,
@@ -328,6 +330,9 @@ pub struct NodeStatus {
     /// declaration's `min_agent_version`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_refused: Option<String>,
+    /// On an ingress node: its Traefik as its agent last reported it (ADR 0026).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress: Option<IngressState>,
 }
 
 /// A revocation as the controller follows it (ADR 0022), computed from the database, so every

@@ -49,6 +49,18 @@ pub(crate) async fn report_held(
     Ok(Json(proto::HeldServiceCertsAck { recorded: c.report_held_certs(&who, &report).await? }))
 }
 
+/// The largest ingress report: 256 routers and 256 certificates with their texts.
+pub const INGRESS_BODY: usize = 256 * 1024;
+
+#[utoipa::path(post, path = "/v1/node/ingress", tag = "node", security(("node" = [])), request_body = proto::IngressReport, responses((status = 200, description = "Whether the report was recorded: it is, when the current declaration makes this node an ingress node (the via of an exposure)", body = proto::IngressAck), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
+pub(crate) async fn report_ingress(
+    State(c): State<Shared>,
+    Node(who): Node,
+    Body(report): Body<proto::IngressReport, INGRESS_BODY>,
+) -> Answer<proto::IngressAck> {
+    Ok(Json(proto::IngressAck { recorded: c.report_ingress(&who, &report).await? }))
+}
+
 #[utoipa::path(get, path = "/v1/admin/certificates", tag = "admin", security(("admin" = [])), responses((status = 200, description = "Every service certificate: its node, module, names, serial and expiry, whether the declaration still gives it, and its last refusal", body = Vec<proto::ServiceCertInfo>), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
 pub(crate) async fn list_certificates(State(c): State<Shared>, _: Admin) -> Answer<Vec<proto::ServiceCertInfo>> {
     Ok(Json(c.service_certs().await?))

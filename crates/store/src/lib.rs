@@ -14,6 +14,7 @@ mod audit;
 mod bundles;
 mod certs;
 mod evidence;
+mod ingress;
 mod nodes;
 mod pools;
 mod revisions;

@@ -483,6 +483,11 @@ pub fn status(conn: &Conn, json_out: bool) -> Result<ExitCode> {
     for refused in list.iter().filter_map(|n| n.agent_refused.as_deref()) {
         println!("refused: {}", printable(refused));
     }
+    // Ingress nodes: their Traefik as their agents last reported it (ADR 0026).
+    let now = trellis_files::unix_now();
+    for ingress in list.iter().filter_map(|n| n.ingress.as_ref()) {
+        println!("{}", ingress.summary(now));
+    }
     // A controller without service certificates answers 404 here: nothing to add.
     if let Ok(certs) = runtime().block_on(conn.client()?.certificates()) {
         for note in crate::certs::notes(&certs, trellis_files::unix_now()) {
