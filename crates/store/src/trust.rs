@@ -87,13 +87,31 @@ impl Store {
                     let key: String = row.try_get("next_key")?;
                     return Err(StoreError::RotationInProgress(key));
                 }
-                sqlx::query("INSERT INTO rotations (next_key, kind, started_at, overlap_secs) VALUES ($1, $2, $3, $4)")
-                    .bind(r.next_key)
-                    .bind(r.kind)
-                    .bind(r.started_at)
-                    .bind(r.overlap_secs)
-                    .execute(&mut **tx)
-                    .await?;
+                // Two starts racing both find none open; the partial unique index lets one in, and
+                // the other, waiting on it, inserts nothing and is told which key won (a plain
+                // insert would fail on PostgreSQL with the index's violation instead).
+                let n = sqlx::query(
+                    "INSERT INTO rotations (next_key, kind, started_at, overlap_secs) VALUES ($1, $2, $3, $4) \
+                     ON CONFLICT (kind) WHERE completed_at IS NULL DO NOTHING",
+                )
+                .bind(r.next_key)
+                .bind(r.kind.clone())
+                .bind(r.started_at)
+                .bind(r.overlap_secs)
+                .execute(&mut **tx)
+                .await?
+                .rows_affected();
+                if n == 0 {
+                    let won = sqlx::query("SELECT next_key FROM rotations WHERE kind = $1 AND completed_at IS NULL")
+                        .bind(r.kind)
+                        .fetch_optional(&mut **tx)
+                        .await?;
+                    let key: String = match won {
+                        Some(row) => row.try_get("next_key")?,
+                        None => String::new(),
+                    };
+                    return Err(StoreError::RotationInProgress(key));
+                }
                 Ok(())
             })
         })
