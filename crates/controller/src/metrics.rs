@@ -350,7 +350,12 @@ impl Metrics {
         let now = crate::unix_now();
         for i in status.iter().filter_map(|n| n.ingress.as_ref()) {
             for st in ROUTER_STATUSES {
-                let n = i.report.routers.iter().filter(|r| if st == "other" { !ROUTER_STATUSES[..3].contains(&r.status.as_str()) } else { r.status == st }).count();
+                let n = i
+                    .report
+                    .routers
+                    .iter()
+                    .filter(|r| if st == "other" { !ROUTER_STATUSES[..3].contains(&r.status.as_str()) } else { r.status == st })
+                    .count();
                 self.ingress_routers.get_or_create(&RouterLabel { node: i.node.clone(), status: st }).set(n as i64);
             }
             if let Some(earliest) = i.report.certificates.iter().map(|c| c.not_after).min() {

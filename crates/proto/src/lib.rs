@@ -13,11 +13,11 @@ pub mod text;
 pub mod version;
 
 pub use audit::{AuditAction, AuditRecord};
-pub use ingress::{IngressAck, IngressCertificate, IngressReport, IngressRouter, IngressState};
 pub use certs::{
     HeldServiceCert, HeldServiceCerts, HeldServiceCertsAck, ServiceCertInfo, ServiceCertList, ServiceCertRequest, ServiceCertResponse,
     ServiceCertSpec,
 };
+pub use ingress::{IngressAck, IngressCertificate, IngressReport, IngressRouter, IngressState};
 pub use state::{EnrolledState, EvidenceResult, FileResult, NodeState, Shown, TokenState, Withdrawal};
 
 /// Every error answer: one sentence, and a stable code a script can match.

@@ -283,3 +283,51 @@ async fn what_a_node_reports_holding_is_recorded_for_its_own_modules_only() {
     })
     .await;
 }
+
+/// What an ingress node reports of its Traefik (ADR 0026) shows in its status and the metrics:
+/// recorded for a node the declaration makes an ingress node only, bounded, texts cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ingress_nodes_report_shows_in_its_status_and_the_metrics() {
+    on_both(|fx| async move {
+        let c = &fx.c;
+        let (db, _) = enrol(c, "db-1", false).await;
+        let (api, _) = enrol(c, "api-1", false).await;
+        // lab/basic with an exposure of api through db-1.
+        let mut files = trellis_testing::controller::lab_files("basic");
+        let mesh = files.iter_mut().find(|f| f.path == "mesh.toml").unwrap();
+        mesh.text.push_str("\n[[expose]]\nname = \"shop\"\nhostnames = [\"shop.example.com\"]\nmodule = \"api\"\nport = 8000\nvia = [\"db-1\"]\ntls = \"none\"\nlisten = 80\n");
+        let api_module = files.iter_mut().find(|f| f.path == "modules/api.toml").unwrap();
+        api_module.text.push_str("\n[[allow]]\nproto = \"tcp\"\nports = [\"8000\"]\nfrom = [\"expose:shop\"]\n");
+        c.apply(&files, None).await.unwrap_or_else(|e| panic!("{e}"));
+        c.publish().await.unwrap();
+        let report = proto::IngressReport {
+            traefik: "running".into(),
+            error: None,
+            routers: vec![
+                proto::IngressRouter { name: "shop-0".into(), status: "enabled".into(), errors: vec![] },
+                proto::IngressRouter { name: "shop-1".into(), status: "disabled".into(), errors: vec![format!("\u{1b}[31m{}", "x".repeat(900))] },
+            ],
+            certificates: vec![proto::IngressCertificate { hostname: "shop.example.com".into(), not_after: T0 + 7200 }],
+        };
+        assert!(c.report_ingress(&db, &report).await.unwrap(), "db-1 is the exposure's ingress");
+        assert!(!c.report_ingress(&api, &report).await.unwrap(), "api-1 is no ingress: nothing recorded");
+        let too_many = proto::IngressReport { routers: vec![report.routers[0].clone(); 257], ..report.clone() };
+        assert!(matches!(c.report_ingress(&db, &too_many).await, Err(Error::BadRequest(_))));
+
+        let status = c.status().await.unwrap();
+        let ingress = |n: &str| status.iter().find(|s| s.name == n).unwrap().ingress.clone();
+        assert!(ingress("api-1").is_none());
+        let i = ingress("db-1").expect("db-1's report in its status");
+        assert_eq!((i.reported_at, i.report.routers.len()), (T0, 2));
+        let error = &i.report.routers[1].errors[0];
+        assert!(error.len() <= proto::ingress::MAX_INGRESS_TEXT && !error.contains('\u{1b}'), "{error}");
+        let said = i.summary(T0 + 3600);
+        assert!(said.starts_with("db-1: ingress: Traefik running, 1 of 2 router(s) enabled; shop-1 disabled: "), "{said}");
+        assert!(said.ends_with(", certificates: shop.example.com (expires in 60 min)"), "{said}");
+        let scraped = c.scrape().await;
+        assert!(scraped.lines().any(|l| l == "trellis_ingress_routers{node=\"db-1\",status=\"enabled\"} 1"), "{scraped}");
+        assert!(scraped.lines().any(|l| l == "trellis_ingress_routers{node=\"db-1\",status=\"disabled\"} 1"), "{scraped}");
+        assert!(scraped.lines().any(|l| l.starts_with("trellis_ingress_certificate_expiry_seconds{node=\"db-1\"} ")), "{scraped}");
+    })
+    .await;
+}

@@ -200,6 +200,7 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
         evidence_missing: 0,
         revocation: None,
         agent_refused: None,
+        ingress: None,
     };
     sample(d, "NodeStatus", status.clone(), &mut c);
     let refused = proto::NodeStatus {
@@ -339,6 +340,17 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
     sample(d, "HeldServiceCerts", proto::HeldServiceCerts { certificates: vec![held.clone()] }, &mut c);
     sample(d, "HeldServiceCert", held, &mut c);
     sample(d, "HeldServiceCertsAck", proto::HeldServiceCertsAck { recorded: 1 }, &mut c);
+    let report = proto::IngressReport {
+        traefik: "running".into(),
+        error: None,
+        routers: vec![proto::IngressRouter { name: "shop-0".into(), status: "enabled".into(), errors: vec![] }],
+        certificates: vec![proto::IngressCertificate { hostname: "shop.example.com".into(), not_after: 9 }],
+    };
+    sample(d, "IngressRouter", report.routers[0].clone(), &mut c);
+    sample(d, "IngressCertificate", report.certificates[0].clone(), &mut c);
+    sample(d, "IngressState", proto::IngressState { node: "edge-1".into(), reported_at: 1, report: report.clone() }, &mut c);
+    sample(d, "IngressReport", report, &mut c);
+    sample(d, "IngressAck", proto::IngressAck { recorded: true }, &mut c);
     for s in proto::Shown::ALL {
         sample(d, "Shown", *s, &mut c);
     }
@@ -437,7 +449,7 @@ async fn every_route_is_described_and_every_described_path_is_a_route() {
     let unknown = r.http.get(format!("{}/v1/admin/undescribed", r.base)).bearer_auth(&r.admin).send().await.unwrap();
     assert_eq!(unknown.status().as_u16(), 404);
     assert_eq!(unknown.json::<Value>().await.unwrap()["code"], "no_route");
-    assert_eq!(operations, 30, "operations described: {:?}", paths.keys().collect::<Vec<_>>());
+    assert_eq!(operations, 31, "operations described: {:?}", paths.keys().collect::<Vec<_>>());
 
     // Every path the client crate calls is described.
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../client/src");
