@@ -56,23 +56,7 @@ async fn enrolled(db: trellis_testing::Database) -> (Fixture, Vec<Agent>) {
     let fx = trellis_testing::controller::controller(db).await;
     let c = &fx.c;
     c.apply(&mesh(&NODES), Some(0)).await.unwrap();
-    let mut agents = Vec::new();
-    for (i, node) in NODES.iter().enumerate() {
-        let t = c
-            .create_token(&proto::TokenRequest { node: node.to_string(), ttl_secs: 600, require_approval: false, ..Default::default() })
-            .await
-            .unwrap();
-        let token = trellis_core::token::EnrolmentToken::decode(&t.token).unwrap();
-        let key = base64::engine::general_purpose::STANDARD.encode([i as u8 + 1; 32]);
-        let (req, _) = trellis_testing::controller::enrol_request(&token, key);
-        let enrolled = c.enrol(req).await.unwrap();
-        let der = trellis_pki::pem_to_der(&enrolled.node_cert_pem, "CERTIFICATE").unwrap();
-        agents.push(Agent { who: c.authenticate_node(Some(&der)).await.unwrap(), seq: 0 });
-    }
-    c.publish().await.unwrap();
-    for a in &mut agents {
-        a.applies(c).await;
-    }
+    let agents = enrol_all(c, &NODES).await;
     (fx, agents)
 }
 
