@@ -30,6 +30,19 @@ fn basic_with_postgres_on(dir: &Path, postgres_on: &str) {
     std::fs::write(&mesh, text).unwrap();
 }
 
+/// db-1 enrolled and its agent running files-only under `work` (long-polling `wait` seconds):
+/// the agent, its root and its log.
+fn db_1_agent(c: &Controller, work: &Path, wait: &str) -> (Proc, std::path::PathBuf, std::path::PathBuf) {
+    let state = work.join("agent-db-1");
+    let root = work.join("root-db-1");
+    ok(enrol(&c.token("db-1", &[]), &state));
+    let log = work.join("agent.log");
+    let mut cmd = agent_bin();
+    cmd.args(["run", "--files-only", "--wait", wait, "--state-dir", state.to_str().unwrap(), "--root", root.to_str().unwrap()]);
+    let agent = Proc(cmd.stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap());
+    (agent, root, log)
+}
+
 /// `openssl verify` of the files in `dir` for `name`: whether it verifies, and what it said.
 fn verifies(dir: &Path, name: &str) -> (bool, String) {
     let p = |f: &str| dir.join(f).to_str().unwrap().to_string();
@@ -69,13 +82,7 @@ fn a_module_assigned_to_a_node_brings_its_certificate_which_a_tls_client_verifie
         basic_with_postgres_on(&with, "db-1");
         c.ok(&["apply", without.to_str().unwrap()]);
 
-        let state = work.path().join("agent-db-1");
-        let root = work.path().join("root-db-1");
-        ok(enrol(&c.token("db-1", &[]), &state));
-        let log = work.path().join("agent.log");
-        let mut cmd = agent_bin();
-        cmd.args(["run", "--files-only", "--wait", "5", "--state-dir", state.to_str().unwrap(), "--root", root.to_str().unwrap()]);
-        let _agent = Proc(cmd.stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap());
+        let (_agent, root, log) = db_1_agent(&c, work.path(), "5");
         let logs = || format!("--- agent\n{}\n--- serve\n{}", std::fs::read_to_string(&log).unwrap_or_default(), c.log(c.port));
         let until = |what: &str, secs: u64, done: &dyn Fn() -> bool| {
             let deadline = Instant::now() + Duration::from_secs(secs);
@@ -189,13 +196,7 @@ fn a_short_lived_certificate_is_renewed_with_a_new_key_before_it_expires() {
         .replace("domain = \"basic.mesh\"\n", "domain = \"basic.mesh\"\nservice_cert_lifetime = \"1m\"\n");
     std::fs::write(&mesh, text).unwrap();
     c.ok(&["apply", decl.to_str().unwrap()]);
-    let state = work.path().join("agent-db-1");
-    let root = work.path().join("root-db-1");
-    ok(enrol(&c.token("db-1", &[]), &state));
-    let log = work.path().join("agent.log");
-    let mut cmd = agent_bin();
-    cmd.args(["run", "--files-only", "--wait", "2", "--state-dir", state.to_str().unwrap(), "--root", root.to_str().unwrap()]);
-    let _agent = Proc(cmd.stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap());
+    let (_agent, root, log) = db_1_agent(&c, work.path(), "2");
     let dir = root.join("etc/trellis/certs/postgres");
     let read = || {
         let cert = std::fs::read_to_string(dir.join("cert.pem")).ok()?;
@@ -248,13 +249,7 @@ fn a_certificate_failing_on_the_node_is_reported_to_the_operator() {
         std::fs::read_to_string(&pg).unwrap().replace("[module.certificate]\n", "[module.certificate]\ngroup = \"trellisnosuchgroup\"\n");
     std::fs::write(&pg, text).unwrap();
     c.ok(&["apply", decl.to_str().unwrap()]);
-    let state = work.path().join("agent-db-1");
-    let root = work.path().join("root-db-1");
-    ok(enrol(&c.token("db-1", &[]), &state));
-    let log = work.path().join("agent.log");
-    let mut cmd = agent_bin();
-    cmd.args(["run", "--files-only", "--wait", "5", "--state-dir", state.to_str().unwrap(), "--root", root.to_str().unwrap()]);
-    let _agent = Proc(cmd.stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap());
+    let (_agent, root, log) = db_1_agent(&c, work.path(), "5");
     let deadline = Instant::now() + Duration::from_secs(30);
     let entry = loop {
         let listed: serde_json::Value = serde_json::from_str(&c.ok(&["certs", "--json"])).unwrap();

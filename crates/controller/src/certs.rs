@@ -293,7 +293,7 @@ pub fn expiring(not_after: i64, lifetime: u64, now: i64) -> bool {
 
 /// `text` cut to at most `max` bytes at a character boundary, its control characters shown
 /// escaped (it is the node's word, printed to operators).
-fn cut(text: &str, max: usize) -> String {
+pub(crate) fn cut(text: &str, max: usize) -> String {
     let shown = proto::text::printable(text).to_string();
     let mut end = shown.len().min(max);
     while !shown.is_char_boundary(end) {

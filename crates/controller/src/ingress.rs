@@ -9,14 +9,9 @@ use trellis_proto::ingress::{MAX_INGRESS_ITEMS, MAX_INGRESS_TEXT};
 
 use crate::{Controller, Error, NodeIdentity, Result};
 
-/// `text` cut to at most `max` bytes at a character boundary, its control characters escaped.
+/// A text of the node's, as kept: cut to `MAX_INGRESS_TEXT` bytes, control characters escaped.
 fn cut(text: &str) -> String {
-    let shown = proto::text::printable(text).to_string();
-    let mut end = shown.len().min(MAX_INGRESS_TEXT);
-    while !shown.is_char_boundary(end) {
-        end -= 1;
-    }
-    shown[..end].to_string()
+    crate::certs::cut(text, MAX_INGRESS_TEXT)
 }
 
 /// The report as it is kept: every text cut, at most `MAX_INGRESS_ITEMS` of each list (and of a

@@ -328,6 +328,20 @@ async fn an_ingress_nodes_report_shows_in_its_status_and_the_metrics() {
         assert!(scraped.lines().any(|l| l == "trellis_ingress_routers{node=\"db-1\",status=\"enabled\"} 1"), "{scraped}");
         assert!(scraped.lines().any(|l| l == "trellis_ingress_routers{node=\"db-1\",status=\"disabled\"} 1"), "{scraped}");
         assert!(scraped.lines().any(|l| l.starts_with("trellis_ingress_certificate_expiry_seconds{node=\"db-1\"} ")), "{scraped}");
+        // As a Prometheus server reads it: `promtool check metrics` on the classic format.
+        if trellis_testing::can_run(trellis_testing::Need::Program("promtool")) {
+            use std::io::Write;
+            let mut p = std::process::Command::new("promtool")
+                .args(["check", "metrics"])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            p.stdin.take().unwrap().write_all(trellis_proto::exposition::classic(&scraped).as_bytes()).unwrap();
+            let out = p.wait_with_output().unwrap();
+            assert!(out.status.success(), "promtool refused:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        }
     })
     .await;
 }
