@@ -162,11 +162,14 @@ pub struct Certs {
     status: Vec<CertStatus>,
     /// The status as the controller last acknowledged it: reported again only when it changes.
     reported: Option<Vec<CertStatus>>,
+    /// Every certificate is issued again at the next look, whatever its age (a CA rotation:
+    /// its chain must lead to the next CA).
+    reissue: bool,
 }
 
 impl Certs {
     pub fn new(root: &Path, reloader: Option<Box<dyn Reloader>>) -> Certs {
-        Certs { root: root.to_path_buf(), reloader, next: 0, status: Vec::new(), reported: None }
+        Certs { root: root.to_path_buf(), reloader, next: 0, status: Vec::new(), reported: None, reissue: false }
     }
 
     pub fn status(&self) -> &[CertStatus] {
@@ -177,6 +180,12 @@ impl Certs {
     /// or the list to be asked for again. The run loop wakes for it even in a long-poll.
     pub fn next_due(&self) -> i64 {
         self.next
+    }
+
+    /// Issues every certificate again at the next look (now), whatever its age.
+    pub fn reissue_all(&mut self) {
+        self.reissue = true;
+        self.next = 0;
     }
 
     /// Asks for the certificate list and acts on it, when it is time (`force`: now, as after a
@@ -240,7 +249,17 @@ impl Certs {
             }
         };
         let mut status = Vec::new();
-        for step in plan(list, &held, now) {
+        let mut steps = plan(list, &held, now);
+        if std::mem::take(&mut self.reissue) {
+            for step in &mut steps {
+                if let Step::Keep { module, .. } = step {
+                    if let Some(spec) = list.certificates.iter().find(|s| s.module == *module) {
+                        *step = Step::Issue(spec.clone());
+                    }
+                }
+            }
+        }
+        for step in steps {
             match step {
                 Step::Keep { module, renew_at } => {
                     next = next.min(renew_at);

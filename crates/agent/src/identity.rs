@@ -12,7 +12,7 @@ use trellis_core::token::EnrolmentToken;
 use trellis_files::replace as write_file;
 use trellis_proto::text::{date, printable};
 
-use crate::state::{AgentStatus, Identity, Manifest, CA_CERT, ENROL_PENDING, IDENTITY, NODE_CERT, NODE_KEY, WIREGUARD_KEY};
+use crate::state::{AgentStatus, Identity, Manifest, CA_CERT, CA_NEXT_CERT, ENROL_PENDING, IDENTITY, NODE_CERT, NODE_KEY, WIREGUARD_KEY};
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
@@ -167,10 +167,76 @@ pub async fn enrol(source: TokenSource, dir: &Path, force: bool, retry_for: std:
     Ok(())
 }
 
-/// A client for the node's controllers, presenting its certificate and trusting only the mesh CA.
+/// A client for the node's controllers, presenting its certificate and trusting only the mesh CA
+/// (and, during a CA rotation, the next one).
 pub fn node_client(dir: &Path, id: &Identity) -> Result<NodeClient> {
-    let (ca, cert, key) = (read(&dir.join(CA_CERT))?, read(&dir.join(NODE_CERT))?, read(&dir.join(NODE_KEY))?);
+    let (mut ca, cert, key) = (read(&dir.join(CA_CERT))?, read(&dir.join(NODE_CERT))?, read(&dir.join(NODE_KEY))?);
+    if let Ok(next) = std::fs::read_to_string(dir.join(CA_NEXT_CERT)) {
+        ca.push_str(&next);
+    }
     Ok(NodeClient::new(id.controllers.clone(), &ca, &cert, &key)?)
+}
+
+/// SHA-256 of the (first) certificate in a PEM file.
+fn fingerprint_of(path: &Path) -> Option<[u8; 32]> {
+    let pem = std::fs::read_to_string(path).ok()?;
+    Some(trellis_pki::fingerprint(&trellis_pki::pem_to_der(&pem, "CERTIFICATE").ok()?))
+}
+
+/// What a bundle's `trust.toml` says of the mesh CA, taken into the state directory (ADR 0029):
+/// a next CA announced is kept as `ca.next.pem` and trusted beside `ca.pem`; once the bundle
+/// names it as the mesh CA it replaces `ca.pem`, and the old CA is no longer trusted. Returns
+/// whether what the node trusts changed (its client must be made again); a CA the node cannot
+/// follow is an error, and nothing changes.
+pub fn adopt_ca(dir: &Path, ca: Option<[u8; 32]>, next_ca: Option<&str>) -> Result<CaChange> {
+    let (current_path, next_path) = (dir.join(CA_CERT), dir.join(CA_NEXT_CERT));
+    let current = fingerprint_of(&current_path);
+    let held_next = fingerprint_of(&next_path);
+    if let Some(pem) = next_ca {
+        let fp = trellis_pki::fingerprint(&trellis_pki::pem_to_der(pem, "CERTIFICATE")?);
+        if Some(fp) == current || Some(fp) == held_next {
+            return Ok(CaChange::None);
+        }
+        write_file(&next_path, pem.as_bytes(), 0o644)?;
+        return Ok(CaChange::Announced(hex::encode(fp)));
+    }
+    let Some(ca) = ca else { return Ok(CaChange::None) };
+    if Some(ca) == held_next {
+        let pem = read(&next_path)?;
+        write_file(&current_path, pem.as_bytes(), 0o644)?;
+        std::fs::remove_file(&next_path).with_context(|| format!("cannot remove {}", next_path.display()))?;
+        return Ok(CaChange::Completed(hex::encode(ca)));
+    }
+    if Some(ca) == current {
+        if held_next.is_some() {
+            std::fs::remove_file(&next_path).with_context(|| format!("cannot remove {}", next_path.display()))?;
+            return Ok(CaChange::Completed(hex::encode(ca)));
+        }
+        return Ok(CaChange::None);
+    }
+    bail!(
+        "the bundle names the mesh CA {}, and this node trusts {}: it cannot follow (it was away through a whole CA rotation); enrol it again with a new token",
+        hex::encode(ca),
+        current.map_or("none".into(), hex::encode)
+    )
+}
+
+/// What [`adopt_ca`] changed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum CaChange {
+    None,
+    /// A next CA (its fingerprint) is trusted beside the current one.
+    Announced(String),
+    /// The CA (its fingerprint) is the only one trusted.
+    Completed(String),
+}
+
+/// Whether the node's certificate must be renewed under the next CA: one is announced and did
+/// not issue it.
+pub fn needs_next_ca_certificate(dir: &Path) -> bool {
+    let Ok(next) = std::fs::read_to_string(dir.join(CA_NEXT_CERT)) else { return false };
+    let Ok(cert) = std::fs::read_to_string(dir.join(NODE_CERT)) else { return false };
+    !trellis_pki::issued_by_ca(&cert, &next).unwrap_or(true)
 }
 
 /// Whether a certificate is due for renewal: two thirds of its lifetime have passed.
@@ -194,10 +260,11 @@ pub async fn renew(dir: &Path, force: bool) -> Result<()> {
     Ok(())
 }
 
-/// Renews when two thirds of the certificate's lifetime have passed (the run loop's check).
+/// Renews when two thirds of the certificate's lifetime have passed (the run loop's check), or
+/// at once when `force` (a CA rotation: the certificate is renewed under the next CA).
 /// Returns whether a new certificate was written.
-pub async fn renew_if_due(dir: &Path, client: &NodeClient) -> Result<bool> {
-    renew_inner(dir, false, client).await.map(|renewed| renewed.is_some())
+pub async fn renew_if_due(dir: &Path, client: &NodeClient, force: bool) -> Result<bool> {
+    renew_inner(dir, force, client).await.map(|renewed| renewed.is_some())
 }
 
 async fn renew_inner(dir: &Path, force: bool, client: &NodeClient) -> Result<Option<i64>> {

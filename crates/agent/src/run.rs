@@ -224,6 +224,9 @@ impl Agent {
     /// the signing key announced next, and, when the next key signed it, that key as the only
     /// one (the old key is refused from then on). Kept in `identity.toml`.
     fn adopt(&mut self, trust: Option<&TrustFile>, by_next: bool) {
+        if let Some(t) = trust {
+            self.adopt_ca(t);
+        }
         let id = self.id.adopting(trust, by_next);
         let (keys_moved, list_moved) = (
             id.signing_public_key != self.id.signing_public_key || id.next_signing_public_key != self.id.next_signing_public_key,
@@ -254,6 +257,30 @@ impl Agent {
         }
         self.keys = keys;
         self.id = id;
+    }
+
+    /// Takes what an applied bundle says of the mesh CA (ADR 0029): a next CA announced is
+    /// trusted beside the current one (and the node's certificates are renewed under it); the
+    /// CA the bundle names, once it is the next one, replaces the current one.
+    fn adopt_ca(&mut self, trust: &TrustFile) {
+        match identity::adopt_ca(&self.opts.state_dir, trust.ca, trust.next_ca.as_deref()) {
+            Ok(identity::CaChange::None) => return,
+            Ok(identity::CaChange::Announced(fp)) => {
+                tracing::info!("the controller announced its next mesh CA {fp}: trusted beside the current one; certificates are renewed under it");
+                self.certs.reissue_all();
+            }
+            Ok(identity::CaChange::Completed(fp)) => {
+                tracing::info!("the mesh CA is {fp} from now on; the old one is no longer trusted")
+            }
+            Err(e) => {
+                tracing::error!("{e:#}");
+                return;
+            }
+        }
+        match identity::node_client(&self.opts.state_dir, &self.id) {
+            Ok(c) => self.client = c,
+            Err(e) => tracing::error!("loading the mesh CAs: {e:#}"),
+        }
     }
 
     async fn flush_evidence(&mut self) -> Result<()> {
@@ -412,7 +439,9 @@ impl Agent {
         let mut failures: u32 = 0;
         let mut applies = 0u64;
         loop {
-            match identity::renew_if_due(&self.opts.state_dir, &self.client).await {
+            // During a CA rotation the certificate is renewed under the next CA at once.
+            let onto_next_ca = identity::needs_next_ca_certificate(&self.opts.state_dir);
+            match identity::renew_if_due(&self.opts.state_dir, &self.client, onto_next_ca).await {
                 // Only a new certificate needs a new client; otherwise the connection is reused.
                 Ok(true) => match identity::node_client(&self.opts.state_dir, &self.id) {
                     Ok(c) => self.client = c,

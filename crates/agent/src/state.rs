@@ -22,6 +22,9 @@ pub const NODE_KEY: &str = "node.key";
 pub const NODE_CERT: &str = "node.pem";
 /// The mesh CA's certificate (PEM).
 pub const CA_CERT: &str = "ca.pem";
+/// The next mesh CA's certificate (PEM), announced in a signed bundle during a CA rotation
+/// (ADR 0029): trusted beside `ca.pem` until the rotation completes, then in its place.
+pub const CA_NEXT_CERT: &str = "ca.next.pem";
 /// An enrolment sent and not yet answered (TOML).
 pub const ENROL_PENDING: &str = "enrol.pending";
 /// What the agent last applied (`Manifest`, JSON).

@@ -120,6 +120,11 @@ impl AdminClient {
         self.post("/v1/admin/rotations/signing-key", req).await
     }
 
+    /// Starts a rotation of the mesh CA (ADR 0029).
+    pub async fn rotate_ca(&self, req: &proto::CaRotation) -> Result<proto::Rotation, Error> {
+        self.post("/v1/admin/rotations/ca", req).await
+    }
+
     pub async fn rotations(&self) -> Result<Vec<proto::Rotation>, Error> {
         self.get("/v1/admin/rotations").await
     }

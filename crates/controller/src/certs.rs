@@ -145,7 +145,7 @@ impl Controller {
         let Some(cert) = certs.iter().find(|c| c.module == req.module) else {
             return Err(ServiceCertRefusal::NotServed { node: who.name.clone(), module: req.module.clone() }.into());
         };
-        let services = self.keys.services.as_ref().ok_or(ServiceCertRefusal::NoServicesCa)?;
+        let services = self.services_ca().ok_or(ServiceCertRefusal::NoServicesCa)?;
         let names = ServiceNames { dns: cert.dns.clone(), ips: cert.ips.clone(), uri: cert.uri.clone() };
         let issued = services
             .sign(&req.csr_pem, &names, self.system_time(), Duration::from_secs(cert.lifetime_secs), self.random())
@@ -174,7 +174,7 @@ impl Controller {
             module: cert.module.clone(),
             cert_pem: issued.cert_pem,
             chain_pem: services.cert_pem().to_string(),
-            ca_pem: self.ca().cert_pem().to_string(),
+            ca_pem: self.trusted_ca_pem(),
             serial: issued.serial,
             not_after: issued.not_after,
         })

@@ -265,9 +265,9 @@ impl Controller {
     pub async fn authenticate_node(&self, cert_der: Option<&[u8]>) -> Result<NodeIdentity> {
         let cert = cert_der.ok_or(NodeRefusal::CertificateRequired)?;
         let info = trellis_pki::inspect_der(cert).map_err(|e| NodeRefusal::BadCertificate(e.to_string()))?;
-        // TLS checked only that the chain ends at the mesh CA: a service certificate (under the
+        // TLS checked only that the chain ends at a mesh CA: a service certificate (under the
         // services CA) does too, and is no node's identity whatever it names.
-        if !trellis_pki::services::issued_by(cert, &self.ca_subject) {
+        if !self.issued_by_mesh_ca(cert) {
             return Err(NodeRefusal::ServiceCertificate(trellis_proto::text::printable(&info.common_name).into_owned()).into());
         }
         let node = info.common_name;

@@ -6,6 +6,7 @@
 //! randomness are injected, so every decision can be tested in process with fixed values.
 
 pub mod audit;
+pub mod authority;
 pub mod bundle;
 pub mod certs;
 pub mod declarations;
@@ -82,9 +83,13 @@ pub struct Keys {
 pub struct Controller {
     store: Store,
     config: state::Config,
-    keys: Keys,
-    /// The mesh CA's subject (DER): the issuer every node certificate names.
-    ca_subject: Vec<u8>,
+    /// SHA-256 of the admin credential.
+    admin_sha256: [u8; 32],
+    /// The mesh CA (and the next one during a rotation), the services CA and the server
+    /// certificate (see `authority`).
+    authority: std::sync::RwLock<authority::Authority>,
+    /// Moves when what the server presents or accepts changes.
+    tls_generation: std::sync::atomic::AtomicU64,
     publisher: publish::Publisher,
     /// The parsed declaration of the newest revision seen, keyed by its number. A cache only:
     /// the database says which revision is current.
@@ -123,15 +128,17 @@ pub struct Controller {
 
 impl Controller {
     pub fn new(store: Store, config: state::Config, keys: Keys, clock: Arc<dyn Clock>, entropy: Arc<dyn Entropy>) -> Controller {
+        let Keys { ca, services, signing_key, admin_sha256 } = keys;
         Controller {
+            authority: std::sync::RwLock::new(authority::Authority::new(ca, services)),
+            admin_sha256,
+            tls_generation: Default::default(),
             store,
             config,
-            signing: std::sync::RwLock::new(trust::Signing { current: keys.signing_key.clone(), next: None }),
+            signing: std::sync::RwLock::new(trust::Signing { current: signing_key, next: None }),
             rotation_due: Default::default(),
             state_dir: None,
             server_names: Vec::new(),
-            ca_subject: keys.ca.subject_der(),
-            keys,
             publisher: publish::Publisher::default(),
             declaration: Default::default(),
             clock,
@@ -193,9 +200,11 @@ impl Controller {
             .with_checkpoint(state.path(audit::CHECKPOINT))
             .with_high_water(state.path(restore::HIGH_WATER));
         c.state_dir = Some(state.dir.clone());
-        if let Ok(server) = trellis_pki::services::inspect_service(&state.read("server.pem")?) {
-            c.server_names = server.dns.into_iter().chain(server.ips.iter().map(|ip| ip.to_string())).collect();
+        let server = trellis_pki::Pair { cert_pem: state.read("server.pem")?, key_pem: state.read("server.key")? };
+        if let Ok(info) = trellis_pki::services::inspect_service(&server.cert_pem) {
+            c.server_names = info.dns.into_iter().chain(info.ips.iter().map(|ip| ip.to_string())).collect();
         }
+        c.set_server(server);
         c.start_after_restore(restored).await?;
         Ok(c)
     }
@@ -222,17 +231,13 @@ impl Controller {
         b
     }
 
-    pub(crate) fn ca(&self) -> &trellis_pki::Ca {
-        &self.keys.ca
-    }
-
     /// Checks the admin credential, in constant time.
     pub fn authenticate_admin(&self, given: Option<&str>) -> Result<()> {
         use sha2::{Digest, Sha256};
         use subtle::ConstantTimeEq;
         let given = given.ok_or(Error::AdminRequired)?;
         let digest: [u8; 32] = Sha256::digest(given.trim().as_bytes()).into();
-        if bool::from(digest.ct_eq(&self.keys.admin_sha256)) {
+        if bool::from(digest.ct_eq(&self.admin_sha256)) {
             Ok(())
         } else {
             Err(Error::AdminDenied)

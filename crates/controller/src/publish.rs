@@ -561,7 +561,7 @@ impl Controller {
         };
         let compiled = trellis_core::compile(&decl, &run.keys, &allocation, previous).map_err(|d| Error::internal("compiling", d))?;
         let rendered: HashSet<&str> = compiled.rendered.iter().map(String::as_str).collect();
-        let ca_pem = Text::from(self.ca().cert_pem());
+        let ca_pem = Text::from(self.trusted_ca_pem().as_str());
         let ca_digest = ca_pem.sha256();
         // The controller list and the next signing key (ADR 0027, 0028), the same in every bundle.
         let trust = self.run_trust().await?;
@@ -687,6 +687,9 @@ impl Controller {
         run.revision = Some(revision);
         run.hubs = hubs;
         if let Some(next) = &trust.announcing {
+            self.follow_rotation(next, &published).await?;
+        }
+        if let Some(next) = &trust.announcing_ca {
             self.follow_rotation(next, &published).await?;
         }
         run.trust = trust.text;

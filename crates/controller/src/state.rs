@@ -32,6 +32,14 @@ pub struct Config {
     pub admin_token_sha256: String,
     /// Lifetime of node certificates, in seconds.
     pub node_cert_secs: u64,
+    /// Lifetime of the controller's server certificate, in seconds (five years unless set); it
+    /// is renewed while serving at two thirds of it.
+    #[serde(default = "server_cert_secs")]
+    pub server_cert_secs: u64,
+}
+
+fn server_cert_secs() -> u64 {
+    trellis_pki::SERVER_CERT_SECS
 }
 
 pub struct StateDir {
@@ -133,7 +141,7 @@ pub async fn init(dir: &Path, opts: &InitOptions) -> Result<StateDir> {
     let now = UNIX_EPOCH + Duration::from_secs(SystemClock.now().max(0) as u64);
     let ca = trellis_pki::create_ca("trellis", now, random())?;
     let ca_loaded = trellis_pki::Ca::load(&ca.cert_pem, &ca.key_pem)?;
-    let server = ca_loaded.server_cert(&hosts, now, random())?;
+    let server = ca_loaded.server_cert(&hosts, now, Duration::from_secs(trellis_pki::SERVER_CERT_SECS), random())?;
     let services = ca_loaded.services_ca("trellis", now, random())?;
     let signing = ed25519_dalek::SigningKey::from_bytes(&random());
     let admin: [u8; 32] = random();
@@ -150,6 +158,7 @@ pub async fn init(dir: &Path, opts: &InitOptions) -> Result<StateDir> {
         database_url: database_url.clone(),
         admin_token_sha256: hex::encode(Sha256::digest(admin_token.as_bytes())),
         node_cert_secs: opts.node_cert_secs,
+        server_cert_secs: trellis_pki::SERVER_CERT_SECS,
     };
     files::create_new(&dir.join("ca.key"), ca.key_pem.as_bytes(), 0o600)?;
     files::create_new(&dir.join("ca.pem"), ca.cert_pem.as_bytes(), 0o644)?;

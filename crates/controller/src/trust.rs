@@ -38,6 +38,8 @@ pub(crate) struct RunTrust {
     pub key: SigningKey,
     /// The next key this run announces (base64 of its public half), while a rotation is open.
     pub announcing: Option<String>,
+    /// The next CA this run announces (its fingerprint, hex), while a CA rotation is open.
+    pub announcing_ca: Option<String>,
 }
 
 fn b64(key: &ed25519_dalek::VerifyingKey) -> String {
@@ -201,11 +203,17 @@ impl Controller {
         let evidence = self.store.evidence_summary().await?;
         for r in records {
             let announced = self.store.announced(&r.next_key).await?;
+            // A CA is confirmed by a node that also holds a certificate it issued (ADR 0029).
+            let holding = match (r.kind.as_str(), r.completed_at) {
+                (crate::authority::CA_ROTATION, None) => Some(self.holding_certificates_of(&r.next_key).await?),
+                _ => None,
+            };
             let (mut confirmed, mut waiting) = (Vec::new(), Vec::new());
             for node in &active {
                 let applied = evidence.get(node).and_then(|e| e.applied_version);
+                let holds = holding.as_ref().is_none_or(|h| h.contains(node));
                 match (announced.get(node), applied) {
-                    (Some(v), Some(a)) if a >= *v => confirmed.push(node.clone()),
+                    (Some(v), Some(a)) if a >= *v && holds => confirmed.push(node.clone()),
                     _ => waiting.push(node.clone()),
                 }
             }
@@ -232,7 +240,10 @@ impl Controller {
     /// What this publish run delivers in `trust.toml` and signs with. A rotation completed
     /// (here or by another replica) makes its key the current one first, and retires the old.
     pub(crate) async fn run_trust(&self) -> Result<RunTrust> {
-        let rotation = self.store.rotations().await?.into_iter().find(|r| r.kind == SIGNING_KEY);
+        let rotations = self.store.rotations().await?;
+        let ca_rotation = rotations.iter().find(|r| r.kind == crate::authority::CA_ROTATION);
+        let (ca, next_ca, announcing_ca) = self.run_ca(ca_rotation).await?;
+        let rotation = rotations.into_iter().find(|r| r.kind == SIGNING_KEY);
         let mut announcing = None;
         if let Some(r) = &rotation {
             let current = b64(&self.signing_key().verifying_key());
@@ -256,8 +267,8 @@ impl Controller {
         let list = self.controllers().await?;
         let next_signing_key =
             announcing.as_ref().and_then(|k| base64::engine::general_purpose::STANDARD.decode(k).ok()).and_then(|b| b.try_into().ok());
-        let text = TrustFile { controllers: list.controllers, server_names: list.server_names, next_signing_key }.write();
-        Ok(RunTrust { text, key: self.signing_key(), announcing })
+        let text = TrustFile { controllers: list.controllers, server_names: list.server_names, next_signing_key, ca, next_ca }.write();
+        Ok(RunTrust { text, key: self.signing_key(), announcing, announcing_ca })
     }
 
     /// The rotation to `next_key` completed: its key signs from now on; the old one is kept as
@@ -286,9 +297,11 @@ impl Controller {
         Ok(())
     }
 
-    /// After a run that announced `next_key`: records the version each node published in it
-    /// first announced it, and completes the rotation once every active node applied such a
-    /// version, or its overlap passed (then asks for a run, which signs with the new key).
+    /// After a run that announced `next_key` (a signing key, or a CA's fingerprint): records the
+    /// version each node published in it first announced it, and completes the rotation once
+    /// every active node applied such a version (for a CA, and holds a certificate it issued),
+    /// or its overlap passed (then asks for a run, which signs with the new key, or trusts the
+    /// new CA only).
     pub(crate) async fn follow_rotation(&self, next_key: &str, published: &[(String, i64)]) -> Result<()> {
         self.store.record_announced(next_key, published).await?;
         let Some(r) = self.rotations().await?.into_iter().find(|r| r.next_key == next_key) else { return Ok(()) };
@@ -307,9 +320,13 @@ impl Controller {
             "evidence" => format!("every active node ({}) applied a bundle announcing it", r.confirmed.len()),
             _ => format!("the overlap passed with {} node(s) not confirmed: {}", r.waiting.len(), r.waiting.join(", ")),
         };
-        let audit = Audit { at: now, actor: "controller", action: AuditAction::SigningKeyRotationCompleted, subject: next_key, detail };
+        let (action, what) = match r.kind.as_str() {
+            crate::authority::CA_ROTATION => (AuditAction::CaRotationCompleted, "mesh CA"),
+            _ => (AuditAction::SigningKeyRotationCompleted, "signing key"),
+        };
+        let audit = Audit { at: now, actor: "controller", action, subject: next_key, detail };
         if self.store.complete_rotation(next_key, now, by, &audit).await? {
-            tracing::info!("the rotation of the signing key completed ({by})");
+            tracing::info!("the rotation of the {what} completed ({by})");
             self.ask_publish();
         }
         Ok(())
@@ -317,7 +334,7 @@ impl Controller {
 
     /// Evidence arrived: while a rotation is open, the next look may find it confirmed.
     pub(crate) fn rotation_evidence(&self) {
-        if self.signing.read().expect("signing").next.is_some() {
+        if self.signing.read().expect("signing").next.is_some() || self.next_ca_fingerprint().is_some() {
             self.rotation_due.store(true, std::sync::atomic::Ordering::SeqCst);
         }
     }
@@ -326,10 +343,16 @@ impl Controller {
     /// passed (`overlap`: look whether or not evidence arrived). The server calls it every tick.
     pub async fn settle_rotation(&self, overlap: bool) -> Result<()> {
         let next = self.signing.read().expect("signing").next.as_ref().map(|k| b64(&k.verifying_key()));
-        let Some(next) = next else { return Ok(()) };
+        let next_ca = self.next_ca_fingerprint();
+        if next.is_none() && next_ca.is_none() {
+            return Ok(());
+        }
         if !self.rotation_due.swap(false, std::sync::atomic::Ordering::SeqCst) && !overlap {
             return Ok(());
         }
-        self.follow_rotation(&next, &[]).await
+        for key in next.iter().chain(next_ca.iter()) {
+            self.follow_rotation(key, &[]).await?;
+        }
+        Ok(())
     }
 }

@@ -22,7 +22,18 @@ pub struct TrustFile {
     /// The bundle-signing public key announced to replace the current one: bundles and
     /// freshness stamps signed with it are taken, and once one is, the current key is not.
     pub next_signing_key: Option<[u8; 32]>,
+    /// SHA-256 of the mesh CA the controller holds as current, once the mesh has rotated (or is
+    /// rotating) its CA (ADR 0029): a node that holds the announced next CA under this
+    /// fingerprint makes it its only CA.
+    pub ca: Option<[u8; 32]>,
+    /// The next mesh CA's certificate (PEM), announced in bundles signed by the current key
+    /// while a CA rotation is open: the node trusts it beside the current one, and renews its
+    /// certificate under it.
+    pub next_ca: Option<String>,
 }
+
+/// The most bytes `next_ca` holds (one PEM certificate).
+pub const MAX_CA_PEM: usize = 8 * 1024;
 
 impl TrustFile {
     /// The file's text, keys in a fixed order.
@@ -35,6 +46,13 @@ impl TrustFile {
         if let Some(key) = &self.next_signing_key {
             s.push_str("# The bundle-signing key that comes next (`trellis rotate signing-key`).\n");
             let _ = writeln!(s, "next_signing_key = \"{}\"", base64::engine::general_purpose::STANDARD.encode(key));
+        }
+        if let Some(fp) = &self.ca {
+            s.push_str("# The mesh CA (SHA-256 of its certificate) and the one that comes next (`trellis rotate ca`).\n");
+            let _ = writeln!(s, "ca = \"{}\"", crate::token::hex(fp));
+        }
+        if let Some(pem) = &self.next_ca {
+            let _ = writeln!(s, "next_ca = \"{}\"", pem.replace('\n', "\\n"));
         }
         s
     }
@@ -67,6 +85,22 @@ impl TrustFile {
                         .ok_or_else(|| err("`next_signing_key` is not 32 bytes of base64".into()))?;
                     file.next_signing_key = Some(key);
                 }
+                "ca" => {
+                    let fp = value
+                        .get_ref()
+                        .as_str()
+                        .and_then(fingerprint)
+                        .ok_or_else(|| err("`ca` is not 64 hex digits".into()))?;
+                    file.ca = Some(fp);
+                }
+                "next_ca" => {
+                    let pem = value.get_ref().as_str().ok_or_else(|| err("`next_ca` must be a string".into()))?;
+                    let pem_chars = pem.bytes().all(|b| b.is_ascii_alphanumeric() || b"+/=- \n".contains(&b));
+                    if pem.len() > MAX_CA_PEM || !pem_chars || !pem.starts_with("-----BEGIN CERTIFICATE-----") {
+                        return Err(err(format!("`next_ca` is not one PEM certificate of at most {MAX_CA_PEM} bytes")));
+                    }
+                    file.next_ca = Some(pem.to_string());
+                }
                 other => return Err(err(format!("unknown key `{other}`"))),
             }
         }
@@ -97,6 +131,18 @@ pub fn controller_address(s: &str) -> bool {
     name && port.parse::<u16>().is_ok_and(|p| p > 0)
 }
 
+/// 64 lower- or upper-case hex digits as 32 bytes.
+fn fingerprint(s: &str) -> Option<[u8; 32]> {
+    if s.len() != 64 || !s.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
 /// A `trust.toml` this reader refuses.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TrustFileError {
@@ -117,12 +163,13 @@ mod tests {
 
     #[test]
     fn reads_back_what_it_writes_and_refuses_what_it_does_not_know() {
-        let plain =
-            TrustFile { controllers: vec!["127.0.0.1:8443".into()], server_names: vec!["127.0.0.1".into()], next_signing_key: None };
+        let plain = TrustFile { controllers: vec!["127.0.0.1:8443".into()], server_names: vec!["127.0.0.1".into()], ..Default::default() };
         let rotating = TrustFile {
             controllers: vec!["c1.acme.example:8443".into(), "[fd00::1]:8443".into()],
             server_names: vec!["c1.acme.example".into(), "fd00::1".into()],
             next_signing_key: Some([9; 32]),
+            ca: Some([7; 32]),
+            next_ca: Some("-----BEGIN CERTIFICATE-----\nMIIB+zCC\n-----END CERTIFICATE-----\n".into()),
         };
         for f in [plain, rotating] {
             assert_eq!(TrustFile::parse(&f.write()), Ok(f.clone()), "{}", f.write());
@@ -133,6 +180,11 @@ mod tests {
             ("controllers = [\"a:1\"]\n", "no `server_names`"),
             ("controllers = [\"a:1\"]\nserver_names = []\nnext_signing_key = \"AAAA\"\n", "`next_signing_key` is not 32 bytes of base64"),
             ("controllers = [\"a:1\"]\nserver_names = []\nroot_keys = []\n", "unknown key `root_keys`"),
+            ("controllers = [\"a:1\"]\nserver_names = []\nca = \"abcd\"\n", "`ca` is not 64 hex digits"),
+            (
+                "controllers = [\"a:1\"]\nserver_names = []\nnext_ca = \"-----BEGIN CERTIFICATE-----\\n<script>\"\n",
+                "`next_ca` is not one PEM certificate of at most 8192 bytes",
+            ),
         ] {
             assert_eq!(TrustFile::parse(text).map_err(|e| e.problem), Err(problem.to_string()), "{text}");
         }

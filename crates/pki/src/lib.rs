@@ -40,6 +40,19 @@ fn odt(t: SystemTime) -> OffsetDateTime {
     OffsetDateTime::from(t)
 }
 
+/// How long the controller's server certificate lives unless configured otherwise: five years.
+pub const SERVER_CERT_SECS: u64 = 5 * 365 * 86400;
+/// How far before its making a server certificate starts: clocks this far behind still take it.
+pub const SERVER_BACKDATE_SECS: u64 = 300;
+
+/// Whether the controller's server certificate, valid from `not_before` (backdated by
+/// [`SERVER_BACKDATE_SECS`]) to `not_after`, is due for renewal at `now`: two thirds of its
+/// lifetime, counted from when it was made, have passed.
+pub fn server_renewal_due(not_before: i64, not_after: i64, now: i64) -> bool {
+    let made = not_before + SERVER_BACKDATE_SECS as i64;
+    now >= made + (not_after - made) * 2 / 3
+}
+
 /// A certificate's serial number from 16 random bytes (the caller's randomness).
 fn serial(mut b: [u8; 16]) -> SerialNumber {
     // Positive, and with no leading zero byte, so that its DER encoding (which x509 parsers
@@ -52,8 +65,21 @@ fn serial(mut b: [u8; 16]) -> SerialNumber {
 /// 16 random bytes. Its path length allows one intermediate below it: the services CA. It signs
 /// certificates only: no CRL is published, so it claims no CRL Sign (RFC 5280, 4.2.1.3).
 pub fn create_ca(mesh: &str, now: SystemTime, random: [u8; 16]) -> Result<Pair, PkiError> {
+    create_ca_named(&format!("trellis mesh CA {mesh}"), now, random)
+}
+
+/// The mesh CA that replaces the current one (`trellis rotate ca`, ADR 0029): as
+/// [`create_ca`], its common name told apart from every earlier one by the start of its serial
+/// (a certificate names its issuer by subject, so two CAs of one mesh must not share one).
+pub fn create_next_ca(mesh: &str, now: SystemTime, random: [u8; 16]) -> Result<Pair, PkiError> {
+    let mut shown = random;
+    shown[0] = (shown[0] & 0x7f) | 0x40;
+    create_ca_named(&format!("trellis mesh CA {mesh} {}", hex::encode(&shown[..4])), now, random)
+}
+
+fn create_ca_named(common_name: &str, now: SystemTime, random: [u8; 16]) -> Result<Pair, PkiError> {
     let key = KeyPair::generate()?;
-    let params = ca_params(&format!("trellis mesh CA {mesh}"), 1, now, 10 * 365, random);
+    let params = ca_params(common_name, 1, now, 10 * 365, random);
     let cert = params.self_signed(&key)?;
     Ok(Pair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
 }
@@ -99,9 +125,35 @@ impl Ca {
         fingerprint(&self.cert_der)
     }
 
+    /// The DER of the CA's own certificate.
+    pub fn cert_der(&self) -> &[u8] {
+        &self.cert_der
+    }
+
+    /// The next CA's certificate certified by this one (a cross-certificate, ADR 0029): the
+    /// same subject, key and extensions as `next`'s own, issued by this CA. A client that trusts
+    /// only this CA follows it to a certificate `next` issued; one that trusts `next` needs none.
+    /// Valid as long as `next` is, and no longer than this CA.
+    pub fn cross_certify(&self, next: &Ca, random: [u8; 16]) -> Result<String, PkiError> {
+        // The subject is made as `create_ca_named` made it, so its DER is the same.
+        let theirs = next.inspect()?;
+        let mut params = ca_params(&theirs.common_name, 1, SystemTime::UNIX_EPOCH, 0, random);
+        let at = |t: i64| OffsetDateTime::from_unix_timestamp(t).map_err(|e| PkiError::BadCert(e.to_string()));
+        params.not_before = at(theirs.not_before)?;
+        params.not_after = at(theirs.not_after.min(self.inspect()?.not_after))?;
+        params.use_authority_key_identifier_extension = true;
+        Ok(params.signed_by(next.issuer.key(), &self.issuer)?.pem())
+    }
+
+    /// What this CA's certificate says.
+    pub fn inspect(&self) -> Result<CertInfo, PkiError> {
+        inspect_der(&self.cert_der)
+    }
+
     /// The controller's TLS certificate, naming every advertised host (IP address or DNS name),
-    /// its serial number made from 16 random bytes.
-    pub fn server_cert(&self, hosts: &[String], now: SystemTime, random: [u8; 16]) -> Result<Pair, PkiError> {
+    /// valid from five minutes before `now` for `lifetime`, its serial number made from 16
+    /// random bytes.
+    pub fn server_cert(&self, hosts: &[String], now: SystemTime, lifetime: Duration, random: [u8; 16]) -> Result<Pair, PkiError> {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         for h in hosts {
@@ -120,8 +172,8 @@ impl Ca {
         // writes the second (and `CA:FALSE`) for a certificate explicitly no CA.
         params.use_authority_key_identifier_extension = true;
         params.is_ca = IsCa::ExplicitNoCa;
-        params.not_before = odt(now - Duration::from_secs(300));
-        params.not_after = odt(now + Duration::from_secs(5 * 365 * 86400));
+        params.not_before = odt(now - Duration::from_secs(SERVER_BACKDATE_SECS));
+        params.not_after = odt(now + lifetime);
         params.serial_number = Some(serial(random));
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok(Pair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
@@ -214,6 +266,15 @@ pub fn cert_public_key(cert_pem: &str) -> Result<Vec<u8>, PkiError> {
     let der = pem_to_der(cert_pem, "CERTIFICATE")?;
     let (_, cert) = X509Certificate::from_der(&der).map_err(|e| PkiError::BadCert(e.to_string()))?;
     Ok(cert.public_key().subject_public_key.data.to_vec())
+}
+
+/// Whether the certificate `cert_pem` names the subject of the CA certificate `ca_pem` as its
+/// issuer (which of two mesh CAs issued a node's certificate, during a rotation).
+pub fn issued_by_ca(cert_pem: &str, ca_pem: &str) -> Result<bool, PkiError> {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let ca_der = pem_to_der(ca_pem, "CERTIFICATE")?;
+    let (_, ca) = X509Certificate::from_der(&ca_der).map_err(|e| PkiError::BadCert(e.to_string()))?;
+    Ok(services::issued_by(&pem_to_der(cert_pem, "CERTIFICATE")?, ca.subject().as_raw()))
 }
 
 pub fn fingerprint(der: &[u8]) -> [u8; 32] {

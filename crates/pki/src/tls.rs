@@ -22,21 +22,42 @@ fn key_der(key_pem: &str) -> Result<PrivateKeyDer<'static>, PkiError> {
     Ok(PrivateKeyDer::Pkcs8(der.into()))
 }
 
+/// Every certificate in a PEM text, in order (a CA file may hold several: the current mesh CA
+/// and, during a rotation, the next one).
+pub fn certificates(pem_text: &str) -> Result<Vec<CertificateDer<'static>>, PkiError> {
+    let mut out = Vec::new();
+    let mut rest = pem_text;
+    while let Some(at) = rest.find("-----BEGIN CERTIFICATE-----") {
+        let der = pem_to_der(&rest[at..], "CERTIFICATE")?;
+        out.push(CertificateDer::from(der));
+        let end = rest[at..].find("-----END CERTIFICATE-----").map_or(rest.len(), |e| at + e + "-----END CERTIFICATE-----".len());
+        rest = &rest[end..];
+    }
+    if out.is_empty() {
+        return Err(PkiError::BadCert("no CERTIFICATE block".into()));
+    }
+    Ok(out)
+}
+
 fn roots(ca_pem: &str) -> Result<RootCertStore, PkiError> {
     let mut roots = RootCertStore::empty();
-    roots.add(CertificateDer::from(pem_to_der(ca_pem, "CERTIFICATE")?)).map_err(|e| PkiError::BadCert(e.to_string()))?;
+    for der in certificates(ca_pem)? {
+        roots.add(der).map_err(|e| PkiError::BadCert(e.to_string()))?;
+    }
     Ok(roots)
 }
 
-/// The controller: presents `[server, ca]`, and asks for (but does not require) a client
-/// certificate issued by the mesh CA. Handlers decide which endpoints need one.
-pub fn server_config(server_pem: &str, server_key_pem: &str, ca_pem: &str) -> Result<ServerConfig, PkiError> {
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca_pem)?), provider())
+/// The controller: presents its certificate followed by `chain_pem` (the mesh CA; during a CA
+/// rotation also the cross-certificate and both CAs, ADR 0029), and asks for (but does not
+/// require) a client certificate issued by a CA of `client_roots_pem`. Handlers decide which
+/// endpoints need one.
+pub fn server_config(server_pem: &str, server_key_pem: &str, chain_pem: &str, client_roots_pem: &str) -> Result<ServerConfig, PkiError> {
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots(client_roots_pem)?), provider())
         .allow_unauthenticated()
         .build()
         .map_err(|e| PkiError::BadCert(e.to_string()))?;
-    let chain =
-        vec![CertificateDer::from(pem_to_der(server_pem, "CERTIFICATE")?), CertificateDer::from(pem_to_der(ca_pem, "CERTIFICATE")?)];
+    let mut chain = vec![CertificateDer::from(pem_to_der(server_pem, "CERTIFICATE")?)];
+    chain.extend(certificates(chain_pem)?);
     let mut cfg = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| PkiError::BadCert(e.to_string()))?
@@ -114,7 +135,10 @@ impl ServerCertVerifier for PinnedCa {
         let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
             .build()
             .map_err(|e| rustls::Error::General(e.to_string()))?;
-        inner.verify_server_cert(end_entity, &[], server_name, ocsp, now)
+        // The path may pass through the other certificates presented: during a CA rotation the
+        // server's certificate is the next CA's, reached from the current one by its
+        // cross-certificate (ADR 0029).
+        inner.verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
     }
 
     fn verify_tls12_signature(

@@ -19,7 +19,7 @@ fn node_and_server_certificates_pass_strict_verification_and_the_ca_claims_no_cr
     let ca = Ca::load(&pair.cert_pem, &pair.key_pem).unwrap();
     let (_key, csr) = node_key_and_csr("db-1").unwrap();
     let node = ca.sign_node(&csr, "db-1", "acme", now, Duration::from_secs(86400), [2; 16]).unwrap();
-    let server = ca.server_cert(&["127.0.0.1".into(), "controller.acme.example".into()], now, [3; 16]).unwrap();
+    let server = ca.server_cert(&["127.0.0.1".into(), "controller.acme.example".into()], now, std::time::Duration::from_secs(trellis_pki::SERVER_CERT_SECS), [3; 16]).unwrap();
 
     let dir = TempDir::new("pki-strict");
     std::fs::write(dir.join("ca.pem"), &pair.cert_pem).unwrap();
@@ -60,7 +60,7 @@ fn the_server_certificate_and_the_ca_are_valid_for_a_clock_five_minutes_behind()
     let now = SystemTime::now();
     let pair = create_ca("acme", now, [1; 16]).unwrap();
     let ca = Ca::load(&pair.cert_pem, &pair.key_pem).unwrap();
-    let server = ca.server_cert(&["127.0.0.1".into()], now, [3; 16]).unwrap();
+    let server = ca.server_cert(&["127.0.0.1".into()], now, std::time::Duration::from_secs(trellis_pki::SERVER_CERT_SECS), [3; 16]).unwrap();
     let dir = TempDir::new("pki-skew");
     std::fs::write(dir.join("ca.pem"), &pair.cert_pem).unwrap();
     std::fs::write(dir.join("server.pem"), &server.cert_pem).unwrap();

@@ -43,6 +43,12 @@ crate::state::states! {
         /// Every node that sent a route or relayed traffic through a node that no longer
         /// carries it applied a bundle that does not (ADR 0022).
         RoutesWithdrawn = "routes withdrawal completed",
+        /// A next mesh CA announced; node and server certificates are issued under it (ADR 0029).
+        CaRotationStarted = "CA rotation started",
+        /// Only the next mesh CA is trusted, from now on.
+        CaRotationCompleted = "CA rotation completed",
+        /// The controller's server certificate renewed while serving.
+        ServerCertificateRenewed = "server certificate renewed",
     }
 }
 
@@ -259,6 +265,9 @@ mod tests {
                 "signing key rotation started",
                 "signing key rotation completed",
                 "routes withdrawal completed",
+                "CA rotation started",
+                "CA rotation completed",
+                "server certificate renewed",
             ]
         );
         for a in AuditAction::ALL {

@@ -234,15 +234,27 @@ pub struct SigningKeyRotation {
     pub overlap_secs: u64,
 }
 
-/// A rotation as the controller follows it (ADR 0027): announced in bundles signed by the
+/// Starts a rotation of the mesh CA to the CA the controller's state directory holds as
+/// `ca.next.pem` and `ca.next.key` (ADR 0029), whose SHA-256 fingerprint this names.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CaRotation {
+    /// SHA-256 of the next CA's certificate (DER), 64 hex digits.
+    pub next_ca_fingerprint: String,
+    /// How long nodes that are away are waited for, at most, in seconds.
+    pub overlap_secs: u64,
+}
+
+/// A rotation as the controller follows it (ADR 0027, 0029): announced in bundles signed by the
 /// current key, then, once every active node applied a bundle announcing it (or the overlap
 /// passed), the only key bundles are signed with.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Rotation {
-    /// What is rotated: `signing-key`.
+    /// What is rotated: `signing-key` or `ca`.
     pub kind: String,
-    /// The next key (base64 of its public half).
+    /// The next key: base64 of a signing key's public half, or the next CA's SHA-256 (hex).
     pub next_key: String,
     pub started_at: i64,
     pub overlap_secs: i64,
@@ -251,7 +263,8 @@ pub struct Rotation {
     pub completed_at: Option<i64>,
     /// `evidence` (every active node confirmed) or `overlap`.
     pub completed_by: Option<String>,
-    /// Active nodes that applied a bundle announcing the key.
+    /// Active nodes that applied a bundle announcing the key (for a CA, and that hold a node
+    /// certificate it issued).
     pub confirmed: Vec<String>,
     /// Active nodes that have not yet.
     pub waiting: Vec<String>,

@@ -76,10 +76,42 @@ fn admit(open: &Arc<std::sync::Mutex<Open>>, source: std::net::IpAddr, limits: &
     Some(Slot { open: open.clone(), source })
 }
 
+/// The TLS configuration connections are accepted with, built again when what the controller
+/// presents or accepts changes (a renewed server certificate, a CA rotation; ADR 0029).
+struct Tls {
+    generation: u64,
+    acceptor: TlsAcceptor,
+}
+
+fn tls_for(controller: &Controller) -> Result<Tls> {
+    let generation = controller.tls_generation();
+    let m = controller.tls_material().context("this controller has no server certificate")?;
+    let cfg = trellis_pki::tls::server_config(&m.server_pem, &m.server_key_pem, &m.chain_pem, &m.client_roots_pem)?;
+    Ok(Tls { generation, acceptor: TlsAcceptor::from(Arc::new(cfg)) })
+}
+
+/// The acceptor for the next connection: the one held, or a new one if the controller's
+/// certificates moved (a configuration that cannot be built keeps the one held, and says why).
+fn current_acceptor(controller: &Controller, tls: &mut Tls) -> TlsAcceptor {
+    if controller.tls_generation() != tls.generation {
+        match tls_for(controller) {
+            Ok(t) => {
+                tracing::info!("serving with the controller's new certificates");
+                *tls = t;
+            }
+            Err(e) => {
+                tracing::error!("the controller's new certificates cannot be served, the previous ones are: {e:#}");
+                tls.generation = controller.tls_generation();
+            }
+        }
+    }
+    tls.acceptor.clone()
+}
+
 pub struct Server {
     pub listener: TcpListener,
     pub controller: Arc<Controller>,
-    acceptor: TlsAcceptor,
+    tls: Tls,
     limits: Limits,
     open: Arc<std::sync::Mutex<Open>>,
     /// Plain HTTP for Prometheus (`GET /metrics`), when asked for.
@@ -96,13 +128,13 @@ impl Server {
     /// taken as restored from a backup and recovered from, not refused (`Controller::open`).
     pub async fn bind_restored(state: &StateDir, database_url: Option<&str>, listen: Option<&str>, restored: bool) -> Result<Server> {
         let controller = Controller::open(state, database_url, restored).await?;
-        let tls = trellis_pki::tls::server_config(&state.read("server.pem")?, &state.read("server.key")?, &state.read("ca.pem")?)?;
+        let tls = tls_for(&controller)?;
         let addr: SocketAddr = listen.unwrap_or(&state.config.listen).parse().context("the listen address is not IP:PORT")?;
         let listener = TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
         Ok(Server {
             listener,
             controller: Arc::new(controller),
-            acceptor: TlsAcceptor::from(Arc::new(tls)),
+            tls,
             limits: Limits::default(),
             open: Default::default(),
             metrics: None,
@@ -154,6 +186,10 @@ impl Server {
                     }
                     n += 1;
                     if n % 10 == 0 {
+                        // The server certificate, renewed at two thirds of its lifetime.
+                        if let Err(e) = c.renew_server_cert_if_due().await {
+                            tracing::error!("renewing the server certificate failed: {e}");
+                        }
                         c.flush_contacts().await;
                         // Pools' members out of contact for their pool's ephemeral_after.
                         if let Err(e) = c.sweep_members().await {
@@ -174,8 +210,8 @@ impl Server {
         // Decisions ask for publish runs; this task makes them, one at a time.
         let publishing = tokio::spawn(self.controller.clone().publishing());
         let metrics = self.metrics.take().map(|l| tokio::spawn(crate::metrics::serve(l, self.controller.clone())));
-        let Server { listener, controller, acceptor, limits, open, .. } = self;
-        let result = accept_loop(listener, &controller, acceptor, limits, &open, router, shutdown).await;
+        let Server { listener, controller, tls, limits, open, .. } = self;
+        let result = accept_loop(listener, &controller, tls, limits, &open, router, shutdown).await;
         // The listener is closed: no new connection. Long-polls answer now; requests in flight
         // (a decision among them) finish and are answered.
         controller.stop();
@@ -212,7 +248,7 @@ pub const DRAIN: Duration = Duration::from_secs(20);
 async fn accept_loop(
     listener: TcpListener,
     controller: &Arc<Controller>,
-    acceptor: TlsAcceptor,
+    mut tls: Tls,
     limits: Limits,
     open: &Arc<std::sync::Mutex<Open>>,
     router: axum::Router,
@@ -237,7 +273,7 @@ async fn accept_loop(
             continue;
         };
         let _ = tcp.set_nodelay(true);
-        let acceptor = acceptor.clone();
+        let acceptor = current_acceptor(controller, &mut tls);
         let router = router.clone();
         let stopped = controller.stopped();
         tokio::spawn(async move {

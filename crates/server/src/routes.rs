@@ -67,6 +67,7 @@ pub(crate) fn api() -> OpenApiRouter<Shared> {
         .routes(routes!(crate::certs::list_certificates))
         .routes(routes!(crate::trust::list_controllers, crate::trust::add_controller, crate::trust::remove_controller))
         .routes(routes!(crate::trust::rotate_signing_key))
+        .routes(routes!(crate::trust::rotate_ca))
         .routes(routes!(crate::trust::rotations))
         .routes(routes!(crate::ui::page))
 }

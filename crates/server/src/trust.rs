@@ -1,5 +1,5 @@
 //! The routes of what nodes trust beyond the CA (issue 21): the controller list nodes are given
-//! (ADR 0028) and rotations of the bundle-signing key (ADR 0027). Each calls one decision.
+//! (ADR 0028) and rotations of the bundle-signing key (ADR 0027) and of the mesh CA (ADR 0029). Each calls one decision.
 
 use std::sync::Arc;
 
@@ -54,6 +54,11 @@ pub(crate) async fn rotate_signing_key(
     Body(req): Body<proto::SigningKeyRotation>,
 ) -> Answer<proto::Rotation> {
     logged(c.rotate_signing_key(&req).await)
+}
+
+#[utoipa::path(post, path = "/v1/admin/rotations/ca", tag = "admin", security(("admin" = [])), request_body = proto::CaRotation, responses((status = 200, description = "The rotation, started: the next CA is announced in signed bundles, and node and server certificates are issued under it", body = proto::Rotation), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
+pub(crate) async fn rotate_ca(State(c): State<Shared>, _: Admin, Body(req): Body<proto::CaRotation>) -> Answer<proto::Rotation> {
+    logged(c.rotate_ca(&req).await)
 }
 
 #[utoipa::path(get, path = "/v1/admin/rotations", tag = "admin", security(("admin" = [])), responses((status = 200, description = "Every rotation, newest first, with the active nodes that confirmed it and those it waits for", body = Vec<proto::Rotation>), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]

@@ -71,6 +71,7 @@ pub async fn controller(db: Database) -> Fixture {
         database_url: db.to_string(),
         admin_token_sha256: String::new(),
         node_cert_secs: 3600,
+        server_cert_secs: trellis_pki::SERVER_CERT_SECS,
     };
     let clock = Arc::new(TestClock(AtomicI64::new(T0)));
     let c = Controller::new(store, config, keys, clock.clone(), Arc::new(Counting(AtomicU64::new(0))));

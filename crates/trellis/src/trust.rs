@@ -1,5 +1,5 @@
 //! `trellis controllers` (the controller list nodes are given in their bundles, ADR 0028) and
-//! `trellis rotate` (the bundle-signing key, ADR 0027).
+//! `trellis rotate` (the bundle-signing key, ADR 0027; the mesh CA, ADR 0029).
 
 use std::process::ExitCode;
 
@@ -36,6 +36,14 @@ pub enum ControllersCommand {
 pub enum RotateCommand {
     /// Make a new bundle-signing key and announce it in bundles signed by the current one; once every active node applied such a bundle (or the overlap passed), bundles are signed with the new key only and agents refuse the old one (audited)
     SigningKey {
+        /// How long to wait, at most, for nodes that are away (90s, 30m, 24h, 7d)
+        #[arg(long, default_value = "24h", value_parser = crate::admin::parse_duration)]
+        overlap: u64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make a new mesh CA and announce it in signed bundles; node and server certificates are issued under it from now on, agents trust both and renew onto it; once every active node applied such a bundle and holds a certificate of the new CA (or the overlap passed), only the new CA is trusted (audited)
+    Ca {
         /// How long to wait, at most, for nodes that are away (90s, 30m, 24h, 7d)
         #[arg(long, default_value = "24h", value_parser = crate::admin::parse_duration)]
         overlap: u64,
@@ -154,6 +162,24 @@ pub fn rotate(cmd: RotateCommand, conn: &Conn) -> Result<ExitCode> {
                     "replicas on other machines need {} in their state directory; follow with `trellis rotate status`",
                     path.display()
                 );
+            } else {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            }
+        }
+        RotateCommand::Ca { overlap, json } => {
+            let Some(dir) = conn.state_dir() else {
+                bail!("rotate ca writes the next CA into the controller's state directory: give --state-dir DIR on its machine");
+            };
+            let (cert, key) = (dir.join(trellis_controller::authority::NEXT_CA_CERT), dir.join(trellis_controller::authority::NEXT_CA_KEY));
+            let fingerprint = trellis_controller::authority::prepare_next_ca(dir)?;
+            let r = rt.block_on(client.rotate_ca(&proto::CaRotation { next_ca_fingerprint: fingerprint, overlap_secs: overlap }))?;
+            if !json {
+                println!(
+                    "announcing the next mesh CA {} in every bundle; node and server certificates are issued under it, and it is the only CA once every active node holds one (at the latest {})",
+                    printable(&r.next_key),
+                    date(r.completes_by)
+                );
+                println!("new tokens carry its fingerprint; replicas on other machines need {} and {} in their state directory; follow with `trellis rotate status`", cert.display(), key.display());
             } else {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             }

@@ -1,0 +1,393 @@
+//! The mesh CA, the services CA and the controller's server certificate, as they change while
+//! the controller serves (ADR 0029): `trellis rotate ca` announces a next CA in signed bundles;
+//! from then on node and server certificates are issued under it, and clients that trust only
+//! the current CA reach it through a cross-certificate; once every active node applied a bundle
+//! announcing it and holds a certificate it issued (or the overlap passed), it is the only CA.
+//! The server certificate is renewed at two thirds of its lifetime, while serving.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use trellis_pki::{Ca, Pair, ServicesCa};
+use trellis_proto::{self as proto, AuditAction};
+use trellis_store::{Audit, RotationRecord, StoreError};
+
+use crate::trust::MAX_OVERLAP_SECS;
+use crate::{Controller, Error, Result};
+
+/// The kind a CA rotation is recorded as.
+pub const CA_ROTATION: &str = "ca";
+/// The next mesh CA, written by `trellis rotate ca` into the state directory before the
+/// rotation starts (the key 0600), read by every replica from its own copy.
+pub const NEXT_CA_CERT: &str = "ca.next.pem";
+pub const NEXT_CA_KEY: &str = "ca.next.key";
+/// The CA trusted before the last rotation completed (its certificate only: its key is gone).
+pub const RETIRED_CA_CERT: &str = "ca.retired.pem";
+
+/// A next CA, held while its rotation is open.
+pub(crate) struct NextCa {
+    ca: Arc<Ca>,
+    subject: Vec<u8>,
+    /// SHA-256 of its certificate, hex: the rotation's key.
+    fingerprint: String,
+    /// The next CA certified by the current one.
+    cross: String,
+}
+
+/// What the controller issues and trusts certificates with now.
+pub(crate) struct Authority {
+    current: Arc<Ca>,
+    current_subject: Vec<u8>,
+    next: Option<NextCa>,
+    services: Option<Arc<ServicesCa>>,
+    /// The server certificate and key (none for a controller made in process).
+    server: Option<Pair>,
+}
+
+impl Authority {
+    pub(crate) fn new(ca: Ca, services: Option<ServicesCa>) -> Authority {
+        Authority { current_subject: ca.subject_der(), current: Arc::new(ca), next: None, services: services.map(Arc::new), server: None }
+    }
+}
+
+/// What the server presents and accepts: its certificate and key, the chain after it, and the
+/// CAs whose client certificates it takes (PEM each).
+#[derive(Clone, Debug)]
+pub struct TlsMaterial {
+    pub server_pem: String,
+    pub server_key_pem: String,
+    pub chain_pem: String,
+    pub client_roots_pem: String,
+}
+
+fn hex_fingerprint(ca: &Ca) -> String {
+    hex::encode(ca.fingerprint())
+}
+
+impl Controller {
+    fn authority(&self) -> std::sync::RwLockReadGuard<'_, Authority> {
+        self.authority.read().expect("authority")
+    }
+
+    /// The CA node certificates are issued under now: the next one while a rotation is open.
+    pub(crate) fn ca(&self) -> Arc<Ca> {
+        let a = self.authority();
+        a.next.as_ref().map_or_else(|| a.current.clone(), |n| n.ca.clone())
+    }
+
+    /// The CAs a node, or a service's client, trusts now (PEM, the current one first): what
+    /// bundles deliver as `ca.pem` and service certificates come with.
+    pub(crate) fn trusted_ca_pem(&self) -> String {
+        let a = self.authority();
+        let mut pem = a.current.cert_pem().to_string();
+        if let Some(n) = &a.next {
+            pem.push_str(n.ca.cert_pem());
+        }
+        pem
+    }
+
+    /// The services intermediate CA, if this controller has one.
+    pub(crate) fn services_ca(&self) -> Option<Arc<ServicesCa>> {
+        self.authority().services.clone()
+    }
+
+    /// Whether a certificate was issued by a mesh CA trusted now (not by the services CA).
+    pub(crate) fn issued_by_mesh_ca(&self, cert_der: &[u8]) -> bool {
+        let a = self.authority();
+        trellis_pki::services::issued_by(cert_der, &a.current_subject)
+            || a.next.as_ref().is_some_and(|n| trellis_pki::services::issued_by(cert_der, &n.subject))
+    }
+
+    /// Changes each time what the server presents or accepts changes; the server builds its TLS
+    /// configuration again when it does.
+    pub fn tls_generation(&self) -> u64 {
+        self.tls_generation.load(Ordering::SeqCst)
+    }
+
+    /// What the server presents and accepts now; none for a controller made in process.
+    pub fn tls_material(&self) -> Option<TlsMaterial> {
+        let a = self.authority();
+        let server = a.server.as_ref()?;
+        // While a rotation is open the server's certificate is the next CA's: a client that
+        // trusts only the current CA follows the cross-certificate; a first contact pinned to
+        // either fingerprint finds its CA among those presented.
+        let (chain_pem, client_roots_pem) = match &a.next {
+            Some(n) => (
+                format!("{}{}{}", n.cross, n.ca.cert_pem(), a.current.cert_pem()),
+                format!("{}{}", a.current.cert_pem(), n.ca.cert_pem()),
+            ),
+            None => (a.current.cert_pem().to_string(), a.current.cert_pem().to_string()),
+        };
+        Some(TlsMaterial { server_pem: server.cert_pem.clone(), server_key_pem: server.key_pem.clone(), chain_pem, client_roots_pem })
+    }
+
+    /// The fingerprint of the next CA, while this controller holds one.
+    pub(crate) fn next_ca_fingerprint(&self) -> Option<String> {
+        self.authority().next.as_ref().map(|n| n.fingerprint.clone())
+    }
+
+    /// Keeps the server certificate this controller serves with.
+    pub(crate) fn set_server(&self, server: Pair) {
+        self.authority.write().expect("authority").server = Some(server);
+        self.tls_generation.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Writes a file of the state directory, if there is one.
+    fn keep(&self, name: &str, bytes: &[u8], mode: u32) -> Result<()> {
+        match &self.state_dir {
+            Some(dir) => trellis_files::replace(&dir.join(name), bytes, mode)
+                .map_err(|e| Error::internal("writing the state directory", format!("{name}: {e}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// Starts a rotation of the mesh CA to the CA in this controller's `ca.next.pem` (the one
+    /// `trellis rotate ca` wrote), whose fingerprint the request names; audited. From now on
+    /// node and server certificates are issued under it. Refused while another is in progress.
+    pub async fn rotate_ca(&self, req: &proto::CaRotation) -> Result<proto::Rotation> {
+        if req.overlap_secs == 0 || req.overlap_secs > MAX_OVERLAP_SECS {
+            return Err(Error::BadRequest(format!("the overlap must be from 1 s to {} days", MAX_OVERLAP_SECS / 86_400)));
+        }
+        let fingerprint = req.next_ca_fingerprint.to_ascii_lowercase();
+        let next = self.load_next_ca(&fingerprint)?;
+        if !next.allows_intermediate() {
+            return Err(Error::BadRequest("the next CA allows no intermediate CA below it, so it cannot certify the services CA".into()));
+        }
+        let record = RotationRecord {
+            next_key: fingerprint.clone(),
+            kind: CA_ROTATION.into(),
+            started_at: self.now(),
+            overlap_secs: req.overlap_secs as i64,
+            completed_at: None,
+            completed_by: None,
+        };
+        let audit = Audit {
+            at: record.started_at,
+            actor: "admin",
+            action: AuditAction::CaRotationStarted,
+            subject: &fingerprint,
+            detail: format!("overlap {} s; {}", req.overlap_secs, next.inspect().map(|i| i.common_name).unwrap_or_default()),
+        };
+        self.store.start_rotation(&record, &audit).await.map_err(|e| match e {
+            StoreError::RotationInProgress(key) => {
+                Error::BadRequest(format!("a rotation of the mesh CA to {key} is in progress; see `trellis rotate status`"))
+            }
+            other => other.into(),
+        })?;
+        self.adopt_next_ca(next)?;
+        self.ask_publish();
+        self.rotations()
+            .await?
+            .into_iter()
+            .find(|r| r.next_key == fingerprint)
+            .ok_or_else(|| Error::internal("starting a rotation", "not recorded"))
+    }
+
+    /// The next CA from this state directory, which must be the one named.
+    fn load_next_ca(&self, named: &str) -> Result<Ca> {
+        let Some(dir) = &self.state_dir else {
+            return Err(Error::BadRequest("this controller has no state directory to hold a next CA".into()));
+        };
+        let read = |name: &str| {
+            trellis_files::read(&dir.join(name)).map_err(|e| {
+                Error::BadRequest(format!(
+                    "cannot read {}: {e}; run `trellis rotate ca --state-dir` on this controller's state directory (and copy {NEXT_CA_CERT} and {NEXT_CA_KEY} to every replica's)",
+                    dir.join(name).display()
+                ))
+            })
+        };
+        let ca = Ca::load(&read(NEXT_CA_CERT)?, &read(NEXT_CA_KEY)?)
+            .map_err(|e| Error::BadRequest(format!("{} does not hold a CA with its key: {e}", dir.join(NEXT_CA_CERT).display())))?;
+        if hex_fingerprint(&ca) != named {
+            return Err(Error::BadRequest(format!("{} holds another CA than the one named", dir.join(NEXT_CA_CERT).display())));
+        }
+        if ca.fingerprint() == self.authority().current.fingerprint() {
+            return Err(Error::BadRequest("the next CA is the current one".into()));
+        }
+        Ok(ca)
+    }
+
+    /// Issues under `next` from now on: the cross-certificate made, the server certificate
+    /// issued under it (unless it already is, as after a restart) and the services CA certified
+    /// by it; kept in the state directory.
+    fn adopt_next_ca(&self, next: Ca) -> Result<()> {
+        let fingerprint = hex_fingerprint(&next);
+        let subject = next.subject_der();
+        let (cross, server, services) = {
+            let a = self.authority();
+            let cross = a.current.cross_certify(&next, self.random()).map_err(|e| Error::internal("cross-certifying the next CA", e))?;
+            let server = match &a.server {
+                Some(s) if !issued_under(&s.cert_pem, &subject) => Some(self.server_cert_under(&next)?),
+                _ => None,
+            };
+            let services = match &a.services {
+                Some(s) if !issued_under(s.cert_pem(), &subject) => {
+                    let pem = next
+                        .recertify_services(s, self.system_time(), self.random())
+                        .map_err(|e| Error::internal("certifying the services CA", e))?;
+                    Some(Arc::new(s.with_cert(&pem).map_err(|e| Error::internal("certifying the services CA", e))?))
+                }
+                _ => None,
+            };
+            (cross, server, services)
+        };
+        if let Some(s) = &server {
+            self.keep("server.key", s.key_pem.as_bytes(), 0o600)?;
+            self.keep("server.pem", s.cert_pem.as_bytes(), 0o644)?;
+        }
+        if let Some(s) = &services {
+            self.keep(crate::state::SERVICES_CA_CERT, s.cert_pem().as_bytes(), 0o644)?;
+        }
+        let mut a = self.authority.write().expect("authority");
+        if let Some(s) = server {
+            a.server = Some(s);
+        }
+        if let Some(s) = services {
+            a.services = Some(s);
+        }
+        a.next = Some(NextCa { ca: Arc::new(next), subject, fingerprint: fingerprint.clone(), cross });
+        drop(a);
+        self.tls_generation.fetch_add(1, Ordering::SeqCst);
+        tracing::info!("node and server certificates are issued under the next CA {fingerprint} from now on");
+        Ok(())
+    }
+
+    /// A server certificate under `ca` for the names the current one carries.
+    fn server_cert_under(&self, ca: &Ca) -> Result<Pair> {
+        let lifetime = Duration::from_secs(self.config.server_cert_secs);
+        ca.server_cert(&self.server_names, self.system_time(), lifetime, self.random())
+            .map_err(|e| Error::internal("issuing the server certificate", e))
+    }
+
+    /// The rotation to the CA `fingerprint` completed: it is the only CA from now on; the state
+    /// directory's `ca.pem` and `ca.key` are its, and the old certificate is kept as
+    /// `ca.retired.pem`.
+    fn promote_ca(&self, fingerprint: &str) -> Result<()> {
+        let held = self.authority().next.as_ref().map(|n| n.fingerprint.clone());
+        if held.as_deref() != Some(fingerprint) {
+            // A replica that never adopted it (it was stopped through the whole overlap).
+            self.adopt_next_ca(self.load_next_ca(fingerprint)?)?;
+        }
+        if let Some(dir) = &self.state_dir {
+            let key = trellis_files::read(&dir.join(NEXT_CA_KEY)).map_err(|e| Error::internal("reading the next CA's key", e))?;
+            let old = self.authority().current.cert_pem().to_string();
+            let new = self.authority().next.as_ref().map(|n| n.ca.cert_pem().to_string()).unwrap_or_default();
+            self.keep(RETIRED_CA_CERT, old.as_bytes(), 0o644)?;
+            self.keep("ca.key", key.as_bytes(), 0o600)?;
+            self.keep("ca.pem", new.as_bytes(), 0o644)?;
+            let _ = std::fs::remove_file(dir.join(NEXT_CA_KEY));
+            let _ = std::fs::remove_file(dir.join(NEXT_CA_CERT));
+        }
+        let mut a = self.authority.write().expect("authority");
+        if let Some(n) = a.next.take() {
+            a.current = n.ca;
+            a.current_subject = n.subject;
+        }
+        drop(a);
+        self.tls_generation.fetch_add(1, Ordering::SeqCst);
+        tracing::info!("the mesh CA is {fingerprint} from now on; certificates of the old one are refused");
+        Ok(())
+    }
+
+    /// What this publish run says of the mesh CA in `trust.toml` (`ca`, `next_ca`) and the CA it
+    /// announces: a rotation completed (here or by another replica) makes its CA the current one
+    /// first; one open that this replica does not hold yet is adopted from its own copy.
+    pub(crate) async fn run_ca(&self, rotation: Option<&RotationRecord>) -> Result<(Option<[u8; 32]>, Option<String>, Option<String>)> {
+        let Some(r) = rotation else { return Ok((None, None, None)) };
+        let current = hex_fingerprint(&self.authority().current);
+        if r.completed_at.is_some() && current != r.next_key {
+            self.promote_ca(&r.next_key)?;
+        } else if r.completed_at.is_none() {
+            let held = self.authority().next.as_ref().map(|n| n.fingerprint.clone());
+            if held.as_deref() != Some(&r.next_key) {
+                match self.load_next_ca(&r.next_key).and_then(|ca| self.adopt_next_ca(ca)) {
+                    Ok(()) => {}
+                    Err(e) => tracing::error!("a rotation of the mesh CA is in progress, but this replica cannot take part: {e}"),
+                }
+            }
+        }
+        let a = self.authority();
+        let next = a.next.as_ref().filter(|n| n.fingerprint == r.next_key);
+        Ok((Some(a.current.fingerprint()), next.map(|n| n.ca.cert_pem().to_string()), next.map(|n| n.fingerprint.clone())))
+    }
+
+    /// Per active node, whether it holds a certificate issued by the CA `fingerprint` (the next
+    /// one while its rotation is open).
+    pub(crate) async fn holding_certificates_of(&self, fingerprint: &str) -> Result<std::collections::HashSet<String>> {
+        let subject = {
+            let a = self.authority();
+            match (&a.next, hex_fingerprint(&a.current) == fingerprint) {
+                (Some(n), _) if n.fingerprint == fingerprint => n.subject.clone(),
+                (_, true) => a.current_subject.clone(),
+                _ => return Ok(Default::default()),
+            }
+        };
+        Ok(self
+            .store
+            .nodes()
+            .await?
+            .into_iter()
+            .filter(|r| r.cert_pem.as_deref().is_some_and(|pem| issued_under(pem, &subject)))
+            .map(|r| r.name)
+            .collect())
+    }
+
+    /// Renews the server certificate once two thirds of its lifetime have passed (counted from
+    /// when it was made), under the CA that issues now, and serves with it from the next
+    /// connection on; audited. The server calls it every few seconds.
+    pub async fn renew_server_cert_if_due(&self) -> Result<bool> {
+        let due = {
+            let a = self.authority();
+            let Some(server) = &a.server else { return Ok(false) };
+            let info = trellis_pki::inspect_pem(&server.cert_pem).map_err(|e| Error::internal("reading the server certificate", e))?;
+            trellis_pki::server_renewal_due(info.not_before, info.not_after, self.now()).then_some(info.serial)
+        };
+        let Some(old) = due else { return Ok(false) };
+        let ca = self.ca();
+        let server = self.server_cert_under(&ca)?;
+        let info = trellis_pki::inspect_pem(&server.cert_pem).map_err(|e| Error::internal("reading the server certificate", e))?;
+        self.keep("server.key", server.key_pem.as_bytes(), 0o600)?;
+        self.keep("server.pem", server.cert_pem.as_bytes(), 0o644)?;
+        self.set_server(server);
+        let audit = Audit {
+            at: self.now(),
+            actor: "controller",
+            action: AuditAction::ServerCertificateRenewed,
+            subject: &info.serial,
+            detail: format!("replaces {old}, valid until {}", trellis_proto::text::date(info.not_after)),
+        };
+        self.store.record(&audit).await?;
+        tracing::info!(serial = info.serial, "the server certificate was renewed");
+        Ok(true)
+    }
+}
+
+/// Makes the next mesh CA in the state directory `dir` (`trellis rotate ca`): `ca.next.key`
+/// (0600 before its first byte) and `ca.next.pem`; a pair made before and not yet announced
+/// (the request failed) is kept. Returns its fingerprint (hex), which the request names.
+pub fn prepare_next_ca(dir: &std::path::Path) -> anyhow::Result<String> {
+    use anyhow::Context;
+    let (cert, key) = (dir.join(NEXT_CA_CERT), dir.join(NEXT_CA_KEY));
+    let pem = if cert.exists() && key.exists() {
+        let pem = trellis_files::read(&cert)?;
+        Ca::load(&pem, &trellis_files::read(&key)?)
+            .with_context(|| format!("{} does not hold a CA with its key; remove both files and run again", cert.display()))?;
+        pem
+    } else {
+        let mut random = [0u8; 16];
+        crate::Entropy::fill(&crate::OsEntropy, &mut random);
+        let pair = trellis_pki::create_next_ca("trellis", std::time::SystemTime::now(), random)?;
+        let _ = std::fs::remove_file(&cert);
+        let _ = std::fs::remove_file(&key);
+        trellis_files::create_new(&key, pair.key_pem.as_bytes(), 0o600)?;
+        trellis_files::create_new(&cert, pair.cert_pem.as_bytes(), 0o644)?;
+        pair.cert_pem
+    };
+    Ok(hex::encode(trellis_pki::inspect_pem(&pem)?.fingerprint))
+}
+
+/// Whether the certificate in `pem` names `subject` as its issuer.
+fn issued_under(pem: &str, subject: &[u8]) -> bool {
+    trellis_pki::pem_to_der(pem, "CERTIFICATE").is_ok_and(|der| trellis_pki::services::issued_by(&der, subject))
+}
