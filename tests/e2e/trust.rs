@@ -281,3 +281,251 @@ fn a_node_away_is_waited_for_until_the_overlap_passes() {
         }
     });
 }
+
+/// SHA-256 (hex) of the first certificate in a PEM file.
+fn fingerprint_of(path: &Path) -> String {
+    let pem = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    hex::encode(trellis_pki::fingerprint(&trellis_pki::pem_to_der(&pem, "CERTIFICATE").unwrap()))
+}
+
+/// Whether the certificate in `cert` was issued by the CA in `ca` (both PEM files).
+fn issued_by(cert: &Path, ca: &Path) -> bool {
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    trellis_pki::issued_by_ca(&read(cert), &read(ca)).unwrap()
+}
+
+/// `openssl verify -x509_strict` of `cert` against the CA file `ca`.
+fn strictly_verified(ca: &Path, cert: &Path) {
+    let out = std::process::Command::new("openssl").arg("verify").arg("-x509_strict").arg("-CAfile").arg(ca).arg(cert).output().unwrap();
+    assert!(out.status.success(), "openssl verify -x509_strict {}: {}", cert.display(), String::from_utf8_lossy(&out.stderr));
+}
+
+/// The rotation of the mesh CA (ADR 0029), as an operator runs it with one node away. After
+/// `trellis rotate ca`: the agents online trust both CAs, renew onto the new one and confirm;
+/// the rotation waits for the node away. During the overlap a client that trusts only the old CA
+/// still reaches the controller (the cross-certificate), a token made before the rotation still
+/// enrols, and a new token carries the new fingerprint. Once the node away is back and renewed,
+/// the rotation completes by evidence, and from then on: every agent trusts only the new CA, no
+/// node enrolled again, a client trusting only the old CA is refused, a node certificate of the
+/// old CA is refused by the controller (the attack of a node certificate kept from before,
+/// performed: its serial is still the node's previous one), a token of the old CA is refused
+/// before its secret is sent, and a change still reaches every agent. Before, the CA made by
+/// `init` could not change.
+#[test]
+fn a_rotated_ca_is_taken_by_every_agent_and_the_old_ca_is_refused() {
+    both(|db| {
+        let c = Controller::start(db);
+        let work = TempDir::new("rotate-ca");
+        let decl = work.path().join("decl");
+        basic_with_extra_nodes(&decl, 3);
+        c.ok(&["apply", decl.to_str().unwrap()]);
+        let dir = |n: &str| work.path().join(n);
+        let root = |n: &str| work.path().join(format!("{n}-root"));
+        let mut agents = Vec::new();
+        for n in ["db-1", "api-1", "op-1"] {
+            ok(enrol(&c.token(n, &[]), &dir(n)));
+            if n != "op-1" {
+                agents.push(run_agent(&dir(n), &root(n)));
+                until_zone_names(&root(n), n).unwrap();
+            }
+        }
+        // Kept from before: the old CA, tokens of it, and db-1's state as it was (its
+        // certificate, issued by the old CA).
+        let old_ca = work.path().join("old-ca.pem");
+        std::fs::copy(c.state.join("ca.pem"), &old_ca).unwrap();
+        let (old_token_a, old_token_b) = (c.token("extra-1", &[]), c.token("extra-2", &[]));
+        crate::controller::copy_dir(&dir("db-1"), &dir("db-1-before"));
+        let admin_trusting = |ca: &Path, args: &[&str]| {
+            let mut cmd = crate::support::trellis_cmd(args);
+            cmd.args(["--server", &format!("127.0.0.1:{}", c.port), "--admin-token-file"])
+                .arg(c.state.join("admin.token"))
+                .arg("--ca-file")
+                .arg(ca);
+            cmd
+        };
+
+        let started = Instant::now();
+        let out = c.ok(&["rotate", "ca", "--overlap", "1h"]);
+        assert!(out.contains("announcing the next mesh CA"), "{out}");
+        let next_pem = c.state.join("ca.next.pem");
+        let next = fingerprint_of(&next_pem);
+        let next_copy = work.path().join("next-ca.pem");
+        std::fs::copy(&next_pem, &next_copy).unwrap();
+        fails_with(c.admin(&["rotate", "ca"]), "is in progress");
+        // The agents online trust both and renew onto the new CA.
+        for n in ["db-1", "api-1"] {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !(dir(n).join("ca.next.pem").exists() && issued_by(&dir(n).join("node.pem"), &next_copy)) {
+                assert!(Instant::now() < deadline, "{n} did not renew under the next CA");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let online = started.elapsed();
+        let status: serde_json::Value = serde_json::from_str(&c.ok(&["rotate", "status", "--json"])).unwrap();
+        let r = status.as_array().unwrap().iter().find(|r| r["kind"] == "ca").unwrap();
+        assert_eq!((r["next_key"].as_str(), r["completed_at"].as_i64()), (Some(next.as_str()), None), "{status}");
+        assert_eq!(r["waiting"], serde_json::json!(["op-1"]), "{status}");
+
+        // The overlap: a client trusting only the old CA still reaches the controller; the old
+        // token still enrols; a new token names the new CA and enrols too.
+        let out = ok(admin_trusting(&old_ca, &["nodes"]));
+        assert!(out.contains("db-1"), "{out}");
+        ok(enrol(&old_token_a, &dir("extra-1")));
+        let new_token = c.token("extra-3", &[]);
+        let decoded = trellis_core::token::EnrolmentToken::decode(&new_token).unwrap();
+        assert_eq!(hex::encode(decoded.ca_fingerprint), next, "a new token names the new CA");
+        ok(enrol(&new_token, &dir("extra-3")));
+        for n in ["extra-1", "extra-3"] {
+            assert!(issued_by(&dir(n).join("node.pem"), &next_copy), "{n} enrolled during the overlap holds a certificate of the new CA");
+            agents.push(run_agent(&dir(n), &root(n)));
+        }
+        // The node away comes back: it renews onto the new CA, and the rotation completes.
+        let back = Instant::now();
+        agents.push(run_agent(&dir("op-1"), &root("op-1")));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            let status: serde_json::Value = serde_json::from_str(&c.ok(&["rotate", "status", "--json"])).unwrap();
+            let r = status.as_array().unwrap().iter().find(|r| r["kind"] == "ca").unwrap().clone();
+            if r["completed_at"].is_i64() {
+                break r;
+            }
+            assert!(Instant::now() < deadline, "the CA rotation did not complete: {status}");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert_eq!(status["completed_by"], "evidence", "{status}");
+        let mut confirmed: Vec<&str> = status["confirmed"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
+        confirmed.sort();
+        assert_eq!(confirmed, ["api-1", "db-1", "extra-1", "extra-3", "op-1"], "{status}");
+        // Every agent trusts the new CA alone.
+        for n in ["db-1", "api-1", "op-1", "extra-1", "extra-3"] {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while dir(n).join("ca.next.pem").exists() || fingerprint_of(&dir(n).join("ca.pem")) != next {
+                assert!(Instant::now() < deadline, "{n} does not trust the new CA alone");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert!(issued_by(&dir(n).join("node.pem"), &next_copy), "{n}");
+            strictly_verified(&next_copy, &dir(n).join("node.pem"));
+        }
+        eprintln!(
+            "{db:?}: CA rotation: the 2 agents online renewed under the new CA {} ms after `trellis rotate ca`; completed {} ms after the node away came back",
+            online.as_millis(),
+            back.elapsed().as_millis()
+        );
+        // The state directory: the new CA is ca.pem (its key 0600), the old one retired; the
+        // server certificate and the services CA are the new CA's, and pass strict checks.
+        assert_eq!(fingerprint_of(&c.state.join("ca.pem")), next);
+        assert_eq!(fingerprint_of(&c.state.join("ca.retired.pem")), fingerprint_of(&old_ca));
+        assert!(!c.state.join("ca.next.pem").exists() && !c.state.join("ca.next.key").exists());
+        use std::os::unix::fs::PermissionsExt;
+        for f in ["ca.key", "server.key"] {
+            assert_eq!(std::fs::metadata(c.state.join(f)).unwrap().permissions().mode() & 0o777, 0o600, "{f}");
+        }
+        for f in ["server.pem", "services-ca.pem"] {
+            assert!(issued_by(&c.state.join(f), &next_copy), "{f}");
+            strictly_verified(&next_copy, &c.state.join(f));
+        }
+
+        // After: a client trusting only the old CA is refused by its own TLS check.
+        fails_with(admin_trusting(&old_ca, &["nodes"]), "certificate");
+        // The attack: db-1's certificate from before (the old CA's, still its previous serial),
+        // presented by a client that trusts the new CA, is refused by the controller.
+        std::fs::copy(&next_copy, dir("db-1-before").join("ca.pem")).unwrap();
+        let mut renew = agent_bin();
+        renew.args(["renew", "--force", "--state-dir", dir("db-1-before").to_str().unwrap()]);
+        let refused = renew.output().unwrap();
+        let said = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            !refused.status.success() && said.contains("UnknownCA"),
+            "a certificate of the old CA was not refused as such: {refused:?}"
+        );
+        // A token of the old CA: refused before its secret is sent.
+        fails_with(enrol(&old_token_b, &dir("extra-2")), "the controller's CA does not match the token");
+        // The controller goes on: a change reaches every agent, and no node enrolled again.
+        let mut mesh = std::fs::read_to_string(decl.join("mesh.toml")).unwrap();
+        mesh.push_str("\n[[node]]\nname = \"extra-9\"\nnetworks = [\"lan\"]\nmodules = [\"ping\"]\n");
+        std::fs::write(decl.join("mesh.toml"), mesh).unwrap();
+        c.ok(&["apply", decl.to_str().unwrap()]);
+        for n in ["db-1", "api-1", "op-1", "extra-1", "extra-3"] {
+            until_zone_names(&root(n), "extra-9").unwrap();
+        }
+        let records: serde_json::Value = serde_json::from_str(&c.ok(&["audit", "list", "--json"])).unwrap();
+        let actions: Vec<&str> = records.as_array().unwrap().iter().map(|r| r["action"].as_str().unwrap()).collect();
+        assert_eq!(actions.iter().filter(|a| **a == "node enrolled").count(), 5, "{actions:?}");
+        assert!(actions.contains(&"CA rotation started") && actions.contains(&"CA rotation completed"), "{actions:?}");
+        let audit = c.ok(&["audit", "verify"]);
+        assert!(audit.contains("audit chain verified"), "{audit}");
+        drop(agents);
+    });
+}
+
+/// The server certificate is renewed while serving (ADR 0029): one made to live 30 s is
+/// replaced 20 s after it was made, under the mesh CA, without a restart; the controller serves
+/// the new one from the next connection on (`openssl s_client` sees its serial), an agent
+/// running throughout still gets every change, and the renewal is audited. Before, the server
+/// certificate lived five years and nothing renewed it.
+#[test]
+fn the_server_certificate_is_renewed_while_serving() {
+    let mut c = Controller::start(Db::Sqlite);
+    let work = TempDir::new("server-renew");
+    let decl = work.path().join("decl");
+    basic_with_extra_nodes(&decl, 1);
+    c.ok(&["apply", decl.to_str().unwrap()]);
+    let (state, root) = (work.path().join("db-1"), work.path().join("db-1-root"));
+    ok(enrol(&c.token("db-1", &[]), &state));
+    // A server certificate made to live 30 s, and a controller configured to make such ones.
+    c.stop_serving();
+    let ctl_state = c.state.clone();
+    let read = |f: &str| std::fs::read_to_string(ctl_state.join(f)).unwrap();
+    let ca = trellis_pki::Ca::load(&read("ca.pem"), &read("ca.key")).unwrap();
+    let short = ca.server_cert(&["127.0.0.1".into()], std::time::SystemTime::now(), Duration::from_secs(30), [5; 16]).unwrap();
+    std::fs::write(c.state.join("server.pem"), &short.cert_pem).unwrap();
+    std::fs::write(c.state.join("server.key"), &short.key_pem).unwrap();
+    let config: String = read("controller.toml")
+        .lines()
+        .map(|l| if l.starts_with("server_cert_secs") { "server_cert_secs = 30\n".to_string() } else { format!("{l}\n") })
+        .collect();
+    assert!(config.contains("server_cert_secs = 30"), "{config}");
+    std::fs::write(c.state.join("controller.toml"), config).unwrap();
+    let port = c.port;
+    c.serve(port);
+    let _agent = run_agent(&state, &root);
+    until_zone_names(&root, "db-1").unwrap();
+    let first = trellis_pki::inspect_pem(&short.cert_pem).unwrap().serial;
+    let served = || {
+        let out = std::process::Command::new("openssl")
+            .args(["s_client", "-connect", &format!("127.0.0.1:{port}"), "-servername", "127.0.0.1"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let pem = text.split("-----BEGIN CERTIFICATE-----").nth(1).and_then(|r| r.split("-----END CERTIFICATE-----").next());
+        pem.map(|b| trellis_pki::inspect_pem(&format!("-----BEGIN CERTIFICATE-----{b}-----END CERTIFICATE-----\n")).unwrap().serial)
+    };
+    assert_eq!(served().as_deref(), Some(first.as_str()), "the short-lived certificate is served first");
+    let made = Instant::now();
+    let deadline = made + Duration::from_secs(40);
+    let renewed = loop {
+        match served() {
+            Some(s) if s != first => break s,
+            _ => {}
+        }
+        assert!(Instant::now() < deadline, "the server certificate was not renewed: {}", c.log(port));
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let took = made.elapsed();
+    eprintln!("the server certificate was renewed {} ms after the controller started with it", took.as_millis());
+    assert!(took >= Duration::from_secs(12), "renewed at two thirds of 30 s, not at once: {} ms", took.as_millis());
+    // The file is the one served, under the mesh CA, strictly valid, its key 0600.
+    assert_eq!(trellis_pki::inspect_pem(&read("server.pem")).unwrap().serial, renewed);
+    strictly_verified(&c.state.join("ca.pem"), &c.state.join("server.pem"));
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(c.state.join("server.key")).unwrap().permissions().mode() & 0o777, 0o600);
+    // The agent, running throughout, still gets a change; the renewal is audited.
+    let mut mesh = std::fs::read_to_string(decl.join("mesh.toml")).unwrap();
+    mesh.push_str("\n[[node]]\nname = \"extra-9\"\nnetworks = [\"lan\"]\nmodules = [\"ping\"]\n");
+    std::fs::write(decl.join("mesh.toml"), mesh).unwrap();
+    c.ok(&["apply", decl.to_str().unwrap()]);
+    until_zone_names(&root, "extra-9").unwrap();
+    let list = c.ok(&["audit", "list", "--json"]);
+    assert!(list.contains("server certificate renewed") && list.contains(&first), "{list}");
+}

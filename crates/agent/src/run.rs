@@ -266,7 +266,9 @@ impl Agent {
         match identity::adopt_ca(&self.opts.state_dir, trust.ca, trust.next_ca.as_deref()) {
             Ok(identity::CaChange::None) => return,
             Ok(identity::CaChange::Announced(fp)) => {
-                tracing::info!("the controller announced its next mesh CA {fp}: trusted beside the current one; certificates are renewed under it");
+                tracing::info!(
+                    "the controller announced its next mesh CA {fp}: trusted beside the current one; certificates are renewed under it"
+                );
                 self.certs.reissue_all();
             }
             Ok(identity::CaChange::Completed(fp)) => {

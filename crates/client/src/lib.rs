@@ -66,7 +66,7 @@ where
         let k = (start + i) % controllers.len();
         let c = &controllers[k];
         match attempt(c.clone()).await {
-            Err(Error::Send(e)) => tried.0.push((c.clone(), e.to_string())),
+            Err(Error::Send(e)) => tried.0.push((c.clone(), with_causes(&e))),
             other => {
                 last.store(k, Ordering::Relaxed);
                 return other;
@@ -74,6 +74,21 @@ where
         }
     }
     Err(Error::Unreachable(tried))
+}
+
+/// An error with what caused it, innermost last, each told once: "error sending request for
+/// url (…)" alone does not say that the TLS handshake failed, or why.
+pub fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        source = s.source();
+    }
+    parts.join(": ")
 }
 
 /// Parses an error answer: the controller's [`proto::ErrorBody`](trellis_proto::ErrorBody) when

@@ -113,10 +113,9 @@ impl Controller {
         // trusts only the current CA follows the cross-certificate; a first contact pinned to
         // either fingerprint finds its CA among those presented.
         let (chain_pem, client_roots_pem) = match &a.next {
-            Some(n) => (
-                format!("{}{}{}", n.cross, n.ca.cert_pem(), a.current.cert_pem()),
-                format!("{}{}", a.current.cert_pem(), n.ca.cert_pem()),
-            ),
+            Some(n) => {
+                (format!("{}{}{}", n.cross, n.ca.cert_pem(), a.current.cert_pem()), format!("{}{}", a.current.cert_pem(), n.ca.cert_pem()))
+            }
             None => (a.current.cert_pem().to_string(), a.current.cert_pem().to_string()),
         };
         Some(TlsMaterial { server_pem: server.cert_pem.clone(), server_key_pem: server.key_pem.clone(), chain_pem, client_roots_pem })

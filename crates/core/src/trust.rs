@@ -86,11 +86,7 @@ impl TrustFile {
                     file.next_signing_key = Some(key);
                 }
                 "ca" => {
-                    let fp = value
-                        .get_ref()
-                        .as_str()
-                        .and_then(fingerprint)
-                        .ok_or_else(|| err("`ca` is not 64 hex digits".into()))?;
+                    let fp = value.get_ref().as_str().and_then(fingerprint).ok_or_else(|| err("`ca` is not 64 hex digits".into()))?;
                     file.ca = Some(fp);
                 }
                 "next_ca" => {

@@ -131,14 +131,7 @@ impl Server {
         let tls = tls_for(&controller)?;
         let addr: SocketAddr = listen.unwrap_or(&state.config.listen).parse().context("the listen address is not IP:PORT")?;
         let listener = TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
-        Ok(Server {
-            listener,
-            controller: Arc::new(controller),
-            tls,
-            limits: Limits::default(),
-            open: Default::default(),
-            metrics: None,
-        })
+        Ok(Server { listener, controller: Arc::new(controller), tls, limits: Limits::default(), open: Default::default(), metrics: None })
     }
 
     /// The same server with other limits.
