@@ -195,9 +195,10 @@ fn lab_revoke() {
     );
 }
 
-/// The bundle-signing key rotated mid-run (ADR 0027): every agent takes the new key without
-/// enrolling again, by evidence, every expectation holds before and after, and a bundle signed with
-/// the retired key is refused by every agent.
+/// The bundle-signing key and then the mesh CA rotated mid-run (ADR 0027, 0029): every agent
+/// takes the new key and the new CA without enrolling again, by evidence, every expectation holds
+/// before, between and after, a bundle signed with the retired key is refused by every agent, and
+/// a node certificate issued with the retired CA's key is refused by the controller.
 #[test]
 fn lab_rotate() {
     if !can_run(Need::Root) {
@@ -210,8 +211,20 @@ fn lab_rotate() {
         .unwrap_or_else(|| panic!("no rotation\n{stdout}"));
     assert!(rotated.ends_with("(completed by evidence)"), "{rotated}");
     assert!(stdout.contains("step 1: a bundle signed with the retired key, 100 versions ahead: refused by 3 of 3 agents"), "{stdout}");
-    // Two rounds of the same expectations: before the rotation and after.
-    assert_eq!(stdout.lines().filter(|l| l.starts_with("FROM ")).count(), 2, "{stdout}");
+    // Then the mesh CA (ADR 0029): by evidence, no node enrolled again, and a node certificate
+    // issued with the retired CA's key refused for every node.
+    let ca = stdout
+        .lines()
+        .find(|l| l.starts_with("step 2: mesh CA rotated -> every agent (3) trusts only the new CA and holds a certificate it issued: "))
+        .unwrap_or_else(|| panic!("no CA rotation\n{stdout}"));
+    assert!(ca.ends_with("(completed by evidence); nodes enrolled again: 0"), "{ca}");
+    assert!(
+        stdout.contains("step 2: a node certificate issued with the retired CA's key: refused by the controller for 3 of 3 nodes"),
+        "{stdout}"
+    );
+    // Three rounds of the same expectations: before the rotations, between and after.
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("FROM ")).count(), 3, "{stdout}");
+    assert!(stdout.contains("15 of 15 expectations met"), "{stdout}");
 }
 
 /// Two controller replicas on a real PostgreSQL: ctl-1, which every agent long-polls, is killed

@@ -112,7 +112,10 @@ pub struct Step {
     pub renew: Option<String>,
     /// `signing-key`: `trellis rotate signing-key` through the controller (ADR 0027); the step
     /// prints the time until every agent holds only the new key, then forges a bundle with the
-    /// retired key for every agent and fails unless each refuses it.
+    /// retired key for every agent and fails unless each refuses it. `ca`: `trellis rotate ca`
+    /// (ADR 0029); the step prints the time until every agent trusts only the new CA and holds a
+    /// certificate it issued, then presents, from every node, a certificate issued with the
+    /// retired CA's key, and fails unless the controller refuses each.
     pub rotate: Option<String>,
     /// From this step on: each replaces the expectation with the same check (from, to, proto
     /// and port; or from and dns), or adds one.
@@ -466,7 +469,7 @@ fn check_expect(file: &Path, what: &str, e: &Expect) -> Result<()> {
 
 /// What every step does one of, as an error names them.
 const ONE_ACTION: &str =
-    "`kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST`, `renew = NODE` and `rotate = \"signing-key\"`";
+    "`kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST`, `renew = NODE` and `rotate = \"signing-key\"` or `\"ca\"`";
 
 /// Each step kills a controller still running (never the last one), applies a declaration or
 /// stops a pool's host, and an apply says, with expectations that are not already in force, what
@@ -525,13 +528,14 @@ fn check_steps(file: &Path, lab: &LabFile) -> Result<()> {
             continue;
         }
         if let Some(what) = &s.rotate {
-            if what != "signing-key" {
-                bail!("{}: step {n} rotates {what:?}; only \"signing-key\" rotates yet", file.display());
+            if what != "signing-key" && what != "ca" {
+                bail!("{}: step {n} rotates {what:?}; \"signing-key\" and \"ca\" rotate", file.display());
             }
             if lab.controllers().count() > 1 {
                 bail!(
-                    "{}: step {n} rotates the signing key in a lab of several controllers; the lab copies no next key to replicas yet",
-                    file.display()
+                    "{}: step {n} rotates the {} in a lab of several controllers; the lab copies no next key to replicas yet",
+                    file.display(),
+                    if what == "ca" { "mesh CA" } else { "signing key" }
                 );
             }
             for (j, e) in s.expect.iter().enumerate() {
@@ -824,8 +828,8 @@ mod tests {
             ("kill-node", kill_node, "FILE: step 1 kills `web-1`, which is not a host with role = \"controller\""),
             ("kill-twice", kill_twice, "FILE: step 2 kills `ctl-1`, which an earlier step killed"),
             ("kill-both", kill_both, "FILE: step 2 kills `ctl-2`, the last controller running; a lab keeps one"),
-            ("both", both, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST`, `renew = NODE` and `rotate = \"signing-key\"`"),
-            ("neither", neither, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST`, `renew = NODE` and `rotate = \"signing-key\"`"),
+            ("both", both, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST`, `renew = NODE` and `rotate = \"signing-key\"` or `\"ca\"`"),
+            ("neither", neither, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST`, `renew = NODE` and `rotate = \"signing-key\"` or `\"ca\"`"),
             ("silent", silent_apply, "FILE: step 2 applies \"ha/metrics\" but names no expectation; give the ones it changes"),
             ("same", same, "FILE: step 2 expectation 1 is already in force; a step lists what it changes"),
             ("role", unknown_role, "unknown variant `database`, expected one of `node`, `controller`, `postgres`"),
@@ -962,13 +966,15 @@ mod tests {
     const REVOKE: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lab/revoke.toml"));
     const ROTATE: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lab/rotate.toml"));
 
-    /// A rotation step rotates the signing key, and only that, in a lab of one controller.
+    /// A rotation step rotates the signing key or the mesh CA, and nothing else, in a lab of
+    /// one controller.
     #[test]
-    fn a_rotation_step_rotates_the_signing_key_only() {
+    fn a_rotation_step_rotates_the_signing_key_or_the_ca_only() {
         let lab = load_text("rotate", ROTATE).unwrap();
         assert_eq!(lab.action(0, std::path::Path::new("lab")), super::Action::Rotate("signing-key".into()));
-        let ca = ROTATE.replace("rotate = \"signing-key\"", "rotate = \"ca\"");
-        assert_eq!(load_text("rotate", &ca).unwrap_err(), "FILE: step 1 rotates \"ca\"; only \"signing-key\" rotates yet");
+        assert_eq!(lab.action(1, std::path::Path::new("lab")), super::Action::Rotate("ca".into()));
+        let other = ROTATE.replace("rotate = \"signing-key\"", "rotate = \"admin-token\"");
+        assert_eq!(load_text("rotate", &other).unwrap_err(), "FILE: step 1 rotates \"admin-token\"; \"signing-key\" and \"ca\" rotate");
     }
 
     /// A pause names a node host not paused already and no expectation; a resume names a host

@@ -329,6 +329,23 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
                     said.join("; ")
                 );
             }
+            Action::Rotate(what) if what == "ca" => {
+                let r = timing::rotate_ca(&st, Duration::from_secs(60))?;
+                let running = st.agents.len() - st.paused.len();
+                println!(
+                    "step {}: mesh CA rotated -> every agent ({running}) trusts only the new CA and holds a certificate it issued: {} ms after `trellis rotate ca` (completed by {}); nodes enrolled again: {}",
+                    i + 1,
+                    r.took.as_millis(),
+                    r.completed_by,
+                    r.enrolled_again
+                );
+                println!(
+                    "step {}: a node certificate issued with the retired CA's key: refused by the controller for {} of {running} nodes",
+                    i + 1,
+                    r.refused
+                );
+                procs::converge(&st, Duration::from_secs(60))?;
+            }
             Action::Rotate(_) => {
                 let r = timing::rotate_signing_key(&st, Duration::from_secs(60))?;
                 println!(

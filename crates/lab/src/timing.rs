@@ -563,3 +563,93 @@ pub(crate) fn rotate_signing_key(st: &LabState, limit: Duration) -> Result<Rotat
     }
     Ok(Rotated { took, completed_by, refused })
 }
+
+/// What a rotation of the mesh CA took (ADR 0029).
+pub(crate) struct CaRotated {
+    /// From `trellis rotate ca` until every agent running trusted only the new CA and held a
+    /// certificate it issued.
+    pub took: Duration,
+    /// `evidence` or `overlap`, as `trellis rotate status` says.
+    pub completed_by: String,
+    /// How many nodes' certificates, issued with the retired CA's key, the controller refused.
+    pub refused: usize,
+    /// Enrolments recorded during the rotation (none: no node enrolled again).
+    pub enrolled_again: usize,
+}
+
+/// Rotates the mesh CA through the controller and waits (at most `limit`) until every agent
+/// running trusts only the new CA and holds a node certificate it issued; then performs the
+/// attack of a leaked old CA key on each node: a certificate for the node issued with the old
+/// key, presented from the node's namespace by a client that trusts the new CA. Fails unless the
+/// controller refuses every one (`UnknownCA`).
+pub(crate) fn rotate_ca(st: &LabState, limit: Duration) -> Result<CaRotated> {
+    let r = st.serving()?;
+    let trellis = procs::exe("trellis")?;
+    let state = procs::path_str(&r.state_dir)?;
+    let read = |path: &std::path::Path| std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()));
+    let old = trellis_pki::Ca::load(&read(&r.state_dir.join("ca.pem"))?, &read(&r.state_dir.join("ca.key"))?)?;
+    let enrolments = || -> Result<usize> {
+        let audit: serde_json::Value = serde_json::from_str(&procs::admin(st, &["audit", "list", "--json"])?)?;
+        Ok(audit.as_array().map_or(0, |a| a.iter().filter(|r| r["action"] == "node enrolled").count()))
+    };
+    let enrolled_before = enrolments()?;
+    let at = Instant::now();
+    crate::net::in_ns(&r.ns, &[procs::path_str(&trellis)?, "rotate", "ca", "--overlap", "1h", "--state-dir", state])?;
+    let next_pem = read(&r.state_dir.join("ca.next.pem"))?;
+    let next = trellis_pki::inspect_pem(&next_pem)?.fingerprint;
+    let running: Vec<&String> = st.agents.iter().filter(|a| !st.paused.contains(a)).collect();
+    let agent_dir = |node: &str| st.dir.join(format!("agent-{node}"));
+    let done = |node: &str| {
+        let dir = agent_dir(node);
+        let trusts = read(&dir.join("ca.pem")).ok().and_then(|p| trellis_pki::inspect_pem(&p).ok()).map(|i| i.fingerprint);
+        let holds = read(&dir.join("node.pem")).ok().and_then(|c| trellis_pki::issued_by_ca(&c, &next_pem).ok());
+        trusts == Some(next) && !dir.join("ca.next.pem").exists() && holds == Some(true)
+    };
+    loop {
+        let left: Vec<&String> = running.iter().copied().filter(|n| !done(n)).collect();
+        if left.is_empty() {
+            break;
+        }
+        if at.elapsed() > limit {
+            bail!("{} s after the CA rotation started, these agents do not trust only the new CA: {left:?}", limit.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = at.elapsed();
+    let status: serde_json::Value = serde_json::from_str(&procs::admin(st, &["rotate", "status", "--json"])?)?;
+    let rotation = status.as_array().and_then(|a| a.iter().find(|r| r["kind"] == "ca")).cloned().unwrap_or_default();
+    let completed_by = rotation["completed_by"].as_str().unwrap_or("nothing: not completed").to_string();
+    let agent = procs::exe("trellis-agent")?;
+    let mut refused = 0;
+    for node in &running {
+        let (dir, forged) = (agent_dir(node), st.dir.join(format!("forged-ca-{node}")));
+        let _ = std::fs::remove_dir_all(&forged);
+        trellis_files::private_dir(&forged)?;
+        for f in ["identity.toml", "ca.pem"] {
+            std::fs::copy(dir.join(f), forged.join(f)).with_context(|| format!("cannot copy {node}'s {f}"))?;
+        }
+        let mesh = read(&dir.join("identity.toml"))?
+            .lines()
+            .find_map(|l| l.strip_prefix("mesh = \"").map(|m| m.trim_end_matches('"').to_string()))
+            .unwrap_or_default();
+        let (key, csr) = trellis_pki::node_key_and_csr(node)?;
+        // Any serial: the attacker picks it.
+        let mut serial = [0x5a; 16];
+        for (s, b) in serial.iter_mut().zip(node.bytes()) {
+            *s ^= b;
+        }
+        let cert = old.sign_node(&csr, node, &mesh, std::time::SystemTime::now(), Duration::from_secs(3600), serial)?;
+        trellis_files::replace(&forged.join("node.key"), key.as_bytes(), 0o600)?;
+        trellis_files::replace(&forged.join("node.pem"), cert.cert_pem.as_bytes(), 0o644)?;
+        let out = crate::net::ns_cmd(&format!("{}-{node}", st.prefix), &[procs::path_str(&agent)?])
+            .args(["renew", "--force", "--state-dir", procs::path_str(&forged)?])
+            .output()
+            .context("cannot run trellis-agent renew")?;
+        let said = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() || !said.contains("UnknownCA") {
+            bail!("the controller did not refuse {node}'s certificate issued with the retired CA's key: {}", said.trim());
+        }
+        refused += 1;
+    }
+    Ok(CaRotated { took, completed_by, refused, enrolled_again: enrolments()? - enrolled_before })
+}

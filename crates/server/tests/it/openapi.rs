@@ -364,6 +364,7 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
     sample(d, "ControllerList", list, &mut c);
     sample(d, "ControllerChange", proto::ControllerChange { address: "c2.acme.example:8443".into() }, &mut c);
     sample(d, "SigningKeyRotation", proto::SigningKeyRotation { next_public_key: "AAAA".into(), overlap_secs: 86_400 }, &mut c);
+    sample(d, "CaRotation", proto::CaRotation { next_ca_fingerprint: "ab".repeat(32), overlap_secs: 86_400 }, &mut c);
     let rotation = proto::Rotation {
         kind: "signing-key".into(),
         next_key: "AAAA".into(),
@@ -449,7 +450,7 @@ async fn every_route_is_described_and_every_described_path_is_a_route() {
     let unknown = r.http.get(format!("{}/v1/admin/undescribed", r.base)).bearer_auth(&r.admin).send().await.unwrap();
     assert_eq!(unknown.status().as_u16(), 404);
     assert_eq!(unknown.json::<Value>().await.unwrap()["code"], "no_route");
-    assert_eq!(operations, 31, "operations described: {:?}", paths.keys().collect::<Vec<_>>());
+    assert_eq!(operations, 32, "operations described: {:?}", paths.keys().collect::<Vec<_>>());
 
     // Every path the client crate calls is described.
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../client/src");
