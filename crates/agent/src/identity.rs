@@ -360,6 +360,34 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::{adopt_ca, CaChange};
+
+    /// A CA announced is kept beside the current one, once; named as the CA it replaces the
+    /// current one; a CA the node cannot follow changes nothing and says so.
+    #[test]
+    fn a_next_ca_is_trusted_beside_the_current_one_then_in_its_place() {
+        let dir = trellis_testing::TempDir::new("adopt-ca");
+        let now = std::time::SystemTime::now();
+        let (old, new) = (trellis_pki::create_ca("t", now, [1; 16]).unwrap(), trellis_pki::create_next_ca("t", now, [2; 16]).unwrap());
+        let fp = |pem: &str| trellis_pki::inspect_pem(pem).unwrap().fingerprint;
+        std::fs::write(dir.join("ca.pem"), &old.cert_pem).unwrap();
+        assert_eq!(adopt_ca(&dir, Some(fp(&old.cert_pem)), None).unwrap(), CaChange::None);
+        assert_eq!(
+            adopt_ca(&dir, Some(fp(&old.cert_pem)), Some(&new.cert_pem)).unwrap(),
+            CaChange::Announced(hex::encode(fp(&new.cert_pem)))
+        );
+        assert_eq!(adopt_ca(&dir, Some(fp(&old.cert_pem)), Some(&new.cert_pem)).unwrap(), CaChange::None, "once");
+        assert_eq!(std::fs::read_to_string(dir.join("ca.next.pem")).unwrap(), new.cert_pem);
+        let stranger = trellis_pki::create_next_ca("t", now, [3; 16]).unwrap();
+        let err = adopt_ca(&dir, Some(fp(&stranger.cert_pem)), None).unwrap_err().to_string();
+        assert!(err.contains("it cannot follow") && err.contains("enrol it again"), "{err}");
+        assert!(dir.join("ca.next.pem").exists(), "nothing changed");
+        assert_eq!(adopt_ca(&dir, Some(fp(&new.cert_pem)), None).unwrap(), CaChange::Completed(hex::encode(fp(&new.cert_pem))));
+        assert_eq!(std::fs::read_to_string(dir.join("ca.pem")).unwrap(), new.cert_pem);
+        assert!(!dir.join("ca.next.pem").exists());
+        assert_eq!(adopt_ca(&dir, Some(fp(&new.cert_pem)), None).unwrap(), CaChange::None);
+    }
+
     #[test]
     fn renewal_is_due_at_two_thirds() {
         assert!(!super::renewal_due(0, 90, 59));
