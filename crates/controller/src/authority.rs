@@ -82,7 +82,7 @@ impl Controller {
         let a = self.authority();
         let mut pem = a.current.cert_pem().to_string();
         if let Some(n) = &a.next {
-            pem.push_str(n.ca.cert_pem());
+            pem = pem_join(&[&pem, n.ca.cert_pem()]);
         }
         pem
     }
@@ -269,14 +269,14 @@ impl Controller {
             self.adopt_next_ca(self.load_next_ca(fingerprint)?)?;
         }
         if let Some(dir) = &self.state_dir {
-            let key = trellis_files::read(&dir.join(NEXT_CA_KEY)).map_err(|e| Error::internal("reading the next CA's key", e))?;
+            // In this order, so that a stop at any point leaves what `finish_promotion` (at the
+            // next start) or the next publish run completes: never a CA certificate beside
+            // another CA's key without the next pair still there.
             let old = self.authority().current.cert_pem().to_string();
             let new = self.authority().next.as_ref().map(|n| n.ca.cert_pem().to_string()).unwrap_or_default();
             self.keep(RETIRED_CA_CERT, old.as_bytes(), 0o644)?;
-            self.keep("ca.key", key.as_bytes(), 0o600)?;
             self.keep("ca.pem", new.as_bytes(), 0o644)?;
-            let _ = std::fs::remove_file(dir.join(NEXT_CA_KEY));
-            let _ = std::fs::remove_file(dir.join(NEXT_CA_CERT));
+            finish_promotion(dir).map_err(|e| Error::internal("keeping the new CA", format!("{e:#}")))?;
         }
         let mut a = self.authority.write().expect("authority");
         if let Some(n) = a.next.take() {
@@ -332,6 +332,14 @@ impl Controller {
             .collect())
     }
 
+    /// At start: an open CA rotation is taken up at once (its CA adopted, or a completed one
+    /// promoted), so the first connection is served as the rotation says, not after the first
+    /// publish run.
+    pub(crate) async fn resume_ca_rotation(&self) -> Result<()> {
+        let rotations = self.store.rotations().await?;
+        self.run_ca(rotations.iter().find(|r| r.kind == CA_ROTATION)).await.map(|_| ())
+    }
+
     /// Renews the server certificate once two thirds of its lifetime have passed (counted from
     /// when it was made), under the CA that issues now, and serves with it from the next
     /// connection on; audited. The server calls it every few seconds.
@@ -362,6 +370,25 @@ impl Controller {
     }
 }
 
+/// Completes, in the state directory `dir`, a promotion of the next CA that stopped after
+/// `ca.pem` became the next CA's certificate: `ca.key` becomes its key, and the next pair goes.
+/// Nothing to do otherwise. Run when a controller opens its state directory, before loading the CA.
+pub fn finish_promotion(dir: &std::path::Path) -> anyhow::Result<()> {
+    let (cert, key) = (dir.join(NEXT_CA_CERT), dir.join(NEXT_CA_KEY));
+    if !cert.exists() || !key.exists() {
+        return Ok(());
+    }
+    let fingerprint =
+        |path: &std::path::Path| -> anyhow::Result<[u8; 32]> { Ok(trellis_pki::inspect_pem(&trellis_files::read(path)?)?.fingerprint) };
+    if fingerprint(&cert)? != fingerprint(&dir.join("ca.pem"))? {
+        return Ok(());
+    }
+    trellis_files::replace(&dir.join("ca.key"), trellis_files::read(&key)?.as_bytes(), 0o600)?;
+    std::fs::remove_file(&key)?;
+    std::fs::remove_file(&cert)?;
+    Ok(())
+}
+
 /// Makes the next mesh CA in the state directory `dir` (`trellis rotate ca`): `ca.next.key`
 /// (0600 before its first byte) and `ca.next.pem`; a pair made before and not yet announced
 /// (the request failed) is kept. Returns its fingerprint (hex), which the request names.
@@ -386,7 +413,54 @@ pub fn prepare_next_ca(dir: &std::path::Path) -> anyhow::Result<String> {
     Ok(hex::encode(trellis_pki::inspect_pem(&pem)?.fingerprint))
 }
 
+/// PEM texts one after the other, each ending its line.
+fn pem_join(parts: &[&str]) -> String {
+    let mut out = String::new();
+    for p in parts {
+        out.push_str(p);
+        if !out.ends_with('\n') {
+            out.push('\n');
+        }
+    }
+    out
+}
+
 /// Whether the certificate in `pem` names `subject` as its issuer.
 fn issued_under(pem: &str, subject: &[u8]) -> bool {
     trellis_pki::pem_to_der(pem, "CERTIFICATE").is_ok_and(|der| trellis_pki::services::issued_by(&der, subject))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A promotion stopped after `ca.pem` became the next CA's is completed at the next start:
+    /// `ca.key` becomes its key and the next pair goes; one stopped before changes nothing (the
+    /// next publish run promotes again). A CA pair whose key is not the certificate's is refused.
+    #[test]
+    fn a_promotion_stopped_half_way_is_completed_at_the_next_start() {
+        let dir = trellis_testing::TempDir::new("promotion");
+        let now = std::time::SystemTime::now();
+        let old = trellis_pki::create_ca("trellis", now, [1; 16]).unwrap();
+        let next = trellis_pki::create_next_ca("trellis", now, [2; 16]).unwrap();
+        let write = |f: &str, t: &str| std::fs::write(dir.join(f), t).unwrap();
+        write("ca.pem", &old.cert_pem);
+        write("ca.key", &old.key_pem);
+        write(NEXT_CA_CERT, &next.cert_pem);
+        write(NEXT_CA_KEY, &next.key_pem);
+        // Stopped before ca.pem was replaced: nothing to do here.
+        finish_promotion(&dir).unwrap();
+        assert!(dir.join(NEXT_CA_KEY).exists() && std::fs::read_to_string(dir.join("ca.key")).unwrap() == old.key_pem);
+        // Stopped after: the certificate of one CA beside the key of the other, refused as such.
+        write("ca.pem", &next.cert_pem);
+        let err = Ca::load(&next.cert_pem, &old.key_pem).err().unwrap().to_string();
+        assert!(err.contains("the key is not the one the CA certificate certifies"), "{err}");
+        finish_promotion(&dir).unwrap();
+        let key = std::fs::read_to_string(dir.join("ca.key")).unwrap();
+        assert_eq!(key, next.key_pem);
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(dir.join("ca.key")).unwrap().permissions().mode() & 0o777, 0o600);
+        assert!(!dir.join(NEXT_CA_KEY).exists() && !dir.join(NEXT_CA_CERT).exists());
+        Ca::load(&std::fs::read_to_string(dir.join("ca.pem")).unwrap(), &key).unwrap();
+    }
 }

@@ -190,7 +190,9 @@ impl Controller {
         use anyhow::Context;
         let url = database_url.unwrap_or(&state.config.database_url);
         let store = Store::open(url).await.with_context(|| format!("cannot open the database {}", state::redact(url)))?;
-        let ca = trellis_pki::Ca::load(&state.read("ca.pem")?, &state.read("ca.key")?)?;
+        authority::finish_promotion(&state.dir).context("completing the promotion of the next CA")?;
+        let ca = trellis_pki::Ca::load(&state.read("ca.pem")?, &state.read("ca.key")?)
+            .with_context(|| format!("{} and ca.key do not hold the mesh CA", state.path("ca.pem").display()))?;
         let admin_sha256: [u8; 32] = hex::decode(&state.config.admin_token_sha256)
             .ok()
             .and_then(|b| b.try_into().ok())
@@ -206,6 +208,7 @@ impl Controller {
         }
         c.set_server(server);
         c.start_after_restore(restored).await?;
+        c.resume_ca_rotation().await?;
         Ok(c)
     }
 

@@ -109,9 +109,15 @@ pub struct Ca {
 }
 
 impl Ca {
+    /// The CA of this certificate and key; refused when the key is not the certificate's (two
+    /// files of a CA pair replaced one at a time would otherwise sign under a name they do not
+    /// hold).
     pub fn load(cert_pem: &str, key_pem: &str) -> Result<Ca, PkiError> {
         let key = KeyPair::from_pem(key_pem).map_err(|e| PkiError::BadKey(e.to_string()))?;
         let cert_der = pem_to_der(cert_pem, "CERTIFICATE")?;
+        if cert_public_key(cert_pem)? != key.der_bytes() {
+            return Err(PkiError::BadKey("the key is not the one the CA certificate certifies".into()));
+        }
         let issuer = Issuer::from_ca_cert_pem(cert_pem, key)?;
         Ok(Ca { cert_pem: cert_pem.to_string(), cert_der, issuer })
     }
