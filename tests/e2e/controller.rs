@@ -112,6 +112,13 @@ impl Controller {
         }
     }
 
+    /// Stops the `i`th `trellis serve` started (0: the first), leaving the others serving.
+    pub fn stop_replica(&mut self, i: usize) {
+        let c = &mut self.serves[i];
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+
     /// Stops every `trellis serve` of this controller.
     pub fn stop_serving(&mut self) {
         for c in &mut self.serves {

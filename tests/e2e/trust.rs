@@ -529,3 +529,69 @@ fn the_server_certificate_is_renewed_while_serving() {
     let list = c.ok(&["audit", "list", "--json"]);
     assert!(list.contains("server certificate renewed") && list.contains(&first), "{list}");
 }
+
+/// A CA rotation with two replicas on one PostgreSQL database (ADR 0017, 0029): the rotation is
+/// started through the first; the second takes it up from the database and serves under the new
+/// CA as well, so once the first is gone the agents, which trust only the new CA by then, carry on
+/// through the second: a change applied there reaches them. A replica left on the old CA would
+/// fail every agent's handshake after completion.
+#[test]
+fn a_ca_rotation_reaches_the_other_replica_which_serves_the_agents_once_the_first_is_gone() {
+    if !can_run(Need::Postgres) {
+        return;
+    }
+    let mut c = Controller::start(Db::Postgres);
+    let second = free_port();
+    c.serve(second);
+    let work = TempDir::new("rotate-ca-replicas");
+    let decl = work.path().join("decl");
+    basic_with_extra_nodes(&decl, 0);
+    c.ok(&["apply", decl.to_str().unwrap()]);
+    let second_address = format!("127.0.0.1:{second}");
+    c.ok(&["controllers", "add", &second_address]);
+    let mut agents = Vec::new();
+    for n in ["db-1", "api-1"] {
+        let (state, root) = (work.path().join(n), work.path().join(format!("{n}-root")));
+        ok(enrol(&c.token(n, &[]), &state));
+        agents.push(run_agent(&state, &root));
+        until_zone_names(&root, n).unwrap();
+        until_identity(&state, "list the second controller", |t| t.contains(&second_address));
+    }
+    let old_ca = work.path().join("old-ca.pem");
+    std::fs::copy(c.state.join("ca.pem"), &old_ca).unwrap();
+    c.ok(&["rotate", "ca", "--overlap", "1h"]);
+    let next = fingerprint_of(&c.state.join("ca.next.pem"));
+    for n in ["db-1", "api-1"] {
+        let dir = work.path().join(n);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while dir.join("ca.next.pem").exists() || fingerprint_of(&dir.join("ca.pem")) != next {
+            assert!(Instant::now() < deadline, "{n} does not trust the new CA alone");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    // The second replica serves under the new CA: a client of the new CA reaches it, one of the
+    // old CA alone does not.
+    let ctl_state = c.state.clone();
+    let through_second = |ca: &Path, args: &[&str]| {
+        let mut cmd = crate::support::trellis_cmd(args);
+        cmd.args(["--server", &second_address, "--admin-token-file"]).arg(ctl_state.join("admin.token")).arg("--ca-file").arg(ca);
+        cmd
+    };
+    // It takes the completion up from the database (its next look, within a second).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while through_second(&old_ca, &["nodes"]).output().unwrap().status.success() {
+        assert!(Instant::now() < deadline, "the second replica still serves the old CA's clients: {}", c.log(second));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    fails_with(through_second(&old_ca, &["nodes"]), "certificate");
+    ok(through_second(&ctl_state.join("ca.pem"), &["nodes"]));
+    // The first replica goes; the agents carry on through the second.
+    c.stop_replica(0);
+    basic_with_extra_nodes(&decl, 1);
+    ok(through_second(&ctl_state.join("ca.pem"), &["apply", decl.to_str().unwrap()]));
+    for n in ["db-1", "api-1"] {
+        let took = until_zone_names(&work.path().join(format!("{n}-root")), "extra-1").unwrap();
+        eprintln!("after the CA rotation and the first replica's end, a change through the second reached {n} in {} ms", took.as_millis());
+    }
+    drop(agents);
+}

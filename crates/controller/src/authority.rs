@@ -252,6 +252,13 @@ impl Controller {
         Ok(())
     }
 
+    /// The CA `fingerprint` as this state directory's `ca.pem` and `ca.key` hold it, if they do.
+    fn promoted_here(&self, fingerprint: &str) -> Option<Ca> {
+        let dir = self.state_dir.as_ref()?;
+        let ca = Ca::load(&trellis_files::read(&dir.join("ca.pem")).ok()?, &trellis_files::read(&dir.join("ca.key")).ok()?).ok()?;
+        (hex_fingerprint(&ca) == fingerprint).then_some(ca)
+    }
+
     /// A server certificate under `ca` for the names the current one carries.
     fn server_cert_under(&self, ca: &Ca) -> Result<Pair> {
         let lifetime = Duration::from_secs(self.config.server_cert_secs);
@@ -265,8 +272,14 @@ impl Controller {
     fn promote_ca(&self, fingerprint: &str) -> Result<()> {
         let held = self.authority().next.as_ref().map(|n| n.fingerprint.clone());
         if held.as_deref() != Some(fingerprint) {
-            // A replica that never adopted it (it was stopped through the whole overlap).
-            self.adopt_next_ca(self.load_next_ca(fingerprint)?)?;
+            // A replica that never adopted it (it was stopped through the whole overlap, or the
+            // rotation completed before it looked): from its own copy of the next CA, or, when
+            // a replica sharing this state directory promoted it already, from `ca.pem`.
+            let next = match self.load_next_ca(fingerprint) {
+                Ok(ca) => ca,
+                Err(e) => self.promoted_here(fingerprint).ok_or(e)?,
+            };
+            self.adopt_next_ca(next)?;
         }
         if let Some(dir) = &self.state_dir {
             // In this order, so that a stop at any point leaves what `finish_promotion` (at the
