@@ -87,6 +87,17 @@ impl Controller {
         pem
     }
 
+    /// The chain a service certificate comes with: the services CA's certificate, and during a
+    /// CA rotation the cross-certificate after it, so that a client trusting only the current CA
+    /// still reaches the next one, which certifies the services CA.
+    pub(crate) fn service_chain_pem(&self, services: &ServicesCa) -> String {
+        let a = self.authority();
+        match &a.next {
+            Some(n) if issued_under(services.cert_pem(), &n.subject) => pem_join(&[services.cert_pem(), &n.cross]),
+            _ => services.cert_pem().to_string(),
+        }
+    }
+
     /// The services intermediate CA, if this controller has one.
     pub(crate) fn services_ca(&self) -> Option<Arc<ServicesCa>> {
         self.authority().services.clone()

@@ -233,8 +233,16 @@ impl Controller {
         let name = who.name.clone();
         // Only the current certificate renews: the one it replaced still authenticates until it
         // expires, but renewing with it would replace, and so lock out, the current one.
-        let current = self.store.node(&name).await?.and_then(|r| r.cert_serial);
+        let record = self.store.node(&name).await?;
+        let current = record.as_ref().and_then(|r| r.cert_serial.clone());
         if current.as_deref() != Some(who.serial.as_str()) {
+            // A retry whose answer was lost: the certificate it replaced asks again for the
+            // same key, and is answered the certificate it was given. Without this a node that
+            // lost the answer kept its old certificate until it expired (or, in a CA rotation,
+            // until the old CA stopped being trusted), every retry refused.
+            if let Some(again) = record.as_ref().and_then(|r| renewed_already(r, &who.serial, &req.csr_pem)) {
+                return Ok(again);
+            }
             return Err(NodeRefusal::Superseded(name).into());
         }
         let mesh = self.current_declaration().await?.map(|(_, d)| d.mesh.name.clone()).unwrap_or_default();
@@ -321,6 +329,21 @@ impl Controller {
         }
         Ok(())
     }
+}
+
+/// The answer a renewal from the certificate `serial` was given, when `record` shows that the
+/// node renewed from it (it is the previous serial) for the key the CSR names.
+fn renewed_already(record: &NodeRecord, serial: &str, csr_pem: &str) -> Option<proto::RenewResponse> {
+    if record.prev_cert_serial.as_deref() != Some(serial) {
+        return None;
+    }
+    let cert_pem = record.cert_pem.as_deref()?;
+    let asked = trellis_pki::csr_public_key(csr_pem).ok()?;
+    let certified = trellis_pki::cert_public_key(cert_pem).ok()?;
+    if !bool::from(asked.as_slice().ct_eq(&certified)) {
+        return None;
+    }
+    Some(proto::RenewResponse { node_cert_pem: cert_pem.to_string(), not_after: record.cert_not_after.unwrap_or_default() })
 }
 
 /// The record of a node that has just enrolled with `key` and been issued `issued` at `at`

@@ -561,10 +561,11 @@ impl Controller {
         };
         let compiled = trellis_core::compile(&decl, &run.keys, &allocation, previous).map_err(|d| Error::internal("compiling", d))?;
         let rendered: HashSet<&str> = compiled.rendered.iter().map(String::as_str).collect();
+        // The controller list, the next signing key and the mesh CA (ADR 0027, 0028, 0029), the
+        // same in every bundle; read before the CAs, which a completed rotation changes.
+        let trust = self.run_trust().await?;
         let ca_pem = Text::from(self.trusted_ca_pem().as_str());
         let ca_digest = ca_pem.sha256();
-        // The controller list and the next signing key (ADR 0027, 0028), the same in every bundle.
-        let trust = self.run_trust().await?;
         let trust_text = Text::from(trust.text.as_str());
         let trust_digest = trust_text.sha256();
         let trust_moved = run.trust != trust.text;

@@ -119,7 +119,9 @@ impl Ca {
             return Err(PkiError::BadKey("the key is not the one the CA certificate certifies".into()));
         }
         let issuer = Issuer::from_ca_cert_pem(cert_pem, key)?;
-        Ok(Ca { cert_pem: cert_pem.to_string(), cert_der, issuer })
+        // Written again from its DER: what is delivered to nodes (and put in `trust.toml`) is
+        // one certificate in one form, whatever the file held around it.
+        Ok(Ca { cert_pem: der_to_pem(&cert_der, "CERTIFICATE"), cert_der, issuer })
     }
 
     pub fn cert_pem(&self) -> &str {
@@ -296,6 +298,19 @@ pub fn pem_to_der(pem_text: &str, label: &str) -> Result<Vec<u8>, PkiError> {
     let b64: String = pem_text[start..stop].chars().filter(|c| !c.is_whitespace()).collect();
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.decode(b64).map_err(|_| PkiError::BadCert(format!("{label} block is not base64")))
+}
+
+/// A PEM block of `label` for `der`: base64 in lines of 64, each ending in a newline.
+pub fn der_to_pem(der: &[u8], label: &str) -> String {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out
 }
 
 /// What a certificate says, for display and checks.

@@ -68,12 +68,81 @@ pub fn server_config(server_pem: &str, server_key_pem: &str, chain_pem: &str, cl
     Ok(cfg)
 }
 
-/// A client that trusts the mesh CA, optionally presenting a node certificate.
+/// Whether a certificate is a CA at the mesh CA's level: a CA that may certify a CA below it
+/// (a mesh CA, or its cross-certificate during a rotation), not the services CA (path length 0),
+/// which certifies services only.
+fn mesh_level_ca(der: &CertificateDer<'_>) -> bool {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let Ok((_, cert)) = X509Certificate::from_der(der) else { return false };
+    matches!(cert.basic_constraints(), Ok(Some(bc)) if bc.value.ca && bc.value.path_len_constraint.is_none_or(|n| n >= 1))
+}
+
+/// The certificates presented after a controller's own that its path may pass through: the
+/// mesh-level CAs among them (ADR 0029). A service certificate's chain (through the services CA)
+/// never makes a controller, whatever names it carries.
+fn mesh_intermediates(intermediates: &[CertificateDer<'_>]) -> Vec<CertificateDer<'static>> {
+    intermediates.iter().filter(|c| mesh_level_ca(c)).map(|c| c.clone().into_owned()).collect()
+}
+
+/// Verifies the controller's certificate against the mesh CAs of `ca_pem`, through presented
+/// certificates that are mesh-level CAs only.
+#[derive(Debug)]
+pub struct ControllerVerifier {
+    inner: Arc<WebPkiServerVerifier>,
+}
+
+impl ControllerVerifier {
+    pub fn new(ca_pem: &str) -> Result<Arc<ControllerVerifier>, PkiError> {
+        let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots(ca_pem)?), provider())
+            .build()
+            .map_err(|e| PkiError::BadCert(e.to_string()))?;
+        Ok(Arc::new(ControllerVerifier { inner }))
+    }
+}
+
+impl ServerCertVerifier for ControllerVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        self.inner.verify_server_cert(end_entity, &mesh_intermediates(intermediates), server_name, ocsp, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// A client of the controller that trusts the mesh CAs of `ca_pem` (see [`ControllerVerifier`]),
+/// optionally presenting a node certificate.
 pub fn client_config(ca_pem: &str, client: Option<(&str, &str)>) -> Result<ClientConfig, PkiError> {
     let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| PkiError::BadCert(e.to_string()))?
-        .with_root_certificates(roots(ca_pem)?);
+        .dangerous()
+        .with_custom_certificate_verifier(ControllerVerifier::new(ca_pem)?);
     let cfg = match client {
         None => builder.with_no_client_auth(),
         Some((cert_pem, key_pem)) => builder
@@ -135,10 +204,10 @@ impl ServerCertVerifier for PinnedCa {
         let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
             .build()
             .map_err(|e| rustls::Error::General(e.to_string()))?;
-        // The path may pass through the other certificates presented: during a CA rotation the
+        // The path may pass through the mesh-level CAs presented: during a CA rotation the
         // server's certificate is the next CA's, reached from the current one by its
-        // cross-certificate (ADR 0029).
-        inner.verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
+        // cross-certificate (ADR 0029); never through the services CA.
+        inner.verify_server_cert(end_entity, &mesh_intermediates(intermediates), server_name, ocsp, now)
     }
 
     fn verify_tls12_signature(

@@ -121,6 +121,27 @@ fn a_certificate_of_the_next_ca_is_verified_through_the_cross_certificate_by_a_c
     }
     let without_cross = trellis_pki::tls::certificates(&new_pair.cert_pem).unwrap();
     assert!(verifier(&old_pair.cert_pem).verify_server_cert(&leaf, &without_cross, &name, &[], at).is_err());
+    // What trellis's clients of the controller use takes the same paths...
+    for roots in [&old_pair.cert_pem, &new_pair.cert_pem] {
+        trellis_pki::tls::ControllerVerifier::new(roots).unwrap().verify_server_cert(&leaf, &presented, &name, &[], at).unwrap();
+    }
+    // ...and not a service certificate naming the controller's address, chained through the
+    // services CA: the attack of a node holding one, performed. A plain verifier takes it.
+    let services_pair = old.services_ca("trellis", now, [5; 16]).unwrap();
+    let services = trellis_pki::ServicesCa::load(&services_pair.cert_pem, &services_pair.key_pem).unwrap();
+    let (_, csr) = trellis_pki::services::service_key_and_csr(&["db-1.svc.example".into()]).unwrap();
+    let as_controller = trellis_pki::ServiceNames {
+        dns: vec!["db-1.svc.example".into()],
+        ips: vec!["127.0.0.1".parse().unwrap()],
+        uri: "spiffe://basic.mesh/module/postgres".into(),
+    };
+    let impostor = services.sign(&csr, &as_controller, now, Duration::from_secs(3600), [8; 16]).unwrap().unwrap();
+    let impostor = trellis_pki::tls::certificates(&impostor.cert_pem).unwrap().remove(0);
+    let its_chain = trellis_pki::tls::certificates(&services_pair.cert_pem).unwrap();
+    verifier(&old_pair.cert_pem).verify_server_cert(&impostor, &its_chain, &name, &[], at).expect("a plain verifier takes it");
+    let refused =
+        trellis_pki::tls::ControllerVerifier::new(&old_pair.cert_pem).unwrap().verify_server_cert(&impostor, &its_chain, &name, &[], at);
+    assert!(refused.is_err(), "a service certificate passed as the controller");
 
     if !can_run(Need::Program("openssl")) {
         return;

@@ -234,8 +234,19 @@ async fn a_retried_enrolment_is_answered_as_the_first_was_and_only_for_the_same_
         // Once the node renewed, its enrolment answer was not lost: a retry is refused.
         let der = trellis_pki::pem_to_der(&first.node_cert_pem, "CERTIFICATE").unwrap();
         let who = c.authenticate_node(Some(&der)).await.unwrap();
-        c.renew(&who, &proto::RenewRequest { csr_pem: trellis_pki::csr_from_key(&key, "db-1").unwrap() }).await.unwrap();
+        let renewed = c.renew(&who, &proto::RenewRequest { csr_pem: trellis_pki::csr_from_key(&key, "db-1").unwrap() }).await.unwrap();
         assert!(used(c.enrol(req.clone()).await), "a retry after a renewal");
+        // The renewal's answer lost, the node asks again with the certificate it replaced: the
+        // same key is given the same certificate, nothing else recorded; another key is refused.
+        let audited = c.audit().await.unwrap().len();
+        let again = c.renew(&who, &proto::RenewRequest { csr_pem: trellis_pki::csr_from_key(&key, "db-1").unwrap() }).await.unwrap();
+        assert_eq!((again.node_cert_pem.as_str(), again.not_after), (renewed.node_cert_pem.as_str(), renewed.not_after));
+        assert_eq!(c.audit().await.unwrap().len(), audited, "a retry records nothing");
+        let (_, other_csr) = trellis_pki::node_key_and_csr("db-1").unwrap();
+        assert!(matches!(
+            c.renew(&who, &proto::RenewRequest { csr_pem: other_csr }).await,
+            Err(Error::Node(trellis_controller::NodeRefusal::Superseded(_)))
+        ));
 
         // And a revoked node's token stays used.
         let t2 = c
