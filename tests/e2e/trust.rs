@@ -405,6 +405,18 @@ fn a_rotated_ca_is_taken_by_every_agent_and_the_old_ca_is_refused() {
             }
             assert!(issued_by(&dir(n).join("node.pem"), &next_copy), "{n}");
             strictly_verified(&next_copy, &dir(n).join("node.pem"));
+            // The CA file services on the node trust is the new CA alone too, in the bundle
+            // the completion publishes (not at some later change).
+            let delivered = root(n).join("etc/trellis/ca.pem");
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let pem = std::fs::read_to_string(&delivered).unwrap_or_default();
+                if pem.matches("BEGIN CERTIFICATE").count() == 1 && fingerprint_of(&delivered) == next {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "{n}'s etc/trellis/ca.pem is not the new CA alone:\n{pem}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
         }
         eprintln!(
             "{db:?}: CA rotation: the 2 agents online renewed under the new CA {} ms after `trellis rotate ca`; completed {} ms after the node away came back",

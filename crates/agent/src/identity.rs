@@ -193,6 +193,9 @@ pub fn adopt_ca(dir: &Path, ca: Option<[u8; 32]>, next_ca: Option<&str>) -> Resu
     let current = fingerprint_of(&current_path);
     let held_next = fingerprint_of(&next_path);
     if let Some(pem) = next_ca {
+        if !trellis_pki::tls::one_mesh_ca(pem) {
+            bail!("the bundle announces a next mesh CA that is not one CA certificate; nothing changes");
+        }
         let fp = trellis_pki::fingerprint(&trellis_pki::pem_to_der(pem, "CERTIFICATE")?);
         if Some(fp) == current || Some(fp) == held_next {
             return Ok(CaChange::None);
@@ -378,6 +381,15 @@ mod tests {
         );
         assert_eq!(adopt_ca(&dir, Some(fp(&old.cert_pem)), Some(&new.cert_pem)).unwrap(), CaChange::None, "once");
         assert_eq!(std::fs::read_to_string(dir.join("ca.next.pem")).unwrap(), new.cert_pem);
+        // Not one CA certificate: two, or a node's.
+        let two = format!("{}{}", new.cert_pem, old.cert_pem);
+        let (_, csr) = trellis_pki::node_key_and_csr("n").unwrap();
+        let ca = trellis_pki::Ca::load(&old.cert_pem, &old.key_pem).unwrap();
+        let leaf = ca.sign_node(&csr, "n", "t", now, std::time::Duration::from_secs(60), [4; 16]).unwrap().cert_pem;
+        for bad in [two.as_str(), leaf.as_str()] {
+            let err = adopt_ca(&dir, Some(fp(&old.cert_pem)), Some(bad)).unwrap_err().to_string();
+            assert!(err.contains("not one CA certificate"), "{err}");
+        }
         let stranger = trellis_pki::create_next_ca("t", now, [3; 16]).unwrap();
         let err = adopt_ca(&dir, Some(fp(&stranger.cert_pem)), None).unwrap_err().to_string();
         assert!(err.contains("it cannot follow") && err.contains("enrol it again"), "{err}");

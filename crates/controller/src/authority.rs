@@ -222,7 +222,11 @@ impl Controller {
     /// issued under it (unless it already is, as after a restart) and the services CA certified
     /// by it; kept in the state directory.
     fn adopt_next_ca(&self, next: Ca) -> Result<()> {
+        let _changing = self.cert_changes.lock().expect("certificate changes");
         let fingerprint = hex_fingerprint(&next);
+        if self.authority().next.as_ref().is_some_and(|n| n.fingerprint == fingerprint) {
+            return Ok(());
+        }
         let subject = next.subject_der();
         let (cross, server, services) = {
             let a = self.authority();
@@ -292,6 +296,7 @@ impl Controller {
             };
             self.adopt_next_ca(next)?;
         }
+        let _changing = self.cert_changes.lock().expect("certificate changes");
         if let Some(dir) = &self.state_dir {
             // In this order, so that a stop at any point leaves what `finish_promotion` (at the
             // next start) or the next publish run completes: never a CA certificate beside
@@ -324,9 +329,10 @@ impl Controller {
         } else if r.completed_at.is_none() {
             let held = self.authority().next.as_ref().map(|n| n.fingerprint.clone());
             if held.as_deref() != Some(&r.next_key) {
-                match self.load_next_ca(&r.next_key).and_then(|ca| self.adopt_next_ca(ca)) {
-                    Ok(()) => {}
-                    Err(e) => tracing::error!("a rotation of the mesh CA is in progress, but this replica cannot take part: {e}"),
+                // A replica that cannot take part publishes nothing: its bundles would tell every
+                // agent that no CA comes next, and its renewals would be under the old CA.
+                if let Err(e) = self.load_next_ca(&r.next_key).and_then(|ca| self.adopt_next_ca(ca)) {
+                    return Err(Error::internal("a rotation of the mesh CA is in progress, and this replica cannot take part", e));
                 }
             }
         }
@@ -375,12 +381,16 @@ impl Controller {
             trellis_pki::server_renewal_due(info.not_before, info.not_after, self.now()).then_some(info.serial)
         };
         let Some(old) = due else { return Ok(false) };
-        let ca = self.ca();
-        let server = self.server_cert_under(&ca)?;
-        let info = trellis_pki::inspect_pem(&server.cert_pem).map_err(|e| Error::internal("reading the server certificate", e))?;
-        self.keep("server.key", server.key_pem.as_bytes(), 0o600)?;
-        self.keep("server.pem", server.cert_pem.as_bytes(), 0o644)?;
-        self.set_server(server);
+        let info = {
+            let _changing = self.cert_changes.lock().expect("certificate changes");
+            let ca = self.ca();
+            let server = self.server_cert_under(&ca)?;
+            let info = trellis_pki::inspect_pem(&server.cert_pem).map_err(|e| Error::internal("reading the server certificate", e))?;
+            self.keep("server.key", server.key_pem.as_bytes(), 0o600)?;
+            self.keep("server.pem", server.cert_pem.as_bytes(), 0o644)?;
+            self.set_server(server);
+            info
+        };
         let audit = Audit {
             at: self.now(),
             actor: "controller",

@@ -90,6 +90,9 @@ pub struct Controller {
     authority: std::sync::RwLock<authority::Authority>,
     /// Moves when what the server presents or accepts changes.
     tls_generation: std::sync::atomic::AtomicU64,
+    /// Held while the CAs or the server certificate change (a rotation's request, a publish
+    /// run, the renewal), so that no two change them, or their files, at once.
+    cert_changes: std::sync::Mutex<()>,
     publisher: publish::Publisher,
     /// The parsed declaration of the newest revision seen, keyed by its number. A cache only:
     /// the database says which revision is current.
@@ -133,6 +136,7 @@ impl Controller {
             authority: std::sync::RwLock::new(authority::Authority::new(ca, services)),
             admin_sha256,
             tls_generation: Default::default(),
+            cert_changes: Default::default(),
             store,
             config,
             signing: std::sync::RwLock::new(trust::Signing { current: signing_key, next: None }),
@@ -202,7 +206,17 @@ impl Controller {
             .with_checkpoint(state.path(audit::CHECKPOINT))
             .with_high_water(state.path(restore::HIGH_WATER));
         c.state_dir = Some(state.dir.clone());
-        let server = trellis_pki::Pair { cert_pem: state.read("server.pem")?, key_pem: state.read("server.key")? };
+        let mut server = trellis_pki::Pair { cert_pem: state.read("server.pem")?, key_pem: state.read("server.key")? };
+        if !trellis_pki::key_matches_cert(&server.key_pem, &server.cert_pem) {
+            // Stopped between writing a renewed key and its certificate: made again.
+            tracing::warn!("server.key is not the key of server.pem; the server certificate is made again");
+            let hosts: Vec<String> = state.config.advertise.iter().filter_map(|a| state::split_host_port(a).ok().map(|(h, _)| h)).collect();
+            let ca = trellis_pki::Ca::load(&state.read("ca.pem")?, &state.read("ca.key")?)?;
+            let now = std::time::SystemTime::now();
+            server = ca.server_cert(&hosts, now, std::time::Duration::from_secs(state.config.server_cert_secs), rand::random())?;
+            trellis_files::replace(&state.path("server.key"), server.key_pem.as_bytes(), 0o600)?;
+            trellis_files::replace(&state.path("server.pem"), server.cert_pem.as_bytes(), 0o644)?;
+        }
         if let Ok(info) = trellis_pki::services::inspect_service(&server.cert_pem) {
             c.server_names = info.dns.into_iter().chain(info.ips.iter().map(|ip| ip.to_string())).collect();
         }

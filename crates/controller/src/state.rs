@@ -40,6 +40,8 @@ pub struct Config {
 
 /// The shortest lifetime a server certificate may be given: it is looked at every 5 s.
 pub const MIN_SERVER_CERT_SECS: u64 = 30;
+/// The longest: twenty years.
+pub const MAX_SERVER_CERT_SECS: u64 = 20 * 365 * 86400;
 
 fn server_cert_secs() -> u64 {
     trellis_pki::SERVER_CERT_SECS
@@ -61,8 +63,12 @@ impl StateDir {
             .with_context(|| format!("{} holds no controller; run `trellis init --state-dir {}` first", dir.display(), dir.display()))?;
         let config: Config =
             toml::from_str(&text).with_context(|| format!("{} is not a valid controller configuration", path.display()))?;
-        if config.server_cert_secs < MIN_SERVER_CERT_SECS {
-            bail!("{}: server_cert_secs is {}; it must be at least {MIN_SERVER_CERT_SECS}", path.display(), config.server_cert_secs);
+        if !(MIN_SERVER_CERT_SECS..=MAX_SERVER_CERT_SECS).contains(&config.server_cert_secs) {
+            bail!(
+                "{}: server_cert_secs is {}; it must be from {MIN_SERVER_CERT_SECS} to {MAX_SERVER_CERT_SECS} (20 years)",
+                path.display(),
+                config.server_cert_secs
+            );
         }
         Ok(StateDir { dir: dir.to_path_buf(), config })
     }

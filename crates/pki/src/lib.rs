@@ -276,6 +276,12 @@ pub fn cert_public_key(cert_pem: &str) -> Result<Vec<u8>, PkiError> {
     Ok(cert.public_key().subject_public_key.data.to_vec())
 }
 
+/// Whether `key_pem` is the private key of the public key `cert_pem` certifies.
+pub fn key_matches_cert(key_pem: &str, cert_pem: &str) -> bool {
+    let Ok(key) = KeyPair::from_pem(key_pem) else { return false };
+    cert_public_key(cert_pem).is_ok_and(|public| public == key.der_bytes())
+}
+
 /// Whether the certificate `cert_pem` names the subject of the CA certificate `ca_pem` as its
 /// issuer (which of two mesh CAs issued a node's certificate, during a rotation).
 pub fn issued_by_ca(cert_pem: &str, ca_pem: &str) -> Result<bool, PkiError> {

@@ -77,6 +77,12 @@ fn mesh_level_ca(der: &CertificateDer<'_>) -> bool {
     matches!(cert.basic_constraints(), Ok(Some(bc)) if bc.value.ca && bc.value.path_len_constraint.is_none_or(|n| n >= 1))
 }
 
+/// Whether `pem` holds exactly one certificate, a mesh-level CA's (what a next mesh CA
+/// announced to a node must be).
+pub fn one_mesh_ca(pem: &str) -> bool {
+    matches!(certificates(pem).as_deref(), Ok([one]) if mesh_level_ca(one))
+}
+
 /// The certificates presented after a controller's own that its path may pass through: the
 /// mesh-level CAs among them (ADR 0029). A service certificate's chain (through the services CA)
 /// never makes a controller, whatever names it carries.
