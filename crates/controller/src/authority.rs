@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use trellis_pki::{Ca, Pair, ServicesCa};
 use trellis_proto::{self as proto, AuditAction};
-use trellis_store::{Audit, RotationRecord, StoreError};
+use trellis_store::{Audit, RotationRecord};
 
-use crate::trust::MAX_OVERLAP_SECS;
+use crate::trust::{check_overlap, Started};
 use crate::{Controller, Error, Result};
 
 /// The kind a CA rotation is recorded as.
@@ -156,42 +156,17 @@ impl Controller {
     /// `trellis rotate ca` wrote), whose fingerprint the request names; audited. From now on
     /// node and server certificates are issued under it. Refused while another is in progress.
     pub async fn rotate_ca(&self, req: &proto::CaRotation) -> Result<proto::Rotation> {
-        if req.overlap_secs == 0 || req.overlap_secs > MAX_OVERLAP_SECS {
-            return Err(Error::BadRequest(format!("the overlap must be from 1 s to {} days", MAX_OVERLAP_SECS / 86_400)));
-        }
+        check_overlap(req.overlap_secs)?;
         let fingerprint = req.next_ca_fingerprint.to_ascii_lowercase();
         let next = self.load_next_ca(&fingerprint)?;
         if !next.allows_intermediate() {
             return Err(Error::BadRequest("the next CA allows no intermediate CA below it, so it cannot certify the services CA".into()));
         }
-        let record = RotationRecord {
-            next_key: fingerprint.clone(),
-            kind: CA_ROTATION.into(),
-            started_at: self.now(),
-            overlap_secs: req.overlap_secs as i64,
-            completed_at: None,
-            completed_by: None,
-        };
-        let audit = Audit {
-            at: record.started_at,
-            actor: "admin",
-            action: AuditAction::CaRotationStarted,
-            subject: &fingerprint,
-            detail: format!("overlap {} s; {}", req.overlap_secs, next.inspect().map(|i| i.common_name).unwrap_or_default()),
-        };
-        self.store.start_rotation(&record, &audit).await.map_err(|e| match e {
-            StoreError::RotationInProgress(key) => {
-                Error::BadRequest(format!("a rotation of the mesh CA to {key} is in progress; see `trellis rotate status`"))
-            }
-            other => other.into(),
-        })?;
+        let detail = format!("overlap {} s; {}", req.overlap_secs, next.inspect().map(|i| i.common_name).unwrap_or_default());
+        let started = Started { kind: CA_ROTATION, what: "mesh CA", action: AuditAction::CaRotationStarted };
+        self.start_rotation(started, &fingerprint, req.overlap_secs, detail).await?;
         self.adopt_next_ca(next)?;
-        self.ask_publish();
-        self.rotations()
-            .await?
-            .into_iter()
-            .find(|r| r.next_key == fingerprint)
-            .ok_or_else(|| Error::internal("starting a rotation", "not recorded"))
+        self.rotation_started(&fingerprint).await
     }
 
     /// The next CA from this state directory, which must be the one named.

@@ -78,10 +78,19 @@ impl StateDir {
     }
 
     /// How an admin on this machine reaches the controller: its first advertised HOST:PORT, the
-    /// mesh CA certificate and the admin credential.
+    /// mesh CA certificate (with the next one during a CA rotation, so that a command begun just
+    /// before the rotation completes is not refused the new server certificate) and the admin
+    /// credential.
     pub fn admin_access(&self) -> Result<(String, String, String)> {
         let host = self.config.advertise.first().context("controller.toml advertises no address")?;
-        Ok((host.clone(), self.read("ca.pem")?, self.read("admin.token")?))
+        let mut cas = self.read("ca.pem")?;
+        if let Ok(next) = self.read(crate::authority::NEXT_CA_CERT) {
+            if !cas.ends_with('\n') {
+                cas.push('\n');
+            }
+            cas.push_str(&next);
+        }
+        Ok((host.clone(), cas, self.read("admin.token")?))
     }
 
     /// The services intermediate CA (ADR 0023), if this state directory has one: one made before

@@ -25,6 +25,22 @@ pub const RETIRED_SIGNING_KEY: &str = "signing.retired.key";
 /// The longest overlap a rotation may wait for nodes that are away.
 pub const MAX_OVERLAP_SECS: u64 = 90 * 86_400;
 
+/// What a rotation of one kind records when it starts.
+pub(crate) struct Started {
+    pub kind: &'static str,
+    /// What is rotated, as refusals say it.
+    pub what: &'static str,
+    pub action: AuditAction,
+}
+
+/// An overlap is from a second to [`MAX_OVERLAP_SECS`].
+pub(crate) fn check_overlap(secs: u64) -> Result<()> {
+    if secs == 0 || secs > MAX_OVERLAP_SECS {
+        return Err(Error::BadRequest(format!("the overlap must be from 1 s to {} days", MAX_OVERLAP_SECS / 86_400)));
+    }
+    Ok(())
+}
+
 /// The keys bundles, stamps and checkpoints are signed with: the current one, and the next once
 /// a rotation announced it.
 pub(crate) struct Signing {
@@ -141,37 +157,41 @@ impl Controller {
     /// `signing.next.key` (the one `trellis rotate signing-key` wrote), whose public half the
     /// request names; audited. Refused while another is in progress.
     pub async fn rotate_signing_key(&self, req: &proto::SigningKeyRotation) -> Result<proto::Rotation> {
-        if req.overlap_secs == 0 || req.overlap_secs > MAX_OVERLAP_SECS {
-            return Err(Error::BadRequest(format!("the overlap must be from 1 s to {} days", MAX_OVERLAP_SECS / 86_400)));
-        }
+        check_overlap(req.overlap_secs)?;
         let next = self.load_next_key(&req.next_public_key)?;
+        let started = Started { kind: SIGNING_KEY, what: "signing key", action: AuditAction::SigningKeyRotationStarted };
+        self.start_rotation(started, &req.next_public_key, req.overlap_secs, format!("overlap {} s", req.overlap_secs)).await?;
+        self.signing.write().expect("signing").next = Some(next);
+        self.rotation_started(&req.next_public_key).await
+    }
+
+    /// Records the start of a rotation to `next_key`, with its audit record; refused while
+    /// another of its kind is in progress.
+    pub(crate) async fn start_rotation(&self, started: Started, next_key: &str, overlap_secs: u64, detail: String) -> Result<()> {
         let record = RotationRecord {
-            next_key: req.next_public_key.clone(),
-            kind: SIGNING_KEY.into(),
+            next_key: next_key.to_string(),
+            kind: started.kind.into(),
             started_at: self.now(),
-            overlap_secs: req.overlap_secs as i64,
+            overlap_secs: overlap_secs as i64,
             completed_at: None,
             completed_by: None,
         };
-        let audit = Audit {
-            at: record.started_at,
-            actor: "admin",
-            action: AuditAction::SigningKeyRotationStarted,
-            subject: &record.next_key,
-            detail: format!("overlap {} s", req.overlap_secs),
-        };
+        let audit = Audit { at: record.started_at, actor: "admin", action: started.action, subject: next_key, detail };
         self.store.start_rotation(&record, &audit).await.map_err(|e| match e {
             StoreError::RotationInProgress(key) => {
-                Error::BadRequest(format!("a rotation of the signing key to {key} is in progress; see `trellis rotate status`"))
+                Error::BadRequest(format!("a rotation of the {} to {key} is in progress; see `trellis rotate status`", started.what))
             }
             other => other.into(),
-        })?;
-        self.signing.write().expect("signing").next = Some(next);
+        })
+    }
+
+    /// A rotation just started: publishing is asked for, and the rotation as listed returned.
+    pub(crate) async fn rotation_started(&self, next_key: &str) -> Result<proto::Rotation> {
         self.ask_publish();
-        let rotations = self.rotations().await?;
-        rotations
+        self.rotations()
+            .await?
             .into_iter()
-            .find(|r| r.next_key == req.next_public_key)
+            .find(|r| r.next_key == next_key)
             .ok_or_else(|| Error::internal("starting a rotation", "not recorded"))
     }
 
