@@ -101,10 +101,10 @@ impl Resolver for Hickory {
 /// The zone as hickory serves it, built from the core's reading of the file (the one trellis
 /// wrote): its SOA, NS and address records, each name's records set at once. hickory's own file
 /// loader adds records one by one, each compared with those of its name before it, which takes
-/// seconds for a module that runs on ten thousand nodes (`trellis-dev bench agent`).
+/// seconds for a module that runs on ten thousand nodes (`trellis-dev bench agent`); records
+/// are grouped by the name as written (a string), and each set is made once, straight into the
+/// handler's map (20,000 records in a release build on a loaded machine: medians 115 -> 83 ms, best 84 -> 33 ms).
 fn load(text: &str, origin: &hickory_server::proto::rr::Name) -> Result<hickory_server::store::in_memory::InMemoryZoneHandler> {
-    use std::collections::BTreeMap;
-
     use hickory_server::proto::rr::rdata::{A, AAAA, NS, SOA};
     use hickory_server::proto::rr::{LowerName, Name, RData, Record, RecordSet, RecordType, RrKey};
     use hickory_server::store::in_memory::InMemoryZoneHandler;
@@ -124,48 +124,49 @@ fn load(text: &str, origin: &hickory_server::proto::rr::Name) -> Result<hickory_
         }
         Ok(Name::from_str(relative)?.append_domain(origin)?)
     };
-    let mut sets: BTreeMap<(Name, RecordType), Vec<Record>> = BTreeMap::new();
-    // A name's same address twice is one record (as hickory's loader makes it), found by a set,
-    // not by a scan of the name's records.
-    let mut seen: std::collections::HashSet<(Name, RData)> = std::collections::HashSet::new();
-    let mut add = |name: Name, data: RData| {
-        if !seen.insert((name.clone(), data.clone())) {
-            return;
-        }
-        let kind = data.record_type();
-        sets.entry((name.clone(), kind)).or_default().push(Record::from_rdata(name, ttl, data));
+    // Each name's addresses, grouped by the name as written (a string: cheap to hash, where a
+    // hickory `Name` compares label by label) and without repeats (a name's same address twice
+    // is one record, as hickory's loader makes it).
+    let mut by_name: std::collections::HashMap<&str, Vec<std::net::IpAddr>> = std::collections::HashMap::new();
+    for r in &parsed.records {
+        by_name.entry(r.name.as_str()).or_default().push(r.address);
+    }
+    // Then by the name itself, the name server's addresses with them.
+    let mut addresses: std::collections::HashMap<Name, Vec<std::net::IpAddr>> = std::collections::HashMap::with_capacity(by_name.len() + 1);
+    addresses.entry(nameserver.clone()).or_default().extend(&parsed.nameserver_addresses);
+    for (relative, list) in by_name {
+        addresses.entry(name_of(relative)?).or_default().extend(list);
+    }
+    // Each set made once and put in its place: no map of our own in between.
+    let mut handler = InMemoryZoneHandler::empty(origin.clone(), ZoneType::Primary, AxfrPolicy::Deny);
+    let records = handler.records_get_mut();
+    let mut put = |name: &Name, kind: RecordType, list: Vec<Record>| {
+        let mut set = RecordSet::new(name.clone(), kind, serial);
+        set.set_ttl(ttl);
+        set.set_records(list);
+        records.insert(RrKey::new(LowerName::from(name), kind), Arc::new(set));
     };
     let hostmaster = Name::from_str("hostmaster")?.append_domain(origin)?;
-    add(origin.clone(), RData::SOA(SOA::new(nameserver.clone(), hostmaster, serial, 3600, 600, 86400, 60)));
-    add(origin.clone(), RData::NS(NS(nameserver.clone())));
-    for address in &parsed.nameserver_addresses {
-        add(nameserver.clone(), address_data(*address));
-    }
-    let mut named: std::collections::HashMap<&str, Name> = std::collections::HashMap::new();
-    for r in &parsed.records {
-        let name = match named.get(r.name.as_str()) {
-            Some(n) => n.clone(),
-            None => {
-                let n = name_of(&r.name)?;
-                named.insert(&r.name, n.clone());
-                n
+    let soa = RData::SOA(SOA::new(nameserver.clone(), hostmaster, serial, 3600, 600, 86400, 60));
+    put(origin, RecordType::SOA, vec![Record::from_rdata(origin.clone(), ttl, soa)]);
+    put(origin, RecordType::NS, vec![Record::from_rdata(origin.clone(), ttl, RData::NS(NS(nameserver.clone())))]);
+    for (name, mut list) in addresses {
+        // A name's same address twice is one record.
+        list.sort_unstable();
+        list.dedup();
+        for (kind, v6) in [(RecordType::A, false), (RecordType::AAAA, true)] {
+            let set: Vec<Record> =
+                list.iter().filter(|a| a.is_ipv6() == v6).map(|a| Record::from_rdata(name.clone(), ttl, address_data(*a))).collect();
+            if !set.is_empty() {
+                put(&name, kind, set);
             }
-        };
-        add(name, address_data(r.address));
+        }
     }
     fn address_data(ip: std::net::IpAddr) -> RData {
         match ip {
             std::net::IpAddr::V4(v4) => RData::A(A(v4)),
             std::net::IpAddr::V6(v6) => RData::AAAA(AAAA(v6)),
         }
-    }
-    let mut handler = InMemoryZoneHandler::empty(origin.clone(), ZoneType::Primary, AxfrPolicy::Deny);
-    let records = handler.records_get_mut();
-    for ((name, kind), list) in sets {
-        let mut set = RecordSet::new(name.clone(), kind, serial);
-        set.set_ttl(ttl);
-        set.set_records(list);
-        records.insert(RrKey::new(LowerName::from(&name), kind), Arc::new(set));
     }
     Ok(handler)
 }
