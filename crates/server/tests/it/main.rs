@@ -447,7 +447,9 @@ async fn a_pending_node_gets_no_bundle_until_approved() {
 }
 
 /// The attack: a node's superseded certificate (still accepted until it expires) asks for a new
-/// one. Before, it got one, which replaced the current certificate and locked it out.
+/// one for another key. Before, it got one, which replaced the current certificate and locked it
+/// out. For the same key it is a retry whose answer was lost (ADR 0029): it is given the current
+/// certificate again, and nothing is replaced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_superseded_certificate_cannot_renew_and_lock_the_current_one_out() {
     for url in backends().await {
@@ -457,8 +459,12 @@ async fn a_superseded_certificate_cannot_renew_and_lock_the_current_one_out() {
         assert_eq!(s, 200, "{renewed}");
         let current = first.with_cert(renewed["node_cert_pem"].as_str().unwrap());
         assert_eq!(first.whoami(&r.base).await, 200, "the replaced certificate still authenticates");
-        let (s, body) = first.renew(&r.base).await;
+        let (_, other_csr) = trellis_pki::node_key_and_csr("db-1").unwrap();
+        let resp = first.http.post(format!("{}/v1/renew", r.base)).json(&json!({"csr_pem": other_csr})).send().await.unwrap();
+        let (s, body): (u16, Value) = (resp.status().as_u16(), resp.json().await.unwrap());
         assert_eq!((s, body["code"].as_str()), (403, Some("certificate_superseded")), "{body}");
+        let (s, again) = first.renew(&r.base).await;
+        assert_eq!((s, again["node_cert_pem"].as_str()), (200, renewed["node_cert_pem"].as_str()), "the same key: {again}");
         assert_eq!(current.whoami(&r.base).await, 200, "the current certificate is not locked out");
         let (s, body) = current.renew(&r.base).await;
         assert_eq!(s, 200, "the current certificate renews: {body}");
