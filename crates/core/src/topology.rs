@@ -70,12 +70,9 @@ pub struct ResolvedRoute<'d> {
 /// How two nodes reach each other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Path {
-    /// At least one side dials the other. Each field is the endpoint (index into the other
-    /// node's endpoints) that side dials, if it can.
-    Direct {
-        a_dials: Option<usize>,
-        b_dials: Option<usize>,
-    },
+    /// At least one side dials the other; `Reach::dials` says which endpoint. Not held here, so
+    /// that the paths a compile keeps (one per pair of partners) take eight bytes each.
+    Direct,
     /// Neither can dial the other; both dial, or are dialled by, this hub.
     Relay {
         hub: u32,
@@ -113,9 +110,8 @@ impl Reach {
 
     /// The path rule. With `need_keys`, only hubs whose key is known may relay.
     pub fn path(&self, a: u32, b: u32, need_keys: bool) -> Path {
-        let (a_dials, b_dials) = (self.dials(a, b), self.dials(b, a));
-        if a_dials.is_some() || b_dials.is_some() {
-            return Path::Direct { a_dials, b_dials };
+        if self.dials(a, b).is_some() || self.dials(b, a).is_some() {
+            return Path::Direct;
         }
         // A hub never links to itself, so the hubs common to both are neither `a` nor `b`.
         let (la, lb) = (&self.hub_links[a as usize].0, &self.hub_links[b as usize].0);
