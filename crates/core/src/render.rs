@@ -76,10 +76,11 @@ pub fn node_toml(plan: &NodePlan) -> String {
 /// file that has it the same way (key, endpoint, keepalive), so that text is made once and
 /// shared (`NodeText::peer_block`).
 ///
-/// The peers' sections are held in runs (`text::Chunk`) that end at peers picked by their
-/// address in memory, about one in 64: a file made again with `before`, the node's file before,
-/// takes from it every run whose peers and sections are the same, so that one peer more or less
-/// in a list of ten thousand costs a run, not ten thousand references.
+/// The peers' sections are held in runs (`text::Chunk`) that end at peers, and at nodes a hub
+/// relays for, picked by their address in memory, about one in 64: a file made again with
+/// `before`, the node's file before, takes from it every run whose peers and sections are the
+/// same, so that one peer more or less in a list of ten thousand costs a run, not ten thousand
+/// references.
 pub fn wireguard(plan: &NodePlan, before: Option<&Text>) -> Text {
     let c = &plan.common;
     let mut s = TextBuilder::with_capacity(plan.peers.len() + 2, 256);
@@ -103,6 +104,13 @@ pub fn wireguard(plan: &NodePlan, before: Option<&Text>) -> Text {
         run.push(&p.block);
         for r in &p.relays_for {
             run.push(&r.relay_lines);
+            // A hub's section names every node it relays for (nearly every node, in an
+            // operator's file at 100,000 nodes): cut like the peers, so that one node more behind
+            // the hub costs a run, not the section.
+            if ends_run(r) {
+                s.push_run(&run, &mut before);
+                run.clear();
+            }
         }
         for r in &p.routes {
             run.push(&r.lines);
