@@ -138,7 +138,7 @@ pub fn explain(topo: &Topology, from: &str, to: &str) -> Option<Explanation> {
     let reverse = allowed(b, a);
     let mut reasons = Vec::new();
     let (path, hub) = match topo.path(a, b, false) {
-        Path::Direct { .. } => {
+        Path::Direct => {
             reasons.push(dial_reason(topo, a, b));
             reasons.push(dial_reason(topo, b, a));
             ("direct", None)
@@ -295,7 +295,7 @@ fn run_route_test(topo: &Topology, t: &PolicyTest, from: u32, name: &str) -> Res
         })
         .collect();
     let uses = r.users.binary_search(&from).is_ok();
-    let reached = r.via.iter().any(|&v| matches!(topo.path(from, v, false), Path::Direct { .. }));
+    let reached = r.via.iter().any(|&v| matches!(topo.path(from, v, false), Path::Direct));
     match t.expect {
         Expect::Allow if admitting.is_empty() => fail(format!("no rule of route `{name}` admits {}", t.from)),
         Expect::Allow if !uses => fail(format!("{} does not opt into the exit (`exit = \"{name}\"` on the node)", t.from)),
@@ -367,13 +367,13 @@ pub fn explain_route(topo: &Topology, from: &str, target: &str) -> Option<Result
     for &v in &route.via {
         let name = topo.name(v);
         let line = match topo.path(a, v, false) {
-            Path::Direct { .. } if chosen.is_none() => {
+            Path::Direct if chosen.is_none() => {
                 chosen = Some(v);
                 format!(
                     "via {name}: used (the first router {from} has a direct path with; the next takes over if it is revoked or removed)"
                 )
             }
-            Path::Direct { .. } => format!("via {name}: stands by (direct path)"),
+            Path::Direct => format!("via {name}: stands by (direct path)"),
             Path::Relay { hub } => {
                 format!("via {name}: not used (only relayed through hub {}; a route needs a direct path)", topo.name(hub))
             }
@@ -465,7 +465,7 @@ pub fn explain_exposure(topo: &Topology, name: &str) -> Option<String> {
                 continue;
             }
             let how = match topo.path(v, b, false) {
-                Path::Direct { .. } => "direct".to_string(),
+                Path::Direct => "direct".to_string(),
                 Path::Relay { hub } => format!("relayed through hub {}", topo.name(hub)),
                 Path::None => "no path: this backend is unreachable from this edge (see `trellis explain`)".to_string(),
             };

@@ -53,7 +53,7 @@ pub fn graph(topo: &Topology) -> Graph {
         for &b in ps.iter().filter(|&&b| b > a) {
             let (x, y) = ordered(topo.name(a), topo.name(b));
             match topo.path(a, b, false) {
-                Path::Direct { .. } => {
+                Path::Direct => {
                     links.insert(Link { a: x, b: y, reach: Reach::Direct });
                 }
                 Path::Relay { hub } => {

@@ -86,6 +86,24 @@ impl Text {
         Text(Arc::new(Inner { len: chunk.len(), chunks: vec![chunk] }))
     }
 
+    /// This text with its first piece for which `replace` gives a new text replaced by it: the
+    /// other chunks are shared with this one, only the chunk that held the piece is made again.
+    /// None when no piece is replaced.
+    pub fn replace_first(&self, replace: impl Fn(&str) -> Option<String>) -> Option<Text> {
+        let (at, i, new) = self
+            .0
+            .chunks
+            .iter()
+            .enumerate()
+            .find_map(|(at, c)| c.pieces().iter().enumerate().find_map(|(i, p)| replace(p).map(|new| (at, i, new))))?;
+        let mut chunks = self.0.chunks.clone();
+        let mut pieces = chunks[at].pieces().to_vec();
+        pieces[i] = new.into();
+        chunks[at] = Chunk::new(pieces);
+        let len = chunks.iter().map(Chunk::len).sum();
+        Some(Text(Arc::new(Inner { chunks, len })))
+    }
+
     /// The chunks, in order; their pieces, in order, are the text.
     pub fn chunks(&self) -> &[Chunk] {
         &self.0.chunks
@@ -308,6 +326,22 @@ mod tests {
         let pieces: Vec<&Arc<str>> = t.pieces().collect();
         assert_eq!(pieces.len(), 3);
         assert!(Arc::ptr_eq(pieces[1], &shared));
+    }
+
+    #[test]
+    fn replacing_a_piece_makes_only_its_chunk_again() {
+        let pieces: Vec<Arc<str>> = (0..4).map(|i| Arc::from(format!("[{i}]"))).collect();
+        let mut before = Runs::of(None);
+        let mut b = TextBuilder::default();
+        b.push_run(&[&pieces[0], &pieces[1]], &mut before);
+        b.push_run(&[&pieces[2], &pieces[3]], &mut before);
+        let t = b.finish();
+        let r = t.replace_first(|p| (p.starts_with('[') && p != "[0]" && p != "[1]").then(|| "<two>".to_string())).expect("replaced");
+        assert_eq!(r.to_string(), "[0][1]<two>[3]");
+        assert_eq!(r.len(), 14);
+        assert!(Arc::ptr_eq(&r.chunks()[0].0, &t.chunks()[0].0), "the chunk without the piece is shared");
+        assert_eq!(t.to_string(), "[0][1][2][3]", "the text replaced from is as it was");
+        assert!(t.replace_first(|_| None).is_none());
     }
 
     #[test]

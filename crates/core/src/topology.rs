@@ -20,8 +20,8 @@ impl Bits {
         self.0[i / 64] |= 1 << (i % 64);
     }
 
-    fn meets(&self, other: &Bits) -> bool {
-        self.0.iter().zip(other.0.iter()).any(|(a, b)| a & b != 0)
+    fn meets(&self, other: &[u64]) -> bool {
+        meets(&self.0, other)
     }
 
     fn union(&mut self, other: &Bits) {
@@ -29,6 +29,11 @@ impl Bits {
             *a |= b;
         }
     }
+}
+
+/// Whether two sets of bits share one.
+fn meets(a: &[u64], b: &[u64]) -> bool {
+    a.iter().zip(b).any(|(x, y)| x & y != 0)
 }
 
 /// A node set: sorted, without repeats, of node positions.
@@ -70,12 +75,9 @@ pub struct ResolvedRoute<'d> {
 /// How two nodes reach each other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Path {
-    /// At least one side dials the other. Each field is the endpoint (index into the other
-    /// node's endpoints) that side dials, if it can.
-    Direct {
-        a_dials: Option<usize>,
-        b_dials: Option<usize>,
-    },
+    /// At least one side dials the other; `Reach::dials` says which endpoint. Not held here, so
+    /// that the paths a compile keeps (one per pair of partners) take eight bytes each.
+    Direct,
     /// Neither can dial the other; both dial, or are dialled by, this hub.
     Relay {
         hub: u32,
@@ -87,24 +89,46 @@ pub enum Path {
 /// can keep it for the next one.
 #[derive(Clone, Debug)]
 pub struct Reach {
-    nets: Vec<Bits>,
-    reach: Vec<Bits>,
+    /// Per node, one row: its networks (`words` words of bits), the networks any of its
+    /// endpoints is reachable from (`words`), and the hubs it has a direct path with (bits over
+    /// `hubs`). Side by side, so that the path between two nodes reads one place for each: a
+    /// compile asks it of every pair of partners (19 million at 100,000 nodes).
+    rows: Vec<u64>,
+    words: usize,
     endpoint_reach: Vec<Vec<Bits>>,
     pub hubs: Vec<u32>,
-    /// Per node, the hubs (as bits over `hubs`) it has a direct path with.
-    hub_links: Vec<Bits>,
     /// The hubs whose key is known, as bits over `hubs`.
     keyed_hubs: Bits,
 }
 
 impl Reach {
+    fn row(&self, a: usize) -> &[u64] {
+        let len = 2 * self.words + self.keyed_hubs.0.len();
+        &self.rows[a * len..(a + 1) * len]
+    }
+
+    fn nets(&self, a: usize) -> &[u64] {
+        &self.row(a)[..self.words]
+    }
+
+    /// The networks any of the node's endpoints is reachable from.
+    fn reach(&self, a: usize) -> &[u64] {
+        &self.row(a)[self.words..2 * self.words]
+    }
+
+    /// The hubs the node has a direct path with, as bits over `hubs`.
+    fn hub_links(&self, a: usize) -> &[u64] {
+        &self.row(a)[2 * self.words..]
+    }
+
     /// The endpoint of `b` that `a` dials: the first whose `reachable_from` meets `a`'s networks.
     pub fn dials(&self, a: u32, b: u32) -> Option<usize> {
         let (a, b) = (a as usize, b as usize);
-        if !self.nets[a].meets(&self.reach[b]) {
+        let nets = self.nets(a);
+        if !meets(nets, self.reach(b)) {
             return None;
         }
-        self.endpoint_reach[b].iter().position(|e| self.nets[a].meets(e))
+        self.endpoint_reach[b].iter().position(|e| e.meets(nets))
     }
 
     pub fn direct(&self, a: u32, b: u32) -> bool {
@@ -113,12 +137,11 @@ impl Reach {
 
     /// The path rule. With `need_keys`, only hubs whose key is known may relay.
     pub fn path(&self, a: u32, b: u32, need_keys: bool) -> Path {
-        let (a_dials, b_dials) = (self.dials(a, b), self.dials(b, a));
-        if a_dials.is_some() || b_dials.is_some() {
-            return Path::Direct { a_dials, b_dials };
+        if self.dials(a, b).is_some() || self.dials(b, a).is_some() {
+            return Path::Direct;
         }
         // A hub never links to itself, so the hubs common to both are neither `a` nor `b`.
-        let (la, lb) = (&self.hub_links[a as usize].0, &self.hub_links[b as usize].0);
+        let (la, lb) = (self.hub_links(a as usize), self.hub_links(b as usize));
         for (w, (x, y)) in la.iter().zip(lb.iter()).enumerate() {
             let mut both = x & y;
             if need_keys {
@@ -161,6 +184,8 @@ pub struct Topology<'d> {
     pub exposures: Vec<ResolvedExposure<'d>>,
     /// Per node, the rules of the modules it runs (positions in `rules`), modules in name order.
     inbound: Vec<Vec<u32>>,
+    /// Per node, the modules it runs, as positions in `module_names`.
+    modules_of: Vec<Vec<u32>>,
 }
 
 /// An exposure with its ingress nodes and its module's runners as node sets.
@@ -220,18 +245,18 @@ impl<'d> Topology<'d> {
             }
             b
         };
-        let nets = nodes.iter().map(|n| bits_of(&n.networks)).collect();
         let endpoint_reach: Vec<Vec<Bits>> =
             nodes.iter().map(|n| n.endpoints.iter().map(|e| bits_of(&e.reachable_from)).collect()).collect();
-        let reach = endpoint_reach
-            .iter()
-            .map(|eps| {
-                let mut b = Bits::new(words);
-                eps.iter().for_each(|e| b.union(e));
-                b
-            })
-            .collect();
         let hubs: Vec<u32> = (0..nodes.len() as u32).filter(|&i| nodes[i as usize].hub).collect();
+        let hub_words = hubs_len_words(&hubs);
+        let mut rows = Vec::with_capacity(nodes.len() * (2 * words + hub_words));
+        for (n, eps) in nodes.iter().zip(&endpoint_reach) {
+            let mut reach = Bits::new(words);
+            eps.iter().for_each(|e| reach.union(e));
+            rows.extend_from_slice(&bits_of(&n.networks).0);
+            rows.extend_from_slice(&reach.0);
+            rows.extend(std::iter::repeat_n(0, hub_words));
+        }
 
         let mut groups: FastMap<&str, Vec<u32>> = decl
             .groups
@@ -306,7 +331,6 @@ impl<'d> Topology<'d> {
         let ipv4 = by_name(&nodes, &alloc.ipv4);
         let ipv6 = by_name(&nodes, &alloc.ipv6);
         let keys: Vec<Option<PublicKey>> = nodes.iter().map(|n| n.public_key.or_else(|| keys.get(&n.name))).collect();
-        let hub_words = hubs_len_words(&hubs);
         let mut keyed_hubs = Bits::new(hub_words);
         for (j, &h) in hubs.iter().enumerate() {
             if keys[h as usize].is_some() {
@@ -316,6 +340,12 @@ impl<'d> Topology<'d> {
         let mut module_names: Vec<(std::sync::Arc<str>, NodeSet)> =
             runners.iter().filter(|(_, r)| !r.is_empty()).map(|(m, r)| (std::sync::Arc::from(*m), r.clone())).collect();
         module_names.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let mut modules_of: Vec<Vec<u32>> = vec![Vec::new(); nodes.len()];
+        for (m, (_, runners)) in module_names.iter().enumerate() {
+            for &r in runners {
+                modules_of[r as usize].push(m as u32);
+            }
+        }
         let mut inbound: Vec<Vec<u32>> = vec![Vec::new(); nodes.len()];
         for (m, runners) in &module_names {
             for i in module_rules[&**m].clone() {
@@ -324,8 +354,8 @@ impl<'d> Topology<'d> {
                 }
             }
         }
-        let mut r = Reach { nets, reach, endpoint_reach, hubs: hubs.clone(), hub_links: Vec::new(), keyed_hubs };
-        r.hub_links = (0..nodes.len() as u32)
+        let mut r = Reach { rows, words, endpoint_reach, hubs: hubs.clone(), keyed_hubs };
+        let links: Vec<Bits> = (0..nodes.len() as u32)
             .map(|a| {
                 let mut b = Bits::new(hub_words);
                 for (j, &h) in r.hubs.iter().enumerate() {
@@ -336,6 +366,10 @@ impl<'d> Topology<'d> {
                 b
             })
             .collect();
+        let row = 2 * words + hub_words;
+        for (a, b) in links.iter().enumerate() {
+            r.rows[a * row + 2 * words..(a + 1) * row].copy_from_slice(&b.0);
+        }
         Topology {
             decl,
             nodes,
@@ -356,6 +390,7 @@ impl<'d> Topology<'d> {
             routes_of,
             exposures,
             inbound,
+            modules_of,
         }
     }
 
@@ -385,7 +420,8 @@ impl<'d> Topology<'d> {
     /// For every node, the nodes it has any allowed traffic with, in either direction.
     pub fn partners(&self) -> Vec<NodeSet> {
         let sources = self.module_sources();
-        crate::par::map(self.nodes.len(), |a| self.partners_of(a as u32, &sources))
+        let reached = self.modules_reached(&sources);
+        crate::par::map(self.nodes.len(), |a| self.partners_of(a as u32, &sources, &reached))
     }
 
     /// For every module of `module_names`, the nodes its rules admit: the union of their sources.
@@ -398,18 +434,16 @@ impl<'d> Topology<'d> {
             .collect()
     }
 
-    /// The partners of one node (what `partners` gives it), from `module_sources`: the sources
-    /// of the modules it runs, the runners of the modules that admit it, and a route's routers
-    /// for its users and users for its routers.
-    pub fn partners_of(&self, a: u32, sources: &[NodeSet]) -> NodeSet {
+    /// The partners of one node (what `partners` gives it), from `module_sources` and
+    /// `modules_reached` of them: the sources of the modules it runs, the runners of the modules
+    /// that admit it, and a route's routers for its users and users for its routers.
+    pub fn partners_of(&self, a: u32, sources: &[NodeSet], reached: &[Vec<u32>]) -> NodeSet {
         let mut v = Vec::new();
-        for ((_, runners), sources) in self.module_names.iter().zip(sources) {
-            if runners.binary_search(&a).is_ok() {
-                v.extend_from_slice(sources);
-            }
-            if sources.binary_search(&a).is_ok() {
-                v.extend_from_slice(runners);
-            }
+        for &m in &self.modules_of[a as usize] {
+            v.extend_from_slice(&sources[m as usize]);
+        }
+        for &m in &reached[a as usize] {
+            v.extend_from_slice(&self.module_names[m as usize].1);
         }
         for r in &self.routes {
             if r.users.binary_search(&a).is_ok() {

@@ -11,6 +11,7 @@ use serde_json::json;
 use std::sync::Arc;
 use trellis_core::decl::PublicKey;
 
+use trellis_core::compile::{MESH_ZONE, NFTABLES_CONF, WIREGUARD_CONF};
 use trellis_core::{compile, load, Compiled, Declaration, Keys, SourceFile};
 
 #[derive(Subcommand)]
@@ -338,6 +339,8 @@ fn bench_compile(args: &CompileArgs) -> Result<ExitCode> {
     let mut cpus = Vec::new();
     let mut last = None;
     for _ in 0..args.runs {
+        // The compile before is dropped first: two of them at once would be the peak.
+        drop(last.take());
         let ((took, cpu), c) = run(&decl, &keys, None)?;
         times.push(took);
         cpus.push(cpu);
@@ -347,6 +350,16 @@ fn bench_compile(args: &CompileArgs) -> Result<ExitCode> {
     let bytes: usize = base.nodes.values().flat_map(|o| o.files.iter()).map(|f| f.content.len()).sum();
     let zone_bytes: usize =
         base.nodes.values().flat_map(|o| o.files.iter()).filter(|f| f.path.ends_with("mesh.zone")).map(|f| f.content.len()).sum();
+    // The largest file of each kind, and whose it is: the files that grow with the mesh.
+    let largest: Vec<(&str, usize, &str)> = [WIREGUARD_CONF, MESH_ZONE, NFTABLES_CONF]
+        .into_iter()
+        .map(|path| {
+            let sizes =
+                base.nodes.iter().flat_map(|(n, o)| o.files.iter().filter(|f| f.path == path).map(move |f| (f.content.len(), n.as_str())));
+            let (len, node) = sizes.max().unwrap_or((0, ""));
+            (path.rsplit('/').next().unwrap_or(path), len, node)
+        })
+        .collect();
     let peers: usize = base.nodes.values().map(|o| o.plan.peers.len()).sum();
     let max_peers = base.nodes.values().map(|o| o.plan.peers.len()).max().unwrap_or(0);
 
@@ -437,6 +450,7 @@ fn bench_compile(args: &CompileArgs) -> Result<ExitCode> {
                 "load_ms": ms(load_time),
                 "full_compile_ms": {"median": ms(median(times.clone())), "cpu_median": ms(median(cpus.clone())), "runs": times.iter().map(|d| ms(*d)).collect::<Vec<_>>()},
                 "peers_total": peers, "peers_max": max_peers, "bytes": bytes, "zone_bytes": zone_bytes,
+                "largest": largest.iter().map(|(f, len, node)| (f.to_string(), json!({"bytes": len, "node": node}))).collect::<serde_json::Map<_, _>>(),
                 "changes": changes,
                 "peak_rss_kib": peak,
             }))?
@@ -456,6 +470,8 @@ fn bench_compile(args: &CompileArgs) -> Result<ExitCode> {
             bytes as f64 / 1048576.0,
             zone_bytes as f64 / 1048576.0
         );
+        let largest: Vec<String> = largest.iter().map(|(f, len, node)| format!("{f} {:.0} KiB ({node})", *len as f64 / 1024.0)).collect();
+        println!("largest files: {}", largest.join(", "));
         for (what, _, took, cpu, rendered) in &figures {
             println!(
                 "{:<28} {:8.2} ms   cpu {:.2} ms; rendered {rendered} of {} nodes; equals a full compile",

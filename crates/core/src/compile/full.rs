@@ -249,8 +249,7 @@ fn plan(decl: &Arc<Declaration>, topo: &Topology, previous: Option<&Compiled>) -
 }
 
 /// A node's peers, the nodes left out for want of a key, and those with no path, from its paths
-/// and the keys. Peers come out in position (name) order; a direct path already says who dials
-/// whom, so only hubs and the nodes a hub relays for ask `Reach::dials`.
+/// and the keys. Peers come out in position (name) order; who dials whom is `Reach::dials`.
 pub(super) fn peers_of(c: &Cache, me: u32) -> (Vec<PeerPlan>, Vec<Arc<str>>, Vec<Arc<str>>) {
     /// A peer before its section is made: position, endpoint dialled, dialled back, relayed.
     type Draft = (u32, Option<usize>, bool, Vec<Arc<NodeText>>);
@@ -268,14 +267,14 @@ pub(super) fn peers_of(c: &Cache, me: u32) -> (Vec<PeerPlan>, Vec<Arc<str>>, Vec
             continue;
         }
         match path {
-            Path::Direct { a_dials, b_dials } => {
+            Path::Direct => {
                 if is_hub(b) {
                     if hub_at.iter().any(|&(h, _)| h == b) {
                         continue;
                     }
                     hub_at.push((b, peers.len()));
                 }
-                peers.push((b, a_dials, b_dials.is_some(), Vec::new()));
+                peers.push(by_reach(b));
             }
             Path::Relay { hub } => {
                 let at = match hub_at.iter().find(|&&(h, _)| h == hub) {
@@ -323,7 +322,7 @@ pub(super) fn peers_of(c: &Cache, me: u32) -> (Vec<PeerPlan>, Vec<Arc<str>>, Vec
 pub(super) fn router_of(c: &Cache, me: u32, r: u32) -> Option<u32> {
     let paths = &c.paths[me as usize];
     c.route_via[r as usize].iter().copied().find(|&v| {
-        c.keys[v as usize].is_some() && paths.binary_search_by_key(&v, |&(b, _)| b).is_ok_and(|i| matches!(paths[i].1, Path::Direct { .. }))
+        c.keys[v as usize].is_some() && paths.binary_search_by_key(&v, |&(b, _)| b).is_ok_and(|i| matches!(paths[i].1, Path::Direct))
     })
 }
 

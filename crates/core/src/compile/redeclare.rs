@@ -125,7 +125,10 @@ impl<'a, 'd> Redeclare<'a, 'd> {
         // With the same nodes in the same places, only the nodes a change of a module's runners
         // or sources reaches have their partners made again (`partners_touched`); else all do.
         let fresh_partners: Vec<Option<NodeSet>> = match identity.then(|| partners_touched(topo, sources, old)).flatten() {
-            Some(touched) => par::map(n, |a| touched[a].then(|| topo.partners_of(a as u32, sources))),
+            Some(touched) => {
+                let reached = topo.modules_reached(sources);
+                par::map(n, |a| touched[a].then(|| topo.partners_of(a as u32, sources, &reached)))
+            }
             None => topo.partners().into_iter().map(Some).collect(),
         };
         Redeclare { topo, old, new_to_old, old_to_new, identity, fresh_partners }

@@ -90,7 +90,7 @@ fn affected_pairs(cache: &Cache, changed: &[u32], was: &[Option<PublicKey>]) -> 
         let presence = cache.keys[k as usize].is_some() != was.is_some();
         for &p in &cache.partners[k as usize] {
             let list = &cache.paths[p as usize];
-            let direct = list.binary_search_by_key(&k, |&(b, _)| b).map_or(true, |i| matches!(list[i].1, Path::Direct { .. }));
+            let direct = list.binary_search_by_key(&k, |&(b, _)| b).map_or(true, |i| matches!(list[i].1, Path::Direct));
             if presence || direct {
                 pairs.push((p, k));
             }
@@ -186,7 +186,7 @@ fn edit_peers(cache: &Cache, a: u32, seen: &[(u32, u32)], plan: &mut NodePlan) -
         let kname = &cache.names[k as usize];
         if let Ok(i) = paths.binary_search_by_key(&k, |&(b, _)| b) {
             match paths[i].1 {
-                Path::Direct { .. } => touched.push(k),
+                Path::Direct => touched.push(k),
                 Path::Relay { hub } => relayed.push((hub, k)),
                 Path::None => {}
             }
@@ -266,13 +266,11 @@ fn peer_entry(c: &Cache, me: u32, b: u32) -> Option<PeerPlan> {
     } else {
         Vec::new()
     };
-    let mut peer = match path {
-        Some(Path::Direct { a_dials, b_dials }) => c.peer(b, a_dials, b_dials.is_some(), relays_for),
-        _ if !relays_for.is_empty() || c.relayed_by[me as usize].binary_search(&b).is_ok() => {
-            c.peer(b, c.reach.dials(me, b), c.reach.dials(b, me).is_some(), relays_for)
-        }
-        _ => return None,
-    };
+    let peer = path == Some(Path::Direct) || !relays_for.is_empty() || c.relayed_by[me as usize].binary_search(&b).is_ok();
+    if !peer {
+        return None;
+    }
+    let mut peer = c.peer(b, c.reach.dials(me, b), c.reach.dials(b, me).is_some(), relays_for);
     for &r in &c.routes_of[me as usize] {
         if router_of(c, me, r) == Some(b) {
             peer.routes.push(c.route_blocks[r as usize].route.clone());
