@@ -60,10 +60,73 @@ pub(crate) fn overlay_addresses(dir: &Path, decl: &trellis_core::Declaration, ag
     Ok(out)
 }
 
+/// How many rows of a round run at once.
+const AT_ONCE: usize = 8;
+
+/// Runs every expectation of a round and returns their rows in order. Rows run up to eight at
+/// once, since a row expecting `closed` waits out its timeout and a fleet's sample has many: in
+/// waves where no two rows listen on the same host, protocol and port; an iperf3 run goes alone,
+/// so that nothing else shares the machine while it measures.
+pub(crate) fn run_round(
+    expects: &[Expect],
+    lab: &LabFile,
+    addrs: &HashMap<String, Vec<IpAddr>>,
+    underlay: &Underlay,
+    st: &LabState,
+) -> Result<Vec<Row>> {
+    let one = |i: usize| match expects[i].proto {
+        Some(Proto::Throughput) => throughput(&expects[i], lab, addrs, st),
+        _ => run(i, &expects[i], addrs, underlay, st),
+    };
+    let alone = |i: usize| expects[i].proto == Some(Proto::Throughput);
+    let mut rows: Vec<Option<Row>> = (0..expects.len()).map(|_| None).collect();
+    let mut left: Vec<usize> = (0..expects.len()).collect();
+    while !left.is_empty() {
+        let mut wave: Vec<usize> = Vec::new();
+        let mut listening: Vec<(&str, bool, u16)> = Vec::new();
+        left.retain(|&i| {
+            let full = wave.len() >= AT_ONCE || wave.first().is_some_and(|&w| alone(w)) || (alone(i) && !wave.is_empty());
+            let key = listener(&expects[i]);
+            if full || key.is_some_and(|k| listening.contains(&k)) {
+                return true;
+            }
+            listening.extend(key);
+            wave.push(i);
+            false
+        });
+        let done: Vec<(usize, Result<Row>)> = std::thread::scope(|s| {
+            let running: Vec<_> = wave.iter().map(|&i| (i, s.spawn(move || one(i)))).collect();
+            running
+                .into_iter()
+                .map(|(i, h)| (i, h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("expectation {}: its check panicked", i + 1)))))
+                .collect()
+        });
+        for (i, row) in done {
+            rows[i] = Some(row?);
+        }
+    }
+    Ok(rows.into_iter().map(|r| r.expect("every row ran in a wave")).collect())
+}
+
+/// What a row listens on while it runs: its target, whether on UDP, and its port. Tcp, tls
+/// and throughput rows start a TCP listener there, udp rows a UDP one; ping, DNS and HTTPS rows
+/// start none.
+fn listener(e: &Expect) -> Option<(&str, bool, u16)> {
+    if e.dns.is_some() {
+        return None;
+    }
+    let udp = match e.proto.unwrap_or_default() {
+        Proto::Tcp | Proto::Tls | Proto::Throughput => false,
+        Proto::Udp => true,
+        Proto::Icmp | Proto::Https => return None,
+    };
+    Some((e.to.as_deref()?, udp, e.port?))
+}
+
 /// Runs expectation `i` and returns its row.
 /// `underlay` holds every lab host's lab addresses: an outside host is reached at them, and a
 /// `via` node's are where a connection must come from.
-pub(crate) fn run(i: usize, e: &Expect, addrs: &HashMap<String, Vec<IpAddr>>, underlay: &Underlay, st: &LabState) -> Result<Row> {
+fn run(i: usize, e: &Expect, addrs: &HashMap<String, Vec<IpAddr>>, underlay: &Underlay, st: &LabState) -> Result<Row> {
     let Some(name) = &e.dns else { return traffic(i, e, addrs, underlay, st) };
     let (what, expected, seen) = dns(e, name, addrs, st)?;
     Ok(Row { from: e.from.clone(), what, expected, seen, note: String::new() })
@@ -437,7 +500,7 @@ const IPERF_LIMIT: &str = "15";
 /// Measures TCP throughput with iperf3 from the from-node to the to-node on the expectation's
 /// port, once to its overlay address and once to its lab address (same family, IPv4 first); met
 /// when the overlay run moved data. The note gives both figures and their ratio.
-pub(crate) fn throughput(e: &Expect, lab: &LabFile, addrs: &HashMap<String, Vec<IpAddr>>, st: &LabState) -> Result<Row> {
+fn throughput(e: &Expect, lab: &LabFile, addrs: &HashMap<String, Vec<IpAddr>>, st: &LabState) -> Result<Row> {
     let to = e.to.as_deref().context("a throughput expectation needs `to`")?;
     let port = e.port.context("a throughput expectation needs `port`")?;
     let overlay = addrs.get(to).and_then(|a| a.iter().find(|ip| ip.is_ipv4()).or(a.first())).context("to-node has no overlay address")?;

@@ -205,13 +205,13 @@ fn build(file: &Path, lab: &LabFile, decl_dir: &Path, decl: &Declaration, later:
     let listened = acme::listeners(&decls, &host_ns, st);
     save(file, st)?;
     listened?;
-    let redeemed = procs::start_agents(lab, decl, &host_ns, st, progress)?;
-    st.agents = redeemed.keys().cloned().collect();
+    let mut first = timing::FirstPackets::default();
+    st.agents = procs::start_agents(lab, decl, &host_ns, st, progress, |node, since, st| first.start(node, &host_ns[node], since, st))?;
     st.agents.sort();
     procs::converge(st, Duration::from_secs(90))?;
     progress(&format!("every node holds its bundle ({:.1}s)", started.elapsed().as_secs_f64()));
     progress(&format!("WireGuard (--wireguard {}): {}", st.wireguard, procs::interfaces(st)?.join(", ")));
-    st.first_packet_ms = timing::first_packets(&host_ns, &redeemed, st)?;
+    st.first_packet_ms = first.finish()?;
     progress(&format!("up in {:.1}s", started.elapsed().as_secs_f64()));
     Ok(())
 }
@@ -284,8 +284,25 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
                 );
             }
             Action::Revoke(node) => {
+                let key = procs::nodes(&st)?
+                    .into_iter()
+                    .find(|n| n.name == node)
+                    .and_then(|n| n.wireguard_public_key)
+                    .with_context(|| format!("`trellis nodes` lists no key for `{node}` before it is revoked"))?;
                 let at = Instant::now();
                 println!("step {}: node {node} revoked -> {}", i + 1, timing::revocation(&st, &node)?);
+                // What the controller says, seen on the nodes: no agent running holds the key.
+                let holding = timing::key_holders(&st, &key)?;
+                let running: Vec<&str> = holding.iter().copied().filter(|h| !st.paused.iter().any(|p| p == h)).collect();
+                if !running.is_empty() {
+                    bail!("step {}: node {node} is revoked, but the wireguard.conf of {} still holds its key", i + 1, running.join(", "));
+                }
+                let paused = if holding.is_empty() { String::new() } else { format!("; paused, {} still hold(s) it", holding.join(", ")) };
+                println!(
+                    "step {}: node {node}'s key is in the wireguard.conf of no running agent ({} read){paused}",
+                    i + 1,
+                    st.agents.len() - st.paused.len()
+                );
                 // An exposure it was a backend of: how long until the edge no longer sends to it.
                 for e in lab.step[i].expect.iter().filter(|e| e.proto == Some(file::Proto::Https) && e.answered_by.is_some()) {
                     let (to, host) = (e.to.clone().unwrap_or_default(), e.host.clone().unwrap_or_default());
@@ -557,18 +574,11 @@ impl Tally {
         let addrs = checks::overlay_addresses(&st.dir, &decl, &st.agents)?;
         let underlay = checks::Underlay {
             addresses: lab.host.iter().map(|h| (h.name.clone(), h.addresses.values().filter_map(|a| a.parse().ok()).collect())).collect(),
-            // Reached at their lab addresses: every host that is no node of the declaration.
-            outside: lab.host.iter().filter(|h| decl.node(&h.name).is_none()).map(|h| h.name.clone()).collect(),
+            // Reached at their lab addresses: every host that is no node of the declaration nor a
+            // pool's member (a member is a node the declaration does not name).
+            outside: lab.host.iter().filter(|h| decl.node(&h.name).is_none() && h.pool.is_none()).map(|h| h.name.clone()).collect(),
         };
-        let rows = lab
-            .expectations(st.steps_done)
-            .iter()
-            .enumerate()
-            .map(|(i, e)| match e.proto {
-                Some(file::Proto::Throughput) => checks::throughput(e, lab, &addrs, st),
-                _ => checks::run(i, e, &addrs, &underlay, st),
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let rows = checks::run_round(&lab.expectations(st.steps_done), lab, &addrs, &underlay, st)?;
         checks::print(&rows);
         self.rows += rows.len();
         self.failures += rows.iter().filter(|r| !r.ok()).count();

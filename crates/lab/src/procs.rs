@@ -170,41 +170,55 @@ pub(crate) fn status(st: &LabState) -> Result<Vec<NodeStatus>> {
     serde_json::from_str(&text).context("`trellis status --json` printed something else than a status list")
 }
 
+/// How long an enrolment may take to settle: every active node applied what it changed.
+const SETTLE: Duration = Duration::from_secs(30);
+
 /// For every node the lab enrols (one without a declared key): a token from a running
 /// controller, `trellis-agent enrol` and then `trellis-agent run` in the node's namespace, each
 /// agent in its own mount namespace so the userspace WireGuard control sockets do not collide.
+/// The next token is redeemed once every node applied what the last enrolment changed: each node
+/// is timed on a settled mesh, not behind the applies of the nodes enrolled just before it (in a
+/// fleet, one enrolment changes the bundles of every node that peers with the new one).
 /// Then each pool's hosts, in order, with one pool token of as many uses: each must be given the
-/// member name its host has. Returns when each token was redeemed.
+/// member name its host has. `started` is told of each agent as soon as it runs, with the
+/// moment its token was redeemed. Returns the nodes enrolled.
 pub(crate) fn start_agents(
     lab: &LabFile,
     decl: &trellis_core::Declaration,
     host_ns: &HashMap<String, String>,
     st: &mut LabState,
     progress: impl Fn(&str),
-) -> Result<HashMap<String, Instant>> {
-    let mut redeemed: HashMap<String, Instant> = HashMap::new();
+    mut started: impl FnMut(&str, Instant, &LabState),
+) -> Result<Vec<String>> {
+    let mut enrolled = Vec::new();
     for node in &decl.nodes {
         if node.public_key.is_some() {
             continue;
         }
         let token = admin(st, &["token", "create", &node.name])?.trim().to_string();
-        redeemed.insert(node.name.clone(), Instant::now());
+        let redeemed = Instant::now();
         enrol_and_run(&node.name, &host_ns[&node.name], &token, st)?;
+        started(&node.name, redeemed, st);
+        enrolled.push(node.name.clone());
         progress(&format!("{} enrolled, agent running", node.name));
+        settle(st)?;
     }
     for (pool, hosts) in lab.pools() {
         let uses = hosts.len().to_string();
         let token = admin(st, &["token", "create", "--pool", pool, "--uses", &uses])?.trim().to_string();
         for h in hosts {
-            redeemed.insert(h.name.clone(), Instant::now());
+            let redeemed = Instant::now();
             let node = enrol_and_run(&h.name, &host_ns[&h.name], &token, st)?;
             if node != h.name {
                 bail!("host `{}` enrolled with the token of pool `{pool}` and was named `{node}`; the lab names it `{}`", h.name, h.name);
             }
+            started(&h.name, redeemed, st);
+            enrolled.push(h.name.clone());
             progress(&format!("{} enrolled as a member of pool {pool}, agent running", h.name));
+            settle(st)?;
         }
     }
-    Ok(redeemed)
+    Ok(enrolled)
 }
 
 /// Enrols host `host` (in namespace `ns`) with `token` and runs its agent; returns the node name
@@ -236,6 +250,14 @@ fn enrol_and_run(host: &str, ns: &str, token: &str, st: &mut LabState) -> Result
     st.pids.push(child.id());
     st.agent_pids.insert(host.to_string(), child.id());
     Ok(node)
+}
+
+/// Waits until every node applied what the last enrolment changed. The controller answers for
+/// the audit checkpoint once the publish run covering the enrolment is done (as an apply's wait
+/// does); until then no node's desired version shows the change.
+fn settle(st: &LabState) -> Result<()> {
+    admin(st, &["audit", "verify"])?;
+    converge(st, SETTLE)
 }
 
 /// Stops host `host`'s agent with SIGKILL, as a runner that is switched off, and waits until it

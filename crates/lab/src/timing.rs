@@ -27,42 +27,70 @@ fn dialled_peer(conf: &Path) -> Result<Option<IpAddr>> {
     Ok(Some(net.addr()))
 }
 
-/// Every enrolled node (a pool's members too) at once pings a peer it dials itself; the milliseconds from its token's
-/// redemption to the first answer, per node (nodes that dial no one, or get no answer within
-/// 30 s, are left out).
-pub(crate) fn first_packets(
-    host_ns: &HashMap<String, String>,
-    redeemed: &HashMap<String, Instant>,
-    st: &LabState,
-) -> Result<BTreeMap<String, u64>> {
-    let mut probes = Vec::new();
-    for (node, since) in redeemed {
+/// A probe's answer: its node and milliseconds, or none when the node dials no one or got no answer.
+type Probe = std::thread::JoinHandle<Result<Option<(String, u64)>>>;
+
+/// The first-packet probes of the nodes the lab enrols, each started as soon as its node's agent
+/// runs, so that a node enrolled early is timed from its own token, not from the last one.
+#[derive(Default)]
+pub(crate) struct FirstPackets {
+    probes: Vec<Probe>,
+    /// Set once every node holds its bundle: a probe whose node still dials no one gives up.
+    settled: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// How long a probe waits for an answer, from its token's redemption.
+const FIRST_PACKET_LIMIT: Duration = Duration::from_secs(30);
+
+impl FirstPackets {
+    /// Starts `node`'s probe (in namespace `ns`, its token redeemed at `since`): it waits until
+    /// the node's wireguard.conf names a peer the node dials itself, then pings that peer's
+    /// overlay address every 20 ms until the first answer.
+    pub(crate) fn start(&mut self, node: &str, ns: &str, since: Instant, st: &LabState) {
         let conf = st.dir.join(format!("root-{node}/{}", trellis_core::compile::WIREGUARD_CONF));
-        let Some(target) = dialled_peer(&conf)? else { continue };
-        let target = target.to_string();
-        let (ns, since, name) = (host_ns[node].clone(), *since, node.clone());
-        probes.push(std::thread::spawn(move || {
-            let deadline = Instant::now() + Duration::from_secs(30);
+        let (node, ns, settled) = (node.to_string(), ns.to_string(), self.settled.clone());
+        self.probes.push(std::thread::spawn(move || {
+            let deadline = since + FIRST_PACKET_LIMIT;
+            let target = loop {
+                if let Some(t) = dialled_peer(&conf)? {
+                    break t.to_string();
+                }
+                if settled.load(std::sync::atomic::Ordering::Relaxed) || Instant::now() > deadline {
+                    return Ok(None);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            };
             while Instant::now() < deadline {
-                if ns_cmd(&ns, &["ping", "-c", "1", "-W", "1", &target])
+                // One ping that sends every 20 ms until an answer or its deadline; it ends at
+                // once while the node has no route to the overlay yet.
+                let left = deadline.saturating_duration_since(Instant::now()).as_secs().max(1).to_string();
+                let answered = ns_cmd(&ns, &["ping", "-n", "-q", "-c", "1", "-i", "0.02", "-w", &left, &target])
                     .stdout(Stdio::null())
                     .stderr(Stdio::null())
                     .status()
-                    .is_ok_and(|s| s.success())
-                {
-                    return Some((name, since.elapsed().as_millis() as u64));
+                    .is_ok_and(|s| s.success());
+                if answered {
+                    return Ok(Some((node, since.elapsed().as_millis() as u64)));
                 }
+                std::thread::sleep(Duration::from_millis(10));
             }
-            None
+            Ok(None)
         }));
     }
-    let mut out = BTreeMap::new();
-    for p in probes {
-        if let Ok(Some((name, ms))) = p.join() {
-            out.insert(name, ms);
+
+    /// Once every node holds its bundle: the milliseconds from each node's token redemption to
+    /// the first answer over the overlay (nodes that dial no one, or got no answer within 30 s,
+    /// are left out).
+    pub(crate) fn finish(self) -> Result<BTreeMap<String, u64>> {
+        self.settled.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut out = BTreeMap::new();
+        for p in self.probes {
+            if let Some((name, ms)) = p.join().map_err(|_| anyhow::anyhow!("a first-packet probe panicked"))?? {
+                out.insert(name, ms);
+            }
         }
+        Ok(out)
     }
-    Ok(out)
 }
 
 /// WireGuard's REKEY_TIMEOUT: a handshake initiation that got no answer is sent again only
@@ -204,15 +232,7 @@ pub(crate) fn removal(st: &LabState, host: &str, key: &str, since: Instant, limi
         std::thread::sleep(Duration::from_millis(250));
     };
     let peers = loop {
-        let mut holding = Vec::new();
-        for a in &st.agents {
-            let conf = st.dir.join(format!("root-{a}/{}", trellis_core::compile::WIREGUARD_CONF));
-            let Ok(text) = std::fs::read_to_string(&conf) else { continue };
-            let wg = trellis_core::wgconf::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", conf.display()))?;
-            if wg.peers.iter().any(|p| p.public_key == key) {
-                holding.push(a.as_str());
-            }
-        }
+        let holding = key_holders(st, key)?;
         if holding.is_empty() {
             break since.elapsed();
         }
@@ -231,6 +251,20 @@ pub(crate) fn removal(st: &LabState, host: &str, key: &str, since: Instant, limi
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// The agents whose wireguard.conf, read with the core's reader, holds `key` as a peer.
+pub(crate) fn key_holders<'a>(st: &'a LabState, key: &str) -> Result<Vec<&'a str>> {
+    let mut holding = Vec::new();
+    for a in &st.agents {
+        let conf = st.dir.join(format!("root-{a}/{}", trellis_core::compile::WIREGUARD_CONF));
+        let Ok(text) = std::fs::read_to_string(&conf) else { continue };
+        let wg = trellis_core::wgconf::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", conf.display()))?;
+        if wg.peers.iter().any(|p| p.public_key == key) {
+            holding.push(a.as_str());
+        }
+    }
+    Ok(holding)
 }
 
 /// `trellis node revoke NODE --wait`: the time from the request until the node is `revoked`
