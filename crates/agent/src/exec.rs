@@ -235,12 +235,21 @@ impl Executor {
                 if self.wg.is_none() {
                     self.wg = self.backends.wireguard.as_mut().and_then(|make| make(interface));
                 }
+                let mut dropped = Vec::new();
                 if let Some(wg) = self.wg.as_mut() {
                     self.configured = None;
                     let private = std::fs::read_to_string(&self.key_path).context("cannot read wireguard.key")?;
                     wg.apply(conf, private.trim())?;
                     self.configured = Some(Arc::new(conf.clone()));
                     self.report.interface = Some(wg.describe());
+                    dropped = wg.take_sessions_dropped();
+                }
+                // Peers changed by removing and adding them again lost their sessions: those this
+                // node dials are prompted now. The other end still holds its session and sends on
+                // it, which this end can no longer read, until this end speaks.
+                let to = crate::plan::prompts_for(conf, &dropped);
+                if !to.is_empty() {
+                    self.prompt(interface, &to);
                 }
             }
             Action::ConfigureRoutes { interface, routes, exit, table } => {
@@ -265,11 +274,19 @@ impl Executor {
                     self.report.dns_serving = dns.serving().iter().map(|a| a.to_string()).collect();
                 }
             }
-            Action::PromptHandshakes { interface, to } => {
+            Action::PromptHandshakes { interface, to } => self.prompt(interface, to),
+        }
+        Ok(Vec::new())
+    }
+}
+
+impl Executor {
+    /// Prompts a handshake with each of `to` through `interface` and follows them up.
+    fn prompt(&self, interface: &str, to: &[Prompt]) {
                 if let Some(p) = self.backends.prompter.as_ref() {
                     // A prompt only hastens a handshake WireGuard makes anyway: one not sent is
                     // no reason to put the previous bundle back.
-                    let addresses: Vec<std::net::IpAddr> = to.iter().map(|p| p.address).collect();
+            let addresses: Vec<std::net::IpAddr> = to.iter().map(|p| p.address).collect();
                     if let Err(e) = p.prompt(interface, &addresses) {
                         tracing::warn!("handshake prompts through {interface}: {e:#}");
                     }
@@ -278,7 +295,7 @@ impl Executor {
                     let mut slot = self.follow_up.lock().expect("follow-up lock");
                     // By key, through sets: after a first apply ten thousand peers wait, and a
                     // scan of every one for each took 400 ms of the next change.
-                    let mut peers = to.clone();
+                    let mut peers = to.to_vec();
                     let configured: std::collections::HashSet<&str> =
                         self.configured.iter().flat_map(|c| c.peers.iter().map(|p| p.public_key.as_str())).collect();
                     let mut listed: std::collections::HashSet<String> = peers.iter().map(|p| p.public_key.clone()).collect();
@@ -289,12 +306,9 @@ impl Executor {
                     }
                     peers.truncate(FOLLOW_UP_MAX);
                     let next = Instant::now() + FOLLOW_UP_DELAYS[0];
-                    *slot = Some(FollowUp { interface: interface.clone(), peers, done: 0, next });
+                    *slot = Some(FollowUp { interface: interface.to_string(), peers, done: 0, next });
                 }
-            }
-        }
-        Ok(Vec::new())
-    }
+                }
 }
 
 /// The phase an action's time counts under in [`HostReport::phases_ms`].

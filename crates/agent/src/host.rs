@@ -138,6 +138,12 @@ pub trait Wireguard {
     /// 5 s rekey timeout: one the other end dropped (it did not have this node yet) is otherwise
     /// retried only then. A peer that has a session must not be named (it loses the session).
     fn restart_handshakes(&self, public_keys: &[String]) -> Result<()>;
+    /// The peers the last `apply` removed and added again to change them (their sessions gone),
+    /// taken: the executor prompts those this node dials, so that traffic resumes now, not when
+    /// the peer's session would have been renewed (minutes; 25 s with a keepalive).
+    fn take_sessions_dropped(&mut self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -170,6 +176,8 @@ pub struct Defguard<T> {
     api: Option<defguard_wireguard_rs::WGApi<T>>,
     current: Option<WgConf>,
     backend: &'static str,
+    /// The peers the last apply removed and added again (see `take_sessions_dropped`).
+    dropped: Vec<String>,
 }
 
 /// What changes from the peers `old` to `new`: the peers gone, and each peer new or changed with
@@ -213,7 +221,7 @@ macro_rules! defguard_backend {
     ($t:ty, $name:expr) => {
         impl Defguard<$t> {
             pub fn new(ifname: &str) -> Self {
-                Defguard { ifname: ifname.to_string(), api: None, current: None, backend: $name }
+                Defguard { ifname: ifname.to_string(), api: None, current: None, backend: $name, dropped: Vec::new() }
             }
         }
 
@@ -228,6 +236,7 @@ macro_rules! defguard_backend {
                     // Peers change in place: the interface and its sessions stay up.
                     let api = self.api.as_ref().expect("interface exists");
                     let old = self.current.as_ref().expect("configured");
+                    self.dropped.clear();
                     let changes = peer_changes(&old.peers, &conf.peers);
                     for gone in changes.gone {
                         let key = defguard_wireguard_rs::key::Key::from_str(&gone.public_key).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -239,6 +248,7 @@ macro_rules! defguard_backend {
                         if before.is_some() {
                             let key = defguard_wireguard_rs::key::Key::from_str(&p.public_key).map_err(|e| anyhow::anyhow!("{e}"))?;
                             api.remove_peer(&key).map_err(|e| anyhow::anyhow!("removing peer {} to change it: {e}", p.public_key))?;
+                            self.dropped.push(p.public_key.clone());
                         }
                         api.configure_peer(&dg_peer(p)?).map_err(|e| anyhow::anyhow!("configuring peer {}: {e}", p.public_key))?;
                     }
@@ -290,6 +300,10 @@ macro_rules! defguard_backend {
 
             fn describe(&self) -> String {
                 format!("{} ({})", self.ifname, self.backend)
+            }
+
+            fn take_sessions_dropped(&mut self) -> Vec<String> {
+                std::mem::take(&mut self.dropped)
             }
 
             fn restart_handshakes(&self, public_keys: &[String]) -> Result<()> {

@@ -201,11 +201,21 @@ mod tests {
     /// The peers with a handshake, by key, as the fake interface shows them.
     type Shaken = Arc<Mutex<Vec<String>>>;
 
-    struct Wg(Journal, Shaken);
+    /// Changes a peer as the embedded boringtun must: by removing it and adding it again (its
+    /// session lost), which it reports.
+    struct Wg(Journal, Shaken, Option<WgConf>, Vec<String>);
     impl Wireguard for Wg {
         fn apply(&mut self, conf: &WgConf, private_key: &str) -> Result<()> {
             note(&self.0, format!("wireguard {} key {private_key}", conf.addresses.join(",")));
+            if let Some(old) = &self.2 {
+                let changed = crate::host::peer_changes(&old.peers, &conf.peers).changed;
+                self.3 = changed.into_iter().filter(|(_, before)| before.is_some()).map(|(p, _)| p.public_key.clone()).collect();
+            }
+            self.2 = Some(conf.clone());
             Ok(())
+        }
+        fn take_sessions_dropped(&mut self) -> Vec<String> {
+            std::mem::take(&mut self.3)
         }
         fn peers(&self) -> Result<Vec<PeerState>> {
             let shaken = self.1.lock().unwrap();
@@ -316,7 +326,7 @@ mod tests {
         let s = shaken.clone();
         let backends = Backends {
             files: Box::new(Files(journal.clone(), disk.clone())),
-            wireguard: Some(Box::new(move |_: &str| Some(Box::new(Wg(j.clone(), s.clone())) as Box<dyn Wireguard + Send>))),
+            wireguard: Some(Box::new(move |_: &str| Some(Box::new(Wg(j.clone(), s.clone(), None, Vec::new())) as Box<dyn Wireguard + Send>))),
             firewall: Some(Box::new(Fw(journal.clone(), disk))),
             resolver: Some(Box::new(Dns(journal.clone()))),
             forwarding: Box::new(Fwd(journal.clone(), false)),
@@ -583,6 +593,31 @@ mod tests {
             assert_eq!(ev.result, proto::EvidenceResult::Applied, "a prompt not sent is no failure: {ev:?}");
             assert_eq!(f.take().last().map(String::as_str), Some("prompt trellis0 10.88.0.9"));
             assert_eq!(f.applier.manifest().version, 5);
+        });
+    }
+
+    /// A peer the backend changed by removing and adding it again (the embedded boringtun) lost
+    /// its session: if this node dials it, it is prompted at once, right after WireGuard. Before,
+    /// a hub's peer changed by a relayed node's enrolment carried nothing from the hub until this
+    /// end next spoke (up to 25 s; `lab/fleet.toml` on boringtun). A changed peer that dials
+    /// this node is not prompted (it has no address to be dialled at).
+    #[test]
+    fn a_peer_whose_session_the_backend_dropped_is_prompted_at_once() {
+        rt().block_on(async {
+            let mut f = fixture("dropped");
+            let hub = ('H', Some("192.0.2.1:51820"), "10.88.0.2");
+            let dials_us = ('D', None, "10.88.0.8");
+            f.apply(&peered_bundle(1, &[hub, dials_us])).await.unwrap();
+            f.take();
+            // The hub now relays for another node; the node dialling us changed too.
+            let relaying = ('H', Some("192.0.2.1:51820"), "10.88.0.2/32, 10.88.0.30");
+            let moved_ips = ('D', None, "10.88.0.8/32, 10.88.0.31");
+            let ev = f.apply(&peered_bundle(2, &[relaying, moved_ips])).await.unwrap();
+            assert_eq!(ev.result, proto::EvidenceResult::Applied, "{ev:?}");
+            let journal = f.take();
+            let wg = journal.iter().position(|l| l.starts_with("wireguard")).expect("wireguard applied");
+            assert_eq!(journal.get(wg + 1).map(String::as_str), Some("prompt trellis0 10.88.0.2"), "{journal:?}");
+            assert_eq!(journal.iter().filter(|l| l.starts_with("prompt")).count(), 1, "only the hub: {journal:?}");
         });
     }
 

@@ -210,6 +210,21 @@ fn prompts(conf: &WgConf, before: Option<&WgConf>) -> Vec<Prompt> {
         .collect()
 }
 
+/// The prompt of each peer named in `keys` that this node dials (it has an `Endpoint`), at its
+/// own overlay address.
+pub(crate) fn prompts_for(conf: &WgConf, keys: &[String]) -> Vec<Prompt> {
+    if keys.is_empty() {
+        return Vec::new();
+    }
+    let keys: std::collections::HashSet<&str> = keys.iter().map(String::as_str).collect();
+    let overlay: Vec<ipnet::IpNet> = conf.addresses.iter().filter_map(|a| a.parse().ok()).collect();
+    conf.peers
+        .iter()
+        .filter(|p| p.endpoint.is_some() && keys.contains(p.public_key.as_str()))
+        .filter_map(|p| Some(Prompt { public_key: p.public_key.clone(), address: overlay_address(p, &overlay)? }))
+        .collect()
+}
+
 /// A peer's own overlay address: the first of its AllowedIPs (`render` writes the peer's own
 /// addresses first, then the nodes a hub relays for and routes), if it is a single address
 /// inside the overlay the interface's addresses span. Never a route's prefix or an exit's
