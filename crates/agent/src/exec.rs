@@ -283,32 +283,32 @@ impl Executor {
 impl Executor {
     /// Prompts a handshake with each of `to` through `interface` and follows them up.
     fn prompt(&self, interface: &str, to: &[Prompt]) {
-                if let Some(p) = self.backends.prompter.as_ref() {
-                    // A prompt only hastens a handshake WireGuard makes anyway: one not sent is
-                    // no reason to put the previous bundle back.
+        if let Some(p) = self.backends.prompter.as_ref() {
+            // A prompt only hastens a handshake WireGuard makes anyway: one not sent is
+            // no reason to put the previous bundle back.
             let addresses: Vec<std::net::IpAddr> = to.iter().map(|p| p.address).collect();
-                    if let Err(e) = p.prompt(interface, &addresses) {
-                        tracing::warn!("handshake prompts through {interface}: {e:#}");
-                    }
-                    // Peers still waiting from an earlier prompt wait on, if the interface
-                    // still has them; every one is followed up from now.
-                    let mut slot = self.follow_up.lock().expect("follow-up lock");
-                    // By key, through sets: after a first apply ten thousand peers wait, and a
-                    // scan of every one for each took 400 ms of the next change.
-                    let mut peers = to.to_vec();
-                    let configured: std::collections::HashSet<&str> =
-                        self.configured.iter().flat_map(|c| c.peers.iter().map(|p| p.public_key.as_str())).collect();
-                    let mut listed: std::collections::HashSet<String> = peers.iter().map(|p| p.public_key.clone()).collect();
-                    for old in slot.take().map(|f| f.peers).unwrap_or_default() {
-                        if configured.contains(old.public_key.as_str()) && listed.insert(old.public_key.clone()) {
-                            peers.push(old);
-                        }
-                    }
-                    peers.truncate(FOLLOW_UP_MAX);
-                    let next = Instant::now() + FOLLOW_UP_DELAYS[0];
-                    *slot = Some(FollowUp { interface: interface.to_string(), peers, done: 0, next });
+            if let Err(e) = p.prompt(interface, &addresses) {
+                tracing::warn!("handshake prompts through {interface}: {e:#}");
+            }
+            // Peers still waiting from an earlier prompt wait on, if the interface
+            // still has them; every one is followed up from now.
+            let mut slot = self.follow_up.lock().expect("follow-up lock");
+            // By key, through sets: after a first apply ten thousand peers wait, and a
+            // scan of every one for each took 400 ms of the next change.
+            let mut peers = to.to_vec();
+            let configured: std::collections::HashSet<&str> =
+                self.configured.iter().flat_map(|c| c.peers.iter().map(|p| p.public_key.as_str())).collect();
+            let mut listed: std::collections::HashSet<String> = peers.iter().map(|p| p.public_key.clone()).collect();
+            for old in slot.take().map(|f| f.peers).unwrap_or_default() {
+                if configured.contains(old.public_key.as_str()) && listed.insert(old.public_key.clone()) {
+                    peers.push(old);
                 }
-                }
+            }
+            peers.truncate(FOLLOW_UP_MAX);
+            let next = Instant::now() + FOLLOW_UP_DELAYS[0];
+            *slot = Some(FollowUp { interface: interface.to_string(), peers, done: 0, next });
+        }
+    }
 }
 
 /// The phase an action's time counts under in [`HostReport::phases_ms`].

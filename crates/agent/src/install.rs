@@ -326,7 +326,9 @@ mod tests {
         let s = shaken.clone();
         let backends = Backends {
             files: Box::new(Files(journal.clone(), disk.clone())),
-            wireguard: Some(Box::new(move |_: &str| Some(Box::new(Wg(j.clone(), s.clone(), None, Vec::new())) as Box<dyn Wireguard + Send>))),
+            wireguard: Some(Box::new(move |_: &str| {
+                Some(Box::new(Wg(j.clone(), s.clone(), None, Vec::new())) as Box<dyn Wireguard + Send>)
+            })),
             firewall: Some(Box::new(Fw(journal.clone(), disk))),
             resolver: Some(Box::new(Dns(journal.clone()))),
             forwarding: Box::new(Fwd(journal.clone(), false)),
