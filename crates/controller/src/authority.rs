@@ -87,17 +87,6 @@ impl Controller {
         pem
     }
 
-    /// The chain a service certificate comes with: the services CA's certificate, and during a
-    /// CA rotation the cross-certificate after it, so that a client trusting only the current CA
-    /// still reaches the next one, which certifies the services CA.
-    pub(crate) fn service_chain_pem(&self, services: &ServicesCa) -> String {
-        let a = self.authority();
-        match &a.next {
-            Some(n) if issued_under(services.cert_pem(), &n.subject) => pem_join(&[services.cert_pem(), &n.cross]),
-            _ => services.cert_pem().to_string(),
-        }
-    }
-
     /// The services intermediate CA, if this controller has one.
     pub(crate) fn services_ca(&self) -> Option<Arc<ServicesCa>> {
         self.authority().services.clone()
@@ -210,13 +199,21 @@ impl Controller {
                 Some(s) if !issued_under(&s.cert_pem, &subject) => Some(self.server_cert_under(&next)?),
                 _ => None,
             };
+            // A new services CA, its own new key, under the next CA: a rotation made because the
+            // state directory leaked leaves the leaked services key nothing to sign. A replica
+            // sharing this directory that made it already is followed.
             let services = match &a.services {
-                Some(s) if !issued_under(s.cert_pem(), &subject) => {
-                    let pem = next
-                        .recertify_services(s, self.system_time(), self.random())
-                        .map_err(|e| Error::internal("certifying the services CA", e))?;
-                    Some(Arc::new(s.with_cert(&pem).map_err(|e| Error::internal("certifying the services CA", e))?))
-                }
+                Some(s) if !issued_under(s.cert_pem(), &subject) => Some(match self.services_here_under(&subject) {
+                    Some(found) => (None, Arc::new(found)),
+                    None => {
+                        let pair = next
+                            .services_ca("trellis", self.system_time(), self.random())
+                            .map_err(|e| Error::internal("making the next services CA", e))?;
+                        let ca = ServicesCa::load(&pair.cert_pem, &pair.key_pem)
+                            .map_err(|e| Error::internal("making the next services CA", e))?;
+                        (Some(pair), Arc::new(ca))
+                    }
+                }),
                 _ => None,
             };
             (cross, server, services)
@@ -225,14 +222,17 @@ impl Controller {
             self.keep("server.key", s.key_pem.as_bytes(), 0o600)?;
             self.keep("server.pem", s.cert_pem.as_bytes(), 0o644)?;
         }
-        if let Some(s) = &services {
-            self.keep(crate::state::SERVICES_CA_CERT, s.cert_pem().as_bytes(), 0o644)?;
+        if let Some((Some(pair), _)) = &services {
+            // The key first: a stop between the two leaves a key its certificate does not name,
+            // which the next start replaces (`repair_services`), never a certificate without its key.
+            self.keep(crate::state::SERVICES_CA_KEY, pair.key_pem.as_bytes(), 0o600)?;
+            self.keep(crate::state::SERVICES_CA_CERT, pair.cert_pem.as_bytes(), 0o644)?;
         }
         let mut a = self.authority.write().expect("authority");
         if let Some(s) = server {
             a.server = Some(s);
         }
-        if let Some(s) = services {
+        if let Some((_, s)) = services {
             a.services = Some(s);
         }
         a.next = Some(NextCa { ca: Arc::new(next), subject, fingerprint: fingerprint.clone(), cross });
@@ -240,6 +240,16 @@ impl Controller {
         self.tls_generation.fetch_add(1, Ordering::SeqCst);
         tracing::info!("node and server certificates are issued under the next CA {fingerprint} from now on");
         Ok(())
+    }
+
+    /// The services CA this state directory holds, if a CA of `subject` issued it.
+    fn services_here_under(&self, subject: &[u8]) -> Option<ServicesCa> {
+        let dir = self.state_dir.as_ref()?;
+        let pem = trellis_files::read(&dir.join(crate::state::SERVICES_CA_CERT)).ok()?;
+        if !issued_under(&pem, subject) {
+            return None;
+        }
+        ServicesCa::load(&pem, &trellis_files::read(&dir.join(crate::state::SERVICES_CA_KEY)).ok()?).ok()
     }
 
     /// The CA `fingerprint` as this state directory's `ca.pem` and `ca.key` hold it, if they do.
@@ -398,6 +408,23 @@ pub fn finish_promotion(dir: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// At start, in the state directory `dir` whose mesh CA is `ca`: a services CA key that is not
+/// its certificate's (a stop between writing a new pair's two files) is replaced by a new services
+/// CA under `ca`. It had signed nothing: its certificate was never written.
+pub fn repair_services(dir: &std::path::Path, ca: &Ca) -> anyhow::Result<()> {
+    let (cert, key) = (dir.join(crate::state::SERVICES_CA_CERT), dir.join(crate::state::SERVICES_CA_KEY));
+    if !cert.exists() || !key.exists() || trellis_pki::key_matches_cert(&trellis_files::read(&key)?, &trellis_files::read(&cert)?) {
+        return Ok(());
+    }
+    tracing::warn!("{} is not the key of {}; a new services CA is made", key.display(), cert.display());
+    let mut random = [0u8; 16];
+    crate::Entropy::fill(&crate::OsEntropy, &mut random);
+    let pair = ca.services_ca("trellis", std::time::SystemTime::now(), random)?;
+    trellis_files::replace(&key, pair.key_pem.as_bytes(), 0o600)?;
+    trellis_files::replace(&cert, pair.cert_pem.as_bytes(), 0o644)?;
+    Ok(())
+}
+
 /// Makes the next mesh CA in the state directory `dir` (`trellis rotate ca`): `ca.next.key`
 /// (0600 before its first byte) and `ca.next.pem`; a pair made before and not yet announced
 /// (the request failed) is kept. Returns its fingerprint (hex), which the request names.
@@ -471,5 +498,31 @@ mod tests {
         assert_eq!(std::fs::metadata(dir.join("ca.key")).unwrap().permissions().mode() & 0o777, 0o600);
         assert!(!dir.join(NEXT_CA_KEY).exists() && !dir.join(NEXT_CA_CERT).exists());
         Ca::load(&std::fs::read_to_string(dir.join("ca.pem")).unwrap(), &key).unwrap();
+    }
+
+    /// A services CA whose key is not its certificate's (a stop between writing a new pair's
+    /// files) is replaced at the next start by one under the mesh CA; a sound one is left be.
+    #[test]
+    fn a_half_written_services_ca_is_made_again_at_the_next_start() {
+        use crate::state::{SERVICES_CA_CERT, SERVICES_CA_KEY};
+        let dir = trellis_testing::TempDir::new("services-repair");
+        let now = std::time::SystemTime::now();
+        let pair = trellis_pki::create_ca("trellis", now, [1; 16]).unwrap();
+        let ca = Ca::load(&pair.cert_pem, &pair.key_pem).unwrap();
+        let sound = ca.services_ca("trellis", now, [2; 16]).unwrap();
+        std::fs::write(dir.join(SERVICES_CA_CERT), &sound.cert_pem).unwrap();
+        std::fs::write(dir.join(SERVICES_CA_KEY), &sound.key_pem).unwrap();
+        repair_services(&dir, &ca).unwrap();
+        assert_eq!(std::fs::read_to_string(dir.join(SERVICES_CA_CERT)).unwrap(), sound.cert_pem, "left be");
+        let other = ca.services_ca("trellis", now, [3; 16]).unwrap();
+        std::fs::write(dir.join(SERVICES_CA_KEY), &other.key_pem).unwrap();
+        assert!(ServicesCa::load(&sound.cert_pem, &other.key_pem).is_err());
+        repair_services(&dir, &ca).unwrap();
+        let (cert, key) =
+            (std::fs::read_to_string(dir.join(SERVICES_CA_CERT)).unwrap(), std::fs::read_to_string(dir.join(SERVICES_CA_KEY)).unwrap());
+        ServicesCa::load(&cert, &key).unwrap();
+        assert!(trellis_pki::issued_by_ca(&cert, &pair.cert_pem).unwrap());
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(dir.join(SERVICES_CA_KEY)).unwrap().permissions().mode() & 0o777, 0o600);
     }
 }

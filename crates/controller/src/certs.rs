@@ -173,7 +173,7 @@ impl Controller {
         Ok(proto::ServiceCertResponse {
             module: cert.module.clone(),
             cert_pem: issued.cert_pem,
-            chain_pem: self.service_chain_pem(&services),
+            chain_pem: services.cert_pem().to_string(),
             ca_pem: self.trusted_ca_pem(),
             serial: issued.serial,
             not_after: issued.not_after,

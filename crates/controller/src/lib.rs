@@ -197,6 +197,7 @@ impl Controller {
         authority::finish_promotion(&state.dir).context("completing the promotion of the next CA")?;
         let ca = trellis_pki::Ca::load(&state.read("ca.pem")?, &state.read("ca.key")?)
             .with_context(|| format!("{} and ca.key do not hold the mesh CA", state.path("ca.pem").display()))?;
+        authority::repair_services(&state.dir, &ca).context("checking the services CA")?;
         let admin_sha256: [u8; 32] = hex::decode(&state.config.admin_token_sha256)
             .ok()
             .and_then(|b| b.try_into().ok())

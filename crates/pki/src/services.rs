@@ -52,16 +52,6 @@ impl Ca {
         Ok(Pair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
     }
 
-    /// The services CA certified again, by this CA, with its own key and subject (a CA rotation,
-    /// ADR 0029): every service certificate it signed chains to this CA through the new
-    /// certificate. Valid five years from `now`.
-    pub fn recertify_services(&self, services: &ServicesCa, now: SystemTime, random: [u8; 16]) -> Result<String, PkiError> {
-        let name = crate::inspect_pem(services.cert_pem())?.common_name;
-        let mut params = crate::ca_params(&name, 0, now, 5 * 365, random);
-        params.use_authority_key_identifier_extension = true;
-        Ok(params.signed_by(services.issuer.key(), &self.issuer)?.pem())
-    }
-
     /// Whether this CA may certify an intermediate CA: its path length allows one below it. A
     /// mesh CA made before service certificates existed allowed none.
     pub fn allows_intermediate(&self) -> bool {
@@ -95,16 +85,16 @@ pub struct ServicesCa {
 }
 
 impl ServicesCa {
+    /// The services CA of this certificate and key; refused when the key is not the
+    /// certificate's.
     pub fn load(cert_pem: &str, key_pem: &str) -> Result<ServicesCa, PkiError> {
         let key = KeyPair::from_pem(key_pem).map_err(|e| PkiError::BadKey(e.to_string()))?;
         pem_to_der(cert_pem, "CERTIFICATE")?;
+        if !crate::key_matches_cert(key_pem, cert_pem) {
+            return Err(PkiError::BadKey("the key is not the one the services CA certificate certifies".into()));
+        }
         let issuer = Issuer::from_ca_cert_pem(cert_pem, key)?;
         Ok(ServicesCa { cert_pem: cert_pem.to_string(), issuer })
-    }
-
-    /// The same CA (its key) under another certificate (see [`Ca::recertify_services`]).
-    pub fn with_cert(&self, cert_pem: &str) -> Result<ServicesCa, PkiError> {
-        ServicesCa::load(cert_pem, &self.issuer.key().serialize_pem())
     }
 
     /// The intermediate's certificate: the chain a service presents after its own.

@@ -89,8 +89,8 @@ fn the_server_certificate_and_the_ca_are_valid_for_a_clock_five_minutes_behind()
 /// verified by a client that trusts only the current CA, through the cross-certificate, and by
 /// one that trusts only the next CA, without it; by openssl strictly, and by rustls (what agents
 /// and the admin CLI use). Without the cross-certificate a client of the current CA refuses it.
-/// The services CA certified again by the next CA keeps its key, so a service certificate it
-/// signed before verifies under the next CA too.
+/// The services CA made under the next CA (a new key) certifies services that verify under the
+/// next CA.
 #[test]
 fn a_certificate_of_the_next_ca_is_verified_through_the_cross_certificate_by_a_client_of_the_current_one() {
     use rustls::client::danger::ServerCertVerifier;
@@ -167,17 +167,24 @@ fn a_certificate_of_the_next_ca_is_verified_through_the_cross_certificate_by_a_c
     let text = ok(sh("openssl", &["x509", "-noout", "-text", "-in", &cross_ca]));
     assert!(text.contains("X509v3 Authority Key Identifier") && text.contains("CA:TRUE"), "{text}");
 
-    // The services CA, certified again by the next CA: a service certificate signed before
-    // verifies under the next CA.
-    let services_pair = old.services_ca("trellis", now, [5; 16]).unwrap();
+    // The services CA of the rotation, a new key under the next CA: a service certificate it
+    // signs verifies strictly against the next CA through it.
+    let services_pair = new.services_ca("trellis", now, [5; 16]).unwrap();
     let services = trellis_pki::ServicesCa::load(&services_pair.cert_pem, &services_pair.key_pem).unwrap();
     let (_, csr) = trellis_pki::services::service_key_and_csr(&["db-1.svc.example".into()]).unwrap();
     let names =
         trellis_pki::ServiceNames { dns: vec!["db-1.svc.example".into()], ips: vec![], uri: "spiffe://basic.mesh/module/postgres".into() };
     let leaf = services.sign(&csr, &names, now, Duration::from_secs(3600), [6; 16]).unwrap().unwrap();
-    let again = new.recertify_services(&services, now, [7; 16]).unwrap();
-    std::fs::write(dir.join("services.pem"), &again).unwrap();
+    std::fs::write(dir.join("services.pem"), &services_pair.cert_pem).unwrap();
+    std::fs::write(dir.join("overlap-chain.pem"), format!("{}{cross}", services_pair.cert_pem)).unwrap();
     std::fs::write(dir.join("service.pem"), &leaf.cert_pem).unwrap();
-    let (svc_ca, svc) = (p("services.pem"), p("service.pem"));
+    let (svc_ca, overlap, svc) = (p("services.pem"), p("overlap-chain.pem"), p("service.pem"));
     assert!(ok(sh("openssl", &["verify", "-x509_strict", "-CAfile", &new_ca, "-untrusted", &svc_ca, &svc])).contains(": OK"));
+    // A client of the current CA alone cannot: the current CA allows one CA below it, and the
+    // path would pass through two (the services CA and the cross-certificate). That is why nodes
+    // are given both CAs in `ca.pem` with the bundle that announces the rotation.
+    let out = sh("openssl", &["verify", "-x509_strict", "-CAfile", &old_ca, "-untrusted", &overlap, &svc]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("path length constraint exceeded"), "{out:?}");
+    // A services CA whose key is not its certificate's is refused.
+    assert!(trellis_pki::ServicesCa::load(&services_pair.cert_pem, &new_pair.key_pem).is_err());
 }
