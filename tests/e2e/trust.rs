@@ -334,7 +334,12 @@ fn a_rotated_ca_is_taken_by_every_agent_and_the_old_ca_is_refused() {
         let old_ca = work.path().join("old-ca.pem");
         std::fs::copy(c.state.join("ca.pem"), &old_ca).unwrap();
         let (old_token_a, old_token_b) = (c.token("extra-1", &[]), c.token("extra-2", &[]));
-        crate::controller::copy_dir(&dir("db-1"), &dir("db-1-before"));
+        // The files a renewal reads, one by one: the agent is running and replaces others (its
+        // status, its evidence) under a copy of the whole directory.
+        std::fs::create_dir_all(dir("db-1-before")).unwrap();
+        for f in ["identity.toml", "node.key", "node.pem", "ca.pem"] {
+            std::fs::copy(dir("db-1").join(f), dir("db-1-before").join(f)).unwrap();
+        }
         let admin_trusting = |ca: &Path, args: &[&str]| {
             let mut cmd = crate::support::trellis_cmd(args);
             cmd.args(["--server", &format!("127.0.0.1:{}", c.port), "--admin-token-file"])
@@ -361,10 +366,19 @@ fn a_rotated_ca_is_taken_by_every_agent_and_the_old_ca_is_refused() {
             }
         }
         let online = started.elapsed();
-        let status: serde_json::Value = serde_json::from_str(&c.ok(&["rotate", "status", "--json"])).unwrap();
-        let r = status.as_array().unwrap().iter().find(|r| r["kind"] == "ca").unwrap();
-        assert_eq!((r["next_key"].as_str(), r["completed_at"].as_i64()), (Some(next.as_str()), None), "{status}");
-        assert_eq!(r["waiting"], serde_json::json!(["op-1"]), "{status}");
+        // They confirm once their evidence of the announcing bundle is in too (it may follow the
+        // renewal); the rotation waits for op-1 alone.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let status: serde_json::Value = serde_json::from_str(&c.ok(&["rotate", "status", "--json"])).unwrap();
+            let r = status.as_array().unwrap().iter().find(|r| r["kind"] == "ca").unwrap().clone();
+            assert_eq!((r["next_key"].as_str(), r["completed_at"].as_i64()), (Some(next.as_str()), None), "{status}");
+            if r["waiting"] == serde_json::json!(["op-1"]) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the rotation does not wait for op-1 alone: {status}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
 
         // The overlap: a client trusting only the old CA still reaches the controller; the old
         // token still enrols; a new token names the new CA and enrols too.
