@@ -401,7 +401,8 @@ mod tests {
         let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let mut ingress = Ingress::new("edge", IngressMode::Traefik, &root, &state, api);
         ingress.tend();
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        // Traefik's start: 20 s was not enough once, with the whole suite on two cores.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
         let status = loop {
             ingress.tend();
             let s = ingress.status().cloned().unwrap();
