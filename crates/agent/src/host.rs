@@ -355,11 +355,43 @@ pub trait Firewall {
 
 pub struct Nft {
     loaded: bool,
+    /// The ruleset this process loaded last, which the next is compared with: one that differs
+    /// only in sets' elements is applied as those elements (`ruleset::delta`).
+    text: Option<String>,
+    /// The command run as `nft` (a test runs it inside a network namespace).
+    program: Vec<String>,
+    /// How many times a whole file was loaded (the rest were changes of elements).
+    whole_loads: u32,
 }
 
 impl Nft {
     pub fn new() -> Self {
-        Nft { loaded: false }
+        Nft { loaded: false, text: None, program: vec!["nft".into()], whole_loads: 0 }
+    }
+
+    /// `nft` run through `ip netns exec NAMESPACE`.
+    pub fn in_namespace(namespace: &str) -> Self {
+        Nft { program: ["ip", "netns", "exec", namespace, "nft"].map(String::from).to_vec(), ..Nft::new() }
+    }
+
+    /// How many times a whole ruleset was loaded, rather than changed in its sets' elements.
+    pub fn whole_loads(&self) -> u32 {
+        self.whole_loads
+    }
+
+    /// Runs `nft -f` on a file, or on `stdin` when given.
+    fn run(&self, file: &Path, stdin: Option<&str>) -> Result<std::process::Output> {
+        use std::io::Write;
+        let mut cmd = std::process::Command::new(&self.program[0]);
+        cmd.args(&self.program[1..]).arg("-f").arg(file);
+        cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().context("cannot run nft (is nftables installed?)")?;
+        let mut input = child.stdin.take().expect("piped");
+        if let Some(text) = stdin {
+            input.write_all(text.as_bytes()).context("cannot give nft its commands")?;
+        }
+        drop(input);
+        child.wait_with_output().context("cannot run nft")
     }
 }
 
@@ -371,11 +403,34 @@ impl Default for Nft {
 
 impl Firewall for Nft {
     fn apply(&mut self, ruleset: &Path) -> Result<()> {
-        let out = std::process::Command::new("nft").arg("-f").arg(ruleset).output().context("cannot run nft (is nftables installed?)")?;
+        let text = std::fs::read_to_string(ruleset).with_context(|| format!("cannot read {}", ruleset.display()))?;
+        // Only the elements that changed, when nothing else did: one transaction, which nft
+        // refuses whole if the table is not as this process left it (then it is loaded whole).
+        if let Some(commands) = self.text.as_deref().and_then(|old| crate::ruleset::delta(old, &text)) {
+            if commands.is_empty() {
+                self.text = Some(text);
+                return Ok(());
+            }
+            let out = self.run(Path::new("-"), Some(&commands))?;
+            if out.status.success() {
+                tracing::debug!(commands = commands.lines().count(), "ruleset changed in its sets' elements");
+                self.text = Some(text);
+                return Ok(());
+            }
+            tracing::warn!(
+                error = %String::from_utf8_lossy(&out.stderr).trim(),
+                "the loaded table refused a change of its sets' elements; loading {} whole",
+                ruleset.display()
+            );
+        }
+        let out = self.run(ruleset, None)?;
         if !out.status.success() {
+            self.text = None;
             bail!("nft refused {}: {}", ruleset.display(), String::from_utf8_lossy(&out.stderr).trim());
         }
+        self.text = Some(text);
         self.loaded = true;
+        self.whole_loads += 1;
         Ok(())
     }
 

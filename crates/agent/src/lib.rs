@@ -16,6 +16,7 @@ pub mod log;
 pub mod metrics;
 pub mod plan;
 pub mod routes;
+pub mod ruleset;
 pub mod run;
 pub mod state;
 pub mod wggo;

@@ -52,7 +52,7 @@ pub struct NodePlan {
     /// Nodes this one has traffic with but no path to.
     pub no_path: Vec<Arc<str>>,
     /// Pre-rendered filter blocks of the rules of the modules this node runs.
-    pub rules: Vec<Arc<str>>,
+    pub rules: Vec<Arc<RuleBlock>>,
     /// The names this node may resolve: itself and every node it has allowed traffic with
     /// (either direction), in name order; then `zone_modules`. Nothing else: other names are
     /// NXDOMAIN.
@@ -88,6 +88,18 @@ pub struct ExposurePlan {
     /// The runners that hold keys, in name order, at their overlay address (IPv4 when they have
     /// one).
     pub backends: Vec<(Arc<str>, std::net::IpAddr)>,
+}
+
+/// A rule as the `nftables.conf` of the nodes that run its module holds it, rendered once per
+/// compile and shared by those nodes: the named sets of its sources, declared in the table, and
+/// its lines in the input chain, which match on those sets. A source that comes or goes changes
+/// only its set's elements, which the agent adds or deletes without loading the table again.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct RuleBlock {
+    /// The declarations of its sets (`src_MODULE_RULE_v4`, `_v6`), each with its elements.
+    pub sets: Arc<str>,
+    /// Its comment and filter lines.
+    pub lines: Arc<str>,
 }
 
 /// A route as the files of its routers hold it, rendered once per compile.

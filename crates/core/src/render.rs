@@ -12,8 +12,8 @@ use sha2::{Digest, Sha256};
 use crate::decl::{Proto, PublicKey, KEEPALIVE_SECS, NAMESERVER};
 use crate::nodefile::{Comments, NodeFile};
 use crate::plan::{
-    FileResource, NodePlan, NodeText, PeerPlan, RouteBlock, RouteUse, INGRESS_TOML, MESH_ZONE, NFTABLES_CONF, NODE_TOML, TRAEFIK_YML,
-    WIREGUARD_CONF,
+    FileResource, NodePlan, NodeText, PeerPlan, RouteBlock, RouteUse, RuleBlock, INGRESS_TOML, MESH_ZONE, NFTABLES_CONF, NODE_TOML,
+    TRAEFIK_YML, WIREGUARD_CONF,
 };
 use crate::text::{Runs, Text, TextBuilder};
 use crate::topology::{ResolvedRoute, ResolvedRule, Topology};
@@ -232,15 +232,25 @@ impl PeerPlan {
 
 pub fn nftables(plan: &NodePlan) -> Text {
     let iface = &plan.common.interface;
-    let mut s = TextBuilder::with_capacity(plan.rules.len() * 2 + 2, 512);
+    let mut s = TextBuilder::with_capacity(plan.rules.len() * 4 + 2, 512);
     let _ = writeln!(s, "# trellis: inbound filter of node {} in mesh {}. Generated; do not edit.", plan.node, plan.common.mesh);
     s.push_str("# Loaded with `nft -f`: the whole file is one transaction, so the table is replaced atomically.\n");
+    s.push_str("# The agent changes only the elements of a named set when nothing else differs (ADR 0031).\n");
     s.push_str("table inet trellis {\n}\ndelete table inet trellis\n\n");
-    s.push_str("table inet trellis {\n\tchain input {\n\t\ttype filter hook input priority filter; policy accept;\n");
+    s.push_str("table inet trellis {\n");
+    // Each rule's sources are a named set, so that a node coming or going changes its elements,
+    // not the table.
+    for r in &plan.rules {
+        s.push_shared(&r.sets);
+    }
+    if plan.rules.iter().any(|r| !r.sets.is_empty()) {
+        s.push_str("\n");
+    }
+    s.push_str("\tchain input {\n\t\ttype filter hook input priority filter; policy accept;\n");
     let _ = writeln!(s, "\t\tiifname != \"{iface}\" accept");
     s.push_str("\t\tct state established,related accept\n\t\tct state invalid drop\n");
     for r in &plan.rules {
-        s.push_shared(r);
+        s.push_shared(&r.lines);
     }
     let _ = writeln!(s, "\t\tiifname \"{iface}\" drop comment \"trellis: no rule admits this new inbound traffic\"");
     s.push_str("\t}\n");
@@ -448,8 +458,10 @@ pub fn host_records(hosts: &[crate::decl::RouteHost]) -> String {
     records
 }
 
-/// The filter lines of one rule: the same on every node that runs the module.
-pub fn rule_block(topo: &Topology, r: &ResolvedRule) -> String {
+/// The filter block of one rule: the same on every node that runs the module. Its sources of
+/// each family are the named set `src_MODULE_RULE_v4` or `_v6` (a module's name is a DNS label,
+/// which nft takes as a set's name; the prefix keeps one that starts with a digit a name).
+pub fn rule_block(topo: &Topology, r: &ResolvedRule) -> RuleBlock {
     let iface = &topo.decl.mesh.interface;
     let from: Vec<String> = r.rule.from.iter().map(|s| s.to_string()).collect();
     let from = from.join(", ");
@@ -467,10 +479,13 @@ pub fn rule_block(topo: &Topology, r: &ResolvedRule) -> String {
     v6.sort_unstable();
     if v4.is_empty() && v6.is_empty() {
         s.push_str("\t\t# its sources name no node: nothing is accepted\n");
-        return s;
+        return RuleBlock { sets: Arc::from(""), lines: s.into() };
     }
-    let family = |s: &mut String, fam: &str, l4: &str, addrs: &[String]| {
-        let _ = write!(s, "\t\tiifname \"{iface}\" {fam} saddr {{ {} }} ", addrs.join(", "));
+    let mut sets = String::new();
+    let mut family = |fam: &str, kind: &str, l4: &str, addrs: &[String]| {
+        let set = format!("src_{}_{}_{}", r.module, r.number, if fam == "ip" { "v4" } else { "v6" });
+        let _ = writeln!(sets, "\tset {set} {{\n\t\ttype {kind}\n\t\telements = {{ {} }}\n\t}}", addrs.join(", "));
+        let _ = write!(s, "\t\tiifname \"{iface}\" {fam} saddr @{set} ");
         match r.rule.proto {
             Proto::Icmp => {
                 let _ = write!(s, "meta l4proto {l4}");
@@ -482,12 +497,12 @@ pub fn rule_block(topo: &Topology, r: &ResolvedRule) -> String {
         let _ = writeln!(s, " accept comment \"{comment}\"");
     };
     if !v4.is_empty() {
-        family(&mut s, "ip", "icmp", &v4.iter().map(|a| a.to_string()).collect::<Vec<_>>());
+        family("ip", "ipv4_addr", "icmp", &v4.iter().map(|a| a.to_string()).collect::<Vec<_>>());
     }
     if !v6.is_empty() {
-        family(&mut s, "ip6", "ipv6-icmp", &v6.iter().map(|a| a.to_string()).collect::<Vec<_>>());
+        family("ip6", "ipv6_addr", "ipv6-icmp", &v6.iter().map(|a| a.to_string()).collect::<Vec<_>>());
     }
-    s
+    RuleBlock { sets: sets.into(), lines: s.into() }
 }
 
 /// Address records, one line each, for names with their addresses.

@@ -13,7 +13,7 @@ use crate::decl::Declaration;
 use crate::decl::ExposeTls;
 use crate::diag;
 use crate::par;
-use crate::plan::{Common, ExposurePlan, NodePlan, NodeText, PeerPlan, RouteBlock, ZoneBlock};
+use crate::plan::{Common, ExposurePlan, NodePlan, NodeText, PeerPlan, RouteBlock, RuleBlock, ZoneBlock};
 use crate::render;
 use crate::topology::{Path, Topology};
 use std::net::IpAddr;
@@ -48,7 +48,7 @@ pub(super) fn compile(decl: &Arc<Declaration>, topo: &Topology, allocation: Allo
 /// for them.
 pub(super) struct Shared {
     pub(super) common: Arc<Common>,
-    pub(super) rule_blocks: Vec<Arc<str>>,
+    pub(super) rule_blocks: Vec<Arc<RuleBlock>>,
     /// The zone records of every module of `Topology::module_names`.
     pub(super) zone_blocks: Vec<Arc<ZoneBlock>>,
     /// Every route of `Topology::routes`, and the zone records of its hosts (if it names any).
@@ -90,8 +90,8 @@ pub(super) fn shared(topo: &Topology, previous: Option<&Compiled>, old: Option<&
         old.into_iter().flat_map(|(c, _)| c.rules.iter().enumerate()).map(|(i, r)| ((&*r.0, r.1), i)).collect();
     // The previous blocks by their text, to intern a block made again: built only if one is
     // (hashing every block's text costs more than the blocks kept as they were).
-    let old_blocks: std::cell::OnceCell<HashMap<&str, &Arc<str>>> = std::cell::OnceCell::new();
-    let rule_blocks: Vec<Arc<str>> = topo
+    let old_blocks: std::cell::OnceCell<HashMap<&RuleBlock, &Arc<RuleBlock>>> = std::cell::OnceCell::new();
+    let rule_blocks: Vec<Arc<RuleBlock>> = topo
         .rules
         .iter()
         .map(|r| {
@@ -102,10 +102,10 @@ pub(super) fn shared(topo: &Topology, previous: Option<&Compiled>, old: Option<&
                     }
                 }
             }
-            let text = render::rule_block(topo, r);
+            let block = render::rule_block(topo, r);
             let old_blocks =
                 old_blocks.get_or_init(|| previous.into_iter().flat_map(|c| c.rule_blocks.iter()).map(|b| (&**b, b)).collect());
-            old_blocks.get(text.as_str()).map_or_else(|| Arc::from(text), |b| (*b).clone())
+            old_blocks.get(&block).map_or_else(|| Arc::new(block), |b| (*b).clone())
         })
         .collect();
     let old_zones: std::cell::OnceCell<HashMap<(&str, &str), &Arc<ZoneBlock>>> = std::cell::OnceCell::new();
@@ -150,7 +150,7 @@ pub(super) fn shared(topo: &Topology, previous: Option<&Compiled>, old: Option<&
 }
 
 /// The filter blocks of the rules of the modules a node runs.
-fn rules_of(topo: &Topology, shared: &Shared, a: u32) -> Vec<Arc<str>> {
+fn rules_of(topo: &Topology, shared: &Shared, a: u32) -> Vec<Arc<RuleBlock>> {
     topo.inbound_rules(a).map(|(i, _)| shared.rule_blocks[i].clone()).collect()
 }
 

@@ -64,7 +64,7 @@ pub struct Compiled {
     /// compile; on a recompile, those whose plan changed).
     pub rendered: Vec<String>,
     /// The filter block of every rule, shared by the plans of the nodes that run its module.
-    pub rule_blocks: Vec<Arc<str>>,
+    pub rule_blocks: Vec<Arc<crate::plan::RuleBlock>>,
     /// The zone records of every module some node runs, shared by the plans of the nodes that
     /// may reach it.
     pub zone_blocks: Vec<Arc<ZoneBlock>>,

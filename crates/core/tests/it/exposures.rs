@@ -209,8 +209,7 @@ fn explain_names_the_ingress_nodes_the_backends_and_the_admitting_rule() {
 fn admitted_on(nft: &str, port: u16) -> BTreeSet<IpAddr> {
     let mut out = BTreeSet::new();
     for line in nft.lines().filter(|l| l.contains(&format!("tcp dport {{ {port} }}"))) {
-        let set = line.split("saddr { ").nth(1).and_then(|r| r.split(" }").next()).unwrap_or("");
-        out.extend(set.split(", ").filter_map(|a| a.parse::<IpAddr>().ok()));
+        out.extend(crate::support::saddrs(nft, line).iter().filter_map(|a| a.parse::<IpAddr>().ok()));
     }
     out
 }

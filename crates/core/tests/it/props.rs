@@ -310,8 +310,9 @@ proptest! {
             let mut seen: HashMap<String, BTreeSet<IpAddr>> = HashMap::new();
             for line in nft.lines().filter(|l| l.contains(" accept comment ")) {
                 let tag = line.split("comment \"").nth(1).unwrap().split(':').next().unwrap().to_string();
-                let set = line.split("saddr { ").nth(1).unwrap().split(" }").next().unwrap();
-                seen.entry(tag).or_default().extend(set.split(", ").map(|a| a.parse::<IpAddr>().unwrap()));
+                let set = crate::support::saddrs(nft, line);
+                prop_assert!(!set.is_empty(), "no sources in {:?}", line);
+                seen.entry(tag).or_default().extend(set.iter().map(|a| a.parse::<IpAddr>().unwrap()));
             }
             let me = d.node(node).unwrap();
             let mut expected: HashMap<String, BTreeSet<IpAddr>> = HashMap::new();

@@ -45,3 +45,24 @@ pub fn fixture(name: &str) -> Declaration {
 pub fn compile_all(decl: &Declaration) -> Compiled {
     trellis_core::compile(&std::sync::Arc::new(decl.clone()), &Default::default(), &Default::default(), None).expect("compiles")
 }
+
+/// The source addresses a filter line of a rendered `nftables.conf` matches: the elements of the
+/// named set it names (`saddr @NAME`, declared in the same file), or of its anonymous set.
+pub fn saddrs(nft: &str, line: &str) -> Vec<String> {
+    if let Some(name) = line.split("saddr @").nth(1).and_then(|r| r.split(' ').next()) {
+        let decl = format!("\tset {name} {{");
+        let mut lines = nft.lines().skip_while(|l| *l != decl);
+        assert!(lines.next().is_some(), "the set {name} is not declared:\n{nft}");
+        return lines
+            .take_while(|l| *l != "\t}")
+            .find_map(|l| l.trim().strip_prefix("elements = { "))
+            .and_then(|e| e.strip_suffix(" }"))
+            .map(|e| e.split(", ").map(str::to_string).collect())
+            .unwrap_or_default();
+    }
+    line.split("saddr { ")
+        .nth(1)
+        .and_then(|r| r.split(" }").next())
+        .map(|e| e.split(", ").map(str::to_string).collect())
+        .unwrap_or_default()
+}

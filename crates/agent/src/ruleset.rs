@@ -1,0 +1,185 @@
+//! What changed between two rulesets trellis wrote, as nft commands: when they differ only in
+//! the elements of named sets (a node came, went or was renumbered: the sources of the rules
+//! that admit it), the change is those elements, deleted and created in one transaction, instead
+//! of the whole table loaded again (ADR 0031). With ten thousand sources a one-source change
+//! then costs what the change costs, not what the table does.
+
+use std::collections::HashSet;
+
+/// The table every trellis ruleset holds (`core::render::nftables`).
+const TABLE: &str = "inet trellis";
+
+/// A ruleset read as the lines that are not set elements, and each named set's elements.
+struct Shape<'a> {
+    rest: Vec<&'a str>,
+    sets: Vec<(&'a str, Vec<&'a str>)>,
+}
+
+fn shape(text: &str) -> Shape<'_> {
+    let mut rest = Vec::new();
+    let mut sets: Vec<(&str, Vec<&str>)> = Vec::new();
+    let mut open = false;
+    for line in text.lines() {
+        if let Some(name) = line.strip_prefix("\tset ").and_then(|l| l.strip_suffix(" {")) {
+            sets.push((name, Vec::new()));
+            open = true;
+        } else if line == "\t}" {
+            open = false;
+        } else if open {
+            if let Some(elements) = line.strip_prefix("\t\telements = { ").and_then(|l| l.strip_suffix(" }")) {
+                let (_, list) = sets.last_mut().expect("a set is open");
+                // Left out of the shape, so that a set gaining its first element or losing its
+                // last (nft declares no empty list) changes its elements, not its shape.
+                list.extend(elements.split(", "));
+                continue;
+            }
+        }
+        rest.push(line);
+    }
+    Shape { rest, sets }
+}
+
+/// The nft commands that take a table loaded from `old` to `new`, if the two differ only in
+/// sets' elements: each removed element deleted and each new one created (`create`, not `add`,
+/// so that an element already there, like one deleted and not there, fails the transaction: a
+/// table that is not what `old` says is loaded whole, never patched). `None` when anything else
+/// differs; an empty string when nothing does.
+pub fn delta(old: &str, new: &str) -> Option<String> {
+    let (before, after) = (shape(old), shape(new));
+    let same_shape = before.rest == after.rest
+        && before.sets.len() == after.sets.len()
+        && before.sets.iter().zip(&after.sets).all(|((a, _), (b, _))| a == b);
+    if !same_shape {
+        return None;
+    }
+    let mut commands = String::new();
+    for ((name, was), (_, now)) in before.sets.iter().zip(&after.sets) {
+        let was_set: HashSet<&str> = was.iter().copied().collect();
+        let now_set: HashSet<&str> = now.iter().copied().collect();
+        let gone: Vec<&str> = was.iter().copied().filter(|e| !now_set.contains(e)).collect();
+        let came: Vec<&str> = now.iter().copied().filter(|e| !was_set.contains(e)).collect();
+        if !gone.is_empty() {
+            commands.push_str(&format!("delete element {TABLE} {name} {{ {} }}\n", gone.join(", ")));
+        }
+        if !came.is_empty() {
+            commands.push_str(&format!("create element {TABLE} {name} {{ {} }}\n", came.join(", ")));
+        }
+    }
+    Some(commands)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::delta;
+
+    fn ruleset(v4: &[&str], v6: &[&str], port: u16) -> String {
+        let set = |name: &str, kind: &str, e: &[&str]| {
+            let elements = if e.is_empty() { String::new() } else { format!("\t\telements = {{ {} }}\n", e.join(", ")) };
+            format!("\tset {name} {{\n\t\ttype {kind}\n{elements}\t}}\n")
+        };
+        format!(
+            "# trellis\ntable inet trellis {{\n}}\ndelete table inet trellis\n\ntable inet trellis {{\n{}{}\n\tchain input {{\n\t\ttype filter hook input priority filter; policy accept;\n\t\tiifname \"trellis0\" ip saddr @src_ssh_1_v4 tcp dport {{ {port} }} accept\n\t\tiifname \"trellis0\" ip6 saddr @src_ssh_1_v6 tcp dport {{ {port} }} accept\n\t}}\n}}\n",
+            set("src_ssh_1_v4", "ipv4_addr", v4),
+            set("src_ssh_1_v6", "ipv6_addr", v6)
+        )
+    }
+
+    #[test]
+    fn a_change_of_sources_only_is_the_elements_deleted_and_created() {
+        let old = ruleset(&["10.0.0.1", "10.0.0.2", "10.0.0.3"], &["fd00::1"], 22);
+        let new = ruleset(&["10.0.0.1", "10.0.0.3", "10.0.0.4"], &["fd00::1"], 22);
+        assert_eq!(
+            delta(&old, &new).unwrap(),
+            "delete element inet trellis src_ssh_1_v4 { 10.0.0.2 }\ncreate element inet trellis src_ssh_1_v4 { 10.0.0.4 }\n"
+        );
+        assert_eq!(delta(&old, &old).unwrap(), "");
+    }
+
+    #[test]
+    fn a_set_losing_its_last_element_or_gaining_its_first_is_still_a_change_of_elements() {
+        let old = ruleset(&["10.0.0.1"], &[], 22);
+        let new = ruleset(&[], &["fd00::9"], 22);
+        assert_eq!(
+            delta(&old, &new).unwrap(),
+            "delete element inet trellis src_ssh_1_v4 { 10.0.0.1 }\ncreate element inet trellis src_ssh_1_v6 { fd00::9 }\n"
+        );
+    }
+
+    #[test]
+    fn any_other_difference_loads_the_whole_table() {
+        let old = ruleset(&["10.0.0.1"], &["fd00::1"], 22);
+        assert_eq!(delta(&old, &ruleset(&["10.0.0.1"], &["fd00::1"], 2222)), None, "a port");
+        assert_eq!(delta(&old, &old.replace("src_ssh_1_v6", "src_ssh_2_v6")), None, "a set's name");
+        assert_eq!(delta(&old, &old.replace("ipv4_addr", "ipv6_addr")), None, "a set's type");
+        assert_eq!(delta(&old, &format!("{old}table inet other {{\n}}\n")), None, "another line");
+    }
+
+    /// A real table in a network namespace: a change of sources is applied as elements (the
+    /// table is not loaded again) and leaves exactly the new sources in the kernel's sets; a
+    /// table changed behind the agent's back refuses the change, and the file is loaded whole.
+    #[test]
+    fn the_kernel_holds_exactly_the_new_sources_whichever_way_they_came() {
+        use crate::host::{Firewall, Nft};
+        use trellis_testing::{can_run, Need};
+        if !can_run(Need::Root) || !can_run(Need::Program("nft")) {
+            return;
+        }
+        let ns = format!("trellis-rs-{}", std::process::id());
+        let netns = |args: &[&str]| std::process::Command::new("ip").args(["netns"]).args(args).output().unwrap();
+        assert!(netns(&["add", &ns]).status.success());
+        struct Gone(String);
+        impl Drop for Gone {
+            fn drop(&mut self) {
+                let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).output();
+            }
+        }
+        let _gone = Gone(ns.clone());
+        let dir = trellis_testing::TempDir::new("ruleset-delta");
+        let file = dir.path().join("nftables.conf");
+        let elements = |set: &str| {
+            let out = std::process::Command::new("ip")
+                .args(["netns", "exec", &ns, "nft", "list", "set", "inet", "trellis", set])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            let text = String::from_utf8(out.stdout).unwrap();
+            let mut list: Vec<String> = text
+                .split("elements = {")
+                .nth(1)
+                .map(|e| e.split('}').next().unwrap().split(',').map(|a| a.trim().to_string()).filter(|a| !a.is_empty()).collect())
+                .unwrap_or_default();
+            list.sort();
+            list
+        };
+        let mut nft = Nft::in_namespace(&ns);
+        let mut apply = |text: &str| {
+            std::fs::write(&file, text).unwrap();
+            nft.apply(&file).unwrap();
+            nft.whole_loads()
+        };
+        let many: Vec<String> = (1..=2000).map(|i| format!("10.1.{}.{}", i / 250, i % 250 + 1)).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert_eq!(apply(&ruleset(&many, &["fd00::1"], 22)), 1, "the first ruleset is loaded whole");
+        assert_eq!(elements("src_ssh_1_v4").len(), 2000);
+        // One source gone, one come, one renumbered: elements only.
+        let mut changed: Vec<&str> = many[1..].to_vec();
+        changed.push("10.9.9.9");
+        assert_eq!(apply(&ruleset(&changed, &["fd00::2"], 22)), 1, "a change of sources is no whole load");
+        let mut want: Vec<String> = changed.iter().map(|a| a.to_string()).collect();
+        want.sort();
+        assert_eq!(elements("src_ssh_1_v4"), want);
+        assert_eq!(elements("src_ssh_1_v6"), vec!["fd00::2".to_string()]);
+        // Behind the agent's back, an element taken out: deleting it again is refused, and the
+        // file is loaded whole, so the kernel holds the file's sources, not a patched guess.
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &ns, "nft", "delete", "element", "inet", "trellis", "src_ssh_1_v4", "{ 10.9.9.9 }"])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let fewer: Vec<&str> = changed[..changed.len() - 1].to_vec();
+        assert_eq!(apply(&ruleset(&fewer, &["fd00::2"], 22)), 2, "a refused change is loaded whole");
+        assert_eq!(elements("src_ssh_1_v4").len(), fewer.len());
+        // Anything else (a port) is a whole load.
+        assert_eq!(apply(&ruleset(&fewer, &["fd00::2"], 2222)), 3);
+    }
+}
