@@ -45,8 +45,68 @@ pub struct Hickory {
     server: Option<hickory_server::Server<Answering>>,
     zones: Answering,
     listening: Vec<SocketAddr>,
+    /// The zone served, which the next one is compared with.
+    served: Option<Served>,
     /// How many times a server was started (bound its sockets).
     starts: u32,
+    /// How many zones were built whole (the rest changed the served one in place).
+    builds: u32,
+}
+
+/// The zone being answered: its handler, which a new zone that differs in some names' addresses
+/// only changes in place, and what it was made of.
+struct Served {
+    handler: Arc<hickory_server::store::in_memory::InMemoryZoneHandler>,
+    origin: hickory_server::proto::rr::Name,
+    read: Read,
+}
+
+/// A zone file as the agent reads it: its header, and each name's addresses (relative, as
+/// written; sorted, without repeats).
+#[derive(PartialEq)]
+struct Read {
+    ttl: u32,
+    serial: u32,
+    nameserver: String,
+    nameserver_addresses: Vec<std::net::IpAddr>,
+    names: std::collections::HashMap<String, Vec<std::net::IpAddr>>,
+}
+
+impl Read {
+    fn of(text: &str, origin: &hickory_server::proto::rr::Name) -> Result<Read> {
+        let parsed = trellis_core::zone::parse(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let wanted = format!("{}.", parsed.origin);
+        if !origin.to_ascii().eq_ignore_ascii_case(&wanted) {
+            anyhow::bail!("the zone's origin is {wanted}, not {origin}");
+        }
+        // Grouped by the name as written (a string: cheap to hash, where a hickory `Name`
+        // compares label by label).
+        let mut names: std::collections::HashMap<String, Vec<std::net::IpAddr>> = std::collections::HashMap::new();
+        for r in parsed.records {
+            names.entry(r.name).or_default().push(r.address);
+        }
+        for list in names.values_mut() {
+            // A name's same address twice is one record, as hickory's loader makes it.
+            list.sort_unstable();
+            list.dedup();
+        }
+        Ok(Read {
+            ttl: parsed.ttl.unwrap_or(60),
+            serial: parsed.serial.context("the zone has no SOA record")?,
+            nameserver: parsed.nameserver.context("the zone has no NS record")?,
+            nameserver_addresses: parsed.nameserver_addresses,
+            names,
+        })
+    }
+
+    /// Whether `next` differs from this zone only in names' addresses (and its serial), each
+    /// name written in lower case, so that it can be served by changing those names' records.
+    fn patchable(&self, next: &Read) -> bool {
+        let lower = |n: &String| !n.bytes().any(|b| b.is_ascii_uppercase());
+        (self.ttl, &self.nameserver, &self.nameserver_addresses) == (next.ttl, &next.nameserver, &next.nameserver_addresses)
+            && next.names.keys().all(lower)
+            && self.names.keys().all(lower)
+    }
 }
 
 impl Resolver for Hickory {
@@ -55,17 +115,29 @@ impl Resolver for Hickory {
             use hickory_server::proto::rr::{LowerName, Name};
             use hickory_server::zone_handler::Catalog;
             let name = Name::from_str(&format!("{}.", origin.trim_end_matches('.'))).with_context(|| format!("zone origin {origin:?}"))?;
-            // Load first: a zone that does not load leaves the running server as it is.
+            // Read first: a zone that does not load leaves the running server as it is.
             let started = std::time::Instant::now();
             let text = std::fs::read_to_string(zone).with_context(|| format!("cannot read {}", zone.display()))?;
-            let handler = load(&text, &name).map_err(|e| anyhow::anyhow!("the mesh zone does not load: {e}"))?;
+            let read = Read::of(&text, &name).map_err(|e| anyhow::anyhow!("the mesh zone does not load: {e}"))?;
+            let running = self.server.is_some() && self.listening == listen;
+            if let Some(served) = self.served.as_mut().filter(|s| running && s.origin == name && s.read.patchable(&read)) {
+                let changed = patch(served, &read).await.map_err(|e| anyhow::anyhow!("the mesh zone does not load: {e}"))?;
+                if let Some(changed) = changed {
+                    served.read = read;
+                    tracing::info!(names = changed, ms = started.elapsed().as_millis() as u64, "mesh zone changed in place");
+                    return Ok(());
+                }
+            }
+            let handler = Arc::new(build(&read, &name).map_err(|e| anyhow::anyhow!("the mesh zone does not load: {e}"))?);
+            self.builds += 1;
             let loaded = started.elapsed();
             let mut catalog = Catalog::new();
-            catalog.upsert(LowerName::from(&name), vec![Arc::new(handler)]);
+            catalog.upsert(LowerName::from(&name), vec![handler.clone()]);
             let old = std::mem::replace(&mut *self.zones.0 .0.write().expect("zones"), Arc::new(catalog));
             // The catalog replaced is dropped here, not under the lock.
             drop(old);
-            if self.server.is_some() && self.listening == listen {
+            self.served = Some(Served { handler, origin: name, read });
+            if running {
                 tracing::info!(load_ms = loaded.as_millis() as u64, "mesh zone served (the same sockets)");
                 return Ok(());
             }
@@ -98,77 +170,155 @@ impl Resolver for Hickory {
     }
 }
 
+/// The record sets of one name: its A and AAAA sets (one absent when it has no such address).
+fn name_sets(
+    name: &hickory_server::proto::rr::Name,
+    list: &[std::net::IpAddr],
+    ttl: u32,
+    serial: u32,
+) -> [(hickory_server::proto::rr::RecordType, Option<hickory_server::proto::rr::RecordSet>); 2] {
+    use hickory_server::proto::rr::rdata::{A, AAAA};
+    use hickory_server::proto::rr::{RData, Record, RecordSet, RecordType};
+    [(RecordType::A, false), (RecordType::AAAA, true)].map(|(kind, v6)| {
+        let records: Vec<Record> = list
+            .iter()
+            .filter(|a| a.is_ipv6() == v6)
+            .map(|a| {
+                let data = match *a {
+                    std::net::IpAddr::V4(v4) => RData::A(A(v4)),
+                    std::net::IpAddr::V6(v6) => RData::AAAA(AAAA(v6)),
+                };
+                Record::from_rdata(name.clone(), ttl, data)
+            })
+            .collect();
+        (
+            kind,
+            (!records.is_empty()).then(|| {
+                let mut set = RecordSet::new(name.clone(), kind, serial);
+                set.set_ttl(ttl);
+                set.set_records(records);
+                set
+            }),
+        )
+    })
+}
+
+/// The SOA of a zone of `origin` with this serial.
+fn soa_set(
+    origin: &hickory_server::proto::rr::Name,
+    nameserver: &hickory_server::proto::rr::Name,
+    ttl: u32,
+    serial: u32,
+) -> Result<hickory_server::proto::rr::RecordSet> {
+    use hickory_server::proto::rr::rdata::SOA;
+    use hickory_server::proto::rr::{Name, RData, Record, RecordSet, RecordType};
+    let hostmaster = Name::from_str("hostmaster")?.append_domain(origin)?;
+    let soa = RData::SOA(SOA::new(nameserver.clone(), hostmaster, serial, 3600, 600, 86400, 60));
+    let mut set = RecordSet::new(origin.clone(), RecordType::SOA, serial);
+    set.set_ttl(ttl);
+    set.set_records(vec![Record::from_rdata(origin.clone(), ttl, soa)]);
+    Ok(set)
+}
+
+/// A name relative to `origin` as written in the zone (`@` is the origin itself).
+fn absolute(relative: &str, origin: &hickory_server::proto::rr::Name) -> Result<hickory_server::proto::rr::Name> {
+    use hickory_server::proto::rr::Name;
+    if relative == "@" {
+        return Ok(origin.clone());
+    }
+    Ok(Name::from_str(relative)?.append_domain(origin)?)
+}
+
 /// The zone as hickory serves it, built from the core's reading of the file (the one trellis
 /// wrote): its SOA, NS and address records, each name's records set at once. hickory's own file
 /// loader adds records one by one, each compared with those of its name before it, which takes
 /// seconds for a module that runs on ten thousand nodes (`trellis-dev bench agent`); records
 /// are grouped by the name as written (a string), and each set is made once, straight into the
 /// handler's map (20,000 records in a release build on a loaded machine: medians 115 -> 83 ms, best 84 -> 33 ms).
-fn load(text: &str, origin: &hickory_server::proto::rr::Name) -> Result<hickory_server::store::in_memory::InMemoryZoneHandler> {
-    use hickory_server::proto::rr::rdata::{A, AAAA, NS, SOA};
+fn build(read: &Read, origin: &hickory_server::proto::rr::Name) -> Result<hickory_server::store::in_memory::InMemoryZoneHandler> {
+    use hickory_server::proto::rr::rdata::NS;
     use hickory_server::proto::rr::{LowerName, Name, RData, Record, RecordSet, RecordType, RrKey};
     use hickory_server::store::in_memory::InMemoryZoneHandler;
     use hickory_server::zone_handler::{AxfrPolicy, ZoneType};
 
-    let parsed = trellis_core::zone::parse(text).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let wanted = format!("{}.", parsed.origin);
-    if !origin.to_ascii().eq_ignore_ascii_case(&wanted) {
-        anyhow::bail!("the zone's origin is {wanted}, not {origin}");
-    }
-    let ttl = parsed.ttl.unwrap_or(60);
-    let serial = parsed.serial.context("the zone has no SOA record")?;
-    let nameserver = Name::from_str(parsed.nameserver.as_deref().context("the zone has no NS record")?)?;
-    let name_of = |relative: &str| -> Result<Name> {
-        if relative == "@" {
-            return Ok(origin.clone());
-        }
-        Ok(Name::from_str(relative)?.append_domain(origin)?)
-    };
-    // Each name's addresses, grouped by the name as written (a string: cheap to hash, where a
-    // hickory `Name` compares label by label) and without repeats (a name's same address twice
-    // is one record, as hickory's loader makes it).
-    let mut by_name: std::collections::HashMap<&str, Vec<std::net::IpAddr>> = std::collections::HashMap::new();
-    for r in &parsed.records {
-        by_name.entry(r.name.as_str()).or_default().push(r.address);
-    }
-    // Then by the name itself, the name server's addresses with them.
-    let mut addresses: std::collections::HashMap<Name, Vec<std::net::IpAddr>> = std::collections::HashMap::with_capacity(by_name.len() + 1);
-    addresses.entry(nameserver.clone()).or_default().extend(&parsed.nameserver_addresses);
-    for (relative, list) in by_name {
-        addresses.entry(name_of(relative)?).or_default().extend(list);
+    let (ttl, serial) = (read.ttl, read.serial);
+    let nameserver = Name::from_str(&read.nameserver)?;
+    // By the name itself, the name server's addresses with them.
+    let mut addresses: std::collections::HashMap<Name, Vec<std::net::IpAddr>> =
+        std::collections::HashMap::with_capacity(read.names.len() + 1);
+    addresses.entry(nameserver.clone()).or_default().extend(&read.nameserver_addresses);
+    for (relative, list) in &read.names {
+        addresses.entry(absolute(relative, origin)?).or_default().extend(list);
     }
     // Each set made once and put in its place: no map of our own in between.
     let mut handler = InMemoryZoneHandler::empty(origin.clone(), ZoneType::Primary, AxfrPolicy::Deny);
     let records = handler.records_get_mut();
-    let mut put = |name: &Name, kind: RecordType, list: Vec<Record>| {
-        let mut set = RecordSet::new(name.clone(), kind, serial);
-        set.set_ttl(ttl);
-        set.set_records(list);
-        records.insert(RrKey::new(LowerName::from(name), kind), Arc::new(set));
-    };
-    let hostmaster = Name::from_str("hostmaster")?.append_domain(origin)?;
-    let soa = RData::SOA(SOA::new(nameserver.clone(), hostmaster, serial, 3600, 600, 86400, 60));
-    put(origin, RecordType::SOA, vec![Record::from_rdata(origin.clone(), ttl, soa)]);
-    put(origin, RecordType::NS, vec![Record::from_rdata(origin.clone(), ttl, RData::NS(NS(nameserver.clone())))]);
+    records.insert(RrKey::new(LowerName::from(origin), RecordType::SOA), Arc::new(soa_set(origin, &nameserver, ttl, serial)?));
+    let mut ns = RecordSet::new(origin.clone(), RecordType::NS, serial);
+    ns.set_ttl(ttl);
+    ns.set_records(vec![Record::from_rdata(origin.clone(), ttl, RData::NS(NS(nameserver.clone())))]);
+    records.insert(RrKey::new(LowerName::from(origin), RecordType::NS), Arc::new(ns));
     for (name, mut list) in addresses {
-        // A name's same address twice is one record.
+        // A name's same address twice is one record (the name server's own, named twice).
         list.sort_unstable();
         list.dedup();
-        for (kind, v6) in [(RecordType::A, false), (RecordType::AAAA, true)] {
-            let set: Vec<Record> =
-                list.iter().filter(|a| a.is_ipv6() == v6).map(|a| Record::from_rdata(name.clone(), ttl, address_data(*a))).collect();
-            if !set.is_empty() {
-                put(&name, kind, set);
+        let key = LowerName::from(&name);
+        for (kind, set) in name_sets(&name, &list, ttl, serial) {
+            if let Some(set) = set {
+                records.insert(RrKey::new(key.clone(), kind), Arc::new(set));
             }
         }
     }
-    fn address_data(ip: std::net::IpAddr) -> RData {
-        match ip {
-            std::net::IpAddr::V4(v4) => RData::A(A(v4)),
-            std::net::IpAddr::V6(v6) => RData::AAAA(AAAA(v6)),
+    Ok(handler)
+}
+
+/// Serves `next` by changing the served zone in place: the records of each name whose addresses
+/// changed, came or went, and the SOA's serial, under the handler's lock, so that a query sees
+/// the zone before or after, never between. Every record is made before the lock is taken (a
+/// name that does not read changes nothing). The number of names changed; `None`, changing
+/// nothing, when a name changed is the name server's, whose records hold its addresses too (a
+/// zone trellis writes never names it; one that does is built whole).
+async fn patch(served: &Served, next: &Read) -> Result<Option<usize>> {
+    use hickory_server::proto::rr::{LowerName, Name, RecordSet, RecordType, RrKey};
+    let origin = &served.origin;
+    let nameserver = Name::from_str(&next.nameserver)?;
+    let old = &served.read.names;
+    let mut sets: Vec<(RrKey, Option<RecordSet>)> = Vec::new();
+    let mut changed = 0;
+    let mut change = |relative: &str, list: &[std::net::IpAddr]| -> Result<bool> {
+        let name = absolute(relative, origin)?;
+        if name == nameserver {
+            return Ok(false);
+        }
+        changed += 1;
+        let key = LowerName::from(&name);
+        for (kind, set) in name_sets(&name, list, next.ttl, next.serial) {
+            sets.push((RrKey::new(key.clone(), kind), set));
+        }
+        Ok(true)
+    };
+    for (relative, list) in &next.names {
+        if old.get(relative) != Some(list) && !change(relative, list)? {
+            return Ok(None);
         }
     }
-    Ok(handler)
+    for relative in old.keys().filter(|n| !next.names.contains_key(*n)) {
+        if !change(relative, &[])? {
+            return Ok(None);
+        }
+    }
+    let soa = soa_set(origin, &nameserver, next.ttl, next.serial)?;
+    {
+        let mut records = served.handler.records_mut().await;
+        for (key, set) in sets {
+            match set {
+                Some(set) => records.insert(key, Arc::new(set)),
+                None => records.remove(&key),
+            };
+        }
+        records.insert(RrKey::new(LowerName::from(origin), RecordType::SOA), Arc::new(soa));
+    }
+    Ok(Some(changed))
 }
 
 /// Binds a UDP socket, retrying briefly while a just-stopped server releases the address.
@@ -206,7 +356,7 @@ mod tests {
         zone.push_str("ssh\tIN\tA\t10.1.0.0\n");
         zone.push_str("n-0\tIN\tAAAA\tfd00::1\n");
         let origin = Name::from_str("t.mesh.").unwrap();
-        let mut handler = super::load(&zone, &origin).unwrap();
+        let mut handler = super::build(&super::Read::of(&zone, &origin).unwrap(), &origin).unwrap();
         let records = handler.records_get_mut();
         let set = |name: &str, kind: RecordType| records.get(&RrKey::new(LowerName::from(&Name::from_str(name).unwrap()), kind)).cloned();
         let soa = set("t.mesh.", RecordType::SOA).unwrap();
@@ -219,16 +369,21 @@ mod tests {
         assert!(set("nosuch.t.mesh.", RecordType::A).is_none());
         // Another origin than the one served is refused.
         let other = Name::from_str("u.mesh.").unwrap();
-        let refused = super::load(&zone, &other).err().expect("another origin is refused").to_string();
+        let refused = super::Read::of(&zone, &other).err().expect("another origin is refused").to_string();
         assert!(refused.contains("origin is t.mesh."), "{refused}");
     }
 
     /// One A query for `name` over UDP to `server`: the addresses answered.
     async fn ask(server: std::net::SocketAddr, name: &str) -> Vec<String> {
+        ask_for(server, name, RecordType::A).await
+    }
+
+    /// One query of this type for `name` over UDP to `server`: the data answered.
+    async fn ask_for(server: std::net::SocketAddr, name: &str, kind: RecordType) -> Vec<String> {
         use hickory_server::proto::op::{Message, Query};
         use hickory_server::proto::serialize::binary::{BinDecodable, BinEncodable};
         let mut m = Message::query();
-        m.add_query(Query::query(Name::from_str(name).unwrap(), RecordType::A));
+        m.add_query(Query::query(Name::from_str(name).unwrap(), kind));
         m.metadata.recursion_desired = false;
         let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
         socket.send_to(&m.to_bytes().unwrap(), server).await.unwrap();
@@ -265,5 +420,47 @@ mod tests {
         std::fs::write(&file, "not a zone").unwrap();
         assert!(dns.apply(&file, "t.mesh", &listen).await.is_err());
         assert_eq!(ask(listen[0], "db-2.t.mesh.").await, ["10.1.0.2"]);
+    }
+
+    /// A zone that differs in some names' addresses is served by changing those names in the
+    /// served zone, not by building it again: a name renumbered, one come, one gone, and the
+    /// SOA's serial, each answered from the next query on. Anything else (here the TTL) builds
+    /// the zone whole, and is answered as well.
+    #[tokio::test]
+    async fn a_zone_changed_in_some_names_is_changed_in_place() {
+        use super::Resolver;
+        let dir = trellis_testing::TempDir::new("dns-patch");
+        let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let listen = [std::net::SocketAddr::from(([127, 0, 0, 1], port))];
+        let zone = |serial: u32, ttl: u32, names: &str| {
+            format!("$ORIGIN t.mesh.\n$TTL {ttl}\n@\tIN\tSOA\tns.t.mesh. hostmaster.t.mesh. {serial} 3600 600 86400 60\n@\tIN\tNS\tns.t.mesh.\nns\tIN\tA\t10.0.0.1\n{names}")
+        };
+        let mut many = String::new();
+        for i in 0..5000u32 {
+            many.push_str(&format!("n-{i}\tIN\tA\t10.1.{}.{}\nssh\tIN\tA\t10.1.{}.{}\n", i / 250, i % 250, i / 250, i % 250));
+        }
+        let file = dir.join("mesh.zone");
+        std::fs::write(&file, zone(1, 60, &format!("{many}db-1\tIN\tA\t10.2.0.1\ndb-3\tIN\tA\t10.2.0.3\n"))).unwrap();
+        let mut dns = super::Hickory::default();
+        dns.apply(&file, "t.mesh", &listen).await.unwrap();
+        assert_eq!(ask(listen[0], "db-3.t.mesh.").await, ["10.2.0.3"]);
+        assert_eq!((dns.builds, dns.starts), (1, 1));
+        std::fs::write(&file, zone(2, 60, &format!("{many}db-1\tIN\tA\t10.2.0.9\ndb-2\tIN\tA\t10.2.0.2\ndb-2\tIN\tAAAA\tfd00::2\n")))
+            .unwrap();
+        dns.apply(&file, "t.mesh", &listen).await.unwrap();
+        assert_eq!((dns.builds, dns.starts), (1, 1), "changed in place, by the same server");
+        assert_eq!(ask(listen[0], "db-1.t.mesh.").await, ["10.2.0.9"]);
+        assert_eq!(ask(listen[0], "db-2.t.mesh.").await, ["10.2.0.2"]);
+        assert_eq!(ask_for(listen[0], "db-2.t.mesh.", RecordType::AAAA).await, ["fd00::2"]);
+        assert!(ask(listen[0], "db-3.t.mesh.").await.is_empty(), "a name gone is no longer answered");
+        assert_eq!(ask(listen[0], "n-4999.t.mesh.").await, ["10.1.19.249"], "the names unchanged are still answered");
+        let soa = ask_for(listen[0], "t.mesh.", RecordType::SOA).await;
+        assert!(soa.len() == 1 && soa[0].contains(" 2 3600 600 86400 60"), "{soa:?}");
+        // Another TTL: built whole.
+        std::fs::write(&file, zone(3, 30, "db-1\tIN\tA\t10.2.0.1\n")).unwrap();
+        dns.apply(&file, "t.mesh", &listen).await.unwrap();
+        assert_eq!((dns.builds, dns.starts), (2, 1));
+        assert_eq!(ask(listen[0], "db-1.t.mesh.").await, ["10.2.0.1"]);
+        assert!(ask(listen[0], "db-2.t.mesh.").await.is_empty());
     }
 }
