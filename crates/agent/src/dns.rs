@@ -54,16 +54,17 @@ pub struct Hickory {
 }
 
 /// The zone being answered: its handler, which a new zone that differs in some names' addresses
-/// only changes in place, and what it was made of.
+/// only changes in place, and the text it was made from.
 struct Served {
     handler: Arc<hickory_server::store::in_memory::InMemoryZoneHandler>,
     origin: hickory_server::proto::rr::Name,
-    read: Read,
+    text: String,
+    ttl: u32,
+    nameserver: String,
 }
 
-/// A zone file as the agent reads it: its header, and each name's addresses (relative, as
+/// A zone file as the agent reads it whole: its header, and each name's addresses (relative, as
 /// written; sorted, without repeats).
-#[derive(PartialEq)]
 struct Read {
     ttl: u32,
     serial: u32,
@@ -85,11 +86,6 @@ impl Read {
         for r in parsed.records {
             names.entry(r.name).or_default().push(r.address);
         }
-        for list in names.values_mut() {
-            // A name's same address twice is one record, as hickory's loader makes it.
-            list.sort_unstable();
-            list.dedup();
-        }
         Ok(Read {
             ttl: parsed.ttl.unwrap_or(60),
             serial: parsed.serial.context("the zone has no SOA record")?,
@@ -98,14 +94,69 @@ impl Read {
             names,
         })
     }
+}
 
-    /// Whether `next` differs from this zone only in names' addresses (and its serial), each
-    /// name written in lower case, so that it can be served by changing those names' records.
-    fn patchable(&self, next: &Read) -> bool {
-        let lower = |n: &String| !n.bytes().any(|b| b.is_ascii_uppercase());
-        (self.ttl, &self.nameserver, &self.nameserver_addresses) == (next.ttl, &next.nameserver, &next.nameserver_addresses)
-            && next.names.keys().all(lower)
-            && self.names.keys().all(lower)
+/// A zone's text as its frame (every line that is not an address record, the SOA's serial left
+/// out) and each name's run of address records (the lines trellis writes for one name are
+/// together). `None` for a text trellis did not write so: a name in two runs, or in upper case.
+struct Cut<'t> {
+    frame: Vec<&'t str>,
+    serial: Option<&'t str>,
+    runs: std::collections::HashMap<&'t str, &'t str>,
+}
+
+impl<'t> Cut<'t> {
+    fn of(text: &'t str) -> Option<Cut<'t>> {
+        let mut frame = Vec::new();
+        let mut serial = None;
+        let mut runs: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
+        // The run being read: its name and where it starts.
+        let mut run: Option<(&str, usize)> = None;
+        let mut at = 0;
+        let close = |run: &mut Option<(&'t str, usize)>, end: usize, runs: &mut std::collections::HashMap<&'t str, &'t str>| {
+            if let Some((name, start)) = run.take() {
+                runs.insert(name, &text[start..end]).is_none()
+            } else {
+                true
+            }
+        };
+        for line in text.split_inclusive('\n') {
+            let start = at;
+            at += line.len();
+            let mut fields = line.split_whitespace();
+            let (name, class, kind) = (fields.next(), fields.next(), fields.next());
+            if let (Some(name), Some("IN"), Some("A" | "AAAA")) = (name, class, kind) {
+                if name.bytes().any(|b| b.is_ascii_uppercase()) {
+                    return None;
+                }
+                if run.is_some_and(|(n, _)| n == name) {
+                    continue;
+                }
+                if !close(&mut run, start, &mut runs) {
+                    return None;
+                }
+                run = Some((name, start));
+                continue;
+            }
+            if !close(&mut run, start, &mut runs) {
+                return None;
+            }
+            if let (Some(_), Some("IN"), Some("SOA")) = (name, class, kind) {
+                // The serial, the SOA's third field of data, is left out of the frame: the
+                // line before it and after it are in.
+                let field = line.split_whitespace().nth(5)?;
+                let from = field.as_ptr() as usize - line.as_ptr() as usize;
+                serial = Some(field);
+                frame.push(&line[..from]);
+                frame.push(&line[from + field.len()..]);
+                continue;
+            }
+            frame.push(line);
+        }
+        if !close(&mut run, at, &mut runs) {
+            return None;
+        }
+        Some(Cut { frame, serial, runs })
     }
 }
 
@@ -118,16 +169,18 @@ impl Resolver for Hickory {
             // Read first: a zone that does not load leaves the running server as it is.
             let started = std::time::Instant::now();
             let text = std::fs::read_to_string(zone).with_context(|| format!("cannot read {}", zone.display()))?;
-            let read = Read::of(&text, &name).map_err(|e| anyhow::anyhow!("the mesh zone does not load: {e}"))?;
             let running = self.server.is_some() && self.listening == listen;
-            if let Some(served) = self.served.as_mut().filter(|s| running && s.origin == name && s.read.patchable(&read)) {
-                let changed = patch(served, &read).await.map_err(|e| anyhow::anyhow!("the mesh zone does not load: {e}"))?;
-                if let Some(changed) = changed {
-                    served.read = read;
-                    tracing::info!(names = changed, ms = started.elapsed().as_millis() as u64, "mesh zone changed in place");
-                    return Ok(());
+            if let Some(served) = self.served.as_mut().filter(|s| running && s.origin == name) {
+                if let Some((serial, names)) = changes(&served.text, &text) {
+                    let read_ms = started.elapsed().as_millis() as u64;
+                    if let Some(changed) = patch(served, serial, &names).await? {
+                        served.text = text;
+                        tracing::info!(names = changed, read_ms, ms = started.elapsed().as_millis() as u64, "mesh zone changed in place");
+                        return Ok(());
+                    }
                 }
             }
+            let read = Read::of(&text, &name).map_err(|e| anyhow::anyhow!("the mesh zone does not load: {e}"))?;
             let handler = Arc::new(build(&read, &name).map_err(|e| anyhow::anyhow!("the mesh zone does not load: {e}"))?);
             self.builds += 1;
             let loaded = started.elapsed();
@@ -136,7 +189,7 @@ impl Resolver for Hickory {
             let old = std::mem::replace(&mut *self.zones.0 .0.write().expect("zones"), Arc::new(catalog));
             // The catalog replaced is dropped here, not under the lock.
             drop(old);
-            self.served = Some(Served { handler, origin: name, read });
+            self.served = Some(Served { handler, origin: name, ttl: read.ttl, nameserver: read.nameserver, text });
             if running {
                 tracing::info!(load_ms = loaded.as_millis() as u64, "mesh zone served (the same sockets)");
                 return Ok(());
@@ -272,42 +325,64 @@ fn build(read: &Read, origin: &hickory_server::proto::rr::Name) -> Result<hickor
     Ok(handler)
 }
 
-/// Serves `next` by changing the served zone in place: the records of each name whose addresses
-/// changed, came or went, and the SOA's serial, under the handler's lock, so that a query sees
-/// the zone before or after, never between. Every record is made before the lock is taken (a
-/// name that does not read changes nothing). The number of names changed; `None`, changing
-/// nothing, when a name changed is the name server's, whose records hold its addresses too (a
-/// zone trellis writes never names it; one that does is built whole).
-async fn patch(served: &Served, next: &Read) -> Result<Option<usize>> {
+/// A name (relative, as written) and its addresses in the new zone (none: it is gone).
+type NameChange = (String, Vec<std::net::IpAddr>);
+
+/// The names whose addresses differ from `old` to `new`, each with its new addresses (none for
+/// a name gone), and the new serial, when nothing else differs. `None` when anything else does,
+/// or when a line of a changed name is not an address record: the zone is then read whole,
+/// which names what is wrong and where.
+fn changes(old: &str, new: &str) -> Option<(u32, Vec<NameChange>)> {
+    let (before, after) = (Cut::of(old)?, Cut::of(new)?);
+    if before.frame != after.frame {
+        return None;
+    }
+    let serial: u32 = after.serial?.parse().ok()?;
+    let mut names = Vec::new();
+    for (&name, &run) in &after.runs {
+        if before.runs.get(name) == Some(&run) {
+            continue;
+        }
+        let mut list = Vec::new();
+        for line in run.lines() {
+            let mut fields = line.split_whitespace().skip(3);
+            let (Some(address), None) = (fields.next(), fields.next()) else { return None };
+            list.push(address.parse::<std::net::IpAddr>().ok()?);
+        }
+        names.push((name.to_string(), list));
+    }
+    for &name in before.runs.keys().filter(|n| !after.runs.contains_key(*n)) {
+        names.push((name.to_string(), Vec::new()));
+    }
+    Some((serial, names))
+}
+
+/// Serves a zone that differs from the one served in these names' addresses and its serial, by
+/// changing the served zone in place: each name's records and the SOA, under the handler's lock,
+/// so that a query sees the zone before or after, never between. Every record is made before the
+/// lock is taken (a name that does not read changes nothing). The number of names changed;
+/// `None`, changing nothing, when a name changed is the name server's, whose records hold its
+/// addresses too (a zone trellis writes never names it; one that does is built whole).
+async fn patch(served: &Served, serial: u32, names: &[NameChange]) -> Result<Option<usize>> {
     use hickory_server::proto::rr::{LowerName, Name, RecordSet, RecordType, RrKey};
     let origin = &served.origin;
-    let nameserver = Name::from_str(&next.nameserver)?;
-    let old = &served.read.names;
+    let nameserver = Name::from_str(&served.nameserver)?;
     let mut sets: Vec<(RrKey, Option<RecordSet>)> = Vec::new();
-    let mut changed = 0;
-    let mut change = |relative: &str, list: &[std::net::IpAddr]| -> Result<bool> {
+    for (relative, list) in names {
         let name = absolute(relative, origin)?;
         if name == nameserver {
-            return Ok(false);
+            return Ok(None);
         }
-        changed += 1;
+        let mut list = list.clone();
+        // A name's same address twice is one record, as hickory's loader makes it.
+        list.sort_unstable();
+        list.dedup();
         let key = LowerName::from(&name);
-        for (kind, set) in name_sets(&name, list, next.ttl, next.serial) {
+        for (kind, set) in name_sets(&name, &list, served.ttl, serial) {
             sets.push((RrKey::new(key.clone(), kind), set));
         }
-        Ok(true)
-    };
-    for (relative, list) in &next.names {
-        if old.get(relative) != Some(list) && !change(relative, list)? {
-            return Ok(None);
-        }
     }
-    for relative in old.keys().filter(|n| !next.names.contains_key(*n)) {
-        if !change(relative, &[])? {
-            return Ok(None);
-        }
-    }
-    let soa = soa_set(origin, &nameserver, next.ttl, next.serial)?;
+    let soa = soa_set(origin, &nameserver, served.ttl, serial)?;
     {
         let mut records = served.handler.records_mut().await;
         for (key, set) in sets {
@@ -318,7 +393,7 @@ async fn patch(served: &Served, next: &Read) -> Result<Option<usize>> {
         }
         records.insert(RrKey::new(LowerName::from(origin), RecordType::SOA), Arc::new(soa));
     }
-    Ok(Some(changed))
+    Ok(Some(names.len()))
 }
 
 /// Binds a UDP socket, retrying briefly while a just-stopped server releases the address.
@@ -435,9 +510,13 @@ mod tests {
         let zone = |serial: u32, ttl: u32, names: &str| {
             format!("$ORIGIN t.mesh.\n$TTL {ttl}\n@\tIN\tSOA\tns.t.mesh. hostmaster.t.mesh. {serial} 3600 600 86400 60\n@\tIN\tNS\tns.t.mesh.\nns\tIN\tA\t10.0.0.1\n{names}")
         };
+        // As trellis writes a zone: each name's records together (the nodes', then a module's).
         let mut many = String::new();
         for i in 0..5000u32 {
-            many.push_str(&format!("n-{i}\tIN\tA\t10.1.{}.{}\nssh\tIN\tA\t10.1.{}.{}\n", i / 250, i % 250, i / 250, i % 250));
+            many.push_str(&format!("n-{i}\tIN\tA\t10.1.{}.{}\n", i / 250, i % 250));
+        }
+        for i in 0..5000u32 {
+            many.push_str(&format!("ssh\tIN\tA\t10.1.{}.{}\n", i / 250, i % 250));
         }
         let file = dir.join("mesh.zone");
         std::fs::write(&file, zone(1, 60, &format!("{many}db-1\tIN\tA\t10.2.0.1\ndb-3\tIN\tA\t10.2.0.3\n"))).unwrap();
@@ -456,11 +535,22 @@ mod tests {
         assert_eq!(ask(listen[0], "n-4999.t.mesh.").await, ["10.1.19.249"], "the names unchanged are still answered");
         let soa = ask_for(listen[0], "t.mesh.", RecordType::SOA).await;
         assert!(soa.len() == 1 && soa[0].contains(" 2 3600 600 86400 60"), "{soa:?}");
+        // A changed name's line that is not an address record: read whole, and refused.
+        std::fs::write(&file, zone(3, 60, &format!("{many}db-1\tIN\tA\t10.2.0.9 extra\n"))).unwrap();
+        assert!(dns.apply(&file, "t.mesh", &listen).await.is_err());
+        assert_eq!(ask(listen[0], "db-1.t.mesh.").await, ["10.2.0.9"], "the zone served stays");
         // Another TTL: built whole.
-        std::fs::write(&file, zone(3, 30, "db-1\tIN\tA\t10.2.0.1\n")).unwrap();
+        std::fs::write(&file, zone(4, 30, "db-1\tIN\tA\t10.2.0.1\n")).unwrap();
         dns.apply(&file, "t.mesh", &listen).await.unwrap();
         assert_eq!((dns.builds, dns.starts), (2, 1));
         assert_eq!(ask(listen[0], "db-1.t.mesh.").await, ["10.2.0.1"]);
         assert!(ask(listen[0], "db-2.t.mesh.").await.is_empty());
+        // A name written in two runs (not as trellis writes): built whole, and answered.
+        std::fs::write(&file, zone(5, 30, "db-1\tIN\tA\t10.2.0.1\ndb-2\tIN\tA\t10.2.0.2\ndb-1\tIN\tA\t10.2.0.7\n")).unwrap();
+        dns.apply(&file, "t.mesh", &listen).await.unwrap();
+        assert_eq!((dns.builds, dns.starts), (3, 1));
+        let mut both = ask(listen[0], "db-1.t.mesh.").await;
+        both.sort();
+        assert_eq!(both, ["10.2.0.1", "10.2.0.7"]);
     }
 }

@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use anyhow::{bail, Context, Result};
-use sha2::{Digest, Sha256};
 use trellis_core::bundle::BundleFile;
 use trellis_core::wgconf::WgConf;
 use trellis_files::beneath::Beneath;
@@ -79,7 +78,7 @@ impl DiskWriter {
                 bail!("refusing to write {}: {} is a symbolic link, which is never followed", f.path, dir.path().join(name).display());
             }
             let sha = hex::encode(f.sha256);
-            if dir.read(name).is_some_and(|(old, mode)| Sha256::digest(&old)[..] == f.sha256[..] && mode == f.mode) {
+            if dir.holds(name, &f.content, f.mode) {
                 outcomes.push(FileOutcome { path: f.path.clone(), sha256: sha, result: trellis_proto::FileResult::Unchanged });
                 continue;
             }

@@ -104,6 +104,23 @@ impl Beneath {
         Some((content, mode))
     }
 
+    /// Whether `name` holds exactly `content` with `mode`: a file of another size or mode is not
+    /// read at all, one of the same size is compared byte for byte (no digest: a bundle's files
+    /// run to megabytes on a node that sees ten thousand peers, and most changes change their size).
+    pub fn holds(&self, name: &str, content: &[u8], mode: u32) -> bool {
+        use std::os::unix::fs::PermissionsExt;
+        let Ok(fd) = openat(self.fd.as_fd(), name, OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty()) else {
+            return false;
+        };
+        let mut f = std::fs::File::from(fd);
+        let Ok(meta) = f.metadata() else { return false };
+        if meta.len() != content.len() as u64 || meta.permissions().mode() & 0o777 != mode {
+            return false;
+        }
+        let mut held = Vec::with_capacity(content.len());
+        f.read_to_end(&mut held).is_ok() && held == content
+    }
+
     /// Writes `content` to a new staging file beside `name`, created with `mode` before any
     /// byte is written, and syncs it; returns the staging file's name. On failure (a full disk)
     /// nothing is left behind.
@@ -217,6 +234,24 @@ mod tests {
 
     fn scratch(tag: &str) -> trellis_testing::TempDir {
         trellis_testing::TempDir::new(&format!("beneath-{tag}"))
+    }
+
+    /// A file is held only when its bytes and its mode are the bundle's: another mode, another
+    /// size, the same size with another byte, no file, or a link to a file that holds the bytes.
+    #[test]
+    fn a_file_is_held_only_with_the_same_bytes_and_mode() {
+        let base = scratch("holds");
+        std::fs::create_dir_all(base.join("etc")).unwrap();
+        let dir = Beneath::open(&base, "etc", false).unwrap();
+        let staged = dir.stage("a.conf", b"peer 1\n", 0o644).unwrap();
+        dir.commit(&staged, "a.conf").unwrap();
+        assert!(dir.holds("a.conf", b"peer 1\n", 0o644));
+        assert!(!dir.holds("a.conf", b"peer 1\n", 0o600), "another mode");
+        assert!(!dir.holds("a.conf", b"peer 10\n", 0o644), "another size");
+        assert!(!dir.holds("a.conf", b"peer 2\n", 0o644), "the same size, another byte");
+        assert!(!dir.holds("b.conf", b"peer 1\n", 0o644), "no file");
+        std::os::unix::fs::symlink(base.join("etc/a.conf"), base.join("etc/c.conf")).unwrap();
+        assert!(!dir.holds("c.conf", b"peer 1\n", 0o644), "a link is never followed");
     }
 
     /// The race the path check could not close: the directory is swapped for a link to
