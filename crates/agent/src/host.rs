@@ -70,6 +70,7 @@ impl DiskWriter {
         staged: &mut Vec<(usize, String, String)>,
         outcomes: &mut Vec<FileOutcome>,
     ) -> Result<()> {
+        let mut unsynced: Vec<(PathBuf, std::fs::File)> = Vec::new();
         for f in files {
             let (dir_rel, name) = Self::split(&f.path)?;
             let d = self.dir(dirs, &f.path, dir_rel)?;
@@ -82,9 +83,17 @@ impl DiskWriter {
                 outcomes.push(FileOutcome { path: f.path.clone(), sha256: sha, result: trellis_proto::FileResult::Unchanged });
                 continue;
             }
-            staged.push((d, dir.stage(name, &f.content, f.mode)?, name.to_string()));
+            let (tmp, file) = dir.stage_unsynced(name, &f.content, f.mode)?;
+            staged.push((d, tmp, name.to_string()));
+            unsynced.push((dir.path().join(&staged.last().expect("staged").1), file));
             outcomes.push(FileOutcome { path: f.path.clone(), sha256: sha, result: trellis_proto::FileResult::Written });
         }
+        // Synced at once, before any is committed: a crash leaves the old files or the new ones.
+        std::thread::scope(|s| {
+            let syncs: Vec<_> = unsynced.iter().map(|(path, file)| s.spawn(move || file.sync_all().map_err(|e| (path, e)))).collect();
+            syncs.into_iter().try_for_each(|t| t.join().expect("a sync thread panicked"))
+        })
+        .map_err(|(path, e)| anyhow::anyhow!("cannot sync {}: {e}", path.display()))?;
         Ok(())
     }
 }

@@ -125,9 +125,21 @@ impl Beneath {
     /// byte is written, and syncs it; returns the staging file's name. On failure (a full disk)
     /// nothing is left behind.
     pub fn stage(&self, name: &str, content: &[u8], mode: u32) -> Result<String, FileError> {
+        let (staged, file) = self.stage_unsynced(name, content, mode)?;
+        if let Err(source) = file.sync_all() {
+            self.discard(&staged);
+            return Err(FileError { op: "sync", path: self.path.join(&staged), source });
+        }
+        Ok(staged)
+    }
+
+    /// As [`Beneath::stage`], without the sync: the caller syncs the file it is given before it
+    /// commits it (several staged files synced at once share the file system's journal commits,
+    /// where one after the other each waits for its own). On failure nothing is left behind.
+    pub fn stage_unsynced(&self, name: &str, content: &[u8], mode: u32) -> Result<(String, std::fs::File), FileError> {
         let staged = crate::staging_name(name);
         let _ = unlinkat(self.fd.as_fd(), staged.as_str(), UnlinkatFlags::NoRemoveDir);
-        let write = || -> Result<(), FileError> {
+        let write = || -> Result<std::fs::File, FileError> {
             let fd = openat(
                 self.fd.as_fd(),
                 staged.as_str(),
@@ -136,15 +148,16 @@ impl Beneath {
             )
             .map_err(|e| err("create", self.path.join(&staged), e))?;
             let mut f = std::fs::File::from(fd);
-            let p = self.path.join(&staged);
-            f.write_all(content).map_err(|source| FileError { op: "write", path: p.clone(), source })?;
-            f.sync_all().map_err(|source| FileError { op: "sync", path: p, source })
+            f.write_all(content).map_err(|source| FileError { op: "write", path: self.path.join(&staged), source })?;
+            Ok(f)
         };
-        if let Err(e) = write() {
-            self.discard(&staged);
-            return Err(e);
+        match write() {
+            Ok(f) => Ok((staged, f)),
+            Err(e) => {
+                self.discard(&staged);
+                Err(e)
+            }
         }
-        Ok(staged)
     }
 
     /// As [`Beneath::stage`], for a file that holds a key another group may read: created 0600
