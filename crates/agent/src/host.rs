@@ -366,20 +366,28 @@ pub struct Nft {
     /// The ruleset this process loaded last, which the next is compared with: one that differs
     /// only in sets' elements is applied as those elements (`ruleset::delta`).
     text: Option<String>,
-    /// The command run as `nft` (a test runs it inside a network namespace).
-    program: Vec<String>,
+    /// How nft is run: its library in this process, or its program.
+    via: Via,
     /// How many times a whole file was loaded (the rest were changes of elements).
     whole_loads: u32,
 }
 
+enum Via {
+    /// The library, loaded at the first ruleset; the program where it does not load.
+    Untried,
+    Library(crate::libnft::LibNft),
+    /// This command run as `nft` (a test runs it inside a network namespace).
+    Program(Vec<String>),
+}
+
 impl Nft {
     pub fn new() -> Self {
-        Nft { loaded: false, text: None, program: vec!["nft".into()], whole_loads: 0 }
+        Nft { loaded: false, text: None, via: Via::Untried, whole_loads: 0 }
     }
 
     /// `nft` run through `ip netns exec NAMESPACE`.
     pub fn in_namespace(namespace: &str) -> Self {
-        Nft { program: ["ip", "netns", "exec", namespace, "nft"].map(String::from).to_vec(), ..Nft::new() }
+        Nft { via: Via::Program(["ip", "netns", "exec", namespace, "nft"].map(String::from).to_vec()), ..Nft::new() }
     }
 
     /// How many times a whole ruleset was loaded, rather than changed in its sets' elements.
@@ -387,19 +395,46 @@ impl Nft {
         self.whole_loads
     }
 
-    /// Runs `nft -f` on a file, or on `stdin` when given.
-    fn run(&self, file: &Path, stdin: Option<&str>) -> Result<std::process::Output> {
-        use std::io::Write;
-        let mut cmd = std::process::Command::new(&self.program[0]);
-        cmd.args(&self.program[1..]).arg("-f").arg(file);
-        cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
-        let mut child = cmd.spawn().context("cannot run nft (is nftables installed?)")?;
-        let mut input = child.stdin.take().expect("piped");
-        if let Some(text) = stdin {
-            input.write_all(text.as_bytes()).context("cannot give nft its commands")?;
+    /// Whether nft runs through its library in this process.
+    pub fn in_process(&self) -> bool {
+        matches!(self.via, Via::Library(_))
+    }
+
+    /// Runs a ruleset file, or these commands, as one transaction; the error is nft's message.
+    fn run(&mut self, file: &Path, commands: Option<&str>) -> Result<()> {
+        if matches!(self.via, Via::Untried) {
+            self.via = match crate::libnft::LibNft::load() {
+                Ok(lib) => Via::Library(lib),
+                Err(e) => {
+                    tracing::info!(error = %format!("{e:#}"), "nftables' library does not load: the agent runs `nft`");
+                    Via::Program(vec!["nft".into()])
+                }
+            };
         }
-        drop(input);
-        child.wait_with_output().context("cannot run nft")
+        match &mut self.via {
+            Via::Library(lib) => match commands {
+                Some(c) => lib.run(c),
+                None => lib.run_file(file),
+            },
+            Via::Program(program) => {
+                use std::io::Write;
+                let mut cmd = std::process::Command::new(&program[0]);
+                cmd.args(&program[1..]).arg("-f").arg(if commands.is_some() { Path::new("-") } else { file });
+                cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+                let mut child = cmd.spawn().context("cannot run nft (is nftables installed?)")?;
+                let mut input = child.stdin.take().expect("piped");
+                if let Some(text) = commands {
+                    input.write_all(text.as_bytes()).context("cannot give nft its commands")?;
+                }
+                drop(input);
+                let out = child.wait_with_output().context("cannot run nft")?;
+                if !out.status.success() {
+                    bail!("{}", String::from_utf8_lossy(&out.stderr).trim());
+                }
+                Ok(())
+            }
+            Via::Untried => unreachable!("tried above"),
+        }
     }
 }
 
@@ -419,22 +454,22 @@ impl Firewall for Nft {
                 self.text = Some(text);
                 return Ok(());
             }
-            let out = self.run(Path::new("-"), Some(&commands))?;
-            if out.status.success() {
-                tracing::debug!(commands = commands.lines().count(), "ruleset changed in its sets' elements");
-                self.text = Some(text);
-                return Ok(());
+            match self.run(ruleset, Some(&commands)) {
+                Ok(()) => {
+                    tracing::debug!(commands = commands.lines().count(), "ruleset changed in its sets' elements");
+                    self.text = Some(text);
+                    return Ok(());
+                }
+                Err(e) => tracing::warn!(
+                    error = %format!("{e:#}"),
+                    "the loaded table refused a change of its sets' elements; loading {} whole",
+                    ruleset.display()
+                ),
             }
-            tracing::warn!(
-                error = %String::from_utf8_lossy(&out.stderr).trim(),
-                "the loaded table refused a change of its sets' elements; loading {} whole",
-                ruleset.display()
-            );
         }
-        let out = self.run(ruleset, None)?;
-        if !out.status.success() {
+        if let Err(e) = self.run(ruleset, None) {
             self.text = None;
-            bail!("nft refused {}: {}", ruleset.display(), String::from_utf8_lossy(&out.stderr).trim());
+            bail!("nft refused {}: {e:#}", ruleset.display());
         }
         self.text = Some(text);
         self.loaded = true;

@@ -12,6 +12,7 @@ pub mod host;
 pub mod identity;
 pub mod ingress;
 pub mod install;
+pub mod libnft;
 pub mod log;
 pub mod metrics;
 pub mod plan;

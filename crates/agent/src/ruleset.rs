@@ -114,12 +114,13 @@ mod tests {
         assert_eq!(delta(&old, &format!("{old}table inet other {{\n}}\n")), None, "another line");
     }
 
-    /// A real table in a network namespace: a change of sources is applied as elements (the
-    /// table is not loaded again) and leaves exactly the new sources in the kernel's sets; a
-    /// table changed behind the agent's back refuses the change, and the file is loaded whole.
+    /// A real table in a network namespace, through `nft` and through nftables' library in the
+    /// agent's own process: a change of sources is applied as elements (the table is not loaded
+    /// again) and leaves exactly the new sources in the kernel's sets; a table changed behind
+    /// the agent's back refuses the change, and the file is loaded whole.
     #[test]
     fn the_kernel_holds_exactly_the_new_sources_whichever_way_they_came() {
-        use crate::host::{Firewall, Nft};
+        use crate::host::Nft;
         use trellis_testing::{can_run, Need};
         if !can_run(Need::Root) || !can_run(Need::Program("nft")) {
             return;
@@ -134,11 +135,30 @@ mod tests {
             }
         }
         let _gone = Gone(ns.clone());
+        scenario(Nft::in_namespace(&ns), &ns, false);
+        // The library runs in the process's namespace: this thread enters the test's.
+        let ns2 = ns.clone();
+        std::thread::spawn(move || {
+            use std::os::fd::AsRawFd;
+            let file = std::fs::File::open(format!("/var/run/netns/{ns2}")).unwrap();
+            // SAFETY: setns on this thread only, with a namespace file it holds open.
+            assert_eq!(unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) }, 0, "{}", std::io::Error::last_os_error());
+            // Gone from the first scenario.
+            let _ = std::process::Command::new("nft").args(["delete", "table", "inet", "trellis"]).output();
+            let nft = Nft::new();
+            scenario(nft, &ns2, true);
+        })
+        .join()
+        .unwrap();
+    }
+
+    fn scenario(mut nft: crate::host::Nft, ns: &str, in_process: bool) {
+        use crate::host::Firewall;
         let dir = trellis_testing::TempDir::new("ruleset-delta");
         let file = dir.path().join("nftables.conf");
         let elements = |set: &str| {
             let out = std::process::Command::new("ip")
-                .args(["netns", "exec", &ns, "nft", "list", "set", "inet", "trellis", set])
+                .args(["netns", "exec", ns, "nft", "list", "set", "inet", "trellis", set])
                 .output()
                 .unwrap();
             assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -151,7 +171,6 @@ mod tests {
             list.sort();
             list
         };
-        let mut nft = Nft::in_namespace(&ns);
         let mut apply = |text: &str| {
             std::fs::write(&file, text).unwrap();
             nft.apply(&file).unwrap();
@@ -172,7 +191,7 @@ mod tests {
         // Behind the agent's back, an element taken out: deleting it again is refused, and the
         // file is loaded whole, so the kernel holds the file's sources, not a patched guess.
         let out = std::process::Command::new("ip")
-            .args(["netns", "exec", &ns, "nft", "delete", "element", "inet", "trellis", "src_ssh_1_v4", "{ 10.9.9.9 }"])
+            .args(["netns", "exec", ns, "nft", "delete", "element", "inet", "trellis", "src_ssh_1_v4", "{ 10.9.9.9 }"])
             .output()
             .unwrap();
         assert!(out.status.success());
@@ -181,5 +200,11 @@ mod tests {
         assert_eq!(elements("src_ssh_1_v4").len(), fewer.len());
         // Anything else (a port) is a whole load.
         assert_eq!(apply(&ruleset(&fewer, &["fd00::2"], 2222)), 3);
+        // A ruleset nft refuses is refused with its message, and the table stays.
+        std::fs::write(&file, "table inet trellis {\n\tchain input {\n\t\tnonsense\n\t}\n}\n").unwrap();
+        let e = nft.apply(&file).expect_err("refused").to_string();
+        assert!(e.starts_with("nft refused") && e.contains("nonsense"), "{e}");
+        assert_eq!(elements("src_ssh_1_v4").len(), fewer.len());
+        assert_eq!(nft.in_process(), in_process, "nft ran in this process");
     }
 }
