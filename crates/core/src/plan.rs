@@ -107,6 +107,9 @@ pub struct RuleBlock {
 pub struct RouteBlock {
     /// What its users' files hold of it.
     pub route: Arc<RouteUse>,
+    /// The named sets of its rules' sources (`route_ROUTE_RULE_v4`, `_v6`) and of the sources it
+    /// masquerades (`masq_ROUTE_v4`, `_v6`), declared in the table.
+    pub sets: Arc<str>,
     /// The router's forward filter lines: each rule's sources to the prefixes.
     pub forward: Arc<str>,
     /// The router's masquerading lines (empty when the route does not masquerade).

@@ -243,7 +243,10 @@ pub fn nftables(plan: &NodePlan) -> Text {
     for r in &plan.rules {
         s.push_shared(&r.sets);
     }
-    if plan.rules.iter().any(|r| !r.sets.is_empty()) {
+    for r in &plan.routes_for {
+        s.push_shared(&r.sets);
+    }
+    if plan.rules.iter().any(|r| !r.sets.is_empty()) || plan.routes_for.iter().any(|r| !r.sets.is_empty()) {
         s.push_str("\n");
     }
     s.push_str("\tchain input {\n\t\ttype filter hook input priority filter; policy accept;\n");
@@ -314,6 +317,14 @@ pub fn route_block(topo: &Topology, r: &ResolvedRoute) -> RouteBlock {
         (a4.iter().map(|a| a.to_string()).collect(), a6.iter().map(|a| a.to_string()).collect())
     };
     let mut forward = String::new();
+    // Each rule's sources, and the sources masqueraded, are named sets (as a module's rules'
+    // are), so that a user coming or going changes their elements, not the table.
+    let mut sets = String::new();
+    let mut set = |name: String, v6: bool, addrs: &[String]| -> String {
+        let kind = if v6 { "ipv6_addr" } else { "ipv4_addr" };
+        let _ = writeln!(sets, "\tset {name} {{\n\t\ttype {kind}\n\t\telements = {{ {} }}\n\t}}", addrs.join(", "));
+        format!("@{name}")
+    };
     for (i, (rule, sources)) in route.allow.iter().zip(&r.sources).enumerate() {
         let from: Vec<String> = rule.from.iter().map(|s| s.to_string()).collect();
         let from = from.join(", ");
@@ -334,12 +345,8 @@ pub fn route_block(topo: &Topology, r: &ResolvedRoute) -> RouteBlock {
             if saddrs.is_empty() || daddrs.is_empty() {
                 continue;
             }
-            let _ = write!(
-                forward,
-                "\t\tiifname \"{iface}\" {fam} saddr {{ {} }} {fam} daddr {not}{{ {} }} ",
-                saddrs.join(", "),
-                daddrs.join(", ")
-            );
+            let from = set(format!("route_{}_{}_{}", route.name, i + 1, if fam == "ip" { "v4" } else { "v6" }), fam == "ip6", saddrs);
+            let _ = write!(forward, "\t\tiifname \"{iface}\" {fam} saddr {from} {fam} daddr {not}{{ {} }} ", daddrs.join(", "));
             match rule.proto {
                 None => {}
                 Some(Proto::Icmp) => {
@@ -365,10 +372,10 @@ pub fn route_block(topo: &Topology, r: &ResolvedRoute) -> RouteBlock {
             if saddrs.is_empty() || daddrs.is_empty() {
                 continue;
             }
+            let from = set(format!("masq_{}_{}", route.name, if fam == "ip" { "v4" } else { "v6" }), fam == "ip6", saddrs);
             let _ = writeln!(
                 nat,
-                "\t\toifname != \"{iface}\" {fam} saddr {{ {} }} {fam} daddr {not}{{ {} }} masquerade comment \"route {}\"",
-                saddrs.join(", "),
+                "\t\toifname != \"{iface}\" {fam} saddr {from} {fam} daddr {not}{{ {} }} masquerade comment \"route {}\"",
                 daddrs.join(", "),
                 route.name
             );
@@ -376,7 +383,7 @@ pub fn route_block(topo: &Topology, r: &ResolvedRoute) -> RouteBlock {
     }
     let route =
         RouteUse { name: Arc::from(route.name.as_str()), prefixes: route.prefixes.clone(), exit: route.is_exit(), lines: lines.into() };
-    RouteBlock { route: Arc::new(route), forward: forward.into(), nat: nat.into() }
+    RouteBlock { route: Arc::new(route), sets: sets.into(), forward: forward.into(), nat: nat.into() }
 }
 
 /// The ranges an exit never forwards to, from the IANA IPv4 and IPv6 Special-Purpose Address

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use trellis_core::decl::PublicKey;
 use trellis_core::{compile, Declaration, Keys};
 
-use crate::support::{lines, load_text, valid};
+use crate::support::{lines, load_text, saddrs, valid};
 
 /// An office LAN behind gw-1 (then gw-2), for group ops on tcp 80 and 443; an exit through exit-1
 /// for group travellers; laptop-1 (ops, traveller, opted in), laptop-2 (ops), guest-1 (neither).
@@ -150,13 +150,14 @@ fn a_router_forwards_exactly_the_named_sources_to_the_named_ports_and_masquerade
     let mut ops = [addr("laptop-1"), addr("laptop-2")];
     ops.sort_by_key(|a| a.parse::<std::net::Ipv4Addr>().unwrap());
     let nft = file(&c, "gw-2", "nftables.conf");
-    let want = format!(
-        "\t\tiifname \"trellis0\" ip saddr {{ {} }} ip daddr {{ 192.168.10.0/24 }} tcp dport {{ 80, 443 }} accept comment \"route office-lan rule 1: from group:ops\"\n",
-        ops.join(", ")
-    );
-    assert!(nft.contains(&want), "want\n{want}in\n{nft}");
+    let want = "\t\tiifname \"trellis0\" ip saddr @route_office-lan_1_v4 ip daddr { 192.168.10.0/24 } tcp dport { 80, 443 } accept comment \"route office-lan rule 1: from group:ops\"\n";
+    assert!(nft.contains(want), "want\n{want}in\n{nft}");
+    assert_eq!(saddrs(&nft, want), ops, "the route's rule admits exactly ops");
     assert!(nft.contains("\t\tiifname \"trellis0\" drop comment \"trellis: no route rule admits this forwarded traffic\"\n"), "{nft}");
-    assert!(nft.contains(&format!("oifname != \"trellis0\" ip saddr {{ {} }} ip daddr {{ 192.168.10.0/24 }} masquerade", ops.join(", "))));
+    let masquerade =
+        "\t\toifname != \"trellis0\" ip saddr @masq_office-lan_v4 ip daddr { 192.168.10.0/24 } masquerade comment \"route office-lan\"\n";
+    assert!(nft.contains(masquerade), "want\n{masquerade}in\n{nft}");
+    assert_eq!(saddrs(&nft, masquerade), ops);
     assert!(file(&c, "gw-1", "node.toml").contains("router = true"));
     // The forward rules name only ops' addresses: guest-1's is nowhere in the router's filter.
     assert!(!nft.contains(&format!("{} ", addr("guest-1"))) && !nft.contains(&format!("{},", addr("guest-1"))), "{nft}");
@@ -164,17 +165,13 @@ fn a_router_forwards_exactly_the_named_sources_to_the_named_ports_and_masquerade
     // The exit forwards for the travellers that opted in (laptop-1, not guest-1), to anything but
     // private networks and other routes' prefixes (office-lan lies in 192.168.0.0/16).
     let exit = file(&c, "exit-1", "nftables.conf");
-    let want = format!(
-        "\t\tiifname \"trellis0\" ip saddr {{ {} }} ip daddr != {{ 0.0.0.0/8, 10.0.0.0/8, 100.64.0.0/10, 127.0.0.0/8, 169.254.0.0/16, 172.16.0.0/12, 192.0.0.0/24, 192.168.0.0/16, 198.18.0.0/15, 240.0.0.0/4 }} accept comment \"route internet rule 1: from group:travellers\"\n",
-        addr("laptop-1")
-    );
-    assert!(exit.contains(&want), "want\n{want}in\n{exit}");
+    let want = "\t\tiifname \"trellis0\" ip saddr @route_internet_1_v4 ip daddr != { 0.0.0.0/8, 10.0.0.0/8, 100.64.0.0/10, 127.0.0.0/8, 169.254.0.0/16, 172.16.0.0/12, 192.0.0.0/24, 192.168.0.0/16, 198.18.0.0/15, 240.0.0.0/4 } accept comment \"route internet rule 1: from group:travellers\"\n";
+    assert!(exit.contains(want), "want\n{want}in\n{exit}");
+    assert_eq!(saddrs(&exit, want), [addr("laptop-1")]);
     assert!(!exit.contains(&format!("{} ", addr("guest-1"))), "guest-1 does not opt in: {exit}");
-    let masquerade = format!(
-        "\t\toifname != \"trellis0\" ip saddr {{ {} }} ip daddr != {{ 0.0.0.0/8, 10.0.0.0/8, 100.64.0.0/10, 127.0.0.0/8, 169.254.0.0/16, 172.16.0.0/12, 192.0.0.0/24, 192.168.0.0/16, 198.18.0.0/15, 240.0.0.0/4 }} masquerade comment \"route internet\"\n",
-        addr("laptop-1")
-    );
-    assert!(exit.contains(&masquerade), "want\n{masquerade}in\n{exit}");
+    let masquerade = "\t\toifname != \"trellis0\" ip saddr @masq_internet_v4 ip daddr != { 0.0.0.0/8, 10.0.0.0/8, 100.64.0.0/10, 127.0.0.0/8, 169.254.0.0/16, 172.16.0.0/12, 192.0.0.0/24, 192.168.0.0/16, 198.18.0.0/15, 240.0.0.0/4 } masquerade comment \"route internet\"\n";
+    assert!(exit.contains(masquerade), "want\n{masquerade}in\n{exit}");
+    assert_eq!(saddrs(&exit, masquerade), [addr("laptop-1")]);
     // A node that routes for nothing forwards nothing from the overlay but relaying between peers.
     let plain = file(&c, "laptop-1", "nftables.conf");
     let forward = &plain[plain.find("chain forward").expect("every node has a forward chain")..];
@@ -385,11 +382,14 @@ mod props {
                     want.sort_unstable();
                     let want: Vec<String> = want.iter().map(|a| a.to_string()).collect();
                     let line = if want.is_empty() {
-                        "# its sources name no node: nothing is forwarded".to_string()
+                        "# its sources name no node: nothing is forwarded"
                     } else {
-                        format!("ip saddr {{ {} }} ip daddr {{ 192.168.10.0/24 }} tcp dport {{ 80 }} accept", want.join(", "))
+                        "ip saddr @route_lan_1_v4 ip daddr { 192.168.10.0/24 } tcp dport { 80 } accept"
                     };
-                    prop_assert!(nft.contains(&line), "{}: want `{}` in\n{}", node.name, line, nft);
+                    prop_assert!(nft.contains(line), "{}: want `{}` in\n{}", node.name, line, nft);
+                    if !want.is_empty() {
+                        prop_assert_eq!(crate::support::saddrs(&nft, line), want, "{} forwards exactly the admitted", node.name);
+                    }
                 } else {
                     prop_assert!(!nft.contains("daddr"), "{} routes for nothing:\n{}", node.name, nft);
                 }
@@ -411,8 +411,11 @@ fn a_new_route_user_leaves_the_other_users_plans_as_a_full_compile_makes_them() 
     let d = Arc::new(d);
     let full = compile(&d, &keys(ALL), &first.allocation, None).unwrap();
     let again = compile(&d, &keys(ALL), &Default::default(), Some(first.clone())).unwrap();
+    // The new user is in the named set of the route's sources; the rule's lines stay the same.
+    let sets = |c: &trellis_core::Compiled| c.nodes["gw-1"].plan.routes_for[0].sets.clone();
     let forward = |c: &trellis_core::Compiled| c.nodes["gw-1"].plan.routes_for[0].forward.clone();
-    assert_ne!(forward(&full), forward(&first), "the router's filter names the new user");
+    assert_ne!(sets(&full), sets(&first), "the router's filter names the new user");
+    assert_eq!(forward(&full), forward(&first), "in its set's elements only");
     for (name, out) in &again.nodes {
         assert_eq!(out.files, full.nodes[name].files, "{name}: files");
         assert_eq!(out.plan, full.nodes[name].plan, "{name}: plan");
