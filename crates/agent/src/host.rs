@@ -456,7 +456,7 @@ impl Firewall for Nft {
             }
             match self.run(ruleset, Some(&commands)) {
                 Ok(()) => {
-                    tracing::debug!(commands = commands.lines().count(), "ruleset changed in its sets' elements");
+                    tracing::info!(commands = commands.lines().count(), "ruleset changed in its sets' elements");
                     self.text = Some(text);
                     return Ok(());
                 }
