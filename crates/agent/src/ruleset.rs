@@ -114,6 +114,46 @@ mod tests {
         assert_eq!(delta(&old, &format!("{old}table inet other {{\n}}\n")), None, "another line");
     }
 
+    proptest::proptest! {
+        /// Whatever the sources before and after, the commands take the old sets to the new
+        /// ones: each deletion names an element the old set holds, each creation one it does
+        /// not, and applying them gives exactly the new elements.
+        #[test]
+        fn the_commands_take_the_old_sets_to_the_new(
+            old4 in proptest::collection::btree_set(0u16..300, 0..40),
+            new4 in proptest::collection::btree_set(0u16..300, 0..40),
+            old6 in proptest::collection::btree_set(0u16..300, 0..10),
+            new6 in proptest::collection::btree_set(0u16..300, 0..10),
+        ) {
+            use std::collections::BTreeSet;
+            let v4 = |s: &BTreeSet<u16>| s.iter().map(|i| format!("10.0.{}.{}", i / 256, i % 256)).collect::<Vec<_>>();
+            let v6 = |s: &BTreeSet<u16>| s.iter().map(|i| format!("fd00::{i:x}")).collect::<Vec<_>>();
+            let (o4, n4, o6, n6) = (v4(&old4), v4(&new4), v6(&old6), v6(&new6));
+            fn refs(v: &[String]) -> Vec<&str> {
+                v.iter().map(String::as_str).collect()
+            }
+            let old = ruleset(&refs(&o4), &refs(&o6), 22);
+            let new = ruleset(&refs(&n4), &refs(&n6), 22);
+            let commands = delta(&old, &new).expect("only elements differ");
+            let mut sets: std::collections::HashMap<&str, BTreeSet<String>> =
+                [("src_ssh_1_v4", o4.iter().cloned().collect()), ("src_ssh_1_v6", o6.iter().cloned().collect())].into();
+            for line in commands.lines() {
+                let (verb, rest) = line.split_once(" element inet trellis ").expect("an element command");
+                let (name, elements) = rest.split_once(" { ").expect("a set and its elements");
+                let set = sets.get_mut(name).expect("a declared set");
+                for e in elements.strip_suffix(" }").expect("closed").split(", ") {
+                    match verb {
+                        "delete" => proptest::prop_assert!(set.remove(e), "{} deletes {} it does not hold", name, e),
+                        "create" => proptest::prop_assert!(set.insert(e.to_string()), "{} creates {} it holds", name, e),
+                        other => proptest::prop_assert!(false, "unknown command {}", other),
+                    }
+                }
+            }
+            proptest::prop_assert_eq!(&sets["src_ssh_1_v4"], &n4.iter().cloned().collect::<BTreeSet<_>>());
+            proptest::prop_assert_eq!(&sets["src_ssh_1_v6"], &n6.iter().cloned().collect::<BTreeSet<_>>());
+        }
+    }
+
     /// A real table in a network namespace, through `nft` and through nftables' library in the
     /// agent's own process: a change of sources is applied as elements (the table is not loaded
     /// again) and leaves exactly the new sources in the kernel's sets; a table changed behind
