@@ -448,6 +448,56 @@ mod tests {
         assert!(refused.contains("origin is t.mesh."), "{refused}");
     }
 
+    /// A name a zone of trellis may hold: not the name server's (`check` refuses a node `ns`).
+    fn name() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::strategy::Strategy;
+        "[a-z]{1,3}".prop_filter("the name server's name", |n| n != "ns")
+    }
+
+    proptest::proptest! {
+        /// Whatever names two zones hold, `changes` names every name whose addresses differ (a
+        /// name gone with none), with its new addresses, and no other: applied to the old
+        /// zone's names it gives the new zone's.
+        #[test]
+        fn the_changes_take_the_old_names_to_the_new(
+            old in proptest::collection::btree_map(name(), proptest::collection::btree_set(0u8..8, 1..4), 0..30),
+            new in proptest::collection::btree_map(name(), proptest::collection::btree_set(0u8..8, 1..4), 0..30),
+        ) {
+            use std::collections::{BTreeMap, BTreeSet};
+            let zone = |serial: u32, names: &BTreeMap<String, BTreeSet<u8>>| {
+                let mut z = format!("; a zone\n$ORIGIN t.mesh.\n$TTL 60\n@\tIN\tSOA\tns.t.mesh. hostmaster.t.mesh. {serial} 3600 600 86400 60\n@\tIN\tNS\tns.t.mesh.\nns\tIN\tA\t10.0.0.1\n");
+                for (name, addrs) in names {
+                    for a in addrs {
+                        z.push_str(&format!("{name}\tIN\tA\t10.1.0.{a}\n"));
+                    }
+                }
+                z
+            };
+            let (before, after) = (zone(1, &old), zone(2, &new));
+            let found = super::changes(&before, &after);
+            proptest::prop_assert!(found.is_some(), "only names' addresses differ:\n{}\n{}", before, after);
+            let (serial, changes) = found.unwrap();
+            proptest::prop_assert_eq!(serial, 2);
+            let as_ips = |s: &BTreeSet<u8>| s.iter().map(|a| std::net::IpAddr::from([10, 1, 0, *a])).collect::<BTreeSet<_>>();
+            let mut names: BTreeMap<String, BTreeSet<std::net::IpAddr>> = old.iter().map(|(n, s)| (n.clone(), as_ips(s))).collect();
+            names.insert("ns".into(), [std::net::IpAddr::from([10, 0, 0, 1])].into());
+            let mut seen = BTreeSet::new();
+            for (name, list) in changes {
+                proptest::prop_assert!(seen.insert(name.clone()), "{} named twice", name);
+                let list: BTreeSet<_> = list.into_iter().collect();
+                proptest::prop_assert_ne!(names.get(&name).cloned().unwrap_or_default(), list.clone(), "{} did not change", name);
+                if list.is_empty() {
+                    names.remove(&name);
+                } else {
+                    names.insert(name, list);
+                }
+            }
+            let mut want: BTreeMap<String, BTreeSet<std::net::IpAddr>> = new.iter().map(|(n, s)| (n.clone(), as_ips(s))).collect();
+            want.insert("ns".into(), [std::net::IpAddr::from([10, 0, 0, 1])].into());
+            proptest::prop_assert_eq!(names, want);
+        }
+    }
+
     /// One A query for `name` over UDP to `server`: the addresses answered.
     async fn ask(server: std::net::SocketAddr, name: &str) -> Vec<String> {
         ask_for(server, name, RecordType::A).await
