@@ -51,6 +51,13 @@ pub fn raise_fd_limit() {
     }
 }
 
+/// The loopback address the `k`th simulated agent connects from: a fleet's agents come from many
+/// addresses, and the server admits at most 15,000 connections from one (`Limits::per_source`;
+/// the 15,001st agent of 20,000 found its handshake closed). 4,000 agents an address.
+pub fn agent_source(k: usize) -> std::net::IpAddr {
+    std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 1, (k / 4000) as u8, 1))
+}
+
 /// A memory figure of process `pid` from /proc (`VmHWM` is the peak, `VmRSS` the current), in KiB.
 pub fn memory_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -211,7 +218,11 @@ pub async fn run(a: &DeliveryArgs) -> Result<std::process::ExitCode> {
                 }
                 let r: proto::EnrolResponse = resp.json().await?;
                 let cfg = trellis_pki::tls::client_config(&ca, Some((&r.node_cert_pem, &key)))?;
-                let http = reqwest::Client::builder().use_preconfigured_tls(cfg).pool_max_idle_per_host(1).build()?;
+                let http = reqwest::Client::builder()
+                    .use_preconfigured_tls(cfg)
+                    .pool_max_idle_per_host(1)
+                    .local_address(agent_source(i))
+                    .build()?;
                 Ok::<_, anyhow::Error>(Agent::new(name, http))
             }));
         }

@@ -18,7 +18,7 @@ use trellis_core::decl::{PublicKey, Source};
 use trellis_core::Compiled;
 
 use crate::bench::{ms, DeliveryArgs};
-use crate::delivery::{fetch, memory_kib, raise_fd_limit, start, trellis_exe, Agent};
+use crate::delivery::{agent_source, fetch, memory_kib, raise_fd_limit, start, trellis_exe, Agent};
 use crate::enrolling::{self, pct, sorted};
 use crate::meshdir::MeshDir;
 
@@ -362,7 +362,8 @@ pub async fn run(a: &DeliveryArgs, dir: &Path) -> Result<ExitCode> {
     for e in enrolled {
         if let Some(&k) = agent_of.get(e.name.as_str()) {
             let cfg = trellis_pki::tls::client_config(&ca, Some((&e.cert_pem, &e.key_pem)))?;
-            let http = reqwest::Client::builder().use_preconfigured_tls(cfg).pool_max_idle_per_host(1).build()?;
+            let http =
+                reqwest::Client::builder().use_preconfigured_tls(cfg).pool_max_idle_per_host(1).local_address(agent_source(k)).build()?;
             agents[k] = Some(Agent::new(e.name, http));
         }
     }
