@@ -319,7 +319,7 @@ pub async fn run(a: &DeliveryArgs, dir: &Path) -> Result<ExitCode> {
         bail!("--agents must be between 1 and the {n} nodes of {} (at most 20000)", dir.display());
     }
     let trellis = trellis_exe()?;
-    raise_fd_limit();
+    raise_fd_limit(a.agents)?;
     let names: Vec<String> = mesh.decl.nodes.iter().map(|n| n.name.clone()).collect();
     let keys: trellis_core::Keys = names.iter().enumerate().map(|(i, n)| (n.clone(), crate::bench::key(i))).collect();
     // The agents, spread evenly over the mesh (the first is the first node, a hub in a
@@ -408,8 +408,13 @@ pub async fn run(a: &DeliveryArgs, dir: &Path) -> Result<ExitCode> {
     // do not all come back at once.
     eprintln!("{} agents long-polling...", agents.len());
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let pollers: Vec<tokio::task::JoinHandle<()>> =
-        (0..agents.len()).map(|i| tokio::spawn(poll(agents.clone(), i, base.clone(), 30 + (i % 30) as u64, tx.clone()))).collect();
+    // Started 250 at a time: an agent whose connection the pool closed while idle connects again,
+    // and thousands at once overflow the server's accept queue.
+    let mut pollers: Vec<tokio::task::JoinHandle<()>> = Vec::with_capacity(agents.len());
+    for i in 0..agents.len() {
+        crate::delivery::pace(i).await;
+        pollers.push(tokio::spawn(poll(agents.clone(), i, base.clone(), 30 + (i % 30) as u64, tx.clone())));
+    }
     drop(tx);
     tokio::time::sleep(Duration::from_secs(2) + Duration::from_millis(agents.len() as u64 / 2)).await;
     let mut late = drain(&mut rx);
