@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
+use trellis_core::decl::Indexed;
 use trellis_core::Declaration;
 use trellis_proto as proto;
 use trellis_proto::AuditAction;
@@ -48,6 +49,13 @@ fn digest(files: &[(String, String)]) -> String {
 impl Controller {
     /// The declaration of the current revision, if any: parsed once per revision.
     pub async fn current_declaration(&self) -> Result<Option<(i64, Arc<Declaration>)>> {
+        Ok(self.current_indexed().await?.map(|(n, d)| (n, d.decl().clone())))
+    }
+
+    /// The declaration of the current revision with its nodes indexed by name and declared key,
+    /// for the requests that look nodes up (enrolments, tokens): parsed and indexed once per
+    /// revision.
+    pub async fn current_indexed(&self) -> Result<Option<(i64, Arc<Indexed>)>> {
         let Some((number, _)) = self.store.current_revision_head().await? else {
             return Ok(None);
         };
@@ -62,7 +70,7 @@ impl Controller {
         };
         let decl =
             load_files(&rev.files).declaration.ok_or_else(|| Error::internal("loading the stored revision", "it no longer validates"))?;
-        let decl = Arc::new(decl);
+        let decl = Arc::new(Indexed::new(Arc::new(decl)));
         *cache = Some((rev.number, decl.clone()));
         Ok(Some((rev.number, decl)))
     }
@@ -135,7 +143,7 @@ impl Controller {
         {
             let mut cache = self.declaration.lock().await;
             if cache.as_ref().is_none_or(|(n, _)| *n < revision) {
-                *cache = Some((revision, Arc::new(decl)));
+                *cache = Some((revision, Arc::new(Indexed::new(Arc::new(decl)))));
             }
         }
         self.ask_publish();

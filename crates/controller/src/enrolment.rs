@@ -142,19 +142,20 @@ impl Controller {
         if req.node != token.node {
             return Err(Redemption::OtherNode { token: token.node.clone(), asked: req.node.clone() }.into());
         }
-        let Some((revision, decl)) = self.current_declaration().await? else {
+        let Some((revision, indexed)) = self.current_indexed().await? else {
             return Err(Redemption::NoDeclaration.into());
         };
-        let Some(node) = decl.node(&req.node) else {
+        let Some(node) = indexed.node(&req.node) else {
             return Err(Redemption::NodeUndeclared { node: req.node.clone(), revision }.into());
         };
         if node.public_key.is_some() {
             return Err(Redemption::NodeManagedOutside(req.node.clone()).into());
         }
         let key = PublicKey::parse(&req.wireguard_public_key).ok_or(Redemption::BadKey)?;
-        if let Some(holder) = decl.nodes.iter().find(|n| n.public_key == Some(key)) {
+        if let Some(holder) = indexed.declared_holder(&key) {
             return Err(Error::KeyTaken(holder.name.clone()));
         }
+        let decl = indexed.decl();
         let lifetime = Duration::from_secs(self.config.node_cert_secs);
         let issued = self
             .ca()
@@ -290,7 +291,7 @@ impl Controller {
                 // checked against the current declaration here.
                 let replaced = match (self.publisher.auth(&node), &pool) {
                     (Some(e), Some(_)) if e.serials == serials => e.replaced,
-                    (_, Some(pool)) => match self.current_declaration().await? {
+                    (_, Some(pool)) => match self.current_indexed().await? {
                         Some((_, decl)) if decl.node(&node).is_some() => Some(pool.clone()),
                         _ => None,
                     },

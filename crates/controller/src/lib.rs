@@ -27,7 +27,6 @@ pub mod view;
 
 use std::sync::Arc;
 
-use trellis_core::Declaration;
 use trellis_store::Store;
 
 pub use bundle::{BundleAnswer, BundleRequest};
@@ -94,9 +93,9 @@ pub struct Controller {
     /// run, the renewal), so that no two change them, or their files, at once.
     cert_changes: std::sync::Mutex<()>,
     publisher: publish::Publisher,
-    /// The parsed declaration of the newest revision seen, keyed by its number. A cache only:
-    /// the database says which revision is current.
-    declaration: tokio::sync::Mutex<Option<(i64, Arc<Declaration>)>>,
+    /// The parsed declaration of the newest revision seen, with its nodes indexed, keyed by its
+    /// number. A cache only: the database says which revision is current.
+    declaration: tokio::sync::Mutex<Option<(i64, Arc<trellis_core::decl::Indexed>)>>,
     clock: Arc<dyn Clock>,
     entropy: Arc<dyn Entropy>,
     /// Where the signed checkpoint of the audit head is kept, outside the database.

@@ -91,9 +91,10 @@ impl Controller {
     pub(crate) async fn roster_entries(&self) -> Result<Vec<RosterEntry>> {
         self.flush_contacts().await;
         let records = self.store.nodes().await?;
-        let decl = self.current_declaration().await?.map(|(rev, d)| self.with_members(rev, d, &records));
+        // Indexed: every name is looked up in it.
+        let decl = self.current_declaration().await?.map(|(rev, d)| trellis_core::decl::Indexed::new(self.with_members(rev, d, &records)));
         let mut records: HashMap<String, NodeRecord> = records.into_iter().map(|r| (r.name.clone(), r)).collect();
-        let mut names: Vec<String> = decl.iter().flat_map(|d| d.nodes.iter().map(|n| n.name.clone())).collect();
+        let mut names: Vec<String> = decl.iter().flat_map(|d| d.decl().nodes.iter().map(|n| n.name.clone())).collect();
         names.extend(records.keys().cloned());
         names.sort();
         names.dedup();
@@ -204,7 +205,7 @@ impl Controller {
     /// parsed (every node request asks; only before the first run does it read the database).
     async fn min_agent_version(&self) -> Result<Option<trellis_core::release::Release>> {
         if let Some((_, d)) = self.declaration.lock().await.as_ref() {
-            return Ok(d.mesh.min_agent_version.clone());
+            return Ok(d.decl().mesh.min_agent_version.clone());
         }
         Ok(self.current_declaration().await?.and_then(|(_, d)| d.mesh.min_agent_version.clone()))
     }

@@ -87,13 +87,14 @@ impl Controller {
             TokenState::Used => return Err(Redemption::Used.into()),
             TokenState::Expired => return Err(Redemption::Expired.into()),
         }
-        let Some((revision, decl)) = self.current_declaration().await? else {
+        let Some((revision, indexed)) = self.current_indexed().await? else {
             return Err(Redemption::NoDeclaration.into());
         };
+        let decl = indexed.decl();
         let Some(pool) = decl.pool(&pool_name) else {
             return Err(Redemption::PoolUndeclared { pool: pool_name, revision }.into());
         };
-        if let Some(holder) = decl.nodes.iter().find(|n| n.public_key == Some(key)) {
+        if let Some(holder) = indexed.declared_holder(&key) {
             return Err(Error::KeyTaken(holder.name.clone()));
         }
         let state = if token.require_approval { EnrolledState::Pending } else { EnrolledState::Active };

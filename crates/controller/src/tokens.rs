@@ -51,9 +51,10 @@ impl Controller {
         if req.ttl_secs == 0 || req.ttl_secs > MAX_TTL {
             return Err(Error::BadRequest(format!("token lifetime must be between 1 second and 30 days, not {} seconds", req.ttl_secs)));
         }
-        let Some((revision, decl)) = self.current_declaration().await? else {
+        let Some((revision, indexed)) = self.current_indexed().await? else {
             return Err(Error::NoDeclaration("no declaration has been applied yet; run `trellis apply DIR` first"));
         };
+        let decl = indexed.decl();
         let uses = match (&req.pool, req.uses) {
             (Some(_), _) if !req.node.is_empty() => {
                 return Err(Error::BadRequest("a token is for a node or for a pool, not both".into()));
@@ -71,7 +72,7 @@ impl Controller {
             Some(pool) if decl.pool(pool).is_none() => return Err(Error::PoolNotDeclared { pool: pool.clone(), revision }),
             Some(_) => {}
             None => {
-                let Some(node) = decl.node(&req.node) else {
+                let Some(node) = indexed.node(&req.node) else {
                     return Err(Error::NodeNotDeclared { node: req.node.clone(), revision });
                 };
                 if node.public_key.is_some() {

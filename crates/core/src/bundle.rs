@@ -17,8 +17,10 @@ use sha2::{Digest, Sha256};
 pub const MAGIC: &[u8; 4] = b"TRB1";
 pub const FORMAT: &str = "trellis-bundle-v1\n";
 const SIGNING_CONTEXT: &[u8] = b"trellis bundle signature v1\0";
-/// The largest bundle anyone signs or accepts.
-pub const MAX_BUNDLE: usize = 16 * 1024 * 1024;
+/// The largest bundle anyone signs or accepts. At 100,000 nodes the bundle of a node that sees
+/// every node (an operator's, a hub relaying for everyone) is about 29 MiB (a `wireguard.conf` of
+/// 100,000 peers and a zone of 100,000 names): the bound is twice that.
+pub const MAX_BUNDLE: usize = 64 * 1024 * 1024;
 pub const MAX_FILES: usize = 256;
 
 #[derive(Clone, Debug, PartialEq, Eq)]

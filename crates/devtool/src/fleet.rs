@@ -18,14 +18,22 @@ use trellis_core::decl::{PublicKey, Source};
 use trellis_core::Compiled;
 
 use crate::bench::{ms, DeliveryArgs};
-use crate::delivery::{fetch, memory_kib, raise_fd_limit, start, trellis_exe, Agent};
+use crate::delivery::{agent_source, fetch, memory_kib, raise_fd_limit, start, trellis_exe, Agent};
 use crate::enrolling::{self, pct, sorted};
 use crate::meshdir::MeshDir;
 
-/// The targets of issue 10 on the 10,000-node mesh.
 const TARGET_P99: Duration = Duration::from_secs(1);
-const TARGET_REFETCH: usize = 10 * 1024 * 1024;
-const TARGET_RSS_KIB: u64 = 1024 * 1024;
+
+/// The targets for the bytes fetched again when a node is added and for the controller's peak
+/// memory: issue 10's on the 10,000-node mesh, issue 25's on a larger one (100,000 nodes, 20,000
+/// agents).
+fn targets(nodes: usize) -> (usize, u64) {
+    if nodes > 10_000 {
+        (20 * 1024 * 1024, 6 * 1024 * 1024)
+    } else {
+        (10 * 1024 * 1024, 1024 * 1024)
+    }
+}
 
 /// The name of the node the bench adds.
 const ADDED: &str = "bench-added-1";
@@ -311,7 +319,7 @@ pub async fn run(a: &DeliveryArgs, dir: &Path) -> Result<ExitCode> {
         bail!("--agents must be between 1 and the {n} nodes of {} (at most 20000)", dir.display());
     }
     let trellis = trellis_exe()?;
-    raise_fd_limit();
+    raise_fd_limit(a.agents)?;
     let names: Vec<String> = mesh.decl.nodes.iter().map(|n| n.name.clone()).collect();
     let keys: trellis_core::Keys = names.iter().enumerate().map(|(i, n)| (n.clone(), crate::bench::key(i))).collect();
     // The agents, spread evenly over the mesh (the first is the first node, a hub in a
@@ -354,7 +362,8 @@ pub async fn run(a: &DeliveryArgs, dir: &Path) -> Result<ExitCode> {
     for e in enrolled {
         if let Some(&k) = agent_of.get(e.name.as_str()) {
             let cfg = trellis_pki::tls::client_config(&ca, Some((&e.cert_pem, &e.key_pem)))?;
-            let http = reqwest::Client::builder().use_preconfigured_tls(cfg).pool_max_idle_per_host(1).build()?;
+            let http =
+                reqwest::Client::builder().use_preconfigured_tls(cfg).pool_max_idle_per_host(1).local_address(agent_source(k)).build()?;
             agents[k] = Some(Agent::new(e.name, http));
         }
     }
@@ -399,8 +408,13 @@ pub async fn run(a: &DeliveryArgs, dir: &Path) -> Result<ExitCode> {
     // do not all come back at once.
     eprintln!("{} agents long-polling...", agents.len());
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let pollers: Vec<tokio::task::JoinHandle<()>> =
-        (0..agents.len()).map(|i| tokio::spawn(poll(agents.clone(), i, base.clone(), 30 + (i % 30) as u64, tx.clone()))).collect();
+    // Started 250 at a time: an agent whose connection the pool closed while idle connects again,
+    // and thousands at once overflow the server's accept queue.
+    let mut pollers: Vec<tokio::task::JoinHandle<()>> = Vec::with_capacity(agents.len());
+    for i in 0..agents.len() {
+        crate::delivery::pace(i).await;
+        pollers.push(tokio::spawn(poll(agents.clone(), i, base.clone(), 30 + (i % 30) as u64, tx.clone())));
+    }
     drop(tx);
     tokio::time::sleep(Duration::from_secs(2) + Duration::from_millis(agents.len() as u64 / 2)).await;
     let mut late = drain(&mut rx);
@@ -439,6 +453,7 @@ pub async fn run(a: &DeliveryArgs, dir: &Path) -> Result<ExitCode> {
 
     let lat = change.latencies();
     let refetch = declare.bytes() + enrol.bytes();
+    let (target_refetch, target_rss_kib) = targets(n);
     let failures: Vec<&String> = change.failures.iter().chain(&declare.failures).chain(&enrol.failures).collect();
     let db = crate::bench::database_name(a.database_url.as_deref());
     let phase_json = |p: &Phase, c: &Change| {
@@ -465,9 +480,9 @@ pub async fn run(a: &DeliveryArgs, dir: &Path) -> Result<ExitCode> {
                 "change": a_json,
                 "add_node": {
                     "declare": phase_json(&declare, &added), "enrol": phase_json(&enrol, &enrol_added),
-                    "refetched_bytes": refetch, "target_refetched_bytes": TARGET_REFETCH,
+                    "refetched_bytes": refetch, "target_refetched_bytes": target_refetch,
                 },
-                "serve_peak_rss_kib": peak, "serve_rss_kib": rss, "target_serve_peak_rss_kib": TARGET_RSS_KIB,
+                "serve_peak_rss_kib": peak, "serve_rss_kib": rss, "target_serve_peak_rss_kib": target_rss_kib,
                 "serve_rss_kib_applied": rss_applied, "serve_rss_kib_enrolled": rss_enrolled,
                 "agent_failures": failures,
             }))?
@@ -518,17 +533,17 @@ pub async fn run(a: &DeliveryArgs, dir: &Path) -> Result<ExitCode> {
         println!(
             "    bytes agents fetched again: {:.2} MiB  (target < {:.0} MiB: {})",
             mib(refetch),
-            mib(TARGET_REFETCH),
-            met(refetch < TARGET_REFETCH)
+            mib(target_refetch),
+            met(refetch < target_refetch)
         );
         match peak {
             Some(p) => println!(
-                "(c) trellis serve peak memory (VmHWM): {:.0} MiB, now {:.0} MiB, with {} agents connected  (target <= {} MiB at 10,000 agents: {})",
+                "(c) trellis serve peak memory (VmHWM): {:.0} MiB, now {:.0} MiB, with {} agents connected  (target <= {} MiB: {})",
                 p as f64 / 1024.0,
                 rss.unwrap_or(0) as f64 / 1024.0,
                 agents.len(),
-                TARGET_RSS_KIB / 1024,
-                met(p <= TARGET_RSS_KIB)
+                target_rss_kib / 1024,
+                met(p <= target_rss_kib)
             ),
             None => println!("(c) the peak memory of trellis serve could not be read"),
         }

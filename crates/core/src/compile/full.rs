@@ -58,7 +58,11 @@ pub(super) struct Shared {
 
 /// What the plans share, interned against `previous` and its cache `old`: a block whose inputs are
 /// the same is kept, one made again takes the previous block of the same text if there is one.
-pub(super) fn shared(topo: &Topology, previous: Option<&Compiled>, old: Option<&Cache>) -> Shared {
+/// `renumber` gives, for a recompile that knows it, each old position's new one: then a block is
+/// kept when its nodes are the same nodes at the same addresses, wherever they now stand (a node
+/// joining moves every later node by one); without it, only when every position holds the same
+/// addresses as before.
+pub(super) fn shared(topo: &Topology, previous: Option<&Compiled>, old: Option<&Cache>, renumber: Option<&[Option<u32>]>) -> Shared {
     let common = Common {
         mesh: topo.decl.mesh.name.clone(),
         interface: topo.decl.mesh.interface.clone(),
@@ -73,18 +77,28 @@ pub(super) fn shared(topo: &Topology, previous: Option<&Compiled>, old: Option<&
         Some(old) if **old == common => old.clone(),
         _ => Arc::new(common),
     };
-    // With every node at the same position and address, a rule resolved to the same sources,
-    // and a module run by the same nodes, has the same text as before: kept without making it.
+    // A rule resolved to the same nodes at the same addresses, and a module run by the same
+    // nodes at the same addresses, have the same text as before: kept without making them.
     let (old, previous) = match (old, previous) {
         (Some(c), Some(p))
-            if c.ipv4 == topo.ipv4
-                && c.ipv6 == topo.ipv6
+            if (renumber.is_some() || (c.ipv4 == topo.ipv4 && c.ipv6 == topo.ipv6))
                 && c.decl.mesh.interface == topo.decl.mesh.interface
                 && c.rules.len() == p.rule_blocks.len() =>
         {
             (Some((c, p)), Some(p))
         }
         (_, p) => (None, p),
+    };
+    // Whether a set of old positions is the same nodes at the same addresses as one of new ones.
+    let same_nodes = |c: &Cache, was: &[u32], now: &[u32]| match renumber {
+        Some(map) => {
+            was.len() == now.len()
+                && was.iter().zip(now).all(|(&o, &a)| {
+                    let (o, a2) = (o as usize, a as usize);
+                    map[o] == Some(a) && c.ipv4[o] == topo.ipv4[a2] && c.ipv6[o] == topo.ipv6[a2]
+                })
+        }
+        None => was == now,
     };
     let old_rules: HashMap<(&str, usize), usize> =
         old.into_iter().flat_map(|(c, _)| c.rules.iter().enumerate()).map(|(i, r)| ((&*r.0, r.1), i)).collect();
@@ -97,7 +111,7 @@ pub(super) fn shared(topo: &Topology, previous: Option<&Compiled>, old: Option<&
         .map(|r| {
             if let Some((c, p)) = old {
                 if let Some(&i) = old_rules.get(&(r.module, r.number)) {
-                    if c.rules[i].2 == *r.rule && c.rules[i].3 == r.sources {
+                    if c.rules[i].2 == *r.rule && same_nodes(c, &c.rules[i].3, &r.sources) {
                         return p.rule_blocks[i].clone();
                     }
                 }
@@ -115,7 +129,9 @@ pub(super) fn shared(topo: &Topology, previous: Option<&Compiled>, old: Option<&
         .enumerate()
         .map(|(i, (module, runners))| {
             if let Some((c, p)) = old {
-                if c.module_names.get(i).is_some_and(|(m, r)| m == module && r == runners) && p.zone_blocks.len() == c.module_names.len() {
+                if c.module_names.get(i).is_some_and(|(m, r)| m == module && same_nodes(c, r, runners))
+                    && p.zone_blocks.len() == c.module_names.len()
+                {
                     return p.zone_blocks[i].clone();
                 }
             }
@@ -241,7 +257,7 @@ fn plan(decl: &Arc<Declaration>, topo: &Topology, previous: Option<&Compiled>) -
     let partners = topo.partners();
     let paths: Vec<Vec<(u32, Path)>> = par::map(n, |a| partners[a].iter().map(|&b| (b, topo.path(a as u32, b, true))).collect());
     let relayed_by = relays(&paths);
-    let shared = shared(topo, previous, previous.and_then(|p| p.cache.as_deref()));
+    let shared = shared(topo, previous, previous.and_then(|p| p.cache.as_deref()), None);
     let mut cache = Cache::new(decl, topo, (partners, paths, relayed_by), topo.module_sources(), None, |_| None);
     cache.route_blocks = shared.route_blocks.clone();
     let plans = par::map(n, |a| node_plan(topo, &shared, &cache, a));

@@ -35,7 +35,7 @@ pub(super) fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: 
     let old_paths = std::mem::take(&mut old.paths);
     let sources = topo.module_sources();
     let step = Redeclare::new(topo, &old, &sources);
-    let shared = shared(topo, Some(&previous), Some(&old));
+    let shared = shared(topo, Some(&previous), Some(&old), Some(&step.old_to_new));
     let (mut affected, moved) = step.reached_by_changes();
     step.mark_changed_inputs(&shared, &previous, &sources, &mut affected);
     let paths = step.paths(old_paths, &affected);
@@ -106,6 +106,10 @@ struct Redeclare<'a, 'd> {
     old_to_new: Vec<Option<u32>>,
     /// The same nodes in the same places.
     identity: bool,
+    /// Every node that stayed is where it was (nodes joined or left only after the last that
+    /// stayed: a pool's member joining behind the declared nodes), so the old partners and paths
+    /// of a node that stayed name the same positions.
+    stable: bool,
     /// Per node, its partners when they were made again; else its old ones stand.
     fresh_partners: Vec<Option<NodeSet>>,
 }
@@ -122,16 +126,19 @@ impl<'a, 'd> Redeclare<'a, 'd> {
             }
         }
         let identity = n == old.names.len() && new_to_old.iter().enumerate().all(|(a, o)| *o == Some(a as u32));
-        // With the same nodes in the same places, only the nodes a change of a module's runners
-        // or sources reaches have their partners made again (`partners_touched`); else all do.
-        let fresh_partners: Vec<Option<NodeSet>> = match identity.then(|| partners_touched(topo, sources, old)).flatten() {
+        let stable = old_to_new.iter().enumerate().all(|(o, a)| a.is_none_or(|a| a as usize == o));
+        // With the nodes that stayed in their places, only the nodes a change of a module's
+        // runners or sources reaches, and the new nodes, have their partners made again
+        // (`partners_touched`); else all do.
+        let touched = stable.then(|| partners_touched(topo, sources, old, &old_to_new)).flatten();
+        let fresh_partners: Vec<Option<NodeSet>> = match touched {
             Some(touched) => {
                 let reached = topo.modules_reached(sources);
                 par::map(n, |a| touched[a].then(|| topo.partners_of(a as u32, sources, &reached)))
             }
             None => topo.partners().into_iter().map(Some).collect(),
         };
-        Redeclare { topo, old, new_to_old, old_to_new, identity, fresh_partners }
+        Redeclare { topo, old, new_to_old, old_to_new, identity, stable, fresh_partners }
     }
 
     /// Node `a`'s partners now: made again, or kept from before.
@@ -243,7 +250,7 @@ impl<'a, 'd> Redeclare<'a, 'd> {
                 }
                 let o = self.new_to_old[a].expect("unaffected nodes have an old position") as usize;
                 let list = std::mem::take(&mut old_paths[o]);
-                if self.identity {
+                if self.stable {
                     return list;
                 }
                 let at = |i: u32| self.old_to_new[i as usize].expect("partners of unaffected nodes stay");
@@ -368,33 +375,62 @@ fn same_route(a: &crate::decl::Route, b: &crate::decl::Route) -> bool {
         && a.hosts.iter().zip(&b.hosts).all(|(x, y)| host(x, y))
 }
 
-/// Which nodes' partners may differ from those of `old`, for a topology with the same nodes in
-/// the same places: the runners and sources of a module whose runners changed; the runners of a
-/// module whose sources changed, and the nodes that joined or left its sources. `None` when the
+/// Which nodes' partners may differ from those of `old`, for a topology where every node that
+/// stayed is in its old place (`old_to_new`, each old position's new one, is the identity on the
+/// nodes that stayed). A node's partners through a module are its sources if it runs it, its
+/// runners if it is a source; so a change of a module's runners touches the runners that came or
+/// went and every source, a change of its sources touches every runner and the sources that came
+/// or went, a change of both touches all of them. New nodes are touched too. `None` when the
 /// modules some node runs or the routes' routers or users changed: every node's are made again.
-fn partners_touched(topo: &Topology, sources: &[NodeSet], old: &Cache) -> Option<Vec<bool>> {
+fn partners_touched(topo: &Topology, sources: &[NodeSet], old: &Cache, old_to_new: &[Option<u32>]) -> Option<Vec<bool>> {
+    // An old set in new positions, without the nodes that left; and whether some left.
+    let now_of = |was: &[u32]| -> (NodeSet, bool) {
+        let kept: NodeSet = was.iter().filter_map(|&o| old_to_new[o as usize]).collect();
+        let left = kept.len() != was.len();
+        (kept, left)
+    };
+    let same = |now: &[u32], was: &[u32]| {
+        let (kept, left) = now_of(was);
+        !left && kept == now
+    };
     let same_modules =
         topo.module_names.len() == old.module_names.len() && topo.module_names.iter().zip(&old.module_names).all(|(a, b)| a.0 == b.0);
     let same_routes = topo.routes.len() == old.route_via.len()
-        && topo.routes.iter().zip(old.route_via.iter().zip(&old.route_users)).all(|(r, (via, users))| r.via == *via && r.users == *users);
+        && topo
+            .routes
+            .iter()
+            .zip(old.route_via.iter().zip(&old.route_users))
+            .all(|(r, (via, users))| same(&r.via, via) && same(&r.users, users));
     if !(same_modules && same_routes) {
         return None;
     }
     let mut touched = vec![false; topo.nodes.len()];
+    let mut known = vec![false; topo.nodes.len()];
+    for o in old_to_new.iter().flatten() {
+        known[*o as usize] = true;
+    }
+    for (a, k) in known.iter().enumerate() {
+        touched[a] = !k;
+    }
     for (((_, runners), now), ((_, was_run), was)) in
         topo.module_names.iter().zip(sources).zip(old.module_names.iter().zip(&old.module_sources))
     {
-        if runners != was_run {
-            for &a in runners.iter().chain(was_run).chain(now).chain(was) {
-                touched[a as usize] = true;
+        let (was_run, run_left) = now_of(was_run);
+        let (was, sources_left) = now_of(was);
+        let runners_changed = run_left || *runners != was_run;
+        let sources_changed = sources_left || *now != was;
+        let mut touch = |set: &mut dyn Iterator<Item = u32>| set.for_each(|a| touched[a as usize] = true);
+        match (runners_changed, sources_changed) {
+            (false, false) => {}
+            (true, false) => {
+                touch(&mut symmetric_difference(runners, &was_run));
+                touch(&mut now.iter().copied());
             }
-        } else if now != was {
-            for &a in runners {
-                touched[a as usize] = true;
+            (false, true) => {
+                touch(&mut runners.iter().copied());
+                touch(&mut symmetric_difference(now, &was));
             }
-            for a in symmetric_difference(now, was) {
-                touched[a as usize] = true;
-            }
+            (true, true) => touch(&mut runners.iter().chain(&was_run).chain(now).chain(&was).copied()),
         }
     }
     Some(touched)
