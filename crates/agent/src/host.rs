@@ -157,6 +157,8 @@ pub enum WgMode {
     /// The embedded userspace boringtun: a TUN device served by the agent process itself
     #[value(alias = "userspace")]
     Boringtun,
+    /// The embedded userspace GotaTun (Mullvad's boringtun fork): a TUN device served by the agent process itself
+    Gotatun,
     /// Leave the WireGuard interface alone (managed elsewhere)
     None,
 }
@@ -331,6 +333,7 @@ pub fn wireguard(mode: WgMode, ifname: &str) -> Option<Box<dyn Wireguard + Send>
         WgMode::Kernel => Box::new(Defguard::<defguard_wireguard_rs::Kernel>::new(ifname)),
         WgMode::WireguardGo => Box::new(crate::wggo::WireguardGo::new(ifname)),
         WgMode::Boringtun => Box::new(Defguard::<defguard_wireguard_rs::Userspace>::new(ifname)),
+        WgMode::Gotatun => Box::new(crate::gotatun::Gotatun::new(ifname)),
         WgMode::Auto => {
             let probe = std::process::Command::new("ip").args(["link", "add", "trellis-probe0", "type", "wireguard"]).output();
             if probe.is_ok_and(|o| o.status.success()) {

@@ -8,6 +8,7 @@ pub mod bundle;
 pub mod certs;
 pub mod dns;
 pub mod exec;
+pub mod gotatun;
 pub mod host;
 pub mod identity;
 pub mod ingress;
