@@ -67,6 +67,18 @@ fn lab_basic() {
     lab_run("lab/basic.toml");
 }
 
+/// lab/basic with every agent on the embedded gotatun (ADR 0030): the lab says which backend
+/// each one runs, and every expectation, first packet included, is met through it.
+#[test]
+fn lab_basic_on_gotatun() {
+    if !can_run(Need::Root) {
+        return;
+    }
+    let (_, stderr) = lab_run_with("lab/basic.toml", &["--wireguard", "gotatun"]);
+    let backends = "WireGuard (--wireguard gotatun): api-1 trellis0 (gotatun), db-1 trellis0 (gotatun), op-1 trellis0 (gotatun)";
+    assert!(stderr.contains(backends), "{stderr}");
+}
+
 /// Every agent on wireguard-go (the lab says which backend each one runs), and iperf3 between
 /// every pair through the overlay and on the LAN: each row gives both figures and their ratio.
 #[test]

@@ -1,6 +1,7 @@
 //! The host side effects, each behind a narrow trait with one implementation per backend:
 //! files (atomic, staged), WireGuard (the kernel module or the embedded boringtun through
-//! defguard_wireguard_rs, or a `wireguard-go` process: `crate::wggo`), nftables (`nft -f`), IP
+//! defguard_wireguard_rs, the embedded gotatun: `crate::gotatun`, or a `wireguard-go` process:
+//! `crate::wggo`), nftables (`nft -f`), IP
 //! forwarding (`/proc/sys`) and handshake prompts (datagrams bound to the interface); the zone's
 //! server is `crate::dns`, routes `crate::routes`. The executor talks only to the traits.
 
@@ -156,7 +157,7 @@ pub trait Wireguard {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum WgMode {
-    /// The kernel module where it exists, else a `wireguard-go` found on PATH, else the embedded boringtun
+    /// The kernel module where it exists, else the embedded gotatun
     Auto,
     /// The kernel module (fails where it is missing)
     Kernel,
@@ -165,6 +166,8 @@ pub enum WgMode {
     /// The embedded userspace boringtun: a TUN device served by the agent process itself
     #[value(alias = "userspace")]
     Boringtun,
+    /// The embedded userspace GotaTun (Mullvad's boringtun fork): a TUN device served by the agent process itself
+    Gotatun,
     /// Leave the WireGuard interface alone (managed elsewhere)
     None,
 }
@@ -332,22 +335,21 @@ defguard_backend!(defguard_wireguard_rs::Kernel, "kernel");
 defguard_backend!(defguard_wireguard_rs::Userspace, "boringtun");
 
 /// Picks the backend: with `auto`, the kernel module if an interface can be made with it, else
-/// a `wireguard-go` on PATH, else the embedded boringtun.
+/// the embedded gotatun, which moves more than wireguard-go here (ADR 0030).
 pub fn wireguard(mode: WgMode, ifname: &str) -> Option<Box<dyn Wireguard + Send>> {
     Some(match mode {
         WgMode::None => return None,
         WgMode::Kernel => Box::new(Defguard::<defguard_wireguard_rs::Kernel>::new(ifname)),
         WgMode::WireguardGo => Box::new(crate::wggo::WireguardGo::new(ifname)),
         WgMode::Boringtun => Box::new(Defguard::<defguard_wireguard_rs::Userspace>::new(ifname)),
+        WgMode::Gotatun => Box::new(crate::gotatun::Gotatun::new(ifname)),
         WgMode::Auto => {
             let probe = std::process::Command::new("ip").args(["link", "add", "trellis-probe0", "type", "wireguard"]).output();
             if probe.is_ok_and(|o| o.status.success()) {
                 let _ = std::process::Command::new("ip").args(["link", "del", "trellis-probe0"]).output();
                 Box::new(Defguard::<defguard_wireguard_rs::Kernel>::new(ifname))
-            } else if crate::wggo::find().is_some() {
-                Box::new(crate::wggo::WireguardGo::new(ifname))
             } else {
-                Box::new(Defguard::<defguard_wireguard_rs::Userspace>::new(ifname))
+                Box::new(crate::gotatun::Gotatun::new(ifname))
             }
         }
     })

@@ -8,6 +8,7 @@ pub mod bundle;
 pub mod certs;
 pub mod dns;
 pub mod exec;
+pub mod gotatun;
 pub mod host;
 pub mod identity;
 pub mod ingress;
@@ -206,7 +207,8 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     // The loop logs what it does; a one-shot command only what went wrong.
     let logging = match &cli.command {
-        Command::Run { log_format, .. } => log::init(*log_format, "info"),
+        // gotatun says "Peer added" at info for every peer: ten thousand lines a first apply.
+        Command::Run { log_format, .. } => log::init(*log_format, "info,gotatun=warn"),
         _ => log::init(log::LogFormat::Text, "warn"),
     };
     if let Err(e) = logging {

@@ -20,7 +20,7 @@ pub struct AgentArgs {
     #[arg(long, default_value_t = 10_000)]
     pub peers: usize,
     /// The WireGuard backends to measure, in turn
-    #[arg(long, value_delimiter = ',', default_value = "wireguard-go,boringtun")]
+    #[arg(long, value_delimiter = ',', default_value = "wireguard-go,gotatun,boringtun")]
     pub wireguard: Vec<String>,
     /// How many DNS queries to time (the median is reported)
     #[arg(long, default_value_t = 20)]
@@ -45,8 +45,8 @@ pub fn run(a: &AgentArgs) -> Result<std::process::ExitCode> {
     }
     let mut all = Vec::new();
     for backend in &a.wireguard {
-        if !["wireguard-go", "boringtun", "kernel"].contains(&backend.as_str()) {
-            bail!("--wireguard {backend:?}: give wireguard-go, boringtun or kernel");
+        if !["wireguard-go", "gotatun", "boringtun", "kernel"].contains(&backend.as_str()) {
+            bail!("--wireguard {backend:?}: give wireguard-go, gotatun, boringtun or kernel");
         }
         eprintln!("bench agent: {} peers on {backend} ...", a.peers);
         let figures = Bench::new(backend)?.measure(a)?;

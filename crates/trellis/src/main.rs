@@ -221,7 +221,7 @@ enum LabCommand {
 #[derive(clap::Args)]
 struct LabAgents {
     /// The WireGuard backend of every agent (`trellis-agent run --wireguard`)
-    #[arg(long, default_value = "auto", value_parser = ["auto", "kernel", "wireguard-go", "boringtun", "userspace", "none"])]
+    #[arg(long, default_value = "auto", value_parser = ["auto", "kernel", "wireguard-go", "boringtun", "userspace", "gotatun", "none"])]
     wireguard: String,
 }
 
