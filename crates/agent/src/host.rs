@@ -157,7 +157,7 @@ pub trait Wireguard {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum WgMode {
-    /// The kernel module where it exists, else the embedded gotatun
+    /// The kernel module where it exists, else a `wireguard-go` found on PATH, else the embedded gotatun
     Auto,
     /// The kernel module (fails where it is missing)
     Kernel,
@@ -335,7 +335,7 @@ defguard_backend!(defguard_wireguard_rs::Kernel, "kernel");
 defguard_backend!(defguard_wireguard_rs::Userspace, "boringtun");
 
 /// Picks the backend: with `auto`, the kernel module if an interface can be made with it, else
-/// the embedded gotatun, which moves more than wireguard-go here (ADR 0030).
+/// a `wireguard-go` on PATH (installed, so chosen), else the embedded gotatun (ADR 0030).
 pub fn wireguard(mode: WgMode, ifname: &str) -> Option<Box<dyn Wireguard + Send>> {
     Some(match mode {
         WgMode::None => return None,
@@ -348,6 +348,8 @@ pub fn wireguard(mode: WgMode, ifname: &str) -> Option<Box<dyn Wireguard + Send>
             if probe.is_ok_and(|o| o.status.success()) {
                 let _ = std::process::Command::new("ip").args(["link", "del", "trellis-probe0"]).output();
                 Box::new(Defguard::<defguard_wireguard_rs::Kernel>::new(ifname))
+            } else if crate::wggo::find().is_some() {
+                Box::new(crate::wggo::WireguardGo::new(ifname))
             } else {
                 Box::new(crate::gotatun::Gotatun::new(ifname))
             }
