@@ -9,7 +9,6 @@
 //! handed to the backend's own runtime and waited for on a channel.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -270,7 +269,7 @@ fn public_key(b64: &str) -> Result<PublicKey> {
 /// A peer as gotatun takes it.
 fn peer(p: &WgPeer) -> Result<Peer> {
     let mut out = Peer::new(public_key(&p.public_key)?);
-    out.endpoint = p.endpoint.map(SocketAddr::from);
+    out.endpoint = p.endpoint;
     out.keepalive = p.keepalive.filter(|k| *k != 0);
     for a in &p.allowed_ips {
         out.allowed_ips

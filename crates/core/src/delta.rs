@@ -79,7 +79,7 @@ fn run_key(h: &[u64], i: usize) -> u64 {
 /// anchor, chosen by its content, so the base and the new bundle agree on where runs start and
 /// the index is that much smaller; an edit then costs at most a few unchanged lines more.
 fn anchor(h: u64) -> bool {
-    h % ANCHOR == 0
+    h.is_multiple_of(ANCHOR)
 }
 
 const ANCHOR: u64 = 4;

@@ -249,7 +249,7 @@ pub fn generate(a: &Shape, declared_keys: bool) -> (SourceFile, Vec<SourceFile>)
                 i + 1,
                 all_nets.join(", ")
             );
-        } else if i % 3 == 0 {
+        } else if i.is_multiple_of(3) {
             let _ = write!(
                 s,
                 "[[node.endpoint]]\naddress = \"203.0.{}.{}:51820\"\nreachable_from = [\"net-{}\", \"net-{}\"]\n",

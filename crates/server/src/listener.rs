@@ -174,11 +174,11 @@ impl Server {
                         tracing::error!("following revocations failed: {e}");
                     }
                     // Likewise a rotation of the signing key (ADR 0027); every 5 s its overlap.
-                    if let Err(e) = c.settle_rotation(n % 10 == 0).await {
+                    if let Err(e) = c.settle_rotation(n.is_multiple_of(10)).await {
                         tracing::error!("following the rotation of the signing key failed: {e}");
                     }
                     n += 1;
-                    if n % 10 == 0 {
+                    if n.is_multiple_of(10) {
                         // The server certificate, renewed at two thirds of its lifetime.
                         if let Err(e) = c.renew_server_cert_if_due().await {
                             tracing::error!("renewing the server certificate failed: {e}");

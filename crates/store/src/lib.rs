@@ -64,7 +64,7 @@ pub enum StoreError {
 pub type Result<T> = std::result::Result<T, StoreError>;
 
 /// The PostgreSQL advisory lock that audited decisions take before appending to the chain.
-const AUDIT_LOCK: i64 = 0x7472_656c_6c69_73; // "trellis"
+const AUDIT_LOCK: i64 = 0x0074_7265_6c6c_6973; // "trellis"
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {

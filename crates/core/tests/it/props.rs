@@ -72,7 +72,7 @@ fn render(g: &Gen) -> (String, Vec<(String, String)>) {
     s.push_str("[groups]\n");
     for gi in 0..g.groups {
         // Groups list some members in [groups]; nodes name others themselves.
-        let members: Vec<usize> = (0..g.nodes.len()).filter(|i| (i + gi) % 3 == 0).collect();
+        let members: Vec<usize> = (0..g.nodes.len()).filter(|i| (i + gi).is_multiple_of(3)).collect();
         s.push_str(&format!("g{gi} = [{}]\n", list("n", &members)));
     }
     for (i, n) in g.nodes.iter().enumerate() {

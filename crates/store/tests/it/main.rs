@@ -65,7 +65,7 @@ async fn an_apply_writes_the_allocation_it_was_given_whatever_was_there() {
         let mut first = Allocation::default();
         for i in 0..700u32 {
             first.ipv4.insert(format!("n{i}"), std::net::Ipv4Addr::from(0x0a00_0000 + i));
-            if i % 2 == 0 {
+            if i.is_multiple_of(2) {
                 first.ipv6.insert(format!("n{i}"), std::net::Ipv6Addr::from(0xfd00_u128 << 112 | i as u128));
             }
         }
