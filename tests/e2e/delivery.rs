@@ -110,7 +110,7 @@ fn fetch_and_verify_and_every_refusal_with_its_reason() {
     huge.resize(trellis_core::bundle::MAX_BUNDLE + 1, 0);
     let huge_path = work.path().join("huge.bundle");
     std::fs::write(&huge_path, &huge).unwrap();
-    fails_with(verify(&huge_path, &db, &[]), "over the bound of 16777216");
+    fails_with(verify(&huge_path, &db, &[]), &format!("over the bound of {}", trellis_core::bundle::MAX_BUNDLE));
     let mut unknown = std::fs::read(&v_b).unwrap();
     unknown[..4].copy_from_slice(b"TRB9");
     let unknown_path = work.path().join("unknown.bundle");

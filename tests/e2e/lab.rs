@@ -14,12 +14,28 @@ fn lab_run(file: &str) -> (String, String) {
     lab_run_with(file, &[])
 }
 
-/// As `lab_run`, with more options to `trellis lab run`.
 /// Labs run beside one another, except the sixty-node fleet, which runs alone: beside it, on two
 /// cores, other labs' first packets waited past WireGuard's 5 s rekey (the lab fails those).
 static LABS: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
+/// One run of a lab file at a time: a lab keeps one state per file, and a second `lab run` of a
+/// file that is up refuses (after removing what it takes for the first one's leftovers).
+static FILES: std::sync::Mutex<Vec<(String, std::sync::Arc<std::sync::Mutex<()>>)>> = std::sync::Mutex::new(Vec::new());
+
+/// As `lab_run`, with more options to `trellis lab run`.
 fn lab_run_with(file: &str, options: &[&str]) -> (String, String) {
+    let this_file = {
+        let mut files = FILES.lock().unwrap_or_else(|e| e.into_inner());
+        match files.iter().find(|(f, _)| f == file) {
+            Some((_, lock)) => lock.clone(),
+            None => {
+                let lock = std::sync::Arc::new(std::sync::Mutex::new(()));
+                files.push((file.to_string(), lock.clone()));
+                lock
+            }
+        }
+    };
+    let _alone = this_file.lock().unwrap_or_else(|e| e.into_inner());
     let _beside = if file == "lab/fleet.toml" {
         (None, Some(LABS.write().unwrap_or_else(|e| e.into_inner())))
     } else {

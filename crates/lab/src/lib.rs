@@ -614,10 +614,37 @@ pub fn run(file: &Path, read_declaration: ReadDeclaration, wireguard: &str) -> R
         let _ = down(&f);
         std::process::exit(130);
     });
+    // A lab of this file that is up already is another run's: refused before anything is done,
+    // so that the `down` below, which follows a failed `up`, never takes it down.
+    if state_path(file).exists() {
+        bail!("a lab from {} is already up; run `trellis lab down {}` first", file.display(), file.display());
+    }
     let result = up(file, read_declaration, wireguard).and_then(|_| check(file, read_declaration));
     let cleaned = down(file);
     let ok = result?;
     cleaned?;
     println!("lab run of {} took {:.1}s", file.display(), started.elapsed().as_secs_f64());
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+#[cfg(test)]
+mod run_tests {
+    /// A second run of a lab file that is up refuses and leaves the first one's state (and so its
+    /// namespaces and processes) as it was: it used to take the first one down on its way out.
+    #[test]
+    fn a_second_run_of_a_lab_that_is_up_leaves_it_up() {
+        let dir = std::env::temp_dir().join(format!("trellis-lab-second-run-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("up.toml");
+        std::fs::write(&file, "").unwrap();
+        let state = super::state_path(&file);
+        let held = br#"{"prefix":"tlffff","dir":"/nonexistent","namespaces":["tlffff-a"]}"#;
+        std::fs::write(&state, held).unwrap();
+        let err = super::run(&file, |_| unreachable!("nothing is read"), "auto").unwrap_err().to_string();
+        let kept = std::fs::read(&state);
+        let _ = std::fs::remove_file(&state);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(err.contains("is already up; run `trellis lab down"), "{err}");
+        assert_eq!(kept.unwrap(), held.to_vec(), "the first run's state was removed");
+    }
 }
