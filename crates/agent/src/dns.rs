@@ -126,7 +126,14 @@ impl<'t> Cut<'t> {
             let mut fields = line.split_whitespace();
             let (name, class, kind) = (fields.next(), fields.next(), fields.next());
             if let (Some(name), Some("IN"), Some("A" | "AAAA")) = (name, class, kind) {
-                if name.bytes().any(|b| b.is_ascii_uppercase()) {
+                // Only names as trellis spells them (relative, lower-case ASCII labels): a name
+                // has one spelling, so its runs are its records (`db-1.`, `db\-1`, `DB-1` or an
+                // IDNA name would be one name to hickory under two strings here).
+                if !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_' || b == b'.' || b == b'*')
+                    || name.ends_with('.')
+                    || name.starts_with('.')
+                    || name.contains("..")
+                {
                     return None;
                 }
                 if run.is_some_and(|(n, _)| n == name) {
@@ -345,9 +352,15 @@ fn changes(old: &str, new: &str) -> Option<(u32, Vec<NameChange>)> {
         }
         let mut list = Vec::new();
         for line in run.lines() {
-            let mut fields = line.split_whitespace().skip(3);
-            let (Some(address), None) = (fields.next(), fields.next()) else { return None };
-            list.push(address.parse::<std::net::IpAddr>().ok()?);
+            let mut fields = line.split_whitespace().skip(2);
+            let (Some(kind), Some(address), None) = (fields.next(), fields.next(), fields.next()) else { return None };
+            // The address of its record's kind, as a whole read requires.
+            let address = match kind {
+                "A" => std::net::IpAddr::V4(address.parse().ok()?),
+                "AAAA" => std::net::IpAddr::V6(address.parse().ok()?),
+                _ => return None,
+            };
+            list.push(address);
         }
         names.push((name.to_string(), list));
     }
@@ -495,6 +508,28 @@ mod tests {
             let mut want: BTreeMap<String, BTreeSet<std::net::IpAddr>> = new.iter().map(|(n, s)| (n.clone(), as_ips(s))).collect();
             want.insert("ns".into(), [std::net::IpAddr::from([10, 0, 0, 1])].into());
             proptest::prop_assert_eq!(names, want);
+        }
+    }
+
+    /// A zone whose names are spelled otherwise than trellis spells them, or whose record holds
+    /// an address of the other kind, is no change of names: it is read whole (which merges the
+    /// spellings as hickory does, or refuses the record), never patched by the strings.
+    #[test]
+    fn a_name_spelled_two_ways_or_an_address_of_the_other_kind_is_read_whole() {
+        let zone = |serial: u32, records: &str| {
+            format!("$ORIGIN t.mesh.\n$TTL 60\n@\tIN\tSOA\tns.t.mesh. hostmaster.t.mesh. {serial} 3600 600 86400 60\n@\tIN\tNS\tns.t.mesh.\nns\tIN\tA\t10.0.0.1\n{records}")
+        };
+        let plain = zone(1, "db-1\tIN\tA\t10.0.0.2\n");
+        assert!(super::changes(&plain, &zone(2, "db-1\tIN\tA\t10.0.0.3\n")).is_some(), "a change trellis writes");
+        for (what, records) in [
+            ("a trailing dot", "db-1\tIN\tA\t10.0.0.2\ndb-1.\tIN\tA\t10.0.0.3\n"),
+            ("an escape", "db\\-1\tIN\tA\t10.0.0.3\n"),
+            ("a capital", "DB-1\tIN\tA\t10.0.0.3\n"),
+            ("a name beyond ASCII", "d\u{e4}-1\tIN\tA\t10.0.0.3\n"),
+            ("an IPv6 address in an A record", "db-1\tIN\tA\tfd00::1\n"),
+            ("an IPv4 address in an AAAA record", "db-1\tIN\tAAAA\t10.0.0.3\n"),
+        ] {
+            assert_eq!(super::changes(&plain, &zone(2, records)), None, "{what}");
         }
     }
 

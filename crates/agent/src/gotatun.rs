@@ -174,6 +174,9 @@ impl Wireguard for Gotatun {
             let changed = changes.changed.iter().map(|(p, before)| Ok((peer(p)?, before.is_some()))).collect::<Result<Vec<_>>>()?;
             let device = self.device().expect("interface exists");
             let ifname = self.ifname.clone();
+            // Whatever part of a failed change took, the device is no longer what `current`
+            // says: forgotten, so that the next apply (the rollback's) makes the interface anew.
+            self.current = None;
             self.block(async move {
                 device
                     .write(async |d| {
@@ -187,7 +190,12 @@ impl Wireguard for Gotatun {
                             if existed {
                                 let Peer { public_key, endpoint, allowed_ips, keepalive, .. } = p;
                                 d.modify_peer(&public_key, |m| {
-                                    m.set_endpoint(endpoint);
+                                    // A peer without a configured endpoint keeps the one it was
+                                    // last heard from (as `wg set` does): a spoke behind NAT
+                                    // changed in its allowed IPs stays reachable from here.
+                                    if endpoint.is_some() {
+                                        m.set_endpoint(endpoint);
+                                    }
                                     m.set_keepalive(keepalive);
                                     m.clear_allowed_ips();
                                     m.add_allowed_ips(allowed_ips);

@@ -43,19 +43,18 @@ impl LibNft {
             let new: New = *lib.get(b"nft_ctx_new\0")?;
             let buffer_output: Buffer = *lib.get(b"nft_ctx_buffer_output\0")?;
             let buffer_error: Buffer = *lib.get(b"nft_ctx_buffer_error\0")?;
-            let this = LibNft {
-                free: *lib.get(b"nft_ctx_free\0")?,
-                error: *lib.get(b"nft_ctx_get_error_buffer\0")?,
-                output: *lib.get(b"nft_ctx_get_output_buffer\0")?,
-                from_buffer: *lib.get(b"nft_run_cmd_from_buffer\0")?,
-                from_file: *lib.get(b"nft_run_cmd_from_filename\0")?,
-                // NFT_CTX_DEFAULT
-                ctx: new(0),
-                _lib: lib,
-            };
-            if this.ctx.is_null() {
+            let free: Free = *lib.get(b"nft_ctx_free\0")?;
+            let error: GetBuffer = *lib.get(b"nft_ctx_get_error_buffer\0")?;
+            let output: GetBuffer = *lib.get(b"nft_ctx_get_output_buffer\0")?;
+            let from_buffer: Run = *lib.get(b"nft_run_cmd_from_buffer\0")?;
+            let from_file: Run = *lib.get(b"nft_run_cmd_from_filename\0")?;
+            // NFT_CTX_DEFAULT. Checked before the struct is made: its `Drop` frees the context,
+            // which must not be a null one.
+            let ctx = new(0);
+            if ctx.is_null() {
                 bail!("{LIBRARY} made no context");
             }
+            let this = LibNft { free, error, output, from_buffer, from_file, ctx, _lib: lib };
             if buffer_output(this.ctx) != 0 || buffer_error(this.ctx) != 0 {
                 bail!("{LIBRARY} cannot keep its output in a buffer");
             }

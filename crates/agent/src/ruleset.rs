@@ -9,47 +9,93 @@ use std::collections::HashSet;
 /// The table every trellis ruleset holds (`core::render::nftables`).
 const TABLE: &str = "inet trellis";
 
-/// A ruleset read as the lines that are not set elements, and each named set's elements.
+/// A ruleset read as the lines that are not set elements, each named set's elements and each
+/// chain's rules; `valid` is false for a text trellis does not write (a set's name or an element
+/// that is no address or prefix, a rule with a `;`), which is then loaded whole, never pasted
+/// into commands.
 struct Shape<'a> {
     rest: Vec<&'a str>,
     sets: Vec<(&'a str, Vec<&'a str>)>,
+    chains: Vec<Chain<'a>>,
+    valid: bool,
+}
+
+/// A chain of the table: its base specification (`type ... policy ...;`) and its rules, as
+/// written.
+struct Chain<'a> {
+    name: &'a str,
+    spec: Option<&'a str>,
+    rules: Vec<&'a str>,
+}
+
+/// A name trellis gives a set or a chain: lower-case letters, digits and `_`.
+fn plain(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
 }
 
 fn shape(text: &str) -> Shape<'_> {
     let mut rest = Vec::new();
     let mut sets: Vec<(&str, Vec<&str>)> = Vec::new();
-    let mut open = false;
+    let mut chains: Vec<Chain> = Vec::new();
+    let mut valid = true;
+    // Inside a set's or a chain's braces.
+    let (mut in_set, mut in_chain) = (false, false);
     for line in text.lines() {
         if let Some(name) = line.strip_prefix("\tset ").and_then(|l| l.strip_suffix(" {")) {
+            valid &= plain(name);
             sets.push((name, Vec::new()));
-            open = true;
+            in_set = true;
+        } else if let Some(name) = line.strip_prefix("\tchain ").and_then(|l| l.strip_suffix(" {")) {
+            valid &= plain(name);
+            chains.push(Chain { name, spec: None, rules: Vec::new() });
+            in_chain = true;
         } else if line == "\t}" {
-            open = false;
-        } else if open {
+            (in_set, in_chain) = (false, false);
+        } else if in_set {
             if let Some(elements) = line.strip_prefix("\t\telements = { ").and_then(|l| l.strip_suffix(" }")) {
                 let (_, list) = sets.last_mut().expect("a set is open");
                 // Left out of the shape, so that a set gaining its first element or losing its
                 // last (nft declares no empty list) changes its elements, not its shape.
-                list.extend(elements.split(", "));
+                for e in elements.split(", ") {
+                    valid &= e.parse::<std::net::IpAddr>().is_ok() || e.parse::<ipnet::IpNet>().is_ok();
+                    list.push(e);
+                }
                 continue;
+            }
+        } else if in_chain {
+            let chain = chains.last_mut().expect("a chain is open");
+            match line.strip_prefix("\t\t") {
+                Some(spec) if spec.starts_with("type ") => {
+                    valid &= !spec.contains(['{', '}', '"', '#']);
+                    chain.spec = Some(spec);
+                }
+                Some(comment) if comment.starts_with('#') => {}
+                Some(rule) if !rule.trim().is_empty() => {
+                    valid &= !rule.contains(';');
+                    chain.rules.push(rule);
+                }
+                _ => {}
             }
         }
         rest.push(line);
     }
-    Shape { rest, sets }
+    Shape { rest, sets, chains, valid }
 }
 
 /// The nft commands that take a table loaded from `old` to `new`, if the two differ only in
 /// sets' elements: each removed element deleted and each new one created (`create`, not `add`,
 /// so that an element already there, like one deleted and not there, fails the transaction: a
-/// table that is not what `old` says is loaded whole, never patched). `None` when anything else
-/// differs; an empty string when nothing does.
+/// table that is not what `old` says is loaded whole, never patched), then every chain put back
+/// as `new` writes it (declared again, flushed, its rules added), so that rules taken out behind
+/// the agent's back (`nft flush chain`, `flush ruleset`) are back after any apply, as after a
+/// whole load; a table or set that is gone fails the transaction, and the file is loaded whole.
+/// `None` when anything else differs, or when `new` is no text trellis writes.
 pub fn delta(old: &str, new: &str) -> Option<String> {
     let (before, after) = (shape(old), shape(new));
     let same_shape = before.rest == after.rest
         && before.sets.len() == after.sets.len()
         && before.sets.iter().zip(&after.sets).all(|((a, _), (b, _))| a == b);
-    if !same_shape {
+    if !same_shape || !before.valid || !after.valid {
         return None;
     }
     let mut commands = String::new();
@@ -63,6 +109,17 @@ pub fn delta(old: &str, new: &str) -> Option<String> {
         }
         if !came.is_empty() {
             commands.push_str(&format!("create element {TABLE} {name} {{ {} }}\n", came.join(", ")));
+        }
+    }
+    for chain in &after.chains {
+        let name = chain.name;
+        match chain.spec {
+            Some(spec) => commands.push_str(&format!("add chain {TABLE} {name} {{ {spec} }}\n")),
+            None => commands.push_str(&format!("add chain {TABLE} {name}\n")),
+        }
+        commands.push_str(&format!("flush chain {TABLE} {name}\n"));
+        for rule in &chain.rules {
+            commands.push_str(&format!("add rule {TABLE} {name} {rule}\n"));
         }
     }
     Some(commands)
@@ -84,15 +141,42 @@ mod tests {
         )
     }
 
+    /// The element commands of a delta, without the chains it puts back.
+    fn elements(commands: &str) -> String {
+        commands.lines().filter(|l| l.contains(" element ")).map(|l| format!("{l}\n")).collect()
+    }
+
+    /// The chains put back after the elements, as the new text writes them.
+    const CHAINS_22: &str = "add chain inet trellis input { type filter hook input priority filter; policy accept; }\n\
+        flush chain inet trellis input\n\
+        add rule inet trellis input iifname \"trellis0\" ip saddr @src_ssh_1_v4 tcp dport { 22 } accept\n\
+        add rule inet trellis input iifname \"trellis0\" ip6 saddr @src_ssh_1_v6 tcp dport { 22 } accept\n";
+
     #[test]
     fn a_change_of_sources_only_is_the_elements_deleted_and_created() {
         let old = ruleset(&["10.0.0.1", "10.0.0.2", "10.0.0.3"], &["fd00::1"], 22);
         let new = ruleset(&["10.0.0.1", "10.0.0.3", "10.0.0.4"], &["fd00::1"], 22);
         assert_eq!(
             delta(&old, &new).unwrap(),
-            "delete element inet trellis src_ssh_1_v4 { 10.0.0.2 }\ncreate element inet trellis src_ssh_1_v4 { 10.0.0.4 }\n"
+            format!("delete element inet trellis src_ssh_1_v4 {{ 10.0.0.2 }}\ncreate element inet trellis src_ssh_1_v4 {{ 10.0.0.4 }}\n{CHAINS_22}")
         );
-        assert_eq!(delta(&old, &old).unwrap(), "");
+        // Nothing changed: the chains are put back all the same (rules flushed behind the
+        // agent's back come back with any apply).
+        assert_eq!(delta(&old, &old).unwrap(), CHAINS_22);
+    }
+
+    #[test]
+    fn a_text_trellis_does_not_write_is_loaded_whole_never_pasted_into_commands() {
+        let old = ruleset(&["10.0.0.1"], &["fd00::1"], 22);
+        let injected =
+            ruleset(&["10.0.0.1 } ; delete table inet other ; create element inet trellis src_ssh_1_v4 { 10.0.0.2"], &["fd00::1"], 22);
+        assert_eq!(delta(&old, &injected), None, "an element that is no address");
+        let rule = old.replace("tcp dport { 22 } accept\n\t\tiifname", "tcp dport { 22 } accept; delete table inet other\n\t\tiifname");
+        assert_eq!(delta(&old, &rule), None, "a rule with a ;");
+        let spec = old.replace("policy accept;", "policy accept; } ; delete table inet other ; add chain inet trellis input {");
+        assert_eq!(delta(&old, &spec), None, "a chain's specification with braces");
+        assert_eq!(delta(&old, &old.replace("src_ssh_1_v4", "src ssh")), None, "a set's name");
+        assert!(delta(&old, &ruleset(&["10.0.0.0/24"], &["fd00::/64"], 22)).is_some(), "prefixes are elements");
     }
 
     #[test]
@@ -100,7 +184,7 @@ mod tests {
         let old = ruleset(&["10.0.0.1"], &[], 22);
         let new = ruleset(&[], &["fd00::9"], 22);
         assert_eq!(
-            delta(&old, &new).unwrap(),
+            elements(&delta(&old, &new).unwrap()),
             "delete element inet trellis src_ssh_1_v4 { 10.0.0.1 }\ncreate element inet trellis src_ssh_1_v6 { fd00::9 }\n"
         );
     }
@@ -137,7 +221,7 @@ mod tests {
             let commands = delta(&old, &new).expect("only elements differ");
             let mut sets: std::collections::HashMap<&str, BTreeSet<String>> =
                 [("src_ssh_1_v4", o4.iter().cloned().collect()), ("src_ssh_1_v6", o6.iter().cloned().collect())].into();
-            for line in commands.lines() {
+            for line in elements(&commands).lines() {
                 let (verb, rest) = line.split_once(" element inet trellis ").expect("an element command");
                 let (name, elements) = rest.split_once(" { ").expect("a set and its elements");
                 let set = sets.get_mut(name).expect("a declared set");
@@ -238,8 +322,26 @@ mod tests {
         let fewer: Vec<&str> = changed[..changed.len() - 1].to_vec();
         assert_eq!(apply(&ruleset(&fewer, &["fd00::2"], 22)), 2, "a refused change is loaded whole");
         assert_eq!(elements("src_ssh_1_v4").len(), fewer.len());
+        let nft_in_ns = |args: &[&str]| {
+            let out = std::process::Command::new("ip").args(["netns", "exec", ns, "nft"]).args(args).output().unwrap();
+            assert!(out.status.success(), "nft {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8(out.stdout).unwrap()
+        };
+        // Behind the agent's back, the input chain's rules flushed (open to every source): the
+        // same file applied again puts them back, without loading the table whole.
+        nft_in_ns(&["flush", "chain", "inet", "trellis", "input"]);
+        assert!(!nft_in_ns(&["list", "chain", "inet", "trellis", "input"]).contains("@src_ssh_1_v4"));
+        assert_eq!(apply(&ruleset(&fewer, &["fd00::2"], 22)), 2, "rules put back with the elements' commands");
+        let input = nft_in_ns(&["list", "chain", "inet", "trellis", "input"]);
+        assert!(input.contains("ip saddr @src_ssh_1_v4 tcp dport 22 accept"), "{input}");
+        // The whole ruleset flushed (as Debian's /etc/nftables.conf does on a restart of
+        // nftables): the same file applied again is loaded whole, table, sets and rules.
+        nft_in_ns(&["flush", "ruleset"]);
+        assert_eq!(apply(&ruleset(&fewer, &["fd00::2"], 22)), 3, "a table gone is loaded whole");
+        assert_eq!(elements("src_ssh_1_v4").len(), fewer.len());
+        assert!(nft_in_ns(&["list", "chain", "inet", "trellis", "input"]).contains("@src_ssh_1_v6"));
         // Anything else (a port) is a whole load.
-        assert_eq!(apply(&ruleset(&fewer, &["fd00::2"], 2222)), 3);
+        assert_eq!(apply(&ruleset(&fewer, &["fd00::2"], 2222)), 4);
         // A ruleset nft refuses is refused with its message, and the table stays.
         std::fs::write(&file, "table inet trellis {\n\tchain input {\n\t\tnonsense\n\t}\n}\n").unwrap();
         let e = nft.apply(&file).expect_err("refused").to_string();
