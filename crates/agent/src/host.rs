@@ -404,9 +404,8 @@ impl Nft {
         matches!(self.via, Via::Library(_))
     }
 
-    /// Runs these commands (a whole ruleset, or changes of one) as one transaction; the error is
-    /// nft's message.
-    fn run(&mut self, commands: &str) -> Result<()> {
+    /// Runs a ruleset file, or these commands, as one transaction; the error is nft's message.
+    fn run(&mut self, file: &Path, commands: Option<&str>) -> Result<()> {
         if matches!(self.via, Via::Untried) {
             self.via = match crate::libnft::LibNft::load() {
                 Ok(lib) => Via::Library(lib),
@@ -417,23 +416,25 @@ impl Nft {
             };
         }
         match &mut self.via {
-            Via::Library(lib) => lib.run(commands),
+            Via::Library(lib) => match commands {
+                Some(c) => lib.run(c),
+                None => lib.run_file(file),
+            },
             Via::Program(program) => {
                 use std::io::Write;
                 let mut cmd = std::process::Command::new(&program[0]);
-                cmd.args(&program[1..]).args(["-f", "-"]);
+                cmd.args(&program[1..]).arg("-f").arg(if commands.is_some() { Path::new("-") } else { file });
                 cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
                 let mut child = cmd.spawn().context("cannot run nft (is nftables installed?)")?;
                 let mut input = child.stdin.take().expect("piped");
-                let written = input.write_all(commands.as_bytes());
+                if let Some(text) = commands {
+                    input.write_all(text.as_bytes()).context("cannot give nft its commands")?;
+                }
                 drop(input);
-                // Waited for even when it stopped reading early: no child is left unreaped, and
-                // its own message says why.
                 let out = child.wait_with_output().context("cannot run nft")?;
                 if !out.status.success() {
                     bail!("{}", String::from_utf8_lossy(&out.stderr).trim());
                 }
-                written.context("cannot give nft its commands")?;
                 Ok(())
             }
             Via::Untried => unreachable!("tried above"),
@@ -457,7 +458,7 @@ impl Firewall for Nft {
                 self.text = Some(text);
                 return Ok(());
             }
-            match self.run(&commands) {
+            match self.run(ruleset, Some(&commands)) {
                 Ok(()) => {
                     tracing::info!(commands = commands.lines().count(), "ruleset changed in its sets' elements");
                     self.text = Some(text);
@@ -470,8 +471,7 @@ impl Firewall for Nft {
                 ),
             }
         }
-        // The text read above, not the file again: what is remembered is what was loaded.
-        if let Err(e) = self.run(&text) {
+        if let Err(e) = self.run(ruleset, None) {
             self.text = None;
             bail!("nft refused {}: {e:#}", ruleset.display());
         }

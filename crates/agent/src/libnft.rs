@@ -23,6 +23,7 @@ pub struct LibNft {
     error: GetBuffer,
     output: GetBuffer,
     from_buffer: Run,
+    from_file: Run,
     /// Kept loaded as long as the context lives.
     _lib: libloading::Library,
 }
@@ -46,13 +47,14 @@ impl LibNft {
             let error: GetBuffer = *lib.get(b"nft_ctx_get_error_buffer\0")?;
             let output: GetBuffer = *lib.get(b"nft_ctx_get_output_buffer\0")?;
             let from_buffer: Run = *lib.get(b"nft_run_cmd_from_buffer\0")?;
+            let from_file: Run = *lib.get(b"nft_run_cmd_from_filename\0")?;
             // NFT_CTX_DEFAULT. Checked before the struct is made: its `Drop` frees the context,
             // which must not be a null one.
             let ctx = new(0);
             if ctx.is_null() {
                 bail!("{LIBRARY} made no context");
             }
-            let this = LibNft { free, error, output, from_buffer, ctx, _lib: lib };
+            let this = LibNft { free, error, output, from_buffer, from_file, ctx, _lib: lib };
             if buffer_output(this.ctx) != 0 || buffer_error(this.ctx) != 0 {
                 bail!("{LIBRARY} cannot keep its output in a buffer");
             }
@@ -66,6 +68,15 @@ impl LibNft {
         // SAFETY: `ctx` is a live context and `commands` a NUL-terminated string that outlives
         // the call.
         let rc = unsafe { (self.from_buffer)(self.ctx, commands.as_ptr()) };
+        self.finish(rc)
+    }
+
+    /// Loads a ruleset file as one transaction (as `nft -f FILE` would).
+    pub fn run_file(&mut self, path: &std::path::Path) -> Result<()> {
+        use std::os::unix::ffi::OsStrExt;
+        let path = CString::new(path.as_os_str().as_bytes()).context("a ruleset path holds a NUL byte")?;
+        // SAFETY: as in `run`.
+        let rc = unsafe { (self.from_file)(self.ctx, path.as_ptr()) };
         self.finish(rc)
     }
 
