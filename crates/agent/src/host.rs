@@ -427,14 +427,15 @@ impl Nft {
                 cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
                 let mut child = cmd.spawn().context("cannot run nft (is nftables installed?)")?;
                 let mut input = child.stdin.take().expect("piped");
-                if let Some(text) = commands {
-                    input.write_all(text.as_bytes()).context("cannot give nft its commands")?;
-                }
+                let written = commands.map_or(Ok(()), |text| input.write_all(text.as_bytes()));
                 drop(input);
+                // Waited for even when it stopped reading early: no child is left unreaped, and
+                // its own message says why.
                 let out = child.wait_with_output().context("cannot run nft")?;
                 if !out.status.success() {
                     bail!("{}", String::from_utf8_lossy(&out.stderr).trim());
                 }
+                written.context("cannot give nft its commands")?;
                 Ok(())
             }
             Via::Untried => unreachable!("tried above"),

@@ -28,9 +28,10 @@ struct Chain<'a> {
     rules: Vec<&'a str>,
 }
 
-/// A name trellis gives a set or a chain: lower-case letters, digits and `_`.
+/// A name trellis gives a set or a chain: lower-case letters, digits, `_` and the `-` of a
+/// module's or route's name (a DNS label).
 fn plain(name: &str) -> bool {
-    !name.is_empty() && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
 
 fn shape(text: &str) -> Shape<'_> {
@@ -177,6 +178,8 @@ mod tests {
         assert_eq!(delta(&old, &spec), None, "a chain's specification with braces");
         assert_eq!(delta(&old, &old.replace("src_ssh_1_v4", "src ssh")), None, "a set's name");
         assert!(delta(&old, &ruleset(&["10.0.0.0/24"], &["fd00::/64"], 22)).is_some(), "prefixes are elements");
+        let hyphen = old.replace("src_ssh_1", "src_web-app_1");
+        assert!(delta(&hyphen, &hyphen.replace("10.0.0.1", "10.0.0.2")).is_some(), "a module named with a hyphen");
     }
 
     #[test]
