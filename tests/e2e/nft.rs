@@ -224,3 +224,99 @@ fn an_exit_admits_replies_into_the_overlay_and_nothing_spoofed_from_the_underlay
     assert_eq!(arrived, 0, "packets from the underlay with laptop-2's overlay address reached laptop-1 through the exit\n{listed}");
     drop(listeners);
 }
+
+/// Whether a datagram sent from `src` in `client` to `dst:port` reached the listener `server`
+/// runs there (bound to every address), read from what it printed.
+fn datagram(client: &Netns, server: &Netns, src: &str, dst: &str, port: u16, dir: &TempDir) -> bool {
+    let mark = dir.path().join(format!("udp-{port}.out"));
+    let f = std::fs::File::create(&mark).expect("listener's output");
+    let l = Listeners(vec![server.cmd(&["nc", "-4", "-u", "-l", &port.to_string()]).stdin(Stdio::null()).stdout(f).spawn().expect("nc")]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !server.ok(&["ss", "-lunH"]).contains(&format!(":{port} ")) {
+        assert!(std::time::Instant::now() < deadline, "the udp listener on {port} did not start");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let mut c =
+        client.cmd(&["nc", "-4", "-u", "-n", "-w", "1", "-s", src, dst, &port.to_string()]).stdin(Stdio::piped()).spawn().expect("nc");
+    {
+        use std::io::Write;
+        let _ = c.stdin.take().expect("stdin").write_all(b"trellis-probe\n");
+    }
+    let _ = c.wait();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    drop(l);
+    std::fs::read_to_string(&mark).unwrap_or_default().contains("trellis-probe")
+}
+
+/// A host beside a node on its LAN (the review of 2026-12-02, finding 1): Linux delivers a
+/// packet to any local address whatever interface it came in on, so a neighbour that routes the
+/// overlay's prefixes to the node's LAN address would reach every service bound to its overlay
+/// address, past every rule; and one that takes another node's overlay address as its own would
+/// be taken for that node. Both are dropped; the rest of the underlay is left be.
+#[test]
+fn the_underlay_reaches_nothing_of_the_overlay() {
+    if !can_run(Need::Root) {
+        return;
+    }
+    let out = TempDir::new("nft-underlay");
+    ok({
+        let mut c = trellis();
+        c.args(["compile", "lab/basic", "--all", "--out", out.path().to_str().unwrap()]);
+        c
+    });
+    let read = |n: &str| std::fs::read_to_string(out.path().join(n).join("etc/trellis/wireguard.conf")).unwrap();
+    let (db4, db6) = (address(&read("db-1"), false), address(&read("db-1"), true));
+    let api4 = address(&read("api-1"), false);
+    let (db_lan4, db_lan6, nb_lan4, nb_lan6) = ("192.0.2.12", "2001:db8::12", "192.0.2.99", "2001:db8::99");
+
+    let db = Netns::new("udb");
+    let nb = Netns::new("unb");
+    let peer = Netns::new("upeer");
+    ok(sh("ip", &["link", "add", "trellis0", "netns", &db.name, "type", "veth", "peer", "name", "trellis0", "netns", &peer.name]));
+    ok(sh("ip", &["link", "add", "eth0", "netns", &db.name, "type", "veth", "peer", "name", "eth0", "netns", &nb.name]));
+    // The worst case: no reverse-path filter stops a source that belongs elsewhere.
+    for key in ["all", "default", "eth0", "trellis0"] {
+        db.ok(&["sysctl", "-qw", &format!("net.ipv4.conf.{key}.rp_filter=0")]);
+    }
+    db.ok(&["ip", "addr", "add", &format!("{db4}/16"), "dev", "trellis0"]);
+    db.ok(&["ip", "addr", "add", &format!("{db6}/64"), "dev", "trellis0", "nodad"]);
+    db.ok(&["ip", "addr", "add", &format!("{db_lan4}/24"), "dev", "eth0"]);
+    db.ok(&["ip", "addr", "add", &format!("{db_lan6}/64"), "dev", "eth0", "nodad"]);
+    nb.ok(&["ip", "addr", "add", &format!("{nb_lan4}/24"), "dev", "eth0"]);
+    nb.ok(&["ip", "addr", "add", &format!("{nb_lan6}/64"), "dev", "eth0", "nodad"]);
+    // The neighbour takes api-1's overlay address too (api-1 is admitted to postgres).
+    nb.ok(&["ip", "addr", "add", &format!("{api4}/32"), "dev", "eth0"]);
+    for (ns, dev) in [(&db, "trellis0"), (&db, "eth0"), (&nb, "eth0"), (&peer, "trellis0")] {
+        ns.ok(&["ip", "link", "set", dev, "up"]);
+    }
+    // The attacker's routes: the overlay's prefixes through db-1's LAN addresses.
+    nb.ok(&["ip", "route", "add", "10.88.0.0/16", "via", db_lan4]);
+    nb.ok(&["ip", "-6", "route", "add", "fd88:0:0:1::/64", "via", db_lan6]);
+    let ruleset = out.path().join("db-1/etc/trellis/nftables.conf");
+    db.ok(&["nft", "-f", ruleset.to_str().unwrap()]);
+    let listed = db.ok(&["nft", "list", "table", "inet", "trellis"]);
+
+    let mut listeners = Listeners(Vec::new());
+    for fam in ["-4", "-6"] {
+        let child = db.cmd(&["nc", fam, "-l", "-k", "5432"]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn();
+        listeners.0.push(child.expect("nc listener"));
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while db.ok(&["ss", "-ltnH"]).lines().filter(|l| l.contains(":5432 ")).count() < 2 {
+        assert!(std::time::Instant::now() < deadline, "listeners did not start");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // The neighbour reaches db-1 on the underlay: the trellis table filters the overlay only,
+    // and these rows show the attack's packets do arrive.
+    assert!(reach(&nb, nb_lan4, db_lan4, 5432), "the neighbour reaches db-1's LAN address\n{listed}");
+    assert!(reach(&nb, nb_lan6, db_lan6, 5432), "the neighbour reaches db-1's LAN address over IPv6\n{listed}");
+    assert!(datagram(&nb, &db, nb_lan4, db_lan4, 9998, &out), "a datagram from the neighbour's own address arrives\n{listed}");
+    // The attacks.
+    assert!(!reach(&nb, nb_lan4, &db4, 5432), "the neighbour reached postgres at db-1's overlay address from the LAN\n{listed}");
+    assert!(!reach(&nb, nb_lan6, &db6, 5432), "the neighbour reached postgres at db-1's IPv6 overlay address from the LAN\n{listed}");
+    assert!(
+        !datagram(&nb, &db, &api4, db_lan4, 9999, &out),
+        "a datagram from the LAN claiming api-1's overlay address ({api4}) was delivered\n{listed}"
+    );
+    drop(listeners);
+}

@@ -183,6 +183,10 @@ pub struct Common {
     pub mtu: u16,
     pub ipv4_prefix: u8,
     pub ipv6_prefix: u8,
+    /// The overlay's prefixes: every node's filter keeps what is addressed to them, or claims to
+    /// come from them, to the overlay interface.
+    pub overlay_ipv4: Option<ipnet::Ipv4Net>,
+    pub overlay_ipv6: Option<ipnet::Ipv6Net>,
     /// The DNS zone's name (the mesh domain).
     pub domain: String,
 }

@@ -250,6 +250,23 @@ pub fn nftables(plan: &NodePlan) -> Text {
         s.push_str("\n");
     }
     s.push_str("\tchain input {\n\t\ttype filter hook input priority filter; policy accept;\n");
+    // Linux delivers a packet to any of its addresses whatever interface it came in on, so a
+    // host beside this node on the underlay that routes the overlay's prefix to it would reach
+    // every service bound to its overlay address, past every rule below. Nothing addressed to
+    // the overlay, or claiming one of its addresses as its source, comes in any other way than
+    // through the overlay (or from this node itself); the rest of the underlay is left be.
+    let prefixes =
+        [plan.common.overlay_ipv4.map(|p| ("ip", p.trunc().to_string())), plan.common.overlay_ipv6.map(|p| ("ip6", p.trunc().to_string()))];
+    for (family, prefix) in prefixes.iter().flatten() {
+        let _ = writeln!(
+            s,
+            "\t\tiifname != {{ \"{iface}\", \"lo\" }} {family} daddr {prefix} drop comment \"trellis: the overlay's addresses are reached through the overlay only\""
+        );
+        let _ = writeln!(
+            s,
+            "\t\tiifname != {{ \"{iface}\", \"lo\" }} {family} saddr {prefix} drop comment \"trellis: the overlay's addresses send through the overlay only\""
+        );
+    }
     let _ = writeln!(s, "\t\tiifname != \"{iface}\" accept");
     s.push_str("\t\tct state established,related accept\n\t\tct state invalid drop\n");
     for r in &plan.rules {

@@ -139,7 +139,9 @@ fn ns(st: &LabState, host: &str) -> String {
 /// Asks the from-node's own resolver (on its first overlay address) for `name`, in the family of
 /// that address; expects the addresses of the nodes in `answer`.
 fn dns(e: &Expect, name: &str, addrs: &HashMap<String, Vec<IpAddr>>, st: &LabState) -> Result<(String, String, String)> {
-    let server = addrs.get(&e.from).and_then(|a| a.first()).context("from-node has no overlay address")?.to_string();
+    // The from-node's own resolver, or the one of the node `to` names (asked from outside it).
+    let asked = e.to.as_deref().unwrap_or(&e.from);
+    let server = addrs.get(asked).and_then(|a| a.first()).with_context(|| format!("`{asked}` has no overlay address to ask"))?.to_string();
     let want_v6 = server.contains(':');
     let mut want: Vec<String> = e
         .answer
@@ -152,7 +154,8 @@ fn dns(e: &Expect, name: &str, addrs: &HashMap<String, Vec<IpAddr>>, st: &LabSta
         .collect();
     want.sort();
     let nxdomain = e.result == Some(Outcome::Nxdomain);
-    if want.is_empty() && !nxdomain {
+    let closed = e.result == Some(Outcome::Closed);
+    if want.is_empty() && !nxdomain && !closed {
         // Expected and seen would both be empty, and the check could not fail.
         bail!("expectation dns {name}: none of {:?} has an address in the family the resolver of `{}` is asked in", e.answer, e.from);
     }
@@ -162,9 +165,15 @@ fn dns(e: &Expect, name: &str, addrs: &HashMap<String, Vec<IpAddr>>, st: &LabSta
     )
     .output()?;
     let text = String::from_utf8_lossy(&out.stdout);
+    let at = if asked == e.from { String::new() } else { format!(" at {asked}") };
+    if closed {
+        // No answer of any kind: the resolver cannot be reached from `from`.
+        let status = text.lines().find_map(|l| l.split("status: ").nth(1)).map(|s| s.split(',').next().unwrap_or("").to_string());
+        return Ok((format!("dns {name}{at}"), "closed".into(), status.map_or_else(|| "closed".into(), |s| format!("answered {s}"))));
+    }
     if nxdomain {
         let status = text.lines().find_map(|l| l.split("status: ").nth(1)).map(|s| s.split(',').next().unwrap_or("").to_string());
-        return Ok((format!("dns {name}"), "NXDOMAIN".into(), status.unwrap_or_else(|| "no answer".into())));
+        return Ok((format!("dns {name}{at}"), "NXDOMAIN".into(), status.unwrap_or_else(|| "no answer".into())));
     }
     let mut got: Vec<String> = text
         .lines()
@@ -172,7 +181,7 @@ fn dns(e: &Expect, name: &str, addrs: &HashMap<String, Vec<IpAddr>>, st: &LabSta
         .filter_map(|l| l.split_whitespace().last().map(str::to_string))
         .collect();
     got.sort();
-    Ok((format!("dns {name}"), want.join(" "), got.join(" ")))
+    Ok((format!("dns {name}{at}"), want.join(" "), got.join(" ")))
 }
 
 /// The lab hosts' own addresses, and which hosts are outside the mesh.

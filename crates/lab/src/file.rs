@@ -58,6 +58,11 @@ pub struct Host {
     /// the lab checks), at consecutive addresses from those given.
     pub pool: Option<String>,
     pub count: Option<u32>,
+    /// Prefixes this host routes through another host's address on a net they share, as
+    /// `{ "10.88.0.0/16" = "db-1" }`: a neighbour on a node's LAN that sends the overlay's
+    /// prefix to the node, as an attacker there would.
+    #[serde(default)]
+    pub routes: BTreeMap<String, String>,
 }
 
 /// What a lab host runs.
@@ -317,7 +322,7 @@ impl Expect {
     /// Whether both test the same thing (and so cannot both be in force).
     pub fn same_check(&self, other: &Expect) -> bool {
         match (&self.dns, &other.dns) {
-            (Some(a), Some(b)) => self.from == other.from && a == b,
+            (Some(a), Some(b)) => self.from == other.from && self.to == other.to && a == b,
             (None, None) => {
                 (&self.from, &self.to, self.proto.unwrap_or_default(), self.port(), &self.name, &self.host)
                     == (&other.from, &other.to, other.proto.unwrap_or_default(), other.port(), &other.name, &other.host)
@@ -331,6 +336,23 @@ impl Expect {
     pub fn outcome(&self) -> (Option<Outcome>, Option<&[String]>) {
         let result = self.result.or(if self.dns.is_none() { Some(Outcome::Open) } else { None });
         (result, self.answer.as_deref())
+    }
+}
+
+impl LabFile {
+    /// The address of host `via` that `host` routes `prefix` through: `via`'s address, of the
+    /// prefix's family, on a net the two share.
+    pub fn gateway(&self, host: &Host, prefix: &str, via: &str) -> Result<IpAddr> {
+        let p: IpNet = prefix.parse().with_context(|| format!("route {prefix:?} is not a prefix (\"10.88.0.0/16\")"))?;
+        let gw =
+            self.host.iter().find(|g| g.name == via).with_context(|| format!("route {prefix} goes via `{via}`, which is no lab host"))?;
+        let v6 = matches!(p, IpNet::V6(_));
+        host.addresses
+            .iter()
+            .filter(|(_, a)| a.contains(':') == v6)
+            .find_map(|(net, _)| gw.addresses.get(net).filter(|a| a.contains(':') == v6))
+            .and_then(|a| a.parse().ok())
+            .with_context(|| format!("route {prefix} goes via `{via}`, which has no address of its family on a net this host is on"))
     }
 }
 
@@ -387,6 +409,11 @@ pub fn parse(text: &str, file: &Path) -> Result<(LabFile, PathBuf)> {
         }
         if h.role != Role::Node && h.addresses.is_empty() {
             bail!("{}: host `{}` runs a server but has no address", file.display(), h.name);
+        }
+    }
+    for h in &lab.host {
+        for (prefix, via) in &h.routes {
+            lab.gateway(h, prefix, via).map_err(|e| anyhow::anyhow!("{}: host `{}`: {e}", file.display(), h.name))?;
         }
     }
     for (i, e) in lab.expect.iter().enumerate() {
@@ -455,10 +482,11 @@ fn check_expect(file: &Path, what: &str, e: &Expect) -> Result<()> {
         // A DNS expectation that names no answer would be met by silence: it must name the
         // nodes whose addresses answer, or say that the name does not exist.
         let nxdomain = e.result == Some(Outcome::Nxdomain);
+        let closed = e.result == Some(Outcome::Closed);
         let answers = e.answer.as_ref().is_some_and(|a| !a.is_empty());
-        if nxdomain == answers {
+        if [nxdomain, closed, answers].iter().filter(|b| **b).count() != 1 {
             bail!(
-                "{}: {what} asks for dns {:?}: give `answer = [NODE, ...]` or `result = \"nxdomain\"`, one of them",
+                "{}: {what} asks for dns {:?}: give `answer = [NODE, ...]`, `result = \"nxdomain\"` or `result = \"closed\"` (no answer arrives), one of them",
                 file.display(),
                 e.dns.as_deref().unwrap_or_default()
             );
@@ -657,7 +685,14 @@ fn expand_pools(file: &Path, lab: &mut LabFile) -> Result<()> {
                 let next = next.with_context(|| format!("{}: pool `{pool}`: no address {i} after {a}", file.display()))?;
                 addresses.insert(net.clone(), next.to_string());
             }
-            hosts.push(Host { name: format!("{pool}-{}", i + 1), role: Role::Node, addresses, pool: Some(pool.clone()), count: None });
+            hosts.push(Host {
+                name: format!("{pool}-{}", i + 1),
+                role: Role::Node,
+                addresses,
+                pool: Some(pool.clone()),
+                count: None,
+                routes: BTreeMap::new(),
+            });
         }
     }
     lab.host = hosts;
@@ -768,6 +803,29 @@ mod tests {
         }
     }
 
+    /// A route through a host that shares no net with the router is refused where it is named.
+    #[test]
+    fn a_hosts_route_goes_via_a_host_it_shares_a_net_with() {
+        let head = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lab/basic.toml")).unwrap();
+        for (from, to, said) in [
+            (
+                "routes = { \"10.88.0.0/16\" = \"db-1\" }",
+                "routes = { \"10.88.0.0/16\" = \"db-9\" }",
+                "route 10.88.0.0/16 goes via `db-9`, which is no lab host",
+            ),
+            ("routes = { \"10.88.0.0/16\" = \"db-1\" }", "routes = { \"10.88.0.0\" = \"db-1\" }", "route \"10.88.0.0\" is not a prefix"),
+            (
+                "routes = { \"10.88.0.0/16\" = \"db-1\" }",
+                "routes = { \"fd88::/64\" = \"db-1\" }",
+                "has no address of its family on a net this host is on",
+            ),
+        ] {
+            assert!(head.contains(from), "lab/basic.toml has {from}");
+            let e = load_text("routes", &head.replace(from, to)).unwrap_err();
+            assert!(e.contains("host `neighbour`: ") && e.contains(said), "{e}");
+        }
+    }
+
     /// A DNS expectation that names no answer would be met by an empty reply: refused at load.
     #[test]
     fn a_dns_expectation_names_its_answer_or_nxdomain() {
@@ -779,12 +837,15 @@ mod tests {
             ("[[expect]]\nfrom = \"op-1\"\ndns = \"db-1.basic.mesh\"\nanswer = []\n", false),
             ("[[expect]]\nfrom = \"op-1\"\ndns = \"x.basic.mesh\"\nanswer = [\"db-1\"]\nresult = \"nxdomain\"\n", false),
             ("[[expect]]\nfrom = \"op-1\"\ndns = \"x.basic.mesh\"\nresult = \"nxdomain\"\n", true),
+            // No answer at all: a resolver the from-host may not reach.
+            ("[[expect]]\nfrom = \"op-1\"\nto = \"db-1\"\ndns = \"x.basic.mesh\"\nresult = \"closed\"\n", true),
+            ("[[expect]]\nfrom = \"op-1\"\ndns = \"x.basic.mesh\"\nanswer = [\"db-1\"]\nresult = \"closed\"\n", false),
         ] {
             std::fs::write(&file, format!("{head}\n{tail}")).unwrap();
             let r = super::load(&file);
             assert_eq!(r.is_ok(), ok, "{tail}: {:?}", r.err());
             if let Err(e) = r {
-                assert!(e.to_string().contains("give `answer = [NODE, ...]` or `result = \"nxdomain\"`"), "{e}");
+                assert!(e.to_string().contains("give `answer = [NODE, ...]`, `result = \"nxdomain\"` or `result = \"closed\"`"), "{e}");
             }
         }
     }

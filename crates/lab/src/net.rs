@@ -91,6 +91,13 @@ pub(crate) fn build(lab: &LabFile, st: &mut LabState) -> Result<HashMap<String, 
         }
         host_ns.insert(h.name.clone(), ns);
     }
+    for h in &lab.host {
+        for (prefix, via) in &h.routes {
+            let gw = lab.gateway(h, prefix, via)?.to_string();
+            let fam = if gw.contains(':') { "-6" } else { "-4" };
+            in_ns(&host_ns[&h.name], &["ip", fam, "route", "add", prefix, "via", &gw])?;
+        }
+    }
     // Routers: a NAT or firewall router between a net and the net it reaches. A host on both
     // nets reaches each directly (its kernel already has the route), and gets one default route
     // at most.

@@ -70,6 +70,8 @@ pub(super) fn shared(topo: &Topology, previous: Option<&Compiled>, old: Option<&
         mtu: topo.decl.mesh.mtu,
         ipv4_prefix: topo.decl.mesh.overlay_ipv4.map_or(32, |p| p.prefix_len()),
         ipv6_prefix: topo.decl.mesh.overlay_ipv6.map_or(128, |p| p.prefix_len()),
+        overlay_ipv4: topo.decl.mesh.overlay_ipv4,
+        overlay_ipv6: topo.decl.mesh.overlay_ipv6,
         domain: topo.decl.mesh.domain.clone(),
     };
     let old_common = previous.and_then(|c| c.nodes.values().next()).map(|o| &o.plan.common);
