@@ -320,3 +320,47 @@ fn the_underlay_reaches_nothing_of_the_overlay() {
     );
     drop(listeners);
 }
+
+/// A hub relays between peers of one interface, and the kernel tells the sender of each relayed
+/// packet to send straight to its peer (an ICMP redirect), which the overlay has no such path for
+/// (found from outside, issue 33). The hub's ruleset sends none: a-1's ping to b-1 through hub-1
+/// draws no redirect, where the same hub without the ruleset draws one per packet.
+#[test]
+fn a_hub_relays_without_sending_redirects() {
+    if !can_run(Need::Root) {
+        return;
+    }
+    let out = TempDir::new("nft-redirects");
+    ok({
+        let mut c = trellis();
+        c.args(["compile", "lab/cgnat", "--all", "--out", out.path().to_str().unwrap()]);
+        c
+    });
+    let read = |n: &str| std::fs::read_to_string(out.path().join(n).join("etc/trellis/wireguard.conf")).unwrap();
+    let (hub4, a4, b4) = (address(&read("hub-1"), false), address(&read("a-1"), false), address(&read("b-1"), false));
+    let hub = Netns::new("rhub");
+    let a = Netns::new("ra");
+    ok(sh("ip", &["link", "add", "trellis0", "netns", &hub.name, "type", "veth", "peer", "name", "trellis0", "netns", &a.name]));
+    hub.ok(&["ip", "addr", "add", &format!("{hub4}/16"), "dev", "trellis0"]);
+    a.ok(&["ip", "addr", "add", &format!("{a4}/32"), "dev", "trellis0"]);
+    hub.ok(&["ip", "link", "set", "trellis0", "up"]);
+    a.ok(&["ip", "link", "set", "trellis0", "up"]);
+    hub.ok(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    // a-1 sends b-1's traffic to the hub, as its AllowedIPs under hub-1 do.
+    a.ok(&["ip", "route", "add", &format!("{hub4}/32"), "dev", "trellis0"]);
+    a.ok(&["ip", "route", "add", &format!("{b4}/32"), "via", &hub4]);
+    a.ok(&["nft", "add", "table", "inet", "probe"]);
+    a.ok(&["nft", "add", "chain", "inet", "probe", "pre", "{ type filter hook prerouting priority -300; }"]);
+    a.ok(&["nft", "add", "rule", "inet", "probe", "pre", "icmp", "type", "redirect", "counter"]);
+    let redirects = || {
+        let _ = run(a.cmd(&["ping", "-c", "2", "-i", "0.2", "-W", "1", &b4]));
+        packets(&a.ok(&["nft", "list", "chain", "inet", "probe", "pre"]))
+    };
+    // The test can see one: without the ruleset the hub redirects.
+    assert!(redirects() >= 1, "the hub without its ruleset sent no redirect: the test cannot tell");
+    let before = packets(&a.ok(&["nft", "list", "chain", "inet", "probe", "pre"]));
+    let ruleset = out.path().join("hub-1/etc/trellis/nftables.conf");
+    hub.ok(&["nft", "-f", ruleset.to_str().unwrap()]);
+    let listed = hub.ok(&["nft", "list", "table", "inet", "trellis"]);
+    assert_eq!(redirects(), before, "the hub sent redirects into the overlay\n{listed}");
+}

@@ -292,6 +292,20 @@ pub fn nftables(plan: &NodePlan) -> Text {
     }
     let _ = writeln!(s, "\t\tiifname \"{iface}\" drop comment \"trellis: no route rule admits this forwarded traffic\"");
     s.push_str("\t}\n");
+    if plan.hub || !plan.routes_for.is_empty() {
+        // A hub relays between peers of one interface, and the kernel tells the sender of each
+        // relayed packet to send straight to its peer instead (an ICMP redirect): there is no
+        // such path on the overlay, only noise, and a map of who talks to whom for anyone
+        // listening. Forwarding nodes send none out of the overlay.
+        s.push_str("\n\tchain output {\n\t\ttype filter hook output priority filter; policy accept;\n");
+        let _ =
+            writeln!(s, "\t\toifname \"{iface}\" icmp type redirect drop comment \"trellis: a relay sends no redirects into the overlay\"");
+        let _ = writeln!(
+            s,
+            "\t\toifname \"{iface}\" icmpv6 type nd-redirect drop comment \"trellis: a relay sends no redirects into the overlay\""
+        );
+        s.push_str("\t}\n");
+    }
     if plan.routes_for.iter().any(|r| !r.nat.is_empty()) {
         s.push_str("\n\tchain postrouting {\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n");
         for r in &plan.routes_for {
