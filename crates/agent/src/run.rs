@@ -474,6 +474,8 @@ impl Agent {
             let certs_due = (self.installer.manifest().version > 0).then(|| self.certs.next_due());
             let certs_wake = tokio::time::sleep(Duration::from_secs(certs_due.map_or(0, |at| (at - unix_now()).max(0) as u64)));
             tokio::pin!(certs_wake);
+            let asked = std::time::Instant::now();
+            let mut redelivered = false;
             let polled = {
                 // While the long-poll waits, the status file is refreshed every ten seconds so
                 // that `trellis-agent status` shows live peers and handshakes, and peers prompted
@@ -515,7 +517,7 @@ impl Agent {
                     Ok(Some(bytes)) => {
                         failures = 0;
                         match self.keys.verify(&bytes, &self.id, self.applied()) {
-                            Ok((v, _)) if v.redelivery => {}
+                            Ok((v, _)) if v.redelivery => redelivered = true,
                             Ok((v, by_next)) => {
                                 if let Some(ev) = self.apply(&bytes, v.bundle, false, by_next).await {
                                     let dropped = self.evidence.push(ev)?;
@@ -557,9 +559,20 @@ impl Agent {
             if failures > 0 {
                 // No CPU while waiting.
                 tokio::time::sleep(crate::backoff::delay(failures, self.opts.max_backoff, rand::random::<f64>())).await;
+            } else if redelivered {
+                // Answered at once with what it holds: whatever made the controller do so (a
+                // fault, a tag it cannot read), asking again at once would do it again, in a
+                // loop; the rest of the poll's wait is waited out here.
+                tokio::time::sleep(rest_of_wait(Duration::from_secs(self.opts.wait), asked.elapsed())).await;
             }
         }
     }
+}
+
+/// What is left of a long-poll's `wait` after `elapsed`, at least a second (a poll that asks
+/// for no wait is not made to spin either).
+fn rest_of_wait(wait: Duration, elapsed: Duration) -> Duration {
+    wait.saturating_sub(elapsed).max(Duration::from_secs(1))
 }
 
 /// A background task that ends with its owner.
@@ -596,7 +609,15 @@ fn answered(e: trellis_client::Error) -> anyhow::Error {
 
 #[cfg(test)]
 mod tests {
-    use super::fresh;
+    use super::{fresh, rest_of_wait};
+    use std::time::Duration;
+
+    #[test]
+    fn a_redelivery_waits_out_the_rest_of_the_poll() {
+        assert_eq!(rest_of_wait(Duration::from_secs(55), Duration::from_millis(10)), Duration::from_millis(54_990));
+        assert_eq!(rest_of_wait(Duration::from_secs(55), Duration::from_secs(60)), Duration::from_secs(1));
+        assert_eq!(rest_of_wait(Duration::ZERO, Duration::ZERO), Duration::from_secs(1));
+    }
 
     /// Clock skew (issue 21, item 3): a stamp up to five minutes from this node's clock is the
     /// controller's newest word; further, either way, is refused with a sentence naming the skew.

@@ -82,10 +82,13 @@ impl Controller {
                 if let Some(held) = ask.held.filter(|held| !witnessed && is_ahead(*held, p)) {
                     // The node holds a bundle this controller did not number so: the database
                     // was restored from before it. Its bundle is numbered above what it holds
-                    // (so it is not refused as a rollback) and published again.
+                    // (so it is not refused as a rollback) and published again, if what it says
+                    // can be true.
                     witnessed = true;
-                    self.renumber_above(&who.name, held.version, p.version).await?;
-                    continue;
+                    if self.believe_witness(&who.name, held.version, p.version) {
+                        self.renumber_above(&who.name, held.version, p.version).await?;
+                        continue;
+                    }
                 }
                 if let Some((_, delta)) = p.delta.as_ref().filter(|(base, _)| ask.takes_delta && ask.held.map(|h| h.version) == Some(*base))
                 {
@@ -117,6 +120,43 @@ impl Controller {
                 };
             }
         }
+    }
+
+    /// Whether `node`, saying it holds version `held` where this controller serves `ours`, is
+    /// believed: only up to what can have been published (the high-water mark of this state
+    /// directory, or, where the state directory was restored with the database, a margin of
+    /// [`WITNESS_MARGIN`] versions above the stored one), never to the tag's ceiling, and once in
+    /// [`WITNESS_INTERVAL_SECS`] per node. One request naming a version near the ceiling pushed
+    /// every later version past it, where tags are not tags and every long-poll answered at once
+    /// (the review of 2026-12-02, finding 3).
+    fn believe_witness(&self, node: &str, held: i64, ours: i64) -> bool {
+        let mark = self.high_water_mark();
+        let bound = mark.max(ours).saturating_add(WITNESS_MARGIN).min(trellis_proto::etag::MAX_VERSION - 1);
+        if held > bound {
+            tracing::warn!(
+                node,
+                held,
+                ours,
+                "node `{node}` says it holds version {held}, above any this controller can have published ({bound}); not believed"
+            );
+            return false;
+        }
+        let now = self.now();
+        let mut witnessed = self.witnessed.lock().expect("witnessed");
+        if witnessed.get(node).is_some_and(|&at| now - at < WITNESS_INTERVAL_SECS) {
+            tracing::warn!(node, held, ours, "node `{node}` says again that it holds version {held}; its bundle was renumbered less than {WITNESS_INTERVAL_SECS} s ago, so not again now");
+            return false;
+        }
+        witnessed.insert(node.to_string(), now);
+        if held > mark && mark > 0 {
+            tracing::warn!(
+                node,
+                held,
+                mark,
+                "node `{node}` holds version {held}, above this state directory's high-water mark {mark}: the state directory was restored with the database (a snapshot)"
+            );
+        }
+        true
     }
 
     /// Numbers `node`'s bundle above `held` in the database and publishes it again at that
@@ -152,6 +192,14 @@ impl Controller {
         self.publisher.polling(node)
     }
 }
+
+/// How far above the stored version a node's word on what it holds is believed when the state
+/// directory's high-water mark is below it (a whole-machine snapshot restored): as many
+/// publishing runs that changed the node since the snapshot as a mesh makes in years.
+pub const WITNESS_MARGIN: i64 = 1 << 20;
+
+/// How long after a node's word renumbered its bundle it is not believed again.
+pub const WITNESS_INTERVAL_SECS: i64 = 600;
 
 /// Whether a node holding `held` holds what this controller did not publish so: a version above
 /// the current one, or the current number with other content. Either comes only from a database

@@ -112,23 +112,59 @@ impl Controller {
             self.metrics.service_cert_refused(ServiceCertRefusal::Malformed.reason());
             return Err(ServiceCertRefusal::Malformed.into());
         }
+        // A node cannot grow the audit chain as fast as it can send (the review of 2026-12-02,
+        // finding 8): its refusals are audited one by one only up to a few in a window, then
+        // counted and written as one record, and past a limit it is turned away unread.
+        let now = self.now();
+        if let Err(wait) = self.cert_refusals.admit(who.name.clone(), now) {
+            self.metrics.service_cert_refused("too_often");
+            return Err(Error::TooOften { node: who.name.clone(), what: "service certificates that were refused".into(), wait });
+        }
         match self.decide_service_cert(who, req).await {
             Ok(answer) => Ok(answer),
             Err(Error::ServiceCert(refusal)) => {
                 let at = self.now();
-                let audit = Audit {
-                    at,
-                    actor: &format!("node {}", who.name),
-                    action: AuditAction::ServiceCertificateRefused,
-                    subject: &format!("{}/{}", who.name, req.module),
-                    detail: refusal.to_string(),
-                };
-                self.store.refuse_service_cert(&who.name, &req.module, at, &refusal.to_string(), &audit).await?;
+                if self.cert_refusals.refused(who.name.clone(), at, &refusal.to_string()) == crate::refusals::Verdict::Audit {
+                    let audit = Audit {
+                        at,
+                        actor: &format!("node {}", who.name),
+                        action: AuditAction::ServiceCertificateRefused,
+                        subject: &format!("{}/{}", who.name, req.module),
+                        detail: refusal.to_string(),
+                    };
+                    self.store.refuse_service_cert(&who.name, &req.module, at, &refusal.to_string(), &audit).await?;
+                }
                 self.metrics.service_cert_refused(refusal.reason());
                 tracing::warn!(node = %who.name, module = %req.module, "service certificate refused: {refusal}");
                 Err(refusal.into())
             }
             Err(e) => Err(e),
+        }
+    }
+
+    /// Writes one audit record for each closed window of a node's refused service certificates
+    /// that were counted, not audited one by one (with [`Controller::write_refusals`]).
+    pub(crate) async fn write_cert_refusals(&self) {
+        let audited = self.cert_refusals.limits().audited;
+        for (node, w) in self.cert_refusals.closed(self.now()) {
+            let who = if node.is_empty() { "other nodes".to_string() } else { format!("node {node}") };
+            let audit = Audit {
+                at: self.now(),
+                actor: &who,
+                action: AuditAction::ServiceCertificateRefused,
+                subject: if node.is_empty() { "nodes" } else { &node },
+                detail: format!(
+                    "{} more refused for {who} in the {} s from {} ({} of them turned away unread); the last: {}",
+                    w.refused - audited,
+                    self.cert_refusals.limits().window_secs,
+                    w.start,
+                    w.turned_away,
+                    w.last_reason
+                ),
+            };
+            if let Err(e) = self.store.record(&audit).await {
+                tracing::error!("cannot audit refused service certificates of {who}: {e}");
+            }
         }
     }
 
@@ -146,6 +182,13 @@ impl Controller {
             return Err(ServiceCertRefusal::NotServed { node: who.name.clone(), module: req.module.clone() }.into());
         };
         let services = self.services_ca().ok_or(ServiceCertRefusal::NoServicesCa)?;
+        // Each issuance is audited: a few in a window per node and module (a renewal, a CA
+        // announced, files lost on the node), not one per request.
+        if let Err(wait) =
+            self.cert_issues.take(&format!("{}/{}", who.name, cert.module), self.now(), crate::issue_window(cert.lifetime_secs))
+        {
+            return Err(Error::TooOften { node: who.name.clone(), what: format!("certificates for {}", cert.module), wait });
+        }
         let names = ServiceNames { dns: cert.dns.clone(), ips: cert.ips.clone(), uri: cert.uri.clone() };
         let issued = services
             .sign(&req.csr_pem, &names, self.system_time(), Duration::from_secs(cert.lifetime_secs), self.random())

@@ -94,6 +94,7 @@ impl Controller {
     /// Writes one audit record for each closed window of refusals that were counted, not audited
     /// one by one. Called by the server's timer (every 5 s) and when it stops.
     pub async fn write_refusals(&self) {
+        self.write_cert_refusals().await;
         let audited = self.refusals.limits().audited;
         for (source, w) in self.refusals.closed(self.now()) {
             let audit = Audit {
@@ -245,6 +246,11 @@ impl Controller {
                 return Ok(again);
             }
             return Err(NodeRefusal::Superseded(name).into());
+        }
+        // Each renewal is audited and publishes: a few in a window, not one per request (a node
+        // renewing in a loop grew the chain without bound).
+        if let Err(wait) = self.renewals.take(&name, self.now(), crate::issue_window(self.config.node_cert_secs)) {
+            return Err(Error::TooOften { node: name, what: "its certificate's renewal".into(), wait });
         }
         let mesh = self.current_declaration().await?.map(|(_, d)| d.mesh.name.clone()).unwrap_or_default();
         let issued = self

@@ -53,7 +53,7 @@ pub enum Error {
     ServiceCert(#[from] crate::certs::ServiceCertRefusal),
     #[error("node `{0}` is not pending approval")]
     NotPending(String),
-    #[error("node `{0}` is not enrolled, or is revoked already")]
+    #[error("node `{0}` is not enrolled: nothing to revoke (a token not yet used is revoked with `trellis token revoke`)")]
     NotRevocable(String),
     #[error("no bundle has been published for node `{0}` yet")]
     NoBundleYet(String),
@@ -75,6 +75,10 @@ pub enum Error {
     /// A node's clock is further from the controller's than is tolerated.
     #[error("the clock of node `{node}` is {skew} the controller's, more than the {max} s tolerated: set its clock (NTP) and try again", max = trellis_proto::version::MAX_SKEW_SECS)]
     ClockSkew { node: String, skew: String },
+    /// A node asked for more of something that is audited when it is done or refused (service
+    /// certificates, renewals) than it may in a while.
+    #[error("node `{node}` asked for {what} more often than it may; try again in {wait} s")]
+    TooOften { node: String, what: String, wait: i64 },
 
     // --- inside ------------------------------------------------------------------------------
     /// Something failed inside the controller; the detail goes to its log, not to the client.
@@ -161,6 +165,7 @@ impl Error {
             Error::ProtocolUnsupported { .. } => "protocol_unsupported",
             Error::AgentTooOld { .. } => "agent_too_old",
             Error::ClockSkew { .. } => "clock_skew",
+            Error::TooOften { .. } => "too_often",
             Error::TooLarge(_) => "too_large",
             Error::AdminRequired => "admin_required",
             Error::AdminDenied => "admin_denied",

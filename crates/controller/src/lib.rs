@@ -51,6 +51,16 @@ impl Clock for SystemClock {
 
 pub use trellis_files::unix_now;
 
+/// How many certificates a node may be issued (its own, or one service's) in a third of their
+/// lifetime: a renewal, one under a CA announced, one for names changed, one for files lost; the
+/// next waits for the window (each issuance is audited).
+pub const ISSUES_PER_THIRD: u32 = 4;
+
+/// The window of [`ISSUES_PER_THIRD`] for certificates living `lifetime_secs`.
+pub(crate) fn issue_window(lifetime_secs: u64) -> i64 {
+    (lifetime_secs / 3).max(60) as i64
+}
+
 /// Where token ids and secrets come from. Injected so that tests can name what they expect.
 pub trait Entropy: Send + Sync {
     fn fill(&self, buf: &mut [u8]);
@@ -118,6 +128,18 @@ pub struct Controller {
     /// The protocol and release each node's agent last said here (`Controller::hello`): only a
     /// change is written to the database.
     agents: std::sync::Mutex<std::collections::HashMap<String, (String, String)>>,
+    /// How far ahead (positive) or behind each node's clock is, for the nodes whose clock is
+    /// further from the controller's than tolerated (`Controller::hello`): shown, never refused.
+    skews: std::sync::Mutex<std::collections::HashMap<String, i64>>,
+    /// When each node's word on what it holds last renumbered its bundle (`bundle_answer`): one
+    /// node is believed once in [`bundle::WITNESS_INTERVAL_SECS`].
+    witnessed: std::sync::Mutex<std::collections::HashMap<String, i64>>,
+    /// Refused service certificates, counted by node as refused enrolments are by source.
+    cert_refusals: refusals::Refusals<String>,
+    /// Service certificates issued, by node and module, and node certificates renewed, by node:
+    /// each is audited, so each is held to a rate.
+    cert_issues: refusals::Budget,
+    renewals: refusals::Budget,
     /// The keys bundles are signed with now and next (see `trust`).
     signing: std::sync::RwLock<trust::Signing>,
     /// Evidence arrived while a rotation was open: it may have completed it.
@@ -155,6 +177,16 @@ impl Controller {
             members_cache: Default::default(),
             revocations: Default::default(),
             agents: Default::default(),
+            skews: Default::default(),
+            witnessed: Default::default(),
+            cert_refusals: refusals::Refusals::new(refusals::RefusalLimits {
+                window_secs: 600,
+                audited: 5,
+                turn_away_after: 30,
+                sources: 100_000,
+            }),
+            cert_issues: refusals::Budget::new(ISSUES_PER_THIRD),
+            renewals: refusals::Budget::new(ISSUES_PER_THIRD),
         }
     }
 

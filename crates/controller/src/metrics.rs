@@ -359,7 +359,7 @@ impl Metrics {
                 self.ingress_routers.get_or_create(&RouterLabel { node: i.node.clone(), status: st }).set(n as i64);
             }
             if let Some(earliest) = i.report.certificates.iter().map(|c| c.not_after).min() {
-                self.ingress_cert_expiry.get_or_create(&NodeLabel { node: i.node.clone() }).set(earliest - now);
+                self.ingress_cert_expiry.get_or_create(&NodeLabel { node: i.node.clone() }).set(earliest.saturating_sub(now));
             }
         }
         self.revoking_oldest.set(revoking.iter().copied().max().unwrap_or(0).max(0));
@@ -440,6 +440,7 @@ mod tests {
             evidence_missing: missing,
             revocation: None,
             agent_refused: None,
+            clock_skew: None,
             ingress: None,
         }
     }

@@ -168,7 +168,7 @@ impl Controller {
         if theirs.major != PROTOCOL.major {
             return Err(Error::ProtocolUnsupported { node: who.name.clone(), theirs, release: release.to_string(), ours: PROTOCOL });
         }
-        self.check_clock(&who.name, time)?;
+        self.note_clock(&who.name, time)?;
         let said = (theirs.to_string(), release.to_string());
         let changed = self.agents.lock().expect("agents").get(&who.name) != Some(&said);
         if changed {
@@ -183,22 +183,47 @@ impl Controller {
         Ok(())
     }
 
-    /// Refuses a node's clock (`Trellis-Time`, Unix seconds) further than
-    /// [`MAX_SKEW_SECS`](trellis_proto::version::MAX_SKEW_SECS) from the controller's, naming
-    /// the skew. A request without the header comes from an agent older than it: not checked.
+    /// Refuses the clock (`Trellis-Time`, Unix seconds) of a node that enrols when it is further
+    /// than [`MAX_SKEW_SECS`](trellis_proto::version::MAX_SKEW_SECS) from the controller's,
+    /// naming the skew: the certificate it would be given would not be valid on its clock. A
+    /// request without the header comes from an agent older than it: not checked.
     pub fn check_clock(&self, node: &str, time: Option<&str>) -> Result<()> {
         use trellis_proto::version::{skew_words, MAX_SKEW_SECS};
-        let Some(time) = time else { return Ok(()) };
-        let theirs: i64 = time
-            .parse()
-            .ok()
-            .filter(|t: &i64| (0..1 << 40).contains(t))
-            .ok_or_else(|| Error::BadRequest("the Trellis-Time header is not a time (Unix seconds)".into()))?;
+        let Some(theirs) = node_time(time)? else { return Ok(()) };
         let now = self.now();
         if (theirs - now).abs() > MAX_SKEW_SECS {
             return Err(Error::ClockSkew { node: node.to_string(), skew: skew_words(theirs, now) });
         }
         Ok(())
+    }
+
+    /// Notes an enrolled node's clock: further than the bound from the controller's, it is
+    /// shown by `trellis status` and warned of once, and the request is served. A clock fault
+    /// (the node's or the controller's) must not stop renewals, bundles or evidence: refused,
+    /// every node's certificate would expire and the whole fleet would have to enrol again.
+    fn note_clock(&self, node: &str, time: Option<&str>) -> Result<()> {
+        use trellis_proto::version::{skew_words, MAX_SKEW_SECS};
+        let Some(theirs) = node_time(time)? else { return Ok(()) };
+        let now = self.now();
+        let mut skews = self.skews.lock().expect("skews");
+        if (theirs - now).abs() > MAX_SKEW_SECS {
+            if skews.insert(node.to_string(), theirs - now).is_none() {
+                tracing::warn!(node, "{}", skew_sentence(node, theirs - now));
+            }
+        } else if skews.remove(node).is_some() {
+            tracing::info!(
+                node,
+                "the clock of node `{node}` is within {MAX_SKEW_SECS} s of the controller's again ({})",
+                skew_words(theirs, now)
+            );
+        }
+        Ok(())
+    }
+
+    /// The sentence `trellis status` shows of a node whose clock is `skew` seconds off, if it is
+    /// further than tolerated.
+    fn clock_skew(&self, node: &str) -> Option<String> {
+        self.skews.lock().expect("skews").get(node).map(|&skew| skew_sentence(node, skew))
     }
 
     /// The current declaration's `min_agent_version`, from the declaration the last publish run
@@ -223,15 +248,24 @@ impl Controller {
     }
 
     /// Revokes a node: its certificates are refused on its next request, and its peers drop it;
-    /// it is `revoking` until every node that held its key applied a bundle without it.
+    /// it is `revoking` until every node that held its key applied a bundle without it. A node
+    /// revoked already is answered as it is, with nothing decided again: a retried revocation
+    /// (its answer lost, a script run twice) succeeds, and `--wait` follows it.
     pub async fn revoke(&self, name: &str) -> Result<proto::WhoAmI> {
         let audit = Audit { at: self.now(), actor: "admin", action: AuditAction::NodeRevoked, subject: name, detail: String::new() };
-        self.store.set_state(name, &[EnrolledState::Pending, EnrolledState::Active], EnrolledState::Revoked, &audit).await.map_err(
-            |e| match e {
-                StoreError::NotFound(_) => Error::NotRevocable(name.to_string()),
-                other => other.into(),
-            },
-        )?;
+        let decided = self.store.set_state(name, &[EnrolledState::Pending, EnrolledState::Active], EnrolledState::Revoked, &audit).await;
+        match decided {
+            Ok(_) => {}
+            Err(StoreError::NotFound(_)) => {
+                return match self.store.node(name).await? {
+                    Some(r) if r.state == EnrolledState::Revoked => {
+                        Ok(proto::WhoAmI { node: name.to_string(), state: EnrolledState::Revoked })
+                    }
+                    _ => Err(Error::NotRevocable(name.to_string())),
+                };
+            }
+            Err(other) => return Err(other.into()),
+        }
         self.publisher.set_state(name, EnrolledState::Revoked);
         self.ask_publish();
         Ok(proto::WhoAmI { node: name.to_string(), state: EnrolledState::Revoked })
@@ -320,6 +354,7 @@ impl Controller {
                         .and_then(|(min, (_, release))| too_old(&e.name, release, min))
                         .map(|refusal| refusal.to_string()),
                     ingress: ingress.remove(&e.name),
+                    clock_skew: self.clock_skew(&e.name),
                     state: e.state,
                     name: e.name,
                 }
@@ -344,4 +379,24 @@ impl Controller {
 fn too_old(node: &str, release: &str, min: &trellis_core::release::Release) -> Option<Error> {
     let older = release.parse::<trellis_core::release::Release>().map_or(true, |r| r < *min);
     older.then(|| Error::AgentTooOld { node: node.to_string(), release: release.to_string(), min: min.to_string() })
+}
+
+/// The time a node's `Trellis-Time` header says, if it has one.
+fn node_time(time: Option<&str>) -> Result<Option<i64>> {
+    let Some(time) = time else { return Ok(None) };
+    time.parse()
+        .ok()
+        .filter(|t: &i64| (0..1 << 40).contains(t))
+        .map(Some)
+        .ok_or_else(|| Error::BadRequest("the Trellis-Time header is not a time (Unix seconds)".into()))
+}
+
+/// What is said of a node whose clock is `skew` seconds ahead (behind when negative) of the
+/// controller's.
+fn skew_sentence(node: &str, skew: i64) -> String {
+    use trellis_proto::version::{skew_words, MAX_SKEW_SECS};
+    format!(
+        "the clock of node `{node}` is {} the controller's, more than the {MAX_SKEW_SECS} s tolerated: set the clocks (NTP); its requests are still served",
+        skew_words(skew, 0)
+    )
 }

@@ -4,7 +4,9 @@
 //! gets a window: its first refusals are audited one by one, the next ones are only counted, and
 //! past a limit it is turned away before anything is looked up. When the window closes, what was
 //! counted is written as one record. IPv6 sources count by /64, the block one host usually holds;
-//! past a bound on the sources tracked, the rest share one count.
+//! past a bound on the sources tracked, the rest share one count. A node's refused service
+//! certificates are counted the same way, by node (`Refusals<String>`), and `Budget` holds what a
+//! node may have done in a window (certificates issued, renewals) to a number.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -60,6 +62,25 @@ impl std::fmt::Display for Source {
     }
 }
 
+/// What refusals are counted by: a source address, or a node's name.
+pub trait Key: Clone + Eq + std::hash::Hash {
+    /// The key every other asker shares once the table is full.
+    fn other() -> Self;
+}
+
+impl Key for Source {
+    fn other() -> Self {
+        Source::Other
+    }
+}
+
+/// A node's name; the empty name is every node the table has no room for.
+impl Key for String {
+    fn other() -> Self {
+        String::new()
+    }
+}
+
 /// One source's window.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Window {
@@ -81,36 +102,35 @@ pub enum Verdict {
     Count,
 }
 
-pub struct Refusals {
+pub struct Refusals<K = Source> {
     limits: RefusalLimits,
-    inner: Mutex<Inner>,
+    inner: Mutex<Inner<K>>,
 }
 
-#[derive(Default)]
-struct Inner {
-    windows: HashMap<Source, Window>,
+struct Inner<K> {
+    windows: HashMap<K, Window>,
     /// Closed windows with counted refusals, waiting to be written.
-    closed: Vec<(Source, Window)>,
+    closed: Vec<(K, Window)>,
 }
 
-impl Inner {
-    fn key(&self, source: Source, bound: usize) -> Source {
+impl<K: Key> Inner<K> {
+    fn key(&self, source: K, bound: usize) -> K {
         if self.windows.contains_key(&source) || self.windows.len() < bound {
             source
         } else {
-            Source::Other
+            K::other()
         }
     }
 }
 
-impl Refusals {
-    pub fn new(limits: RefusalLimits) -> Refusals {
-        Refusals { limits, inner: Mutex::new(Inner::default()) }
+impl<K: Key> Refusals<K> {
+    pub fn new(limits: RefusalLimits) -> Refusals<K> {
+        Refusals { limits, inner: Mutex::new(Inner { windows: HashMap::new(), closed: Vec::new() }) }
     }
 
     /// Before a redemption is read: `Err(seconds)` when its source is over the limit and must wait
     /// that long (the turning away is counted).
-    pub fn admit(&self, source: Source, now: i64) -> Result<(), i64> {
+    pub fn admit(&self, source: K, now: i64) -> Result<(), i64> {
         let mut inner = self.inner.lock().expect("refusals");
         let key = inner.key(source, self.limits.sources);
         match inner.windows.get_mut(&key) {
@@ -125,11 +145,11 @@ impl Refusals {
 
     /// A refusal from `source`: whether to audit it now or count it with its window. A window
     /// that has closed is left for [`Refusals::closed`] to collect; the refusal opens a new one.
-    pub fn refused(&self, source: Source, now: i64, reason: &str) -> Verdict {
+    pub fn refused(&self, source: K, now: i64, reason: &str) -> Verdict {
         let mut inner = self.inner.lock().expect("refusals");
         let key = inner.key(source, self.limits.sources);
         let (span, audited) = (self.limits.window_secs, self.limits.audited);
-        let w = inner.windows.entry(key).or_insert_with(|| Window { start: now, ..Window::default() });
+        let w = inner.windows.entry(key.clone()).or_insert_with(|| Window { start: now, ..Window::default() });
         let mut closed = None;
         if now >= w.start + span {
             let old = std::mem::replace(w, Window { start: now, ..Window::default() });
@@ -150,7 +170,7 @@ impl Refusals {
 
     /// Windows that closed with refusals that were not audited one by one, taken out to be
     /// written as one record each; closed windows with nothing to write are forgotten.
-    pub fn closed(&self, now: i64) -> Vec<(Source, Window)> {
+    pub fn closed(&self, now: i64) -> Vec<(K, Window)> {
         let mut inner = self.inner.lock().expect("refusals");
         let mut out = std::mem::take(&mut inner.closed);
         let (span, audited) = (self.limits.window_secs, self.limits.audited);
@@ -159,7 +179,7 @@ impl Refusals {
                 return true;
             }
             if w.refused > audited {
-                out.push((*source, std::mem::take(w)));
+                out.push((source.clone(), std::mem::take(w)));
             }
             false
         });
@@ -168,6 +188,41 @@ impl Refusals {
 
     pub fn limits(&self) -> RefusalLimits {
         self.limits
+    }
+}
+
+/// At most `max` of something per key (a node, a node's module) in each window (of a length
+/// each key's asker gives, from the lifetime of what it asks for): what a node may ask of the controller that writes the audit chain when it is
+/// granted (a service certificate issued, its own renewed) is held to a rate, so that no node can
+/// grow the chain as fast as it can send.
+pub struct Budget {
+    max: u32,
+    /// Per key: when its window started, how long it is, and how many were taken in it.
+    used: Mutex<HashMap<String, (i64, i64, u32)>>,
+}
+
+impl Budget {
+    pub fn new(max: u32) -> Budget {
+        Budget { max, used: Mutex::new(HashMap::new()) }
+    }
+
+    /// Takes one for `key` at `now`, in a window of `window_secs`, or says in how many seconds
+    /// one is free again.
+    pub fn take(&self, key: &str, now: i64, window_secs: i64) -> Result<(), i64> {
+        let mut used = self.used.lock().expect("budget");
+        if used.len() > 100_000 {
+            // Only keys whose window is open matter.
+            used.retain(|_, (start, span, _)| now < *start + *span);
+        }
+        let e = used.entry(key.to_string()).or_insert((now, window_secs, 0));
+        if now >= e.0 + e.1 {
+            *e = (now, window_secs, 0);
+        }
+        if e.2 >= self.max {
+            return Err((e.0 + e.1 - now).max(1));
+        }
+        e.2 += 1;
+        Ok(())
     }
 }
 
@@ -213,6 +268,23 @@ mod tests {
         let closed = r.closed(12);
         assert_eq!(closed.len(), 1);
         assert_eq!((closed[0].1.start, closed[0].1.refused), (0, 2));
+    }
+
+    #[test]
+    fn a_budget_grants_its_number_in_a_window_then_says_when_one_is_free() {
+        let b = Budget::new(2);
+        assert_eq!((b.take("db-1", 100, 60), b.take("db-1", 101, 60), b.take("db-1", 130, 60)), (Ok(()), Ok(()), Err(30)));
+        assert_eq!(b.take("api-1", 130, 60), Ok(()), "another key is not affected");
+        assert_eq!(b.take("db-1", 160, 60), Ok(()), "a new window");
+    }
+
+    #[test]
+    fn nodes_are_counted_by_name() {
+        let r: Refusals<String> = Refusals::new(RefusalLimits { window_secs: 60, audited: 1, turn_away_after: 2, sources: 10 });
+        assert_eq!(r.refused("db-1".into(), 0, "x"), Verdict::Audit);
+        assert_eq!(r.refused("db-1".into(), 1, "y"), Verdict::Count);
+        assert_eq!(r.admit("db-1".into(), 2), Err(58));
+        assert_eq!(r.admit("api-1".into(), 2), Ok(()));
     }
 
     #[test]

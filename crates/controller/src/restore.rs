@@ -78,6 +78,16 @@ impl Controller {
     pub async fn recover_from_restore(&self, why: &str) -> Result<i64> {
         let stored = self.store.bundles().await?.values().map(|b| b.version).max().unwrap_or(0);
         let past = self.high_water_mark().max(stored);
+        // A tag names versions up to the ceiling only: above it every long-poll answers at once.
+        if stored.saturating_add(past) > trellis_proto::etag::MAX_VERSION {
+            return Err(Error::internal(
+                "recovering from the restore",
+                format!(
+                    "moving every bundle version past {past} would take versions above {}, the most a bundle's tag can name",
+                    trellis_proto::etag::MAX_VERSION
+                ),
+            ));
+        }
         let detail = format!("{why}; every bundle version moved past {past}");
         let audit = Audit { at: self.now(), actor: "admin", action: AuditAction::RestoredFromBackup, subject: "database", detail };
         self.store.renumber_past(past, &audit).await?;

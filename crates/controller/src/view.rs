@@ -164,6 +164,7 @@ mod tests {
             evidence_missing: 0,
             revocation: None,
             agent_refused: None,
+            clock_skew: None,
             ingress: None,
         };
         assert_eq!(shown(&s), Shown::Active);

@@ -47,10 +47,11 @@ pub const SERVER_BACKDATE_SECS: u64 = 300;
 
 /// Whether the controller's server certificate, valid from `not_before` (backdated by
 /// [`SERVER_BACKDATE_SECS`]) to `not_after`, is due for renewal at `now`: two thirds of its
-/// lifetime, counted from when it was made, have passed.
+/// lifetime, counted from when it was made, have passed; or `now` is before its start (it was
+/// made while the clock was ahead, and every agent would refuse it until then).
 pub fn server_renewal_due(not_before: i64, not_after: i64, now: i64) -> bool {
     let made = not_before + SERVER_BACKDATE_SECS as i64;
-    now >= made + (not_after - made) * 2 / 3
+    now < not_before || now >= made + (not_after - made) * 2 / 3
 }
 
 /// A certificate's serial number from 16 random bytes (the caller's randomness).
@@ -349,6 +350,21 @@ pub fn inspect_pem(pem_text: &str) -> Result<CertInfo, PkiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The review of 2026-12-02, finding 5: a server certificate made while the controller's
+    /// clock was ahead starts in the future, and was kept until two thirds of its lifetime had
+    /// passed from that start, every agent refusing it meanwhile.
+    #[test]
+    fn a_server_certificate_that_has_not_started_is_due() {
+        let made = 1_000_000;
+        let (not_before, not_after) = (made - SERVER_BACKDATE_SECS as i64, made + 90 * 86_400);
+        assert!(!server_renewal_due(not_before, not_after, made));
+        assert!(!server_renewal_due(not_before, not_after, not_before));
+        assert!(server_renewal_due(not_before, not_after, made + 60 * 86_400));
+        // The clock went back a day after it was made.
+        assert!(server_renewal_due(not_before, not_after, made - 86_400));
+        assert!(server_renewal_due(not_before, not_after, not_before - 1));
+    }
 
     #[test]
     fn a_node_certificate_names_the_node_the_ca_says() {

@@ -80,7 +80,7 @@ impl IngressState {
                 .certificates
                 .iter()
                 .map(|c| {
-                    let left = c.not_after - now;
+                    let left = c.not_after.saturating_sub(now);
                     let when = if left > 0 { format!("expires in {}", duration(left)) } else { "expired".to_string() };
                     format!("{} ({when})", printable(&c.hostname))
                 })

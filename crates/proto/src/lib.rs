@@ -343,6 +343,10 @@ pub struct NodeStatus {
     /// declaration's `min_agent_version`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_refused: Option<String>,
+    /// When the node's clock, as its last request said it, is further from the controller's
+    /// than tolerated: the sentence that says how far (its requests are served all the same).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_skew: Option<String>,
     /// On an ingress node: its Traefik as its agent last reported it (ADR 0026).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ingress: Option<IngressState>,

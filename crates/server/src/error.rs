@@ -32,6 +32,7 @@ pub fn status(e: &Error) -> StatusCode {
     match e {
         Error::BadRequest(_) | Error::ProtocolUnsupported { .. } | Error::ClockSkew { .. } => StatusCode::BAD_REQUEST,
         Error::AgentTooOld { .. } => StatusCode::FORBIDDEN,
+        Error::TooOften { .. } => StatusCode::TOO_MANY_REQUESTS,
         Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
         Error::AdminRequired | Error::AdminDenied => StatusCode::UNAUTHORIZED,
         Error::InvalidDeclaration { .. } => StatusCode::UNPROCESSABLE_ENTITY,

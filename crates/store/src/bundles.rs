@@ -65,7 +65,11 @@ impl Store {
     /// the stored one is not above it already (the database was restored from a backup taken
     /// before the node got it): its content stays, and the next publish run signs it at the new
     /// version. Returns whether the version moved.
+    /// A version the next would take above the tag's ceiling is never written.
     pub async fn raise_version(&self, node: &str, held: i64) -> Result<bool> {
+        if held >= trellis_proto::etag::MAX_VERSION {
+            return Ok(false);
+        }
         let moved = sqlx::query("UPDATE bundles SET version = $2 + 1 WHERE node = $1 AND version <= $2")
             .bind(node)
             .bind(held)

@@ -483,6 +483,10 @@ pub fn status(conn: &Conn, json_out: bool) -> Result<ExitCode> {
     for refused in list.iter().filter_map(|n| n.agent_refused.as_deref()) {
         println!("refused: {}", printable(refused));
     }
+    // Clocks further off than tolerated: served all the same, but worth an operator's look.
+    for skew in list.iter().filter_map(|n| n.clock_skew.as_deref()) {
+        println!("clock: {}", printable(skew));
+    }
     // Ingress nodes: their Traefik as their agents last reported it (ADR 0026).
     let now = trellis_files::unix_now();
     for ingress in list.iter().filter_map(|n| n.ingress.as_ref()) {

@@ -345,3 +345,59 @@ async fn an_ingress_nodes_report_shows_in_its_status_and_the_metrics() {
     })
     .await;
 }
+
+/// The review of 2026-12-02, finding 8: 500 refused service certificate requests from one node
+/// grew the audit chain by 500 records in 10 s, and every issuance was audited however often a
+/// node asked. Now a node's refusals are audited one by one up to five in ten minutes, then
+/// counted (written as one record when the window closes), and past thirty it is turned away
+/// unread; and a node gets four certificates for one module in a third of their lifetime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cannot_grow_the_audit_chain_by_asking_for_certificates() {
+    on_both(|fx| async move {
+        let c = &fx.c;
+        let (db, _) = enrol(c, "db-1", false).await;
+        let (api, _) = enrol(c, "api-1", false).await;
+        let before = c.audit().await.unwrap().len();
+        let mut too_often = 0;
+        for _ in 0..100 {
+            match c.sign_service_cert(&db, &request("ping", "-".into())).await.unwrap_err() {
+                Error::TooOften { node, wait, .. } => {
+                    assert_eq!(node, "db-1");
+                    assert!((1..=600).contains(&wait), "{wait}");
+                    too_often += 1;
+                }
+                Error::ServiceCert(ServiceCertRefusal::NotServed { .. }) => {}
+                e => panic!("{e:?}"),
+            }
+        }
+        assert_eq!(c.audit().await.unwrap().len() - before, 5, "five refusals audited one by one");
+        assert_eq!(too_often, 70, "past thirty refused, turned away unread");
+        // Another node is not held back by db-1's refusals.
+        assert!(matches!(c.sign_service_cert(&api, &request("ping", "-".into())).await.unwrap_err(), Error::ServiceCert(_)));
+        // The window closes: what was counted is one record.
+        fx.clock.0.store(T0 + 601, Ordering::SeqCst);
+        c.write_refusals().await;
+        let (action, subject, detail) = last_audit(c).await;
+        assert_eq!((action.as_str(), subject.as_str()), (AuditAction::ServiceCertificateRefused.as_str(), "db-1"));
+        assert!(
+            detail.starts_with("95 more refused for node db-1 in the 600 s from ") && detail.contains("(70 of them turned away unread)"),
+            "{detail}"
+        );
+        c.write_refusals().await;
+        assert_eq!(last_audit(c).await.2, detail, "written once");
+
+        // Four certificates for postgres in a third of a day, then the next is told when.
+        for i in 0..4 {
+            let (_, csr) = service_key_and_csr(&["postgres.basic.mesh".into()]).unwrap();
+            c.sign_service_cert(&db, &request("postgres", csr)).await.unwrap_or_else(|e| panic!("issuance {i}: {e}"));
+        }
+        let (_, csr) = service_key_and_csr(&["postgres.basic.mesh".into()]).unwrap();
+        match c.sign_service_cert(&db, &request("postgres", csr)).await.unwrap_err() {
+            Error::TooOften { what, wait, .. } => assert_eq!((what.as_str(), wait), ("certificates for postgres", 28_800)),
+            e => panic!("{e:?}"),
+        }
+        let issued = c.audit().await.unwrap().iter().filter(|r| r.action == AuditAction::ServiceCertificateIssued.as_str()).count();
+        assert_eq!(issued, 4);
+    })
+    .await;
+}

@@ -133,7 +133,11 @@ async fn enrolment_certificates_and_approval_follow_the_clock_and_the_states() {
         assert_eq!(c.revoke("db-1").await.unwrap().state, EnrolledState::Revoked);
         let refused = c.authenticate_node(Some(&der)).await.unwrap_err();
         assert!(matches!(refused, Error::Node(NodeRefusal::Revoked(_))), "{refused:?}");
-        assert!(matches!(c.revoke("db-1").await.unwrap_err(), Error::NotRevocable(_)));
+        // A retried revocation succeeds, deciding nothing again (the audit chain holds one).
+        let audited = c.audit().await.unwrap().len();
+        assert_eq!(c.revoke("db-1").await.unwrap().state, EnrolledState::Revoked);
+        assert_eq!(c.audit().await.unwrap().len(), audited, "a retried revocation is not recorded again");
+        assert!(matches!(c.revoke("api-1").await.unwrap_err(), Error::NotRevocable(n) if n == "api-1"), "a node never enrolled");
         assert!(c.bundle("db-1").is_some(), "the decision returns before publishing");
         c.settle(std::time::Duration::from_secs(5)).await.unwrap();
         assert!(c.bundle("db-1").is_none(), "a revoked node's bundle is withdrawn");
@@ -573,6 +577,38 @@ async fn the_serial_of_a_changed_zone_rises() {
         }
         c.publish().await.unwrap();
         assert_eq!(zone().0, serial, "a publish that changes nothing keeps the serial");
+    })
+    .await;
+}
+
+/// The review of 2026-12-02, finding 8: a node renewing in a loop (each renewal with the
+/// certificate the last one gave it) added an audit record and a publish run per request. It is
+/// renewed four times in a third of its certificate's lifetime; the next is told when.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_renewing_in_a_loop_is_held_to_a_few_renewals_a_window() {
+    on_both(|fx| async move {
+        let c = &fx.c;
+        let created = c.create_token(&proto::TokenRequest { node: "db-1".into(), ttl_secs: 600, ..Default::default() }).await.unwrap();
+        let (req, key) = enrol_request(&created.token);
+        let mut pem = c.enrol(req).await.unwrap().node_cert_pem;
+        let who = |pem: String| async move {
+            let der = trellis_pki::pem_to_der(&pem, "CERTIFICATE").unwrap();
+            c.authenticate_node(Some(&der)).await.unwrap()
+        };
+        let ask = || proto::RenewRequest { csr_pem: trellis_pki::csr_from_key(&key, "db-1").unwrap() };
+        for i in 0..4 {
+            pem = c.renew(&who(pem).await, &ask()).await.unwrap_or_else(|e| panic!("renewal {i}: {e}")).node_cert_pem;
+        }
+        let audited = c.audit().await.unwrap().len();
+        match c.renew(&who(pem.clone()).await, &ask()).await {
+            Err(Error::TooOften { node, what, wait }) => {
+                assert_eq!((node.as_str(), what.as_str(), wait), ("db-1", "its certificate's renewal", 1200));
+            }
+            other => panic!("a fifth renewal at once: {other:?}"),
+        }
+        assert_eq!(c.audit().await.unwrap().len(), audited, "nothing recorded");
+        fx.clock.0.store(T0 + 1200, Ordering::SeqCst);
+        c.renew(&who(pem).await, &ask()).await.expect("renewed once the window passed");
     })
     .await;
 }

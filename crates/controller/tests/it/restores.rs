@@ -142,3 +142,47 @@ async fn the_same_number_with_other_content_is_never_current() {
     })
     .await;
 }
+
+/// The review of 2026-12-02, finding 3: one request saying it holds the tag's ceiling pushed the
+/// node's version (and the high-water mark) past it, where tags are no tags: every long-poll of
+/// the node then answered at once with the whole bundle, for ever. A word above anything this
+/// controller can have published is not believed, the version stays, and the node, asking with
+/// what it was given, waits out its poll; a node's word is believed once in a while, not on
+/// every request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_witness_above_what_can_have_been_published_is_not_believed() {
+    on_both(|fx| async move {
+        let c = &fx.c;
+        let who = enrol(c).await;
+        let before = c.store().bundle("db-1").await.unwrap().unwrap();
+        for forged in
+            [proto::etag::MAX_VERSION, proto::etag::MAX_VERSION - 1, before.version + trellis_controller::bundle::WITNESS_MARGIN + 1]
+        {
+            let ask = BundleRequest { held: Some(BundleTag { version: forged, digest: None }), takes_delta: false, wait: Duration::ZERO };
+            match c.bundle_answer(&who, ask).await.unwrap() {
+                BundleAnswer::Whole { tag, .. } => assert_eq!(tag.version, before.version, "holding {forged}"),
+                _ => panic!("holding {forged}: not answered with the bundle in force"),
+            }
+            assert_eq!(c.store().bundle("db-1").await.unwrap().unwrap().version, before.version, "holding {forged}: the version moved");
+        }
+        assert!(!c.scrape().await.contains("trellis_bundles_renumbered_total 1"), "nothing was renumbered");
+        // What it was given is current: the poll waits for a change, as every node's does.
+        let (tag, _) = held(c);
+        let started = std::time::Instant::now();
+        let ask = BundleRequest { held: Some(tag), takes_delta: false, wait: Duration::from_millis(600) };
+        assert!(matches!(c.bundle_answer(&who, ask).await.unwrap(), BundleAnswer::Current { .. }));
+        assert!(started.elapsed() >= Duration::from_millis(500), "the long-poll answered after {:?}", started.elapsed());
+
+        // Within what can be true it is believed, once: asked again at once, not again.
+        let ahead = before.version + 10;
+        let ask = BundleRequest { held: Some(BundleTag { version: ahead, digest: None }), takes_delta: false, wait: Duration::ZERO };
+        let BundleAnswer::Whole { tag, .. } = c.bundle_answer(&who, ask).await.unwrap() else { panic!("no bundle") };
+        assert_eq!(tag.version, ahead + 1, "numbered above what it holds");
+        let again = ahead + 1000;
+        let ask = BundleRequest { held: Some(BundleTag { version: again, digest: None }), takes_delta: false, wait: Duration::ZERO };
+        let BundleAnswer::Whole { tag, .. } = c.bundle_answer(&who, ask).await.unwrap() else { panic!("no bundle") };
+        assert_eq!(tag.version, ahead + 1, "renumbered a second time within the interval");
+        assert_eq!(c.store().bundle("db-1").await.unwrap().unwrap().version, ahead + 1);
+    })
+    .await;
+}

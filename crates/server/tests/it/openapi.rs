@@ -200,6 +200,7 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
         evidence_missing: 0,
         revocation: None,
         agent_refused: None,
+        clock_skew: None,
         ingress: None,
     };
     sample(d, "NodeStatus", status.clone(), &mut c);
