@@ -181,6 +181,79 @@ fn a_module_assigned_to_a_node_brings_its_certificate_which_a_tls_client_verifie
 
 /// A one-minute lifetime: the agent renews at two thirds of it (less its jitter) with a new key,
 /// the files are replaced whole, and the new certificate verifies; the controller audited both.
+/// The review of 2026-12-02, finding 13: under the shipped unit (its `UMask` and capability
+/// bounding set, read from `dist/trellis-agent.service`), the key's group could not be set (no
+/// CAP_CHOWN) and the umask made every file 0600 and every directory 0700, root's alone: the
+/// service could read neither its key nor the CA. The agent runs here as the unit runs it, and
+/// the service's group reads its key, everyone the certificate, the chain and the CA.
+#[test]
+fn under_the_shipped_unit_a_services_group_reads_its_key_and_everyone_the_ca() {
+    if !can_run(Need::Root) || !can_run(Need::Program("setpriv")) {
+        return;
+    }
+    let unit = std::fs::read_to_string(repo().join("dist/trellis-agent.service")).unwrap();
+    let value =
+        |key: &str| unit.lines().find_map(|l| l.strip_prefix(key)).unwrap_or_else(|| panic!("the unit has no {key}")).trim().to_string();
+    let umask = value("UMask=");
+    let caps: Vec<String> =
+        value("CapabilityBoundingSet=").split_whitespace().map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase())).collect();
+    let c = Controller::start(Db::Sqlite);
+    let work = TempDir::new("certs-unit");
+    let decl = work.path().join("decl");
+    copy_dir(&repo().join("lab/basic"), &decl);
+    // www-data: a service's group every Debian host has.
+    let pg = decl.join("modules/postgres.toml");
+    let text = std::fs::read_to_string(&pg).unwrap();
+    assert!(text.contains("group = \"postgres\"\n"), "{text}");
+    std::fs::write(&pg, text.replace("group = \"postgres\"\n", "group = \"www-data\"\n")).unwrap();
+    c.ok(&["apply", decl.to_str().unwrap()]);
+    let (state, root) = (work.path().join("agent-db-1"), work.path().join("root-db-1"));
+    ok(enrol(&c.token("db-1", &[]), &state));
+    let log = work.path().join("agent.log");
+    let agent = agent_bin();
+    let script = format!(
+        "umask {umask}; exec setpriv --bounding-set=-all,{} -- {} run --files-only --wait 5 --state-dir {} --root {}",
+        caps.join(","),
+        agent.get_program().to_str().unwrap(),
+        state.display(),
+        root.display()
+    );
+    let _agent = Proc(
+        std::process::Command::new("sh")
+            .args(["-c", &script])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let dir = root.join("etc/trellis/certs/postgres");
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while !(dir.join("cert.pem").exists() && dir.join("key.pem").exists()) {
+        assert!(
+            Instant::now() < deadline,
+            "no certificate for postgres within 40 s\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let meta = |p: &Path| std::fs::metadata(p).unwrap();
+    let group = ok(sh("getent", &["group", "www-data"]));
+    let www_data: u32 =
+        group.split(':').nth(2).and_then(|g| g.trim().parse().ok()).unwrap_or_else(|| panic!("getent group www-data: {group}"));
+    let key = meta(&dir.join("key.pem"));
+    assert_eq!((key.permissions().mode() & 0o777, key.gid()), (0o640, www_data), "the key is its service's group's to read");
+    for f in ["cert.pem", "chain.pem", "ca.pem"] {
+        assert_eq!(meta(&dir.join(f)).permissions().mode() & 0o777, 0o644, "{f}");
+    }
+    assert_eq!(meta(&root.join("etc/trellis/ca.pem")).permissions().mode() & 0o777, 0o644, "the mesh CA clients are told to use");
+    for d in ["etc", "etc/trellis", "etc/trellis/certs", "etc/trellis/certs/postgres"] {
+        assert_eq!(meta(&root.join(d)).permissions().mode() & 0o777, 0o755, "{d}");
+    }
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!said.contains("Operation not permitted"), "{said}");
+}
+
 #[test]
 fn a_short_lived_certificate_is_renewed_with_a_new_key_before_it_expires() {
     if !can_run(Need::Program("openssl")) {

@@ -363,6 +363,22 @@ impl Certs {
         if !trellis_core::load::is_dns_label(&spec.module) {
             bail!("the controller named a module {:?} that is not a DNS label; nothing written", proto::text::printable(&spec.module));
         }
+        // Checked here as the declaration's are: what comes from the controller is not taken on
+        // its word alone.
+        if let Some(why) = spec.group.as_deref().and_then(trellis_core::certs::refused_group) {
+            bail!(
+                "the controller named group {:?} for the key of {}, which {why}; nothing written",
+                proto::text::printable(spec.group.as_deref().unwrap_or_default()),
+                spec.module
+            );
+        }
+        if let Some(why) = spec.reload.as_deref().and_then(trellis_core::certs::refused_unit) {
+            bail!(
+                "the controller named {:?} to reload for {}, which {why}; nothing written",
+                proto::text::printable(spec.reload.as_deref().unwrap_or_default()),
+                spec.module
+            );
+        }
         let gid = match &spec.group {
             None => None,
             Some(g) => Some(
@@ -505,7 +521,7 @@ mod tests {
         let pair = mesh.services_ca("t", UNIX_EPOCH + Duration::from_secs(t0 as u64), [2; 16]).unwrap();
         let mut pg = spec("pg");
         // A group every Debian-like host has, other than root's.
-        let group = ["nogroup", "daemon"].into_iter().find(|g| nix::unistd::Group::from_name(g).ok().flatten().is_some());
+        let group = ["daemon", "www-data"].into_iter().find(|g| nix::unistd::Group::from_name(g).ok().flatten().is_some());
         pg.group = group.map(str::to_string);
         pg.reload = Some("postgresql.service".into());
         let names = trellis_pki::ServiceNames { dns: pg.dns.clone(), ips: vec!["10.0.0.1".parse().unwrap()], uri: pg.uri.clone() };
@@ -585,6 +601,23 @@ mod tests {
         certs.apply(&list, t0 + 1900, &signer).await;
         assert!(std::fs::read_dir(outside.path()).unwrap().next().is_none(), "nothing written through the link");
         assert!(certs.status()[0].error.as_deref().unwrap().contains("symbolic link"), "{:?}", certs.status());
+        std::fs::remove_file(root.path().join(CERTS_DIR).join("pg")).unwrap();
+
+        // A unit or a group the declaration could not name is not taken from the controller
+        // either (the review of 2026-12-02, finding 7): nothing written, nothing reloaded.
+        let reloaded = reloads.0.lock().unwrap().len();
+        for (group, reload, said) in
+            [(None, "poweroff.target", "poweroff.target"), (Some("users"), "postgresql.service", "group \"users\"")]
+        {
+            let mut bad = pg.clone();
+            bad.group = group.map(str::to_string);
+            bad.reload = Some(reload.to_string());
+            certs.apply(&proto::ServiceCertList { certificates: vec![bad] }, t0 + 2000, &signer).await;
+            let e = certs.status()[0].error.clone().unwrap_or_default();
+            assert!(e.contains(said) && e.contains("nothing written"), "{e}");
+            assert!(!dir.join(KEY).exists(), "{reload}: a key was written");
+        }
+        assert_eq!(reloads.0.lock().unwrap().len(), reloaded, "nothing reloaded");
     }
 
     fn spec(module: &str) -> proto::ServiceCertSpec {

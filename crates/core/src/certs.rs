@@ -77,3 +77,48 @@ fn of(decl: &Declaration, alloc: &Allocation, n: &Node) -> Vec<ServiceCert> {
     }
     out
 }
+
+/// Units a certificate's renewal never restarts, whatever a declaration says: those whose
+/// restart cuts the operator off or stops the node (the agent itself, the SSH server, the
+/// network, systemd's own). `reload` names a service unit; a target (`reboot.target`) is refused
+/// by its kind.
+const CRITICAL_UNITS: &[&str] = &[
+    "trellis-agent.service",
+    "trellis.service",
+    "ssh.service",
+    "sshd.service",
+    "dbus.service",
+    "dbus-broker.service",
+    "networking.service",
+    "NetworkManager.service",
+    "wpa_supplicant.service",
+    "nftables.service",
+    "getty@.service",
+    "serial-getty@.service",
+    "emergency.service",
+    "rescue.service",
+];
+
+/// Why `unit` may not be a certificate's `reload`, if it may not: only a service unit
+/// (`NAME.service`), and none whose restart would take the node or the operator's way in down.
+pub fn refused_unit(unit: &str) -> Option<&'static str> {
+    let Some(name) = unit.strip_suffix(".service").filter(|n| !n.is_empty()) else {
+        return Some("is not a service unit (`NAME.service`); a renewal reloads the service that uses the certificate, nothing else");
+    };
+    if CRITICAL_UNITS.contains(&unit) || name.starts_with("systemd-") || unit.starts_with("getty@") || unit.starts_with("serial-getty@") {
+        return Some("is a unit whose restart takes the node, its network or the way in down; a renewal never restarts it");
+    }
+    None
+}
+
+/// Groups a service key is never given to: those whose members are every user, or who hold
+/// the host already (the key would be everyone's, or root's in all but name).
+const BROAD_GROUPS: &[&str] =
+    &["root", "users", "staff", "sudo", "wheel", "adm", "admin", "disk", "shadow", "nogroup", "nobody", "everyone"];
+
+/// Why `group` may not read a service's key, if it may not.
+pub fn refused_group(group: &str) -> Option<&'static str> {
+    BROAD_GROUPS
+        .contains(&group)
+        .then_some("is a group of every user or of the host's administrators; name the group of the service that uses the key (`postgres`)")
+}

@@ -22,6 +22,50 @@ fn authority(ip: IpAddr, port: u16) -> String {
     std::net::SocketAddr::new(ip, port).to_string()
 }
 
+/// Whether `s` is an ACME directory as a declaration may give it: `https://`, a host, and only the
+/// bytes a URL is written with (no quotes, backslashes, braces, spaces or controls), so that it
+/// reads as one string in every file it is written into (the review of 2026-12-02, finding 4).
+pub fn acme_directory_ok(s: &str) -> bool {
+    let Some(rest) = s.strip_prefix("https://") else { return false };
+    let host = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host = host.rsplit('@').next().unwrap_or_default();
+    !host.is_empty()
+        && !host.starts_with(':')
+        && s.len() <= 2048
+        && rest.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._~:/?#[]@!$&()*+,;=%".contains(&b))
+}
+
+/// Whether `s` is an email address as ACME accounts take one: `USER@DOMAIN`, the user of the
+/// letters, digits and `.!#$%&*+/=?^_|~-` of RFC 5322's atoms (no quotes, backslashes or
+/// braces), the domain of two or more DNS labels.
+pub fn acme_email_ok(s: &str) -> bool {
+    let Some((user, domain)) = s.split_once('@') else { return false };
+    let label = |l: &str| !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    s.len() <= 254
+        && !user.is_empty()
+        && user.bytes().all(|b| b.is_ascii_alphanumeric() || b".!#$%&*+/=?^_|~-".contains(&b))
+        && domain.split('.').count() >= 2
+        && domain.split('.').all(label)
+}
+
+/// `s` as a JSON string, which YAML reads as the same string whatever it holds.
+fn yaml_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' || c == '\u{85}' || c == '\u{2028}' || c == '\u{2029}' => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
 fn list(items: impl IntoIterator<Item = String>) -> String {
     let v: Vec<String> = items.into_iter().map(|s| format!("\"{s}\"")).collect();
     format!("[{}]", v.join(", "))
@@ -136,11 +180,12 @@ impl IngressFile {
             format!("# trellis: ingress settings of node {}: Traefik's entry points and ACME. Generated; do not edit.\n", self.node);
         let ports: Vec<String> = self.listen.iter().map(|p| p.to_string()).collect();
         let _ = writeln!(s, "listen = [{}]", ports.join(", "));
+        // Written by TOML's own serializer: whatever they hold, they read back as the same strings.
         if let Some(d) = &self.acme_directory {
-            let _ = writeln!(s, "acme_directory = \"{d}\"");
+            let _ = writeln!(s, "acme_directory = {}", toml::Value::String(d.clone()));
         }
         if let Some(e) = &self.acme_email {
-            let _ = writeln!(s, "acme_email = \"{e}\"");
+            let _ = writeln!(s, "acme_email = {}", toml::Value::String(e.clone()));
         }
         s
     }
@@ -166,8 +211,21 @@ impl IngressFile {
                     }
                     listen = Some(ports);
                 }
-                "acme_directory" => out.acme_directory = Some(string()?),
-                "acme_email" => out.acme_email = Some(string()?),
+                // Checked as a declaration's are: Traefik's static configuration is made of them.
+                "acme_directory" => {
+                    let d = string()?;
+                    if !acme_directory_ok(&d) {
+                        return Err(format!("`acme_directory` {d:?} is not an https:// URL of an ACME directory"));
+                    }
+                    out.acme_directory = Some(d);
+                }
+                "acme_email" => {
+                    let e = string()?;
+                    if !acme_email_ok(&e) {
+                        return Err(format!("`acme_email` {e:?} is not an email address"));
+                    }
+                    out.acme_email = Some(e);
+                }
                 other => return Err(format!("unknown key `{other}`")),
             }
         }
@@ -214,11 +272,12 @@ pub fn static_config(ingress: &IngressFile, paths: &StaticPaths) -> String {
     if let Some(dir) = &ingress.acme_directory {
         let _ = writeln!(
             s,
-            "certificatesResolvers:\n  {RESOLVER}:\n    acme:\n      caServer: \"{dir}\"\n      storage: \"{}\"",
-            paths.acme_storage
+            "certificatesResolvers:\n  {RESOLVER}:\n    acme:\n      caServer: {}\n      storage: {}",
+            yaml_string(dir),
+            yaml_string(&paths.acme_storage)
         );
         if let Some(e) = &ingress.acme_email {
-            let _ = writeln!(s, "      email: \"{e}\"");
+            let _ = writeln!(s, "      email: {}", yaml_string(e));
         }
         s.push_str("      tlsChallenge: {}\n");
     }

@@ -40,8 +40,9 @@ const DIR_FLAGS: OFlag = OFlag::O_DIRECTORY.union(OFlag::O_NOFOLLOW).union(OFlag
 
 impl Beneath {
     /// Opens the directory `rel` ('/'-separated, relative) under `root`, making the missing
-    /// directories (mode 0755) when `create`. A component that is a symbolic link is refused,
-    /// and so is one that is not a directory.
+    /// directories (mode 0755, whatever the process's umask: a service reads its certificates
+    /// through them) when `create`. A component that is a symbolic link is refused, and so is
+    /// one that is not a directory.
     pub fn open(root: &Path, rel: &str, create: bool) -> Result<Beneath, FileError> {
         if create && !root.exists() {
             // The root is the operator's choice, made as it is named.
@@ -57,11 +58,19 @@ impl Beneath {
             path.push(part);
             let next = match openat(fd.as_fd(), part, DIR_FLAGS, Mode::empty()) {
                 Err(Errno::ENOENT) if create => {
-                    match mkdirat(fd.as_fd(), part, Mode::from_bits_truncate(0o755)) {
-                        Ok(()) | Err(Errno::EEXIST) => {}
+                    let made = match mkdirat(fd.as_fd(), part, Mode::from_bits_truncate(0o755)) {
+                        Ok(()) => true,
+                        Err(Errno::EEXIST) => false,
                         Err(e) => return Err(err("create", path, e)),
+                    };
+                    let opened = openat(fd.as_fd(), part, DIR_FLAGS, Mode::empty());
+                    if let (true, Ok(dir)) = (made, &opened) {
+                        // The umask took bits from the mode asked for; the directory made here
+                        // gets them back (one that was there keeps its own).
+                        nix::sys::stat::fchmod(dir.as_fd(), Mode::from_bits_truncate(0o755))
+                            .map_err(|e| err("set the mode of", path.clone(), e))?;
                     }
-                    openat(fd.as_fd(), part, DIR_FLAGS, Mode::empty())
+                    opened
                 }
                 other => other,
             }
@@ -147,6 +156,12 @@ impl Beneath {
                 Mode::from_bits_truncate(mode),
             )
             .map_err(|e| err("create", self.path.join(&staged), e))?;
+            // Created with no more than `mode` (the umask may take bits away), and given exactly
+            // `mode` before any byte is written: a file meant to be read by others (a CA, a
+            // certificate) is readable under a strict umask too, and one that holds a key has
+            // never been more than `mode`.
+            nix::sys::stat::fchmod(fd.as_fd(), Mode::from_bits_truncate(mode))
+                .map_err(|e| err("set the mode of", self.path.join(&staged), e))?;
             let mut f = std::fs::File::from(fd);
             f.write_all(content).map_err(|source| FileError { op: "write", path: self.path.join(&staged), source })?;
             Ok(f)

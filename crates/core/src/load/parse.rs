@@ -375,18 +375,18 @@ fn parse_pool_table(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option
 
 fn parse_acme(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Acme> {
     let directory = t.required_str(doc, "directory", diags).and_then(|(s, loc)| {
-        if s.starts_with("https://") && s.len() > "https://".len() && !s.bytes().any(|b| b.is_ascii_whitespace() || b.is_ascii_control()) {
+        if crate::traefik::acme_directory_ok(&s) {
             Some(s)
         } else {
-            diags.push(Diagnostic::error(&loc, format!("[acme] `directory` {s:?} must be an https:// URL of an ACME directory")));
+            diags.push(Diagnostic::error(
+                &loc,
+                format!("[acme] `directory` {s:?} must be an https:// URL of an ACME directory (a host, then only the characters a URL is written with: no quotes, backslashes, braces or spaces)"),
+            ));
             None
         }
     });
     let email = t.str(doc, "email", diags).and_then(|(s, loc)| {
-        let ok = s.split_once('@').is_some_and(|(user, host)| {
-            !user.is_empty() && !host.is_empty() && !s.bytes().any(|b| b.is_ascii_whitespace() || b.is_ascii_control() || b == b'"')
-        });
-        if ok {
+        if crate::traefik::acme_email_ok(&s) {
             Some(s)
         } else {
             diags.push(Diagnostic::error(&loc, format!("[acme] `email` {s:?} is not an email address")));
@@ -657,9 +657,12 @@ pub(super) fn parse_module(file: &SourceFile, diags: &mut Vec<Diagnostic>) -> Op
     let _ = header.str(&doc, "description", diags);
     let certificate = header.get("certificate").and_then(|v| {
         let t = Table::new(&doc, "[module.certificate]", v, CERTIFICATE_KEYS, diags)?;
-        let mut plain = |key: &str, what: &str| {
+        let mut plain = |key: &str, what: &str, refused: fn(&str) -> Option<&'static str>| {
             t.str(&doc, key, diags).and_then(|(s, loc)| {
-                if is_plain_name(&s) {
+                if let (true, Some(why)) = (is_plain_name(&s), refused(&s)) {
+                    diags.push(Diagnostic::error(&loc, format!("`{key}` {s:?} in [module.certificate] {why}")));
+                    None
+                } else if is_plain_name(&s) {
                     Some(s)
                 } else {
                     diags.push(Diagnostic::error(
@@ -670,8 +673,8 @@ pub(super) fn parse_module(file: &SourceFile, diags: &mut Vec<Diagnostic>) -> Op
                 }
             })
         };
-        let group = plain("group", "group");
-        let reload = plain("reload", "systemd unit");
+        let group = plain("group", "group", crate::certs::refused_group);
+        let reload = plain("reload", "systemd unit", crate::certs::refused_unit);
         Some(CertificateSpec { group, reload })
     });
     let mut allow = Vec::new();

@@ -629,10 +629,24 @@ fn exposures(decl: &Declaration, declared: &Declared, diags: &mut Vec<Diagnostic
         for rule in &m.allow {
             for (src, loc) in rule.from.iter().zip(&rule.from_locs) {
                 let Source::Expose(name) = src else { continue };
-                if let Some(e) = decl.exposure(name).filter(|e| e.module != m.name) {
+                let Some(e) = decl.exposure(name) else { continue };
+                if e.module != m.name {
                     diags.push(Diagnostic::error(
                         loc,
                         format!("rule of module `{}` names source `{src}`, but exposure `{name}` exposes module `{}`; its ingress nodes are admitted only to the module they serve", m.name, e.module),
+                    ));
+                    continue;
+                }
+                // Only the exposure's own port, over TCP: the edge faces the internet, and a
+                // wider rule would let it reach more of the runner than it serves.
+                let beyond: Vec<String> =
+                    rule.ports.iter().filter(|p| (p.first, p.last) != (e.port, e.port)).map(|p| p.to_string()).collect();
+                if rule.proto != Proto::Tcp || !beyond.is_empty() {
+                    let what =
+                        if rule.proto != Proto::Tcp { format!("proto \"{}\"", rule.proto) } else { format!("ports {}", beyond.join(", ")) };
+                    diags.push(Diagnostic::error(
+                        loc,
+                        format!("rule of module `{}` admits `{src}` on {what}, but exposure `{name}` sends only to tcp port {}; admit it in a rule with proto = \"tcp\", ports = [\"{}\"] and nothing else", m.name, e.port, e.port),
                     ));
                 }
             }

@@ -262,6 +262,45 @@ fn a_certificate_table_takes_only_plain_names_and_known_keys() {
     );
 }
 
+/// The review of 2026-12-02, finding 7: `reload` took any unit (`poweroff.target`,
+/// `reboot.target`: every node running the module went down after each renewal) and `group` any
+/// group (`users`: every service key readable by every user).
+#[test]
+fn a_certificate_reloads_only_a_service_and_gives_its_key_only_to_a_services_group() {
+    let case = |key: &str, value: &str| {
+        let pg = format!("[module]\nname = \"pg\"\n\n[module.certificate]\n{key} = \"{value}\"\n");
+        let loaded = crate::support::load_text(&format!("{HEAD}[[node]]\nname = \"a\"\nmodules = [\"pg\"]\n"), &[("pg.toml", &pg)]);
+        crate::support::lines(&loaded.diagnostics)
+    };
+    for unit in [
+        "poweroff.target",
+        "reboot.target",
+        "rescue.target",
+        "postgresql",
+        "ssh.service",
+        "sshd.service",
+        "trellis-agent.service",
+        "systemd-networkd.service",
+        "dbus.service",
+        ".service",
+    ] {
+        let got = case("reload", unit);
+        assert!(got.starts_with(&format!("modules/pg.toml:5:10: error: `reload` \"{unit}\" in [module.certificate] ")), "{unit}: {got}");
+    }
+    assert!(case("reload", "poweroff.target").contains("is not a service unit (`NAME.service`)"));
+    assert!(case("reload", "ssh.service").contains("takes the node, its network or the way in down"));
+    for group in ["users", "staff", "root", "sudo", "adm", "shadow"] {
+        let got = case("group", group);
+        assert!(
+            got.starts_with(&format!("modules/pg.toml:5:9: error: `group` \"{group}\" in [module.certificate] is a group of every user")),
+            "{group}: {got}"
+        );
+    }
+    assert_eq!(case("reload", "postgresql.service"), "");
+    assert_eq!(case("reload", "postgresql@15-main.service"), "");
+    assert_eq!(case("group", "postgres"), "");
+}
+
 #[test]
 fn an_empty_certificate_table_asks_for_the_defaults() {
     let decl = crate::support::valid(

@@ -64,7 +64,10 @@ fn an_exposure_that_no_rule_admits_on_its_port_is_refused_naming_exposure_module
     check(
         &format!("{HEAD}{}{ACME}{SHOP}", nodes()),
         &[("web.toml", web)],
-        &["mesh.toml:47:1: error: exposure `shop` sends to port 8080 of module `web`, but no rule of module `web` admits it there; add [[allow]] proto = \"tcp\", ports = [\"8080\"], from = [\"expose:shop\"] to modules/web.toml"],
+        &[
+            "mesh.toml:47:1: error: exposure `shop` sends to port 8080 of module `web`, but no rule of module `web` admits it there; add [[allow]] proto = \"tcp\", ports = [\"8080\"], from = [\"expose:shop\"] to modules/web.toml",
+            "modules/web.toml:7:9: error: rule of module `web` admits `expose:shop` on ports 9090, but exposure `shop` sends only to tcp port 8080; admit it in a rule with proto = \"tcp\", ports = [\"8080\"] and nothing else",
+        ],
     );
     // A rule on the port that admits others but not the exposure does not count either.
     let web = "[module]\nname = \"web\"\n\n[[allow]]\nproto = \"tcp\"\nports = [\"8080\"]\nfrom = [\"node:edge-1\", \"node:edge-2\"]\n";
@@ -73,6 +76,96 @@ fn an_exposure_that_no_rule_admits_on_its_port_is_refused_naming_exposure_module
         &[("web.toml", web)],
         &["mesh.toml:47:1: error: exposure `shop` sends to port 8080 of module `web`, but no rule of module `web` admits it there; add [[allow]] proto = \"tcp\", ports = [\"8080\"], from = [\"expose:shop\"] to modules/web.toml"],
     );
+}
+
+/// The review of 2026-12-02, finding 14: ADR 0026 says an edge is admitted to nothing it does not
+/// serve, but a rule that admitted `expose:NAME` on the exposure's port could admit it on other
+/// ports, and on UDP, too.
+#[test]
+fn an_exposure_admitted_beyond_its_port_or_over_another_protocol_is_refused() {
+    let wide =
+        "[module]\nname = \"web\"\n\n[[allow]]\nproto = \"tcp\"\nports = [\"8080\", \"22\", \"8000-8100\"]\nfrom = [\"expose:shop\"]\n";
+    check(
+        &format!("{HEAD}{}{ACME}{SHOP}", nodes()),
+        &[("web.toml", wide)],
+        &["modules/web.toml:7:9: error: rule of module `web` admits `expose:shop` on ports 22, 8000-8100, but exposure `shop` sends only to tcp port 8080; admit it in a rule with proto = \"tcp\", ports = [\"8080\"] and nothing else"],
+    );
+    let udp = format!("{WEB}\n[[allow]]\nproto = \"udp\"\nports = [\"8080\"]\nfrom = [\"node:db-1\", \"expose:shop\"]\n");
+    check(
+        &format!("{HEAD}{}{ACME}{SHOP}", nodes()),
+        &[("web.toml", &udp)],
+        &["modules/web.toml:12:22: error: rule of module `web` admits `expose:shop` on proto \"udp\", but exposure `shop` sends only to tcp port 8080; admit it in a rule with proto = \"tcp\", ports = [\"8080\"] and nothing else"],
+    );
+}
+
+/// The review of 2026-12-02, finding 4: `[acme]` values were copied into TOML and then YAML
+/// without escaping, and a directory spelled with TOML escapes wrote arbitrary Traefik static
+/// configuration on every ingress node. The review's own declaration is refused where written;
+/// so is every quote, backslash, brace, space or control, in either value.
+#[test]
+fn acme_values_that_would_read_as_more_than_one_string_are_refused() {
+    let injected = r#"'https://127.0.0.1:1/dir\"\naccessLog:\n\u0020\u0020filePath:\u0020\"scratch/inject/written-by-traefik.log\"\nCertificatesResolvers:\n\u0020\u0020x:\n\u0020\u0020\u0020\u0020acme:\n\u0020\u0020\u0020\u0020\u0020\u0020caServer:\u0020\"https://127.0.0.1:1/dir'"#;
+    let acme = |directory: &str, email: &str| format!("\n[acme]\ndirectory = {directory}\nemail = {email}\n");
+    let loaded = load_text(&format!("{HEAD}{}{}{SHOP}", nodes(), acme(injected, "\"ops@example.com\"")), &[("web.toml", WEB)]);
+    let got = lines(&loaded.diagnostics);
+    assert!(
+        loaded.declaration.is_none() && got.contains(r#"error: [acme] `directory` "https://127.0.0.1:1/dir\\\"\\naccessLog:"#),
+        "{got}"
+    );
+    for bad in [
+        r#""https://ca.example/dir\"x""#,
+        r#"'https://ca.example/a\b'"#,
+        r#""https://ca.example/{x}""#,
+        r#""https://ca.example/a'b""#,
+        r#""https:///dir""#,
+        r#""https://ca.example/\u0000""#,
+    ] {
+        let loaded = load_text(&format!("{HEAD}{}{}{SHOP}", nodes(), acme(bad, "\"ops@example.com\"")), &[("web.toml", WEB)]);
+        assert!(loaded.declaration.is_none(), "directory {bad} was taken");
+    }
+    for bad in [r#"'ops\@example.com'"#, r#""o{p}s@example.com""#, r#""ops@example""#, r#""ops@exa mple.com""#, r#"'o"ps@example.com'"#] {
+        let loaded = load_text(&format!("{HEAD}{}{}{SHOP}", nodes(), acme("\"https://ca.example/dir\"", bad)), &[("web.toml", WEB)]);
+        assert!(loaded.declaration.is_none(), "email {bad} was taken");
+    }
+    // What a real directory is written with is taken.
+    let ok = acme("\"https://acme-v02.api.letsencrypt.org:443/directory?x=1&y=%2F#top\"", "\"ops+acme@mail.example.com\"");
+    check(&format!("{HEAD}{}{ok}{SHOP}", nodes()), &[("web.toml", WEB)], &[]);
+}
+
+/// The agent reads `ingress.toml` as the declaration was read: a file whose strings would not
+/// stay one string in Traefik's static configuration is refused, naming the key; what it takes
+/// is written there as one YAML string, and back into TOML by TOML's own serializer.
+#[test]
+fn the_ingress_file_refuses_what_the_declaration_would_and_is_written_by_serializers() {
+    for (text, key) in [
+        ("listen = [443]\nacme_directory = \"https://x.example/\\\"\\ncaServer: x\"\n", "`acme_directory`"),
+        ("listen = [443]\nacme_directory = \"https://x.example/dir\"\nacme_email = \"a\\\\b@example.com\"\n", "`acme_email`"),
+        ("listen = [443]\nacme_directory = \"http://x.example/dir\"\n", "`acme_directory`"),
+    ] {
+        let e = IngressFile::parse("edge-1", text).expect_err(text);
+        assert!(e.starts_with(key), "{text}: {e}");
+    }
+    let taken = IngressFile {
+        node: "edge-1".into(),
+        listen: vec![443, 8443],
+        acme_directory: Some("https://ca.example:14000/dir?a=1&b=%22#x".into()),
+        acme_email: Some("ops+acme@example.com".into()),
+    };
+    let back = IngressFile::parse("edge-1", &taken.write()).unwrap();
+    assert_eq!(
+        (back.listen.clone(), back.acme_directory.clone(), back.acme_email.clone()),
+        (taken.listen.clone(), taken.acme_directory.clone(), taken.acme_email.clone())
+    );
+    let paths = trellis_core::traefik::StaticPaths {
+        dynamic_dir: "/etc/trellis/traefik".into(),
+        acme_storage: "/var/lib/x/acme.json".into(),
+        api: "127.0.0.1:9".into(),
+    };
+    let yml = trellis_core::traefik::static_config(&back, &paths);
+    assert!(yml.contains("\n      caServer: \"https://ca.example:14000/dir?a=1&b=%22#x\"\n      storage: \"/var/lib/x/acme.json\"\n      email: \"ops+acme@example.com\"\n"), "{yml}");
+    // Every top-level key is one the template writes, once.
+    let top: Vec<&str> = yml.lines().filter(|l| !l.starts_with([' ', '#'])).collect();
+    assert_eq!(top, ["global:", "entryPoints:", "providers:", "api:", "ping:", "log:", "certificatesResolvers:"], "{yml}");
 }
 
 #[test]
@@ -112,7 +205,7 @@ fn unknown_keys_and_bad_values_of_expose_and_acme_are_refused_where_written() {
         &format!("{HEAD}{}{bad}", nodes()),
         &[("web.toml", WEB)],
         &[
-            "mesh.toml:44:13: error: [acme] `directory` \"http://acme.example.net/dir\" must be an https:// URL of an ACME directory",
+            "mesh.toml:44:13: error: [acme] `directory` \"http://acme.example.net/dir\" must be an https:// URL of an ACME directory (a host, then only the characters a URL is written with: no quotes, backslashes, braces or spaces)",
             "mesh.toml:45:1: error: unknown key `contact` in [acme]; allowed keys: directory, email",
             "mesh.toml:47:1: error: [[expose]] has an empty `via`: name the ingress node(s) that serve it",
             "mesh.toml:49:14: error: hostname \"*.example.com\" is not a public DNS name (two or more labels of a-z, 0-9 and '-', no wildcard)",
