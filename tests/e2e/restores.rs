@@ -151,3 +151,86 @@ fn a_restored_state_directory_reaches_an_agent_that_held_newer_bundles() {
     restored_from_before_three_changes(Db::Sqlite, true);
     restored_from_before_three_changes(Db::Postgres, true);
 }
+
+/// The review of 2026-12-02, finding 2: a database restored from a backup taken before a node
+/// was revoked held it `active` again, and its key went back into its peers' bundles (a token
+/// revoked after the backup could be redeemed again). The state directory's ledger makes both
+/// revocations again when the controller starts on the restored database: op-1 stays revoked,
+/// its key stays out of db-1's files through the next change, and the token stays revoked.
+#[test]
+fn a_revocation_made_after_the_backup_survives_its_restore() {
+    for db in [Db::Sqlite, Db::Postgres] {
+        if matches!(db, Db::Postgres) && !trellis_testing::can_run(trellis_testing::Need::Postgres) {
+            continue;
+        }
+        let mut c = Controller::start(db);
+        let work = TempDir::new("restore-revoked");
+        let (state, root, decl) = (work.path().join("db-1"), work.path().join("root"), work.path().join("decl"));
+        basic_with_extra_nodes(&decl, 0);
+        c.ok(&["apply", decl.to_str().unwrap()]);
+        trellis_testing::cmd::ok(enrol(&c.token("db-1", &[]), &state));
+        trellis_testing::cmd::ok(enrol(&c.token("op-1", &[]), &work.path().join("op-1")));
+        let spare = c.token("api-1", &[]);
+        let tokens: serde_json::Value = serde_json::from_str(&c.ok(&["token", "list", "--json"])).unwrap();
+        let spare_id = tokens.as_array().unwrap().iter().find(|t| t["node"] == "api-1").unwrap()["id"].as_str().unwrap().to_string();
+        let op_key = c.nodes().as_array().unwrap().iter().find(|n| n["name"] == "op-1").unwrap()["wireguard_public_key"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let _agent = Proc(
+            agent_bin()
+                .args([
+                    "run",
+                    "--files-only",
+                    "--max-backoff",
+                    "1",
+                    "--state-dir",
+                    state.to_str().unwrap(),
+                    "--root",
+                    root.to_str().unwrap(),
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let conf = root.join("etc/trellis/wireguard.conf");
+        let holds_op = || std::fs::read_to_string(&conf).unwrap_or_default().contains(&op_key);
+        let until = |what: &str, done: &dyn Fn() -> bool| {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !done() {
+                assert!(Instant::now() < deadline, "{what} within 30 s ({db:?})");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        };
+        until("db-1 holds op-1's key", &holds_op);
+
+        c.stop_serving();
+        let backup = work.path().join("backup");
+        back_up(&c, &backup);
+        c.serve(c.port);
+        c.ok(&["node", "revoke", "op-1"]);
+        c.ok(&["token", "revoke", &spare_id]);
+        until("db-1 drops op-1's key", &|| !holds_op());
+
+        c.stop_serving();
+        restore(&c, &backup, false);
+        c.serve_with(c.port, &["--restored"]);
+        let log = c.log(c.port);
+        assert!(log.contains("audit record(s) decided after the backup are lost") && log.contains("revocations.ledger"), "{log}");
+        let state_now = c.node_state("op-1");
+        assert!(state_now == "revoked" || state_now == "revoking", "op-1 is {state_now} after the restore ({db:?})");
+        let audit = c.ok(&["audit", "list", "--json"]);
+        assert!(audit.contains("re-applied from") && audit.contains("revoked on "), "{audit}");
+        let tokens: serde_json::Value = serde_json::from_str(&c.ok(&["token", "list", "--json"])).unwrap();
+        let t = tokens.as_array().unwrap().iter().find(|t| t["id"] == spare_id.as_str()).unwrap().clone();
+        assert_eq!(t["state"], "revoked", "{t}");
+        let redeem = enrol(&spare, &work.path().join("api-1")).output().unwrap();
+        assert!(!redeem.status.success(), "the revoked token was redeemed after the restore");
+        // The next change reaches db-1 without op-1's key.
+        basic_with_extra_nodes(&decl, 1);
+        c.ok(&["apply", decl.to_str().unwrap()]);
+        until_zone_names(&root, "extra-1").unwrap_or_else(|e| panic!("{e}\n{}", c.log(c.port)));
+        assert!(!holds_op(), "op-1's key is back in db-1's wireguard.conf after the restore ({db:?})");
+    }
+}

@@ -13,6 +13,7 @@ pub mod declarations;
 pub mod enrolment;
 pub mod error;
 pub mod ingress;
+pub mod ledger;
 pub mod metrics;
 pub mod nodes;
 pub mod pools;
@@ -254,6 +255,10 @@ impl Controller {
         }
         c.set_server(server);
         c.start_after_restore(restored).await?;
+        let reapplied = c.reapply_ledger().await?;
+        if reapplied > 0 {
+            tracing::warn!("{reapplied} revocation(s) the database had lost were made again from {}", state.path(ledger::LEDGER).display());
+        }
         c.resume_ca_rotation().await?;
         Ok(c)
     }

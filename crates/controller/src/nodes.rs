@@ -267,6 +267,13 @@ impl Controller {
             Err(other) => return Err(other.into()),
         }
         self.publisher.set_state(name, EnrolledState::Revoked);
+        let record = self.store.node(name).await?;
+        self.remember(crate::ledger::Entry::Node {
+            name: name.to_string(),
+            key: record.as_ref().and_then(|r| r.wg_public_key.clone()),
+            serial: record.as_ref().and_then(|r| r.cert_serial.clone()),
+            at: audit.at,
+        });
         self.ask_publish();
         Ok(proto::WhoAmI { node: name.to_string(), state: EnrolledState::Revoked })
     }

@@ -68,8 +68,15 @@ impl Controller {
                 self.high_water_mark()
             );
         }
+        let lost = match (self.checkpoint.as_ref().and_then(|p| audit::read_checkpoint(p)), self.store.audit_head().await) {
+            (Some(cp), Ok(head)) if cp.seq > head => format!("{} audit record(s) decided after the backup are lost", cp.seq - head),
+            _ => "decisions made after the backup are lost".to_string(),
+        };
         let past = self.recover_from_restore(&why).await?;
-        tracing::warn!("restored from a backup: {why}; every bundle version moved past {past}, the restore recorded in the audit chain");
+        tracing::warn!(
+            "restored from a backup: {why}; every bundle version moved past {past}, the restore recorded in the audit chain. {lost}: revocations of nodes and tokens and controllers removed are made again from the state directory's {}; approvals, rotations, declarations applied and tokens issued since must be made again",
+            crate::ledger::LEDGER
+        );
         Ok(())
     }
 

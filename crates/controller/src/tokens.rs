@@ -137,6 +137,7 @@ impl Controller {
         if !self.store.revoke_token(id, &audit).await? {
             return Err(Error::TokenNotRevocable { id: id.to_string(), state: token_state(&t, self.now()) });
         }
+        self.remember(crate::ledger::Entry::Token { id: id.to_string(), at: audit.at });
         let t = self.store.token(id).await?.ok_or_else(|| Error::internal("revoking a token", "it vanished"))?;
         Ok(token_info(&t, self.now()))
     }

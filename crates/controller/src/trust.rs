@@ -149,6 +149,7 @@ impl Controller {
             detail: list.controllers.join(", "),
         };
         self.store.set_controllers(&list.controllers, audit.at, &audit).await?;
+        self.remember(crate::ledger::Entry::Controller { address: address.to_string(), at: audit.at });
         self.ask_publish();
         Ok(list)
     }
