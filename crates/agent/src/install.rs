@@ -75,6 +75,7 @@ impl Installer {
             error: None,
             files: Vec::new(),
             at: now,
+            unmanaged: self.scope.files_only || !self.scope.wireguard,
         };
         let (mut held, mut observed) = (held(&self.manifest), self.observed());
         if again {

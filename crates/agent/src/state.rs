@@ -37,6 +37,8 @@ pub const STATUS: &str = "agent-status.json";
 pub const EVIDENCE: &str = "evidence.jsonl";
 /// The sequence number of the next evidence record.
 pub const EVIDENCE_NEXT: &str = "evidence.next";
+/// Locked (`flock`) by the agent that works on the directory, `run` or `apply`.
+pub const LOCK: &str = "agent.lock";
 
 /// A JSON state file, or the default when it is missing or unreadable.
 fn read_json<T: for<'de> Deserialize<'de> + Default>(path: &Path) -> T {
@@ -46,6 +48,32 @@ fn read_json<T: for<'de> Deserialize<'de> + Default>(path: &Path) -> T {
 /// Writes a JSON state file atomically, mode 0600.
 fn write_json<T: Serialize>(path: &Path, v: &T) -> Result<()> {
     Ok(trellis_files::replace(path, &serde_json::to_vec_pretty(v)?, 0o600)?)
+}
+
+/// Takes the directory's lock for as long as the file returned stays open, or refuses in one
+/// sentence when another agent holds it: `run` and `apply` at once would each load the ruleset
+/// and write the files against a view of them the other has changed. A lock, not a pid file: it
+/// goes with the process however that ends.
+pub fn lock(dir: &Path) -> Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(LOCK);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    // SAFETY: flock on a descriptor held open by `file`.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            anyhow::bail!("another trellis-agent holds the state directory {}: stop it, or wait for its apply to end", dir.display());
+        }
+        return Err(e).with_context(|| format!("cannot lock {}", path.display()));
+    }
+    Ok(file)
 }
 
 // --- identity --------------------------------------------------------------------------------
@@ -302,7 +330,7 @@ mod tests {
     use super::*;
 
     fn record(version: i64) -> proto::Evidence {
-        proto::Evidence { seq: 0, version, result: proto::EvidenceResult::Applied, error: None, files: Vec::new(), at: 1 }
+        proto::Evidence { seq: 0, version, result: proto::EvidenceResult::Applied, error: None, files: Vec::new(), at: 1, unmanaged: false }
     }
 
     #[test]

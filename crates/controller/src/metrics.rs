@@ -455,6 +455,7 @@ mod tests {
             holders_known: true,
             holders: 1,
             holding: Vec::new(),
+            unverified: Vec::new(),
         };
         NodeStatus { revocation: Some(revocation), ..node(name, NodeState::Revoking, None, None, 0) }
     }

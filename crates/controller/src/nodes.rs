@@ -314,6 +314,7 @@ impl Controller {
                 error: r.error.as_deref().map(|e| bounded(e, MAX_EVIDENCE_ERROR)),
                 files: serde_json::to_string(&r.files).map_err(|e| Error::internal("recording evidence", e))?,
                 at: r.at,
+                unmanaged: r.unmanaged,
             });
         }
         let (accepted, duplicates) = self.store.add_evidence(&who.name, &records, self.now()).await?;

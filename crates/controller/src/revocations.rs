@@ -116,6 +116,7 @@ pub(crate) fn judge(r: &RevocationRecord, state_of: &dyn Fn(&str) -> Option<Node
             holders_known: true,
             holders: r.holders_counted as usize,
             holding: Vec::new(),
+            unverified: r.unverified.clone(),
         };
     }
     let counted: Vec<_> = r.holders.iter().filter(|h| state_of(&h.holder) == Some(NodeState::Active)).collect();
@@ -130,6 +131,9 @@ pub(crate) fn judge(r: &RevocationRecord, state_of: &dyn Fn(&str) -> Option<Node
             last_error: None,
         })
         .collect();
+    // A holder whose every report came from an agent that manages no interface is counted (it
+    // applied what it was given), and named: nothing says its data plane dropped the key.
+    let unverified = counted.iter().filter(|h| h.applied_at.is_some() && !h.verified).map(|h| h.holder.clone()).collect();
     let completed_at = (r.holders_known && holding.is_empty())
         .then(|| counted.iter().filter_map(|h| h.applied_at).max().unwrap_or(r.decided_at).max(r.decided_at));
     proto::Revocation {
@@ -141,6 +145,7 @@ pub(crate) fn judge(r: &RevocationRecord, state_of: &dyn Fn(&str) -> Option<Node
         holders_known: r.holders_known,
         holders: counted.len(),
         holding,
+        unverified,
     }
 }
 
@@ -228,12 +233,22 @@ impl Controller {
                         v.holders, v.seconds
                     ),
                     _ => format!(
-                        "every node that held its key applied a bundle without it: {} holder(s), {} s after the decision",
-                        v.holders, v.seconds
+                        "every node that held its key reported applying a bundle without it: {} holder(s), {} s after the decision{}",
+                        v.holders,
+                        v.seconds,
+                        if v.unverified.is_empty() {
+                            String::new()
+                        } else {
+                            format!(
+                                "; {} of them ({}) manage no WireGuard interface, so nothing verifies that their data plane dropped it",
+                                v.unverified.len(),
+                                v.unverified.join(", ")
+                            )
+                        }
                     ),
                 },
             };
-            if self.store.complete_revocation(&r.node, at, v.holders as i64, &audit).await? {
+            if self.store.complete_revocation(&r.node, at, v.holders as i64, &v.unverified, &audit).await? {
                 tracing::info!(node = %r.node, kind = %r.kind, holders = v.holders, seconds = v.seconds, "every holder dropped the key");
                 recorded += 1;
             }

@@ -394,8 +394,15 @@ async fn revocation(agents: &Arc<Vec<Agent>>, held: &[u64], base: &str, admin: &
                 let Some(v) = v.filter(|v| status == 200 && *v > held) else { continue };
                 (held, seq) = (v, seq + 1);
                 let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs() as i64;
-                let applied =
-                    proto::Evidence { seq, version: v as i64, result: proto::EvidenceResult::Applied, error: None, files: vec![], at };
+                let applied = proto::Evidence {
+                    seq,
+                    version: v as i64,
+                    result: proto::EvidenceResult::Applied,
+                    error: None,
+                    files: vec![],
+                    at,
+                    unmanaged: false,
+                };
                 let resp =
                     agent.http.post(format!("{base}/v1/evidence")).json(&proto::EvidenceBatch { records: vec![applied] }).send().await?;
                 if !resp.status().is_success() {

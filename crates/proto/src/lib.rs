@@ -300,6 +300,11 @@ pub struct Evidence {
     pub files: Vec<EvidenceFile>,
     /// Unix seconds, by the node's clock.
     pub at: i64,
+    /// The agent manages no WireGuard interface (`--wireguard none`, `--files-only`): what it
+    /// applied says nothing of the data plane. Sent only when true, so a controller older than
+    /// the field hears agents that manage their interface as before.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unmanaged: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -377,6 +382,11 @@ pub struct Revocation {
     pub holders: usize,
     /// Those of them that still hold it, by name.
     pub holding: Vec<KeyHolder>,
+    /// Those that reported applying a bundle without the key from an agent that manages no
+    /// WireGuard interface (`--wireguard none`, `--files-only`): counted, but what they reported
+    /// proves nothing of their data plane.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unverified: Vec<String>,
 }
 
 /// A node that held a revoked node's key and has not reported applying a version without it.
@@ -411,14 +421,26 @@ impl Revocation {
             Withdrawal::Removal => ("removing", "removed", "dropped its key", "still hold its key"),
             Withdrawal::Routes => ("withdrawing routes", "routes withdrawn", "stopped routing through it", "still route through it"),
         };
+        let unverified = if self.unverified.is_empty() {
+            String::new()
+        } else {
+            let names: Vec<String> = self.unverified.iter().map(|n| printable(n).into_owned()).collect();
+            format!("; unverified, managing no WireGuard interface: {}", names.join(", "))
+        };
         if self.complete() {
-            return format!("{done} (in {}, {} peer(s) {dropped})", duration(self.seconds), self.holders);
+            return format!("{done} (in {}, {} peer(s) {dropped}{unverified})", duration(self.seconds), self.holders);
         }
         if !self.holders_known {
             return format!("{doing} (for {}: the publish run that drops its key has not run yet)", duration(self.seconds));
         }
         let held: Vec<String> = self.holding.iter().map(|h| format!("{} {}", printable(&h.name), h.why(now))).collect();
-        format!("{doing} (for {}; {} of {} peer(s) {hold}: {})", duration(self.seconds), self.holding.len(), self.holders, held.join("; "))
+        format!(
+            "{doing} (for {}; {} of {} peer(s) {hold}: {}{unverified})",
+            duration(self.seconds),
+            self.holding.len(),
+            self.holders,
+            held.join("; ")
+        )
     }
 }
 
@@ -561,6 +583,7 @@ mod tests {
                 holder("web-2", None, Some(4), Some(now - 5), Some("nft: error\n  at line 3")),
                 holder("ci-1", Some(2), None, None, None),
             ],
+            unverified: Vec::new(),
         };
         assert_eq!(
             r.summary(now),

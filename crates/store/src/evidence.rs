@@ -16,6 +16,8 @@ pub struct EvidenceRecord {
     /// JSON: per-file path, SHA-256 and result.
     pub files: String,
     pub at: i64,
+    /// The agent manages no WireGuard interface (`proto::Evidence::unmanaged`).
+    pub unmanaged: bool,
 }
 
 /// How many evidence records are kept per node: older ones are pruned (and counted) so that one
@@ -51,7 +53,7 @@ impl Store {
         let below: i64 = floor.map(|r| r.try_get("below")).transpose()?.unwrap_or(0);
         let mut accepted = 0;
         for r in records.iter().filter(|r| r.seq > below) {
-            let n = sqlx::query("INSERT INTO evidence (node, seq, version, result, error, files, at, received_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (node, seq) DO NOTHING")
+            let n = sqlx::query("INSERT INTO evidence (node, seq, version, result, error, files, at, received_at, unmanaged) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (node, seq) DO NOTHING")
                 .bind(node)
                 .bind(r.seq)
                 .bind(r.version)
@@ -60,6 +62,7 @@ impl Store {
                 .bind(r.files.clone())
                 .bind(r.at)
                 .bind(received_at)
+                .bind(i64::from(r.unmanaged))
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();
@@ -132,7 +135,7 @@ impl Store {
 
     /// Every evidence record of one node, in sequence order.
     pub async fn evidence(&self, node: &str) -> Result<Vec<EvidenceRecord>> {
-        let rows = sqlx::query("SELECT seq, version, result, error, files, at FROM evidence WHERE node = $1 ORDER BY seq")
+        let rows = sqlx::query("SELECT seq, version, result, error, files, at, unmanaged FROM evidence WHERE node = $1 ORDER BY seq")
             .bind(node)
             .fetch_all(&self.pool)
             .await?;
@@ -145,6 +148,7 @@ impl Store {
                     error: r.try_get("error")?,
                     files: r.try_get("files")?,
                     at: r.try_get("at")?,
+                    unmanaged: r.try_get::<i64, _>("unmanaged")? != 0,
                 })
             })
             .collect()

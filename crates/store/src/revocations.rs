@@ -21,6 +21,9 @@ pub struct RevocationRecord {
     /// When it completed, once recorded, and the holders it counted then.
     pub completed_at: Option<i64>,
     pub holders_counted: i64,
+    /// Of the holders it counted when it completed, those whose agents manage no WireGuard
+    /// interface (their reports prove nothing of the data plane).
+    pub unverified: Vec<String>,
     /// The holders (only for an open revocation).
     pub holders: Vec<HolderRecord>,
 }
@@ -32,6 +35,8 @@ pub struct HolderRecord {
     pub dropped_in: Option<i64>,
     /// When the controller received its first report of applying `dropped_in` or later.
     pub applied_at: Option<i64>,
+    /// Whether one of those reports came from an agent that manages its WireGuard interface.
+    pub verified: bool,
 }
 
 impl Store {
@@ -41,7 +46,7 @@ impl Store {
     pub async fn revocations(&self, open_only: bool) -> Result<Vec<RevocationRecord>> {
         let filter = if open_only { " WHERE completed_at IS NULL" } else { "" };
         let rows = sqlx::query(&format!(
-            "SELECT node, kind, decided_at, holders_known, completed_at, holders FROM revocations{filter} ORDER BY decided_at, node"
+            "SELECT node, kind, decided_at, holders_known, completed_at, holders, unverified FROM revocations{filter} ORDER BY decided_at, node"
         ))
         .fetch_all(&self.pool)
         .await?;
@@ -55,6 +60,7 @@ impl Store {
                     holders_known: r.try_get::<i64, _>("holders_known")? != 0,
                     completed_at: r.try_get("completed_at")?,
                     holders_counted: r.try_get("holders")?,
+                    unverified: r.try_get::<String, _>("unverified")?.split(',').filter(|n| !n.is_empty()).map(str::to_string).collect(),
                     holders: Vec::new(),
                 })
             })
@@ -64,7 +70,8 @@ impl Store {
         }
         // Evidence is keyed by (node, seq): the join reads each holder's records only.
         let rows = sqlx::query(
-            "SELECT h.node, h.holder, h.dropped_in, MIN(e.received_at) AS applied_at FROM revocation_holders h \
+            "SELECT h.node, h.holder, h.dropped_in, MIN(e.received_at) AS applied_at, \
+             CAST(MAX(CASE WHEN e.unmanaged = 0 THEN 1 ELSE 0 END) AS BIGINT) AS verified FROM revocation_holders h \
              JOIN revocations r ON r.node = h.node \
              LEFT JOIN evidence e ON e.node = h.holder AND e.result = $1 AND e.version >= h.dropped_in \
              WHERE r.completed_at IS NULL GROUP BY h.node, h.holder, h.dropped_in ORDER BY h.node, h.holder",
@@ -78,6 +85,7 @@ impl Store {
                 holder: r.try_get("holder")?,
                 dropped_in: r.try_get("dropped_in")?,
                 applied_at: r.try_get("applied_at")?,
+                verified: r.try_get::<Option<i64>, _>("verified")?.unwrap_or(0) != 0,
             });
         }
         for r in &mut out {
@@ -159,18 +167,20 @@ impl Store {
 
     /// Records that a revocation completed at `at`, counting `holders`, with its audit record;
     /// only once, whichever replica sees it first. Returns whether this call recorded it.
-    pub async fn complete_revocation(&self, node: &str, at: i64, holders: i64, audit: &Audit<'_>) -> Result<bool> {
+    pub async fn complete_revocation(&self, node: &str, at: i64, holders: i64, unverified: &[String], audit: &Audit<'_>) -> Result<bool> {
         let node = node.to_string();
+        let unverified = unverified.join(",");
         let r = self
             .decide(audit, |tx| {
-                let node = node.clone();
+                let (node, unverified) = (node.clone(), unverified.clone());
                 Box::pin(async move {
                     let n = sqlx::query(
-                        "UPDATE revocations SET completed_at = $1, holders = $2 WHERE node = $3 AND completed_at IS NULL AND holders_known = 1",
+                        "UPDATE revocations SET completed_at = $1, holders = $2, unverified = $4 WHERE node = $3 AND completed_at IS NULL AND holders_known = 1",
                     )
                     .bind(at)
                     .bind(holders)
                     .bind(node.clone())
+                    .bind(unverified)
                     .execute(&mut **tx)
                     .await?
                     .rows_affected();

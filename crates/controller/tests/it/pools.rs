@@ -195,7 +195,15 @@ async fn members_are_published_listed_and_removed_after_ephemeral_after() {
         assert!(r.summary(T0 + 200).starts_with("removing (for "), "{}", r.summary(T0 + 200));
         for who in &peers {
             let version = c.bundle(&who.name).unwrap().version;
-            let applied = proto::Evidence { seq: 1, version, result: proto::EvidenceResult::Applied, error: None, files: vec![], at: T0 };
+            let applied = proto::Evidence {
+                seq: 1,
+                version,
+                result: proto::EvidenceResult::Applied,
+                error: None,
+                files: vec![],
+                at: T0,
+                unmanaged: false,
+            };
             c.evidence(who, &proto::EvidenceBatch { records: vec![applied] }).await.unwrap();
         }
         assert!(c.nodes().await.unwrap().iter().all(|n| n.name != "ci-1"), "removed: every peer dropped its key");

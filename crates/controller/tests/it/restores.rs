@@ -110,6 +110,7 @@ async fn a_node_ahead_of_a_restored_database_gets_its_next_bundle_above_what_it_
             error: None,
             files: Vec::new(),
             at: trellis_testing::controller::T0,
+            unmanaged: false,
         };
         c.evidence(&who, &proto::EvidenceBatch { records: vec![evidence] }).await.unwrap();
         let status = c.status().await.unwrap();

@@ -28,17 +28,27 @@ fn mesh(names: &[&str]) -> Vec<proto::DeclFile> {
 
 const NODES: [&str; 4] = ["gone-1", "peer-1", "peer-2", "peer-3"];
 
-/// An enrolled node as its agent is: its identity, and the evidence sequence number it is at.
+/// An enrolled node as its agent is: its identity, the evidence sequence number it is at, and
+/// whether it manages no WireGuard interface (`--wireguard none`, `--files-only`).
 struct Agent {
     who: NodeIdentity,
     seq: i64,
+    unmanaged: bool,
 }
 
 impl Agent {
     /// Reports applying (or failing to apply) `version`.
     async fn report(&mut self, c: &Controller, version: i64, result: EvidenceResult, error: Option<&str>) {
         self.seq += 1;
-        let record = proto::Evidence { seq: self.seq, version, result, error: error.map(String::from), files: vec![], at: T0 };
+        let record = proto::Evidence {
+            seq: self.seq,
+            version,
+            result,
+            error: error.map(String::from),
+            files: vec![],
+            at: T0,
+            unmanaged: self.unmanaged,
+        };
         c.evidence(&self.who, &proto::EvidenceBatch { records: vec![record] }).await.unwrap();
     }
 
@@ -280,7 +290,7 @@ async fn enrol_all(c: &Controller, names: &[&str]) -> Vec<Agent> {
         let (req, _) = trellis_testing::controller::enrol_request(&token, key);
         let enrolled = c.enrol(req).await.unwrap();
         let der = trellis_pki::pem_to_der(&enrolled.node_cert_pem, "CERTIFICATE").unwrap();
-        agents.push(Agent { who: c.authenticate_node(Some(&der)).await.unwrap(), seq: 0 });
+        agents.push(Agent { who: c.authenticate_node(Some(&der)).await.unwrap(), seq: 0, unmanaged: false });
     }
     c.publish().await.unwrap();
     for a in &mut agents {
@@ -394,5 +404,49 @@ async fn a_hub_no_longer_a_hub_is_followed_until_the_nodes_it_relayed_for_applie
         let r = state(c, "hub-1").await.1.unwrap();
         assert!(r.complete(), "{db}: {r:?}");
         assert_eq!(c.settle_revocations().await.unwrap(), 1);
+    }
+}
+
+/// The review of 2026-12-02, finding 11: a holder whose agent manages no WireGuard interface
+/// reported `applied` like any other, and the revocation read as if its data plane had dropped
+/// the key. It still counts (it applied what it was given), but it is named as unverified in
+/// the roster's sentence and in the completion's audit record, which says what the holders
+/// reported, not what they did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_that_manages_no_interface_is_named_unverified() {
+    for db in trellis_testing::databases().await {
+        let (fx, mut agents) = enrolled(db.clone()).await;
+        let c = &fx.c;
+        agents[2].unmanaged = true;
+        c.revoke("gone-1").await.unwrap();
+        c.publish().await.unwrap();
+        for a in &mut agents[1..] {
+            a.applies(c).await;
+        }
+        let (s, r) = state(c, "gone-1").await;
+        let r = r.unwrap();
+        assert_eq!((s, r.unverified.clone()), (NodeState::Revoked, vec!["peer-2".to_string()]), "{db}: {r:?}");
+        assert!(
+            r.summary(T0).ends_with("3 peer(s) dropped its key; unverified, managing no WireGuard interface: peer-2)"),
+            "{}",
+            r.summary(T0)
+        );
+        assert_eq!(c.settle_revocations().await.unwrap(), 1);
+        let audit = c.audit().await.unwrap();
+        let done = audit.iter().find(|r| r.action == AuditAction::RevocationCompleted.as_str()).unwrap();
+        assert!(
+            done.detail.starts_with("every node that held its key reported applying a bundle without it: 3 holder(s)"),
+            "{}",
+            done.detail
+        );
+        assert!(
+            done.detail
+                .ends_with("; 1 of them (peer-2) manage no WireGuard interface, so nothing verifies that their data plane dropped it"),
+            "{}",
+            done.detail
+        );
+        // Recorded, it still says so.
+        let (_, r) = state(c, "gone-1").await;
+        assert_eq!(r.unwrap().unverified, ["peer-2"], "{db}");
     }
 }

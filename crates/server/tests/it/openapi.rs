@@ -102,6 +102,7 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
         error: Some("e".into()),
         files: vec![file.clone()],
         at: 3,
+        unmanaged: true,
     };
     let mut c = Vec::new();
     let d = &doc;
@@ -227,6 +228,7 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
         holders_known: true,
         holders: 3,
         holding: vec![holder.clone()],
+        unverified: vec!["op-1".into()],
     };
     let revoking = proto::NodeStatus { state: proto::NodeState::Revoking, revocation: Some(revocation.clone()), ..status };
     sample(d, "NodeStatus", revoking, &mut c);

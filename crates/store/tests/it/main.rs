@@ -247,6 +247,7 @@ async fn evidence_is_append_only_idempotent_and_shows_gaps() {
             error: error.map(str::to_string),
             files: "[]".into(),
             at: 100 + seq,
+            unmanaged: false,
         };
         let batch = vec![
             rec(1, 1, EvidenceResult::Applied, None),
@@ -271,7 +272,15 @@ async fn evidence_is_append_only_idempotent_and_shows_gaps() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evidence_is_bounded_per_node_and_pruning_keeps_gaps_countable() {
     each_backend(|s| async move {
-        let rec = |seq: i64| EvidenceRecord { seq, version: 1, result: EvidenceResult::Applied, error: None, files: "[]".into(), at: seq };
+        let rec = |seq: i64| EvidenceRecord {
+            seq,
+            version: 1,
+            result: EvidenceResult::Applied,
+            error: None,
+            files: "[]".into(),
+            at: seq,
+            unmanaged: false,
+        };
         let total = trellis_store::EVIDENCE_KEPT + 1500;
         let mut seq = 1;
         while seq <= total {
@@ -425,7 +434,15 @@ async fn a_member_out_of_contact_is_removed_once() {
             .unwrap()
             .unwrap();
         }
-        let ev = EvidenceRecord { seq: 1, version: 1, result: EvidenceResult::Applied, error: None, files: "[]".into(), at: 1_000 };
+        let ev = EvidenceRecord {
+            seq: 1,
+            version: 1,
+            result: EvidenceResult::Applied,
+            error: None,
+            files: "[]".into(),
+            at: 1_000,
+            unmanaged: false,
+        };
         s.add_evidence("ci-1", std::slice::from_ref(&ev), 1_000).await.unwrap();
         s.touch_all(&[("ci-2".to_string(), 1_500)]).await.unwrap();
         // enrolled_at is 1000: a cutoff at 1000 removes nobody; at 1200, ci-1 (no contact since).
