@@ -355,6 +355,63 @@ impl Controller {
         self.run_ca(rotations.iter().find(|r| r.kind == CA_ROTATION)).await.map(|_| ())
     }
 
+    /// Certifies the services CA again, for the declaration's domain and overlay prefixes alone,
+    /// when the certificate in force does not say exactly that (it was made by `trellis init`
+    /// before any domain was declared, or the domain or the overlay changed): name constraints,
+    /// so that its key, leaked, mints nothing a client trusting the mesh CA takes outside the
+    /// mesh (the review of 2026-12-02, finding 12). Audited. Every publish run asks; when
+    /// nothing changed it costs a comparison.
+    pub(crate) async fn scope_services_ca(&self, mesh: &trellis_core::decl::MeshSettings) -> Result<()> {
+        use trellis_pki::services::{name_constraints_of, ServiceScope};
+        let prefixes = [
+            mesh.overlay_ipv4.map(|p| (std::net::IpAddr::V4(p.network()), p.prefix_len())),
+            mesh.overlay_ipv6.map(|p| (std::net::IpAddr::V6(p.network()), p.prefix_len())),
+        ];
+        let scope = ServiceScope { domain: mesh.domain.clone(), prefixes: prefixes.into_iter().flatten().collect() };
+        let want = scope.name_constraints();
+        let (services, issuer) = {
+            let a = self.authority();
+            let Some(services) = a.services.clone() else { return Ok(()) };
+            // The certificate last looked at, and what it carries: a rotation's new services CA
+            // is another certificate, looked at again.
+            let seen = (services.cert_pem().to_string(), want.clone());
+            if self.services_scope.lock().expect("services scope").as_ref() == Some(&seen) {
+                return Ok(());
+            }
+            if name_constraints_of(services.cert_pem()).as_deref() == Some(&want[..]) {
+                *self.services_scope.lock().expect("services scope") = Some(seen);
+                return Ok(());
+            }
+            // Certified by the CA that certified it before: the next one during a rotation.
+            let issuer = match &a.next {
+                Some(n) if issued_under(services.cert_pem(), &n.subject) => n.ca.clone(),
+                _ => a.current.clone(),
+            };
+            (services, issuer)
+        };
+        let (pem, scoped) = {
+            let _changing = self.cert_changes.lock().expect("certificate changes");
+            services
+                .scoped(&issuer, "trellis", &scope, self.system_time(), self.random())
+                .map_err(|e| Error::internal("scoping the services CA", e))?
+        };
+        self.keep(crate::state::SERVICES_CA_CERT, pem.as_bytes(), 0o644)?;
+        *self.services_scope.lock().expect("services scope") = Some((scoped.cert_pem().to_string(), want));
+        self.authority.write().expect("authority").services = Some(Arc::new(scoped));
+        let subject = format!("{} {}", mesh.domain, scope.prefixes.iter().map(|(a, l)| format!("{a}/{l}")).collect::<Vec<_>>().join(" "));
+        let audit = Audit {
+            at: self.now(),
+            actor: "controller",
+            action: AuditAction::ServicesCaScoped,
+            subject: &subject,
+            detail: "the services CA certifies DNS names and SPIFFE IDs of this domain and addresses of these prefixes, nothing else"
+                .into(),
+        };
+        self.store.record(&audit).await?;
+        tracing::info!("the services CA is certified for {subject} alone from now on");
+        Ok(())
+    }
+
     /// Renews the server certificate once two thirds of its lifetime have passed (counted from
     /// when it was made), under the CA that issues now, and serves with it from the next
     /// connection on; audited. The server calls it every few seconds.

@@ -137,6 +137,9 @@ pub struct Controller {
     witnessed: std::sync::Mutex<std::collections::HashMap<String, i64>>,
     /// Refused service certificates, counted by node as refused enrolments are by source.
     cert_refusals: refusals::Refusals<String>,
+    /// The services CA's certificate last looked at, with the name constraints it carries
+    /// (`authority`).
+    services_scope: std::sync::Mutex<Option<(String, Vec<u8>)>>,
     /// Service certificates issued, by node and module, and node certificates renewed, by node:
     /// each is audited, so each is held to a rate.
     cert_issues: refusals::Budget,
@@ -186,6 +189,7 @@ impl Controller {
                 turn_away_after: 30,
                 sources: 100_000,
             }),
+            services_scope: Default::default(),
             cert_issues: refusals::Budget::new(ISSUES_PER_THIRD),
             renewals: refusals::Budget::new(ISSUES_PER_THIRD),
         }

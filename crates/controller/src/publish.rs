@@ -525,6 +525,7 @@ impl Controller {
         // Pools' members are nodes of the mesh too (ADR 0019).
         let decl = self.with_members(revision, decl, &records);
         *p.mesh.write().expect("mesh") = decl.mesh.name.clone();
+        self.scope_services_ca(&decl.mesh).await?;
         // The mesh's nodes by name, with the pool of each member: a record is taken for the node
         // of its name only if it is of the same kind (a member of a pool that is gone is never
         // taken for a declared node of its name). A map, not `Declaration::node` (a linear

@@ -78,6 +78,74 @@ pub fn issued_by(cert_der: &[u8], issuer_subject: &[u8]) -> bool {
     X509Certificate::from_der(cert_der).is_ok_and(|(_, c)| c.issuer().as_raw() == issuer_subject)
 }
 
+/// What the services CA may certify (the review of 2026-12-02, finding 12): DNS names in the
+/// mesh's domain, URIs whose host is the domain (`spiffe://DOMAIN/...`) and addresses in the
+/// overlay's prefixes, as each `(address, prefix length)`. A client that trusts the mesh CA then
+/// takes nothing else from it, whoever holds its key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceScope {
+    pub domain: String,
+    pub prefixes: Vec<(IpAddr, u8)>,
+}
+
+const NAME_CONSTRAINTS: [u64; 4] = [2, 5, 29, 30];
+
+/// A DER length.
+fn der_len(n: usize, out: &mut Vec<u8>) {
+    if n < 0x80 {
+        out.push(n as u8);
+    } else {
+        let bytes: Vec<u8> = n.to_be_bytes().into_iter().skip_while(|b| *b == 0).collect();
+        out.push(0x80 | bytes.len() as u8);
+        out.extend(bytes);
+    }
+}
+
+fn der(tag: u8, content: &[u8]) -> Vec<u8> {
+    let mut out = vec![tag];
+    der_len(content.len(), &mut out);
+    out.extend_from_slice(content);
+    out
+}
+
+impl ServiceScope {
+    /// The value of the NameConstraints extension (RFC 5280 4.2.1.10) that permits exactly this
+    /// scope: dNSName and uniformResourceIdentifier the domain, iPAddress each prefix.
+    pub fn name_constraints(&self) -> Vec<u8> {
+        let mut subtrees = Vec::new();
+        // GeneralSubtree ::= SEQUENCE { base GeneralName }; dNSName [2], URI [6], iPAddress [7].
+        subtrees.extend(der(0x30, &der(0x82, self.domain.as_bytes())));
+        subtrees.extend(der(0x30, &der(0x86, self.domain.as_bytes())));
+        for (addr, len) in &self.prefixes {
+            let (mut bytes, bits) = match addr {
+                IpAddr::V4(a) => (a.octets().to_vec(), 32),
+                IpAddr::V6(a) => (a.octets().to_vec(), 128),
+            };
+            let len = (*len as usize).min(bits);
+            let mut mask = vec![0u8; bits / 8];
+            for (i, m) in mask.iter_mut().enumerate() {
+                let on = len.saturating_sub(i * 8).min(8);
+                *m = if on == 0 { 0 } else { 0xffu8 << (8 - on) };
+            }
+            for (b, m) in bytes.iter_mut().zip(&mask) {
+                *b &= m;
+            }
+            bytes.extend(mask);
+            subtrees.extend(der(0x30, &der(0x87, &bytes)));
+        }
+        der(0x30, &der(0xa0, &subtrees))
+    }
+}
+
+/// The value of a certificate's NameConstraints extension, if it has one.
+pub fn name_constraints_of(cert_pem: &str) -> Option<Vec<u8>> {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let der = pem_to_der(cert_pem, "CERTIFICATE").ok()?;
+    let (_, cert) = X509Certificate::from_der(&der).ok()?;
+    let oid = x509_parser::oid_registry::OID_X509_EXT_NAME_CONSTRAINTS;
+    cert.extensions().iter().find(|e| e.oid == oid).map(|e| e.value.to_vec())
+}
+
 /// The services intermediate CA, loaded for signing.
 pub struct ServicesCa {
     cert_pem: String,
@@ -95,6 +163,29 @@ impl ServicesCa {
         }
         let issuer = Issuer::from_ca_cert_pem(cert_pem, key)?;
         Ok(ServicesCa { cert_pem: cert_pem.to_string(), issuer })
+    }
+
+    /// This services CA's key certified again by `ca` for `scope` alone (name constraints,
+    /// critical), valid five years from `now`, named as [`Ca::services_ca`] names it for `mesh`:
+    /// the certificates it signed before still chain to it (same key, same subject), and nothing
+    /// outside the scope does. Returns the new certificate, and the services CA that signs with
+    /// it.
+    pub fn scoped(
+        &self,
+        ca: &Ca,
+        mesh: &str,
+        scope: &ServiceScope,
+        now: SystemTime,
+        random: [u8; 16],
+    ) -> Result<(String, ServicesCa), PkiError> {
+        let mut params = crate::ca_params(&format!("trellis services CA {mesh}"), 0, now, 5 * 365, random);
+        params.use_authority_key_identifier_extension = true;
+        let mut constraints = rcgen::CustomExtension::from_oid_content(&NAME_CONSTRAINTS, scope.name_constraints());
+        constraints.set_criticality(true);
+        params.custom_extensions.push(constraints);
+        let pem = params.signed_by(self.issuer.key(), &ca.issuer)?.pem();
+        let again = ServicesCa::load(&pem, &self.issuer.key().serialize_pem())?;
+        Ok((pem, again))
     }
 
     /// The intermediate's certificate: the chain a service presents after its own.

@@ -133,3 +133,64 @@ fn a_mesh_ca_made_with_path_length_zero_allows_no_services_ca() {
     let ca = Ca::load(&cert.pem(), &key.serialize_pem()).unwrap();
     assert!(!ca.allows_intermediate());
 }
+
+/// The review of 2026-12-02, finding 12: the services CA had no name constraints, so its key
+/// could mint a certificate for any name (the controller's, a bank's) that every client trusting
+/// the mesh CA took. Certified again for the mesh's scope, what it signed in the scope verifies
+/// strictly (its earlier leaves too: same key, same subject), and a leaf its key signs for a
+/// name, an address or a SPIFFE trust domain outside the scope does not.
+#[test]
+fn a_scoped_services_ca_certifies_nothing_outside_the_mesh() {
+    if !can_run(Need::Program("openssl")) {
+        return;
+    }
+    use trellis_pki::services::{name_constraints_of, ServiceScope};
+    let now = SystemTime::now();
+    let (ca, ca_pem, services) = cas(now);
+    let scope =
+        ServiceScope { domain: "acme.mesh".into(), prefixes: vec![("10.88.0.0".parse().unwrap(), 16), ("fd88::".parse().unwrap(), 64)] };
+    let (_key, csr) = service_key_and_csr(&["postgres.acme.mesh".into()]).unwrap();
+    let before = services.sign(&csr, &names(), now, Duration::from_secs(86400), [9; 16]).unwrap().unwrap();
+    assert_eq!(name_constraints_of(services.cert_pem()), None, "made at init, before any domain is declared");
+    let (scoped_pem, scoped) = services.scoped(&ca, "acme", &scope, now, [4; 16]).unwrap();
+    assert_eq!(scoped.cert_pem(), scoped_pem);
+    assert_eq!(name_constraints_of(&scoped_pem), Some(scope.name_constraints()));
+    let dir = TempDir::new("pki-scoped");
+    std::fs::write(dir.join("ca.pem"), &ca_pem).unwrap();
+    std::fs::write(dir.join("chain.pem"), &scoped_pem).unwrap();
+    let p = |n: &str| dir.join(n).to_str().unwrap().to_string();
+    let verifies = |cert: &str, extra: &[&str]| {
+        std::fs::write(dir.join("cert.pem"), cert).unwrap();
+        let (ca, chain, leaf) = (p("ca.pem"), p("chain.pem"), p("cert.pem"));
+        let mut args = vec!["verify", "-x509_strict", "-CAfile", &ca];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["-untrusted", &chain, &leaf]);
+        let (out, d) = run(sh("openssl", &args));
+        (out.status.success(), d)
+    };
+    let (good, d) = verifies(&before.cert_pem, &["-verify_hostname", "postgres.acme.mesh"]);
+    assert!(good, "a leaf signed before the scope still verifies\n{d}");
+    let text = ok(sh("openssl", &["x509", "-noout", "-text", "-in", &p("chain.pem")]));
+    assert!(
+        text.contains("X509v3 Name Constraints: critical") && text.contains("DNS:acme.mesh") && text.contains("URI:acme.mesh"),
+        "{text}"
+    );
+    // What a leaked key would sign: each outside the scope, each refused by the client.
+    let outside = [
+        ServiceNames { dns: vec!["controller.example.com".into()], ips: vec![], uri: "spiffe://acme.mesh/module/x".into() },
+        ServiceNames {
+            dns: vec!["x.acme.mesh".into()],
+            ips: vec!["192.0.2.1".parse().unwrap()],
+            uri: "spiffe://acme.mesh/module/x".into(),
+        },
+        ServiceNames { dns: vec!["x.acme.mesh".into()], ips: vec![], uri: "spiffe://evil.example/module/x".into() },
+        ServiceNames { dns: vec!["acme.mesh.evil.example".into()], ips: vec![], uri: "spiffe://acme.mesh/module/x".into() },
+    ];
+    for n in outside {
+        let (_k, csr) = service_key_and_csr(&n.dns).unwrap();
+        let leaf = services.sign(&csr, &n, now, Duration::from_secs(86400), [5; 16]).unwrap().unwrap();
+        let (good, d) = verifies(&leaf.cert_pem, &[]);
+        assert!(!good, "{n:?} verified under the scoped services CA\n{d}");
+        assert!(d.contains("violation") || d.contains("name constraint"), "{n:?}: {d}");
+    }
+}

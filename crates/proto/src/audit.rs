@@ -49,6 +49,8 @@ crate::state::states! {
         CaRotationCompleted = "CA rotation completed",
         /// The controller's server certificate renewed while serving.
         ServerCertificateRenewed = "server certificate renewed",
+        /// The services CA certified again for the declaration's domain and overlay alone.
+        ServicesCaScoped = "services CA scoped",
     }
 }
 
@@ -268,6 +270,7 @@ mod tests {
                 "CA rotation started",
                 "CA rotation completed",
                 "server certificate renewed",
+                "services CA scoped",
             ]
         );
         for a in AuditAction::ALL {
