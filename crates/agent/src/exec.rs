@@ -86,6 +86,9 @@ pub struct Executor {
     /// The prompted peers still to be checked for a handshake. Behind a lock so that the run loop
     /// follows them up while a long-poll (which borrows the agent) waits.
     follow_up: Mutex<Option<FollowUp>>,
+    /// The ruleset's backend, taken from `backends`: behind a lock so that the run loop checks
+    /// the kernel's table while a long-poll waits (`reconcile`).
+    firewall: Mutex<Option<Box<dyn Firewall + Send>>>,
 }
 
 /// When, after a prompt, a peer still without a handshake is prompted again: each delay after
@@ -122,8 +125,9 @@ struct FollowUp {
 }
 
 impl Executor {
-    pub fn new(backends: Backends, root: PathBuf, key_path: PathBuf) -> Executor {
+    pub fn new(mut backends: Backends, root: PathBuf, key_path: PathBuf) -> Executor {
         Executor {
+            firewall: Mutex::new(backends.firewall.take()),
             backends,
             root,
             key_path,
@@ -179,6 +183,18 @@ impl Executor {
             None => *slot = None,
         }
         keys
+    }
+
+    /// Loads the ruleset loaded last again when the kernel's table is not it (flushed, deleted or
+    /// changed behind the agent's back); the run loop calls it on its tick, so that the overlay
+    /// is not left open until the next bundle. A failure is logged, and the next tick tries
+    /// again.
+    pub fn reconcile(&self) {
+        if let Some(fw) = self.firewall.lock().expect("firewall lock").as_mut() {
+            if let Err(e) = fw.reconcile() {
+                tracing::error!("loading the ruleset again: {e:#}");
+            }
+        }
     }
 
     /// The configuration the interface was last brought to, for the plan's prompts.
@@ -263,7 +279,7 @@ impl Executor {
                 }
             }
             Action::LoadRuleset { path } => {
-                if let Some(fw) = self.backends.firewall.as_mut() {
+                if let Some(fw) = self.firewall.get_mut().expect("firewall lock").as_mut() {
                     fw.apply(&self.root.join(path))?;
                     self.report.ruleset_loaded = fw.loaded();
                 }

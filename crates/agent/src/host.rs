@@ -363,17 +363,59 @@ pub trait Firewall {
     /// Loads the ruleset file in one transaction; on refusal nothing changes.
     fn apply(&mut self, ruleset: &Path) -> Result<()>;
     fn loaded(&self) -> bool;
+    /// Loads the ruleset loaded last again, whole, when the kernel's table is no longer it
+    /// (flushed, deleted or changed behind the agent's back); whether it did. The run loop
+    /// calls it on its tick, so that a flushed table is back within seconds, not at the next
+    /// bundle.
+    fn reconcile(&mut self) -> Result<bool> {
+        Ok(false)
+    }
 }
 
 pub struct Nft {
     loaded: bool,
-    /// The ruleset this process loaded last, which the next is compared with: one that differs
-    /// only in sets' elements is applied as those elements (`ruleset::delta`).
-    text: Option<String>,
+    /// The ruleset this process loaded last, as it read it: the next is compared with it (one
+    /// that differs only in sets' elements is applied as those elements, `ruleset::delta`), and
+    /// it is loaded again, whole, when the kernel's table is found not to be it.
+    last: Option<Loaded>,
+    /// What the kernel's table was known to be after this process's last commit.
+    mark: Mark,
     /// How nft is run: its library in this process, or its program.
     via: Via,
+    /// The network namespace nft runs in (`ip netns exec`, for a test); `None`: this process's.
+    namespace: Option<String>,
+    /// Where the kernel's generation is read.
+    generation: Gen,
     /// How many times a whole file was loaded (the rest were changes of elements).
     whole_loads: u32,
+}
+
+/// A ruleset as this process read and loaded it.
+#[derive(Clone)]
+struct Loaded {
+    path: PathBuf,
+    text: String,
+}
+
+/// The kernel's table as this process's last commit left it: the generation right after the
+/// commit, when no other commit came between (the generation moved by exactly one), and a
+/// digest of the table's listing at that generation, taken at the first check after the commit
+/// rather than on an apply's path (listing ten thousand sources takes milliseconds). A moved
+/// generation with a table that still lists as the digest says is another table's change.
+#[derive(Default)]
+struct Mark {
+    generation: Option<u32>,
+    digest: Option<[u8; 32]>,
+}
+
+/// Whether the kernel's table is the one this process loaded last.
+#[derive(Debug, PartialEq)]
+enum Table {
+    Same,
+    /// Flushed, deleted or changed by another commit, or not known to be the one loaded.
+    Changed,
+    /// The generation cannot be read.
+    Unknown,
 }
 
 enum Via {
@@ -384,14 +426,34 @@ enum Via {
     Program(Vec<String>),
 }
 
+enum Gen {
+    /// Opened at the first commit, in the namespace nft runs in.
+    Untried,
+    Open(crate::nftgen::Generation),
+    /// It did not open (said once, in the log): every change is loaded whole.
+    Missing,
+}
+
 impl Nft {
     pub fn new() -> Self {
-        Nft { loaded: false, text: None, via: Via::Untried, whole_loads: 0 }
+        Nft {
+            loaded: false,
+            last: None,
+            mark: Mark::default(),
+            via: Via::Untried,
+            namespace: None,
+            generation: Gen::Untried,
+            whole_loads: 0,
+        }
     }
 
     /// `nft` run through `ip netns exec NAMESPACE`.
     pub fn in_namespace(namespace: &str) -> Self {
-        Nft { via: Via::Program(["ip", "netns", "exec", namespace, "nft"].map(String::from).to_vec()), ..Nft::new() }
+        Nft {
+            via: Via::Program(["ip", "netns", "exec", namespace, "nft"].map(String::from).to_vec()),
+            namespace: Some(namespace.to_string()),
+            ..Nft::new()
+        }
     }
 
     /// How many times a whole ruleset was loaded, rather than changed in its sets' elements.
@@ -404,8 +466,12 @@ impl Nft {
         matches!(self.via, Via::Library(_))
     }
 
-    /// Runs a ruleset file, or these commands, as one transaction; the error is nft's message.
-    fn run(&mut self, file: &Path, commands: Option<&str>) -> Result<()> {
+    /// Runs these commands (changes of elements, a listing) as one transaction, or, with the
+    /// ruleset's path as `whole`, a whole ruleset's text as nft loads a file. Always the text:
+    /// a ruleset is loaded as the agent read it, never from its path read a second time (the
+    /// file may have changed between the two reads). What nft printed; the error is nft's
+    /// message, which names the ruleset's path and line.
+    fn run(&mut self, commands: &str, whole: Option<&Path>) -> Result<String> {
         if matches!(self.via, Via::Untried) {
             self.via = match crate::libnft::LibNft::load() {
                 Ok(lib) => Via::Library(lib),
@@ -416,30 +482,114 @@ impl Nft {
             };
         }
         match &mut self.via {
-            Via::Library(lib) => match commands {
-                Some(c) => lib.run(c),
-                None => lib.run_file(file),
+            Via::Library(lib) => match whole {
+                Some(path) => lib.load_ruleset(commands, &path.display().to_string()).map(|()| String::new()),
+                None => lib.run(commands),
             },
             Via::Program(program) => {
                 use std::io::Write;
                 let mut cmd = std::process::Command::new(&program[0]);
-                cmd.args(&program[1..]).arg("-f").arg(if commands.is_some() { Path::new("-") } else { file });
+                cmd.args(&program[1..]).args(["-f", "-"]);
                 cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
                 let mut child = cmd.spawn().context("cannot run nft (is nftables installed?)")?;
                 let mut input = child.stdin.take().expect("piped");
-                let written = commands.map_or(Ok(()), |text| input.write_all(text.as_bytes()));
+                let written = input.write_all(commands.as_bytes());
                 drop(input);
                 // Waited for even when it stopped reading early: no child is left unreaped, and
                 // its own message says why.
                 let out = child.wait_with_output().context("cannot run nft")?;
                 if !out.status.success() {
-                    bail!("{}", String::from_utf8_lossy(&out.stderr).trim());
+                    let message = String::from_utf8_lossy(&out.stderr);
+                    let message = match whole {
+                        Some(path) => message.replace("/dev/stdin:", &format!("{}:", path.display())),
+                        None => message.into_owned(),
+                    };
+                    bail!("{}", message.trim());
                 }
                 written.context("cannot give nft its commands")?;
-                Ok(())
+                Ok(String::from_utf8_lossy(&out.stdout).into_owned())
             }
             Via::Untried => unreachable!("tried above"),
         }
+    }
+
+    /// The kernel's ruleset generation in nft's namespace; `None` when it cannot be read.
+    fn generation(&mut self) -> Option<u32> {
+        if matches!(self.generation, Gen::Untried) {
+            let opened = match &self.namespace {
+                Some(ns) => crate::nftgen::Generation::in_namespace(ns),
+                None => crate::nftgen::Generation::open(),
+            };
+            self.generation = match opened {
+                Ok(g) => Gen::Open(g),
+                Err(e) => {
+                    tracing::warn!(
+                        error = %e,
+                        "cannot read the kernel's nftables generation: every ruleset is loaded whole, and a table changed behind the agent's back is put back only by the next one"
+                    );
+                    Gen::Missing
+                }
+            };
+        }
+        match &mut self.generation {
+            Gen::Open(g) => g.read().map_err(|e| tracing::warn!(error = %e, "cannot read the kernel's nftables generation")).ok(),
+            _ => None,
+        }
+    }
+
+    /// A digest of the kernel's table as nft lists it; `None` when there is no table.
+    fn listed(&mut self) -> Option<[u8; 32]> {
+        let listing = self.run(&format!("list table {}\n", crate::ruleset::TABLE), None).ok()?;
+        Some(crate::ruleset::digest(&listing))
+    }
+
+    /// Runs commands that change the table, and marks what the kernel holds after them as this
+    /// process's. A refused transaction changes nothing in the kernel, nor the mark.
+    fn commit(&mut self, commands: &str, whole: Option<&Path>) -> Result<()> {
+        let before = self.generation();
+        self.run(commands, whole)?;
+        let after = self.generation();
+        // Another commit between the two reads leaves the table not known to be this one: the
+        // next check loads it whole.
+        let generation = after.filter(|a| before.is_some_and(|b| *a == crate::nftgen::following(b)));
+        self.mark = Mark { generation, digest: None };
+        Ok(())
+    }
+
+    /// Whether the kernel's table is the one this process loaded last. An unmoved generation
+    /// says so in one netlink round trip; a moved one (a commit to any table) has the table
+    /// listed and compared with the digest. `settle` takes the digest, when there is none yet
+    /// and the generation has not moved since the commit.
+    fn table(&mut self, settle: bool) -> Table {
+        let Some(now) = self.generation() else { return Table::Unknown };
+        if self.mark.generation == Some(now) {
+            if settle && self.mark.digest.is_none() {
+                let digest = self.listed();
+                // Kept only if nothing was committed while the table was listed.
+                if self.generation() == Some(now) {
+                    self.mark.digest = digest;
+                }
+            }
+            return Table::Same;
+        }
+        let Some(known) = self.mark.digest else { return Table::Changed };
+        if self.listed() == Some(known) {
+            self.mark.generation = Some(now);
+            Table::Same
+        } else {
+            Table::Changed
+        }
+    }
+
+    /// Loads a ruleset's text whole, in one transaction that replaces the table.
+    fn load_whole(&mut self, ruleset: Loaded) -> Result<()> {
+        if let Err(e) = self.commit(&ruleset.text, Some(&ruleset.path)) {
+            bail!("nft refused {}: {e:#}", ruleset.path.display());
+        }
+        self.last = Some(ruleset);
+        self.loaded = true;
+        self.whole_loads += 1;
+        Ok(())
     }
 }
 
@@ -452,38 +602,56 @@ impl Default for Nft {
 impl Firewall for Nft {
     fn apply(&mut self, ruleset: &Path) -> Result<()> {
         let text = std::fs::read_to_string(ruleset).with_context(|| format!("cannot read {}", ruleset.display()))?;
-        // Only the elements that changed, when nothing else did: one transaction, which nft
-        // refuses whole if the table is not as this process left it (then it is loaded whole).
-        if let Some(commands) = self.text.as_deref().and_then(|old| crate::ruleset::delta(old, &text)) {
-            if commands.is_empty() {
-                self.text = Some(text);
-                return Ok(());
-            }
-            match self.run(ruleset, Some(&commands)) {
-                Ok(()) => {
-                    tracing::info!(commands = commands.lines().count(), "ruleset changed in its sets' elements");
-                    self.text = Some(text);
+        let new = Loaded { path: ruleset.to_path_buf(), text };
+        // Only the elements that changed, when nothing else did, and only on the table this
+        // process loaded: one changed behind its back (an element or a chain added, rules
+        // flushed) is loaded whole, as a whole load would leave it, never patched.
+        if let Some(commands) = self.last.as_ref().and_then(|old| crate::ruleset::delta(&old.text, &new.text)) {
+            match self.table(false) {
+                Table::Same if commands.is_empty() => {
+                    self.last = Some(new);
                     return Ok(());
                 }
-                Err(e) => tracing::warn!(
-                    error = %format!("{e:#}"),
-                    "the loaded table refused a change of its sets' elements; loading {} whole",
+                Table::Same => match self.commit(&commands, None) {
+                    Ok(()) => {
+                        tracing::info!(commands = commands.lines().count(), "ruleset changed in its sets' elements");
+                        self.last = Some(new);
+                        return Ok(());
+                    }
+                    Err(e) => tracing::warn!(
+                        error = %format!("{e:#}"),
+                        "the loaded table refused a change of its sets' elements; loading {} whole",
+                        ruleset.display()
+                    ),
+                },
+                Table::Changed => tracing::warn!(
+                    "table {} is not the one the agent loaded (changed behind its back); loading {} whole",
+                    crate::ruleset::TABLE,
                     ruleset.display()
                 ),
+                Table::Unknown => {}
             }
         }
-        if let Err(e) = self.run(ruleset, None) {
-            self.text = None;
-            bail!("nft refused {}: {e:#}", ruleset.display());
-        }
-        self.text = Some(text);
-        self.loaded = true;
-        self.whole_loads += 1;
-        Ok(())
+        self.load_whole(new)
     }
 
     fn loaded(&self) -> bool {
         self.loaded
+    }
+
+    fn reconcile(&mut self) -> Result<bool> {
+        // Nothing loaded, nothing to put back; a generation that cannot be read tells nothing.
+        if self.last.is_none() || self.table(true) != Table::Changed {
+            return Ok(false);
+        }
+        let last = self.last.clone().expect("checked");
+        tracing::warn!(
+            "table {} is not the one the agent loaded (flushed, deleted or changed behind its back); loading {} again, as read at its last apply",
+            crate::ruleset::TABLE,
+            last.path.display()
+        );
+        self.load_whole(last)?;
+        Ok(true)
     }
 }
 

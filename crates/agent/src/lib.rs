@@ -16,6 +16,7 @@ pub mod install;
 pub mod libnft;
 pub mod log;
 pub mod metrics;
+pub mod nftgen;
 pub mod plan;
 pub mod routes;
 pub mod ruleset;

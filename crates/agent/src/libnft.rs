@@ -62,8 +62,9 @@ impl LibNft {
         }
     }
 
-    /// Runs these commands as one transaction (as `nft -f -` would); the error is nft's message.
-    pub fn run(&mut self, commands: &str) -> Result<()> {
+    /// Runs these commands as one transaction (as `nft -f -` would). Returns what nft printed
+    /// (a listing); the error is nft's message.
+    pub fn run(&mut self, commands: &str) -> Result<String> {
         let commands = CString::new(commands).context("nft commands hold a NUL byte")?;
         // SAFETY: `ctx` is a live context and `commands` a NUL-terminated string that outlives
         // the call.
@@ -71,27 +72,43 @@ impl LibNft {
         self.finish(rc)
     }
 
-    /// Loads a ruleset file as one transaction (as `nft -f FILE` would).
-    pub fn run_file(&mut self, path: &std::path::Path) -> Result<()> {
-        use std::os::unix::ffi::OsStrExt;
-        let path = CString::new(path.as_os_str().as_bytes()).context("a ruleset path holds a NUL byte")?;
-        // SAFETY: as in `run`.
-        let rc = unsafe { (self.from_file)(self.ctx, path.as_ptr()) };
-        self.finish(rc)
+    /// Loads a ruleset's text as one transaction, as `nft -f` loads a file: the text the agent
+    /// read, never its path read a second time (the file may have changed in between). It is
+    /// given as a file of this process's own, in memory, not as a buffer, so that nft's message
+    /// shows the line at fault (for a buffer it shows the first line, whatever the error's);
+    /// `name` stands for that file in the message.
+    pub fn load_ruleset(&mut self, text: &str, name: &str) -> Result<()> {
+        use std::io::Write;
+        use std::os::fd::{AsRawFd, FromRawFd};
+        // SAFETY: a NUL-terminated name; the descriptor is owned as soon as it exists.
+        let fd = unsafe { libc::memfd_create(c"trellis-ruleset".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error()).context("cannot make a file in memory for the ruleset");
+        }
+        // SAFETY: `fd` is a new descriptor nothing else owns.
+        let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+        file.write_all(text.as_bytes()).context("cannot write the ruleset into memory")?;
+        // Opened again by nft through /proc, from its start.
+        let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+        let c_path = CString::new(path.as_str()).expect("no NUL in a /proc path");
+        // SAFETY: as in `run`; `file` stays open until the call returns.
+        let rc = unsafe { (self.from_file)(self.ctx, c_path.as_ptr()) };
+        drop(file);
+        self.finish(rc).map(drop).map_err(|e| anyhow::anyhow!("{}", e.to_string().replace(&path, name)))
     }
 
     /// Takes the buffers (reading one rewinds it for the next run) and the outcome.
-    fn finish(&mut self, rc: c_int) -> Result<()> {
+    fn finish(&mut self, rc: c_int) -> Result<String> {
         // SAFETY: the buffers are NUL-terminated strings owned by the context, read before the
         // next call can change them.
-        let (error, _) = unsafe {
+        let (error, output) = unsafe {
             let text = |p: *const c_char| if p.is_null() { String::new() } else { CStr::from_ptr(p).to_string_lossy().into_owned() };
             (text((self.error)(self.ctx)), text((self.output)(self.ctx)))
         };
         if rc != 0 {
             bail!("{}", error.trim());
         }
-        Ok(())
+        Ok(output)
     }
 }
 

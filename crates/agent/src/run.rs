@@ -76,6 +76,8 @@ pub struct Agent {
     ingress: std::sync::Mutex<crate::ingress::Ingress>,
     /// The ingress status the controller last acknowledged: reported again only when it changes.
     ingress_reported: Option<crate::ingress::IngressStatus>,
+    /// The state directory's lock, held while the agent lives: `run` and `apply` take turns.
+    _lock: std::fs::File,
 }
 
 /// Gives the heap's free pages back to the system after an apply: reading and applying a bundle
@@ -114,6 +116,9 @@ impl Agent {
     pub fn new(opts: Options, mut backends: Backends) -> Result<Agent> {
         let certs = crate::certs::Certs::new(&opts.root, backends.reloader.take());
         let id = Identity::load(&opts.state_dir)?;
+        // Taken before the manifest and the last bundle are read: a second agent would apply
+        // against a view of the host that the first one changes under it.
+        let lock = state::lock(&opts.state_dir)?;
         let keys = id.signing_keys()?;
         let manifest = Manifest::load(&opts.state_dir);
         let scope = Scope { files_only: opts.files_only, wireguard: backends.wireguard.is_some(), dns_port: opts.dns_port };
@@ -123,6 +128,7 @@ impl Agent {
         let client = identity::node_client(&opts.state_dir, &id)?;
         let ingress = crate::ingress::Ingress::new(&id.node, opts.ingress, &opts.root, &opts.state_dir, opts.ingress_api);
         Ok(Agent {
+            _lock: lock,
             ingress: std::sync::Mutex::new(ingress),
             ingress_reported: None,
             evidence: EvidenceBuffer::new(&opts.state_dir),
@@ -491,6 +497,9 @@ impl Agent {
                         p = &mut poll => break Some(p),
                         _ = &mut certs_wake, if certs_due.is_some() => break None,
                         _ = tick.tick() => {
+                            // A ruleset flushed behind the agent's back (a restart of Debian's
+                            // nftables) is back within a tick, not at the next bundle.
+                            self.installer.executor().reconcile();
                             self.tend_ingress();
                             self.snapshot();
                             // A router or certificate changed: reported now, not when the poll returns.
@@ -553,6 +562,9 @@ impl Agent {
                 }
             }
             self.save_status();
+            // Also when no tick came: a poll refused at once (the controller away) waits out its
+            // backoff without ticking.
+            self.installer.executor().reconcile();
             if self.opts.max_applies > 0 && applies >= self.opts.max_applies {
                 return Ok(());
             }
@@ -611,6 +623,59 @@ fn answered(e: trellis_client::Error) -> anyhow::Error {
 mod tests {
     use super::{fresh, rest_of_wait};
     use std::time::Duration;
+
+    /// Review finding 10: `trellis-agent apply` run while `trellis-agent run` works on the same
+    /// state directory raced it (two loads of the ruleset, each process's view of the table
+    /// wrong after the other's). The second is refused in one sentence before it reads anything
+    /// more; once the first is gone, the next goes on.
+    #[test]
+    fn a_second_agent_on_the_same_state_directory_is_refused_in_one_sentence() {
+        use base64::Engine;
+        use std::os::fd::AsRawFd;
+        let dir = trellis_testing::TempDir::new("agent-lock");
+        let (state, root) = (dir.path().join("state"), dir.path().join("root"));
+        std::fs::create_dir_all(&state).unwrap();
+        std::fs::create_dir_all(&root).unwrap();
+        let key = ed25519_dalek::SigningKey::from_bytes(&[7; 32]).verifying_key();
+        crate::state::Identity {
+            node: "db-1".into(),
+            mesh: "basic".into(),
+            controllers: vec!["https://192.0.2.1:8443".into()],
+            signing_public_key: base64::engine::general_purpose::STANDARD.encode(key.as_bytes()),
+            next_signing_public_key: None,
+            state: trellis_proto::EnrolledState::Active,
+        }
+        .save(&state)
+        .unwrap();
+        let agent = || {
+            let opts = super::Options {
+                state_dir: state.clone(),
+                root: root.clone(),
+                files_only: true,
+                wait: 0,
+                max_applies: 0,
+                max_backoff: 1,
+                dns_port: 53,
+                metrics_listen: None,
+                ingress: crate::ingress::IngressMode::None,
+                ingress_api: "127.0.0.1:9180".parse().unwrap(),
+            };
+            let backends = crate::exec::Backends::host(&root, &state, crate::host::WgMode::None, true);
+            super::Agent::new(opts, backends).err().map(|e| e.to_string()).unwrap_or_default()
+        };
+        // The lock a running agent holds, taken as any process takes it.
+        let held = std::fs::File::create(state.join("agent.lock")).unwrap();
+        // SAFETY: flock on a descriptor this test holds open.
+        assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+        assert_eq!(
+            agent(),
+            format!("another trellis-agent holds the state directory {}: stop it, or wait for its apply to end", state.display())
+        );
+        drop(held);
+        // This directory has no certificate, which is as far as the next gets.
+        let e = agent();
+        assert!(!e.contains("another trellis-agent"), "{e}");
+    }
 
     #[test]
     fn a_redelivery_waits_out_the_rest_of_the_poll() {

@@ -1,0 +1,180 @@
+//! The kernel's nftables generation: a number the kernel moves by one at every ruleset
+//! transaction committed in a network namespace, whoever commits it and whatever table it
+//! changes (`NFT_MSG_GETGEN` over netlink, what nft's own cache is checked with). Read right
+//! before and after the agent's own commit, and again later, it says in one netlink round trip
+//! of a few microseconds whether anything was committed since (ADR 0031).
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// `NFTA_GEN_ID` (linux/netfilter/nf_tables.h), which the libc crate does not name.
+const NFTA_GEN_ID: u16 = 1;
+/// A netlink message's header, and nfnetlink's after it.
+const NLMSG_HEADER: usize = 16;
+const NFGEN_HEADER: usize = 4;
+
+/// A netlink socket the generation is read through, in the network namespace it was made in
+/// (a socket keeps it whatever thread uses it).
+pub struct Generation {
+    socket: OwnedFd,
+    seq: u32,
+}
+
+impl Generation {
+    /// A socket in this thread's network namespace.
+    pub fn open() -> io::Result<Generation> {
+        // SAFETY: a plain socket call; the descriptor is owned as soon as it exists.
+        let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::NETLINK_NETFILTER) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a new descriptor nothing else owns.
+        let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+        // A second at most: an answer that does not come must not hold the agent's loop.
+        let timeout = libc::timeval { tv_sec: 1, tv_usec: 0 };
+        // SAFETY: the option's value is a timeval that outlives the call, with its size.
+        let rc = unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&timeout as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Generation { socket, seq: 0 })
+    }
+
+    /// A socket in the named network namespace (`ip netns`), made by a thread that enters it,
+    /// so that this process's own namespace is left as it is.
+    pub fn in_namespace(name: &str) -> io::Result<Generation> {
+        let path = format!("/var/run/netns/{name}");
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let ns = std::fs::File::open(&path).map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))?;
+                // SAFETY: setns on this short-lived thread only, with a namespace file it holds open.
+                if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Generation::open()
+            })
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("the thread entering the network namespace panicked")))
+        })
+    }
+
+    /// The generation now.
+    pub fn read(&mut self) -> io::Result<u32> {
+        self.seq = self.seq.wrapping_add(1);
+        let kind = ((libc::NFNL_SUBSYS_NFTABLES << 8) | libc::NFT_MSG_GETGEN) as u16;
+        const LEN: usize = NLMSG_HEADER + NFGEN_HEADER;
+        let mut request = [0u8; LEN];
+        request[0..4].copy_from_slice(&(LEN as u32).to_ne_bytes());
+        request[4..6].copy_from_slice(&kind.to_ne_bytes());
+        request[6..8].copy_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
+        request[8..12].copy_from_slice(&self.seq.to_ne_bytes());
+        // The port id (0: the kernel fills it in), then nfgenmsg: AF_UNSPEC, NFNETLINK_V0, 0.
+        // SAFETY: the buffer is valid for its length; an unconnected netlink socket sends to the
+        // kernel.
+        let sent = unsafe { libc::send(self.socket.as_raw_fd(), request.as_ptr().cast(), request.len(), 0) };
+        if sent < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut answer = [0u8; 1024];
+        loop {
+            // SAFETY: the buffer is valid for its length.
+            let got = unsafe { libc::recv(self.socket.as_raw_fd(), answer.as_mut_ptr().cast(), answer.len(), 0) };
+            if got < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // An answer to an earlier request that timed out is skipped.
+            if let Some(found) = parse(&answer[..got as usize], self.seq) {
+                return found;
+            }
+        }
+    }
+}
+
+/// The generation in the kernel's answer to request `seq`; `None` when these messages answer
+/// another request.
+fn parse(mut messages: &[u8], seq: u32) -> Option<io::Result<u32>> {
+    let word = |b: &[u8], at: usize| -> Option<u32> { Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?)) };
+    let half = |b: &[u8], at: usize| -> Option<u16> { Some(u16::from_ne_bytes(b.get(at..at + 2)?.try_into().ok()?)) };
+    let newgen = ((libc::NFNL_SUBSYS_NFTABLES << 8) | libc::NFT_MSG_NEWGEN) as u16;
+    while messages.len() >= NLMSG_HEADER {
+        let (Some(len), Some(kind), Some(their_seq)) = (word(messages, 0), half(messages, 4), word(messages, 8)) else { break };
+        let len = len as usize;
+        if len < NLMSG_HEADER || len > messages.len() {
+            return Some(Err(io::Error::other("the kernel's answer to NFT_MSG_GETGEN is cut short")));
+        }
+        let (message, rest) = messages.split_at(len);
+        // Each message is padded to four bytes.
+        messages = &rest[rest.len().min(len.next_multiple_of(4) - len)..];
+        if their_seq != seq {
+            continue;
+        }
+        if kind == libc::NLMSG_ERROR as u16 {
+            let errno = word(message, NLMSG_HEADER).map_or(0, |e| e as i32);
+            return Some(Err(io::Error::from_raw_os_error(-errno)));
+        }
+        if kind != newgen {
+            continue;
+        }
+        let mut attrs = message.get(NLMSG_HEADER + NFGEN_HEADER..).unwrap_or_default();
+        while attrs.len() >= 4 {
+            let (Some(alen), Some(atype)) = (half(attrs, 0), half(attrs, 2)) else { break };
+            let alen = alen as usize;
+            if alen < 4 || alen > attrs.len() {
+                break;
+            }
+            if atype & 0x3fff == NFTA_GEN_ID && alen >= 8 {
+                return Some(Ok(u32::from_be_bytes(attrs[4..8].try_into().expect("four bytes"))));
+            }
+            attrs = &attrs[alen.next_multiple_of(4).min(attrs.len())..];
+        }
+        return Some(Err(io::Error::other("the kernel's answer to NFT_MSG_GETGEN holds no generation")));
+    }
+    None
+}
+
+/// The generation the kernel's next commit gives, after `g` (it skips 0).
+pub fn following(g: u32) -> u32 {
+    match g.wrapping_add(1) {
+        0 => 1,
+        n => n,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A commit moves the generation by exactly one; reading it commits nothing.
+    #[test]
+    fn a_commit_moves_the_generation_by_one() {
+        use trellis_testing::{can_run, Need};
+        if !can_run(Need::Root) || !can_run(Need::Program("nft")) {
+            return;
+        }
+        let ns = format!("trellis-gen-{}", std::process::id());
+        let ip = |args: &[&str]| std::process::Command::new("ip").args(args).output().unwrap();
+        assert!(ip(&["netns", "add", &ns]).status.success());
+        struct Gone(String);
+        impl Drop for Gone {
+            fn drop(&mut self) {
+                let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).output();
+            }
+        }
+        let _gone = Gone(ns.clone());
+        let mut g = Generation::in_namespace(&ns).unwrap();
+        let before = g.read().unwrap();
+        assert_eq!(g.read().unwrap(), before, "reading commits nothing");
+        let out = ip(&["netns", "exec", &ns, "nft", "add", "table", "inet", "gen"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(g.read().unwrap(), following(before));
+        assert_eq!(following(u32::MAX), 1);
+    }
+}
