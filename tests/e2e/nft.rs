@@ -364,3 +364,89 @@ fn a_hub_relays_without_sending_redirects() {
     let listed = hub.ok(&["nft", "list", "table", "inet", "trellis"]);
     assert_eq!(redirects(), before, "the hub sent redirects into the overlay\n{listed}");
 }
+
+/// A sender and a receiver of datagrams in Python, each run in a namespace: `listen PORT SECS`
+/// prints `SOURCE:PORT TEXT` per datagram and answers each; `send SRC SPORT DST DPORT TEXT`.
+const UDP: &str = r#"
+import socket, sys
+if sys.argv[1] == "listen":
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", int(sys.argv[2]))); s.settimeout(float(sys.argv[3]))
+    try:
+        while True:
+            d, a = s.recvfrom(2000); s.sendto(b"ack", a); print(f"{a[0]}:{a[1]} {d.decode()}", flush=True)
+    except socket.timeout:
+        pass
+else:
+    src, sport, dst, dport, msg = sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), sys.argv[6]
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((src, sport)); s.sendto(msg.encode(), (dst, dport))
+"#;
+
+/// An attacker's review of the fix for finding 1: a host on a hub's LAN that takes a-1's overlay
+/// address sent into a flow between a-1 and b-1 through the hub (its datagram matched the flow's
+/// conntrack entry, and the forward chain accepted established traffic before anything looked at
+/// where it came from). The hub's ruleset drops what enters the overlay from outside it with an
+/// overlay source, before any flow is accepted.
+#[test]
+fn a_host_on_a_hubs_lan_cannot_join_a_flow_it_relays() {
+    if !can_run(Need::Root) || !can_run(Need::Program("python3")) {
+        return;
+    }
+    let out = TempDir::new("nft-inject");
+    ok({
+        let mut c = trellis();
+        c.args(["compile", "lab/cgnat", "--all", "--out", out.path().to_str().unwrap()]);
+        c
+    });
+    let read = |n: &str| std::fs::read_to_string(out.path().join(n).join("etc/trellis/wireguard.conf")).unwrap();
+    let (hub4, a4, b4) = (address(&read("hub-1"), false), address(&read("a-1"), false), address(&read("b-1"), false));
+    let mesh = std::fs::read_to_string(trellis_testing::repo().join("lab/cgnat/mesh.toml")).unwrap();
+    let overlay =
+        mesh.lines().find_map(|l| l.strip_prefix("overlay_ipv4 = ")).expect("lab/cgnat's overlay_ipv4").trim_matches('"').to_string();
+    let (hub, a, b, lan) = (Netns::new("ihub"), Netns::new("ia"), Netns::new("ib"), Netns::new("ilan"));
+    // The hub's overlay is a bridge named like the WireGuard interface, a-1 and b-1 on its ports.
+    hub.ok(&["ip", "link", "add", "trellis0", "type", "bridge"]);
+    for (peer, port) in [(&a, "pa"), (&b, "pb")] {
+        ok(sh("ip", &["link", "add", port, "netns", &hub.name, "type", "veth", "peer", "name", "trellis0", "netns", &peer.name]));
+        hub.ok(&["ip", "link", "set", port, "master", "trellis0"]);
+        hub.ok(&["ip", "link", "set", port, "up"]);
+        peer.ok(&["ip", "link", "set", "trellis0", "up"]);
+    }
+    ok(sh("ip", &["link", "add", "eth0", "netns", &hub.name, "type", "veth", "peer", "name", "eth0", "netns", &lan.name]));
+    for dev in ["trellis0", "eth0"] {
+        hub.ok(&["ip", "link", "set", dev, "up"]);
+    }
+    lan.ok(&["ip", "link", "set", "eth0", "up"]);
+    hub.ok(&["ip", "addr", "add", &format!("{hub4}/16"), "dev", "trellis0"]);
+    hub.ok(&["ip", "addr", "add", "192.0.2.1/24", "dev", "eth0"]);
+    hub.ok(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    // Loose reverse-path filtering, systemd's default: a source that is routed anywhere passes.
+    for key in ["all", "default", "eth0", "trellis0"] {
+        hub.ok(&["sysctl", "-qw", &format!("net.ipv4.conf.{key}.rp_filter=2")]);
+    }
+    for (peer, addr) in [(&a, &a4), (&b, &b4)] {
+        peer.ok(&["ip", "addr", "add", &format!("{addr}/32"), "dev", "trellis0"]);
+        peer.ok(&["ip", "route", "add", &overlay, "via", &hub4, "dev", "trellis0", "onlink"]);
+    }
+    lan.ok(&["ip", "addr", "add", "192.0.2.99/24", "dev", "eth0"]);
+    lan.ok(&["ip", "addr", "add", &format!("{a4}/32"), "dev", "eth0"]);
+    lan.ok(&["ip", "route", "add", &format!("{b4}/32"), "via", "192.0.2.1", "src", &a4]);
+    let ruleset = out.path().join("hub-1/etc/trellis/nftables.conf");
+    hub.ok(&["nft", "-f", ruleset.to_str().unwrap()]);
+    let listed = hub.ok(&["nft", "list", "table", "inet", "trellis"]);
+
+    let listener =
+        b.cmd(&["python3", "-c", UDP, "listen", "6000", "4"]).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().expect("python3");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let send = |ns: &Netns, sport: &str, text: &str| {
+        ns.ok(&["python3", "-c", UDP, "send", &a4, sport, &b4, "6000", text]);
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    };
+    // a-1 opens the flow, b-1 answers it: the hub relays both ways.
+    send(&a, "5000", "from-a-1");
+    send(&lan, "5000", "injected-into-the-flow");
+    send(&lan, "5001", "a-new-flow");
+    let heard = String::from_utf8(listener.wait_with_output().unwrap().stdout).unwrap();
+    assert!(heard.contains("from-a-1"), "a-1's datagram did not reach b-1 through the hub: the test cannot tell\n{heard}\n{listed}");
+    assert!(!heard.contains("injected-into-the-flow"), "a host on the hub's LAN joined a-1's flow to b-1\n{heard}\n{listed}");
+    assert!(!heard.contains("a-new-flow"), "a host on the hub's LAN reached b-1 as a-1\n{heard}\n{listed}");
+}

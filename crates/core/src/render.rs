@@ -251,17 +251,20 @@ pub fn nftables(plan: &NodePlan) -> Text {
     }
     s.push_str("\tchain input {\n\t\ttype filter hook input priority filter; policy accept;\n");
     // Linux delivers a packet to any of its addresses whatever interface it came in on, so a
-    // host beside this node on the underlay that routes the overlay's prefix to it would reach
-    // every service bound to its overlay address, past every rule below. Nothing addressed to
-    // the overlay, or claiming one of its addresses as its source, comes in any other way than
-    // through the overlay (or from this node itself); the rest of the underlay is left be.
-    let prefixes =
-        [plan.common.overlay_ipv4.map(|p| ("ip", p.trunc().to_string())), plan.common.overlay_ipv6.map(|p| ("ip6", p.trunc().to_string()))];
-    for (family, prefix) in prefixes.iter().flatten() {
+    // host beside this node on the underlay that routes to its overlay address would reach every
+    // service bound there, past every rule below. Nothing addressed to this node's overlay
+    // addresses, or claiming one of the overlay's addresses as its source, comes in any other
+    // way than through the overlay (or from this node itself), established or not (a spoofed
+    // packet would join a flow's conntrack entry); the rest of the underlay is left be.
+    let own = [plan.ipv4.map(|a| ("ip", a.to_string())), plan.ipv6.map(|a| ("ip6", a.to_string()))];
+    for (family, addr) in own.iter().flatten() {
         let _ = writeln!(
             s,
-            "\t\tiifname != {{ \"{iface}\", \"lo\" }} {family} daddr {prefix} drop comment \"trellis: the overlay's addresses are reached through the overlay only\""
+            "\t\tiifname != {{ \"{iface}\", \"lo\" }} {family} daddr {addr} drop comment \"trellis: the overlay's addresses are reached through the overlay only\""
         );
+    }
+    let prefixes = overlay_prefixes(plan);
+    for (family, prefix) in &prefixes {
         let _ = writeln!(
             s,
             "\t\tiifname != {{ \"{iface}\", \"lo\" }} {family} saddr {prefix} drop comment \"trellis: the overlay's addresses send through the overlay only\""
@@ -283,6 +286,14 @@ pub fn nftables(plan: &NodePlan) -> Text {
     // address as its source, which the receiving node's filter would take for that node.
     // Forwarding between other interfaces is left be.
     s.push_str("\n\tchain forward {\n\t\ttype filter hook forward priority filter; policy accept;\n");
+    // Before the established flows are accepted: a host on the underlay that sends with an
+    // overlay address through a hub or router would otherwise join a flow between two peers.
+    for (family, prefix) in &prefixes {
+        let _ = writeln!(
+            s,
+            "\t\tiifname != \"{iface}\" oifname \"{iface}\" {family} saddr {prefix} drop comment \"trellis: the overlay's addresses send through the overlay only\""
+        );
+    }
     let _ = writeln!(s, "\t\tiifname != \"{iface}\" oifname != \"{iface}\" accept");
     let _ = writeln!(s, "\t\tiifname \"{iface}\" oifname \"{iface}\" accept");
     s.push_str("\t\tct state established,related accept\n\t\tct state invalid drop\n");
@@ -315,6 +326,14 @@ pub fn nftables(plan: &NodePlan) -> Text {
     }
     s.push_str("}\n");
     s.finish()
+}
+
+/// The overlay's prefixes, with the family nftables names each by.
+fn overlay_prefixes(plan: &NodePlan) -> Vec<(&'static str, String)> {
+    [plan.common.overlay_ipv4.map(|p| ("ip", p.trunc().to_string())), plan.common.overlay_ipv6.map(|p| ("ip6", p.trunc().to_string()))]
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
 /// A route as its users' and routers' files hold it (see `RouteBlock`).
