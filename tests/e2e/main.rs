@@ -10,6 +10,7 @@ mod failover;
 mod lab;
 mod metrics;
 mod nft;
+mod pg_failover;
 mod restores;
 mod support;
 mod trust;
