@@ -59,17 +59,28 @@ pub trait Reloader: Send {
     fn reload(&mut self, unit: &str) -> Result<()>;
 }
 
-/// The host's: `systemctl reload-or-restart UNIT`.
+/// The host's: `systemctl try-reload-or-restart UNIT`, which reloads (or restarts) a service that
+/// runs and starts none that does not: a renewal never brings up a unit (a debug shell, say) the
+/// operator has not started. The unit is first resolved to its own name, so that an alias is
+/// checked as what it is.
 pub struct Systemctl;
 
 impl Reloader for Systemctl {
     fn reload(&mut self, unit: &str) -> Result<()> {
+        let id = std::process::Command::new("systemctl")
+            .args(["show", "--property=Id", "--value", "--", unit])
+            .output()
+            .with_context(|| format!("cannot run systemctl to look up {unit}"))?;
+        let id = String::from_utf8_lossy(&id.stdout).trim().to_string();
+        if let Some(why) = (!id.is_empty() && id != unit).then(|| trellis_core::certs::refused_unit(&id)).flatten() {
+            bail!("{unit} is another name of {id}, which {why}; not reloaded");
+        }
         let out = std::process::Command::new("systemctl")
-            .args(["reload-or-restart", "--", unit])
+            .args(["try-reload-or-restart", "--", unit])
             .output()
             .with_context(|| format!("cannot run systemctl to reload {unit}"))?;
         if !out.status.success() {
-            bail!("systemctl reload-or-restart {unit} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
+            bail!("systemctl try-reload-or-restart {unit} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
         }
         Ok(())
     }

@@ -536,8 +536,12 @@ impl Agent {
                             }
                             Err(e) => {
                                 // Refused before anything was written: the previous files stay.
+                                // Asked again at once, the controller would answer the same
+                                // bundle at once (a witness it does not believe, say): the rest
+                                // of the poll is waited out, as for a redelivery.
                                 tracing::error!("refused a bundle: {e}");
                                 self.status.last_error = Some(format!("refused a bundle: {e}"));
+                                redelivered = true;
                             }
                         }
                     }

@@ -97,6 +97,8 @@ const CRITICAL_UNITS: &[&str] = &[
     "serial-getty@.service",
     "emergency.service",
     "rescue.service",
+    "debug-shell.service",
+    "rc-local.service",
 ];
 
 /// Why `unit` may not be a certificate's `reload`, if it may not: only a service unit
@@ -112,9 +114,26 @@ pub fn refused_unit(unit: &str) -> Option<&'static str> {
 }
 
 /// Groups a service key is never given to: those whose members are every user, or who hold
-/// the host already (the key would be everyone's, or root's in all but name).
-const BROAD_GROUPS: &[&str] =
-    &["root", "users", "staff", "sudo", "wheel", "adm", "admin", "disk", "shadow", "nogroup", "nobody", "everyone"];
+/// the host already or can take it (the key would be everyone's, or root's in all but name).
+const BROAD_GROUPS: &[&str] = &[
+    "root",
+    "users",
+    "staff",
+    "sudo",
+    "wheel",
+    "adm",
+    "admin",
+    "disk",
+    "shadow",
+    "nogroup",
+    "nobody",
+    "everyone",
+    "docker",
+    "lxd",
+    "libvirt",
+    "kvm",
+    "systemd-journal",
+];
 
 /// Why `group` may not read a service's key, if it may not.
 pub fn refused_group(group: &str) -> Option<&'static str> {

@@ -289,7 +289,7 @@ fn a_certificate_reloads_only_a_service_and_gives_its_key_only_to_a_services_gro
     }
     assert!(case("reload", "poweroff.target").contains("is not a service unit (`NAME.service`)"));
     assert!(case("reload", "ssh.service").contains("takes the node, its network or the way in down"));
-    for group in ["users", "staff", "root", "sudo", "adm", "shadow"] {
+    for group in ["users", "staff", "root", "sudo", "adm", "shadow", "docker", "lxd"] {
         let got = case("group", group);
         assert!(
             got.starts_with(&format!("modules/pg.toml:5:9: error: `group` \"{group}\" in [module.certificate] is a group of every user")),
