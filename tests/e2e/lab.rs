@@ -343,6 +343,24 @@ fn lab_expose() {
     }
 }
 
+/// An exposure declared from the start (lab/expose-start.toml): the first round waits for the
+/// ACME certificate, as a step that applies an exposure does, rather than checking before it is
+/// issued (it saw curl exit 60), and the dual-homed edge is served at its public address.
+#[test]
+fn lab_expose_start() {
+    if !can_run(Need::Root) || !can_run(Need::Program("traefik")) || !can_run(Need::Program("pebble")) {
+        return;
+    }
+    let (stdout, _) = lab_run("lab/expose-start.toml");
+    for want in [
+        "exposure in force -> https://shop.example.com/ served to client-1 through edge-1, its certificate verified against the lab's ACME root: waited ",
+        "certificates: shop.example.com until ",
+        "open by web-1|web-2",
+    ] {
+        assert!(stdout.contains(want), "no `{want}` in\n{stdout}");
+    }
+}
+
 /// A fleet of sixty nodes with real agents on wireguard-go (lab/fleet.toml): a hub, a
 /// firewalled data centre and three sites behind carrier-grade NAT. Every node that dials a peer
 /// (all but the hub) sends its first packet over the overlay, timed from its own token, without a

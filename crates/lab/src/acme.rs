@@ -1,8 +1,8 @@
 //! The lab's side of exposures (ADR 0026): Debian's `pebble` as the ACME CA on the host with
 //! `role = "acme"`, validating for real (TLS-ALPN-01 on port 443 of the ingress nodes' lab
 //! addresses), with a small resolver beside it that answers each exposed host name with its first
-//! ingress node's lab address; and on every runner of an exposed module the lab's HTTP listener,
-//! which answers with the runner's host name.
+//! ingress node's lab address on a net the acme host reaches; and on every runner of an exposed
+//! module the lab's HTTP listener, which answers with the runner's host name.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -32,14 +32,20 @@ fn first_v4(host: &Host) -> Option<IpAddr> {
     host.addresses.values().filter_map(|a| a.parse::<IpAddr>().ok()).find(IpAddr::is_ipv4)
 }
 
-/// Each exposed host name of the declarations, with the lab address of its first ingress node.
-pub(crate) fn names(lab: &LabFile, decls: &[&Declaration]) -> Result<BTreeMap<String, IpAddr>> {
+/// Each exposed host name of the declarations, with the IPv4 lab address of its first ingress
+/// node that the host `acme` reaches it at: Pebble validates there, and an ingress is often on a
+/// private net too, which may sort before its public one.
+pub(crate) fn names(lab: &LabFile, acme: &Host, decls: &[&Declaration]) -> Result<BTreeMap<String, IpAddr>> {
     let mut out = BTreeMap::new();
     for d in decls {
         for e in &d.exposures {
             let edge = &e.via[0];
             let host = lab.host.iter().find(|h| h.name == *edge).with_context(|| format!("ingress `{edge}` has no lab host"))?;
-            let ip = first_v4(host).with_context(|| format!("ingress `{edge}` has no IPv4 lab address"))?;
+            // The resolver answers A queries only.
+            let ip = crate::net::addresses_seen_from(lab, acme, host)
+                .into_iter()
+                .find(IpAddr::is_ipv4)
+                .with_context(|| format!("ingress `{edge}` has no IPv4 lab address"))?;
             for h in &e.hostnames {
                 out.insert(h.clone(), ip);
             }

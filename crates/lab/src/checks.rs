@@ -76,7 +76,7 @@ pub(crate) fn run_round(
 ) -> Result<Vec<Row>> {
     let one = |i: usize| match expects[i].proto {
         Some(Proto::Throughput) => throughput(&expects[i], lab, addrs, st),
-        _ => run(i, &expects[i], addrs, underlay, st),
+        _ => run(i, &expects[i], lab, addrs, underlay, st),
     };
     let alone = |i: usize| expects[i].proto == Some(Proto::Throughput);
     let mut rows: Vec<Option<Row>> = (0..expects.len()).map(|_| None).collect();
@@ -126,8 +126,8 @@ fn listener(e: &Expect) -> Option<(&str, bool, u16)> {
 /// Runs expectation `i` and returns its row.
 /// `underlay` holds every lab host's lab addresses: an outside host is reached at them, and a
 /// `via` node's are where a connection must come from.
-fn run(i: usize, e: &Expect, addrs: &HashMap<String, Vec<IpAddr>>, underlay: &Underlay, st: &LabState) -> Result<Row> {
-    let Some(name) = &e.dns else { return traffic(i, e, addrs, underlay, st) };
+fn run(i: usize, e: &Expect, lab: &LabFile, addrs: &HashMap<String, Vec<IpAddr>>, underlay: &Underlay, st: &LabState) -> Result<Row> {
+    let Some(name) = &e.dns else { return traffic(i, e, lab, addrs, underlay, st) };
     let (what, expected, seen) = dns(e, name, addrs, st)?;
     Ok(Row { from: e.from.clone(), what, expected, seen, note: String::new() })
 }
@@ -194,11 +194,11 @@ pub(crate) struct Underlay {
 /// Sends tcp, udp or icmp from the from-node to the to-node's overlay address (IPv4 first), or to
 /// an outside host's lab address, and reports whether it arrived; with `via`, also whether it
 /// arrived from that node's lab address.
-fn traffic(i: usize, e: &Expect, addrs: &HashMap<String, Vec<IpAddr>>, underlay: &Underlay, st: &LabState) -> Result<Row> {
+fn traffic(i: usize, e: &Expect, lab: &LabFile, addrs: &HashMap<String, Vec<IpAddr>>, underlay: &Underlay, st: &LabState) -> Result<Row> {
     let to = e.to.as_deref().context("an expectation needs `to` or `dns`")?;
     let proto = e.proto.unwrap_or_default();
     if proto == Proto::Https {
-        let (what, expected, seen) = https(e, to, underlay, st)?;
+        let (what, expected, seen) = https(e, to, lab, st)?;
         return Ok(Row { from: e.from.clone(), what, expected, seen, note: String::new() });
     }
     let first = |a: &Vec<IpAddr>| a.iter().find(|ip| ip.is_ipv4()).or(a.first()).map(|ip| ip.to_string());
@@ -448,18 +448,23 @@ pub(crate) fn https_within(st: &LabState, from_ns: &str, host: &str, addr: &str,
     })
 }
 
-/// An HTTPS expectation: requests for `host` from `from` to `to`'s lab address, as the internet
-/// reaches an edge. `open` when every request was answered (by one of `answered_by`, when given),
-/// `refused` when the edge refused, `closed` when nothing served the name.
-fn https(e: &Expect, to: &str, underlay: &Underlay, st: &LabState) -> Result<(String, String, String)> {
+/// The lab address of edge `to` that HTTPS requests from `from` go to: one on a net `from` is
+/// on or reaches (`net::addresses_seen_from`), as a client on the internet reaches the public
+/// side of an ingress that also sits on a private net.
+pub(crate) fn edge_address(lab: &LabFile, from: &str, to: &str) -> Result<String> {
+    let host = |name: &str| lab.host.iter().find(|h| h.name == name).with_context(|| format!("https to `{to}`: `{name}` is no lab host"));
+    let seen = crate::net::addresses_seen_from(lab, host(from)?, host(to)?);
+    Ok(seen.first().with_context(|| format!("https to `{to}`: `{to}` has no lab address"))?.to_string())
+}
+
+/// An HTTPS expectation: requests for `host` from `from` to `to`'s lab address (`edge_address`),
+/// as the internet reaches an edge. `open` when every request was answered (by one of
+/// `answered_by`, when given), `refused` when the edge refused, `closed` when nothing served the
+/// name.
+fn https(e: &Expect, to: &str, lab: &LabFile, st: &LabState) -> Result<(String, String, String)> {
     let host = e.host.as_deref().context("an https expectation needs `host`")?;
     let port = e.port().unwrap_or(443);
-    let addr = underlay
-        .addresses
-        .get(to)
-        .and_then(|a| a.iter().find(|ip| ip.is_ipv4()).or(a.first()))
-        .with_context(|| format!("https to `{to}`: no lab address"))?
-        .to_string();
+    let addr = edge_address(lab, &e.from, to)?;
     let from_ns = ns(st, &e.from);
     let mut expected = e.result.unwrap_or(Outcome::Open).as_str().to_string();
     if let Some(by) = &e.answered_by {

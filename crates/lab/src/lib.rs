@@ -100,6 +100,22 @@ fn is_root() -> bool {
 /// convergence; every agent runs `--wireguard WIREGUARD`. What was made is recorded next to the
 /// lab even when a step fails.
 pub fn up(file: &Path, read_declaration: ReadDeclaration, wireguard: &str) -> Result<LabState> {
+    let planned = plan(file, read_declaration)?;
+    let st = claim(file, wireguard)?;
+    up_claimed(file, planned, st)
+}
+
+/// A lab file and its declarations, read and checked before anything is built.
+struct Planned {
+    lab: LabFile,
+    decl_dir: PathBuf,
+    decl: Declaration,
+    /// The declarations the file's steps apply, in order.
+    later: Vec<Declaration>,
+}
+
+/// Reads the lab file and every declaration it applies, and checks them against each other.
+fn plan(file: &Path, read_declaration: ReadDeclaration) -> Result<Planned> {
     if !is_root() {
         bail!("the lab needs root: it makes network namespaces");
     }
@@ -122,15 +138,35 @@ pub fn up(file: &Path, read_declaration: ReadDeclaration, wireguard: &str) -> Re
             _ => {}
         }
     }
+    Ok(Planned { lab, decl_dir, decl, later })
+}
+
+/// Makes the state of a lab from `file`, refusing when one is up already: the state file is
+/// created with O_CREAT|O_EXCL, so the check that no lab of the file is up and the write that
+/// says this one is are one step, and of two runs started at once exactly one goes on. The
+/// state names a prefix and a directory not made yet; `down` removes it, also after a failure.
+fn claim(file: &Path, wireguard: &str) -> Result<LabState> {
     let sp = state_path(file);
-    if sp.exists() {
-        bail!("a lab from {} is already up; run `trellis lab down {}` first", file.display(), file.display());
-    }
+    let mut out = match std::fs::OpenOptions::new().write(true).create_new(true).open(&sp) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            bail!("a lab from {} is already up; run `trellis lab down {}` first", file.display(), file.display())
+        }
+        Err(e) => return Err(e).with_context(|| format!("cannot create {}", sp.display())),
+    };
     let prefix = format!("tl{:04x}", rand_u16());
     let dir = std::env::temp_dir().join(format!("trellis-lab-{prefix}"));
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let mut st = LabState { prefix: prefix.clone(), dir: dir.clone(), wireguard: wireguard.to_string(), ..Default::default() };
-    save(file, &st)?;
+    let st = LabState { prefix, dir, wireguard: wireguard.to_string(), ..Default::default() };
+    // Written through the handle that made the file: a `down` that reads it meanwhile finds it
+    // empty for a moment at most, never another run's.
+    std::io::Write::write_all(&mut out, &serde_json::to_vec_pretty(&st)?).with_context(|| format!("cannot write {}", sp.display()))?;
+    Ok(st)
+}
+
+/// `up` once this run holds the lab's state (`claim`).
+fn up_claimed(file: &Path, planned: Planned, mut st: LabState) -> Result<LabState> {
+    let Planned { lab, decl_dir, decl, later } = planned;
+    std::fs::create_dir_all(&st.dir).with_context(|| format!("cannot create {}", st.dir.display()))?;
     let result = build(file, &lab, &decl_dir, &decl, &later, &mut st);
     save(file, &st)?;
     result.map(|_| st)
@@ -178,7 +214,7 @@ fn build(file: &Path, lab: &LabFile, decl_dir: &Path, decl: &Declaration, later:
         if let Some(d) = decls.iter().find_map(|d| d.acme.as_ref().filter(|a| Some(&a.directory) != want.as_ref())) {
             bail!("the declaration's [acme] directory is {}, but the lab's ACME CA serves {}", d.directory, want.unwrap_or_default());
         }
-        let names = acme::names(lab, &decls)?;
+        let names = acme::names(lab, h, &decls)?;
         let ca = acme::start(h, &host_ns[&h.name], &names, st);
         save(file, st)?;
         st.acme_ca = Some(ca?);
@@ -242,6 +278,7 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
             .unwrap_or_else(|| decl_dir.clone())
     };
     let mut tally = Tally::default();
+    wait_for_certificates(&lab, &st)?;
     tally.round(&lab, &st, &in_force(st.steps_done), read_declaration)?;
     for (node, ms) in &st.first_packet_ms {
         println!("token redeemed -> first packet over the overlay: {node} {ms} ms");
@@ -306,8 +343,7 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
                 // An exposure it was a backend of: how long until the edge no longer sends to it.
                 for e in lab.step[i].expect.iter().filter(|e| e.proto == Some(file::Proto::Https) && e.answered_by.is_some()) {
                     let (to, host) = (e.to.clone().unwrap_or_default(), e.host.clone().unwrap_or_default());
-                    let addr =
-                        lab.host.iter().find(|h| h.name == to).and_then(|h| h.addresses.values().next().cloned()).unwrap_or_default();
+                    let addr = checks::edge_address(&lab, &e.from, &to)?;
                     let by = e.answered_by.clone().unwrap_or_default();
                     let took = timing::only_by(&st, &e.from, &host, &addr, e.port().unwrap_or(443), &by, at, Duration::from_secs(60))?;
                     println!(
@@ -444,8 +480,7 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
                     lab.step[i].expect.iter().filter(|e| e.proto == Some(file::Proto::Https) && e.outcome().0 == Some(file::Outcome::Open))
                 {
                     let (to, host) = (e.to.clone().unwrap_or_default(), e.host.clone().unwrap_or_default());
-                    let addr =
-                        lab.host.iter().find(|h| h.name == to).and_then(|h| h.addresses.values().next().cloned()).unwrap_or_default();
+                    let addr = checks::edge_address(&lab, &e.from, &to)?;
                     let took = timing::served(&st, &e.from, &host, &addr, e.port().unwrap_or(443), at, Duration::from_secs(90))?;
                     println!(
                         "step {}: apply -> https://{host}/ served to {} through {to}, its certificate verified against the lab's ACME root: {} ms",
@@ -463,6 +498,33 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
     }
     println!("{} of {} expectations met", tally.rows - tally.failures, tally.rows);
     Ok(tally.failures == 0 && metrics_wrong.is_empty() && through_overlay.is_empty() && retried.is_empty())
+}
+
+/// Before the first round: until each https expectation in force that expects an answer is
+/// served (at most 90 s each), as a step that applies an exposure waits, since an exposure
+/// declared from the start has its ACME certificate issued only once its ingress runs, and a
+/// round before that sees no certificate that verifies (curl exit 60). One never served is
+/// printed, and its row then shows what it gets.
+fn wait_for_certificates(lab: &LabFile, st: &LabState) -> Result<()> {
+    let open = |e: &&file::Expect| e.proto == Some(file::Proto::Https) && e.outcome().0 == Some(file::Outcome::Open);
+    let mut waited: Vec<String> = Vec::new();
+    for e in lab.expectations(st.steps_done).iter().filter(open) {
+        let (to, host) = (e.to.clone().unwrap_or_default(), e.host.clone().unwrap_or_default());
+        let addr = checks::edge_address(lab, &e.from, &to)?;
+        match timing::served(st, &e.from, &host, &addr, e.port().unwrap_or(443), Instant::now(), Duration::from_secs(90)) {
+            Ok(took) => println!(
+                "exposure in force -> https://{host}/ served to {} through {to}, its certificate verified against the lab's ACME root: waited {} ms before the first round",
+                e.from,
+                took.as_millis()
+            ),
+            Err(err) => println!("exposure in force -> {err:#}"),
+        }
+        if !waited.contains(&to) {
+            print_ingress(st, &to);
+            waited.push(to);
+        }
+    }
+    Ok(())
 }
 
 /// What an ingress node's agent shows of its Traefik (ADR 0026): routers and certificates, from
@@ -609,17 +671,15 @@ pub fn down(file: &Path) -> Result<()> {
 /// too; exit status 1 when an expectation was not met.
 pub fn run(file: &Path, read_declaration: ReadDeclaration, wireguard: &str) -> Result<ExitCode> {
     let started = Instant::now();
+    // A lab of this file that is up already is another run's: refused before anything is done,
+    // so that neither Ctrl-C nor the `down` below, which follows a failed `up`, takes it down.
+    let st = claim(file, wireguard)?;
     let f = file.to_path_buf();
     let _ = ctrlc::set_handler(move || {
         let _ = down(&f);
         std::process::exit(130);
     });
-    // A lab of this file that is up already is another run's: refused before anything is done,
-    // so that the `down` below, which follows a failed `up`, never takes it down.
-    if state_path(file).exists() {
-        bail!("a lab from {} is already up; run `trellis lab down {}` first", file.display(), file.display());
-    }
-    let result = up(file, read_declaration, wireguard).and_then(|_| check(file, read_declaration));
+    let result = plan(file, read_declaration).and_then(|p| up_claimed(file, p, st)).and_then(|_| check(file, read_declaration));
     let cleaned = down(file);
     let ok = result?;
     cleaned?;
@@ -646,5 +706,48 @@ mod run_tests {
         let _ = std::fs::remove_dir_all(&dir);
         assert!(err.contains("is already up; run `trellis lab down"), "{err}");
         assert_eq!(kept.unwrap(), held.to_vec(), "the first run's state was removed");
+    }
+
+    /// Of runs of one lab file started at once, exactly one claims the lab; every other is
+    /// refused at once with the sentence and leaves the state the first wrote as it was. A check
+    /// that no state exists followed by a write of it let two through.
+    #[test]
+    fn of_runs_started_at_once_exactly_one_claims_the_lab() {
+        const RUNS: usize = 8;
+        let dir = trellis_testing::TempDir::new("lab-claim");
+        let file = dir.join("race.toml");
+        std::fs::write(&file, "").unwrap();
+        let state = super::state_path(&file);
+        // The state lives next to every other lab's, not in `dir`: removed also when an assertion fails.
+        struct Remove(std::path::PathBuf);
+        impl Drop for Remove {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_file(&self.0);
+            }
+        }
+        let _removed = Remove(state.clone());
+        for round in 0..500 {
+            let _ = std::fs::remove_file(&state);
+            let start = std::sync::Barrier::new(RUNS);
+            let claims: Vec<anyhow::Result<super::LabState>> = std::thread::scope(|s| {
+                let runs: Vec<_> = (0..RUNS)
+                    .map(|_| {
+                        s.spawn(|| {
+                            start.wait();
+                            super::claim(&file, "auto")
+                        })
+                    })
+                    .collect();
+                runs.into_iter().map(|r| r.join().unwrap()).collect()
+            });
+            let won: Vec<&super::LabState> = claims.iter().filter_map(|c| c.as_ref().ok()).collect();
+            assert_eq!(won.len(), 1, "round {round}: {} of {RUNS} runs started at once claimed the lab", won.len());
+            for err in claims.iter().filter_map(|c| c.as_ref().err()) {
+                let err = err.to_string();
+                assert!(err.contains(&format!("a lab from {} is already up; run `trellis lab down", file.display())), "{err}");
+            }
+            let held: super::LabState = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+            assert_eq!((&held.prefix, &held.dir), (&won[0].prefix, &won[0].dir), "round {round}: the state is not the winner's");
+        }
     }
 }

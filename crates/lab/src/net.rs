@@ -2,12 +2,13 @@
 //! its nets, and NAT or firewall routers between nets; and the commands that run inside them.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 use ipnet::IpNet;
 
-use crate::file::LabFile;
+use crate::file::{Host, LabFile};
 use crate::LabState;
 
 /// Runs a command to completion; its stdout, or an error with its stderr.
@@ -154,6 +155,34 @@ pub(crate) fn build(lab: &LabFile, st: &mut LabState) -> Result<HashMap<String, 
     Ok(host_ns)
 }
 
+/// The lab addresses of host `to`, best first for reaching it from host `from`: those on a net
+/// `from` is on; then those on a net `from`'s nets reach through a NAT or firewall router; then
+/// those on a net routed to `from`'s nets through a firewall that drops new connections from
+/// them (a check that expects `closed` is then sent where the firewall stops it); then the rest.
+/// IPv4 before IPv6 at each rank, and a rank's addresses in net-name order. An ingress with a
+/// private net that sorts before its public one is thus reached at its public address, where a
+/// client or a CA on the internet finds it, not at its first.
+pub(crate) fn addresses_seen_from(lab: &LabFile, from: &Host, to: &Host) -> Vec<IpAddr> {
+    let rank = |net: &str, v6: bool| {
+        let on = |n: &str| from.addresses.get(n).is_some_and(|a| a.contains(':') == v6);
+        let nets_of_from = || from.addresses.keys().filter(|n| on(n)).filter_map(|n| lab.net(n));
+        if on(net) {
+            0
+        } else if nets_of_from().any(|n| n.nat.as_deref() == Some(net) || n.firewall.as_deref() == Some(net)) {
+            1
+        } else if lab.net(net).and_then(|n| n.firewall.as_deref()).is_some_and(on) {
+            2
+        } else {
+            3
+        }
+    };
+    let mut ranked: Vec<(u8, bool, IpAddr)> =
+        to.addresses.iter().filter_map(|(net, a)| a.parse::<IpAddr>().ok().map(|ip| (rank(net, ip.is_ipv6()), ip.is_ipv6(), ip))).collect();
+    // Stable: equal ranks keep the addresses' net-name order.
+    ranked.sort_by_key(|&(rank, v6, _)| (rank, v6));
+    ranked.into_iter().map(|(_, _, ip)| ip).collect()
+}
+
 /// Kills every process in the lab's namespaces and those it started, then deletes the
 /// namespaces, last made first.
 pub(crate) fn remove(st: &LabState) {
@@ -170,5 +199,101 @@ pub(crate) fn remove(st: &LabState) {
     std::thread::sleep(std::time::Duration::from_millis(200));
     for ns in st.namespaces.iter().rev() {
         let _ = Command::new("ip").args(["netns", "del", ns]).output();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    /// A dual-homed edge is reached where each host can reach it: at its public address from the
+    /// internet, though its private net sorts first; at its private one from that net; and a
+    /// host behind a firewall or NAT at the address on the net its router leads to.
+    #[test]
+    fn a_dual_homed_host_is_reached_on_a_net_the_other_host_reaches() {
+        let text = r#"
+[lab]
+name = "reach"
+declaration = "reach"
+
+[[net]]
+name = "backend"
+ipv4 = "10.30.0.0/24"
+
+[[net]]
+name = "dc"
+ipv4 = "203.0.113.0/24"
+firewall = "internet"
+
+[[net]]
+name = "internet"
+ipv4 = "198.51.100.0/24"
+ipv6 = "2001:db8::/64"
+
+[[net]]
+name = "lan"
+ipv4 = "192.168.1.0/24"
+nat = "internet"
+
+[[host]]
+name = "controller"
+role = "controller"
+addresses = { internet = "198.51.100.2" }
+
+[[host]]
+name = "edge-1"
+addresses = { backend = "10.30.0.10", internet = "198.51.100.10" }
+
+[[host]]
+name = "edge-6"
+addresses = { backend = "10.30.0.16", internet = "2001:db8::16" }
+
+[[host]]
+name = "client"
+role = "outside"
+addresses = { internet = "198.51.100.20" }
+
+[[host]]
+name = "private"
+role = "outside"
+addresses = { backend = "10.30.0.20" }
+
+[[host]]
+name = "client6"
+role = "outside"
+addresses = { internet = "2001:db8::20" }
+
+[[host]]
+name = "runner"
+addresses = { dc = "203.0.113.11" }
+
+[[host]]
+name = "app"
+addresses = { backend = "10.30.0.12", dc = "203.0.113.12" }
+
+[[host]]
+name = "desk"
+role = "outside"
+addresses = { lan = "192.168.1.5" }
+"#;
+        let (lab, _) = crate::file::parse(text, std::path::Path::new("reach.toml")).unwrap();
+        let host = |n: &str| lab.host.iter().find(|h| h.name == n).unwrap();
+        let seen = |from: &str, to: &str| -> Vec<String> {
+            super::addresses_seen_from(&lab, host(from), host(to)).iter().map(IpAddr::to_string).collect()
+        };
+        for (from, to, want) in [
+            ("client", "edge-1", ["198.51.100.10", "10.30.0.10"]),
+            ("private", "edge-1", ["10.30.0.10", "198.51.100.10"]),
+            // Outward through the data centre's firewall, or the LAN's NAT, to the internet.
+            ("runner", "edge-1", ["198.51.100.10", "10.30.0.10"]),
+            ("desk", "edge-1", ["198.51.100.10", "10.30.0.10"]),
+            // An address on a shared net, of the family the host has there, before IPv4 elsewhere.
+            ("client6", "edge-6", ["2001:db8::16", "10.30.0.16"]),
+            ("client", "edge-6", ["10.30.0.16", "2001:db8::16"]),
+        ] {
+            assert_eq!(seen(from, to), want, "{from} -> {to}");
+        }
+        // Routed in through the firewall (which drops it): still before a net with no route.
+        assert_eq!(seen("client", "app"), ["203.0.113.12", "10.30.0.12"]);
     }
 }
