@@ -179,8 +179,6 @@ fn a_module_assigned_to_a_node_brings_its_certificate_which_a_tls_client_verifie
     }
 }
 
-/// A one-minute lifetime: the agent renews at two thirds of it (less its jitter) with a new key,
-/// the files are replaced whole, and the new certificate verifies; the controller audited both.
 /// The review of 2026-12-02, finding 13: under the shipped unit (its `UMask` and capability
 /// bounding set, read from `dist/trellis-agent.service`), the key's group could not be set (no
 /// CAP_CHOWN) and the umask made every file 0600 and every directory 0700, root's alone: the
@@ -254,6 +252,8 @@ fn under_the_shipped_unit_a_services_group_reads_its_key_and_everyone_the_ca() {
     assert!(!said.contains("Operation not permitted"), "{said}");
 }
 
+/// A one-minute lifetime: the agent renews at two thirds of it (less its jitter) with a new key,
+/// the files are replaced whole, and the new certificate verifies; the controller audited both.
 #[test]
 fn a_short_lived_certificate_is_renewed_with_a_new_key_before_it_expires() {
     if !can_run(Need::Program("openssl")) {

@@ -234,3 +234,70 @@ fn a_revocation_made_after_the_backup_survives_its_restore() {
         assert!(!holds_op(), "op-1's key is back in db-1's wireguard.conf after the restore ({db:?})");
     }
 }
+
+/// Found from outside (issue 33): after a controller lost what it had acknowledged of a node's
+/// evidence (a whole state directory restored from a snapshot), the node showed `stale` with its
+/// old applied version until its next bundle change, for as long as watched. Its agent tells the
+/// controller again what it applied last after every outage: here the evidence is taken out of
+/// the database while the controller is stopped, and once it is back the node is current again
+/// without any change.
+#[test]
+fn a_controller_that_lost_a_nodes_evidence_hears_it_again_after_an_outage() {
+    for db in [Db::Sqlite, Db::Postgres] {
+        if matches!(db, Db::Postgres) && !trellis_testing::can_run(trellis_testing::Need::Postgres) {
+            continue;
+        }
+        if matches!(db, Db::Sqlite) && !trellis_testing::can_run(trellis_testing::Need::Program("sqlite3")) {
+            continue;
+        }
+        let mut c = Controller::start(db);
+        let work = TempDir::new("restore-evidence");
+        let (state, root, decl) = (work.path().join("db-1"), work.path().join("root"), work.path().join("decl"));
+        basic_with_extra_nodes(&decl, 0);
+        c.ok(&["apply", decl.to_str().unwrap()]);
+        trellis_testing::cmd::ok(enrol(&c.token("db-1", &[]), &state));
+        let _agent = Proc(
+            agent_bin()
+                .args([
+                    "run",
+                    "--files-only",
+                    "--max-backoff",
+                    "1",
+                    "--state-dir",
+                    state.to_str().unwrap(),
+                    "--root",
+                    root.to_str().unwrap(),
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let db1 = |c: &Controller| {
+            let status: serde_json::Value = serde_json::from_str(&c.ok(&["status", "--json"])).unwrap();
+            status.as_array().unwrap().iter().find(|n| n["name"] == "db-1").unwrap().clone()
+        };
+        let until_current = |c: &Controller, what: &str| {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let n = db1(c);
+                if n["stale"] == false && n["applied_version"].is_i64() && n["applied_version"] == n["desired_version"] {
+                    return;
+                }
+                assert!(Instant::now() < deadline, "{what} ({db:?}): {n}");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        };
+        until_current(&c, "db-1 current before");
+        c.stop_serving();
+        let sql = "DELETE FROM evidence WHERE node = 'db-1'";
+        match &c.database_url {
+            Some(url) => trellis_testing::cmd::ok(trellis_testing::cmd::sh("psql", &[url, "-v", "ON_ERROR_STOP=1", "-q", "-c", sql])),
+            None => trellis_testing::cmd::ok(trellis_testing::cmd::sh("sqlite3", &[c.state.join("trellis.db").to_str().unwrap(), sql])),
+        };
+        c.serve(c.port);
+        let lost = db1(&c);
+        assert!(lost["applied_version"].is_null(), "the evidence was taken out ({db:?}): {lost}");
+        until_current(&c, "db-1 current again after the controller lost its evidence");
+    }
+}

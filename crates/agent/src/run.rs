@@ -303,6 +303,26 @@ impl Agent {
         }
     }
 
+    /// Sends again the last record of an applied bundle the controller acknowledged, with its own
+    /// number: a controller that holds it counts a duplicate, one that lost it (restored from a
+    /// snapshot) takes it, and shows this node current again without waiting for a new bundle.
+    /// Whether it was settled (sent, refused for good, or nothing to send).
+    async fn reassure(&mut self) -> bool {
+        if !self.evidence.pending().is_empty() {
+            // The records waiting go first; the last of them is kept when they are acknowledged.
+            return false;
+        }
+        let Some(last) = self.evidence.last_applied() else { return true };
+        match self.client.post_evidence(&proto::EvidenceBatch { records: vec![last] }).await {
+            Ok(()) => true,
+            Err(e) if refused_for_good(&e) => true,
+            Err(e) => {
+                tracing::debug!("telling the controller again what was applied: {e}");
+                false
+            }
+        }
+    }
+
     async fn flush_evidence(&mut self) -> Result<()> {
         let pending = self.evidence.pending();
         if pending.is_empty() {
@@ -457,6 +477,10 @@ impl Agent {
         }
         self.save_status();
         let mut failures: u32 = 0;
+        // Whether to tell the controller again what this node applied last: at the start, and
+        // after every outage, since a controller restored from a snapshot lost what it had
+        // acknowledged (and would show this node stale until its next bundle).
+        let mut reassure = true;
         let mut applies = 0u64;
         loop {
             // During a CA rotation the certificate is renewed under the next CA at once.
@@ -473,6 +497,9 @@ impl Agent {
             // Evidence waiting from before (an outage, a restart) goes out before the next long
             // poll, which may hold the connection for most of a minute.
             let _ = self.flush_evidence().await;
+            if reassure {
+                reassure = !self.reassure().await;
+            }
             let applied_before = applies;
             // A service certificate due while the long-poll waits cuts it short (it only reads,
             // so dropping it loses nothing): a short-lived certificate is renewed at its time,
@@ -560,6 +587,7 @@ impl Agent {
                 self.certs.report(&self.client).await;
             }
             self.report_ingress().await;
+            reassure |= failures > 0;
             if let Err(e) = self.flush_evidence().await {
                 if failures == 0 {
                     self.status.last_error = Some(format!("evidence: {e:#}"));

@@ -37,6 +37,9 @@ pub const STATUS: &str = "agent-status.json";
 pub const EVIDENCE: &str = "evidence.jsonl";
 /// The sequence number of the next evidence record.
 pub const EVIDENCE_NEXT: &str = "evidence.next";
+/// The last record of an applied bundle the controller acknowledged, sent again after an outage
+/// (a controller restored from a snapshot lost what it had acknowledged).
+pub const EVIDENCE_LAST: &str = "evidence.last";
 /// Locked (`flock`) by the agent that works on the directory, `run` or `apply`.
 pub const LOCK: &str = "agent.lock";
 
@@ -284,11 +287,17 @@ pub const EVIDENCE_BOUND: u64 = 10 * 1024 * 1024;
 pub struct EvidenceBuffer {
     path: PathBuf,
     next_path: PathBuf,
+    last_path: PathBuf,
 }
 
 impl EvidenceBuffer {
     pub fn new(dir: &Path) -> Self {
-        EvidenceBuffer { path: dir.join(EVIDENCE), next_path: dir.join(EVIDENCE_NEXT) }
+        EvidenceBuffer { path: dir.join(EVIDENCE), next_path: dir.join(EVIDENCE_NEXT), last_path: dir.join(EVIDENCE_LAST) }
+    }
+
+    /// The last record of an applied bundle the controller acknowledged, if any.
+    pub fn last_applied(&self) -> Option<proto::Evidence> {
+        std::fs::read_to_string(&self.last_path).ok().and_then(|l| serde_json::from_str(l.trim()).ok())
     }
 
     pub fn pending(&self) -> Vec<proto::Evidence> {
@@ -317,9 +326,19 @@ impl EvidenceBuffer {
         Ok(dropped)
     }
 
-    /// Removes the records the controller acknowledged (the first `n`).
+    /// Removes the records the controller acknowledged (the first `n`), keeping the last of them
+    /// that reports an applied bundle ([`EvidenceBuffer::last_applied`]).
     pub fn ack(&self, n: usize) -> Result<()> {
-        let lines: Vec<String> = std::fs::read_to_string(&self.path).unwrap_or_default().lines().skip(n).map(str::to_string).collect();
+        let all: Vec<String> = std::fs::read_to_string(&self.path).unwrap_or_default().lines().map(str::to_string).collect();
+        let applied = all
+            .iter()
+            .take(n)
+            .rev()
+            .find(|l| serde_json::from_str::<proto::Evidence>(l).is_ok_and(|r| r.result == proto::EvidenceResult::Applied));
+        if let Some(line) = applied {
+            trellis_files::replace(&self.last_path, format!("{line}\n").as_bytes(), 0o600)?;
+        }
+        let lines: Vec<String> = all.into_iter().skip(n).collect();
         let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
         Ok(trellis_files::replace(&self.path, text.as_bytes(), 0o600)?)
     }

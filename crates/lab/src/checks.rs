@@ -167,7 +167,11 @@ fn dns(e: &Expect, name: &str, addrs: &HashMap<String, Vec<IpAddr>>, st: &LabSta
     let text = String::from_utf8_lossy(&out.stdout);
     let at = if asked == e.from { String::new() } else { format!(" at {asked}") };
     if closed {
-        // No answer of any kind: the resolver cannot be reached from `from`.
+        // No answer of any kind: the resolver cannot be reached from `from` (dig's status 9, no
+        // reply). Any other failure of dig is no answer about the resolver.
+        if !matches!(out.status.code(), Some(0) | Some(9)) {
+            bail!("expectation dns {name}{at}: dig failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
+        }
         let status = text.lines().find_map(|l| l.split("status: ").nth(1)).map(|s| s.split(',').next().unwrap_or("").to_string());
         return Ok((format!("dns {name}{at}"), "closed".into(), status.map_or_else(|| "closed".into(), |s| format!("answered {s}"))));
     }
