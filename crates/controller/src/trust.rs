@@ -19,9 +19,11 @@ pub const SIGNING_KEY: &str = "signing-key";
 /// The next bundle-signing key, written by `trellis rotate signing-key` into the state
 /// directory before the rotation starts (0600), read by every replica from its own copy.
 pub const NEXT_SIGNING_KEY: &str = "signing.next.key";
-/// The key bundles were signed with before the last rotation completed, kept (0600) so that an
-/// operator can see which key was retired; nothing signs with it again.
-pub const RETIRED_SIGNING_KEY: &str = "signing.retired.key";
+/// The public half of the key bundles were signed with before the last rotation completed (its
+/// base64), kept so that an operator can see which key was retired. Its private half is not
+/// kept: after a rotation made because the state directory leaked it is worth nothing, and a
+/// later leak of it would let its holder sign for nodes that were away through the overlap.
+pub const RETIRED_SIGNING_KEY: &str = "signing.retired.pub";
 /// The longest overlap a rotation may wait for nodes that are away.
 pub const MAX_OVERLAP_SECS: u64 = 90 * 86_400;
 
@@ -295,8 +297,9 @@ impl Controller {
         Ok(RunTrust { text, key: self.signing_key(), announcing, announcing_ca })
     }
 
-    /// The rotation to `next_key` completed: its key signs from now on; the old one is kept as
-    /// `signing.retired.key` and the state directory's `signing.key` is the new one.
+    /// The rotation to `next_key` completed: its key signs from now on; the old one's public half
+    /// is kept as `signing.retired.pub` (the private half of one kept by an older controller is
+    /// removed) and the state directory's `signing.key` is the new one.
     fn promote(&self, next_key: &str) -> Result<()> {
         let mut signing = self.signing.write().expect("signing");
         let Some(next) = signing.next.take().filter(|k| b64(&k.verifying_key()) == next_key) else {
@@ -312,9 +315,12 @@ impl Controller {
                 trellis_files::replace(&dir.join(name), enc(k).as_bytes(), 0o600)
                     .map_err(|e| Error::internal("keeping the signing keys", e))
             };
-            write(RETIRED_SIGNING_KEY, &signing.current)?;
+            let public = base64::engine::general_purpose::STANDARD.encode(signing.current.verifying_key().to_bytes());
+            trellis_files::replace(&dir.join(RETIRED_SIGNING_KEY), format!("{public}\n").as_bytes(), 0o644)
+                .map_err(|e| Error::internal("keeping the signing keys", e))?;
             write("signing.key", &next)?;
             let _ = std::fs::remove_file(dir.join(NEXT_SIGNING_KEY));
+            let _ = std::fs::remove_file(dir.join("signing.retired.key"));
         }
         signing.current = next;
         tracing::info!("bundles are signed with the rotated key {next_key} from now on");

@@ -534,8 +534,6 @@ pub(crate) fn rotate_signing_key(st: &LabState, limit: Duration) -> Result<Rotat
     let r = st.serving()?;
     let trellis = procs::exe("trellis")?;
     let state = procs::path_str(&r.state_dir)?;
-    let at = Instant::now();
-    crate::net::in_ns(&r.ns, &[procs::path_str(&trellis)?, "rotate", "signing-key", "--overlap", "1h", "--state-dir", state])?;
     let read_key = |file: &str| -> Result<ed25519_dalek::SigningKey> {
         let path = r.state_dir.join(file);
         let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
@@ -543,6 +541,11 @@ pub(crate) fn rotate_signing_key(st: &LabState, limit: Duration) -> Result<Rotat
             b64.decode(text.trim()).ok().and_then(|b| b.try_into().ok()).with_context(|| format!("{} holds no key", path.display()))?;
         Ok(ed25519_dalek::SigningKey::from_bytes(&seed))
     };
+    // Taken before the rotation, as an attacker who copied the state directory then would: the
+    // controller keeps only the public half once the key is retired.
+    let retired = read_key("signing.key")?;
+    let at = Instant::now();
+    crate::net::in_ns(&r.ns, &[procs::path_str(&trellis)?, "rotate", "signing-key", "--overlap", "1h", "--state-dir", state])?;
     let next = b64.encode(read_key("signing.next.key")?.verifying_key().to_bytes());
     let running: Vec<&String> = st.agents.iter().filter(|a| !st.paused.contains(a)).collect();
     let identity = |node: &str| -> toml::Value {
@@ -569,7 +572,6 @@ pub(crate) fn rotate_signing_key(st: &LabState, limit: Duration) -> Result<Rotat
     let took = at.elapsed();
     let status: serde_json::Value = serde_json::from_str(&procs::admin(st, &["rotate", "status", "--json"])?)?;
     let completed_by = status[0]["completed_by"].as_str().unwrap_or("nothing: not completed").to_string();
-    let retired = read_key("signing.retired.key")?;
     let agent = procs::exe("trellis-agent")?;
     let mut refused = 0;
     for node in &running {
