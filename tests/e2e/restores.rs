@@ -52,6 +52,18 @@ fn restore(c: &Controller, from: &Path, whole_state_directory: bool) {
     }
 }
 
+/// An agent of `state` running files-only under `root`, retrying the controller every second.
+fn files_only_agent(state: &Path, root: &Path) -> Proc {
+    Proc(
+        agent_bin()
+            .args(["run", "--files-only", "--max-backoff", "1", "--state-dir", state.to_str().unwrap(), "--root", root.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
 fn restored_from_before_three_changes(db: Db, whole_state_directory: bool) {
     if matches!(db, Db::Postgres) && !trellis_testing::can_run(trellis_testing::Need::Postgres) {
         return;
@@ -62,14 +74,7 @@ fn restored_from_before_three_changes(db: Db, whole_state_directory: bool) {
     basic_with_extra_nodes(&decl, 0);
     c.ok(&["apply", decl.to_str().unwrap()]);
     trellis_testing::cmd::ok(enrol(&c.token("db-1", &[]), &state));
-    let _agent = Proc(
-        agent_bin()
-            .args(["run", "--files-only", "--max-backoff", "1", "--state-dir", state.to_str().unwrap(), "--root", root.to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let _agent = files_only_agent(&state, &root);
     until_zone_names(&root, "db-1").unwrap();
 
     // The backup, taken with the controller stopped (as a VM snapshot or a copy of its files).
@@ -177,23 +182,7 @@ fn a_revocation_made_after_the_backup_survives_its_restore() {
             .as_str()
             .unwrap()
             .to_string();
-        let _agent = Proc(
-            agent_bin()
-                .args([
-                    "run",
-                    "--files-only",
-                    "--max-backoff",
-                    "1",
-                    "--state-dir",
-                    state.to_str().unwrap(),
-                    "--root",
-                    root.to_str().unwrap(),
-                ])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
+        let _agent = files_only_agent(&state, &root);
         let conf = root.join("etc/trellis/wireguard.conf");
         let holds_op = || std::fs::read_to_string(&conf).unwrap_or_default().contains(&op_key);
         let until = |what: &str, done: &dyn Fn() -> bool| {
@@ -256,23 +245,7 @@ fn a_controller_that_lost_a_nodes_evidence_hears_it_again_after_an_outage() {
         basic_with_extra_nodes(&decl, 0);
         c.ok(&["apply", decl.to_str().unwrap()]);
         trellis_testing::cmd::ok(enrol(&c.token("db-1", &[]), &state));
-        let _agent = Proc(
-            agent_bin()
-                .args([
-                    "run",
-                    "--files-only",
-                    "--max-backoff",
-                    "1",
-                    "--state-dir",
-                    state.to_str().unwrap(),
-                    "--root",
-                    root.to_str().unwrap(),
-                ])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
+        let _agent = files_only_agent(&state, &root);
         let db1 = |c: &Controller| {
             let status: serde_json::Value = serde_json::from_str(&c.ok(&["status", "--json"])).unwrap();
             status.as_array().unwrap().iter().find(|n| n["name"] == "db-1").unwrap().clone()
