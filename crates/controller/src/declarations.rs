@@ -75,6 +75,28 @@ impl Controller {
         Ok(Some((rev.number, decl)))
     }
 
+    /// Why `decl`'s overlay cannot be, if a controller's address is inside one of its prefixes:
+    /// every node drops what arrives from outside the overlay with an overlay source (the
+    /// underlay must not pass for the overlay), and so would drop the controller's answers.
+    async fn controller_in_overlay(&self, decl: &trellis_core::Declaration) -> Result<Option<String>> {
+        let mut addresses: Vec<String> = self.config.advertise.clone();
+        addresses.extend(self.controllers().await?.controllers);
+        for a in &addresses {
+            let Ok((host, _)) = crate::state::split_host_port(a) else { continue };
+            let Ok(ip) = host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>() else { continue };
+            let inside = match ip {
+                std::net::IpAddr::V4(v4) => decl.mesh.overlay_ipv4.filter(|p| p.contains(&v4)).map(|p| p.to_string()),
+                std::net::IpAddr::V6(v6) => decl.mesh.overlay_ipv6.filter(|p| p.contains(&v6)).map(|p| p.to_string()),
+            };
+            if let Some(prefix) = inside {
+                return Ok(Some(format!(
+                    "the overlay's prefix {prefix} holds the controller's address {ip} ({a}): nodes drop what arrives from outside the overlay with an overlay address as its source, so they would drop the controller's answers; choose an overlay prefix apart from every underlay network; nothing was changed"
+                )));
+            }
+        }
+        Ok(None)
+    }
+
     /// Applies a declaration as a new revision, unless it has errors (then nothing changes) or
     /// the current revision is not `expect_revision`. The same files as the current revision are
     /// answered as unchanged.
@@ -108,6 +130,9 @@ impl Controller {
                 diagnostics: out,
             });
         };
+        if let Some(message) = self.controller_in_overlay(&decl).await? {
+            return Err(Error::InvalidDeclaration { message, diagnostics: out });
+        }
         let digest = digest(&files);
         if let Some(cur) = self.store.current_revision_head().await? {
             // The store refuses a stale expectation too, inside the transaction; this answers an

@@ -612,3 +612,30 @@ async fn a_node_renewing_in_a_loop_is_held_to_a_few_renewals_a_window() {
     })
     .await;
 }
+
+/// An attacker's review of the fix for finding 1: every node drops what arrives from outside the
+/// overlay with an overlay source, so an overlay prefix that holds the controller's own address
+/// would have every node drop the controller's answers, and no bundle could come to fix it. The
+/// declaration is refused, naming the prefix and the address; the one in force stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overlay_that_holds_the_controllers_address_is_refused() {
+    on_both(|fx| async move {
+        let c = &fx.c;
+        let basic = trellis_testing::controller::lab_files("basic");
+        c.apply(&basic, None).await.unwrap();
+        let before = c.store().current_revision_head().await.unwrap();
+        let files: Vec<proto::DeclFile> = basic
+            .into_iter()
+            .map(|f| if f.path == "mesh.toml" { proto::DeclFile { text: f.text.replace("10.88.0.0/16", "127.0.0.0/8"), ..f } } else { f })
+            .collect();
+        match c.apply(&files, None).await.unwrap_err() {
+            Error::InvalidDeclaration { message, .. } => assert!(
+                message.starts_with("the overlay's prefix 127.0.0.0/8 holds the controller's address 127.0.0.1 (127.0.0.1:8443): "),
+                "{message}"
+            ),
+            e => panic!("{e:?}"),
+        }
+        assert_eq!(c.store().current_revision_head().await.unwrap(), before, "the declaration in force stays");
+    })
+    .await;
+}
