@@ -69,7 +69,7 @@ impl WireguardGo {
         cmd.arg(&self.ifname).env("WG_PROCESS_FOREGROUND", "1").stdin(Stdio::null()).stdout(std::io::stderr());
         let agent = nix::unistd::getpid();
         // SAFETY: between fork and exec the closure calls only prctl and getppid, which are
-        // async-signal-safe, and allocates nothing.
+        // async-signal-safe, and allocates nothing (the capabilities lowered are a fixed array).
         unsafe {
             cmd.pre_exec(move || {
                 // An agent that dies, even by SIGKILL, takes its wireguard-go with it (the
@@ -78,6 +78,15 @@ impl WireguardGo {
                 nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)?;
                 if nix::unistd::getppid() != agent {
                     return Err(std::io::Error::other("the agent ended before wireguard-go started"));
+                }
+                // wireguard-go needs CAP_NET_ADMIN for its TUN device and nothing else of what
+                // the agent's unit gives the agent (CAP_CHOWN for service keys, CAP_NET_RAW,
+                // CAP_NET_BIND_SERVICE): only that one is left in its ambient set.
+                // linux/capability.h: CAP_CHOWN 0, CAP_NET_BIND_SERVICE 10, CAP_NET_RAW 13.
+                for cap in [0u32, 10, 13] {
+                    // A capability the set does not hold is no failure; prctl with integer
+                    // arguments only.
+                    let _ = libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_LOWER as libc::c_ulong, cap as libc::c_ulong, 0, 0);
                 }
                 Ok(())
             });
