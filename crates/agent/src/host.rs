@@ -1,7 +1,8 @@
 //! The host side effects, each behind a narrow trait with one implementation per backend:
 //! files (atomic, staged), WireGuard (the kernel module or the embedded boringtun through
 //! defguard_wireguard_rs, the embedded gotatun: `crate::gotatun`, or a `wireguard-go` process:
-//! `crate::wggo`), nftables (`nft -f`), IP
+//! `crate::wggo`), nftables (its library in the agent's helper process, `crate::nfthelper`, or
+//! `nft -f`), IP
 //! forwarding (`/proc/sys`) and handshake prompts (datagrams bound to the interface); the zone's
 //! server is `crate::dns`, routes `crate::routes`. The executor talks only to the traits.
 
@@ -380,8 +381,11 @@ pub struct Nft {
     last: Option<Loaded>,
     /// What the kernel's table was known to be after this process's last commit.
     mark: Mark,
-    /// How nft is run: its library in this process, or its program.
+    /// How nft is run: its library in the agent's helper process, or its program.
     via: Via,
+    /// How the helper ended during this apply or check, if it did: nothing more is sent to nft
+    /// until the next one, which starts another helper.
+    ended: Option<String>,
     /// The network namespace nft runs in (`ip netns exec`, for a test); `None`: this process's.
     namespace: Option<String>,
     /// Where the kernel's generation is read.
@@ -419,9 +423,9 @@ enum Table {
 }
 
 enum Via {
-    /// The library, loaded at the first ruleset; the program where it does not load.
+    /// The helper, started at the first ruleset; the program where the library does not load.
     Untried,
-    Library(crate::libnft::LibNft),
+    Helper(crate::nfthelper::Helper),
     /// This command run as `nft` (a test runs it inside a network namespace).
     Program(Vec<String>),
 }
@@ -441,6 +445,7 @@ impl Nft {
             last: None,
             mark: Mark::default(),
             via: Via::Untried,
+            ended: None,
             namespace: None,
             generation: Gen::Untried,
             whole_loads: 0,
@@ -456,61 +461,72 @@ impl Nft {
         }
     }
 
+    /// nft run through this helper (a test's).
+    #[cfg(test)]
+    pub(crate) fn with_helper(helper: crate::nfthelper::Helper) -> Self {
+        Nft { via: Via::Helper(helper), ..Nft::new() }
+    }
+
     /// How many times a whole ruleset was loaded, rather than changed in its sets' elements.
     pub fn whole_loads(&self) -> u32 {
         self.whole_loads
     }
 
-    /// Whether nft runs through its library in this process.
+    /// Whether nft runs through its library (in the agent's helper process), not its program.
     pub fn in_process(&self) -> bool {
-        matches!(self.via, Via::Library(_))
+        matches!(self.via, Via::Helper(_))
+    }
+
+    /// The running helper's process id.
+    pub fn helper_pid(&self) -> Option<u32> {
+        match &self.via {
+            Via::Helper(helper) => helper.pid(),
+            _ => None,
+        }
     }
 
     /// Runs these commands (changes of elements, a listing) as one transaction, or, with the
     /// ruleset's path as `whole`, a whole ruleset's text as nft loads a file. Always the text:
     /// a ruleset is loaded as the agent read it, never from its path read a second time (the
     /// file may have changed between the two reads). What nft printed; the error is nft's
-    /// message, which names the ruleset's path and line.
+    /// message, which names the ruleset's path and line. A helper that ended fails this batch,
+    /// and every later one of the same apply or check: nothing more is sent until the next,
+    /// which starts another helper.
     fn run(&mut self, commands: &str, whole: Option<&Path>) -> Result<String> {
+        use crate::nfthelper::{HelperError, Request};
+        if let Some(ended) = &self.ended {
+            return Err(HelperError::Ended(ended.clone()).into());
+        }
         if matches!(self.via, Via::Untried) {
-            self.via = match crate::libnft::LibNft::load() {
-                Ok(lib) => Via::Library(lib),
-                Err(e) => {
-                    tracing::info!(error = %format!("{e:#}"), "nftables' library does not load: the agent runs `nft`");
-                    Via::Program(vec!["nft".into()])
-                }
+            self.via = Via::Helper(crate::nfthelper::Helper::default());
+        }
+        if let Via::Helper(helper) = &mut self.via {
+            let name = whole.map(|p| p.display().to_string());
+            let request = match &name {
+                Some(name) => Request::Load { text: commands, name },
+                None => Request::Run(commands),
             };
-        }
-        match &mut self.via {
-            Via::Library(lib) => match whole {
-                Some(path) => lib.load_ruleset(commands, &path.display().to_string()).map(|()| String::new()),
-                None => lib.run(commands),
-            },
-            Via::Program(program) => {
-                use std::io::Write;
-                let mut cmd = std::process::Command::new(&program[0]);
-                cmd.args(&program[1..]).args(["-f", "-"]);
-                cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
-                let mut child = cmd.spawn().context("cannot run nft (is nftables installed?)")?;
-                let mut input = child.stdin.take().expect("piped");
-                let written = input.write_all(commands.as_bytes());
-                drop(input);
-                // Waited for even when it stopped reading early: no child is left unreaped, and
-                // its own message says why.
-                let out = child.wait_with_output().context("cannot run nft")?;
-                if !out.status.success() {
-                    let message = String::from_utf8_lossy(&out.stderr);
-                    let message = match whole {
-                        Some(path) => message.replace("/dev/stdin:", &format!("{}:", path.display())),
-                        None => message.into_owned(),
-                    };
-                    bail!("{}", message.trim());
+            match helper.run(request) {
+                Ok(out) => return Ok(out),
+                Err(HelperError::Refused(message)) => bail!("{message}"),
+                Err(HelperError::NoLibrary(why)) => {
+                    tracing::info!(error = %why, "nftables' library does not load: the agent runs `nft`");
+                    self.via = Via::Program(vec!["nft".into()]);
                 }
-                written.context("cannot give nft its commands")?;
-                Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+                Err(e @ HelperError::Ended(_)) => {
+                    // The apply fails here, as for a refusal; a helper that keeps ending gives way
+                    // to the program.
+                    if helper.exhausted() {
+                        tracing::warn!(error = %e, "nftables' helper process keeps ending: the agent runs `nft` from now on");
+                        self.via = Via::Program(vec!["nft".into()]);
+                    }
+                    self.ended = Some(e.to_string());
+                    return Err(e.into());
+                }
             }
-            Via::Untried => unreachable!("tried above"),
         }
+        let Via::Program(program) = &self.via else { unreachable!("the helper answered above") };
+        program_run(program, commands, whole)
     }
 
     /// The kernel's ruleset generation in nft's namespace; `None` when it cannot be read.
@@ -584,6 +600,9 @@ impl Nft {
     /// Loads a ruleset's text whole, in one transaction that replaces the table.
     fn load_whole(&mut self, ruleset: Loaded) -> Result<()> {
         if let Err(e) = self.commit(&ruleset.text, Some(&ruleset.path)) {
+            if helper_ended(&e) {
+                bail!("cannot load {}: {e:#}", ruleset.path.display());
+            }
             bail!("nft refused {}: {e:#}", ruleset.path.display());
         }
         self.last = Some(ruleset);
@@ -599,10 +618,41 @@ impl Default for Nft {
     }
 }
 
+/// Whether this error is nftables' helper process ending, not nft refusing the batch.
+fn helper_ended(e: &anyhow::Error) -> bool {
+    matches!(e.downcast_ref(), Some(crate::nfthelper::HelperError::Ended(_)))
+}
+
+/// Runs `nft -f -` (after the command's other words) with these commands on its standard input.
+fn program_run(program: &[String], commands: &str, whole: Option<&Path>) -> Result<String> {
+    use std::io::Write;
+    let mut cmd = std::process::Command::new(&program[0]);
+    cmd.args(&program[1..]).args(["-f", "-"]);
+    cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().context("cannot run nft (is nftables installed?)")?;
+    let mut input = child.stdin.take().expect("piped");
+    let written = input.write_all(commands.as_bytes());
+    drop(input);
+    // Waited for even when it stopped reading early: no child is left unreaped, and its own
+    // message says why.
+    let out = child.wait_with_output().context("cannot run nft")?;
+    if !out.status.success() {
+        let message = String::from_utf8_lossy(&out.stderr);
+        let message = match whole {
+            Some(path) => message.replace("/dev/stdin:", &format!("{}:", path.display())),
+            None => message.into_owned(),
+        };
+        bail!("{}", message.trim());
+    }
+    written.context("cannot give nft its commands")?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 impl Firewall for Nft {
     fn apply(&mut self, ruleset: &Path) -> Result<()> {
         let text = std::fs::read_to_string(ruleset).with_context(|| format!("cannot read {}", ruleset.display()))?;
         let new = Loaded { path: ruleset.to_path_buf(), text };
+        self.ended = None;
         // Only the elements that changed, when nothing else did, and only on the table this
         // process loaded: one changed behind its back (an element or a chain added, rules
         // flushed) is loaded whole, as a whole load would leave it, never patched.
@@ -618,6 +668,9 @@ impl Firewall for Nft {
                         self.last = Some(new);
                         return Ok(());
                     }
+                    // The helper gone, the apply fails (a refusal of the elements loads the file
+                    // whole instead).
+                    Err(e) if helper_ended(&e) => bail!("cannot change the sets' elements of {}: {e:#}", ruleset.display()),
                     Err(e) => tracing::warn!(
                         error = %format!("{e:#}"),
                         "the loaded table refused a change of its sets' elements; loading {} whole",
@@ -640,6 +693,7 @@ impl Firewall for Nft {
     }
 
     fn reconcile(&mut self) -> Result<bool> {
+        self.ended = None;
         // Nothing loaded, nothing to put back; a generation that cannot be read tells nothing.
         if self.last.is_none() || self.table(true) != Table::Changed {
             return Ok(false);

@@ -17,6 +17,7 @@ pub mod libnft;
 pub mod log;
 pub mod metrics;
 pub mod nftgen;
+pub mod nfthelper;
 pub mod plan;
 pub mod routes;
 pub mod ruleset;
@@ -193,6 +194,9 @@ enum Command {
     /// Write shell completions and man pages made from this command line into DIR (for packages)
     #[command(hide = true)]
     Assets { dir: PathBuf },
+    /// nftables' library for the agent, in a process of its own (the agent starts it: `nfthelper`)
+    #[command(hide = true, name = nfthelper::SUBCOMMAND)]
+    NftHelper,
     /// Show this node's identity and certificate
     Status {
         #[arg(long)]
@@ -230,6 +234,7 @@ pub fn main() -> ExitCode {
             Command::Renew { state_dir, force } => identity::renew(&state_dir, force).await,
             Command::Status { state_dir, json } => identity::status(&state_dir, json),
             Command::Assets { dir } => assets::write(<Cli as clap::CommandFactory>::command(), &dir),
+            Command::NftHelper => nfthelper::serve(),
             Command::Run { host, wait, max_applies, max_backoff, .. } => host.agent(wait.min(60), max_applies, max_backoff)?.run().await,
             Command::Apply { file, host } => {
                 let state_dir = host.state_dir.clone();

@@ -1,7 +1,8 @@
 //! nftables through its own library, `libnftables.so.1` (the one `nft` is a front end to),
-//! loaded when the agent first loads a ruleset: a run in the agent's process costs what the
-//! commands cost, where starting `nft` costs 12-20 ms whatever they are (a change of two set
-//! elements: 0.08 ms against 16 ms here). Without the library the agent runs `nft`.
+//! loaded by the agent's helper process (`crate::nfthelper`), never by the agent itself: the
+//! library calls `exit()` or `abort()` on some failures. A run costs what the commands cost,
+//! where starting `nft` costs 12-20 ms whatever they are (a change of two set elements: 0.08 ms
+//! against 16 ms here). Without the library the agent runs `nft`.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 
@@ -28,12 +29,9 @@ pub struct LibNft {
     _lib: libloading::Library,
 }
 
-// SAFETY: the context is only used through `&mut self` (one call at a time), and libnftables
-// keeps no state tied to the thread that made it.
-unsafe impl Send for LibNft {}
-
 impl LibNft {
-    /// The library, if this host has it.
+    /// The library, if this host has it. `nft_ctx_new` exits the process (status 3) when it
+    /// cannot open its netlink socket: only the helper calls this.
     pub fn load() -> Result<LibNft> {
         // SAFETY: loading libnftables runs its initialisers, which only set up its own state.
         let lib = unsafe { libloading::Library::new(LIBRARY) }.with_context(|| format!("cannot load {LIBRARY}"))?;
