@@ -325,7 +325,9 @@ fn lab_renew() {
 /// certificate from the lab's ACME CA (pebble, validating TLS-ALPN-01 against edge-1), real TLS
 /// verified by the client; the exposure applied serves client-1 from both runners and refuses
 /// client-2 (outside its sources); web-2 revoked, the site stays up on web-1 alone; withdrawn, it
-/// is closed. Prints both figures.
+/// is closed. Prints both figures. edge-1's Traefik runs as trellis-ingress (which the lab adds
+/// where the host lacks it), with CAP_NET_BIND_SERVICE alone and no new privileges, and cannot
+/// open the node's keys: it ran as root with the agent's capabilities, and could.
 #[test]
 fn lab_expose() {
     if !can_run(Need::Root) || !can_run(Need::Program("traefik")) || !can_run(Need::Program("pebble")) {
@@ -338,9 +340,15 @@ fn lab_expose() {
         // The agent's report reached the controller: `trellis status` says it.
         "ingress edge-1 (trellis status): edge-1: ingress: Traefik running, 1 of 1 router(s) enabled, certificates: shop.example.com (expires in ",
         "step 2: revocation of web-2 -> edge-1 answers client-1 from web-1 only (8 requests in a row): ",
+        // Traefik, which faces the internet, runs unprivileged, with CAP_NET_BIND_SERVICE alone
+        // (it binds 443), and cannot open the node's keys (the review of 2026-12-02, finding 6).
+        "ingress edge-1: its Traefik (pid ",
+        " with CapEff 0000000000000400, CapPrm 0000000000000400, CapAmb 0000000000000400 and NoNewPrivs 1; as uid ",
+        ", opening node.key: Permission denied, opening wireguard.key: Permission denied",
     ] {
         assert!(stdout.contains(want), "no `{want}` in\n{stdout}");
     }
+    assert!(!stdout.contains(") runs as uid 0 "), "Traefik runs as root:\n{stdout}");
 }
 
 /// An exposure declared from the start (lab/expose-start.toml): the first round waits for the

@@ -16,6 +16,7 @@ mod net;
 mod pg;
 mod procs;
 mod timing;
+mod traefik;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -167,6 +168,10 @@ fn claim(file: &Path, wireguard: &str) -> Result<LabState> {
 fn up_claimed(file: &Path, planned: Planned, mut st: LabState) -> Result<LabState> {
     let Planned { lab, decl_dir, decl, later } = planned;
     std::fs::create_dir_all(&st.dir).with_context(|| format!("cannot create {}", st.dir.display()))?;
+    // An ingress's Traefik runs unprivileged and must reach its agent's root and the ACME CA's
+    // certificate here; the state directories of the agents and controllers in it are 0700.
+    std::fs::set_permissions(&st.dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .with_context(|| format!("cannot open {} to Traefik's user", st.dir.display()))?;
     let result = build(file, &lab, &decl_dir, &decl, &later, &mut st);
     save(file, &st)?;
     result.map(|_| st)
@@ -241,6 +246,9 @@ fn build(file: &Path, lab: &LabFile, decl_dir: &Path, decl: &Declaration, later:
     let listened = acme::listeners(&decls, &host_ns, st);
     save(file, st)?;
     listened?;
+    if decls.iter().any(|d| !d.exposures.is_empty()) && traefik::ensure_user()? {
+        progress("added the system user trellis-ingress, whom agents run Traefik as");
+    }
     let mut first = timing::FirstPackets::default();
     st.agents = procs::start_agents(lab, decl, &host_ns, st, progress, |node, since, st| first.start(node, &host_ns[node], since, st))?;
     st.agents.sort();
@@ -488,7 +496,7 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
                         e.from,
                         took.as_millis()
                     );
-                    print_ingress(&st, &to);
+                    print_ingress(&st, &to)?;
                 }
             }
         }
@@ -520,7 +528,7 @@ fn wait_for_certificates(lab: &LabFile, st: &LabState) -> Result<()> {
             Err(err) => println!("exposure in force -> {err:#}"),
         }
         if !waited.contains(&to) {
-            print_ingress(st, &to);
+            print_ingress(st, &to)?;
             waited.push(to);
         }
     }
@@ -528,8 +536,8 @@ fn wait_for_certificates(lab: &LabFile, st: &LabState) -> Result<()> {
 }
 
 /// What an ingress node's agent shows of its Traefik (ADR 0026): routers and certificates, from
-/// the status file it writes.
-fn print_ingress(st: &LabState, node: &str) {
+/// the status file it writes; and how that Traefik runs, an error unless unprivileged.
+fn print_ingress(st: &LabState, node: &str) -> Result<()> {
     let path = st.dir.join(format!("agent-{node}/agent-status.json"));
     let read = || -> serde_json::Value { std::fs::read(&path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default() };
     // The agent refreshes its status every ten seconds while it waits.
@@ -560,6 +568,8 @@ fn print_ingress(st: &LabState, node: &str) {
         if routers.is_empty() { "none".into() } else { routers.join(", ") },
         if certs.is_empty() { "none yet".into() } else { certs.join(", ") }
     );
+    let agent = *st.agent_pids.get(node).with_context(|| format!("the lab runs no agent on `{node}`"))?;
+    println!("ingress {node}: {}", traefik::confinement(agent, &st.dir.join(format!("agent-{node}")))?);
     // And as the controller has it from the agent's report (`trellis status`).
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -567,11 +577,11 @@ fn print_ingress(st: &LabState, node: &str) {
         match reported {
             Some(i) if !i.report.certificates.is_empty() || Instant::now() > deadline => {
                 println!("ingress {node} (trellis status): {}", i.summary(trellis_files::unix_now()));
-                return;
+                return Ok(());
             }
             None if Instant::now() > deadline => {
                 println!("ingress {node} (trellis status): no report");
-                return;
+                return Ok(());
             }
             _ => std::thread::sleep(Duration::from_millis(250)),
         }
