@@ -572,41 +572,9 @@ impl Controller {
         let trust_moved = run.trust != trust.text;
         let mut contents = std::mem::take(&mut run.contents);
 
-        let mut due: Vec<&trellis_store::NodeRecord> = Vec::new();
-        for r in &active {
-            if !compiled.nodes.contains_key(&r.name) {
-                continue;
-            }
-            let previous = run.published.get(&r.name);
-            let unchanged = !trust_moved
-                && previous.is_some_and(|(_, cert)| *cert == r.cert_pem)
-                && !rendered.contains(r.name.as_str())
-                && !run.lagging.contains(&r.name)
-                && p.current(&r.name).is_some();
-            if !unchanged {
-                due.push(r);
-            }
-        }
+        let shared = Added { ca_pem, ca_digest, trust_text, trust_digest };
+        let mut pending = bundle_files(p, &run, &active, &compiled, &rendered, trust_moved, &mut contents, &shared);
         drop(rendered);
-        contents.add(&compiled, &due.iter().map(|r| r.name.as_str()).collect::<Vec<_>>());
-        let mut pending: Vec<(&trellis_store::NodeRecord, Vec<Listed>, String)> = Vec::with_capacity(due.len());
-        for r in due {
-            let out = &compiled.nodes[&r.name];
-            let mut files: Vec<Listed> = out
-                .files
-                .iter()
-                .map(|f| Listed { path: &f.path, mode: f.mode, sha256: contents.digest(&f.content), content: f.content.clone() })
-                .collect();
-            files.push(Listed { path: trellis_core::compile::CA_PEM, mode: 0o644, sha256: ca_digest, content: ca_pem.clone() });
-            files.push(Listed { path: trellis_core::compile::TRUST_TOML, mode: 0o644, sha256: trust_digest, content: trust_text.clone() });
-            if let Some(pem) = &r.cert_pem {
-                let content = Text::from(pem.as_str());
-                files.push(Listed { path: trellis_core::compile::NODE_PEM, mode: 0o644, sha256: content.sha256(), content });
-            }
-            files.sort_by(|a, b| a.path.cmp(b.path));
-            let digest = hex::encode(trellis_core::bundle::entries_digest(&entries(&files)));
-            pending.push((r, files, digest));
-        }
         let changes: Vec<(String, String)> = pending.iter().map(|(r, _, d)| (r.name.clone(), d.clone())).collect();
         let versions: HashMap<String, trellis_store::BundleVersion> = self.store.publish(&changes, self.now()).await?.into_iter().collect();
         self.raise_high_water(versions.values().map(|v| v.version).max().unwrap_or(0))?;
@@ -615,64 +583,7 @@ impl Controller {
         let stale: HashSet<String> =
             pending.iter().filter(|(r, _, digest)| versions[&r.name].digest != *digest).map(|(r, _, _)| r.name.clone()).collect();
         pending.retain(|(r, _, digest)| versions[&r.name].digest == *digest);
-        // The zone's serial is the bundle's version: it rises whenever the bundle's content does,
-        // and it is the same on every replica (the version is the database's). The digest above,
-        // which decides whether the content changed, is of the zone as compiled.
-        for (r, files, _) in &mut pending {
-            if let Some(zone) = files.iter_mut().find(|f| f.path == trellis_core::compile::MESH_ZONE) {
-                zone.content = trellis_core::render::with_serial(&zone.content, zone_serial(versions[&r.name].version));
-                zone.sha256 = zone.content.sha256();
-            }
-        }
-        // Signed on every core: ten thousand signatures are a few hundred milliseconds on one.
-        let (key, mesh) = (&trust.key, &decl.mesh.name);
-        let heads = trellis_core::par::map(pending.len(), |i| {
-            let (r, files, _) = &pending[i];
-            let v = &versions[&r.name];
-            let entries = entries(files);
-            (
-                trellis_core::bundle::sign_entries(key, mesh, &r.name, v.version as u64, v.issued_at, &entries),
-                trellis_core::bundle::entries_digest(&entries),
-            )
-        });
-        let signed = pending
-            .iter()
-            .zip(heads)
-            .map(|((_, files, _), (head, digest))| (Signed { head, contents: files.iter().map(|f| f.content.clone()).collect() }, digest));
-        let signed: Vec<(Signed, [u8; 32])> = signed.collect();
-        let mut count = 0;
-        let mut large = Vec::new();
-        let mut published = Vec::new();
-        for ((record, _, digest), (signed, content)) in pending.into_iter().zip(signed) {
-            let node = record.name.clone();
-            let v = &versions[&node];
-            published.push((node.clone(), v.version));
-            run.published.insert(node.clone(), (digest, record.cert_pem.clone()));
-            // A large bundle's previous version, to make a delta from.
-            let previous = (signed.len() >= DELTA_FROM).then(|| p.current(&node)).flatten().filter(|old| old.version < v.version);
-            large.push((node, v.version, content, signed, previous));
-            count += 1;
-        }
-        // Deltas, on every core: a bundle of a few megabytes takes some milliseconds.
-        let heavy: Vec<usize> = (0..large.len()).filter(|&i| large[i].4.is_some()).collect();
-        let made = trellis_core::par::map_each(heavy.len(), |k| {
-            let (_, _, _, new, old) = &large[heavy[k]];
-            let old = old.as_ref().expect("only bundles with a previous version");
-            (old.version, bytes::Bytes::from(trellis_core::delta::make(&old.signed.to_vec(), &new.to_vec())))
-        });
-        let mut made: HashMap<usize, (i64, bytes::Bytes)> = heavy.into_iter().zip(made).collect();
-        let table: HashMap<String, Arc<Published>> = large
-            .into_iter()
-            .enumerate()
-            .map(|(i, (node, version, digest, signed, _))| (node, Arc::new(Published { version, digest, signed, delta: made.remove(&i) })))
-            .collect();
-        {
-            let mut t = p.table.write().expect("bundle table");
-            t.extend(table);
-            let live: HashSet<&str> = active.iter().map(|r| r.name.as_str()).collect();
-            t.retain(|n, _| live.contains(n.as_str()));
-            run.published.retain(|n, _| live.contains(n.as_str()));
-        }
+        let (count, published) = sign_and_swap(p, &mut run, pending, &versions, &trust.key, &decl.mesh.name, &active);
         let mut known = std::mem::take(&mut run.left);
         known.extend(left_now.iter().map(|(k, v)| (k.clone(), v.clone())));
         self.follow_revocations(&unrecorded, &known, &compiled, (&decl, &run.keys, &records), &stale).await?;
@@ -703,6 +614,145 @@ impl Controller {
         done(&mut run, head);
         Ok((count, head_record))
     }
+}
+
+/// The files the controller adds to every bundle, the same in each (ADR 0027, 0028, 0029).
+struct Added {
+    ca_pem: Text,
+    ca_digest: [u8; 32],
+    trust_text: Text,
+    trust_digest: [u8; 32],
+}
+
+/// A bundle to publish: its node, its files and the digest of their entries.
+type Pending<'r> = (&'r trellis_store::NodeRecord, Vec<Listed<'r>>, String);
+
+/// The bundles of the nodes due this run (their plan was rendered again, their certificate or
+/// the trust moved, or the table lacks them), each as its files in a bundle's order, with the
+/// files the controller adds, and the digest of their entries.
+#[allow(clippy::too_many_arguments)]
+fn bundle_files<'r>(
+    p: &Publisher,
+    run: &Run,
+    active: &[&'r trellis_store::NodeRecord],
+    compiled: &'r Compiled,
+    rendered: &HashSet<&str>,
+    trust_moved: bool,
+    contents: &mut Contents,
+    shared: &Added,
+) -> Vec<Pending<'r>> {
+    let mut due: Vec<&trellis_store::NodeRecord> = Vec::new();
+    for r in active {
+        if !compiled.nodes.contains_key(&r.name) {
+            continue;
+        }
+        let previous = run.published.get(&r.name);
+        let unchanged = !trust_moved
+            && previous.is_some_and(|(_, cert)| *cert == r.cert_pem)
+            && !rendered.contains(r.name.as_str())
+            && !run.lagging.contains(&r.name)
+            && p.current(&r.name).is_some();
+        if !unchanged {
+            due.push(r);
+        }
+    }
+    contents.add(compiled, &due.iter().map(|r| r.name.as_str()).collect::<Vec<_>>());
+    let mut pending: Vec<Pending> = Vec::with_capacity(due.len());
+    for r in due {
+        let out = &compiled.nodes[&r.name];
+        let mut files: Vec<Listed> = out
+            .files
+            .iter()
+            .map(|f| Listed { path: &f.path, mode: f.mode, sha256: contents.digest(&f.content), content: f.content.clone() })
+            .collect();
+        files.push(Listed { path: trellis_core::compile::CA_PEM, mode: 0o644, sha256: shared.ca_digest, content: shared.ca_pem.clone() });
+        files.push(Listed {
+            path: trellis_core::compile::TRUST_TOML,
+            mode: 0o644,
+            sha256: shared.trust_digest,
+            content: shared.trust_text.clone(),
+        });
+        if let Some(pem) = &r.cert_pem {
+            let content = Text::from(pem.as_str());
+            files.push(Listed { path: trellis_core::compile::NODE_PEM, mode: 0o644, sha256: content.sha256(), content });
+        }
+        files.sort_by(|a, b| a.path.cmp(b.path));
+        let digest = hex::encode(trellis_core::bundle::entries_digest(&entries(&files)));
+        pending.push((r, files, digest));
+    }
+    pending
+}
+
+/// Sets each zone's serial to its bundle's version, signs every pending bundle (on every core),
+/// makes the deltas of large ones, and swaps them into the table the long-polls read; returns
+/// how many were published and each node's version.
+fn sign_and_swap(
+    p: &Publisher,
+    run: &mut Run,
+    mut pending: Vec<Pending>,
+    versions: &HashMap<String, trellis_store::BundleVersion>,
+    key: &ed25519_dalek::SigningKey,
+    mesh: &str,
+    active: &[&trellis_store::NodeRecord],
+) -> (usize, Vec<(String, i64)>) {
+    // The zone's serial is the bundle's version: it rises whenever the bundle's content does,
+    // and it is the same on every replica (the version is the database's). The digest above,
+    // which decides whether the content changed, is of the zone as compiled.
+    for (r, files, _) in &mut pending {
+        if let Some(zone) = files.iter_mut().find(|f| f.path == trellis_core::compile::MESH_ZONE) {
+            zone.content = trellis_core::render::with_serial(&zone.content, zone_serial(versions[&r.name].version));
+            zone.sha256 = zone.content.sha256();
+        }
+    }
+    // Signed on every core: ten thousand signatures are a few hundred milliseconds on one.
+    let heads = trellis_core::par::map(pending.len(), |i| {
+        let (r, files, _) = &pending[i];
+        let v = &versions[&r.name];
+        let entries = entries(files);
+        (
+            trellis_core::bundle::sign_entries(key, mesh, &r.name, v.version as u64, v.issued_at, &entries),
+            trellis_core::bundle::entries_digest(&entries),
+        )
+    });
+    let signed = pending
+        .iter()
+        .zip(heads)
+        .map(|((_, files, _), (head, digest))| (Signed { head, contents: files.iter().map(|f| f.content.clone()).collect() }, digest));
+    let signed: Vec<(Signed, [u8; 32])> = signed.collect();
+    let mut count = 0;
+    let mut large = Vec::new();
+    let mut published = Vec::new();
+    for ((record, _, digest), (signed, content)) in pending.into_iter().zip(signed) {
+        let node = record.name.clone();
+        let v = &versions[&node];
+        published.push((node.clone(), v.version));
+        run.published.insert(node.clone(), (digest, record.cert_pem.clone()));
+        // A large bundle's previous version, to make a delta from.
+        let previous = (signed.len() >= DELTA_FROM).then(|| p.current(&node)).flatten().filter(|old| old.version < v.version);
+        large.push((node, v.version, content, signed, previous));
+        count += 1;
+    }
+    // Deltas, on every core: a bundle of a few megabytes takes some milliseconds.
+    let heavy: Vec<usize> = (0..large.len()).filter(|&i| large[i].4.is_some()).collect();
+    let made = trellis_core::par::map_each(heavy.len(), |k| {
+        let (_, _, _, new, old) = &large[heavy[k]];
+        let old = old.as_ref().expect("only bundles with a previous version");
+        (old.version, bytes::Bytes::from(trellis_core::delta::make(&old.signed.to_vec(), &new.to_vec())))
+    });
+    let mut made: HashMap<usize, (i64, bytes::Bytes)> = heavy.into_iter().zip(made).collect();
+    let table: HashMap<String, Arc<Published>> = large
+        .into_iter()
+        .enumerate()
+        .map(|(i, (node, version, digest, signed, _))| (node, Arc::new(Published { version, digest, signed, delta: made.remove(&i) })))
+        .collect();
+    {
+        let mut t = p.table.write().expect("bundle table");
+        t.extend(table);
+        let live: HashSet<&str> = active.iter().map(|r| r.name.as_str()).collect();
+        t.retain(|n, _| live.contains(n.as_str()));
+        run.published.retain(|n, _| live.contains(n.as_str()));
+    }
+    (count, published)
 }
 
 /// A bundle version as a zone's SOA serial: the serial arithmetic of RFC 1982 wraps at 2^32, so
