@@ -163,6 +163,9 @@ impl Controller {
         let audit = Audit { at: self.now(), actor: "admin", action: AuditAction::DeclarationApplied, subject: &decl.mesh.name, detail };
         let replaced: Vec<String> = replaced.iter().map(|m| m.name.clone()).collect();
         let revision = self.store.apply(&files, &digest, &allocation, expect_revision, &replaced, &audit).await?;
+        // Before the answer, so that what the apply decided is all in the audit chain when it
+        // returns (publish runs look again, for a start on a declaration and a CA rotated).
+        self.scope_services_ca(&decl.mesh).await?;
         // The publish run that follows uses this declaration instead of parsing the stored files
         // again (the cache is keyed by revision, so a newer one elsewhere still wins).
         {

@@ -79,8 +79,7 @@ pub fn issued_by(cert_der: &[u8], issuer_subject: &[u8]) -> bool {
 }
 
 /// What the services CA may certify (the review of 2026-12-02, finding 12): DNS names in the
-/// mesh's domain, URIs whose host is the domain (`spiffe://DOMAIN/...`) and addresses in the
-/// overlay's prefixes, as each `(address, prefix length)`. A client that trusts the mesh CA then
+/// mesh's domain and addresses in the overlay's prefixes, as each `(address, prefix length)`. A client that trusts the mesh CA then
 /// takes nothing else from it, whoever holds its key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServiceScope {
@@ -110,12 +109,14 @@ fn der(tag: u8, content: &[u8]) -> Vec<u8> {
 
 impl ServiceScope {
     /// The value of the NameConstraints extension (RFC 5280 4.2.1.10) that permits exactly this
-    /// scope: dNSName and uniformResourceIdentifier the domain, iPAddress each prefix.
+    /// scope: dNSName the domain, iPAddress each prefix. No uniformResourceIdentifier subtree:
+    /// webpki (every rustls client) refuses a chain whose constraints name a type it does not
+    /// check, so a URI constraint would make the mesh's certificates unusable to them; the SPIFFE
+    /// URI is left unconstrained.
     pub fn name_constraints(&self) -> Vec<u8> {
         let mut subtrees = Vec::new();
         // GeneralSubtree ::= SEQUENCE { base GeneralName }; dNSName [2], URI [6], iPAddress [7].
         subtrees.extend(der(0x30, &der(0x82, self.domain.as_bytes())));
-        subtrees.extend(der(0x30, &der(0x86, self.domain.as_bytes())));
         for (addr, len) in &self.prefixes {
             let (mut bytes, bits) = match addr {
                 IpAddr::V4(a) => (a.octets().to_vec(), 32),

@@ -69,11 +69,12 @@ async fn tokens_expire_by_the_injected_clock_and_their_ids_come_from_the_injecte
             .create_token(&proto::TokenRequest { node: "db-1".into(), ttl_secs: 60, require_approval: false, ..Default::default() })
             .await
             .unwrap();
-        // The first 8 bytes drawn are the id, the next 24 the secret.
-        assert_eq!(created.id, "0102030405060708");
+        // The fixture's apply drew the first 16 bytes (the serial of the services CA certified
+        // for the declared domain); the next 8 are the id, the next 24 the secret.
+        assert_eq!(created.id, "1112131415161718");
         assert_eq!(created.expires_at, T0 + 60);
         let token = trellis_core::token::EnrolmentToken::decode(&created.token).unwrap();
-        assert_eq!(token.secret[0], 9);
+        assert_eq!(token.secret[0], 25);
         assert_eq!(c.tokens().await.unwrap()[0].state, TokenState::Valid);
 
         fx.clock.0.store(T0 + 60, Ordering::SeqCst);
