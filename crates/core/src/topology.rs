@@ -202,6 +202,68 @@ fn hubs_len_words(hubs: &[u32]) -> usize {
     hubs.len().div_ceil(64).max(1)
 }
 
+/// The reach of `nodes`: each one's networks and its endpoints' reach as bits over the
+/// `networks` declared, and the hubs it has a direct path with (`hubs`, those with a key among
+/// them marked).
+fn reach_of(nodes: &[&Node], network_index: &FastMap<&str, usize>, networks: usize, hubs: Vec<u32>, keys: &[Option<PublicKey>]) -> Reach {
+    let words = networks.div_ceil(64).max(1);
+    let bits_of = |names: &[String]| {
+        let mut b = Bits::new(words);
+        for n in names {
+            if let Some(&i) = network_index.get(n.as_str()) {
+                b.set(i);
+            }
+        }
+        b
+    };
+    let endpoint_reach: Vec<Vec<Bits>> = nodes.iter().map(|n| n.endpoints.iter().map(|e| bits_of(&e.reachable_from)).collect()).collect();
+    let hub_words = hubs_len_words(&hubs);
+    let mut rows = Vec::with_capacity(nodes.len() * (2 * words + hub_words));
+    for (n, eps) in nodes.iter().zip(&endpoint_reach) {
+        let mut reach = Bits::new(words);
+        eps.iter().for_each(|e| reach.union(e));
+        rows.extend_from_slice(&bits_of(&n.networks).0);
+        rows.extend_from_slice(&reach.0);
+        rows.extend(std::iter::repeat_n(0, hub_words));
+    }
+    let mut keyed_hubs = Bits::new(hub_words);
+    for (j, &h) in hubs.iter().enumerate() {
+        if keys[h as usize].is_some() {
+            keyed_hubs.set(j);
+        }
+    }
+    let mut r = Reach { rows, words, endpoint_reach, hubs, keyed_hubs };
+    let row = 2 * words + hub_words;
+    // Whether a node and a hub are direct follows from the node's networks and its
+    // endpoints' reach alone (`Reach::dials` finds an endpoint where their union meets the
+    // networks): the nodes that share both, most of a fleet, are worked out once (at 100,000
+    // nodes and 100 hubs, 10 million pairs were: a tenth of a recompile).
+    let link = |a: u32| {
+        let mut b = Bits::new(hub_words);
+        for (j, &h) in r.hubs.iter().enumerate() {
+            if h != a && r.direct(a, h) {
+                b.set(j);
+            }
+        }
+        b
+    };
+    let mut alike: FastMap<&[u64], Bits> = FastMap::default();
+    let links: Vec<Bits> = (0..nodes.len() as u32)
+        .map(|a| {
+            if nodes[a as usize].hub {
+                return link(a);
+            }
+            let start = a as usize * row;
+            alike.entry(&r.rows[start..start + 2 * words]).or_insert_with(|| link(a)).clone()
+        })
+        .collect();
+    drop(alike);
+    for (a, b) in links.iter().enumerate() {
+        r.rows[a * row + 2 * words..(a + 1) * row].copy_from_slice(&b.0);
+    }
+    r
+}
+
 /// The positions of a pool's members (the nodes the controller added for it).
 fn pool_members<'a>(nodes: &'a [&Node], pool: &'a str) -> impl Iterator<Item = u32> + 'a {
     (0..nodes.len() as u32).filter(move |&i| nodes[i as usize].pool.as_deref() == Some(pool))
@@ -235,28 +297,7 @@ impl<'d> Topology<'d> {
         let nodes: Vec<&Node> = order.iter().map(|&i| &decl.nodes[i as usize]).collect();
         let index: FastMap<&str, u32> = nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i as u32)).collect();
         let network_index: FastMap<&str, usize> = decl.networks.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
-        let words = decl.networks.len().div_ceil(64).max(1);
-        let bits_of = |names: &[String]| {
-            let mut b = Bits::new(words);
-            for n in names {
-                if let Some(&i) = network_index.get(n.as_str()) {
-                    b.set(i);
-                }
-            }
-            b
-        };
-        let endpoint_reach: Vec<Vec<Bits>> =
-            nodes.iter().map(|n| n.endpoints.iter().map(|e| bits_of(&e.reachable_from)).collect()).collect();
         let hubs: Vec<u32> = (0..nodes.len() as u32).filter(|&i| nodes[i as usize].hub).collect();
-        let hub_words = hubs_len_words(&hubs);
-        let mut rows = Vec::with_capacity(nodes.len() * (2 * words + hub_words));
-        for (n, eps) in nodes.iter().zip(&endpoint_reach) {
-            let mut reach = Bits::new(words);
-            eps.iter().for_each(|e| reach.union(e));
-            rows.extend_from_slice(&bits_of(&n.networks).0);
-            rows.extend_from_slice(&reach.0);
-            rows.extend(std::iter::repeat_n(0, hub_words));
-        }
 
         let mut groups: FastMap<&str, Vec<u32>> = decl
             .groups
@@ -331,12 +372,6 @@ impl<'d> Topology<'d> {
         let ipv4 = by_name(&nodes, &alloc.ipv4);
         let ipv6 = by_name(&nodes, &alloc.ipv6);
         let keys: Vec<Option<PublicKey>> = nodes.iter().map(|n| n.public_key.or_else(|| keys.get(&n.name))).collect();
-        let mut keyed_hubs = Bits::new(hub_words);
-        for (j, &h) in hubs.iter().enumerate() {
-            if keys[h as usize].is_some() {
-                keyed_hubs.set(j);
-            }
-        }
         let mut module_names: Vec<(std::sync::Arc<str>, NodeSet)> =
             runners.iter().filter(|(_, r)| !r.is_empty()).map(|(m, r)| (std::sync::Arc::from(*m), r.clone())).collect();
         module_names.sort_unstable_by(|a, b| a.0.cmp(&b.0));
@@ -354,35 +389,7 @@ impl<'d> Topology<'d> {
                 }
             }
         }
-        let mut r = Reach { rows, words, endpoint_reach, hubs: hubs.clone(), keyed_hubs };
-        let row = 2 * words + hub_words;
-        // Whether a node and a hub are direct follows from the node's networks and its
-        // endpoints' reach alone (`Reach::dials` finds an endpoint where their union meets the
-        // networks): the nodes that share both, most of a fleet, are worked out once (at 100,000
-        // nodes and 100 hubs, 10 million pairs were: a tenth of a recompile).
-        let link = |a: u32| {
-            let mut b = Bits::new(hub_words);
-            for (j, &h) in r.hubs.iter().enumerate() {
-                if h != a && r.direct(a, h) {
-                    b.set(j);
-                }
-            }
-            b
-        };
-        let mut alike: FastMap<&[u64], Bits> = FastMap::default();
-        let links: Vec<Bits> = (0..nodes.len() as u32)
-            .map(|a| {
-                if nodes[a as usize].hub {
-                    return link(a);
-                }
-                let start = a as usize * row;
-                alike.entry(&r.rows[start..start + 2 * words]).or_insert_with(|| link(a)).clone()
-            })
-            .collect();
-        drop(alike);
-        for (a, b) in links.iter().enumerate() {
-            r.rows[a * row + 2 * words..(a + 1) * row].copy_from_slice(&b.0);
-        }
+        let r = reach_of(&nodes, &network_index, decl.networks.len(), hubs.clone(), &keys);
         Topology {
             decl,
             nodes,
