@@ -59,9 +59,10 @@ impl ServiceCertRefusal {
     }
 }
 
-/// Every reason a refusal is counted under.
-pub const REFUSAL_REASONS: [&str; 7] =
-    ["not_served", "pending", "revoked", "malformed", "ca_requested", "name_not_served", "no_services_ca"];
+/// Every reason a refusal is counted under (`too_often`: a node turned away for asking too often,
+/// before anything was decided).
+pub const REFUSAL_REASONS: [&str; 8] =
+    ["not_served", "pending", "revoked", "malformed", "ca_requested", "name_not_served", "no_services_ca", "too_often"];
 
 fn spec(c: &ServiceCert) -> proto::ServiceCertSpec {
     proto::ServiceCertSpec {

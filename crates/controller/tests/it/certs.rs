@@ -372,6 +372,8 @@ async fn a_node_cannot_grow_the_audit_chain_by_asking_for_certificates() {
         }
         assert_eq!(c.audit().await.unwrap().len() - before, 5, "five refusals audited one by one");
         assert_eq!(too_often, 70, "past thirty refused, turned away unread");
+        let scraped = c.scrape().await;
+        assert!(scraped.lines().any(|l| l == "trellis_service_certificate_refusals_total{reason=\"too_often\"} 70"), "{scraped}");
         // Another node is not held back by db-1's refusals.
         assert!(matches!(c.sign_service_cert(&api, &request("ping", "-".into())).await.unwrap_err(), Error::ServiceCert(_)));
         // The window closes: what was counted is one record.
