@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use trellis_core::token::EnrolmentToken;
 
-use trellis_testing::cmd::{fails_with, ok, run, sh};
+use trellis_testing::cmd::{fails_with, ok, run, sh, Proc};
 use trellis_testing::{can_run, repo, Need, TempDir};
 
 use crate::support::trellis_cmd;
@@ -22,6 +22,18 @@ pub fn agent_bin() -> Command {
     let mut c = Command::new(crate::support::agent());
     c.current_dir(repo());
     c
+}
+
+/// An agent of `state` running files-only under `root`, retrying the controller every second.
+pub fn files_only_agent(state: &Path, root: &Path) -> Proc {
+    Proc(
+        agent_bin()
+            .args(["run", "--files-only", "--max-backoff", "1", "--state-dir", state.to_str().unwrap(), "--root", root.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
 }
 
 /// A running controller; killed on drop.

@@ -2,13 +2,12 @@
 //! last first, so a silent one costs its connect timeout once, not on every request.
 
 use std::net::TcpListener;
-use std::process::Stdio;
 use std::time::Duration;
 
-use trellis_testing::cmd::{ok, Proc};
+use trellis_testing::cmd::ok;
 use trellis_testing::TempDir;
 
-use crate::controller::{agent_bin, enrol, Controller, Db};
+use crate::controller::{enrol, files_only_agent, Controller, Db};
 use crate::support::{basic_with_extra_nodes, until_zone_names};
 
 /// The controller listed first takes connections and never answers (a hung process, or a
@@ -43,14 +42,7 @@ fn a_silent_controller_costs_its_timeout_once_not_on_every_request() {
     c.ok(&["controllers", "remove", &real_addr]);
     c.ok(&["controllers", "add", &real_addr]);
 
-    let _agent = Proc(
-        agent_bin()
-            .args(["run", "--files-only", "--max-backoff", "1", "--state-dir", state.to_str().unwrap(), "--root", root.to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let _agent = files_only_agent(&state, &root);
     let first = until_zone_names(&root, "db-1").unwrap();
     let mut later = Vec::new();
     for k in 1..=3 {

@@ -5,13 +5,11 @@
 //! every later bundle as a rollback, silently.
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use trellis_testing::cmd::Proc;
 use trellis_testing::TempDir;
 
-use crate::controller::{agent_bin, copy_dir, enrol, Controller, Db};
+use crate::controller::{copy_dir, enrol, files_only_agent, Controller, Db};
 use crate::support::{basic_with_extra_nodes, until_zone_names};
 
 /// On PostgreSQL, the database copied as a template (the controller stopped: no connection to it
@@ -50,18 +48,6 @@ fn restore(c: &Controller, from: &Path, whole_state_directory: bool) {
         postgres(&format!("DROP DATABASE {name}"));
         postgres(&format!("CREATE DATABASE {name} TEMPLATE {name}_backup"));
     }
-}
-
-/// An agent of `state` running files-only under `root`, retrying the controller every second.
-fn files_only_agent(state: &Path, root: &Path) -> Proc {
-    Proc(
-        agent_bin()
-            .args(["run", "--files-only", "--max-backoff", "1", "--state-dir", state.to_str().unwrap(), "--root", root.to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    )
 }
 
 fn restored_from_before_three_changes(db: Db, whole_state_directory: bool) {

@@ -7,10 +7,10 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use trellis_testing::cmd::{fails_with, ok, Proc};
+use trellis_testing::cmd::{fails_with, ok};
 use trellis_testing::{can_run, Need, TempDir};
 
-use crate::controller::{agent_bin, enrol, free_port, Controller, Db};
+use crate::controller::{agent_bin, enrol, files_only_agent, free_port, Controller, Db};
 use crate::support::{basic_with_extra_nodes, until_zone_names};
 
 /// On SQLite, then on PostgreSQL unless the test skips it (`can_run`).
@@ -19,17 +19,6 @@ fn both(f: impl Fn(Db)) {
     if can_run(Need::Postgres) {
         f(Db::Postgres);
     }
-}
-
-fn run_agent(state: &Path, root: &Path) -> Proc {
-    Proc(
-        agent_bin()
-            .args(["run", "--files-only", "--max-backoff", "1", "--state-dir", state.to_str().unwrap(), "--root", root.to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    )
 }
 
 /// The agent's identity file, read until `done` holds (at most 30 s).
@@ -58,7 +47,7 @@ fn a_controller_added_is_used_once_the_first_is_gone_and_no_node_enrols_again() 
         basic_with_extra_nodes(&decl, 0);
         c.ok(&["apply", decl.to_str().unwrap()]);
         ok(enrol(&c.token("db-1", &[]), &state));
-        let _agent = run_agent(&state, &root);
+        let _agent = files_only_agent(&state, &root);
         until_zone_names(&root, "db-1").unwrap();
         let (first, second) = (format!("127.0.0.1:{}", c.port), format!("127.0.0.1:{}", free_port()));
 
@@ -144,7 +133,7 @@ fn a_rotated_signing_key_is_taken_by_every_agent_and_the_retired_key_is_refused(
         for n in nodes {
             let (state, root) = (work.path().join(n), work.path().join(format!("{n}-root")));
             ok(enrol(&c.token(n, &[]), &state));
-            agents.push(run_agent(&state, &root));
+            agents.push(files_only_agent(&state, &root));
             until_zone_names(&root, n).unwrap();
         }
         let db1 = work.path().join("db-1");
@@ -215,7 +204,7 @@ fn a_rotated_signing_key_is_taken_by_every_agent_and_the_retired_key_is_refused(
             .arg(work.path().join("db-1-root"));
         fails_with(apply, "bundle signature does not verify with the controller's key");
         // The controller goes on, signing with the new key: a change still reaches the agent.
-        let _agent = run_agent(&db1, &work.path().join("db-1-root"));
+        let _agent = files_only_agent(&db1, &work.path().join("db-1-root"));
         basic_with_extra_nodes(&decl, 1);
         c.ok(&["apply", decl.to_str().unwrap()]);
         until_zone_names(&work.path().join("db-1-root"), "extra-1").unwrap();
@@ -243,7 +232,7 @@ fn a_node_away_is_waited_for_until_the_overlap_passes() {
         for n in ["db-1", "op-1"] {
             let (state, root) = (work.path().join(n), work.path().join(format!("{n}-root")));
             ok(enrol(&c.token(n, &[]), &state));
-            agents.push(run_agent(&state, &root));
+            agents.push(files_only_agent(&state, &root));
             until_zone_names(&root, n).unwrap();
         }
         // op-1 goes away before the rotation.
@@ -271,7 +260,7 @@ fn a_node_away_is_waited_for_until_the_overlap_passes() {
         assert!(audit.contains("the overlap passed with 1 node(s) not confirmed: op-1"), "{audit}");
         // op-1 back: the new key's bundles are refused, before anything is written.
         let op1 = work.path().join("op-1");
-        let _back = run_agent(&op1, &work.path().join("op-1-root"));
+        let _back = files_only_agent(&op1, &work.path().join("op-1-root"));
         let started = Instant::now();
         loop {
             let status = std::fs::read_to_string(op1.join("agent-status.json")).unwrap_or_default();
@@ -327,7 +316,7 @@ fn a_rotated_ca_is_taken_by_every_agent_and_the_old_ca_is_refused() {
         for n in ["db-1", "api-1", "op-1"] {
             ok(enrol(&c.token(n, &[]), &dir(n)));
             if n != "op-1" {
-                agents.push(run_agent(&dir(n), &root(n)));
+                agents.push(files_only_agent(&dir(n), &root(n)));
                 until_zone_names(&root(n), n).unwrap();
             }
         }
@@ -393,11 +382,11 @@ fn a_rotated_ca_is_taken_by_every_agent_and_the_old_ca_is_refused() {
         ok(enrol(&new_token, &dir("extra-3")));
         for n in ["extra-1", "extra-3"] {
             assert!(issued_by(&dir(n).join("node.pem"), &next_copy), "{n} enrolled during the overlap holds a certificate of the new CA");
-            agents.push(run_agent(&dir(n), &root(n)));
+            agents.push(files_only_agent(&dir(n), &root(n)));
         }
         // The node away comes back: it renews onto the new CA, and the rotation completes.
         let back = Instant::now();
-        agents.push(run_agent(&dir("op-1"), &root("op-1")));
+        agents.push(files_only_agent(&dir("op-1"), &root("op-1")));
         let deadline = Instant::now() + Duration::from_secs(30);
         let status = loop {
             let status: serde_json::Value = serde_json::from_str(&c.ok(&["rotate", "status", "--json"])).unwrap();
@@ -516,7 +505,7 @@ fn the_server_certificate_is_renewed_while_serving() {
     std::fs::write(c.state.join("controller.toml"), config).unwrap();
     let port = c.port;
     c.serve(port);
-    let _agent = run_agent(&state, &root);
+    let _agent = files_only_agent(&state, &root);
     until_zone_names(&root, "db-1").unwrap();
     let first = trellis_pki::inspect_pem(&short.cert_pem).unwrap().serial;
     let served = || {
@@ -581,7 +570,7 @@ fn a_ca_rotation_reaches_the_other_replica_which_serves_the_agents_once_the_firs
     for n in ["db-1", "api-1"] {
         let (state, root) = (work.path().join(n), work.path().join(format!("{n}-root")));
         ok(enrol(&c.token(n, &[]), &state));
-        agents.push(run_agent(&state, &root));
+        agents.push(files_only_agent(&state, &root));
         until_zone_names(&root, n).unwrap();
         until_identity(&state, "list the second controller", |t| t.contains(&second_address));
     }

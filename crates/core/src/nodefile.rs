@@ -107,16 +107,18 @@ impl NodeFile {
     }
 }
 
-/// A TOML basic string. Names reach here validated (none holds a quote, a backslash or a control
-/// character), so this is `"NAME"`; the escapes keep any other value readable.
-fn quoted(s: &str) -> String {
+/// A TOML basic string, which is also a JSON string, and so a YAML one (`traefik` writes Traefik's
+/// static configuration with it). Names reach here validated (none holds a quote, a backslash or
+/// a control character), so this is `"NAME"`; the escapes keep any other value one string in all
+/// three, YAML's own line breaks (U+2028, U+2029) included.
+pub(crate) fn quoted(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
     for c in s.chars() {
         match c {
             '"' => out.push_str("\\\""),
             '\\' => out.push_str("\\\\"),
-            c if c.is_control() => {
+            c if c.is_control() || c == '\u{2028}' || c == '\u{2029}' => {
                 let _ = write!(out, "\\u{:04X}", c as u32);
             }
             c => out.push(c),

@@ -48,24 +48,6 @@ pub fn acme_email_ok(s: &str) -> bool {
         && domain.split('.').all(label)
 }
 
-/// `s` as a JSON string, which YAML reads as the same string whatever it holds.
-fn yaml_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 || c == '\u{7f}' || c == '\u{85}' || c == '\u{2028}' || c == '\u{2029}' => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
 fn list(items: impl IntoIterator<Item = String>) -> String {
     let v: Vec<String> = items.into_iter().map(|s| format!("\"{s}\"")).collect();
     format!("[{}]", v.join(", "))
@@ -273,11 +255,11 @@ pub fn static_config(ingress: &IngressFile, paths: &StaticPaths) -> String {
         let _ = writeln!(
             s,
             "certificatesResolvers:\n  {RESOLVER}:\n    acme:\n      caServer: {}\n      storage: {}",
-            yaml_string(dir),
-            yaml_string(&paths.acme_storage)
+            crate::nodefile::quoted(dir),
+            crate::nodefile::quoted(&paths.acme_storage)
         );
         if let Some(e) = &ingress.acme_email {
-            let _ = writeln!(s, "      email: {}", yaml_string(e));
+            let _ = writeln!(s, "      email: {}", crate::nodefile::quoted(e));
         }
         s.push_str("      tlsChallenge: {}\n");
     }
