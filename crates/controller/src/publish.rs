@@ -546,6 +546,13 @@ impl Controller {
             }
         };
         run.keys.replace(active.iter().filter_map(|r| r.wg_public_key.as_deref().and_then(PublicKey::parse).map(|k| (r.name.as_str(), k))));
+        // A revoked node of the mesh is withdrawn for good: its names leave every zone.
+        run.keys.withdraw_only(
+            records
+                .iter()
+                .filter(|r| r.state == trellis_proto::EnrolledState::Revoked && declared.get(r.name.as_str()) == Some(&r.pool.as_deref()))
+                .map(|r| r.name.as_str()),
+        );
         // A recompile keeps addresses from its previous output (the same allocation the apply
         // stored); only a first compile reads them from the database.
         let allocation = if run.compiled.is_some() { Default::default() } else { self.store.allocation().await? };

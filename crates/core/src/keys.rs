@@ -33,6 +33,9 @@ pub struct Keys {
     changes: Vec<(u64, Arc<str>)>,
     /// How many changes were forgotten before `changes[0]`.
     forgotten: usize,
+    /// The nodes withdrawn from the mesh for good (revoked): their names leave every zone
+    /// (ADR 0015). Shared, so that a compile keeps the set it read and compares it cheaply.
+    withdrawn: Arc<std::collections::BTreeSet<String>>,
 }
 
 /// Where a reader of a set stood: the set it read, and how many of its changes it had seen (the
@@ -58,13 +61,22 @@ impl From<HashMap<String, PublicKey>> for Keys {
 
 impl FromIterator<(String, PublicKey)> for Keys {
     fn from_iter<I: IntoIterator<Item = (String, PublicKey)>>(iter: I) -> Keys {
-        Keys { map: iter.into_iter().map(|(n, k)| (n, (k, 0))).collect(), replaced: 0, origin: next(), changes: Vec::new(), forgotten: 0 }
+        Keys {
+            map: iter.into_iter().map(|(n, k)| (n, (k, 0))).collect(),
+            replaced: 0,
+            origin: next(),
+            changes: Vec::new(),
+            forgotten: 0,
+            withdrawn: Arc::default(),
+        }
     }
 }
 
 impl PartialEq for Keys {
     fn eq(&self, other: &Keys) -> bool {
-        self.map.len() == other.map.len() && self.map.iter().all(|(n, (k, _))| other.get(n) == Some(*k))
+        self.map.len() == other.map.len()
+            && self.map.iter().all(|(n, (k, _))| other.get(n) == Some(*k))
+            && self.withdrawn == other.withdrawn
     }
 }
 
@@ -77,6 +89,26 @@ impl Keys {
 
     pub fn iter(&self) -> impl Iterator<Item = (&str, &PublicKey)> {
         self.map.iter().map(|(n, (k, _))| (n.as_str(), k))
+    }
+
+    /// Whether `name` was withdrawn from the mesh for good (a revoked node).
+    pub fn is_withdrawn(&self, name: &str) -> bool {
+        self.withdrawn.contains(name)
+    }
+
+    /// The names withdrawn from the mesh, shared: equal sets compare equal, the same set by
+    /// pointer at once.
+    pub fn withdrawn(&self) -> &Arc<std::collections::BTreeSet<String>> {
+        &self.withdrawn
+    }
+
+    /// Makes the withdrawn names exactly these (a revoked node's names leave every zone); the
+    /// set is replaced only when it changed, so a compile that read it sees it as the same.
+    pub fn withdraw_only<'a>(&mut self, names: impl IntoIterator<Item = &'a str>) {
+        let now: std::collections::BTreeSet<String> = names.into_iter().map(str::to_string).collect();
+        if *self.withdrawn != now {
+            self.withdrawn = Arc::new(now);
+        }
     }
 
     /// Gives `name` this key, or none; whether that changed the set.

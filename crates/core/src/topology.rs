@@ -165,6 +165,11 @@ pub struct Topology<'d> {
     pub ipv4: Vec<Option<Ipv4Addr>>,
     pub ipv6: Vec<Option<Ipv6Addr>>,
     pub keys: Vec<Option<PublicKey>>,
+    /// Per node, whether it was withdrawn from the mesh for good (revoked): its names are in no
+    /// zone (ADR 0015).
+    pub withdrawn: Vec<bool>,
+    /// The withdrawn names as the key set gave them.
+    pub withdrawn_names: std::sync::Arc<std::collections::BTreeSet<String>>,
     pub network_index: FastMap<&'d str, usize>,
     pub reach: Reach,
     pub hubs: Vec<u32>,
@@ -371,6 +376,8 @@ impl<'d> Topology<'d> {
             .collect();
         let ipv4 = by_name(&nodes, &alloc.ipv4);
         let ipv6 = by_name(&nodes, &alloc.ipv6);
+        let withdrawn: Vec<bool> = nodes.iter().map(|n| keys.is_withdrawn(&n.name)).collect();
+        let withdrawn_names = keys.withdrawn().clone();
         let keys: Vec<Option<PublicKey>> = nodes.iter().map(|n| n.public_key.or_else(|| keys.get(&n.name))).collect();
         let mut module_names: Vec<(std::sync::Arc<str>, NodeSet)> =
             runners.iter().filter(|(_, r)| !r.is_empty()).map(|(m, r)| (std::sync::Arc::from(*m), r.clone())).collect();
@@ -398,6 +405,8 @@ impl<'d> Topology<'d> {
             ipv4,
             ipv6,
             keys,
+            withdrawn,
+            withdrawn_names,
             network_index,
             reach: r,
             hubs,

@@ -54,6 +54,9 @@ pub(super) struct Cache {
     /// Where the compile that made this cache stood in its key set: the next one reads only the
     /// names changed since.
     pub(super) keys_seen: Option<KeysSeen>,
+    /// The names withdrawn from the mesh (revoked) this compile left out of every zone: a
+    /// recompile given another set makes every plan again (`full`).
+    pub(super) withdrawn: Arc<std::collections::BTreeSet<String>>,
 }
 
 /// Every node's partners, its paths to them, and for every hub the nodes it relays for.
@@ -114,6 +117,7 @@ impl Cache {
             backend,
             // Set by `compile`, which has the key set.
             keys_seen: None,
+            withdrawn: topo.withdrawn_names.clone(),
         }
     }
 

@@ -85,7 +85,8 @@ pub(super) fn shared(topo: &Topology, previous: Option<&Compiled>, old: Option<&
         (Some(c), Some(p))
             if (renumber.is_some() || (c.ipv4 == topo.ipv4 && c.ipv6 == topo.ipv6))
                 && c.decl.mesh.interface == topo.decl.mesh.interface
-                && c.rules.len() == p.rule_blocks.len() =>
+                && c.rules.len() == p.rule_blocks.len()
+                && c.withdrawn == topo.withdrawn_names =>
         {
             (Some((c, p)), Some(p))
         }
@@ -137,7 +138,9 @@ pub(super) fn shared(topo: &Topology, previous: Option<&Compiled>, old: Option<&
                     return p.zone_blocks[i].clone();
                 }
             }
-            let records = render::zone_records(runners.iter().map(|&r| (&**module, topo.ipv4[r as usize], topo.ipv6[r as usize])));
+            // A withdrawn (revoked) runner answers for its module no more.
+            let live = runners.iter().filter(|&&r| !topo.withdrawn[r as usize]);
+            let records = render::zone_records(live.map(|&r| (&**module, topo.ipv4[r as usize], topo.ipv6[r as usize])));
             let old_zones = old_zones
                 .get_or_init(|| previous.into_iter().flat_map(|c| c.zone_blocks.iter()).map(|b| ((&*b.module, &*b.records), b)).collect());
             match old_zones.get(&(&**module, records.as_str())) {
@@ -179,7 +182,8 @@ pub(super) fn node_plan(topo: &Topology, shared: &Shared, cache: &Cache, a: usiz
     let (peers, left_out, no_path) = peers_of(cache, me);
     let mut zone = Vec::with_capacity(cache.partners[a].len() + 1);
     let mut own = Some(me);
-    for &b in &cache.partners[a] {
+    // A withdrawn (revoked) partner's name is in no zone.
+    for &b in cache.partners[a].iter().filter(|&&b| !topo.withdrawn[b as usize]) {
         if let Some(m) = own.filter(|&m| m < b) {
             zone.push(cache.texts[m as usize].clone());
             own = None;

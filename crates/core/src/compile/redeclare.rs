@@ -26,7 +26,8 @@ use crate::topology::{NodeSet, Path, Topology};
 /// and its paths. Gives `previous` back when it does not apply.
 pub(super) fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: Compiled) -> Recompiled {
     let Some(mut old) = previous.cache.take() else { return Recompiled::NotApplicable(previous) };
-    if !keeps_mesh(decl, topo, &old) {
+    // Another set of withdrawn (revoked) nodes changes zones everywhere their names were.
+    if !keeps_mesh(decl, topo, &old) || old.withdrawn != topo.withdrawn_names {
         previous.cache = Some(old);
         return Recompiled::NotApplicable(previous);
     }

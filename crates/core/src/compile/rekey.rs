@@ -26,6 +26,10 @@ pub(super) fn rekey(decl: &Arc<Declaration>, keys: &Keys, mut previous: Compiled
     if !Arc::ptr_eq(decl, &cache.decl) && **decl != *cache.decl {
         return Recompiled::NotApplicable(previous);
     }
+    // A node withdrawn (revoked) leaves zones everywhere its names were: every plan is made.
+    if cache.withdrawn != *keys.withdrawn() {
+        return Recompiled::NotApplicable(previous);
+    }
     let mut changed = changed_keys(cache, keys);
     previous.rendered.clear();
     if changed.is_empty() {

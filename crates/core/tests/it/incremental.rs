@@ -25,6 +25,8 @@ enum Change {
     RuleSource(usize, usize, u8, usize),
     /// A node opts into the exit, or out of it.
     ToggleExit(usize),
+    /// A node is revoked: its key goes and its names leave every zone.
+    Withdraw(usize),
 }
 
 fn change() -> impl Strategy<Value = Change> {
@@ -38,6 +40,7 @@ fn change() -> impl Strategy<Value = Change> {
         1 => (0usize..32).prop_map(Change::RemoveNode),
         1 => (0usize..4, 0usize..4, 0u8..4, 0usize..32).prop_map(|(m, r, kind, k)| Change::RuleSource(m, r, kind, k)),
         1 => (0usize..32).prop_map(Change::ToggleExit),
+        1 => (0usize..32).prop_map(Change::Withdraw),
     ]
 }
 
@@ -51,6 +54,14 @@ fn apply(d: &mut Declaration, keys: &mut Keys, c: &Change, added: &mut usize) ->
             false
         }
         Change::Reapply => true,
+        Change::Withdraw(i) => {
+            let name = d.nodes[i % n].name.clone();
+            keys.set(&name, None);
+            let mut withdrawn: Vec<String> = keys.withdrawn().iter().cloned().collect();
+            withdrawn.push(name);
+            keys.withdraw_only(withdrawn.iter().map(String::as_str));
+            false
+        }
         Change::MoveGroup(i, g) => {
             let groups: Vec<String> = d.groups.iter().map(|g| g.name.clone()).collect();
             if groups.is_empty() {
@@ -192,7 +203,9 @@ proptest! {
             // The key set is mostly the one changed in place (the recompile reads the names it
             // changed); sometimes a new set with the same keys (it reads every key).
             if *afresh {
-                keys = keys.iter().map(|(n, k)| (n.to_string(), *k)).collect();
+                let mut fresh: Keys = keys.iter().map(|(n, k)| (n.to_string(), *k)).collect();
+                fresh.withdraw_only(keys.withdrawn().iter().map(String::as_str));
+                keys = fresh;
             }
             let before = prev.clone();
             let inc = compile(&decl, &keys, &Default::default(), Some(prev)).unwrap();

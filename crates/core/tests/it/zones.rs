@@ -99,3 +99,48 @@ fn the_name_server_s_name_is_refused_for_a_node_a_module_and_a_route_host() {
         assert!(got.contains(&want), "want\n{want}\nin\n{got}");
     }
 }
+
+/// A revoked node is withdrawn from the mesh for good: its own name and the module names it
+/// answered for leave every zone (a pool's clients stop being sent to it by name), while the
+/// other runners of its modules still answer, and a node never enrolled keeps its name (the
+/// zone follows the declaration, ADR 0015). Before, `postgres.basic.mesh` answered db-1 after
+/// db-1 was revoked.
+#[test]
+fn a_revoked_node_s_names_leave_every_zone() {
+    let decl = std::sync::Arc::new(load_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../lab/basic")));
+    let zone = |c: &trellis_core::Compiled, node: &str| {
+        let text = c.nodes[node].files.iter().find(|f| f.path == MESH_ZONE).unwrap().content.to_string();
+        trellis_core::zone::parse(&text).unwrap().addresses().keys().map(|n| n.to_string()).collect::<Vec<_>>()
+    };
+    let mut keys = trellis_core::Keys::default();
+    for (i, n) in ["api-1", "db-1", "op-1"].iter().enumerate() {
+        keys.set(n, Some(trellis_core::decl::PublicKey([i as u8 + 1; 32])));
+    }
+    let before = trellis_core::compile(&decl, &keys, &Default::default(), None).unwrap();
+    let api = zone(&before, "api-1");
+    assert!(api.contains(&"db-1".to_string()) && api.contains(&"postgres".to_string()), "{api:?}");
+    assert!(zone(&before, "op-1").contains(&"db-1".to_string()));
+
+    keys.set("db-1", None);
+    keys.withdraw_only(["db-1"]);
+    let after = trellis_core::compile(&decl, &keys, &Default::default(), Some(before.clone())).unwrap();
+    for node in ["api-1", "op-1"] {
+        let names = zone(&after, node);
+        assert!(!names.iter().any(|n| n == "db-1" || n == "postgres" || n == "ssh"), "{node} still resolves db-1's names: {names:?}");
+        assert!(names.contains(&node.to_string()), "{node} keeps its own name: {names:?}");
+    }
+    // ping is run by the others too: the module name stays, answered by them alone.
+    assert!(zone(&after, "op-1").contains(&"ping".to_string()));
+    // Only withdrawn, not merely without a key: a node that has not enrolled keeps its names.
+    let mut unenrolled = trellis_core::Keys::default();
+    unenrolled.set("api-1", Some(trellis_core::decl::PublicKey([1; 32])));
+    unenrolled.set("op-1", Some(trellis_core::decl::PublicKey([3; 32])));
+    let pending = trellis_core::compile(&decl, &unenrolled, &Default::default(), None).unwrap();
+    assert!(zone(&pending, "api-1").contains(&"postgres".to_string()));
+    // The recompile is the full compile's output, byte for byte.
+    let full = trellis_core::compile(&decl, &keys, &Default::default(), None).unwrap();
+    for (name, out) in &after.nodes {
+        assert_eq!(out.files, full.nodes[name].files, "{name}");
+    }
+    assert!(after.rendered.contains(&"api-1".to_string()), "api-1's zone changed: {:?}", after.rendered);
+}
