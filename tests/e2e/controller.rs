@@ -264,7 +264,9 @@ fn a_node_enrols_with_one_pasted_line_and_its_keys_never_leave_it() {
         .unwrap();
         assert_eq!(status["node"], "db-1");
         let audit = c.ok(&["audit", "verify"]);
-        assert!(audit.contains("audit chain verified: 3 records"), "{audit}");
+        // The services CA scoped to the declared domain (audited by the apply), the apply, db-1's
+        // token and its enrolment.
+        assert!(audit.contains("audit chain verified: 4 records"), "{audit}");
     });
 }
 
@@ -513,7 +515,7 @@ fn renewal_needs_the_node_certificate_and_revocation_refuses_it_at_once() {
             std::thread::sleep(Duration::from_millis(100));
         }
         let audit = c.ok(&["audit", "verify"]);
-        assert!(audit.contains("6 records"), "{db:?} {audit}");
+        assert!(audit.contains("7 records"), "{db:?} {audit}");
     });
 }
 
@@ -811,7 +813,7 @@ fn a_cut_audit_chain_is_caught_by_the_signed_checkpoint() {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let out = c.ok(&["audit", "verify"]);
-        if out.contains("matches the controller's checkpoint at record 3 (signed by the controller's key)") {
+        if out.contains("matches the controller's checkpoint at record 4 (signed by the controller's key)") {
             break;
         }
         assert!(Instant::now() < deadline, "no checkpoint at the head: {out}");
@@ -820,22 +822,22 @@ fn a_cut_audit_chain_is_caught_by_the_signed_checkpoint() {
     // Read two records a request, the chain is checked across pages the same way, and listed
     // whole.
     let out = c.ok(&["audit", "verify", "--page-size", "2"]);
-    assert!(out.contains("audit chain verified: 3 records") && out.contains("checkpoint at record 3"), "{out}");
+    assert!(out.contains("audit chain verified: 4 records") && out.contains("checkpoint at record 4"), "{out}");
     let listed: serde_json::Value = serde_json::from_str(&c.ok(&["audit", "list", "--json", "--page-size", "2"])).unwrap();
     let seqs: Vec<i64> = listed.as_array().unwrap().iter().map(|r| r["seq"].as_i64().unwrap()).collect();
-    assert_eq!(seqs, vec![1, 2, 3]);
+    assert_eq!(seqs, vec![1, 2, 3, 4]);
     let text = c.ok(&["audit", "list", "--page-size", "1"]);
-    assert_eq!(text.lines().count(), 4, "a header and three rows: {text}");
+    assert_eq!(text.lines().count(), 5, "a header and four rows: {text}");
     let url = format!("sqlite://{}?mode=rw", c.state.join("trellis.db").display());
     tokio::runtime::Runtime::new().unwrap().block_on(async {
         let s = trellis_store::Store::open(&url).await.unwrap();
-        assert_eq!(s.execute_raw("DELETE FROM audit WHERE seq = 3").await.unwrap(), 1);
-        assert_eq!(trellis_proto::audit::verify(&s.audit().await.unwrap()), Ok(2), "the cut chain verifies on its own");
+        assert_eq!(s.execute_raw("DELETE FROM audit WHERE seq = 4").await.unwrap(), 1);
+        assert_eq!(trellis_proto::audit::verify(&s.audit().await.unwrap()), Ok(3), "the cut chain verifies on its own");
     });
     std::thread::sleep(Duration::from_millis(800));
     let err = fails_with(c.admin(&["audit", "verify"]), "records were removed");
-    assert!(err.contains("the audit chain ends at record 2, but the controller's checkpoint says it reached record 3"), "{err}");
-    fails_with(c.admin(&["audit", "verify", "--page-size", "1"]), "the controller's checkpoint says it reached record 3");
+    assert!(err.contains("the audit chain ends at record 3, but the controller's checkpoint says it reached record 4"), "{err}");
+    fails_with(c.admin(&["audit", "verify", "--page-size", "1"]), "the controller's checkpoint says it reached record 4");
 }
 
 fn renew(node: &Path) -> Command {
