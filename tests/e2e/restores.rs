@@ -210,6 +210,72 @@ fn a_revocation_made_after_the_backup_survives_its_restore() {
     }
 }
 
+/// The review of 2026-12-02, finding 2, for a whole state directory restored from a snapshot:
+/// the ledger rolls back with the database, so the controller forgets that op-1 was revoked
+/// and puts its key back into db-1's bundle. db-1's agent refuses that bundle: it counts fewer
+/// node revocations than the one db-1 applied. op-1's key stays out of db-1's files until the
+/// operator revokes op-1 again, and then db-1 takes the controller's bundles again.
+#[test]
+fn a_node_refuses_a_snapshot_s_bundle_that_forgot_a_revocation() {
+    let mut c = Controller::start(Db::Sqlite);
+    let work = TempDir::new("restore-snapshot-revoked");
+    let (state, root, decl) = (work.path().join("db-1"), work.path().join("root"), work.path().join("decl"));
+    basic_with_extra_nodes(&decl, 0);
+    c.ok(&["apply", decl.to_str().unwrap()]);
+    trellis_testing::cmd::ok(enrol(&c.token("db-1", &[]), &state));
+    trellis_testing::cmd::ok(enrol(&c.token("op-1", &[]), &work.path().join("op-1")));
+    let op_key =
+        c.nodes().as_array().unwrap().iter().find(|n| n["name"] == "op-1").unwrap()["wireguard_public_key"].as_str().unwrap().to_string();
+    let _agent = files_only_agent(&state, &root);
+    let conf = root.join("etc/trellis/wireguard.conf");
+    let holds_op = || std::fs::read_to_string(&conf).unwrap_or_default().contains(&op_key);
+    let until = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what} within 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    until("db-1 holds op-1's key", &holds_op);
+
+    c.stop_serving();
+    let snapshot = work.path().join("snapshot");
+    back_up(&c, &snapshot);
+    c.serve(c.port);
+    c.ok(&["node", "revoke", "op-1"]);
+    until("db-1 drops op-1's key", &|| !holds_op());
+    let trust = root.join("etc/trellis/trust.toml");
+    until("db-1 counts one revocation", &|| std::fs::read_to_string(&trust).unwrap_or_default().contains("revocations = 1"));
+
+    // The whole state directory put back: it agrees with itself, so it starts, with op-1 active.
+    c.stop_serving();
+    restore(&c, &snapshot, true);
+    c.serve(c.port);
+    assert_eq!(c.node_state("op-1"), "active", "the snapshot is from before the revocation");
+    // A change, so that db-1 is sent a new bundle: it names op-1 again, and counts none.
+    basic_with_extra_nodes(&decl, 1);
+    c.ok(&["apply", decl.to_str().unwrap()]);
+    let status = || -> serde_json::Value {
+        let mut a = crate::controller::agent_bin();
+        a.args(["status", "--state-dir", state.to_str().unwrap(), "--json"]);
+        serde_json::from_str(&trellis_testing::cmd::ok(a)).unwrap()
+    };
+    until("db-1 refuses the snapshot's bundle", &|| {
+        status()["last_error"].as_str().is_some_and(|e| e.contains("counts 0 node revocation(s), fewer than the 1"))
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(!holds_op(), "op-1's key is back in db-1's wireguard.conf after the snapshot was restored");
+    let zone = std::fs::read_to_string(root.join("etc/trellis/mesh.zone")).unwrap();
+    assert!(!zone.contains("extra-1"), "db-1 applied the snapshot's bundle:\n{zone}");
+
+    // The operator makes the revocation again: the count is whole, and db-1 takes the bundle
+    // once it has waited out the poll it refused (55 s at most: a refusal never makes it spin).
+    c.ok(&["node", "revoke", "op-1"]);
+    let taken = until_zone_names(&root, "extra-1").or_else(|_| until_zone_names(&root, "extra-1"));
+    taken.unwrap_or_else(|e| panic!("{e}\n{}", c.log(c.port)));
+    assert!(!holds_op(), "op-1's key in db-1's wireguard.conf");
+}
+
 /// Found from outside (issue 33): after a controller lost what it had acknowledged of a node's
 /// evidence (a whole state directory restored from a snapshot), the node showed `stale` with its
 /// old applied version until its next bundle change, for as long as watched. Its agent tells the

@@ -153,6 +153,7 @@ pub async fn enrol(source: TokenSource, dir: &Path, force: bool, retry_for: std:
         signing_public_key: resp.signing_public_key,
         next_signing_public_key: None,
         state: resp.state,
+        revocations: 0,
     };
     id.save(dir)?;
     std::fs::remove_file(dir.join(ENROL_PENDING)).with_context(|| format!("cannot remove {}", dir.join(ENROL_PENDING).display()))?;

@@ -250,7 +250,7 @@ impl Agent {
             id.signing_public_key != self.id.signing_public_key || id.next_signing_public_key != self.id.next_signing_public_key,
             id.controllers != self.id.controllers,
         );
-        if !keys_moved && !list_moved {
+        if !keys_moved && !list_moved && id.revocations == self.id.revocations {
             return;
         }
         let keys = match id.signing_keys() {
@@ -440,6 +440,9 @@ impl Agent {
         let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
         let (v, by_next) =
             self.keys.verify(&bytes, &self.id, self.applied()).map_err(|e| anyhow::anyhow!("{}: refused: {e}", file.display()))?;
+        if let Some(why) = self.id.refuses_revocations(trust_of(&v.bundle).as_ref()) {
+            anyhow::bail!("{}: refused: {why}", file.display());
+        }
         if let Err(e) = self.resume().await {
             tracing::error!("re-applying the running bundle first failed: {e:#}");
         }
@@ -552,7 +555,13 @@ impl Agent {
                 match polled.body {
                     Ok(Some(bytes)) => {
                         failures = 0;
-                        match self.keys.verify(&bytes, &self.id, self.applied()) {
+                        let verified =
+                            self.keys.verify(&bytes, &self.id, self.applied()).map_err(|e| e.to_string()).and_then(|(v, by_next)| {
+                                // A restored controller's bundle that forgot a revocation is refused
+                                // as one that fails verification is (ADR 0024).
+                                self.id.refuses_revocations(trust_of(&v.bundle).as_ref()).map_or(Ok((v, by_next)), Err)
+                            });
+                        match verified {
                             Ok((v, _)) if v.redelivery => redelivered = true,
                             Ok((v, by_next)) => {
                                 if let Some(ev) = self.apply(&bytes, v.bundle, false, by_next).await {
@@ -676,6 +685,7 @@ mod tests {
             signing_public_key: base64::engine::general_purpose::STANDARD.encode(key.as_bytes()),
             next_signing_public_key: None,
             state: trellis_proto::EnrolledState::Active,
+            revocations: 0,
         }
         .save(&state)
         .unwrap();

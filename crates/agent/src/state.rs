@@ -96,6 +96,15 @@ pub struct Identity {
     pub next_signing_public_key: Option<String>,
     /// As of enrolment.
     pub state: proto::EnrolledState,
+    /// The most node revocations a bundle this node applied counted (`trust.toml`, ADR 0024):
+    /// a bundle counting fewer comes from a controller restored from before one of them, and is
+    /// refused.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub revocations: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The keys a bundle or a freshness stamp may be signed with: the current one, and the one
@@ -169,8 +178,26 @@ impl Identity {
             id.controllers = t.controllers.clone();
             id.next_signing_public_key =
                 t.next_signing_key.map(|k| base64::engine::general_purpose::STANDARD.encode(k)).filter(|k| *k != id.signing_public_key);
+            id.revocations = id.revocations.max(t.revocations);
         }
         id
+    }
+
+    /// Why a bundle whose `trust.toml` said `trust` is refused before anything is written, if it
+    /// is: it counts fewer node revocations than a bundle this node applied, so its controller
+    /// was restored from before some of them and may give a revoked node's key back (the
+    /// review of 2026-12-02, finding 2). A bundle without `trust.toml` (a controller older than
+    /// it) is not judged.
+    pub fn refuses_revocations(&self, trust: Option<&trellis_core::trust::TrustFile>) -> Option<String> {
+        let counted = trust?.revocations;
+        (counted < self.revocations).then(|| {
+            format!(
+                "the bundle counts {counted} node revocation(s), fewer than the {} of a bundle this node applied: its controller \
+                 was restored from before some of them; revoke those nodes again there (trellis node revoke), and this node takes its \
+                 bundles again (ADR 0024)",
+                self.revocations
+            )
+        })
     }
 }
 
@@ -350,6 +377,41 @@ mod tests {
 
     fn record(version: i64) -> proto::Evidence {
         proto::Evidence { seq: 0, version, result: proto::EvidenceResult::Applied, error: None, files: Vec::new(), at: 1, unmanaged: false }
+    }
+
+    /// ADR 0024: the count of revocations only rises on the node, and a bundle counting fewer
+    /// than one applied is refused with a sentence that says what to do; one without a
+    /// `trust.toml` (an older controller) is not judged.
+    #[test]
+    fn a_bundle_counting_fewer_revocations_than_one_applied_is_refused() {
+        let id = Identity {
+            node: "db-1".into(),
+            mesh: "basic".into(),
+            controllers: vec!["127.0.0.1:8443".into()],
+            signing_public_key: String::new(),
+            next_signing_public_key: None,
+            state: proto::EnrolledState::Active,
+            revocations: 0,
+        };
+        let trust = |n: u64| trellis_core::trust::TrustFile {
+            controllers: vec!["127.0.0.1:8443".into()],
+            server_names: vec!["127.0.0.1".into()],
+            revocations: n,
+            ..Default::default()
+        };
+        let id = id.adopting(Some(&trust(2)), false);
+        assert_eq!(id.revocations, 2);
+        assert_eq!(id.adopting(Some(&trust(1)), false).revocations, 2, "the count never falls");
+        assert_eq!(id.refuses_revocations(Some(&trust(2))), None);
+        assert_eq!(id.refuses_revocations(Some(&trust(3))), None);
+        assert_eq!(id.refuses_revocations(None), None);
+        let why = id.refuses_revocations(Some(&trust(1))).expect("refused");
+        assert!(why.contains("counts 1 node revocation(s), fewer than the 2") && why.contains("trellis node revoke"), "{why}");
+        // Kept across a restart, and read from an identity written before the field.
+        let text = toml::to_string(&id).unwrap();
+        assert!(text.contains("revocations = 2"), "{text}");
+        let old: Identity = toml::from_str(&text.replace("revocations = 2\n", "")).unwrap();
+        assert_eq!(old.revocations, 0);
     }
 
     #[test]

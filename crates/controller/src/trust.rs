@@ -290,7 +290,9 @@ impl Controller {
         let list = self.controllers().await?;
         let next_signing_key =
             announcing.as_ref().and_then(|k| base64::engine::general_purpose::STANDARD.decode(k).ok()).and_then(|b| b.try_into().ok());
-        let text = TrustFile { controllers: list.controllers, server_names: list.server_names, next_signing_key, ca, next_ca }.write();
+        let revocations = self.store.revocations_decided().await?;
+        let text = TrustFile { controllers: list.controllers, server_names: list.server_names, next_signing_key, ca, next_ca, revocations }
+            .write();
         // What every agent will read: a file it would refuse is not published (every agent would
         // keep trusting what it did, and a rotation could never be confirmed).
         TrustFile::parse(&text).map_err(|e| Error::internal("writing trust.toml", e))?;

@@ -30,6 +30,10 @@ pub struct TrustFile {
     /// while a CA rotation is open: the node trusts it beside the current one, and renews its
     /// certificate under it.
     pub next_ca: Option<String>,
+    /// How many nodes the mesh has revoked, ever (ADR 0024): it only rises. A node refuses a
+    /// bundle that counts fewer than one it applied: that controller was restored from before
+    /// some revocation, and its bundles may put a revoked key back among the node's peers.
+    pub revocations: u64,
 }
 
 /// The most bytes `next_ca` holds (one PEM certificate).
@@ -53,6 +57,10 @@ impl TrustFile {
         }
         if let Some(pem) = &self.next_ca {
             let _ = writeln!(s, "next_ca = \"{}\"", pem.replace('\n', "\\n"));
+        }
+        if self.revocations > 0 {
+            s.push_str("# How many nodes this mesh has revoked: a bundle that counts fewer is refused.\n");
+            let _ = writeln!(s, "revocations = {}", self.revocations);
         }
         s
     }
@@ -96,6 +104,10 @@ impl TrustFile {
                         return Err(err(format!("`next_ca` is not one PEM certificate of at most {MAX_CA_PEM} bytes")));
                     }
                     file.next_ca = Some(pem.to_string());
+                }
+                "revocations" => {
+                    let n = value.get_ref().as_integer().and_then(|i| u64::from_str_radix(i.as_str(), i.radix()).ok());
+                    file.revocations = n.ok_or_else(|| err("`revocations` is not a count".into()))?;
                 }
                 other => return Err(err(format!("unknown key `{other}`"))),
             }
@@ -166,6 +178,7 @@ mod tests {
             next_signing_key: Some([9; 32]),
             ca: Some([7; 32]),
             next_ca: Some("-----BEGIN CERTIFICATE-----\nMIIB+zCC\n-----END CERTIFICATE-----\n".into()),
+            revocations: 3,
         };
         for f in [plain, rotating] {
             assert_eq!(TrustFile::parse(&f.write()), Ok(f.clone()), "{}", f.write());
@@ -177,6 +190,8 @@ mod tests {
             ("controllers = [\"a:1\"]\nserver_names = []\nnext_signing_key = \"AAAA\"\n", "`next_signing_key` is not 32 bytes of base64"),
             ("controllers = [\"a:1\"]\nserver_names = []\nroot_keys = []\n", "unknown key `root_keys`"),
             ("controllers = [\"a:1\"]\nserver_names = []\nca = \"abcd\"\n", "`ca` is not 64 hex digits"),
+            ("controllers = [\"a:1\"]\nserver_names = []\nrevocations = -1\n", "`revocations` is not a count"),
+            ("controllers = [\"a:1\"]\nserver_names = []\nrevocations = \"2\"\n", "`revocations` is not a count"),
             (
                 "controllers = [\"a:1\"]\nserver_names = []\nnext_ca = \"-----BEGIN CERTIFICATE-----\\n<script>\"\n",
                 "`next_ca` is not one PEM certificate of at most 8192 bytes",

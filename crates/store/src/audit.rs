@@ -35,6 +35,16 @@ impl Store {
         row.map(|r| Ok(r.try_get("hash")?)).transpose()
     }
 
+    /// How many node revocations were ever decided (or made again from the ledger): it only
+    /// rises, and a restore from before a revocation lowers it (ADR 0024).
+    pub async fn revocations_decided(&self) -> Result<u64> {
+        let r = sqlx::query("SELECT COUNT(*) AS n FROM audit WHERE action = $1")
+            .bind(AuditAction::NodeRevoked.as_str())
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(r.try_get::<i64, _>("n")?.max(0) as u64)
+    }
+
     /// Records an event that changes nothing else, such as a refused token redemption.
     pub async fn record(&self, audit: &Audit<'_>) -> Result<()> {
         self.decide(audit, |_| Box::pin(async { Ok(()) })).await
