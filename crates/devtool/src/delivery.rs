@@ -285,7 +285,6 @@ pub async fn run(a: &DeliveryArgs) -> Result<std::process::ExitCode> {
     eprintln!("{} agents long-polling; applying a change...", agents.len());
     let mut waits = Vec::new();
     for i in 0..agents.len() {
-        pace(i).await;
         let (agents, base) = (agents.clone(), base.clone());
         waits.push(tokio::spawn(async move {
             let agent = &agents[i];
@@ -357,15 +356,6 @@ pub async fn run(a: &DeliveryArgs) -> Result<std::process::ExitCode> {
     Ok(std::process::ExitCode::SUCCESS)
 }
 
-/// Before the `i`th of a burst of new connections: a pause after every 250, so that the burst
-/// does not overflow the server's accept queue (a connection left in it is dropped a minute
-/// later, `Connection timed out`, seen from 2,000 agents up on two cores).
-pub async fn pace(i: usize) {
-    if i > 0 && i.is_multiple_of(250) {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// What the revocation of an operator's node took (ADR 0022).
 struct Revoked {
     /// From the revocation's request until the controller says it is complete.
@@ -384,7 +374,6 @@ async fn revocation(agents: &Arc<Vec<Agent>>, held: &[u64], base: &str, admin: &
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut polls = Vec::new();
     for (i, &held) in held.iter().enumerate().skip(1) {
-        pace(i).await;
         let (agents, base, done) = (agents.clone(), base.to_string(), done.clone());
         polls.push(tokio::spawn(async move {
             let agent = &agents[i];

@@ -408,11 +408,10 @@ pub async fn run(a: &DeliveryArgs, dir: &Path) -> Result<ExitCode> {
     // do not all come back at once.
     eprintln!("{} agents long-polling...", agents.len());
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    // Started 250 at a time: an agent whose connection the pool closed while idle connects again,
-    // and thousands at once overflow the server's accept queue.
+    // Started all at once, as a fleet reconnects after a controller restart (the controller's
+    // listen queue holds the burst).
     let mut pollers: Vec<tokio::task::JoinHandle<()>> = Vec::with_capacity(agents.len());
     for i in 0..agents.len() {
-        crate::delivery::pace(i).await;
         pollers.push(tokio::spawn(poll(agents.clone(), i, base.clone(), 30 + (i % 30) as u64, tx.clone())));
     }
     drop(tx);

@@ -118,6 +118,22 @@ pub struct Server {
     metrics: Option<TcpListener>,
 }
 
+/// How many connections the kernel holds for the controller before it accepts them (capped by
+/// `net.core.somaxconn`, 4096 on current kernels). A fleet's agents reconnect together after a
+/// controller restart: with tokio's default of 1,024, a burst of thousands overflowed the queue
+/// while the runtime was busy with TLS handshakes, and each connection dropped from it cost its
+/// agent a SYN retry of a second or more.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// A listening socket on `addr` with the address reusable at once after a restart (as
+/// `TcpListener::bind` does) and a queue of `LISTEN_BACKLOG`.
+fn listen_on(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 impl Server {
     /// Opens the store (running migrations), loads keys and binds the listener.
     pub async fn bind(state: &StateDir, database_url: Option<&str>, listen: Option<&str>) -> Result<Server> {
@@ -130,7 +146,7 @@ impl Server {
         let controller = Controller::open(state, database_url, restored).await?;
         let tls = tls_for(&controller)?;
         let addr: SocketAddr = listen.unwrap_or(&state.config.listen).parse().context("the listen address is not IP:PORT")?;
-        let listener = TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        let listener = listen_on(addr).with_context(|| format!("cannot listen on {addr}"))?;
         Ok(Server { listener, controller: Arc::new(controller), tls, limits: Limits::default(), open: Default::default(), metrics: None })
     }
 

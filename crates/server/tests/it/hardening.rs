@@ -312,3 +312,55 @@ async fn an_agent_older_than_the_minimum_is_refused_by_name_and_shown_in_status(
     let db1 = status_of(&r.admin_get("/v1/admin/status").await);
     assert!(db1.get("agent_refused").is_none(), "{db1}");
 }
+
+/// The fault: a fleet's agents reconnecting together after a controller restart, faster than
+/// the controller accepts them (its runtime busy with TLS handshakes). What the kernel queues
+/// for a listener that has not accepted yet is its backlog: with tokio's default of 1,024, the
+/// 1,026th connection of a burst had its SYN dropped and its agent waited out a retry of a second
+/// or more (thousands of them). The burst here is 2,000 connections to a controller that accepts
+/// nothing until they are all in: each must be established at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_connections_waits_in_the_kernel_s_queue_not_in_syn_retries() {
+    let dir = trellis_testing::TempDir::new("burst");
+    let db = Database::sqlite();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let opts = trellis_controller::state::InitOptions {
+        advertise: vec![format!("127.0.0.1:{port}")],
+        listen: Some(format!("127.0.0.1:{port}")),
+        database_url: Some(db.to_string()),
+        node_cert_secs: 3600,
+    };
+    let state = trellis_controller::state::init(&dir.path().join("s"), &opts).await.unwrap();
+    // Bound and listening, not yet accepting: every connection of the burst stays queued.
+    let server = trellis_server::Server::bind(&state, None, None).await.unwrap();
+    let addr = server.local_addr();
+    const BURST: usize = 2000;
+    let mut tasks = Vec::with_capacity(BURST);
+    for _ in 0..BURST {
+        tasks.push(tokio::spawn(async move {
+            // Loopback answers a queued SYN in microseconds; a dropped one is retried after 1 s.
+            tokio::time::timeout(std::time::Duration::from_millis(700), tokio::net::TcpStream::connect(addr)).await
+        }));
+    }
+    let mut held = Vec::with_capacity(BURST);
+    let mut late = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(Ok(s)) => held.push(s),
+            _ => late += 1,
+        }
+    }
+    assert_eq!(late, 0, "{late} of {BURST} connections were not established within 700 ms by a listener that had not accepted yet");
+    // And the controller then serves them: the first queued connection gets its TLS handshake.
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let done = tokio::spawn(server.run(async {
+        let _ = stopped.await;
+    }));
+    drop(held);
+    let ca = state.read("ca.pem").unwrap();
+    let http = reqwest::Client::builder().use_preconfigured_tls(trellis_pki::tls::client_config(&ca, None).unwrap()).build().unwrap();
+    let health = http.get(format!("https://{addr}/v1/health")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    let _ = stop.send(());
+    done.await.unwrap().unwrap();
+}
