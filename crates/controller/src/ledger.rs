@@ -15,10 +15,8 @@ use serde::{Deserialize, Serialize};
 use trellis_proto::{AuditAction, EnrolledState};
 use trellis_store::Audit;
 
+use crate::layout::LEDGER;
 use crate::{Controller, Result};
-
-/// The ledger's file in the state directory.
-pub const LEDGER: &str = "revocations.ledger";
 
 /// The longest ledger line read; a longer one is no entry trellis wrote.
 const MAX_LINE: usize = 4096;

@@ -16,9 +16,6 @@ use trellis_store::Audit;
 
 use crate::{audit, Controller, Error, Result};
 
-/// The high-water mark's file in the state directory: one decimal number.
-pub const HIGH_WATER: &str = "versions.high";
-
 /// The step the high-water mark moves in (see `Controller::raise_high_water`).
 pub const HIGH_WATER_STEP: i64 = 1024;
 
@@ -75,7 +72,7 @@ impl Controller {
         let past = self.recover_from_restore(&why).await?;
         tracing::warn!(
             "restored from a backup: {why}; every bundle version moved past {past}, the restore recorded in the audit chain. {lost}: revocations of nodes and tokens and controllers removed are made again from the state directory's {}; approvals, rotations, declarations applied and tokens issued since must be made again",
-            crate::ledger::LEDGER
+            crate::layout::LEDGER
         );
         Ok(())
     }
