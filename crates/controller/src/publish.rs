@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use base64::Engine;
+use trellis_core::bundle::{assemble, entries, number, Listed, Shared};
 use trellis_core::decl::PublicKey;
 use trellis_core::{Compiled, Text};
 
@@ -166,14 +167,6 @@ impl Contents {
         let live: HashSet<usize> = compiled.nodes.values().flat_map(|o| o.files.iter()).map(|f| f.content.id()).collect();
         self.0.retain(|k, _| live.contains(k));
     }
-}
-
-/// A file of a bundle about to be signed: what its manifest says of it, and its content.
-struct Listed<'a> {
-    path: &'a str,
-    mode: u32,
-    sha256: [u8; 32],
-    content: Text,
 }
 
 /// What the node endpoints need to authenticate a certificate without the database.
@@ -565,14 +558,9 @@ impl Controller {
         // The controller list, the next signing key and the mesh CA (ADR 0027, 0028, 0029), the
         // same in every bundle; read before the CAs, which a completed rotation changes.
         let trust = self.run_trust().await?;
-        let ca_pem = Text::from(self.trusted_ca_pem().as_str());
-        let ca_digest = ca_pem.sha256();
-        let trust_text = Text::from(trust.text.as_str());
-        let trust_digest = trust_text.sha256();
+        let shared = Shared::new(&self.trusted_ca_pem(), &trust.text);
         let trust_moved = run.trust != trust.text;
         let mut contents = std::mem::take(&mut run.contents);
-
-        let shared = Added { ca_pem, ca_digest, trust_text, trust_digest };
         let mut pending = bundle_files(p, &run, &active, &compiled, &rendered, trust_moved, &mut contents, &shared);
         drop(rendered);
         let changes: Vec<(String, String)> = pending.iter().map(|(r, _, d)| (r.name.clone(), d.clone())).collect();
@@ -616,16 +604,8 @@ impl Controller {
     }
 }
 
-/// The files the controller adds to every bundle, the same in each (ADR 0027, 0028, 0029).
-struct Added {
-    ca_pem: Text,
-    ca_digest: [u8; 32],
-    trust_text: Text,
-    trust_digest: [u8; 32],
-}
-
 /// A bundle to publish: its node, its files and the digest of their entries.
-type Pending<'r> = (&'r trellis_store::NodeRecord, Vec<Listed<'r>>, String);
+type Pending<'r> = (&'r trellis_store::NodeRecord, Vec<Listed>, String);
 
 /// The bundles of the nodes due this run (their plan was rendered again, their certificate or
 /// the trust moved, or the table lacks them), each as its files in a bundle's order, with the
@@ -639,7 +619,7 @@ fn bundle_files<'r>(
     rendered: &HashSet<&str>,
     trust_moved: bool,
     contents: &mut Contents,
-    shared: &Added,
+    shared: &Shared,
 ) -> Vec<Pending<'r>> {
     let mut due: Vec<&trellis_store::NodeRecord> = Vec::new();
     for r in active {
@@ -659,24 +639,7 @@ fn bundle_files<'r>(
     contents.add(compiled, &due.iter().map(|r| r.name.as_str()).collect::<Vec<_>>());
     let mut pending: Vec<Pending> = Vec::with_capacity(due.len());
     for r in due {
-        let out = &compiled.nodes[&r.name];
-        let mut files: Vec<Listed> = out
-            .files
-            .iter()
-            .map(|f| Listed { path: &f.path, mode: f.mode, sha256: contents.digest(&f.content), content: f.content.clone() })
-            .collect();
-        files.push(Listed { path: trellis_core::compile::CA_PEM, mode: 0o644, sha256: shared.ca_digest, content: shared.ca_pem.clone() });
-        files.push(Listed {
-            path: trellis_core::compile::TRUST_TOML,
-            mode: 0o644,
-            sha256: shared.trust_digest,
-            content: shared.trust_text.clone(),
-        });
-        if let Some(pem) = &r.cert_pem {
-            let content = Text::from(pem.as_str());
-            files.push(Listed { path: trellis_core::compile::NODE_PEM, mode: 0o644, sha256: content.sha256(), content });
-        }
-        files.sort_by(|a, b| a.path.cmp(b.path));
+        let files = assemble(&compiled.nodes[&r.name].files, |c| contents.digest(c), shared, r.cert_pem.as_deref());
         let digest = hex::encode(trellis_core::bundle::entries_digest(&entries(&files)));
         pending.push((r, files, digest));
     }
@@ -695,14 +658,9 @@ fn sign_and_swap(
     mesh: &str,
     active: &[&trellis_store::NodeRecord],
 ) -> (usize, Vec<(String, i64)>) {
-    // The zone's serial is the bundle's version: it rises whenever the bundle's content does,
-    // and it is the same on every replica (the version is the database's). The digest above,
-    // which decides whether the content changed, is of the zone as compiled.
+    // The digest above, which decides whether the content changed, is of the zone as compiled.
     for (r, files, _) in &mut pending {
-        if let Some(zone) = files.iter_mut().find(|f| f.path == trellis_core::compile::MESH_ZONE) {
-            zone.content = trellis_core::render::with_serial(&zone.content, zone_serial(versions[&r.name].version));
-            zone.sha256 = zone.content.sha256();
-        }
+        number(files, versions[&r.name].version as u64);
     }
     // Signed on every core: ten thousand signatures are a few hundred milliseconds on one.
     let heads = trellis_core::par::map(pending.len(), |i| {
@@ -753,17 +711,6 @@ fn sign_and_swap(
         run.published.retain(|n, _| live.contains(n.as_str()));
     }
     (count, published)
-}
-
-/// A bundle version as a zone's SOA serial: the serial arithmetic of RFC 1982 wraps at 2^32, so
-/// a version beyond it still reads as higher than the one before.
-fn zone_serial(version: i64) -> u32 {
-    version as u64 as u32
-}
-
-/// What the manifests say of these files.
-fn entries<'a>(files: &'a [Listed]) -> Vec<trellis_core::bundle::Entry<'a>> {
-    files.iter().map(|f| (f.path, f.mode, &f.sha256, f.content.len())).collect()
 }
 
 #[cfg(test)]
