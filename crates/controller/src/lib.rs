@@ -12,6 +12,7 @@ pub mod certs;
 pub mod declarations;
 pub mod enrolment;
 pub mod error;
+pub mod housekeeping;
 pub mod ingress;
 pub mod layout;
 pub mod ledger;
