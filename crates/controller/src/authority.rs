@@ -409,7 +409,7 @@ impl Controller {
     /// Renews the server certificate once two thirds of its lifetime have passed (counted from
     /// when it was made), under the CA that issues now, and serves with it from the next
     /// connection on; audited. The server calls it every few seconds.
-    pub async fn renew_server_cert_if_due(&self) -> Result<bool> {
+    pub(crate) async fn renew_server_cert_if_due(&self) -> Result<bool> {
         let due = {
             let a = self.authority();
             let Some(server) = &a.server else { return Ok(false) };

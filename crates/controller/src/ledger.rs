@@ -73,7 +73,7 @@ impl Controller {
 
     /// Makes again every decision of the ledger the database lacks (it was restored from before
     /// them), each audited; returns how many. Run at every start.
-    pub async fn reapply_ledger(&self) -> Result<usize> {
+    pub(crate) async fn reapply_ledger(&self) -> Result<usize> {
         let Some(dir) = &self.state_dir else { return Ok(0) };
         let path = dir.join(LEDGER);
         let (entries, bad) = read(&path);

@@ -26,7 +26,7 @@ pub fn read_high_water(path: &Path) -> i64 {
 
 impl Controller {
     /// Why the database is behind this controller's signed checkpoint, if it is: one sentence.
-    pub async fn behind_checkpoint(&self) -> Result<Option<String>> {
+    pub(crate) async fn behind_checkpoint(&self) -> Result<Option<String>> {
         let Some(path) = &self.checkpoint else { return Ok(None) };
         let Some(cp) = audit::read_checkpoint(path) else { return Ok(None) };
         if !audit::checkpoint_signed_by(&cp, &self.signing_key().verifying_key()) {
@@ -79,7 +79,7 @@ impl Controller {
 
     /// Moves every bundle version past the high-water mark (and past every version in the
     /// database), audits the restore and signs the new head into the checkpoint. Returns the mark.
-    pub async fn recover_from_restore(&self, why: &str) -> Result<i64> {
+    pub(crate) async fn recover_from_restore(&self, why: &str) -> Result<i64> {
         let stored = self.store.bundles().await?.values().map(|b| b.version).max().unwrap_or(0);
         let past = self.high_water_mark().max(stored);
         // A tag names versions up to the ceiling only: above it every long-poll answers at once.
@@ -101,7 +101,7 @@ impl Controller {
     }
 
     /// The highest bundle version this state directory published (0 without a state directory).
-    pub fn high_water_mark(&self) -> i64 {
+    pub(crate) fn high_water_mark(&self) -> i64 {
         self.high_water.as_ref().map_or(0, |(_, mark)| mark.load(Ordering::SeqCst))
     }
 

@@ -261,7 +261,7 @@ impl Controller {
     }
 
     /// [`Controller::settle_revocations`] if evidence arrived while a revocation was open.
-    pub async fn settle_revocations_if_due(&self) -> Result<usize> {
+    pub(crate) async fn settle_revocations_if_due(&self) -> Result<usize> {
         if self.revocations.dirty.load(Ordering::SeqCst) {
             self.settle_revocations().await
         } else {

@@ -150,7 +150,7 @@ impl Controller {
 
     /// Completes an open rotation that evidence arrived for since the last look, or whose overlap
     /// passed (`overlap`: look whether or not evidence arrived). The server calls it every tick.
-    pub async fn settle_rotation(&self, overlap: bool) -> Result<()> {
+    pub(crate) async fn settle_rotation(&self, overlap: bool) -> Result<()> {
         let next = self.next_signing_key();
         let next_ca = self.next_ca_fingerprint();
         if next.is_none() && next_ca.is_none() {

@@ -113,7 +113,7 @@ impl Publisher {
         self.table.read().expect("bundle table").get(node).cloned()
     }
 
-    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+    pub(crate) fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
         self.changes.subscribe()
     }
 
