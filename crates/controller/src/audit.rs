@@ -13,9 +13,6 @@ use trellis_proto::audit::Checkpoint;
 use crate::bundle::SETTLE;
 use crate::{Controller, Error, Result};
 
-/// The checkpoint's file in the state directory.
-pub const CHECKPOINT: &str = "audit.checkpoint";
-
 /// The checkpoint in a file, if it holds one.
 pub fn read_checkpoint(path: &Path) -> Option<Checkpoint> {
     std::fs::read(path).ok().and_then(|b| serde_json::from_slice(&b).ok())

@@ -13,17 +13,11 @@ use trellis_pki::{Ca, Pair, ServicesCa};
 use trellis_proto::{self as proto, AuditAction};
 use trellis_store::{Audit, RotationRecord};
 
-use crate::trust::{check_overlap, Started};
+use crate::layout::{
+    CA_CERT, CA_KEY, NEXT_CA_CERT, NEXT_CA_KEY, RETIRED_CA_CERT, SERVER_CERT, SERVER_KEY, SERVICES_CA_CERT, SERVICES_CA_KEY,
+};
+use crate::rotation::{check_overlap, Started, CA_ROTATION};
 use crate::{Controller, Error, Result};
-
-/// The kind a CA rotation is recorded as.
-pub const CA_ROTATION: &str = "ca";
-/// The next mesh CA, written by `trellis rotate ca` into the state directory before the
-/// rotation starts (the key 0600), read by every replica from its own copy.
-pub const NEXT_CA_CERT: &str = "ca.next.pem";
-pub const NEXT_CA_KEY: &str = "ca.next.key";
-/// The CA trusted before the last rotation completed (its certificate only: its key is gone).
-pub const RETIRED_CA_CERT: &str = "ca.retired.pem";
 
 /// A next CA, held while its rotation is open.
 pub(crate) struct NextCa {
@@ -219,14 +213,14 @@ impl Controller {
             (cross, server, services)
         };
         if let Some(s) = &server {
-            self.keep("server.key", s.key_pem.as_bytes(), 0o600)?;
-            self.keep("server.pem", s.cert_pem.as_bytes(), 0o644)?;
+            self.keep(SERVER_KEY, s.key_pem.as_bytes(), 0o600)?;
+            self.keep(SERVER_CERT, s.cert_pem.as_bytes(), 0o644)?;
         }
         if let Some((Some(pair), _)) = &services {
             // The key first: a stop between the two leaves a key its certificate does not name,
             // which the next start replaces (`repair_services`), never a certificate without its key.
-            self.keep(crate::state::SERVICES_CA_KEY, pair.key_pem.as_bytes(), 0o600)?;
-            self.keep(crate::state::SERVICES_CA_CERT, pair.cert_pem.as_bytes(), 0o644)?;
+            self.keep(SERVICES_CA_KEY, pair.key_pem.as_bytes(), 0o600)?;
+            self.keep(SERVICES_CA_CERT, pair.cert_pem.as_bytes(), 0o644)?;
         }
         let mut a = self.authority.write().expect("authority");
         if let Some(s) = server {
@@ -245,17 +239,17 @@ impl Controller {
     /// The services CA this state directory holds, if a CA of `subject` issued it.
     fn services_here_under(&self, subject: &[u8]) -> Option<ServicesCa> {
         let dir = self.state_dir.as_ref()?;
-        let pem = trellis_files::read(&dir.join(crate::state::SERVICES_CA_CERT)).ok()?;
+        let pem = trellis_files::read(&dir.join(SERVICES_CA_CERT)).ok()?;
         if !issued_under(&pem, subject) {
             return None;
         }
-        ServicesCa::load(&pem, &trellis_files::read(&dir.join(crate::state::SERVICES_CA_KEY)).ok()?).ok()
+        ServicesCa::load(&pem, &trellis_files::read(&dir.join(SERVICES_CA_KEY)).ok()?).ok()
     }
 
     /// The CA `fingerprint` as this state directory's `ca.pem` and `ca.key` hold it, if they do.
     fn promoted_here(&self, fingerprint: &str) -> Option<Ca> {
         let dir = self.state_dir.as_ref()?;
-        let ca = Ca::load(&trellis_files::read(&dir.join("ca.pem")).ok()?, &trellis_files::read(&dir.join("ca.key")).ok()?).ok()?;
+        let ca = Ca::load(&trellis_files::read(&dir.join(CA_CERT)).ok()?, &trellis_files::read(&dir.join(CA_KEY)).ok()?).ok()?;
         (hex_fingerprint(&ca) == fingerprint).then_some(ca)
     }
 
@@ -289,7 +283,7 @@ impl Controller {
             let old = self.authority().current.cert_pem().to_string();
             let new = self.authority().next.as_ref().map(|n| n.ca.cert_pem().to_string()).unwrap_or_default();
             self.keep(RETIRED_CA_CERT, old.as_bytes(), 0o644)?;
-            self.keep("ca.pem", new.as_bytes(), 0o644)?;
+            self.keep(CA_CERT, new.as_bytes(), 0o644)?;
             finish_promotion(dir).map_err(|e| Error::internal("keeping the new CA", format!("{e:#}")))?;
         }
         let mut a = self.authority.write().expect("authority");
@@ -395,7 +389,7 @@ impl Controller {
                 .scoped(&issuer, "trellis", &scope, self.system_time(), self.random())
                 .map_err(|e| Error::internal("scoping the services CA", e))?
         };
-        self.keep(crate::state::SERVICES_CA_CERT, pem.as_bytes(), 0o644)?;
+        self.keep(SERVICES_CA_CERT, pem.as_bytes(), 0o644)?;
         *self.services_scope.lock().expect("services scope") = Some((scoped.cert_pem().to_string(), want));
         self.authority.write().expect("authority").services = Some(Arc::new(scoped));
         let subject = format!("{} {}", mesh.domain, scope.prefixes.iter().map(|(a, l)| format!("{a}/{l}")).collect::<Vec<_>>().join(" "));
@@ -415,7 +409,7 @@ impl Controller {
     /// Renews the server certificate once two thirds of its lifetime have passed (counted from
     /// when it was made), under the CA that issues now, and serves with it from the next
     /// connection on; audited. The server calls it every few seconds.
-    pub async fn renew_server_cert_if_due(&self) -> Result<bool> {
+    pub(crate) async fn renew_server_cert_if_due(&self) -> Result<bool> {
         let due = {
             let a = self.authority();
             let Some(server) = &a.server else { return Ok(false) };
@@ -428,8 +422,8 @@ impl Controller {
             let ca = self.ca();
             let server = self.server_cert_under(&ca)?;
             let info = trellis_pki::inspect_pem(&server.cert_pem).map_err(|e| Error::internal("reading the server certificate", e))?;
-            self.keep("server.key", server.key_pem.as_bytes(), 0o600)?;
-            self.keep("server.pem", server.cert_pem.as_bytes(), 0o644)?;
+            self.keep(SERVER_KEY, server.key_pem.as_bytes(), 0o600)?;
+            self.keep(SERVER_CERT, server.cert_pem.as_bytes(), 0o644)?;
             self.set_server(server);
             info
         };
@@ -456,10 +450,10 @@ pub fn finish_promotion(dir: &std::path::Path) -> anyhow::Result<()> {
     }
     let fingerprint =
         |path: &std::path::Path| -> anyhow::Result<[u8; 32]> { Ok(trellis_pki::inspect_pem(&trellis_files::read(path)?)?.fingerprint) };
-    if fingerprint(&cert)? != fingerprint(&dir.join("ca.pem"))? {
+    if fingerprint(&cert)? != fingerprint(&dir.join(CA_CERT))? {
         return Ok(());
     }
-    trellis_files::replace(&dir.join("ca.key"), trellis_files::read(&key)?.as_bytes(), 0o600)?;
+    trellis_files::replace(&dir.join(CA_KEY), trellis_files::read(&key)?.as_bytes(), 0o600)?;
     std::fs::remove_file(&key)?;
     std::fs::remove_file(&cert)?;
     Ok(())
@@ -469,7 +463,7 @@ pub fn finish_promotion(dir: &std::path::Path) -> anyhow::Result<()> {
 /// its certificate's (a stop between writing a new pair's two files) is replaced by a new services
 /// CA under `ca`. It had signed nothing: its certificate was never written.
 pub fn repair_services(dir: &std::path::Path, ca: &Ca) -> anyhow::Result<()> {
-    let (cert, key) = (dir.join(crate::state::SERVICES_CA_CERT), dir.join(crate::state::SERVICES_CA_KEY));
+    let (cert, key) = (dir.join(SERVICES_CA_CERT), dir.join(SERVICES_CA_KEY));
     if !cert.exists() || !key.exists() || trellis_pki::key_matches_cert(&trellis_files::read(&key)?, &trellis_files::read(&cert)?) {
         return Ok(());
     }
@@ -537,31 +531,30 @@ mod tests {
         let old = trellis_pki::create_ca("trellis", now, [1; 16]).unwrap();
         let next = trellis_pki::create_next_ca("trellis", now, [2; 16]).unwrap();
         let write = |f: &str, t: &str| std::fs::write(dir.join(f), t).unwrap();
-        write("ca.pem", &old.cert_pem);
-        write("ca.key", &old.key_pem);
+        write(CA_CERT, &old.cert_pem);
+        write(CA_KEY, &old.key_pem);
         write(NEXT_CA_CERT, &next.cert_pem);
         write(NEXT_CA_KEY, &next.key_pem);
         // Stopped before ca.pem was replaced: nothing to do here.
         finish_promotion(&dir).unwrap();
-        assert!(dir.join(NEXT_CA_KEY).exists() && std::fs::read_to_string(dir.join("ca.key")).unwrap() == old.key_pem);
+        assert!(dir.join(NEXT_CA_KEY).exists() && std::fs::read_to_string(dir.join(CA_KEY)).unwrap() == old.key_pem);
         // Stopped after: the certificate of one CA beside the key of the other, refused as such.
-        write("ca.pem", &next.cert_pem);
+        write(CA_CERT, &next.cert_pem);
         let err = Ca::load(&next.cert_pem, &old.key_pem).err().unwrap().to_string();
         assert!(err.contains("the key is not the one the CA certificate certifies"), "{err}");
         finish_promotion(&dir).unwrap();
-        let key = std::fs::read_to_string(dir.join("ca.key")).unwrap();
+        let key = std::fs::read_to_string(dir.join(CA_KEY)).unwrap();
         assert_eq!(key, next.key_pem);
         use std::os::unix::fs::PermissionsExt;
-        assert_eq!(std::fs::metadata(dir.join("ca.key")).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::metadata(dir.join(CA_KEY)).unwrap().permissions().mode() & 0o777, 0o600);
         assert!(!dir.join(NEXT_CA_KEY).exists() && !dir.join(NEXT_CA_CERT).exists());
-        Ca::load(&std::fs::read_to_string(dir.join("ca.pem")).unwrap(), &key).unwrap();
+        Ca::load(&std::fs::read_to_string(dir.join(CA_CERT)).unwrap(), &key).unwrap();
     }
 
     /// A services CA whose key is not its certificate's (a stop between writing a new pair's
     /// files) is replaced at the next start by one under the mesh CA; a sound one is left be.
     #[test]
     fn a_half_written_services_ca_is_made_again_at_the_next_start() {
-        use crate::state::{SERVICES_CA_CERT, SERVICES_CA_KEY};
         let dir = trellis_testing::TempDir::new("services-repair");
         let now = std::time::SystemTime::now();
         let pair = trellis_pki::create_ca("trellis", now, [1; 16]).unwrap();

@@ -48,14 +48,14 @@ fn digest(files: &[(String, String)]) -> String {
 
 impl Controller {
     /// The declaration of the current revision, if any: parsed once per revision.
-    pub async fn current_declaration(&self) -> Result<Option<(i64, Arc<Declaration>)>> {
+    pub(crate) async fn current_declaration(&self) -> Result<Option<(i64, Arc<Declaration>)>> {
         Ok(self.current_indexed().await?.map(|(n, d)| (n, d.decl().clone())))
     }
 
     /// The declaration of the current revision with its nodes indexed by name and declared key,
     /// for the requests that look nodes up (enrolments, tokens): parsed and indexed once per
     /// revision.
-    pub async fn current_indexed(&self) -> Result<Option<(i64, Arc<Indexed>)>> {
+    pub(crate) async fn current_indexed(&self) -> Result<Option<(i64, Arc<Indexed>)>> {
         let Some((number, _)) = self.store.current_revision_head().await? else {
             return Ok(None);
         };

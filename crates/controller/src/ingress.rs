@@ -65,7 +65,7 @@ impl Controller {
     }
 
     /// The last report of every ingress node of the current declaration, by node.
-    pub async fn ingress_states(&self) -> Result<HashMap<String, proto::IngressState>> {
+    pub(crate) async fn ingress_states(&self) -> Result<HashMap<String, proto::IngressState>> {
         let ingress = self.ingress_nodes().await?;
         if ingress.is_empty() {
             return Ok(HashMap::new());

@@ -15,10 +15,8 @@ use serde::{Deserialize, Serialize};
 use trellis_proto::{AuditAction, EnrolledState};
 use trellis_store::Audit;
 
+use crate::layout::LEDGER;
 use crate::{Controller, Result};
-
-/// The ledger's file in the state directory.
-pub const LEDGER: &str = "revocations.ledger";
 
 /// The longest ledger line read; a longer one is no entry trellis wrote.
 const MAX_LINE: usize = 4096;
@@ -75,7 +73,7 @@ impl Controller {
 
     /// Makes again every decision of the ledger the database lacks (it was restored from before
     /// them), each audited; returns how many. Run at every start.
-    pub async fn reapply_ledger(&self) -> Result<usize> {
+    pub(crate) async fn reapply_ledger(&self) -> Result<usize> {
         let Some(dir) = &self.state_dir else { return Ok(0) };
         let path = dir.join(LEDGER);
         let (entries, bad) = read(&path);

@@ -9,21 +9,24 @@ pub mod audit;
 pub mod authority;
 pub mod bundle;
 pub mod certs;
-pub mod declarations;
-pub mod enrolment;
-pub mod error;
-pub mod ingress;
-pub mod ledger;
+mod declarations;
+mod enrolment;
+mod error;
+mod housekeeping;
+mod ingress;
+pub mod layout;
+mod ledger;
 pub mod metrics;
-pub mod nodes;
+mod nodes;
 pub mod pools;
 pub mod publish;
-pub mod refusals;
-pub mod restore;
-pub mod revocations;
+mod refusals;
+mod restore;
+mod revocations;
+mod rotation;
 pub mod state;
-pub mod tokens;
-pub mod trust;
+mod tokens;
+mod trust;
 pub mod view;
 
 use std::sync::Arc;
@@ -231,8 +234,8 @@ impl Controller {
         let url = database_url.unwrap_or(&state.config.database_url);
         let store = Store::open(url).await.with_context(|| format!("cannot open the database {}", state::redact(url)))?;
         authority::finish_promotion(&state.dir).context("completing the promotion of the next CA")?;
-        let ca = trellis_pki::Ca::load(&state.read("ca.pem")?, &state.read("ca.key")?)
-            .with_context(|| format!("{} and ca.key do not hold the mesh CA", state.path("ca.pem").display()))?;
+        let ca = trellis_pki::Ca::load(&state.read(layout::CA_CERT)?, &state.read(layout::CA_KEY)?)
+            .with_context(|| format!("{} and {} do not hold the mesh CA", state.path(layout::CA_CERT).display(), layout::CA_KEY))?;
         authority::repair_services(&state.dir, &ca).context("checking the services CA")?;
         let admin_sha256: [u8; 32] = hex::decode(&state.config.admin_token_sha256)
             .ok()
@@ -240,19 +243,19 @@ impl Controller {
             .context("admin_token_sha256 in controller.toml is not 64 hex digits")?;
         let keys = Keys { ca, services: state.services_ca()?, signing_key: state.signing_key()?, admin_sha256 };
         let mut c = Controller::new(store, state.config.clone(), keys, Arc::new(SystemClock), Arc::new(OsEntropy))
-            .with_checkpoint(state.path(audit::CHECKPOINT))
-            .with_high_water(state.path(restore::HIGH_WATER));
+            .with_checkpoint(state.path(layout::CHECKPOINT))
+            .with_high_water(state.path(layout::HIGH_WATER));
         c.state_dir = Some(state.dir.clone());
-        let mut server = trellis_pki::Pair { cert_pem: state.read("server.pem")?, key_pem: state.read("server.key")? };
+        let mut server = trellis_pki::Pair { cert_pem: state.read(layout::SERVER_CERT)?, key_pem: state.read(layout::SERVER_KEY)? };
         if !trellis_pki::key_matches_cert(&server.key_pem, &server.cert_pem) {
             // Stopped between writing a renewed key and its certificate: made again.
-            tracing::warn!("server.key is not the key of server.pem; the server certificate is made again");
+            tracing::warn!("{} is not the key of {}; the server certificate is made again", layout::SERVER_KEY, layout::SERVER_CERT);
             let hosts: Vec<String> = state.config.advertise.iter().filter_map(|a| state::split_host_port(a).ok().map(|(h, _)| h)).collect();
-            let ca = trellis_pki::Ca::load(&state.read("ca.pem")?, &state.read("ca.key")?)?;
+            let ca = trellis_pki::Ca::load(&state.read(layout::CA_CERT)?, &state.read(layout::CA_KEY)?)?;
             let now = std::time::SystemTime::now();
             server = ca.server_cert(&hosts, now, std::time::Duration::from_secs(state.config.server_cert_secs), rand::random())?;
-            trellis_files::replace(&state.path("server.key"), server.key_pem.as_bytes(), 0o600)?;
-            trellis_files::replace(&state.path("server.pem"), server.cert_pem.as_bytes(), 0o644)?;
+            trellis_files::replace(&state.path(layout::SERVER_KEY), server.key_pem.as_bytes(), 0o600)?;
+            trellis_files::replace(&state.path(layout::SERVER_CERT), server.cert_pem.as_bytes(), 0o644)?;
         }
         if let Ok(info) = trellis_pki::services::inspect_service(&server.cert_pem) {
             c.server_names = info.dns.into_iter().chain(info.ips.iter().map(|ip| ip.to_string())).collect();
@@ -261,7 +264,7 @@ impl Controller {
         c.start_after_restore(restored).await?;
         let reapplied = c.reapply_ledger().await?;
         if reapplied > 0 {
-            tracing::warn!("{reapplied} revocation(s) the database had lost were made again from {}", state.path(ledger::LEDGER).display());
+            tracing::warn!("{reapplied} revocation(s) the database had lost were made again from {}", state.path(layout::LEDGER).display());
         }
         c.resume_ca_rotation().await?;
         Ok(c)

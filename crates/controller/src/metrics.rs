@@ -256,18 +256,18 @@ impl Metrics {
         }
     }
 
-    pub fn service_cert_issued(&self) {
+    pub(crate) fn service_cert_issued(&self) {
         self.service_certs_issued.inc();
     }
 
     /// A service certificate refused, by one of [`crate::certs::REFUSAL_REASONS`].
-    pub fn service_cert_refused(&self, reason: &'static str) {
+    pub(crate) fn service_cert_refused(&self, reason: &'static str) {
         self.service_cert_refusals.get_or_create(&ReasonLabel { reason }).inc();
     }
 
     /// Sets the earliest expiry of each node's declared, issued service certificates; a node
     /// without one has no series.
-    pub fn service_cert_expiries(&self, certs: &[proto::ServiceCertInfo]) {
+    pub(crate) fn service_cert_expiries(&self, certs: &[proto::ServiceCertInfo]) {
         self.service_cert_expiry.clear();
         let mut earliest: std::collections::BTreeMap<&str, i64> = Default::default();
         for c in certs.iter().filter(|c| c.declared) {
@@ -291,7 +291,7 @@ impl Metrics {
     }
 
     /// One publish run finished (`Ok` with the bundles it published) or failed.
-    pub fn publish_run(&self, took: Duration, outcome: Result<usize, ()>) {
+    pub(crate) fn publish_run(&self, took: Duration, outcome: Result<usize, ()>) {
         self.publish_duration.observe(took.as_secs_f64());
         let result = if outcome.is_ok() { "ok" } else { "failed" };
         self.publish_runs.get_or_create(&ResultLabel { result: result.to_string() }).inc();
@@ -312,7 +312,7 @@ impl Metrics {
     }
 
     /// Counts a long-poll open for as long as the guard lives.
-    pub fn long_poll(&self) -> LongPoll {
+    pub(crate) fn long_poll(&self) -> LongPoll {
         self.long_polls.inc();
         LongPoll(self.long_polls.clone())
     }

@@ -16,9 +16,6 @@ use trellis_store::Audit;
 
 use crate::{audit, Controller, Error, Result};
 
-/// The high-water mark's file in the state directory: one decimal number.
-pub const HIGH_WATER: &str = "versions.high";
-
 /// The step the high-water mark moves in (see `Controller::raise_high_water`).
 pub const HIGH_WATER_STEP: i64 = 1024;
 
@@ -29,7 +26,7 @@ pub fn read_high_water(path: &Path) -> i64 {
 
 impl Controller {
     /// Why the database is behind this controller's signed checkpoint, if it is: one sentence.
-    pub async fn behind_checkpoint(&self) -> Result<Option<String>> {
+    pub(crate) async fn behind_checkpoint(&self) -> Result<Option<String>> {
         let Some(path) = &self.checkpoint else { return Ok(None) };
         let Some(cp) = audit::read_checkpoint(path) else { return Ok(None) };
         if !audit::checkpoint_signed_by(&cp, &self.signing_key().verifying_key()) {
@@ -75,14 +72,14 @@ impl Controller {
         let past = self.recover_from_restore(&why).await?;
         tracing::warn!(
             "restored from a backup: {why}; every bundle version moved past {past}, the restore recorded in the audit chain. {lost}: revocations of nodes and tokens and controllers removed are made again from the state directory's {}; approvals, rotations, declarations applied and tokens issued since must be made again",
-            crate::ledger::LEDGER
+            crate::layout::LEDGER
         );
         Ok(())
     }
 
     /// Moves every bundle version past the high-water mark (and past every version in the
     /// database), audits the restore and signs the new head into the checkpoint. Returns the mark.
-    pub async fn recover_from_restore(&self, why: &str) -> Result<i64> {
+    pub(crate) async fn recover_from_restore(&self, why: &str) -> Result<i64> {
         let stored = self.store.bundles().await?.values().map(|b| b.version).max().unwrap_or(0);
         let past = self.high_water_mark().max(stored);
         // A tag names versions up to the ceiling only: above it every long-poll answers at once.
@@ -104,7 +101,7 @@ impl Controller {
     }
 
     /// The highest bundle version this state directory published (0 without a state directory).
-    pub fn high_water_mark(&self) -> i64 {
+    pub(crate) fn high_water_mark(&self) -> i64 {
         self.high_water.as_ref().map_or(0, |(_, mark)| mark.load(Ordering::SeqCst))
     }
 

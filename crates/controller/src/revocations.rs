@@ -97,7 +97,7 @@ pub(crate) fn withdrawn(before: &Carried, after: &Compiled) -> BTreeMap<String, 
 }
 
 /// Whether `holder`'s plan in `compiled` holds `node` as a peer.
-fn holds(compiled: &Compiled, holder: &str, node: &str) -> bool {
+pub(crate) fn holds(compiled: &Compiled, holder: &str, node: &str) -> bool {
     compiled.nodes.get(holder).is_some_and(|o| o.plan.peers.iter().any(|p| p.name() == node))
 }
 
@@ -261,7 +261,7 @@ impl Controller {
     }
 
     /// [`Controller::settle_revocations`] if evidence arrived while a revocation was open.
-    pub async fn settle_revocations_if_due(&self) -> Result<usize> {
+    pub(crate) async fn settle_revocations_if_due(&self) -> Result<usize> {
         if self.revocations.dirty.load(Ordering::SeqCst) {
             self.settle_revocations().await
         } else {
@@ -276,27 +276,20 @@ impl Controller {
         }
     }
 
-    /// A publish run's part: records the holders of every revocation in `unrecorded` (from who
-    /// held each node when it left the compiled mesh, this run or the one before, or else from a
-    /// compile as if it had not been revoked), and each holder's first version without the key
-    /// that is now in force. `left` is what this run saw leave; `stale` the nodes whose version
-    /// in force here is not this compile's.
+    /// A publish run's part: records the holders of every revocation the plan found unrecorded
+    /// (`holders`, each with whether this compile still holds the key), and each holder's first
+    /// version without the key that is now in force. `stale` are the nodes whose version in force
+    /// here is not this compile's.
     pub(crate) async fn follow_revocations(
         &self,
-        unrecorded: &[String],
-        known: &Left,
+        holders: &[(String, Vec<(String, bool)>)],
         compiled: &Compiled,
-        ctx: (&std::sync::Arc<trellis_core::Declaration>, &trellis_core::Keys, &[NodeRecord]),
         stale: &HashSet<String>,
     ) -> Result<()> {
         let in_force = |holder: &str| (!stale.contains(holder)).then(|| self.publisher.current(holder).map(|p| p.version)).flatten();
-        for node in unrecorded {
-            let holders = match known.get(node) {
-                Some(h) => h.clone(),
-                None => self.holders_as_if_active(node, compiled, ctx)?,
-            };
+        for (node, holders) in holders {
             let list: Vec<(String, Option<i64>)> =
-                holders.into_iter().map(|h| (h.clone(), (!holds(compiled, &h, node)).then(|| in_force(&h)).flatten())).collect();
+                holders.iter().map(|(h, still)| (h.clone(), (!still).then(|| in_force(h)).flatten())).collect();
             if self.store.record_holders(node, &list).await? {
                 tracing::info!(node = %node, holders = list.len(), "revoking: holders recorded");
             }
@@ -314,21 +307,20 @@ impl Controller {
         }
         Ok(())
     }
+}
 
-    /// Who would hold `node`'s key if it were active: for a process that never compiled the mesh
-    /// with it (it started after the revocation). A node with no key was held by nobody.
-    fn holders_as_if_active(
-        &self,
-        node: &str,
-        compiled: &Compiled,
-        (decl, keys, records): (&std::sync::Arc<trellis_core::Declaration>, &trellis_core::Keys, &[NodeRecord]),
-    ) -> Result<Vec<String>> {
-        let key =
-            records.iter().find(|r| r.name == node).and_then(|r| r.wg_public_key.as_deref()).and_then(trellis_core::decl::PublicKey::parse);
-        let Some(key) = key else { return Ok(Vec::new()) };
-        let mut keys = keys.clone();
-        keys.set(node, Some(key));
-        let as_if = trellis_core::compile(decl, &keys, &compiled.allocation, None).map_err(|d| crate::Error::internal("compiling", d))?;
-        Ok(holders_in(&as_if, &HashSet::from([node])).remove(node).unwrap_or_default())
-    }
+/// Who would hold `node`'s key if it were active: for a process that never compiled the mesh
+/// with it (it started after the revocation). A node with no key was held by nobody.
+pub(crate) fn holders_as_if_active(
+    node: &str,
+    compiled: &Compiled,
+    (decl, keys, records): (&std::sync::Arc<trellis_core::Declaration>, &trellis_core::Keys, &[NodeRecord]),
+) -> Result<Vec<String>> {
+    let key =
+        records.iter().find(|r| r.name == node).and_then(|r| r.wg_public_key.as_deref()).and_then(trellis_core::decl::PublicKey::parse);
+    let Some(key) = key else { return Ok(Vec::new()) };
+    let mut keys = keys.clone();
+    keys.set(node, Some(key));
+    let as_if = trellis_core::compile(decl, &keys, &compiled.allocation, None).map_err(|d| crate::Error::internal("compiling", d))?;
+    Ok(holders_in(&as_if, &HashSet::from([node])).remove(node).unwrap_or_default())
 }

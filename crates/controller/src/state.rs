@@ -13,12 +13,10 @@ use sha2::{Digest, Sha256};
 
 use trellis_files as files;
 
+use crate::layout::{
+    ADMIN_TOKEN, CA_CERT, CA_KEY, CONFIG, DATABASE, NEXT_CA_CERT, SERVER_CERT, SERVER_KEY, SERVICES_CA_CERT, SERVICES_CA_KEY, SIGNING_KEY,
+};
 use crate::{Clock, Entropy, OsEntropy, SystemClock};
-
-pub const CONFIG: &str = "controller.toml";
-/// The services intermediate CA's certificate and key (ADR 0023).
-pub const SERVICES_CA_CERT: &str = "services-ca.pem";
-pub const SERVICES_CA_KEY: &str = "services-ca.key";
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -83,14 +81,14 @@ impl StateDir {
     /// credential.
     pub fn admin_access(&self) -> Result<(String, String, String)> {
         let host = self.config.advertise.first().context("controller.toml advertises no address")?;
-        let mut cas = self.read("ca.pem")?;
-        if let Ok(next) = self.read(crate::authority::NEXT_CA_CERT) {
+        let mut cas = self.read(CA_CERT)?;
+        if let Ok(next) = self.read(NEXT_CA_CERT) {
             if !cas.ends_with('\n') {
                 cas.push('\n');
             }
             cas.push_str(&next);
         }
-        Ok((host.clone(), cas, self.read("admin.token")?))
+        Ok((host.clone(), cas, self.read(ADMIN_TOKEN)?))
     }
 
     /// The services intermediate CA (ADR 0023), if this state directory has one: one made before
@@ -105,9 +103,10 @@ impl StateDir {
     }
 
     pub fn signing_key(&self) -> Result<ed25519_dalek::SigningKey> {
-        let text = self.read("signing.key")?;
-        let bytes = base64::engine::general_purpose::STANDARD.decode(text.trim()).context("signing.key is not base64")?;
-        let seed: [u8; 32] = bytes.try_into().map_err(|_| anyhow::anyhow!("signing.key does not hold 32 bytes"))?;
+        let text = self.read(SIGNING_KEY)?;
+        let bytes =
+            base64::engine::general_purpose::STANDARD.decode(text.trim()).with_context(|| format!("{SIGNING_KEY} is not base64"))?;
+        let seed: [u8; 32] = bytes.try_into().map_err(|_| anyhow::anyhow!("{SIGNING_KEY} does not hold 32 bytes"))?;
         Ok(ed25519_dalek::SigningKey::from_bytes(&seed))
     }
 }
@@ -154,7 +153,7 @@ pub async fn init(dir: &Path, opts: &InitOptions) -> Result<StateDir> {
     for a in &opts.advertise {
         hosts.push(split_host_port(a)?.0);
     }
-    if dir.join(CONFIG).exists() || dir.join("ca.key").exists() {
+    if dir.join(CONFIG).exists() || dir.join(CA_KEY).exists() {
         bail!("{} already holds a controller ({}); refusing to overwrite it", dir.display(), CONFIG);
     }
     // Made private, or refused if it exists open to others; never chmod'ed.
@@ -172,7 +171,7 @@ pub async fn init(dir: &Path, opts: &InitOptions) -> Result<StateDir> {
     let any = if first_host.contains(':') { "[::]" } else { "0.0.0.0" };
     let listen = opts.listen.clone().unwrap_or_else(|| format!("{any}:{port}"));
     listen.parse::<std::net::SocketAddr>().with_context(|| format!("--listen {listen:?} is not a socket address such as 0.0.0.0:8443"))?;
-    let database_url = opts.database_url.clone().unwrap_or_else(|| format!("sqlite://{}?mode=rwc", dir.join("trellis.db").display()));
+    let database_url = opts.database_url.clone().unwrap_or_else(|| format!("sqlite://{}?mode=rwc", dir.join(DATABASE).display()));
     let config = Config {
         advertise: opts.advertise.clone(),
         listen,
@@ -181,14 +180,14 @@ pub async fn init(dir: &Path, opts: &InitOptions) -> Result<StateDir> {
         node_cert_secs: opts.node_cert_secs,
         server_cert_secs: trellis_pki::SERVER_CERT_SECS,
     };
-    files::create_new(&dir.join("ca.key"), ca.key_pem.as_bytes(), 0o600)?;
-    files::create_new(&dir.join("ca.pem"), ca.cert_pem.as_bytes(), 0o644)?;
-    files::create_new(&dir.join("server.key"), server.key_pem.as_bytes(), 0o600)?;
-    files::create_new(&dir.join("server.pem"), server.cert_pem.as_bytes(), 0o644)?;
+    files::create_new(&dir.join(CA_KEY), ca.key_pem.as_bytes(), 0o600)?;
+    files::create_new(&dir.join(CA_CERT), ca.cert_pem.as_bytes(), 0o644)?;
+    files::create_new(&dir.join(SERVER_KEY), server.key_pem.as_bytes(), 0o600)?;
+    files::create_new(&dir.join(SERVER_CERT), server.cert_pem.as_bytes(), 0o644)?;
     files::create_new(&dir.join(SERVICES_CA_KEY), services.key_pem.as_bytes(), 0o600)?;
     files::create_new(&dir.join(SERVICES_CA_CERT), services.cert_pem.as_bytes(), 0o644)?;
-    files::create_new(&dir.join("signing.key"), base64::engine::general_purpose::STANDARD.encode(signing.to_bytes()).as_bytes(), 0o600)?;
-    files::create_new(&dir.join("admin.token"), format!("{admin_token}\n").as_bytes(), 0o600)?;
+    files::create_new(&dir.join(SIGNING_KEY), base64::engine::general_purpose::STANDARD.encode(signing.to_bytes()).as_bytes(), 0o600)?;
+    files::create_new(&dir.join(ADMIN_TOKEN), format!("{admin_token}\n").as_bytes(), 0o600)?;
     trellis_store::Store::open(&database_url).await.with_context(|| format!("cannot create the database {database_url}"))?;
     // The configuration is written last: its presence means the controller is complete.
     files::create_new(&dir.join(CONFIG), toml::to_string(&config)?.as_bytes(), 0o600)?;
@@ -209,6 +208,6 @@ pub fn redact(url: &str) -> String {
 
 /// SHA-256 fingerprint of the mesh CA, hex, for display.
 pub fn ca_fingerprint_hex(state: &StateDir) -> Result<String> {
-    let der = trellis_pki::pem_to_der(&state.read("ca.pem")?, "CERTIFICATE")?;
+    let der = trellis_pki::pem_to_der(&state.read(CA_CERT)?, "CERTIFICATE")?;
     Ok(hex::encode(Sha256::digest(der)))
 }

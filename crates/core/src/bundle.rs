@@ -459,9 +459,120 @@ pub fn verify_stamp(bytes: &[u8], key: &VerifyingKey, mesh: &str) -> Result<i64,
     Ok(at)
 }
 
+/// A file of a bundle about to be signed: what its manifest says of it, and its content, held
+/// as the compiled output holds it (shared with other bundles, never copied).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed {
+    /// One of the files trellis delivers (`plan::DELIVERED`).
+    pub path: &'static str,
+    pub mode: u32,
+    pub sha256: [u8; 32],
+    pub content: crate::Text,
+}
+
+/// The files every bundle of a publish run carries alike, beside the compiled ones: the CAs a
+/// node trusts (`ca.pem`) and what it trusts beyond them (`trust.toml`: its controllers, the next
+/// signing key, the next CA; ADR 0027, 0028, 0029), each hashed once a run.
+#[derive(Clone, Debug)]
+pub struct Shared {
+    ca_pem: crate::Text,
+    ca_sha256: [u8; 32],
+    trust_toml: crate::Text,
+    trust_sha256: [u8; 32],
+}
+
+impl Shared {
+    pub fn new(ca_pem: &str, trust_toml: &str) -> Shared {
+        let (ca_pem, trust_toml) = (crate::Text::from(ca_pem), crate::Text::from(trust_toml));
+        Shared { ca_sha256: ca_pem.sha256(), ca_pem, trust_sha256: trust_toml.sha256(), trust_toml }
+    }
+}
+
+/// One node's bundle, every file of it in the manifest's order (by path): the compiled files
+/// (`digest` gives each content's SHA-256, so a caller that keeps them across runs hashes a
+/// content once), `ca.pem`, `trust.toml` and, once it has one, the node's certificate. The zone
+/// keeps the serial it was compiled with, so that the digest of these entries
+/// (`entries_digest`) changes only with the content; [`number`] gives it the version's.
+pub fn assemble(
+    compiled: &[crate::FileResource],
+    digest: impl Fn(&crate::Text) -> [u8; 32],
+    shared: &Shared,
+    node_pem: Option<&str>,
+) -> Vec<Listed> {
+    use crate::plan::{delivered, CA_PEM, NODE_PEM, TRUST_TOML};
+    let listed = |f: &crate::FileResource| Listed {
+        path: delivered(&f.path).expect("the compiler makes only files trellis delivers"),
+        mode: f.mode,
+        sha256: digest(&f.content),
+        content: f.content.clone(),
+    };
+    let mut files: Vec<Listed> = compiled.iter().map(listed).collect();
+    files.push(Listed { path: CA_PEM, mode: 0o644, sha256: shared.ca_sha256, content: shared.ca_pem.clone() });
+    files.push(Listed { path: TRUST_TOML, mode: 0o644, sha256: shared.trust_sha256, content: shared.trust_toml.clone() });
+    if let Some(pem) = node_pem {
+        let content = crate::Text::from(pem);
+        files.push(Listed { path: NODE_PEM, mode: 0o644, sha256: content.sha256(), content });
+    }
+    files.sort_by(|a, b| a.path.cmp(b.path));
+    files
+}
+
+/// Numbers an assembled bundle for its version: the zone's SOA serial is the version, so it rises
+/// whenever the bundle's content does, and it is the same on every replica (the version is the
+/// database's).
+pub fn number(files: &mut [Listed], version: u64) {
+    if let Some(zone) = files.iter_mut().find(|f| f.path == crate::plan::MESH_ZONE) {
+        zone.content = crate::render::with_serial(&zone.content, zone_serial(version));
+        zone.sha256 = zone.content.sha256();
+    }
+}
+
+/// A bundle version as a zone's SOA serial: the serial arithmetic of RFC 1982 wraps at 2^32, so
+/// a version beyond it still reads as higher than the one before.
+pub fn zone_serial(version: u64) -> u32 {
+    version as u32
+}
+
+/// What the manifest says of assembled files.
+pub fn entries(files: &[Listed]) -> Vec<Entry<'_>> {
+    files.iter().map(|f| (f.path, f.mode, &f.sha256, f.content.len())).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A bundle is the compiled files, `ca.pem`, `trust.toml` and the node's certificate once it
+    /// has one, in path order; numbering sets the zone's serial to the version (wrapping at
+    /// 2^32) and its digest with it, and leaves every other file as it was.
+    #[test]
+    fn a_bundle_is_assembled_in_path_order_and_numbered_in_its_zone() {
+        use crate::plan::{CA_PEM, MESH_ZONE, NODE_PEM, NODE_TOML, TRUST_TOML, WIREGUARD_CONF};
+        let zone = "@\tIN\tSOA\tns.mesh.example. hostmaster.mesh.example. 1 3600 600 86400 60\n";
+        let compiled = vec![
+            crate::FileResource { path: WIREGUARD_CONF.into(), mode: 0o600, content: crate::Text::from("[Interface]\n") },
+            crate::FileResource { path: MESH_ZONE.into(), mode: 0o644, content: crate::Text::from(zone) },
+            crate::FileResource { path: NODE_TOML.into(), mode: 0o644, content: crate::Text::from("node = 1\n") },
+        ];
+        let shared = Shared::new("CA\n", "trust\n");
+        let without = assemble(&compiled, |t| t.sha256(), &shared, None);
+        let paths: Vec<&str> = without.iter().map(|f| f.path).collect();
+        assert_eq!(paths, [CA_PEM, MESH_ZONE, NODE_TOML, TRUST_TOML, WIREGUARD_CONF]);
+        let mut files = assemble(&compiled, |t| t.sha256(), &shared, Some("CERT\n"));
+        let paths: Vec<&str> = files.iter().map(|f| f.path).collect();
+        assert_eq!(paths, [CA_PEM, MESH_ZONE, NODE_PEM, NODE_TOML, TRUST_TOML, WIREGUARD_CONF]);
+        for f in &files {
+            assert_eq!(f.sha256, f.content.sha256(), "{}", f.path);
+        }
+        let before = files.clone();
+        number(&mut files, (1 << 32) + 7);
+        let zone = files.iter().find(|f| f.path == MESH_ZONE).unwrap();
+        assert!(zone.content.to_string().contains("hostmaster.mesh.example. 7 3600"), "{}", zone.content);
+        assert_eq!(zone.sha256, zone.content.sha256());
+        for (a, b) in before.iter().zip(&files).filter(|(a, _)| a.path != MESH_ZONE) {
+            assert_eq!(a, b);
+        }
+    }
 
     fn key() -> SigningKey {
         SigningKey::from_bytes(&[7; 32])

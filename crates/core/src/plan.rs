@@ -14,7 +14,8 @@ pub const WIREGUARD_CONF: &str = "etc/trellis/wireguard.conf";
 pub const NFTABLES_CONF: &str = "etc/trellis/nftables.conf";
 pub const MESH_ZONE: &str = "etc/trellis/mesh.zone";
 pub const NODE_TOML: &str = "etc/trellis/node.toml";
-/// The mesh CA and the node's certificate, added to each bundle by the controller.
+/// The mesh CA and the node's certificate, added to each bundle (`bundle::assemble`) beside the
+/// compiled files.
 pub const CA_PEM: &str = "etc/trellis/ca.pem";
 pub const NODE_PEM: &str = "etc/trellis/node.pem";
 /// An ingress node's Traefik dynamic configuration (file provider) and the settings its static
@@ -24,11 +25,16 @@ pub const INGRESS_TOML: &str = "etc/trellis/ingress.toml";
 /// The directory Traefik's file provider watches.
 pub const TRAEFIK_DIR: &str = "etc/trellis/traefik";
 /// What the node trusts beyond the CA (`trust::TrustFile`: its controllers, the next signing
-/// key), added to each bundle by the controller.
+/// key), added to each bundle by `bundle::assemble`.
 pub const TRUST_TOML: &str = "etc/trellis/trust.toml";
 /// Every file a bundle may carry; an agent writes nothing else.
 pub const DELIVERED: &[&str] =
     &[WIREGUARD_CONF, NFTABLES_CONF, MESH_ZONE, NODE_TOML, CA_PEM, NODE_PEM, TRAEFIK_YML, INGRESS_TOML, TRUST_TOML];
+
+/// The delivered file `path` names (one of [`DELIVERED`]), if it names one.
+pub fn delivered(path: &str) -> Option<&'static str> {
+    DELIVERED.iter().copied().find(|p| *p == path)
+}
 
 /// One file to write on a node, relative to the agent's root.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -540,7 +540,7 @@ async fn bench_enrol(a: &EnrolArgs) -> Result<ExitCode> {
         wg[..8].copy_from_slice(&(i as u64 + 1).to_le_bytes());
         requests.push(trellis_client::enrol_request(&token, csr, base64::engine::general_purpose::STANDARD.encode(wg)));
     }
-    let ca = std::fs::read_to_string(dir.join("ca.pem"))?;
+    let ca = std::fs::read_to_string(dir.join(trellis_controller::layout::CA_CERT))?;
     let http = reqwest::Client::builder().use_preconfigured_tls(trellis_pki::tls::client_config(&ca, None)?).build()?;
     let queue = std::sync::Arc::new(tokio::sync::Mutex::new(requests));
     let started = Instant::now();

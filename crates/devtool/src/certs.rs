@@ -165,7 +165,7 @@ async fn issuance(a: &CertsArgs) -> Result<Issuance> {
         .await?;
     let enrolees =
         crate::enrolling::prepare(&admin, names.iter().enumerate().map(|(i, n)| (n.clone(), crate::bench::key(i))).collect()).await?;
-    let ca = std::fs::read_to_string(dir.join("ca.pem"))?;
+    let ca = std::fs::read_to_string(dir.join(trellis_controller::layout::CA_CERT))?;
     let enrolled = crate::enrolling::enrol_all(&format!("https://{addr}"), &ca, enrolees, a.concurrency).await?;
     // Each node's session and CSR are made first: the figure is the controller's answer.
     let mut work = Vec::with_capacity(enrolled.len());

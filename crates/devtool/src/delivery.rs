@@ -208,7 +208,7 @@ pub async fn run(a: &DeliveryArgs) -> Result<std::process::ExitCode> {
 
     // Enrol every agent: tokens, keys and CSRs made here, 16 enrolments in flight.
     eprintln!("enrolling {} agents...", a.agents);
-    let ca = std::fs::read_to_string(dir.join("ca.pem"))?;
+    let ca = std::fs::read_to_string(dir.join(trellis_controller::layout::CA_CERT))?;
     let plain = reqwest::Client::builder().use_preconfigured_tls(trellis_pki::tls::client_config(&ca, None)?).build()?;
     let mut agents = Vec::with_capacity(a.agents);
     let started = Instant::now();

@@ -343,7 +343,7 @@ pub async fn run(a: &DeliveryArgs, dir: &Path) -> Result<ExitCode> {
     let (base, serve_pid) = (running.base(), running.serve.0.id());
     let admin = Arc::new(crate::admin_client(&running.dir)?);
     admin.apply(&mesh.request()).await.with_context(|| format!("cannot apply {}", dir.display()))?;
-    let ca = std::fs::read_to_string(running.dir.join("ca.pem"))?;
+    let ca = std::fs::read_to_string(running.dir.join(trellis_controller::layout::CA_CERT))?;
     settled(&admin).await?;
     let rss_applied = memory_kib(serve_pid, "VmRSS");
 

@@ -63,7 +63,7 @@ pub async fn run(a: &EnrolArgs, dir: &std::path::Path) -> Result<ExitCode> {
     eprintln!("making {} tokens, keys and CSRs...", names.len());
     let nodes = names.iter().enumerate().map(|(i, n)| (n.clone(), crate::bench::key(i))).collect();
     let enrolees = enrolling::prepare(&admin, nodes).await?;
-    let ca = std::fs::read_to_string(state_dir.join("ca.pem"))?;
+    let ca = std::fs::read_to_string(state_dir.join(trellis_controller::layout::CA_CERT))?;
 
     eprintln!("enrolling {} nodes, {concurrency} in flight...", names.len());
     let runs_before = controller.publish_runs();

@@ -1,7 +1,6 @@
 //! `trellis serve`: HTTPS over rustls with optional client certificates, one task per
-//! connection, the client certificate handed to handlers as a request extension; and the
-//! background work a serving controller does (publishing what other replicas decided, writing
-//! contacts).
+//! connection, the client certificate handed to handlers as a request extension. It starts the
+//! controller's own tasks (publishing, and `housekeeping`: its periodic duties) and stops them.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -175,47 +174,8 @@ impl Server {
         if let Err(e) = self.controller.publish().await {
             tracing::error!("first publish failed: {e}");
         }
-        let watcher = {
-            let c = self.controller.clone();
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(Duration::from_millis(500));
-                let mut n = 0u64;
-                loop {
-                    tick.tick().await;
-                    if let Err(e) = c.publish_if_moved().await {
-                        tracing::error!("publishing failed: {e}");
-                    }
-                    // Evidence that arrived while a revocation was open may have completed it.
-                    if let Err(e) = c.settle_revocations_if_due().await {
-                        tracing::error!("following revocations failed: {e}");
-                    }
-                    // Likewise a rotation of the signing key (ADR 0027); every 5 s its overlap.
-                    if let Err(e) = c.settle_rotation(n.is_multiple_of(10)).await {
-                        tracing::error!("following the rotation of the signing key failed: {e}");
-                    }
-                    n += 1;
-                    if n.is_multiple_of(10) {
-                        // The server certificate, renewed at two thirds of its lifetime.
-                        if let Err(e) = c.renew_server_cert_if_due().await {
-                            tracing::error!("renewing the server certificate failed: {e}");
-                        }
-                        c.flush_contacts().await;
-                        // Pools' members out of contact for their pool's ephemeral_after.
-                        if let Err(e) = c.sweep_members().await {
-                            tracing::error!("sweeping pool members failed: {e}");
-                        }
-                        // Refusals counted in windows that have closed, one record each.
-                        c.write_refusals().await;
-                        // A revocation completed by evidence another replica received is
-                        // recorded here too, if no look has recorded it yet (one query when none
-                        // is open).
-                        if let Err(e) = c.settle_revocations().await {
-                            tracing::error!("following revocations failed: {e}");
-                        }
-                    }
-                }
-            })
-        };
+        // The controller's periodic duties: following other replicas, renewals, sweeps.
+        let housekeeping = tokio::spawn(self.controller.clone().housekeeping());
         // Decisions ask for publish runs; this task makes them, one at a time.
         let publishing = tokio::spawn(self.controller.clone().publishing());
         let metrics = self.metrics.take().map(|l| tokio::spawn(crate::metrics::serve(l, self.controller.clone())));
@@ -240,13 +200,12 @@ impl Server {
                 if left > 0 { format!("; {left} cut after {} s", DRAIN.as_secs()) } else { String::new() }
             );
         }
-        watcher.abort();
+        housekeeping.abort();
         publishing.abort();
         if let Some(m) = metrics {
             m.abort();
         }
-        controller.flush_contacts().await;
-        controller.write_refusals().await;
+        controller.flush().await;
         result
     }
 }

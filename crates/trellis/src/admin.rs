@@ -69,7 +69,7 @@ pub fn init(dir: &Path, advertise: Vec<String>, listen: Option<String>, database
     println!("  advertised at: {}", st.config.advertise.join(", "));
     println!("  listens on: {}", st.config.listen);
     println!("  database: {}", state::redact(&st.config.database_url));
-    println!("  admin credential: {} (mode 0600)", dir.join("admin.token").display());
+    println!("  admin credential: {} (mode 0600)", dir.join(trellis_controller::layout::ADMIN_TOKEN).display());
     println!("next: trellis serve --state-dir {}", dir.display());
     Ok(ExitCode::SUCCESS)
 }

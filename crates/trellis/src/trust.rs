@@ -132,7 +132,7 @@ pub fn rotate(cmd: RotateCommand, conn: &Conn) -> Result<ExitCode> {
             let Some(dir) = conn.state_dir() else {
                 bail!("rotate signing-key writes the next key into the controller's state directory: give --state-dir DIR on its machine");
             };
-            let path = dir.join(trellis_controller::trust::NEXT_SIGNING_KEY);
+            let path = dir.join(trellis_controller::layout::NEXT_SIGNING_KEY);
             // A key written before and not yet announced (the request failed) is announced now;
             // otherwise a new one, 0600 before its first byte.
             let key = if path.exists() {
@@ -170,7 +170,7 @@ pub fn rotate(cmd: RotateCommand, conn: &Conn) -> Result<ExitCode> {
             let Some(dir) = conn.state_dir() else {
                 bail!("rotate ca writes the next CA into the controller's state directory: give --state-dir DIR on its machine");
             };
-            let (cert, key) = (dir.join(trellis_controller::authority::NEXT_CA_CERT), dir.join(trellis_controller::authority::NEXT_CA_KEY));
+            let (cert, key) = (dir.join(trellis_controller::layout::NEXT_CA_CERT), dir.join(trellis_controller::layout::NEXT_CA_KEY));
             let fingerprint = trellis_controller::authority::prepare_next_ca(dir)?;
             let r = rt.block_on(client.rotate_ca(&proto::CaRotation { next_ca_fingerprint: fingerprint, overlap_secs: overlap }))?;
             if !json {

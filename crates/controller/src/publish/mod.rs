@@ -1,0 +1,142 @@
+//! Publishing bundles: recompile, give a new version (from the database) only to nodes whose
+//! files changed, sign, and hold the signed bundles in memory so that an unchanged bundle is
+//! answered `304` without recompiling or re-signing. Long-polls wait on a watch channel.
+//!
+//! A decision does not publish in its request: it returns once it is durable in the database and
+//! asks for a run. One background task publishes, one run at a time, and each run covers every
+//! decision made before it started (it reads the database after counting them), so a burst of
+//! decisions is a handful of runs, not one each. Nothing of record is held only in memory: a run
+//! reads everything it publishes from the database.
+//!
+//! Every governance decision moves the audit head; a replica that sees the head move (another
+//! replica decided something) publishes too, so all replicas converge on the same versions. A
+//! replica also republishes the nodes whose stored version is not the one it holds: a run that
+//! read the database before a decision may commit after the run covering it, so the same content
+//! can come back at a higher version with no move of the head. The signed bytes for one version
+//! are identical everywhere: the body is deterministic and ed25519 signatures are too.
+//!
+//! A run reads (`run`), decides (`plan`, pure: which nodes are due and their files), stores the
+//! versions, seals (numbers, signs, makes deltas), swaps the signed bundles into the table the
+//! long-polls read (`tables`, sent as `body` says) and follows what it published (revocations,
+//! withdrawals, rotations).
+
+mod body;
+mod plan;
+mod run;
+mod tables;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use body::{Body, Published, Signed, DELTA_FROM};
+pub(crate) use tables::Publisher;
+pub use tables::{AuthEntry, Polling, POLLS_PER_NODE};
+
+use crate::{Controller, Error, Result};
+
+impl Controller {
+    /// Asks for a publish run after a decision, which is already durable: the background task
+    /// (or the next `settle`) publishes it. Decisions asked while a run is under way share the
+    /// next run.
+    pub(crate) fn ask_publish(&self) {
+        self.publisher.asked.fetch_add(1, Ordering::SeqCst);
+        self.publisher.wake.notify_one();
+    }
+
+    /// Publishes in the background, one run at a time, whenever decisions ask for it; a failed
+    /// run is retried a second later. Runs until the task is aborted.
+    pub async fn publishing(self: Arc<Self>) {
+        self.publisher.background.store(true, Ordering::SeqCst);
+        struct Stopped<'a>(&'a AtomicBool);
+        impl Drop for Stopped<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::SeqCst);
+            }
+        }
+        let _stopped = Stopped(&self.publisher.background);
+        loop {
+            if self.publisher.asked.load(Ordering::SeqCst) <= *self.publisher.covered.borrow() {
+                self.publisher.wake.notified().await;
+            }
+            if let Err(e) = self.publish().await {
+                tracing::error!("publishing failed ({e}); will retry in a second");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+
+    /// Returns once every decision made here before the call is published: waits for the
+    /// background task, or publishes in the caller when there is none. Gives up after `within`
+    /// (the decisions stand; publishing is behind).
+    pub async fn settle(&self, within: Duration) -> Result<()> {
+        let p = &self.publisher;
+        let target = p.asked.load(Ordering::SeqCst);
+        if *p.covered.borrow() >= target {
+            return Ok(());
+        }
+        if !p.background.load(Ordering::SeqCst) {
+            self.publish().await?;
+            return Ok(());
+        }
+        let mut covered = p.covered.subscribe();
+        let caught_up = tokio::time::timeout(within, covered.wait_for(|c| *c >= target)).await.is_ok();
+        if caught_up {
+            Ok(())
+        } else {
+            Err(Error::PublishingBehind(within.as_secs()))
+        }
+    }
+
+    /// Publishes if another replica decided something since the last run, or if a stored
+    /// version is not the one held here (another replica published that node again).
+    pub async fn publish_if_moved(&self) -> Result<()> {
+        let head = self.store.audit_head().await?;
+        let versions = self.store.bundle_versions().await?;
+        let mut run = self.publisher.run.lock().await;
+        let moved = head != run.audit_head;
+        // Compared while no run is under way (this holds the run's lock): the table then holds
+        // every version this replica published itself.
+        if run.versions_seen != Some(versions) {
+            let stored = self.store.bundles().await?;
+            let table = self.publisher.table.read().expect("bundle table");
+            run.lagging =
+                stored.into_iter().filter(|(n, v)| table.get(n).is_some_and(|p| p.version != v.version)).map(|(n, _)| n).collect();
+            if run.lagging.is_empty() {
+                run.versions_seen = Some(versions);
+            }
+        }
+        let lagging = !run.lagging.is_empty();
+        drop(run);
+        if moved || lagging {
+            self.publish().await?;
+        }
+        Ok(())
+    }
+
+    /// Recompiles and publishes every node whose files changed, then signs the audit head (every
+    /// decision and every move of the head by another replica comes through here). Runs one at
+    /// a time.
+    pub async fn publish(&self) -> Result<usize> {
+        let started = std::time::Instant::now();
+        let run = async {
+            let (published, head) = self.publish_bundles().await?;
+            if let Some((seq, hash)) = &head {
+                self.write_checkpoint(*seq, hash).await?;
+            }
+            Ok((published, head.map(|(seq, _)| seq)))
+        };
+        let result = run.await;
+        let took = started.elapsed();
+        self.metrics.publish_run(took, result.as_ref().map(|(n, _)| *n).map_err(|_| ()));
+        if let Ok((bundles, audit_seq)) = &result {
+            tracing::debug!(bundles, audit_seq, ms = took.as_millis() as u64, "publish run");
+            // A run can complete a revocation (a holder left the mesh); evidence completes the
+            // others.
+            if let Err(e) = self.settle_revocations().await {
+                tracing::error!("following revocations failed: {e}");
+            }
+        }
+        result.map(|(n, _)| n)
+    }
+}

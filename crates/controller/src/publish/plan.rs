@@ -1,0 +1,385 @@
+//! The deciding half of a publish run, pure: no store, no tokio, no clock. Given the records,
+//! the declaration with its pools' members, what the previous run kept and the trust in force, a
+//! `RunPlan`: the compiled mesh, which nodes are due (their plan was rendered again, their
+//! certificate or the trust moved, another replica's version is in force, or no bundle is held
+//! for them) with their bundles' files and digests, and who held what a revocation, a removal or
+//! a withdrawal of routes takes away. `run` reads its inputs and carries it out.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use trellis_core::bundle::{assemble, entries, Listed, Shared};
+use trellis_core::decl::PublicKey;
+use trellis_core::{Allocation, Compiled, Declaration, Text};
+use trellis_store::NodeRecord;
+
+use crate::revocations::{carried, holders_as_if_active, holders_in, holds, withdrawn, Left};
+use crate::{Error, Result};
+
+/// Compiled file contents, each hashed once: an entry lives as long as the compiled output holds
+/// its content (it keeps the content alive, so its address names it), so a file a recompile left
+/// unchanged is not hashed again when its bundle is signed again.
+#[derive(Default)]
+pub(crate) struct Contents(HashMap<usize, (Text, [u8; 32])>);
+
+impl Contents {
+    /// Hashes, on every core, the contents of `compiled`'s files for these nodes that are not
+    /// held yet.
+    pub(crate) fn add(&mut self, compiled: &Compiled, nodes: &[&str]) {
+        let mut new: Vec<Text> = Vec::new();
+        let mut ids = HashSet::new();
+        for n in nodes {
+            for f in &compiled.nodes[*n].files {
+                if !self.0.contains_key(&f.content.id()) && ids.insert(f.content.id()) {
+                    new.push(f.content.clone());
+                }
+            }
+        }
+        let digests = trellis_core::par::map(new.len(), |i| new[i].sha256());
+        for (content, digest) in new.into_iter().zip(digests) {
+            self.0.insert(content.id(), (content, digest));
+        }
+    }
+
+    /// The SHA-256 of a content `add` holds.
+    pub(crate) fn digest(&self, content: &Text) -> [u8; 32] {
+        self.0[&content.id()].1
+    }
+
+    /// Forgets the contents the compiled output no longer holds.
+    pub(crate) fn keep_only(&mut self, compiled: &Compiled) {
+        let live: HashSet<usize> = compiled.nodes.values().flat_map(|o| o.files.iter()).map(|f| f.content.id()).collect();
+        self.0.retain(|k, _| live.contains(k));
+    }
+}
+
+/// What a run keeps for the next: its compiled output and keys, what it published, where it
+/// stood in the audit chain, and what the next plan compares with.
+#[derive(Default)]
+pub(crate) struct Run {
+    pub(crate) compiled: Option<Compiled>,
+    /// The active nodes' keys, kept across runs and changed in place: the compiler reads only the
+    /// names changed since the last run.
+    pub(crate) keys: trellis_core::Keys,
+    /// Per node: the digest last published and the certificate it carried.
+    pub(crate) published: HashMap<String, (String, Option<String>)>,
+    pub(crate) audit_head: i64,
+    /// Hashed file contents, kept across runs.
+    pub(crate) contents: Contents,
+    /// Nodes whose stored version is not the one held here: the next run publishes them again.
+    pub(crate) lagging: HashSet<String>,
+    /// The stored versions (`Store::bundle_versions`) last seen to match the ones held here.
+    pub(crate) versions_seen: Option<(i64, i64)>,
+    /// Who held the key of each node that left the compiled mesh in the last run.
+    pub(crate) left: Left,
+    /// The declaration revision the last run compiled, and its hubs: routes and hubs change
+    /// with it.
+    pub(crate) revision: Option<i64>,
+    pub(crate) hubs: HashSet<String>,
+    /// The `trust.toml` every bundle of the last run carried: when it changes, every node is
+    /// published again.
+    pub(crate) trust: String,
+}
+
+/// What a plan is given besides the previous run: the records it answers with (`'r`), and the
+/// rest, read only while it plans.
+pub(crate) struct Inputs<'r, 'a> {
+    /// Every node's record, as the run read them.
+    pub records: &'r [NodeRecord],
+    /// The current declaration with its pools' members, and its revision.
+    pub decl: &'a Arc<Declaration>,
+    pub revision: i64,
+    /// The mesh's nodes by name, with the pool of each member: a record is taken for the node of
+    /// its name only if it is of the same kind.
+    pub declared: &'a HashMap<&'a str, Option<&'a str>>,
+    /// The revocations and removals whose holders no run recorded yet.
+    pub unrecorded: &'a [String],
+    /// The stored addresses, for a first compile (a recompile keeps its previous output's).
+    pub allocation: Allocation,
+    /// The `trust.toml` this run delivers, and the files every bundle carries alike.
+    pub trust: &'a str,
+    pub shared: &'a Shared,
+    /// Whether a bundle of this node is held (in the table the long-polls read).
+    pub held: &'a dyn Fn(&str) -> bool,
+}
+
+/// A node due this run: its record, its bundle's files in the manifest's order, and the digest
+/// of their entries (of the zone as compiled: `bundle::number` gives it the version's serial).
+pub(crate) struct Due<'r> {
+    pub record: &'r NodeRecord,
+    pub files: Vec<Listed>,
+    pub digest: String,
+}
+
+/// What a run is to do, decided.
+pub(crate) struct RunPlan<'r> {
+    pub compiled: Compiled,
+    /// The records of the nodes of the compiled mesh: active, of the kind declared.
+    pub active: Vec<&'r NodeRecord>,
+    pub due: Vec<Due<'r>>,
+    /// Who held the key of each node that left the compiled mesh in this run.
+    pub left: Left,
+    /// Per revocation or removal not recorded yet: who held the key, each with whether this
+    /// compile still holds it.
+    pub revocations: Vec<(String, Vec<(String, bool)>)>,
+    /// Per node still in the mesh that no longer carries a route or relays for some nodes: the
+    /// nodes (in name order) that sent it through it.
+    pub withdrawals: BTreeMap<String, Vec<String>>,
+    /// The declaration's hubs, which the next run compares with.
+    pub hubs: HashSet<String>,
+}
+
+/// Plans a run. Takes from `run` what the compile consumes (the previous output, and the keys,
+/// changed in place) and hashes the due contents it does not hold yet into `run.contents`; the
+/// rest of `run` is the caller's to update once the plan is carried out.
+pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'r>> {
+    let Inputs { records, decl, revision, declared, unrecorded, allocation, trust, shared, held } = input;
+    let active: Vec<&NodeRecord> = records
+        .iter()
+        .filter(|r| r.state == trellis_proto::EnrolledState::Active && declared.get(r.name.as_str()) == Some(&r.pool.as_deref()))
+        .collect();
+    // Who held the keys leaving the compiled mesh, while the previous compile still says.
+    let left = {
+        let now_active: HashSet<&str> = active.iter().map(|r| r.name.as_str()).collect();
+        let leaving: HashSet<&str> = run.keys.iter().map(|(n, _)| n).filter(|n| !now_active.contains(n)).collect();
+        match &run.compiled {
+            Some(previous) if !leaving.is_empty() => holders_in(previous, &leaving),
+            _ => Default::default(),
+        }
+    };
+    run.keys.replace(active.iter().filter_map(|r| r.wg_public_key.as_deref().and_then(PublicKey::parse).map(|k| (r.name.as_str(), k))));
+    // A revoked node of the mesh is withdrawn for good: its names leave every zone.
+    run.keys.withdraw_only(
+        records
+            .iter()
+            .filter(|r| r.state == trellis_proto::EnrolledState::Revoked && declared.get(r.name.as_str()) == Some(&r.pool.as_deref()))
+            .map(|r| r.name.as_str()),
+    );
+    let previous = run.compiled.take();
+    // What each node sent through routers and hubs, when a new declaration may have taken
+    // some of it away (ADR 0022): read before the compile consumes the previous one.
+    let hubs: HashSet<String> = decl.nodes.iter().filter(|n| n.hub).map(|n| n.name.clone()).collect();
+    let carried_before = match (&previous, run.revision) {
+        (Some(before), Some(r)) if r != revision => {
+            let demoted: HashSet<&str> = run.hubs.iter().filter(|h| !hubs.contains(*h)).map(String::as_str).collect();
+            Some(carried(before, &demoted))
+        }
+        _ => None,
+    };
+    let compiled = trellis_core::compile(decl, &run.keys, &allocation, previous).map_err(|d| Error::internal("compiling", d))?;
+    let due = due(run, &active, &compiled, run.trust != trust, held);
+    run.contents.add(&compiled, &due.iter().map(|r| r.name.as_str()).collect::<Vec<_>>());
+    let due = due
+        .into_iter()
+        .map(|record| {
+            let files = assemble(&compiled.nodes[&record.name].files, |c| run.contents.digest(c), shared, record.cert_pem.as_deref());
+            let digest = hex::encode(trellis_core::bundle::entries_digest(&entries(&files)));
+            Due { record, files, digest }
+        })
+        .collect();
+    let withdrawals = carried_before.map(|before| withdrawn(&before, &compiled)).unwrap_or_default();
+    let revocations = revocation_holders(unrecorded, (&left, &run.left), &compiled, (decl, &run.keys, records))?;
+    Ok(RunPlan { compiled, active, due, left, revocations, withdrawals, hubs })
+}
+
+/// The nodes due this run: their plan was rendered again, their certificate or the trust moved,
+/// their stored version is not the one held, or no bundle of theirs is held.
+fn due<'r>(
+    run: &Run,
+    active: &[&'r NodeRecord],
+    compiled: &Compiled,
+    trust_moved: bool,
+    held: &dyn Fn(&str) -> bool,
+) -> Vec<&'r NodeRecord> {
+    let rendered: HashSet<&str> = compiled.rendered.iter().map(String::as_str).collect();
+    let mut due = Vec::new();
+    for r in active {
+        if !compiled.nodes.contains_key(&r.name) {
+            continue;
+        }
+        let previous = run.published.get(&r.name);
+        let unchanged = !trust_moved
+            && previous.is_some_and(|(_, cert)| *cert == r.cert_pem)
+            && !rendered.contains(r.name.as_str())
+            && !run.lagging.contains(&r.name)
+            && held(&r.name);
+        if !unchanged {
+            due.push(*r);
+        }
+    }
+    due
+}
+
+/// Who held each of `unrecorded` (from who held it when it left the compiled mesh, this run or
+/// the one before, or else from a compile as if it had not been revoked: for a process that never
+/// compiled the mesh with it), each with whether `compiled` still holds it.
+#[allow(clippy::type_complexity)]
+fn revocation_holders(
+    unrecorded: &[String],
+    (left, left_before): (&Left, &Left),
+    compiled: &Compiled,
+    ctx: (&Arc<Declaration>, &trellis_core::Keys, &[NodeRecord]),
+) -> Result<Vec<(String, Vec<(String, bool)>)>> {
+    let mut out = Vec::with_capacity(unrecorded.len());
+    for node in unrecorded {
+        let holders = match left.get(node).or_else(|| left_before.get(node)) {
+            Some(h) => h.clone(),
+            None => holders_as_if_active(node, compiled, ctx)?,
+        };
+        let holders = holders.into_iter().map(|h| {
+            let still = holds(compiled, &h, node);
+            (h, still)
+        });
+        out.push((node.clone(), holders.collect()));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trellis_proto::EnrolledState;
+
+    /// A shipped lab declaration, loaded as an apply stores it.
+    fn declaration(name: &str) -> Arc<Declaration> {
+        let files: Vec<(String, String)> = trellis_testing::controller::lab_files(name).into_iter().map(|f| (f.path, f.text)).collect();
+        let loaded = trellis_core::load_relative(&files, |p| p.to_string());
+        Arc::new(loaded.declaration.unwrap_or_else(|| panic!("lab/{name}: {:?}", loaded.diagnostics)))
+    }
+
+    fn record(name: &str, key: u8, state: EnrolledState) -> NodeRecord {
+        NodeRecord {
+            name: name.into(),
+            state,
+            wg_public_key: Some(trellis_testing::controller::wireguard_key(key)),
+            cert_serial: Some(format!("{key:02x}")),
+            prev_cert_serial: None,
+            cert_not_after: None,
+            enrolled_at: 0,
+            last_contact: None,
+            cert_pem: Some(format!("certificate of {name}, key {key}\n")),
+            pool: None,
+            ipv4: None,
+            ipv6: None,
+        }
+    }
+
+    /// What a run reads, as values.
+    struct World {
+        decl: Arc<Declaration>,
+        revision: i64,
+        records: Vec<NodeRecord>,
+        unrecorded: Vec<String>,
+        trust: String,
+    }
+
+    impl World {
+        fn new(lab: &str, revision: i64) -> World {
+            let decl = declaration(lab);
+            let records = decl.nodes.iter().enumerate().map(|(i, n)| record(&n.name, i as u8 + 1, EnrolledState::Active)).collect();
+            World { decl, revision, records, unrecorded: Vec::new(), trust: "controllers = []\n".into() }
+        }
+
+        /// The plan of this world after `run`, with the bundles `held` in the table.
+        fn plan(&self, run: &mut Run, allocation: Allocation, held: &HashSet<String>) -> RunPlan<'_> {
+            let declared: HashMap<&str, Option<&str>> = self.decl.nodes.iter().map(|n| (n.name.as_str(), n.pool.as_deref())).collect();
+            let shared = Shared::new("the mesh CA\n", &self.trust);
+            let held = |n: &str| held.contains(n);
+            let inputs = Inputs {
+                records: &self.records,
+                decl: &self.decl,
+                revision: self.revision,
+                declared: &declared,
+                unrecorded: &self.unrecorded,
+                allocation,
+                trust: &self.trust,
+                shared: &shared,
+                held: &held,
+            };
+            plan(inputs, run).expect("a plan")
+        }
+    }
+
+    /// What the shell does with a plan, but for the store and the signatures: each due bundle
+    /// is held, its digest kept, and the run keeps what the next plan compares with.
+    fn carry_out(world: &World, run: &mut Run, plan: RunPlan, held: &mut HashSet<String>) -> HashMap<String, String> {
+        for d in &plan.due {
+            run.published.insert(d.record.name.clone(), (d.digest.clone(), d.record.cert_pem.clone()));
+            held.insert(d.record.name.clone());
+        }
+        let live: HashSet<&str> = plan.active.iter().map(|r| r.name.as_str()).collect();
+        run.published.retain(|n, _| live.contains(n.as_str()));
+        held.retain(|n| live.contains(n.as_str()));
+        run.revision = Some(world.revision);
+        run.trust = world.trust.clone();
+        run.hubs = plan.hubs;
+        run.left = plan.left;
+        run.contents.keep_only(&plan.compiled);
+        run.lagging.clear();
+        run.compiled = Some(plan.compiled);
+        run.published.iter().map(|(n, (d, _))| (n.clone(), d.clone())).collect()
+    }
+
+    /// A run that follows another plans, for every node of the mesh, the bundle a first run
+    /// would (a full compile, every node due): through a new declaration that takes a route from
+    /// a router, a node's new key and certificate, and a revocation; and with nothing changed,
+    /// nothing is due.
+    #[test]
+    fn the_plan_of_a_recompile_equals_the_plan_of_a_full_compile() {
+        let (mut run, mut held) = (Run::default(), HashSet::new());
+        let before = World::new("routes", 1);
+        let first = before.plan(&mut run, Allocation::default(), &held);
+        assert_eq!(first.due.len(), before.records.len(), "a first run publishes every node");
+        let desk_held_by = holders_in(&first.compiled, &HashSet::from(["desk-1"])).remove("desk-1").unwrap();
+        assert!(!desk_held_by.is_empty());
+        let allocation = first.compiled.allocation.clone();
+        carry_out(&before, &mut run, first, &mut held);
+
+        let again = before.plan(&mut run, Allocation::default(), &held);
+        assert!(again.due.is_empty(), "nothing changed, nothing due: {:?}", again.due.iter().map(|d| &d.record.name).collect::<Vec<_>>());
+        carry_out(&before, &mut run, again, &mut held);
+
+        // gw-1 no longer carries the office route; laptop-2 has a new key and certificate; desk-1
+        // is revoked.
+        let mut after = World::new("routes-gw-2", 2);
+        for r in &mut after.records {
+            match r.name.as_str() {
+                "laptop-2" => *r = record("laptop-2", 42, EnrolledState::Active),
+                "desk-1" => r.state = EnrolledState::Revoked,
+                _ => {}
+            }
+        }
+        after.unrecorded = vec!["desk-1".into()];
+        let recompiled = after.plan(&mut run, Allocation::default(), &held);
+        assert!(recompiled.withdrawals.get("gw-1").is_some_and(|h| !h.is_empty()), "{:?}", recompiled.withdrawals);
+        assert_eq!(recompiled.revocations.len(), 1);
+        let (node, holders) = &recompiled.revocations[0];
+        assert_eq!(node, "desk-1");
+        assert_eq!(holders.iter().map(|(h, _)| h.as_str()).collect::<Vec<_>>(), desk_held_by);
+        assert!(holders.iter().all(|(_, still)| !still), "{holders:?}");
+        let incremental = carry_out(&after, &mut run, recompiled, &mut held);
+
+        let (mut fresh, none) = (Run::default(), HashSet::new());
+        let full = after.plan(&mut fresh, allocation, &none);
+        assert_eq!(full.due.len(), full.active.len());
+        let full: HashMap<String, String> = full.due.iter().map(|d| (d.record.name.clone(), d.digest.clone())).collect();
+        assert_eq!(incremental, full, "every node's bundle, incrementally and in full");
+        assert!(!full.contains_key("desk-1"));
+    }
+
+    /// A new `trust.toml` puts every node's bundle due, and it carries the new file.
+    #[test]
+    fn a_change_of_trust_puts_every_node_due() {
+        let (mut run, mut held) = (Run::default(), HashSet::new());
+        let mut world = World::new("basic", 1);
+        let first = world.plan(&mut run, Allocation::default(), &held);
+        carry_out(&world, &mut run, first, &mut held);
+        world.trust = "controllers = [\"c.example:8443\"]\n".into();
+        let plan = world.plan(&mut run, Allocation::default(), &held);
+        assert_eq!(plan.due.len(), world.records.len());
+        for d in &plan.due {
+            let trust = d.files.iter().find(|f| f.path == trellis_core::compile::TRUST_TOML).expect("trust.toml");
+            assert_eq!(trust.content.to_string(), world.trust);
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! The IO shell of a publish run, a short sequence: read what the plan needs from the database
+//! and the trust in force, plan (`plan`, pure), store the versions, seal (number, sign, make
+//! deltas), swap into the table the long-polls read, follow what was published (revocations,
+//! withdrawals, rotations).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use trellis_core::bundle::{entries, number, Shared};
+use trellis_core::Declaration;
+use trellis_store::{BundleVersion, NodeRecord};
+
+use super::body::{Published, Signed, DELTA_FROM};
+use super::plan::{plan, Due, Inputs, Run, RunPlan};
+use super::tables::Publisher;
+use crate::trust::RunTrust;
+use crate::{Controller, Result};
+
+/// What a run reads from the database before it plans.
+struct Read {
+    /// The audit head it publishes at.
+    head: Option<(i64, String)>,
+    /// Revocations and removals whose holders no run recorded yet.
+    unrecorded: Vec<String>,
+    records: Vec<NodeRecord>,
+    /// The current declaration with its pools' members, and its revision.
+    declaration: Option<(i64, Arc<Declaration>)>,
+}
+
+/// A bundle signed this run: its record, the digest of its entries and the bundle as held.
+type Sealed<'r> = (&'r NodeRecord, String, Published);
+
+impl Controller {
+    /// Publishes: read → plan → store → seal → swap → follow. Returns how many bundles changed
+    /// and the audit head it published at.
+    pub(super) async fn publish_bundles(&self) -> Result<(usize, Option<(i64, String)>)> {
+        let p = &self.publisher;
+        let mut run = p.run.lock().await;
+        // Every decision counted here is durable already, so the reads below see it.
+        let upto = p.asked.load(Ordering::SeqCst);
+        let read = self.read_run().await?;
+        let head = read.head.as_ref().map_or(0, |(seq, _)| *seq);
+        let Some((revision, decl)) = &read.declaration else {
+            p.set_auth(&read.records, None);
+            // Without a declaration nothing was published: nobody held a key.
+            for node in &read.unrecorded {
+                self.store.record_holders(node, &[]).await?;
+            }
+            p.finish(&mut run, head, upto);
+            return Ok((0, read.head));
+        };
+        // The mesh's nodes by name, with the pool of each member: a record is taken for the node
+        // of its name only if it is of the same kind (a member of a pool that is gone is never
+        // taken for a declared node of its name). A map, not `Declaration::node` (a linear
+        // search: 50 million comparisons a run at 10k).
+        let declared: HashMap<&str, Option<&str>> = decl.nodes.iter().map(|n| (n.name.as_str(), n.pool.as_deref())).collect();
+        p.set_auth(&read.records, Some(&declared));
+        // The controller list, the next signing key and the mesh CA (ADR 0027, 0028, 0029), the
+        // same in every bundle; read before the CAs, which a completed rotation changes.
+        let trust = self.run_trust().await?;
+        let shared = Shared::new(&self.trusted_ca_pem(), &trust.text);
+        // A recompile keeps addresses from its previous output (the same allocation the apply
+        // stored); only a first compile reads them from the database.
+        let allocation = if run.compiled.is_some() { Default::default() } else { self.store.allocation().await? };
+        let held = |node: &str| p.current(node).is_some();
+        let (records, unrecorded) = (&read.records, &read.unrecorded[..]);
+        let inputs = Inputs {
+            records,
+            decl,
+            revision: *revision,
+            declared: &declared,
+            unrecorded,
+            allocation,
+            trust: &trust.text,
+            shared: &shared,
+            held: &held,
+        };
+        let mut plan = plan(inputs, &mut run)?;
+        let (versions, stale, due) = self.store_versions(std::mem::take(&mut plan.due)).await?;
+        let sealed = seal(p, due, &versions, &trust, &decl.mesh.name);
+        let published = swap(p, &mut run, sealed, &plan.active);
+        self.follow(&plan, &versions, &stale, &trust, &published).await?;
+        keep(&mut run, plan);
+        run.revision = Some(*revision);
+        run.trust = trust.text;
+        p.finish(&mut run, head, upto);
+        Ok((published.len(), read.head))
+    }
+
+    /// The run's reads: the audit head, the revocations not recorded, every node's record and
+    /// the current declaration with its members. Also what only these reads tell: the pools'
+    /// members (whose long-polls count as contact), the mesh's name, the services CA's scope.
+    async fn read_run(&self) -> Result<Read> {
+        let p = &self.publisher;
+        let head = self.store.audit_head_hash().await?;
+        // Read before the nodes: a revocation listed here is one the nodes read below show.
+        let unrecorded = self.store.revocations_unrecorded().await?;
+        let records = self.store.nodes().await?;
+        *p.members.write().expect("members") = records.iter().filter(|r| r.pool.is_some()).map(|r| r.name.clone()).collect();
+        let declaration = match self.current_declaration().await? {
+            Some((revision, decl)) => {
+                // Pools' members are nodes of the mesh too (ADR 0019).
+                let decl = self.with_members(revision, decl, &records);
+                *p.mesh.write().expect("mesh") = decl.mesh.name.clone();
+                self.scope_services_ca(&decl.mesh).await?;
+                Some((revision, decl))
+            }
+            None => None,
+        };
+        Ok(Read { head, unrecorded, records, declaration })
+    }
+
+    /// Stores a version for each due bundle (a new one where its content changed) and returns
+    /// the versions in force, the nodes for which another replica stored other content (ours is
+    /// stale; the next run, its audit head moved, catches up) and the bundles left to publish.
+    async fn store_versions<'r>(&self, mut due: Vec<Due<'r>>) -> Result<(HashMap<String, BundleVersion>, HashSet<String>, Vec<Due<'r>>)> {
+        let changes: Vec<(String, String)> = due.iter().map(|d| (d.record.name.clone(), d.digest.clone())).collect();
+        let versions: HashMap<String, BundleVersion> = self.store.publish(&changes, self.now()).await?.into_iter().collect();
+        self.raise_high_water(versions.values().map(|v| v.version).max().unwrap_or(0))?;
+        let stale: HashSet<String> =
+            due.iter().filter(|d| versions[&d.record.name].digest != d.digest).map(|d| d.record.name.clone()).collect();
+        due.retain(|d| versions[&d.record.name].digest == d.digest);
+        Ok((versions, stale, due))
+    }
+
+    /// What follows a run: the holders of revocations and their versions without the key, the
+    /// holders of withdrawn routes, the versions that announced a rotation.
+    async fn follow(
+        &self,
+        plan: &RunPlan<'_>,
+        versions: &HashMap<String, BundleVersion>,
+        stale: &HashSet<String>,
+        trust: &RunTrust,
+        published: &[(String, i64)],
+    ) -> Result<()> {
+        self.follow_revocations(&plan.revocations, &plan.compiled, stale).await?;
+        for (through, holders) in &plan.withdrawals {
+            // Each holder's plan changed, so this run published it: that version, or the one
+            // another replica stored for it.
+            let list: Vec<(String, Option<i64>)> = holders.iter().map(|h| (h.clone(), versions.get(h).map(|v| v.version))).collect();
+            tracing::info!(node = %through, holders = list.len(), "withdrawing routes: holders recorded");
+            self.store.open_withdrawal(through, self.now(), &list).await?;
+        }
+        for next in trust.announcing.iter().chain(&trust.announcing_ca) {
+            self.follow_rotation(next, published).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Numbers each due bundle's zone with its version, signs every one (on every core) and makes
+/// the deltas of large ones from the version held before.
+fn seal<'r>(
+    p: &Publisher,
+    mut due: Vec<Due<'r>>,
+    versions: &HashMap<String, BundleVersion>,
+    trust: &RunTrust,
+    mesh: &str,
+) -> Vec<Sealed<'r>> {
+    // The digest, which decided whether the content changed, is of the zone as compiled.
+    for d in &mut due {
+        number(&mut d.files, versions[&d.record.name].version as u64);
+    }
+    // Signed on every core: ten thousand signatures are a few hundred milliseconds on one.
+    let heads = trellis_core::par::map(due.len(), |i| {
+        let d = &due[i];
+        let v = &versions[&d.record.name];
+        let entries = entries(&d.files);
+        (
+            trellis_core::bundle::sign_entries(&trust.key, mesh, &d.record.name, v.version as u64, v.issued_at, &entries),
+            trellis_core::bundle::entries_digest(&entries),
+        )
+    });
+    let signed: Vec<_> = due
+        .into_iter()
+        .zip(heads)
+        .map(|(d, (head, content))| {
+            let signed = Signed { head, contents: d.files.iter().map(|f| f.content.clone()).collect() };
+            let version = versions[&d.record.name].version;
+            // A large bundle's previous version, to make a delta from.
+            let previous = (signed.len() >= DELTA_FROM).then(|| p.current(&d.record.name)).flatten().filter(|old| old.version < version);
+            (d, signed, content, previous)
+        })
+        .collect();
+    // Deltas, on every core: a bundle of a few megabytes takes some milliseconds.
+    let heavy: Vec<usize> = (0..signed.len()).filter(|&i| signed[i].3.is_some()).collect();
+    let made = trellis_core::par::map_each(heavy.len(), |k| {
+        let (_, new, _, old) = &signed[heavy[k]];
+        let old = old.as_ref().expect("only bundles with a previous version");
+        (old.version, bytes::Bytes::from(trellis_core::delta::make(&old.signed.to_vec(), &new.to_vec())))
+    });
+    let mut made: HashMap<usize, (i64, bytes::Bytes)> = heavy.into_iter().zip(made).collect();
+    signed
+        .into_iter()
+        .enumerate()
+        .map(|(i, (d, signed, digest, _))| {
+            let version = versions[&d.record.name].version;
+            (d.record, d.digest, Published { version, digest, signed, delta: made.remove(&i) })
+        })
+        .collect()
+}
+
+/// Swaps the sealed bundles into the table the long-polls read, and drops those of nodes no
+/// longer active; returns each published node's version.
+fn swap(p: &Publisher, run: &mut Run, sealed: Vec<Sealed>, active: &[&NodeRecord]) -> Vec<(String, i64)> {
+    let mut published = Vec::with_capacity(sealed.len());
+    let mut table = HashMap::with_capacity(sealed.len());
+    for (record, digest, bundle) in sealed {
+        published.push((record.name.clone(), bundle.version));
+        run.published.insert(record.name.clone(), (digest, record.cert_pem.clone()));
+        table.insert(record.name.clone(), Arc::new(bundle));
+    }
+    let mut t = p.table.write().expect("bundle table");
+    t.extend(table);
+    let live: HashSet<&str> = active.iter().map(|r| r.name.as_str()).collect();
+    t.retain(|n, _| live.contains(n.as_str()));
+    run.published.retain(|n, _| live.contains(n.as_str()));
+    published
+}
+
+/// Keeps what the next run compares with: the compiled output, who left, the hubs, the contents
+/// still compiled; nothing lags behind another replica any more.
+fn keep(run: &mut Run, plan: RunPlan) {
+    run.hubs = plan.hubs;
+    run.left = plan.left;
+    run.contents.keep_only(&plan.compiled);
+    run.lagging.clear();
+    run.compiled = Some(plan.compiled);
+}
