@@ -21,7 +21,7 @@ use gotatun::x25519::{PublicKey, StaticSecret};
 use trellis_core::wgconf::{WgConf, WgPeer};
 
 use crate::host::Wireguard;
-use crate::state::PeerState;
+use crate::status::PeerState;
 
 /// WireGuard's MTU where the configuration names none, as wireguard-go and wg-quick use.
 const DEFAULT_MTU: u16 = 1420;

@@ -15,7 +15,7 @@ use trellis_core::bundle::BundleFile;
 use trellis_core::wgconf::WgConf;
 use trellis_files::beneath::Beneath;
 
-use crate::state::PeerState;
+use crate::status::PeerState;
 
 // --- files -----------------------------------------------------------------------------------
 

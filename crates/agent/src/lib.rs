@@ -23,6 +23,8 @@ pub mod routes;
 pub mod ruleset;
 pub mod run;
 pub mod state;
+pub mod statedir;
+pub mod status;
 pub mod wggo;
 
 use std::path::PathBuf;

@@ -15,7 +15,7 @@ use base64::Engine;
 use trellis_core::wgconf::{WgConf, WgPeer};
 
 use crate::host::Wireguard;
-use crate::state::PeerState;
+use crate::status::PeerState;
 
 /// Where wireguard-go (like boringtun and `wg`) keeps its control sockets.
 const SOCKET_DIR: &str = "/var/run/wireguard";
