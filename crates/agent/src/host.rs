@@ -555,7 +555,7 @@ impl Nft {
 
     /// A digest of the kernel's table as nft lists it; `None` when there is no table.
     fn listed(&mut self) -> Option<[u8; 32]> {
-        let listing = self.run(&format!("list table {}\n", crate::ruleset::TABLE), None).ok()?;
+        let listing = self.run(&format!("list table {}\n", trellis_core::ruleset::TABLE), None).ok()?;
         Some(crate::ruleset::digest(&listing))
     }
 
@@ -656,7 +656,7 @@ impl Firewall for Nft {
         // Only the elements that changed, when nothing else did, and only on the table this
         // process loaded: one changed behind its back (an element or a chain added, rules
         // flushed) is loaded whole, as a whole load would leave it, never patched.
-        if let Some(commands) = self.last.as_ref().and_then(|old| crate::ruleset::delta(&old.text, &new.text)) {
+        if let Some(commands) = self.last.as_ref().and_then(|old| trellis_core::ruleset::delta(&old.text, &new.text)) {
             match self.table(false) {
                 Table::Same if commands.is_empty() => {
                     self.last = Some(new);
@@ -679,7 +679,7 @@ impl Firewall for Nft {
                 },
                 Table::Changed => tracing::warn!(
                     "table {} is not the one the agent loaded (changed behind its back); loading {} whole",
-                    crate::ruleset::TABLE,
+                    trellis_core::ruleset::TABLE,
                     ruleset.display()
                 ),
                 Table::Unknown => {}
@@ -701,7 +701,7 @@ impl Firewall for Nft {
         let last = self.last.clone().expect("checked");
         tracing::warn!(
             "table {} is not the one the agent loaded (flushed, deleted or changed behind its back); loading {} again, as read at its last apply",
-            crate::ruleset::TABLE,
+            trellis_core::ruleset::TABLE,
             last.path.display()
         );
         self.load_whole(last)?;
