@@ -1,12 +1,358 @@
-//! A digest of the kernel's table as `nft list table` prints it, which says whether the table is
-//! still the one the agent loaded; what changed between two rulesets trellis wrote is
-//! `trellis_core::ruleset`, which reads them back.
+//! The nftables backend: a ruleset that differs from the one loaded only in its named sets'
+//! elements is changed by `delete element`/`create element` (`trellis_core::ruleset::delta`),
+//! else loaded whole, through nftables' library in the agent's helper process (`crate::nfthelper`)
+//! or the `nft` program; the kernel's ruleset generation (`crate::nftgen`) and a digest of the
+//! table's listing say whether the table is still the one loaded (ADR 0031).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use trellis_core::ruleset::{delta, TABLE};
+
+use super::traits::Firewall;
+
+/// nftables on a real host: one `table inet trellis`, loaded from the bundle's ruleset.
+pub struct Nft {
+    loaded: bool,
+    /// The ruleset this process loaded last, as it read it: the next is compared with it (one
+    /// that differs only in sets' elements is applied as those elements, `ruleset::delta`), and
+    /// it is loaded again, whole, when the kernel's table is found not to be it.
+    last: Option<Loaded>,
+    /// What the kernel's table was known to be after this process's last commit.
+    mark: Mark,
+    /// How nft is run: its library in the agent's helper process, or its program.
+    via: Via,
+    /// How the helper ended during this apply or check, if it did: nothing more is sent to nft
+    /// until the next one, which starts another helper.
+    ended: Option<String>,
+    /// The network namespace nft runs in (`ip netns exec`, for a test); `None`: this process's.
+    namespace: Option<String>,
+    /// Where the kernel's generation is read.
+    generation: Gen,
+    /// How many times a whole file was loaded (the rest were changes of elements).
+    whole_loads: u32,
+}
+
+/// A ruleset as this process read and loaded it.
+#[derive(Clone)]
+struct Loaded {
+    path: PathBuf,
+    text: String,
+}
+
+/// The kernel's table as this process's last commit left it: the generation right after the
+/// commit, when no other commit came between (the generation moved by exactly one), and a
+/// digest of the table's listing at that generation, taken at the first check after the commit
+/// rather than on an apply's path (listing ten thousand sources takes milliseconds). A moved
+/// generation with a table that still lists as the digest says is another table's change.
+#[derive(Default)]
+struct Mark {
+    generation: Option<u32>,
+    digest: Option<[u8; 32]>,
+}
+
+/// Whether the kernel's table is the one this process loaded last.
+#[derive(Debug, PartialEq)]
+enum Table {
+    Same,
+    /// Flushed, deleted or changed by another commit, or not known to be the one loaded.
+    Changed,
+    /// The generation cannot be read.
+    Unknown,
+}
+
+enum Via {
+    /// The helper, started at the first ruleset; the program where the library does not load.
+    Untried,
+    Helper(crate::nfthelper::Helper),
+    /// This command run as `nft` (a test runs it inside a network namespace).
+    Program(Vec<String>),
+}
+
+enum Gen {
+    /// Opened at the first commit, in the namespace nft runs in.
+    Untried,
+    Open(crate::nftgen::Generation),
+    /// It did not open (said once, in the log): every change is loaded whole.
+    Missing,
+}
+
+impl Nft {
+    pub fn new() -> Self {
+        Nft {
+            loaded: false,
+            last: None,
+            mark: Mark::default(),
+            via: Via::Untried,
+            ended: None,
+            namespace: None,
+            generation: Gen::Untried,
+            whole_loads: 0,
+        }
+    }
+
+    /// `nft` run through `ip netns exec NAMESPACE`.
+    pub fn in_namespace(namespace: &str) -> Self {
+        Nft {
+            via: Via::Program(["ip", "netns", "exec", namespace, "nft"].map(String::from).to_vec()),
+            namespace: Some(namespace.to_string()),
+            ..Nft::new()
+        }
+    }
+
+    /// nft run through this helper (a test's).
+    #[cfg(test)]
+    pub(crate) fn with_helper(helper: crate::nfthelper::Helper) -> Self {
+        Nft { via: Via::Helper(helper), ..Nft::new() }
+    }
+
+    /// How many times a whole ruleset was loaded, rather than changed in its sets' elements.
+    pub fn whole_loads(&self) -> u32 {
+        self.whole_loads
+    }
+
+    /// Whether nft runs through its library (in the agent's helper process), not its program.
+    pub fn in_process(&self) -> bool {
+        matches!(self.via, Via::Helper(_))
+    }
+
+    /// The running helper's process id.
+    pub fn helper_pid(&self) -> Option<u32> {
+        match &self.via {
+            Via::Helper(helper) => helper.pid(),
+            _ => None,
+        }
+    }
+
+    /// Runs these commands (changes of elements, a listing) as one transaction, or, with the
+    /// ruleset's path as `whole`, a whole ruleset's text as nft loads a file. Always the text:
+    /// a ruleset is loaded as the agent read it, never from its path read a second time (the
+    /// file may have changed between the two reads). What nft printed; the error is nft's
+    /// message, which names the ruleset's path and line. A helper that ended fails this batch,
+    /// and every later one of the same apply or check: nothing more is sent until the next,
+    /// which starts another helper.
+    fn run(&mut self, commands: &str, whole: Option<&Path>) -> Result<String> {
+        use crate::nfthelper::{HelperError, Request};
+        if let Some(ended) = &self.ended {
+            return Err(HelperError::Ended(ended.clone()).into());
+        }
+        if matches!(self.via, Via::Untried) {
+            self.via = Via::Helper(crate::nfthelper::Helper::default());
+        }
+        if let Via::Helper(helper) = &mut self.via {
+            let name = whole.map(|p| p.display().to_string());
+            let request = match &name {
+                Some(name) => Request::Load { text: commands, name },
+                None => Request::Run(commands),
+            };
+            match helper.run(request) {
+                Ok(out) => return Ok(out),
+                Err(HelperError::Refused(message)) => bail!("{message}"),
+                Err(HelperError::NoLibrary(why)) => {
+                    tracing::info!(error = %why, "nftables' library does not load: the agent runs `nft`");
+                    self.via = Via::Program(vec!["nft".into()]);
+                }
+                Err(e @ HelperError::Ended(_)) => {
+                    // The apply fails here, as for a refusal; a helper that keeps ending gives way
+                    // to the program.
+                    if helper.exhausted() {
+                        tracing::warn!(error = %e, "nftables' helper process keeps ending: the agent runs `nft` from now on");
+                        self.via = Via::Program(vec!["nft".into()]);
+                    }
+                    self.ended = Some(e.to_string());
+                    return Err(e.into());
+                }
+            }
+        }
+        let Via::Program(program) = &self.via else { unreachable!("the helper answered above") };
+        program_run(program, commands, whole)
+    }
+
+    /// The kernel's ruleset generation in nft's namespace; `None` when it cannot be read.
+    fn generation(&mut self) -> Option<u32> {
+        if matches!(self.generation, Gen::Untried) {
+            let opened = match &self.namespace {
+                Some(ns) => crate::nftgen::Generation::in_namespace(ns),
+                None => crate::nftgen::Generation::open(),
+            };
+            self.generation = match opened {
+                Ok(g) => Gen::Open(g),
+                Err(e) => {
+                    tracing::warn!(
+                        error = %e,
+                        "cannot read the kernel's nftables generation: every ruleset is loaded whole, and a table changed behind the agent's back is put back only by the next one"
+                    );
+                    Gen::Missing
+                }
+            };
+        }
+        match &mut self.generation {
+            Gen::Open(g) => g.read().map_err(|e| tracing::warn!(error = %e, "cannot read the kernel's nftables generation")).ok(),
+            _ => None,
+        }
+    }
+
+    /// A digest of the kernel's table as nft lists it; `None` when there is no table.
+    fn listed(&mut self) -> Option<[u8; 32]> {
+        let listing = self.run(&format!("list table {}\n", TABLE), None).ok()?;
+        Some(digest(&listing))
+    }
+
+    /// Runs commands that change the table, and marks what the kernel holds after them as this
+    /// process's. A refused transaction changes nothing in the kernel, nor the mark.
+    fn commit(&mut self, commands: &str, whole: Option<&Path>) -> Result<()> {
+        let before = self.generation();
+        self.run(commands, whole)?;
+        let after = self.generation();
+        // Another commit between the two reads leaves the table not known to be this one: the
+        // next check loads it whole.
+        let generation = after.filter(|a| before.is_some_and(|b| *a == crate::nftgen::following(b)));
+        self.mark = Mark { generation, digest: None };
+        Ok(())
+    }
+
+    /// Whether the kernel's table is the one this process loaded last. An unmoved generation
+    /// says so in one netlink round trip; a moved one (a commit to any table) has the table
+    /// listed and compared with the digest. `settle` takes the digest, when there is none yet
+    /// and the generation has not moved since the commit.
+    fn table(&mut self, settle: bool) -> Table {
+        let Some(now) = self.generation() else { return Table::Unknown };
+        if self.mark.generation == Some(now) {
+            if settle && self.mark.digest.is_none() {
+                let digest = self.listed();
+                // Kept only if nothing was committed while the table was listed.
+                if self.generation() == Some(now) {
+                    self.mark.digest = digest;
+                }
+            }
+            return Table::Same;
+        }
+        let Some(known) = self.mark.digest else { return Table::Changed };
+        if self.listed() == Some(known) {
+            self.mark.generation = Some(now);
+            Table::Same
+        } else {
+            Table::Changed
+        }
+    }
+
+    /// Loads a ruleset's text whole, in one transaction that replaces the table.
+    fn load_whole(&mut self, ruleset: Loaded) -> Result<()> {
+        if let Err(e) = self.commit(&ruleset.text, Some(&ruleset.path)) {
+            if helper_ended(&e) {
+                bail!("cannot load {}: {e:#}", ruleset.path.display());
+            }
+            bail!("nft refused {}: {e:#}", ruleset.path.display());
+        }
+        self.last = Some(ruleset);
+        self.loaded = true;
+        self.whole_loads += 1;
+        Ok(())
+    }
+}
+
+impl Default for Nft {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Whether this error is nftables' helper process ending, not nft refusing the batch.
+fn helper_ended(e: &anyhow::Error) -> bool {
+    matches!(e.downcast_ref(), Some(crate::nfthelper::HelperError::Ended(_)))
+}
+
+/// Runs `nft -f -` (after the command's other words) with these commands on its standard input.
+fn program_run(program: &[String], commands: &str, whole: Option<&Path>) -> Result<String> {
+    use std::io::Write;
+    let mut cmd = std::process::Command::new(&program[0]);
+    cmd.args(&program[1..]).args(["-f", "-"]);
+    cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().context("cannot run nft (is nftables installed?)")?;
+    let mut input = child.stdin.take().expect("piped");
+    let written = input.write_all(commands.as_bytes());
+    drop(input);
+    // Waited for even when it stopped reading early: no child is left unreaped, and its own
+    // message says why.
+    let out = child.wait_with_output().context("cannot run nft")?;
+    if !out.status.success() {
+        let message = String::from_utf8_lossy(&out.stderr);
+        let message = match whole {
+            Some(path) => message.replace("/dev/stdin:", &format!("{}:", path.display())),
+            None => message.into_owned(),
+        };
+        bail!("{}", message.trim());
+    }
+    written.context("cannot give nft its commands")?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+impl Firewall for Nft {
+    fn apply(&mut self, ruleset: &Path) -> Result<()> {
+        let text = std::fs::read_to_string(ruleset).with_context(|| format!("cannot read {}", ruleset.display()))?;
+        let new = Loaded { path: ruleset.to_path_buf(), text };
+        self.ended = None;
+        // Only the elements that changed, when nothing else did, and only on the table this
+        // process loaded: one changed behind its back (an element or a chain added, rules
+        // flushed) is loaded whole, as a whole load would leave it, never patched.
+        if let Some(commands) = self.last.as_ref().and_then(|old| delta(&old.text, &new.text)) {
+            match self.table(false) {
+                Table::Same if commands.is_empty() => {
+                    self.last = Some(new);
+                    return Ok(());
+                }
+                Table::Same => match self.commit(&commands, None) {
+                    Ok(()) => {
+                        tracing::info!(commands = commands.lines().count(), "ruleset changed in its sets' elements");
+                        self.last = Some(new);
+                        return Ok(());
+                    }
+                    // The helper gone, the apply fails (a refusal of the elements loads the file
+                    // whole instead).
+                    Err(e) if helper_ended(&e) => bail!("cannot change the sets' elements of {}: {e:#}", ruleset.display()),
+                    Err(e) => tracing::warn!(
+                        error = %format!("{e:#}"),
+                        "the loaded table refused a change of its sets' elements; loading {} whole",
+                        ruleset.display()
+                    ),
+                },
+                Table::Changed => tracing::warn!(
+                    "table {} is not the one the agent loaded (changed behind its back); loading {} whole",
+                    TABLE,
+                    ruleset.display()
+                ),
+                Table::Unknown => {}
+            }
+        }
+        self.load_whole(new)
+    }
+
+    fn loaded(&self) -> bool {
+        self.loaded
+    }
+
+    fn reconcile(&mut self) -> Result<bool> {
+        self.ended = None;
+        // Nothing loaded, nothing to put back; a generation that cannot be read tells nothing.
+        if self.last.is_none() || self.table(true) != Table::Changed {
+            return Ok(false);
+        }
+        let last = self.last.clone().expect("checked");
+        tracing::warn!(
+            "table {} is not the one the agent loaded (flushed, deleted or changed behind its back); loading {} again, as read at its last apply",
+            TABLE,
+            last.path.display()
+        );
+        self.load_whole(last)?;
+        Ok(true)
+    }
+}
 
 /// A digest of a table as `nft list table` prints it, each set's elements sorted: the kernel
 /// lists a hash set in its own order, which may change with no change of elements. Two listings
 /// of the same table have the same digest; an element, a rule or a chain added, taken out or
 /// changed changes it.
-pub fn digest(listing: &str) -> [u8; 32] {
+fn digest(listing: &str) -> [u8; 32] {
     use sha2::{Digest, Sha256};
     let mut hash = Sha256::new();
     // Inside a set's element list, which nft wraps over lines.
@@ -40,7 +386,7 @@ pub fn digest(listing: &str) -> [u8; 32] {
 
 #[cfg(test)]
 mod tests {
-    use super::digest;
+    use super::*;
 
     #[test]
     fn a_listing_digest_changes_with_the_table_not_with_the_order_of_its_elements() {
@@ -73,8 +419,7 @@ mod tests {
 
     /// Runs `scenario` on a real table in a network namespace of its own, twice: through `nft`,
     /// and through nftables' library in the agent's own process (as `in_process`).
-    fn both_ways(tag: &str, scenario: fn(crate::host::Nft, &str, bool)) {
-        use crate::host::Nft;
+    fn both_ways(tag: &str, scenario: fn(Nft, &str, bool)) {
         use trellis_testing::{can_run, Need};
         if !can_run(Need::Root) || !can_run(Need::Program("nft")) {
             return;
@@ -133,8 +478,7 @@ mod tests {
         both_ways("rs", scenario);
     }
 
-    fn scenario(mut nft: crate::host::Nft, ns: &str, in_process: bool) {
-        use crate::host::Firewall;
+    fn scenario(mut nft: Nft, ns: &str, in_process: bool) {
         let dir = trellis_testing::TempDir::new("ruleset-delta");
         let file = dir.path().join("nftables.conf");
         let elements = |set: &str| elements_in(ns, set);
@@ -194,8 +538,7 @@ mod tests {
         both_ways("flushed", flushed);
     }
 
-    fn flushed(mut nft: crate::host::Nft, ns: &str, _: bool) {
-        use crate::host::Firewall;
+    fn flushed(mut nft: Nft, ns: &str, _: bool) {
         let dir = trellis_testing::TempDir::new("ruleset-flushed");
         let file = dir.path().join("nftables.conf");
         std::fs::write(&file, ruleset(&["10.0.0.1", "10.0.0.2"], &["fd00::1"], 22)).unwrap();
@@ -226,11 +569,10 @@ mod tests {
         both_ways("added", added);
     }
 
-    fn added(mut nft: crate::host::Nft, ns: &str, _: bool) {
-        use crate::host::Firewall;
+    fn added(mut nft: Nft, ns: &str, _: bool) {
         let dir = trellis_testing::TempDir::new("ruleset-added");
         let file = dir.path().join("nftables.conf");
-        let apply = |nft: &mut crate::host::Nft, v4: &[&str]| {
+        let apply = |nft: &mut Nft, v4: &[&str]| {
             std::fs::write(&file, ruleset(v4, &["fd00::1"], 22)).unwrap();
             nft.apply(&file).unwrap();
             nft.whole_loads()
@@ -267,8 +609,7 @@ mod tests {
         both_ways("reread", reread);
     }
 
-    fn reread(mut nft: crate::host::Nft, ns: &str, _: bool) {
-        use crate::host::Firewall;
+    fn reread(mut nft: Nft, ns: &str, _: bool) {
         use std::sync::atomic::{AtomicBool, Ordering};
         let dir = trellis_testing::TempDir::new("ruleset-reread");
         let fifo = dir.path().join("nftables.conf");
