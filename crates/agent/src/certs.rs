@@ -14,12 +14,13 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 
 use anyhow::{bail, Context, Result};
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use trellis_client::NodeClient;
 use trellis_files::beneath::Beneath;
 use trellis_pki::services::SERVICE_BACKDATE_SECS;
 use trellis_proto as proto;
+
+use crate::status::CertStatus;
 
 pub use trellis_core::certs::CERTS_DIR;
 pub const KEY: &str = "key.pem";
@@ -84,18 +85,6 @@ impl Reloader for Systemctl {
         }
         Ok(())
     }
-}
-
-/// One certificate as the status shows it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CertStatus {
-    pub module: String,
-    pub serial: Option<String>,
-    pub not_after: Option<i64>,
-    /// When it is renewed next.
-    pub renew_at: Option<i64>,
-    /// Why the last request for it failed (the files before it stay in place).
-    pub error: Option<String>,
 }
 
 /// `text` cut to at most `max` bytes, at a character boundary.

@@ -16,7 +16,8 @@ use trellis_core::wgconf::WgConf;
 use crate::dns::Resolver;
 use crate::host::{self, FileOutcome, FileWriter, Firewall, Forwarding, Prompter, Wireguard};
 use crate::plan::{Action, Prompt};
-use crate::state::{Identity, PeerState};
+use crate::state::Identity;
+use crate::status::PeerState;
 
 /// Makes the WireGuard backend for an interface, on the first apply that names it.
 pub type WireguardFactory = Box<dyn FnMut(&str) -> Option<Box<dyn Wireguard + Send>> + Send>;

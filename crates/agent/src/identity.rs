@@ -12,7 +12,9 @@ use trellis_core::token::EnrolmentToken;
 use trellis_files::replace as write_file;
 use trellis_proto::text::{date, printable};
 
-use crate::state::{AgentStatus, Identity, Manifest, CA_CERT, CA_NEXT_CERT, ENROL_PENDING, IDENTITY, NODE_CERT, NODE_KEY, WIREGUARD_KEY};
+use crate::state::{Identity, Manifest};
+use crate::statedir::{CA_CERT, CA_NEXT_CERT, ENROL_PENDING, IDENTITY, NODE_CERT, NODE_KEY, WIREGUARD_KEY};
+use crate::status::AgentStatus;
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 

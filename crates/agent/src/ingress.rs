@@ -17,12 +17,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use trellis_core::compile::{INGRESS_TOML, TRAEFIK_DIR};
 use trellis_core::traefik::{static_config, IngressFile, StaticPaths};
 pub use user::{RunAs, NO_USER, USER};
 
-use crate::state::{NODE_KEY, WIREGUARD_KEY};
+use crate::statedir::{NODE_KEY, WIREGUARD_KEY};
+use crate::status::{CertState, IngressStatus, RouterState};
 
 /// Whether the agent runs Traefik for the exposures its node is an ingress of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -85,35 +86,6 @@ impl IngressMode {
             IngressMode::None => false,
         }
     }
-}
-
-/// What the agent shows of its ingress.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct IngressStatus {
-    /// `running`, `stopped` (the operator runs Traefik: `--ingress none`) or `failed`.
-    pub traefik: String,
-    pub error: Option<String>,
-    /// The routers of trellis's dynamic configuration, as Traefik's API shows them.
-    pub routers: Vec<RouterState>,
-    /// The certificates in the ACME storage.
-    pub certificates: Vec<CertState>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RouterState {
-    /// `shop-0` (the exposure and the host name's position), with `http` or `tcp`.
-    pub name: String,
-    pub kind: String,
-    pub rule: String,
-    /// Traefik's word: `enabled`, `warning` or `disabled`.
-    pub status: String,
-    pub errors: Vec<String>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CertState {
-    pub hostname: String,
-    pub not_after: i64,
 }
 
 pub struct Ingress {

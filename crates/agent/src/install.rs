@@ -11,7 +11,8 @@ use trellis_proto as proto;
 
 use crate::exec::Executor;
 use crate::plan::{plan, Action, Held, Observed, Scope};
-use crate::state::{Manifest, LAST_BUNDLE};
+use crate::state::Manifest;
+use crate::statedir::LAST_BUNDLE;
 
 /// What the manifest says is held, for the plan.
 fn held(m: &Manifest) -> Held {
@@ -167,7 +168,7 @@ mod tests {
     use crate::exec::Backends;
     use crate::exec::{FOLLOW_UPS, FOLLOW_UP_DELAYS};
     use crate::host::{FileOutcome, FileWriter, Firewall, Forwarding, Wireguard};
-    use crate::state::PeerState;
+    use crate::status::PeerState;
 
     type Journal = Arc<Mutex<Vec<String>>>;
     /// The fake host's files, path to content, as committed.

@@ -17,7 +17,7 @@ use prometheus_client::registry::{Registry, Unit};
 use tokio::net::TcpListener;
 use trellis_proto::exposition::Format;
 
-use crate::state::AgentStatus;
+use crate::status::AgentStatus;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
@@ -221,7 +221,7 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::PeerState;
+    use crate::status::PeerState;
 
     #[test]
     fn ages_are_taken_at_the_scrape_and_unknown_ones_are_minus_one() {

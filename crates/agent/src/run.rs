@@ -14,7 +14,9 @@ use crate::exec::{Backends, Executor};
 use crate::identity;
 use crate::install::Installer;
 use crate::plan::Scope;
-use crate::state::{self, AgentStatus, EvidenceBuffer, Identity, Manifest, SigningKeys, LAST_BUNDLE};
+use crate::state::{self, EvidenceBuffer, Identity, Manifest, SigningKeys};
+use crate::statedir::{self, LAST_BUNDLE};
+use crate::status::{AgentStatus, IngressStatus};
 use crate::unix_now;
 use trellis_core::trust::TrustFile;
 
@@ -75,7 +77,7 @@ pub struct Agent {
     /// Traefik on an ingress node; tended while a long-poll waits, so behind a lock.
     ingress: std::sync::Mutex<crate::ingress::Ingress>,
     /// The ingress status the controller last acknowledged: reported again only when it changes.
-    ingress_reported: Option<crate::ingress::IngressStatus>,
+    ingress_reported: Option<IngressStatus>,
     /// The state directory's lock, held while the agent lives: `run` and `apply` take turns.
     _lock: std::fs::File,
 }
@@ -122,7 +124,7 @@ impl Agent {
         let keys = id.signing_keys()?;
         let manifest = Manifest::load(&opts.state_dir);
         let scope = Scope { files_only: opts.files_only, wireguard: backends.wireguard.is_some(), dns_port: opts.dns_port };
-        let exec = Executor::new(backends, opts.root.clone(), opts.state_dir.join(state::WIREGUARD_KEY));
+        let exec = Executor::new(backends, opts.root.clone(), opts.state_dir.join(statedir::WIREGUARD_KEY));
         // What an apply that fails falls back to.
         let previous = last_bundle(&opts.state_dir, &keys, &id).ok().flatten();
         let client = identity::node_client(&opts.state_dir, &id)?;

@@ -1,7 +1,6 @@
-//! The state directory (`--state-dir`): the names of the files the agent keeps there, and the
-//! ones it reads back as values: the identity, the manifest of the bundle applied, the status
-//! the loop writes, and the evidence waiting to be delivered. A leaf: it uses no other module of
-//! the agent, so every phase can share these types without importing another.
+//! The state directory's files the agent reads back as values (`--state-dir`; their names are
+//! `statedir`'s): the identity, the manifest of the bundle applied and the evidence waiting to be
+//! delivered, and the directory's lock. Beneath every phase: it uses only the leaf `statedir`.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -12,46 +11,7 @@ use serde::{Deserialize, Serialize};
 use trellis_core::bundle::Bundle;
 use trellis_proto as proto;
 
-/// Who the node is and where its controllers are (TOML).
-pub const IDENTITY: &str = "identity.toml";
-/// The node's WireGuard private key (base64), made at enrolment and kept.
-pub const WIREGUARD_KEY: &str = "wireguard.key";
-/// The node's TLS key (PEM).
-pub const NODE_KEY: &str = "node.key";
-/// The node's certificate (PEM).
-pub const NODE_CERT: &str = "node.pem";
-/// The mesh CA's certificate (PEM).
-pub const CA_CERT: &str = "ca.pem";
-/// The next mesh CA's certificate (PEM), announced in a signed bundle during a CA rotation
-/// (ADR 0029): trusted beside `ca.pem` until the rotation completes, then in its place.
-pub const CA_NEXT_CERT: &str = "ca.next.pem";
-/// An enrolment sent and not yet answered (TOML).
-pub const ENROL_PENDING: &str = "enrol.pending";
-/// What the agent last applied (`Manifest`, JSON).
-pub const MANIFEST: &str = "manifest.json";
-/// The bytes of the bundle last applied, as received.
-pub const LAST_BUNDLE: &str = "bundle.last";
-/// What the loop shows (`AgentStatus`, JSON).
-pub const STATUS: &str = "agent-status.json";
-/// Evidence waiting to be delivered, one JSON record a line.
-pub const EVIDENCE: &str = "evidence.jsonl";
-/// The sequence number of the next evidence record.
-pub const EVIDENCE_NEXT: &str = "evidence.next";
-/// The last record of an applied bundle the controller acknowledged, sent again after an outage
-/// (a controller restored from a snapshot lost what it had acknowledged).
-pub const EVIDENCE_LAST: &str = "evidence.last";
-/// Locked (`flock`) by the agent that works on the directory, `run` or `apply`.
-pub const LOCK: &str = "agent.lock";
-
-/// A JSON state file, or the default when it is missing or unreadable.
-fn read_json<T: for<'de> Deserialize<'de> + Default>(path: &Path) -> T {
-    std::fs::read(path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
-}
-
-/// Writes a JSON state file atomically, mode 0600.
-fn write_json<T: Serialize>(path: &Path, v: &T) -> Result<()> {
-    Ok(trellis_files::replace(path, &serde_json::to_vec_pretty(v)?, 0o600)?)
-}
+use crate::statedir::{read_json, write_json, EVIDENCE, EVIDENCE_LAST, EVIDENCE_NEXT, IDENTITY, LOCK, MANIFEST};
 
 /// Takes the directory's lock for as long as the file returned stays open, or refuses in one
 /// sentence when another agent holds it: `run` and `apply` at once would each load the ruleset
@@ -250,59 +210,6 @@ impl Manifest {
 
     pub fn save(&self, dir: &Path) -> Result<()> {
         write_json(&dir.join(MANIFEST), self)
-    }
-}
-
-// --- status ----------------------------------------------------------------------------------
-
-/// One peer as the interface sees it.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct PeerState {
-    pub public_key: String,
-    pub endpoint: Option<String>,
-    /// Unix seconds of the last handshake, if any.
-    pub last_handshake: Option<u64>,
-}
-
-/// What `trellis-agent status` shows, written by the run loop.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct AgentStatus {
-    pub pid: u32,
-    pub updated_at: i64,
-    pub last_contact: Option<i64>,
-    /// The time in the controller's newest signed freshness stamp.
-    pub fresh_at: Option<i64>,
-    pub version: u64,
-    pub last_error: Option<String>,
-    pub interface: Option<String>,
-    pub peers: Vec<PeerState>,
-    pub ruleset_loaded: bool,
-    pub dns_serving: Vec<String>,
-    /// Milliseconds from a bundle's arrival to its files written and interface, ruleset and DNS
-    /// updated, for the last one applied.
-    pub last_apply_ms: Option<u64>,
-    /// Where that time went, in milliseconds per phase (`files`, `wireguard`, `ruleset`, `dns`,
-    /// ...).
-    #[serde(default)]
-    pub last_apply_phases_ms: std::collections::BTreeMap<String, f64>,
-    pub buffered_evidence: usize,
-    pub dropped_evidence: u64,
-    /// The node's service certificates, and why the last request for one failed.
-    #[serde(default)]
-    pub certificates: Vec<crate::certs::CertStatus>,
-    /// On an ingress node: Traefik, its routers and certificates (ADR 0026).
-    #[serde(default)]
-    pub ingress: Option<crate::ingress::IngressStatus>,
-}
-
-impl AgentStatus {
-    /// The status saved in `dir`; the default when there is none.
-    pub fn load(dir: &Path) -> AgentStatus {
-        read_json(&dir.join(STATUS))
-    }
-
-    pub fn save(&self, dir: &Path) -> Result<()> {
-        write_json(&dir.join(STATUS), self)
     }
 }
 

@@ -18,6 +18,7 @@ pub mod par;
 pub mod plan;
 pub mod release;
 pub mod render;
+pub mod ruleset;
 pub mod text;
 pub mod token;
 pub mod topology;

@@ -12,7 +12,7 @@ use trellis_core::{compile, Compiled, Declaration, Keys};
 use crate::props::{declaration, gen};
 
 #[derive(Debug, Clone)]
-enum Change {
+pub(crate) enum Change {
     /// A node enrols or re-keys (Some) or is revoked (None).
     Key(usize, Option<u8>),
     /// The same declaration applied again, as a copy.
@@ -29,7 +29,7 @@ enum Change {
     Withdraw(usize),
 }
 
-fn change() -> impl Strategy<Value = Change> {
+pub(crate) fn change() -> impl Strategy<Value = Change> {
     prop_oneof![
         4 => (0usize..32, proptest::option::of(any::<u8>())).prop_map(|(i, k)| Change::Key(i, k)),
         1 => Just(Change::Reapply),
@@ -45,7 +45,7 @@ fn change() -> impl Strategy<Value = Change> {
 }
 
 /// Applies a change; returns whether the declaration changed.
-fn apply(d: &mut Declaration, keys: &mut Keys, c: &Change, added: &mut usize) -> bool {
+pub(crate) fn apply(d: &mut Declaration, keys: &mut Keys, c: &Change, added: &mut usize) -> bool {
     let n = d.nodes.len();
     match *c {
         Change::Key(i, k) => {
@@ -218,7 +218,7 @@ proptest! {
 
 /// A LAN route through two routers (the first two nodes), for a group and a node, and an exit
 /// through the second that every fourth node opts into.
-fn add_routes(d: &mut Declaration) {
+pub(crate) fn add_routes(d: &mut Declaration) {
     use trellis_core::decl::{Proto, Route, RouteRule};
     let loc = d.nodes[0].loc.clone();
     let names: Vec<String> = d.nodes.iter().map(|n| n.name.clone()).collect();

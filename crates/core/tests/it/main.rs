@@ -9,5 +9,6 @@ mod incremental;
 mod pools;
 mod props;
 mod routes;
+mod rulesets;
 mod support;
 mod zones;

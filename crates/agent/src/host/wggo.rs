@@ -14,8 +14,8 @@ use anyhow::{bail, Context, Result};
 use base64::Engine;
 use trellis_core::wgconf::{WgConf, WgPeer};
 
-use crate::host::Wireguard;
-use crate::state::PeerState;
+use super::traits::{peer_changes, Wireguard};
+use crate::status::PeerState;
 
 /// Where wireguard-go (like boringtun and `wg`) keeps its control sockets.
 const SOCKET_DIR: &str = "/var/run/wireguard";
@@ -294,7 +294,7 @@ fn set_device(conf: &WgConf, private_key: &str) -> Result<String> {
 /// same. A peer that loses its endpoint is removed and added again (UAPI cannot clear one).
 fn set_peers(old: &[WgPeer], new: &[WgPeer]) -> Result<String> {
     let mut out = String::new();
-    let changes = crate::host::peer_changes(old, new);
+    let changes = peer_changes(old, new);
     for gone in changes.gone {
         out.push_str(&format!("public_key={}\nremove=true\n", hex_key(&gone.public_key)?));
     }

@@ -20,8 +20,8 @@ use gotatun::tun::tun_async_device::TunDevice;
 use gotatun::x25519::{PublicKey, StaticSecret};
 use trellis_core::wgconf::{WgConf, WgPeer};
 
-use crate::host::Wireguard;
-use crate::state::PeerState;
+use super::traits::{peer_changes, Wireguard};
+use crate::status::PeerState;
 
 /// WireGuard's MTU where the configuration names none, as wireguard-go and wg-quick use.
 const DEFAULT_MTU: u16 = 1420;
@@ -166,7 +166,7 @@ impl Wireguard for Gotatun {
             // Peers change in place: the interface and every session stay up, a changed peer's
             // too (gotatun updates a peer's endpoint, keepalive and allowed IPs where it is).
             let old = self.current.as_ref().expect("configured");
-            let changes = crate::host::peer_changes(&old.peers, &conf.peers);
+            let changes = peer_changes(&old.peers, &conf.peers);
             // A device made without peers has no connection (no socket, no tasks) until one is
             // forced; clearing its (no) peers is what forces it.
             let first_peers = old.peers.is_empty() && !conf.peers.is_empty();

@@ -1,136 +1,358 @@
-//! What changed between two rulesets trellis wrote, as nft commands: when they differ only in
-//! the elements of named sets (a node came, went or was renumbered: the sources of the rules
-//! that admit it), the change is those elements, deleted and created in one transaction, instead
-//! of the whole table loaded again (ADR 0031). With ten thousand sources a one-source change
-//! then costs what the change costs, not what the table does.
+//! The nftables backend: a ruleset that differs from the one loaded only in its named sets'
+//! elements is changed by `delete element`/`create element` (`trellis_core::ruleset::delta`),
+//! else loaded whole, through nftables' library in the agent's helper process (`crate::nfthelper`)
+//! or the `nft` program; the kernel's ruleset generation (`crate::nftgen`) and a digest of the
+//! table's listing say whether the table is still the one loaded (ADR 0031).
 
-use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 
-/// The table every trellis ruleset holds (`core::render::nftables`).
-pub const TABLE: &str = "inet trellis";
+use anyhow::{bail, Context, Result};
+use trellis_core::ruleset::{delta, TABLE};
 
-/// A ruleset read as the lines that are not set elements, each named set's elements and each
-/// chain's rules; `valid` is false for a text trellis does not write (a set's name or an element
-/// that is no address or prefix, a rule with a `;`), which is then loaded whole, never pasted
-/// into commands.
-struct Shape<'a> {
-    rest: Vec<&'a str>,
-    sets: Vec<(&'a str, Vec<&'a str>)>,
-    chains: Vec<Chain<'a>>,
-    valid: bool,
+use super::traits::Firewall;
+
+/// nftables on a real host: one `table inet trellis`, loaded from the bundle's ruleset.
+pub struct Nft {
+    loaded: bool,
+    /// The ruleset this process loaded last, as it read it: the next is compared with it (one
+    /// that differs only in sets' elements is applied as those elements, `ruleset::delta`), and
+    /// it is loaded again, whole, when the kernel's table is found not to be it.
+    last: Option<Loaded>,
+    /// What the kernel's table was known to be after this process's last commit.
+    mark: Mark,
+    /// How nft is run: its library in the agent's helper process, or its program.
+    via: Via,
+    /// How the helper ended during this apply or check, if it did: nothing more is sent to nft
+    /// until the next one, which starts another helper.
+    ended: Option<String>,
+    /// The network namespace nft runs in (`ip netns exec`, for a test); `None`: this process's.
+    namespace: Option<String>,
+    /// Where the kernel's generation is read.
+    generation: Gen,
+    /// How many times a whole file was loaded (the rest were changes of elements).
+    whole_loads: u32,
 }
 
-/// A chain of the table: its base specification (`type ... policy ...;`) and its rules, as
-/// written.
-struct Chain<'a> {
-    name: &'a str,
-    spec: Option<&'a str>,
-    rules: Vec<&'a str>,
+/// A ruleset as this process read and loaded it.
+#[derive(Clone)]
+struct Loaded {
+    path: PathBuf,
+    text: String,
 }
 
-/// A name trellis gives a set or a chain: lower-case letters, digits, `_` and the `-` of a
-/// module's or route's name (a DNS label).
-fn plain(name: &str) -> bool {
-    !name.is_empty() && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+/// The kernel's table as this process's last commit left it: the generation right after the
+/// commit, when no other commit came between (the generation moved by exactly one), and a
+/// digest of the table's listing at that generation, taken at the first check after the commit
+/// rather than on an apply's path (listing ten thousand sources takes milliseconds). A moved
+/// generation with a table that still lists as the digest says is another table's change.
+#[derive(Default)]
+struct Mark {
+    generation: Option<u32>,
+    digest: Option<[u8; 32]>,
 }
 
-fn shape(text: &str) -> Shape<'_> {
-    let mut rest = Vec::new();
-    let mut sets: Vec<(&str, Vec<&str>)> = Vec::new();
-    let mut chains: Vec<Chain> = Vec::new();
-    let mut valid = true;
-    // Inside a set's or a chain's braces.
-    let (mut in_set, mut in_chain) = (false, false);
-    for line in text.lines() {
-        if let Some(name) = line.strip_prefix("\tset ").and_then(|l| l.strip_suffix(" {")) {
-            valid &= plain(name);
-            sets.push((name, Vec::new()));
-            in_set = true;
-        } else if let Some(name) = line.strip_prefix("\tchain ").and_then(|l| l.strip_suffix(" {")) {
-            valid &= plain(name);
-            chains.push(Chain { name, spec: None, rules: Vec::new() });
-            in_chain = true;
-        } else if line == "\t}" {
-            (in_set, in_chain) = (false, false);
-        } else if in_set {
-            if let Some(elements) = line.strip_prefix("\t\telements = { ").and_then(|l| l.strip_suffix(" }")) {
-                let (_, list) = sets.last_mut().expect("a set is open");
-                // Left out of the shape, so that a set gaining its first element or losing its
-                // last (nft declares no empty list) changes its elements, not its shape.
-                for e in elements.split(", ") {
-                    valid &= e.parse::<std::net::IpAddr>().is_ok() || e.parse::<ipnet::IpNet>().is_ok();
-                    list.push(e);
+/// Whether the kernel's table is the one this process loaded last.
+#[derive(Debug, PartialEq)]
+enum Table {
+    Same,
+    /// Flushed, deleted or changed by another commit, or not known to be the one loaded.
+    Changed,
+    /// The generation cannot be read.
+    Unknown,
+}
+
+enum Via {
+    /// The helper, started at the first ruleset; the program where the library does not load.
+    Untried,
+    Helper(crate::nfthelper::Helper),
+    /// This command run as `nft` (a test runs it inside a network namespace).
+    Program(Vec<String>),
+}
+
+enum Gen {
+    /// Opened at the first commit, in the namespace nft runs in.
+    Untried,
+    Open(crate::nftgen::Generation),
+    /// It did not open (said once, in the log): every change is loaded whole.
+    Missing,
+}
+
+impl Nft {
+    pub fn new() -> Self {
+        Nft {
+            loaded: false,
+            last: None,
+            mark: Mark::default(),
+            via: Via::Untried,
+            ended: None,
+            namespace: None,
+            generation: Gen::Untried,
+            whole_loads: 0,
+        }
+    }
+
+    /// `nft` run through `ip netns exec NAMESPACE`.
+    pub fn in_namespace(namespace: &str) -> Self {
+        Nft {
+            via: Via::Program(["ip", "netns", "exec", namespace, "nft"].map(String::from).to_vec()),
+            namespace: Some(namespace.to_string()),
+            ..Nft::new()
+        }
+    }
+
+    /// nft run through this helper (a test's).
+    #[cfg(test)]
+    pub(crate) fn with_helper(helper: crate::nfthelper::Helper) -> Self {
+        Nft { via: Via::Helper(helper), ..Nft::new() }
+    }
+
+    /// How many times a whole ruleset was loaded, rather than changed in its sets' elements.
+    pub fn whole_loads(&self) -> u32 {
+        self.whole_loads
+    }
+
+    /// Whether nft runs through its library (in the agent's helper process), not its program.
+    pub fn in_process(&self) -> bool {
+        matches!(self.via, Via::Helper(_))
+    }
+
+    /// The running helper's process id.
+    pub fn helper_pid(&self) -> Option<u32> {
+        match &self.via {
+            Via::Helper(helper) => helper.pid(),
+            _ => None,
+        }
+    }
+
+    /// Runs these commands (changes of elements, a listing) as one transaction, or, with the
+    /// ruleset's path as `whole`, a whole ruleset's text as nft loads a file. Always the text:
+    /// a ruleset is loaded as the agent read it, never from its path read a second time (the
+    /// file may have changed between the two reads). What nft printed; the error is nft's
+    /// message, which names the ruleset's path and line. A helper that ended fails this batch,
+    /// and every later one of the same apply or check: nothing more is sent until the next,
+    /// which starts another helper.
+    fn run(&mut self, commands: &str, whole: Option<&Path>) -> Result<String> {
+        use crate::nfthelper::{HelperError, Request};
+        if let Some(ended) = &self.ended {
+            return Err(HelperError::Ended(ended.clone()).into());
+        }
+        if matches!(self.via, Via::Untried) {
+            self.via = Via::Helper(crate::nfthelper::Helper::default());
+        }
+        if let Via::Helper(helper) = &mut self.via {
+            let name = whole.map(|p| p.display().to_string());
+            let request = match &name {
+                Some(name) => Request::Load { text: commands, name },
+                None => Request::Run(commands),
+            };
+            match helper.run(request) {
+                Ok(out) => return Ok(out),
+                Err(HelperError::Refused(message)) => bail!("{message}"),
+                Err(HelperError::NoLibrary(why)) => {
+                    tracing::info!(error = %why, "nftables' library does not load: the agent runs `nft`");
+                    self.via = Via::Program(vec!["nft".into()]);
                 }
-                continue;
+                Err(e @ HelperError::Ended(_)) => {
+                    // The apply fails here, as for a refusal; a helper that keeps ending gives way
+                    // to the program.
+                    if helper.exhausted() {
+                        tracing::warn!(error = %e, "nftables' helper process keeps ending: the agent runs `nft` from now on");
+                        self.via = Via::Program(vec!["nft".into()]);
+                    }
+                    self.ended = Some(e.to_string());
+                    return Err(e.into());
+                }
             }
-        } else if in_chain {
-            let chain = chains.last_mut().expect("a chain is open");
-            match line.strip_prefix("\t\t") {
-                Some(spec) if spec.starts_with("type ") => {
-                    valid &= !spec.contains(['{', '}', '"', '#']);
-                    chain.spec = Some(spec);
-                }
-                Some(comment) if comment.starts_with('#') => {}
-                Some(rule) if !rule.trim().is_empty() => {
-                    valid &= !rule.contains(';');
-                    chain.rules.push(rule);
-                }
-                _ => {}
-            }
         }
-        rest.push(line);
+        let Via::Program(program) = &self.via else { unreachable!("the helper answered above") };
+        program_run(program, commands, whole)
     }
-    Shape { rest, sets, chains, valid }
+
+    /// The kernel's ruleset generation in nft's namespace; `None` when it cannot be read.
+    fn generation(&mut self) -> Option<u32> {
+        if matches!(self.generation, Gen::Untried) {
+            let opened = match &self.namespace {
+                Some(ns) => crate::nftgen::Generation::in_namespace(ns),
+                None => crate::nftgen::Generation::open(),
+            };
+            self.generation = match opened {
+                Ok(g) => Gen::Open(g),
+                Err(e) => {
+                    tracing::warn!(
+                        error = %e,
+                        "cannot read the kernel's nftables generation: every ruleset is loaded whole, and a table changed behind the agent's back is put back only by the next one"
+                    );
+                    Gen::Missing
+                }
+            };
+        }
+        match &mut self.generation {
+            Gen::Open(g) => g.read().map_err(|e| tracing::warn!(error = %e, "cannot read the kernel's nftables generation")).ok(),
+            _ => None,
+        }
+    }
+
+    /// A digest of the kernel's table as nft lists it; `None` when there is no table.
+    fn listed(&mut self) -> Option<[u8; 32]> {
+        let listing = self.run(&format!("list table {}\n", TABLE), None).ok()?;
+        Some(digest(&listing))
+    }
+
+    /// Runs commands that change the table, and marks what the kernel holds after them as this
+    /// process's. A refused transaction changes nothing in the kernel, nor the mark.
+    fn commit(&mut self, commands: &str, whole: Option<&Path>) -> Result<()> {
+        let before = self.generation();
+        self.run(commands, whole)?;
+        let after = self.generation();
+        // Another commit between the two reads leaves the table not known to be this one: the
+        // next check loads it whole.
+        let generation = after.filter(|a| before.is_some_and(|b| *a == crate::nftgen::following(b)));
+        self.mark = Mark { generation, digest: None };
+        Ok(())
+    }
+
+    /// Whether the kernel's table is the one this process loaded last. An unmoved generation
+    /// says so in one netlink round trip; a moved one (a commit to any table) has the table
+    /// listed and compared with the digest. `settle` takes the digest, when there is none yet
+    /// and the generation has not moved since the commit.
+    fn table(&mut self, settle: bool) -> Table {
+        let Some(now) = self.generation() else { return Table::Unknown };
+        if self.mark.generation == Some(now) {
+            if settle && self.mark.digest.is_none() {
+                let digest = self.listed();
+                // Kept only if nothing was committed while the table was listed.
+                if self.generation() == Some(now) {
+                    self.mark.digest = digest;
+                }
+            }
+            return Table::Same;
+        }
+        let Some(known) = self.mark.digest else { return Table::Changed };
+        if self.listed() == Some(known) {
+            self.mark.generation = Some(now);
+            Table::Same
+        } else {
+            Table::Changed
+        }
+    }
+
+    /// Loads a ruleset's text whole, in one transaction that replaces the table.
+    fn load_whole(&mut self, ruleset: Loaded) -> Result<()> {
+        if let Err(e) = self.commit(&ruleset.text, Some(&ruleset.path)) {
+            if helper_ended(&e) {
+                bail!("cannot load {}: {e:#}", ruleset.path.display());
+            }
+            bail!("nft refused {}: {e:#}", ruleset.path.display());
+        }
+        self.last = Some(ruleset);
+        self.loaded = true;
+        self.whole_loads += 1;
+        Ok(())
+    }
 }
 
-/// The nft commands that take a table loaded from `old` to `new`, if the two differ only in
-/// sets' elements: each removed element deleted and each new one created (`create`, not `add`,
-/// so that an element already there, like one deleted and not there, fails the transaction: a
-/// table that is not what `old` says is loaded whole, never patched), then every chain put back
-/// as `new` writes it (declared again, flushed, its rules added), so that rules taken out behind
-/// the agent's back (`nft flush chain`, `flush ruleset`) are back after any apply, as after a
-/// whole load; a table or set that is gone fails the transaction, and the file is loaded whole.
-/// `None` when anything else differs, or when `new` is no text trellis writes.
-pub fn delta(old: &str, new: &str) -> Option<String> {
-    let (before, after) = (shape(old), shape(new));
-    let same_shape = before.rest == after.rest
-        && before.sets.len() == after.sets.len()
-        && before.sets.iter().zip(&after.sets).all(|((a, _), (b, _))| a == b);
-    if !same_shape || !before.valid || !after.valid {
-        return None;
+impl Default for Nft {
+    fn default() -> Self {
+        Self::new()
     }
-    let mut commands = String::new();
-    for ((name, was), (_, now)) in before.sets.iter().zip(&after.sets) {
-        let was_set: HashSet<&str> = was.iter().copied().collect();
-        let now_set: HashSet<&str> = now.iter().copied().collect();
-        let gone: Vec<&str> = was.iter().copied().filter(|e| !now_set.contains(e)).collect();
-        let came: Vec<&str> = now.iter().copied().filter(|e| !was_set.contains(e)).collect();
-        if !gone.is_empty() {
-            commands.push_str(&format!("delete element {TABLE} {name} {{ {} }}\n", gone.join(", ")));
-        }
-        if !came.is_empty() {
-            commands.push_str(&format!("create element {TABLE} {name} {{ {} }}\n", came.join(", ")));
-        }
+}
+
+/// Whether this error is nftables' helper process ending, not nft refusing the batch.
+fn helper_ended(e: &anyhow::Error) -> bool {
+    matches!(e.downcast_ref(), Some(crate::nfthelper::HelperError::Ended(_)))
+}
+
+/// Runs `nft -f -` (after the command's other words) with these commands on its standard input.
+fn program_run(program: &[String], commands: &str, whole: Option<&Path>) -> Result<String> {
+    use std::io::Write;
+    let mut cmd = std::process::Command::new(&program[0]);
+    cmd.args(&program[1..]).args(["-f", "-"]);
+    cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().context("cannot run nft (is nftables installed?)")?;
+    let mut input = child.stdin.take().expect("piped");
+    let written = input.write_all(commands.as_bytes());
+    drop(input);
+    // Waited for even when it stopped reading early: no child is left unreaped, and its own
+    // message says why.
+    let out = child.wait_with_output().context("cannot run nft")?;
+    if !out.status.success() {
+        let message = String::from_utf8_lossy(&out.stderr);
+        let message = match whole {
+            Some(path) => message.replace("/dev/stdin:", &format!("{}:", path.display())),
+            None => message.into_owned(),
+        };
+        bail!("{}", message.trim());
     }
-    for chain in &after.chains {
-        let name = chain.name;
-        match chain.spec {
-            Some(spec) => commands.push_str(&format!("add chain {TABLE} {name} {{ {spec} }}\n")),
-            None => commands.push_str(&format!("add chain {TABLE} {name}\n")),
+    written.context("cannot give nft its commands")?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+impl Firewall for Nft {
+    fn apply(&mut self, ruleset: &Path) -> Result<()> {
+        let text = std::fs::read_to_string(ruleset).with_context(|| format!("cannot read {}", ruleset.display()))?;
+        let new = Loaded { path: ruleset.to_path_buf(), text };
+        self.ended = None;
+        // Only the elements that changed, when nothing else did, and only on the table this
+        // process loaded: one changed behind its back (an element or a chain added, rules
+        // flushed) is loaded whole, as a whole load would leave it, never patched.
+        if let Some(commands) = self.last.as_ref().and_then(|old| delta(&old.text, &new.text)) {
+            match self.table(false) {
+                Table::Same if commands.is_empty() => {
+                    self.last = Some(new);
+                    return Ok(());
+                }
+                Table::Same => match self.commit(&commands, None) {
+                    Ok(()) => {
+                        tracing::info!(commands = commands.lines().count(), "ruleset changed in its sets' elements");
+                        self.last = Some(new);
+                        return Ok(());
+                    }
+                    // The helper gone, the apply fails (a refusal of the elements loads the file
+                    // whole instead).
+                    Err(e) if helper_ended(&e) => bail!("cannot change the sets' elements of {}: {e:#}", ruleset.display()),
+                    Err(e) => tracing::warn!(
+                        error = %format!("{e:#}"),
+                        "the loaded table refused a change of its sets' elements; loading {} whole",
+                        ruleset.display()
+                    ),
+                },
+                Table::Changed => tracing::warn!(
+                    "table {} is not the one the agent loaded (changed behind its back); loading {} whole",
+                    TABLE,
+                    ruleset.display()
+                ),
+                Table::Unknown => {}
+            }
         }
-        commands.push_str(&format!("flush chain {TABLE} {name}\n"));
-        for rule in &chain.rules {
-            commands.push_str(&format!("add rule {TABLE} {name} {rule}\n"));
-        }
+        self.load_whole(new)
     }
-    Some(commands)
+
+    fn loaded(&self) -> bool {
+        self.loaded
+    }
+
+    fn reconcile(&mut self) -> Result<bool> {
+        self.ended = None;
+        // Nothing loaded, nothing to put back; a generation that cannot be read tells nothing.
+        if self.last.is_none() || self.table(true) != Table::Changed {
+            return Ok(false);
+        }
+        let last = self.last.clone().expect("checked");
+        tracing::warn!(
+            "table {} is not the one the agent loaded (flushed, deleted or changed behind its back); loading {} again, as read at its last apply",
+            TABLE,
+            last.path.display()
+        );
+        self.load_whole(last)?;
+        Ok(true)
+    }
 }
 
 /// A digest of a table as `nft list table` prints it, each set's elements sorted: the kernel
 /// lists a hash set in its own order, which may change with no change of elements. Two listings
 /// of the same table have the same digest; an element, a rule or a chain added, taken out or
 /// changed changes it.
-pub fn digest(listing: &str) -> [u8; 32] {
+fn digest(listing: &str) -> [u8; 32] {
     use sha2::{Digest, Sha256};
     let mut hash = Sha256::new();
     // Inside a set's element list, which nft wraps over lines.
@@ -164,7 +386,7 @@ pub fn digest(listing: &str) -> [u8; 32] {
 
 #[cfg(test)]
 mod tests {
-    use super::{delta, digest};
+    use super::*;
 
     #[test]
     fn a_listing_digest_changes_with_the_table_not_with_the_order_of_its_elements() {
@@ -182,6 +404,7 @@ mod tests {
         assert_ne!(digest(&listing("10.0.0.1, 10.0.0.2, 10.0.0.3", "").replace(" accept\n\t}", " drop\n\t}")), base, "a rule changed");
     }
 
+    /// A ruleset as trellis writes it, with these sources of the `ssh` rule.
     fn ruleset(v4: &[&str], v6: &[&str], port: u16) -> String {
         let set = |name: &str, kind: &str, e: &[&str]| {
             let elements = if e.is_empty() { String::new() } else { format!("\t\telements = {{ {} }}\n", e.join(", ")) };
@@ -194,109 +417,9 @@ mod tests {
         )
     }
 
-    /// The element commands of a delta, without the chains it puts back.
-    fn elements(commands: &str) -> String {
-        commands.lines().filter(|l| l.contains(" element ")).map(|l| format!("{l}\n")).collect()
-    }
-
-    /// The chains put back after the elements, as the new text writes them.
-    const CHAINS_22: &str = "add chain inet trellis input { type filter hook input priority filter; policy accept; }\n\
-        flush chain inet trellis input\n\
-        add rule inet trellis input iifname \"trellis0\" ip saddr @src_ssh_1_v4 tcp dport { 22 } accept\n\
-        add rule inet trellis input iifname \"trellis0\" ip6 saddr @src_ssh_1_v6 tcp dport { 22 } accept\n";
-
-    #[test]
-    fn a_change_of_sources_only_is_the_elements_deleted_and_created() {
-        let old = ruleset(&["10.0.0.1", "10.0.0.2", "10.0.0.3"], &["fd00::1"], 22);
-        let new = ruleset(&["10.0.0.1", "10.0.0.3", "10.0.0.4"], &["fd00::1"], 22);
-        assert_eq!(
-            delta(&old, &new).unwrap(),
-            format!("delete element inet trellis src_ssh_1_v4 {{ 10.0.0.2 }}\ncreate element inet trellis src_ssh_1_v4 {{ 10.0.0.4 }}\n{CHAINS_22}")
-        );
-        // Nothing changed: the chains are put back all the same (rules flushed behind the
-        // agent's back come back with any apply).
-        assert_eq!(delta(&old, &old).unwrap(), CHAINS_22);
-    }
-
-    #[test]
-    fn a_text_trellis_does_not_write_is_loaded_whole_never_pasted_into_commands() {
-        let old = ruleset(&["10.0.0.1"], &["fd00::1"], 22);
-        let injected =
-            ruleset(&["10.0.0.1 } ; delete table inet other ; create element inet trellis src_ssh_1_v4 { 10.0.0.2"], &["fd00::1"], 22);
-        assert_eq!(delta(&old, &injected), None, "an element that is no address");
-        let rule = old.replace("tcp dport { 22 } accept\n\t\tiifname", "tcp dport { 22 } accept; delete table inet other\n\t\tiifname");
-        assert_eq!(delta(&old, &rule), None, "a rule with a ;");
-        let spec = old.replace("policy accept;", "policy accept; } ; delete table inet other ; add chain inet trellis input {");
-        assert_eq!(delta(&old, &spec), None, "a chain's specification with braces");
-        assert_eq!(delta(&old, &old.replace("src_ssh_1_v4", "src ssh")), None, "a set's name");
-        assert!(delta(&old, &ruleset(&["10.0.0.0/24"], &["fd00::/64"], 22)).is_some(), "prefixes are elements");
-        let hyphen = old.replace("src_ssh_1", "src_web-app_1");
-        assert!(delta(&hyphen, &hyphen.replace("10.0.0.1", "10.0.0.2")).is_some(), "a module named with a hyphen");
-    }
-
-    #[test]
-    fn a_set_losing_its_last_element_or_gaining_its_first_is_still_a_change_of_elements() {
-        let old = ruleset(&["10.0.0.1"], &[], 22);
-        let new = ruleset(&[], &["fd00::9"], 22);
-        assert_eq!(
-            elements(&delta(&old, &new).unwrap()),
-            "delete element inet trellis src_ssh_1_v4 { 10.0.0.1 }\ncreate element inet trellis src_ssh_1_v6 { fd00::9 }\n"
-        );
-    }
-
-    #[test]
-    fn any_other_difference_loads_the_whole_table() {
-        let old = ruleset(&["10.0.0.1"], &["fd00::1"], 22);
-        assert_eq!(delta(&old, &ruleset(&["10.0.0.1"], &["fd00::1"], 2222)), None, "a port");
-        assert_eq!(delta(&old, &old.replace("src_ssh_1_v6", "src_ssh_2_v6")), None, "a set's name");
-        assert_eq!(delta(&old, &old.replace("ipv4_addr", "ipv6_addr")), None, "a set's type");
-        assert_eq!(delta(&old, &format!("{old}table inet other {{\n}}\n")), None, "another line");
-    }
-
-    proptest::proptest! {
-        /// Whatever the sources before and after, the commands take the old sets to the new
-        /// ones: each deletion names an element the old set holds, each creation one it does
-        /// not, and applying them gives exactly the new elements.
-        #[test]
-        fn the_commands_take_the_old_sets_to_the_new(
-            old4 in proptest::collection::btree_set(0u16..300, 0..40),
-            new4 in proptest::collection::btree_set(0u16..300, 0..40),
-            old6 in proptest::collection::btree_set(0u16..300, 0..10),
-            new6 in proptest::collection::btree_set(0u16..300, 0..10),
-        ) {
-            use std::collections::BTreeSet;
-            let v4 = |s: &BTreeSet<u16>| s.iter().map(|i| format!("10.0.{}.{}", i / 256, i % 256)).collect::<Vec<_>>();
-            let v6 = |s: &BTreeSet<u16>| s.iter().map(|i| format!("fd00::{i:x}")).collect::<Vec<_>>();
-            let (o4, n4, o6, n6) = (v4(&old4), v4(&new4), v6(&old6), v6(&new6));
-            fn refs(v: &[String]) -> Vec<&str> {
-                v.iter().map(String::as_str).collect()
-            }
-            let old = ruleset(&refs(&o4), &refs(&o6), 22);
-            let new = ruleset(&refs(&n4), &refs(&n6), 22);
-            let commands = delta(&old, &new).expect("only elements differ");
-            let mut sets: std::collections::HashMap<&str, BTreeSet<String>> =
-                [("src_ssh_1_v4", o4.iter().cloned().collect()), ("src_ssh_1_v6", o6.iter().cloned().collect())].into();
-            for line in elements(&commands).lines() {
-                let (verb, rest) = line.split_once(" element inet trellis ").expect("an element command");
-                let (name, elements) = rest.split_once(" { ").expect("a set and its elements");
-                let set = sets.get_mut(name).expect("a declared set");
-                for e in elements.strip_suffix(" }").expect("closed").split(", ") {
-                    match verb {
-                        "delete" => proptest::prop_assert!(set.remove(e), "{} deletes {} it does not hold", name, e),
-                        "create" => proptest::prop_assert!(set.insert(e.to_string()), "{} creates {} it holds", name, e),
-                        other => proptest::prop_assert!(false, "unknown command {}", other),
-                    }
-                }
-            }
-            proptest::prop_assert_eq!(&sets["src_ssh_1_v4"], &n4.iter().cloned().collect::<BTreeSet<_>>());
-            proptest::prop_assert_eq!(&sets["src_ssh_1_v6"], &n6.iter().cloned().collect::<BTreeSet<_>>());
-        }
-    }
-
     /// Runs `scenario` on a real table in a network namespace of its own, twice: through `nft`,
     /// and through nftables' library in the agent's own process (as `in_process`).
-    fn both_ways(tag: &str, scenario: fn(crate::host::Nft, &str, bool)) {
-        use crate::host::Nft;
+    fn both_ways(tag: &str, scenario: fn(Nft, &str, bool)) {
         use trellis_testing::{can_run, Need};
         if !can_run(Need::Root) || !can_run(Need::Program("nft")) {
             return;
@@ -355,8 +478,7 @@ mod tests {
         both_ways("rs", scenario);
     }
 
-    fn scenario(mut nft: crate::host::Nft, ns: &str, in_process: bool) {
-        use crate::host::Firewall;
+    fn scenario(mut nft: Nft, ns: &str, in_process: bool) {
         let dir = trellis_testing::TempDir::new("ruleset-delta");
         let file = dir.path().join("nftables.conf");
         let elements = |set: &str| elements_in(ns, set);
@@ -416,8 +538,7 @@ mod tests {
         both_ways("flushed", flushed);
     }
 
-    fn flushed(mut nft: crate::host::Nft, ns: &str, _: bool) {
-        use crate::host::Firewall;
+    fn flushed(mut nft: Nft, ns: &str, _: bool) {
         let dir = trellis_testing::TempDir::new("ruleset-flushed");
         let file = dir.path().join("nftables.conf");
         std::fs::write(&file, ruleset(&["10.0.0.1", "10.0.0.2"], &["fd00::1"], 22)).unwrap();
@@ -448,11 +569,10 @@ mod tests {
         both_ways("added", added);
     }
 
-    fn added(mut nft: crate::host::Nft, ns: &str, _: bool) {
-        use crate::host::Firewall;
+    fn added(mut nft: Nft, ns: &str, _: bool) {
         let dir = trellis_testing::TempDir::new("ruleset-added");
         let file = dir.path().join("nftables.conf");
-        let apply = |nft: &mut crate::host::Nft, v4: &[&str]| {
+        let apply = |nft: &mut Nft, v4: &[&str]| {
             std::fs::write(&file, ruleset(v4, &["fd00::1"], 22)).unwrap();
             nft.apply(&file).unwrap();
             nft.whole_loads()
@@ -489,8 +609,7 @@ mod tests {
         both_ways("reread", reread);
     }
 
-    fn reread(mut nft: crate::host::Nft, ns: &str, _: bool) {
-        use crate::host::Firewall;
+    fn reread(mut nft: Nft, ns: &str, _: bool) {
         use std::sync::atomic::{AtomicBool, Ordering};
         let dir = trellis_testing::TempDir::new("ruleset-reread");
         let fifo = dir.path().join("nftables.conf");

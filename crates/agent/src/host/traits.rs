@@ -1,0 +1,123 @@
+//! The narrow traits every host side effect sits behind (files, WireGuard, nftables, IP
+//! forwarding, handshake prompts), and what the WireGuard backends share (`peer_changes`). The
+//! executor and the tests talk only to these; each backend has a file of its own beside this one.
+
+use std::net::IpAddr;
+use std::path::Path;
+
+use anyhow::Result;
+use trellis_core::bundle::BundleFile;
+use trellis_core::wgconf::{WgConf, WgPeer};
+
+use crate::status::PeerState;
+
+/// What happened to one file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileOutcome {
+    pub path: String,
+    pub sha256: String,
+    pub result: trellis_proto::FileResult,
+}
+
+/// Writes a bundle's files under a root: every file staged (temporary file in the same
+/// directory, final mode from creation, written, fsynced) before any is committed (renamed into
+/// place, directory fsynced). A crash leaves each file old or new, never a mix.
+pub trait FileWriter {
+    fn write_all(&mut self, files: &[BundleFile], dropped: &[String]) -> Result<Vec<FileOutcome>>;
+}
+
+/// A WireGuard interface brought to a node's `wireguard.conf`, by one of the backends.
+pub trait Wireguard {
+    /// Brings the interface to this configuration: created on first use, peers changed in place.
+    fn apply(&mut self, conf: &WgConf, private_key: &str) -> Result<()>;
+    fn peers(&self) -> Result<Vec<PeerState>>;
+    fn describe(&self) -> String;
+    /// Removes these peers and adds them again as configured, so that the next packet to each
+    /// starts a handshake now. Every backend sends at most one initiation per peer in WireGuard's
+    /// 5 s rekey timeout: one the other end dropped (it did not have this node yet) is otherwise
+    /// retried only then. A peer that has a session must not be named (it loses the session).
+    fn restart_handshakes(&self, public_keys: &[String]) -> Result<()>;
+    /// The peers the last `apply` removed and added again to change them (their sessions gone),
+    /// taken: the executor prompts those this node dials, so that traffic resumes now, not when
+    /// the peer's session would have been renewed (minutes; 25 s with a keepalive).
+    fn take_sessions_dropped(&mut self) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+/// What changes from the peers `old` to `new`: the peers gone, and each peer new or changed with
+/// the peer of its key before, if there was one. By key, through maps: an operator's node has
+/// ten thousand peers, and comparing every peer with every other took 300 ms of a one-peer
+/// change (`trellis-dev bench agent`).
+pub struct PeerChanges<'a> {
+    pub gone: Vec<&'a WgPeer>,
+    pub changed: Vec<(&'a WgPeer, Option<&'a WgPeer>)>,
+}
+
+pub fn peer_changes<'a>(old: &'a [WgPeer], new: &'a [WgPeer]) -> PeerChanges<'a> {
+    use std::collections::HashMap;
+    let before: HashMap<&str, &WgPeer> = old.iter().map(|p| (p.public_key.as_str(), p)).collect();
+    let after: std::collections::HashSet<&str> = new.iter().map(|p| p.public_key.as_str()).collect();
+    PeerChanges {
+        gone: old.iter().filter(|o| !after.contains(o.public_key.as_str())).collect(),
+        changed: new
+            .iter()
+            .filter_map(|n| match before.get(n.public_key.as_str()) {
+                Some(o) if *o == n => None,
+                o => Some((n, o.copied())),
+            })
+            .collect(),
+    }
+}
+
+/// The node's inbound filter, loaded from its `nftables.conf`.
+pub trait Firewall {
+    /// Loads the ruleset file in one transaction; on refusal nothing changes.
+    fn apply(&mut self, ruleset: &Path) -> Result<()>;
+    fn loaded(&self) -> bool;
+    /// Loads the ruleset loaded last again, whole, when the kernel's table is no longer it
+    /// (flushed, deleted or changed behind the agent's back); whether it did. The run loop
+    /// calls it on its tick, so that a flushed table is back within seconds, not at the next
+    /// bundle.
+    fn reconcile(&mut self) -> Result<bool> {
+        Ok(false)
+    }
+}
+
+/// IP forwarding, which a hub needs to relay between its overlay peers.
+pub trait Forwarding {
+    /// Whether IPv4 and IPv6 forwarding are both on.
+    fn enabled(&self) -> bool;
+    /// Turns IPv4 and IPv6 forwarding on.
+    fn enable(&mut self) -> Result<()>;
+}
+
+/// Makes WireGuard start handshakes now, whatever the backend: a packet for a peer without a
+/// session is what starts one.
+pub trait Prompter {
+    /// Sends one empty datagram to each overlay address in `to`, through `interface` only.
+    fn prompt(&self, interface: &str, to: &[IpAddr]) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use trellis_core::wgconf::WgPeer;
+
+    fn peer(key: &str, ip: &str) -> WgPeer {
+        WgPeer { public_key: key.into(), allowed_ips: vec![ip.into()], endpoint: None, keepalive: None }
+    }
+
+    /// Gone, new and changed peers by key; a peer the same as before is no change.
+    #[test]
+    fn peer_changes_are_found_by_key() {
+        let old = vec![peer("a", "10.0.0.1/32"), peer("b", "10.0.0.2/32"), peer("c", "10.0.0.3/32")];
+        let new = vec![peer("a", "10.0.0.1/32"), peer("c", "10.0.0.9/32"), peer("d", "10.0.0.4/32")];
+        let c = super::peer_changes(&old, &new);
+        assert_eq!(c.gone.iter().map(|p| p.public_key.as_str()).collect::<Vec<_>>(), ["b"]);
+        let changed: Vec<(&str, Option<&str>)> =
+            c.changed.iter().map(|(n, o)| (n.public_key.as_str(), o.map(|o| o.allowed_ips[0].as_str()))).collect();
+        assert_eq!(changed, [("c", Some("10.0.0.3/32")), ("d", None)]);
+        let same = super::peer_changes(&old, &old);
+        assert!(same.gone.is_empty() && same.changed.is_empty());
+    }
+}

@@ -1,0 +1,276 @@
+//! Reading back the `nftables.conf` that `render` writes (one `table inet trellis`), for the
+//! agent that loads it: its named sets' elements apart from everything else, and what changed
+//! between two such rulesets as nft commands. When they differ only in the elements of named sets
+//! (a node came, went or was renumbered: the sources of the rules that admit it), the change is
+//! those elements, deleted and created in one transaction, instead of the whole table loaded again
+//! (ADR 0031). With ten thousand sources a one-source change then costs what the change costs, not
+//! what the table does. Pure.
+
+use std::collections::HashSet;
+
+/// The table every trellis ruleset holds (`render::nftables`).
+pub const TABLE: &str = "inet trellis";
+
+/// A ruleset read back: the lines that are not set elements, each named set's elements and each
+/// chain's rules, as written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ruleset<'a> {
+    /// Every line but the lines of sets' elements, in order: two rulesets with the same `rest`
+    /// and the same sets' names differ only in elements.
+    pub rest: Vec<&'a str>,
+    /// Each named set and its elements, in the order written.
+    pub sets: Vec<(&'a str, Vec<&'a str>)>,
+    pub chains: Vec<Chain<'a>>,
+}
+
+/// A chain of the table: its base specification (`type ... policy ...;`) and its rules, as
+/// written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chain<'a> {
+    pub name: &'a str,
+    pub spec: Option<&'a str>,
+    pub rules: Vec<&'a str>,
+}
+
+/// Reads a ruleset trellis wrote; `None` for a text trellis does not write (a set's name or an
+/// element that is no address or prefix, a rule with a `;`), which is then loaded whole, never
+/// pasted into commands.
+pub fn read(text: &str) -> Option<Ruleset<'_>> {
+    let (ruleset, valid) = shape(text);
+    valid.then_some(ruleset)
+}
+
+/// A name trellis gives a set or a chain: lower-case letters, digits, `_` and the `-` of a
+/// module's or route's name (a DNS label).
+fn plain(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+}
+
+/// The ruleset `text` holds, and whether it is one trellis writes.
+fn shape(text: &str) -> (Ruleset<'_>, bool) {
+    let mut rest = Vec::new();
+    let mut sets: Vec<(&str, Vec<&str>)> = Vec::new();
+    let mut chains: Vec<Chain> = Vec::new();
+    let mut valid = true;
+    // Inside a set's or a chain's braces.
+    let (mut in_set, mut in_chain) = (false, false);
+    for line in text.lines() {
+        if let Some(name) = line.strip_prefix("\tset ").and_then(|l| l.strip_suffix(" {")) {
+            valid &= plain(name);
+            sets.push((name, Vec::new()));
+            in_set = true;
+        } else if let Some(name) = line.strip_prefix("\tchain ").and_then(|l| l.strip_suffix(" {")) {
+            valid &= plain(name);
+            chains.push(Chain { name, spec: None, rules: Vec::new() });
+            in_chain = true;
+        } else if line == "\t}" {
+            (in_set, in_chain) = (false, false);
+        } else if in_set {
+            if let Some(elements) = line.strip_prefix("\t\telements = { ").and_then(|l| l.strip_suffix(" }")) {
+                let (_, list) = sets.last_mut().expect("a set is open");
+                // Left out of the shape, so that a set gaining its first element or losing its
+                // last (nft declares no empty list) changes its elements, not its shape.
+                for e in elements.split(", ") {
+                    valid &= e.parse::<std::net::IpAddr>().is_ok() || e.parse::<ipnet::IpNet>().is_ok();
+                    list.push(e);
+                }
+                continue;
+            }
+        } else if in_chain {
+            let chain = chains.last_mut().expect("a chain is open");
+            match line.strip_prefix("\t\t") {
+                Some(spec) if spec.starts_with("type ") => {
+                    valid &= !spec.contains(['{', '}', '"', '#']);
+                    chain.spec = Some(spec);
+                }
+                Some(comment) if comment.starts_with('#') => {}
+                Some(rule) if !rule.trim().is_empty() => {
+                    valid &= !rule.contains(';');
+                    chain.rules.push(rule);
+                }
+                _ => {}
+            }
+        }
+        rest.push(line);
+    }
+    (Ruleset { rest, sets, chains }, valid)
+}
+
+/// The nft commands that take a table loaded from `old` to `new`, if the two differ only in
+/// sets' elements: each removed element deleted and each new one created (`create`, not `add`,
+/// so that an element already there, like one deleted and not there, fails the transaction: a
+/// table that is not what `old` says is loaded whole, never patched), then every chain put back
+/// as `new` writes it (declared again, flushed, its rules added), so that rules taken out behind
+/// the agent's back (`nft flush chain`, `flush ruleset`) are back after any apply, as after a
+/// whole load; a table or set that is gone fails the transaction, and the file is loaded whole.
+/// `None` when anything else differs, or when `new` is no text trellis writes.
+pub fn delta(old: &str, new: &str) -> Option<String> {
+    let (Some(before), Some(after)) = (read(old), read(new)) else { return None };
+    let same_shape = before.rest == after.rest
+        && before.sets.len() == after.sets.len()
+        && before.sets.iter().zip(&after.sets).all(|((a, _), (b, _))| a == b);
+    if !same_shape {
+        return None;
+    }
+    let mut commands = String::new();
+    for ((name, was), (_, now)) in before.sets.iter().zip(&after.sets) {
+        let was_set: HashSet<&str> = was.iter().copied().collect();
+        let now_set: HashSet<&str> = now.iter().copied().collect();
+        let gone: Vec<&str> = was.iter().copied().filter(|e| !now_set.contains(e)).collect();
+        let came: Vec<&str> = now.iter().copied().filter(|e| !was_set.contains(e)).collect();
+        if !gone.is_empty() {
+            commands.push_str(&format!("delete element {TABLE} {name} {{ {} }}\n", gone.join(", ")));
+        }
+        if !came.is_empty() {
+            commands.push_str(&format!("create element {TABLE} {name} {{ {} }}\n", came.join(", ")));
+        }
+    }
+    for chain in &after.chains {
+        let name = chain.name;
+        match chain.spec {
+            Some(spec) => commands.push_str(&format!("add chain {TABLE} {name} {{ {spec} }}\n")),
+            None => commands.push_str(&format!("add chain {TABLE} {name}\n")),
+        }
+        commands.push_str(&format!("flush chain {TABLE} {name}\n"));
+        for rule in &chain.rules {
+            commands.push_str(&format!("add rule {TABLE} {name} {rule}\n"));
+        }
+    }
+    Some(commands)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{delta, read, Chain};
+
+    fn ruleset(v4: &[&str], v6: &[&str], port: u16) -> String {
+        let set = |name: &str, kind: &str, e: &[&str]| {
+            let elements = if e.is_empty() { String::new() } else { format!("\t\telements = {{ {} }}\n", e.join(", ")) };
+            format!("\tset {name} {{\n\t\ttype {kind}\n{elements}\t}}\n")
+        };
+        format!(
+            "# trellis\ntable inet trellis {{\n}}\ndelete table inet trellis\n\ntable inet trellis {{\n{}{}\n\tchain input {{\n\t\ttype filter hook input priority filter; policy accept;\n\t\tiifname \"trellis0\" ip saddr @src_ssh_1_v4 tcp dport {{ {port} }} accept\n\t\tiifname \"trellis0\" ip6 saddr @src_ssh_1_v6 tcp dport {{ {port} }} accept\n\t}}\n}}\n",
+            set("src_ssh_1_v4", "ipv4_addr", v4),
+            set("src_ssh_1_v6", "ipv6_addr", v6)
+        )
+    }
+
+    /// The element commands of a delta, without the chains it puts back.
+    fn elements(commands: &str) -> String {
+        commands.lines().filter(|l| l.contains(" element ")).map(|l| format!("{l}\n")).collect()
+    }
+
+    /// The chains put back after the elements, as the new text writes them.
+    const CHAINS_22: &str = "add chain inet trellis input { type filter hook input priority filter; policy accept; }\n\
+        flush chain inet trellis input\n\
+        add rule inet trellis input iifname \"trellis0\" ip saddr @src_ssh_1_v4 tcp dport { 22 } accept\n\
+        add rule inet trellis input iifname \"trellis0\" ip6 saddr @src_ssh_1_v6 tcp dport { 22 } accept\n";
+
+    #[test]
+    fn reads_the_sets_elements_apart_from_the_rest() {
+        let text = ruleset(&["10.0.0.1", "10.0.0.0/24"], &[], 22);
+        let read = read(&text).expect("a ruleset trellis writes");
+        assert_eq!(read.sets, [("src_ssh_1_v4", vec!["10.0.0.1", "10.0.0.0/24"]), ("src_ssh_1_v6", vec![])]);
+        assert!(!read.rest.iter().any(|l| l.contains("elements")), "{:?}", read.rest);
+        assert_eq!(
+            read.chains,
+            [Chain {
+                name: "input",
+                spec: Some("type filter hook input priority filter; policy accept;"),
+                rules: vec![
+                    "iifname \"trellis0\" ip saddr @src_ssh_1_v4 tcp dport { 22 } accept",
+                    "iifname \"trellis0\" ip6 saddr @src_ssh_1_v6 tcp dport { 22 } accept"
+                ],
+            }]
+        );
+        assert_eq!(super::read(&text.replace("10.0.0.1", "10.0.0.1 } ; flush ruleset ; {")), None, "an element that is no address");
+    }
+
+    #[test]
+    fn a_change_of_sources_only_is_the_elements_deleted_and_created() {
+        let old = ruleset(&["10.0.0.1", "10.0.0.2", "10.0.0.3"], &["fd00::1"], 22);
+        let new = ruleset(&["10.0.0.1", "10.0.0.3", "10.0.0.4"], &["fd00::1"], 22);
+        assert_eq!(
+            delta(&old, &new).unwrap(),
+            format!("delete element inet trellis src_ssh_1_v4 {{ 10.0.0.2 }}\ncreate element inet trellis src_ssh_1_v4 {{ 10.0.0.4 }}\n{CHAINS_22}")
+        );
+        // Nothing changed: the chains are put back all the same (rules flushed behind the
+        // agent's back come back with any apply).
+        assert_eq!(delta(&old, &old).unwrap(), CHAINS_22);
+    }
+
+    #[test]
+    fn a_text_trellis_does_not_write_is_loaded_whole_never_pasted_into_commands() {
+        let old = ruleset(&["10.0.0.1"], &["fd00::1"], 22);
+        let injected =
+            ruleset(&["10.0.0.1 } ; delete table inet other ; create element inet trellis src_ssh_1_v4 { 10.0.0.2"], &["fd00::1"], 22);
+        assert_eq!(delta(&old, &injected), None, "an element that is no address");
+        let rule = old.replace("tcp dport { 22 } accept\n\t\tiifname", "tcp dport { 22 } accept; delete table inet other\n\t\tiifname");
+        assert_eq!(delta(&old, &rule), None, "a rule with a ;");
+        let spec = old.replace("policy accept;", "policy accept; } ; delete table inet other ; add chain inet trellis input {");
+        assert_eq!(delta(&old, &spec), None, "a chain's specification with braces");
+        assert_eq!(delta(&old, &old.replace("src_ssh_1_v4", "src ssh")), None, "a set's name");
+        assert!(delta(&old, &ruleset(&["10.0.0.0/24"], &["fd00::/64"], 22)).is_some(), "prefixes are elements");
+        let hyphen = old.replace("src_ssh_1", "src_web-app_1");
+        assert!(delta(&hyphen, &hyphen.replace("10.0.0.1", "10.0.0.2")).is_some(), "a module named with a hyphen");
+    }
+
+    #[test]
+    fn a_set_losing_its_last_element_or_gaining_its_first_is_still_a_change_of_elements() {
+        let old = ruleset(&["10.0.0.1"], &[], 22);
+        let new = ruleset(&[], &["fd00::9"], 22);
+        assert_eq!(
+            elements(&delta(&old, &new).unwrap()),
+            "delete element inet trellis src_ssh_1_v4 { 10.0.0.1 }\ncreate element inet trellis src_ssh_1_v6 { fd00::9 }\n"
+        );
+    }
+
+    #[test]
+    fn any_other_difference_loads_the_whole_table() {
+        let old = ruleset(&["10.0.0.1"], &["fd00::1"], 22);
+        assert_eq!(delta(&old, &ruleset(&["10.0.0.1"], &["fd00::1"], 2222)), None, "a port");
+        assert_eq!(delta(&old, &old.replace("src_ssh_1_v6", "src_ssh_2_v6")), None, "a set's name");
+        assert_eq!(delta(&old, &old.replace("ipv4_addr", "ipv6_addr")), None, "a set's type");
+        assert_eq!(delta(&old, &format!("{old}table inet other {{\n}}\n")), None, "another line");
+    }
+
+    proptest::proptest! {
+        /// Whatever the sources before and after, the commands take the old sets to the new
+        /// ones: each deletion names an element the old set holds, each creation one it does
+        /// not, and applying them gives exactly the new elements.
+        #[test]
+        fn the_commands_take_the_old_sets_to_the_new(
+            old4 in proptest::collection::btree_set(0u16..300, 0..40),
+            new4 in proptest::collection::btree_set(0u16..300, 0..40),
+            old6 in proptest::collection::btree_set(0u16..300, 0..10),
+            new6 in proptest::collection::btree_set(0u16..300, 0..10),
+        ) {
+            use std::collections::BTreeSet;
+            let v4 = |s: &BTreeSet<u16>| s.iter().map(|i| format!("10.0.{}.{}", i / 256, i % 256)).collect::<Vec<_>>();
+            let v6 = |s: &BTreeSet<u16>| s.iter().map(|i| format!("fd00::{i:x}")).collect::<Vec<_>>();
+            let (o4, n4, o6, n6) = (v4(&old4), v4(&new4), v6(&old6), v6(&new6));
+            fn refs(v: &[String]) -> Vec<&str> {
+                v.iter().map(String::as_str).collect()
+            }
+            let old = ruleset(&refs(&o4), &refs(&o6), 22);
+            let new = ruleset(&refs(&n4), &refs(&n6), 22);
+            let commands = delta(&old, &new).expect("only elements differ");
+            let mut sets: std::collections::HashMap<&str, BTreeSet<String>> =
+                [("src_ssh_1_v4", o4.iter().cloned().collect()), ("src_ssh_1_v6", o6.iter().cloned().collect())].into();
+            for line in elements(&commands).lines() {
+                let (verb, rest) = line.split_once(" element inet trellis ").expect("an element command");
+                let (name, elements) = rest.split_once(" { ").expect("a set and its elements");
+                let set = sets.get_mut(name).expect("a declared set");
+                for e in elements.strip_suffix(" }").expect("closed").split(", ") {
+                    match verb {
+                        "delete" => proptest::prop_assert!(set.remove(e), "{} deletes {} it does not hold", name, e),
+                        "create" => proptest::prop_assert!(set.insert(e.to_string()), "{} creates {} it holds", name, e),
+                        other => proptest::prop_assert!(false, "unknown command {}", other),
+                    }
+                }
+            }
+            proptest::prop_assert_eq!(&sets["src_ssh_1_v4"], &n4.iter().cloned().collect::<BTreeSet<_>>());
+            proptest::prop_assert_eq!(&sets["src_ssh_1_v6"], &n6.iter().cloned().collect::<BTreeSet<_>>());
+        }
+    }
+}

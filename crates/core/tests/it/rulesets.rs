@@ -1,0 +1,108 @@
+//! The rulesets the compiler writes, as the agent reads them back (`ruleset`): every node's
+//! `nftables.conf` of a generated mesh reads, through any sequence of changes, and the commands
+//! between a node's ruleset before and after a change take exactly the old sets to the new ones.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use trellis_core::plan::NFTABLES_CONF;
+use trellis_core::ruleset::{delta, read, Ruleset, TABLE};
+use trellis_core::{compile, Compiled, Keys};
+
+use crate::incremental::{add_routes, apply, change};
+use crate::props::{declaration, gen};
+
+/// Each node's `nftables.conf`.
+fn rulesets(c: &Compiled) -> BTreeMap<String, String> {
+    c.nodes
+        .iter()
+        .map(|(node, out)| {
+            let file = out.files.iter().find(|f| f.path == NFTABLES_CONF).expect("a ruleset");
+            (node.to_string(), file.content.to_string())
+        })
+        .collect()
+}
+
+/// Each set's elements, as a set.
+fn sets(r: &Ruleset) -> BTreeMap<String, BTreeSet<String>> {
+    r.sets.iter().map(|(name, elements)| (name.to_string(), elements.iter().map(|e| e.to_string()).collect())).collect()
+}
+
+/// What reading a rendered ruleset must give: the table's chains, every set a rule names
+/// declared and every set declared named by a rule, and the same text again as no change of
+/// elements, only its chains put back.
+fn reads_back(node: &str, text: &str) -> Result<(), TestCaseError> {
+    let Some(r) = read(text) else { return Err(TestCaseError::fail(format!("{node}'s ruleset does not read back:\n{text}"))) };
+    let chains: Vec<&str> = r.chains.iter().map(|c| c.name).collect();
+    prop_assert!(chains.starts_with(&["input", "forward"]), "{}: chains {:?}", node, chains);
+    let declared: BTreeSet<&str> = r.sets.iter().map(|(name, _)| *name).collect();
+    let named: BTreeSet<&str> =
+        r.chains.iter().flat_map(|c| &c.rules).flat_map(|rule| rule.split('@').skip(1)).map(|s| s.split(' ').next().unwrap_or(s)).collect();
+    prop_assert_eq!(&declared, &named, "{}: the sets declared and the sets the rules name\n{}", node, text);
+    let same = delta(text, text).expect("a ruleset against itself");
+    prop_assert!(!same.contains(" element "), "{}: the same text changes elements:\n{}", node, same);
+    prop_assert_eq!(same.matches(&format!("flush chain {TABLE} ")).count(), r.chains.len(), "{}: every chain put back", node);
+    Ok(())
+}
+
+/// The element commands of `commands`, applied to `sets`.
+fn apply_elements(
+    mut sets: BTreeMap<String, BTreeSet<String>>,
+    commands: &str,
+) -> Result<BTreeMap<String, BTreeSet<String>>, TestCaseError> {
+    for line in commands.lines().filter(|l| l.contains(" element ")) {
+        let (verb, rest) = line.split_once(&format!(" element {TABLE} ")).expect("an element command");
+        let (name, elements) = rest.split_once(" { ").expect("a set and its elements");
+        let set = sets.get_mut(name).expect("a declared set");
+        for e in elements.strip_suffix(" }").expect("closed").split(", ") {
+            match verb {
+                "delete" => prop_assert!(set.remove(e), "{} deletes {} it does not hold", name, e),
+                "create" => prop_assert!(set.insert(e.to_string()), "{} creates {} it holds", name, e),
+                other => prop_assert!(false, "unknown command {}", other),
+            }
+        }
+    }
+    Ok(sets)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 100, .. ProptestConfig::default() })]
+
+    /// Render, then read: each ruleset reads back, and between two compiles the agent either
+    /// loads the new one whole (something besides elements differs) or changes exactly the
+    /// elements that take each old set to the new one.
+    #[test]
+    fn every_rendered_ruleset_reads_back_and_its_changes_are_exactly_the_new_elements(g in gen(), routed in any::<bool>(), changes in proptest::collection::vec(change(), 1..6)) {
+        let mut d = declaration(&g);
+        if routed {
+            add_routes(&mut d);
+        }
+        let mut keys = Keys::default();
+        let mut prev = compile(&Arc::new(d.clone()), &keys, &Default::default(), None).unwrap();
+        for (node, text) in rulesets(&prev) {
+            reads_back(&node, &text)?;
+        }
+        let mut added = 0;
+        for c in &changes {
+            apply(&mut d, &mut keys, c, &mut added);
+            let next = compile(&Arc::new(d.clone()), &keys, &prev.allocation, None).unwrap();
+            let (before, after) = (rulesets(&prev), rulesets(&next));
+            for (node, new) in &after {
+                reads_back(node, new)?;
+                let Some(old) = before.get(node) else { continue };
+                let (o, n) = (read(old).expect("read above"), read(new).expect("read above"));
+                let names = |r: &Ruleset| r.sets.iter().map(|(name, _)| name.to_string()).collect::<Vec<_>>();
+                let only_elements = o.rest == n.rest && names(&o) == names(&n);
+                match delta(old, new) {
+                    None => prop_assert!(!only_elements, "{}: {:?} differs only in elements, yet is loaded whole", node, c),
+                    Some(commands) => {
+                        prop_assert!(only_elements, "{}: {:?} changes more than elements, yet is patched:\n{}", node, c, commands);
+                        prop_assert_eq!(apply_elements(sets(&o), &commands)?, sets(&n), "{}: after {:?}", node, c);
+                    }
+                }
+            }
+            prev = next;
+        }
+    }
+}
