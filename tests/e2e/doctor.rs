@@ -100,3 +100,72 @@ fn doctor_json_and_an_enrolled_node_without_its_controller() {
     assert_eq!(check("state directory")["ok"], true, "{d}");
     assert_eq!(check("Traefik")["ok"], true, "not an ingress node\n{d}");
 }
+
+/// As root, in a mount namespace where /dev/net is empty and a network namespace of its own:
+/// no TUN device, so neither wireguard-go nor the embedded backends can run, and `auto` has
+/// nothing left.
+#[test]
+fn doctor_without_a_tun_device() {
+    if !can_run(Need::Root) || !can_run(Need::Program("unshare")) {
+        return;
+    }
+    let dir = TempDir::new("doctor-tun");
+    let script = format!(
+        "mount -t tmpfs tmpfs /dev/net && PATH={} exec {} doctor --state-dir {}",
+        dir.join("no-bin").display(),
+        agent(),
+        dir.join("state").display()
+    );
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--mount", "--net", "--propagation", "private", "sh", "-c", &script]);
+    let (out, d) = run(cmd);
+    assert_eq!(out.status.code(), Some(1), "{d}");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.lines().any(|l| l.starts_with("✗ TUN device") && l.contains("/dev/net/tun")), "{d}");
+    assert!(text.lines().any(|l| l.starts_with("✗ --wireguard auto picks") && l.contains("gotatun")), "{d}");
+}
+
+/// Before enrolment, against a real controller: the token's address answers, verified by its
+/// fingerprint, and the clocks agree; the same token with another fingerprint is refused
+/// before anything is sent (what `enrol` would refuse), and says so.
+#[test]
+fn doctor_checks_the_controller_a_token_names() {
+    use crate::controller::{Controller, Db};
+    let ctl = Controller::start(Db::Sqlite);
+    ctl.ok(&["apply", "lab/basic"]);
+    let token = ctl.token("db-1", &[]);
+    let dir = TempDir::new("doctor-token");
+    let good = dir.join("good.token");
+    std::fs::write(&good, &token).expect("the token");
+    let mut other = EnrolmentToken::decode(&token).expect("a token");
+    other.ca_fingerprint[0] ^= 1;
+    let bad = dir.join("bad.token");
+    std::fs::write(&bad, other.encode().expect("a token")).expect("the token");
+    let address = format!("controller 127.0.0.1:{}", ctl.port);
+
+    let doctor = |file: &std::path::Path| {
+        let mut cmd = Command::new(agent());
+        cmd.arg("doctor")
+            .arg("--state-dir")
+            .arg(dir.join("state"))
+            .arg("--root")
+            .arg(dir.path())
+            .arg("--token-file")
+            .arg(file)
+            .arg("--json");
+        let (out, d) = run(cmd);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}\n{d}"));
+        let find = |name: &str| {
+            v["checks"].as_array().expect("checks").iter().find(|c| c["name"] == name).cloned().unwrap_or_else(|| panic!("no {name}\n{d}"))
+        };
+        (find(&address), find("clock"), d)
+    };
+    let (reach, clock, d) = doctor(&good);
+    assert_eq!(reach["ok"], true, "{d}");
+    assert!(reach["detail"].as_str().is_some_and(|s| s.contains("the token's CA fingerprint")), "{d}");
+    assert_eq!(clock["ok"], true, "{d}");
+    let (reach, clock, d) = doctor(&bad);
+    assert_eq!(reach["ok"], false, "{d}");
+    assert!(reach["detail"].as_str().is_some_and(|s| s.contains("does not match the token")), "{d}");
+    assert_eq!(clock["ok"], false, "{d}");
+}
