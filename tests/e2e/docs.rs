@@ -418,6 +418,21 @@ fn docs_error_codes() {
     );
 }
 
+/// The files of a bundle, each listed (`- \`PATH\``) in the reference, and nothing else listed
+/// as delivered.
+#[test]
+fn docs_files() {
+    let page = repo().join("docs/src/reference/files.md");
+    let documented: BTreeSet<String> = read(&page)
+        .lines()
+        .filter_map(|l| l.strip_prefix("- `"))
+        .flat_map(|l| l.split(", `").map(|p| p.split('`').next().unwrap_or("").to_string()).collect::<Vec<_>>())
+        .filter(|p| !p.ends_with('/'))
+        .collect();
+    let delivered: BTreeSet<String> = trellis_core::compile::DELIVERED.iter().map(|p| p.to_string()).collect();
+    assert_eq!(documented, delivered, "{} and the files a bundle may carry differ", page.display());
+}
+
 /// One command of a `console` block and the output it shows.
 #[derive(Debug)]
 struct Shown {
