@@ -6,6 +6,8 @@ mod certs;
 mod cli;
 mod controller;
 mod delivery;
+mod docs;
+mod doctor;
 mod failover;
 mod lab;
 mod metrics;

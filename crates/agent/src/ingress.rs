@@ -32,7 +32,7 @@ pub enum IngressMode {
     Auto,
     /// Traefik from PATH, as the agent's child (an error at start without one)
     Traefik,
-    /// No Traefik: an operator's own reads etc/trellis/traefik/ (the README shows its static configuration)
+    /// No Traefik: an operator's own reads etc/trellis/traefik/ (docs/src/guide/exposure.md in the source shows its static configuration)
     None,
 }
 

@@ -7,6 +7,7 @@ pub mod backoff;
 pub mod bundle;
 pub mod certs;
 pub mod dns;
+pub mod doctor;
 pub mod exec;
 pub mod host;
 pub mod identity;
@@ -196,6 +197,27 @@ enum Command {
     /// nftables' library for the agent, in a process of its own (the agent starts it: `nfthelper`)
     #[command(hide = true, name = nfthelper::SUBCOMMAND)]
     NftHelper,
+    /// What this host has and lacks for the agent, each line ✓ or ✗ with what fixes it (exit 1
+    /// when a ✗ stops the agent); before `enrol` give the token, so the node is checked before
+    /// the token is spent
+    Doctor {
+        /// The node's state directory (read only: its modes, and once enrolled its controllers)
+        #[arg(long, default_value = "/var/lib/trellis-agent")]
+        state_dir: PathBuf,
+        /// Where the node's files are (an ingress node holds etc/trellis/ingress.toml there)
+        #[arg(long, default_value = "/")]
+        root: PathBuf,
+        /// Before enrolment: the token, whose controllers are tried against its CA fingerprint
+        /// (nothing is sent but a TLS handshake and a HEAD request); prefer --token-file
+        #[arg(long, conflicts_with = "token_file")]
+        token: Option<String>,
+        /// Read the token from this file (`-`: standard input)
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
+        /// Print as JSON
+        #[arg(long)]
+        json: bool,
+    },
     /// Show this node's identity and certificate
     Status {
         #[arg(long)]
@@ -232,6 +254,9 @@ pub fn main() -> ExitCode {
             }
             Command::Renew { state_dir, force } => identity::renew(&state_dir, force).await,
             Command::Status { state_dir, json } => identity::status(&state_dir, json),
+            Command::Doctor { state_dir, root, token, token_file, json } => {
+                doctor::run(&state_dir, &root, doctor::read_token(token, token_file.as_deref())?, json)
+            }
             Command::Assets { dir } => assets::write(<Cli as clap::CommandFactory>::command(), &dir),
             Command::NftHelper => nfthelper::serve(),
             Command::Run { host, wait, max_applies, max_backoff, .. } => host.agent(wait.min(60), max_applies, max_backoff)?.run().await,

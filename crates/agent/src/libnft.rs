@@ -9,7 +9,7 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use anyhow::{bail, Context, Result};
 
 /// The library's name in Debian's `libnftables1` (a dependency of `nftables`).
-const LIBRARY: &str = "libnftables.so.1";
+pub const LIBRARY: &str = "libnftables.so.1";
 
 type New = unsafe extern "C" fn(u32) -> *mut c_void;
 type Free = unsafe extern "C" fn(*mut c_void);

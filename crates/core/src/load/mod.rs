@@ -15,7 +15,7 @@ use crate::diag::{self, Diagnostic};
 use parse::{parse_mesh, parse_module};
 use validate::validate;
 
-pub use parse::MAX_POOL_SIZE;
+pub use parse::{MAX_POOL_SIZE, SCHEMA};
 pub use validate::{is_dns_label, names_node};
 
 /// One declaration file as text. `path` is how diagnostics name it.

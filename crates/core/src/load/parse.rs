@@ -62,6 +62,28 @@ const MODULE_KEYS: &[&str] = &["name", "description", "certificate"];
 const CERTIFICATE_KEYS: &[&str] = &["group", "reload"];
 const RULE_KEYS: &[&str] = &["proto", "ports", "from"];
 
+/// Every table a declaration may hold and the keys it takes, as the parser reads them (the
+/// names are how diagnostics name the tables); the reference of declaration keys is checked
+/// against it. `[networks]` and `[groups]` take names the operator chooses, and each network
+/// takes no key.
+pub const SCHEMA: &[(&str, &[&str])] = &[
+    ("mesh.toml", MESH_FILE_KEYS),
+    ("[mesh]", MESH_KEYS),
+    ("[[node]]", NODE_KEYS),
+    ("[[node.endpoint]]", ENDPOINT_KEYS),
+    ("[[route]]", ROUTE_KEYS),
+    ("[[route.allow]]", RULE_KEYS),
+    ("[[route.host]]", ROUTE_HOST_KEYS),
+    ("[[pool]]", POOL_KEYS),
+    ("[acme]", ACME_KEYS),
+    ("[[expose]]", EXPOSE_KEYS),
+    ("[[test]]", TEST_KEYS),
+    ("modules/NAME.toml", MODULE_FILE_KEYS),
+    ("[module]", MODULE_KEYS),
+    ("[module.certificate]", CERTIFICATE_KEYS),
+    ("[[allow]]", RULE_KEYS),
+];
+
 pub(super) fn parse_mesh(file: &SourceFile, diags: &mut Vec<Diagnostic>) -> Parsed {
     let doc = Doc::new(file);
     let mut out = Parsed::default();
