@@ -5,7 +5,6 @@ mod admin;
 mod assets;
 mod certs;
 mod declfs;
-mod log;
 mod offline;
 mod trust;
 
@@ -13,6 +12,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use trellis_client::log;
 
 #[derive(Parser)]
 #[command(
@@ -262,9 +262,9 @@ fn main() -> ExitCode {
         Command::Init { state_dir, advertise, listen, database_url, cert_lifetime } => {
             admin::init(&state_dir, advertise, listen, database_url, cert_lifetime)
         }
-        Command::Serve { state_dir, database_url, listen, metrics_listen, log_format, restored } => {
-            log::init(log_format).and_then(|()| admin::serve(&state_dir, database_url, listen, metrics_listen, restored))
-        }
+        Command::Serve { state_dir, database_url, listen, metrics_listen, log_format, restored } => log::init(log_format, "info")
+            .map_err(anyhow::Error::from)
+            .and_then(|()| admin::serve(&state_dir, database_url, listen, metrics_listen, restored)),
         Command::Apply { dir, expect_revision, json, conn } => admin::apply(&conn, &dir, expect_revision, json),
         Command::Token { cmd, conn } => admin::token(&conn, cmd),
         Command::Nodes { json, conn } => admin::nodes(&conn, json),
