@@ -66,10 +66,10 @@ async fn health() -> &'static str {
     "ok\n"
 }
 
-/// `GET /v1/openapi.json`: this document, made once from the routes' own descriptions and
-/// handed to this handler by the router (`routes::app`), since it is made from this list.
+/// `GET /v1/openapi.json`: this document, made once from the routes' own descriptions.
 #[utoipa::path(get, path = "/v1/openapi.json", tag = "health", responses((status = 200, description = "The OpenAPI 3.1 description of this API", content_type = "application/json")))]
 async fn openapi_json(Extension(document): Extension<&'static utoipa::openapi::OpenApi>) -> Json<&'static utoipa::openapi::OpenApi> {
+    // Handed over by the router (`routes::app`): the document is made from this list.
     Json(document)
 }
 
