@@ -18,7 +18,8 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use trellis_core::token::EnrolmentToken;
 
-use crate::state::{Identity, CA_CERT, NODE_KEY, WIREGUARD_KEY};
+use crate::state::Identity;
+use crate::statedir::{CA_CERT, NODE_KEY, WIREGUARD_KEY};
 
 /// How far the node's clock may be from the controller's before enrolment is refused
 /// (`400 clock_skew`) and freshness stamps are distrusted.
@@ -370,7 +371,7 @@ impl Facts {
         };
         Facts {
             kernel_wireguard: kernel_wireguard(effective_caps),
-            wireguard_go: crate::wggo::find(),
+            wireguard_go: crate::host::wggo::find(),
             tun: std::fs::OpenOptions::new().read(true).write(true).open("/dev/net/tun").map(|_| ()).map_err(|e| e.to_string()),
             nft: on_path("nft"),
             libnftables: libnftables(),

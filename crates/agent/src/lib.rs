@@ -14,7 +14,7 @@ pub mod identity;
 pub mod ingress;
 pub mod install;
 pub mod libnft;
-pub mod log;
+pub use trellis_client::log;
 pub mod metrics;
 pub mod nftgen;
 pub mod nfthelper;

@@ -5,6 +5,8 @@
 mod admin;
 mod declfs;
 mod error;
+#[cfg(feature = "log")]
+pub mod log;
 mod node;
 
 use std::future::Future;

@@ -13,8 +13,6 @@ use crate::{each_controller, Error};
 
 const CONNECT: Duration = Duration::from_secs(5);
 const TIMEOUT: Duration = Duration::from_secs(30);
-/// The header carrying the controller's signed freshness stamp (base64).
-const FRESHNESS: &str = "x-trellis-freshness";
 
 /// The enrolment request for a decoded token, the node's CSR and its WireGuard public key.
 pub fn enrol_request(token: &EnrolmentToken, csr_pem: String, wireguard_public_key: String) -> proto::EnrolRequest {
@@ -207,8 +205,10 @@ impl NodeClient {
             let send = req.send();
             async move {
                 let resp = send.await.map_err(Error::Send)?;
-                let freshness =
-                    resp.headers().get(FRESHNESS).and_then(|v| base64::engine::general_purpose::STANDARD.decode(v.as_bytes()).ok());
+                let freshness = resp
+                    .headers()
+                    .get(proto::FRESHNESS_HEADER)
+                    .and_then(|v| base64::engine::general_purpose::STANDARD.decode(v.as_bytes()).ok());
                 let tag = resp.headers().get("etag").and_then(|v| v.to_str().ok()).and_then(trellis_proto::etag::BundleTag::parse);
                 let status = resp.status();
                 let is_delta = resp.headers().get("content-type").is_some_and(|v| v.as_bytes() == trellis_proto::DELTA_TYPE.as_bytes());

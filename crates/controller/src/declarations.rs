@@ -115,15 +115,10 @@ impl Controller {
             return Err(Error::BadRequest("the declaration has no mesh.toml".into()));
         }
         files.sort();
-        let loaded = load_files(&files);
-        let mut diagnostics = loaded.diagnostics;
-        let decl = loaded.declaration;
-        if let Some(d) = &decl {
-            diagnostics.extend(trellis_core::explain::check(d));
-            trellis_core::diag::sort(&mut diagnostics);
-        }
-        let out: Vec<proto::Diagnostic> = diagnostics.iter().map(diagnostic).collect();
-        let errors = diagnostics.iter().filter(|d| d.is_error()).count();
+        let checked = trellis_core::check(&files, str::to_string);
+        let errors = checked.errors();
+        let out: Vec<proto::Diagnostic> = checked.diagnostics.iter().map(diagnostic).collect();
+        let decl = checked.declaration;
         let Some(decl) = decl.filter(|_| errors == 0) else {
             return Err(Error::InvalidDeclaration {
                 message: format!("the declaration has {errors} error(s); nothing was changed"),

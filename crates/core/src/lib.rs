@@ -5,6 +5,7 @@
 pub mod alloc;
 pub mod bundle;
 pub mod certs;
+pub mod check;
 pub mod compile;
 pub mod decl;
 pub mod delta;
@@ -28,6 +29,7 @@ pub mod wgconf;
 pub mod zone;
 
 pub use alloc::{allocate, Allocation};
+pub use check::{check, Checked};
 pub use compile::{compile, Compiled};
 pub use decl::Declaration;
 pub use diag::{Diagnostic, Loc, Severity};

@@ -11,24 +11,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use clap::Args;
 use serde_json::{json, Value};
 
-#[derive(Args)]
-pub struct AgentArgs {
-    /// How many peers the measured node has (every other node of the mesh)
-    #[arg(long, default_value_t = 10_000)]
-    pub peers: usize,
-    /// The WireGuard backends to measure, in turn
-    #[arg(long, value_delimiter = ',', default_value = "wireguard-go,gotatun,boringtun")]
-    pub wireguard: Vec<String>,
-    /// How many DNS queries to time (the median is reported)
-    #[arg(long, default_value_t = 20)]
-    pub queries: usize,
-    /// Print the figures as JSON
-    #[arg(long)]
-    pub json: bool,
-}
+use crate::args::AgentArgs;
 
 /// The node measured: in the operators' group, which every other node admits, and admitting
 /// every other node on one port itself, so its ruleset names N sources.
@@ -210,16 +195,16 @@ impl Bench {
         let pid = child.id();
         self.children.push(child);
         let first = self.until_version(1, Duration::from_secs(120))?;
-        let rss = crate::delivery::memory_kib(pid, "VmRSS").unwrap_or(0) as f64 / 1024.0;
+        let rss = crate::figures::memory_kib(pid, "VmRSS").unwrap_or(0) as f64 / 1024.0;
 
         // One peer re-keyed, one added, one removed.
         write_declaration(&decl, n, Some(()))?;
         let held = first["version"].as_u64().unwrap_or(1);
         self.trellis(&["apply", &decl.to_string_lossy()])?;
         let change = self.until_version(held + 1, Duration::from_secs(120))?;
-        let peak = crate::delivery::memory_kib(pid, "VmHWM").unwrap_or(0) as f64 / 1024.0;
-        let rss_after = crate::delivery::memory_kib(pid, "VmRSS").unwrap_or(0) as f64 / 1024.0;
-        let wg_go = wireguard_go_of(pid).and_then(|p| crate::delivery::memory_kib(p, "VmRSS")).map(|k| k as f64 / 1024.0);
+        let peak = crate::figures::memory_kib(pid, "VmHWM").unwrap_or(0) as f64 / 1024.0;
+        let rss_after = crate::figures::memory_kib(pid, "VmRSS").unwrap_or(0) as f64 / 1024.0;
+        let wg_go = wireguard_go_of(pid).and_then(|p| crate::figures::memory_kib(p, "VmRSS")).map(|k| k as f64 / 1024.0);
 
         // A name among N, asked of the agent's own resolver.
         let status = self.status()?;
@@ -305,7 +290,7 @@ fn write_declaration(dir: &Path, n: usize, changed: Option<()>) -> Result<()> {
     std::fs::create_dir_all(dir.join("modules"))?;
     let mut s = format!(
         "[mesh]\nname = \"agent\"\ndomain = \"agent.mesh\"\noverlay_ipv4 = \"{}\"\n\n[networks]\nlan = {{}}\n\n[groups]\nops = [\"{NODE}\"]\n",
-        crate::bench::overlay_for(n + 2)
+        crate::meshgen::overlay_for(n + 2)
     );
     let peers: Vec<usize> = match changed {
         None => (0..n).collect(),
@@ -315,7 +300,7 @@ fn write_declaration(dir: &Path, n: usize, changed: Option<()>) -> Result<()> {
     let _ = writeln!(s, "peers = [{}]", names.join(", "));
     let _ = write!(s, "\n[[node]]\nname = \"{NODE}\"\nnetworks = [\"lan\"]\nmodules = [\"metrics\"]\n");
     for i in peers {
-        let key = if changed.is_some() && i == 0 { crate::bench::key(n + 7) } else { crate::bench::key(i) };
+        let key = if changed.is_some() && i == 0 { crate::meshgen::key(n + 7) } else { crate::meshgen::key(i) };
         let _ = write!(
             s,
             "\n[[node]]\nname = \"p-{i:05}\"\nnetworks = [\"lan\"]\nmodules = [\"ssh\"]\npublic_key = \"{key}\"\n[[node.endpoint]]\naddress = \"198.18.{}.{}:51820\"\nreachable_from = [\"lan\"]\n",

@@ -11,34 +11,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
-use clap::Args;
 use serde_json::json;
 use trellis_proto as proto;
 
-use crate::bench::{database_name, ms};
-
-#[derive(Args)]
-pub struct CertsArgs {
-    /// How many enrolled nodes each ask for one service certificate over HTTPS
-    #[arg(long, default_value_t = 300)]
-    pub nodes: usize,
-    /// How many requests are in flight at once
-    #[arg(long, default_value_t = 16)]
-    pub concurrency: usize,
-    /// How many CSRs the services CA signs in the signing-alone figure
-    #[arg(long, default_value_t = 2000)]
-    pub signatures: usize,
-    /// The fleet the renewal cost is worked out for (one certificate a node, 24 h lifetime,
-    /// renewed at two thirds)
-    #[arg(long, default_value_t = 10_000)]
-    pub fleet: usize,
-    /// sqlite://... or postgres://... of an empty database (default: SQLite in a temporary state
-    /// directory)
-    #[arg(long)]
-    pub database_url: Option<String>,
-    #[arg(long)]
-    pub json: bool,
-}
+use crate::args::CertsArgs;
+use crate::figures::{database_name, ms};
 
 /// This process's CPU time so far (user and system).
 fn cpu() -> Duration {
@@ -148,7 +125,7 @@ async fn issuance(a: &CertsArgs) -> Result<Issuance> {
     }));
     let admin = Arc::new(crate::admin_client(&dir)?);
     let mut mesh =
-        format!("[mesh]\nname = \"bench\"\ndomain = \"bench.mesh\"\noverlay_ipv4 = \"{}\"\n", crate::bench::overlay_for(a.nodes));
+        format!("[mesh]\nname = \"bench\"\ndomain = \"bench.mesh\"\noverlay_ipv4 = \"{}\"\n", crate::meshgen::overlay_for(a.nodes));
     let names: Vec<String> = (0..a.nodes).map(|i| format!("n{i:05}")).collect();
     for n in &names {
         let _ = write!(mesh, "[[node]]\nname = \"{n}\"\nmodules = [\"svc\"]\n");
@@ -164,7 +141,7 @@ async fn issuance(a: &CertsArgs) -> Result<Issuance> {
         })
         .await?;
     let enrolees =
-        crate::enrolling::prepare(&admin, names.iter().enumerate().map(|(i, n)| (n.clone(), crate::bench::key(i))).collect()).await?;
+        crate::enrolling::prepare(&admin, names.iter().enumerate().map(|(i, n)| (n.clone(), crate::meshgen::key(i))).collect()).await?;
     let ca = std::fs::read_to_string(dir.join(trellis_controller::layout::CA_CERT))?;
     let enrolled = crate::enrolling::enrol_all(&format!("https://{addr}"), &ca, enrolees, a.concurrency).await?;
     // Each node's session and CSR are made first: the figure is the controller's answer.

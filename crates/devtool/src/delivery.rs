@@ -11,7 +11,8 @@ use base64::Engine;
 use serde_json::json;
 use trellis_proto as proto;
 
-use crate::bench::DeliveryArgs;
+use crate::args::DeliveryArgs;
+use crate::figures::{database_name, memory_kib, ms, pct};
 
 /// A `trellis serve` child process, killed when dropped.
 pub struct Serve(pub Child);
@@ -72,12 +73,6 @@ pub fn agent_source(k: usize) -> std::net::IpAddr {
     std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 1, (k / 4000) as u8, 1))
 }
 
-/// A memory figure of process `pid` from /proc (`VmHWM` is the peak, `VmRSS` the current), in KiB.
-pub fn memory_kib(pid: u32, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find(|l| l.strip_prefix(field).is_some_and(|r| r.starts_with(':')))?.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// A `trellis serve` child on a fresh state directory, listening on loopback.
 pub struct Running {
     pub serve: Serve,
@@ -123,14 +118,6 @@ pub async fn start(trellis: &std::path::Path, database_url: Option<String>, what
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Ok(Running { serve, dir, addr })
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
 fn mesh(n: usize, extra: bool) -> String {
@@ -316,7 +303,7 @@ pub async fn run(a: &DeliveryArgs) -> Result<std::process::ExitCode> {
     if lat.is_empty() {
         bail!("no agent received the new bundle");
     }
-    let db = crate::bench::database_name(a.database_url.as_deref());
+    let db = database_name(a.database_url.as_deref());
     if a.json {
         println!(
             "{}",

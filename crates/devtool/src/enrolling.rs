@@ -103,17 +103,3 @@ pub async fn enrol_all(base: &str, ca_pem: &str, enrolees: Vec<Enrolee>, concurr
     }
     Ok(out)
 }
-
-/// Durations sorted, for percentiles.
-pub fn sorted(mut v: Vec<Duration>) -> Vec<Duration> {
-    v.sort();
-    v
-}
-
-/// The `p` percentile (0..=1) of sorted durations; zero for none.
-pub fn pct(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}

@@ -17,9 +17,10 @@ use serde_json::json;
 use trellis_core::decl::{PublicKey, Source};
 use trellis_core::Compiled;
 
-use crate::bench::{ms, DeliveryArgs};
-use crate::delivery::{agent_source, fetch, memory_kib, raise_fd_limit, start, trellis_exe, Agent};
-use crate::enrolling::{self, pct, sorted};
+use crate::args::DeliveryArgs;
+use crate::delivery::{agent_source, fetch, raise_fd_limit, start, trellis_exe, Agent};
+use crate::enrolling;
+use crate::figures::{database_name, memory_kib, ms, pct, sorted};
 use crate::meshdir::MeshDir;
 
 const TARGET_P99: Duration = Duration::from_secs(1);
@@ -176,7 +177,7 @@ fn plan_changes(mesh: &MeshDir, keys: &trellis_core::Keys) -> Result<Plan> {
 
 /// The WireGuard key of the node the bench adds: after those of the mesh's nodes.
 fn added_key(decl: &trellis_core::Declaration) -> PublicKey {
-    crate::bench::key(decl.nodes.len())
+    crate::meshgen::key(decl.nodes.len())
 }
 
 /// A bundle one agent received while long-polling.
@@ -321,7 +322,7 @@ pub async fn run(a: &DeliveryArgs, dir: &Path) -> Result<ExitCode> {
     let trellis = trellis_exe()?;
     raise_fd_limit(a.agents)?;
     let names: Vec<String> = mesh.decl.nodes.iter().map(|n| n.name.clone()).collect();
-    let keys: trellis_core::Keys = names.iter().enumerate().map(|(i, n)| (n.clone(), crate::bench::key(i))).collect();
+    let keys: trellis_core::Keys = names.iter().enumerate().map(|(i, n)| (n.clone(), crate::meshgen::key(i))).collect();
     // The agents, spread evenly over the mesh (the first is the first node, a hub in a
     // generated mesh).
     let agent_of: HashMap<&str, usize> = (0..a.agents).map(|k| (names[k * n / a.agents].as_str(), k)).collect();
@@ -454,7 +455,7 @@ pub async fn run(a: &DeliveryArgs, dir: &Path) -> Result<ExitCode> {
     let refetch = declare.bytes() + enrol.bytes();
     let (target_refetch, target_rss_kib) = targets(n);
     let failures: Vec<&String> = change.failures.iter().chain(&declare.failures).chain(&enrol.failures).collect();
-    let db = crate::bench::database_name(a.database_url.as_deref());
+    let db = database_name(a.database_url.as_deref());
     let phase_json = |p: &Phase, c: &Change| {
         json!({
             "what": c.what, "bundles_changed_offline": c.changed.len(), "agents_expected": expect(c).len(),

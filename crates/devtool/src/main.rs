@@ -2,12 +2,17 @@
 //! of the binaries that are shipped.
 
 mod agentbench;
+mod args;
 mod bench;
 mod certs;
+mod compilebench;
 mod delivery;
+mod enrolbench;
 mod enrolling;
+mod figures;
 mod fleet;
 mod meshdir;
+mod meshgen;
 mod storm;
 
 use std::process::ExitCode;
@@ -26,10 +31,10 @@ enum Command {
     /// Measure the compiler, enrolment or delivery and print the figures
     Bench {
         #[command(subcommand)]
-        what: bench::BenchCommand,
+        what: args::BenchCommand,
     },
     /// Write a generated fleet-shaped mesh (by default 10,000 nodes) as a declaration directory
-    Mesh(bench::MeshArgs),
+    Mesh(args::MeshArgs),
 }
 
 /// The admin client of the controller whose state directory is `dir`.
@@ -42,7 +47,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench { what } => bench::run(what),
-        Command::Mesh(a) => bench::write_mesh(&a),
+        Command::Mesh(a) => meshgen::write_mesh(&a),
     };
     match result {
         Ok(code) => code,

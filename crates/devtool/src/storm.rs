@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 
-use crate::bench::EnrolArgs;
-use crate::enrolling::{self, pct, sorted};
+use crate::args::EnrolArgs;
+use crate::enrolling;
+use crate::figures::{database_name, ms, pct, sorted};
 use crate::meshdir::MeshDir;
 
 /// The targets: issue 10's on the 10,000-node mesh, issue 25's on a larger one (100,000 nodes).
@@ -61,7 +62,7 @@ pub async fn run(a: &EnrolArgs, dir: &std::path::Path) -> Result<ExitCode> {
 
     // Tokens, keys and CSRs first: the figures are the controller's.
     eprintln!("making {} tokens, keys and CSRs...", names.len());
-    let nodes = names.iter().enumerate().map(|(i, n)| (n.clone(), crate::bench::key(i))).collect();
+    let nodes = names.iter().enumerate().map(|(i, n)| (n.clone(), crate::meshgen::key(i))).collect();
     let enrolees = enrolling::prepare(&admin, nodes).await?;
     let ca = std::fs::read_to_string(state_dir.join(trellis_controller::layout::CA_CERT))?;
 
@@ -91,16 +92,15 @@ pub async fn run(a: &EnrolArgs, dir: &std::path::Path) -> Result<ExitCode> {
     stop_sampling.store(true, std::sync::atomic::Ordering::SeqCst);
     let ends = sampler.await?;
     // When each publish run finished, relative to the last answer (negative: before it).
-    let ends_ms: Vec<f64> =
-        ends.iter().map(|&t| if t >= last { crate::bench::ms(t - last) } else { -crate::bench::ms(last - t) }).collect();
+    let ends_ms: Vec<f64> = ends.iter().map(|&t| if t >= last { ms(t - last) } else { -ms(last - t) }).collect();
     let gaps: Vec<Duration> = ends.windows(2).map(|w| w[1] - w[0]).collect();
     let gap_median = sorted(gaps.clone()).get(gaps.len() / 2).copied().unwrap_or_default();
     // Said before the sample below, which may fail: a storm takes minutes at this size.
     eprintln!(
         "  {} enrolled in {:.0} ms; every node held a bundle {} after the last answer; {runs} publish runs",
         enrolled.len(),
-        crate::bench::ms(wall),
-        all_held.map_or_else(|| format!("not within {} s", HOLD_LIMIT.as_secs()), |d| format!("{:.0} ms", crate::bench::ms(d)))
+        ms(wall),
+        all_held.map_or_else(|| format!("not within {} s", HOLD_LIMIT.as_secs()), |d| format!("{:.0} ms", ms(d)))
     );
 
     // The same bundles over HTTPS, as the nodes' agents fetch them, for a sample of nodes.
@@ -124,19 +124,19 @@ pub async fn run(a: &EnrolArgs, dir: &std::path::Path) -> Result<ExitCode> {
 
     let latencies = sorted(enrolled.iter().map(|e| e.latency).collect());
     let rate = enrolled.len() as f64 / wall.as_secs_f64();
-    let db = crate::bench::database_name(a.database_url.as_deref());
-    let held_ms = all_held.map(crate::bench::ms);
+    let db = database_name(a.database_url.as_deref());
+    let held_ms = all_held.map(ms);
     if a.json {
         println!(
             "{}",
             serde_json::to_string_pretty(&json!({
                 "mesh": dir.display().to_string(), "nodes": names.len(), "database": db, "concurrency": concurrency,
-                "enrolled": enrolled.len(), "wall_ms": crate::bench::ms(wall),
+                "enrolled": enrolled.len(), "wall_ms": ms(wall),
                 "enrolments_per_second": rate, "target_enrolments_per_second": target_rate,
-                "latency_ms": {"p50": crate::bench::ms(pct(&latencies, 0.5)), "p99": crate::bench::ms(pct(&latencies, 0.99))},
+                "latency_ms": {"p50": ms(pct(&latencies, 0.5)), "p99": ms(pct(&latencies, 0.99))},
                 "held": names.len() - waiting.len(),
-                "last_answer_to_all_held_ms": held_ms, "target_all_held_ms": crate::bench::ms(target_held),
-                "publish_runs": runs, "publish_run_ends_ms": ends_ms, "publish_run_interval_median_ms": crate::bench::ms(gap_median),
+                "last_answer_to_all_held_ms": held_ms, "target_all_held_ms": ms(target_held),
+                "publish_runs": runs, "publish_run_ends_ms": ends_ms, "publish_run_interval_median_ms": ms(gap_median),
                 "sample_fetched": sampled, "sample_bytes": sample_bytes,
             }))?
         );
@@ -147,31 +147,24 @@ pub async fn run(a: &EnrolArgs, dir: &std::path::Path) -> Result<ExitCode> {
             "enrolments:                   {rate:8.0} per second  (target >= {target_rate:.0}: {}); {} in {:.0} ms",
             met(rate >= target_rate),
             enrolled.len(),
-            crate::bench::ms(wall)
+            ms(wall)
         );
-        println!(
-            "enrolment latency:            p50 {:.1} ms, p99 {:.1} ms",
-            crate::bench::ms(pct(&latencies, 0.5)),
-            crate::bench::ms(pct(&latencies, 0.99))
-        );
+        println!("enrolment latency:            p50 {:.1} ms, p99 {:.1} ms", ms(pct(&latencies, 0.5)), ms(pct(&latencies, 0.99)));
         match all_held {
-            Some(d) => println!(
-                "last answer -> all hold one:  {:8.0} ms  (target <= {:.0} ms: {})",
-                crate::bench::ms(d),
-                crate::bench::ms(target_held),
-                met(d <= target_held)
-            ),
+            Some(d) => {
+                println!("last answer -> all hold one:  {:8.0} ms  (target <= {:.0} ms: {})", ms(d), ms(target_held), met(d <= target_held))
+            }
             None => println!(
                 "last answer -> all hold one:  {} of {} nodes still held no bundle after {} s  (target <= {:.0} ms: MISSED)",
                 waiting.len(),
                 names.len(),
                 HOLD_LIMIT.as_secs(),
-                crate::bench::ms(target_held)
+                ms(target_held)
             ),
         }
         println!(
             "publish runs for the storm:   {runs:8}  (one every {:.0} ms, median; they ended at {} ms from the last answer)",
-            crate::bench::ms(gap_median),
+            ms(gap_median),
             ends_ms.iter().map(|m| format!("{m:.0}")).collect::<Vec<_>>().join(", ")
         );
         println!("HTTPS sample:                 {sampled} nodes fetched their bundle with their own certificate ({sample_bytes} bytes, equal to the controller's)");

@@ -4,8 +4,8 @@
 //!
 //! `file` is the lab file and its validation; `net` the namespaces, bridges and routers; `pg`
 //! the PostgreSQL server of a lab with controller replicas; `procs` the controller and agent
-//! processes; `checks` the expectation matrix; `timing` the first-packet, apply and failover
-//! figures. Declaration directories are read by the caller's reader (`ReadDeclaration`), the
+//! processes; `checks` the expectation matrix; `steps` the lab file's steps, one function per
+//! kind; `timing` the first-packet, apply and failover figures. Declaration directories are read by the caller's reader (`ReadDeclaration`), the
 //! one `trellis check` uses.
 
 mod acme;
@@ -15,6 +15,7 @@ mod metrics;
 mod net;
 mod pg;
 mod procs;
+mod steps;
 mod timing;
 mod traefik;
 
@@ -177,11 +178,6 @@ fn up_claimed(file: &Path, planned: Planned, mut st: LabState) -> Result<LabStat
     result.map(|_| st)
 }
 
-/// The first twelve hex digits of a serial, as the step prints it.
-fn short(serial: &str) -> &str {
-    &serial[..serial.len().min(12)]
-}
-
 fn lab_dir(file: &Path) -> &Path {
     file.parent().unwrap_or(Path::new("."))
 }
@@ -309,216 +305,13 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
     let through_overlay = control_through_overlay(&st, &read_valid(&in_force(st.steps_done), read_declaration)?)?;
     for i in st.steps_done..lab.step.len() {
         println!();
-        take_step(file, &lab, &mut st, i)?;
+        steps::take_step(file, &lab, &mut st, i)?;
         st.steps_done = i + 1;
         save(file, &st)?;
         tally.round(&lab, &st, &in_force(st.steps_done), read_declaration)?;
     }
     println!("{} of {} expectations met", tally.rows - tally.failures, tally.rows);
     Ok(tally.failures == 0 && metrics_wrong.is_empty() && through_overlay.is_empty() && retried.is_empty())
-}
-
-/// Takes step `i` of the lab file and prints its figures.
-fn take_step(file: &Path, lab: &LabFile, st: &mut LabState, i: usize) -> Result<()> {
-    match lab.action(i, lab_dir(file)) {
-        Action::Kill(host) => {
-            let victim = st.controllers.iter().find(|r| r.host == host).map(|r| r.address.clone()).unwrap_or_default();
-            // Who talks to it: an agent on another replica shows nothing of failover.
-            let on_victim = st.agents.iter().filter(|a| timing::holds(st, a, &[victim.as_str()])).count();
-            let at = Instant::now();
-            let result = procs::kill(st, &host);
-            save(file, st)?;
-            result?;
-            let took = timing::failover(st, at, Duration::from_secs(30))?;
-            let running: Vec<&str> = st.controllers.iter().filter(|r| !r.killed).map(|r| r.host.as_str()).collect();
-            println!(
-                "step {}: controller {host} killed (SIGKILL; {on_victim} of {} agents were long-polling it) -> every agent long-polling {}: {} ms",
-                i + 1,
-                st.agents.len(),
-                running.join(" or "),
-                took.as_millis()
-            );
-        }
-        Action::Revoke(node) => revoke_step(lab, st, i, &node)?,
-        Action::Renew(node) => {
-            let renewed = timing::renewal(st, &node)?;
-            let said: Vec<String> = renewed
-                .iter()
-                .map(|r| {
-                    format!(
-                        "{} {} -> {} after {:.1} s ({}% of its {} s lifetime)",
-                        r.module,
-                        short(&r.old_serial),
-                        short(&r.new_serial),
-                        r.after.as_secs_f64(),
-                        r.at_percent,
-                        r.lifetime
-                    )
-                })
-                .collect();
-            println!(
-                "step {}: service certificates of {node} renewed by its agent, the controller listing each new serial -> {}",
-                i + 1,
-                said.join("; ")
-            );
-        }
-        Action::Rotate(what) if what == "ca" => {
-            let r = timing::rotate_ca(st, Duration::from_secs(60))?;
-            let running = st.agents.len() - st.paused.len();
-            println!(
-                "step {}: mesh CA rotated -> every agent ({running}) trusts only the new CA and holds a certificate it issued: {} ms after `trellis rotate ca` (completed by {}); nodes enrolled again: {}",
-                i + 1,
-                r.took.as_millis(),
-                r.completed_by,
-                r.enrolled_again
-            );
-            println!(
-                "step {}: a node certificate issued with the retired CA's key: refused by the controller for {} of {running} nodes",
-                i + 1,
-                r.refused
-            );
-            procs::converge(st, Duration::from_secs(60))?;
-        }
-        Action::Rotate(_) => {
-            let r = timing::rotate_signing_key(st, Duration::from_secs(60))?;
-            println!(
-                "step {}: signing key rotated -> every agent ({}) holds only the new key: {} ms after `trellis rotate signing-key` (completed by {})",
-                i + 1,
-                st.agents.len() - st.paused.len(),
-                r.took.as_millis(),
-                r.completed_by
-            );
-            println!(
-                "step {}: a bundle signed with the retired key, 100 versions ahead: refused by {} of {} agents",
-                i + 1,
-                r.refused,
-                st.agents.len() - st.paused.len()
-            );
-            procs::converge(st, Duration::from_secs(60))?;
-        }
-        Action::Pause(host) => {
-            let paused = procs::pause(st, &host);
-            save(file, st)?;
-            paused?;
-            println!("step {}: agent of {host} paused (SIGSTOP): it applies and reports nothing until it resumes", i + 1);
-        }
-        Action::Resume(host) => {
-            let at = Instant::now();
-            let revoking = timing::revoking(st)?;
-            let resumed = procs::resume(st, &host);
-            save(file, st)?;
-            resumed?;
-            let done = timing::revoked(st, &revoking, at, Duration::from_secs(60))?;
-            if done.is_empty() {
-                println!("step {}: agent of {host} resumed (SIGCONT); no revocation was in progress", i + 1);
-            }
-            for (node, took, r) in done {
-                println!(
-                    "step {}: agent of {host} resumed (SIGCONT) -> node {node} revoked, every node that held its key ({} peer(s)) applied a bundle without it: {} ms after the resume, {} s after the revocation",
-                    i + 1,
-                    r.holders,
-                    took.as_millis(),
-                    r.seconds
-                );
-            }
-            procs::converge(st, Duration::from_secs(60))?;
-        }
-        Action::Stop(host) => {
-            let gone = stop_and_wait(st, &host, file)?;
-            println!(
-                "step {}: agent of {host} stopped (SIGKILL) -> removed by the controller (removing in `trellis nodes`): {} ms; dropped from every peer's wireguard.conf: {} ms; removed (every peer applied a bundle without it): {} ms",
-                i + 1,
-                gone.listed.as_millis(),
-                gone.peers.as_millis(),
-                gone.complete.as_millis()
-            );
-        }
-        Action::Apply(dir) => apply_step(lab, st, i, &dir)?,
-    }
-    Ok(())
-}
-/// A `revoke` step: the revocation followed until complete, the key looked for on every node,
-/// and each exposure it was a backend of until it answers from the runners left.
-fn revoke_step(lab: &LabFile, st: &LabState, i: usize, node: &str) -> Result<()> {
-    let key = procs::nodes(st)?
-        .into_iter()
-        .find(|n| n.name == node)
-        .and_then(|n| n.wireguard_public_key)
-        .with_context(|| format!("`trellis nodes` lists no key for `{node}` before it is revoked"))?;
-    let at = Instant::now();
-    println!("step {}: node {node} revoked -> {}", i + 1, timing::revocation(st, node)?);
-    // What the controller says, seen on the nodes: no agent running holds the key.
-    let holding = timing::key_holders(st, &key)?;
-    let running: Vec<&str> = holding.iter().copied().filter(|h| !st.paused.iter().any(|p| p == h)).collect();
-    if !running.is_empty() {
-        bail!("step {}: node {node} is revoked, but the wireguard.conf of {} still holds its key", i + 1, running.join(", "));
-    }
-    let paused = if holding.is_empty() { String::new() } else { format!("; paused, {} still hold(s) it", holding.join(", ")) };
-    println!(
-        "step {}: node {node}'s key is in the wireguard.conf of no running agent ({} read){paused}",
-        i + 1,
-        st.agents.len() - st.paused.len()
-    );
-    // An exposure it was a backend of: how long until the edge no longer sends to it.
-    for e in lab.step[i].expect.iter().filter(|e| e.proto == Some(file::Proto::Https) && e.answered_by.is_some()) {
-        let (to, host) = (e.to.clone().unwrap_or_default(), e.host.clone().unwrap_or_default());
-        let addr = checks::edge_address(lab, &e.from, &to)?;
-        let by = e.answered_by.clone().unwrap_or_default();
-        let took = timing::only_by(st, &e.from, &host, &addr, e.port().unwrap_or(443), &by, at, Duration::from_secs(60))?;
-        println!(
-            "step {}: revocation of {node} -> {to} answers {} from {} only ({} requests in a row): {} ms",
-            i + 1,
-            e.from,
-            by.join(", "),
-            timing::IN_A_ROW,
-            took.as_millis()
-        );
-    }
-    // The checkpoint answers once the publish covering the revocation is done; then
-    // every node still active (and not paused) applies what it changed.
-    procs::admin(st, &["audit", "verify"])?;
-    procs::converge(st, Duration::from_secs(60))?;
-    Ok(())
-}
-
-/// An `apply` step: the time until every node it changed applied it, the routes it withdrew,
-/// and each exposure it opens until a client is served through it.
-fn apply_step(lab: &LabFile, st: &LabState, i: usize, dir: &Path) -> Result<()> {
-    let through = st.serving()?.host.clone();
-    let since = trellis_files::unix_now();
-    let at = Instant::now();
-    let c = timing::apply_and_wait(dir, st, Duration::from_secs(60))?;
-    println!(
-        "step {}: apply of {} through {through} -> every node it changed applied it: {} of {} nodes, {} ms",
-        i + 1,
-        dir.display(),
-        c.changed,
-        c.nodes,
-        c.took.as_millis()
-    );
-    // Routes the apply took from a router or hub still in the mesh (ADR 0022).
-    for (node, r) in timing::withdrawals(st, since, at, Duration::from_secs(60))? {
-        println!(
-            "step {}: routes through {node} withdrawn, every node that sent them through it ({} peer(s)) applied a bundle that does not: {} ms after the apply",
-            i + 1,
-            r.holders,
-            r.took.as_millis()
-        );
-    }
-    // An exposure the step opens: how long until a client is served through it.
-    for e in lab.step[i].expect.iter().filter(|e| e.proto == Some(file::Proto::Https) && e.outcome().0 == Some(file::Outcome::Open)) {
-        let (to, host) = (e.to.clone().unwrap_or_default(), e.host.clone().unwrap_or_default());
-        let addr = checks::edge_address(lab, &e.from, &to)?;
-        let took = timing::served(st, &e.from, &host, &addr, e.port().unwrap_or(443), at, Duration::from_secs(90))?;
-        println!(
-            "step {}: apply -> https://{host}/ served to {} through {to}, its certificate verified against the lab's ACME root: {} ms",
-            i + 1,
-            e.from,
-            took.as_millis()
-        );
-        print_ingress(st, &to)?;
-    }
-    Ok(())
 }
 
 /// Before the first round: until each https expectation in force that expects an answer is
@@ -541,64 +334,11 @@ fn wait_for_certificates(lab: &LabFile, st: &LabState) -> Result<()> {
             Err(err) => println!("exposure in force -> {err:#}"),
         }
         if !waited.contains(&to) {
-            print_ingress(st, &to)?;
+            traefik::print_ingress(st, &to)?;
             waited.push(to);
         }
     }
     Ok(())
-}
-
-/// What an ingress node's agent shows of its Traefik (ADR 0026): routers and certificates, from
-/// the status file it writes; and how that Traefik runs, an error unless unprivileged.
-fn print_ingress(st: &LabState, node: &str) -> Result<()> {
-    let path = st.dir.join(format!("agent-{node}/agent-status.json"));
-    let read = || -> serde_json::Value { std::fs::read(&path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default() };
-    // The agent refreshes its status every ten seconds while it waits.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let mut status = read();
-    while status["ingress"]["certificates"].as_array().is_none_or(|c| c.is_empty()) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(250));
-        status = read();
-    }
-    let ingress = &status["ingress"];
-    let routers: Vec<String> = ingress["routers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|r| format!("{} {}", r["name"].as_str().unwrap_or("?"), r["status"].as_str().unwrap_or("?")))
-        .collect();
-    let certs: Vec<String> = ingress["certificates"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|c| {
-            format!("{} until {}", c["hostname"].as_str().unwrap_or("?"), trellis_proto::text::date(c["not_after"].as_i64().unwrap_or(0)))
-        })
-        .collect();
-    println!(
-        "ingress {node} (its agent's status): traefik {}; routers: {}; certificates: {}",
-        ingress["traefik"].as_str().unwrap_or("not reported"),
-        if routers.is_empty() { "none".into() } else { routers.join(", ") },
-        if certs.is_empty() { "none yet".into() } else { certs.join(", ") }
-    );
-    let agent = *st.agent_pids.get(node).with_context(|| format!("the lab runs no agent on `{node}`"))?;
-    println!("ingress {node}: {}", traefik::confinement(agent, &st.dir.join(format!("agent-{node}")))?);
-    // And as the controller has it from the agent's report (`trellis status`).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let reported = procs::status(st).ok().and_then(|l| l.into_iter().find(|n| n.name == node)).and_then(|n| n.ingress);
-        match reported {
-            Some(i) if !i.report.certificates.is_empty() || Instant::now() > deadline => {
-                println!("ingress {node} (trellis status): {}", i.summary(trellis_files::unix_now()));
-                return Ok(());
-            }
-            None if Instant::now() > deadline => {
-                println!("ingress {node} (trellis status): no report");
-                return Ok(());
-            }
-            _ => std::thread::sleep(Duration::from_millis(250)),
-        }
-    }
 }
 
 /// The agents whose connection to a controller leaves from an overlay address, after printing
@@ -627,21 +367,6 @@ fn control_through_overlay(st: &LabState, decl: &Declaration) -> Result<Vec<Stri
         println!("NO: agents reach the controller through the overlay: {}", inside.join(", "));
     }
     Ok(inside)
-}
-
-/// Stops `host`'s agent and waits (at most a minute past its pool's `ephemeral_after`) until
-/// the controller has removed it and every other agent's wireguard.conf has dropped its key.
-fn stop_and_wait(st: &mut LabState, host: &str, file: &Path) -> Result<timing::Removed> {
-    let key = procs::nodes(st)?
-        .into_iter()
-        .find(|n| n.name == host)
-        .and_then(|n| n.wireguard_public_key)
-        .with_context(|| format!("`trellis nodes` lists no key for `{host}` before it is stopped"))?;
-    let at = Instant::now();
-    let stopped = procs::stop(st, host);
-    save(file, st)?;
-    stopped?;
-    timing::removal(st, host, &key, at, Duration::from_secs(90))
 }
 
 /// Rows checked and rows not met, over every round of `check`.

@@ -1,7 +1,7 @@
 //! The Traefik an ingress node's agent runs, seen from outside (the review of 2026-12-02,
 //! finding 6): the system user it runs as, added where the host lacks it, and the running
 //! process: that user's, with `CAP_NET_BIND_SERVICE` alone and no new privileges, unable to open
-//! the node's keys.
+//! the node's keys; and what its agent and the controller report of it (`print_ingress`).
 
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -9,6 +9,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+
+use crate::{procs, LabState};
 
 /// The system user agents run Traefik as (trellis-agent's `ingress::USER`).
 const USER: &str = "trellis-ingress";
@@ -102,4 +104,57 @@ pub(crate) fn confinement(agent: u32, state_dir: &Path) -> Result<String> {
         bail!("{line}: Traefik must run unprivileged, with CAP_NET_BIND_SERVICE alone, and unable to open the node's keys");
     }
     Ok(line)
+}
+
+/// What an ingress node's agent shows of its Traefik (ADR 0026): routers and certificates, from
+/// the status file it writes; and how that Traefik runs, an error unless unprivileged.
+pub(crate) fn print_ingress(st: &LabState, node: &str) -> Result<()> {
+    let path = st.dir.join(format!("agent-{node}/agent-status.json"));
+    let read = || -> serde_json::Value { std::fs::read(&path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default() };
+    // The agent refreshes its status every ten seconds while it waits.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut status = read();
+    while status["ingress"]["certificates"].as_array().is_none_or(|c| c.is_empty()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(250));
+        status = read();
+    }
+    let ingress = &status["ingress"];
+    let routers: Vec<String> = ingress["routers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| format!("{} {}", r["name"].as_str().unwrap_or("?"), r["status"].as_str().unwrap_or("?")))
+        .collect();
+    let certs: Vec<String> = ingress["certificates"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            format!("{} until {}", c["hostname"].as_str().unwrap_or("?"), trellis_proto::text::date(c["not_after"].as_i64().unwrap_or(0)))
+        })
+        .collect();
+    println!(
+        "ingress {node} (its agent's status): traefik {}; routers: {}; certificates: {}",
+        ingress["traefik"].as_str().unwrap_or("not reported"),
+        if routers.is_empty() { "none".into() } else { routers.join(", ") },
+        if certs.is_empty() { "none yet".into() } else { certs.join(", ") }
+    );
+    let agent = *st.agent_pids.get(node).with_context(|| format!("the lab runs no agent on `{node}`"))?;
+    println!("ingress {node}: {}", confinement(agent, &st.dir.join(format!("agent-{node}")))?);
+    // And as the controller has it from the agent's report (`trellis status`).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let reported = procs::status(st).ok().and_then(|l| l.into_iter().find(|n| n.name == node)).and_then(|n| n.ingress);
+        match reported {
+            Some(i) if !i.report.certificates.is_empty() || Instant::now() > deadline => {
+                println!("ingress {node} (trellis status): {}", i.summary(trellis_files::unix_now()));
+                return Ok(());
+            }
+            None if Instant::now() > deadline => {
+                println!("ingress {node} (trellis status): no report");
+                return Ok(());
+            }
+            _ => std::thread::sleep(Duration::from_millis(250)),
+        }
+    }
 }

@@ -273,6 +273,10 @@ pub struct Rotation {
 /// The media type of a bundle sent as the edits from the version the node holds.
 pub const DELTA_TYPE: &str = "application/x-trellis-delta";
 
+/// The header of a bundle answer (whole, delta or `304`) that carries the controller's signed
+/// freshness stamp of now, in base64 (ADR 0012).
+pub const FRESHNESS_HEADER: &str = "x-trellis-freshness";
+
 /// The most audit records one `GET /v1/admin/audit` answers (`?after=SEQ&limit=N` pages on).
 pub const AUDIT_PAGE: i64 = 1000;
 

@@ -31,7 +31,7 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync, const MAX: usize> axum::ext
         }
         // A body that does not arrive in time is refused: a request must not hold its
         // connection for ever.
-        let timeout = req.extensions().get::<crate::listener::Limits>().copied().unwrap_or_default().body_timeout;
+        let timeout = req.extensions().get::<crate::limits::Limits>().copied().unwrap_or_default().body_timeout;
         let read = match tokio::time::timeout(timeout, Json::<T>::from_request(req, state)).await {
             Ok(read) => read,
             Err(_) => {

@@ -10,7 +10,7 @@ use trellis_proto as proto;
 
 use crate::auth::{Admin, Node};
 use crate::body::Body;
-use crate::error::ApiError;
+use crate::error::{ApiError, Refusals};
 
 type Shared = Arc<Controller>;
 type Answer<T> = Result<Json<T>, ApiError>;
@@ -21,12 +21,12 @@ pub const CERTIFICATE_BODY: usize = 16 * 1024;
 /// 512 bytes, with room for JSON's escapes.
 pub const HELD_BODY: usize = 96 * 1024;
 
-#[utoipa::path(get, path = "/v1/node/certificates", tag = "node", security(("node" = [])), responses((status = 200, description = "The service certificates this node is to hold, one per module it runs that asks for one, with their names; any other it holds it removes", body = proto::ServiceCertList), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/node/certificates", tag = "node", security(("node" = [])), responses((status = 200, description = "The service certificates this node is to hold, one per module it runs that asks for one, with their names; any other it holds it removes", body = proto::ServiceCertList), Refusals))]
 pub(crate) async fn node_certificates(State(c): State<Shared>, Node(who): Node) -> Answer<proto::ServiceCertList> {
     Ok(Json(c.service_cert_specs(&who).await?))
 }
 
-#[utoipa::path(post, path = "/v1/node/certificates", tag = "node", security(("node" = [])), request_body = proto::ServiceCertRequest, responses((status = 200, description = "The certificate for the CSR's key, naming exactly what the current declaration gives this node for the module, with the services CA and the mesh CA", body = proto::ServiceCertResponse), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/node/certificates", tag = "node", security(("node" = [])), request_body = proto::ServiceCertRequest, responses((status = 200, description = "The certificate for the CSR's key, naming exactly what the current declaration gives this node for the module, with the services CA and the mesh CA", body = proto::ServiceCertResponse), Refusals))]
 pub(crate) async fn sign_certificate(
     State(c): State<Shared>,
     Node(who): Node,
@@ -40,7 +40,7 @@ pub(crate) async fn sign_certificate(
     Ok(Json(r?))
 }
 
-#[utoipa::path(post, path = "/v1/node/certificates/held", tag = "node", security(("node" = [])), request_body = proto::HeldServiceCerts, responses((status = 200, description = "Recorded: per module the declaration gives this node a certificate for, the serial on its disk and why its last attempt failed there; other modules are left out", body = proto::HeldServiceCertsAck), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/node/certificates/held", tag = "node", security(("node" = [])), request_body = proto::HeldServiceCerts, responses((status = 200, description = "Recorded: per module the declaration gives this node a certificate for, the serial on its disk and why its last attempt failed there; other modules are left out", body = proto::HeldServiceCertsAck), Refusals))]
 pub(crate) async fn report_held(
     State(c): State<Shared>,
     Node(who): Node,
@@ -52,7 +52,7 @@ pub(crate) async fn report_held(
 /// The largest ingress report: 256 routers and 256 certificates with their texts.
 pub const INGRESS_BODY: usize = 256 * 1024;
 
-#[utoipa::path(post, path = "/v1/node/ingress", tag = "node", security(("node" = [])), request_body = proto::IngressReport, responses((status = 200, description = "Whether the report was recorded: it is, when the current declaration makes this node an ingress node (the via of an exposure)", body = proto::IngressAck), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/node/ingress", tag = "node", security(("node" = [])), request_body = proto::IngressReport, responses((status = 200, description = "Whether the report was recorded: it is, when the current declaration makes this node an ingress node (the via of an exposure)", body = proto::IngressAck), Refusals))]
 pub(crate) async fn report_ingress(
     State(c): State<Shared>,
     Node(who): Node,
@@ -61,7 +61,7 @@ pub(crate) async fn report_ingress(
     Ok(Json(proto::IngressAck { recorded: c.report_ingress(&who, &report).await? }))
 }
 
-#[utoipa::path(get, path = "/v1/admin/certificates", tag = "admin", security(("admin" = [])), responses((status = 200, description = "Every service certificate: its node, module, names, serial and expiry, whether the declaration still gives it, and its last refusal", body = Vec<proto::ServiceCertInfo>), (status = "4XX", description = "Refused: one sentence and a stable code", body = proto::ErrorBody), (status = "5XX", description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside", body = proto::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/admin/certificates", tag = "admin", security(("admin" = [])), responses((status = 200, description = "Every service certificate: its node, module, names, serial and expiry, whether the declaration still gives it, and its last refusal", body = Vec<proto::ServiceCertInfo>), Refusals))]
 pub(crate) async fn list_certificates(State(c): State<Shared>, _: Admin) -> Answer<Vec<proto::ServiceCertInfo>> {
     Ok(Json(c.service_certs().await?))
 }

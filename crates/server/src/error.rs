@@ -1,4 +1,5 @@
-//! The one mapping from a controller refusal to an HTTP status and the API's error body.
+//! The one mapping from a controller refusal to an HTTP status and the API's error body, and the
+//! one description of those refusals in the API document (`Refusals`).
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -6,6 +7,20 @@ use axum::Json;
 use trellis_controller::{Error, NodeRefusal, Redemption, ServiceCertRefusal};
 use trellis_pki::CsrRefusal;
 use trellis_proto::ErrorBody;
+
+/// The answers every operation that decides may give besides its own, as the API document
+/// describes them: each an `ErrorBody`. A `401` is described per operation, with its challenge
+/// (`openapi::challenges`).
+#[derive(utoipa::IntoResponses)]
+pub enum Refusals {
+    #[response(status = "4XX", description = "Refused: one sentence and a stable code")]
+    Refused(ErrorBody),
+    #[response(
+        status = "5XX",
+        description = "The controller cannot answer now (database unavailable, publishing behind) or failed inside"
+    )]
+    Unavailable(ErrorBody),
+}
 
 /// A refusal on its way to the client: a decision's, or the HTTP layer's own when a request
 /// body could not be read as its type.

@@ -7,6 +7,8 @@ pub mod auth;
 pub mod body;
 pub mod certs;
 pub mod error;
+pub mod handlers;
+pub mod limits;
 pub mod listener;
 pub mod metrics;
 pub mod openapi;
@@ -15,5 +17,6 @@ pub mod routes;
 pub mod trust;
 pub mod ui;
 
-pub use listener::{Limits, Server};
+pub use limits::Limits;
+pub use listener::Server;
 pub use routes::app;

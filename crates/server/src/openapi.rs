@@ -4,15 +4,17 @@
 
 use std::sync::OnceLock;
 
+use trellis_proto::ErrorBody;
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, InfoBuilder, ObjectBuilder, OpenApi, Ref, ResponseBuilder, Type};
+use utoipa::{PartialSchema, ToSchema};
 
 /// The document, made once.
 pub fn document() -> &'static OpenApi {
     static DOC: OnceLock<OpenApi> = OnceLock::new();
     DOC.get_or_init(|| {
-        let mut doc = crate::routes::api().into_openapi();
+        let mut doc = crate::handlers::api().into_openapi();
         describe(&mut doc);
         doc
     })
@@ -39,6 +41,7 @@ fn describe(doc: &mut OpenApi) {
             Http::builder().scheme(HttpAuthScheme::Bearer).description(Some("The admin credential (admin.token)")).build(),
         ),
     );
+    refusals(doc);
     challenges(doc);
     let components = doc.components.get_or_insert_with(Default::default);
     components.add_security_scheme(
@@ -48,6 +51,14 @@ fn describe(doc: &mut OpenApi) {
             extensions: None,
         },
     );
+}
+
+/// The schema of the body every refusal carries (`error::Refusals`, and each `401`), which the
+/// operations name by reference.
+fn refusals(doc: &mut OpenApi) {
+    let mut schemas = vec![(ErrorBody::name().into_owned(), ErrorBody::schema())];
+    ErrorBody::schemas(&mut schemas);
+    doc.components.get_or_insert_with(Default::default).schemas.extend(schemas);
 }
 
 /// Each operation that can answer `401` describes it with the `WWW-Authenticate` challenge it

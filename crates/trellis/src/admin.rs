@@ -2,61 +2,18 @@
 //! controller (`apply`, `token`, `nodes`, `node`, `audit`).
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{bail, Result};
-use clap::{Args, Subcommand};
+use clap::Subcommand;
 use serde_json::json;
 use trellis_client::AdminClient;
 use trellis_controller::state::{self, InitOptions};
 use trellis_proto as proto;
 use trellis_proto::text::{date, printable};
 
-/// How an admin command finds the controller.
-#[derive(Args, Clone)]
-pub struct Conn {
-    /// The controller's state directory, on the machine it runs on
-    #[arg(long, global = true, conflicts_with = "server")]
-    state_dir: Option<PathBuf>,
-    /// The controller's address (HOST:PORT or https://...) from elsewhere; needs --admin-token-file and --ca-file
-    #[arg(long, global = true, requires_all = ["admin_token_file", "ca_file"])]
-    server: Option<String>,
-    /// A file holding the admin credential (the controller's admin.token)
-    #[arg(long, global = true)]
-    admin_token_file: Option<PathBuf>,
-    /// The mesh CA certificate (the controller's ca.pem)
-    #[arg(long, global = true)]
-    ca_file: Option<PathBuf>,
-}
-
-impl Conn {
-    /// The state directory named, if the command runs on the controller's machine.
-    pub(crate) fn state_dir(&self) -> Option<&Path> {
-        self.state_dir.as_deref()
-    }
-
-    pub(crate) fn client(&self) -> Result<AdminClient> {
-        match (&self.state_dir, &self.server) {
-            (Some(dir), _) => {
-                let (host, ca, token) = state::StateDir::load(dir)?.admin_access()?;
-                Ok(AdminClient::new(&trellis_client::base_url(&host), &ca, &token)?)
-            }
-            (None, Some(server)) => Ok(AdminClient::from_args(
-                server,
-                self.admin_token_file.as_ref().expect("required"),
-                self.ca_file.as_ref().expect("required"),
-            )?),
-            (None, None) => {
-                bail!("say where the controller is: --state-dir DIR on its machine, or --server HOST:PORT --admin-token-file F --ca-file F")
-            }
-        }
-    }
-}
-
-pub fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime")
-}
+use crate::conn::{runtime, Conn};
 
 pub fn init(dir: &Path, advertise: Vec<String>, listen: Option<String>, database_url: Option<String>, cert_secs: u64) -> Result<ExitCode> {
     if cert_secs == 0 {
@@ -388,7 +345,7 @@ pub fn audit_verify(conn: &Conn, page: i64) -> Result<ExitCode> {
     // The checkpoint first: records decided in between only lengthen the chain past it.
     let checkpoint = rt.block_on(client.audit_checkpoint())?;
     // On the controller's machine its key is at hand: the checkpoint's signature is checked too.
-    let signed = match (&checkpoint, &conn.state_dir) {
+    let signed = match (&checkpoint, conn.state_dir()) {
         (Some(cp), Some(dir)) => {
             let key = state::StateDir::load(dir)?.signing_key()?.verifying_key();
             if !trellis_controller::audit::checkpoint_signed_by(cp, &key) {

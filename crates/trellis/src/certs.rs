@@ -8,7 +8,7 @@ use anyhow::Result;
 use trellis_proto as proto;
 use trellis_proto::text::{date, printable};
 
-use crate::admin::{runtime, Conn};
+use crate::conn::{runtime, Conn};
 
 pub fn certs(conn: &Conn, json: bool) -> Result<ExitCode> {
     let list = runtime().block_on(conn.client()?.certificates())?;

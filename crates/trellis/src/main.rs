@@ -4,8 +4,8 @@ mod admin;
 #[path = "../../agent/src/assets.rs"]
 mod assets;
 mod certs;
+mod conn;
 mod declfs;
-mod log;
 mod offline;
 mod trust;
 
@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use trellis_client::log;
 
 #[derive(Parser)]
 #[command(
@@ -128,14 +129,14 @@ enum Command {
         #[arg(long)]
         json: bool,
         #[command(flatten)]
-        conn: admin::Conn,
+        conn: conn::Conn,
     },
     /// Enrolment tokens: create, list, revoke
     Token {
         #[command(subcommand)]
         cmd: admin::TokenCommand,
         #[command(flatten)]
-        conn: admin::Conn,
+        conn: conn::Conn,
     },
     /// Every node: state, overlay addresses, key fingerprint, certificate expiry, last contact; under the table, each
     /// revocation in progress and the peers that still hold its key
@@ -143,49 +144,49 @@ enum Command {
         #[arg(long)]
         json: bool,
         #[command(flatten)]
-        conn: admin::Conn,
+        conn: conn::Conn,
     },
     /// Per node: desired and applied bundle version, staleness, last contact, certificate expiry, last error, evidence gaps
     Status {
         #[arg(long)]
         json: bool,
         #[command(flatten)]
-        conn: admin::Conn,
+        conn: conn::Conn,
     },
     /// Every service certificate: node, module, serial, expiry, state and the names it carries (ADR 0023)
     Certs {
         #[arg(long)]
         json: bool,
         #[command(flatten)]
-        conn: admin::Conn,
+        conn: conn::Conn,
     },
     /// The controllers nodes are given in their signed bundles: list, add or remove one, no node enrols again (ADR 0028)
     Controllers {
         #[command(subcommand)]
         cmd: trust::ControllersCommand,
         #[command(flatten)]
-        conn: admin::Conn,
+        conn: conn::Conn,
     },
     /// Rotate the bundle-signing key without re-enrolling any node, and follow the rotation (ADR 0027)
     Rotate {
         #[command(subcommand)]
         cmd: trust::RotateCommand,
         #[command(flatten)]
-        conn: admin::Conn,
+        conn: conn::Conn,
     },
     /// Approve or revoke a node
     Node {
         #[command(subcommand)]
         cmd: admin::NodeCommand,
         #[command(flatten)]
-        conn: admin::Conn,
+        conn: conn::Conn,
     },
     /// Verify the audit chain of every governance decision
     Audit {
         #[command(subcommand)]
         cmd: AuditCommand,
         #[command(flatten)]
-        conn: admin::Conn,
+        conn: conn::Conn,
     },
     /// Write shell completions and man pages made from this command line into DIR (for packages)
     #[command(hide = true)]
@@ -262,9 +263,9 @@ fn main() -> ExitCode {
         Command::Init { state_dir, advertise, listen, database_url, cert_lifetime } => {
             admin::init(&state_dir, advertise, listen, database_url, cert_lifetime)
         }
-        Command::Serve { state_dir, database_url, listen, metrics_listen, log_format, restored } => {
-            log::init(log_format).and_then(|()| admin::serve(&state_dir, database_url, listen, metrics_listen, restored))
-        }
+        Command::Serve { state_dir, database_url, listen, metrics_listen, log_format, restored } => log::init(log_format, "info")
+            .map_err(anyhow::Error::from)
+            .and_then(|()| admin::serve(&state_dir, database_url, listen, metrics_listen, restored)),
         Command::Apply { dir, expect_revision, json, conn } => admin::apply(&conn, &dir, expect_revision, json),
         Command::Token { cmd, conn } => admin::token(&conn, cmd),
         Command::Nodes { json, conn } => admin::nodes(&conn, json),

@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::json;
 use trellis_core::explain;
 use trellis_core::topology::Topology;
-use trellis_core::{compile as core_compile, Declaration, Diagnostic, Loaded};
+use trellis_core::{compile as core_compile, Checked, Declaration, Diagnostic, Loaded};
 use trellis_proto::text::printable;
 
 use crate::declfs;
@@ -47,12 +47,9 @@ fn load_valid(dir: &Path) -> Result<(Declaration, Vec<Diagnostic>)> {
 }
 
 pub fn check(dir: &Path, json_out: bool) -> Result<ExitCode> {
-    let Loaded { declaration, mut diagnostics } = declfs::read(dir)?;
-    if let Some(decl) = &declaration {
-        diagnostics.extend(explain::check(decl));
-        trellis_core::diag::sort(&mut diagnostics);
-    }
-    let errors = diagnostics.iter().filter(|d| d.is_error()).count();
+    let checked = declfs::check(dir)?;
+    let errors = checked.errors();
+    let Checked { declaration, diagnostics } = checked;
     let warnings = diagnostics.len() - errors;
     if json_out {
         let summary = declaration.as_ref().map(|d| {

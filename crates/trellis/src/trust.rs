@@ -9,7 +9,7 @@ use clap::Subcommand;
 use trellis_proto as proto;
 use trellis_proto::text::{date, printable};
 
-use crate::admin::{runtime, Conn};
+use crate::conn::{runtime, Conn};
 
 #[derive(Subcommand)]
 pub enum ControllersCommand {

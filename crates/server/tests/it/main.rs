@@ -305,8 +305,10 @@ impl Node {
             .and_then(|v| v.to_str().ok())
             .and_then(trellis_proto::etag::BundleTag::parse)
             .map(|t| t.version as u64);
-        let stamp =
-            resp.headers().get("x-trellis-freshness").map(|v| base64::engine::general_purpose::STANDARD.decode(v.as_bytes()).unwrap());
+        let stamp = resp
+            .headers()
+            .get(trellis_proto::FRESHNESS_HEADER)
+            .map(|v| base64::engine::general_purpose::STANDARD.decode(v.as_bytes()).unwrap());
         Fetched { status, version, bytes: resp.bytes().await.unwrap().to_vec(), stamp }
     }
 

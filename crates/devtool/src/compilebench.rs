@@ -1,0 +1,198 @@
+//! `trellis-dev bench compile`: figures for the compiler on a generated mesh, printed for people
+//! (or as JSON): a full compile, and each one-node change recompiling only what it affects. Time
+//! is measured here, at the edge; the compiler itself has no clock.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use serde_json::json;
+use trellis_core::compile::{MESH_ZONE, NFTABLES_CONF, WIREGUARD_CONF};
+use trellis_core::decl::PublicKey;
+use trellis_core::{compile, load, Compiled, Declaration, Keys};
+
+use crate::args::CompileArgs;
+use crate::figures::{cpu_time, median, ms, peak_rss_kib};
+use crate::meshgen::{generate, key, node_name};
+
+/// Whether two compiles give every node the same files, byte for byte.
+fn same_files(a: &Compiled, b: &Compiled) -> bool {
+    a.nodes.len() == b.nodes.len()
+        && a.nodes.iter().zip(b.nodes.iter()).all(|((na, oa), (nb, ob))| na == nb && oa.files == ob.files)
+        && a.diagnostics == b.diagnostics
+}
+
+pub fn run(args: &CompileArgs) -> Result<ExitCode> {
+    let a = &args.shape;
+    if a.nodes <= a.hubs + 8 || args.runs == 0 {
+        bail!("--nodes must exceed --hubs by more than 8 and --runs must be at least 1");
+    }
+    let (mesh, modules) = generate(a, false);
+    let t = Instant::now();
+    let loaded = load(&mesh, &modules);
+    let load_time = t.elapsed();
+    let Some(decl) = loaded.declaration else {
+        bail!("the generated mesh does not validate: {}", loaded.diagnostics.first().map(|d| d.to_string()).unwrap_or_default());
+    };
+    let decl = Arc::new(decl);
+    // Every node has enrolled except `late`, which enrols during the figures.
+    let (target, late) = (node_name(a.hubs + 7, a.hubs), node_name(a.hubs + 8, a.hubs));
+    let keys: Keys = (0..a.nodes).map(|i| (node_name(i, a.hubs), key(i))).filter(|(n, _)| *n != late).collect();
+    let run = |decl: &Arc<Declaration>, keys: &Keys, prev: Option<Compiled>| {
+        let (t, cpu) = (Instant::now(), cpu_time());
+        let c = compile(decl, keys, &Default::default(), prev).map_err(|d| anyhow::anyhow!("{d}"))?;
+        Ok::<_, anyhow::Error>(((t.elapsed(), cpu_time() - cpu), c))
+    };
+    let mut times = Vec::new();
+    let mut cpus = Vec::new();
+    let mut last = None;
+    for _ in 0..args.runs {
+        // The compile before is dropped first: two of them at once would be the peak.
+        drop(last.take());
+        let ((took, cpu), c) = run(&decl, &keys, None)?;
+        times.push(took);
+        cpus.push(cpu);
+        last = Some(c);
+    }
+    let base = last.expect("runs >= 1");
+    let bytes: usize = base.nodes.values().flat_map(|o| o.files.iter()).map(|f| f.content.len()).sum();
+    let zone_bytes: usize =
+        base.nodes.values().flat_map(|o| o.files.iter()).filter(|f| f.path.ends_with("mesh.zone")).map(|f| f.content.len()).sum();
+    // The largest file of each kind, and whose it is: the files that grow with the mesh.
+    let largest: Vec<(&str, usize, &str)> = [WIREGUARD_CONF, MESH_ZONE, NFTABLES_CONF]
+        .into_iter()
+        .map(|path| {
+            let sizes =
+                base.nodes.iter().flat_map(|(n, o)| o.files.iter().filter(|f| f.path == path).map(move |f| (f.content.len(), n.as_str())));
+            let (len, node) = sizes.max().unwrap_or((0, ""));
+            (path.rsplit('/').next().unwrap_or(path), len, node)
+        })
+        .collect();
+    let peers: usize = base.nodes.values().map(|o| o.plan.peers.len()).sum();
+    let max_peers = base.nodes.values().map(|o| o.plan.peers.len()).max().unwrap_or(0);
+
+    // One-node changes, each from the base compile, each checked against a full compile.
+    let mut rekeyed = keys.clone();
+    rekeyed.set(&target, Some(PublicKey([0xee; 32])));
+    let mut enrolled = keys.clone();
+    enrolled.set(&late, Some(PublicKey([0xef; 32])));
+    let mut moved = (*decl).clone();
+    for grp in &mut moved.groups {
+        grp.members.retain(|m| *m != target);
+    }
+    moved.groups.iter_mut().find(|g| g.name == "grp-1").expect("generated").members.push(target.clone());
+    let moved = Arc::new(moved);
+    // A member of a pool joins (ADR 0019): the declaration gains a node the controller adds, in a
+    // group and running a module, with its key.
+    let mut pooled = (*decl).clone();
+    let template = &decl.nodes[decl.nodes.len() - 1];
+    pooled.pools.push(trellis_core::decl::Pool {
+        name: "pool".into(),
+        size: 10,
+        networks: template.networks.clone(),
+        groups: vec!["grp-1".into()],
+        modules: template.modules.clone(),
+        ephemeral_after: Some(600),
+        loc: template.loc.clone(),
+        refs: Default::default(),
+    });
+    let member = trellis_core::decl::Member { name: "pool-1".into(), pool: "pool".into(), address_ipv4: None, address_ipv6: None };
+    let joined = Arc::new(pooled.with_members(&[member]));
+    let mut member_keys = keys.clone();
+    member_keys.set("pool-1", Some(PublicKey([0xf0; 32])));
+    /// A change to time: what it is for people, its JSON key, and the inputs after it.
+    struct Case<'a> {
+        what: &'static str,
+        key: &'static str,
+        decl: &'a Arc<Declaration>,
+        keys: &'a Keys,
+    }
+    let cases = [
+        Case { what: "one node re-keyed", key: "rekey_one_node", decl: &decl, keys: &rekeyed },
+        Case { what: "one node enrols", key: "enrol_one_node", decl: &decl, keys: &enrolled },
+        Case { what: "one node changes group", key: "regroup_one_node", decl: &moved, keys: &keys },
+        Case { what: "a pool member joins", key: "pool_member_joins", decl: &joined, keys: &member_keys },
+        Case { what: "no change", key: "no_change", decl: &decl, keys: &keys },
+    ];
+    let mut figures = Vec::new();
+    if let Some(only) = &args.only {
+        if !cases.iter().any(|c| c.key == only) {
+            let keys: Vec<&str> = cases.iter().map(|c| c.key).collect();
+            bail!("--only {only}: no such change; choose one of {}", keys.join(", "));
+        }
+    }
+    for Case { what, key, decl: d, keys: k } in cases {
+        if args.only.as_ref().is_some_and(|o| o != key) {
+            continue;
+        }
+        // Each change is timed `--runs` times from a copy of the base; the median is reported.
+        let (mut took, mut cpu) = (Vec::new(), Vec::new());
+        let mut c = None;
+        for _ in 0..args.runs {
+            let from = base.clone();
+            let ((t, u), out) = run(d, k, Some(from))?;
+            took.push(t);
+            cpu.push(u);
+            c = Some(out);
+        }
+        let c = c.expect("runs >= 1");
+        let (_, full) = run(d, k, None)?;
+        if !same_files(&c, &full) {
+            bail!("{what}: the recompile differs from a full compile");
+        }
+        figures.push((what, key, median(took), median(cpu), c.rendered.len()));
+    }
+    let peak = peak_rss_kib();
+
+    if args.json {
+        let changes: serde_json::Map<String, serde_json::Value> = figures
+            .iter()
+            .map(|(_, key, took, cpu, rendered)| {
+                (key.to_string(), json!({"ms": ms(*took), "cpu_ms": ms(*cpu), "rendered": rendered, "equals_full_compile": true}))
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "nodes": a.nodes, "groups": a.groups, "modules": a.modules, "networks": a.networks, "hubs": a.hubs,
+                "load_ms": ms(load_time),
+                "full_compile_ms": {"median": ms(median(times.clone())), "cpu_median": ms(median(cpus.clone())), "runs": times.iter().map(|d| ms(*d)).collect::<Vec<_>>()},
+                "peers_total": peers, "peers_max": max_peers, "bytes": bytes, "zone_bytes": zone_bytes,
+                "largest": largest.iter().map(|(f, len, node)| (f.to_string(), json!({"bytes": len, "node": node}))).collect::<serde_json::Map<_, _>>(),
+                "changes": changes,
+                "peak_rss_kib": peak,
+            }))?
+        );
+    } else {
+        println!("generated mesh: {} nodes, {} groups, {} modules, {} networks, {} hubs", a.nodes, a.groups, a.modules, a.networks, a.hubs);
+        println!("load and validate:           {:8.1} ms", ms(load_time));
+        println!(
+            "full compile (median of {}):  {:8.1} ms   cpu {:.1} ms; runs: {}",
+            args.runs,
+            ms(median(times.clone())),
+            ms(median(cpus.clone())),
+            times.iter().map(|d| format!("{:.0}", ms(*d))).collect::<Vec<_>>().join(" ")
+        );
+        println!(
+            "output: {peers} peer entries (max {max_peers} on one node), {:.1} MiB of files, of which {:.1} MiB of zones",
+            bytes as f64 / 1048576.0,
+            zone_bytes as f64 / 1048576.0
+        );
+        let largest: Vec<String> = largest.iter().map(|(f, len, node)| format!("{f} {:.0} KiB ({node})", *len as f64 / 1024.0)).collect();
+        println!("largest files: {}", largest.join(", "));
+        for (what, _, took, cpu, rendered) in &figures {
+            println!(
+                "{:<28} {:8.2} ms   cpu {:.2} ms; rendered {rendered} of {} nodes; equals a full compile",
+                format!("{what}:"),
+                ms(*took),
+                ms(*cpu),
+                a.nodes
+            );
+        }
+        if let Some(p) = peak {
+            println!("peak resident memory:        {:8.1} MiB", p as f64 / 1024.0);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
