@@ -321,9 +321,9 @@ fn controller_metrics() -> trellis_controller::metrics::Metrics {
 fn agent_metrics() -> trellis_agent::metrics::Metrics {
     let m = trellis_agent::metrics::Metrics::new();
     m.apply(true, std::time::Duration::from_millis(1));
-    use trellis_agent::ingress::{CertState, IngressStatus, RouterState};
-    let status = trellis_agent::state::AgentStatus {
-        peers: vec![trellis_agent::state::PeerState { public_key: "k1".into(), endpoint: None, last_handshake: Some(1) }],
+    use trellis_agent::status::{CertState, IngressStatus, RouterState};
+    let status = trellis_agent::status::AgentStatus {
+        peers: vec![trellis_agent::status::PeerState { public_key: "k1".into(), endpoint: None, last_handshake: Some(1) }],
         ingress: Some(IngressStatus {
             traefik: "running".into(),
             error: None,

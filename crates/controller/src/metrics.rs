@@ -267,7 +267,7 @@ impl Metrics {
 
     /// Sets the earliest expiry of each node's declared, issued service certificates; a node
     /// without one has no series.
-    pub(crate) fn service_cert_expiries(&self, certs: &[proto::ServiceCertInfo]) {
+    pub fn service_cert_expiries(&self, certs: &[proto::ServiceCertInfo]) {
         self.service_cert_expiry.clear();
         let mut earliest: std::collections::BTreeMap<&str, i64> = Default::default();
         for c in certs.iter().filter(|c| c.declared) {
@@ -291,7 +291,7 @@ impl Metrics {
     }
 
     /// One publish run finished (`Ok` with the bundles it published) or failed.
-    pub(crate) fn publish_run(&self, took: Duration, outcome: Result<usize, ()>) {
+    pub fn publish_run(&self, took: Duration, outcome: Result<usize, ()>) {
         self.publish_duration.observe(took.as_secs_f64());
         let result = if outcome.is_ok() { "ok" } else { "failed" };
         self.publish_runs.get_or_create(&ResultLabel { result: result.to_string() }).inc();
