@@ -429,6 +429,17 @@ impl Agent {
         status
     }
 
+    /// A bundle verified against what this node holds, and whether the next key signed it; one
+    /// from a restored controller that forgot a revocation is refused as one that fails
+    /// verification is, before anything is written (ADR 0024).
+    fn verify(&self, bytes: &[u8]) -> Result<(trellis_core::bundle::Verified, bool), String> {
+        let (v, by_next) = self.keys.verify(bytes, &self.id, self.applied()).map_err(|e| e.to_string())?;
+        match self.id.refuses_revocations(trust_of(&v.bundle).as_ref()) {
+            Some(why) => Err(why),
+            None => Ok((v, by_next)),
+        }
+    }
+
     /// The last applied version and digest, for verifying what arrives next.
     fn applied(&self) -> Option<Applied> {
         let m = self.installer.manifest();
@@ -440,11 +451,7 @@ impl Agent {
     /// Returns the evidence record.
     pub async fn apply_file(mut self, file: &Path) -> Result<Option<proto::Evidence>> {
         let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
-        let (v, by_next) =
-            self.keys.verify(&bytes, &self.id, self.applied()).map_err(|e| anyhow::anyhow!("{}: refused: {e}", file.display()))?;
-        if let Some(why) = self.id.refuses_revocations(trust_of(&v.bundle).as_ref()) {
-            anyhow::bail!("{}: refused: {why}", file.display());
-        }
+        let (v, by_next) = self.verify(&bytes).map_err(|e| anyhow::anyhow!("{}: refused: {e}", file.display()))?;
         if let Err(e) = self.resume().await {
             tracing::error!("re-applying the running bundle first failed: {e:#}");
         }
@@ -557,13 +564,7 @@ impl Agent {
                 match polled.body {
                     Ok(Some(bytes)) => {
                         failures = 0;
-                        let verified =
-                            self.keys.verify(&bytes, &self.id, self.applied()).map_err(|e| e.to_string()).and_then(|(v, by_next)| {
-                                // A restored controller's bundle that forgot a revocation is refused
-                                // as one that fails verification is (ADR 0024).
-                                self.id.refuses_revocations(trust_of(&v.bundle).as_ref()).map_or(Ok((v, by_next)), Err)
-                            });
-                        match verified {
+                        match self.verify(&bytes) {
                             Ok((v, _)) if v.redelivery => redelivered = true,
                             Ok((v, by_next)) => {
                                 if let Some(ev) = self.apply(&bytes, v.bundle, false, by_next).await {
