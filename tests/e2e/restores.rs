@@ -4,7 +4,7 @@
 //! next change. Before, the next change was numbered below what the agent held, and it refused
 //! every later bundle as a rollback, silently.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use trellis_testing::TempDir;
@@ -48,6 +48,28 @@ fn restore(c: &Controller, from: &Path, whole_state_directory: bool) {
         postgres(&format!("DROP DATABASE {name}"));
         postgres(&format!("CREATE DATABASE {name} TEMPLATE {name}_backup"));
     }
+}
+
+/// Waits up to 30 s for `done`, failing with `what`.
+fn until(what: &str, done: &dyn Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what} within 30 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// lab/basic written to `work`'s `decl` and applied, db-1 and op-1 enrolled: db-1's state
+/// directory and root, the declaration's directory and op-1's WireGuard key.
+fn db_and_op_enrolled(c: &Controller, work: &Path) -> (PathBuf, PathBuf, PathBuf, String) {
+    let (state, root, decl) = (work.join("db-1"), work.join("root"), work.join("decl"));
+    basic_with_extra_nodes(&decl, 0);
+    c.ok(&["apply", decl.to_str().unwrap()]);
+    trellis_testing::cmd::ok(enrol(&c.token("db-1", &[]), &state));
+    trellis_testing::cmd::ok(enrol(&c.token("op-1", &[]), &work.join("op-1")));
+    let nodes = c.nodes();
+    let op = nodes.as_array().unwrap().iter().find(|n| n["name"] == "op-1").unwrap();
+    (state, root, decl, op["wireguard_public_key"].as_str().unwrap().to_string())
 }
 
 fn restored_from_before_three_changes(db: Db, whole_state_directory: bool) {
@@ -156,28 +178,14 @@ fn a_revocation_made_after_the_backup_survives_its_restore() {
         }
         let mut c = Controller::start(db);
         let work = TempDir::new("restore-revoked");
-        let (state, root, decl) = (work.path().join("db-1"), work.path().join("root"), work.path().join("decl"));
-        basic_with_extra_nodes(&decl, 0);
-        c.ok(&["apply", decl.to_str().unwrap()]);
-        trellis_testing::cmd::ok(enrol(&c.token("db-1", &[]), &state));
-        trellis_testing::cmd::ok(enrol(&c.token("op-1", &[]), &work.path().join("op-1")));
+        let (state, root, decl, op_key) = db_and_op_enrolled(&c, work.path());
         let spare = c.token("api-1", &[]);
         let tokens: serde_json::Value = serde_json::from_str(&c.ok(&["token", "list", "--json"])).unwrap();
         let spare_id = tokens.as_array().unwrap().iter().find(|t| t["node"] == "api-1").unwrap()["id"].as_str().unwrap().to_string();
-        let op_key = c.nodes().as_array().unwrap().iter().find(|n| n["name"] == "op-1").unwrap()["wireguard_public_key"]
-            .as_str()
-            .unwrap()
-            .to_string();
         let _agent = files_only_agent(&state, &root);
         let conf = root.join("etc/trellis/wireguard.conf");
         let holds_op = || std::fs::read_to_string(&conf).unwrap_or_default().contains(&op_key);
-        let until = |what: &str, done: &dyn Fn() -> bool| {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while !done() {
-                assert!(Instant::now() < deadline, "{what} within 30 s ({db:?})");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        };
+        let until = |what: &str, done: &dyn Fn() -> bool| until(&format!("{what} ({db:?})"), done);
         until("db-1 holds op-1's key", &holds_op);
 
         c.stop_serving();
@@ -219,23 +227,10 @@ fn a_revocation_made_after_the_backup_survives_its_restore() {
 fn a_node_refuses_a_snapshot_s_bundle_that_forgot_a_revocation() {
     let mut c = Controller::start(Db::Sqlite);
     let work = TempDir::new("restore-snapshot-revoked");
-    let (state, root, decl) = (work.path().join("db-1"), work.path().join("root"), work.path().join("decl"));
-    basic_with_extra_nodes(&decl, 0);
-    c.ok(&["apply", decl.to_str().unwrap()]);
-    trellis_testing::cmd::ok(enrol(&c.token("db-1", &[]), &state));
-    trellis_testing::cmd::ok(enrol(&c.token("op-1", &[]), &work.path().join("op-1")));
-    let op_key =
-        c.nodes().as_array().unwrap().iter().find(|n| n["name"] == "op-1").unwrap()["wireguard_public_key"].as_str().unwrap().to_string();
+    let (state, root, decl, op_key) = db_and_op_enrolled(&c, work.path());
     let _agent = files_only_agent(&state, &root);
     let conf = root.join("etc/trellis/wireguard.conf");
     let holds_op = || std::fs::read_to_string(&conf).unwrap_or_default().contains(&op_key);
-    let until = |what: &str, done: &dyn Fn() -> bool| {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !done() {
-            assert!(Instant::now() < deadline, "{what} within 30 s");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    };
     until("db-1 holds op-1's key", &holds_op);
 
     c.stop_serving();
