@@ -105,24 +105,7 @@ struct Issuance {
 /// `nodes` nodes of a mesh whose every node runs `svc` (with `[module.certificate]`) enrol; then
 /// each, over its own session, asks for its certificate, `concurrency` at a time.
 async fn issuance(a: &CertsArgs) -> Result<Issuance> {
-    use trellis_controller::state;
-    use trellis_server::Server;
-    let dir = std::env::temp_dir().join(format!("trellis-bench-certs-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let addr = format!("127.0.0.1:{port}");
-    let opts = state::InitOptions {
-        advertise: vec![addr.clone()],
-        listen: Some(addr.clone()),
-        database_url: a.database_url.clone(),
-        node_cert_secs: 86400,
-    };
-    let st = state::init(&dir, &opts).await?;
-    let server = Server::bind(&st, None, None).await?;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(server.run(async {
-        let _ = stopped.await;
-    }));
+    let (dir, addr, stop) = crate::enrolling::serve_in_process("certs", a.database_url.clone()).await?;
     let admin = Arc::new(crate::admin_client(&dir)?);
     let mut mesh =
         format!("[mesh]\nname = \"bench\"\ndomain = \"bench.mesh\"\noverlay_ipv4 = \"{}\"\n", crate::meshgen::overlay_for(a.nodes));

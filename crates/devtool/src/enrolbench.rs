@@ -14,28 +14,11 @@ use crate::meshgen::overlay_for;
 
 pub async fn run(a: &EnrolArgs) -> Result<ExitCode> {
     use base64::Engine as _;
-    use trellis_controller::state;
-    use trellis_server::Server;
     let concurrency = a.concurrency.unwrap_or(16);
     if a.nodes == 0 || concurrency == 0 {
         bail!("--nodes and --concurrency must be at least 1");
     }
-    let dir = std::env::temp_dir().join(format!("trellis-bench-enrol-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let addr = format!("127.0.0.1:{port}");
-    let opts = state::InitOptions {
-        advertise: vec![addr.clone()],
-        listen: Some(addr.clone()),
-        database_url: a.database_url.clone(),
-        node_cert_secs: 86400,
-    };
-    let st = state::init(&dir, &opts).await?;
-    let server = Server::bind(&st, None, None).await?;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(server.run(async {
-        let _ = stopped.await;
-    }));
+    let (dir, addr, stop) = crate::enrolling::serve_in_process("enrol", a.database_url.clone()).await?;
     let admin = crate::admin_client(&dir)?;
     let mut mesh = format!("[mesh]\nname = \"bench\"\ndomain = \"bench.mesh\"\noverlay_ipv4 = \"{}\"\n", overlay_for(a.nodes));
     for i in 0..a.nodes {

@@ -103,3 +103,25 @@ pub async fn enrol_all(base: &str, ca_pem: &str, enrolees: Vec<Enrolee>, concurr
     }
     Ok(out)
 }
+
+/// A controller on a fresh state directory under the temporary directory (`trellis-bench-NAME-PID`)
+/// served in this process on a free loopback port, as the enrolment and certificate benches time
+/// it: its directory, its address and the sender that stops it.
+pub async fn serve_in_process(
+    name: &str,
+    database_url: Option<String>,
+) -> anyhow::Result<(std::path::PathBuf, String, tokio::sync::oneshot::Sender<()>)> {
+    use trellis_controller::state;
+    let dir = std::env::temp_dir().join(format!("trellis-bench-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let addr = format!("127.0.0.1:{port}");
+    let opts = state::InitOptions { advertise: vec![addr.clone()], listen: Some(addr.clone()), database_url, node_cert_secs: 86400 };
+    let st = state::init(&dir, &opts).await?;
+    let server = trellis_server::Server::bind(&st, None, None).await?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(server.run(async {
+        let _ = stopped.await;
+    }));
+    Ok((dir, addr, stop))
+}
