@@ -22,8 +22,9 @@ fn read(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
 }
 
-/// The node's WireGuard key pair, made on first use and kept.
-fn wireguard_key(dir: &Path) -> Result<String> {
+/// The node's WireGuard public key, from the private key in the state directory (made there,
+/// mode 0600, when there is none yet).
+pub fn wireguard_key(dir: &Path) -> Result<String> {
     let path = dir.join(WIREGUARD_KEY);
     let secret = if path.exists() {
         let bytes = B64.decode(read(&path)?.trim()).ok().and_then(|b| <[u8; 32]>::try_from(b).ok());

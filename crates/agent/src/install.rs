@@ -221,7 +221,7 @@ mod tests {
         }
         fn peers(&self) -> Result<Vec<PeerState>> {
             let shaken = self.1.lock().unwrap();
-            Ok(shaken.iter().map(|k| PeerState { public_key: k.clone(), endpoint: None, last_handshake: Some(1_700_000_000) }).collect())
+            Ok(shaken.iter().map(|k| PeerState::new(k.clone(), None, Some(1_700_000_000))).collect())
         }
         fn describe(&self) -> String {
             "fake".into()

@@ -228,7 +228,7 @@ mod tests {
         let m = Metrics::new();
         let text = m.encode(1000);
         assert!(text.lines().any(|l| l == "trellis_agent_last_contact_age_seconds -1"), "{text}");
-        let peer = |key: &str, at: Option<u64>| PeerState { public_key: key.to_string(), endpoint: None, last_handshake: at };
+        let peer = |key: &str, at: Option<u64>| PeerState::new(key.to_string(), None, at);
         m.status(&AgentStatus {
             version: 7,
             last_contact: Some(990),

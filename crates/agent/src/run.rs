@@ -134,7 +134,12 @@ impl Agent {
             ingress: std::sync::Mutex::new(ingress),
             ingress_reported: None,
             evidence: EvidenceBuffer::new(&opts.state_dir),
-            status: AgentStatus { pid: std::process::id(), version: manifest.version, ..Default::default() },
+            status: AgentStatus {
+                pid: std::process::id(),
+                version: manifest.version,
+                public_key: identity::wireguard_key(&opts.state_dir).ok(),
+                ..Default::default()
+            },
             installer: Installer::new(exec, scope, &opts.state_dir, manifest, previous),
             id,
             keys,

@@ -17,6 +17,41 @@ pub struct PeerState {
     pub endpoint: Option<String>,
     /// Unix seconds of the last handshake, if any.
     pub last_handshake: Option<u64>,
+    /// The prefixes the interface routes to this peer, as it reports them (`10.88.0.3/32`).
+    #[serde(default)]
+    pub allowed_ips: Vec<String>,
+    /// Bytes received from and sent to this peer, as the interface counts them.
+    #[serde(default)]
+    pub rx_bytes: u64,
+    #[serde(default)]
+    pub tx_bytes: u64,
+}
+
+impl PeerState {
+    /// A peer as known before the interface says more: its key, endpoint and last handshake.
+    pub fn new(public_key: String, endpoint: Option<String>, last_handshake: Option<u64>) -> PeerState {
+        PeerState { public_key, endpoint, last_handshake, allowed_ips: Vec::new(), rx_bytes: 0, tx_bytes: 0 }
+    }
+}
+
+/// One relayed peer's path as this node takes it (ADR 0032): direct once a handshake at the
+/// endpoint its hub observed completed, else through the hub.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathStatus {
+    /// The peer's node name and key.
+    pub peer: String,
+    pub public_key: String,
+    /// The hub that relays the pair, and that observed the endpoint.
+    pub hub: String,
+    /// `trying`, `direct`, `relayed` or `backing-off`.
+    pub state: String,
+    /// Unix seconds since the path has been in this state.
+    pub since: i64,
+    /// The endpoint tried or used.
+    pub endpoint: String,
+    /// Why the pair is not direct, when it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// What `trellis-agent status` shows, written by the run loop.
@@ -24,6 +59,9 @@ pub struct PeerState {
 pub struct AgentStatus {
     pub pid: u32,
     pub updated_at: i64,
+    /// This node's WireGuard public key.
+    #[serde(default)]
+    pub public_key: Option<String>,
     pub last_contact: Option<i64>,
     /// The time in the controller's newest signed freshness stamp.
     pub fresh_at: Option<i64>,
@@ -31,6 +69,9 @@ pub struct AgentStatus {
     pub last_error: Option<String>,
     pub interface: Option<String>,
     pub peers: Vec<PeerState>,
+    /// The relayed peers this node may reach directly, each with its path now.
+    #[serde(default)]
+    pub paths: Vec<PathStatus>,
     pub ruleset_loaded: bool,
     pub dns_serving: Vec<String>,
     /// Milliseconds from a bundle's arrival to its files written and interface, ruleset and DNS

@@ -110,6 +110,9 @@ where
                 public_key: p.public_key.to_string(),
                 endpoint: p.endpoint.map(|e| e.to_string()),
                 last_handshake: p.last_handshake.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_secs()),
+                allowed_ips: p.allowed_ips.iter().map(|m| m.to_string()).collect(),
+                rx_bytes: p.rx_bytes,
+                tx_bytes: p.tx_bytes,
             })
             .collect())
     }

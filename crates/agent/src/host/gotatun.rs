@@ -233,6 +233,9 @@ impl Wireguard for Gotatun {
                     .and_then(|ago| now.checked_sub(ago))
                     .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
                     .map(|d| d.as_secs()),
+                allowed_ips: s.peer.allowed_ips.iter().map(|n| n.to_string()).collect(),
+                rx_bytes: s.stats.rx_bytes as u64,
+                tx_bytes: s.stats.tx_bytes as u64,
             })
             .collect())
     }

@@ -333,10 +333,13 @@ fn parse_peers(body: &str) -> Result<Vec<PeerState>> {
                     .filter(|k| k.len() == 32)
                     .with_context(|| format!("peer key {value:?} is not 64 hex digits"))?;
                 let public_key = base64::engine::general_purpose::STANDARD.encode(raw);
-                peers.push(PeerState { public_key, endpoint: None, last_handshake: None });
+                peers.push(PeerState::new(public_key, None, None));
             }
             ("endpoint", Some(p)) => p.endpoint = Some(value.to_string()),
             ("last_handshake_time_sec", Some(p)) => p.last_handshake = value.parse().ok().filter(|s| *s != 0),
+            ("allowed_ip", Some(p)) => p.allowed_ips.push(value.to_string()),
+            ("rx_bytes", Some(p)) => p.rx_bytes = value.parse().unwrap_or(0),
+            ("tx_bytes", Some(p)) => p.tx_bytes = value.parse().unwrap_or(0),
             _ => {}
         }
     }
