@@ -492,14 +492,16 @@ impl Shared {
 /// (`digest` gives each content's SHA-256, so a caller that keeps them across runs hashes a
 /// content once), `ca.pem`, `trust.toml` and, once it has one, the node's certificate. The zone
 /// keeps the serial it was compiled with, so that the digest of these entries
-/// (`entries_digest`) changes only with the content; [`number`] gives it the version's.
+/// (`entries_digest`) changes only with the content; [`number`] gives it the version's. `paths`
+/// is the node's `paths.toml` (`paths::write`), when it has direct candidates.
 pub fn assemble(
     compiled: &[crate::FileResource],
     digest: impl Fn(&crate::Text) -> [u8; 32],
     shared: &Shared,
     node_pem: Option<&str>,
+    paths: Option<&str>,
 ) -> Vec<Listed> {
-    use crate::plan::{delivered, CA_PEM, NODE_PEM, TRUST_TOML};
+    use crate::plan::{delivered, CA_PEM, NODE_PEM, PATHS_TOML, TRUST_TOML};
     let listed = |f: &crate::FileResource| Listed {
         path: delivered(&f.path).expect("the compiler makes only files trellis delivers"),
         mode: f.mode,
@@ -512,6 +514,10 @@ pub fn assemble(
     if let Some(pem) = node_pem {
         let content = crate::Text::from(pem);
         files.push(Listed { path: NODE_PEM, mode: 0o644, sha256: content.sha256(), content });
+    }
+    if let Some(text) = paths {
+        let content = crate::Text::from(text);
+        files.push(Listed { path: PATHS_TOML, mode: 0o644, sha256: content.sha256(), content });
     }
     files.sort_by(|a, b| a.path.cmp(b.path));
     files
@@ -555,10 +561,10 @@ mod tests {
             crate::FileResource { path: NODE_TOML.into(), mode: 0o644, content: crate::Text::from("node = 1\n") },
         ];
         let shared = Shared::new("CA\n", "trust\n");
-        let without = assemble(&compiled, |t| t.sha256(), &shared, None);
+        let without = assemble(&compiled, |t| t.sha256(), &shared, None, None);
         let paths: Vec<&str> = without.iter().map(|f| f.path).collect();
         assert_eq!(paths, [CA_PEM, MESH_ZONE, NODE_TOML, TRUST_TOML, WIREGUARD_CONF]);
-        let mut files = assemble(&compiled, |t| t.sha256(), &shared, Some("CERT\n"));
+        let mut files = assemble(&compiled, |t| t.sha256(), &shared, Some("CERT\n"), None);
         let paths: Vec<&str> = files.iter().map(|f| f.path).collect();
         assert_eq!(paths, [CA_PEM, MESH_ZONE, NODE_PEM, NODE_TOML, TRUST_TOML, WIREGUARD_CONF]);
         for f in &files {

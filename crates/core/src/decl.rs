@@ -146,6 +146,9 @@ pub const KEEPALIVE_SECS: u16 = 25;
 #[derive(Clone, Debug, PartialEq)]
 pub struct Network {
     pub name: String,
+    /// `direct = false`: nodes on this network stay on their hub, never punched through it
+    /// (a metered link, a policy; ADR 0032).
+    pub direct: bool,
     pub loc: Loc,
 }
 
@@ -166,6 +169,8 @@ pub struct Node {
     pub address_ipv4: Option<Ipv4Addr>,
     pub address_ipv6: Option<Ipv6Addr>,
     pub endpoints: Vec<Endpoint>,
+    /// `direct = false`: its relayed pairs stay on their hub (ADR 0032). True by default.
+    pub direct: bool,
     /// A WireGuard public key declared for a node managed outside trellis.
     pub public_key: Option<PublicKey>,
     /// The exit route (a route to a default prefix) this node sends its internet traffic
@@ -614,6 +619,7 @@ impl Pool {
             address_ipv4: m.address_ipv4,
             address_ipv6: m.address_ipv6,
             endpoints: Vec::new(),
+            direct: true,
             public_key: None,
             exit: None,
             loc: self.loc.clone(),

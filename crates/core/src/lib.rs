@@ -16,6 +16,7 @@ pub mod keys;
 pub mod load;
 pub mod nodefile;
 pub mod par;
+pub mod paths;
 pub mod plan;
 pub mod release;
 pub mod render;

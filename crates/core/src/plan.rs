@@ -27,9 +27,12 @@ pub const TRAEFIK_DIR: &str = "etc/trellis/traefik";
 /// What the node trusts beyond the CA (`trust::TrustFile`: its controllers, the next signing
 /// key), added to each bundle by `bundle::assemble`.
 pub const TRUST_TOML: &str = "etc/trellis/trust.toml";
+/// The relayed peers a node may reach directly, at the endpoints their hub observed
+/// (`paths::write`; ADR 0032), added to a bundle by `bundle::assemble` when there are any.
+pub const PATHS_TOML: &str = "etc/trellis/paths.toml";
 /// Every file a bundle may carry; an agent writes nothing else.
 pub const DELIVERED: &[&str] =
-    &[WIREGUARD_CONF, NFTABLES_CONF, MESH_ZONE, NODE_TOML, CA_PEM, NODE_PEM, TRAEFIK_YML, INGRESS_TOML, TRUST_TOML];
+    &[WIREGUARD_CONF, NFTABLES_CONF, MESH_ZONE, NODE_TOML, CA_PEM, NODE_PEM, TRAEFIK_YML, INGRESS_TOML, TRUST_TOML, PATHS_TOML];
 
 /// The delivered file `path` names (one of [`DELIVERED`]), if it names one.
 pub fn delivered(path: &str) -> Option<&'static str> {

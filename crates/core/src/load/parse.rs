@@ -51,7 +51,7 @@ const EXPOSE_KEYS: &[&str] = &["name", "hostnames", "module", "port", "via", "li
 const MESH_KEYS: &[&str] =
     &["name", "domain", "overlay_ipv4", "overlay_ipv6", "port", "interface", "mtu", "service_cert_lifetime", "min_agent_version"];
 const NODE_KEYS: &[&str] =
-    &["name", "hub", "networks", "groups", "modules", "address_ipv4", "address_ipv6", "endpoint", "public_key", "exit"];
+    &["name", "hub", "networks", "groups", "modules", "address_ipv4", "address_ipv6", "endpoint", "public_key", "exit", "direct"];
 const ROUTE_KEYS: &[&str] = &["name", "prefixes", "via", "masquerade", "allow", "host"];
 const ROUTE_HOST_KEYS: &[&str] = &["name", "address"];
 const ENDPOINT_KEYS: &[&str] = &["address", "reachable_from"];
@@ -101,12 +101,13 @@ pub(super) fn parse_mesh(file: &SourceFile, diags: &mut Vec<Diagnostic>) -> Pars
     }
     if let Some(v) = top.get("networks") {
         if let Some(t) = map_of(&doc, "[networks]", v, diags) {
-            // Each network is a table of its own; none takes keys yet, so `internet = {}`.
+            // Each network is a table of its own: `internet = {}`, or `metered = { direct = false }`.
             for (key, value) in t.iter() {
                 let name = key.get_ref().to_string();
                 let what = format!("network `{name}`");
-                if Table::new(&doc, what, value, &[], diags).is_some() {
-                    out.networks.push(Network { name, loc: doc.loc(&key.span()) });
+                if let Some(n) = Table::new(&doc, what, value, &["direct"], diags) {
+                    let direct = n.bool(&doc, "direct", diags).unwrap_or(true);
+                    out.networks.push(Network { name, direct, loc: doc.loc(&key.span()) });
                 }
             }
         }
@@ -290,6 +291,7 @@ fn parse_node(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Node>
     let name = t.required_str(doc, "name", diags);
     let (networks, groups, modules, refs) = memberships(doc, t, diags);
     let hub = t.bool(doc, "hub", diags).unwrap_or(false);
+    let direct = t.bool(doc, "direct", diags).unwrap_or(true);
     let address_ipv4 = t.str(doc, "address_ipv4", diags).and_then(|(s, loc)| match s.parse() {
         Ok(a) => Some(a),
         Err(_) => {
@@ -353,6 +355,7 @@ fn parse_node(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Node>
         address_ipv4,
         address_ipv6,
         endpoints,
+        direct,
         public_key,
         exit,
         loc: t.loc.clone(),

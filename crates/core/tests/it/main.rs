@@ -6,6 +6,7 @@ mod diagnostics;
 mod exposures;
 mod golden;
 mod incremental;
+mod paths;
 mod pools;
 mod props;
 mod routes;

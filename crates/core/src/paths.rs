@@ -1,0 +1,276 @@
+//! Direct paths through a hub (ADR 0032): which relayed pairs try to reach each other directly,
+//! at which endpoints, and `etc/trellis/paths.toml`, the file that tells a node. Pure.
+//!
+//! A hub both nodes of a relayed pair dial sees each one's NAT-mapped WireGuard endpoint, as a
+//! STUN server would. The controller hands each side the endpoint that hub observed for the
+//! other; both agents add the other as a peer at that endpoint and send handshakes, and move the
+//! pair's addresses off the hub only once one completed. Candidates are only ever what hubs
+//! observed: a node's word about itself is never taken.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write;
+use std::net::SocketAddr;
+
+use toml::de::DeTable;
+
+use crate::decl::{Declaration, PublicKey};
+use crate::nodefile::quoted;
+use crate::{Compiled, Keys};
+
+/// The most pairs one hub has trying at once (not yet direct): a burst of new nodes behind it
+/// starts at most these, and the rest start as those end (ADR 0032).
+pub const ATTEMPTS_PER_HUB: usize = 256;
+
+/// The most candidates one `paths.toml` may hold: a bound on what an agent reads.
+pub const MAX_CANDIDATES: usize = 65_536;
+
+/// One relayed peer a node may try to reach directly.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    /// The peer's node name and WireGuard key.
+    pub peer: String,
+    pub public_key: PublicKey,
+    /// Where the hub saw the peer's packets come from.
+    pub endpoint: SocketAddr,
+    /// The hub that relays the pair and observed the endpoint, and its key.
+    pub hub: String,
+    pub hub_key: PublicKey,
+    /// The peer's overlay addresses as AllowedIPs entries (`10.88.0.3/32`): they move from the
+    /// hub's peer to the direct one once a handshake completed.
+    pub allowed_ips: Vec<String>,
+}
+
+/// What hubs observed: per hub, the endpoint each node it has a session with sends from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Observed {
+    pub by_hub: HashMap<String, HashMap<String, SocketAddr>>,
+}
+
+impl Observed {
+    /// The nodes whose NAT maps by destination: two hubs saw one address with different ports.
+    /// Each with the ports seen, in order.
+    pub fn by_destination(&self) -> HashMap<&str, Vec<u16>> {
+        let mut seen: HashMap<&str, BTreeMap<std::net::IpAddr, std::collections::BTreeSet<u16>>> = HashMap::new();
+        for nodes in self.by_hub.values() {
+            for (node, at) in nodes {
+                seen.entry(node.as_str()).or_default().entry(at.ip()).or_default().insert(at.port());
+            }
+        }
+        seen.into_iter()
+            .filter_map(|(node, ips)| ips.into_values().find(|ports| ports.len() > 1).map(|ports| (node, ports.into_iter().collect())))
+            .collect()
+    }
+}
+
+/// How a pair stands as its agents last said: the controller keeps direct pairs' candidates and
+/// gives waiting pairs the places of those that keep failing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Standing {
+    /// Either side reports the path direct.
+    Direct,
+    #[default]
+    Unknown,
+    /// Either side is backing off after failed attempts.
+    Failing,
+}
+
+/// Why a relayed pair does not try a direct path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Why {
+    /// `direct = false` on this node, or on this network of it.
+    Off { node: String, network: Option<String> },
+    /// The hub has no session with this node (it is down, or has not dialled the hub yet).
+    NotSeen { node: String },
+    /// Two hubs saw this node's address with different ports: its NAT maps by destination, so
+    /// the port a hub saw is not the one its peer would reach.
+    ByDestination { node: String, ports: Vec<u16> },
+    /// The hub has `ATTEMPTS_PER_HUB` pairs trying already.
+    Capped,
+}
+
+impl std::fmt::Display for Why {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Why::Off { node, network: None } => write!(f, "{node} is declared `direct = false`"),
+            Why::Off { node, network: Some(n) } => write!(f, "{node} is on network {n}, declared `direct = false`"),
+            Why::NotSeen { node } => write!(f, "the hub has no session with {node}"),
+            Why::ByDestination { node, ports } => {
+                let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+                write!(f, "{node}'s NAT maps by destination (hubs saw ports {})", ports.join(" and "))
+            }
+            Why::Capped => write!(f, "the hub has {ATTEMPTS_PER_HUB} pairs trying already; this one waits its turn"),
+        }
+    }
+}
+
+/// One relayed pair (names in order), its hub, and whether it tries a direct path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pair {
+    pub a: String,
+    pub b: String,
+    pub hub: String,
+    /// The endpoints the hub observed for `a` and `b`, or why the pair stays on its hub.
+    pub decision: Result<(SocketAddr, SocketAddr), Why>,
+}
+
+/// What `decide` gives: each node's candidates (in peer name order) and every relayed pair.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Decided {
+    pub candidates: HashMap<String, Vec<Candidate>>,
+    pub pairs: Vec<Pair>,
+}
+
+/// Why a node takes no direct paths: `direct = false` on it or on one of its networks.
+pub fn off(decl: &Declaration) -> HashMap<&str, Option<&str>> {
+    let off_networks: HashSet<&str> = decl.networks.iter().filter(|n| !n.direct).map(|n| n.name.as_str()).collect();
+    decl.nodes
+        .iter()
+        .filter_map(|n| {
+            if !n.direct {
+                return Some((n.name.as_str(), None));
+            }
+            n.networks.iter().find(|w| off_networks.contains(w.as_str())).map(|w| (n.name.as_str(), Some(w.as_str())))
+        })
+        .collect()
+}
+
+/// Decides, for every pair the compiled mesh relays, whether it tries a direct path and at which
+/// endpoints: both nodes take direct paths, the hub observed both, neither NAT maps by
+/// destination, and the hub has a place among its `ATTEMPTS_PER_HUB` (pairs already direct first,
+/// then in name order, pairs that keep failing last).
+pub fn decide(compiled: &Compiled, keys: &Keys, decl: &Declaration, observed: &Observed, standing: &dyn Fn(&str, &str) -> Standing) -> Decided {
+    let off = off(decl);
+    let by_destination = observed.by_destination();
+    let empty = HashMap::new();
+    // Every relayed pair once (a < b), with its hub and how it stands.
+    let mut ranked: Vec<(Standing, &str, &str, &str)> = Vec::new();
+    for (a, out) in &compiled.nodes {
+        for hub in out.plan.peers.iter().filter(|p| !p.relays_for.is_empty()) {
+            for b in hub.relays_for.iter().filter(|b| a.as_str() < &*b.name) {
+                ranked.push((standing(a, &b.name), a.as_str(), &b.name, hub.name()));
+            }
+        }
+    }
+    ranked.sort();
+    let allowed_of = |n: &str| compiled.nodes.get(n).map(|o| allowed_ips(o.plan.ipv4, o.plan.ipv6)).unwrap_or_default();
+    let mut decided = Decided::default();
+    let mut trying: HashMap<&str, usize> = HashMap::new();
+    for (stand, a, b, hub) in ranked {
+        let seen = observed.by_hub.get(hub).unwrap_or(&empty);
+        let decision = (|| {
+            for n in [a, b] {
+                if let Some(network) = off.get(n) {
+                    return Err(Why::Off { node: n.to_string(), network: network.map(str::to_string) });
+                }
+            }
+            let (Some(at_a), Some(at_b)) = (seen.get(a), seen.get(b)) else {
+                let node = if seen.contains_key(a) { b } else { a };
+                return Err(Why::NotSeen { node: node.to_string() });
+            };
+            for n in [a, b] {
+                if let Some(ports) = by_destination.get(n) {
+                    return Err(Why::ByDestination { node: n.to_string(), ports: ports.clone() });
+                }
+            }
+            let count = trying.entry(hub).or_default();
+            if stand != Standing::Direct {
+                if *count >= ATTEMPTS_PER_HUB {
+                    return Err(Why::Capped);
+                }
+                *count += 1;
+            }
+            Ok((*at_a, *at_b))
+        })();
+        if let (Ok((at_a, at_b)), Some(ka), Some(kb), Some(kh)) = (&decision, keys.get(a), keys.get(b), keys.get(hub)) {
+            let candidate = |peer: &str, key: PublicKey, endpoint: SocketAddr| Candidate {
+                peer: peer.to_string(),
+                public_key: key,
+                endpoint,
+                hub: hub.to_string(),
+                hub_key: kh,
+                allowed_ips: allowed_of(peer),
+            };
+            decided.candidates.entry(a.to_string()).or_default().push(candidate(b, kb, *at_b));
+            decided.candidates.entry(b.to_string()).or_default().push(candidate(a, ka, *at_a));
+        }
+        decided.pairs.push(Pair { a: a.to_string(), b: b.to_string(), hub: hub.to_string(), decision });
+    }
+    for list in decided.candidates.values_mut() {
+        list.sort_by(|x, y| x.peer.cmp(&y.peer));
+    }
+    decided.pairs.sort_by(|x, y| (&x.a, &x.b).cmp(&(&y.a, &y.b)));
+    decided
+}
+
+/// A node's overlay addresses as AllowedIPs entries.
+fn allowed_ips(v4: Option<std::net::Ipv4Addr>, v6: Option<std::net::Ipv6Addr>) -> Vec<String> {
+    v4.map(|a| format!("{a}/32")).into_iter().chain(v6.map(|a| format!("{a}/128"))).collect()
+}
+
+/// The text of `paths.toml` for `node`: one `[[peer]]` per candidate, in the order given.
+pub fn write(node: &str, candidates: &[Candidate]) -> String {
+    let mut s = format!(
+        "# trellis: the relayed peers node {node} may reach directly, each at the endpoint its hub saw.\n\
+         # Generated; do not edit. The agent moves a peer's addresses off the hub once a handshake\n\
+         # at that endpoint completed, and back when the direct session goes stale (ADR 0032).\n"
+    );
+    for c in candidates {
+        let ips: Vec<String> = c.allowed_ips.iter().map(|a| quoted(a)).collect();
+        let _ = write!(
+            s,
+            "\n[[peer]]\nname = {}\npublic_key = \"{}\"\nendpoint = \"{}\"\nhub = {}\nhub_key = \"{}\"\nallowed_ips = [{}]\n",
+            quoted(&c.peer),
+            c.public_key,
+            c.endpoint,
+            quoted(&c.hub),
+            c.hub_key,
+            ips.join(", ")
+        );
+    }
+    s
+}
+
+/// Reads `paths.toml`; anything but `[[peer]]` tables with exactly the keys `write` writes is an
+/// error naming what is wrong.
+pub fn parse(text: &str) -> Result<Vec<Candidate>, String> {
+    let table = DeTable::parse(text).map_err(|e| format!("paths.toml: invalid TOML: {}", e.message().trim_end_matches('\n')))?;
+    let mut out = Vec::new();
+    for (key, value) in table.get_ref().iter() {
+        if key.get_ref() != "peer" {
+            return Err(format!("paths.toml: unknown key `{}`", key.get_ref()));
+        }
+        let peers = value.get_ref().as_array().ok_or("paths.toml: `peer` must be an array of tables")?;
+        if peers.len() > MAX_CANDIDATES {
+            return Err(format!("paths.toml: more than {MAX_CANDIDATES} peers"));
+        }
+        for (i, p) in peers.iter().enumerate() {
+            let t = p.get_ref().as_table().ok_or("paths.toml: `peer` must be an array of tables")?;
+            let at = |problem: &str| format!("paths.toml: peer {}: {problem}", i + 1);
+            let string = |k: &str| -> Result<String, String> {
+                t.get(k).and_then(|v| v.get_ref().as_str()).map(str::to_string).ok_or_else(|| at(&format!("`{k}` must be a string")))
+            };
+            let key = |k: &str| -> Result<PublicKey, String> {
+                PublicKey::parse(&string(k)?).ok_or_else(|| at(&format!("`{k}` is not a WireGuard public key")))
+            };
+            if let Some((k, _)) = t.iter().find(|(k, _)| !["name", "public_key", "endpoint", "hub", "hub_key", "allowed_ips"].contains(&k.get_ref().as_ref())) {
+                return Err(at(&format!("unknown key `{}`", k.get_ref())));
+            }
+            let endpoint = string("endpoint")?.parse().map_err(|_| at("`endpoint` is not IP:PORT"))?;
+            let ips = t.get("allowed_ips").and_then(|v| v.get_ref().as_array()).ok_or_else(|| at("`allowed_ips` must be an array"))?;
+            let mut allowed_ips = Vec::new();
+            for ip in ips.iter() {
+                let ip = ip.get_ref().as_str().filter(|s| s.parse::<ipnet::IpNet>().is_ok()).ok_or_else(|| at("`allowed_ips` holds something that is not a prefix"))?;
+                allowed_ips.push(ip.to_string());
+            }
+            out.push(Candidate {
+                peer: string("name")?,
+                public_key: key("public_key")?,
+                endpoint,
+                hub: string("hub")?,
+                hub_key: key("hub_key")?,
+                allowed_ips,
+            });
+        }
+    }
+    Ok(out)
+}
