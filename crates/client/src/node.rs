@@ -155,6 +155,15 @@ impl NodeClient {
         .await
     }
 
+    /// Reports this node's direct paths and, on a hub, the endpoints it observes (ADR 0032).
+    pub async fn report_paths(&self, report: &proto::PathReport) -> Result<proto::PathAck, Error> {
+        crate::each_controller_from(&self.controllers, &self.last, |c| {
+            let send = self.http.post(format!("https://{c}/v1/node/paths")).json(report).send();
+            async move { answer(send.await.map_err(Error::Send)?).await }
+        })
+        .await
+    }
+
     pub async fn whoami(&self) -> Result<proto::WhoAmI, Error> {
         crate::each_controller_from(&self.controllers, &self.last, |c| {
             let send = stamped(self.http.get(format!("https://{c}/v1/whoami"))).send();

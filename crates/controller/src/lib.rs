@@ -18,6 +18,7 @@ pub mod layout;
 mod ledger;
 pub mod metrics;
 mod nodes;
+mod paths;
 pub mod pools;
 pub mod publish;
 mod refusals;

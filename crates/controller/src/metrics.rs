@@ -442,6 +442,7 @@ mod tests {
             agent_refused: None,
             clock_skew: None,
             ingress: None,
+            paths: Vec::new(),
         }
     }
 

@@ -331,6 +331,9 @@ impl Controller {
         let bundles = self.store.bundles().await?;
         let evidence = self.store.evidence_summary().await?;
         let mut ingress = self.ingress_states().await?;
+        let path_reports = self.path_reports().await?;
+        let pairs = self.publisher.pairs.read().expect("pairs").clone();
+        let pairs = crate::paths::by_node(&pairs);
         let t = self.now();
         Ok(roster
             .into_iter()
@@ -362,6 +365,7 @@ impl Controller {
                         .and_then(|(min, (_, release))| too_old(&e.name, release, min))
                         .map(|refusal| refusal.to_string()),
                     ingress: ingress.remove(&e.name),
+                    paths: crate::paths::pair_paths(&e.name, pairs.get(e.name.as_str()).map_or(&[], Vec::as_slice), path_reports.get(&e.name)),
                     clock_skew: self.clock_skew(&e.name),
                     state: e.state,
                     name: e.name,

@@ -166,6 +166,7 @@ mod tests {
             agent_refused: None,
             clock_skew: None,
             ingress: None,
+            paths: Vec::new(),
         };
         assert_eq!(shown(&s), Shown::Active);
         s.stale = true;

@@ -8,6 +8,7 @@ pub mod certs;
 pub mod etag;
 pub mod exposition;
 pub mod ingress;
+pub mod paths;
 pub mod state;
 pub mod text;
 pub mod version;
@@ -18,6 +19,7 @@ pub use certs::{
     ServiceCertSpec,
 };
 pub use ingress::{IngressAck, IngressCertificate, IngressReport, IngressRouter, IngressState};
+pub use paths::{ObservedEndpoint, PairPath, PathAck, PathReport, PathState};
 pub use state::{EnrolledState, EvidenceResult, FileResult, NodeState, Shown, TokenState, Withdrawal};
 
 /// Every error answer: one sentence, and a stable code a script can match.
@@ -359,6 +361,9 @@ pub struct NodeStatus {
     /// On an ingress node: its Traefik as its agent last reported it (ADR 0026).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ingress: Option<IngressState>,
+    /// Each pair this node's traffic is relayed in, and its path now (ADR 0032).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<PairPath>,
 }
 
 /// A revocation as the controller follows it (ADR 0022), computed from the database, so every

@@ -61,6 +61,18 @@ pub(crate) async fn report_ingress(
     Ok(Json(proto::IngressAck { recorded: c.report_ingress(&who, &report).await? }))
 }
 
+/// The largest path report: a hub's `MAX_PATH_ITEMS` observations at about 100 bytes each.
+pub const PATHS_BODY: usize = 12 * 1024 * 1024;
+
+#[utoipa::path(post, path = "/v1/node/paths", tag = "node", security(("node" = [])), request_body = proto::PathReport, responses((status = 200, description = "Recorded: a hub's observed endpoints (a node that is not a hub has its observations dropped: no node's word about itself is published) and the node's direct paths (ADR 0032)", body = proto::PathAck), Refusals))]
+pub(crate) async fn report_paths(
+    State(c): State<Shared>,
+    Node(who): Node,
+    Body(report): Body<proto::PathReport, PATHS_BODY>,
+) -> Answer<proto::PathAck> {
+    Ok(Json(c.report_paths(&who, &report).await?))
+}
+
 #[utoipa::path(get, path = "/v1/admin/certificates", tag = "admin", security(("admin" = [])), responses((status = 200, description = "Every service certificate: its node, module, names, serial and expiry, whether the declaration still gives it, and its last refusal", body = Vec<proto::ServiceCertInfo>), Refusals))]
 pub(crate) async fn list_certificates(State(c): State<Shared>, _: Admin) -> Answer<Vec<proto::ServiceCertInfo>> {
     Ok(Json(c.service_certs().await?))

@@ -52,6 +52,7 @@ pub(crate) fn api() -> OpenApiRouter<Shared> {
         )
         .routes(routes!(crate::certs::report_held).layer(DefaultBodyLimit::max(crate::certs::HELD_BODY)))
         .routes(routes!(crate::certs::report_ingress).layer(DefaultBodyLimit::max(crate::certs::INGRESS_BODY)))
+        .routes(routes!(crate::certs::report_paths).layer(DefaultBodyLimit::max(crate::certs::PATHS_BODY)))
         .routes(routes!(crate::certs::list_certificates))
         .routes(routes!(crate::trust::list_controllers, crate::trust::add_controller, crate::trust::remove_controller))
         .routes(routes!(crate::trust::rotate_signing_key))

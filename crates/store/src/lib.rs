@@ -15,6 +15,7 @@ mod bundles;
 mod certs;
 mod evidence;
 mod ingress;
+mod paths;
 mod nodes;
 mod pools;
 mod revisions;

@@ -79,6 +79,9 @@ pub(crate) struct Run {
     /// The `trust.toml` every bundle of the last run carried: when it changes, every node is
     /// published again.
     pub(crate) trust: String,
+    /// The `paths.toml` each node's bundle carried (ADR 0032): a node whose candidates moved is
+    /// published again.
+    pub(crate) paths: HashMap<String, String>,
 }
 
 /// What a plan is given besides the previous run: the records it answers with (`'r`), and the
@@ -101,6 +104,8 @@ pub(crate) struct Inputs<'r, 'a> {
     pub shared: &'a Shared,
     /// Whether a bundle of this node is held (in the table the long-polls read).
     pub held: &'a dyn Fn(&str) -> bool,
+    /// What hubs observed and how pairs stand, for direct paths (ADR 0032).
+    pub paths: &'a crate::paths::PathInputs,
 }
 
 /// A node due this run: its record, its bundle's files in the manifest's order, and the digest
@@ -127,13 +132,16 @@ pub(crate) struct RunPlan<'r> {
     pub withdrawals: BTreeMap<String, Vec<String>>,
     /// The declaration's hubs, which the next run compares with.
     pub hubs: HashSet<String>,
+    /// Each node's `paths.toml`, for the nodes with direct candidates, and every relayed pair.
+    pub paths: HashMap<String, String>,
+    pub pairs: Vec<trellis_core::paths::Pair>,
 }
 
 /// Plans a run. Takes from `run` what the compile consumes (the previous output, and the keys,
 /// changed in place) and hashes the due contents it does not hold yet into `run.contents`; the
 /// rest of `run` is the caller's to update once the plan is carried out.
 pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'r>> {
-    let Inputs { records, decl, revision, declared, unrecorded, allocation, trust, shared, held } = input;
+    let Inputs { records, decl, revision, declared, unrecorded, allocation, trust, shared, held, paths } = input;
     let active: Vec<&NodeRecord> = records
         .iter()
         .filter(|r| r.state == trellis_proto::EnrolledState::Active && declared.get(r.name.as_str()) == Some(&r.pool.as_deref()))
@@ -167,29 +175,37 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
         _ => None,
     };
     let compiled = trellis_core::compile(decl, &run.keys, &allocation, previous).map_err(|d| Error::internal("compiling", d))?;
-    let due = due(run, &active, &compiled, run.trust != trust, held);
+    // Direct paths: each relayed pair's candidates, from what its hub observed (ADR 0032).
+    let decided = trellis_core::paths::decide(&compiled, &run.keys, decl, &paths.observed, &|a, b| paths.standing(a, b));
+    let texts: HashMap<String, String> =
+        decided.candidates.iter().map(|(node, list)| (node.clone(), trellis_core::paths::write(node, list))).collect();
+    let due = due(run, &active, &compiled, run.trust != trust, held, &texts);
     run.contents.add(&compiled, &due.iter().map(|r| r.name.as_str()).collect::<Vec<_>>());
     let due = due
         .into_iter()
         .map(|record| {
-            let files = assemble(&compiled.nodes[&record.name].files, |c| run.contents.digest(c), shared, record.cert_pem.as_deref());
+            let node_paths = texts.get(&record.name).map(String::as_str);
+            let files =
+                assemble(&compiled.nodes[&record.name].files, |c| run.contents.digest(c), shared, record.cert_pem.as_deref(), node_paths);
             let digest = hex::encode(trellis_core::bundle::entries_digest(&entries(&files)));
             Due { record, files, digest }
         })
         .collect();
     let withdrawals = carried_before.map(|before| withdrawn(&before, &compiled)).unwrap_or_default();
     let revocations = revocation_holders(unrecorded, (&left, &run.left), &compiled, (decl, &run.keys, records))?;
-    Ok(RunPlan { compiled, active, due, left, revocations, withdrawals, hubs })
+    Ok(RunPlan { compiled, active, due, left, revocations, withdrawals, hubs, paths: texts, pairs: decided.pairs })
 }
 
-/// The nodes due this run: their plan was rendered again, their certificate or the trust moved,
-/// their stored version is not the one held, or no bundle of theirs is held.
+/// The nodes due this run: their plan was rendered again, their certificate, the trust or their
+/// direct candidates moved, their stored version is not the one held, or no bundle of theirs is
+/// held.
 fn due<'r>(
     run: &Run,
     active: &[&'r NodeRecord],
     compiled: &Compiled,
     trust_moved: bool,
     held: &dyn Fn(&str) -> bool,
+    paths: &HashMap<String, String>,
 ) -> Vec<&'r NodeRecord> {
     let rendered: HashSet<&str> = compiled.rendered.iter().map(String::as_str).collect();
     let mut due = Vec::new();
@@ -202,6 +218,7 @@ fn due<'r>(
             && previous.is_some_and(|(_, cert)| *cert == r.cert_pem)
             && !rendered.contains(r.name.as_str())
             && !run.lagging.contains(&r.name)
+            && run.paths.get(&r.name) == paths.get(&r.name)
             && held(&r.name);
         if !unchanged {
             due.push(*r);
@@ -285,6 +302,7 @@ mod tests {
             let declared: HashMap<&str, Option<&str>> = self.decl.nodes.iter().map(|n| (n.name.as_str(), n.pool.as_deref())).collect();
             let shared = Shared::new("the mesh CA\n", &self.trust);
             let held = |n: &str| held.contains(n);
+            let paths = crate::paths::PathInputs { observed: Default::default(), standing: Default::default() };
             let inputs = Inputs {
                 records: &self.records,
                 decl: &self.decl,
@@ -295,6 +313,7 @@ mod tests {
                 trust: &self.trust,
                 shared: &shared,
                 held: &held,
+                paths: &paths,
             };
             plan(inputs, run).expect("a plan")
         }
@@ -314,6 +333,7 @@ mod tests {
         run.trust = world.trust.clone();
         run.hubs = plan.hubs;
         run.left = plan.left;
+        run.paths = plan.paths;
         run.contents.keep_only(&plan.compiled);
         run.lagging.clear();
         run.compiled = Some(plan.compiled);

@@ -26,6 +26,8 @@ struct Read {
     records: Vec<NodeRecord>,
     /// The current declaration with its pools' members, and its revision.
     declaration: Option<(i64, Arc<Declaration>)>,
+    /// Every node's last path report (ADR 0032).
+    path_reports: Vec<(String, String, i64)>,
 }
 
 /// A bundle signed this run: its record, the digest of its entries and the bundle as held.
@@ -65,6 +67,8 @@ impl Controller {
         let allocation = if run.compiled.is_some() { Default::default() } else { self.store.allocation().await? };
         let held = |node: &str| p.current(node).is_some();
         let (records, unrecorded) = (&read.records, &read.unrecorded[..]);
+        let hubs: HashSet<&str> = decl.nodes.iter().filter(|n| n.hub).map(|n| n.name.as_str()).collect();
+        let paths = crate::paths::inputs(&read.path_reports, records, &hubs);
         let inputs = Inputs {
             records,
             decl,
@@ -75,13 +79,14 @@ impl Controller {
             trust: &trust.text,
             shared: &shared,
             held: &held,
+            paths: &paths,
         };
         let mut plan = plan(inputs, &mut run)?;
         let (versions, stale, due) = self.store_versions(std::mem::take(&mut plan.due)).await?;
         let sealed = seal(p, due, &versions, &trust, &decl.mesh.name);
         let published = swap(p, &mut run, sealed, &plan.active);
         self.follow(&plan, &versions, &stale, &trust, &published).await?;
-        keep(&mut run, plan);
+        keep(p, &mut run, plan);
         run.revision = Some(*revision);
         run.trust = trust.text;
         p.finish(&mut run, head, upto);
@@ -108,7 +113,8 @@ impl Controller {
             }
             None => None,
         };
-        Ok(Read { head, unrecorded, records, declaration })
+        let path_reports = self.store.path_reports().await?;
+        Ok(Read { head, unrecorded, records, declaration, path_reports })
     }
 
     /// Stores a version for each due bundle (a new one where its content changed) and returns
@@ -221,7 +227,9 @@ fn swap(p: &Publisher, run: &mut Run, sealed: Vec<Sealed>, active: &[&NodeRecord
 
 /// Keeps what the next run compares with: the compiled output, who left, the hubs, the contents
 /// still compiled; nothing lags behind another replica any more.
-fn keep(run: &mut Run, plan: RunPlan) {
+fn keep(p: &Publisher, run: &mut Run, plan: RunPlan) {
+    *p.pairs.write().expect("pairs") = Arc::new(plan.pairs);
+    run.paths = plan.paths;
     run.hubs = plan.hubs;
     run.left = plan.left;
     run.contents.keep_only(&plan.compiled);

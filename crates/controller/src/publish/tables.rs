@@ -52,6 +52,11 @@ pub(crate) struct Publisher {
     /// each batch (nothing else is removed for want of contact, and ten thousand agents would
     /// otherwise be written every five seconds).
     pub(super) members: RwLock<HashSet<String>>,
+    /// Each node's last path report as kept (ADR 0032): a report the same as before is not
+    /// written again, and asks for no run.
+    pub(crate) path_reports: Mutex<HashMap<String, trellis_proto::PathReport>>,
+    /// Every relayed pair, and whether it tries a direct path, as the last run decided.
+    pub(crate) pairs: RwLock<Arc<Vec<trellis_core::paths::Pair>>>,
 }
 
 /// The most long-polls one node holds open at once. An agent holds one (two for a moment when it
@@ -104,6 +109,8 @@ impl Default for Publisher {
             runs: AtomicU64::new(0),
             polling: Default::default(),
             members: Default::default(),
+            path_reports: Default::default(),
+            pairs: Default::default(),
         }
     }
 }

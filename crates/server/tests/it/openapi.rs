@@ -203,6 +203,7 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
         agent_refused: None,
         clock_skew: None,
         ingress: None,
+        paths: Vec::new(),
     };
     sample(d, "NodeStatus", status.clone(), &mut c);
     let refused = proto::NodeStatus {

@@ -1,0 +1,235 @@
+//! Direct paths through a hub (ADR 0032), the controller's half: what agents report (a hub's
+//! observed endpoints, every node's paths), kept bounded and cleaned; what a publish run reads
+//! of them (`Observed`, how each pair stands); and each pair's path as `trellis status` shows it.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+
+use trellis_core::decl::PublicKey;
+use trellis_core::paths::{Observed, Pair, Standing};
+use trellis_proto as proto;
+use trellis_proto::paths::{MAX_PATH_ITEMS, MAX_PATH_TEXT};
+use trellis_store::NodeRecord;
+
+use crate::{Controller, Error, NodeIdentity, Result};
+
+/// The report as kept: observations only from a hub, each a WireGuard key and an `IP:PORT`
+/// (others dropped), in key order; path states with their texts cut, in peer order.
+fn cleaned(r: &proto::PathReport, hub: bool) -> proto::PathReport {
+    let cut = |s: &str| crate::certs::cut(s, MAX_PATH_TEXT);
+    let mut observed: Vec<proto::ObservedEndpoint> = if hub {
+        r.observed
+            .iter()
+            .filter(|o| PublicKey::parse(&o.public_key).is_some() && o.endpoint.parse::<SocketAddr>().is_ok())
+            .map(|o| proto::ObservedEndpoint { public_key: o.public_key.clone(), endpoint: o.endpoint.clone() })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    observed.sort_by(|a, b| a.public_key.cmp(&b.public_key));
+    let mut paths: Vec<proto::PathState> = r
+        .paths
+        .iter()
+        .filter(|p| matches!(p.state.as_str(), "trying" | "direct" | "backing-off"))
+        .map(|p| proto::PathState { peer: cut(&p.peer), state: p.state.clone(), since: p.since, reason: p.reason.as_deref().map(cut) })
+        .collect();
+    paths.sort_by(|a, b| a.peer.cmp(&b.peer));
+    proto::PathReport { observed, paths }
+}
+
+/// What a run reads of the reports: what the hubs (of the current declaration) observed, by node
+/// name, and how each pair stands, as either side said.
+pub(crate) struct PathInputs {
+    pub observed: Observed,
+    pub standing: HashMap<(String, String), Standing>,
+}
+
+impl PathInputs {
+    pub(crate) fn standing(&self, a: &str, b: &str) -> Standing {
+        self.standing.get(&(a.to_string(), b.to_string())).copied().unwrap_or_default()
+    }
+}
+
+/// Reads the stored reports as a run takes them: observations of hubs in `hubs` only, keys
+/// named by the active records that hold them.
+pub(crate) fn inputs(reports: &[(String, String, i64)], records: &[NodeRecord], hubs: &HashSet<&str>) -> PathInputs {
+    let by_key: HashMap<&str, &str> = records
+        .iter()
+        .filter(|r| r.state == proto::EnrolledState::Active)
+        .filter_map(|r| r.wg_public_key.as_deref().map(|k| (k, r.name.as_str())))
+        .collect();
+    let mut observed = Observed::default();
+    let mut standing = HashMap::new();
+    for (node, text, _) in reports {
+        let Ok(report) = serde_json::from_str::<proto::PathReport>(text) else { continue };
+        if hubs.contains(node.as_str()) {
+            let seen = observed.by_hub.entry(node.clone()).or_default();
+            for o in &report.observed {
+                if let (Some(name), Ok(at)) = (by_key.get(o.public_key.as_str()), o.endpoint.parse()) {
+                    seen.insert(name.to_string(), at);
+                }
+            }
+        }
+        for p in &report.paths {
+            let s = match p.state.as_str() {
+                "direct" => Standing::Direct,
+                "backing-off" => Standing::Failing,
+                _ => continue,
+            };
+            let pair = if *node < p.peer { (node.clone(), p.peer.clone()) } else { (p.peer.clone(), node.clone()) };
+            let e = standing.entry(pair).or_insert(s);
+            *e = (*e).min(s);
+        }
+    }
+    PathInputs { observed, standing }
+}
+
+/// A time of day as `trellis status` prints it (UTC).
+fn clock(t: i64) -> String {
+    let s = t.rem_euclid(86_400);
+    format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+}
+
+/// The relayed pairs by each of their nodes.
+pub(crate) fn by_node(pairs: &[Pair]) -> HashMap<&str, Vec<&Pair>> {
+    let mut out: HashMap<&str, Vec<&Pair>> = HashMap::new();
+    for p in pairs {
+        out.entry(p.a.as_str()).or_default().push(p);
+        out.entry(p.b.as_str()).or_default().push(p);
+    }
+    out
+}
+
+/// Each relayed pair of `node`'s (`pairs`, from `by_node`) as status shows it: what the run
+/// decided, and what `node`'s agent last said of the path.
+pub(crate) fn pair_paths(node: &str, pairs: &[&Pair], said: Option<&proto::PathReport>) -> Vec<proto::PairPath> {
+    let mut out = Vec::new();
+    for p in pairs {
+        let peer = if p.a == node { &p.b } else { &p.a };
+        let state = said.and_then(|r| r.paths.iter().find(|s| s.peer == *peer));
+        let (path, since, text) = match (&p.decision, state) {
+            (Err(why), _) => ("relayed", None, format!("relayed by {}: {why}", p.hub)),
+            (Ok(_), Some(s)) if s.state == "direct" => {
+                ("direct", Some(s.since), format!("direct since {} (punched through {})", clock(s.since), p.hub))
+            }
+            (Ok(_), Some(s)) if s.state == "trying" => {
+                ("trying", Some(s.since), format!("relayed by {}, trying a direct path since {}", p.hub, clock(s.since)))
+            }
+            (Ok(_), Some(s)) => {
+                let why = s.reason.clone().unwrap_or_else(|| "direct attempts failed".into());
+                ("relayed", Some(s.since), format!("relayed by {}: {why}", p.hub))
+            }
+            (Ok(_), None) => ("relayed", None, format!("relayed by {}, about to try a direct path", p.hub)),
+        };
+        out.push(proto::PairPath { peer: peer.clone(), hub: p.hub.clone(), path: path.into(), since, text });
+    }
+    out
+}
+
+impl Controller {
+    /// Records `who`'s report of its paths; a hub's observations are kept (a non-hub's are
+    /// dropped: no node's word about itself or its peers is taken). A report of more than
+    /// `MAX_PATH_ITEMS` entries is refused. A change that may move a candidate asks for a run.
+    pub async fn report_paths(&self, who: &NodeIdentity, report: &proto::PathReport) -> Result<proto::PathAck> {
+        self.require_approved(who)?;
+        if report.observed.len() > MAX_PATH_ITEMS || report.paths.len() > MAX_PATH_ITEMS {
+            return Err(Error::BadRequest(format!("a path report holds at most {MAX_PATH_ITEMS} observations and {MAX_PATH_ITEMS} paths")));
+        }
+        let hub = match self.current_declaration().await? {
+            Some((_, decl)) => decl.nodes.iter().any(|n| n.name == who.name && n.hub),
+            None => false,
+        };
+        let kept = cleaned(report, hub);
+        let text = serde_json::to_string(&kept).map_err(|e| Error::internal("writing a path report", e))?;
+        // What moves a candidate: the observations, and which pairs are direct or failing.
+        let moves = |r: &proto::PathReport| {
+            let states: Vec<(&str, &str)> = r.paths.iter().filter(|p| p.state != "trying").map(|p| (p.peer.as_str(), p.state.as_str())).collect();
+            format!("{:?}{states:?}", r.observed)
+        };
+        let before = self.publisher.path_reports.lock().expect("path reports").get(&who.name).cloned();
+        if before.as_ref().is_some_and(|b| *b == kept) {
+            return Ok(proto::PathAck { observed: kept.observed.len() });
+        }
+        self.store.report_paths(&who.name, &text, self.now()).await?;
+        let ask = before.as_ref().is_none_or(|b| moves(b) != moves(&kept));
+        self.publisher.path_reports.lock().expect("path reports").insert(who.name.clone(), kept.clone());
+        if ask {
+            self.ask_publish();
+        }
+        Ok(proto::PathAck { observed: kept.observed.len() })
+    }
+
+    /// Each node's last path report, by node.
+    pub(crate) async fn path_reports(&self) -> Result<HashMap<String, proto::PathReport>> {
+        Ok(self
+            .store
+            .path_reports()
+            .await?
+            .into_iter()
+            .filter_map(|(node, text, _)| Some((node, serde_json::from_str(&text).ok()?)))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(b: u8) -> String {
+        PublicKey([b; 32]).to_string()
+    }
+
+    /// Only a hub's observations are kept, and only well-formed ones; a node's own are dropped.
+    #[test]
+    fn only_a_hub_s_observations_are_kept() {
+        let report = proto::PathReport {
+            observed: vec![
+                proto::ObservedEndpoint { public_key: key(2), endpoint: "203.0.113.2:4001".into() },
+                proto::ObservedEndpoint { public_key: "nope".into(), endpoint: "203.0.113.3:4001".into() },
+                proto::ObservedEndpoint { public_key: key(3), endpoint: "somewhere".into() },
+            ],
+            paths: vec![proto::PathState { peer: "b".into(), state: "sideways".into(), since: 1, reason: None }],
+        };
+        let hub = cleaned(&report, true);
+        assert_eq!(hub.observed.len(), 1);
+        assert!(hub.paths.is_empty(), "an unknown state is dropped");
+        assert!(cleaned(&report, false).observed.is_empty());
+    }
+
+    /// A run reads observations by node name from hubs only, and a pair stands direct when either
+    /// side says so.
+    #[test]
+    fn a_run_reads_hubs_observations_by_name() {
+        let record = |name: &str, b: u8| NodeRecord {
+            name: name.into(),
+            state: proto::EnrolledState::Active,
+            wg_public_key: Some(key(b)),
+            cert_serial: None,
+            prev_cert_serial: None,
+            cert_not_after: None,
+            enrolled_at: 0,
+            last_contact: None,
+            cert_pem: None,
+            pool: None,
+            ipv4: None,
+            ipv6: None,
+        };
+        let records = vec![record("hub-1", 1), record("a", 2), record("b", 3)];
+        let report = |observed: Vec<(u8, &str)>, paths: Vec<(&str, &str)>| {
+            serde_json::to_string(&proto::PathReport {
+                observed: observed.into_iter().map(|(k, e)| proto::ObservedEndpoint { public_key: key(k), endpoint: e.into() }).collect(),
+                paths: paths.into_iter().map(|(p, s)| proto::PathState { peer: p.into(), state: s.into(), since: 0, reason: None }).collect(),
+            })
+            .unwrap()
+        };
+        let reports = vec![
+            ("a".to_string(), report(vec![(3, "198.51.100.66:1")], vec![("b", "direct")]), 0),
+            ("hub-1".to_string(), report(vec![(2, "203.0.113.2:4001"), (3, "203.0.113.3:4002")], vec![]), 0),
+        ];
+        let read = inputs(&reports, &records, &HashSet::from(["hub-1"]));
+        assert_eq!(read.observed.by_hub.len(), 1, "a's word about b is not an observation");
+        assert_eq!(read.observed.by_hub["hub-1"]["b"], "203.0.113.3:4002".parse().unwrap());
+        assert_eq!(read.standing("a", "b"), Standing::Direct);
+        assert_eq!(read.standing("a", "c"), Standing::Unknown);
+    }
+}
