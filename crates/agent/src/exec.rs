@@ -76,9 +76,17 @@ pub struct Executor {
     root: PathBuf,
     /// The node's WireGuard private key, read when the interface is configured.
     key_path: PathBuf,
-    wg: Option<Box<dyn Wireguard + Send>>,
-    /// What the interface was brought to last; `None` before, and after a failed configuration.
+    /// The interface's backend, behind a lock so that the run loop tends direct paths while a
+    /// long-poll waits (`tend_paths`).
+    wg: Mutex<Option<Box<dyn Wireguard + Send>>>,
+    /// What the interface was brought to last (the bundle's `wireguard.conf`, without the direct
+    /// paths); `None` before, and after a failed configuration.
     configured: Option<Arc<WgConf>>,
+    /// The relayed peers tried or reached directly (ADR 0032), and what the interface holds
+    /// with them.
+    paths: Mutex<Paths>,
+    /// The start of the monotonic milliseconds the paths count in.
+    epoch: Instant,
     report: HostReport,
     /// The routes and exit this process installed last: the same again leaves the host alone,
     /// so an exit's rules are not taken down and put back (traffic leaking outside the tunnel
@@ -115,6 +123,19 @@ pub const FOLLOW_UPS: u32 = FOLLOW_UP_DELAYS.len() as u32;
 /// meanwhile (`trellis-dev bench agent`). Beyond these, WireGuard's own retry serves.
 pub const FOLLOW_UP_MAX: usize = 256;
 
+/// How often a hub reads the endpoints its peers send from.
+pub const HUB_WATCH_MS: u64 = 2_000;
+
+/// The direct paths (ADR 0032): the pairs, whether this node is a hub that observes its peers'
+/// endpoints (and what it observed last), and the configuration the interface holds with them.
+#[derive(Default)]
+struct Paths {
+    book: crate::paths::Book,
+    observe: bool,
+    observed: Vec<trellis_proto::ObservedEndpoint>,
+    applied: Option<WgConf>,
+}
+
 /// Prompted peers awaiting their first handshake.
 #[derive(Debug)]
 struct FollowUp {
@@ -132,8 +153,10 @@ impl Executor {
             backends,
             root,
             key_path,
-            wg: None,
+            wg: Mutex::new(None),
             configured: None,
+            paths: Mutex::new(Paths::default()),
+            epoch: Instant::now(),
             report: HostReport::default(),
             routed: None,
             follow_up: Mutex::new(None),
@@ -150,7 +173,8 @@ impl Executor {
     /// keys of the peers prompted again. A failure is logged: prompts only hasten a handshake.
     pub fn follow_up(&self) -> Vec<String> {
         let mut slot = self.follow_up.lock().expect("follow-up lock");
-        let (Some(f), Some(wg)) = (slot.as_mut(), self.wg.as_ref()) else {
+        let wg = self.wg.lock().expect("wireguard lock");
+        let (Some(f), Some(wg)) = (slot.as_mut(), wg.as_ref()) else {
             *slot = None;
             return Vec::new();
         };
@@ -219,7 +243,82 @@ impl Executor {
 
     /// The interface's peers as it sees them (none before the first configuration).
     pub fn peers(&self) -> Vec<PeerState> {
-        self.wg.as_ref().and_then(|wg| wg.peers().ok()).unwrap_or_default()
+        self.wg.lock().expect("wireguard lock").as_ref().and_then(|wg| wg.peers().ok()).unwrap_or_default()
+    }
+
+    /// Milliseconds since this executor began, and unix seconds.
+    fn clocks(&self) -> (u64, i64) {
+        (self.epoch.elapsed().as_millis() as u64, crate::unix_now())
+    }
+
+    /// When the direct paths are next to be tended: soon while one is tried, every second while
+    /// one is direct, every two seconds on a hub (which watches its peers' endpoints).
+    pub fn next_path_check(&self) -> Option<Instant> {
+        let paths = self.paths.lock().expect("paths lock");
+        let (now, _) = self.clocks();
+        let hub = paths.observe.then_some(HUB_WATCH_MS);
+        let ms = paths.book.next_check(now).into_iter().chain(hub).min()?;
+        Some(Instant::now() + Duration::from_millis(ms))
+    }
+
+    /// Reads the interface and moves the direct paths on: a pair whose handshake completed is
+    /// promoted, a stale one goes back to its hub (the interface changed in place, one peer at a
+    /// time). Returns whether a path moved, and on a hub whether the endpoints its peers send
+    /// from moved: either is reported to the controller.
+    pub fn tend_paths(&self) -> bool {
+        let mut wg = self.wg.lock().expect("wireguard lock");
+        let mut paths = self.paths.lock().expect("paths lock");
+        let (Some(wg), Some(base)) = (wg.as_mut(), self.configured.as_ref()) else { return false };
+        if paths.book.is_empty() && !paths.observe {
+            return false;
+        }
+        let peers = match wg.peers() {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("reading the peers for direct paths: {e:#}");
+                return false;
+            }
+        };
+        let (now, wall) = self.clocks();
+        let mut report = false;
+        if paths.observe {
+            let seen = crate::paths::observed(&peers, wall);
+            if seen != paths.observed {
+                paths.observed = seen;
+                report = true;
+            }
+        }
+        if paths.book.step(&peers, now, wall) {
+            report = true;
+            let conf = paths.book.overlay(base);
+            if paths.applied.as_ref() != Some(&conf) {
+                let applied = std::fs::read_to_string(&self.key_path)
+                    .context("cannot read wireguard.key")
+                    .and_then(|key| wg.apply(&conf, key.trim()));
+                match applied {
+                    Ok(()) => paths.applied = Some(conf),
+                    Err(e) => {
+                        tracing::error!("changing the direct paths: {e:#}");
+                        paths.applied = None;
+                    }
+                }
+            }
+            for s in paths.book.status() {
+                tracing::info!(peer = %s.peer, hub = %s.hub, endpoint = %s.endpoint, reason = s.reason.as_deref().unwrap_or(""), "path {}", s.state);
+            }
+        }
+        report
+    }
+
+    /// The paths as the status file shows them.
+    pub fn path_status(&self) -> Vec<crate::status::PathStatus> {
+        self.paths.lock().expect("paths lock").book.status()
+    }
+
+    /// What the controller is told of the paths, and on a hub of its peers' endpoints.
+    pub fn path_report(&self) -> trellis_proto::PathReport {
+        let paths = self.paths.lock().expect("paths lock");
+        trellis_proto::PathReport { observed: paths.observed.clone(), paths: paths.book.report() }
     }
 
     /// Carries the actions out in order; stops at the first that fails. Returns what happened
@@ -248,15 +347,23 @@ impl Executor {
         match action {
             Action::WriteFiles { files, remove } => return self.backends.files.write_all(files, remove),
             Action::EnableForwarding => self.backends.forwarding.enable()?,
-            Action::ConfigureWireguard { interface, conf } => {
-                if self.wg.is_none() {
-                    self.wg = self.backends.wireguard.as_mut().and_then(|make| make(interface));
+            Action::ConfigureWireguard { interface, conf, direct, observe } => {
+                let slot = self.wg.get_mut().expect("wireguard lock");
+                if slot.is_none() {
+                    *slot = self.backends.wireguard.as_mut().and_then(|make| make(interface));
                 }
                 let mut dropped = Vec::new();
-                if let Some(wg) = self.wg.as_mut() {
+                if let Some(wg) = slot.as_mut() {
                     self.configured = None;
                     let private = std::fs::read_to_string(&self.key_path).context("cannot read wireguard.key")?;
-                    wg.apply(conf, private.trim())?;
+                    let (now, wall) = (self.epoch.elapsed().as_millis() as u64, crate::unix_now());
+                    let paths = self.paths.get_mut().expect("paths lock");
+                    paths.book.set(direct, now, wall);
+                    paths.observe = *observe;
+                    paths.applied = None;
+                    let with_paths = paths.book.overlay(conf);
+                    wg.apply(&with_paths, private.trim())?;
+                    paths.applied = Some(with_paths);
                     self.configured = Some(Arc::new(conf.clone()));
                     self.report.interface = Some(wg.describe());
                     dropped = wg.take_sessions_dropped();

@@ -18,6 +18,7 @@ pub use trellis_client::log;
 pub mod metrics;
 pub mod nftgen;
 pub mod nfthelper;
+pub mod paths;
 pub mod plan;
 pub mod routes;
 pub mod run;

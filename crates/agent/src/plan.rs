@@ -19,8 +19,10 @@ pub enum Action {
     WriteFiles { files: Vec<BundleFile>, remove: Vec<String> },
     /// Turn on IPv4 and IPv6 forwarding: a hub relays between its overlay peers.
     EnableForwarding,
-    /// Bring the interface to this configuration.
-    ConfigureWireguard { interface: String, conf: WgConf },
+    /// Bring the interface to this configuration, with the relayed peers of `direct` tried at
+    /// the endpoints their hubs observed (ADR 0032); with `observe` (a hub), report the
+    /// endpoints its peers send from.
+    ConfigureWireguard { interface: String, conf: WgConf, direct: Vec<trellis_core::paths::Candidate>, observe: bool },
     /// Send these prefixes into the interface, and with `exit` the default route too (by policy
     /// routing in table `table`, as wg-quick does), removing what a previous bundle had that
     /// this one has not.
@@ -110,6 +112,8 @@ pub enum PlanError {
     ConfNotUtf8,
     #[error("{0}")]
     Conf(String),
+    #[error("{0}")]
+    Paths(String),
 }
 
 fn file<'a>(bundle: &'a Bundle, path: &str) -> Option<&'a BundleFile> {
@@ -172,7 +176,12 @@ fn network(bundle: &Bundle, observed: &Observed, scope: &Scope) -> Result<Vec<Ac
         if !to.is_empty() {
             prompt = Some(Action::PromptHandshakes { interface: settings.interface.clone(), to });
         }
-        actions.push(Action::ConfigureWireguard { interface: settings.interface.clone(), conf });
+        let direct = match file(bundle, trellis_core::plan::PATHS_TOML) {
+            Some(f) => trellis_core::paths::parse(std::str::from_utf8(&f.content).map_err(|_| PlanError::Paths("paths.toml is not UTF-8".into()))?)
+                .map_err(PlanError::Paths)?,
+            None => Vec::new(),
+        };
+        actions.push(Action::ConfigureWireguard { interface: settings.interface.clone(), conf, direct, observe: settings.hub });
         if !settings.routes.is_empty() || exit.any() || observed.routing {
             actions.push(Action::ConfigureRoutes { interface: settings.interface.clone(), routes: settings.routes.clone(), exit, table });
         }

@@ -78,6 +78,8 @@ pub struct Agent {
     ingress: std::sync::Mutex<crate::ingress::Ingress>,
     /// The ingress status the controller last acknowledged: reported again only when it changes.
     ingress_reported: Option<IngressStatus>,
+    /// The direct paths as last reported to the controller (ADR 0032).
+    paths_reported: Option<trellis_proto::PathReport>,
     /// The state directory's lock, held while the agent lives: `run` and `apply` take turns.
     _lock: std::fs::File,
 }
@@ -133,6 +135,7 @@ impl Agent {
             _lock: lock,
             ingress: std::sync::Mutex::new(ingress),
             ingress_reported: None,
+            paths_reported: None,
             evidence: EvidenceBuffer::new(&opts.state_dir),
             status: AgentStatus {
                 pid: std::process::id(),
@@ -210,6 +213,24 @@ impl Agent {
     }
 
     /// Whether the ingress shows something the controller has not acknowledged.
+    /// Reports the direct paths (and on a hub the endpoints its peers send from) when they moved
+    /// since the last report the controller took (ADR 0032).
+    async fn report_paths(&mut self) {
+        let now = self.installer.executor().path_report();
+        let empty = now.paths.is_empty() && now.observed.is_empty();
+        if self.paths_reported.as_ref() == Some(&now) || (empty && self.paths_reported.is_none()) {
+            return;
+        }
+        match self.client.report_paths(&now).await {
+            Ok(_) => self.paths_reported = Some(now),
+            Err(e) if e.refused().is_some_and(|r| r.status < 500) => {
+                tracing::debug!("the controller takes no path report: {e}");
+                self.paths_reported = Some(now);
+            }
+            Err(e) => tracing::debug!("reporting the paths: {e}"),
+        }
+    }
+
     fn ingress_changed(&self) -> bool {
         let now = self.ingress.lock().expect("ingress").status().cloned();
         now.is_some() && now != self.ingress_reported
@@ -426,6 +447,7 @@ impl Agent {
         let mut status = self.status.clone();
         status.updated_at = unix_now();
         status.peers = self.installer.executor().peers();
+        status.paths = self.installer.executor().path_status();
         status.buffered_evidence = self.evidence.pending().len();
         status.certificates = self.certs.status().to_vec();
         status.ingress = self.ingress.lock().expect("ingress").status().cloned();
@@ -537,8 +559,18 @@ impl Agent {
                 loop {
                     let follow_up = self.installer.executor().next_follow_up();
                     let due = tokio::time::sleep_until(follow_up.unwrap_or_else(std::time::Instant::now).into());
+                    let paths_check = self.installer.executor().next_path_check();
+                    let paths_due = tokio::time::sleep_until(paths_check.unwrap_or_else(std::time::Instant::now).into());
                     tokio::select! {
                         p = &mut poll => break Some(p),
+                        // A direct path moved (or a hub's peers' endpoints): shown and reported
+                        // now, not when the poll returns (ADR 0032).
+                        _ = paths_due, if paths_check.is_some() => {
+                            if self.installer.executor().tend_paths() {
+                                self.snapshot();
+                                break None;
+                            }
+                        }
                         _ = &mut certs_wake, if certs_due.is_some() => break None,
                         _ = tick.tick() => {
                             // A ruleset flushed behind the agent's back (a restart of Debian's
@@ -604,6 +636,7 @@ impl Agent {
                 self.certs.report(&self.client).await;
             }
             self.report_ingress().await;
+            self.report_paths().await;
             reassure |= failures > 0;
             if let Err(e) = self.flush_evidence().await {
                 if failures == 0 {

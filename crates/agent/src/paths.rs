@@ -1,0 +1,414 @@
+//! Direct paths through a hub, the agent's half (ADR 0032), as values: each relayed peer that
+//! `paths.toml` names is tried at the endpoint its hub observed, promoted when a handshake
+//! there completed, put back on the hub when the direct session goes stale, and tried again
+//! after a pause that grows while attempts keep failing. Pure: the executor reads the interface
+//! (`step`) and applies the configuration this gives (`overlay`).
+//!
+//! While a peer is tried it is a peer of the interface without AllowedIPs (its addresses stay on
+//! the hub's peer, so traffic keeps flowing through the hub) and with a short keepalive, which
+//! makes WireGuard send handshakes to the observed endpoint: each one opens this node's NAT to
+//! the other, and the other's, crossing it, gets through. Once direct, the peer's addresses move
+//! from the hub's peer to it in one change of the interface.
+
+use std::collections::BTreeMap;
+
+use trellis_core::paths::Candidate;
+use trellis_core::wgconf::{WgConf, WgPeer};
+
+use crate::status::{PathStatus, PeerState};
+
+/// How long a pair is tried before the attempt counts as failed: WireGuard retries an
+/// initiation every 5 s, so four tries.
+pub const TRY_FOR_MS: u64 = 20_000;
+/// The keepalive of a peer being tried (each one without a session sends a handshake, at most one
+/// per WireGuard's 5 s rekey timeout) and of a direct peer (so that each side hears from the
+/// other at least this often, and a NAT keeps the mapping).
+pub const TRY_KEEPALIVE: u16 = 1;
+pub const DIRECT_KEEPALIVE: u16 = 5;
+/// A direct session from which nothing was received for this long is stale: three keepalives.
+pub const STALE_MS: u64 = 3 * DIRECT_KEEPALIVE as u64 * 1000 + 1000;
+/// The pause after a direct session went stale before it is tried again (the hub sees the new
+/// endpoint meanwhile, if the node roamed or its NAT rebound).
+pub const AFTER_STALE_MS: u64 = 5_000;
+/// The pause after the n-th failed attempt: 30 s doubling, at most an hour.
+pub fn backoff_ms(failures: u32) -> u64 {
+    (30_000u64 << failures.saturating_sub(1).min(7)).min(3_600_000)
+}
+/// How often the interface is read while a pair is tried (the switch to direct happens within
+/// this of the handshake, on both ends: a ping every 20 ms loses at most one), and otherwise.
+pub const TRYING_POLL_MS: u64 = 10;
+pub const WATCH_POLL_MS: u64 = 1_000;
+
+/// Where one pair stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum State {
+    /// Handshakes go to the observed endpoint; traffic goes through the hub.
+    Trying { since: u64 },
+    /// The peer's addresses are on its direct peer. `rx` is the bytes received from it when last
+    /// seen to move, at `heard`.
+    Direct { since: u64, rx: u64, heard: u64 },
+    /// Back on the hub until `until`, and why.
+    BackingOff { since: u64, until: u64, reason: String },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Entry {
+    candidate: Candidate,
+    state: State,
+    /// Attempts failed in a row since the last direct session or new endpoint.
+    failures: u32,
+    /// Unix seconds when the state began, for the status.
+    wall_since: i64,
+}
+
+/// Every relayed peer this node may reach directly, by key.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Book {
+    entries: BTreeMap<String, Entry>,
+}
+
+impl Book {
+    /// Takes a bundle's candidates at `now` (milliseconds, monotonic; `wall` unix seconds): new
+    /// peers are tried; a peer whose endpoint moved is tried anew unless it is direct (WireGuard
+    /// follows a direct peer that roams); peers no longer named are dropped (back on the hub).
+    pub fn set(&mut self, candidates: &[Candidate], now: u64, wall: i64) {
+        let mut next = BTreeMap::new();
+        for c in candidates {
+            let key = c.public_key.to_string();
+            let entry = match self.entries.remove(&key) {
+                Some(mut e) if e.candidate.endpoint == c.endpoint || matches!(e.state, State::Direct { .. }) => {
+                    e.candidate = c.clone();
+                    e
+                }
+                _ => Entry { candidate: c.clone(), state: State::Trying { since: now }, failures: 0, wall_since: wall },
+            };
+            next.insert(key, entry);
+        }
+        self.entries = next;
+    }
+
+    /// Moves each pair on from what the interface shows at `now`; whether any moved.
+    pub fn step(&mut self, peers: &[PeerState], now: u64, wall: i64) -> bool {
+        let by_key: std::collections::HashMap<&str, &PeerState> = peers.iter().map(|p| (p.public_key.as_str(), p)).collect();
+        let mut moved = false;
+        for (key, e) in self.entries.iter_mut() {
+            let seen = by_key.get(key.as_str());
+            let next = match &e.state {
+                State::Trying { since } => {
+                    // The peer was added for this attempt: any handshake it shows is this one's.
+                    if let Some(p) = seen.filter(|p| p.last_handshake.is_some_and(|t| t > 0)) {
+                        e.failures = 0;
+                        Some(State::Direct { since: now, rx: p.rx_bytes, heard: now })
+                    } else if now.saturating_sub(*since) >= TRY_FOR_MS {
+                        e.failures += 1;
+                        let reason = format!(
+                            "no handshake at {} within {} s (attempt {}); trying again later",
+                            e.candidate.endpoint,
+                            TRY_FOR_MS / 1000,
+                            e.failures
+                        );
+                        Some(State::BackingOff { since: now, until: now + backoff_ms(e.failures), reason })
+                    } else {
+                        None
+                    }
+                }
+                State::Direct { since, rx, heard } => match seen {
+                    Some(p) if p.rx_bytes != *rx => {
+                        e.state = State::Direct { since: *since, rx: p.rx_bytes, heard: now };
+                        None
+                    }
+                    _ if now.saturating_sub(*heard) >= STALE_MS => Some(State::BackingOff {
+                        since: now,
+                        until: now + AFTER_STALE_MS,
+                        reason: format!("the direct session went stale (nothing heard for {} s)", STALE_MS / 1000),
+                    }),
+                    _ => None,
+                },
+                State::BackingOff { until, .. } => (now >= *until).then_some(State::Trying { since: now }),
+            };
+            if let Some(state) = next {
+                e.state = state;
+                e.wall_since = wall;
+                moved = true;
+            }
+        }
+        moved
+    }
+
+    /// When the interface is to be read next, in milliseconds from `now`: soon while a pair is
+    /// tried, each second while one is direct, at the end of the shortest pause otherwise.
+    pub fn next_check(&self, now: u64) -> Option<u64> {
+        self.entries
+            .values()
+            .map(|e| match &e.state {
+                State::Trying { .. } => TRYING_POLL_MS,
+                State::Direct { .. } => WATCH_POLL_MS,
+                State::BackingOff { until, .. } => until.saturating_sub(now).max(1),
+            })
+            .min()
+    }
+
+    /// The interface's configuration: `base` (the bundle's `wireguard.conf`) with each pair as it
+    /// stands. A candidate that `base` does not relay through its hub (the files disagree), or
+    /// whose key `base` already holds as a peer, is left out.
+    pub fn overlay(&self, base: &WgConf) -> WgConf {
+        let mut conf = base.clone();
+        let index: std::collections::HashMap<String, usize> = conf.peers.iter().enumerate().map(|(i, p)| (p.public_key.clone(), i)).collect();
+        for (key, e) in &self.entries {
+            let Some(&hub) = index.get(&e.candidate.hub_key.to_string()) else { continue };
+            if index.contains_key(key) || !e.candidate.allowed_ips.iter().all(|a| conf.peers[hub].allowed_ips.contains(a)) {
+                continue;
+            }
+            let (keepalive, allowed_ips) = match e.state {
+                State::Trying { .. } => (TRY_KEEPALIVE, Vec::new()),
+                State::Direct { .. } => (DIRECT_KEEPALIVE, e.candidate.allowed_ips.clone()),
+                State::BackingOff { .. } => continue,
+            };
+            if !allowed_ips.is_empty() {
+                conf.peers[hub].allowed_ips.retain(|a| !allowed_ips.contains(a));
+            }
+            conf.peers.push(WgPeer { public_key: key.clone(), allowed_ips, endpoint: Some(e.candidate.endpoint), keepalive: Some(keepalive) });
+        }
+        conf
+    }
+
+    /// Each pair as the status file shows it.
+    pub fn status(&self) -> Vec<PathStatus> {
+        let mut out: Vec<PathStatus> = self
+            .entries
+            .iter()
+            .map(|(key, e)| {
+                let (state, reason) = match &e.state {
+                    State::Trying { .. } => ("trying", None),
+                    State::Direct { .. } => ("direct", None),
+                    State::BackingOff { reason, .. } => ("backing-off", Some(reason.clone())),
+                };
+                PathStatus {
+                    peer: e.candidate.peer.clone(),
+                    public_key: key.clone(),
+                    hub: e.candidate.hub.clone(),
+                    state: state.into(),
+                    since: e.wall_since,
+                    endpoint: e.candidate.endpoint.to_string(),
+                    reason,
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.peer.cmp(&b.peer));
+        out
+    }
+
+    /// What the controller is told of the pairs.
+    pub fn report(&self) -> Vec<trellis_proto::PathState> {
+        self.status()
+            .into_iter()
+            .map(|s| trellis_proto::PathState { peer: s.peer, state: s.state, since: s.since, reason: s.reason })
+            .collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// What a hub reports it observes: each peer it had a handshake with in the last three minutes
+/// (WireGuard's session lifetime), at the endpoint its packets come from.
+pub fn observed(peers: &[PeerState], wall: i64) -> Vec<trellis_proto::ObservedEndpoint> {
+    let mut out: Vec<trellis_proto::ObservedEndpoint> = peers
+        .iter()
+        .filter(|p| p.last_handshake.is_some_and(|t| wall - (t as i64) < 180))
+        .filter_map(|p| Some(trellis_proto::ObservedEndpoint { public_key: p.public_key.clone(), endpoint: p.endpoint.clone()? }))
+        .collect();
+    out.sort_by(|a, b| a.public_key.cmp(&b.public_key));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use trellis_core::decl::PublicKey;
+
+    fn key(b: u8) -> PublicKey {
+        PublicKey([b; 32])
+    }
+
+    fn candidate(b: u8, port: u16) -> Candidate {
+        Candidate {
+            peer: format!("n-{b}"),
+            public_key: key(b),
+            endpoint: format!("203.0.113.{b}:{port}").parse().unwrap(),
+            hub: "hub-1".into(),
+            hub_key: key(1),
+            allowed_ips: vec![format!("10.77.0.{b}/32")],
+        }
+    }
+
+    /// This node's wireguard.conf: hub-1 relays for n-2 and n-3.
+    fn base() -> WgConf {
+        WgConf {
+            addresses: vec!["10.77.0.9/16".into()],
+            peers: vec![WgPeer {
+                public_key: key(1).to_string(),
+                allowed_ips: vec!["10.77.0.1/32".into(), "10.77.0.2/32".into(), "10.77.0.3/32".into()],
+                endpoint: Some("198.51.100.10:51820".parse().unwrap()),
+                keepalive: Some(25),
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn peer(b: u8, handshake: Option<u64>, rx: u64) -> PeerState {
+        let mut p = PeerState::new(key(b).to_string(), None, handshake);
+        p.rx_bytes = rx;
+        p
+    }
+
+    /// Tried with no AllowedIPs (traffic stays on the hub), then direct once a handshake shows:
+    /// the addresses move from the hub's peer to the direct one in one configuration.
+    #[test]
+    fn a_pair_is_tried_then_promoted_on_a_handshake() {
+        let mut book = Book::default();
+        book.set(&[candidate(2, 4002)], 0, 100);
+        let trying = book.overlay(&base());
+        assert_eq!(trying.peers.len(), 2);
+        assert_eq!(trying.peers[0].allowed_ips.len(), 3, "the hub keeps the addresses while a pair is tried");
+        assert_eq!(trying.peers[1].allowed_ips, Vec::<String>::new());
+        assert_eq!(trying.peers[1].keepalive, Some(TRY_KEEPALIVE));
+        assert_eq!(trying.peers[1].endpoint, Some("203.0.113.2:4002".parse().unwrap()));
+        assert!(!book.step(&[peer(2, None, 0)], 10, 100), "no handshake yet");
+        assert!(book.step(&[peer(2, Some(100), 92)], 20, 100));
+        let direct = book.overlay(&base());
+        assert_eq!(direct.peers[0].allowed_ips, ["10.77.0.1/32", "10.77.0.3/32"]);
+        assert_eq!(direct.peers[1].allowed_ips, ["10.77.0.2/32"]);
+        assert_eq!(direct.peers[1].keepalive, Some(DIRECT_KEEPALIVE));
+        assert_eq!(book.status()[0].state, "direct");
+    }
+
+    /// A direct session that hears nothing for `STALE_MS` goes back to the hub, and is tried again
+    /// after `AFTER_STALE_MS`; one that keeps hearing stays.
+    #[test]
+    fn a_stale_direct_session_falls_back_and_is_tried_again() {
+        let mut book = Book::default();
+        book.set(&[candidate(2, 4002)], 0, 100);
+        book.step(&[peer(2, Some(100), 92)], 10, 100);
+        assert!(!book.step(&[peer(2, Some(100), 200)], STALE_MS, 101), "bytes came: not stale");
+        assert!(!book.step(&[peer(2, Some(100), 200)], 2 * STALE_MS - 1, 102));
+        assert!(book.step(&[peer(2, Some(100), 200)], 2 * STALE_MS, 103));
+        let s = &book.status()[0];
+        assert_eq!(s.state, "backing-off");
+        assert!(s.reason.as_deref().unwrap().contains("went stale"), "{s:?}");
+        assert_eq!(book.overlay(&base()), base(), "back on the hub: the direct peer is gone");
+        assert!(book.step(&[], 2 * STALE_MS + AFTER_STALE_MS, 104));
+        assert_eq!(book.status()[0].state, "trying");
+    }
+
+    /// Attempts that fail back off longer each time, up to an hour; a new endpoint from the hub
+    /// is tried at once.
+    #[test]
+    fn failing_attempts_back_off_and_a_new_endpoint_is_tried_at_once() {
+        let mut book = Book::default();
+        book.set(&[candidate(2, 4002)], 0, 100);
+        let mut now = 0;
+        for n in 1..=3 {
+            now += TRY_FOR_MS;
+            assert!(book.step(&[], now, 0));
+            assert_eq!(book.next_check(now), Some(backoff_ms(n)));
+            now += backoff_ms(n);
+            assert!(book.step(&[], now, 0));
+        }
+        assert_eq!((backoff_ms(1), backoff_ms(2), backoff_ms(3), backoff_ms(20)), (30_000, 60_000, 120_000, 3_600_000));
+        now += TRY_FOR_MS;
+        book.step(&[], now, 0);
+        assert_eq!(book.status()[0].state, "backing-off");
+        book.set(&[candidate(2, 5555)], now + 1, 0);
+        assert_eq!(book.status()[0].state, "trying");
+        assert_eq!(book.next_check(now + 1), Some(TRYING_POLL_MS));
+    }
+
+    /// A candidate the bundle's wireguard.conf does not relay through its hub is left out.
+    #[test]
+    fn a_candidate_the_conf_does_not_relay_is_left_out() {
+        let mut book = Book::default();
+        let mut stray = candidate(7, 4007);
+        stray.allowed_ips = vec!["10.77.0.7/32".into()];
+        let mut other_hub = candidate(2, 4002);
+        other_hub.hub_key = key(99);
+        book.set(&[stray, other_hub], 0, 0);
+        assert_eq!(book.overlay(&base()), base());
+    }
+
+    /// A hub reports the peers it had a handshake with in the last three minutes, where they send
+    /// from; never one without an endpoint.
+    #[test]
+    fn a_hub_observes_recent_sessions_only() {
+        let mut fresh = PeerState::new(key(2).to_string(), Some("203.0.113.2:4002".into()), Some(1_000));
+        fresh.rx_bytes = 1;
+        let old = PeerState::new(key(3).to_string(), Some("203.0.113.3:4003".into()), Some(800));
+        let none = PeerState::new(key(4).to_string(), None, Some(1_000));
+        let seen = observed(&[fresh, old, none], 1_010);
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].endpoint, "203.0.113.2:4002");
+    }
+
+    #[derive(Clone, Debug)]
+    enum Event {
+        Tick(u64),
+        Handshake,
+        Bytes,
+        NewEndpoint,
+    }
+
+    fn event() -> impl Strategy<Value = Event> {
+        prop_oneof![
+            (1u64..40_000).prop_map(Event::Tick),
+            Just(Event::Handshake),
+            Just(Event::Bytes),
+            Just(Event::NewEndpoint)
+        ]
+    }
+
+    proptest! {
+        /// Whatever the interface shows and whenever: the hub keeps every address the direct peer
+        /// does not hold, no address is on two peers, a direct peer holds exactly the candidate's
+        /// addresses, and a pair is direct only after a handshake was seen while it was tried.
+        #[test]
+        fn the_overlay_never_loses_or_doubles_an_address(events in proptest::collection::vec(event(), 1..60)) {
+            let mut book = Book::default();
+            let (mut now, mut port, mut rx, mut shaken) = (0u64, 4002u16, 0u64, false);
+            book.set(&[candidate(2, port)], now, 0);
+            for e in events {
+                match e {
+                    Event::Tick(ms) => now += ms,
+                    Event::Handshake => shaken = true,
+                    Event::Bytes => rx += 100,
+                    Event::NewEndpoint => {
+                        port += 1;
+                        book.set(&[candidate(2, port)], now, 0);
+                    }
+                }
+                let before = book.status()[0].state.clone();
+                let in_conf = book.overlay(&base()).peers.len() == 2;
+                let p = peer(2, shaken.then_some(100), rx);
+                book.step(if in_conf { std::slice::from_ref(&p) } else { &[] }, now, 0);
+                let after = book.status()[0].state.clone();
+                if after == "direct" && before != "direct" {
+                    prop_assert!(shaken && before == "trying");
+                }
+                let conf = book.overlay(&base());
+                if conf.peers.len() == 1 {
+                    // The peer left the interface: a new one starts without a handshake.
+                    shaken = false;
+                }
+                let mut all: Vec<&String> = conf.peers.iter().flat_map(|p| &p.allowed_ips).collect();
+                prop_assert_eq!(all.len(), 3);
+                all.sort();
+                all.dedup();
+                prop_assert_eq!(all.len(), 3);
+                if after == "direct" {
+                    prop_assert_eq!(&conf.peers[1].allowed_ips, &vec!["10.77.0.2/32".to_string()]);
+                }
+            }
+        }
+    }
+}
