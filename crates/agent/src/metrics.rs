@@ -37,6 +37,15 @@ struct HostLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PathLabel {
+    /// `direct`, `trying` or `backing-off`.
+    path: &'static str,
+}
+
+/// The states a relayed peer's path may be in (ADR 0032), each always shown.
+const PATH_STATES: [&str; 3] = ["direct", "trying", "backing-off"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PeerLabel {
     /// The peer's WireGuard public key (what the interface knows it by).
     peer: String,
@@ -56,6 +65,9 @@ pub struct Metrics {
     traefik_running: Gauge,
     routers: Family<StatusLabel, Gauge>,
     cert_expiry: Family<HostLabel, Gauge>,
+    paths: Family<PathLabel, Gauge>,
+    received: Gauge,
+    sent: Gauge,
     /// The status last written by the run loop; the gauges are set from it at each scrape.
     status: Mutex<AgentStatus>,
 }
@@ -113,7 +125,21 @@ impl Metrics {
             Unit::Seconds,
             cert_expiry.clone(),
         );
+        let paths = Family::<PathLabel, Gauge>::default();
+        r.register("paths", "Relayed peers this node may reach directly, by the state of the path (ADR 0032)", paths.clone());
+        let received = Gauge::default();
+        r.register_with_unit(
+            "interface_received",
+            "Bytes the interface received from all its peers (on a hub, mostly what it relays)",
+            Unit::Bytes,
+            received.clone(),
+        );
+        let sent = Gauge::default();
+        r.register_with_unit("interface_sent", "Bytes the interface sent to all its peers", Unit::Bytes, sent.clone());
         Metrics {
+            paths,
+            received,
+            sent,
             traefik_running,
             routers,
             cert_expiry,
@@ -157,6 +183,12 @@ impl Metrics {
                     self.handshake_age.get_or_create(&PeerLabel { peer: p.public_key.clone() }).set((now - t as i64).max(0));
                 }
             }
+            for state in PATH_STATES {
+                let n = s.paths.iter().filter(|p| p.state == state).count();
+                self.paths.get_or_create(&PathLabel { path: state }).set(n as i64);
+            }
+            self.received.set(s.peers.iter().map(|p| p.rx_bytes as i64).sum());
+            self.sent.set(s.peers.iter().map(|p| p.tx_bytes as i64).sum());
             self.buffered.set(s.buffered_evidence as i64);
             self.dropped.set(s.dropped_evidence as i64);
             self.routers.clear();

@@ -153,7 +153,8 @@ impl Book {
     /// whose key `base` already holds as a peer, is left out.
     pub fn overlay(&self, base: &WgConf) -> WgConf {
         let mut conf = base.clone();
-        let index: std::collections::HashMap<String, usize> = conf.peers.iter().enumerate().map(|(i, p)| (p.public_key.clone(), i)).collect();
+        let index: std::collections::HashMap<String, usize> =
+            conf.peers.iter().enumerate().map(|(i, p)| (p.public_key.clone(), i)).collect();
         for (key, e) in &self.entries {
             let Some(&hub) = index.get(&e.candidate.hub_key.to_string()) else { continue };
             if index.contains_key(key) || !e.candidate.allowed_ips.iter().all(|a| conf.peers[hub].allowed_ips.contains(a)) {
@@ -167,7 +168,12 @@ impl Book {
             if !allowed_ips.is_empty() {
                 conf.peers[hub].allowed_ips.retain(|a| !allowed_ips.contains(a));
             }
-            conf.peers.push(WgPeer { public_key: key.clone(), allowed_ips, endpoint: Some(e.candidate.endpoint), keepalive: Some(keepalive) });
+            conf.peers.push(WgPeer {
+                public_key: key.clone(),
+                allowed_ips,
+                endpoint: Some(e.candidate.endpoint),
+                keepalive: Some(keepalive),
+            });
         }
         conf
     }
@@ -360,12 +366,7 @@ mod tests {
     }
 
     fn event() -> impl Strategy<Value = Event> {
-        prop_oneof![
-            (1u64..40_000).prop_map(Event::Tick),
-            Just(Event::Handshake),
-            Just(Event::Bytes),
-            Just(Event::NewEndpoint)
-        ]
+        prop_oneof![(1u64..40_000).prop_map(Event::Tick), Just(Event::Handshake), Just(Event::Bytes), Just(Event::NewEndpoint)]
     }
 
     proptest! {

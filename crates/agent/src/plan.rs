@@ -177,8 +177,10 @@ fn network(bundle: &Bundle, observed: &Observed, scope: &Scope) -> Result<Vec<Ac
             prompt = Some(Action::PromptHandshakes { interface: settings.interface.clone(), to });
         }
         let direct = match file(bundle, trellis_core::plan::PATHS_TOML) {
-            Some(f) => trellis_core::paths::parse(std::str::from_utf8(&f.content).map_err(|_| PlanError::Paths("paths.toml is not UTF-8".into()))?)
-                .map_err(PlanError::Paths)?,
+            Some(f) => {
+                trellis_core::paths::parse(std::str::from_utf8(&f.content).map_err(|_| PlanError::Paths("paths.toml is not UTF-8".into()))?)
+                    .map_err(PlanError::Paths)?
+            }
             None => Vec::new(),
         };
         actions.push(Action::ConfigureWireguard { interface: settings.interface.clone(), conf, direct, observe: settings.hub });

@@ -31,6 +31,14 @@ pub struct StateLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PathLabel {
+    pub path: &'static str,
+}
+
+/// The paths a relayed pair may be on (ADR 0032), each always shown.
+pub const PAIR_PATHS: [&str; 3] = ["direct", "trying", "relayed"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodeLabel {
     pub node: String,
 }
@@ -114,6 +122,7 @@ pub struct Metrics {
     failing: Gauge,
     evidence_missing: Gauge,
     revoking: Gauge,
+    pairs: Family<PathLabel, Gauge>,
     revoking_oldest: Gauge,
     scrape_errors: Counter,
     service_certs_issued: Counter,
@@ -196,6 +205,11 @@ impl Metrics {
             Unit::Seconds,
             ingress_cert_expiry.clone(),
         );
+        let pairs = Family::<PathLabel, Gauge>::default();
+        for path in PAIR_PATHS {
+            let _ = pairs.get_or_create(&PathLabel { path });
+        }
+        r.register("pairs", "Relayed pairs by path, as their agents last said: direct, trying, or relayed (ADR 0032)", pairs.clone());
         let revoking = Gauge::default();
         r.register(
             "revocations_in_progress",
@@ -247,6 +261,7 @@ impl Metrics {
             evidence_missing,
             revoking,
             revoking_oldest,
+            pairs,
             scrape_errors,
             service_certs_issued,
             service_cert_refusals,
@@ -363,6 +378,11 @@ impl Metrics {
             }
         }
         self.revoking_oldest.set(revoking.iter().copied().max().unwrap_or(0).max(0));
+        // Each pair once: from the side whose name sorts first.
+        for path in PAIR_PATHS {
+            let n = status.iter().flat_map(|n| n.paths.iter().filter(move |p| n.name < p.peer)).filter(|p| p.path == path).count();
+            self.pairs.get_or_create(&PathLabel { path }).set(n as i64);
+        }
     }
 
     /// The text exposition in OpenMetrics; `trellis_proto::exposition` turns it into the

@@ -365,7 +365,11 @@ impl Controller {
                         .and_then(|(min, (_, release))| too_old(&e.name, release, min))
                         .map(|refusal| refusal.to_string()),
                     ingress: ingress.remove(&e.name),
-                    paths: crate::paths::pair_paths(&e.name, pairs.get(e.name.as_str()).map_or(&[], Vec::as_slice), path_reports.get(&e.name)),
+                    paths: crate::paths::pair_paths(
+                        &e.name,
+                        pairs.get(e.name.as_str()).map_or(&[], Vec::as_slice),
+                        path_reports.get(&e.name),
+                    ),
                     clock_skew: self.clock_skew(&e.name),
                     state: e.state,
                     name: e.name,

@@ -143,7 +143,8 @@ impl Controller {
         let text = serde_json::to_string(&kept).map_err(|e| Error::internal("writing a path report", e))?;
         // What moves a candidate: the observations, and which pairs are direct or failing.
         let moves = |r: &proto::PathReport| {
-            let states: Vec<(&str, &str)> = r.paths.iter().filter(|p| p.state != "trying").map(|p| (p.peer.as_str(), p.state.as_str())).collect();
+            let states: Vec<(&str, &str)> =
+                r.paths.iter().filter(|p| p.state != "trying").map(|p| (p.peer.as_str(), p.state.as_str())).collect();
             format!("{:?}{states:?}", r.observed)
         };
         let before = self.publisher.path_reports.lock().expect("path reports").get(&who.name).cloned();
@@ -218,7 +219,10 @@ mod tests {
         let report = |observed: Vec<(u8, &str)>, paths: Vec<(&str, &str)>| {
             serde_json::to_string(&proto::PathReport {
                 observed: observed.into_iter().map(|(k, e)| proto::ObservedEndpoint { public_key: key(k), endpoint: e.into() }).collect(),
-                paths: paths.into_iter().map(|(p, s)| proto::PathState { peer: p.into(), state: s.into(), since: 0, reason: None }).collect(),
+                paths: paths
+                    .into_iter()
+                    .map(|(p, s)| proto::PathState { peer: p.into(), state: s.into(), since: 0, reason: None })
+                    .collect(),
             })
             .unwrap()
         };

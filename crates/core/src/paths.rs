@@ -138,7 +138,13 @@ pub fn off(decl: &Declaration) -> HashMap<&str, Option<&str>> {
 /// endpoints: both nodes take direct paths, the hub observed both, neither NAT maps by
 /// destination, and the hub has a place among its `ATTEMPTS_PER_HUB` (pairs already direct first,
 /// then in name order, pairs that keep failing last).
-pub fn decide(compiled: &Compiled, keys: &Keys, decl: &Declaration, observed: &Observed, standing: &dyn Fn(&str, &str) -> Standing) -> Decided {
+pub fn decide(
+    compiled: &Compiled,
+    keys: &Keys,
+    decl: &Declaration,
+    observed: &Observed,
+    standing: &dyn Fn(&str, &str) -> Standing,
+) -> Decided {
     let off = off(decl);
     let by_destination = observed.by_destination();
     let empty = HashMap::new();
@@ -252,14 +258,20 @@ pub fn parse(text: &str) -> Result<Vec<Candidate>, String> {
             let key = |k: &str| -> Result<PublicKey, String> {
                 PublicKey::parse(&string(k)?).ok_or_else(|| at(&format!("`{k}` is not a WireGuard public key")))
             };
-            if let Some((k, _)) = t.iter().find(|(k, _)| !["name", "public_key", "endpoint", "hub", "hub_key", "allowed_ips"].contains(&k.get_ref().as_ref())) {
+            if let Some((k, _)) =
+                t.iter().find(|(k, _)| !["name", "public_key", "endpoint", "hub", "hub_key", "allowed_ips"].contains(&k.get_ref().as_ref()))
+            {
                 return Err(at(&format!("unknown key `{}`", k.get_ref())));
             }
             let endpoint = string("endpoint")?.parse().map_err(|_| at("`endpoint` is not IP:PORT"))?;
             let ips = t.get("allowed_ips").and_then(|v| v.get_ref().as_array()).ok_or_else(|| at("`allowed_ips` must be an array"))?;
             let mut allowed_ips = Vec::new();
             for ip in ips.iter() {
-                let ip = ip.get_ref().as_str().filter(|s| s.parse::<ipnet::IpNet>().is_ok()).ok_or_else(|| at("`allowed_ips` holds something that is not a prefix"))?;
+                let ip = ip
+                    .get_ref()
+                    .as_str()
+                    .filter(|s| s.parse::<ipnet::IpNet>().is_ok())
+                    .ok_or_else(|| at("`allowed_ips` holds something that is not a prefix"))?;
                 allowed_ips.push(ip.to_string());
             }
             out.push(Candidate {

@@ -145,8 +145,12 @@ pub(crate) fn build(lab: &LabFile, st: &mut LabState) -> Result<HashMap<String, 
             ""
         };
         // Routed or masqueraded, only connections started inside pass: new ones from outside drop.
+        // So do new ones from outside to the router itself, as a home router's do: accepted, a
+        // datagram to the router's own port would be tracked as a connection of its own, and the
+        // mapping an inside host then asks for toward the same address and port would clash
+        // with it and be given another port (a hole punched from both sides would miss).
         let rules = format!(
-            "table inet lab {{\n{nat}\tchain forward {{\n\t\ttype filter hook forward priority filter; policy drop;\n\t\tct state established,related accept\n\t\tiifname \"inside\" accept\n\t}}\n}}\n"
+            "table inet lab {{\n{nat}\tchain input {{\n\t\ttype filter hook input priority filter; policy accept;\n\t\tiifname \"outside\" ct state new drop\n\t}}\n\tchain forward {{\n\t\ttype filter hook forward priority filter; policy drop;\n\t\tct state established,related accept\n\t\tiifname \"inside\" accept\n\t}}\n}}\n"
         );
         let path = st.dir.join(format!("router-{ri}.nft"));
         std::fs::write(&path, rules).with_context(|| format!("cannot write {}", path.display()))?;

@@ -444,6 +444,12 @@ pub fn status(conn: &Conn, json_out: bool) -> Result<ExitCode> {
     for skew in list.iter().filter_map(|n| n.clock_skew.as_deref()) {
         println!("clock: {}", printable(skew));
     }
+    // Relayed pairs: each one's path, once from each side (ADR 0032).
+    for n in &list {
+        for p in &n.paths {
+            println!("path: {} -> {}: {}", printable(&n.name), printable(&p.peer), printable(&p.text));
+        }
+    }
     // Ingress nodes: their Traefik as their agents last reported it (ADR 0026).
     let now = trellis_files::unix_now();
     for ingress in list.iter().filter_map(|n| n.ingress.as_ref()) {

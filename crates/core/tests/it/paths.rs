@@ -51,7 +51,8 @@ fn at(s: &str) -> SocketAddr {
 
 /// hub-1 observed every node at 203.0.113.N:4000+N.
 fn seen_all(decl: &Declaration) -> Observed {
-    let nodes = decl.nodes.iter().filter(|n| !n.hub).enumerate().map(|(i, n)| (n.name.clone(), at(&format!("203.0.113.{}:{}", i + 1, 4000 + i))));
+    let nodes =
+        decl.nodes.iter().filter(|n| !n.hub).enumerate().map(|(i, n)| (n.name.clone(), at(&format!("203.0.113.{}:{}", i + 1, 4000 + i))));
     Observed { by_hub: HashMap::from([("hub-1".to_string(), nodes.collect())]) }
 }
 
