@@ -154,7 +154,10 @@ pub fn explain(topo: &Topology, from: &str, to: &str) -> Option<Explanation> {
             let off = crate::paths::off(topo.decl);
             let why = [a, b].into_iter().find_map(|x| off.get(topo.name(x)).map(|network| (topo.name(x), *network)));
             reasons.push(match why {
-                None => format!("the pair tries a direct path through hub {h}, which tells each side where it sees the other", h = topo.name(hub)),
+                None => format!(
+                    "the pair tries a direct path through hub {h}, which tells each side where it sees the other",
+                    h = topo.name(hub)
+                ),
                 Some((x, None)) => format!("the pair stays on hub {}: {x} is declared `direct = false`", topo.name(hub)),
                 Some((x, Some(n))) => format!("the pair stays on hub {}: {x} is on network {n}, declared `direct = false`", topo.name(hub)),
             });

@@ -919,3 +919,73 @@ async fn a_node_gets_its_service_certificate_and_it_opens_no_node_endpoint() {
         assert_eq!(resp.status().as_u16(), 422);
     }
 }
+
+/// Direct paths (ADR 0032), over HTTP: a node that is not a hub claims where it and a peer are,
+/// and nothing of it is published; the hub's observations put each side of the relayed pair in
+/// the other's `paths.toml`, at the endpoint the hub saw; what the agents report shows in status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn only_a_hub_s_observations_become_direct_candidates() {
+    for url in backends().await {
+        let r = start(url.clone()).await;
+        let (status, body) = r.admin_post("/v1/admin/apply", json!({"files": trellis_testing::controller::lab_files("cgnat")})).await;
+        assert_eq!(status, 200, "{body}");
+        let hub = r.enrol_node("hub-1", 1, false).await;
+        let a = r.enrol_node("a-1", 2, false).await;
+        let _b = r.enrol_node("b-1", 3, false).await;
+        let key = trellis_testing::controller::wireguard_key;
+        let report = |observed: &[(u8, &str)], paths: Value| json!({"observed": observed.iter().map(|(k, e)| json!({"public_key": key(*k), "endpoint": e})).collect::<Vec<_>>(), "paths": paths});
+        let post = |n: &Node, body: Value| {
+            let req = n.http.post(format!("{}/v1/node/paths", r.base)).json(&body).send();
+            async move {
+                let resp = req.await.unwrap();
+                (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
+            }
+        };
+        let open = |n: &Node, f: &Fetched| trellis_core::bundle::verify(&f.bytes, &n.signing, "cgnat", &n.node, None).unwrap().bundle;
+        let paths_of = |b: &trellis_core::bundle::Bundle| {
+            b.files.iter().find(|f| f.path == "etc/trellis/paths.toml").map(|f| String::from_utf8(f.content.to_vec()).unwrap())
+        };
+        // a-1, no hub, says it and b-1 are somewhere: kept as nothing.
+        let (s, ack) = post(&a, report(&[(2, "198.51.100.66:6666"), (3, "198.51.100.66:7777")], json!([]))).await;
+        assert_eq!((s, ack["observed"].as_u64()), (200, Some(0)), "{url}: {ack}");
+        r.controller.settle(std::time::Duration::from_secs(10)).await.unwrap();
+        let held = a.fetch(&r.base, None, 0).await;
+        let bundle = open(&a, &held);
+        assert!(file(&bundle, "etc/trellis/wireguard.conf").contains(&key(1)), "a-1 peers with its hub");
+        assert_eq!(paths_of(&bundle), None, "{url}: a node's own claim is never published");
+
+        // hub-1 saw both: each gets the other at the endpoint the hub saw.
+        let (s, ack) = post(&hub, report(&[(2, "203.0.113.1:4001"), (3, "203.0.113.2:4002")], json!([]))).await;
+        assert_eq!((s, ack["observed"].as_u64()), (200, Some(2)), "{url}: {ack}");
+        let next = a.fetch(&r.base, held.version, 10).await;
+        assert_eq!(next.status, 200, "{url}: the hub's observation changes a-1's bundle");
+        let paths = paths_of(&open(&a, &next)).expect("a paths.toml");
+        let candidates = trellis_core::paths::parse(&paths).unwrap();
+        assert_eq!(candidates.len(), 1, "{paths}");
+        assert_eq!((candidates[0].peer.as_str(), candidates[0].endpoint.to_string()), ("b-1", "203.0.113.2:4002".to_string()));
+        assert!(!paths.contains("198.51.100.66"), "{paths}");
+
+        // a-1 again claims b-1 elsewhere: nothing moves.
+        let (s, _) = post(&a, report(&[(3, "198.51.100.66:7777")], json!([]))).await;
+        assert_eq!(s, 200);
+        r.controller.settle(std::time::Duration::from_secs(10)).await.unwrap();
+        let same = a.fetch(&r.base, next.version, 0).await;
+        assert_eq!(same.status, 304, "{url}: a non-hub's observation moves no candidate");
+
+        // What a-1 says of its path shows in status, from its side.
+        let status = || async {
+            let nodes = r.admin_get("/v1/admin/status").await;
+            let a1 = nodes.as_array().unwrap().iter().find(|n| n["name"] == "a-1").unwrap().clone();
+            a1["paths"][0]["text"].as_str().unwrap_or_default().to_string()
+        };
+        assert_eq!(status().await, "relayed by hub-1, about to try a direct path");
+        let (s, _) = post(&a, report(&[], json!([{"peer": "b-1", "state": "direct", "since": 43_200 + 3}]))).await;
+        assert_eq!(s, 200);
+        assert_eq!(status().await, "direct since 12:00:03 (punched through hub-1)");
+        // A report beyond the bound is refused whole.
+        let many: Vec<Value> =
+            (0..=trellis_proto::paths::MAX_PATH_ITEMS).map(|_| json!({"public_key": key(3), "endpoint": "203.0.113.2:1"})).collect();
+        let (s, body) = post(&hub, json!({"observed": many})).await;
+        assert_eq!(s, 400, "{url}: {body}");
+    }
+}

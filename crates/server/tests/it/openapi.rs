@@ -213,6 +213,14 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
         ..status.clone()
     };
     sample(d, "NodeStatus", refused, &mut c);
+    let pair = proto::PairPath {
+        peer: "b-1".into(),
+        hub: "hub-1".into(),
+        path: "direct".into(),
+        since: Some(43_203),
+        text: "direct since 12:00:03 (punched through hub-1)".into(),
+    };
+    sample(d, "NodeStatus", proto::NodeStatus { paths: vec![pair.clone()], ..status.clone() }, &mut c);
     let holder = proto::KeyHolder {
         name: "db-1".into(),
         dropped_in: Some(13),
@@ -355,6 +363,15 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
     sample(d, "IngressState", proto::IngressState { node: "edge-1".into(), reported_at: 1, report: report.clone() }, &mut c);
     sample(d, "IngressReport", report, &mut c);
     sample(d, "IngressAck", proto::IngressAck { recorded: true }, &mut c);
+    let observed =
+        proto::ObservedEndpoint { public_key: trellis_testing::controller::wireguard_key(2), endpoint: "203.0.113.2:4002".into() };
+    let state = proto::PathState { peer: "b-1".into(), state: "backing-off".into(), since: 1, reason: Some("no handshake".into()) };
+    sample(d, "ObservedEndpoint", observed.clone(), &mut c);
+    sample(d, "PathState", state.clone(), &mut c);
+    sample(d, "PathReport", proto::PathReport { observed: vec![observed], paths: vec![state] }, &mut c);
+    sample(d, "PathAck", proto::PathAck { observed: 1 }, &mut c);
+    sample(d, "PairPath", pair, &mut c);
+
     for s in proto::Shown::ALL {
         sample(d, "Shown", *s, &mut c);
     }
@@ -454,7 +471,7 @@ async fn every_route_is_described_and_every_described_path_is_a_route() {
     let unknown = r.http.get(format!("{}/v1/admin/undescribed", r.base)).bearer_auth(&r.admin).send().await.unwrap();
     assert_eq!(unknown.status().as_u16(), 404);
     assert_eq!(unknown.json::<Value>().await.unwrap()["code"], "no_route");
-    assert_eq!(operations, 32, "operations described: {:?}", paths.keys().collect::<Vec<_>>());
+    assert_eq!(operations, 33, "operations described: {:?}", paths.keys().collect::<Vec<_>>());
 
     // Every path the client crate calls is described.
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../client/src");
