@@ -323,7 +323,16 @@ fn agent_metrics() -> trellis_agent::metrics::Metrics {
     m.apply(true, std::time::Duration::from_millis(1));
     use trellis_agent::status::{CertState, IngressStatus, RouterState};
     let status = trellis_agent::status::AgentStatus {
-        peers: vec![trellis_agent::status::PeerState { public_key: "k1".into(), endpoint: None, last_handshake: Some(1) }],
+        peers: vec![trellis_agent::status::PeerState::new("k1".into(), None, Some(1))],
+        paths: vec![trellis_agent::status::PathStatus {
+            peer: "b-1".into(),
+            public_key: "k2".into(),
+            hub: "hub-1".into(),
+            state: "direct".into(),
+            since: 1,
+            endpoint: "203.0.113.2:4002".into(),
+            reason: None,
+        }],
         ingress: Some(IngressStatus {
             traefik: "running".into(),
             error: None,

@@ -97,7 +97,9 @@ impl Controller {
                     trellis_core::graph::Reach::Relayed(h) => ("relayed", Some(h)),
                     trellis_core::graph::Reach::None => ("none", None),
                 };
-                proto::GraphLink { a: l.a.clone(), b: l.b.clone(), reach: reach.to_string(), hub, d }
+                // A relayed pair's path now, as status shows it from its first node.
+                let path = by_name.get(l.a.as_str()).and_then(|s| s.paths.iter().find(|p| p.peer == l.b)).map(|p| p.text.clone());
+                proto::GraphLink { a: l.a.clone(), b: l.b.clone(), reach: reach.to_string(), hub, path, d }
             })
             .collect();
         let nodes = g

@@ -556,6 +556,10 @@ pub struct GraphLink {
     /// `direct` (a WireGuard peering), `relayed` (through `hub`) or `none` (no path).
     pub reach: String,
     pub hub: Option<String>,
+    /// For a relayed pair, its path as its first node's agent last said (ADR 0032): `direct
+    /// since 12:00:03 (punched through hub-1)`, or why it stays relayed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
     /// How it is drawn: SVG path data on the nodes' canvas.
     pub d: String,
 }

@@ -304,6 +304,7 @@ fn every_schema_describes_what_serde_writes_and_reads_back() {
         b: "b-1".into(),
         reach: "relayed".into(),
         hub: Some("hub-1".into()),
+        path: Some("direct since 12:00:03 (punched through hub-1)".into()),
         d: "M1 2 Q3 4 5 6".into(),
     };
     sample(d, "MeshGraph", proto::MeshGraph { revision: Some(1), nodes: vec![gnode.clone()], links: vec![link.clone()] }, &mut c);
