@@ -414,3 +414,15 @@ fn a_path_expectation_names_two_nodes_and_direct_or_relayed() {
     let typo = with(&row.replace("\"direct\"", "\"drect\""));
     assert!(load_text("typo", &typo).unwrap_err().contains("unknown variant `drect`"));
 }
+
+/// A revocation takes the revoked node's path rows out of force (it has no path to anyone) and
+/// keeps its other rows: lab/fleet's db-1, revoked at step 2.
+#[test]
+fn a_revocation_ends_the_revoked_nodes_path_rows() {
+    let fleet = load_text("fleet", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lab/fleet.toml"))).unwrap();
+    let db_paths =
+        |steps: usize| fleet.expectations(steps).iter().filter(|e| e.proto == Some(super::Proto::Path) && e.names("db-1")).count();
+    assert!(db_paths(1) > 0, "lab/fleet.toml checks db-1's paths");
+    assert_eq!(db_paths(2), 0);
+    assert!(fleet.expectations(2).iter().any(|e| e.names("db-1")));
+}
