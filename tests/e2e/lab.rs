@@ -120,6 +120,40 @@ fn lab_throughput_on_wireguard_go() {
     }
 }
 
+/// lab/nat on one backend: the homes' pair goes direct (again after home-a's router rebinds), the
+/// phones' pair behind symmetric NAT stays on the hub, and every path row says how long it took.
+fn lab_nat_on(wireguard: &str) {
+    let (stdout, _) = lab_run_with("lab/nat.toml", &["--wireguard", wireguard]);
+    let paths: Vec<&str> = stdout.lines().filter(|l| l.contains(" path -> ")).collect();
+    // Three rows before the rebind and three after it.
+    assert_eq!(paths.len(), 6, "{stdout}");
+    for row in paths {
+        let note = row.split(" yes ").nth(1).unwrap_or_else(|| panic!("not met: {row}"));
+        assert!(note.starts_with("direct at ") || note.starts_with("relayed ("), "{row}");
+        assert!(note.contains(" s") && note.contains("; agent: "), "{row}");
+    }
+    assert!(stdout.contains("step 1: NAT router of home-a rebound: "), "{stdout}");
+    assert!(stdout.contains("it maps UDP to port 40001 for every destination"), "{stdout}");
+}
+
+/// lab/nat with every agent on wireguard-go.
+#[test]
+fn lab_nat_on_wireguard_go() {
+    if !can_run(Need::Root) || !can_run(Need::Program("wireguard-go")) || !can_run(Need::Program("conntrack")) {
+        return;
+    }
+    lab_nat_on("wireguard-go");
+}
+
+/// lab/nat with every agent on the embedded gotatun (ADR 0030).
+#[test]
+fn lab_nat_on_gotatun() {
+    if !can_run(Need::Root) || !can_run(Need::Program("conntrack")) {
+        return;
+    }
+    lab_nat_on("gotatun");
+}
+
 #[test]
 fn lab_cgnat() {
     if !can_run(Need::Root) {

@@ -66,16 +66,19 @@ const AT_ONCE: usize = 8;
 /// Runs every expectation of a round and returns their rows in order. Rows run up to eight at
 /// once, since a row expecting `closed` waits out its timeout and a fleet's sample has many: in
 /// waves where no two rows listen on the same host, protocol and port; an iperf3 run goes alone,
-/// so that nothing else shares the machine while it measures.
+/// so that nothing else shares the machine while it measures. `hubs` are the declaration's hubs,
+/// whose peer entries a path row tells apart.
 pub(crate) fn run_round(
     expects: &[Expect],
     lab: &LabFile,
     addrs: &HashMap<String, Vec<IpAddr>>,
     underlay: &Underlay,
+    hubs: &[String],
     st: &LabState,
 ) -> Result<Vec<Row>> {
     let one = |i: usize| match expects[i].proto {
         Some(Proto::Throughput) => throughput(&expects[i], lab, addrs, st),
+        Some(Proto::Path) => crate::path::check(&expects[i], addrs, hubs, st),
         _ => run(i, &expects[i], lab, addrs, underlay, st),
     };
     let alone = |i: usize| expects[i].proto == Some(Proto::Throughput);
@@ -118,7 +121,7 @@ fn listener(e: &Expect) -> Option<(&str, bool, u16)> {
     let udp = match e.proto.unwrap_or_default() {
         Proto::Tcp | Proto::Tls | Proto::Throughput => false,
         Proto::Udp => true,
-        Proto::Icmp | Proto::Https => return None,
+        Proto::Icmp | Proto::Https | Proto::Path => return None,
     };
     Some((e.to.as_deref()?, udp, e.port?))
 }
@@ -132,7 +135,7 @@ fn run(i: usize, e: &Expect, lab: &LabFile, addrs: &HashMap<String, Vec<IpAddr>>
     Ok(Row { from: e.from.clone(), what, expected, seen, note: String::new() })
 }
 
-fn ns(st: &LabState, host: &str) -> String {
+pub(crate) fn ns(st: &LabState, host: &str) -> String {
     format!("{}-{host}", st.prefix)
 }
 
@@ -228,7 +231,7 @@ fn traffic(i: usize, e: &Expect, lab: &LabFile, addrs: &HashMap<String, Vec<IpAd
         return tls(e, to, &dst, st);
     }
     let open = match proto {
-        Proto::Icmp => ns_cmd(&from_ns, &["ping", "-c", "1", "-W", "2", &dst]).stdout(Stdio::null()).status()?.success(),
+        Proto::Icmp => ping(&from_ns, &dst, 2)?,
         Proto::Tcp | Proto::Udp => {
             let port = e.port.context("tcp and udp expectations need a port")?.to_string();
             let mark = st.dir.join(format!("udp-{i}.out"));
@@ -266,7 +269,7 @@ fn traffic(i: usize, e: &Expect, lab: &LabFile, addrs: &HashMap<String, Vec<IpAd
             let _ = l.wait();
             ok
         }
-        Proto::Throughput => bail!("expectation {}: proto \"throughput\" is measured by `throughput`, not sent", i + 1),
+        Proto::Throughput | Proto::Path => bail!("expectation {}: proto \"{proto}\" is checked by its own function, not sent", i + 1),
         Proto::Tls | Proto::Https => unreachable!("handled above"),
     };
     let port = e.port.map(|p| format!(" {p}")).unwrap_or_default();
@@ -279,6 +282,13 @@ fn traffic(i: usize, e: &Expect, lab: &LabFile, addrs: &HashMap<String, Vec<IpAd
         seen = if addrs.iter().any(|a| a.to_string() == source) { format!("open via {v}") } else { format!("open from {source}") };
     }
     Ok(Row { from: e.from.clone(), what: format!("{proto}{port} -> {to}"), expected, seen, note: String::new() })
+}
+
+/// One ping from namespace `from_ns` to `dst`, waiting at most `secs` seconds: whether it was
+/// answered.
+pub(crate) fn ping(from_ns: &str, dst: &str, secs: u32) -> Result<bool> {
+    let status = ns_cmd(from_ns, &["ping", "-c", "1", "-W", &secs.to_string(), dst]).stdout(Stdio::null()).stderr(Stdio::null()).status();
+    Ok(status.context("cannot run ping")?.success())
 }
 
 /// A TLS handshake from the from-node to `dst` (the to-node's overlay address) on the

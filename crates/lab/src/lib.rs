@@ -4,15 +4,17 @@
 //!
 //! `file` is the lab file and its validation; `net` the namespaces, bridges and routers; `pg`
 //! the PostgreSQL server of a lab with controller replicas; `procs` the controller and agent
-//! processes; `checks` the expectation matrix; `steps` the lab file's steps, one function per
-//! kind; `timing` the first-packet, apply and failover figures. Declaration directories are read by the caller's reader (`ReadDeclaration`), the
-//! one `trellis check` uses.
+//! processes; `checks` the expectation matrix, `path` its path rows; `steps` the lab file's
+//! steps, one function per kind; `timing` the first-packet, apply and failover figures.
+//! Declaration directories are read by the caller's reader (`ReadDeclaration`), the one
+//! `trellis check` uses.
 
 mod acme;
 mod checks;
 pub mod file;
 mod metrics;
 mod net;
+mod path;
 mod pg;
 mod procs;
 mod steps;
@@ -63,6 +65,14 @@ pub struct LabState {
     /// when the lab has an acme host.
     #[serde(default)]
     pub acme_ca: Option<PathBuf>,
+    /// When each agent started, in unix milliseconds: a path row before any step is timed from
+    /// the later of its pair's.
+    #[serde(default)]
+    pub agent_started_ms: BTreeMap<String, u64>,
+    /// When the last step taken began, in unix milliseconds: a path row after it is timed from
+    /// then.
+    #[serde(default)]
+    pub step_at_ms: Option<u64>,
 }
 
 impl LabState {
@@ -84,6 +94,11 @@ fn state_path(file: &Path) -> PathBuf {
 
 fn progress(msg: &str) {
     eprintln!("lab: {msg}");
+}
+
+/// Now, in unix milliseconds.
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 fn rand_u16() -> u16 {
@@ -276,7 +291,8 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
                 | Action::Pause(_)
                 | Action::Resume(_)
                 | Action::Renew(_)
-                | Action::Rotate(_) => None,
+                | Action::Rotate(_)
+                | Action::Rebind(_) => None,
             })
             .next_back()
             .unwrap_or_else(|| decl_dir.clone())
@@ -388,7 +404,8 @@ impl Tally {
             // pool's member (a member is a node the declaration does not name).
             outside: lab.host.iter().filter(|h| decl.node(&h.name).is_none() && h.pool.is_none()).map(|h| h.name.clone()).collect(),
         };
-        let rows = checks::run_round(&lab.expectations(st.steps_done), lab, &addrs, &underlay, st)?;
+        let hubs: Vec<String> = decl.nodes.iter().filter(|n| n.hub).map(|n| n.name.clone()).collect();
+        let rows = checks::run_round(&lab.expectations(st.steps_done), lab, &addrs, &underlay, &hubs, st)?;
         checks::print(&rows);
         self.rows += rows.len();
         self.failures += rows.iter().filter(|r| !r.ok()).count();

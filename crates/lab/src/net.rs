@@ -8,7 +8,7 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use ipnet::IpNet;
 
-use crate::file::{Host, LabFile};
+use crate::file::{Host, LabFile, Mapping};
 use crate::LabState;
 
 /// Runs a command to completion; its stdout, or an error with its stderr.
@@ -139,24 +139,63 @@ pub(crate) fn build(lab: &LabFile, st: &mut LabState) -> Result<HashMap<String, 
         }
         in_ns(&ns, &["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])?;
         in_ns(&ns, &["sysctl", "-q", "-w", "net.ipv6.conf.all.forwarding=1"])?;
-        let nat = if masquerade {
-            "\tchain postrouting {\n\t\ttype nat hook postrouting priority srcnat;\n\t\toifname \"outside\" masquerade\n\t}\n"
-        } else {
-            ""
-        };
-        // Routed or masqueraded, only connections started inside pass: new ones from outside drop.
-        // So do new ones from outside to the router itself, as a home router's do: accepted, a
-        // datagram to the router's own port would be tracked as a connection of its own, and the
-        // mapping an inside host then asks for toward the same address and port would clash
-        // with it and be given another port (a hole punched from both sides would miss).
-        let rules = format!(
-            "table inet lab {{\n{nat}\tchain input {{\n\t\ttype filter hook input priority filter; policy accept;\n\t\tiifname \"outside\" ct state new drop\n\t}}\n\tchain forward {{\n\t\ttype filter hook forward priority filter; policy drop;\n\t\tct state established,related accept\n\t\tiifname \"inside\" accept\n\t}}\n}}\n"
-        );
-        let path = st.dir.join(format!("router-{ri}.nft"));
-        std::fs::write(&path, rules).with_context(|| format!("cannot write {}", path.display()))?;
-        in_ns(&ns, &["nft", "-f", path.to_str().context("path")?])?;
+        let nat = masquerade.then(|| n.mapping.unwrap_or_default());
+        load_router_rules(st, ri, nat, 0)?;
     }
     Ok(host_ns)
+}
+
+/// The first UDP port a router maps to after a rebind: the k-th rebind maps to `REBOUND_PORT + k`.
+pub(crate) const REBOUND_PORT: u16 = 40000;
+
+/// The ruleset of router `r{index}`: masquerading with `nat`'s mapping (or routing, with `None`),
+/// and after `rebinds` rebinds of an endpoint-independent one, UDP mapped to the one port
+/// `REBOUND_PORT + rebinds`, since Linux masquerade would give a flushed mapping its old port
+/// back. One port keeps the mapping endpoint-independent: every destination sees it.
+pub(crate) fn router_rules(nat: Option<Mapping>, rebinds: u16) -> String {
+    let nat = match nat {
+        None => String::new(),
+        Some(Mapping::Symmetric) => "\t\toifname \"outside\" masquerade fully-random\n".to_string(),
+        Some(Mapping::EndpointIndependent) if rebinds == 0 => "\t\toifname \"outside\" masquerade\n".to_string(),
+        Some(Mapping::EndpointIndependent) => format!(
+            "\t\toifname \"outside\" meta l4proto udp masquerade to :{}\n\t\toifname \"outside\" masquerade\n",
+            REBOUND_PORT + rebinds
+        ),
+    };
+    let nat =
+        if nat.is_empty() { nat } else { format!("\tchain postrouting {{\n\t\ttype nat hook postrouting priority srcnat;\n{nat}\t}}\n") };
+    // Routed or masqueraded, only connections started inside pass: new ones from outside drop.
+    // So do new ones from outside to the router itself, as a home router's do: accepted, a
+    // datagram to the router's own port would be tracked as a connection of its own, and the
+    // mapping an inside host then asks for toward the same address and port would clash with it
+    // and be given another port (a hole punched from both sides would miss). The ruleset
+    // replaces the router's whole ruleset, as a rebind reloads it.
+    format!(
+        "flush ruleset\ntable inet lab {{\n{nat}\tchain input {{\n\t\ttype filter hook input priority filter; policy accept;\n\t\tiifname \"outside\" ct state new drop\n\t}}\n\tchain forward {{\n\t\ttype filter hook forward priority filter; policy drop;\n\t\tct state established,related accept\n\t\tiifname \"inside\" accept\n\t}}\n}}\n"
+    )
+}
+
+/// Writes router `r{index}`'s ruleset (`router_rules`) to `router-{index}.nft` and loads it.
+fn load_router_rules(st: &LabState, index: usize, nat: Option<Mapping>, rebinds: u16) -> Result<()> {
+    let path = st.dir.join(format!("router-{index}.nft"));
+    std::fs::write(&path, router_rules(nat, rebinds)).with_context(|| format!("cannot write {}", path.display()))?;
+    in_ns(&format!("{}-r{index}", st.prefix), &["nft", "-f", path.to_str().context("path")?]).map(|_| ())
+}
+
+/// Rebinds net `net`'s NAT router for the `rebinds`-th time: its new ruleset loaded first, then
+/// every mapping forgotten (`conntrack -F`), so that nothing maps with the old rules in between.
+/// Returns how many connections the router tracked just before.
+pub(crate) fn rebind(lab: &LabFile, st: &LabState, net: &str, rebinds: u16) -> Result<u64> {
+    let index = lab.net.iter().position(|n| n.name == net).with_context(|| format!("the lab has no net `{net}`"))?;
+    let n = &lab.net[index];
+    if n.nat.is_none() {
+        bail!("net `{net}` has no NAT router to rebind");
+    }
+    load_router_rules(st, index, Some(n.mapping.unwrap_or_default()), rebinds)?;
+    let ns = format!("{}-r{index}", st.prefix);
+    let tracked = in_ns(&ns, &["conntrack", "-C"]).context("cannot count the router's connections (is conntrack installed?)")?;
+    in_ns(&ns, &["conntrack", "-F"]).with_context(|| format!("cannot flush the connections of net `{net}`'s router"))?;
+    tracked.trim().parse().with_context(|| format!("`conntrack -C` printed {tracked:?}, not a count"))
 }
 
 /// The lab addresses of host `to`, best first for reaching it from host `from`: those on a net
@@ -299,5 +338,118 @@ addresses = { lan = "192.168.1.5" }
         }
         // Routed in through the firewall (which drops it): still before a net with no route.
         assert_eq!(seen("client", "app"), ["203.0.113.12", "10.30.0.12"]);
+    }
+
+    /// A router as the lab builds it, for real (root): an ordinary NAT keeps a sender's port for
+    /// every destination, a `symmetric` one gives each destination its own, and a rebind moves
+    /// the ordinary one to `REBOUND_PORT + 1` for every destination. Each port is the one the
+    /// destination saw (`nc -l -v`).
+    #[test]
+    fn routers_map_ports_as_their_mapping_says_and_a_rebind_moves_them() {
+        use trellis_testing::{can_run, Need};
+        if !can_run(Need::Root) || !can_run(Need::Program("conntrack")) || !can_run(Need::Program("nc")) {
+            return;
+        }
+        let text = r#"
+[lab]
+name = "map"
+declaration = "map"
+
+[[net]]
+name = "internet"
+ipv4 = "198.51.100.0/24"
+
+[[net]]
+name = "home"
+ipv4 = "192.168.1.0/24"
+nat = "internet"
+
+[[net]]
+name = "carrier"
+ipv4 = "100.64.1.0/24"
+nat = "internet"
+mapping = "symmetric"
+
+[[host]]
+name = "controller"
+role = "controller"
+addresses = { internet = "198.51.100.2" }
+
+[[host]]
+name = "a"
+role = "outside"
+addresses = { internet = "198.51.100.10" }
+
+[[host]]
+name = "b"
+role = "outside"
+addresses = { internet = "198.51.100.11" }
+
+[[host]]
+name = "home-1"
+role = "outside"
+addresses = { home = "192.168.1.10" }
+
+[[host]]
+name = "phone-1"
+role = "outside"
+addresses = { carrier = "100.64.1.10" }
+"#;
+        let (lab, _) = crate::file::parse(text, std::path::Path::new("map.toml")).unwrap();
+        let dir = trellis_testing::TempDir::new("lab-nat-mapping");
+        /// The namespaces go, also when an assertion fails.
+        struct Built(crate::LabState);
+        impl Drop for Built {
+            fn drop(&mut self) {
+                super::remove(&self.0);
+            }
+        }
+        let mut st = crate::LabState { prefix: format!("tm{:04x}", crate::rand_u16()), dir: dir.to_path_buf(), ..Default::default() };
+        let built = super::build(&lab, &mut st);
+        let lab_up = Built(st);
+        built.unwrap();
+        let st = &lab_up.0;
+        // The source port `to` sees a datagram from `from`'s port 51820 arrive from.
+        let seen = |from: &str, to: &str, addr: &str| -> String {
+            let log = st.dir.join(format!("nc-{to}.log"));
+            let f = std::fs::File::create(&log).unwrap();
+            let mut listener = super::ns_cmd(&format!("{}-{to}", st.prefix), &["nc", "-u", "-l", "-v", "-n", "7000"])
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(f)
+                .spawn()
+                .unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            let mut send = super::ns_cmd(&format!("{}-{from}", st.prefix), &["nc", "-u", "-n", "-w", "1", "-p", "51820", addr, "7000"])
+                .stdin(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            std::io::Write::write_all(&mut send.stdin.take().unwrap(), b"trellis-lab\n").unwrap();
+            send.wait().unwrap();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+            let mut text = String::new();
+            while !text.contains("received on ") && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                text = std::fs::read_to_string(&log).unwrap();
+            }
+            let _ = listener.kill();
+            let _ = listener.wait();
+            // `Connection received on ADDRESS PORT`
+            let source =
+                text.lines().find_map(|l| l.split("received on ").nth(1)).unwrap_or_else(|| panic!("{to} saw nothing from {from}: {text}"));
+            source.split_whitespace().nth(1).unwrap().to_string()
+        };
+        let (a, b) = ("198.51.100.10", "198.51.100.11");
+        assert_eq!([seen("home-1", "a", a), seen("home-1", "b", b)], ["51820", "51820"], "an ordinary NAT keeps the port");
+        let (to_a, to_b) = (seen("phone-1", "a", a), seen("phone-1", "b", b));
+        assert_ne!(to_a, to_b, "a symmetric NAT gives each destination its own port");
+        // home-1's two mappings, at least (the kernel may track more).
+        assert!(super::rebind(&lab, st, "home", 1).unwrap() >= 2);
+        let flushed = super::in_ns(&format!("{}-r1", st.prefix), &["conntrack", "-L", "-p", "udp"]).unwrap();
+        assert!(!flushed.contains("dport=7000"), "the rebind forgot every mapping: {flushed}");
+        let rebound = (super::REBOUND_PORT + 1).to_string();
+        assert_eq!([seen("home-1", "a", a), seen("home-1", "b", b)], [rebound.clone(), rebound], "a rebound NAT maps to its new port");
+        let err = super::rebind(&lab, st, "internet", 1).unwrap_err().to_string();
+        assert_eq!(err, "net `internet` has no NAT router to rebind");
     }
 }

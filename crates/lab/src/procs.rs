@@ -249,6 +249,7 @@ fn enrol_and_run(host: &str, ns: &str, token: &str, st: &mut LabState) -> Result
     let child = ns_cmd(ns, &["unshare", "-m", "sh", "-c", &cmd]).stdout(Stdio::null()).stderr(log).spawn()?;
     st.pids.push(child.id());
     st.agent_pids.insert(host.to_string(), child.id());
+    st.agent_started_ms.insert(host.to_string(), crate::unix_ms());
     Ok(node)
 }
 

@@ -1,5 +1,6 @@
 //! The lab file's steps, taken after the first round of `check`: one function per kind (kill,
-//! revoke, renew, rotate, pause, resume, stop, apply), each doing it and printing its figures.
+//! revoke, renew, rotate, pause, resume, stop, apply, rebind), each doing it and printing its
+//! figures.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -7,10 +8,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use crate::file::{self, Action, LabFile};
-use crate::{checks, lab_dir, procs, save, timing, traefik, LabState};
+use crate::{checks, lab_dir, net, procs, save, timing, traefik, LabState};
 
 /// Takes step `i` of the lab file and prints its figures.
 pub(crate) fn take_step(file: &Path, lab: &LabFile, st: &mut LabState, i: usize) -> Result<()> {
+    st.step_at_ms = Some(crate::unix_ms());
     match lab.action(i, lab_dir(file)) {
         Action::Kill(host) => kill_step(file, st, i, &host),
         Action::Revoke(node) => revoke_step(lab, st, i, &node),
@@ -21,7 +23,21 @@ pub(crate) fn take_step(file: &Path, lab: &LabFile, st: &mut LabState, i: usize)
         Action::Resume(host) => resume_step(file, st, i, &host),
         Action::Stop(host) => stop_step(file, st, i, &host),
         Action::Apply(dir) => apply_step(lab, st, i, &dir),
+        Action::Rebind(net) => rebind_step(lab, st, i, &net),
     }
+}
+
+/// A `rebind` step: the net's NAT router forgets every mapping and maps to new ports.
+fn rebind_step(lab: &LabFile, st: &LabState, i: usize, net: &str) -> Result<()> {
+    let k = lab.step[..=i].iter().filter(|s| s.rebind.as_deref() == Some(net)).count();
+    let k = u16::try_from(k).context("too many rebinds of one net")?;
+    let forgotten = net::rebind(lab, st, net, k)?;
+    let ports = match lab.net(net).and_then(|n| n.mapping).unwrap_or_default() {
+        file::Mapping::Symmetric => "a new random port for every new destination, as before".to_string(),
+        file::Mapping::EndpointIndependent => format!("UDP to port {} for every destination", net::REBOUND_PORT + k),
+    };
+    println!("step {}: NAT router of {net} rebound: {forgotten} tracked connection(s) forgotten (conntrack -F); it maps {ports}", i + 1);
+    Ok(())
 }
 
 /// A `kill` step: the time until every agent long-polls a replica still running.

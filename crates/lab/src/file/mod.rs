@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 pub use parse::MAX_POOL_HOSTS;
-pub use schema::{Action, Expect, Host, LabFile, LabHead, Net, Outcome, Proto, Role, Step};
+pub use schema::{Action, Expect, Host, LabFile, LabHead, Mapping, Net, Outcome, Proto, Role, Step};
 pub use validate::{check_endpoints, check_pools, check_renewal, MAX_RENEW_LIFETIME_SECS};
 
 /// Reads and validates a lab file; returns it with the declaration directory it names (relative

@@ -1,5 +1,5 @@
 //! The lab file's shape: the tables serde reads (`[lab]`, `[[net]]`, `[[host]]`, `[[expect]]`,
-//! `[[step]]`), their enums (`Role`, `Proto`, `Outcome`), what a step does once validated
+//! `[[step]]`), their enums (`Role`, `Mapping`, `Proto`, `Outcome`), what a step does once validated
 //! (`Action`), and what the rest of the lab asks of them.
 
 use std::collections::BTreeMap;
@@ -43,6 +43,21 @@ pub struct Net {
     pub nat: Option<String>,
     /// Routed to this net, but new connections from it are dropped.
     pub firewall: Option<String>,
+    /// How the NAT router (`nat`) picks a connection's outside port.
+    pub mapping: Option<Mapping>,
+}
+
+/// How a NAT router maps an inside source to an outside port (`mapping`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mapping {
+    /// As Linux masquerade does: the source port kept where it is free, one mapping for every
+    /// destination (a home router), so a peer told the port the hub saw can answer on it.
+    #[default]
+    EndpointIndependent,
+    /// A new random port for every new destination (`masquerade fully-random`), as carrier and
+    /// cloud NATs do: the port the hub saw is no use to anyone else.
+    Symmetric,
 }
 
 #[derive(Debug, Deserialize)]
@@ -123,6 +138,10 @@ pub struct Step {
     /// certificate it issued, then presents, from every node, a certificate issued with the
     /// retired CA's key, and fails unless the controller refuses each.
     pub rotate: Option<String>,
+    /// A net with `nat` whose router forgets every mapping (`conntrack -F`) and maps to new
+    /// outside ports from then on, as a home router does when it restarts or its lease changes;
+    /// the expectations in force are checked again after, a path row timed from the step.
+    pub rebind: Option<String>,
     /// From this step on: each replaces the expectation with the same check (from, to, proto
     /// and port; or from and dns), or adds one.
     #[serde(default)]
@@ -140,6 +159,7 @@ pub enum Action {
     Resume(String),
     Renew(String),
     Rotate(String),
+    Rebind(String),
 }
 
 /// What an expectation sends (`proto`); tcp when unsaid.
@@ -161,6 +181,10 @@ pub enum Proto {
     /// `open` when an answer comes back (from one of `answered_by`, when given), `refused` when the
     /// edge answers 403 (its allow-list), `closed` when nothing serves that name (ADR 0026).
     Https,
+    /// How `from`'s interface reaches `to`: `direct` (a fresh handshake with `to`'s own peer entry,
+    /// which holds `to`'s address, at an endpoint that is no hub's, and a ping answered) or
+    /// `relayed` (a hub's peer entry holds `to`'s address), read from the agents' status files.
+    Path,
 }
 
 impl Proto {
@@ -172,6 +196,7 @@ impl Proto {
             Proto::Throughput => "throughput",
             Proto::Tls => "tls",
             Proto::Https => "https",
+            Proto::Path => "path",
         }
     }
 }
@@ -183,7 +208,7 @@ impl std::fmt::Display for Proto {
 }
 
 /// What an expectation expects (`result`): traffic `open` or `closed`, a DNS name `nxdomain`, a
-/// TLS handshake whose certificate does not verify `refused`.
+/// TLS handshake whose certificate does not verify `refused`, a path `direct` or `relayed`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Outcome {
@@ -191,6 +216,8 @@ pub enum Outcome {
     Closed,
     Nxdomain,
     Refused,
+    Direct,
+    Relayed,
 }
 
 impl Outcome {
@@ -200,6 +227,8 @@ impl Outcome {
             Outcome::Closed => "closed",
             Outcome::Nxdomain => "nxdomain",
             Outcome::Refused => "refused",
+            Outcome::Direct => "direct",
+            Outcome::Relayed => "relayed",
         }
     }
 }
@@ -257,12 +286,15 @@ impl LabFile {
         if let Some(what) = &s.rotate {
             return Action::Rotate(what.clone());
         }
+        if let Some(net) = &s.rebind {
+            return Action::Rebind(net.clone());
+        }
         match (&s.kill, &s.apply, &s.stop, &s.revoke) {
             (Some(host), ..) => Action::Kill(host.clone()),
             (None, Some(dir), ..) => Action::Apply(lab_dir.join(dir)),
             (None, None, Some(host), _) => Action::Stop(host.clone()),
             (None, None, None, Some(node)) => Action::Revoke(node.clone()),
-            (None, None, None, None) => unreachable!("load checks every step kills, applies, stops, revokes, pauses or resumes"),
+            (None, None, None, None) => unreachable!("load checks every step does exactly one thing"),
         }
     }
 
@@ -283,6 +315,11 @@ impl LabFile {
             // A stopped host sends and answers nothing more.
             if let Some(host) = &s.stop {
                 out.retain(|e| !e.names(host));
+            }
+            // A revoked node has no path to anyone: its reachability rows stay (closed), its
+            // path rows go.
+            if let Some(node) = &s.revoke {
+                out.retain(|e| !(e.proto == Some(Proto::Path) && e.names(node)));
             }
         }
         // A paused host sends and answers nothing it is expected to until it resumes.

@@ -119,8 +119,8 @@ fn controllers_postgres_and_steps_are_checked() {
         ("kill-node", kill_node, "FILE: step 1 kills `web-1`, which is not a host with role = \"controller\""),
         ("kill-twice", kill_twice, "FILE: step 2 kills `ctl-1`, which an earlier step killed"),
         ("kill-both", kill_both, "FILE: step 2 kills `ctl-2`, the last controller running; a lab keeps one"),
-        ("both", both, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST`, `renew = NODE` and `rotate = \"signing-key\"` or `\"ca\"`"),
-        ("neither", neither, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST`, `renew = NODE` and `rotate = \"signing-key\"` or `\"ca\"`"),
+        ("both", both, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST`, `renew = NODE`, `rotate = \"signing-key\"` or `\"ca\"` and `rebind = NET`"),
+        ("neither", neither, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST`, `renew = NODE`, `rotate = \"signing-key\"` or `\"ca\"` and `rebind = NET`"),
         ("silent", silent_apply, "FILE: step 2 applies \"ha/metrics\" but names no expectation; give the ones it changes"),
         ("same", same, "FILE: step 2 expectation 1 is already in force; a step lists what it changes"),
         ("role", unknown_role, "unknown variant `database`, expected one of `node`, `controller`, `postgres`"),
@@ -156,11 +156,11 @@ fn a_typo_in_proto_or_result_is_refused_at_load_with_its_place() {
         |expect: &str| format!("[lab]\nname = \"typo\"\ndeclaration = \"basic\"\n\n[[expect]]\nfrom = \"op-1\"\nto = \"db-1\"\n{expect}");
     assert_eq!(
         load_text("proto-typo", &lab("proto = \"icmpp\"\n")).unwrap_err(),
-        "FILE:8:9: unknown variant `icmpp`, expected one of `tcp`, `udp`, `icmp`, `throughput`, `tls`, `https`"
+        "FILE:8:9: unknown variant `icmpp`, expected one of `tcp`, `udp`, `icmp`, `throughput`, `tls`, `https`, `path`"
     );
     assert_eq!(
         load_text("result-typo", &lab("port = 5432\nresult = \"close\"\n")).unwrap_err(),
-        "FILE:9:10: unknown variant `close`, expected one of `open`, `closed`, `nxdomain`, `refused`"
+        "FILE:9:10: unknown variant `close`, expected one of `open`, `closed`, `nxdomain`, `refused`, `direct`, `relayed`"
     );
 }
 
@@ -341,4 +341,88 @@ mod renew {
         let e = crate::file::check_renewal(1, "db-1", &declaration("basic")).unwrap_err().to_string();
         assert!(e.contains("which live 86400 s") && e.contains("service_cert_lifetime = \"1m\""), "{e}");
     }
+}
+
+const NAT: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lab/nat.toml"));
+
+/// `mapping` belongs to a net with `nat`, and is `endpoint-independent` (the default) or
+/// `symmetric`; a typo is refused at its line and column.
+#[test]
+fn a_nets_mapping_needs_nat_and_a_known_value() {
+    let lab = load_text("nat", NAT).unwrap();
+    let mapping = |net: &str| lab.net(net).unwrap().mapping;
+    assert_eq!((mapping("home-a"), mapping("carrier-a")), (None, Some(super::Mapping::Symmetric)));
+    let explicit = NAT.replacen("nat = \"internet\"\n", "nat = \"internet\"\nmapping = \"endpoint-independent\"\n", 1);
+    assert_eq!(load_text("explicit", &explicit).unwrap().net("home-a").unwrap().mapping, Some(super::Mapping::EndpointIndependent));
+    let no_nat = NAT.replacen("ipv4 = \"198.51.100.0/24\"\n", "ipv4 = \"198.51.100.0/24\"\nmapping = \"symmetric\"\n", 1);
+    assert_eq!(
+        load_text("no-nat", &no_nat).unwrap_err(),
+        "FILE: net `internet` gives `mapping` but no `nat`; only a NAT router maps ports"
+    );
+    let typo = NAT.replacen("\nmapping = \"symmetric\"", "\nmapping = \"cone\"", 1);
+    assert_eq!(load_text("typo", &typo).unwrap_err(), "FILE:28:11: unknown variant `cone`, expected `endpoint-independent` or `symmetric`");
+}
+
+/// A rebind names a declared net with a NAT router; it is a step of its own.
+#[test]
+fn a_rebind_step_names_a_net_with_nat() {
+    let lab = load_text("nat", NAT).unwrap();
+    assert_eq!(lab.action(0, std::path::Path::new("lab")), super::Action::Rebind("home-a".into()));
+    assert_eq!(lab.expectations(1), lab.expect, "a rebind changes no expectation; every row is checked again");
+    for (tag, text, want) in [
+        ("unknown", NAT.replace("rebind = \"home-a\"", "rebind = \"home-c\""), "FILE: step 1 rebinds net `home-c`, which is not declared"),
+        (
+            "no-nat",
+            NAT.replace("rebind = \"home-a\"", "rebind = \"internet\""),
+            "FILE: step 1 rebinds net `internet`, which has no `nat` router to forget its mappings",
+        ),
+        ("two", NAT.replace("rebind = \"home-a\"", "rebind = \"home-a\"\nkill = \"controller\""), "FILE: step 1 needs exactly one of"),
+    ] {
+        let err = load_text(tag, &text).unwrap_err();
+        assert!(err.starts_with(want), "{tag}: {err}");
+    }
+}
+
+/// A path row names two node hosts and `direct` or `relayed`, nothing else; `direct` and
+/// `relayed` belong to path rows alone.
+#[test]
+fn a_path_expectation_names_two_nodes_and_direct_or_relayed() {
+    let lab = load_text("nat", NAT).unwrap();
+    let paths: Vec<_> = lab.expect.iter().filter(|e| e.proto == Some(super::Proto::Path)).map(|e| e.result.unwrap().as_str()).collect();
+    assert_eq!(paths, ["direct", "direct", "relayed"]);
+    let row = "[[expect]]\nfrom = \"home-1\"\nto = \"home-2\"\nproto = \"path\"\nresult = \"direct\"\n";
+    let with = |tail: &str| NAT.replacen("[[expect]]\n", &format!("{tail}\n[[expect]]\n"), 1);
+    let shape = "FILE: expectation 1 checks a path: give `to` and `result = \"direct\"` or `\"relayed\"`, and no `port`, `dns`, `via`, `name`, `host` or `answered_by`";
+    for (tag, text, want) in [
+        ("open", with(&row.replace("\"direct\"", "\"open\"")), shape.to_string()),
+        ("no-result", with(&row.replace("result = \"direct\"\n", "")), shape.to_string()),
+        ("port", with(&format!("{row}port = 5201\n")), shape.to_string()),
+        ("no-to", with(&row.replace("to = \"home-2\"\n", "")), shape.to_string()),
+        (
+            "controller",
+            with(&row.replace("to = \"home-2\"", "to = \"controller\"")),
+            "FILE: expectation 1 checks the path from `home-1` to `controller`, and `controller` is not a node host (a path is read from both agents)".into(),
+        ),
+        (
+            "tcp-direct",
+            with("[[expect]]\nfrom = \"home-1\"\nto = \"home-2\"\nport = 22\nresult = \"relayed\"\n"),
+            "FILE: expectation 1 expects `relayed`, which only a `proto = \"path\"` expectation can be".into(),
+        ),
+    ] {
+        assert_eq!(load_text(tag, &text).err().as_deref(), Some(want.as_str()), "{tag}");
+    }
+    let typo = with(&row.replace("\"direct\"", "\"drect\""));
+    assert!(load_text("typo", &typo).unwrap_err().contains("unknown variant `drect`"));
+}
+
+/// A revocation takes the revoked node's path rows out of force (it has no path to anyone) and
+/// keeps its other rows: lab/fleet's db-1, revoked at step 2.
+#[test]
+fn a_revocation_ends_the_revoked_nodes_path_rows() {
+    let fleet = load_text("fleet", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../lab/fleet.toml"))).unwrap();
+    let db_paths =
+        |steps: usize| fleet.expectations(steps).iter().filter(|e| e.proto == Some(super::Proto::Path) && e.names("db-1")).count();
+    assert!(db_paths(1) > 0, "lab/fleet.toml checks db-1's paths");
+    assert_eq!(db_paths(2), 0);
+    assert!(fleet.expectations(2).iter().any(|e| e.names("db-1")));
 }

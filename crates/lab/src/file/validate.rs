@@ -15,7 +15,7 @@ pub(super) fn validate(file: &Path, lab: &LabFile) -> Result<()> {
     roles(file, lab)?;
     hosts(file, lab)?;
     for (i, e) in lab.expect.iter().enumerate() {
-        check_expect(file, &format!("expectation {}", i + 1), e)?;
+        check_expect(file, lab, &format!("expectation {}", i + 1), e)?;
     }
     check_steps(file, lab)?;
     for n in &lab.net {
@@ -23,6 +23,9 @@ pub(super) fn validate(file: &Path, lab: &LabFile) -> Result<()> {
             if lab.net(target).is_none() {
                 bail!("{}: net `{}` routes to `{target}`, which is not declared", file.display(), n.name);
             }
+        }
+        if n.mapping.is_some() && n.nat.is_none() {
+            bail!("{}: net `{}` gives `mapping` but no `nat`; only a NAT router maps ports", file.display(), n.name);
         }
     }
     Ok(())
@@ -79,7 +82,13 @@ fn hosts(file: &Path, lab: &LabFile) -> Result<()> {
     Ok(())
 }
 
-fn check_expect(file: &Path, what: &str, e: &Expect) -> Result<()> {
+fn check_expect(file: &Path, lab: &LabFile, what: &str, e: &Expect) -> Result<()> {
+    if e.proto == Some(Proto::Path) {
+        return check_path(file, lab, what, e);
+    }
+    if let Some(r @ (Outcome::Direct | Outcome::Relayed)) = e.result {
+        bail!("{}: {what} expects `{}`, which only a `proto = \"path\"` expectation can be", file.display(), r.as_str());
+    }
     if e.proto == Some(Proto::Throughput) && (e.to.is_none() || e.port.is_none() || e.result.is_some() || e.dns.is_some()) {
         bail!(
             "{}: {what} measures throughput: give `to` and `port` (a TCP port the target's filter admits from `from`), and no `result` or `dns`",
@@ -132,9 +141,31 @@ fn check_expect(file: &Path, what: &str, e: &Expect) -> Result<()> {
     Ok(())
 }
 
+/// A path expectation names two node hosts, whose agents' status files it reads, and whether
+/// the pair is `direct` or `relayed`; nothing else.
+fn check_path(file: &Path, lab: &LabFile, what: &str, e: &Expect) -> Result<()> {
+    let extra = e.port.is_some() || e.dns.is_some() || e.via.is_some() || e.name.is_some() || e.host.is_some() || e.answered_by.is_some();
+    let to = match (&e.to, e.result) {
+        (Some(to), Some(Outcome::Direct | Outcome::Relayed)) if !extra => to,
+        _ => bail!(
+            "{}: {what} checks a path: give `to` and `result = \"direct\"` or `\"relayed\"`, and no `port`, `dns`, `via`, `name`, `host` or `answered_by`",
+            file.display()
+        ),
+    };
+    for host in [&e.from, to] {
+        if !lab.host.iter().any(|h| h.name == *host && h.role == Role::Node) {
+            bail!(
+                "{}: {what} checks the path from `{}` to `{to}`, and `{host}` is not a node host (a path is read from both agents)",
+                file.display(),
+                e.from
+            );
+        }
+    }
+    Ok(())
+}
+
 /// What every step does one of, as an error names them.
-const ONE_ACTION: &str =
-    "`kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST`, `renew = NODE` and `rotate = \"signing-key\"` or `\"ca\"`";
+const ONE_ACTION: &str = "`kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST`, `renew = NODE`, `rotate = \"signing-key\"` or `\"ca\"` and `rebind = NET`";
 
 /// What the steps before the one checked left: the controllers still running, and the hosts
 /// stopped or paused.
@@ -159,6 +190,7 @@ fn check_steps(file: &Path, lab: &LabFile) -> Result<()> {
             s.resume.is_some(),
             s.renew.is_some(),
             s.rotate.is_some(),
+            s.rebind.is_some(),
         ]
         .iter()
         .filter(|&&x| x)
@@ -172,6 +204,8 @@ fn check_steps(file: &Path, lab: &LabFile) -> Result<()> {
             check_pause(file, lab, n, host, &mut taken)?;
         } else if let Some(what) = &s.rotate {
             check_rotate(file, lab, n, what)?;
+        } else if let Some(net) = &s.rebind {
+            check_rebind(file, lab, n, net)?;
         } else if let Some(host) = &s.resume {
             check_resume(file, lab, n, host, &mut taken)?;
         } else if let Some(dir) = &s.apply {
@@ -237,7 +271,23 @@ fn check_rotate(file: &Path, lab: &LabFile, n: usize, what: &str) -> Result<()> 
         );
     }
     for (j, e) in lab.step[n - 1].expect.iter().enumerate() {
-        check_expect(file, &format!("step {n} expectation {}", j + 1), e)?;
+        check_expect(file, lab, &format!("step {n} expectation {}", j + 1), e)?;
+    }
+    Ok(())
+}
+
+/// A rebind names a net with a NAT router; its expectations, if any, replace or join those in
+/// force as an apply's do.
+fn check_rebind(file: &Path, lab: &LabFile, n: usize, net: &str) -> Result<()> {
+    match lab.net(net) {
+        None => bail!("{}: step {n} rebinds net `{net}`, which is not declared", file.display()),
+        Some(x) if x.nat.is_none() => {
+            bail!("{}: step {n} rebinds net `{net}`, which has no `nat` router to forget its mappings", file.display())
+        }
+        Some(_) => {}
+    }
+    for (j, e) in lab.step[n - 1].expect.iter().enumerate() {
+        check_expect(file, lab, &format!("step {n} expectation {}", j + 1), e)?;
     }
     Ok(())
 }
@@ -249,7 +299,7 @@ fn check_resume(file: &Path, lab: &LabFile, n: usize, host: &str, taken: &mut Ta
     }
     taken.paused.retain(|p| *p != host);
     for (j, e) in lab.step[n - 1].expect.iter().enumerate() {
-        check_expect(file, &format!("step {n} expectation {}", j + 1), e)?;
+        check_expect(file, lab, &format!("step {n} expectation {}", j + 1), e)?;
     }
     Ok(())
 }
@@ -285,7 +335,7 @@ fn check_change(file: &Path, lab: &LabFile, n: usize, does: &str) -> Result<()> 
     let before = lab.expectations(n - 1);
     for (j, e) in s.expect.iter().enumerate() {
         let what = format!("step {n} expectation {}", j + 1);
-        check_expect(file, &what, e)?;
+        check_expect(file, lab, &what, e)?;
         if before.iter().any(|b| b.same_check(e) && b.outcome() == e.outcome() && b.via == e.via && b.answered_by == e.answered_by) {
             bail!("{}: {what} is already in force; a step lists what it changes", file.display());
         }
