@@ -66,7 +66,7 @@ const AT_ONCE: usize = 8;
 /// Runs every expectation of a round and returns their rows in order. Rows run up to eight at
 /// once, since a row expecting `closed` waits out its timeout and a fleet's sample has many: in
 /// waves where no two rows listen on the same host, protocol and port; an iperf3 run goes alone,
-/// so that nothing else shares the machine while it measures. `hubs` are the declaration's hubs,
+/// so that nothing else shares the machine while it measures; path rows go first, by themselves. `hubs` are the declaration's hubs,
 /// whose peer entries a path row tells apart.
 pub(crate) fn run_round(
     expects: &[Expect],
@@ -82,13 +82,18 @@ pub(crate) fn run_round(
         _ => run(i, &expects[i], lab, addrs, underlay, st),
     };
     let alone = |i: usize| expects[i].proto == Some(Proto::Throughput);
+    let path = |i: usize| expects[i].proto == Some(Proto::Path);
     let mut rows: Vec<Option<Row>> = (0..expects.len()).map(|_| None).collect();
+    // Path rows wait for the mesh to settle (a pair punching through, or coming back after a
+    // rebind): they go first, in waves of their own, so the rows after them see the settled paths.
     let mut left: Vec<usize> = (0..expects.len()).collect();
+    left.sort_by_key(|&i| !path(i));
     while !left.is_empty() {
         let mut wave: Vec<usize> = Vec::new();
         let mut listening: Vec<(&str, bool, u16)> = Vec::new();
         left.retain(|&i| {
-            let full = wave.len() >= AT_ONCE || wave.first().is_some_and(|&w| alone(w)) || (alone(i) && !wave.is_empty());
+            let full =
+                wave.len() >= AT_ONCE || wave.first().is_some_and(|&w| alone(w) || path(w) != path(i)) || (alone(i) && !wave.is_empty());
             let key = listener(&expects[i]);
             if full || key.is_some_and(|k| listening.contains(&k)) {
                 return true;
