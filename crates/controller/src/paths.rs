@@ -50,16 +50,38 @@ impl PathInputs {
     }
 }
 
+/// How long a pair that reported failed attempts ranks last for a place under the cap, even
+/// once it no longer holds one (and so no longer reports): without it, a pair that lost its place
+/// would be ranked with the waiting ones again, given one, fail, and lose it, every half minute.
+pub const FAILED_HOLD_SECS: i64 = 600;
+
+/// An unordered pair as a key: its names in order.
+pub(crate) fn pair_key(a: &str, b: &str) -> (String, String) {
+    if a < b {
+        (a.to_string(), b.to_string())
+    } else {
+        (b.to_string(), a.to_string())
+    }
+}
+
 /// Reads the stored reports as a run takes them: observations of hubs in `hubs` only, keys
-/// named by the active records that hold them.
-pub(crate) fn inputs(reports: &[(String, String, i64)], records: &[NodeRecord], hubs: &HashSet<&str>) -> PathInputs {
+/// named by the active records that hold them; pairs in `failed` until a time after `now` stand
+/// failing unless a side says they are direct.
+pub(crate) fn inputs(
+    reports: &[(String, String, i64)],
+    records: &[NodeRecord],
+    hubs: &HashSet<&str>,
+    failed: &HashMap<(String, String), i64>,
+    now: i64,
+) -> PathInputs {
     let by_key: HashMap<&str, &str> = records
         .iter()
         .filter(|r| r.state == proto::EnrolledState::Active)
         .filter_map(|r| r.wg_public_key.as_deref().map(|k| (k, r.name.as_str())))
         .collect();
     let mut observed = Observed::default();
-    let mut standing = HashMap::new();
+    let mut standing: HashMap<(String, String), Standing> =
+        failed.iter().filter(|(_, until)| **until > now).map(|(pair, _)| (pair.clone(), Standing::Failing)).collect();
     for (node, text, _) in reports {
         let Ok(report) = serde_json::from_str::<proto::PathReport>(text) else { continue };
         if hubs.contains(node.as_str()) {
@@ -76,8 +98,7 @@ pub(crate) fn inputs(reports: &[(String, String, i64)], records: &[NodeRecord], 
                 "backing-off" => Standing::Failing,
                 _ => continue,
             };
-            let pair = if *node < p.peer { (node.clone(), p.peer.clone()) } else { (p.peer.clone(), node.clone()) };
-            let e = standing.entry(pair).or_insert(s);
+            let e = standing.entry(pair_key(node, &p.peer)).or_insert(s);
             *e = (*e).min(s);
         }
     }
@@ -147,6 +168,14 @@ impl Controller {
                 r.paths.iter().filter(|p| p.state != "trying").map(|p| (p.peer.as_str(), p.state.as_str())).collect();
             format!("{:?}{states:?}", r.observed)
         };
+        let now = self.now();
+        {
+            let mut failed = self.publisher.failed_pairs.lock().expect("failed pairs");
+            failed.retain(|_, until| *until > now);
+            for p in kept.paths.iter().filter(|p| p.state == "backing-off") {
+                failed.insert(pair_key(&who.name, &p.peer), now + FAILED_HOLD_SECS);
+            }
+        }
         let before = self.publisher.path_reports.lock().expect("path reports").get(&who.name).cloned();
         if before.as_ref().is_some_and(|b| *b == kept) {
             return Ok(proto::PathAck { observed: kept.observed.len() });
@@ -230,10 +259,14 @@ mod tests {
             ("a".to_string(), report(vec![(3, "198.51.100.66:1")], vec![("b", "direct")]), 0),
             ("hub-1".to_string(), report(vec![(2, "203.0.113.2:4001"), (3, "203.0.113.3:4002")], vec![]), 0),
         ];
-        let read = inputs(&reports, &records, &HashSet::from(["hub-1"]));
+        let read = inputs(&reports, &records, &HashSet::from(["hub-1"]), &HashMap::new(), 0);
         assert_eq!(read.observed.by_hub.len(), 1, "a's word about b is not an observation");
         assert_eq!(read.observed.by_hub["hub-1"]["b"], "203.0.113.3:4002".parse().unwrap());
         assert_eq!(read.standing("a", "b"), Standing::Direct);
         assert_eq!(read.standing("a", "c"), Standing::Unknown);
+        // A pair that failed a moment ago ranks last even when no side reports it any more.
+        let failed = HashMap::from([(pair_key("c", "a"), 100)]);
+        assert_eq!(inputs(&reports, &records, &HashSet::from(["hub-1"]), &failed, 99).standing("a", "c"), Standing::Failing);
+        assert_eq!(inputs(&reports, &records, &HashSet::from(["hub-1"]), &failed, 100).standing("a", "c"), Standing::Unknown);
     }
 }

@@ -84,6 +84,10 @@ pub enum Why {
     /// Two hubs saw this node's address with different ports: its NAT maps by destination, so
     /// the port a hub saw is not the one its peer would reach.
     ByDestination { node: String, ports: Vec<u16> },
+    /// The hub saw both nodes send from one address: they sit behind one NAT, which does not
+    /// send a packet from inside back inside (hairpinning), so the endpoint the hub saw is no
+    /// way from one to the other. Their LAN endpoints, declared, connect them directly.
+    OneAddress { ip: std::net::IpAddr },
     /// The hub has `ATTEMPTS_PER_HUB` pairs trying already.
     Capped,
 }
@@ -97,6 +101,9 @@ impl std::fmt::Display for Why {
             Why::ByDestination { node, ports } => {
                 let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
                 write!(f, "{node}'s NAT maps by destination (hubs saw ports {})", ports.join(" and "))
+            }
+            Why::OneAddress { ip } => {
+                write!(f, "both reach the hub from {ip}, behind one NAT (declare their LAN endpoints to connect them directly)")
             }
             Why::Capped => write!(f, "the hub has {ATTEMPTS_PER_HUB} pairs trying already; this one waits its turn"),
         }
@@ -135,8 +142,8 @@ pub fn off(decl: &Declaration) -> HashMap<&str, Option<&str>> {
 }
 
 /// Decides, for every pair the compiled mesh relays, whether it tries a direct path and at which
-/// endpoints: both nodes take direct paths, the hub observed both, neither NAT maps by
-/// destination, and the hub has a place among its `ATTEMPTS_PER_HUB` (pairs already direct first,
+/// endpoints: both nodes take direct paths, the hub observed both, from two addresses, neither NAT
+/// maps by destination, and the hub has a place among its `ATTEMPTS_PER_HUB` (pairs already direct first,
 /// then in name order, pairs that keep failing last).
 pub fn decide(
     compiled: &Compiled,
@@ -177,6 +184,9 @@ pub fn decide(
                 if let Some(ports) = by_destination.get(n) {
                     return Err(Why::ByDestination { node: n.to_string(), ports: ports.clone() });
                 }
+            }
+            if at_a.ip() == at_b.ip() {
+                return Err(Why::OneAddress { ip: at_a.ip() });
             }
             let count = trying.entry(hub).or_default();
             if stand != Standing::Direct {

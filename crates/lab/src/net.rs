@@ -142,6 +142,22 @@ pub(crate) fn build(lab: &LabFile, st: &mut LabState) -> Result<HashMap<String, 
         let nat = masquerade.then(|| n.mapping.unwrap_or_default());
         load_router_rules(st, ri, nat, 0)?;
     }
+    // The other routers on a routed net's outside know the way in too, as the internet's do: a
+    // host behind a NAT reaches a firewalled data centre's addresses (and is stopped by its
+    // firewall unless the data centre spoke first), so a pair of them can punch through.
+    fn outside_of(n: &crate::file::Net) -> Option<&str> {
+        n.nat.as_deref().or(n.firewall.as_deref())
+    }
+    for (fi, f) in lab.net.iter().enumerate().filter(|(_, n)| n.nat.is_none()) {
+        let Some(target) = f.firewall.as_deref() else { continue };
+        for (ri, _) in lab.net.iter().enumerate().filter(|(ri, n)| *ri != fi && outside_of(n) == Some(target)) {
+            for v6 in [false, true] {
+                let (Some(prefix), Some(via)) = (f.prefix(v6), router_addr(target, fi as u32, lab, v6)) else { continue };
+                let fam = if v6 { "-6" } else { "-4" };
+                in_ns(&format!("{}-r{ri}", st.prefix), &["ip", fam, "route", "add", &prefix.to_string(), "via", &via])?;
+            }
+        }
+    }
     Ok(host_ns)
 }
 

@@ -68,7 +68,8 @@ impl Controller {
         let held = |node: &str| p.current(node).is_some();
         let (records, unrecorded) = (&read.records, &read.unrecorded[..]);
         let hubs: HashSet<&str> = decl.nodes.iter().filter(|n| n.hub).map(|n| n.name.as_str()).collect();
-        let paths = crate::paths::inputs(&read.path_reports, records, &hubs);
+        let failed = p.failed_pairs.lock().expect("failed pairs").clone();
+        let paths = crate::paths::inputs(&read.path_reports, records, &hubs, &failed, self.now());
         let inputs = Inputs {
             records,
             decl,

@@ -57,6 +57,9 @@ pub(crate) struct Publisher {
     pub(crate) path_reports: Mutex<HashMap<String, trellis_proto::PathReport>>,
     /// Every relayed pair, and whether it tries a direct path, as the last run decided.
     pub(crate) pairs: RwLock<Arc<Vec<trellis_core::paths::Pair>>>,
+    /// The pairs whose agents reported failed attempts, each until when it ranks last for a place
+    /// under the cap (`paths::FAILED_HOLD_SECS`).
+    pub(crate) failed_pairs: Mutex<HashMap<(String, String), i64>>,
 }
 
 /// The most long-polls one node holds open at once. An agent holds one (two for a moment when it
@@ -111,6 +114,7 @@ impl Default for Publisher {
             members: Default::default(),
             path_reports: Default::default(),
             pairs: Default::default(),
+            failed_pairs: Default::default(),
         }
     }
 }

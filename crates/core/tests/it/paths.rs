@@ -101,6 +101,15 @@ fn a_pair_stays_on_its_hub_and_says_why() {
     let Err(Why::ByDestination { node, ports }) = why("n-000", "n-001") else { panic!("{:?}", why("n-000", "n-001")) };
     assert_eq!((node.as_str(), ports), ("n-001", vec![seen.port(), seen.port() + 517]));
     assert!(decided.candidates.is_empty(), "{:?}", decided.candidates);
+    // Two nodes the hub saw behind one address stay on it too.
+    let mut observed = seen_all(&decl);
+    let hub = observed.by_hub.get_mut("hub-1").unwrap();
+    let one = hub["n-000"].ip();
+    hub.insert("n-001".into(), SocketAddr::new(one, 60_001));
+    let decided = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown);
+    let pair = decided.pairs.iter().find(|p| (p.a.as_str(), p.b.as_str()) == ("n-000", "n-001")).unwrap();
+    assert_eq!(pair.decision, Err(Why::OneAddress { ip: one }));
+    assert!(decided.pairs.iter().any(|p| p.a == "n-000" && p.b == "n-002" && p.decision.is_ok()));
     assert_eq!(
         Why::ByDestination { node: "b-1".into(), ports: vec![40001, 40517] }.to_string(),
         "b-1's NAT maps by destination (hubs saw ports 40001 and 40517)"
