@@ -134,6 +134,7 @@ struct Paths {
     observe: bool,
     observed: Vec<trellis_proto::ObservedEndpoint>,
     applied: Option<WgConf>,
+    interface: String,
 }
 
 /// Prompted peers awaiting their first handshake.
@@ -266,9 +267,9 @@ impl Executor {
     /// time). Returns whether a path moved, and on a hub whether the endpoints its peers send
     /// from moved: either is reported to the controller.
     pub fn tend_paths(&self) -> bool {
-        let mut wg = self.wg.lock().expect("wireguard lock");
+        let mut wg_slot = self.wg.lock().expect("wireguard lock");
         let mut paths = self.paths.lock().expect("paths lock");
-        let (Some(wg), Some(base)) = (wg.as_mut(), self.configured.as_ref()) else { return false };
+        let (Some(wg), Some(base)) = (wg_slot.as_mut(), self.configured.as_ref()) else { return false };
         if paths.book.is_empty() && !paths.observe {
             return false;
         }
@@ -288,24 +289,37 @@ impl Executor {
                 report = true;
             }
         }
-        if paths.book.step(&peers, now, wall) {
-            report = true;
-            let conf = paths.book.overlay(base);
-            if paths.applied.as_ref() != Some(&conf) {
-                let applied = std::fs::read_to_string(&self.key_path)
-                    .context("cannot read wireguard.key")
-                    .and_then(|key| wg.apply(&conf, key.trim()));
-                match applied {
-                    Ok(()) => paths.applied = Some(conf),
-                    Err(e) => {
-                        tracing::error!("changing the direct paths: {e:#}");
-                        paths.applied = None;
-                    }
+        let moved = paths.book.step(&peers, now, wall);
+        report |= moved;
+        let mut prompts = Vec::new();
+        // Applied when a path moved, and again after an apply that failed.
+        let conf = if moved || paths.applied.is_none() { Some(paths.book.overlay(base)) } else { None };
+        if let Some(conf) = conf.filter(|c| paths.applied.as_ref() != Some(c)) {
+            let applied =
+                std::fs::read_to_string(&self.key_path).context("cannot read wireguard.key").and_then(|key| wg.apply(&conf, key.trim()));
+            match applied {
+                Ok(()) => {
+                    // A backend that changes a peer by removing and adding it again (kernel,
+                    // boringtun) dropped its session: those this node dials are prompted now.
+                    prompts = crate::plan::prompts_for(&conf, &wg.take_sessions_dropped());
+                    paths.applied = Some(conf);
+                }
+                Err(e) => {
+                    tracing::error!("changing the direct paths: {e:#}");
+                    paths.applied = None;
                 }
             }
+        }
+        if moved {
             for s in paths.book.status() {
                 tracing::info!(peer = %s.peer, hub = %s.hub, endpoint = %s.endpoint, reason = s.reason.as_deref().unwrap_or(""), "path {}", s.state);
             }
+        }
+        let interface = paths.interface.clone();
+        drop(paths);
+        drop(wg_slot);
+        if !prompts.is_empty() {
+            self.prompt(&interface, &prompts);
         }
         report
     }
@@ -360,6 +374,7 @@ impl Executor {
                     let paths = self.paths.get_mut().expect("paths lock");
                     paths.book.set(direct, now, wall);
                     paths.observe = *observe;
+                    paths.interface = interface.clone();
                     paths.applied = None;
                     let with_paths = paths.book.overlay(conf);
                     wg.apply(&with_paths, private.trim())?;

@@ -34,9 +34,13 @@ pub const AFTER_STALE_MS: u64 = 5_000;
 pub fn backoff_ms(failures: u32) -> u64 {
     (30_000u64 << failures.saturating_sub(1).min(7)).min(3_600_000)
 }
-/// How often the interface is read while a pair is tried (the switch to direct happens within
-/// this of the handshake, on both ends: a ping every 20 ms loses at most one), and otherwise.
+/// How often the interface is read in the first seconds of an attempt (the switch to direct
+/// happens within this of the handshake, on both ends: a ping every 20 ms loses at most one),
+/// for the rest of it (a whole interface read a hundred times a second costs a node with
+/// thousands of peers), and otherwise.
 pub const TRYING_POLL_MS: u64 = 10;
+pub const TRYING_FAST_FOR_MS: u64 = 5_000;
+pub const TRYING_SLOW_POLL_MS: u64 = 100;
 pub const WATCH_POLL_MS: u64 = 1_000;
 
 /// Where one pair stands.
@@ -95,8 +99,10 @@ impl Book {
             let seen = by_key.get(key.as_str());
             let next = match &e.state {
                 State::Trying { since } => {
-                    // The peer was added for this attempt: any handshake it shows is this one's.
-                    if let Some(p) = seen.filter(|p| p.last_handshake.is_some_and(|t| t > 0)) {
+                    // The peer was added for this attempt; a handshake from before it (a peer a
+                    // failed apply left behind) does not count.
+                    let fresh = |t: u64| t > 0 && t as i64 >= e.wall_since - 1;
+                    if let Some(p) = seen.filter(|p| p.last_handshake.is_some_and(fresh)) {
                         e.failures = 0;
                         Some(State::Direct { since: now, rx: p.rx_bytes, heard: now })
                     } else if now.saturating_sub(*since) >= TRY_FOR_MS {
@@ -141,7 +147,8 @@ impl Book {
         self.entries
             .values()
             .map(|e| match &e.state {
-                State::Trying { .. } => TRYING_POLL_MS,
+                State::Trying { since } if now.saturating_sub(*since) < TRYING_FAST_FOR_MS => TRYING_POLL_MS,
+                State::Trying { .. } => TRYING_SLOW_POLL_MS,
                 State::Direct { .. } => WATCH_POLL_MS,
                 State::BackingOff { until, .. } => until.saturating_sub(now).max(1),
             })

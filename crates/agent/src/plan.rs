@@ -112,8 +112,6 @@ pub enum PlanError {
     ConfNotUtf8,
     #[error("{0}")]
     Conf(String),
-    #[error("{0}")]
-    Paths(String),
 }
 
 fn file<'a>(bundle: &'a Bundle, path: &str) -> Option<&'a BundleFile> {
@@ -176,11 +174,19 @@ fn network(bundle: &Bundle, observed: &Observed, scope: &Scope) -> Result<Vec<Ac
         if !to.is_empty() {
             prompt = Some(Action::PromptHandshakes { interface: settings.interface.clone(), to });
         }
+        // Direct paths are an optimisation: a paths.toml this agent cannot read (a newer
+        // controller's, say) leaves every pair on its hub, and the rest of the bundle applies.
         let direct = match file(bundle, trellis_core::plan::PATHS_TOML) {
-            Some(f) => {
-                trellis_core::paths::parse(std::str::from_utf8(&f.content).map_err(|_| PlanError::Paths("paths.toml is not UTF-8".into()))?)
-                    .map_err(PlanError::Paths)?
-            }
+            Some(f) => match std::str::from_utf8(&f.content)
+                .map_err(|_| "paths.toml is not UTF-8".to_string())
+                .and_then(trellis_core::paths::parse)
+            {
+                Ok(list) => list,
+                Err(e) => {
+                    tracing::warn!("{e}; every relayed peer stays on its hub");
+                    Vec::new()
+                }
+            },
             None => Vec::new(),
         };
         actions.push(Action::ConfigureWireguard { interface: settings.interface.clone(), conf, direct, observe: settings.hub });

@@ -13,14 +13,35 @@ use trellis_store::NodeRecord;
 
 use crate::{Controller, Error, NodeIdentity, Result};
 
-/// The report as kept: observations only from a hub, each a WireGuard key and an `IP:PORT`
-/// (others dropped), in key order; path states with their texts cut, in peer order.
-fn cleaned(r: &proto::PathReport, hub: bool) -> proto::PathReport {
+/// Whether a hub's observation may be handed to another node: an address a packet can come from
+/// across a network, not one that names the receiver itself or many hosts (unspecified, port 0,
+/// loopback, multicast, broadcast, link-local, IPv4 in IPv6).
+fn dialable(at: &SocketAddr) -> bool {
+    let ip = at.ip();
+    let v4_bad =
+        |v4: std::net::Ipv4Addr| v4.is_broadcast() || v4.is_link_local() || v4.is_unspecified() || v4.is_loopback() || v4.is_multicast();
+    at.port() != 0
+        && match ip {
+            std::net::IpAddr::V4(v4) => !v4_bad(v4),
+            std::net::IpAddr::V6(v6) => {
+                !(v6.is_unspecified()
+                    || v6.is_loopback()
+                    || v6.is_multicast()
+                    || v6.is_unicast_link_local()
+                    || v6.to_ipv4_mapped().is_some())
+            }
+        }
+}
+
+/// The report as kept: observations only from a hub, each a WireGuard key and a dialable
+/// `IP:PORT` (others dropped), in key order; path states only for `peers` (the node's current
+/// candidates: anything else is nothing it may report on), their texts cut, in peer order.
+fn cleaned(r: &proto::PathReport, hub: bool, peers: &HashSet<&str>) -> proto::PathReport {
     let cut = |s: &str| crate::certs::cut(s, MAX_PATH_TEXT);
     let mut observed: Vec<proto::ObservedEndpoint> = if hub {
         r.observed
             .iter()
-            .filter(|o| PublicKey::parse(&o.public_key).is_some() && o.endpoint.parse::<SocketAddr>().is_ok())
+            .filter(|o| PublicKey::parse(&o.public_key).is_some() && o.endpoint.parse::<SocketAddr>().is_ok_and(|at| dialable(&at)))
             .map(|o| proto::ObservedEndpoint { public_key: o.public_key.clone(), endpoint: o.endpoint.clone() })
             .collect()
     } else {
@@ -30,7 +51,7 @@ fn cleaned(r: &proto::PathReport, hub: bool) -> proto::PathReport {
     let mut paths: Vec<proto::PathState> = r
         .paths
         .iter()
-        .filter(|p| matches!(p.state.as_str(), "trying" | "direct" | "backing-off"))
+        .filter(|p| matches!(p.state.as_str(), "trying" | "direct" | "backing-off") && peers.contains(p.peer.as_str()))
         .map(|p| proto::PathState { peer: cut(&p.peer), state: p.state.clone(), since: p.since, reason: p.reason.as_deref().map(cut) })
         .collect();
     paths.sort_by(|a, b| a.peer.cmp(&b.peer));
@@ -82,6 +103,9 @@ pub(crate) fn inputs(
     let mut observed = Observed::default();
     let mut standing: HashMap<(String, String), Standing> =
         failed.iter().filter(|(_, until)| **until > now).map(|(pair, _)| (pair.clone(), Standing::Failing)).collect();
+    // Direct only when both sides say so: one side's word must not keep a pair's place (nor
+    // lift it over the other's failed attempts).
+    let mut direct_sides: HashMap<(String, String), u8> = HashMap::new();
     for (node, text, _) in reports {
         let Ok(report) = serde_json::from_str::<proto::PathReport>(text) else { continue };
         if hubs.contains(node.as_str()) {
@@ -93,13 +117,18 @@ pub(crate) fn inputs(
             }
         }
         for p in &report.paths {
-            let s = match p.state.as_str() {
-                "direct" => Standing::Direct,
-                "backing-off" => Standing::Failing,
-                _ => continue,
-            };
-            let e = standing.entry(pair_key(node, &p.peer)).or_insert(s);
-            *e = (*e).min(s);
+            match p.state.as_str() {
+                "direct" => *direct_sides.entry(pair_key(node, &p.peer)).or_default() += 1,
+                "backing-off" => {
+                    standing.insert(pair_key(node, &p.peer), Standing::Failing);
+                }
+                _ => {}
+            }
+        }
+    }
+    for (pair, sides) in direct_sides {
+        if sides >= 2 {
+            standing.entry(pair).or_insert(Standing::Direct);
         }
     }
     PathInputs { observed, standing }
@@ -160,7 +189,22 @@ impl Controller {
             Some((_, decl)) => decl.nodes.iter().any(|n| n.name == who.name && n.hub),
             None => false,
         };
-        let kept = cleaned(report, hub);
+        // The peers this node may report on: those the last run gave it as candidates.
+        let pairs = self.publisher.pairs.read().expect("pairs").clone();
+        let peers: HashSet<&str> = pairs
+            .iter()
+            .filter(|p| p.decision.is_ok())
+            .filter_map(|p| {
+                if p.a == who.name {
+                    Some(p.b.as_str())
+                } else if p.b == who.name {
+                    Some(p.a.as_str())
+                } else {
+                    None
+                }
+            })
+            .collect();
+        let kept = cleaned(report, hub, &peers);
         let text = serde_json::to_string(&kept).map_err(|e| Error::internal("writing a path report", e))?;
         // What moves a candidate: the observations, and which pairs are direct or failing.
         let moves = |r: &proto::PathReport| {
@@ -220,10 +264,25 @@ mod tests {
             ],
             paths: vec![proto::PathState { peer: "b".into(), state: "sideways".into(), since: 1, reason: None }],
         };
-        let hub = cleaned(&report, true);
+        let peers = HashSet::from(["b"]);
+        let hub = cleaned(&report, true, &peers);
         assert_eq!(hub.observed.len(), 1);
         assert!(hub.paths.is_empty(), "an unknown state is dropped");
-        assert!(cleaned(&report, false).observed.is_empty());
+        assert!(cleaned(&report, false, &peers).observed.is_empty());
+        // Only the node's candidates, and only endpoints one may dial.
+        let stray = proto::PathReport {
+            observed: ["0.0.0.0:4001", "203.0.113.2:0", "127.0.0.1:51820", "224.0.0.1:1", "169.254.1.1:1", "[::ffff:1.2.3.4]:1", "[::1]:1"]
+                .iter()
+                .map(|e| proto::ObservedEndpoint { public_key: key(2), endpoint: e.to_string() })
+                .collect(),
+            paths: ["b", "zz"]
+                .iter()
+                .map(|p| proto::PathState { peer: p.to_string(), state: "backing-off".into(), since: 1, reason: None })
+                .collect(),
+        };
+        let kept = cleaned(&stray, true, &peers);
+        assert!(kept.observed.is_empty(), "{:?}", kept.observed);
+        assert_eq!(kept.paths.iter().map(|p| p.peer.as_str()).collect::<Vec<_>>(), ["b"]);
     }
 
     /// A run reads observations by node name from hubs only, and a pair stands direct when either
@@ -255,13 +314,16 @@ mod tests {
             })
             .unwrap()
         };
-        let reports = vec![
+        let mut reports = vec![
             ("a".to_string(), report(vec![(3, "198.51.100.66:1")], vec![("b", "direct")]), 0),
             ("hub-1".to_string(), report(vec![(2, "203.0.113.2:4001"), (3, "203.0.113.3:4002")], vec![]), 0),
         ];
         let read = inputs(&reports, &records, &HashSet::from(["hub-1"]), &HashMap::new(), 0);
         assert_eq!(read.observed.by_hub.len(), 1, "a's word about b is not an observation");
         assert_eq!(read.observed.by_hub["hub-1"]["b"], "203.0.113.3:4002".parse().unwrap());
+        assert_eq!(read.standing("a", "b"), Standing::Unknown, "one side's word is not enough");
+        reports.push(("b".to_string(), report(vec![], vec![("a", "direct")]), 0));
+        let read = inputs(&reports, &records, &HashSet::from(["hub-1"]), &HashMap::new(), 0);
         assert_eq!(read.standing("a", "b"), Standing::Direct);
         assert_eq!(read.standing("a", "c"), Standing::Unknown);
         // A pair that failed a moment ago ranks last even when no side reports it any more.

@@ -47,6 +47,12 @@ pub fn report(st: &LabState, desired: &BTreeMap<String, i64>) -> Result<Vec<Stri
             get("trellis_nodes_stale"),
             get("trellis_long_polls_open")
         );
+        // Relayed pairs by path (ADR 0032), as the agents last said.
+        let (direct, trying, relayed) =
+            (get("trellis_pairs{path=\"direct\"}"), get("trellis_pairs{path=\"trying\"}"), get("trellis_pairs{path=\"relayed\"}"));
+        if direct + trying + relayed > 0.0 {
+            println!("relayed pairs of controller {}: {direct} direct, {trying} trying, {relayed} on their hub", r.host);
+        }
         if runs == 0.0 || sum <= 0.0 {
             wrong.push(format!("controller {}: no publish run timed", r.host));
         }

@@ -313,82 +313,9 @@ fn ip(args: &[&str]) -> Result<()> {
 /// for every call.
 #[cfg(test)]
 mod tests {
+    use super::super::testns::{conf, keypair, sh, state, wg_peer, Netns};
     use super::*;
-    use std::os::fd::AsRawFd;
     use trellis_testing::{can_run, Need};
-
-    struct Netns {
-        name: String,
-        file: std::fs::File,
-    }
-
-    impl Netns {
-        fn new(tag: &str) -> Netns {
-            let name = format!("tgt-{tag}-{}", std::process::id());
-            let _ = sh("ip", &["netns", "del", &name]);
-            sh("ip", &["netns", "add", &name]).unwrap();
-            let file = std::fs::File::open(format!("/run/netns/{name}")).unwrap();
-            Netns { name, file }
-        }
-
-        /// Runs `f` on this thread inside the namespace, then returns the thread to where it was.
-        fn enter<T>(&self, f: impl FnOnce() -> T) -> T {
-            let home = std::fs::File::open("/proc/thread-self/ns/net").unwrap();
-            // SAFETY: setns on descriptors this function holds open; it changes only this thread.
-            assert_eq!(unsafe { libc::setns(self.file.as_raw_fd(), libc::CLONE_NEWNET) }, 0, "setns {}", self.name);
-            let out = f();
-            assert_eq!(unsafe { libc::setns(home.as_raw_fd(), libc::CLONE_NEWNET) }, 0, "setns back");
-            out
-        }
-
-        fn run(&self, args: &[&str]) -> Result<String> {
-            let mut a = vec!["netns", "exec", &self.name];
-            a.extend_from_slice(args);
-            sh("ip", &a)
-        }
-
-        fn ping(&self, to: &str, wait_s: u32) -> bool {
-            self.run(&["ping", "-c", "1", "-W", &wait_s.to_string(), to]).is_ok()
-        }
-    }
-
-    impl Drop for Netns {
-        fn drop(&mut self) {
-            let _ = sh("ip", &["netns", "del", &self.name]);
-        }
-    }
-
-    fn sh(program: &str, args: &[&str]) -> Result<String> {
-        let out = std::process::Command::new(program).args(args).output()?;
-        if !out.status.success() {
-            bail!("{program} {}: {}{}", args.join(" "), String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-
-    fn keypair() -> (String, String) {
-        let secret = x25519_dalek::StaticSecret::random_from_rng(rand::thread_rng());
-        let public = x25519_dalek::PublicKey::from(&secret);
-        let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
-        (b64(secret.as_bytes()), b64(public.as_bytes()))
-    }
-
-    fn conf(address: &str, port: u16, peers: Vec<WgPeer>) -> WgConf {
-        WgConf { addresses: vec![address.into()], listen_port: Some(port), mtu: None, peers }
-    }
-
-    fn wg_peer(key: &str, endpoint: Option<&str>, ips: &[&str]) -> WgPeer {
-        WgPeer {
-            public_key: key.into(),
-            allowed_ips: ips.iter().map(|s| s.to_string()).collect(),
-            endpoint: endpoint.map(|e| e.parse().unwrap()),
-            keepalive: None,
-        }
-    }
-
-    fn state<'a>(peers: &'a [PeerState], key: &str) -> Option<&'a PeerState> {
-        peers.iter().find(|p| p.public_key == key)
-    }
 
     /// Peers applied to an interface made without any, a handshake that the other end dropped
     /// restarted at once, a peer changed in place (its session kept, its new allowed IPs

@@ -16,6 +16,8 @@ pub mod kernel;
 pub mod nft;
 pub mod prompts;
 pub mod select;
+#[cfg(test)]
+pub(crate) mod testns;
 pub mod traits;
 pub mod wggo;
 

@@ -82,6 +82,9 @@ pub(crate) struct Run {
     /// The `paths.toml` each node's bundle carried (ADR 0032): a node whose candidates moved is
     /// published again.
     pub(crate) paths: HashMap<String, String>,
+    /// The peers each node's `paths.toml` named: a node that may reach a revoked one directly
+    /// holds its key as much as one whose `wireguard.conf` names it (ADR 0022).
+    pub(crate) candidates: HashMap<String, Vec<String>>,
 }
 
 /// What a plan is given besides the previous run: the records it answers with (`'r`), and the
@@ -132,8 +135,10 @@ pub(crate) struct RunPlan<'r> {
     pub withdrawals: BTreeMap<String, Vec<String>>,
     /// The declaration's hubs, which the next run compares with.
     pub hubs: HashSet<String>,
-    /// Each node's `paths.toml`, for the nodes with direct candidates, and every relayed pair.
+    /// Each node's `paths.toml`, for the nodes with direct candidates, the peers each names, and
+    /// every relayed pair.
     pub paths: HashMap<String, String>,
+    pub candidates: HashMap<String, Vec<String>>,
     pub pairs: Vec<trellis_core::paths::Pair>,
 }
 
@@ -150,10 +155,22 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
     let left = {
         let now_active: HashSet<&str> = active.iter().map(|r| r.name.as_str()).collect();
         let leaving: HashSet<&str> = run.keys.iter().map(|(n, _)| n).filter(|n| !now_active.contains(n)).collect();
-        match &run.compiled {
+        let mut left = match &run.compiled {
             Some(previous) if !leaving.is_empty() => holders_in(previous, &leaving),
             _ => Default::default(),
+        };
+        // So did the nodes that may reach one directly (its key in their interface).
+        for (holder, peers) in &run.candidates {
+            for p in peers {
+                if let Some(list) = left.get_mut(p.as_str()) {
+                    if !list.contains(holder) {
+                        list.push(holder.clone());
+                        list.sort();
+                    }
+                }
+            }
         }
+        left
     };
     run.keys.replace(active.iter().filter_map(|r| r.wg_public_key.as_deref().and_then(PublicKey::parse).map(|k| (r.name.as_str(), k))));
     // A revoked node of the mesh is withdrawn for good: its names leave every zone.
@@ -193,7 +210,8 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
         .collect();
     let withdrawals = carried_before.map(|before| withdrawn(&before, &compiled)).unwrap_or_default();
     let revocations = revocation_holders(unrecorded, (&left, &run.left), &compiled, (decl, &run.keys, records))?;
-    Ok(RunPlan { compiled, active, due, left, revocations, withdrawals, hubs, paths: texts, pairs: decided.pairs })
+    let candidates = decided.candidates.iter().map(|(n, l)| (n.clone(), l.iter().map(|c| c.peer.clone()).collect())).collect();
+    Ok(RunPlan { compiled, active, due, left, revocations, withdrawals, hubs, paths: texts, candidates, pairs: decided.pairs })
 }
 
 /// The nodes due this run: their plan was rendered again, their certificate, the trust or their
@@ -288,13 +306,15 @@ mod tests {
         records: Vec<NodeRecord>,
         unrecorded: Vec<String>,
         trust: String,
+        paths: crate::paths::PathInputs,
     }
 
     impl World {
         fn new(lab: &str, revision: i64) -> World {
             let decl = declaration(lab);
             let records = decl.nodes.iter().enumerate().map(|(i, n)| record(&n.name, i as u8 + 1, EnrolledState::Active)).collect();
-            World { decl, revision, records, unrecorded: Vec::new(), trust: "controllers = []\n".into() }
+            let paths = crate::paths::PathInputs { observed: Default::default(), standing: Default::default() };
+            World { decl, revision, records, unrecorded: Vec::new(), trust: "controllers = []\n".into(), paths }
         }
 
         /// The plan of this world after `run`, with the bundles `held` in the table.
@@ -302,7 +322,7 @@ mod tests {
             let declared: HashMap<&str, Option<&str>> = self.decl.nodes.iter().map(|n| (n.name.as_str(), n.pool.as_deref())).collect();
             let shared = Shared::new("the mesh CA\n", &self.trust);
             let held = |n: &str| held.contains(n);
-            let paths = crate::paths::PathInputs { observed: Default::default(), standing: Default::default() };
+            let paths = &self.paths;
             let inputs = Inputs {
                 records: &self.records,
                 decl: &self.decl,
@@ -313,7 +333,7 @@ mod tests {
                 trust: &self.trust,
                 shared: &shared,
                 held: &held,
-                paths: &paths,
+                paths,
             };
             plan(inputs, run).expect("a plan")
         }
@@ -334,6 +354,7 @@ mod tests {
         run.hubs = plan.hubs;
         run.left = plan.left;
         run.paths = plan.paths;
+        run.candidates = plan.candidates;
         run.contents.keep_only(&plan.compiled);
         run.lagging.clear();
         run.compiled = Some(plan.compiled);
@@ -385,6 +406,39 @@ mod tests {
         let full: HashMap<String, String> = full.due.iter().map(|d| (d.record.name.clone(), d.digest.clone())).collect();
         assert_eq!(incremental, full, "every node's bundle, incrementally and in full");
         assert!(!full.contains_key("desk-1"));
+    }
+
+    /// A node that may reach another directly holds its key: when that one is revoked, it is
+    /// among the holders that must apply a bundle without it (ADR 0022, 0032), beside the hub
+    /// whose `wireguard.conf` named it; and the paths.toml that named it is published again.
+    #[test]
+    fn a_direct_candidate_holds_the_key_of_a_revoked_peer() {
+        let (mut run, mut held) = (Run::default(), HashSet::new());
+        let mut world = World::new("cgnat", 1);
+        world.paths.observed.by_hub.insert(
+            "hub-1".into(),
+            HashMap::from([
+                ("a-1".to_string(), "203.0.113.1:4001".parse().unwrap()),
+                ("b-1".to_string(), "203.0.113.2:4002".parse().unwrap()),
+            ]),
+        );
+        let first = world.plan(&mut run, Allocation::default(), &held);
+        let a_paths =
+            first.due.iter().find(|d| d.record.name == "a-1").and_then(|d| d.files.iter().find(|f| f.path == "etc/trellis/paths.toml"));
+        assert!(a_paths.is_some_and(|f| f.content.to_string().contains("203.0.113.2:4002")), "a-1 may reach b-1 directly");
+        carry_out(&world, &mut run, first, &mut held);
+        for r in &mut world.records {
+            if r.name == "b-1" {
+                r.state = EnrolledState::Revoked;
+            }
+        }
+        world.unrecorded = vec!["b-1".into()];
+        let plan = world.plan(&mut run, Allocation::default(), &held);
+        let (node, holders) = &plan.revocations[0];
+        assert_eq!(node, "b-1");
+        assert_eq!(holders.iter().map(|(h, _)| h.as_str()).collect::<Vec<_>>(), ["a-1", "hub-1"]);
+        let a = plan.due.iter().find(|d| d.record.name == "a-1").expect("a-1's bundle changes");
+        assert!(a.files.iter().all(|f| f.path != "etc/trellis/paths.toml"), "no candidate left");
     }
 
     /// A new `trust.toml` puts every node's bundle due, and it carries the new file.

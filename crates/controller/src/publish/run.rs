@@ -231,6 +231,7 @@ fn swap(p: &Publisher, run: &mut Run, sealed: Vec<Sealed>, active: &[&NodeRecord
 fn keep(p: &Publisher, run: &mut Run, plan: RunPlan) {
     *p.pairs.write().expect("pairs") = Arc::new(plan.pairs);
     run.paths = plan.paths;
+    run.candidates = plan.candidates;
     run.hubs = plan.hubs;
     run.left = plan.left;
     run.contents.keep_only(&plan.compiled);

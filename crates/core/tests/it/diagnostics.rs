@@ -33,7 +33,7 @@ fn unknown_keys_are_named_with_the_keys_allowed_there() {
         &[("pg.toml", "[module]\nname = \"pg\"\n[[allow]]\nproto = \"tcp\"\nports = [\"5432\"]\nfrom = [\"node:a\"]\nscope = \"lan\"\n")],
         &[
             "mesh.toml:5:1: error: unknown key `colour` in [mesh]; allowed keys: name, domain, overlay_ipv4, overlay_ipv6, port, interface, mtu, service_cert_lifetime, min_agent_version",
-            "mesh.toml:8:1: error: unknown key `scope` in [[node]]; allowed keys: name, hub, networks, groups, modules, address_ipv4, address_ipv6, endpoint, public_key, exit",
+            "mesh.toml:8:1: error: unknown key `scope` in [[node]]; allowed keys: name, hub, networks, groups, modules, address_ipv4, address_ipv6, endpoint, public_key, exit, direct",
             "modules/pg.toml:7:1: error: unknown key `scope` in [[allow]]; allowed keys: proto, ports, from",
         ],
     );
