@@ -442,11 +442,18 @@ fn lab_fleet() {
         stdout.contains("step 1: apply of lab/fleet-open through controller -> every node it changed applied it: 17 of 60 nodes, "),
         "{stdout}"
     );
-    // The hub and the ten application servers held db-1's key; the sites reach it through the hub.
+    // The hub and the ten application servers held db-1's key in their wireguard.conf, and the
+    // 48 desks reached it directly through the hub (ADR 0032): they held it in paths.toml.
     assert!(
-        stdout.contains("step 2: node db-1 revoked -> revoked, every node that held its key (11 peer(s)) applied a bundle without it: "),
+        stdout.contains("step 2: node db-1 revoked -> revoked, every node that held its key (59 peer(s)) applied a bundle without it: "),
         "{stdout}"
     );
-    assert!(stdout.contains("step 2: node db-1's key is in the wireguard.conf of no running agent (60 read)"), "{stdout}");
+    assert!(stdout.contains("step 2: node db-1's key is in the wireguard.conf or paths.toml of no running agent (60 read)"), "{stdout}");
     assert_eq!(stdout.lines().filter(|l| l.starts_with("FROM ")).count(), 3, "{stdout}");
+    // The sites' 48 desks reach the database directly (or are about to); the 360 pairs of desks
+    // behind one site's NAT stay on the hub (ADR 0032).
+    let pairs =
+        stdout.lines().find_map(|l| l.strip_prefix("relayed pairs of controller controller: ")).unwrap_or_else(|| panic!("{stdout}"));
+    let counts: Vec<f64> = pairs.split(", ").filter_map(|p| p.split(' ').next()?.parse().ok()).collect();
+    assert_eq!((counts.len(), counts[0] + counts[1], counts[2]), (3, 48.0, 360.0), "{pairs}");
 }

@@ -75,11 +75,11 @@ fn revoke_step(lab: &LabFile, st: &LabState, i: usize, node: &str) -> Result<()>
     let holding = timing::key_holders(st, &key)?;
     let running: Vec<&str> = holding.iter().copied().filter(|h| !st.paused.iter().any(|p| p == h)).collect();
     if !running.is_empty() {
-        bail!("step {}: node {node} is revoked, but the wireguard.conf of {} still holds its key", i + 1, running.join(", "));
+        bail!("step {}: node {node} is revoked, but the wireguard.conf or paths.toml of {} still holds its key", i + 1, running.join(", "));
     }
     let paused = if holding.is_empty() { String::new() } else { format!("; paused, {} still hold(s) it", holding.join(", ")) };
     println!(
-        "step {}: node {node}'s key is in the wireguard.conf of no running agent ({} read){paused}",
+        "step {}: node {node}'s key is in the wireguard.conf or paths.toml of no running agent ({} read){paused}",
         i + 1,
         st.agents.len() - st.paused.len()
     );

@@ -260,7 +260,13 @@ pub(crate) fn key_holders<'a>(st: &'a LabState, key: &str) -> Result<Vec<&'a str
         let conf = st.dir.join(format!("root-{a}/{}", trellis_core::compile::WIREGUARD_CONF));
         let Ok(text) = std::fs::read_to_string(&conf) else { continue };
         let wg = trellis_core::wgconf::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", conf.display()))?;
-        if wg.peers.iter().any(|p| p.public_key == key) {
+        // A direct candidate (ADR 0032) is a peer of the interface too.
+        let paths = st.dir.join(format!("root-{a}/{}", trellis_core::plan::PATHS_TOML));
+        let direct = match std::fs::read_to_string(&paths) {
+            Ok(text) => trellis_core::paths::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", paths.display()))?,
+            Err(_) => Vec::new(),
+        };
+        if wg.peers.iter().any(|p| p.public_key == key) || direct.iter().any(|c| c.public_key.to_string() == key) {
             holding.push(a.as_str());
         }
     }
