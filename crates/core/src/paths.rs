@@ -120,6 +120,13 @@ pub struct Pair {
     pub decision: Result<(SocketAddr, SocketAddr), Why>,
 }
 
+impl Decided {
+    /// The endpoints of each pair that tries or is direct, for the next run's `last`.
+    pub fn endpoints(&self) -> HashMap<(String, String), (SocketAddr, SocketAddr)> {
+        self.pairs.iter().filter_map(|p| Some(((p.a.clone(), p.b.clone()), p.decision.clone().ok()?))).collect()
+    }
+}
+
 /// What `decide` gives: each node's candidates (in peer name order) and every relayed pair.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Decided {
@@ -145,12 +152,18 @@ pub fn off(decl: &Declaration) -> HashMap<&str, Option<&str>> {
 /// endpoints: both nodes take direct paths, the hub observed both, from two addresses, neither NAT
 /// maps by destination, and the hub has a place among its `ATTEMPTS_PER_HUB` (pairs already direct first,
 /// then in name order, pairs that keep failing last).
+///
+/// A pair both of whose sides say it is direct keeps the endpoints `last` gives it (the run
+/// before's) when its hub no longer sees a side (the hub restarted, a node went quiet towards
+/// it): it does not need the hub, and withdrawing it would reach its two sides at different
+/// moments, each dropping what the other still sends directly.
 pub fn decide(
     compiled: &Compiled,
     keys: &Keys,
     decl: &Declaration,
     observed: &Observed,
     standing: &dyn Fn(&str, &str) -> Standing,
+    last: &HashMap<(String, String), (SocketAddr, SocketAddr)>,
 ) -> Decided {
     let off = off(decl);
     let by_destination = observed.by_destination();
@@ -176,7 +189,11 @@ pub fn decide(
                     return Err(Why::Off { node: n.to_string(), network: network.map(str::to_string) });
                 }
             }
+            let kept = || last.get(&(a.to_string(), b.to_string())).filter(|_| stand == Standing::Direct);
             let (Some(at_a), Some(at_b)) = (seen.get(a), seen.get(b)) else {
+                if let Some(&(at_a, at_b)) = kept() {
+                    return Ok((at_a, at_b));
+                }
                 let node = if seen.contains_key(a) { b } else { a };
                 return Err(Why::NotSeen { node: node.to_string() });
             };

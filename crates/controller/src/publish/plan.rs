@@ -85,6 +85,9 @@ pub(crate) struct Run {
     /// The peers each node's `paths.toml` named: a node that may reach a revoked one directly
     /// holds its key as much as one whose `wireguard.conf` names it (ADR 0022).
     pub(crate) candidates: HashMap<String, Vec<String>>,
+    /// The endpoints each pair that tried or was direct had: a direct pair keeps them when its
+    /// hub loses sight of a side.
+    pub(crate) endpoints: HashMap<(String, String), (std::net::SocketAddr, std::net::SocketAddr)>,
 }
 
 /// What a plan is given besides the previous run: the records it answers with (`'r`), and the
@@ -139,6 +142,7 @@ pub(crate) struct RunPlan<'r> {
     /// every relayed pair.
     pub paths: HashMap<String, String>,
     pub candidates: HashMap<String, Vec<String>>,
+    pub endpoints: HashMap<(String, String), (std::net::SocketAddr, std::net::SocketAddr)>,
     pub pairs: Vec<trellis_core::paths::Pair>,
 }
 
@@ -193,7 +197,7 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
     };
     let compiled = trellis_core::compile(decl, &run.keys, &allocation, previous).map_err(|d| Error::internal("compiling", d))?;
     // Direct paths: each relayed pair's candidates, from what its hub observed (ADR 0032).
-    let decided = trellis_core::paths::decide(&compiled, &run.keys, decl, &paths.observed, &|a, b| paths.standing(a, b));
+    let decided = trellis_core::paths::decide(&compiled, &run.keys, decl, &paths.observed, &|a, b| paths.standing(a, b), &run.endpoints);
     let texts: HashMap<String, String> =
         decided.candidates.iter().map(|(node, list)| (node.clone(), trellis_core::paths::write(node, list))).collect();
     let due = due(run, &active, &compiled, run.trust != trust, held, &texts);
@@ -211,7 +215,8 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
     let withdrawals = carried_before.map(|before| withdrawn(&before, &compiled)).unwrap_or_default();
     let revocations = revocation_holders(unrecorded, (&left, &run.left), &compiled, (decl, &run.keys, records))?;
     let candidates = decided.candidates.iter().map(|(n, l)| (n.clone(), l.iter().map(|c| c.peer.clone()).collect())).collect();
-    Ok(RunPlan { compiled, active, due, left, revocations, withdrawals, hubs, paths: texts, candidates, pairs: decided.pairs })
+    let endpoints = decided.endpoints();
+    Ok(RunPlan { compiled, active, due, left, revocations, withdrawals, hubs, paths: texts, candidates, endpoints, pairs: decided.pairs })
 }
 
 /// The nodes due this run: their plan was rendered again, their certificate, the trust or their
@@ -355,6 +360,7 @@ mod tests {
         run.left = plan.left;
         run.paths = plan.paths;
         run.candidates = plan.candidates;
+        run.endpoints = plan.endpoints;
         run.contents.keep_only(&plan.compiled);
         run.lagging.clear();
         run.compiled = Some(plan.compiled);

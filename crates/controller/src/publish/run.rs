@@ -232,6 +232,7 @@ fn keep(p: &Publisher, run: &mut Run, plan: RunPlan) {
     *p.pairs.write().expect("pairs") = Arc::new(plan.pairs);
     run.paths = plan.paths;
     run.candidates = plan.candidates;
+    run.endpoints = plan.endpoints;
     run.hubs = plan.hubs;
     run.left = plan.left;
     run.contents.keep_only(&plan.compiled);

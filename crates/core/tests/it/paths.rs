@@ -63,7 +63,7 @@ fn each_side_gets_the_endpoint_the_hub_saw_for_the_other() {
     let decl = mesh(2, "");
     let keys = keys(&decl);
     let compiled = compile(&decl, &keys);
-    let decided = paths::decide(&compiled, &keys, &decl, &seen_all(&decl), &|_, _| Standing::Unknown);
+    let decided = paths::decide(&compiled, &keys, &decl, &seen_all(&decl), &|_, _| Standing::Unknown, &HashMap::new());
     assert_eq!(decided.pairs.len(), 1, "{:?}", decided.pairs);
     assert_eq!(decided.pairs[0].decision, Ok((at("203.0.113.1:4000"), at("203.0.113.2:4001"))));
     let a = &decided.candidates["n-000"];
@@ -93,7 +93,7 @@ fn a_pair_stays_on_its_hub_and_says_why() {
     // A second hub saw n-001 at another port of the same address.
     let seen = observed.by_hub["hub-1"]["n-001"];
     observed.by_hub.insert("hub-2".into(), HashMap::from([("n-001".to_string(), SocketAddr::new(seen.ip(), seen.port() + 517))]));
-    let decided = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown);
+    let decided = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &HashMap::new());
     let why = |a: &str, b: &str| decided.pairs.iter().find(|p| p.a == a && p.b == b).map(|p| p.decision.clone()).expect("a relayed pair");
     assert_eq!(why("n-000", "off-1"), Err(Why::Off { node: "off-1".into(), network: None }));
     assert_eq!(why("n-000", "phone-1"), Err(Why::Off { node: "phone-1".into(), network: Some("metered".into()) }));
@@ -106,7 +106,7 @@ fn a_pair_stays_on_its_hub_and_says_why() {
     let hub = observed.by_hub.get_mut("hub-1").unwrap();
     let one = hub["n-000"].ip();
     hub.insert("n-001".into(), SocketAddr::new(one, 60_001));
-    let decided = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown);
+    let decided = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &HashMap::new());
     let pair = decided.pairs.iter().find(|p| (p.a.as_str(), p.b.as_str()) == ("n-000", "n-001")).unwrap();
     assert_eq!(pair.decision, Err(Why::OneAddress { ip: one }));
     assert!(decided.pairs.iter().any(|p| p.a == "n-000" && p.b == "n-002" && p.decision.is_ok()));
@@ -124,7 +124,7 @@ fn attempts_per_hub_are_capped() {
     let keys = keys(&decl);
     let compiled = compile(&decl, &keys);
     let observed = seen_all(&decl);
-    let all = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown);
+    let all = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &HashMap::new());
     assert_eq!(all.pairs.len(), 24 * 23 / 2);
     let trying = |d: &paths::Decided| d.pairs.iter().filter(|p| p.decision.is_ok()).count();
     assert_eq!(trying(&all), ATTEMPTS_PER_HUB);
@@ -139,7 +139,7 @@ fn attempts_per_hub_are_capped() {
         _ if (a, b) == (first.a.as_str(), first.b.as_str()) => Standing::Failing,
         _ => Standing::Unknown,
     };
-    let again = paths::decide(&compiled, &keys, &decl, &observed, &standing);
+    let again = paths::decide(&compiled, &keys, &decl, &observed, &standing, &HashMap::new());
     let of = |a: &str, b: &str| again.pairs.iter().find(|p| p.a == a && p.b == b).unwrap().decision.clone();
     assert!(of(&last.a, &last.b).is_ok());
     assert_eq!(of(&first.a, &first.b), Err(Why::Capped));
@@ -165,6 +165,24 @@ fn a_paths_file_with_anything_else_is_refused() {
     }
 }
 
+/// A pair both sides say is direct keeps its endpoints when the hub stops seeing a side; one
+/// that is only trying loses them.
+#[test]
+fn a_direct_pair_outlives_its_hub_losing_sight_of_a_side() {
+    let decl = mesh(2, "");
+    let keys = keys(&decl);
+    let compiled = compile(&decl, &keys);
+    let first = paths::decide(&compiled, &keys, &decl, &seen_all(&decl), &|_, _| Standing::Unknown, &HashMap::new());
+    let last = first.endpoints();
+    let mut observed = seen_all(&decl);
+    observed.by_hub.get_mut("hub-1").unwrap().remove("n-001");
+    let direct = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Direct, &last);
+    assert_eq!(direct.pairs[0].decision, first.pairs[0].decision);
+    assert_eq!(direct.candidates, first.candidates);
+    let trying = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &last);
+    assert_eq!(trying.pairs[0].decision, Err(Why::NotSeen { node: "n-001".into() }));
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
@@ -179,7 +197,7 @@ proptest! {
         let compiled = compile(&decl, &keys);
         let mut observed = seen_all(&decl);
         observed.by_hub.get_mut("hub-1").unwrap().retain(|node, _| seen[node[2..].parse::<usize>().unwrap()]);
-        let decided = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown);
+        let decided = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &HashMap::new());
         let hub = &observed.by_hub["hub-1"];
         for p in &decided.pairs {
             let both = hub.contains_key(&p.a) && hub.contains_key(&p.b);
