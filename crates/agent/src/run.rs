@@ -501,6 +501,118 @@ impl Agent {
         self.run_loop().instrument(span).await
     }
 
+    /// A certificate renewal when one is due (under the next CA during a CA rotation); a new
+    /// certificate makes a new client.
+    async fn renew_certificate(&mut self) {
+        // During a CA rotation the certificate is renewed under the next CA at once.
+        let onto_next_ca = identity::needs_next_ca_certificate(&self.opts.state_dir);
+        match identity::renew_if_due(&self.opts.state_dir, &self.client, onto_next_ca).await {
+            // Only a new certificate needs a new client; otherwise the connection is reused.
+            Ok(true) => match identity::node_client(&self.opts.state_dir, &self.id) {
+                Ok(c) => self.client = c,
+                Err(e) => tracing::error!("loading the renewed certificate: {e:#}"),
+            },
+            Ok(false) => {}
+            Err(e) => tracing::warn!("certificate renewal: {e:#}"),
+        }
+    }
+
+    /// The long-poll, and meanwhile the status refreshed every ten seconds (so `trellis-agent
+    /// status` shows live peers and handshakes), prompted peers followed up, direct paths tended
+    /// (ADR 0032) and the ingress tended. `None` when the poll was cut short: a service
+    /// certificate due, a path or the ingress to report now (the poll only reads, so dropping it
+    /// loses nothing).
+    async fn wait_for_answer(&self, certs_due: Option<i64>) -> Option<Polled> {
+        let certs_wake = tokio::time::sleep(Duration::from_secs(certs_due.map_or(0, |at| (at - unix_now()).max(0) as u64)));
+        tokio::pin!(certs_wake);
+        {
+            // While the long-poll waits, the status file is refreshed every ten seconds so
+            // that `trellis-agent status` shows live peers and handshakes, and peers prompted
+            // without a handshake yet are followed up (`Executor::follow_up`).
+            let poll = self.poll();
+            tokio::pin!(poll);
+            let mut tick = tokio::time::interval(Duration::from_secs(10));
+            tick.tick().await;
+            loop {
+                let follow_up = self.installer.executor().next_follow_up();
+                let due = tokio::time::sleep_until(follow_up.unwrap_or_else(std::time::Instant::now).into());
+                let paths_check = self.installer.executor().next_path_check();
+                let paths_due = tokio::time::sleep_until(paths_check.unwrap_or_else(std::time::Instant::now).into());
+                tokio::select! {
+                    p = &mut poll => break Some(p),
+                    // A direct path moved (or a hub's peers' endpoints): shown and reported
+                    // now, not when the poll returns (ADR 0032).
+                    _ = paths_due, if paths_check.is_some() => {
+                        if self.installer.executor().tend_paths() {
+                            self.snapshot();
+                            break None;
+                        }
+                    }
+                    _ = &mut certs_wake, if certs_due.is_some() => break None,
+                    _ = tick.tick() => {
+                        // A ruleset flushed behind the agent's back (a restart of Debian's
+                        // nftables) is back within a tick, not at the next bundle.
+                        self.installer.executor().reconcile();
+                        self.tend_ingress();
+                        self.snapshot();
+                        // A router or certificate changed: reported now, not when the poll returns.
+                        if self.ingress_changed() {
+                            break None;
+                        }
+                    }
+                    _ = due, if follow_up.is_some() => { self.installer.executor().follow_up(); }
+                }
+            }
+        }
+    }
+
+    /// What the controller answered, taken: a bundle verified and applied (whether it was a
+    /// redelivery of what is held, or refused: then the rest of the poll is waited out), contact
+    /// and freshness noted, failures counted for the backoff.
+    async fn take_answer(&mut self, polled: Polled, failures: &mut u32, applies: &mut u64) -> Result<bool> {
+        let mut redelivered = false;
+        if polled.answered {
+            self.status.last_contact = Some(unix_now());
+        }
+        if let Some(at) = polled.fresh_at {
+            self.status.fresh_at = Some(self.status.fresh_at.map_or(at, |f| f.max(at)));
+        }
+        if let Some(skew) = polled.skew {
+            tracing::warn!("{skew}");
+            self.status.last_error = Some(skew);
+        }
+        match polled.body {
+            Ok(Some(bytes)) => {
+                *failures = 0;
+                match self.verify(&bytes) {
+                    Ok((v, _)) if v.redelivery => redelivered = true,
+                    Ok((v, by_next)) => {
+                        if let Some(ev) = self.apply(&bytes, v.bundle, false, by_next).await {
+                            let dropped = self.evidence.push(ev)?;
+                            self.status.dropped_evidence += dropped;
+                            *applies += 1;
+                        }
+                    }
+                    Err(e) => {
+                        // Refused before anything was written: the previous files stay.
+                        // Asked again at once, the controller would answer the same
+                        // bundle at once (a witness it does not believe, say): the rest
+                        // of the poll is waited out, as for a redelivery.
+                        tracing::error!("refused a bundle: {e}");
+                        self.status.last_error = Some(format!("refused a bundle: {e}"));
+                        redelivered = true;
+                    }
+                }
+            }
+            Ok(None) => *failures = 0,
+            Err(e) => {
+                *failures += 1;
+                self.status.last_error = Some(format!("{e:#}"));
+            }
+        }
+        Ok(redelivered)
+    }
+
     async fn run_loop(mut self) -> Result<()> {
         // Aborted when the loop returns.
         let _metrics = match &self.opts.metrics_listen {
@@ -522,17 +634,7 @@ impl Agent {
         let mut reassure = true;
         let mut applies = 0u64;
         loop {
-            // During a CA rotation the certificate is renewed under the next CA at once.
-            let onto_next_ca = identity::needs_next_ca_certificate(&self.opts.state_dir);
-            match identity::renew_if_due(&self.opts.state_dir, &self.client, onto_next_ca).await {
-                // Only a new certificate needs a new client; otherwise the connection is reused.
-                Ok(true) => match identity::node_client(&self.opts.state_dir, &self.id) {
-                    Ok(c) => self.client = c,
-                    Err(e) => tracing::error!("loading the renewed certificate: {e:#}"),
-                },
-                Ok(false) => {}
-                Err(e) => tracing::warn!("certificate renewal: {e:#}"),
-            }
+            self.renew_certificate().await;
             // Evidence waiting from before (an outage, a restart) goes out before the next long
             // poll, which may hold the connection for most of a minute.
             let _ = self.flush_evidence().await;
@@ -544,89 +646,11 @@ impl Agent {
             // so dropping it loses nothing): a short-lived certificate is renewed at its time,
             // not up to a minute late, when the poll would have returned.
             let certs_due = (self.installer.manifest().version > 0).then(|| self.certs.next_due());
-            let certs_wake = tokio::time::sleep(Duration::from_secs(certs_due.map_or(0, |at| (at - unix_now()).max(0) as u64)));
-            tokio::pin!(certs_wake);
             let asked = std::time::Instant::now();
             let mut redelivered = false;
-            let polled = {
-                // While the long-poll waits, the status file is refreshed every ten seconds so
-                // that `trellis-agent status` shows live peers and handshakes, and peers prompted
-                // without a handshake yet are followed up (`Executor::follow_up`).
-                let poll = self.poll();
-                tokio::pin!(poll);
-                let mut tick = tokio::time::interval(Duration::from_secs(10));
-                tick.tick().await;
-                loop {
-                    let follow_up = self.installer.executor().next_follow_up();
-                    let due = tokio::time::sleep_until(follow_up.unwrap_or_else(std::time::Instant::now).into());
-                    let paths_check = self.installer.executor().next_path_check();
-                    let paths_due = tokio::time::sleep_until(paths_check.unwrap_or_else(std::time::Instant::now).into());
-                    tokio::select! {
-                        p = &mut poll => break Some(p),
-                        // A direct path moved (or a hub's peers' endpoints): shown and reported
-                        // now, not when the poll returns (ADR 0032).
-                        _ = paths_due, if paths_check.is_some() => {
-                            if self.installer.executor().tend_paths() {
-                                self.snapshot();
-                                break None;
-                            }
-                        }
-                        _ = &mut certs_wake, if certs_due.is_some() => break None,
-                        _ = tick.tick() => {
-                            // A ruleset flushed behind the agent's back (a restart of Debian's
-                            // nftables) is back within a tick, not at the next bundle.
-                            self.installer.executor().reconcile();
-                            self.tend_ingress();
-                            self.snapshot();
-                            // A router or certificate changed: reported now, not when the poll returns.
-                            if self.ingress_changed() {
-                                break None;
-                            }
-                        }
-                        _ = due, if follow_up.is_some() => { self.installer.executor().follow_up(); }
-                    }
-                }
-            };
+            let polled = self.wait_for_answer(certs_due).await;
             if let Some(polled) = polled {
-                if polled.answered {
-                    self.status.last_contact = Some(unix_now());
-                }
-                if let Some(at) = polled.fresh_at {
-                    self.status.fresh_at = Some(self.status.fresh_at.map_or(at, |f| f.max(at)));
-                }
-                if let Some(skew) = polled.skew {
-                    tracing::warn!("{skew}");
-                    self.status.last_error = Some(skew);
-                }
-                match polled.body {
-                    Ok(Some(bytes)) => {
-                        failures = 0;
-                        match self.verify(&bytes) {
-                            Ok((v, _)) if v.redelivery => redelivered = true,
-                            Ok((v, by_next)) => {
-                                if let Some(ev) = self.apply(&bytes, v.bundle, false, by_next).await {
-                                    let dropped = self.evidence.push(ev)?;
-                                    self.status.dropped_evidence += dropped;
-                                    applies += 1;
-                                }
-                            }
-                            Err(e) => {
-                                // Refused before anything was written: the previous files stay.
-                                // Asked again at once, the controller would answer the same
-                                // bundle at once (a witness it does not believe, say): the rest
-                                // of the poll is waited out, as for a redelivery.
-                                tracing::error!("refused a bundle: {e}");
-                                self.status.last_error = Some(format!("refused a bundle: {e}"));
-                                redelivered = true;
-                            }
-                        }
-                    }
-                    Ok(None) => failures = 0,
-                    Err(e) => {
-                        failures += 1;
-                        self.status.last_error = Some(format!("{e:#}"));
-                    }
-                }
+                redelivered = self.take_answer(polled, &mut failures, &mut applies).await?;
             }
             // Service certificates: at once after a new bundle (a module may have come or gone),
             // else when one is due or the list is to be asked for again.

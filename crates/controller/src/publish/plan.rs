@@ -90,6 +90,23 @@ pub(crate) struct Run {
     pub(crate) endpoints: HashMap<(String, String), (std::net::SocketAddr, std::net::SocketAddr)>,
 }
 
+impl Run {
+    /// Keeps what the next run compares with: the compiled output, who left, the hubs, the
+    /// contents still compiled, the direct candidates and their endpoints; nothing lags behind
+    /// another replica any more. Returns the plan's relayed pairs, for status.
+    pub(crate) fn keep(&mut self, plan: RunPlan) -> Vec<trellis_core::paths::Pair> {
+        self.paths = plan.paths;
+        self.candidates = plan.candidates;
+        self.endpoints = plan.endpoints;
+        self.hubs = plan.hubs;
+        self.left = plan.left;
+        self.contents.keep_only(&plan.compiled);
+        self.lagging.clear();
+        self.compiled = Some(plan.compiled);
+        plan.pairs
+    }
+}
+
 /// What a plan is given besides the previous run: the records it answers with (`'r`), and the
 /// rest, read only while it plans.
 pub(crate) struct Inputs<'r, 'a> {
@@ -356,14 +373,7 @@ mod tests {
         held.retain(|n| live.contains(n.as_str()));
         run.revision = Some(world.revision);
         run.trust = world.trust.clone();
-        run.hubs = plan.hubs;
-        run.left = plan.left;
-        run.paths = plan.paths;
-        run.candidates = plan.candidates;
-        run.endpoints = plan.endpoints;
-        run.contents.keep_only(&plan.compiled);
-        run.lagging.clear();
-        run.compiled = Some(plan.compiled);
+        run.keep(plan);
         run.published.iter().map(|(n, (d, _))| (n.clone(), d.clone())).collect()
     }
 

@@ -87,7 +87,7 @@ impl Controller {
         let sealed = seal(p, due, &versions, &trust, &decl.mesh.name);
         let published = swap(p, &mut run, sealed, &plan.active);
         self.follow(&plan, &versions, &stale, &trust, &published).await?;
-        keep(p, &mut run, plan);
+        *p.pairs.write().expect("pairs") = Arc::new(run.keep(plan));
         run.revision = Some(*revision);
         run.trust = trust.text;
         p.finish(&mut run, head, upto);
@@ -224,18 +224,4 @@ fn swap(p: &Publisher, run: &mut Run, sealed: Vec<Sealed>, active: &[&NodeRecord
     t.retain(|n, _| live.contains(n.as_str()));
     run.published.retain(|n, _| live.contains(n.as_str()));
     published
-}
-
-/// Keeps what the next run compares with: the compiled output, who left, the hubs, the contents
-/// still compiled; nothing lags behind another replica any more.
-fn keep(p: &Publisher, run: &mut Run, plan: RunPlan) {
-    *p.pairs.write().expect("pairs") = Arc::new(plan.pairs);
-    run.paths = plan.paths;
-    run.candidates = plan.candidates;
-    run.endpoints = plan.endpoints;
-    run.hubs = plan.hubs;
-    run.left = plan.left;
-    run.contents.keep_only(&plan.compiled);
-    run.lagging.clear();
-    run.compiled = Some(plan.compiled);
 }
