@@ -1,21 +1,46 @@
-//! Bundle deltas, as the agent reads them from the network (`trellis_core::delta`). Any bytes
-//! applied to a held bundle are refused or rebuild exactly the bytes the delta names (never over
-//! the bundle bound); and a delta made between two inputs rebuilds the second from the first.
+//! Bundle deltas, as the agent reads them from the network (`trellis_core::delta`, ADR 0033).
+//! A delta made between two inputs (the held file and the next one, each the content of a
+//! bundle's `wireguard.conf`) builds exactly the next bundle; the same delta with its ops
+//! replaced by any bytes is refused or builds exactly that bundle (the signed head binds every
+//! file); and edits of any bytes never build more than the length they are given.
 #![no_main]
 
+use ed25519_dalek::SigningKey;
 use libfuzzer_sys::fuzz_target;
-use sha2::{Digest, Sha256};
+use trellis_core::bundle::{verify_delta, Applied, Bundle, BundleFile};
 use trellis_core::delta;
 
+fn bundle(version: u64, conf: &[u8]) -> Bundle {
+    let files = vec![
+        BundleFile::new("etc/trellis/node.toml", 0o644, &b"node = 1\n"[..]),
+        BundleFile::new("etc/trellis/wireguard.conf", 0o600, conf.to_vec()),
+    ];
+    Bundle { mesh: "m".into(), node: "n".into(), version, issued_at: 1, files }
+}
+
 fuzz_target!(|data: &[u8]| {
-    // The first byte says where the held bundle ends and the delta (or the second input) starts.
+    // The first byte says where the held file ends and the next one (or the ops) starts.
     let Some((&cut, rest)) = data.split_first() else { return };
     let at = (cut as usize * rest.len()) / 255;
     let (base, other) = rest.split_at(at);
-    if let Ok(built) = delta::apply(base, other) {
-        assert!(built.len() <= trellis_core::bundle::MAX_BUNDLE);
-        assert_eq!(&Sha256::digest(&built)[..], &other[44..76], "rebuilt bytes other than the ones named");
+    if let Ok(built) = delta::rebuild(base, other, 4096, "f") {
+        assert_eq!(built.len(), 4096, "edits built another length than asked");
     }
-    let made = delta::make(base, other);
-    assert_eq!(delta::apply(base, &made).as_deref(), Ok(other), "a delta that does not rebuild its target");
+    let key = SigningKey::from_bytes(&[9; 32]);
+    let (held, next) = (bundle(1, base), bundle(2, other));
+    let edits = delta::Edits { base: held.files[1].sha256, edits: delta::edits(base, other).into() };
+    let is_held = |d: &[u8; 32]| held.files.iter().any(|f| f.sha256 == *d);
+    let ops: Vec<_> = next.files.iter().map(|f| delta::op(&f.sha256, &f.content, Some(&edits), &is_held)).collect();
+    let head = next.sign(&key).head;
+    let made = delta::encode(&head, delta::Base::of(1, &held.content_digest()), &ops);
+    let applied = Some(Applied { version: 1, digest: Some(held.content_digest()) });
+    let v =
+        verify_delta(&made, &key.verifying_key(), "m", "n", applied, &held).expect("a delta made between two bundles builds the second");
+    assert_eq!(v.bundle, next);
+    // The same head and base with any ops: refused, or exactly the next bundle.
+    let mut forged = made[..4 + 4 + head.len() + 16].to_vec();
+    forged.extend_from_slice(base);
+    if let Ok(v) = verify_delta(&forged, &key.verifying_key(), "m", "n", applied, &held) {
+        assert_eq!(v.bundle, next, "a delta built other files than the signed head names");
+    }
 });

@@ -731,3 +731,101 @@ fn a_full_disk_mid_apply_leaves_the_old_files_and_reports_the_failure() {
     assert_ne!(all_files(&root), old, "the new version is written");
     drop(disk);
 }
+
+/// Issue 35 (ADR 0033): an agent that missed three versions catches up by a delta from the
+/// bundle it holds, and writes only the files that changed; one whose files were changed by hand
+/// holds content nobody published: it fetches the bundle whole and writes every file again.
+#[test]
+fn an_agent_that_missed_three_versions_catches_up_by_delta_and_one_with_files_changed_by_hand_whole() {
+    use crate::controller::{agent_bin, enrol, Controller, Db};
+    let c = Controller::start(Db::Sqlite);
+    let decl = TempDir::new("delta-decl");
+    copy_dir(&repo().join("lab/basic"), decl.path());
+    let base = std::fs::read_to_string(decl.path().join("mesh.toml")).unwrap();
+    c.ok(&["apply", decl.path().to_str().unwrap()]);
+    let work = TempDir::new("delta");
+    let (state, root) = (work.path().join("db-1"), work.path().join("root"));
+    ok(enrol(&c.token("db-1", &[]), &state));
+    let (s, r) = (state.to_str().unwrap(), root.to_str().unwrap());
+    // One apply and out, its log kept.
+    let once = || {
+        let mut a = agent_bin();
+        a.env("RUST_LOG", "info").args(["run", "--files-only", "--max-applies", "1", "--state-dir", s, "--root", r]);
+        let (out, d) = run(a);
+        assert!(out.status.success(), "{d}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // The newest bundle, once it is past `held`: its version and each file's digest.
+    let newest = |held: Option<i64>| -> (i64, Vec<(String, String)>) {
+        let out = work.path().join("newest.bundle");
+        let mut f = agent_bin();
+        f.args(["fetch", "--state-dir", s, "--out", out.to_str().unwrap()]);
+        if let Some(v) = held {
+            f.args(["--held", &v.to_string(), "--wait", "20"]);
+        }
+        ok(f);
+        let mut v = agent_bin();
+        v.args(["verify", out.to_str().unwrap(), "--state-dir", s, "--json"]);
+        let json: serde_json::Value = serde_json::from_str(&ok(v)).unwrap();
+        let files = json["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| (f["path"].as_str().unwrap().to_string(), f["sha256"].as_str().unwrap().to_string()));
+        (json["version"].as_i64().unwrap(), files.collect())
+    };
+    let on_disk = |files: &[(String, String)]| {
+        for (path, sha) in files {
+            let bytes = std::fs::read(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
+            assert_eq!(&hex::encode(Sha256::digest(&bytes)), sha, "{path} is the newest bundle's");
+        }
+    };
+    let log = once();
+    assert!(!log.contains("from a delta"), "the first bundle comes whole: {log}");
+    let (mut held, first) = newest(None);
+    on_disk(&first);
+    assert!(state.join("bundle.head").exists() && !state.join("bundle.last").exists(), "the head is kept, not the whole bundle");
+    let mtime = |path: &str| std::fs::metadata(root.join(path)).unwrap().modified().unwrap();
+    let ca_written = mtime("etc/trellis/ca.pem");
+
+    // Three versions while the agent is away: a node more each time.
+    for k in 0..3 {
+        let extra: String = (0..=k).map(|i| format!("\n[[node]]\nname = \"extra-{i}\"\nmodules = [\"ping\"]\n")).collect();
+        std::fs::write(decl.path().join("mesh.toml"), format!("{base}{extra}")).unwrap();
+        c.ok(&["apply", decl.path().to_str().unwrap()]);
+        held = newest(Some(held)).0;
+    }
+    let (version, files) = newest(None);
+    assert_eq!(version, held);
+    let log = once();
+    assert!(log.contains("built a bundle from a delta"), "three versions behind, a delta: {log}");
+    on_disk(&files);
+    assert_eq!(mtime("etc/trellis/ca.pem"), ca_written, "a file that did not change is not written again");
+    let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(state.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["version"].as_i64(), Some(version));
+
+    // A file changed by hand: the bundle held no longer verifies; the same version comes whole
+    // and every file is written again.
+    let held_check = || {
+        let mut v = agent_bin();
+        v.args(["verify", "--held", "--state-dir", s, "--root", r]);
+        run(v)
+    };
+    let (out, d) = held_check();
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains(&format!("version {version}")), "{d}");
+    std::fs::write(root.join("etc/trellis/node.toml"), "changed by hand\n").unwrap();
+    let (out, d) = held_check();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("etc/trellis/node.toml is 16 bytes, not"), "{d}");
+    let log = once();
+    assert!(log.contains("fetched and written whole"), "{log}");
+    assert!(!log.contains("built a bundle from a delta"), "{log}");
+    on_disk(&files);
+    assert!(held_check().0.status.success());
+    // And the next change comes as a delta again.
+    std::fs::write(decl.path().join("mesh.toml"), format!("{base}\n[[node]]\nname = \"late\"\nmodules = [\"ping\"]\n")).unwrap();
+    c.ok(&["apply", decl.path().to_str().unwrap()]);
+    let (_, files) = newest(Some(version));
+    let log = once();
+    assert!(log.contains("built a bundle from a delta"), "{log}");
+    on_disk(&files);
+}

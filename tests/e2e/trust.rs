@@ -102,10 +102,13 @@ fn signing_key(state: &Path, file: &str) -> ed25519_dalek::SigningKey {
     ed25519_dalek::SigningKey::from_bytes(&seed)
 }
 
-/// The bundle an agent applied last, as an attacker holding `key` would make it again, signed,
-/// with a version above every one the agent holds.
+/// The bundle an agent applied last (its signed head and the files under its root, ADR 0033), as
+/// an attacker holding `key` would make it again, signed, with a version above every one the
+/// agent holds.
 fn forged(node_state: &Path, key: &ed25519_dalek::SigningKey, out: &Path) {
-    let bytes = std::fs::read(node_state.join("bundle.last")).unwrap();
+    let root = node_state.with_file_name(format!("{}-root", node_state.file_name().unwrap().to_str().unwrap()));
+    let head = std::fs::read(node_state.join("bundle.head")).unwrap();
+    let bytes = trellis_core::bundle::held_bytes(head, |path, _, _| std::fs::read(root.join(path)).map_err(|e| e.to_string())).unwrap();
     let id = std::fs::read_to_string(node_state.join("identity.toml")).unwrap();
     let current = id.lines().find_map(|l| l.strip_prefix("signing_public_key = \"")).unwrap().trim_end_matches('"');
     let current: [u8; 32] = base64::engine::general_purpose::STANDARD.decode(current).unwrap().try_into().unwrap();

@@ -49,7 +49,22 @@ pub fn verify(file: &Path, dir: &Path, last_version: Option<u64>, last_bundle: O
         None => last_version.map(|version| Applied { version, digest: None }),
     };
     let (v, _) = keys.verify(&bytes, &id, last).map_err(|e| anyhow::anyhow!("{}: refused: {e}", file.display()))?;
-    let b = v.bundle;
+    show(&file.display().to_string(), v.bundle, json)
+}
+
+/// `trellis-agent verify --held`: the bundle this node holds, as its signed head (kept in the
+/// state directory) and the files written under `root` (ADR 0033), checked as any bundle.
+pub fn verify_held(dir: &Path, root: &Path, json: bool) -> Result<()> {
+    let id = Identity::load(dir)?;
+    let keys = id.signing_keys()?;
+    let head_path = dir.join(crate::statedir::HELD_HEAD);
+    let head = std::fs::read(&head_path).with_context(|| format!("cannot read {}: this node holds no bundle", head_path.display()))?;
+    let bytes = trellis_core::bundle::held_bytes(head, |path, mode, len| read_held(root, path, mode, len)).map_err(anyhow::Error::msg)?;
+    let (v, _) = keys.verify(&bytes, &id, None).map_err(|e| anyhow::anyhow!("the bundle held under {}: refused: {e}", root.display()))?;
+    show(&format!("the bundle held under {}", root.display()), v.bundle, json)
+}
+
+fn show(what: &str, b: trellis_core::bundle::Bundle, json: bool) -> Result<()> {
     if json {
         let files: Vec<serde_json::Value> = b
             .files
@@ -63,17 +78,22 @@ pub fn verify(file: &Path, dir: &Path, last_version: Option<u64>, last_bundle: O
             )?
         );
     } else {
-        println!(
-            "{}: valid bundle for node {} in mesh {}, version {}, issued at {} (unix)",
-            file.display(),
-            b.node,
-            b.mesh,
-            b.version,
-            b.issued_at
-        );
+        println!("{}: valid bundle for node {} in mesh {}, version {}, issued at {} (unix)", what, b.node, b.mesh, b.version, b.issued_at);
         for f in &b.files {
             println!("  {:o} {:>8} {} {}", f.mode, f.content.len(), hex::encode(&f.sha256[..8]), f.path);
         }
     }
     Ok(())
+}
+
+/// `trellis_core::bundle::held_bytes`' reader for files under `root` on this host: a regular file, not through a
+/// link, of the mode and length the manifest says, or a sentence naming it.
+pub fn read_held(root: &Path, path: &str, mode: u32, len: usize) -> Result<Vec<u8>, String> {
+    let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+    let dir = trellis_files::beneath::Beneath::open(root, dir, false).map_err(|e| format!("{path} of the bundle held: {e}"))?;
+    match dir.read_exact_len(name, len) {
+        Ok((content, m)) if m == mode => Ok(content),
+        Ok((_, m)) => Err(format!("{path} has mode {m:o}, not {mode:o} as the bundle held says")),
+        Err(what) => Err(format!("{} is {what}, not the file the bundle held names", root.join(path).display())),
+    }
 }

@@ -12,11 +12,24 @@ use trellis_proto as proto;
 use crate::exec::Executor;
 use crate::plan::{plan, Action, Held, Observed, Scope};
 use crate::state::Manifest;
-use crate::statedir::LAST_BUNDLE;
+use crate::statedir::{HELD_HEAD, HELD_HEAD_NEXT, LAST_BUNDLE};
+
+/// Writes `bytes` to `path`, created with mode 0600, not synced.
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    f.write_all(bytes)
+}
 
 /// What the manifest says is held, for the plan.
 fn held(m: &Manifest) -> Held {
-    Held { version: m.version, digest: m.digest().unwrap_or_default(), files: m.files.iter().map(|f| f.path.clone()).collect() }
+    let digest = |hex: &str| <[u8; 32]>::try_from(hex::decode(hex).unwrap_or_default()).unwrap_or_default();
+    Held {
+        version: m.version,
+        digest: m.digest().unwrap_or_default(),
+        files: m.files.iter().map(|f| (f.path.clone(), digest(&f.sha256), f.mode)).collect(),
+    }
 }
 
 pub struct Installer {
@@ -41,6 +54,18 @@ impl Installer {
         &self.manifest
     }
 
+    /// The bundle held, verified, whose files are on disk: what a delta is built from.
+    pub fn previous(&self) -> Option<&Bundle> {
+        self.previous.as_ref()
+    }
+
+    /// Whether the files the manifest names are known to be on disk as it says: the bundle held
+    /// was read back and verified at start, or applied by this process. When not, the next
+    /// bundle is asked for whole and written whole, even the same version.
+    pub fn intact(&self) -> bool {
+        self.manifest.version == 0 || self.previous.is_some()
+    }
+
     pub fn executor(&self) -> &Executor {
         &self.exec
     }
@@ -63,11 +88,12 @@ impl Installer {
         Ok(())
     }
 
-    /// Writes and applies a verified bundle; on failure restores the previous files and
-    /// configuration and leaves the manifest as it was. Returns the evidence, or `None` when the
+    /// Writes and applies a verified bundle (`head` is its signed head, kept to verify the files
+    /// at the next start); on failure restores the previous files and configuration and leaves
+    /// the manifest as it was. Returns the evidence, or `None` when the
     /// bundle is what is held and applied already. With `again`, a bundle already held is written
     /// and applied once more (files that drifted on disk are put back) and reported.
-    pub async fn apply(&mut self, bytes: &[u8], bundle: Bundle, now: i64, again: bool) -> Option<proto::Evidence> {
+    pub async fn apply(&mut self, head: &[u8], bundle: Bundle, now: i64, again: bool) -> Option<proto::Evidence> {
         let started = std::time::Instant::now();
         let mut evidence = proto::Evidence {
             seq: 0,
@@ -80,12 +106,24 @@ impl Installer {
         };
         let (mut held, mut observed) = (held(&self.manifest), self.observed());
         if again {
+            // Every file is written again (one that drifted on disk is put back).
             held.version = 0;
+            held.files.iter_mut().for_each(|f| f.1 = [0; 32]);
             observed.network = None;
         }
         let result = match plan(&bundle, &held, &observed, &self.scope) {
             Ok(actions) if actions.is_empty() => return None,
             Ok(actions) => {
+                // The new head goes first: should the agent stop after the files and before the
+                // head is replaced, the files on disk are the ones this head names. Not synced:
+                // a process that stops leaves it to the page cache; a machine that loses power
+                // may lose it, and then the files verify against neither head and the next
+                // bundle comes whole.
+                if let Err(e) = write_private(&self.state_dir.join(HELD_HEAD_NEXT), head) {
+                    evidence.result = proto::EvidenceResult::Failed;
+                    evidence.error = Some(format!("{e:#}"));
+                    return Some(evidence);
+                }
                 let mut outcomes = Vec::new();
                 let result = self.exec.run_into(&actions, &mut outcomes).await;
                 // What happened to each file is evidence whether or not the network followed.
@@ -106,14 +144,19 @@ impl Installer {
         match result {
             Ok(()) => {
                 let manifest = Manifest::of(&bundle);
-                let saved = trellis_files::replace(&self.state_dir.join(LAST_BUNDLE), bytes, 0o600)
+                // The head only: the files are on disk, and a megabyte bundle is not written twice.
+                let saved = std::fs::rename(self.state_dir.join(HELD_HEAD_NEXT), self.state_dir.join(HELD_HEAD))
                     .map_err(anyhow::Error::from)
                     .and_then(|_| manifest.save(&self.state_dir));
                 if let Err(e) = saved {
+                    // The files are the new bundle's, the manifest may not say so: what is held
+                    // is not known, and the next bundle comes whole and is written whole.
                     evidence.result = proto::EvidenceResult::Failed;
                     evidence.error = Some(format!("{e:#}"));
+                    self.previous = None;
                     return Some(evidence);
                 }
+                let _ = std::fs::remove_file(self.state_dir.join(LAST_BUNDLE));
                 self.network = Some((bundle.version, bundle.content_digest()));
                 self.manifest = manifest;
                 self.previous = Some(bundle);
@@ -122,6 +165,7 @@ impl Installer {
                 evidence.result = proto::EvidenceResult::Failed;
                 evidence.error = Some(format!("{e:#}"));
                 self.network = None;
+                let _ = std::fs::remove_file(self.state_dir.join(HELD_HEAD_NEXT));
                 self.restore(&bundle).await;
             }
         }
@@ -142,7 +186,9 @@ impl Installer {
         };
         let (files, network): (Vec<Action>, Vec<Action>) = actions.into_iter().partition(|a| matches!(a, Action::WriteFiles { .. }));
         if let Err(e) = self.exec.run(&files).await {
-            tracing::error!("cannot restore the previous files: {e:#}");
+            // What is on disk is neither bundle for sure: the next comes whole, written whole.
+            tracing::error!("cannot restore the previous files: {e:#}; the next bundle is fetched and written whole");
+            self.previous = None;
         }
         match self.exec.run(&network).await {
             Ok(_) => self.network = Some((previous.version, previous.content_digest())),
@@ -393,7 +439,7 @@ mod tests {
             assert_eq!(f.take(), expect);
             assert_eq!(f.applier.manifest().version, 1);
             assert_eq!(load(&f.dir).version, 1, "the manifest is saved");
-            assert_eq!(std::fs::read(f.dir.join(LAST_BUNDLE)).unwrap(), b"bundle 1");
+            assert_eq!(std::fs::read(f.dir.join(HELD_HEAD)).unwrap(), b"bundle 1");
         });
     }
 
@@ -415,11 +461,12 @@ mod tests {
                 ev.files.iter().any(|f| f.path == "etc/new" && f.result == proto::FileResult::Written),
                 "the files written before the network failed are in the evidence: {ev:?}"
             );
-            let mut expect = write(&["etc/new"]);
+            // Only the files that changed are written (ADR 0033): the ruleset and the new file.
+            let mut expect = lines(&["stage etc/trellis/nftables.conf", "stage etc/new", "commit"]);
             expect.extend(lines(&["remove etc/old", "wireguard 10.88.0.5/16 key PRIVATE", "ruleset refused"]));
-            // The rollback: the previous files, the failed bundle's own file removed, then the
-            // previous configuration applied again in the same order.
-            expect.extend(write(&["etc/old"]));
+            // The rollback: the previous files that differ, the failed bundle's own file removed,
+            // then the previous configuration applied again in the same order.
+            expect.extend(lines(&["stage etc/trellis/nftables.conf", "stage etc/old", "commit"]));
             expect.extend(lines(&[
                 "remove etc/new",
                 "wireguard 10.88.0.5/16 key PRIVATE",
@@ -429,7 +476,26 @@ mod tests {
             assert_eq!(f.take(), expect);
             assert_eq!(f.applier.manifest(), &before, "the manifest is unchanged");
             assert_eq!(load(&f.dir), before, "the saved manifest is unchanged");
-            assert_eq!(std::fs::read(f.dir.join(LAST_BUNDLE)).unwrap(), b"bundle 1");
+            assert_eq!(std::fs::read(f.dir.join(HELD_HEAD)).unwrap(), b"bundle 1");
+        });
+    }
+
+    /// The review of ADR 0033: when the head or the manifest cannot be kept after the files were
+    /// written, what is held is not known: the installer says so (the next bundle comes whole and
+    /// is written whole), instead of skipping files the old manifest says are held.
+    #[test]
+    fn a_head_that_cannot_be_kept_leaves_nothing_taken_as_held() {
+        rt().block_on(async {
+            let mut f = fixture("unkept");
+            f.apply(&bundle(1, false, "good1", &[])).await.unwrap();
+            assert!(f.applier.intact());
+            // The head's place is taken by a directory: the rename fails.
+            std::fs::remove_file(f.dir.join(HELD_HEAD)).unwrap();
+            std::fs::create_dir_all(f.dir.join(HELD_HEAD).join("x")).unwrap();
+            let ev = f.apply(&bundle(2, false, "good2", &[])).await.unwrap();
+            assert_eq!(ev.result, proto::EvidenceResult::Failed, "{ev:?}");
+            assert!(!f.applier.intact(), "the files are not known to be the manifest's");
+            assert_eq!(f.applier.manifest().version, 1);
         });
     }
 

@@ -152,10 +152,19 @@ enum Command {
         #[arg(long)]
         held: Option<i64>,
     },
-    /// Verify a saved bundle with the agent's own checks; prints why when it refuses (exit 1)
+    /// Verify a saved bundle with the agent's own checks, or with --held the bundle this node
+    /// holds (its signed head and the files written under --root); prints why when it refuses (exit 1)
     Verify {
         /// A bundle saved by `fetch`
-        file: PathBuf,
+        #[arg(required_unless_present = "held")]
+        file: Option<PathBuf>,
+        /// Verify what this node holds instead: the signed head kept in the state directory and
+        /// every file it names, read from under --root (a file changed by hand is named)
+        #[arg(long, conflicts_with_all = ["file", "last_version", "last_bundle"])]
+        held: bool,
+        /// Where the held files are written (as the agent's --root)
+        #[arg(long, default_value = "/")]
+        root: PathBuf,
         #[arg(long)]
         state_dir: PathBuf,
         /// Refuse versions not greater than this one, as the agent would
@@ -279,9 +288,10 @@ pub fn main() -> ExitCode {
                 }
             }
             Command::Fetch { state_dir, out, wait, held } => bundle::fetch(&state_dir, &out, wait.min(60), held).await,
-            Command::Verify { file, state_dir, last_version, last_bundle, json } => {
+            Command::Verify { file: Some(file), state_dir, last_version, last_bundle, json, .. } => {
                 bundle::verify(&file, &state_dir, last_version, last_bundle.as_deref(), json)
             }
+            Command::Verify { file: None, state_dir, root, json, .. } => bundle::verify_held(&state_dir, &root, json),
         }
     });
     match result {

@@ -61,17 +61,26 @@ impl Exit {
 }
 
 /// What the agent holds now: the bundle whose files are on disk (its version, content digest
-/// and file paths).
+/// and each file's path, SHA-256 and mode).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Held {
     pub version: u64,
     pub digest: [u8; 32],
-    pub files: Vec<String>,
+    pub files: Vec<(String, [u8; 32], u32)>,
 }
 
 impl Held {
     pub fn of(bundle: &Bundle) -> Held {
-        Held { version: bundle.version, digest: bundle.content_digest(), files: bundle.files.iter().map(|f| f.path.clone()).collect() }
+        Held {
+            version: bundle.version,
+            digest: bundle.content_digest(),
+            files: bundle.files.iter().map(|f| (f.path.clone(), f.sha256, f.mode)).collect(),
+        }
+    }
+
+    /// Whether this file is held as it is: same path, content and mode.
+    fn holds(&self, f: &BundleFile) -> bool {
+        self.files.iter().any(|(path, sha256, mode)| *path == f.path && *sha256 == f.sha256 && *mode == f.mode)
     }
 }
 
@@ -123,16 +132,19 @@ fn settings(bundle: &Bundle) -> Result<NodeFile, PlanError> {
     NodeFile::parse(std::str::from_utf8(&f.content).map_err(|_| PlanError::SettingsNotUtf8)?).map_err(PlanError::Settings)
 }
 
-/// The actions that bring the host from what it holds to `bundle`. A re-delivery of what is
-/// held, with its network configuration in place, is no action at all; what is held but not
-/// yet applied to the network (after a restart, or a failure) gets the network actions only.
+/// The actions that bring the host from what it holds to `bundle`. Only the files that differ
+/// from what is held are written (ADR 0033: a one-peer change does not rewrite the CA). A
+/// re-delivery of what is held, with its network configuration in place, is no action at all;
+/// what is held but not yet applied to the network (after a restart, or a failure) gets the
+/// network actions only.
 pub fn plan(bundle: &Bundle, held: &Held, observed: &Observed, scope: &Scope) -> Result<Vec<Action>, PlanError> {
     let digest = bundle.content_digest();
     let same = held.version == bundle.version && held.digest == digest;
     let mut actions = Vec::new();
     if !same {
-        let remove = held.files.iter().filter(|p| file(bundle, p).is_none()).cloned().collect();
-        actions.push(Action::WriteFiles { files: bundle.files.clone(), remove });
+        let remove = held.files.iter().filter(|(p, ..)| file(bundle, p).is_none()).map(|(p, ..)| p.clone()).collect();
+        let files = bundle.files.iter().filter(|f| !held.holds(f)).cloned().collect();
+        actions.push(Action::WriteFiles { files, remove });
     }
     let network = network(bundle, observed, scope)?;
     if !(same && observed.network == Some((bundle.version, digest))) {

@@ -15,7 +15,7 @@ use crate::identity;
 use crate::install::Installer;
 use crate::plan::Scope;
 use crate::state::{self, EvidenceBuffer, Identity, Manifest, SigningKeys};
-use crate::statedir::{self, LAST_BUNDLE};
+use crate::statedir::{self, HELD_HEAD, HELD_HEAD_NEXT, LAST_BUNDLE};
 use crate::status::{AgentStatus, IngressStatus};
 use crate::unix_now;
 use trellis_core::trust::TrustFile;
@@ -40,11 +40,35 @@ pub struct Options {
 }
 
 struct Polled {
-    body: Result<Option<Vec<u8>>>,
+    body: Result<Option<Received>>,
     answered: bool,
     fresh_at: Option<i64>,
     /// The freshness stamp was refused: the controller's clock is too far from this node's.
     skew: Option<String>,
+}
+
+/// A newer bundle, as it came: whole (verified when taken), or a delta already verified and
+/// built against the bundle held (ADR 0033), with whether the next key signed it.
+enum Received {
+    Whole(Vec<u8>),
+    Built(trellis_core::bundle::Verified, bool),
+    /// A delta whose head is refused as a whole bundle's would be (signature, node, version).
+    Refused(String),
+}
+
+/// Whether a delta's refusal is one the whole bundle would get too (its head is the whole
+/// bundle's): then it is not fetched again.
+fn is_refusal(e: &trellis_core::bundle::BundleError) -> bool {
+    use trellis_core::bundle::BundleError as E;
+    matches!(
+        e,
+        E::BadSignature
+            | E::WrongMesh { .. }
+            | E::WrongNode { .. }
+            | E::NotNewer { .. }
+            | E::EqualVersionOtherContent { .. }
+            | E::UnsafePath { .. }
+    )
 }
 
 /// A freshness stamp's time `at`, as taken when it has just arrived at `now` (the controller
@@ -95,11 +119,39 @@ fn release_free_memory() {
     }
 }
 
-/// The bundle last applied (`bundle.last`), verified again; `None` when there is none.
-fn last_bundle(dir: &Path, keys: &SigningKeys, id: &Identity) -> Result<Option<Bundle>> {
-    let Ok(bytes) = std::fs::read(dir.join(LAST_BUNDLE)) else { return Ok(None) };
-    let (v, _) = keys.verify(&bytes, id, None).map_err(|e| anyhow::anyhow!("the last applied bundle: {e}"))?;
-    Ok(Some(v.bundle))
+/// The bundle last applied, verified again: its signed head (`bundle.head`) and the files it
+/// names, read from under the root (ADR 0033), or, from an agent before it, the whole bundle
+/// (`bundle.last`). `None` when there is none; an error when a file is not as the head says (a
+/// file changed by hand): then the next bundle is fetched whole and written whole.
+fn last_bundle(dir: &Path, root: &Path, keys: &SigningKeys, id: &Identity) -> Result<Option<Bundle>> {
+    let held = |name: &str| -> Result<Option<Bundle>> {
+        let head = match std::fs::read(dir.join(name)) {
+            Ok(head) => head,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", dir.join(name).display())),
+        };
+        let bytes = trellis_core::bundle::held_bytes(head, |path, mode, len| crate::bundle::read_held(root, path, mode, len))
+            .map_err(anyhow::Error::msg)?;
+        let (v, _) = keys.verify(&bytes, id, None).map_err(|e| anyhow::anyhow!("the bundle held: {e}"))?;
+        Ok(Some(v.bundle))
+    };
+    match held(HELD_HEAD) {
+        Ok(Some(b)) => return Ok(Some(b)),
+        // The agent stopped after writing the files of the bundle it was applying, before taking
+        // its head: the files are that bundle's.
+        first => match (first, held(HELD_HEAD_NEXT)) {
+            (_, Ok(Some(b))) => return Ok(Some(b)),
+            (Err(e), _) => return Err(e),
+            (Ok(_), _) => {}
+        },
+    }
+    match std::fs::read(dir.join(LAST_BUNDLE)) {
+        Ok(bytes) => {
+            let (v, _) = keys.verify(&bytes, id, None).map_err(|e| anyhow::anyhow!("the last applied bundle: {e}"))?;
+            Ok(Some(v.bundle))
+        }
+        Err(_) => Ok(None),
+    }
 }
 
 /// What a bundle's `trust.toml` says (none from a controller older than it, or unreadable:
@@ -128,7 +180,13 @@ impl Agent {
         let scope = Scope { files_only: opts.files_only, wireguard: backends.wireguard.is_some(), dns_port: opts.dns_port };
         let exec = Executor::new(backends, opts.root.clone(), opts.state_dir.join(statedir::WIREGUARD_KEY));
         // What an apply that fails falls back to.
-        let previous = last_bundle(&opts.state_dir, &keys, &id).ok().flatten();
+        let previous = match last_bundle(&opts.state_dir, &opts.root, &keys, &id) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("{e:#}; the next bundle is fetched and written whole");
+                None
+            }
+        };
         let client = identity::node_client(&opts.state_dir, &id)?;
         let ingress = crate::ingress::Ingress::new(&id.node, opts.ingress, &opts.root, &opts.state_dir, opts.ingress_api);
         Ok(Agent {
@@ -163,7 +221,7 @@ impl Agent {
         if self.installer.manifest().version == 0 || self.opts.files_only {
             return Ok(());
         }
-        let Some(bundle) = last_bundle(&self.opts.state_dir, &self.keys, &self.id)? else { return Ok(()) };
+        let Some(bundle) = self.installer.previous().cloned() else { return Ok(()) };
         let result = self.installer.resume(&bundle).await;
         self.host_status();
         result
@@ -242,10 +300,10 @@ impl Agent {
     }
 
     /// Applies a verified bundle; `None` when it is already applied.
-    async fn apply(&mut self, bytes: &[u8], bundle: Bundle, again: bool, by_next: bool) -> Option<proto::Evidence> {
+    async fn apply(&mut self, head: &[u8], bundle: Bundle, again: bool, by_next: bool) -> Option<proto::Evidence> {
         let trust = trust_of(&bundle);
         let started = std::time::Instant::now();
-        let evidence = self.installer.apply(bytes, bundle, unix_now(), again).await?;
+        let evidence = self.installer.apply(head, bundle, unix_now(), again).await?;
         let took = started.elapsed();
         release_free_memory();
         self.metrics.apply(evidence.result == proto::EvidenceResult::Applied, took);
@@ -398,15 +456,15 @@ impl Agent {
     async fn poll(&self) -> Polled {
         // What is held, by its tag: the version and the start of the content digest, so that a
         // controller restored from a backup, which numbered other content so, knows (ADR 0024).
+        // Files not as the manifest says (changed by hand) name nothing: the bundle comes whole.
         let m = self.installer.manifest();
-        let held = (m.version > 0).then(|| match m.digest() {
+        let held = (m.version > 0 && self.installer.intact()).then(|| match m.digest() {
             Some(d) => trellis_proto::etag::BundleTag::new(m.version as i64, &d),
             None => trellis_proto::etag::BundleTag { version: m.version as i64, digest: None },
         });
-        // A large bundle may come as the edits from the one held, rebuilt here from its bytes.
-        let last = self.opts.state_dir.join(LAST_BUNDLE);
-        let rebuild = held.is_some() && last.exists();
-        match self.client.bundle_or_delta(self.opts.wait, held, rebuild).await {
+        // The files held, for a delta from them (ADR 0033).
+        let files: Option<Vec<[u8; 32]>> = self.installer.previous().map(|b| b.files.iter().map(|f| f.sha256).collect());
+        match self.client.bundle_or_delta(self.opts.wait, held, files.as_deref()).await {
             Ok(answer) => {
                 let stamp = answer.freshness.and_then(|stamp| self.keys.verify_stamp(&stamp, &self.id.mesh).ok());
                 let (fresh_at, skew) = match stamp.map(|at| fresh(at, unix_now())) {
@@ -415,8 +473,8 @@ impl Agent {
                     None => (None, None),
                 };
                 let body = match answer.body {
-                    Ok(Some(delta)) if answer.delta => self.rebuild(&last, &delta, held).await,
-                    other => other.map_err(answered),
+                    Ok(Some(delta)) if answer.delta => self.build(&delta, held).await,
+                    other => other.map(|b| b.map(Received::Whole)).map_err(answered),
                 };
                 Polled { fresh_at, skew, body, answered: true }
             }
@@ -424,19 +482,27 @@ impl Agent {
         }
     }
 
-    /// The new bundle's bytes from the ones held and a delta; when the delta does not rebuild
-    /// them (the held file damaged, say), the whole bundle is fetched instead. The bytes are
-    /// verified as any bundle is, after this.
-    async fn rebuild(&self, last: &Path, delta: &[u8], held: Option<trellis_proto::etag::BundleTag>) -> Result<Option<Vec<u8>>> {
-        let base = std::fs::read(last).with_context(|| format!("cannot read {}", last.display()))?;
-        match trellis_core::delta::apply(&base, delta) {
-            Ok(bytes) => {
-                tracing::info!(bytes = bytes.len(), delta = delta.len(), "rebuilt a bundle from a delta");
-                Ok(Some(bytes))
+    /// The new bundle from a delta and the bundle held, verified (ADR 0033); when the delta does
+    /// not build it (the files held are not the ones it was made for), the whole bundle is
+    /// fetched instead and verified as any is, after this.
+    async fn build(&self, delta: &[u8], held: Option<trellis_proto::etag::BundleTag>) -> Result<Option<Received>> {
+        let Some(base) = self.installer.previous() else {
+            tracing::warn!("a delta came, and no bundle is held to build it from; fetching the whole bundle");
+            return Ok(self.client.bundle(0, held).await?.body.map_err(answered)?.map(Received::Whole));
+        };
+        let started = std::time::Instant::now();
+        match self.keys.verify_delta(delta, &self.id, self.applied(), base) {
+            Ok((v, by_next)) => {
+                let changed = v.changed.as_ref().map_or(0, Vec::len);
+                let us = started.elapsed().as_micros() as u64;
+                tracing::info!(version = v.bundle.version, delta = delta.len(), files = changed, us, "built a bundle from a delta");
+                Ok(Some(Received::Built(v, by_next)))
             }
+            // A signature or a version refused is refused whole as well: not fetched again.
+            Err(e) if is_refusal(&e) => Ok(Some(Received::Refused(e.to_string()))),
             Err(e) => {
                 tracing::warn!("{e}; fetching the whole bundle");
-                self.client.bundle(0, held).await?.body.map_err(answered)
+                Ok(self.client.bundle(0, held).await?.body.map_err(answered)?.map(Received::Whole))
             }
         }
     }
@@ -461,6 +527,15 @@ impl Agent {
     /// verification is, before anything is written (ADR 0024).
     fn verify(&self, bytes: &[u8]) -> Result<(trellis_core::bundle::Verified, bool), String> {
         let (v, by_next) = self.keys.verify(bytes, &self.id, self.applied()).map_err(|e| e.to_string())?;
+        self.counts_revocations(v, by_next)
+    }
+
+    /// A verified bundle, unless it counts fewer revocations than this node applied (ADR 0024).
+    fn counts_revocations(
+        &self,
+        v: trellis_core::bundle::Verified,
+        by_next: bool,
+    ) -> Result<(trellis_core::bundle::Verified, bool), String> {
         match self.id.refuses_revocations(trust_of(&v.bundle).as_ref()) {
             Some(why) => Err(why),
             None => Ok((v, by_next)),
@@ -483,7 +558,7 @@ impl Agent {
             tracing::error!("re-applying the running bundle first failed: {e:#}");
         }
         // Applied even when it is the bundle held: `apply` also repairs files changed by hand.
-        let ev = self.apply(&bytes, v.bundle, true, by_next).await;
+        let ev = self.apply(&v.head, v.bundle, true, by_next).await;
         if let Some(ev) = &ev {
             self.evidence.push(ev.clone())?;
         }
@@ -582,12 +657,19 @@ impl Agent {
             self.status.last_error = Some(skew);
         }
         match polled.body {
-            Ok(Some(bytes)) => {
+            Ok(Some(received)) => {
                 *failures = 0;
-                match self.verify(&bytes) {
-                    Ok((v, _)) if v.redelivery => redelivered = true,
+                let checked = match received {
+                    Received::Whole(bytes) => self.verify(&bytes),
+                    Received::Built(v, by_next) => self.counts_revocations(v, by_next),
+                    Received::Refused(e) => Err(e),
+                };
+                match checked {
+                    Ok((v, _)) if v.redelivery && self.installer.intact() => redelivered = true,
+                    // What is held, again, when its files are not as it says: written whole.
                     Ok((v, by_next)) => {
-                        if let Some(ev) = self.apply(&bytes, v.bundle, false, by_next).await {
+                        let again = v.redelivery || !self.installer.intact();
+                        if let Some(ev) = self.apply(&v.head, v.bundle, again, by_next).await {
                             let dropped = self.evidence.push(ev)?;
                             self.status.dropped_evidence += dropped;
                             *applies += 1;
@@ -729,6 +811,82 @@ fn answered(e: trellis_client::Error) -> anyhow::Error {
 mod tests {
     use super::{fresh, rest_of_wait};
     use std::time::Duration;
+
+    /// The review of ADR 0033: the agent keeps a bundle's head, not its bytes, and reads the files
+    /// back at start. One stopped after writing the files of the bundle it applied and before
+    /// taking its head holds that bundle (its head was written first, as `bundle.head.next`); a
+    /// file changed by hand, through a link, or of another mode holds none, in a sentence naming it.
+    #[test]
+    fn the_bundle_held_is_its_head_and_the_files_and_a_stop_between_them_holds_the_new_one() {
+        use base64::Engine;
+        use trellis_core::bundle::{Bundle, BundleFile};
+        let dir = trellis_testing::TempDir::new("agent-held");
+        let (state, root) = (dir.path().join("state"), dir.path().join("root"));
+        std::fs::create_dir_all(root.join("etc/trellis")).unwrap();
+        std::fs::create_dir_all(&state).unwrap();
+        let key = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
+        let id = crate::state::Identity {
+            node: "db-1".into(),
+            mesh: "basic".into(),
+            controllers: vec!["https://192.0.2.1:8443".into()],
+            signing_public_key: base64::engine::general_purpose::STANDARD.encode(key.verifying_key().as_bytes()),
+            next_signing_public_key: None,
+            state: trellis_proto::EnrolledState::Active,
+            revocations: 0,
+        };
+        let keys = id.signing_keys().unwrap();
+        let bundle = |version: u64, conf: &str| Bundle {
+            mesh: "basic".into(),
+            node: "db-1".into(),
+            version,
+            issued_at: 1,
+            files: vec![
+                BundleFile::new("etc/trellis/node.toml", 0o644, &b"node = 1\n"[..]),
+                BundleFile::new("etc/trellis/wireguard.conf", 0o600, conf.as_bytes().to_vec()),
+            ],
+        };
+        let write = |b: &Bundle| {
+            for f in &b.files {
+                let p = root.join(&f.path);
+                let _ = std::fs::remove_file(&p);
+                std::fs::write(&p, &f.content).unwrap();
+                std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(f.mode)).unwrap();
+            }
+        };
+        let (v1, v2) = (bundle(1, "[Interface]\n"), bundle(2, "[Interface]\nListenPort = 1\n"));
+        std::fs::write(state.join(super::HELD_HEAD), &v1.sign(&key).head).unwrap();
+        write(&v1);
+        let held = || super::last_bundle(&state, &root, &keys, &id);
+        assert_eq!(held().unwrap(), Some(v1.clone()));
+        // Stopped between the files and the head.
+        std::fs::write(state.join(super::HELD_HEAD_NEXT), &v2.sign(&key).head).unwrap();
+        write(&v2);
+        assert_eq!(held().unwrap(), Some(v2.clone()), "the files are the new bundle's");
+        // Stopped before the files: the old ones, the old head.
+        write(&v1);
+        assert_eq!(held().unwrap(), Some(v1.clone()));
+        std::fs::remove_file(state.join(super::HELD_HEAD_NEXT)).unwrap();
+        // A file changed by hand, another mode, a link to a device that never ends: none held,
+        // in a sentence naming the file, at once.
+        let conf = root.join("etc/trellis/wireguard.conf");
+        std::fs::write(&conf, "[Interface]\nListenPort = 9\n").unwrap();
+        let e = held().unwrap_err().to_string();
+        assert!(e.contains("etc/trellis/wireguard.conf"), "{e}");
+        write(&v1);
+        std::fs::set_permissions(&conf, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+        let e = held().unwrap_err().to_string();
+        assert!(e.contains("has mode 644, not 600"), "{e}");
+        std::fs::remove_file(&conf).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &conf).unwrap();
+        let e = held().unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        std::fs::remove_file(&conf).unwrap();
+        let fifo = std::ffi::CString::new(conf.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path; mkfifo only creates the node.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let e = held().unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+    }
 
     /// Review finding 10: `trellis-agent apply` run while `trellis-agent run` works on the same
     /// state directory raced it (two loads of the ruleset, each process's view of the table

@@ -90,6 +90,22 @@ impl SigningKeys {
         }
     }
 
+    /// Verifies a delta against the bundle held (ADR 0033) with the current key, or the next:
+    /// whether the next signed it.
+    pub fn verify_delta(
+        &self,
+        delta: &[u8],
+        id: &Identity,
+        last: Option<trellis_core::bundle::Applied>,
+        held: &trellis_core::bundle::Bundle,
+    ) -> Result<(trellis_core::bundle::Verified, bool), trellis_core::bundle::BundleError> {
+        use trellis_core::bundle::{verify_delta, BundleError};
+        match (verify_delta(delta, &self.current, &id.mesh, &id.node, last, held), &self.next) {
+            (Err(BundleError::BadSignature), Some(next)) => Ok((verify_delta(delta, next, &id.mesh, &id.node, last, held)?, true)),
+            (other, _) => other.map(|v| (v, false)),
+        }
+    }
+
     /// Verifies a freshness stamp with the current key, or the next.
     pub fn verify_stamp(&self, stamp: &[u8], mesh: &str) -> Result<i64, trellis_core::bundle::BundleError> {
         use trellis_core::bundle::{verify_stamp, BundleError};

@@ -25,7 +25,14 @@ pub const CA_NEXT_CERT: &str = "ca.next.pem";
 pub const ENROL_PENDING: &str = "enrol.pending";
 /// What the agent last applied (`Manifest`, JSON).
 pub const MANIFEST: &str = "manifest.json";
-/// The bytes of the bundle last applied, as received.
+/// The signed head (magic, signature, manifest) of the bundle last applied; its files are the
+/// ones written under the root, which the head's manifest names by SHA-256 (ADR 0033).
+pub const HELD_HEAD: &str = "bundle.head";
+/// The signed head of the bundle being applied, written before its files: a crash after the
+/// files and before the head is replaced leaves files this head verifies (ADR 0033).
+pub const HELD_HEAD_NEXT: &str = "bundle.head.next";
+/// The whole bundle last applied, as agents before ADR 0033 kept it: read once after an
+/// upgrade, removed at the next apply.
 pub const LAST_BUNDLE: &str = "bundle.last";
 /// What the loop shows (`AgentStatus`, JSON).
 pub const STATUS: &str = "agent-status.json";

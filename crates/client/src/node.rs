@@ -191,25 +191,28 @@ impl NodeClient {
     /// If-None-Match). The outer error says no controller answered; an answer that is an error
     /// is in [`BundleAnswer::body`], with the freshness stamp it carried.
     pub async fn bundle(&self, wait: u64, held: Option<trellis_proto::etag::BundleTag>) -> Result<BundleAnswer, Error> {
-        self.bundle_or_delta(wait, held, false).await
+        self.bundle_or_delta(wait, held, None).await
     }
 
-    /// [`NodeClient::bundle`]; with `delta`, the node can rebuild a bundle from the one it holds
-    /// (`held`), and a large one may come as a delta ([`BundleAnswer::delta`]).
+    /// [`NodeClient::bundle`]; with `files` (the SHA-256 of each file the node holds, of the
+    /// bundle `held` names), the answer may be a delta from it ([`BundleAnswer::delta`], ADR 0033).
     pub async fn bundle_or_delta(
         &self,
         wait: u64,
         held: Option<trellis_proto::etag::BundleTag>,
-        delta: bool,
+        files: Option<&[[u8; 32]]>,
     ) -> Result<BundleAnswer, Error> {
+        let files = files.filter(|f| !f.is_empty() && held.is_some()).map(trellis_proto::held_files);
         crate::each_controller_from(&self.controllers, &self.last, |controller| {
             let mut req =
                 stamped(self.http.get(format!("https://{controller}/v1/bundle?wait={wait}"))).timeout(Duration::from_secs(wait + 30));
             if let Some(tag) = held {
                 req = req.header("if-none-match", tag.etag());
             }
-            if delta && held.is_some() {
-                req = req.header("accept", format!("application/octet-stream, {}", trellis_proto::DELTA_TYPE));
+            if let Some(files) = &files {
+                req = req
+                    .header("accept", format!("application/octet-stream, {}", trellis_proto::DELTA_TYPE))
+                    .header(trellis_proto::HELD_FILES_HEADER, files);
             }
             let send = req.send();
             async move {

@@ -19,12 +19,15 @@ pub const MAX_WAIT: Duration = Duration::from_secs(60);
 pub const SETTLE: Duration = Duration::from_secs(20);
 
 /// A node's request for its bundle.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct BundleRequest {
     /// The version it holds, if any, and (from a current agent) the start of its content digest.
     pub held: Option<trellis_proto::etag::BundleTag>,
-    /// Whether it can rebuild a bundle from the one it holds, and so takes the edits instead.
+    /// Whether it takes a delta from the bundle it holds (ADR 0033).
     pub takes_delta: bool,
+    /// The files it holds, by the first 8 bytes of their SHA-256: a delta keeps or edits only
+    /// these.
+    pub held_files: Vec<[u8; 8]>,
     /// How long to wait for a newer bundle than the one held (at most [`MAX_WAIT`]).
     pub wait: Duration,
 }
@@ -46,12 +49,45 @@ async fn displaced(open: &mut Option<(crate::metrics::LongPoll, crate::publish::
 /// The answer to a [`BundleRequest`]. Each carries the tag of the bundle it names (its ETag) and
 /// a signed freshness stamp (base64).
 pub enum BundleAnswer {
-    /// The edits from the version held to the bundle `tag` names (`proto::DELTA_TYPE`).
-    Delta { tag: BundleTag, delta: bytes::Bytes, stamp: Arc<str> },
+    /// The delta from the bundle held to the one `tag` names (`proto::DELTA_TYPE`, ADR 0033).
+    Delta { tag: BundleTag, body: Body, stamp: Arc<str> },
     /// The whole signed bundle `tag` names, to be sent as it is held.
     Whole { tag: BundleTag, body: Body, stamp: Arc<str> },
     /// The bundle held, which `tag` names, is current (`304`).
     Current { tag: BundleTag, stamp: Arc<str> },
+}
+
+/// The delta from the bundle `held` names, whose files are `files` (by the start of their
+/// digests), to `p`: each file kept when held, its edits when their base is held, else whole
+/// (ADR 0033), sent as a body whose whole files come from where the bundle holds them. `None`
+/// when nothing of it is held (the whole bundle is sent) or the tag does not say its content.
+fn delta_from(p: &Arc<crate::Published>, held: BundleTag, files: &[[u8; 8]]) -> Option<Body> {
+    use crate::publish::Part;
+    use trellis_core::delta::{frame, op, op_head, Base, Op};
+    let digest = held.digest?;
+    let entries = trellis_core::bundle::signed_files(&p.signed.head);
+    let is_held = |d: &[u8; 32]| files.iter().any(|f| f[..] == d[..8]);
+    let ops: Vec<Op<'_, trellis_core::Text>> = entries
+        .iter()
+        .zip(&p.signed.contents)
+        .enumerate()
+        .map(|(i, ((_, _, sha, _), content))| {
+            // Edits are made only for a node that holds their base and not the file itself.
+            let edits = p.edits.iter().find(|(k, e)| *k == i && is_held(&e.base) && !is_held(sha)).and_then(|(_, e)| e.edits(content));
+            op(sha, content, edits, &is_held)
+        })
+        .collect();
+    if ops.iter().all(|o| matches!(o, Op::Whole(_))) {
+        return None;
+    }
+    let mut parts = vec![Part::Small(frame(&p.signed.head, Base { version: held.version as u64, digest }).into())];
+    for (i, o) in ops.iter().enumerate() {
+        parts.push(Part::Small(op_head(o).into()));
+        if let Op::Whole(_) = o {
+            parts.push(Part::Content(i));
+        }
+    }
+    Some(Body::of_parts(p.clone(), parts))
 }
 
 fn tag_of(p: &crate::Published) -> BundleTag {
@@ -90,12 +126,23 @@ impl Controller {
                         continue;
                     }
                 }
-                if let Some((_, delta)) = p.delta.as_ref().filter(|(base, _)| ask.takes_delta && ask.held.map(|h| h.version) == Some(*base))
-                {
-                    self.metrics.bundle_answer("delta", delta.len());
-                    return Ok(BundleAnswer::Delta { tag: tag_of(p), delta: delta.clone(), stamp });
+                let behind = !ask.held.is_some_and(|h| h.names(p.version, &p.digest));
+                let asks_delta = ask.held.filter(|_| behind && ask.takes_delta);
+                let delta = match asks_delta {
+                    // Making a large file's edits takes milliseconds: not on the runtime's threads.
+                    Some(held) => {
+                        let (p, files) = (p.clone(), ask.held_files.clone());
+                        tokio::task::spawn_blocking(move || delta_from(&p, held, &files))
+                            .await
+                            .map_err(|e| Error::internal("making a delta", e.to_string()))?
+                    }
+                    None => None,
+                };
+                if let Some(body) = delta {
+                    self.metrics.bundle_answer("delta", body.remaining());
+                    return Ok(BundleAnswer::Delta { tag: tag_of(p), body, stamp });
                 }
-                if !ask.held.is_some_and(|h| h.names(p.version, &p.digest)) {
+                if behind {
                     let body = Body::new(p.clone());
                     self.metrics.bundle_answer("200", body.remaining());
                     return Ok(BundleAnswer::Whole { tag: tag_of(p), body, stamp });

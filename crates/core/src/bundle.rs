@@ -108,16 +108,36 @@ pub struct Bundle {
 /// Why a bundle was refused. Each refusal has its own variant and sentence.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BundleError {
-    TooLarge { size: usize, max: usize },
+    TooLarge {
+        size: usize,
+        max: usize,
+    },
     UnknownFormat,
     BadSignature,
     Malformed(&'static str),
-    WrongMesh { bundle: String, ours: String },
-    WrongNode { bundle: String, ours: String },
-    NotNewer { version: u64, last: u64 },
-    EqualVersionOtherContent { version: u64 },
-    FileDigest { path: String },
-    UnsafePath { path: String },
+    WrongMesh {
+        bundle: String,
+        ours: String,
+    },
+    WrongNode {
+        bundle: String,
+        ours: String,
+    },
+    NotNewer {
+        version: u64,
+        last: u64,
+    },
+    EqualVersionOtherContent {
+        version: u64,
+    },
+    FileDigest {
+        path: String,
+    },
+    UnsafePath {
+        path: String,
+    },
+    /// A delta that does not build the bundle it names from the one held (ADR 0033).
+    Delta(crate::delta::DeltaError),
 }
 
 impl std::fmt::Display for BundleError {
@@ -136,6 +156,7 @@ impl std::fmt::Display for BundleError {
                 write!(f, "bundle version {version} equals the last applied version but its content differs")
             }
             BundleError::FileDigest { path } => write!(f, "file {path} does not match its SHA-256 in the bundle"),
+            BundleError::Delta(e) => write!(f, "{e}"),
             BundleError::UnsafePath { path } => {
                 write!(f, "file path {path:?} is not one of the files trellis delivers ({})", crate::plan::DELIVERED.join(", "))
             }
@@ -328,14 +349,27 @@ pub struct Verified {
     pub bundle: Bundle,
     /// True when this is the version already applied, with the same content.
     pub redelivery: bool,
+    /// The bundle's signed head (magic, signature, manifest): with the files, its exact bytes.
+    pub head: Bytes,
+    /// The paths of the files a delta built (sent whole or as edits); `None` for a whole bundle,
+    /// whose every file came.
+    pub changed: Option<Vec<String>>,
 }
 
-/// Verifies a bundle as received. Checks, in order: size, format, signature (strict ed25519),
-/// structure, mesh and node, version against the last applied, every path and every file digest.
-pub fn verify(bytes: &[u8], key: &VerifyingKey, mesh: &str, node: &str, last: Option<Applied>) -> Result<Verified, BundleError> {
-    if bytes.len() > MAX_BUNDLE {
-        return Err(BundleError::TooLarge { size: bytes.len(), max: MAX_BUNDLE });
-    }
+/// A verified head: what its signed manifest says, and how long it is.
+struct Head {
+    mesh: String,
+    node: String,
+    version: u64,
+    issued_at: i64,
+    files: Vec<(String, u32, [u8; 32], usize)>,
+    len: usize,
+}
+
+/// Verifies the head at the start of `bytes`: format, signature (strict ed25519), structure,
+/// mesh and node, every path and mode, and the version against the last applied (the content
+/// digest needs only the manifest). What follows the head is not read.
+fn verify_head(bytes: &[u8], key: &VerifyingKey, mesh: &str, node: &str, last: Option<Applied>) -> Result<(Head, bool), BundleError> {
     let start = 4 + 64 + 4;
     if bytes.len() < start + FORMAT.len() || &bytes[..4] != MAGIC || &bytes[start..start + FORMAT.len()] != FORMAT.as_bytes() {
         return Err(BundleError::UnknownFormat);
@@ -354,38 +388,12 @@ pub fn verify(bytes: &[u8], key: &VerifyingKey, mesh: &str, node: &str, last: Op
     msg.extend_from_slice(manifest);
     key.verify_strict(&msg, &sig).map_err(|_| BundleError::BadSignature)?;
 
-    let mut r = Reader { b: &manifest[FORMAT.len()..] };
-    let bundle_mesh = r.string()?;
-    let bundle_node = r.string()?;
-    let version = r.u64()?;
-    let issued_at = r.u64()? as i64;
-    let n = r.u32()? as usize;
-    if n > MAX_FILES {
-        return Err(BundleError::Malformed("too many files"));
-    }
-    let mut heads = Vec::with_capacity(n);
-    for _ in 0..n {
-        let path = r.string()?;
-        let mode = r.u32()?;
-        let sha256: [u8; 32] = r.take(32)?.try_into().expect("32");
-        let len = r.u64()? as usize;
-        heads.push((path, mode, sha256, len));
-    }
-    if !r.b.is_empty() {
-        return Err(BundleError::Malformed("bytes follow the last entry of the manifest"));
-    }
-    let mut rest = &bytes[start + manifest_len..];
-    let mut files = Vec::with_capacity(n);
-    for (path, mode, sha256, len) in heads {
-        if rest.len() < len {
-            return Err(BundleError::Malformed("a file is shorter than the manifest says"));
-        }
-        let (content, tail) = rest.split_at(len);
-        rest = tail;
-        files.push(BundleFile { path, mode, sha256, content: Bytes::copy_from_slice(content) });
-    }
-    if !rest.is_empty() {
-        return Err(BundleError::Malformed("bytes follow the last file"));
+    let Manifest { mesh: bundle_mesh, node: bundle_node, version, issued_at, files } = read_manifest(&manifest[FORMAT.len()..])?;
+    // Head and contents together, as a whole bundle is bounded: a delta builds nothing a whole
+    // bundle could not be.
+    let total = files.iter().fold(start + manifest_len, |t, f| t.saturating_add(f.3));
+    if total > MAX_BUNDLE {
+        return Err(BundleError::TooLarge { size: total, max: MAX_BUNDLE });
     }
     if bundle_mesh != mesh {
         return Err(BundleError::WrongMesh { bundle: bundle_mesh, ours: mesh.to_string() });
@@ -393,36 +401,202 @@ pub fn verify(bytes: &[u8], key: &VerifyingKey, mesh: &str, node: &str, last: Op
     if bundle_node != node {
         return Err(BundleError::WrongNode { bundle: bundle_node, ours: node.to_string() });
     }
-    let bundle = Bundle { mesh: bundle_mesh, node: bundle_node, version, issued_at, files };
     let mut redelivery = false;
     if let Some(last) = last {
         if version < last.version {
             return Err(BundleError::NotNewer { version, last: last.version });
         }
         if version == last.version {
+            let digest = digest_of(files.iter().map(|(path, mode, sha256, _)| (path.as_str(), *mode, sha256)));
             match last.digest {
-                Some(d) if d == bundle.content_digest() => redelivery = true,
+                Some(d) if d == digest => redelivery = true,
                 Some(_) => return Err(BundleError::EqualVersionOtherContent { version }),
                 None => return Err(BundleError::NotNewer { version, last: last.version }),
             }
         }
     }
     let mut seen = std::collections::HashSet::new();
-    for f in &bundle.files {
-        if !safe_path(&f.path) {
-            return Err(BundleError::UnsafePath { path: f.path.clone() });
+    for (path, mode, _, _) in &files {
+        if !safe_path(path) {
+            return Err(BundleError::UnsafePath { path: path.clone() });
         }
-        if !seen.insert(f.path.as_str()) {
+        if !seen.insert(path.as_str()) {
             return Err(BundleError::Malformed("a path appears twice"));
         }
-        if f.mode & !0o777 != 0 {
+        if mode & !0o777 != 0 {
             return Err(BundleError::Malformed("a file mode has bits beyond 0777"));
         }
-        if <[u8; 32]>::from(Sha256::digest(&f.content)) != f.sha256 {
-            return Err(BundleError::FileDigest { path: f.path.clone() });
-        }
     }
-    Ok(Verified { bundle, redelivery })
+    let head = Head { mesh: bundle_mesh, node: bundle_node, version, issued_at, files, len: start + manifest_len };
+    Ok((head, redelivery))
+}
+
+/// What a manifest says of one file: path, mode, SHA-256 and length.
+pub type SignedFile = (String, u32, [u8; 32], usize);
+
+/// A manifest as read (after its format line), not yet judged.
+struct Manifest {
+    mesh: String,
+    node: String,
+    version: u64,
+    issued_at: i64,
+    files: Vec<SignedFile>,
+}
+
+/// Reads a manifest after its format line: its structure only (at most [`MAX_FILES`] files, no
+/// bytes after the last); what it says is judged by [`verify_head`].
+fn read_manifest(b: &[u8]) -> Result<Manifest, BundleError> {
+    let mut r = Reader { b };
+    let mesh = r.string()?;
+    let node = r.string()?;
+    let version = r.u64()?;
+    let issued_at = r.u64()? as i64;
+    let n = r.u32()? as usize;
+    if n > MAX_FILES {
+        return Err(BundleError::Malformed("too many files"));
+    }
+    let mut files = Vec::with_capacity(n);
+    for _ in 0..n {
+        let path = r.string()?;
+        let mode = r.u32()?;
+        let sha256: [u8; 32] = r.take(32)?.try_into().expect("32");
+        let len = usize::try_from(r.u64()?).unwrap_or(usize::MAX);
+        files.push((path, mode, sha256, len));
+    }
+    if !r.b.is_empty() {
+        return Err(BundleError::Malformed("bytes follow the last entry of the manifest"));
+    }
+    Ok(Manifest { mesh, node, version, issued_at, files })
+}
+
+/// The manifest of a head, read without checking its signature: for the signer's own heads,
+/// and to read the files a verified head names.
+fn head_manifest(head: &[u8]) -> Option<Manifest> {
+    let start = 4 + 64 + 4;
+    let len = u32::from_be_bytes(head.get(68..start)?.try_into().ok()?) as usize;
+    read_manifest(head.get(start..start.checked_add(len)?)?.get(FORMAT.len()..)?).ok()
+}
+
+/// What the manifest of a head says of each file: path, mode, SHA-256 and length, in order. Not
+/// a verification (the signature is not checked): for the signer's own heads, and to read the
+/// files a verified head names.
+pub fn signed_files(head: &[u8]) -> Vec<SignedFile> {
+    head_manifest(head).map(|m| m.files).unwrap_or_default()
+}
+
+/// The mesh a bundle's manifest names, read without checking anything (a client that knows
+/// no mesh yet, as the delivery bench's simulated agents).
+pub fn signed_mesh(bundle: &[u8]) -> Option<String> {
+    head_manifest(bundle).map(|m| m.mesh)
+}
+
+/// The bytes of a bundle a node holds as its signed head and the files it wrote (ADR 0033):
+/// the head, then each file the manifest names, read by `read` (given its path under the node's
+/// root, the mode and the length the manifest says; it refuses a file not so). Verify the
+/// result as any bundle; a file changed on disk fails there.
+pub fn held_bytes(head: Vec<u8>, mut read: impl FnMut(&str, u32, usize) -> Result<Vec<u8>, String>) -> Result<Vec<u8>, String> {
+    let mut bytes = head;
+    let mut total = bytes.len();
+    for (path, mode, _, len) in signed_files(&bytes) {
+        if !safe_path(&path) {
+            return Err(format!("the bundle held names {path:?}, which is not a file trellis delivers"));
+        }
+        total = total.saturating_add(len);
+        if total > MAX_BUNDLE {
+            return Err(format!("the bundle held is over the bound of {MAX_BUNDLE} bytes"));
+        }
+        let content = read(&path, mode, len)?;
+        bytes.extend_from_slice(&content);
+    }
+    Ok(bytes)
+}
+
+fn check_digest(path: &str, sha256: &[u8; 32], content: &[u8]) -> Result<(), BundleError> {
+    match <[u8; 32]>::from(Sha256::digest(content)) == *sha256 {
+        true => Ok(()),
+        false => Err(BundleError::FileDigest { path: path.to_string() }),
+    }
+}
+
+/// Verifies a bundle as received. Checks, in order: size, format, signature (strict ed25519),
+/// structure, mesh and node, version against the last applied, every path and every file digest.
+pub fn verify(bytes: &[u8], key: &VerifyingKey, mesh: &str, node: &str, last: Option<Applied>) -> Result<Verified, BundleError> {
+    if bytes.len() > MAX_BUNDLE {
+        return Err(BundleError::TooLarge { size: bytes.len(), max: MAX_BUNDLE });
+    }
+    let (head, redelivery) = verify_head(bytes, key, mesh, node, last)?;
+    let mut rest = &bytes[head.len..];
+    let mut files = Vec::with_capacity(head.files.len());
+    for (path, mode, sha256, len) in head.files {
+        if rest.len() < len {
+            return Err(BundleError::Malformed("a file is shorter than the manifest says"));
+        }
+        let (content, tail) = rest.split_at(len);
+        rest = tail;
+        check_digest(&path, &sha256, content)?;
+        files.push(BundleFile { path, mode, sha256, content: Bytes::copy_from_slice(content) });
+    }
+    if !rest.is_empty() {
+        return Err(BundleError::Malformed("bytes follow the last file"));
+    }
+    let bundle = Bundle { mesh: head.mesh, node: head.node, version: head.version, issued_at: head.issued_at, files };
+    Ok(Verified { bundle, redelivery, head: Bytes::copy_from_slice(&bytes[..head.len]), changed: None })
+}
+
+/// Verifies a delta (ADR 0033) against the bundle this node holds, verified when it came, and
+/// returns the new bundle. The delta's head is verified exactly as a whole bundle's (signature,
+/// mesh, node, version against `last`); its base must be `held`; a file it keeps must be held
+/// (under any path) with the digest the signed manifest names (taken as held: not read, not hashed); a file it
+/// sends whole or as edits must come out with that digest. Anything else refuses the delta
+/// whole, before anything is written.
+pub fn verify_delta(
+    delta: &[u8],
+    key: &VerifyingKey,
+    mesh: &str,
+    node: &str,
+    last: Option<Applied>,
+    held: &Bundle,
+) -> Result<Verified, BundleError> {
+    use crate::delta::{DeltaError, Read};
+    let mut parsed = crate::delta::parse(delta).map_err(BundleError::Delta)?;
+    let (head, redelivery) = verify_head(parsed.head, key, mesh, node, last)?;
+    if head.len != parsed.head.len() {
+        return Err(BundleError::Malformed("bytes follow the delta's manifest"));
+    }
+    if parsed.base != crate::delta::Base::of(held.version, &held.content_digest()) {
+        return Err(BundleError::Delta(DeltaError::OtherBase { version: parsed.base.version }));
+    }
+    // By content: the held file with this digest has these bytes, whatever its path.
+    let held_file = |path: &str, sha256: &[u8; 32]| {
+        held.files.iter().find(|f| f.sha256 == *sha256).ok_or_else(|| BundleError::Delta(DeltaError::NotHeld { path: path.to_string() }))
+    };
+    let mut files = Vec::with_capacity(head.files.len());
+    let mut changed = Vec::new();
+    for (path, mode, sha256, len) in head.files {
+        let content = match parsed.ops.next(len).map_err(BundleError::Delta)? {
+            Read::Keep => {
+                let f = held_file(&path, &sha256)?;
+                if f.content.len() != len {
+                    return Err(BundleError::Delta(DeltaError::Mismatch { path }));
+                }
+                files.push(BundleFile { path, mode, sha256, content: f.content.clone() });
+                continue;
+            }
+            Read::Whole(content) => Bytes::copy_from_slice(content),
+            Read::Edits { base, edits } => {
+                let from = held_file(&path, &base)?;
+                Bytes::from(crate::delta::rebuild(&from.content, edits, len, &path).map_err(BundleError::Delta)?)
+            }
+        };
+        check_digest(&path, &sha256, &content)?;
+        changed.push(path.clone());
+        files.push(BundleFile { path, mode, sha256, content });
+    }
+    if !parsed.ops.done() {
+        return Err(BundleError::Malformed("bytes follow the delta's last file"));
+    }
+    let bundle = Bundle { mesh: head.mesh, node: head.node, version: head.version, issued_at: head.issued_at, files };
+    Ok(Verified { bundle, redelivery, head: Bytes::copy_from_slice(parsed.head), changed: Some(changed) })
 }
 
 /// A signed freshness stamp: the controller's clock, signed, so an agent can tell how old the

@@ -168,12 +168,32 @@ pub fn decide(
     let off = off(decl);
     let by_destination = observed.by_destination();
     let empty = HashMap::new();
-    // Every relayed pair once (a < b), with its hub and how it stands.
+    // The nodes of a pair kept direct from the run before: only those pairs are looked up there.
+    let kept_nodes: HashSet<&str> = last.keys().map(|(a, _)| a.as_str()).collect();
+    // Every relayed pair once (a < b), with its hub. Only a pair its hub saw both sides of, or
+    // kept from the run before, can be a candidate: those are ranked by how they stand (their
+    // order decides who gets a place under the cap). Every other pair stays on its hub, for a
+    // reason that needs no rank; at 10,000 nodes they are nearly all of a million pairs, and
+    // looking each up cost most of a publish run.
     let mut ranked: Vec<(Standing, &str, &str, &str)> = Vec::new();
+    let mut plain: Vec<Pair> = Vec::new();
     for (a, out) in &compiled.nodes {
         for hub in out.plan.peers.iter().filter(|p| !p.relays_for.is_empty()) {
+            let seen = observed.by_hub.get(hub.name()).unwrap_or(&empty);
+            let seen_a = seen.contains_key(a.as_str());
             for b in hub.relays_for.iter().filter(|b| a.as_str() < &*b.name) {
-                ranked.push((standing(a, &b.name), a.as_str(), &b.name, hub.name()));
+                let b = &*b.name;
+                let may_try = (seen_a && seen.contains_key(b))
+                    || (kept_nodes.contains(a.as_str()) && last.contains_key(&(a.to_string(), b.to_string())));
+                if may_try {
+                    ranked.push((standing(a, b), a.as_str(), b, hub.name()));
+                    continue;
+                }
+                let why = match [a.as_str(), b].into_iter().find_map(|n| off.get(n).map(|w| (n, w))) {
+                    Some((n, network)) => Why::Off { node: n.to_string(), network: network.map(str::to_string) },
+                    None => Why::NotSeen { node: if seen_a { b } else { a.as_str() }.to_string() },
+                };
+                plain.push(Pair { a: a.to_string(), b: b.to_string(), hub: hub.name().to_string(), decision: Err(why) });
             }
         }
     }
@@ -231,7 +251,8 @@ pub fn decide(
     for list in decided.candidates.values_mut() {
         list.sort_by(|x, y| x.peer.cmp(&y.peer));
     }
-    decided.pairs.sort_by(|x, y| (&x.a, &x.b).cmp(&(&y.a, &y.b)));
+    decided.pairs.append(&mut plain);
+    decided.pairs.sort_unstable_by(|x, y| (&x.a, &x.b, &x.hub).cmp(&(&y.a, &y.b, &y.hub)));
     decided
 }
 

@@ -137,25 +137,34 @@ pub struct Agent {
     pub name: String,
     pub http: reqwest::Client,
     pub version: u64,
-    /// The bytes of the bundle held, to rebuild a delta from (fleet only).
-    pub last: std::sync::Mutex<bytes::Bytes>,
+    /// The bundle held, verified, to build a delta from (fleet only).
+    pub last: std::sync::Mutex<Option<trellis_core::bundle::Bundle>>,
+    /// The controller's bundle-signing key (fleet only).
+    pub signing: Option<ed25519_dalek::VerifyingKey>,
 }
 
 impl Agent {
     pub fn new(name: String, http: reqwest::Client) -> Agent {
-        Agent { name, http, version: 0, last: Default::default() }
+        Agent { name, http, version: 0, last: Default::default(), signing: None }
     }
 }
 
-/// One bundle request of `agent` (with `delta`, saying it can rebuild a delta): the status, the
-/// version named by the ETag, the body, and whether it is a delta.
+/// One bundle request of `agent` (with `delta`, naming the bundle it holds and its files, as the
+/// agent does, ADR 0033): the status, the version named by the ETag, the body, and whether it is
+/// a delta.
 pub async fn fetch(agent: &Agent, base: &str, held: Option<u64>, wait: u64, delta: bool) -> Result<(u16, Option<u64>, bytes::Bytes, bool)> {
     let mut req = agent.http.get(format!("{base}/v1/bundle?wait={wait}")).timeout(Duration::from_secs(wait + 30));
-    if let Some(v) = held {
-        req = req.header("if-none-match", format!("\"{v}\""));
-    }
-    if delta {
-        req = req.header("accept", format!("application/octet-stream, {}", trellis_proto::DELTA_TYPE));
+    let last = if delta { agent.last.lock().expect("last").clone() } else { None };
+    match (held, last) {
+        (Some(_), Some(b)) => {
+            let files: Vec<[u8; 32]> = b.files.iter().map(|f| f.sha256).collect();
+            req = req
+                .header("if-none-match", trellis_proto::etag::BundleTag::new(b.version as i64, &b.content_digest()).etag())
+                .header("accept", format!("application/octet-stream, {}", trellis_proto::DELTA_TYPE))
+                .header(trellis_proto::HELD_FILES_HEADER, trellis_proto::held_files(&files));
+        }
+        (Some(v), None) => req = req.header("if-none-match", format!("\"{v}\"")),
+        (None, _) => {}
     }
     let resp = req.send().await?;
     let status = resp.status().as_u16();

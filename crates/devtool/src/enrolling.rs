@@ -20,6 +20,8 @@ pub struct Enrolled {
     pub name: String,
     pub key_pem: String,
     pub cert_pem: String,
+    /// Base64 of the controller's bundle-signing key, as the enrolment answered it.
+    pub signing_public_key: String,
     pub latency: Duration,
     pub answered: Instant,
 }
@@ -93,7 +95,14 @@ pub async fn enrol_all(base: &str, ca_pem: &str, enrolees: Vec<Enrolee>, concurr
                 }
                 let r: proto::EnrolResponse = resp.json().await.with_context(|| format!("enrolment of {}", e.req.node))?;
                 let answered = Instant::now();
-                done.push(Enrolled { name: r.node, key_pem: e.key_pem, cert_pem: r.node_cert_pem, latency: answered - t, answered });
+                done.push(Enrolled {
+                    name: r.node,
+                    key_pem: e.key_pem,
+                    cert_pem: r.node_cert_pem,
+                    signing_public_key: r.signing_public_key,
+                    latency: answered - t,
+                    answered,
+                });
             }
         }));
     }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use base64::Engine;
 use serde_json::json;
 use trellis_core::decl::{PublicKey, Source};
 use trellis_core::Compiled;
@@ -270,6 +271,14 @@ fn drain(events: &mut tokio::sync::mpsc::UnboundedReceiver<Event>) -> usize {
     n
 }
 
+/// A whole bundle as the agent verifies it (its mesh read from the manifest, as the agent knows
+/// its own).
+fn whole_bundle(agent: &Agent, body: &[u8]) -> Result<trellis_core::bundle::Bundle, trellis_core::bundle::BundleError> {
+    let key = agent.signing.ok_or(trellis_core::bundle::BundleError::Malformed("no signing key"))?;
+    let mesh = trellis_core::bundle::signed_mesh(body).ok_or(trellis_core::bundle::BundleError::UnknownFormat)?;
+    trellis_core::bundle::verify(body, &key, &mesh, &agent.name, None).map(|v| v.bundle)
+}
+
 /// An agent's loop: long-poll for a bundle newer than the one held, report each one received.
 async fn poll(agents: Arc<Vec<Agent>>, i: usize, base: String, first_wait: u64, tx: tokio::sync::mpsc::UnboundedSender<Event>) {
     let deadline = Instant::now() + POLLING_LIMIT;
@@ -281,21 +290,22 @@ async fn poll(agents: Arc<Vec<Agent>>, i: usize, base: String, first_wait: u64, 
         }
         match fetch(&agents[i], &base, Some(held), wait, true).await {
             Ok((200, Some(v), body, delta)) => {
-                // A delta is rebuilt into the new bundle, as the agent does; the bytes fetched
-                // are what came over the wire.
-                let whole = if delta {
-                    let last = agents[i].last.lock().expect("last").clone();
-                    match trellis_core::delta::apply(&last, &body) {
-                        Ok(b) => bytes::Bytes::from(b),
-                        Err(e) => {
-                            let _ = tx.send(Event::Failed { agent: i, error: format!("the delta for version {v} did not apply: {e}") });
-                            return;
-                        }
+                // A delta is verified and built into the new bundle, as the agent does; the bytes
+                // fetched are what came over the wire.
+                let built = match (delta, agents[i].last.lock().expect("last").clone(), agents[i].signing) {
+                    (true, Some(last), Some(key)) => {
+                        trellis_core::bundle::verify_delta(&body, &key, &last.mesh, &agents[i].name, None, &last).map(|v| v.bundle)
                     }
-                } else {
-                    body.clone()
+                    (true, ..) => Err(trellis_core::bundle::BundleError::Malformed("a delta to an agent that holds no bundle")),
+                    (false, ..) => whole_bundle(&agents[i], &body),
                 };
-                *agents[i].last.lock().expect("last") = whole;
+                match built {
+                    Ok(b) => *agents[i].last.lock().expect("last") = Some(b),
+                    Err(e) => {
+                        let _ = tx.send(Event::Failed { agent: i, error: format!("version {v} was refused: {e}") });
+                        return;
+                    }
+                }
                 held = v;
                 let _ = tx.send(Event::Bundle { agent: i, at: Instant::now(), bytes: body.len() });
             }
@@ -365,7 +375,13 @@ pub async fn run(a: &DeliveryArgs, dir: &Path) -> Result<ExitCode> {
             let cfg = trellis_pki::tls::client_config(&ca, Some((&e.cert_pem, &e.key_pem)))?;
             let http =
                 reqwest::Client::builder().use_preconfigured_tls(cfg).pool_max_idle_per_host(1).local_address(agent_source(k)).build()?;
-            agents[k] = Some(Agent::new(e.name, http));
+            let mut agent = Agent::new(e.name, http);
+            let key: [u8; 32] = base64::engine::general_purpose::STANDARD
+                .decode(&e.signing_public_key)?
+                .try_into()
+                .map_err(|_| anyhow::anyhow!("the signing key is not 32 bytes"))?;
+            agent.signing = Some(ed25519_dalek::VerifyingKey::from_bytes(&key)?);
+            agents[k] = Some(agent);
         }
     }
     let agents: Vec<Agent> = agents.into_iter().map(|x| x.context("an agent did not enrol")).collect::<Result<_>>()?;
@@ -398,7 +414,7 @@ pub async fn run(a: &DeliveryArgs, dir: &Path) -> Result<ExitCode> {
             }
             agent.version = v.context("no ETag")?;
             first_bytes.push(body.len());
-            agent.last = std::sync::Mutex::new(body);
+            agent.last = std::sync::Mutex::new(Some(whole_bundle(&agent, &body).map_err(|e| anyhow::anyhow!("{}: {e}", agent.name))?));
             fetched_all.push(agent);
         }
     }

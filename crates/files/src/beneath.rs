@@ -22,6 +22,13 @@ pub struct Beneath {
     path: PathBuf,
 }
 
+/// Exactly `len` bytes of `f`, or `None` (an error, or a file that was shorter or longer).
+fn read_len(f: std::fs::File, len: usize) -> Option<Vec<u8>> {
+    let mut content = Vec::with_capacity(len);
+    f.take(len as u64 + 1).read_to_end(&mut content).ok()?;
+    (content.len() == len).then_some(content)
+}
+
 fn io(e: Errno) -> std::io::Error {
     std::io::Error::from_raw_os_error(e as i32)
 }
@@ -113,21 +120,44 @@ impl Beneath {
         Some((content, mode))
     }
 
+    /// The content and permission bits of the regular file `name`, when it is one of exactly
+    /// `len` bytes; otherwise what it is instead ("missing", "not a regular file", "N bytes"),
+    /// without reading it: a link to `/dev/zero` does not fill the memory, a FIFO does not hang.
+    pub fn read_exact_len(&self, name: &str, len: usize) -> Result<(Vec<u8>, u32), String> {
+        let (f, mode) = self.open_exact_len(name, len)?;
+        Ok((read_len(f, len).ok_or_else(|| "shorter than it says".to_string())?, mode))
+    }
+
+    /// The regular file `name` of exactly `len` bytes, opened, and its permission bits; or what
+    /// it is instead, as [`Beneath::read_exact_len`] says.
+    fn open_exact_len(&self, name: &str, len: usize) -> Result<(std::fs::File, u32), String> {
+        use std::os::unix::fs::PermissionsExt;
+        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
+        let fd = match openat(self.fd.as_fd(), name, flags, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT) => return Err("missing".into()),
+            Err(Errno::ELOOP) => return Err("not a regular file".into()),
+            Err(e) => return Err(e.desc().to_string()),
+        };
+        let f = std::fs::File::from(fd);
+        let meta = f.metadata().map_err(|e| e.to_string())?;
+        if !meta.is_file() {
+            return Err("not a regular file".into());
+        }
+        if meta.len() != len as u64 {
+            return Err(format!("{} bytes, not {len}", meta.len()));
+        }
+        Ok((f, meta.permissions().mode() & 0o777))
+    }
+
     /// Whether `name` holds exactly `content` with `mode`: a file of another size or mode is not
     /// read at all, one of the same size is compared byte for byte (no digest: a bundle's files
     /// run to megabytes on a node that sees ten thousand peers, and most changes change their size).
     pub fn holds(&self, name: &str, content: &[u8], mode: u32) -> bool {
-        use std::os::unix::fs::PermissionsExt;
-        let Ok(fd) = openat(self.fd.as_fd(), name, OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty()) else {
-            return false;
-        };
-        let mut f = std::fs::File::from(fd);
-        let Ok(meta) = f.metadata() else { return false };
-        if meta.len() != content.len() as u64 || meta.permissions().mode() & 0o777 != mode {
-            return false;
+        match self.open_exact_len(name, content.len()) {
+            Ok((f, m)) if m == mode => read_len(f, content.len()).is_some_and(|held| held == content),
+            _ => false,
         }
-        let mut held = Vec::with_capacity(content.len());
-        f.read_to_end(&mut held).is_ok() && held == content
     }
 
     /// Writes `content` to a new staging file beside `name`, created with `mode` before any

@@ -586,7 +586,10 @@ pub(crate) fn rotate_signing_key(st: &LabState, limit: Duration) -> Result<Rotat
         let mesh = id.get("mesh").and_then(|m| m.as_str()).unwrap_or_default().to_string();
         let key: [u8; 32] = b64.decode(&next)?.try_into().map_err(|_| anyhow::anyhow!("the new key is not 32 bytes"))?;
         let current = ed25519_dalek::VerifyingKey::from_bytes(&key)?;
-        let held = std::fs::read(dir.join("bundle.last")).with_context(|| format!("{node} holds no bundle"))?;
+        let head = std::fs::read(dir.join("bundle.head")).with_context(|| format!("{node} holds no bundle"))?;
+        let root = st.dir.join(format!("root-{node}"));
+        let held = trellis_core::bundle::held_bytes(head, |path, _, _| std::fs::read(root.join(path)).map_err(|e| e.to_string()))
+            .map_err(anyhow::Error::msg)?;
         let mut bundle = trellis_core::bundle::verify(&held, &current, &mesh, node, None)
             .map_err(|e| anyhow::anyhow!("{node}'s last bundle is not signed by the new key: {e}"))?
             .bundle;

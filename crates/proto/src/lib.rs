@@ -272,8 +272,38 @@ pub struct Rotation {
     pub waiting: Vec<String>,
 }
 
-/// The media type of a bundle sent as the edits from the version the node holds.
-pub const DELTA_TYPE: &str = "application/x-trellis-delta";
+/// The media type of a bundle sent as a delta from the one the node holds (ADR 0033: `TRD2`,
+/// the new bundle's signed head and, per file, keep, whole or edits). An agent that sent the
+/// older [`LEGACY_DELTA_TYPE`] (`TRD1`) is answered whole. Neither names the other: an older
+/// controller looked for its type anywhere in `Accept`, and would answer `TRD1` to this one.
+pub const DELTA_TYPE: &str = "application/vnd.trellis.delta2";
+
+/// The media type of the unsigned whole-bundle deltas (`TRD1`) before ADR 0033: never sent now.
+pub const LEGACY_DELTA_TYPE: &str = "application/x-trellis-delta";
+
+/// The request header in which a node that takes deltas names the files it holds: the first 8
+/// bytes of each one's SHA-256, in hex, separated by commas (ADR 0033). A delta keeps or edits
+/// only these; the node checks every file it builds against the signed manifest.
+pub const HELD_FILES_HEADER: &str = "x-trellis-held-files";
+
+/// The held files' header value for these file digests.
+pub fn held_files(digests: &[[u8; 32]]) -> String {
+    digests.iter().map(|d| hex::encode(&d[..8])).collect::<Vec<_>>().join(",")
+}
+
+/// Reads a held files' header: at most `trellis_core`'s file bound of entries (256), each 16
+/// lowercase hex digits; `None` for anything else (then the node is answered whole).
+pub fn parse_held_files(text: &str) -> Option<Vec<[u8; 8]>> {
+    if text.is_empty() || text.len() > 256 * 17 {
+        return None;
+    }
+    text.split(',')
+        .map(|d| match d.len() == 16 && d.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            true => hex::decode(d).ok()?.try_into().ok(),
+            false => None,
+        })
+        .collect()
+}
 
 /// The header of a bundle answer (whole, delta or `304`) that carries the controller's signed
 /// freshness stamp of now, in base64 (ADR 0012).
@@ -566,7 +596,24 @@ pub struct GraphLink {
 
 #[cfg(test)]
 mod tests {
-    use super::{KeyHolder, Revocation, Withdrawal};
+    use super::*;
+
+    /// The review of ADR 0033: a controller before it answered the old unsigned deltas to any
+    /// request whose `Accept` contained its media type anywhere, as it checked. An agent asking
+    /// for the new deltas must not read as asking for the old ones (it would take them for a
+    /// bundle, refuse it, and stay on its version until the next publish).
+    #[test]
+    fn the_delta_type_asked_for_is_not_the_old_one_as_an_older_controller_looks_for_it() {
+        let accept = format!("application/octet-stream, {DELTA_TYPE}");
+        assert!(!accept.contains(LEGACY_DELTA_TYPE), "an older controller would answer TRD1 to {accept}");
+        assert!(!LEGACY_DELTA_TYPE.contains(DELTA_TYPE));
+        let held = held_files(&[[0xab; 32], [0x01; 32]]);
+        assert_eq!(held, "abababababababab,0101010101010101");
+        assert_eq!(parse_held_files(&held), Some(vec![[0xab; 8], [0x01; 8]]));
+        for bad in ["", "ABABABABABABABAB", "abab", "abababababababab,", &"abababababababab,".repeat(300)] {
+            assert_eq!(parse_held_files(bad), None, "{bad:?}");
+        }
+    }
 
     fn holder(name: &str, applied: Option<i64>, dropped: Option<i64>, contact: Option<i64>, error: Option<&str>) -> KeyHolder {
         KeyHolder {

@@ -246,11 +246,16 @@ pub struct BundleQuery {
 /// `wait`, the answer comes as soon as a newer one exists. A node whose `Accept` names
 /// `proto::DELTA_TYPE` may get the edits from the version it holds instead. Every answer carries a signed
 /// freshness stamp. What to answer is the controller's decision (`BundleAnswer`); this writes it.
-#[utoipa::path(get, path = "/v1/bundle", tag = "node", security(("node" = [])), params(BundleQuery, ("If-None-Match" = Option<String>, Header, description = "The bundle held, as its ETag (\"7.0123456789abcdef\": its version and the start of its content digest; \"7\", the version alone, is read too)")), responses((status = 200, description = "The signed bundle (application/octet-stream, ADR 0012), or, to a node that accepts them and holds the version before, the edits from it (application/x-trellis-delta)", content(("application/octet-stream"), ("application/x-trellis-delta")), headers(("ETag" = String, description = "The bundle sent: its version and the first 8 bytes of its content digest in hex, quoted (\"7.0123456789abcdef\")"), ("X-Trellis-Freshness" = String, description = "A signed freshness stamp of now (base64, ADR 0012)"))), (status = 304, description = "The bundle held is current", headers(("ETag" = String, description = "The bundle held, as its ETag"), ("X-Trellis-Freshness" = String, description = "A signed freshness stamp of now (base64, ADR 0012)"))), Refusals))]
+#[utoipa::path(get, path = "/v1/bundle", tag = "node", security(("node" = [])), params(BundleQuery, ("If-None-Match" = Option<String>, Header, description = "The bundle held, as its ETag (\"7.0123456789abcdef\": its version and the start of its content digest; \"7\", the version alone, is read too)"), ("X-Trellis-Held-Files" = Option<String>, Header, description = "The files the node holds, by the first 8 bytes of each SHA-256 in hex, comma-separated: a delta keeps or edits only these (ADR 0033)")), responses((status = 200, description = "The signed bundle (application/octet-stream, ADR 0012), or, to a node that accepts them and names the files it holds, a signed delta from the bundle it holds (application/vnd.trellis.delta2, ADR 0033)", content(("application/octet-stream"), ("application/vnd.trellis.delta2")), headers(("ETag" = String, description = "The bundle sent: its version and the first 8 bytes of its content digest in hex, quoted (\"7.0123456789abcdef\")"), ("X-Trellis-Freshness" = String, description = "A signed freshness stamp of now (base64, ADR 0012)"))), (status = 304, description = "The bundle held is current", headers(("ETag" = String, description = "The bundle held, as its ETag"), ("X-Trellis-Freshness" = String, description = "A signed freshness stamp of now (base64, ADR 0012)"))), Refusals))]
 async fn bundle(State(c): State<Shared>, Node(who): Node, headers: HeaderMap, Query(q): Query<BundleQuery>) -> Result<Response, ApiError> {
     let ask = BundleRequest {
         held: headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()).and_then(proto::etag::BundleTag::parse),
         takes_delta: headers.get_all(header::ACCEPT).iter().any(|v| v.to_str().is_ok_and(|v| v.contains(proto::DELTA_TYPE))),
+        held_files: headers
+            .get(proto::HELD_FILES_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(proto::parse_held_files)
+            .unwrap_or_default(),
         wait: Duration::from_secs(q.wait),
     };
     // The request's headers share the connection's read buffer (several KiB): a long-poll keeps
@@ -258,10 +263,10 @@ async fn bundle(State(c): State<Shared>, Node(who): Node, headers: HeaderMap, Qu
     drop(headers);
     let freshness = header::HeaderName::from_static(proto::FRESHNESS_HEADER);
     Ok(match c.bundle_answer(&who, ask).await? {
-        BundleAnswer::Delta { tag, delta, stamp } => {
+        BundleAnswer::Delta { tag, body, stamp } => {
             let headers =
                 [(header::CONTENT_TYPE, proto::DELTA_TYPE.to_string()), (header::ETAG, tag.etag()), (freshness, stamp.to_string())];
-            (headers, delta).into_response()
+            (headers, axum::body::Body::new(Chunks(body))).into_response()
         }
         BundleAnswer::Whole { tag, body, stamp } => {
             let headers = [

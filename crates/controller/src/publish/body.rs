@@ -14,14 +14,47 @@ pub struct Published {
     /// version, what its ETag names.
     pub digest: [u8; 32],
     pub signed: Signed,
-    /// For a large bundle, the edits from the version before it (that version, the delta): a
-    /// node holding that one fetches these instead of the whole bundle.
-    pub delta: Option<(i64, bytes::Bytes)>,
+    /// For each large file that changed from the version before (by its place in the
+    /// manifest), the edits from that version's file, made when a node that holds it first asks:
+    /// it gets these in its delta instead of the file (ADR 0033).
+    pub edits: Vec<(usize, EditsFrom)>,
 }
 
-/// Bundles from this size on are also sent as deltas from their previous version; smaller ones
-/// cost less to send whole than to diff.
-pub const DELTA_FROM: usize = 128 * 1024;
+/// A large file's edits from the version of it before, made once, when first asked for: a
+/// publish run keeps the file before (its compiled text, sharing the pieces that did not change)
+/// and signs on; the node's request makes the edits (a few milliseconds a megabyte) and the file
+/// before is let go.
+pub struct EditsFrom {
+    /// The SHA-256 of the file before: a node that holds it can take the edits.
+    pub base: [u8; 32],
+    from: std::sync::Mutex<Option<Text>>,
+    made: std::sync::OnceLock<Option<trellis_core::delta::Edits>>,
+}
+
+impl EditsFrom {
+    pub fn new(base: [u8; 32], from: Text) -> EditsFrom {
+        EditsFrom { base, from: std::sync::Mutex::new(Some(from)), made: std::sync::OnceLock::new() }
+    }
+
+    /// The edits that turn the file before into `to`, made at the first call.
+    pub fn edits(&self, to: &Text) -> Option<&trellis_core::delta::Edits> {
+        self.made
+            .get_or_init(|| {
+                let from = self.from.lock().expect("edits").take()?;
+                let (mut a, mut b) = (Vec::with_capacity(from.len()), Vec::with_capacity(to.len()));
+                trellis_core::bundle::Content::write_to(&from, &mut a);
+                trellis_core::bundle::Content::write_to(to, &mut b);
+                Some(trellis_core::delta::Edits { base: self.base, edits: trellis_core::delta::edits(&a, &b).into() })
+            })
+            .as_ref()
+    }
+}
+
+/// Files from this size on that changed are also kept as the edits from the version before;
+/// smaller ones cost less to send whole than to diff. At 16 KiB a group move sent its 40
+/// agents 17 KiB each on the 10,000-node bench mesh (their rulesets and zones of a few KiB,
+/// whole); making the edits costs about what hashing the file does.
+pub const EDITS_FROM: usize = 2 * 1024;
 
 /// A signed bundle as held: the head (magic, signature, manifest) and the files' contents in
 /// manifest order, as the compiled output holds them. A content is made of pieces shared with
@@ -46,14 +79,25 @@ impl AsRef<[u8]> for ArcStr {
     }
 }
 
+/// One part of an answer's bytes: bytes of its own (the head, a delta's frame and ops), sent as
+/// a chunk of their own or, when small, gathered with what follows; or a content of the bundle,
+/// by its place, sent from where it is held.
+pub enum Part {
+    Alone(bytes::Bytes),
+    Small(bytes::Bytes),
+    Content(usize),
+}
+
 /// A bundle's bytes in order, as the chunks of one answer: the head, then each large piece as it
 /// is held (no copy) and the runs of small pieces between them gathered into buffers of at most
 /// `CHUNK` bytes. What it gathers lives while the answer is sent, not while the bundle is held.
+/// A delta (ADR 0033) is sent the same way: its frame, and each file sent whole from where the
+/// bundle holds it.
 pub struct Body {
     bundle: Arc<Published>,
-    head: bool,
-    /// The next piece to send: a content of the bundle, a chunk of it and a piece of that.
-    file: usize,
+    parts: Vec<Part>,
+    /// The next piece to send: a part, a chunk of it and a piece of that.
+    part: usize,
     chunk: usize,
     piece: usize,
     left: usize,
@@ -61,8 +105,21 @@ pub struct Body {
 
 impl Body {
     pub fn new(bundle: Arc<Published>) -> Body {
-        let left = bundle.signed.len();
-        Body { bundle, head: true, file: 0, chunk: 0, piece: 0, left }
+        let mut parts = vec![Part::Alone(bundle.signed.head.clone())];
+        parts.extend((0..bundle.signed.contents.len()).map(Part::Content));
+        Body::of_parts(bundle, parts)
+    }
+
+    /// The bytes of `parts`, contents taken from `bundle`.
+    pub fn of_parts(bundle: Arc<Published>, parts: Vec<Part>) -> Body {
+        let left = parts
+            .iter()
+            .map(|p| match p {
+                Part::Alone(b) | Part::Small(b) => b.len(),
+                Part::Content(i) => bundle.signed.contents[*i].len(),
+            })
+            .sum();
+        Body { bundle, parts, part: 0, chunk: 0, piece: 0, left }
     }
 
     /// The bytes not sent yet.
@@ -76,36 +133,52 @@ impl Iterator for Body {
 
     fn next(&mut self) -> Option<bytes::Bytes> {
         let signed = &self.bundle.signed;
-        if std::mem::take(&mut self.head) && !signed.head.is_empty() {
-            self.left -= signed.head.len();
-            return Some(signed.head.clone());
-        }
         let mut run = bytes::BytesMut::new();
-        while let Some(content) = signed.contents.get(self.file) {
-            let Some(chunk) = content.chunks().get(self.chunk) else {
-                (self.file, self.chunk, self.piece) = (self.file + 1, 0, 0);
-                continue;
-            };
-            let Some(piece) = chunk.pieces().get(self.piece) else {
-                (self.chunk, self.piece) = (self.chunk + 1, 0);
-                continue;
-            };
-            if piece.len() >= SHARED_PIECE {
-                if !run.is_empty() {
-                    break;
+        while let Some(part) = self.parts.get(self.part) {
+            let piece: &[u8] = match part {
+                Part::Alone(b) => {
+                    if !run.is_empty() {
+                        break;
+                    }
+                    self.part += 1;
+                    if b.is_empty() {
+                        continue;
+                    }
+                    self.left -= b.len();
+                    return Some(b.clone());
                 }
-                self.piece += 1;
-                self.left -= piece.len();
-                return Some(bytes::Bytes::from_owner(ArcStr(piece.clone())));
-            }
-            if run.len() + piece.len() > CHUNK {
+                Part::Small(b) => b,
+                Part::Content(i) => {
+                    let Some(chunk) = signed.contents[*i].chunks().get(self.chunk) else {
+                        (self.part, self.chunk, self.piece) = (self.part + 1, 0, 0);
+                        continue;
+                    };
+                    let Some(piece) = chunk.pieces().get(self.piece) else {
+                        (self.chunk, self.piece) = (self.chunk + 1, 0);
+                        continue;
+                    };
+                    if piece.len() >= SHARED_PIECE {
+                        if !run.is_empty() {
+                            break;
+                        }
+                        self.piece += 1;
+                        self.left -= piece.len();
+                        return Some(bytes::Bytes::from_owner(ArcStr(piece.clone())));
+                    }
+                    piece.as_bytes()
+                }
+            };
+            if run.len() + piece.len() > CHUNK && !run.is_empty() {
                 break;
             }
             if run.capacity() == 0 {
-                run.reserve(self.left.min(CHUNK));
+                run.reserve(self.left.min(CHUNK).max(piece.len()));
             }
-            run.extend_from_slice(piece.as_bytes());
-            self.piece += 1;
+            run.extend_from_slice(piece);
+            match part {
+                Part::Small(_) => self.part += 1,
+                _ => self.piece += 1,
+            }
         }
         self.left -= run.len();
         (!run.is_empty()).then(|| run.freeze())
@@ -120,6 +193,24 @@ mod tests {
         Arc::from(c.to_string().repeat(n).as_str())
     }
 
+    /// A large file's edits are made at the first ask, from the file before, which is let go;
+    /// they rebuild the file exactly.
+    #[test]
+    fn edits_are_made_once_when_first_asked_and_rebuild_the_file() {
+        let lines = |n: usize| -> Vec<Arc<str>> { (0..n).map(|i| Arc::from(format!("peer-{i}\n").as_str())).collect() };
+        let (before, after) = (Text::from_pieces(lines(3000)), Text::from_pieces(lines(3001)));
+        let e = EditsFrom::new([9; 32], before.clone());
+        let made = e.edits(&after).expect("made").clone();
+        assert!(e.from.lock().unwrap().is_none(), "the file before is let go");
+        assert_eq!(e.edits(&after), Some(&made), "made once");
+        assert_eq!(made.base, [9; 32]);
+        assert!(made.edits.len() < 128, "{} bytes of edits", made.edits.len());
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        trellis_core::bundle::Content::write_to(&before, &mut a);
+        trellis_core::bundle::Content::write_to(&after, &mut b);
+        assert_eq!(trellis_core::delta::rebuild(&a, &made.edits, b.len(), "f").unwrap(), b);
+    }
+
     #[test]
     fn an_answer_sends_the_bundle_as_held_large_pieces_without_a_copy() {
         let large = piece('L', SHARED_PIECE);
@@ -129,7 +220,8 @@ mod tests {
         first.extend_from_slice(&small[30..]);
         let contents = vec![Text::from_pieces(first), Text::from(""), Text::from_pieces(vec![piece('z', 3), large.clone()])];
         let head = bytes::Bytes::from_static(b"TRB1 head");
-        let bundle = Arc::new(Published { version: 7, digest: [0; 32], signed: Signed { head: head.clone(), contents }, delta: None });
+        let bundle =
+            Arc::new(Published { version: 7, digest: [0; 32], signed: Signed { head: head.clone(), contents }, edits: Vec::new() });
         let mut body = Body::new(bundle.clone());
         assert_eq!(body.remaining(), bundle.signed.len());
         let mut chunks = Vec::new();

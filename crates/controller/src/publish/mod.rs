@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use body::{Body, Published, Signed, DELTA_FROM};
+pub use body::{Body, EditsFrom, Part, Published, Signed, EDITS_FROM};
 pub(crate) use tables::Publisher;
 pub use tables::{AuthEntry, Polling, POLLS_PER_NODE};
 

@@ -212,9 +212,14 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
         }
         _ => None,
     };
+    let at = std::time::Instant::now();
     let compiled = trellis_core::compile(decl, &run.keys, &allocation, previous).map_err(|d| Error::internal("compiling", d))?;
+    let compile_ms = at.elapsed().as_millis() as u64;
     // Direct paths: each relayed pair's candidates, from what its hub observed (ADR 0032).
+    let at = std::time::Instant::now();
     let decided = trellis_core::paths::decide(&compiled, &run.keys, decl, &paths.observed, &|a, b| paths.standing(a, b), &run.endpoints);
+    let decide_ms = at.elapsed().as_millis() as u64;
+    let at = std::time::Instant::now();
     let texts: HashMap<String, String> =
         decided.candidates.iter().map(|(node, list)| (node.clone(), trellis_core::paths::write(node, list))).collect();
     let due = due(run, &active, &compiled, run.trust != trust, held, &texts);
@@ -229,10 +234,13 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
             Due { record, files, digest }
         })
         .collect();
+    let assemble_ms = at.elapsed().as_millis() as u64;
+    let at = std::time::Instant::now();
     let withdrawals = carried_before.map(|before| withdrawn(&before, &compiled)).unwrap_or_default();
     let revocations = revocation_holders(unrecorded, (&left, &run.left), &compiled, (decl, &run.keys, records))?;
     let candidates = decided.candidates.iter().map(|(n, l)| (n.clone(), l.iter().map(|c| c.peer.clone()).collect())).collect();
     let endpoints = decided.endpoints();
+    tracing::debug!(compile_ms, decide_ms, assemble_ms, rest_ms = at.elapsed().as_millis() as u64, "publish plan");
     Ok(RunPlan { compiled, active, due, left, revocations, withdrawals, hubs, paths: texts, candidates, endpoints, pairs: decided.pairs })
 }
 

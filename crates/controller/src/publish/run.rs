@@ -11,7 +11,7 @@ use trellis_core::bundle::{entries, number, Shared};
 use trellis_core::Declaration;
 use trellis_store::{BundleVersion, NodeRecord};
 
-use super::body::{Published, Signed, DELTA_FROM};
+use super::body::{Published, Signed, EDITS_FROM};
 use super::plan::{plan, Due, Inputs, Run, RunPlan};
 use super::tables::Publisher;
 use crate::trust::RunTrust;
@@ -41,7 +41,9 @@ impl Controller {
         let mut run = p.run.lock().await;
         // Every decision counted here is durable already, so the reads below see it.
         let upto = p.asked.load(Ordering::SeqCst);
+        let started = std::time::Instant::now();
         let read = self.read_run().await?;
+        let read_ms = started.elapsed().as_millis() as u64;
         let head = read.head.as_ref().map_or(0, |(seq, _)| *seq);
         let Some((revision, decl)) = &read.declaration else {
             p.set_auth(&read.records, None);
@@ -82,10 +84,26 @@ impl Controller {
             held: &held,
             paths: &paths,
         };
+        let at = std::time::Instant::now();
         let mut plan = plan(inputs, &mut run)?;
+        let plan_ms = at.elapsed().as_millis() as u64;
+        let at = std::time::Instant::now();
         let (versions, stale, due) = self.store_versions(std::mem::take(&mut plan.due)).await?;
+        let store_ms = at.elapsed().as_millis() as u64;
+        let at = std::time::Instant::now();
         let sealed = seal(p, due, &versions, &trust, &decl.mesh.name);
+        let seal_ms = at.elapsed().as_millis() as u64;
         let published = swap(p, &mut run, sealed, &plan.active);
+        // Where a run's time goes, for whoever profiles delivery (`bench delivery` at scale).
+        tracing::debug!(
+            bundles = published.len(),
+            read_ms,
+            plan_ms,
+            store_ms,
+            seal_ms,
+            swapped_ms = started.elapsed().as_millis() as u64,
+            "publish run"
+        );
         self.follow(&plan, &versions, &stale, &trust, &published).await?;
         *p.pairs.write().expect("pairs") = Arc::new(run.keep(plan));
         run.revision = Some(*revision);
@@ -157,7 +175,7 @@ impl Controller {
 }
 
 /// Numbers each due bundle's zone with its version, signs every one (on every core) and makes
-/// the deltas of large ones from the version held before.
+/// keeps, for large files that changed, the version before's file to make edits from.
 fn seal<'r>(
     p: &Publisher,
     mut due: Vec<Due<'r>>,
@@ -185,25 +203,35 @@ fn seal<'r>(
         .map(|(d, (head, content))| {
             let signed = Signed { head, contents: d.files.iter().map(|f| f.content.clone()).collect() };
             let version = versions[&d.record.name].version;
-            // A large bundle's previous version, to make a delta from.
-            let previous = (signed.len() >= DELTA_FROM).then(|| p.current(&d.record.name)).flatten().filter(|old| old.version < version);
+            // The version before, to make a large file's edits from.
+            let previous = d
+                .files
+                .iter()
+                .any(|f| f.content.len() >= EDITS_FROM)
+                .then(|| p.current(&d.record.name))
+                .flatten()
+                .filter(|old| old.version < version);
             (d, signed, content, previous)
         })
         .collect();
-    // Deltas, on every core: a bundle of a few megabytes takes some milliseconds.
-    let heavy: Vec<usize> = (0..signed.len()).filter(|&i| signed[i].3.is_some()).collect();
-    let made = trellis_core::par::map_each(heavy.len(), |k| {
-        let (_, new, _, old) = &signed[heavy[k]];
-        let old = old.as_ref().expect("only bundles with a previous version");
-        (old.version, bytes::Bytes::from(trellis_core::delta::make(&old.signed.to_vec(), &new.to_vec())))
-    });
-    let mut made: HashMap<usize, (i64, bytes::Bytes)> = heavy.into_iter().zip(made).collect();
+    // Each large file that changed, by bundle and place: the version before's file, to make its
+    // edits from when the node first asks (not here, on the run's path).
+    let mut edits: HashMap<usize, Vec<(usize, super::body::EditsFrom)>> = HashMap::new();
+    for (i, (d, _, _, previous)) in signed.iter().enumerate() {
+        let Some(old) = previous else { continue };
+        let before = trellis_core::bundle::signed_files(&old.signed.head);
+        for (k, f) in d.files.iter().enumerate().filter(|(_, f)| f.content.len() >= EDITS_FROM) {
+            if let Some(j) = before.iter().position(|(path, _, sha, _)| path == f.path && *sha != f.sha256) {
+                edits.entry(i).or_default().push((k, super::body::EditsFrom::new(before[j].2, old.signed.contents[j].clone())));
+            }
+        }
+    }
     signed
         .into_iter()
         .enumerate()
         .map(|(i, (d, signed, digest, _))| {
             let version = versions[&d.record.name].version;
-            (d.record, d.digest, Published { version, digest, signed, delta: made.remove(&i) })
+            (d.record, d.digest, Published { version, digest, signed, edits: edits.remove(&i).unwrap_or_default() })
         })
         .collect()
 }

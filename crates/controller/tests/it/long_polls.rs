@@ -50,7 +50,7 @@ async fn one_node_holds_at_most_a_few_long_polls_and_the_oldest_answer_at_once()
         for i in 0..POLLS_PER_NODE + extra {
             let (poller, who) = (c.clone(), who.clone());
             polls.push(tokio::spawn(async move {
-                let ask = BundleRequest { held: Some(held), takes_delta: false, wait: Duration::from_secs(60) };
+                let ask = BundleRequest { held: Some(held), takes_delta: false, held_files: Vec::new(), wait: Duration::from_secs(60) };
                 let answer = poller.bundle_answer(&who, ask).await;
                 (answer, Instant::now())
             }));

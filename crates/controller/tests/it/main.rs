@@ -497,7 +497,12 @@ async fn a_bundle_request_is_answered_as_a_value() {
         let enrolled = c.enrol(req).await.unwrap();
         let der = trellis_pki::pem_to_der(&enrolled.node_cert_pem, "CERTIFICATE").unwrap();
         let who = c.authenticate_node(Some(&der)).await.unwrap();
-        let ask = |held: Option<BundleTag>, wait: u64| BundleRequest { held, takes_delta: true, wait: Duration::from_secs(wait) };
+        let ask = |held: Option<BundleTag>, wait: u64| BundleRequest {
+            held,
+            takes_delta: true,
+            held_files: Vec::new(),
+            wait: Duration::from_secs(wait),
+        };
         let version_only = |version: i64| BundleTag { version, digest: None };
 
         // No bundle held yet: the request waits for the run that covers the enrolment.
@@ -525,7 +530,7 @@ async fn a_bundle_request_is_answered_as_a_value() {
         });
         let second = match answer.unwrap() {
             BundleAnswer::Whole { tag, .. } => tag.version,
-            _ => panic!("a newer bundle is sent whole (it is too small for a delta)"),
+            _ => panic!("a newer bundle is sent whole (the tag names no content and no files: no delta)"),
         };
         assert!(second > first, "{second} after {first}");
 

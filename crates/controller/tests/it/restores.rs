@@ -56,7 +56,7 @@ async fn restore(c: &Controller, backup: &trellis_store::BundleVersion) {
 
 /// The node asks holding `tag`: the bundle it is sent must be one its verifier takes.
 async fn ask_and_verify(c: &Controller, who: &NodeIdentity, tag: BundleTag, applied: Applied) -> i64 {
-    let ask = BundleRequest { held: Some(tag), takes_delta: false, wait: Duration::from_secs(5) };
+    let ask = BundleRequest { held: Some(tag), takes_delta: false, held_files: Vec::new(), wait: Duration::from_secs(5) };
     let (sent, body) = match c.bundle_answer(who, ask).await.unwrap() {
         BundleAnswer::Whole { tag: sent, body, .. } => (sent, body.collect::<Vec<_>>().concat()),
         BundleAnswer::Current { tag: current, .. } => panic!("holding {tag:?}, told {current:?} is current"),
@@ -117,7 +117,7 @@ async fn a_node_ahead_of_a_restored_database_gets_its_next_bundle_above_what_it_
         assert!(!status.iter().find(|n| n.name == "db-1").unwrap().stale);
         // Once it holds that, it is current again: no more renumbering.
         let (tag, _) = held(c);
-        let ask = BundleRequest { held: Some(tag), takes_delta: false, wait: Duration::ZERO };
+        let ask = BundleRequest { held: Some(tag), takes_delta: false, held_files: Vec::new(), wait: Duration::ZERO };
         assert!(matches!(c.bundle_answer(&who, ask).await.unwrap(), BundleAnswer::Current { tag: t, .. } if t == tag));
     })
     .await;
@@ -159,7 +159,12 @@ async fn a_witness_above_what_can_have_been_published_is_not_believed() {
         for forged in
             [proto::etag::MAX_VERSION, proto::etag::MAX_VERSION - 1, before.version + trellis_controller::bundle::WITNESS_MARGIN + 1]
         {
-            let ask = BundleRequest { held: Some(BundleTag { version: forged, digest: None }), takes_delta: false, wait: Duration::ZERO };
+            let ask = BundleRequest {
+                held: Some(BundleTag { version: forged, digest: None }),
+                takes_delta: false,
+                held_files: Vec::new(),
+                wait: Duration::ZERO,
+            };
             match c.bundle_answer(&who, ask).await.unwrap() {
                 BundleAnswer::Whole { tag, .. } => assert_eq!(tag.version, before.version, "holding {forged}"),
                 _ => panic!("holding {forged}: not answered with the bundle in force"),
@@ -170,17 +175,27 @@ async fn a_witness_above_what_can_have_been_published_is_not_believed() {
         // What it was given is current: the poll waits for a change, as every node's does.
         let (tag, _) = held(c);
         let started = std::time::Instant::now();
-        let ask = BundleRequest { held: Some(tag), takes_delta: false, wait: Duration::from_millis(600) };
+        let ask = BundleRequest { held: Some(tag), takes_delta: false, held_files: Vec::new(), wait: Duration::from_millis(600) };
         assert!(matches!(c.bundle_answer(&who, ask).await.unwrap(), BundleAnswer::Current { .. }));
         assert!(started.elapsed() >= Duration::from_millis(500), "the long-poll answered after {:?}", started.elapsed());
 
         // Within what can be true it is believed, once: asked again at once, not again.
         let ahead = before.version + 10;
-        let ask = BundleRequest { held: Some(BundleTag { version: ahead, digest: None }), takes_delta: false, wait: Duration::ZERO };
+        let ask = BundleRequest {
+            held: Some(BundleTag { version: ahead, digest: None }),
+            takes_delta: false,
+            held_files: Vec::new(),
+            wait: Duration::ZERO,
+        };
         let BundleAnswer::Whole { tag, .. } = c.bundle_answer(&who, ask).await.unwrap() else { panic!("no bundle") };
         assert_eq!(tag.version, ahead + 1, "numbered above what it holds");
         let again = ahead + 1000;
-        let ask = BundleRequest { held: Some(BundleTag { version: again, digest: None }), takes_delta: false, wait: Duration::ZERO };
+        let ask = BundleRequest {
+            held: Some(BundleTag { version: again, digest: None }),
+            takes_delta: false,
+            held_files: Vec::new(),
+            wait: Duration::ZERO,
+        };
         let BundleAnswer::Whole { tag, .. } = c.bundle_answer(&who, ask).await.unwrap() else { panic!("no bundle") };
         assert_eq!(tag.version, ahead + 1, "renumbered a second time within the interval");
         assert_eq!(c.store().bundle("db-1").await.unwrap().unwrap().version, ahead + 1);

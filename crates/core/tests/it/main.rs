@@ -2,6 +2,7 @@
 
 mod allocation;
 mod certs;
+mod deltas;
 mod diagnostics;
 mod exposures;
 mod golden;

@@ -691,9 +691,9 @@ async fn stopping_answers_long_polls_at_once_and_finishes_the_decisions_in_fligh
 /// How many nodes `op-1` peers with in the delta test: enough for a bundle over `DELTA_FROM`.
 const WIDE: usize = 600;
 
-fn wide_mesh(n: usize, extra: bool) -> Value {
+fn wide_mesh(n: usize, extra: usize) -> Value {
     let mut mesh = String::from("[mesh]\nname = \"basic\"\ndomain = \"basic.mesh\"\noverlay_ipv4 = \"10.70.0.0/16\"\n\n[networks]\nlan = {}\n\n[[node]]\nname = \"op-1\"\nnetworks = [\"lan\"]\nmodules = [\"ping\"]\n");
-    for i in 0..n + usize::from(extra) {
+    for i in 0..n + extra {
         let key = base64::engine::general_purpose::STANDARD.encode([(i % 250) as u8 + 1, (i / 250) as u8 + 1].repeat(16));
         mesh.push_str(&format!("\n[[node]]\nname = \"n-{i:04}\"\nnetworks = [\"lan\"]\nmodules = [\"ping\"]\npublic_key = \"{key}\"\n[[node.endpoint]]\naddress = \"192.0.2.{}:{}\"\nreachable_from = [\"lan\"]\n", 1 + i % 200, 20000 + i));
     }
@@ -701,44 +701,95 @@ fn wide_mesh(n: usize, extra: bool) -> Value {
     json!({"files": [{"path": "mesh.toml", "text": mesh}, {"path": "modules/ping.toml", "text": ping}]})
 }
 
-/// Issue 10: a node that peers with the whole mesh holds a large bundle, and one node more
-/// changes a few lines of it. A node that holds the previous version and accepts deltas gets the
-/// edits (a few hundred bytes instead of the whole bundle); rebuilt, they are exactly the bytes of
-/// the new bundle, which verifies as any bundle. A node that does not ask for a delta, or holds
-/// another version, gets the whole bundle.
+impl Node {
+    /// The bundle as a node that holds `held` and takes deltas asks for it (ADR 0033): its tag
+    /// and the digests of its files. Returns the content type and the body.
+    async fn fetch_delta(&self, base: &str, held: &trellis_core::bundle::Bundle) -> (String, Option<u64>, Vec<u8>) {
+        let tag = trellis_proto::etag::BundleTag::new(held.version as i64, &held.content_digest());
+        let files: Vec<[u8; 32]> = held.files.iter().map(|f| f.sha256).collect();
+        let resp = self
+            .http
+            .get(format!("{base}/v1/bundle?wait=0"))
+            .header("if-none-match", tag.etag())
+            .header("accept", format!("application/octet-stream, {}", trellis_proto::DELTA_TYPE))
+            .header(trellis_proto::HELD_FILES_HEADER, trellis_proto::held_files(&files))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        let kind = resp.headers()["content-type"].to_str().unwrap().to_string();
+        let tag = trellis_proto::etag::BundleTag::parse(resp.headers()["etag"].to_str().unwrap()).expect("an ETag of ours");
+        (kind, Some(tag.version as u64), resp.bytes().await.unwrap().to_vec())
+    }
+
+    fn open_delta(&self, delta: &[u8], held: &trellis_core::bundle::Bundle) -> trellis_core::bundle::Verified {
+        let applied = trellis_core::bundle::Applied { version: held.version, digest: Some(held.content_digest()) };
+        trellis_core::bundle::verify_delta(delta, &self.signing, "basic", &held.node, Some(applied), held).unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+/// Issue 35 (ADR 0033): a node that peers with the whole mesh holds a large bundle, and one node
+/// more changes a few lines of three of its files. A node one version behind gets the new head
+/// and the edits of those files (a few KiB, not the whole bundle); three versions behind, the
+/// changed files whole and the rest kept; built, either is exactly the new bundle. A node that
+/// holds unknown content, or does not ask for a delta, gets the whole bundle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_large_bundle_comes_as_a_delta_to_a_node_holding_the_version_before() {
+async fn a_node_catches_up_by_delta_from_any_version_it_holds_and_whole_from_unknown_content() {
     let r = start(Database::sqlite()).await;
-    let (s, b) = r.admin_post("/v1/admin/apply", wide_mesh(WIDE, false)).await;
+    let (s, b) = r.admin_post("/v1/admin/apply", wide_mesh(WIDE, 0)).await;
     assert_eq!(s, 200, "{b}");
     let node = r.enrol_node("op-1", 250, false).await;
     let first = node.fetch(&r.base, None, 20).await;
     assert_eq!(first.status, 200);
-    assert!(first.bytes.len() >= trellis_controller::publish::DELTA_FROM, "a large bundle: {} bytes", first.bytes.len());
-    let (s, b) = r.admin_post("/v1/admin/apply", wide_mesh(WIDE, true)).await;
-    assert_eq!(s, 200, "{b}");
-    let whole = node.fetch(&r.base, first.version, 20).await;
-    assert_eq!(whole.status, 200);
-    assert!(whole.version > first.version);
+    let mut held = vec![node.open(&first, "op-1")];
+    assert!(first.bytes.len() >= 128 * 1024, "a large bundle: {} bytes", first.bytes.len());
+    let mut whole = 0;
+    for extra in 1..=3 {
+        let (s, b) = r.admin_post("/v1/admin/apply", wide_mesh(WIDE, extra)).await;
+        assert_eq!(s, 200, "{b}");
+        let f = node.fetch(&r.base, Some(held.last().unwrap().version), 20).await;
+        assert_eq!(f.status, 200);
+        whole = f.bytes.len();
+        held.push(node.open(&f, "op-1"));
+    }
+    let current = held.last().unwrap().clone();
 
-    let resp = node
-        .http
-        .get(format!("{}/v1/bundle?wait=0", r.base))
-        .header("if-none-match", format!("\"{}\"", first.version.unwrap()))
-        .header("accept", format!("application/octet-stream, {}", trellis_proto::DELTA_TYPE))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
-    assert_eq!(resp.headers()["content-type"], trellis_proto::DELTA_TYPE);
-    let tag = trellis_proto::etag::BundleTag::parse(resp.headers()["etag"].to_str().unwrap()).expect("an ETag of ours");
-    assert_eq!(tag.version as u64, whole.version.unwrap());
-    let delta = resp.bytes().await.unwrap();
-    assert!(delta.len() * 50 < whole.bytes.len(), "a delta of {} bytes for a bundle of {}", delta.len(), whole.bytes.len());
-    let rebuilt = trellis_core::delta::apply(&first.bytes, &delta).unwrap();
-    assert_eq!(rebuilt, whole.bytes, "the delta rebuilds the new bundle exactly");
-    let b = node.open(&Fetched { status: 200, version: whole.version, bytes: rebuilt, stamp: None }, "op-1");
-    assert!(file(&b, "etc/trellis/wireguard.conf").matches("[Peer]").count() > WIDE);
+    // One version behind: the edits of the large files that changed, and the head.
+    let (kind, version, delta) = node.fetch_delta(&r.base, &held[2]).await;
+    assert_eq!((kind.as_str(), version), (trellis_proto::DELTA_TYPE, Some(current.version)));
+    assert!(delta.len() <= 16 * 1024, "a delta of {} bytes for a bundle of {whole}", delta.len());
+    let v = node.open_delta(&delta, &held[2]);
+    assert_eq!(v.bundle, current, "the delta builds the new bundle exactly");
+    let changed = v.changed.unwrap();
+    assert!(
+        changed.contains(&"etc/trellis/wireguard.conf".to_string()) && !changed.contains(&"etc/trellis/ca.pem".to_string()),
+        "{changed:?}"
+    );
+
+    // Three versions behind: the changed files whole, the rest kept.
+    let (kind, _, delta) = node.fetch_delta(&r.base, &held[0]).await;
+    assert_eq!(kind, trellis_proto::DELTA_TYPE);
+    assert!(delta.len() < whole, "{} against {whole}", delta.len());
+    assert_eq!(node.open_delta(&delta, &held[0]).bundle, current);
+
+    // Other content under a known version (a file missing): the delta is made from the files
+    // the node names, and builds the bundle from them.
+    let mut other = held[0].clone();
+    other.files.retain(|f| f.path != "etc/trellis/ca.pem");
+    let (kind, _, delta) = node.fetch_delta(&r.base, &other).await;
+    assert_eq!(kind, trellis_proto::DELTA_TYPE);
+    let v = node.open_delta(&delta, &other);
+    assert_eq!(v.bundle, current);
+    assert!(v.changed.unwrap().contains(&"etc/trellis/ca.pem".to_string()), "the missing file comes whole");
+
+    // Content the controller knows nothing of: whole, as it is held.
+    let mut unknown = held[0].clone();
+    for f in &mut unknown.files {
+        *f = trellis_core::bundle::BundleFile::new(f.path.clone(), f.mode, "changed by hand\n");
+    }
+    let (kind, _, bytes) = node.fetch_delta(&r.base, &unknown).await;
+    assert_eq!(kind, "application/octet-stream");
+    assert_eq!(node.open(&Fetched { status: 200, version: None, bytes, stamp: None }, "op-1"), current);
 
     // Holding another version, the node gets the whole bundle even when it accepts deltas (one
     // above any this database numbered: a restore; its bundle is numbered above it, ADR 0024).
