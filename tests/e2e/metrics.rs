@@ -134,10 +134,15 @@ fn both_metric_endpoints_count_enrolments_show_staleness_and_time_publishing() {
     assert!((0.0..30.0).contains(&contact), "the controller answered recently: {contact}");
     assert_eq!(must_value(&agent, "trellis_agent_evidence_buffered_records"), 0.0, "evidence delivered");
 
-    // Revoking api-1 ends its staleness: it has no desired version any more.
+    // Revoking api-1 ends its staleness: it has no desired version any more. It is counted
+    // `revoking` until every holder of its key has dropped it (db-1's agent applies the bundle
+    // without it), then `revoked`: both are waited for, since a scrape can fall between them.
     c.ok(&["node", "revoke", "api-1"]);
-    let after = until(ctl_port, "api-1 revoked and no longer stale", |t| value(t, "trellis_nodes_stale") == Some(0.0));
-    assert_eq!(must_value(&after, "trellis_nodes{state=\"revoked\"}"), 1.0);
+    let after = until(ctl_port, "api-1 revoked and no longer stale", |t| {
+        value(t, "trellis_nodes_stale") == Some(0.0) && value(t, "trellis_nodes{state=\"revoked\"}") == Some(1.0)
+    });
+    assert_eq!(must_value(&after, "trellis_nodes{state=\"revoking\"}"), 0.0);
+    assert_eq!(must_value(&after, "trellis_nodes{state=\"active\"}"), 1.0);
     assert_eq!(must_value(&after, "trellis_decisions_total{kind=\"revoke\"}"), 1.0);
 }
 
