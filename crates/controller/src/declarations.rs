@@ -46,6 +46,15 @@ fn digest(files: &[(String, String)]) -> String {
     hex::encode(h.finalize())
 }
 
+/// What an apply allocated: from the allocation stored with revision `held_revision`
+/// (`previous`), around the pools' `members`.
+struct Placed {
+    held_revision: i64,
+    previous: Arc<trellis_core::Allocation>,
+    allocation: trellis_core::Allocation,
+    members: Vec<trellis_core::decl::Member>,
+}
+
 impl Controller {
     /// The declaration of the current revision, if any: parsed once per revision.
     pub(crate) async fn current_declaration(&self) -> Result<Option<(i64, Arc<Declaration>)>> {
@@ -73,6 +82,41 @@ impl Controller {
         let decl = Arc::new(Indexed::new(Arc::new(decl)));
         *cache = Some((rev.number, decl.clone()));
         Ok(Some((rev.number, decl)))
+    }
+
+    /// The allocation stored with the current revision, with its number (0 before the first):
+    /// kept between requests, read again only when another revision became current.
+    pub(crate) async fn current_allocation(&self) -> Result<(i64, Arc<trellis_core::Allocation>)> {
+        let mut cache = self.allocation.lock().await;
+        let Some((number, digest)) = self.store.current_revision_head().await? else {
+            return Ok((0, Arc::new(self.store.allocation().await?)));
+        };
+        if let Some((n, d, a)) = cache.as_ref() {
+            if *n == number && *d == digest {
+                return Ok((number, a.clone()));
+            }
+        }
+        let allocation = Arc::new(self.store.allocation().await?);
+        // Kept only when no apply committed between the two reads (the rows read are then the
+        // ones stored with this revision).
+        if self.store.current_revision_head().await?.is_some_and(|(n, d)| n == number && d == digest) {
+            *cache = Some((number, digest, allocation.clone()));
+        }
+        Ok((number, allocation))
+    }
+
+    /// The addresses `decl` would store, placed around the pools' members (whose addresses,
+    /// pinned, kept on their records, are not the declaration's to store) and from the current
+    /// revision's; or why the pool is exhausted.
+    async fn place(&self, decl: &Declaration) -> Result<std::result::Result<Placed, trellis_core::Diagnostic>> {
+        let (held_revision, previous) = self.current_allocation().await?;
+        let members: Vec<trellis_core::decl::Member> = self.store.members().await?.iter().filter_map(crate::pools::member_of).collect();
+        Ok(trellis_core::allocate(&decl.with_members(&members), &previous).map(|allocation| Placed {
+            held_revision,
+            previous,
+            allocation,
+            members,
+        }))
     }
 
     /// Why `decl`'s overlay cannot be, if a controller's address is inside one of its prefixes:
@@ -115,15 +159,31 @@ impl Controller {
             return Err(Error::BadRequest("the declaration has no mesh.toml".into()));
         }
         files.sort();
-        let checked = trellis_core::check(&files, str::to_string);
-        let errors = checked.errors();
-        let out: Vec<proto::Diagnostic> = checked.diagnostics.iter().map(diagnostic).collect();
-        let decl = checked.declaration;
-        let Some(decl) = decl.filter(|_| errors == 0) else {
-            return Err(Error::InvalidDeclaration {
-                message: format!("the declaration has {errors} error(s); nothing was changed"),
-                diagnostics: out,
-            });
+        // Checked as `trellis check` checks, but allocated once: the addresses the check's
+        // topology needs are the ones this revision stores (ADR 0034).
+        let loaded = load_files(&files);
+        let mut diagnostics = loaded.diagnostics;
+        let placed = match &loaded.declaration {
+            Some(decl) if !diagnostics.iter().any(|d| d.is_error()) => Some(self.place(decl).await?),
+            _ => None,
+        };
+        if let (Some(decl), Some(Ok(p))) = (&loaded.declaration, &placed) {
+            diagnostics.extend(trellis_core::explain::check_allocated(decl, &p.allocation));
+        }
+        if let Some(Err(d)) = &placed {
+            diagnostics.push(d.clone());
+        }
+        trellis_core::diag::sort(&mut diagnostics);
+        let errors = diagnostics.iter().filter(|d| d.is_error()).count();
+        let out: Vec<proto::Diagnostic> = diagnostics.iter().map(diagnostic).collect();
+        let (decl, Placed { held_revision, previous, mut allocation, members }) = match (loaded.declaration, placed) {
+            (Some(decl), Some(Ok(placed))) if errors == 0 => (decl, placed),
+            _ => {
+                return Err(Error::InvalidDeclaration {
+                    message: format!("the declaration has {errors} error(s); nothing was changed"),
+                    diagnostics: out,
+                })
+            }
         };
         if let Some(message) = self.controller_in_overlay(&decl).await? {
             return Err(Error::InvalidDeclaration { message, diagnostics: out });
@@ -136,12 +196,6 @@ impl Controller {
                 return Ok(proto::ApplyResponse { revision: cur.0, diagnostics: out, unchanged: true });
             }
         }
-        let previous = self.store.allocation().await?;
-        // Declared nodes are placed around the pools' members, whose addresses (pinned, kept on
-        // their records) are not the declaration's to store.
-        let members: Vec<trellis_core::decl::Member> = self.store.members().await?.iter().filter_map(crate::pools::member_of).collect();
-        let mut allocation = trellis_core::allocate(&decl.with_members(&members), &previous)
-            .map_err(|d| Error::InvalidDeclaration { message: d.message.clone(), diagnostics: vec![diagnostic(&d)] })?;
         // A member whose name the declaration now gives a declared node (its pool gone or
         // renamed) goes with this revision: a record of a pool is never taken for a declared node.
         let declared: std::collections::HashSet<&str> = decl.nodes.iter().map(|n| n.name.as_str()).collect();
@@ -157,7 +211,15 @@ impl Controller {
         }
         let audit = Audit { at: self.now(), actor: "admin", action: AuditAction::DeclarationApplied, subject: &decl.mesh.name, detail };
         let replaced: Vec<String> = replaced.iter().map(|m| m.name.clone()).collect();
-        let revision = self.store.apply(&files, &digest, &allocation, expect_revision, &replaced, &audit).await?;
+        let allocation = Arc::new(allocation);
+        let addresses = trellis_store::Addresses { allocation: allocation.clone(), held: Some((held_revision, previous)) };
+        let revision = self.store.apply(&files, &digest, addresses, expect_revision, &replaced, &audit).await?;
+        {
+            let mut cache = self.allocation.lock().await;
+            if cache.as_ref().is_none_or(|(n, ..)| *n < revision) {
+                *cache = Some((revision, digest.clone(), allocation));
+            }
+        }
         // Before the answer, so that what the apply decided is all in the audit chain when it
         // returns (publish runs look again, for a start on a declaration and a CA rotated).
         self.scope_services_ca(&decl.mesh).await?;

@@ -111,6 +111,10 @@ pub struct Controller {
     /// The parsed declaration of the newest revision seen, with its nodes indexed, keyed by its
     /// number. A cache only: the database says which revision is current.
     declaration: tokio::sync::Mutex<Option<(i64, Arc<trellis_core::decl::Indexed>)>>,
+    /// The address allocation stored with a revision, keyed by its number and digest: an apply
+    /// allocates from it and writes the rows by difference, a pool member is placed around it,
+    /// neither reading the whole addresses table. A cache only, like `declaration`.
+    allocation: tokio::sync::Mutex<Option<(i64, String, Arc<trellis_core::Allocation>)>>,
     clock: Arc<dyn Clock>,
     entropy: Arc<dyn Entropy>,
     /// Where the signed checkpoint of the audit head is kept, outside the database.
@@ -174,6 +178,7 @@ impl Controller {
             server_names: Vec::new(),
             publisher: publish::Publisher::default(),
             declaration: Default::default(),
+            allocation: Default::default(),
             clock,
             entropy,
             checkpoint: None,

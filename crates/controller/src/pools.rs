@@ -98,7 +98,7 @@ impl Controller {
             return Err(Error::KeyTaken(holder.name.clone()));
         }
         let state = if token.require_approval { EnrolledState::Pending } else { EnrolledState::Active };
-        let previous = self.store.allocation().await?;
+        let (_, previous) = self.current_allocation().await?;
         // Numbers whose name turned out to be held by another row (a node of another kind that
         // keeps its record): the next attempt takes the next number instead of the same one.
         let mut held: Vec<u32> = Vec::new();

@@ -236,8 +236,6 @@ fn run_test(topo: &Topology, t: &PolicyTest) -> Result<(), Diagnostic> {
     Ok(())
 }
 
-/// Everything `trellis check` reports beyond parsing: an exhausted pool, failing policy tests,
-/// pairs with allowed traffic but no path, and rules whose sources name no node.
 /// Whether the pools' members, once enrolled, may be among a source's nodes.
 fn grows_with_pools(decl: &crate::Declaration, s: &Source) -> bool {
     match s {
@@ -248,12 +246,19 @@ fn grows_with_pools(decl: &crate::Declaration, s: &Source) -> bool {
     }
 }
 
+/// Everything `trellis check` reports beyond parsing: an exhausted pool, failing policy tests,
+/// pairs with allowed traffic but no path, and rules whose sources name no node.
 pub fn check(decl: &crate::Declaration) -> Vec<Diagnostic> {
-    let alloc = match crate::allocate(decl, &crate::Allocation::default()) {
-        Ok(a) => a,
-        Err(d) => return vec![d],
-    };
-    let topo = Topology::new(decl, &alloc, &Default::default());
+    match crate::allocate(decl, &crate::Allocation::default()) {
+        Ok(alloc) => check_allocated(decl, &alloc),
+        Err(d) => vec![d],
+    }
+}
+
+/// [`check`] with the addresses already allocated (any allocation of every declared node: no
+/// diagnostic names an overlay address), as the controller's apply has them.
+pub fn check_allocated(decl: &crate::Declaration, alloc: &crate::Allocation) -> Vec<Diagnostic> {
+    let topo = Topology::new(decl, alloc, &Default::default());
     let mut out = run_tests(&topo);
     for (a, partners) in topo.partners().iter().enumerate() {
         for &b in partners.iter().filter(|&&b| b > a as u32) {

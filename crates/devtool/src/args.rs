@@ -23,6 +23,25 @@ pub enum BenchCommand {
     /// first apply, a change of three peers, each split by phase (files, WireGuard, ruleset,
     /// DNS), its memory and its resolver's answer time, on each WireGuard backend; needs root
     Agent(AgentArgs),
+    /// One `trellis apply` of a one-node group move on a real declaration directory, against a
+    /// controller in this process, with the stages before the store timed offline
+    Apply(ApplyArgs),
+}
+
+#[derive(Args)]
+pub struct ApplyArgs {
+    /// The declaration directory (`trellis-dev mesh --out DIR`; nodes without public_key)
+    #[arg(long, value_name = "DIR")]
+    pub mesh: std::path::PathBuf,
+    /// How many times each stage is timed, and half how many applies (the move and back)
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// sqlite://... or postgres://... of an empty database (default: SQLite in a temporary state
+    /// directory)
+    #[arg(long)]
+    pub database_url: Option<String>,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args)]

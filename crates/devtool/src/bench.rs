@@ -15,6 +15,7 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
         },
         BenchCommand::Certs(a) => runtime()?.block_on(crate::certs::run(&a)),
         BenchCommand::Agent(a) => crate::agentbench::run(&a),
+        BenchCommand::Apply(a) => runtime()?.block_on(crate::applybench::run(&a)),
         BenchCommand::Delivery(a) => match &a.mesh {
             Some(dir) => runtime()?.block_on(crate::fleet::run(&a, dir)),
             None => runtime()?.block_on(crate::delivery::run(&a)),

@@ -250,7 +250,7 @@ async fn collect(events: &mut tokio::sync::mpsc::UnboundedReceiver<Event>, t0: I
 
 /// Waits until `trellis serve` has published every decision made so far: the audit checkpoint
 /// is answered only then (each request waits up to 20 seconds; a few are tried).
-async fn settled(admin: &trellis_client::AdminClient) -> Result<Duration> {
+pub async fn settled(admin: &trellis_client::AdminClient) -> Result<Duration> {
     let t = Instant::now();
     let mut last = None;
     for _ in 0..15 {

@@ -2,6 +2,7 @@
 //! of the binaries that are shipped.
 
 mod agentbench;
+mod applybench;
 mod args;
 mod bench;
 mod certs;

@@ -481,6 +481,34 @@ async fn a_replica_takes_the_version_another_replica_stored_for_the_same_content
     .await;
 }
 
+/// Replicas on one database apply in turn. An apply writes the address rows by difference from
+/// the allocation it holds, only while that is the current revision's: a replica holding an
+/// older one reads the table. Here `a` holds revision 1's, `b` adds x-1 (revision 2) and `a`
+/// takes it out again: trusting its own revision 1 (no x-1) would leave x-1's row behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_applying_in_turn_store_what_a_full_read_gives() {
+    on_both(|fx| async move {
+        let a = &fx.c;
+        let b = trellis_testing::controller::controller(fx.db.clone()).await.c;
+        let basic = trellis_testing::controller::lab_files("basic");
+        let mut with_x = basic.clone();
+        with_x[0].text.push_str("\n[[node]]\nname = \"x-1\"\nnetworks = [\"lan\"]\n");
+        assert_eq!(b.apply(&with_x, Some(1)).await.unwrap().revision, 2);
+        assert!(a.store().allocation().await.unwrap().ipv4.contains_key("x-1"));
+        let before = a.store().allocation().await.unwrap();
+        assert_eq!(a.apply(&basic, Some(2)).await.unwrap().revision, 3);
+        let stored = a.store().allocation().await.unwrap();
+        let files: Vec<(String, String)> = basic.iter().map(|f| (f.path.clone(), f.text.clone())).collect();
+        let decl = trellis_core::load_relative(&files, str::to_string).declaration.unwrap();
+        assert_eq!(stored, trellis_core::allocate(&decl, &before).unwrap(), "x-1's row went, the others stayed");
+        assert!(!stored.ipv4.contains_key("x-1"));
+        // And `b`, which holds revision 2's, adds it back from the table too: x-1 is placed anew.
+        assert_eq!(b.apply(&with_x, Some(3)).await.unwrap().revision, 4);
+        assert!(b.store().allocation().await.unwrap().ipv4.contains_key("x-1"), "x-1's row written again");
+    })
+    .await;
+}
+
 /// What a node asking for its bundle is answered, as a value: the whole bundle after the run
 /// that covers its enrolment, `Current` while it holds the newest, the whole newer one as soon as
 /// a decision publishes it, `Current` at once when the controller stops; nothing while pending.

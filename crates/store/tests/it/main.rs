@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use trellis_core::Allocation;
 use trellis_proto::{AuditAction, EnrolledState, EvidenceResult};
-use trellis_store::{verify_audit, Audit, EvidenceRecord, MemberRefusal, NodeRecord, Store, StoreError, TokenRecord};
+use trellis_store::{verify_audit, Addresses, Audit, EvidenceRecord, MemberRefusal, NodeRecord, Store, StoreError, TokenRecord};
 use trellis_testing::Database;
 
 fn audit(action: AuditAction) -> Audit<'static> {
@@ -69,7 +69,7 @@ async fn an_apply_writes_the_allocation_it_was_given_whatever_was_there() {
                 first.ipv6.insert(format!("n{i}"), std::net::Ipv6Addr::from(0xfd00_u128 << 112 | i as u128));
             }
         }
-        s.apply(&files, "d1", &first, None, &[], &audit(AuditAction::DeclarationApplied)).await.unwrap();
+        s.apply(&files, "d1", Addresses::read(first.clone()), None, &[], &audit(AuditAction::DeclarationApplied)).await.unwrap();
         assert_eq!(s.allocation().await.unwrap(), first, "{:?}: 700 new rows, in batches", s.backend);
         let mut second = first.clone();
         second.ipv4.remove("n1");
@@ -78,9 +78,30 @@ async fn an_apply_writes_the_allocation_it_was_given_whatever_was_there() {
         second.ipv4.insert("n3".into(), "10.9.9.9".parse().unwrap());
         second.ipv6.insert("n5".into(), "fd00::5:5".parse().unwrap());
         second.ipv4.insert("fresh".into(), "10.8.8.8".parse().unwrap());
-        s.apply(&files, "d2", &second, None, &[], &audit(AuditAction::DeclarationApplied)).await.unwrap();
+        s.apply(&files, "d2", Addresses::read(second.clone()), None, &[], &audit(AuditAction::DeclarationApplied)).await.unwrap();
         assert_eq!(s.allocation().await.unwrap(), second, "{:?}: removed, moved, given a second family, added", s.backend);
-        s.apply(&files, "d3", &Allocation::default(), None, &[], &audit(AuditAction::DeclarationApplied)).await.unwrap();
+        // Written by difference from what the caller holds as revision 2's, the table unread:
+        // the caller says n7 is at its new address already, so its row is not written (a table
+        // read would have moved it).
+        let mut third = second.clone();
+        third.ipv4.insert("n9".into(), "10.7.7.7".parse().unwrap());
+        third.ipv4.remove("n11");
+        third.ipv4.insert("n7".into(), "10.5.5.5".parse().unwrap());
+        let mut said = second.clone();
+        said.ipv4.insert("n7".into(), "10.5.5.5".parse().unwrap());
+        let held = Addresses { allocation: Arc::new(third.clone()), held: Some((2, Arc::new(said))) };
+        s.apply(&files, "d3", held, None, &[], &audit(AuditAction::DeclarationApplied)).await.unwrap();
+        let mut expected = third.clone();
+        expected.ipv4.insert("n7".into(), second.ipv4["n7"]);
+        assert_eq!(s.allocation().await.unwrap(), expected, "{:?}: n9 moved and n11 gone, by difference", s.backend);
+        // Held as of a revision that is no longer current: the table is read instead, so the
+        // same stale claim writes the right rows.
+        let mut fourth = third.clone();
+        fourth.ipv4.insert("n13".into(), "10.6.6.6".parse().unwrap());
+        let stale = Addresses { allocation: Arc::new(fourth.clone()), held: Some((2, Arc::new(Allocation::default()))) };
+        s.apply(&files, "d4", stale, None, &[], &audit(AuditAction::DeclarationApplied)).await.unwrap();
+        assert_eq!(s.allocation().await.unwrap(), fourth, "{:?}: a stale held allocation is not trusted", s.backend);
+        s.apply(&files, "d5", Addresses::read(Allocation::default()), None, &[], &audit(AuditAction::DeclarationApplied)).await.unwrap();
         assert_eq!(s.allocation().await.unwrap(), Allocation::default(), "{:?}: every row removed", s.backend);
     })
     .await;
@@ -93,9 +114,15 @@ async fn revisions_increase_and_expect_revision_detects_a_race() {
         let files = vec![("mesh.toml".to_string(), "x".to_string())];
         let mut alloc = Allocation::default();
         alloc.ipv4.insert("a".into(), "10.0.0.1".parse().unwrap());
-        assert_eq!(s.apply(&files, "d1", &alloc, Some(0), &[], &audit(AuditAction::DeclarationApplied)).await.unwrap(), 1);
-        assert_eq!(s.apply(&files, "d2", &alloc, None, &[], &audit(AuditAction::DeclarationApplied)).await.unwrap(), 2);
-        match s.apply(&files, "d3", &alloc, Some(1), &[], &audit(AuditAction::DeclarationApplied)).await {
+        assert_eq!(
+            s.apply(&files, "d1", Addresses::read(alloc.clone()), Some(0), &[], &audit(AuditAction::DeclarationApplied)).await.unwrap(),
+            1
+        );
+        assert_eq!(
+            s.apply(&files, "d2", Addresses::read(alloc.clone()), None, &[], &audit(AuditAction::DeclarationApplied)).await.unwrap(),
+            2
+        );
+        match s.apply(&files, "d3", Addresses::read(alloc.clone()), Some(1), &[], &audit(AuditAction::DeclarationApplied)).await {
             Err(StoreError::Conflict { current: 2, expected: 1 }) => {}
             other => panic!("{:?}: expected a conflict, got {other:?}", s.backend),
         }
@@ -111,7 +138,8 @@ async fn revisions_increase_and_expect_revision_detects_a_race() {
                 let files = files.clone();
                 let alloc = alloc.clone();
                 tokio::spawn(async move {
-                    s.apply(&files, &format!("r{i}"), &alloc, Some(2), &[], &audit(AuditAction::DeclarationApplied)).await
+                    s.apply(&files, &format!("r{i}"), Addresses::read(alloc.clone()), Some(2), &[], &audit(AuditAction::DeclarationApplied))
+                        .await
                 })
             })
             .collect();
