@@ -29,11 +29,6 @@ fn valid_path(p: &str) -> bool {
             .is_some_and(|n| !n.is_empty() && n.len() <= 64 && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'))
 }
 
-/// Loads a stored or submitted set of files, named as in the declaration directory.
-pub fn load_files(files: &[(String, String)]) -> trellis_core::Loaded {
-    trellis_core::load_relative(files, str::to_string)
-}
-
 /// The digest that says whether two revisions hold the same files.
 fn digest(files: &[(String, String)]) -> String {
     let mut h = Sha256::new();
@@ -78,10 +73,17 @@ impl Controller {
             return Ok(None);
         };
         let decl =
-            load_files(&rev.files).declaration.ok_or_else(|| Error::internal("loading the stored revision", "it no longer validates"))?;
+            self.load(&rev.files).declaration.ok_or_else(|| Error::internal("loading the stored revision", "it no longer validates"))?;
         let decl = Arc::new(Indexed::new(Arc::new(decl)));
         *cache = Some((rev.number, decl.clone()));
         Ok(Some((rev.number, decl)))
+    }
+
+    /// Loads a stored or submitted set of files, named as in the declaration directory, parsing
+    /// only the node tables of `mesh.toml` whose text the last load did not have (ADR 0034).
+    fn load(&self, files: &[(String, String)]) -> trellis_core::Loaded {
+        let mut cache = self.load_cache.lock().expect("load cache");
+        trellis_core::load::load_relative_cached(files, str::to_string, &mut cache)
     }
 
     /// The allocation stored with the current revision, with its number (0 before the first):
@@ -111,12 +113,13 @@ impl Controller {
     async fn place(&self, decl: &Declaration) -> Result<std::result::Result<Placed, trellis_core::Diagnostic>> {
         let (held_revision, previous) = self.current_allocation().await?;
         let members: Vec<trellis_core::decl::Member> = self.store.members().await?.iter().filter_map(crate::pools::member_of).collect();
-        Ok(trellis_core::allocate(&decl.with_members(&members), &previous).map(|allocation| Placed {
-            held_revision,
-            previous,
-            allocation,
-            members,
-        }))
+        // Without members the declaration is placed as it is (`with_members` copies it whole).
+        let allocated = if members.is_empty() {
+            trellis_core::allocate(decl, &previous)
+        } else {
+            trellis_core::allocate(&decl.with_members(&members), &previous)
+        };
+        Ok(allocated.map(|allocation| Placed { held_revision, previous, allocation, members }))
     }
 
     /// Why `decl`'s overlay cannot be, if a controller's address is inside one of its prefixes:
@@ -161,7 +164,7 @@ impl Controller {
         files.sort();
         // Checked as `trellis check` checks, but allocated once: the addresses the check's
         // topology needs are the ones this revision stores (ADR 0034).
-        let loaded = load_files(&files);
+        let loaded = self.load(&files);
         let mut diagnostics = loaded.diagnostics;
         let placed = match &loaded.declaration {
             Some(decl) if !diagnostics.iter().any(|d| d.is_error()) => Some(self.place(decl).await?),

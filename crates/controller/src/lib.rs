@@ -115,6 +115,9 @@ pub struct Controller {
     /// allocates from it and writes the rows by difference, a pool member is placed around it,
     /// neither reading the whole addresses table. A cache only, like `declaration`.
     allocation: tokio::sync::Mutex<Option<(i64, String, Arc<trellis_core::Allocation>)>>,
+    /// `mesh.toml`'s node tables as last loaded, parsed, by their text: a load parses only the
+    /// ones whose text changed (ADR 0034).
+    load_cache: std::sync::Mutex<trellis_core::load::LoadCache>,
     clock: Arc<dyn Clock>,
     entropy: Arc<dyn Entropy>,
     /// Where the signed checkpoint of the audit head is kept, outside the database.
@@ -179,6 +182,7 @@ impl Controller {
             publisher: publish::Publisher::default(),
             declaration: Default::default(),
             allocation: Default::default(),
+            load_cache: Default::default(),
             clock,
             entropy,
             checkpoint: None,

@@ -185,6 +185,22 @@ pub struct Node {
     pub pool: Option<String>,
 }
 
+impl Node {
+    /// Every place in the node moved down by `lines` (a node table parsed as a file of its own,
+    /// placed where it stands in `mesh.toml`).
+    pub(crate) fn shift_lines(&mut self, lines: u32) {
+        let all = std::iter::once(&mut self.loc)
+            .chain(self.exit.iter_mut().map(|(_, l)| l))
+            .chain(self.endpoints.iter_mut().map(|e| &mut e.loc))
+            .chain(self.refs.networks.iter_mut())
+            .chain(self.refs.groups.iter_mut())
+            .chain(self.refs.modules.iter_mut());
+        for loc in all {
+            loc.line += lines;
+        }
+    }
+}
+
 /// The places of a node's references.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeRefs {

@@ -8,6 +8,7 @@
 
 mod parse;
 mod schema;
+mod segments;
 mod validate;
 
 use crate::decl::Declaration;
@@ -42,7 +43,38 @@ impl Loaded {
 /// Loads a mesh from `mesh.toml` and the module manifests.
 pub fn load(mesh: &SourceFile, modules: &[SourceFile]) -> Loaded {
     let mut diags = Vec::new();
-    let mut parsed = parse_mesh(mesh, &mut diags);
+    let parsed = parse_mesh(mesh, &mut diags);
+    load_parsed(parsed, diags, modules)
+}
+
+/// The `[[node]]` tables of the `mesh.toml` loaded last, parsed, by their text: a load through
+/// the cache parses only the node tables whose text it has not seen (and the rest of the file),
+/// and gives exactly what [`load`] gives (ADR 0034). It keeps the nodes of the last load only.
+#[derive(Default)]
+pub struct LoadCache {
+    file: Option<String>,
+    nodes: std::collections::HashMap<String, crate::decl::Node>,
+    /// Node tables taken from the cache, parsed, and whole-file parses (the cut did not read
+    /// the file, or it had something to say), since the cache was made.
+    pub hits: usize,
+    pub parsed: usize,
+    pub whole: usize,
+}
+
+/// [`load`], with `mesh.toml`'s node tables taken from `cache` where their text is unchanged.
+pub fn load_cached(mesh: &SourceFile, modules: &[SourceFile], cache: &mut LoadCache) -> Loaded {
+    let mut diags = Vec::new();
+    let parsed = match parse::parse_mesh_cut(mesh, cache) {
+        Some(p) => p,
+        None => {
+            cache.whole += 1;
+            parse_mesh(mesh, &mut diags)
+        }
+    };
+    load_parsed(parsed, diags, modules)
+}
+
+fn load_parsed(mut parsed: parse::Parsed, mut diags: Vec<Diagnostic>, modules: &[SourceFile]) -> Loaded {
     for file in modules {
         if let Some(m) = parse_module(file, &mut diags) {
             parsed.modules.push(m);
@@ -66,10 +98,20 @@ pub const MESH_FILE: &str = "mesh.toml";
 /// missing `mesh.toml` loads as an empty one (which reports what it lacks). `display` names a
 /// file in diagnostics (the directory it was read from, or nothing).
 pub fn load_relative(files: &[(String, String)], display: impl Fn(&str) -> String) -> Loaded {
+    let (mesh, modules) = relative(files, display);
+    load(&mesh, &modules)
+}
+
+/// [`load_relative`] through a [`LoadCache`].
+pub fn load_relative_cached(files: &[(String, String)], display: impl Fn(&str) -> String, cache: &mut LoadCache) -> Loaded {
+    let (mesh, modules) = relative(files, display);
+    load_cached(&mesh, &modules, cache)
+}
+
+fn relative(files: &[(String, String)], display: impl Fn(&str) -> String) -> (SourceFile, Vec<SourceFile>) {
     let file = |(p, t): &(String, String)| SourceFile { path: display(p), text: t.clone() };
     let mesh = files.iter().find(|(p, _)| p == MESH_FILE).map(file).unwrap_or(SourceFile { path: display(MESH_FILE), text: String::new() });
     let mut modules: Vec<&(String, String)> = files.iter().filter(|(p, _)| p != MESH_FILE).collect();
     modules.sort_by(|a, b| a.0.cmp(&b.0));
-    let modules: Vec<SourceFile> = modules.into_iter().map(file).collect();
-    load(&mesh, &modules)
+    (mesh, modules.into_iter().map(file).collect())
 }

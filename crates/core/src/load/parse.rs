@@ -85,12 +85,74 @@ pub const SCHEMA: &[(&str, &[&str])] = &[
 ];
 
 pub(super) fn parse_mesh(file: &SourceFile, diags: &mut Vec<Diagnostic>) -> Parsed {
+    parse_mesh_parts(file, diags).0
+}
+
+/// `mesh.toml` from its cut (ADR 0034): the rest parsed, and each `[[node]]` table taken from
+/// `cache` when its text is one parsed before, else parsed alone. `None` when the cut does not
+/// read the file, or any part of it has anything to say (a diagnostic): then the whole file is
+/// parsed, so that what it says is said exactly as ever.
+pub(super) fn parse_mesh_cut(file: &SourceFile, cache: &mut super::LoadCache) -> Option<Parsed> {
+    let cut = super::segments::cut(&file.text)?;
+    let mut diags = Vec::new();
+    let rest = SourceFile { path: file.path.clone(), text: cut.rest };
+    let (mut out, has_nodes) = parse_mesh_parts(&rest, &mut diags);
+    if has_nodes || !diags.is_empty() {
+        return None;
+    }
+    if cache.file.as_deref() != Some(file.path.as_str()) {
+        cache.nodes.clear();
+        cache.file = Some(file.path.clone());
+    }
+    let mut kept = std::collections::HashMap::with_capacity(cut.nodes.len());
+    out.nodes.reserve(cut.nodes.len());
+    for (line, text) in cut.nodes {
+        let (key, node) = match cache.nodes.remove_entry(text) {
+            Some(hit) => {
+                cache.hits += 1;
+                hit
+            }
+            None => {
+                let node = parse_node_alone(&SourceFile { path: file.path.clone(), text: text.to_string() }, &mut diags)?;
+                if !diags.is_empty() {
+                    return None;
+                }
+                cache.parsed += 1;
+                (text.to_string(), node)
+            }
+        };
+        let mut placed = node.clone();
+        placed.shift_lines(line);
+        out.nodes.push(placed);
+        kept.insert(key, node);
+    }
+    cache.nodes = kept;
+    Some(out)
+}
+
+/// One `[[node]]` table (with its parts) as a file of its own: the node, its lines counted from
+/// the table's; `None` if the file holds anything else.
+fn parse_node_alone(file: &SourceFile, diags: &mut Vec<Diagnostic>) -> Option<Node> {
+    let doc = Doc::new(file);
+    let table = parse_document(&doc, &file.text, diags)?;
+    if table.get_ref().len() != 1 {
+        return None;
+    }
+    let top = root(&doc, &table, file.path.as_str(), MESH_FILE_KEYS, diags);
+    let [v] = top.tables(&doc, "node", diags)[..] else { return None };
+    let t = Table::new(&doc, "[[node]]", v, NODE_KEYS, diags)?;
+    parse_node(&doc, &t, diags)
+}
+
+/// `mesh.toml`'s parts, and whether its top-level table has a `node` key at all.
+fn parse_mesh_parts(file: &SourceFile, diags: &mut Vec<Diagnostic>) -> (Parsed, bool) {
     let doc = Doc::new(file);
     let mut out = Parsed::default();
     let Some(table) = parse_document(&doc, &file.text, diags) else {
-        return out;
+        return (out, false);
     };
     let top = root(&doc, &table, file.path.as_str(), MESH_FILE_KEYS, diags);
+    let has_nodes = top.get("node").is_some();
 
     match top.get("mesh") {
         None => diags.push(Diagnostic::error(
@@ -159,7 +221,7 @@ pub(super) fn parse_mesh(file: &SourceFile, diags: &mut Vec<Diagnostic>) -> Pars
             }
         }
     }
-    out
+    (out, has_nodes)
 }
 
 fn parse_mesh_settings(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<MeshSettings> {

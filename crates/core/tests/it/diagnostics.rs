@@ -6,6 +6,13 @@ use crate::support::{lines, load_text};
 #[track_caller]
 fn check(mesh: &str, modules: &[(&str, &str)], expect: &[&str]) {
     let loaded = load_text(mesh, modules);
+    // Through the load cache (ADR 0034), the same.
+    let sources: Vec<trellis_core::SourceFile> =
+        modules.iter().map(|(p, t)| trellis_core::SourceFile { path: format!("modules/{p}"), text: t.to_string() }).collect();
+    let mesh_file = trellis_core::SourceFile { path: "mesh.toml".into(), text: mesh.to_string() };
+    let cached = trellis_core::load::load_cached(&mesh_file, &sources, &mut Default::default());
+    assert_eq!(lines(&cached.diagnostics), lines(&loaded.diagnostics), "through the load cache");
+    assert_eq!(cached.declaration, loaded.declaration, "through the load cache");
     let mut diags = loaded.diagnostics.clone();
     if let Some(decl) = &loaded.declaration {
         let checked = trellis_core::explain::check(decl);

@@ -7,6 +7,7 @@ mod diagnostics;
 mod exposures;
 mod golden;
 mod incremental;
+mod load_cache;
 mod paths;
 mod pools;
 mod props;

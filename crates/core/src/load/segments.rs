@@ -1,0 +1,225 @@
+//! `mesh.toml` cut into its `[[node]]` tables and the rest, so that a load can take the nodes
+//! whose text did not change from the load before instead of parsing them again (ADR 0034).
+//!
+//! The cut reads just enough TOML to find the top-level table headers: strings (basic,
+//! literal, multi-line), comments, and brackets left open across lines. Whatever it does not
+//! understand, it gives up on (`None`), and the caller parses the whole file as ever: the cut
+//! is an optimisation that must never change what a file means.
+
+/// A `mesh.toml` cut: the text of every `[[node]]` table (with its `[[node.endpoint]]` and other
+/// `node.` sub-tables) and the line it starts on (0-based), in order; and the rest of the file
+/// with those lines left empty, so its lines keep their numbers.
+pub(super) struct Cut<'a> {
+    pub(super) nodes: Vec<(u32, &'a str)>,
+    pub(super) rest: String,
+}
+
+/// What a line at the top level of the document starts.
+#[derive(PartialEq)]
+enum Header {
+    None,
+    Node,
+    NodePart,
+    Other,
+}
+
+/// Cuts `text`, or `None` when it holds something the cut does not read with certainty.
+pub(super) fn cut(text: &str) -> Option<Cut<'_>> {
+    let mut nodes: Vec<(u32, usize, usize)> = Vec::new();
+    let mut state = State::Top;
+    let mut depth = 0usize;
+    let mut in_node = false;
+    let mut offset = 0usize;
+    for (number, line) in text.split_inclusive('\n').enumerate() {
+        let start = offset;
+        offset += line.len();
+        if state == State::Top && depth == 0 {
+            match header(line)? {
+                Header::Node => {
+                    nodes.push((number as u32, start, offset));
+                    in_node = true;
+                }
+                Header::NodePart if in_node => {}
+                // A `node.` table after something else: read whole.
+                Header::NodePart => return None,
+                Header::Other => in_node = false,
+                Header::None => {}
+            }
+        }
+        if in_node {
+            nodes.last_mut().expect("in a node").2 = offset;
+        }
+        scan(line, &mut state, &mut depth)?;
+    }
+    if state != State::Top || depth != 0 {
+        return None;
+    }
+    let mut rest = String::with_capacity(text.len());
+    let mut last = 0;
+    for &(_, from, to) in &nodes {
+        rest.push_str(&text[last..from]);
+        rest.extend(std::iter::repeat_n('\n', text[from..to].matches('\n').count()));
+        last = to;
+    }
+    rest.push_str(&text[last..]);
+    Some(Cut { nodes: nodes.into_iter().map(|(line, from, to)| (line, &text[from..to])).collect(), rest })
+}
+
+/// The header a line at the top level starts, if any; `None` (the cut gives up) for a header it
+/// cannot name with certainty.
+fn header(line: &str) -> Option<Header> {
+    let t = line.trim_start_matches([' ', '\t']);
+    if !t.starts_with('[') {
+        return Some(Header::None);
+    }
+    let t = t.trim_end_matches(['\n', '\r']);
+    // The header itself, before any comment: `[[node]]`, `[[node.endpoint]]`, `[node.x]`.
+    let head = t.split('#').next().unwrap_or("").trim_end_matches([' ', '\t']);
+    if head == "[[node]]" {
+        return Some(Header::Node);
+    }
+    let name = head.trim_start_matches('[').trim_end_matches(']');
+    let plain = |s: &str| s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.');
+    if !plain(name) {
+        // Quoted keys, spaces inside the brackets, comments that hold a `#` in a key...: the cut
+        // does not guess (`["node"]` is `[node]`).
+        return None;
+    }
+    if name == "node" {
+        return None;
+    }
+    Some(if name.starts_with("node.") { Header::NodePart } else { Header::Other })
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum State {
+    Top,
+    /// Inside `"""` ... `"""`.
+    MultiBasic,
+    /// Inside `'''` ... `'''`.
+    MultiLiteral,
+}
+
+/// Follows one line: strings, comments and brackets; `None` when a single-line string does not
+/// close on its line (not TOML: the whole parse reports it).
+fn scan(line: &str, state: &mut State, depth: &mut usize) -> Option<()> {
+    let b = line.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        match *state {
+            State::MultiBasic => {
+                if b[i] == b'\\' {
+                    i += 2;
+                    continue;
+                }
+                if b[i..].starts_with(b"\"\"\"") {
+                    // Up to two more quotes close with it (`""""` ends in a quote).
+                    i += 3;
+                    while i < b.len() && b[i] == b'"' {
+                        i += 1;
+                    }
+                    *state = State::Top;
+                    continue;
+                }
+                i += 1;
+            }
+            State::MultiLiteral => {
+                if b[i..].starts_with(b"'''") {
+                    i += 3;
+                    while i < b.len() && b[i] == b'\'' {
+                        i += 1;
+                    }
+                    *state = State::Top;
+                    continue;
+                }
+                i += 1;
+            }
+            State::Top => match b[i] {
+                b'#' => return Some(()),
+                b'[' | b'{' => {
+                    *depth += 1;
+                    i += 1;
+                }
+                b']' | b'}' => {
+                    *depth = depth.checked_sub(1)?;
+                    i += 1;
+                }
+                b'"' if b[i..].starts_with(b"\"\"\"") => {
+                    *state = State::MultiBasic;
+                    i += 3;
+                }
+                b'\'' if b[i..].starts_with(b"'''") => {
+                    *state = State::MultiLiteral;
+                    i += 3;
+                }
+                b'"' => {
+                    i += 1;
+                    loop {
+                        match b.get(i)? {
+                            b'\\' => i += 2,
+                            b'"' => break,
+                            b'\n' => return None,
+                            _ => i += 1,
+                        }
+                    }
+                    i += 1;
+                }
+                b'\'' => {
+                    i += 1;
+                    loop {
+                        match b.get(i)? {
+                            b'\'' => break,
+                            b'\n' => return None,
+                            _ => i += 1,
+                        }
+                    }
+                    i += 1;
+                }
+                _ => i += 1,
+            },
+        }
+    }
+    Some(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nodes_are_cut_with_their_parts_and_the_rest_keeps_its_lines() {
+        let text = "[mesh]\nname = \"m\"\n\n[[node]]\nname = \"a\"\n[[node.endpoint]]\naddress = \"x\"\n\n[groups]\ng = [\n  \"a\",\n]\n[[node]] # b\nname = \"b\"\n";
+        let c = cut(text).unwrap();
+        assert_eq!(
+            c.nodes,
+            vec![(3, "[[node]]\nname = \"a\"\n[[node.endpoint]]\naddress = \"x\"\n\n"), (12, "[[node]] # b\nname = \"b\"\n")]
+        );
+        assert_eq!(c.rest, "[mesh]\nname = \"m\"\n\n\n\n\n\n\n[groups]\ng = [\n  \"a\",\n]\n\n\n");
+        assert_eq!(c.rest.lines().count(), text.lines().count());
+    }
+
+    #[test]
+    fn headers_inside_strings_and_arrays_are_not_headers() {
+        let text =
+            "[[node]]\nname = \"a\"\nx = \"\"\"\n[[node]]\n\"\"\"\ny = [\n[1],\n]\nz = '''\n[groups]\n'''\n[[node]]\nname = 'b # c'\n";
+        let c = cut(text).unwrap();
+        assert_eq!(c.nodes.len(), 2);
+        assert_eq!(c.nodes[1].0, 11);
+    }
+
+    #[test]
+    fn what_the_cut_cannot_name_is_left_to_the_whole_parse() {
+        for text in [
+            "[ [node] ]\nname = \"a\"\n",
+            "[\"node\"]\nname = \"a\"\n",
+            "[[\"node\"]]\nname = \"a\"\n",
+            "[node]\nname = \"a\"\n",
+            "[groups]\n[node.endpoint]\n",
+            "x = \"open\n[[node]]\n",
+            "x = [\n[[node]]\n",
+            "x = \"\"\"\n[[node]]\n",
+        ] {
+            assert!(cut(text).is_none(), "{text:?}");
+        }
+    }
+}
