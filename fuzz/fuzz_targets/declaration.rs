@@ -2,8 +2,9 @@
 //! input is `mesh.toml` and module files split at NUL; a declaration that loads is checked
 //! (`explain::check`) and compiled, as `trellis compile` and the controller do.
 //!
-//! Loading is deterministic and names only the files given, at lines and columns that exist; a
-//! declaration exists exactly when there is no error. Compiling is deterministic, a recompile
+//! Loading is deterministic, the same through the load cache (cold and warm), and names only
+//! the files given, at lines and columns that exist; a declaration exists exactly when there is
+//! no error. Compiling is deterministic, a recompile
 //! that only learns keys equals a compile from scratch, and every node's rendered
 //! `wireguard.conf` and `mesh.zone` read back (with the core's own readers) as exactly the plan
 //! they were rendered from.
@@ -28,6 +29,13 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(loaded.diagnostics, again.diagnostics, "loading is deterministic");
     assert_eq!(loaded.declaration, again.declaration, "loading is deterministic");
     assert_eq!(loaded.declaration.is_some(), loaded.errors().next().is_none(), "a declaration exists exactly when there is no error");
+    // Through the load cache (ADR 0034), cold and then warm, exactly the same.
+    let mut cache = trellis_core::load::LoadCache::default();
+    for pass in ["cold", "warm"] {
+        let cached = trellis_core::load::load_relative_cached(&files, display, &mut cache);
+        assert_eq!(loaded.diagnostics, cached.diagnostics, "the {pass} cached load says what the whole load says");
+        assert_eq!(loaded.declaration, cached.declaration, "the {pass} cached load gives the whole load's declaration");
+    }
     for d in &loaded.diagnostics {
         let text = files.iter().find(|(p, _)| display(p) == *d.loc.file).map(|(_, t)| t.as_str());
         // A missing mesh.toml is reported at its (empty) start.

@@ -94,10 +94,8 @@ fn header(line: &str) -> Option<Header> {
 #[derive(Clone, Copy, PartialEq)]
 enum State {
     Top,
-    /// Inside `"""` ... `"""`.
-    MultiBasic,
-    /// Inside `'''` ... `'''`.
-    MultiLiteral,
+    /// Inside a multi-line string opened by three of this quote (`"""` or `'''`).
+    Multi(u8),
 }
 
 /// Follows one line: strings, comments and brackets; `None` when a single-line string does not
@@ -107,26 +105,16 @@ fn scan(line: &str, state: &mut State, depth: &mut usize) -> Option<()> {
     let mut i = 0;
     while i < b.len() {
         match *state {
-            State::MultiBasic => {
-                if b[i] == b'\\' {
+            State::Multi(quote) => {
+                // Escapes only in basic strings (`"""`); a literal one takes `\` as it is.
+                if quote == b'"' && b[i] == b'\\' {
                     i += 2;
                     continue;
                 }
-                if b[i..].starts_with(b"\"\"\"") {
+                if b[i..].starts_with(&[quote; 3]) {
                     // Up to two more quotes close with it (`""""` ends in a quote).
                     i += 3;
-                    while i < b.len() && b[i] == b'"' {
-                        i += 1;
-                    }
-                    *state = State::Top;
-                    continue;
-                }
-                i += 1;
-            }
-            State::MultiLiteral => {
-                if b[i..].starts_with(b"'''") {
-                    i += 3;
-                    while i < b.len() && b[i] == b'\'' {
+                    while i < b.len() && b[i] == quote {
                         i += 1;
                     }
                     *state = State::Top;
@@ -144,12 +132,8 @@ fn scan(line: &str, state: &mut State, depth: &mut usize) -> Option<()> {
                     *depth = depth.checked_sub(1)?;
                     i += 1;
                 }
-                b'"' if b[i..].starts_with(b"\"\"\"") => {
-                    *state = State::MultiBasic;
-                    i += 3;
-                }
-                b'\'' if b[i..].starts_with(b"'''") => {
-                    *state = State::MultiLiteral;
+                q @ (b'"' | b'\'') if b[i..].starts_with(&[q; 3]) => {
+                    *state = State::Multi(q);
                     i += 3;
                 }
                 b'"' => {
@@ -205,6 +189,9 @@ mod tests {
         let c = cut(text).unwrap();
         assert_eq!(c.nodes.len(), 2);
         assert_eq!(c.nodes[1].0, 11);
+        // A literal string takes a backslash as it is: `'''a\'''` closes.
+        let c = cut("x = '''a\\'''\n[[node]]\nname = \"a\"\n").unwrap();
+        assert_eq!(c.nodes, vec![(1, "[[node]]\nname = \"a\"\n")]);
     }
 
     #[test]
