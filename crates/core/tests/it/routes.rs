@@ -274,6 +274,12 @@ fn check_refuses_bad_routes_with_their_place() {
         &["mesh.toml:55:3: error: host `printer` of route `office-lan` has address 192.168.11.5, which is on none of the route's prefixes"],
     );
 
+    let taken = MESH.replace("name = \"printer\"", "name = \"gw-2\"");
+    check(
+        &taken,
+        &["mesh.toml:55:3: error: host `gw-2` of route `office-lan` takes the name of node `gw-2`; names in the zone must differ"],
+    );
+
     let bad_source = MESH.replace("from = [\"group:ops\"]", "from = [\"group:opz\"]");
     check(&bad_source, &["mesh.toml:54:11: error: rule of route `office-lan` names source `group:opz`, but no group `opz` is declared (declared: ops, travellers)"]);
 
