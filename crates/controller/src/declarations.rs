@@ -201,7 +201,8 @@ impl Controller {
         }
         // A member whose name the declaration now gives a declared node (its pool gone or
         // renamed) goes with this revision: a record of a pool is never taken for a declared node.
-        let declared: std::collections::HashSet<&str> = decl.nodes.iter().map(|n| n.name.as_str()).collect();
+        let declared: std::collections::HashSet<&str> =
+            if members.is_empty() { Default::default() } else { decl.nodes.iter().map(|n| n.name.as_str()).collect() };
         let (replaced, members): (Vec<_>, Vec<_>) = members.iter().partition(|m| declared.contains(m.name.as_str()));
         for m in members {
             allocation.ipv4.remove(&m.name);

@@ -53,7 +53,7 @@ pub fn load(mesh: &SourceFile, modules: &[SourceFile]) -> Loaded {
 #[derive(Default)]
 pub struct LoadCache {
     file: Option<String>,
-    nodes: std::collections::HashMap<String, crate::decl::Node>,
+    nodes: crate::FastMap<String, crate::decl::Node>,
     /// Node tables taken from the cache, parsed, and whole-file parses (the cut did not read
     /// the file, or it had something to say), since the cache was made.
     pub hits: usize,

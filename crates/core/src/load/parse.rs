@@ -104,7 +104,7 @@ pub(super) fn parse_mesh_cut(file: &SourceFile, cache: &mut super::LoadCache) ->
         cache.nodes.clear();
         cache.file = Some(file.path.clone());
     }
-    let mut kept = std::collections::HashMap::with_capacity(cut.nodes.len());
+    let mut kept = crate::FastMap::with_capacity_and_hasher(cut.nodes.len(), Default::default());
     out.nodes.reserve(cut.nodes.len());
     for (line, text) in cut.nodes {
         let (key, node) = match cache.nodes.remove_entry(text) {
