@@ -113,13 +113,12 @@ impl Controller {
     async fn place(&self, decl: &Declaration) -> Result<std::result::Result<Placed, trellis_core::Diagnostic>> {
         let (held_revision, previous) = self.current_allocation().await?;
         let members: Vec<trellis_core::decl::Member> = self.store.members().await?.iter().filter_map(crate::pools::member_of).collect();
-        // Without members the declaration is placed as it is (`with_members` copies it whole).
-        let allocated = if members.is_empty() {
-            trellis_core::allocate(decl, &previous)
-        } else {
-            trellis_core::allocate(&decl.with_members(&members), &previous)
-        };
-        Ok(allocated.map(|allocation| Placed { held_revision, previous, allocation, members }))
+        Ok(trellis_core::allocate(&decl.with_members(&members), &previous).map(|allocation| Placed {
+            held_revision,
+            previous,
+            allocation,
+            members,
+        }))
     }
 
     /// Why `decl`'s overlay cannot be, if a controller's address is inside one of its prefixes:
@@ -167,20 +166,23 @@ impl Controller {
         let loaded = self.load(&files);
         let mut diagnostics = loaded.diagnostics;
         let placed = match &loaded.declaration {
-            Some(decl) if !diagnostics.iter().any(|d| d.is_error()) => Some(self.place(decl).await?),
+            Some(decl) if !diagnostics.iter().any(|d| d.is_error()) => match self.place(decl).await? {
+                Ok(p) => {
+                    diagnostics.extend(trellis_core::explain::check_allocated(decl, &p.allocation));
+                    Some(p)
+                }
+                Err(exhausted) => {
+                    diagnostics.push(exhausted);
+                    None
+                }
+            },
             _ => None,
         };
-        if let (Some(decl), Some(Ok(p))) = (&loaded.declaration, &placed) {
-            diagnostics.extend(trellis_core::explain::check_allocated(decl, &p.allocation));
-        }
-        if let Some(Err(d)) = &placed {
-            diagnostics.push(d.clone());
-        }
         trellis_core::diag::sort(&mut diagnostics);
         let errors = diagnostics.iter().filter(|d| d.is_error()).count();
         let out: Vec<proto::Diagnostic> = diagnostics.iter().map(diagnostic).collect();
         let (decl, Placed { held_revision, previous, mut allocation, members }) = match (loaded.declaration, placed) {
-            (Some(decl), Some(Ok(placed))) if errors == 0 => (decl, placed),
+            (Some(decl), Some(placed)) if errors == 0 => (decl, placed),
             _ => {
                 return Err(Error::InvalidDeclaration {
                     message: format!("the declaration has {errors} error(s); nothing was changed"),

@@ -62,7 +62,7 @@ impl Controller {
                 return d.clone();
             }
         }
-        let d = Arc::new(decl.with_members(&members));
+        let d = Arc::new(decl.with_members(&members).into_owned());
         *cache = Some((revision, members, d.clone()));
         d
     }

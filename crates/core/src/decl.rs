@@ -515,17 +515,17 @@ impl Declaration {
 
     /// The declaration with the live members of its pools added as nodes (`members` are names
     /// with their pool and pinned overlay addresses): what the controller compiles. A member whose
-    /// pool is no longer declared, or whose name a declared node holds, is left out.
-    pub fn with_members(&self, members: &[Member]) -> Declaration {
-        let mut out = self.clone();
-        for m in members {
-            if let Some(pool) = self.pool(&m.pool) {
-                if self.node(&m.name).is_none() {
-                    out.nodes.push(pool.member(m));
-                }
-            }
+    /// pool is no longer declared, or whose name a declared node holds, is left out. Borrowed,
+    /// not copied, when no member is added (at 100,000 nodes a copy is tens of milliseconds).
+    pub fn with_members(&self, members: &[Member]) -> std::borrow::Cow<'_, Declaration> {
+        let added: Vec<Node> =
+            members.iter().filter_map(|m| self.pool(&m.pool).filter(|_| self.node(&m.name).is_none()).map(|pool| pool.member(m))).collect();
+        if added.is_empty() {
+            return std::borrow::Cow::Borrowed(self);
         }
-        out
+        let mut out = self.clone();
+        out.nodes.extend(added);
+        std::borrow::Cow::Owned(out)
     }
 }
 

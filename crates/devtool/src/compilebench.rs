@@ -98,7 +98,7 @@ pub fn run(args: &CompileArgs) -> Result<ExitCode> {
         refs: Default::default(),
     });
     let member = trellis_core::decl::Member { name: "pool-1".into(), pool: "pool".into(), address_ipv4: None, address_ipv6: None };
-    let joined = Arc::new(pooled.with_members(&[member]));
+    let joined = Arc::new(pooled.with_members(&[member]).into_owned());
     let mut member_keys = keys.clone();
     member_keys.set("pool-1", Some(PublicKey([0xf0; 32])));
     /// A change to time: what it is for people, its JSON key, and the inputs after it.

@@ -85,7 +85,7 @@ impl Store {
                     }
                     let held = match &addresses.held {
                         Some((revision, held)) if *revision == current => held.clone(),
-                        _ => std::sync::Arc::new(read_allocation(&mut **tx).await?),
+                        _ => Arc::new(read_allocation(&mut **tx).await?),
                     };
                     write_changes(tx, &row_changes(&held, &addresses.allocation)).await?;
                     Ok(next)
@@ -206,30 +206,39 @@ fn row_changes<'a>(held: &'a Allocation, to: &'a Allocation) -> Vec<RowChange<'a
         .collect()
 }
 
-/// Adds to `out` the names whose entry is in one map and not the other, or differs.
+/// Adds to `out` the names whose entry is in one map and not the other, or differs: the two
+/// sorted maps walked side by side.
 fn differing<'a, V: PartialEq>(a: &'a BTreeMap<String, V>, b: &'a BTreeMap<String, V>, out: &mut std::collections::BTreeSet<&'a str>) {
     use std::cmp::Ordering;
     let (mut x, mut y) = (a.iter().peekable(), b.iter().peekable());
     loop {
-        let next = match (x.peek(), y.peek()) {
+        match (x.peek().copied(), y.peek().copied()) {
             (None, None) => return,
-            (Some((k, _)), None) => (k.as_str(), true, false),
-            (None, Some((k, _))) => (k.as_str(), false, true),
+            (Some((k, _)), None) => {
+                out.insert(k);
+                x.next();
+            }
+            (None, Some((k, _))) => {
+                out.insert(k);
+                y.next();
+            }
             (Some((ka, va)), Some((kb, vb))) => match ka.cmp(kb) {
-                Ordering::Less => (ka.as_str(), true, false),
-                Ordering::Greater => (kb.as_str(), false, true),
-                Ordering::Equal if va == vb => ("", true, true),
-                Ordering::Equal => (ka.as_str(), true, true),
+                Ordering::Less => {
+                    out.insert(ka);
+                    x.next();
+                }
+                Ordering::Greater => {
+                    out.insert(kb);
+                    y.next();
+                }
+                Ordering::Equal => {
+                    if va != vb {
+                        out.insert(ka);
+                    }
+                    x.next();
+                    y.next();
+                }
             },
-        };
-        if !next.0.is_empty() {
-            out.insert(next.0);
-        }
-        if next.1 {
-            x.next();
-        }
-        if next.2 {
-            y.next();
         }
     }
 }

@@ -15,7 +15,6 @@ pub(super) struct Cut<'a> {
 }
 
 /// What a line at the top level of the document starts.
-#[derive(PartialEq)]
 enum Header {
     None,
     Node,

@@ -95,7 +95,7 @@ fn a_members_peers_come_from_the_policy_and_drop_it_when_it_leaves() {
     let key = |b: u8| PublicKey([b; 32]);
     let keys: trellis_core::Keys =
         [("web-1", key(1)), ("db-1", key(2)), ("ci-1", key(3))].into_iter().map(|(n, k)| (n.to_string(), k)).collect();
-    let with = Arc::new(d.with_members(&[member("ci-1")]));
+    let with = Arc::new(d.with_members(&[member("ci-1")]).into_owned());
     let c = trellis_core::compile(&with, &keys, &Default::default(), None).unwrap();
     let wg = |c: &trellis_core::Compiled, n: &str| {
         c.nodes[n].files.iter().find(|f| f.path.ends_with("wireguard.conf")).unwrap().content.to_string()
@@ -108,7 +108,8 @@ fn a_members_peers_come_from_the_policy_and_drop_it_when_it_leaves() {
     assert!(nft.contains(&ci1), "web-1's filter admits ci-1's address:\n{nft}");
 
     // Recompiled from that output without the member: its peers drop it.
-    let without = Arc::new(d.with_members(&[]));
+    assert!(matches!(d.with_members(&[]), std::borrow::Cow::Borrowed(_)), "no member added: the declaration is not copied");
+    let without = Arc::new(d.with_members(&[]).into_owned());
     let mut keys = keys;
     keys.set("ci-1", None);
     let c2 = trellis_core::compile(&without, &keys, &Default::default(), Some(c)).unwrap();

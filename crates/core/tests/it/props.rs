@@ -135,7 +135,7 @@ pub(crate) fn declaration(g: &Gen) -> Declaration {
     let members: Vec<trellis_core::decl::Member> = (1..=g.members)
         .map(|i| trellis_core::decl::Member { name: format!("pl-{i}"), pool: "pl".into(), address_ipv4: None, address_ipv6: None })
         .collect();
-    let mut d = valid(&mesh, &refs).with_members(&members);
+    let mut d = valid(&mesh, &refs).with_members(&members).into_owned();
     for (i, n) in d.nodes.iter_mut().filter(|n| n.pool.is_some()).enumerate() {
         n.public_key = trellis_core::decl::PublicKey::parse(&key(200 + i));
     }
