@@ -14,8 +14,16 @@ use anyhow::{Context, Result};
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 pub trait Resolver: Send {
-    /// Serves the zone file on these addresses, replacing what was served before.
-    fn apply<'a>(&'a mut self, zone: &'a Path, origin: &'a str, listen: &'a [SocketAddr]) -> BoxFuture<'a, Result<()>>;
+    /// Serves the zone file on these addresses, replacing what was served before. With `change`,
+    /// the file came as edits of the one held (ADR 0035): when that is the zone served, only the
+    /// names in its regions are read.
+    fn apply<'a>(
+        &'a mut self,
+        zone: &'a Path,
+        origin: &'a str,
+        listen: &'a [SocketAddr],
+        change: Option<&'a crate::plan::TextChange>,
+    ) -> BoxFuture<'a, Result<()>>;
     fn serving(&self) -> Vec<SocketAddr>;
 }
 
@@ -51,6 +59,8 @@ pub struct Hickory {
     starts: u32,
     /// How many zones were built whole (the rest changed the served one in place).
     builds: u32,
+    /// How many changes were read by their regions (ADR 0035).
+    by_regions: u32,
 }
 
 /// The zone being answered: its handler, which a new zone that differs in some names' addresses
@@ -61,6 +71,10 @@ struct Served {
     text: String,
     ttl: u32,
     nameserver: String,
+    /// Whether the text cuts into runs (`Cut::of`): each name in one run, spelled as trellis
+    /// does. Only then is a change read by its regions, the names outside them known to be
+    /// in no other run.
+    cut: bool,
 }
 
 /// A zone file as the agent reads it whole: its header, and each name's addresses (relative, as
@@ -168,20 +182,47 @@ impl<'t> Cut<'t> {
 }
 
 impl Resolver for Hickory {
-    fn apply<'a>(&'a mut self, zone: &'a Path, origin: &'a str, listen: &'a [SocketAddr]) -> BoxFuture<'a, Result<()>> {
+    fn apply<'a>(
+        &'a mut self,
+        zone: &'a Path,
+        origin: &'a str,
+        listen: &'a [SocketAddr],
+        change: Option<&'a crate::plan::TextChange>,
+    ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             use hickory_server::proto::rr::{LowerName, Name};
             use hickory_server::zone_handler::Catalog;
             let name = Name::from_str(&format!("{}.", origin.trim_end_matches('.'))).with_context(|| format!("zone origin {origin:?}"))?;
-            // Read first: a zone that does not load leaves the running server as it is.
             let started = std::time::Instant::now();
-            let text = std::fs::read_to_string(zone).with_context(|| format!("cannot read {}", zone.display()))?;
             let running = self.server.is_some() && self.listening == listen;
+            // By its regions, when the zone served is the one the edits were made from: the
+            // names there, changed in place (ADR 0035).
+            if let Some(served) = self.served.as_mut().filter(|s| running && s.origin == name && s.cut) {
+                let by_regions = change
+                    .filter(|c| served.text.as_bytes() == &c.old[..])
+                    .and_then(|c| Some((std::str::from_utf8(&c.new).ok()?, c)))
+                    .and_then(|(text, c)| Some((text, changes_in(&served.text, text, &c.hunks)?)));
+                if let Some((text, (serial, names, fresh))) = by_regions {
+                    if let Some(changed) = patch(served, serial, &names, &fresh).await? {
+                        served.text = text.to_string();
+                        self.by_regions += 1;
+                        tracing::info!(
+                            names = changed,
+                            ms = started.elapsed().as_millis() as u64,
+                            "mesh zone changed in place, by its regions"
+                        );
+                        return Ok(());
+                    }
+                }
+            }
+            // Read first: a zone that does not load leaves the running server as it is.
+            let text = std::fs::read_to_string(zone).with_context(|| format!("cannot read {}", zone.display()))?;
             if let Some(served) = self.served.as_mut().filter(|s| running && s.origin == name) {
                 if let Some((serial, names)) = changes(&served.text, &text) {
                     let read_ms = started.elapsed().as_millis() as u64;
-                    if let Some(changed) = patch(served, serial, &names).await? {
+                    if let Some(changed) = patch(served, serial, &names, &[]).await? {
                         served.text = text;
+                        served.cut = true;
                         tracing::info!(names = changed, read_ms, ms = started.elapsed().as_millis() as u64, "mesh zone changed in place");
                         return Ok(());
                     }
@@ -196,7 +237,8 @@ impl Resolver for Hickory {
             let old = std::mem::replace(&mut *self.zones.0 .0.write().expect("zones"), Arc::new(catalog));
             // The catalog replaced is dropped here, not under the lock.
             drop(old);
-            self.served = Some(Served { handler, origin: name, ttl: read.ttl, nameserver: read.nameserver, text });
+            let cut = Cut::of(&text).is_some();
+            self.served = Some(Served { handler, origin: name, ttl: read.ttl, nameserver: read.nameserver, text, cut });
             if running {
                 tracing::info!(load_ms = loaded.as_millis() as u64, "mesh zone served (the same sockets)");
                 return Ok(());
@@ -350,19 +392,7 @@ fn changes(old: &str, new: &str) -> Option<(u32, Vec<NameChange>)> {
         if before.runs.get(name) == Some(&run) {
             continue;
         }
-        let mut list = Vec::new();
-        for line in run.lines() {
-            let mut fields = line.split_whitespace().skip(2);
-            let (Some(kind), Some(address), None) = (fields.next(), fields.next(), fields.next()) else { return None };
-            // The address of its record's kind, as a whole read requires.
-            let address = match kind {
-                "A" => std::net::IpAddr::V4(address.parse().ok()?),
-                "AAAA" => std::net::IpAddr::V6(address.parse().ok()?),
-                _ => return None,
-            };
-            list.push(address);
-        }
-        names.push((name.to_string(), list));
+        names.push((name.to_string(), addresses(run)?));
     }
     for &name in before.runs.keys().filter(|n| !after.runs.contains_key(*n)) {
         names.push((name.to_string(), Vec::new()));
@@ -370,13 +400,91 @@ fn changes(old: &str, new: &str) -> Option<(u32, Vec<NameChange>)> {
     Some((serial, names))
 }
 
+/// As [`changes`], read from the regions where the two texts differ (ADR 0035), widened to whole
+/// runs of names, instead of from both texts whole: a cost that follows the change, not the
+/// zone. `old` must cut (`Cut::of`): then a name in a region of `old` has no run outside it.
+/// Also returns the names new in the regions (in none of `old`'s): each must be in no run of
+/// `old` at all, which the caller checks against the zone served. `None` when the regions'
+/// frames differ (anything but the SOA's serial and address records), a name is spelled as
+/// trellis does not, or a name has two runs: read whole.
+fn changes_in(old: &str, new: &str, hunks: &[trellis_core::delta::Hunk]) -> Option<(u32, Vec<NameChange>, Vec<String>)> {
+    // A run of names goes on across a line start when the lines either side are address
+    // records of the same name.
+    fn record_name(line: &[u8]) -> Option<&[u8]> {
+        let mut fields = line.split(|b| b.is_ascii_whitespace()).filter(|f| !f.is_empty());
+        match (fields.next(), fields.next(), fields.next()) {
+            (Some(name), Some(b"IN"), Some(b"A" | b"AAAA")) => Some(name),
+            _ => None,
+        }
+    }
+    let boundary = |t: &[u8], at: usize| {
+        let before = &t[..at - 1];
+        let previous = &before[before.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1)..];
+        let line = &t[at..at + t[at..].iter().position(|&b| b == b'\n').unwrap_or(t.len() - at)];
+        !matches!((record_name(previous), record_name(line)), (Some(a), Some(b)) if a == b)
+    };
+    let regions = trellis_core::delta::widen(old.as_bytes(), new.as_bytes(), hunks, b"\n", boundary)?;
+    let mut serial = None;
+    let (mut before, mut after) = (std::collections::HashMap::new(), std::collections::HashMap::new());
+    for r in regions.iter().filter(|r| old.as_bytes()[r.old.clone()] != new.as_bytes()[r.new.clone()]) {
+        let (o, n) = (Cut::of(old.get(r.old.clone())?)?, Cut::of(new.get(r.new.clone())?)?);
+        if o.frame != n.frame {
+            return None;
+        }
+        serial = n.serial.or(serial);
+        for (name, run) in o.runs {
+            if before.insert(name, run).is_some() {
+                return None;
+            }
+        }
+        for (name, run) in n.runs {
+            if after.insert(name, run).is_some() {
+                return None;
+            }
+        }
+    }
+    let serial: u32 = serial?.parse().ok()?;
+    let mut names = Vec::new();
+    let mut fresh = Vec::new();
+    for (&name, &run) in &after {
+        match before.get(name) {
+            Some(&was) if was == run => continue,
+            Some(_) => {}
+            None => fresh.push(name.to_string()),
+        }
+        names.push((name.to_string(), addresses(run)?));
+    }
+    for &name in before.keys().filter(|n| !after.contains_key(*n)) {
+        names.push((name.to_string(), Vec::new()));
+    }
+    Some((serial, names, fresh))
+}
+
+/// The addresses of a run of address records, each of its record's kind, as a whole read
+/// requires.
+fn addresses(run: &str) -> Option<Vec<std::net::IpAddr>> {
+    let mut list = Vec::new();
+    for line in run.lines() {
+        let mut fields = line.split_whitespace().skip(2);
+        let (Some(kind), Some(address), None) = (fields.next(), fields.next(), fields.next()) else { return None };
+        list.push(match kind {
+            "A" => std::net::IpAddr::V4(address.parse().ok()?),
+            "AAAA" => std::net::IpAddr::V6(address.parse().ok()?),
+            _ => return None,
+        });
+    }
+    Some(list)
+}
+
 /// Serves a zone that differs from the one served in these names' addresses and its serial, by
 /// changing the served zone in place: each name's records and the SOA, under the handler's lock,
 /// so that a query sees the zone before or after, never between. Every record is made before the
 /// lock is taken (a name that does not read changes nothing). The number of names changed;
 /// `None`, changing nothing, when a name changed is the name server's, whose records hold its
-/// addresses too (a zone trellis writes never names it; one that does is built whole).
-async fn patch(served: &Served, serial: u32, names: &[NameChange]) -> Result<Option<usize>> {
+/// addresses too (a zone trellis writes never names it; one that does is built whole), or when a
+/// name of `fresh` (new to the regions a change was read from) is served already: it has a run
+/// outside them, and the zone is read whole.
+async fn patch(served: &Served, serial: u32, names: &[NameChange], fresh: &[String]) -> Result<Option<usize>> {
     use hickory_server::proto::rr::{LowerName, Name, RecordSet, RecordType, RrKey};
     let origin = &served.origin;
     let nameserver = Name::from_str(&served.nameserver)?;
@@ -396,8 +504,15 @@ async fn patch(served: &Served, serial: u32, names: &[NameChange]) -> Result<Opt
         }
     }
     let soa = soa_set(origin, &nameserver, served.ttl, serial)?;
+    let fresh: Vec<LowerName> = fresh.iter().map(|n| absolute(n, origin).map(|n| LowerName::from(&n))).collect::<Result<_>>()?;
     {
         let mut records = served.handler.records_mut().await;
+        if fresh
+            .iter()
+            .any(|n| [RecordType::A, RecordType::AAAA].into_iter().any(|kind| records.contains_key(&RrKey::new(n.clone(), kind))))
+        {
+            return Ok(None);
+        }
         for (key, set) in sets {
             match set {
                 Some(set) => records.insert(key, Arc::new(set)),
@@ -568,17 +683,17 @@ mod tests {
         let file = dir.join("mesh.zone");
         std::fs::write(&file, zone(1, "")).unwrap();
         let mut dns = super::Hickory::default();
-        dns.apply(&file, "t.mesh", &listen).await.unwrap();
+        dns.apply(&file, "t.mesh", &listen, None).await.unwrap();
         assert_eq!(ask(listen[0], "db-1.t.mesh.").await, ["10.1.0.1"]);
         assert!(ask(listen[0], "db-2.t.mesh.").await.is_empty());
         assert_eq!(dns.starts, 1);
         std::fs::write(&file, zone(2, "db-2\tIN\tA\t10.1.0.2\n")).unwrap();
-        dns.apply(&file, "t.mesh", &listen).await.unwrap();
+        dns.apply(&file, "t.mesh", &listen, None).await.unwrap();
         assert_eq!(ask(listen[0], "db-2.t.mesh.").await, ["10.1.0.2"]);
         assert_eq!(dns.starts, 1, "the same server answers, its sockets bound once");
         // A zone that does not load leaves the one served.
         std::fs::write(&file, "not a zone").unwrap();
-        assert!(dns.apply(&file, "t.mesh", &listen).await.is_err());
+        assert!(dns.apply(&file, "t.mesh", &listen, None).await.is_err());
         assert_eq!(ask(listen[0], "db-2.t.mesh.").await, ["10.1.0.2"]);
     }
 
@@ -606,12 +721,12 @@ mod tests {
         let file = dir.join("mesh.zone");
         std::fs::write(&file, zone(1, 60, &format!("{many}db-1\tIN\tA\t10.2.0.1\ndb-3\tIN\tA\t10.2.0.3\n"))).unwrap();
         let mut dns = super::Hickory::default();
-        dns.apply(&file, "t.mesh", &listen).await.unwrap();
+        dns.apply(&file, "t.mesh", &listen, None).await.unwrap();
         assert_eq!(ask(listen[0], "db-3.t.mesh.").await, ["10.2.0.3"]);
         assert_eq!((dns.builds, dns.starts), (1, 1));
         std::fs::write(&file, zone(2, 60, &format!("{many}db-1\tIN\tA\t10.2.0.9\ndb-2\tIN\tA\t10.2.0.2\ndb-2\tIN\tAAAA\tfd00::2\n")))
             .unwrap();
-        dns.apply(&file, "t.mesh", &listen).await.unwrap();
+        dns.apply(&file, "t.mesh", &listen, None).await.unwrap();
         assert_eq!((dns.builds, dns.starts), (1, 1), "changed in place, by the same server");
         assert_eq!(ask(listen[0], "db-1.t.mesh.").await, ["10.2.0.9"]);
         assert_eq!(ask(listen[0], "db-2.t.mesh.").await, ["10.2.0.2"]);
@@ -622,20 +737,122 @@ mod tests {
         assert!(soa.len() == 1 && soa[0].contains(" 2 3600 600 86400 60"), "{soa:?}");
         // A changed name's line that is not an address record: read whole, and refused.
         std::fs::write(&file, zone(3, 60, &format!("{many}db-1\tIN\tA\t10.2.0.9 extra\n"))).unwrap();
-        assert!(dns.apply(&file, "t.mesh", &listen).await.is_err());
+        assert!(dns.apply(&file, "t.mesh", &listen, None).await.is_err());
         assert_eq!(ask(listen[0], "db-1.t.mesh.").await, ["10.2.0.9"], "the zone served stays");
         // Another TTL: built whole.
         std::fs::write(&file, zone(4, 30, "db-1\tIN\tA\t10.2.0.1\n")).unwrap();
-        dns.apply(&file, "t.mesh", &listen).await.unwrap();
+        dns.apply(&file, "t.mesh", &listen, None).await.unwrap();
         assert_eq!((dns.builds, dns.starts), (2, 1));
         assert_eq!(ask(listen[0], "db-1.t.mesh.").await, ["10.2.0.1"]);
         assert!(ask(listen[0], "db-2.t.mesh.").await.is_empty());
         // A name written in two runs (not as trellis writes): built whole, and answered.
         std::fs::write(&file, zone(5, 30, "db-1\tIN\tA\t10.2.0.1\ndb-2\tIN\tA\t10.2.0.2\ndb-1\tIN\tA\t10.2.0.7\n")).unwrap();
-        dns.apply(&file, "t.mesh", &listen).await.unwrap();
+        dns.apply(&file, "t.mesh", &listen, None).await.unwrap();
         assert_eq!((dns.builds, dns.starts), (3, 1));
         let mut both = ask(listen[0], "db-1.t.mesh.").await;
         both.sort();
         assert_eq!(both, ["10.2.0.1", "10.2.0.7"]);
+    }
+    fn change_of(old: &str, new: &str) -> crate::plan::TextChange {
+        crate::plan::TextChange::between(old, new)
+    }
+
+    /// A change that came as edits of the zone served is read from its regions only: the names
+    /// there changed in place, answered from the next query on. A name given a second run
+    /// outside them (not as trellis writes) is read whole and answered merged, as hickory's
+    /// whole read does; edits of another zone than the one served are read whole.
+    #[tokio::test]
+    async fn a_change_by_its_regions_is_changed_in_place_and_anything_else_is_read_whole() {
+        use super::Resolver;
+        let dir = trellis_testing::TempDir::new("dns-regions");
+        let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let listen = [std::net::SocketAddr::from(([127, 0, 0, 1], port))];
+        let zone = |serial: u32, skip: u32, extra: &str| {
+            let mut z = format!("$ORIGIN t.mesh.\n$TTL 60\n@\tIN\tSOA\tns.t.mesh. hostmaster.t.mesh. {serial} 3600 600 86400 60\n@\tIN\tNS\tns.t.mesh.\nns\tIN\tA\t10.0.0.1\n");
+            for i in (0..3000u32).filter(|i| *i != skip) {
+                let last = if i == 1500 && serial > 1 { 200 } else { i % 250 };
+                z.push_str(&format!("n-{i}\tIN\tA\t10.1.{}.{last}\n", i / 250));
+            }
+            for i in 0..3000u32 {
+                z.push_str(&format!("ssh\tIN\tA\t10.1.{}.{}\n", i / 250, i % 250));
+            }
+            z.push_str(extra);
+            z
+        };
+        let file = dir.join("mesh.zone");
+        let first = zone(1, 3000, "db-1\tIN\tA\t10.2.0.1\n");
+        std::fs::write(&file, &first).unwrap();
+        let mut dns = super::Hickory::default();
+        dns.apply(&file, "t.mesh", &listen, None).await.unwrap();
+        assert_eq!((dns.builds, dns.by_regions), (1, 0));
+        // n-7 gone, n-1500 renumbered, db-2 come; the file on disk says otherwise, to show that
+        // the regions, not the file, were read.
+        let second = zone(2, 7, "db-1\tIN\tA\t10.2.0.1\ndb-2\tIN\tA\t10.2.0.2\n");
+        std::fs::write(&file, "not read").unwrap();
+        dns.apply(&file, "t.mesh", &listen, Some(&change_of(&first, &second))).await.unwrap();
+        assert_eq!((dns.builds, dns.by_regions), (1, 1), "read by its regions");
+        assert!(ask(listen[0], "n-7.t.mesh.").await.is_empty());
+        assert_eq!(ask(listen[0], "n-1500.t.mesh.").await, ["10.1.6.200"]);
+        assert_eq!(ask(listen[0], "db-2.t.mesh.").await, ["10.2.0.2"]);
+        assert_eq!(ask(listen[0], "n-2999.t.mesh.").await, ["10.1.11.249"], "the names outside the regions are still answered");
+        let soa = ask_for(listen[0], "t.mesh.", RecordType::SOA).await;
+        assert!(soa.len() == 1 && soa[0].contains(" 2 3600 600 86400 60"), "{soa:?}");
+        // n-3 again at the end: a second run of a name served outside the region.
+        let third = zone(3, 7, "db-1\tIN\tA\t10.2.0.1\ndb-2\tIN\tA\t10.2.0.2\nn-3\tIN\tA\t10.9.9.9\n");
+        std::fs::write(&file, &third).unwrap();
+        dns.apply(&file, "t.mesh", &listen, Some(&change_of(&second, &third))).await.unwrap();
+        assert_eq!((dns.builds, dns.by_regions), (2, 1), "built whole");
+        let mut both = ask(listen[0], "n-3.t.mesh.").await;
+        both.sort();
+        assert_eq!(both, ["10.1.0.3", "10.9.9.9"]);
+        // Edits made from another zone than the one served: the file is read whole.
+        let fourth = zone(4, 7, "db-1\tIN\tA\t10.2.0.4\n");
+        std::fs::write(&file, &fourth).unwrap();
+        dns.apply(&file, "t.mesh", &listen, Some(&change_of(&second, &fourth))).await.unwrap();
+        assert_eq!(dns.by_regions, 1);
+        assert_eq!(ask(listen[0], "db-1.t.mesh.").await, ["10.2.0.4"]);
+        assert!(ask(listen[0], "db-2.t.mesh.").await.is_empty());
+        assert_eq!(ask(listen[0], "n-3.t.mesh.").await, ["10.1.0.3"]);
+    }
+
+    proptest::proptest! {
+        /// Any change of a zone of hundreds of names as trellis writes them: the regions give
+        /// the whole read's changes whenever they give any, and the names they call new are in
+        /// none of the old zone's runs.
+        #[test]
+        fn the_regions_never_say_other_than_the_whole_read(
+            old in proptest::collection::btree_map(0u16..600, proptest::collection::btree_set(0u8..4, 1..3), 200..300),
+            gone in proptest::collection::vec(0u16..600, 0..4),
+            come in proptest::collection::btree_map(0u16..600, proptest::collection::btree_set(0u8..4, 1..3), 0..4),
+        ) {
+            use std::collections::{BTreeMap, BTreeSet};
+            let zone = |serial: u32, names: &BTreeMap<u16, BTreeSet<u8>>| {
+                let mut z = format!("$ORIGIN t.mesh.\n$TTL 60\n@\tIN\tSOA\tns.t.mesh. hostmaster.t.mesh. {serial} 3600 600 86400 60\n@\tIN\tNS\tns.t.mesh.\nns\tIN\tA\t10.0.0.1\n");
+                for (name, addrs) in names {
+                    for a in addrs {
+                        z.push_str(&format!("n-{name}\tIN\tA\t10.1.{}.{a}\n", name % 200));
+                    }
+                }
+                z
+            };
+            let mut new = old.clone();
+            for g in &gone {
+                new.remove(g);
+            }
+            new.extend(come);
+            let (before, after) = (zone(1, &old), zone(2, &new));
+            let c = change_of(&before, &after);
+            let whole = super::changes(&before, &after).expect("only names' addresses differ");
+            if let Some((serial, mut names, fresh)) = super::changes_in(&before, &after, &c.hunks) {
+                let mut want = whole.1;
+                names.sort();
+                want.sort();
+                proptest::prop_assert_eq!((serial, names), (whole.0, want));
+                for f in fresh {
+                    let n: u16 = f.strip_prefix("n-").unwrap().parse().unwrap();
+                    proptest::prop_assert!(!old.contains_key(&n), "{} is called new but was served", f);
+                }
+            }
+        }
     }
 }

@@ -401,15 +401,15 @@ impl Executor {
                     self.routed = Some(action.clone());
                 }
             }
-            Action::LoadRuleset { path } => {
+            Action::LoadRuleset { path, change } => {
                 if let Some(fw) = self.firewall.get_mut().expect("firewall lock").as_mut() {
-                    fw.apply(&self.root.join(path))?;
+                    fw.apply(&self.root.join(path), change.as_ref())?;
                     self.report.ruleset_loaded = fw.loaded();
                 }
             }
-            Action::ServeZone { path, origin, listen } => {
+            Action::ServeZone { path, origin, listen, change } => {
                 if let Some(dns) = self.backends.resolver.as_mut() {
-                    dns.apply(&self.root.join(path), origin, listen).await?;
+                    dns.apply(&self.root.join(path), origin, listen, change.as_ref()).await?;
                     self.report.dns_serving = dns.serving().iter().map(|a| a.to_string()).collect();
                 }
             }

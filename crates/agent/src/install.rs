@@ -6,11 +6,11 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use trellis_core::bundle::Bundle;
+use trellis_core::bundle::{Bundle, Edited};
 use trellis_proto as proto;
 
 use crate::exec::Executor;
-use crate::plan::{plan, Action, Held, Observed, Scope};
+use crate::plan::{plan, text_changes, Action, Changes, Held, Observed, Scope};
 use crate::state::Manifest;
 use crate::statedir::{HELD_HEAD, HELD_HEAD_NEXT, LAST_BUNDLE};
 
@@ -82,7 +82,7 @@ impl Installer {
     /// Applies the network configuration of the bundle whose files are in place (after a
     /// restart: the interface and ruleset lived in the previous process or were flushed).
     pub async fn resume(&mut self, bundle: &Bundle) -> Result<()> {
-        let actions = plan(bundle, &Held::of(bundle), &self.observed(), &self.scope)?;
+        let actions = plan(bundle, &Held::of(bundle), &self.observed(), &self.scope, &Changes::new())?;
         self.exec.run(&actions).await?;
         self.network = Some((bundle.version, bundle.content_digest()));
         Ok(())
@@ -92,8 +92,9 @@ impl Installer {
     /// at the next start); on failure restores the previous files and configuration and leaves
     /// the manifest as it was. Returns the evidence, or `None` when the
     /// bundle is what is held and applied already. With `again`, a bundle already held is written
-    /// and applied once more (files that drifted on disk are put back) and reported.
-    pub async fn apply(&mut self, head: &[u8], bundle: Bundle, now: i64, again: bool) -> Option<proto::Evidence> {
+    /// and applied once more (files that drifted on disk are put back) and reported. `edited`:
+    /// the files a delta built as edits of held ones (ADR 0035), read by their regions.
+    pub async fn apply(&mut self, head: &[u8], bundle: Bundle, now: i64, again: bool, edited: &[Edited]) -> Option<proto::Evidence> {
         let started = std::time::Instant::now();
         let mut evidence = proto::Evidence {
             seq: 0,
@@ -111,7 +112,8 @@ impl Installer {
             held.files.iter_mut().for_each(|f| f.1 = [0; 32]);
             observed.network = None;
         }
-        let result = match plan(&bundle, &held, &observed, &self.scope) {
+        let changes = if again { Changes::new() } else { text_changes(self.previous.as_ref(), &bundle, edited) };
+        let result = match plan(&bundle, &held, &observed, &self.scope, &changes) {
             Ok(actions) if actions.is_empty() => return None,
             Ok(actions) => {
                 // The new head goes first: should the agent stop after the files and before the
@@ -177,7 +179,7 @@ impl Installer {
     async fn restore(&mut self, failed: &Bundle) {
         let Some(previous) = self.previous.clone() else { return };
         let observed = Observed { network: None, ..self.observed() };
-        let actions = match plan(&previous, &Held::of(failed), &observed, &self.scope) {
+        let actions = match plan(&previous, &Held::of(failed), &observed, &self.scope, &Changes::new()) {
             Ok(actions) => actions,
             Err(e) => {
                 tracing::error!("cannot re-apply the previous configuration: {e}");
@@ -282,7 +284,7 @@ mod tests {
     /// Loads the committed ruleset unless it says "bad".
     struct Fw(Journal, Disk);
     impl Firewall for Fw {
-        fn apply(&mut self, ruleset: &Path) -> Result<()> {
+        fn apply(&mut self, ruleset: &Path, _: Option<&crate::plan::TextChange>) -> Result<()> {
             assert!(ruleset.ends_with(NFTABLES_CONF), "{}", ruleset.display());
             let text = self.1.lock().unwrap().get(NFTABLES_CONF).cloned().unwrap_or_default();
             if text == "bad" {
@@ -299,7 +301,13 @@ mod tests {
 
     struct Dns(Journal);
     impl Resolver for Dns {
-        fn apply<'a>(&'a mut self, _zone: &'a Path, origin: &'a str, listen: &'a [SocketAddr]) -> BoxFuture<'a, Result<()>> {
+        fn apply<'a>(
+            &'a mut self,
+            _zone: &'a Path,
+            origin: &'a str,
+            listen: &'a [SocketAddr],
+            _: Option<&'a crate::plan::TextChange>,
+        ) -> BoxFuture<'a, Result<()>> {
             note(&self.0, format!("dns {origin} on {}", listen.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(",")));
             Box::pin(async { Ok(()) })
         }
@@ -395,7 +403,7 @@ mod tests {
         }
 
         async fn apply(&mut self, bundle: &Bundle) -> Option<proto::Evidence> {
-            self.applier.apply(format!("bundle {}", bundle.version).as_bytes(), bundle.clone(), 7, false).await
+            self.applier.apply(format!("bundle {}", bundle.version).as_bytes(), bundle.clone(), 7, false, &[]).await
         }
     }
 
@@ -517,7 +525,7 @@ mod tests {
             let b = bundle(1, false, "good1", &[]);
             f.apply(&b).await.unwrap();
             f.take();
-            let ev = f.applier.apply(b"bundle 1", b, 8, true).await.expect("reported");
+            let ev = f.applier.apply(b"bundle 1", b, 8, true, &[]).await.expect("reported");
             assert_eq!((ev.result, ev.at, ev.files.len()), (proto::EvidenceResult::Applied, 8, 4), "{ev:?}");
             let mut expect = write(&[]);
             expect.extend(lines(&["wireguard 10.88.0.5/16 key PRIVATE", "ruleset good1", "dns basic.mesh on 10.88.0.5:53"]));
@@ -764,7 +772,7 @@ mod tests {
     fn files_only_touches_no_network() {
         let b = bundle(1, true, "good1", &[]);
         let scope = Scope { files_only: true, wireguard: true, dns_port: 53 };
-        let actions = plan(&b, &Held::default(), &Observed::default(), &scope).unwrap();
+        let actions = plan(&b, &Held::default(), &Observed::default(), &scope, &crate::plan::Changes::new()).unwrap();
         assert_eq!(actions, [Action::WriteFiles { files: b.files.clone(), remove: Vec::new() }]);
     }
 }

@@ -491,7 +491,7 @@ mod tests {
 
     fn apply(nft: &mut Nft, file: &std::path::Path, sources: &[&str], port: u16) -> anyhow::Result<()> {
         std::fs::write(file, ruleset(sources, port)).unwrap();
-        nft.apply(file)
+        nft.apply(file, None)
     }
 
     fn kill(pid: u32) {

@@ -28,9 +28,10 @@ pub enum Action {
     /// this one has not.
     ConfigureRoutes { interface: String, routes: Vec<ipnet::IpNet>, exit: Exit, table: u32 },
     /// Load the ruleset written at this path (relative to the root) in one transaction.
-    LoadRuleset { path: String },
+    /// With `change`, the file came as edits of the one held, and may be read by its regions.
+    LoadRuleset { path: String, change: Option<TextChange> },
     /// Serve the zone written at this path (relative to the root) on these addresses.
-    ServeZone { path: String, origin: String, listen: Vec<SocketAddr> },
+    ServeZone { path: String, origin: String, listen: Vec<SocketAddr>, change: Option<TextChange> },
     /// Send one empty datagram through the interface to each of these overlay addresses, one
     /// per peer the interface just got or now dials at another endpoint: WireGuard starts the
     /// handshake at once, so whichever end comes up second completes it, and a first packet
@@ -41,6 +42,56 @@ pub enum Action {
 
 /// One peer to prompt: its key (for the executor's follow-up, which restarts the handshake of a
 /// peer still without one) and its own overlay address (where the datagram goes).
+/// A file of the bundle that a delta built as edits of the file held (ADR 0035): the held content,
+/// the new one, and the hunks where they differ. A reader that holds the old content (the ruleset
+/// loaded, the zone served) reads only the regions around the hunks; one that does not reads the
+/// new content whole.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TextChange {
+    pub old: bytes::Bytes,
+    pub new: bytes::Bytes,
+    pub hunks: Arc<[trellis_core::delta::Hunk]>,
+}
+
+impl std::fmt::Debug for TextChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TextChange {{ {} bytes to {} in {} hunks }}", self.old.len(), self.new.len(), self.hunks.len())
+    }
+}
+
+#[cfg(test)]
+impl TextChange {
+    /// The change from `old` to `new` as a delta carries it: the edits the controller makes,
+    /// rebuilt as the agent rebuilds them, with their hunks.
+    pub fn between(old: &str, new: &str) -> TextChange {
+        let edits = trellis_core::delta::edits(old.as_bytes(), new.as_bytes());
+        let (built, hunks) = trellis_core::delta::rebuild_with_hunks(old.as_bytes(), &edits, new.len(), "f").expect("edits rebuild");
+        assert_eq!(built, new.as_bytes());
+        TextChange {
+            old: bytes::Bytes::copy_from_slice(old.as_bytes()),
+            new: bytes::Bytes::copy_from_slice(new.as_bytes()),
+            hunks: hunks.expect("the controller's edits copy in order").into(),
+        }
+    }
+}
+
+/// The files of a bundle known to have changed from the held ones in hunks only, by path.
+pub type Changes = std::collections::HashMap<String, TextChange>;
+
+/// The changes a delta's edits make to the files `previous` holds: each file edited from the one
+/// held at its path (by its SHA-256), with the held content and the new one.
+pub fn text_changes(previous: Option<&Bundle>, bundle: &Bundle, edited: &[trellis_core::bundle::Edited]) -> Changes {
+    let Some(previous) = previous else { return Changes::new() };
+    edited
+        .iter()
+        .filter_map(|e| {
+            let old = file(previous, &e.path).filter(|f| f.sha256 == e.base)?;
+            let new = file(bundle, &e.path)?;
+            Some((e.path.clone(), TextChange { old: old.content.clone(), new: new.content.clone(), hunks: e.hunks.clone() }))
+        })
+        .collect()
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Prompt {
     pub public_key: String,
@@ -137,7 +188,7 @@ fn settings(bundle: &Bundle) -> Result<NodeFile, PlanError> {
 /// re-delivery of what is held, with its network configuration in place, is no action at all;
 /// what is held but not yet applied to the network (after a restart, or a failure) gets the
 /// network actions only.
-pub fn plan(bundle: &Bundle, held: &Held, observed: &Observed, scope: &Scope) -> Result<Vec<Action>, PlanError> {
+pub fn plan(bundle: &Bundle, held: &Held, observed: &Observed, scope: &Scope, changes: &Changes) -> Result<Vec<Action>, PlanError> {
     let digest = bundle.content_digest();
     let same = held.version == bundle.version && held.digest == digest;
     let mut actions = Vec::new();
@@ -146,7 +197,7 @@ pub fn plan(bundle: &Bundle, held: &Held, observed: &Observed, scope: &Scope) ->
         let files = bundle.files.iter().filter(|f| !held.holds(f)).cloned().collect();
         actions.push(Action::WriteFiles { files, remove });
     }
-    let network = network(bundle, observed, scope)?;
+    let network = network(bundle, observed, scope, changes)?;
     if !(same && observed.network == Some((bundle.version, digest))) {
         actions.extend(network);
     }
@@ -154,7 +205,7 @@ pub fn plan(bundle: &Bundle, held: &Held, observed: &Observed, scope: &Scope) ->
 }
 
 /// The network half of a plan: forwarding for a hub, the interface, the ruleset, the zone.
-fn network(bundle: &Bundle, observed: &Observed, scope: &Scope) -> Result<Vec<Action>, PlanError> {
+fn network(bundle: &Bundle, observed: &Observed, scope: &Scope, changes: &Changes) -> Result<Vec<Action>, PlanError> {
     let settings = settings(bundle)?;
     let conf = match file(bundle, WIREGUARD_CONF) {
         Some(f) => Some(
@@ -207,14 +258,19 @@ fn network(bundle: &Bundle, observed: &Observed, scope: &Scope) -> Result<Vec<Ac
         }
     }
     if file(bundle, NFTABLES_CONF).is_some() {
-        actions.push(Action::LoadRuleset { path: NFTABLES_CONF.to_string() });
+        actions.push(Action::LoadRuleset { path: NFTABLES_CONF.to_string(), change: changes.get(NFTABLES_CONF).cloned() });
     }
     // Forwarding goes on once the filter that says what may be forwarded is loaded.
     if (settings.hub || settings.router) && !observed.forwarding {
         actions.push(Action::EnableForwarding);
     }
     if file(bundle, MESH_ZONE).is_some() && !listen.is_empty() {
-        actions.push(Action::ServeZone { path: MESH_ZONE.to_string(), origin: settings.zone, listen });
+        actions.push(Action::ServeZone {
+            path: MESH_ZONE.to_string(),
+            origin: settings.zone,
+            listen,
+            change: changes.get(MESH_ZONE).cloned(),
+        });
     }
     // Last, once the filter that guards the tunnel is loaded and everything else is in place.
     actions.extend(prompt);

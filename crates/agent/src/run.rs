@@ -300,10 +300,11 @@ impl Agent {
     }
 
     /// Applies a verified bundle; `None` when it is already applied.
-    async fn apply(&mut self, head: &[u8], bundle: Bundle, again: bool, by_next: bool) -> Option<proto::Evidence> {
+    async fn apply(&mut self, verified: trellis_core::bundle::Verified, again: bool, by_next: bool) -> Option<proto::Evidence> {
+        let trellis_core::bundle::Verified { head, bundle, edited, .. } = verified;
         let trust = trust_of(&bundle);
         let started = std::time::Instant::now();
-        let evidence = self.installer.apply(head, bundle, unix_now(), again).await?;
+        let evidence = self.installer.apply(&head, bundle, unix_now(), again, &edited).await?;
         let took = started.elapsed();
         release_free_memory();
         self.metrics.apply(evidence.result == proto::EvidenceResult::Applied, took);
@@ -558,7 +559,7 @@ impl Agent {
             tracing::error!("re-applying the running bundle first failed: {e:#}");
         }
         // Applied even when it is the bundle held: `apply` also repairs files changed by hand.
-        let ev = self.apply(&v.head, v.bundle, true, by_next).await;
+        let ev = self.apply(v, true, by_next).await;
         if let Some(ev) = &ev {
             self.evidence.push(ev.clone())?;
         }
@@ -669,7 +670,7 @@ impl Agent {
                     // What is held, again, when its files are not as it says: written whole.
                     Ok((v, by_next)) => {
                         let again = v.redelivery || !self.installer.intact();
-                        if let Some(ev) = self.apply(&v.head, v.bundle, again, by_next).await {
+                        if let Some(ev) = self.apply(v, again, by_next).await {
                             let dropped = self.evidence.push(ev)?;
                             self.status.dropped_evidence += dropped;
                             *applies += 1;

@@ -127,6 +127,9 @@ impl Controller {
                     }
                 }
                 let behind = !ask.held.is_some_and(|h| h.names(p.version, &p.digest));
+                // What the node holds once answered (or holds already): edits from it are kept
+                // for its next version (ADR 0035).
+                self.publisher.served(&who.name, p.version);
                 let asks_delta = ask.held.filter(|_| behind && ask.takes_delta);
                 let delta = match asks_delta {
                     // Making a large file's edits takes milliseconds: not on the runtime's threads.

@@ -354,6 +354,18 @@ pub struct Verified {
     /// The paths of the files a delta built (sent whole or as edits); `None` for a whole bundle,
     /// whose every file came.
     pub changed: Option<Vec<String>>,
+    /// The files a delta built as edits of a held file, with where they differ from it: a
+    /// reader that holds that file can look at the hunks only.
+    pub edited: Vec<Edited>,
+}
+
+/// A file a delta built from a held file (ADR 0035): that file's SHA-256 and the hunks where the
+/// new content differs from it. The content was checked against the signed manifest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Edited {
+    pub path: String,
+    pub base: [u8; 32],
+    pub hunks: std::sync::Arc<[crate::delta::Hunk]>,
 }
 
 /// A verified head: what its signed manifest says, and how long it is.
@@ -540,7 +552,7 @@ pub fn verify(bytes: &[u8], key: &VerifyingKey, mesh: &str, node: &str, last: Op
         return Err(BundleError::Malformed("bytes follow the last file"));
     }
     let bundle = Bundle { mesh: head.mesh, node: head.node, version: head.version, issued_at: head.issued_at, files };
-    Ok(Verified { bundle, redelivery, head: Bytes::copy_from_slice(&bytes[..head.len]), changed: None })
+    Ok(Verified { bundle, redelivery, head: Bytes::copy_from_slice(&bytes[..head.len]), changed: None, edited: Vec::new() })
 }
 
 /// Verifies a delta (ADR 0033) against the bundle this node holds, verified when it came, and
@@ -572,6 +584,7 @@ pub fn verify_delta(
     };
     let mut files = Vec::with_capacity(head.files.len());
     let mut changed = Vec::new();
+    let mut edited = Vec::new();
     for (path, mode, sha256, len) in head.files {
         let content = match parsed.ops.next(len).map_err(BundleError::Delta)? {
             Read::Keep => {
@@ -585,7 +598,11 @@ pub fn verify_delta(
             Read::Whole(content) => Bytes::copy_from_slice(content),
             Read::Edits { base, edits } => {
                 let from = held_file(&path, &base)?;
-                Bytes::from(crate::delta::rebuild(&from.content, edits, len, &path).map_err(BundleError::Delta)?)
+                let (content, hunks) = crate::delta::rebuild_with_hunks(&from.content, edits, len, &path).map_err(BundleError::Delta)?;
+                if let Some(hunks) = hunks {
+                    edited.push(Edited { path: path.clone(), base, hunks: hunks.into() });
+                }
+                Bytes::from(content)
             }
         };
         check_digest(&path, &sha256, &content)?;
@@ -596,7 +613,7 @@ pub fn verify_delta(
         return Err(BundleError::Malformed("bytes follow the delta's last file"));
     }
     let bundle = Bundle { mesh: head.mesh, node: head.node, version: head.version, issued_at: head.issued_at, files };
-    Ok(Verified { bundle, redelivery, head: Bytes::copy_from_slice(parsed.head), changed: Some(changed) })
+    Ok(Verified { bundle, redelivery, head: Bytes::copy_from_slice(parsed.head), changed: Some(changed), edited })
 }
 
 /// A signed freshness stamp: the controller's clock, signed, so an agent can tell how old the

@@ -283,13 +283,15 @@ pub fn edits(base: &[u8], new: &[u8]) -> Vec<u8> {
             out.append(insert);
         }
     };
-    let (mut j, mut at) = (0usize, None::<usize>);
+    // Where the last copy ended in the base: copies only go forward from it, so the edits say
+    // in order where the two contents differ (their hunks, which the agent reads by, ADR 0035).
+    let (mut j, mut at, mut floor) = (0usize, Some(0usize), 0usize);
     while j < new_lines.len() {
         // Continue the copy while the lines agree; else find the next run in the base.
         let start = match at {
             Some(i) if i < old.len() && old_h[i] == new_h[j] && old[i] == new_lines[j] => Some(i),
             _ if j + RUN <= new_lines.len() && anchor(new_h[j]) => {
-                index.get(&run_key(&new_h, j)).map(|&i| i as usize).filter(|&i| old[i..i + RUN] == new_lines[j..j + RUN])
+                index.get(&run_key(&new_h, j)).map(|&i| i as usize).filter(|&i| i >= floor && old[i..i + RUN] == new_lines[j..j + RUN])
             }
             _ => None,
         };
@@ -305,6 +307,7 @@ pub fn edits(base: &[u8], new: &[u8]) -> Vec<u8> {
                 out.extend_from_slice(&(n as u32).to_be_bytes());
                 j += n;
                 at = Some(i + n);
+                floor = i + n;
             }
             None => {
                 insert.extend_from_slice(new_lines[j]);
@@ -333,21 +336,56 @@ fn u32_at(b: &mut &[u8], what: &'static str) -> Result<usize, DeltaError> {
 /// Rebuilds a content from the one held (`base`) and its edits, never beyond `len` bytes (what
 /// the signed manifest says); the caller checks the result against the manifest's digest.
 pub fn rebuild(base: &[u8], edits: &[u8], len: usize, path: &str) -> Result<Vec<u8>, DeltaError> {
+    rebuild_with_hunks(base, edits, len, path).map(|(out, _)| out)
+}
+
+/// Where a content built from edits differs from its base: a byte range of the base and the
+/// range of the result that takes its place. Outside a content's hunks, the base and the result
+/// are the same bytes in the same order, so a reader of the result need look only at the hunks
+/// (and as much of the bytes around them as its own units take) to know what changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hunk {
+    pub old: std::ops::Range<usize>,
+    pub new: std::ops::Range<usize>,
+}
+
+/// As [`rebuild`], with the hunks the edits make, in order; `None` for the hunks when the edits
+/// copy the base out of order (a delta the controller makes never does, but any is valid).
+pub fn rebuild_with_hunks(base: &[u8], edits: &[u8], len: usize, path: &str) -> Result<(Vec<u8>, Option<Vec<Hunk>>), DeltaError> {
     let mismatch = || DeltaError::Mismatch { path: path.to_string() };
     let mut d = edits;
     let old = lines(base);
+    let offset = |i: usize| old.get(i).map_or(base.len(), |l| l.as_ptr() as usize - base.as_ptr() as usize);
     let mut out = Vec::with_capacity(len);
+    let mut hunks = Some(Vec::new());
+    // Where the last copy ended, in the base and in the result.
+    let (mut old_at, mut new_at) = (0usize, 0usize);
     while !d.is_empty() {
         match take(&mut d, 1, "op")?[0] {
             b'C' => {
                 let (first, n) = (u32_at(&mut d, "copy")?, u32_at(&mut d, "copy")?);
                 let copied =
                     first.checked_add(n).and_then(|end| old.get(first..end)).ok_or(DeltaError::Malformed("a copy beyond the base"))?;
+                if n > 0 {
+                    let from = offset(first);
+                    match hunks.as_mut() {
+                        Some(h) if from >= old_at => {
+                            if from > old_at || out.len() > new_at {
+                                h.push(Hunk { old: old_at..from, new: new_at..out.len() });
+                            }
+                        }
+                        _ => hunks = None,
+                    }
+                    old_at = offset(first + n);
+                }
                 for l in copied {
                     if out.len() + l.len() > len {
                         return Err(mismatch());
                     }
                     out.extend_from_slice(l);
+                }
+                if n > 0 {
+                    new_at = out.len();
                 }
             }
             b'I' => {
@@ -364,7 +402,156 @@ pub fn rebuild(base: &[u8], edits: &[u8], len: usize, path: &str) -> Result<Vec<
     if out.len() != len {
         return Err(mismatch());
     }
-    Ok(out)
+    if let Some(h) = hunks.as_mut() {
+        if old_at < base.len() || new_at < out.len() {
+            h.push(Hunk { old: old_at..base.len(), new: new_at..out.len() });
+        }
+    }
+    Ok((out, hunks))
+}
+
+/// The parts of hunk `h` where `old` and `new` differ: its bytes the same at either end left out,
+/// and, for a hunk of up to a few hundred units either side, the units both have in the same
+/// order (their longest common run) left out between. In order; none when the bytes are the same.
+fn differing(old: &[u8], new: &[u8], h: &Hunk, seps: &[u8]) -> Vec<Hunk> {
+    let (mut o, mut n) = (h.old.clone(), h.new.clone());
+    let same = old[o.clone()].iter().zip(&new[n.clone()]).take_while(|(a, b)| a == b).count();
+    (o.start, n.start) = (o.start + same, n.start + same);
+    let same = old[o.clone()].iter().rev().zip(new[n.clone()].iter().rev()).take_while(|(a, b)| a == b).count();
+    (o.end, n.end) = (o.end - same, n.end - same);
+    if o.is_empty() && n.is_empty() {
+        return Vec::new();
+    }
+    let units = |t: &[u8], r: &std::ops::Range<usize>| {
+        let mut list = Vec::new();
+        let mut start = r.start;
+        for at in r.clone() {
+            if seps.contains(&t[at]) {
+                list.push(start..at + 1);
+                start = at + 1;
+            }
+        }
+        if start < r.end {
+            list.push(start..r.end);
+        }
+        list
+    };
+    let (a, b) = (units(old, &o), units(new, &n));
+    let (la, lb) = (a.len(), b.len());
+    if la < 2 && lb < 2 || la * lb > 1 << 16 {
+        return vec![Hunk { old: o, new: n }];
+    }
+    // The longest common subsequence of units, from the end: lcs[i][j] for a[i..] and b[j..].
+    let w = lb + 1;
+    let eq = |i: usize, j: usize| old[a[i].clone()] == new[b[j].clone()];
+    let mut lcs = vec![0u32; (la + 1) * w];
+    for i in (0..la).rev() {
+        for j in (0..lb).rev() {
+            lcs[i * w + j] = if eq(i, j) { lcs[(i + 1) * w + j + 1] + 1 } else { lcs[(i + 1) * w + j].max(lcs[i * w + j + 1]) };
+        }
+    }
+    let at_old = |i: usize| a.get(i).map_or(o.end, |u| u.start);
+    let at_new = |j: usize| b.get(j).map_or(n.end, |u| u.start);
+    let mut out = Vec::new();
+    let mut cur: Option<Hunk> = None;
+    let (mut i, mut j) = (0, 0);
+    while i < la || j < lb {
+        if i < la && j < lb && eq(i, j) {
+            out.extend(cur.take());
+            (i, j) = (i + 1, j + 1);
+            continue;
+        }
+        let c = cur.get_or_insert_with(|| Hunk { old: at_old(i)..at_old(i), new: at_new(j)..at_new(j) });
+        if j == lb || (i < la && lcs[(i + 1) * w + j] >= lcs[i * w + j + 1]) {
+            c.old.end = a[i].end;
+            i += 1;
+        } else {
+            c.new.end = b[j].end;
+            j += 1;
+        }
+    }
+    out.extend(cur);
+    out
+}
+
+/// A place where two texts differ, widened to whole units of their reader: the old text's range
+/// and the new's. Outside its regions, the two texts are the same bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Region {
+    pub old: std::ops::Range<usize>,
+    pub new: std::ops::Range<usize>,
+}
+
+/// The hunks between `old` and `new` (in order, as [`rebuild_with_hunks`] gives them) widened
+/// until each region starts and ends where a unit of the reader may start, in both texts, and
+/// merged where they meet. Units start only after a byte of `seps` (and at either end of a
+/// text); `boundary(text, at)` says whether one starts at such a place `at` of `text`. A region
+/// grows over the bytes around it, which are the same in both texts, so the two stay aligned.
+/// `None` when the hunks do not fit the texts (out of order, or beyond them).
+pub fn widen(old: &[u8], new: &[u8], hunks: &[Hunk], seps: &[u8], boundary: impl Fn(&[u8], usize) -> bool) -> Option<Vec<Region>> {
+    let fits = |t: &[u8], at: usize| at == 0 || at == t.len() || (seps.contains(&t[at - 1]) && boundary(t, at));
+    // Edits may send again units the base has (an insert runs on to the next run of lines it
+    // finds in the base): first, each hunk is cut to where its units differ.
+    let mut hunks_in: Vec<Hunk> = Vec::with_capacity(hunks.len());
+    for h in hunks {
+        if h.old.start > h.old.end || h.new.start > h.new.end || h.old.end > old.len() || h.new.end > new.len() {
+            return None;
+        }
+        hunks_in.extend(differing(old, new, h, seps));
+    }
+    let hunks = &hunks_in;
+    let mut out: Vec<Region> = Vec::with_capacity(hunks.len());
+    let mut i = 0;
+    while i < hunks.len() {
+        let h = &hunks[i];
+        i += 1;
+        let mut r = Region { old: h.old.clone(), new: h.new.clone() };
+        if let Some(p) = out.last() {
+            if r.old.start < p.old.end || r.new.start < p.new.end {
+                return None;
+            }
+        }
+        // Left, over the bytes shared with the region before (or the texts' start).
+        loop {
+            if let Some(p) = out.last() {
+                if r.old.start == p.old.end {
+                    let p = out.pop().expect("a region before");
+                    (r.old.start, r.new.start) = (p.old.start, p.new.start);
+                    break;
+                }
+            }
+            if fits(old, r.old.start) && fits(new, r.new.start) {
+                break;
+            }
+            if r.old.start == 0 || r.new.start == 0 {
+                return None;
+            }
+            r.old.start -= 1;
+            r.new.start -= 1;
+        }
+        // Right, over the bytes shared with the next hunk (or the texts' end), taking in each
+        // hunk it meets.
+        loop {
+            if let Some(next) = hunks.get(i).filter(|n| r.old.end >= n.old.start || r.new.end >= n.new.start) {
+                if r.old.end != next.old.start || r.new.end != next.new.start || next.old.end > old.len() || next.new.end > new.len() {
+                    return None;
+                }
+                (r.old.end, r.new.end) = (next.old.end.max(r.old.end), next.new.end.max(r.new.end));
+                i += 1;
+                continue;
+            }
+            if fits(old, r.old.end) && fits(new, r.new.end) {
+                break;
+            }
+            if r.old.end == old.len() || r.new.end == new.len() {
+                return None;
+            }
+            r.old.end += 1;
+            r.new.end += 1;
+        }
+        out.push(r);
+    }
+    Some(out)
 }
 
 #[cfg(test)]
@@ -466,7 +653,63 @@ mod tests {
                 new.splice(at..end, ins.iter().copied());
             }
             let d = edits(&base, &new);
-            proptest::prop_assert_eq!(rebuild(&base, &d, new.len(), "f").unwrap(), new);
+            let (built, hunks) = rebuild_with_hunks(&base, &d, new.len(), "f").unwrap();
+            proptest::prop_assert_eq!(&built, &new);
+            // The edits made here copy in order, so the hunks are given; outside them the base
+            // and the result are the same bytes, and the base with each hunk's old range put in
+            // place of its new one gives the result.
+            let hunks = hunks.expect("in-order copies give hunks");
+            let mut patched = Vec::new();
+            let (mut old_at, mut new_at) = (0, 0);
+            for h in &hunks {
+                proptest::prop_assert!(h.old.start >= old_at && h.new.start >= new_at, "{:?} out of order", hunks);
+                proptest::prop_assert!(!h.old.is_empty() || !h.new.is_empty(), "an empty hunk in {:?}", hunks);
+                proptest::prop_assert_eq!(&base[old_at..h.old.start], &new[new_at..h.new.start]);
+                patched.extend_from_slice(&base[old_at..h.old.start]);
+                patched.extend_from_slice(&new[h.new.clone()]);
+                (old_at, new_at) = (h.old.end, h.new.end);
+            }
+            proptest::prop_assert_eq!(&base[old_at..], &new[new_at..]);
+            patched.extend_from_slice(&base[old_at..]);
+            proptest::prop_assert_eq!(&patched, &new);
+            // Widened to whole lines: in order, apart, each starting and ending at a line's
+            // start in both, the same outside, and the base with them put in gives the result.
+            let regions = widen(&base, &new, &hunks, b"\n", |_, _| true).expect("hunks that fit");
+            let line_start = |t: &[u8], at: usize| at == 0 || at == t.len() || t[at - 1] == b'\n';
+            let (mut old_at, mut new_at, mut patched) = (0, 0, Vec::new());
+            for r in &regions {
+                proptest::prop_assert!(r.old.start >= old_at && r.new.start >= new_at && (old_at == 0 || r.old.start > old_at), "{:?}", regions);
+                proptest::prop_assert!(line_start(&base, r.old.start) && line_start(&base, r.old.end), "{:?}", r);
+                proptest::prop_assert!(line_start(&new, r.new.start) && line_start(&new, r.new.end), "{:?}", r);
+                proptest::prop_assert_eq!(&base[old_at..r.old.start], &new[new_at..r.new.start]);
+                patched.extend_from_slice(&base[old_at..r.old.start]);
+                patched.extend_from_slice(&new[r.new.clone()]);
+                (old_at, new_at) = (r.old.end, r.new.end);
+            }
+            proptest::prop_assert_eq!(&base[old_at..], &new[new_at..]);
+            patched.extend_from_slice(&base[old_at..]);
+            proptest::prop_assert_eq!(patched, new);
         }
+    }
+
+    /// Edits that copy the base out of order rebuild it, and give no hunks.
+    #[test]
+    fn copies_out_of_order_give_no_hunks() {
+        let base = b"a\nb\nc\n";
+        let mut d = Vec::new();
+        for (first, n) in [(2u32, 1u32), (0, 2)] {
+            d.push(b'C');
+            d.extend_from_slice(&first.to_be_bytes());
+            d.extend_from_slice(&n.to_be_bytes());
+        }
+        let (built, hunks) = rebuild_with_hunks(base, &d, 6, "f").unwrap();
+        assert_eq!(built, b"c\na\nb\n");
+        assert_eq!(hunks, None);
+        // In order: a kept, b replaced by x, c kept.
+        let mut d = vec![b'C', 0, 0, 0, 0, 0, 0, 0, 1, b'I', 0, 0, 0, 2, b'x', b'\n'];
+        d.extend_from_slice(&[b'C', 0, 0, 0, 2, 0, 0, 0, 1]);
+        let (built, hunks) = rebuild_with_hunks(base, &d, 6, "f").unwrap();
+        assert_eq!(built, b"a\nx\nc\n");
+        assert_eq!(hunks, Some(vec![Hunk { old: 2..4, new: 2..4 }]));
     }
 }

@@ -114,18 +114,129 @@ pub fn delta(old: &str, new: &str) -> Option<String> {
     }
     let mut commands = String::new();
     for ((name, was), (_, now)) in before.sets.iter().zip(&after.sets) {
-        let was_set: HashSet<&str> = was.iter().copied().collect();
-        let now_set: HashSet<&str> = now.iter().copied().collect();
-        let gone: Vec<&str> = was.iter().copied().filter(|e| !now_set.contains(e)).collect();
-        let came: Vec<&str> = now.iter().copied().filter(|e| !was_set.contains(e)).collect();
-        if !gone.is_empty() {
-            commands.push_str(&format!("delete element {TABLE} {name} {{ {} }}\n", gone.join(", ")));
-        }
-        if !came.is_empty() {
-            commands.push_str(&format!("create element {TABLE} {name} {{ {} }}\n", came.join(", ")));
+        element_commands(&mut commands, name, was, now);
+    }
+    commands.push_str(&chain_commands(&after));
+    Some(commands)
+}
+
+/// The commands that take the set `name` from the elements `was` to `now`.
+fn element_commands(commands: &mut String, name: &str, was: &[&str], now: &[&str]) {
+    let was_set: HashSet<&str> = was.iter().copied().collect();
+    let now_set: HashSet<&str> = now.iter().copied().collect();
+    let gone: Vec<&str> = was.iter().copied().filter(|e| !now_set.contains(e)).collect();
+    let came: Vec<&str> = now.iter().copied().filter(|e| !was_set.contains(e)).collect();
+    if !gone.is_empty() {
+        commands.push_str(&format!("delete element {TABLE} {name} {{ {} }}\n", gone.join(", ")));
+    }
+    if !came.is_empty() {
+        commands.push_str(&format!("create element {TABLE} {name} {{ {} }}\n", came.join(", ")));
+    }
+}
+
+/// What [`delta_in`] needs of the ruleset loaded: the commands that put its chains back, when
+/// it is a text trellis writes and no set lists an element twice; `None` otherwise (then every
+/// change is read whole).
+pub fn chains(text: &str) -> Option<String> {
+    let read = read(text)?;
+    for (_, elements) in &read.sets {
+        let mut seen = HashSet::with_capacity(elements.len());
+        if !elements.iter().all(|e| seen.insert(*e)) {
+            return None;
         }
     }
-    for chain in &after.chains {
+    Some(chain_commands(&read))
+}
+
+/// As [`delta`], read from the regions where the two texts differ (ADR 0035) instead of from
+/// both texts whole: when every region lies inside one set's element list, in both texts, the
+/// commands are its elements gone deleted and its new ones created, then `chains` (from
+/// [`chains`] of `old`: outside the regions the texts are the same, so the chains are). A cost
+/// that follows the change, not the sets' sizes. `None` when a region is anything else (a set
+/// gaining its first element or losing its last, a rule, a set's type): read them whole.
+///
+/// The same commands as [`delta`] for a text `chains` accepted: an element of a region in both
+/// texts is listed once in each (an element twice in the new one fails `create`, which the
+/// caller answers by loading the file whole).
+pub fn delta_in(old: &str, new: &str, hunks: &[crate::delta::Hunk], chains: &str) -> Option<String> {
+    let regions = crate::delta::widen(old.as_bytes(), new.as_bytes(), hunks, b",\n", |_, _| true)?;
+    // Each set's elements in the regions, before and after, in the order the sets come.
+    let mut sets: Vec<(&str, Vec<&str>, Vec<&str>)> = Vec::new();
+    // A region the same in both (lines the edits sent again) changes nothing.
+    for r in regions.iter().filter(|r| old.as_bytes()[r.old.clone()] != new.as_bytes()[r.new.clone()]) {
+        let (name, was) = in_elements(old, r.old.clone())?;
+        let (other, now) = in_elements(new, r.new.clone())?;
+        if name != other {
+            return None;
+        }
+        match sets.last_mut().filter(|(n, ..)| *n == name) {
+            Some((_, w, n)) => {
+                w.extend(was);
+                n.extend(now);
+            }
+            None => sets.push((name, was, now)),
+        }
+    }
+    let mut commands = String::new();
+    for (name, was, now) in &sets {
+        element_commands(&mut commands, name, was, now);
+    }
+    commands.push_str(chains);
+    Some(commands)
+}
+
+/// The set whose element list holds the bytes `range` of `text` (one line, `\t\telements = { a,
+/// b }`), and the elements they list; `None` when they are not all inside one such list, or an
+/// element is no address or prefix.
+fn in_elements(text: &str, range: std::ops::Range<usize>) -> Option<(&str, Vec<&str>)> {
+    const OPEN: &str = "\t\telements = { ";
+    const CLOSE: &str = " }\n";
+    let start = text[..range.start].rfind('\n').map_or(0, |i| i + 1);
+    let end = if range.end > range.start && text[..range.end].ends_with('\n') {
+        range.end
+    } else {
+        text[range.end..].find('\n').map_or(text.len(), |i| range.end + i + 1)
+    };
+    let line = &text[start..end];
+    if !line.starts_with(OPEN) || !line.ends_with(CLOSE) {
+        return None;
+    }
+    // The set this list belongs to: two lines up, `\tset NAME {`, its `type` line between.
+    let (above, type_line) = text[..start].strip_suffix('\n')?.rsplit_once('\n')?;
+    if !type_line.starts_with("\t\ttype ") {
+        return None;
+    }
+    let set_line = above.rsplit_once('\n').map_or(above, |(_, l)| l);
+    let name = set_line.strip_prefix("\tset ")?.strip_suffix(" {")?;
+    if !plain(name) {
+        return None;
+    }
+    // The region's bytes without the list's opening and closing (when it takes them in), each
+    // element between commas; no line ends inside it.
+    let mut part = &text[range.clone()];
+    if range.start == start {
+        part = part.strip_prefix(OPEN)?;
+    }
+    if range.end == end {
+        part = part.strip_suffix(CLOSE)?;
+    }
+    if part.contains('\n') {
+        return None;
+    }
+    let mut elements = Vec::new();
+    for e in part.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        if !(e.parse::<std::net::IpAddr>().is_ok() || e.parse::<ipnet::IpNet>().is_ok()) {
+            return None;
+        }
+        elements.push(e);
+    }
+    Some((name, elements))
+}
+
+/// The commands that put every chain of `ruleset` back as it writes it.
+fn chain_commands(ruleset: &Ruleset<'_>) -> String {
+    let mut commands = String::new();
+    for chain in &ruleset.chains {
         let name = chain.name;
         match chain.spec {
             Some(spec) => commands.push_str(&format!("add chain {TABLE} {name} {{ {spec} }}\n")),
@@ -136,7 +247,7 @@ pub fn delta(old: &str, new: &str) -> Option<String> {
             commands.push_str(&format!("add rule {TABLE} {name} {rule}\n"));
         }
     }
-    Some(commands)
+    commands
 }
 
 #[cfg(test)]
@@ -271,6 +382,86 @@ mod tests {
             }
             proptest::prop_assert_eq!(&sets["src_ssh_1_v4"], &n4.iter().cloned().collect::<BTreeSet<_>>());
             proptest::prop_assert_eq!(&sets["src_ssh_1_v6"], &n6.iter().cloned().collect::<BTreeSet<_>>());
+        }
+    }
+
+    /// What the read of the regions (ADR 0035) answers, for texts trellis writes: the commands
+    /// of the whole read, or `None` (then the caller reads whole). Sets of hundreds of sources,
+    /// as a node that sees the mesh holds, changed in a few places.
+    #[test]
+    fn the_regions_give_the_commands_of_the_whole_read() {
+        let list = |n: u16, skip: &[u16], extra: &[u16]| -> Vec<String> {
+            (0..n).filter(|i| !skip.contains(i)).chain(extra.iter().copied()).map(|i| format!("10.0.{}.{}", i / 256, i % 256)).collect()
+        };
+        fn refs(v: &[String]) -> Vec<&str> {
+            v.iter().map(String::as_str).collect()
+        }
+        let old4 = list(600, &[], &[]);
+        let old = ruleset(&refs(&old4), &["fd00::1", "fd00::2"], 22);
+        let chains = super::chains(&old).expect("a text trellis writes");
+        assert_eq!(chains, CHAINS_22);
+        let cases: Vec<(Vec<String>, Vec<&str>)> = vec![
+            (list(600, &[1, 300], &[]), vec!["fd00::1", "fd00::2"]),
+            (list(600, &[0], &[700]), vec!["fd00::1", "fd00::2"]),
+            (list(600, &[599], &[]), vec!["fd00::1", "fd00::2", "fd00::3"]),
+            (list(600, &[], &[]), vec!["fd00::2"]),
+        ];
+        for (v4, v6) in cases {
+            let new = ruleset(&refs(&v4), &v6, 22);
+            let (built, hunks) =
+                crate::delta::rebuild_with_hunks(old.as_bytes(), &crate::delta::edits(old.as_bytes(), new.as_bytes()), new.len(), "f")
+                    .unwrap();
+            assert_eq!(built, new.as_bytes());
+            let by_regions = super::delta_in(&old, &new, &hunks.unwrap(), &chains);
+            assert_eq!(by_regions, delta(&old, &new), "{v6:?}");
+            assert!(by_regions.is_some(), "a change of elements inside non-empty lists is read from its regions");
+        }
+        // A set losing its last element, a rule or a type changed: not a change inside lists.
+        for new in [
+            ruleset(&refs(&old4), &[], 22),
+            ruleset(&refs(&old4), &["fd00::1", "fd00::2"], 23),
+            old.replace("type ipv6_addr", "type ipv4_addr"),
+        ] {
+            let (_, hunks) =
+                crate::delta::rebuild_with_hunks(old.as_bytes(), &crate::delta::edits(old.as_bytes(), new.as_bytes()), new.len(), "f")
+                    .unwrap();
+            assert_eq!(super::delta_in(&old, &new, &hunks.unwrap(), &chains), None);
+        }
+        // An element that is no address, in a region: read whole (and refused there).
+        let bad = old.replace("10.0.1.7,", "10.0.1.7 } ; flush ruleset ; {,");
+        let (_, hunks) =
+            crate::delta::rebuild_with_hunks(old.as_bytes(), &crate::delta::edits(old.as_bytes(), bad.as_bytes()), bad.len(), "f").unwrap();
+        assert_eq!(super::delta_in(&old, &bad, &hunks.unwrap(), &chains), None);
+        // A set listing an element twice is never read by regions.
+        assert_eq!(super::chains(&old.replace("10.0.0.2,", "10.0.0.1,")), None);
+    }
+
+    proptest::proptest! {
+        /// Any change of two large sets' elements: the regions give the whole read's commands
+        /// whenever they give any.
+        #[test]
+        fn the_regions_never_say_other_than_the_whole_read(
+            old4 in proptest::collection::btree_set(0u16..2000, 0..400),
+            new4 in proptest::collection::btree_set(0u16..2000, 0..400),
+            cut in 0usize..400,
+            old6 in proptest::collection::btree_set(0u16..300, 0..100),
+            new6 in proptest::collection::btree_set(0u16..300, 0..100),
+        ) {
+            // Mostly the same: the new set is the old one with a run of the other's elements.
+            let new4: std::collections::BTreeSet<u16> = old4.iter().copied().skip(cut).chain(new4.into_iter().take(cut / 8)).collect();
+            let new6: std::collections::BTreeSet<u16> = old6.iter().copied().take(old6.len().saturating_sub(2)).chain(new6.into_iter().take(2)).collect();
+            let v4 = |s: &std::collections::BTreeSet<u16>| s.iter().map(|i| format!("10.0.{}.{}", i / 256, i % 256)).collect::<Vec<_>>();
+            let v6 = |s: &std::collections::BTreeSet<u16>| s.iter().map(|i| format!("fd00::{i:x}")).collect::<Vec<_>>();
+            fn refs(v: &[String]) -> Vec<&str> {
+                v.iter().map(String::as_str).collect()
+            }
+            let old = ruleset(&refs(&v4(&old4)), &refs(&v6(&old6)), 22);
+            let new = ruleset(&refs(&v4(&new4)), &refs(&v6(&new6)), 22);
+            let (_, hunks) = crate::delta::rebuild_with_hunks(old.as_bytes(), &crate::delta::edits(old.as_bytes(), new.as_bytes()), new.len(), "f").unwrap();
+            let chains = super::chains(&old).expect("a text trellis writes");
+            if let Some(commands) = super::delta_in(&old, &new, &hunks.unwrap(), &chains) {
+                proptest::prop_assert_eq!(Some(commands), delta(&old, &new));
+            }
         }
     }
 }

@@ -54,13 +54,15 @@ fn print(f: &Value) {
             .unwrap_or_default()
     };
     println!(
-        "{}: first apply of {} peers {} ms ({}); one peer re-keyed, one added, one removed {} ms ({})",
+        "{}: first apply of {} peers {} ms ({}); one peer re-keyed, one added, one removed: median {} ms of {} ({}; runs {})",
         f["backend"].as_str().unwrap_or(""),
         f["peers"],
         f["first"]["apply_ms"],
         phases(&f["first"]),
         f["change"]["apply_ms"],
-        phases(&f["change"])
+        f["change"]["runs_ms"].as_array().map_or(0, Vec::len),
+        phases(&f["change"]),
+        f["change"]["runs_ms"].as_array().map(|r| r.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(" ")).unwrap_or_default()
     );
     println!(
         "{}: agent resident {:.1} MiB (peak {:.1} MiB){}; DNS answer for one name among {}: median {} ms of {} queries, {} unanswered within 2 s",
@@ -197,11 +199,18 @@ impl Bench {
         let first = self.until_version(1, Duration::from_secs(120))?;
         let rss = crate::figures::memory_kib(pid, "VmRSS").unwrap_or(0) as f64 / 1024.0;
 
-        // One peer re-keyed, one added, one removed.
-        write_declaration(&decl, n, Some(()))?;
-        let held = first["version"].as_u64().unwrap_or(1);
-        self.trellis(&["apply", &decl.to_string_lossy()])?;
-        let change = self.until_version(held + 1, Duration::from_secs(120))?;
+        // One peer re-keyed, one added, one removed; then undone, and so on: each is a
+        // three-peer change.
+        let mut held = first["version"].as_u64().unwrap_or(1);
+        let mut changes = Vec::new();
+        for i in 0..a.changes.max(1) {
+            write_declaration(&decl, n, (i % 2 == 0).then_some(()))?;
+            self.trellis(&["apply", &decl.to_string_lossy()])?;
+            let s = self.until_version(held + 1, Duration::from_secs(120))?;
+            held = s["version"].as_u64().unwrap_or(held + 1);
+            changes.push(s);
+        }
+        let change = median_change(&changes);
         let peak = crate::figures::memory_kib(pid, "VmHWM").unwrap_or(0) as f64 / 1024.0;
         let rss_after = crate::figures::memory_kib(pid, "VmRSS").unwrap_or(0) as f64 / 1024.0;
         let wg_go = wireguard_go_of(pid).and_then(|p| crate::figures::memory_kib(p, "VmRSS")).map(|k| k as f64 / 1024.0);
@@ -236,7 +245,7 @@ impl Bench {
             "backend": self.backend,
             "peers": n,
             "first": { "apply_ms": first["last_apply_ms"], "phases_ms": first["last_apply_phases_ms"], "peers_on_interface": first["peers"].as_array().map(|p| p.len()) },
-            "change": { "apply_ms": change["last_apply_ms"], "phases_ms": change["last_apply_phases_ms"], "peers_on_interface": change["peers"].as_array().map(|p| p.len()) },
+            "change": change,
             "agent_rss_mib": rss.max(rss_after),
             "agent_peak_mib": peak,
             "wireguard_go_rss_mib": wg_go,
@@ -270,6 +279,28 @@ impl Bench {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+/// The median of the changes' apply times, each phase's median beside it, and every run's time.
+fn median_change(changes: &[Value]) -> Value {
+    fn median(mut v: Vec<f64>) -> f64 {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    }
+    let runs: Vec<f64> = changes.iter().filter_map(|c| c["last_apply_ms"].as_f64()).collect();
+    let mut phases = serde_json::Map::new();
+    for name in changes.iter().filter_map(|c| c["last_apply_phases_ms"].as_object()).flat_map(|o| o.keys()) {
+        if !phases.contains_key(name) {
+            let each = changes.iter().map(|c| c["last_apply_phases_ms"][name].as_f64().unwrap_or(0.0)).collect();
+            phases.insert(name.clone(), json!(median(each)));
+        }
+    }
+    json!({
+        "apply_ms": median(runs.clone()),
+        "runs_ms": runs,
+        "phases_ms": phases,
+        "peers_on_interface": changes.last().and_then(|c| c["peers"].as_array()).map(|p| p.len()),
+    })
 }
 
 /// The pid of the wireguard-go child of `agent`, if it runs one.

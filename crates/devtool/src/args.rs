@@ -170,6 +170,10 @@ pub struct AgentArgs {
     /// How many DNS queries to time (the median is reported)
     #[arg(long, default_value_t = 20)]
     pub queries: usize,
+    /// How many three-peer changes to time, each undoing the one before (the median is reported,
+    /// each phase's median beside it)
+    #[arg(long, default_value_t = 5)]
+    pub changes: usize,
     /// Print the figures as JSON
     #[arg(long)]
     pub json: bool,

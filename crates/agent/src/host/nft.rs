@@ -31,6 +31,9 @@ pub struct Nft {
     generation: Gen,
     /// How many times a whole file was loaded (the rest were changes of elements).
     whole_loads: u32,
+    /// How many changes were read from the regions of a delta's edits (ADR 0035), whether then
+    /// committed as elements or, the table not the one loaded, loaded whole.
+    pub by_regions: u32,
 }
 
 /// A ruleset as this process read and loaded it.
@@ -38,6 +41,15 @@ pub struct Nft {
 struct Loaded {
     path: PathBuf,
     text: String,
+    /// The commands that put its chains back, when a change may be read from its regions
+    /// (`ruleset::chains`); read at the first change by regions, and kept.
+    chains: Option<Option<String>>,
+}
+
+impl Loaded {
+    fn new(path: &Path, text: String) -> Loaded {
+        Loaded { path: path.to_path_buf(), text, chains: None }
+    }
 }
 
 /// The kernel's table as this process's last commit left it: the generation right after the
@@ -88,6 +100,7 @@ impl Nft {
             namespace: None,
             generation: Gen::Untried,
             whole_loads: 0,
+            by_regions: 0,
         }
     }
 
@@ -288,14 +301,35 @@ fn program_run(program: &[String], commands: &str, whole: Option<&Path>) -> Resu
 }
 
 impl Firewall for Nft {
-    fn apply(&mut self, ruleset: &Path) -> Result<()> {
-        let text = std::fs::read_to_string(ruleset).with_context(|| format!("cannot read {}", ruleset.display()))?;
-        let new = Loaded { path: ruleset.to_path_buf(), text };
+    fn apply(&mut self, ruleset: &Path, change: Option<&crate::plan::TextChange>) -> Result<()> {
         self.ended = None;
+        // By its regions, when the text loaded is the one the edits were made from (ADR 0035):
+        // the elements there, and the chains of the text loaded.
+        let by_regions = match (self.last.as_mut(), change) {
+            (Some(last), Some(c)) if last.text.as_bytes() == &c.old[..] => {
+                let chains = last.chains.get_or_insert_with(|| trellis_core::ruleset::chains(&last.text)).clone();
+                std::str::from_utf8(&c.new).ok().and_then(|text| {
+                    let commands = trellis_core::ruleset::delta_in(&last.text, text, &c.hunks, chains.as_deref()?)?;
+                    Some((Loaded { path: ruleset.to_path_buf(), text: text.to_string(), chains: Some(chains) }, commands))
+                })
+            }
+            _ => None,
+        };
+        let (new, commands) = match by_regions {
+            Some((new, commands)) => {
+                self.by_regions += 1;
+                (new, Some(commands))
+            }
+            None => {
+                let text = std::fs::read_to_string(ruleset).with_context(|| format!("cannot read {}", ruleset.display()))?;
+                let commands = self.last.as_ref().and_then(|old| delta(&old.text, &text));
+                (Loaded::new(ruleset, text), commands)
+            }
+        };
         // Only the elements that changed, when nothing else did, and only on the table this
         // process loaded: one changed behind its back (an element or a chain added, rules
         // flushed) is loaded whole, as a whole load would leave it, never patched.
-        if let Some(commands) = self.last.as_ref().and_then(|old| delta(&old.text, &new.text)) {
+        if let Some(commands) = commands {
             match self.table(false) {
                 Table::Same if commands.is_empty() => {
                     self.last = Some(new);
@@ -482,19 +516,24 @@ mod tests {
         let dir = trellis_testing::TempDir::new("ruleset-delta");
         let file = dir.path().join("nftables.conf");
         let elements = |set: &str| elements_in(ns, set);
+        // Each text but the first comes as edits of the one before (ADR 0035), as a delta
+        // brings it.
+        let mut before: Option<String> = None;
         let mut apply = |text: &str| {
             std::fs::write(&file, text).unwrap();
-            nft.apply(&file).unwrap();
-            nft.whole_loads()
+            let change = before.as_deref().map(|b| crate::plan::TextChange::between(b, text));
+            nft.apply(&file, change.as_ref()).unwrap();
+            before = Some(text.to_string());
+            (nft.whole_loads(), nft.by_regions)
         };
         let many: Vec<String> = (1..=2000).map(|i| format!("10.1.{}.{}", i / 250, i % 250 + 1)).collect();
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
-        assert_eq!(apply(&ruleset(&many, &["fd00::1"], 22)), 1, "the first ruleset is loaded whole");
+        assert_eq!(apply(&ruleset(&many, &["fd00::1"], 22)), (1, 0), "the first ruleset is loaded whole");
         assert_eq!(elements("src_ssh_1_v4").len(), 2000);
         // One source gone, one come, one renumbered: elements only.
         let mut changed: Vec<&str> = many[1..].to_vec();
         changed.push("10.9.9.9");
-        assert_eq!(apply(&ruleset(&changed, &["fd00::2"], 22)), 1, "a change of sources is no whole load");
+        assert_eq!(apply(&ruleset(&changed, &["fd00::2"], 22)), (1, 1), "a change of sources is no whole load, read by its regions");
         let mut want: Vec<String> = changed.iter().map(|a| a.to_string()).collect();
         want.sort();
         assert_eq!(elements("src_ssh_1_v4"), want);
@@ -503,29 +542,34 @@ mod tests {
         // kernel holds the file's sources, not a patched guess.
         nft_in(ns, &["delete", "element", "inet", "trellis", "src_ssh_1_v4", "{ 10.9.9.9 }"]);
         let fewer: Vec<&str> = changed[..changed.len() - 1].to_vec();
-        assert_eq!(apply(&ruleset(&fewer, &["fd00::2"], 22)), 2, "a table changed behind the agent's back is loaded whole");
+        assert_eq!(apply(&ruleset(&fewer, &["fd00::2"], 22)).0, 2, "a table changed behind the agent's back is loaded whole");
         assert_eq!(elements("src_ssh_1_v4").len(), fewer.len());
         // Behind the agent's back, the input chain's rules flushed (open to every source): the
         // same file applied again puts them back.
         nft_in(ns, &["flush", "chain", "inet", "trellis", "input"]);
         assert!(!nft_in(ns, &["list", "chain", "inet", "trellis", "input"]).contains("@src_ssh_1_v4"));
-        assert_eq!(apply(&ruleset(&fewer, &["fd00::2"], 22)), 3, "rules flushed: loaded whole");
+        assert_eq!(apply(&ruleset(&fewer, &["fd00::2"], 22)).0, 3, "rules flushed: loaded whole");
         let input = nft_in(ns, &["list", "chain", "inet", "trellis", "input"]);
         assert!(input.contains("ip saddr @src_ssh_1_v4 tcp dport 22 accept"), "{input}");
         // The whole ruleset flushed (as Debian's /etc/nftables.conf does on a restart of
         // nftables): the same file applied again is loaded whole, table, sets and rules.
         nft_in(ns, &["flush", "ruleset"]);
-        assert_eq!(apply(&ruleset(&fewer, &["fd00::2"], 22)), 4, "a table gone is loaded whole");
+        assert_eq!(apply(&ruleset(&fewer, &["fd00::2"], 22)).0, 4, "a table gone is loaded whole");
         assert_eq!(elements("src_ssh_1_v4").len(), fewer.len());
         assert!(nft_in(ns, &["list", "chain", "inet", "trellis", "input"]).contains("@src_ssh_1_v6"));
         // Anything else (a port) is a whole load.
-        assert_eq!(apply(&ruleset(&fewer, &["fd00::2"], 2222)), 5);
+        let (whole, by_regions) = apply(&ruleset(&fewer, &["fd00::2"], 2222));
+        assert_eq!(whole, 5);
+        // A source gone again, by the regions, from the table as the whole load left it.
+        assert_eq!(apply(&ruleset(&fewer[1..], &["fd00::2"], 2222)), (5, by_regions + 1));
+        assert_eq!(elements("src_ssh_1_v4").len(), fewer.len() - 1);
+        assert!(!elements("src_ssh_1_v4").contains(&fewer[0].to_string()));
         // A ruleset nft refuses is refused with its message, and the table stays.
         std::fs::write(&file, "table inet trellis {\n\tchain input {\n\t\tnonsense\n\t}\n}\n").unwrap();
-        let e = nft.apply(&file).expect_err("refused").to_string();
+        let e = nft.apply(&file, None).expect_err("refused").to_string();
         // Its message names the file and the line at fault, though nft read the text in memory.
         assert!(e.starts_with("nft refused") && e.contains("nonsense") && e.contains(&format!("{}:3:", file.display())), "{e}");
-        assert_eq!(elements("src_ssh_1_v4").len(), fewer.len());
+        assert_eq!(elements("src_ssh_1_v4").len(), fewer.len() - 1);
         assert_eq!(nft.in_process(), in_process, "nft ran in this process");
     }
 
@@ -542,7 +586,7 @@ mod tests {
         let dir = trellis_testing::TempDir::new("ruleset-flushed");
         let file = dir.path().join("nftables.conf");
         std::fs::write(&file, ruleset(&["10.0.0.1", "10.0.0.2"], &["fd00::1"], 22)).unwrap();
-        nft.apply(&file).unwrap();
+        nft.apply(&file, None).unwrap();
         assert!(!nft.reconcile().unwrap(), "the table is as loaded");
         nft_in(ns, &["add", "table", "inet", "other"]);
         assert!(!nft.reconcile().unwrap(), "a commit to another table loads nothing again");
@@ -574,7 +618,7 @@ mod tests {
         let file = dir.path().join("nftables.conf");
         let apply = |nft: &mut Nft, v4: &[&str]| {
             std::fs::write(&file, ruleset(v4, &["fd00::1"], 22)).unwrap();
-            nft.apply(&file).unwrap();
+            nft.apply(&file, None).unwrap();
             nft.whole_loads()
         };
         assert_eq!(apply(&mut nft, &["10.0.0.1", "10.0.0.2"]), 1);
@@ -639,7 +683,7 @@ mod tests {
                 false
             })
         };
-        nft.apply(&fifo).unwrap();
+        nft.apply(&fifo, None).unwrap();
         done.store(true, Ordering::SeqCst);
         let read_again = writer.join().unwrap();
         assert_eq!(elements_in(ns, "src_ssh_1_v4"), ["10.0.0.1"], "the kernel holds the text the agent read");

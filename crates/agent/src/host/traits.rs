@@ -72,8 +72,10 @@ pub fn peer_changes<'a>(old: &'a [WgPeer], new: &'a [WgPeer]) -> PeerChanges<'a>
 
 /// The node's inbound filter, loaded from its `nftables.conf`.
 pub trait Firewall {
-    /// Loads the ruleset file in one transaction; on refusal nothing changes.
-    fn apply(&mut self, ruleset: &Path) -> Result<()>;
+    /// Loads the ruleset file in one transaction; on refusal nothing changes. With `change`, the
+    /// file came as edits of the one held (ADR 0035): when that is the text loaded, the change
+    /// may be read from its regions only.
+    fn apply(&mut self, ruleset: &Path, change: Option<&crate::plan::TextChange>) -> Result<()>;
     fn loaded(&self) -> bool;
     /// Loads the ruleset loaded last again, whole, when the kernel's table is no longer it
     /// (flushed, deleted or changed behind the agent's back); whether it did. The run loop

@@ -55,6 +55,12 @@ pub(crate) struct Publisher {
     /// Each node's last path report as kept (ADR 0032): a report the same as before is not
     /// written again, and asks for no run.
     pub(crate) path_reports: Mutex<HashMap<String, trellis_proto::PathReport>>,
+    /// The version each node was last answered with here (its bundle or a delta to it, or told
+    /// that it is current): the version it holds, as far as this replica knows. A publish run
+    /// keeps a large file's version before to make edits from only for a node that holds that
+    /// version (ADR 0035): at 100,000 nodes, the files before of every node that never asks
+    /// doubled the controller's memory.
+    pub(crate) served: Mutex<HashMap<String, i64>>,
     /// Every relayed pair, and whether it tries a direct path, as the last run decided.
     pub(crate) pairs: RwLock<Arc<Vec<trellis_core::paths::Pair>>>,
     /// The pairs whose agents reported failed attempts, each until when it ranks last for a place
@@ -113,6 +119,7 @@ impl Default for Publisher {
             polling: Default::default(),
             members: Default::default(),
             path_reports: Default::default(),
+            served: Default::default(),
             pairs: Default::default(),
             failed_pairs: Default::default(),
         }
@@ -122,6 +129,22 @@ impl Default for Publisher {
 impl Publisher {
     pub fn current(&self, node: &str) -> Option<Arc<Published>> {
         self.table.read().expect("bundle table").get(node).cloned()
+    }
+
+    /// Notes that `node` was answered with (or told it holds) `version`.
+    pub fn served(&self, node: &str, version: i64) {
+        let mut s = self.served.lock().expect("served");
+        match s.get_mut(node) {
+            Some(v) => *v = version,
+            None => {
+                s.insert(node.to_string(), version);
+            }
+        }
+    }
+
+    /// Whether `node` was last answered here with `version`.
+    pub fn holds(&self, node: &str, version: i64) -> bool {
+        self.served.lock().expect("served").get(node) == Some(&version)
     }
 
     pub(crate) fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
