@@ -18,13 +18,36 @@ fn bundle(version: u64, conf: &[u8]) -> Bundle {
     Bundle { mesh: "m".into(), node: "n".into(), version, issued_at: 1, files }
 }
 
+/// The hunks widened to lines and to list items put into `base` give `new`, the bytes between
+/// them the same in both.
+fn regions_rebuild(base: &[u8], new: &[u8], hunks: &[delta::Hunk]) {
+    for seps in [&b"\n"[..], b",\n"] {
+        let regions = delta::widen(base, new, hunks, seps, |_, _| true).expect("the hunks fit the texts they were made of");
+        let (mut old_at, mut new_at, mut patched) = (0, 0, Vec::new());
+        for r in &regions {
+            assert_eq!(base[old_at..r.old.start], new[new_at..r.new.start], "the texts differ outside the regions");
+            patched.extend_from_slice(&base[old_at..r.old.start]);
+            patched.extend_from_slice(&new[r.new.clone()]);
+            (old_at, new_at) = (r.old.end, r.new.end);
+        }
+        assert_eq!(base[old_at..], new[new_at..], "the texts differ after the last region");
+        patched.extend_from_slice(&base[old_at..]);
+        assert_eq!(patched, new);
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     // The first byte says where the held file ends and the next one (or the ops) starts.
     let Some((&cut, rest)) = data.split_first() else { return };
     let at = (cut as usize * rest.len()) / 255;
     let (base, other) = rest.split_at(at);
-    if let Ok(built) = delta::rebuild(base, other, 4096, "f") {
+    if let Ok((built, hunks)) = delta::rebuild_with_hunks(base, other, 4096, "f") {
         assert_eq!(built.len(), 4096, "edits built another length than asked");
+        // The hunks of any edits, widened to lines (ADR 0035): outside them the base and the
+        // result agree, and the base with them put in gives the result.
+        if let Some(hunks) = hunks {
+            regions_rebuild(base, &built, &hunks);
+        }
     }
     let key = SigningKey::from_bytes(&[9; 32]);
     let (held, next) = (bundle(1, base), bundle(2, other));
@@ -37,6 +60,9 @@ fuzz_target!(|data: &[u8]| {
     let v =
         verify_delta(&made, &key.verifying_key(), "m", "n", applied, &held).expect("a delta made between two bundles builds the second");
     assert_eq!(v.bundle, next);
+    for e in &v.edited {
+        regions_rebuild(base, other, &e.hunks);
+    }
     // The same head and base with any ops: refused, or exactly the next bundle.
     let mut forged = made[..4 + 4 + head.len() + 16].to_vec();
     forged.extend_from_slice(base);
