@@ -144,8 +144,8 @@ fn clock(t: i64) -> String {
 pub(crate) fn by_node(pairs: &[Pair]) -> HashMap<&str, Vec<&Pair>> {
     let mut out: HashMap<&str, Vec<&Pair>> = HashMap::new();
     for p in pairs {
-        out.entry(p.a.as_str()).or_default().push(p);
-        out.entry(p.b.as_str()).or_default().push(p);
+        out.entry(&*p.a).or_default().push(p);
+        out.entry(&*p.b).or_default().push(p);
     }
     out
 }
@@ -155,8 +155,8 @@ pub(crate) fn by_node(pairs: &[Pair]) -> HashMap<&str, Vec<&Pair>> {
 pub(crate) fn pair_paths(node: &str, pairs: &[&Pair], said: Option<&proto::PathReport>) -> Vec<proto::PairPath> {
     let mut out = Vec::new();
     for p in pairs {
-        let peer = if p.a == node { &p.b } else { &p.a };
-        let state = said.and_then(|r| r.paths.iter().find(|s| s.peer == *peer));
+        let peer = if *p.a == *node { &p.b } else { &p.a };
+        let state = said.and_then(|r| r.paths.iter().find(|s| *s.peer == **peer));
         let (path, since, text) = match (&p.decision, state) {
             (Err(why), _) => ("relayed", None, format!("relayed by {}: {why}", p.hub)),
             (Ok(_), Some(s)) if s.state == "direct" => {
@@ -171,7 +171,7 @@ pub(crate) fn pair_paths(node: &str, pairs: &[&Pair], said: Option<&proto::PathR
             }
             (Ok(_), None) => ("relayed", None, format!("relayed by {}, about to try a direct path", p.hub)),
         };
-        out.push(proto::PairPath { peer: peer.clone(), hub: p.hub.clone(), path: path.into(), since, text });
+        out.push(proto::PairPath { peer: peer.to_string(), hub: p.hub.to_string(), path: path.into(), since, text });
     }
     out
 }
@@ -195,10 +195,10 @@ impl Controller {
             .iter()
             .filter(|p| p.decision.is_ok())
             .filter_map(|p| {
-                if p.a == who.name {
-                    Some(p.b.as_str())
-                } else if p.b == who.name {
-                    Some(p.a.as_str())
+                if *p.a == *who.name {
+                    Some(&*p.b)
+                } else if *p.b == *who.name {
+                    Some(&*p.a)
                 } else {
                     None
                 }

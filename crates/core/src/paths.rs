@@ -7,6 +7,7 @@
 //! pair's addresses off the hub only once one completed. Candidates are only ever what hubs
 //! observed: a node's word about itself is never taken.
 
+use std::sync::Arc;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write;
 use std::net::SocketAddr;
@@ -80,7 +81,7 @@ pub enum Why {
     /// `direct = false` on this node, or on this network of it.
     Off { node: String, network: Option<String> },
     /// The hub has no session with this node (it is down, or has not dialled the hub yet).
-    NotSeen { node: String },
+    NotSeen { node: Arc<str> },
     /// Two hubs saw this node's address with different ports: its NAT maps by destination, so
     /// the port a hub saw is not the one its peer would reach.
     ByDestination { node: String, ports: Vec<u16> },
@@ -113,9 +114,11 @@ impl std::fmt::Display for Why {
 /// One relayed pair (names in order), its hub, and whether it tries a direct path.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pair {
-    pub a: String,
-    pub b: String,
-    pub hub: String,
+    /// The names, shared with the compiled output: a run at 100,000 nodes decides millions of
+    /// pairs, and a copy of three names each was most of its time and gigabytes held.
+    pub a: Arc<str>,
+    pub b: Arc<str>,
+    pub hub: Arc<str>,
     /// The endpoints the hub observed for `a` and `b`, or why the pair stays on its hub.
     pub decision: Result<(SocketAddr, SocketAddr), Why>,
 }
@@ -123,7 +126,7 @@ pub struct Pair {
 impl Decided {
     /// The endpoints of each pair that tries or is direct, for the next run's `last`.
     pub fn endpoints(&self) -> HashMap<(String, String), (SocketAddr, SocketAddr)> {
-        self.pairs.iter().filter_map(|p| Some(((p.a.clone(), p.b.clone()), p.decision.clone().ok()?))).collect()
+        self.pairs.iter().filter_map(|p| Some(((p.a.to_string(), p.b.to_string()), p.decision.clone().ok()?))).collect()
     }
 }
 
@@ -175,25 +178,28 @@ pub fn decide(
     // order decides who gets a place under the cap). Every other pair stays on its hub, for a
     // reason that needs no rank; at 10,000 nodes they are nearly all of a million pairs, and
     // looking each up cost most of a publish run.
-    let mut ranked: Vec<(Standing, &str, &str, &str)> = Vec::new();
+    let mut ranked: Vec<(Standing, &Arc<str>, &Arc<str>, &Arc<str>)> = Vec::new();
     let mut plain: Vec<Pair> = Vec::new();
-    for (a, out) in &compiled.nodes {
+    for (a_name, out) in &compiled.nodes {
+        let a = &out.plan.node;
+        debug_assert_eq!(**a, **a_name);
+        let a_off = off.get(&**a);
         for hub in out.plan.peers.iter().filter(|p| !p.relays_for.is_empty()) {
             let seen = observed.by_hub.get(hub.name()).unwrap_or(&empty);
-            let seen_a = seen.contains_key(a.as_str());
-            for b in hub.relays_for.iter().filter(|b| a.as_str() < &*b.name) {
-                let b = &*b.name;
-                let may_try = (seen_a && seen.contains_key(b))
-                    || (kept_nodes.contains(a.as_str()) && last.contains_key(&(a.to_string(), b.to_string())));
+            let seen_a = seen.contains_key(&**a);
+            for b in hub.relays_for.iter().filter(|b| **a < *b.name) {
+                let b = &b.name;
+                let may_try = (seen_a && seen.contains_key(&**b))
+                    || (kept_nodes.contains(&**a) && last.contains_key(&(a.to_string(), b.to_string())));
                 if may_try {
-                    ranked.push((standing(a, b), a.as_str(), b, hub.name()));
+                    ranked.push((standing(a, b), a, b, &hub.node.name));
                     continue;
                 }
-                let why = match [a.as_str(), b].into_iter().find_map(|n| off.get(n).map(|w| (n, w))) {
+                let why = match a_off.map(|w| (a, w)).or_else(|| off.get(&**b).map(|w| (b, w))) {
                     Some((n, network)) => Why::Off { node: n.to_string(), network: network.map(str::to_string) },
-                    None => Why::NotSeen { node: if seen_a { b } else { a.as_str() }.to_string() },
+                    None => Why::NotSeen { node: if seen_a { b } else { a }.clone() },
                 };
-                plain.push(Pair { a: a.to_string(), b: b.to_string(), hub: hub.name().to_string(), decision: Err(why) });
+                plain.push(Pair { a: a.clone(), b: b.clone(), hub: hub.node.name.clone(), decision: Err(why) });
             }
         }
     }
@@ -201,7 +207,8 @@ pub fn decide(
     let allowed_of = |n: &str| compiled.nodes.get(n).map(|o| allowed_ips(o.plan.ipv4, o.plan.ipv6)).unwrap_or_default();
     let mut decided = Decided::default();
     let mut trying: HashMap<&str, usize> = HashMap::new();
-    for (stand, a, b, hub) in ranked {
+    for (stand, a_name, b_name, hub_name) in ranked {
+        let (a, b, hub): (&str, &str, &str) = (a_name, b_name, hub_name);
         let seen = observed.by_hub.get(hub).unwrap_or(&empty);
         let decision = (|| {
             for n in [a, b] {
@@ -214,8 +221,8 @@ pub fn decide(
                 if let Some(&(at_a, at_b)) = kept() {
                     return Ok((at_a, at_b));
                 }
-                let node = if seen.contains_key(a) { b } else { a };
-                return Err(Why::NotSeen { node: node.to_string() });
+                let node = if seen.contains_key(a) { b_name } else { a_name };
+                return Err(Why::NotSeen { node: node.clone() });
             };
             for n in [a, b] {
                 if let Some(ports) = by_destination.get(n) {
@@ -246,7 +253,7 @@ pub fn decide(
             decided.candidates.entry(a.to_string()).or_default().push(candidate(b, kb, *at_b));
             decided.candidates.entry(b.to_string()).or_default().push(candidate(a, ka, *at_a));
         }
-        decided.pairs.push(Pair { a: a.to_string(), b: b.to_string(), hub: hub.to_string(), decision });
+        decided.pairs.push(Pair { a: a_name.clone(), b: b_name.clone(), hub: hub_name.clone(), decision });
     }
     for list in decided.candidates.values_mut() {
         list.sort_by(|x, y| x.peer.cmp(&y.peer));

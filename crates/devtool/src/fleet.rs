@@ -465,7 +465,13 @@ pub async fn run(a: &DeliveryArgs, dir: &Path) -> Result<ExitCode> {
     }
     let state_dir = running.dir.clone();
     drop(running);
-    let _ = std::fs::remove_dir_all(&state_dir);
+    // TRELLIS_BENCH_KEEP keeps the state directory, its `serve.log` among it (run with
+    // RUST_LOG=info,trellis_controller=debug for each publish run's stages).
+    if std::env::var_os("TRELLIS_BENCH_KEEP").is_some() {
+        eprintln!("the state directory and serve.log are kept in {}", state_dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&state_dir);
+    }
 
     let lat = change.latencies();
     let refetch = declare.bytes() + enrol.bytes();

@@ -94,7 +94,7 @@ fn a_pair_stays_on_its_hub_and_says_why() {
     let seen = observed.by_hub["hub-1"]["n-001"];
     observed.by_hub.insert("hub-2".into(), HashMap::from([("n-001".to_string(), SocketAddr::new(seen.ip(), seen.port() + 517))]));
     let decided = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &HashMap::new());
-    let why = |a: &str, b: &str| decided.pairs.iter().find(|p| p.a == a && p.b == b).map(|p| p.decision.clone()).expect("a relayed pair");
+    let why = |a: &str, b: &str| decided.pairs.iter().find(|p| *p.a == *a && *p.b == *b).map(|p| p.decision.clone()).expect("a relayed pair");
     assert_eq!(why("n-000", "off-1"), Err(Why::Off { node: "off-1".into(), network: None }));
     assert_eq!(why("n-000", "phone-1"), Err(Why::Off { node: "phone-1".into(), network: Some("metered".into()) }));
     assert_eq!(why("n-000", "n-002"), Err(Why::NotSeen { node: "n-002".into() }));
@@ -107,9 +107,9 @@ fn a_pair_stays_on_its_hub_and_says_why() {
     let one = hub["n-000"].ip();
     hub.insert("n-001".into(), SocketAddr::new(one, 60_001));
     let decided = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &HashMap::new());
-    let pair = decided.pairs.iter().find(|p| (p.a.as_str(), p.b.as_str()) == ("n-000", "n-001")).unwrap();
+    let pair = decided.pairs.iter().find(|p| (&*p.a, &*p.b) == ("n-000", "n-001")).unwrap();
     assert_eq!(pair.decision, Err(Why::OneAddress { ip: one }));
-    assert!(decided.pairs.iter().any(|p| p.a == "n-000" && p.b == "n-002" && p.decision.is_ok()));
+    assert!(decided.pairs.iter().any(|p| &*p.a == "n-000" && &*p.b == "n-002" && p.decision.is_ok()));
     assert_eq!(
         Why::ByDestination { node: "b-1".into(), ports: vec![40001, 40517] }.to_string(),
         "b-1's NAT maps by destination (hubs saw ports 40001 and 40517)"
@@ -135,12 +135,12 @@ fn attempts_per_hub_are_capped() {
     assert_eq!(last.decision, Err(Why::Capped));
     let first = all.pairs[0].clone();
     let standing = |a: &str, b: &str| match (a, b) {
-        _ if (a, b) == (last.a.as_str(), last.b.as_str()) => Standing::Direct,
-        _ if (a, b) == (first.a.as_str(), first.b.as_str()) => Standing::Failing,
+        _ if (a, b) == (&*last.a, &*last.b) => Standing::Direct,
+        _ if (a, b) == (&*first.a, &*first.b) => Standing::Failing,
         _ => Standing::Unknown,
     };
     let again = paths::decide(&compiled, &keys, &decl, &observed, &standing, &HashMap::new());
-    let of = |a: &str, b: &str| again.pairs.iter().find(|p| p.a == a && p.b == b).unwrap().decision.clone();
+    let of = |a: &str, b: &str| again.pairs.iter().find(|p| *p.a == *a && *p.b == *b).unwrap().decision.clone();
     assert!(of(&last.a, &last.b).is_ok());
     assert_eq!(of(&first.a, &first.b), Err(Why::Capped));
     assert_eq!(trying(&again), ATTEMPTS_PER_HUB + 1, "the direct pair does not count against the cap");
@@ -200,7 +200,7 @@ proptest! {
         let decided = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &HashMap::new());
         let hub = &observed.by_hub["hub-1"];
         for p in &decided.pairs {
-            let both = hub.contains_key(&p.a) && hub.contains_key(&p.b);
+            let both = hub.contains_key(&*p.a) && hub.contains_key(&*p.b);
             prop_assert_eq!(p.decision.is_ok(), both);
             let has = |x: &str, y: &str| decided.candidates.get(x).is_some_and(|l| l.iter().any(|c| c.peer == y && c.endpoint == hub[y]));
             prop_assert_eq!(has(&p.a, &p.b), both);
