@@ -184,6 +184,8 @@ fn added_key(decl: &trellis_core::Declaration) -> PublicKey {
 /// A bundle one agent received while long-polling.
 enum Event {
     Bundle { agent: usize, at: Instant, bytes: usize },
+    /// Answered that what it holds is current (`304`), holding this version.
+    Current { agent: usize, at: Instant, held: u64 },
     Failed { agent: usize, error: String },
 }
 
@@ -196,6 +198,9 @@ struct Phase {
     unexpected: usize,
     /// Expected agents that got nothing within the limit.
     missing: usize,
+    /// Of the missing (a few): the agent, and when it was last answered "current" after the
+    /// phase began and holding which version, if it was.
+    missing_seen: Vec<(usize, Option<(Duration, u64)>)>,
     failures: Vec<String>,
 }
 
@@ -220,6 +225,7 @@ impl Phase {
 async fn collect(events: &mut tokio::sync::mpsc::UnboundedReceiver<Event>, t0: Instant, expect: &HashSet<usize>) -> Phase {
     let mut phase = Phase::default();
     let mut waiting = expect.clone();
+    let mut current: HashMap<usize, (Duration, u64)> = HashMap::new();
     let mut all_at = waiting.is_empty().then(Instant::now);
     loop {
         let until = match all_at {
@@ -241,10 +247,16 @@ async fn collect(events: &mut tokio::sync::mpsc::UnboundedReceiver<Event>, t0: I
                     all_at = Some(Instant::now());
                 }
             }
+            Event::Current { agent, at, held } => {
+                current.insert(agent, (at.saturating_duration_since(t0), held));
+            }
             Event::Failed { agent, error } => phase.failures.push(format!("agent {agent}: {error}")),
         }
     }
     phase.missing = waiting.len();
+    let mut missing: Vec<usize> = waiting.into_iter().collect();
+    missing.sort_unstable();
+    phase.missing_seen = missing.into_iter().take(5).map(|a| (a, current.get(&a).copied())).collect();
     phase
 }
 
@@ -309,7 +321,9 @@ async fn poll(agents: Arc<Vec<Agent>>, i: usize, base: String, first_wait: u64, 
                 held = v;
                 let _ = tx.send(Event::Bundle { agent: i, at: Instant::now(), bytes: body.len() });
             }
-            Ok((304, _, _, _)) => {}
+            Ok((304, _, _, _)) => {
+                let _ = tx.send(Event::Current { agent: i, at: Instant::now(), held });
+            }
             Ok((status, _, _, _)) => {
                 let _ = tx.send(Event::Failed { agent: i, error: format!("answer {status} without a version") });
                 return;
@@ -535,7 +549,19 @@ pub async fn run(a: &DeliveryArgs, dir: &Path) -> Result<ExitCode> {
                 expect(c).len(),
                 p.got.len(),
                 if p.unexpected > 0 { format!(" ({} unexpected)", p.unexpected) } else { String::new() },
-                if p.missing > 0 { format!(", {} MISSING after {} s", p.missing, PHASE_LIMIT.as_secs()) } else { String::new() },
+                if p.missing > 0 {
+                    let seen: Vec<String> = p
+                        .missing_seen
+                        .iter()
+                        .map(|(a, c)| match c {
+                            Some((at, held)) => format!("agent {a}: told version {held} is current at +{:.1} s", at.as_secs_f64()),
+                            None => format!("agent {a}: no answer"),
+                        })
+                        .collect();
+                    format!(", {} MISSING after {} s [{}]", p.missing, PHASE_LIMIT.as_secs(), seen.join("; "))
+                } else {
+                    String::new()
+                },
                 mib(p.bytes()),
                 p.large().0,
                 mib(p.large().1)

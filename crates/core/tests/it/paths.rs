@@ -199,6 +199,10 @@ proptest! {
         observed.by_hub.get_mut("hub-1").unwrap().retain(|node, _| seen[node[2..].parse::<usize>().unwrap()]);
         let decided = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &HashMap::new());
         let hub = &observed.by_hub["hub-1"];
+        // In (a, b, hub) order, each pair once: status and the next run read them so.
+        for w in decided.pairs.windows(2) {
+            prop_assert!((&w[0].a, &w[0].b, &w[0].hub) < (&w[1].a, &w[1].b, &w[1].hub), "{:?} before {:?}", (&w[0].a, &w[0].b), (&w[1].a, &w[1].b));
+        }
         for p in &decided.pairs {
             let both = hub.contains_key(&*p.a) && hub.contains_key(&*p.b);
             prop_assert_eq!(p.decision.is_ok(), both);

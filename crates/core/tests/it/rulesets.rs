@@ -94,12 +94,22 @@ proptest! {
                 let (o, n) = (read(old).expect("read above"), read(new).expect("read above"));
                 let names = |r: &Ruleset| r.sets.iter().map(|(name, _)| name.to_string()).collect::<Vec<_>>();
                 let only_elements = o.rest == n.rest && names(&o) == names(&n);
-                match delta(old, new) {
+                let whole = delta(old, new);
+                match &whole {
                     None => prop_assert!(!only_elements, "{}: {:?} differs only in elements, yet is loaded whole", node, c),
                     Some(commands) => {
                         prop_assert!(only_elements, "{}: {:?} changes more than elements, yet is patched:\n{}", node, c, commands);
-                        prop_assert_eq!(apply_elements(sets(&o), &commands)?, sets(&n), "{}: after {:?}", node, c);
+                        prop_assert_eq!(apply_elements(sets(&o), commands)?, sets(&n), "{}: after {:?}", node, c);
                     }
+                }
+                // Read from the regions of the edits a delta carries (ADR 0035): the whole
+                // read's commands, whenever it gives any.
+                let edits = trellis_core::delta::edits(old.as_bytes(), new.as_bytes());
+                let (built, hunks) = trellis_core::delta::rebuild_with_hunks(old.as_bytes(), &edits, new.len(), "nftables.conf").unwrap();
+                prop_assert_eq!(&built[..], new.as_bytes());
+                let chains = trellis_core::ruleset::chains(old).expect("a rendered ruleset lists each element once");
+                if let Some(by_regions) = trellis_core::ruleset::delta_in(old, new, &hunks.expect("the controller's edits copy forward"), &chains) {
+                    prop_assert_eq!(Some(by_regions), whole, "{}: after {:?}", node, c);
                 }
             }
             prev = next;
