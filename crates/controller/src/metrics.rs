@@ -378,9 +378,11 @@ impl Metrics {
             }
         }
         self.revoking_oldest.set(revoking.iter().copied().max().unwrap_or(0).max(0));
-        // Each pair once: from the side whose name sorts first.
-        for path in PAIR_PATHS {
-            let n = status.iter().flat_map(|n| n.paths.iter().filter(move |p| n.name < p.peer)).filter(|p| p.path == path).count();
+    }
+
+    /// Sets the relayed pairs by path (`paths::path_counts`, in the order of `PAIR_PATHS`).
+    pub fn pairs(&self, counts: [usize; 3]) {
+        for (path, n) in PAIR_PATHS.into_iter().zip(counts) {
             self.pairs.get_or_create(&PathLabel { path }).set(n as i64);
         }
     }
@@ -419,8 +421,12 @@ impl Controller {
     /// The metrics in OpenMetrics, with the roster gauges set from
     /// `status` now.
     pub async fn scrape(&self) -> String {
-        let status = self.status().await;
+        let status = self.status_with(false).await;
         self.metrics.roster(status.as_deref().ok());
+        if let Ok(reports) = self.path_reports().await {
+            let pairs = self.publisher.pairs.read().expect("pairs").clone();
+            self.metrics.pairs(crate::paths::path_counts(&pairs, &reports));
+        }
         match self.service_certs().await {
             Ok(certs) => self.metrics.service_cert_expiries(&certs),
             Err(_) => {

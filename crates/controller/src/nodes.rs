@@ -325,6 +325,12 @@ impl Controller {
 
     /// Every node with its desired and applied versions, staleness and evidence.
     pub async fn status(&self) -> Result<Vec<proto::NodeStatus>> {
+        self.status_with(true).await
+    }
+
+    /// As [`status`](Self::status); without `paths`, no node lists its relayed pairs (millions at
+    /// 100,000 nodes: a metrics scrape counts them from the pairs instead, `paths::path_counts`).
+    pub(crate) async fn status_with(&self, paths: bool) -> Result<Vec<proto::NodeStatus>> {
         let roster = self.roster().await?;
         let min = self.current_declaration().await?.and_then(|(_, d)| d.mesh.min_agent_version.clone());
         let agents = if min.is_some() { self.store.agents().await? } else { Default::default() };
@@ -333,7 +339,7 @@ impl Controller {
         let mut ingress = self.ingress_states().await?;
         let path_reports = self.path_reports().await?;
         let pairs = self.publisher.pairs.read().expect("pairs").clone();
-        let pairs = crate::paths::by_node(&pairs);
+        let pairs = if paths { crate::paths::by_node(&pairs) } else { HashMap::new() };
         let t = self.now();
         Ok(roster
             .into_iter()

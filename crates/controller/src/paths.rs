@@ -140,6 +140,26 @@ fn clock(t: i64) -> String {
     format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
 }
 
+/// How many relayed pairs go each way of `metrics::PAIR_PATHS` (direct, trying, relayed), each
+/// pair counted from the side whose name sorts first, as `pair_paths` says them: what status
+/// shows, without a line of text for each of millions of pairs.
+pub(crate) fn path_counts(pairs: &[Pair], reports: &HashMap<String, proto::PathReport>) -> [usize; 3] {
+    let mut counts = [0; 3];
+    for p in pairs {
+        let state = match &p.decision {
+            Err(_) => None,
+            Ok(_) => reports.get(&*p.a).and_then(|r| r.paths.iter().find(|s| *s.peer == *p.b)).map(|s| s.state.as_str()),
+        };
+        let path = match state {
+            Some("direct") => 0,
+            Some("trying") => 1,
+            _ => 2,
+        };
+        counts[path] += 1;
+    }
+    counts
+}
+
 /// The relayed pairs by each of their nodes.
 pub(crate) fn by_node(pairs: &[Pair]) -> HashMap<&str, Vec<&Pair>> {
     let mut out: HashMap<&str, Vec<&Pair>> = HashMap::new();
@@ -248,6 +268,41 @@ impl Controller {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The pairs by path as a scrape counts them are what status shows, each pair once from the
+    /// side whose name sorts first.
+    #[test]
+    fn path_counts_are_what_status_shows() {
+        let at: SocketAddr = "203.0.113.1:1".parse().unwrap();
+        let pair = |a: &str, b: &str, ok: bool| Pair {
+            a: a.into(),
+            b: b.into(),
+            hub: "hub".into(),
+            decision: if ok { Ok((at, at)) } else { Err(trellis_core::paths::Why::Capped) },
+        };
+        let pairs = vec![pair("a", "b", true), pair("a", "c", true), pair("a", "d", true), pair("b", "c", true), pair("c", "d", false)];
+        let state = |peer: &str, state: &str| proto::PathState { peer: peer.into(), state: state.into(), since: 1, reason: None };
+        let reports: HashMap<String, proto::PathReport> = [
+            (
+                "a".to_string(),
+                proto::PathReport { observed: vec![], paths: vec![state("b", "direct"), state("c", "trying"), state("d", "backing-off")] },
+            ),
+            // What b says of a is not counted: the pair is a's.
+            ("b".to_string(), proto::PathReport { observed: vec![], paths: vec![state("a", "trying")] }),
+        ]
+        .into();
+        assert_eq!(path_counts(&pairs, &reports), [1, 1, 3]);
+        let by = by_node(&pairs);
+        let mut shown = [0; 3];
+        for (node, list) in &by {
+            for p in pair_paths(node, list, reports.get(*node)) {
+                if **node < *p.peer {
+                    shown[crate::metrics::PAIR_PATHS.iter().position(|x| *x == p.path).unwrap()] += 1;
+                }
+            }
+        }
+        assert_eq!(shown, [1, 1, 3]);
+    }
 
     fn key(b: u8) -> String {
         PublicKey([b; 32]).to_string()

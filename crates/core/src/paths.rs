@@ -7,10 +7,10 @@
 //! pair's addresses off the hub only once one completed. Candidates are only ever what hubs
 //! observed: a node's word about itself is never taken.
 
-use std::sync::Arc;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use toml::de::DeTable;
 

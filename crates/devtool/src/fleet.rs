@@ -183,10 +183,21 @@ fn added_key(decl: &trellis_core::Declaration) -> PublicKey {
 
 /// A bundle one agent received while long-polling.
 enum Event {
-    Bundle { agent: usize, at: Instant, bytes: usize },
+    Bundle {
+        agent: usize,
+        at: Instant,
+        bytes: usize,
+    },
     /// Answered that what it holds is current (`304`), holding this version.
-    Current { agent: usize, at: Instant, held: u64 },
-    Failed { agent: usize, error: String },
+    Current {
+        agent: usize,
+        at: Instant,
+        held: u64,
+    },
+    Failed {
+        agent: usize,
+        error: String,
+    },
 }
 
 /// What the agents received in one phase.
@@ -277,8 +288,8 @@ pub async fn settled(admin: &trellis_client::AdminClient) -> Result<Duration> {
 /// Events that arrived before a phase began: bundles of an earlier change that came late.
 fn drain(events: &mut tokio::sync::mpsc::UnboundedReceiver<Event>) -> usize {
     let mut n = 0;
-    while events.try_recv().is_ok() {
-        n += 1;
+    while let Ok(e) = events.try_recv() {
+        n += usize::from(matches!(e, Event::Bundle { .. }));
     }
     n
 }
@@ -291,11 +302,16 @@ fn whole_bundle(agent: &Agent, body: &[u8]) -> Result<trellis_core::bundle::Bund
     trellis_core::bundle::verify(body, &key, &mesh, &agent.name, None).map(|v| v.bundle)
 }
 
-/// An agent's loop: long-poll for a bundle newer than the one held, report each one received.
+/// An agent's loop: long-poll for a bundle newer than the one held, report each one received. A
+/// request that fails is reported and, as the agent does, asked again after a backoff that
+/// doubles up to 16 s (spread by the agent's number): 19,400 agents reconnecting at once
+/// overflow the listen queue of a loopback server, and an agent that gave up at its first
+/// failure was counted missing from every later change.
 async fn poll(agents: Arc<Vec<Agent>>, i: usize, base: String, first_wait: u64, tx: tokio::sync::mpsc::UnboundedSender<Event>) {
     let deadline = Instant::now() + POLLING_LIMIT;
     let mut held = agents[i].version;
     let mut wait = first_wait;
+    let mut failures = 0u32;
     for _ in 0..1000 {
         if Instant::now() > deadline {
             return;
@@ -330,9 +346,13 @@ async fn poll(agents: Arc<Vec<Agent>>, i: usize, base: String, first_wait: u64, 
             }
             Err(e) => {
                 let _ = tx.send(Event::Failed { agent: i, error: format!("{e:#}") });
-                return;
+                failures += 1;
+                let backoff = Duration::from_secs(1 << failures.min(5).saturating_sub(1)) + Duration::from_millis((i % 1000) as u64);
+                tokio::time::sleep(backoff).await;
+                continue;
             }
         }
+        failures = 0;
         wait = 55;
     }
 }
@@ -603,6 +623,9 @@ pub async fn run(a: &DeliveryArgs, dir: &Path) -> Result<ExitCode> {
         );
         if late > 0 {
             println!("    {late} bundles came after their phase ended (not counted in any phase)");
+        }
+        if !failures.is_empty() {
+            println!("{} agent requests failed during the phases (each asked again after a backoff); the first:", failures.len());
         }
         for f in failures.iter().take(10) {
             println!("agent failure: {f}");

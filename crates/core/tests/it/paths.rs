@@ -94,7 +94,8 @@ fn a_pair_stays_on_its_hub_and_says_why() {
     let seen = observed.by_hub["hub-1"]["n-001"];
     observed.by_hub.insert("hub-2".into(), HashMap::from([("n-001".to_string(), SocketAddr::new(seen.ip(), seen.port() + 517))]));
     let decided = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &HashMap::new());
-    let why = |a: &str, b: &str| decided.pairs.iter().find(|p| *p.a == *a && *p.b == *b).map(|p| p.decision.clone()).expect("a relayed pair");
+    let why =
+        |a: &str, b: &str| decided.pairs.iter().find(|p| *p.a == *a && *p.b == *b).map(|p| p.decision.clone()).expect("a relayed pair");
     assert_eq!(why("n-000", "off-1"), Err(Why::Off { node: "off-1".into(), network: None }));
     assert_eq!(why("n-000", "phone-1"), Err(Why::Off { node: "phone-1".into(), network: Some("metered".into()) }));
     assert_eq!(why("n-000", "n-002"), Err(Why::NotSeen { node: "n-002".into() }));
