@@ -648,6 +648,12 @@ mod tests {
         }
     }
 
+    /// A loopback address with a port free for the test's server.
+    fn free_listen() -> [std::net::SocketAddr; 1] {
+        let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        [std::net::SocketAddr::from(([127, 0, 0, 1], port))]
+    }
+
     /// One A query for `name` over UDP to `server`: the addresses answered.
     async fn ask(server: std::net::SocketAddr, name: &str) -> Vec<String> {
         ask_for(server, name, RecordType::A).await
@@ -675,8 +681,7 @@ mod tests {
     async fn a_new_zone_is_answered_at_once_by_the_same_server() {
         use super::Resolver;
         let dir = trellis_testing::TempDir::new("dns-swap");
-        let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let listen = [std::net::SocketAddr::from(([127, 0, 0, 1], port))];
+        let listen = free_listen();
         let zone = |serial: u32, extra: &str| {
             format!("$ORIGIN t.mesh.\n$TTL 60\n@\tIN\tSOA\tns.t.mesh. hostmaster.t.mesh. {serial} 3600 600 86400 60\n@\tIN\tNS\tns.t.mesh.\nns\tIN\tA\t10.0.0.1\ndb-1\tIN\tA\t10.1.0.1\n{extra}")
         };
@@ -705,8 +710,7 @@ mod tests {
     async fn a_zone_changed_in_some_names_is_changed_in_place() {
         use super::Resolver;
         let dir = trellis_testing::TempDir::new("dns-patch");
-        let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let listen = [std::net::SocketAddr::from(([127, 0, 0, 1], port))];
+        let listen = free_listen();
         let zone = |serial: u32, ttl: u32, names: &str| {
             format!("$ORIGIN t.mesh.\n$TTL {ttl}\n@\tIN\tSOA\tns.t.mesh. hostmaster.t.mesh. {serial} 3600 600 86400 60\n@\tIN\tNS\tns.t.mesh.\nns\tIN\tA\t10.0.0.1\n{names}")
         };
@@ -765,8 +769,7 @@ mod tests {
     async fn a_change_by_its_regions_is_changed_in_place_and_anything_else_is_read_whole() {
         use super::Resolver;
         let dir = trellis_testing::TempDir::new("dns-regions");
-        let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let listen = [std::net::SocketAddr::from(([127, 0, 0, 1], port))];
+        let listen = free_listen();
         let zone = |serial: u32, skip: u32, extra: &str| {
             let mut z = format!("$ORIGIN t.mesh.\n$TTL 60\n@\tIN\tSOA\tns.t.mesh. hostmaster.t.mesh. {serial} 3600 600 86400 60\n@\tIN\tNS\tns.t.mesh.\nns\tIN\tA\t10.0.0.1\n");
             for i in (0..3000u32).filter(|i| *i != skip) {

@@ -641,6 +641,35 @@ mod tests {
         eprintln!("{} bytes: edits {made:?}, rebuild {:?}, {} bytes of edits", base.len(), t.elapsed() / 10, d.len());
     }
 
+    /// Checks that `base` and `new` are the same bytes outside `places` (ranges of each, in
+    /// order) and that `base` with each place's range of `new` put in gives `new`.
+    pub(crate) fn put_in(
+        base: &[u8],
+        new: &[u8],
+        places: impl Iterator<Item = (std::ops::Range<usize>, std::ops::Range<usize>)>,
+    ) -> Result<(), String> {
+        let (mut old_at, mut new_at, mut patched) = (0, 0, Vec::new());
+        for (old, into) in places {
+            if old.start < old_at || into.start < new_at {
+                return Err(format!("{old:?} / {into:?} out of order"));
+            }
+            if base[old_at..old.start] != new[new_at..into.start] {
+                return Err(format!("the texts differ before {old:?} / {into:?}"));
+            }
+            patched.extend_from_slice(&base[old_at..old.start]);
+            patched.extend_from_slice(&new[into.clone()]);
+            (old_at, new_at) = (old.end, into.end);
+        }
+        if base[old_at..] != new[new_at..] {
+            return Err("the texts differ after the last place".into());
+        }
+        patched.extend_from_slice(&base[old_at..]);
+        if patched != new {
+            return Err("the base with the places put in is not the result".into());
+        }
+        Ok(())
+    }
+
     proptest::proptest! {
         #[test]
         fn any_edit_rebuilds_exactly(base in proptest::collection::vec(proptest::sample::select(vec![&b"a\n"[..], b"b\n", b"[Peer]\n", b"x", b"\n", b"key1\n", b"key2\n"]), 0..200),
@@ -659,36 +688,20 @@ mod tests {
             // and the result are the same bytes, and the base with each hunk's old range put in
             // place of its new one gives the result.
             let hunks = hunks.expect("in-order copies give hunks");
-            let mut patched = Vec::new();
-            let (mut old_at, mut new_at) = (0, 0);
-            for h in &hunks {
-                proptest::prop_assert!(h.old.start >= old_at && h.new.start >= new_at, "{:?} out of order", hunks);
-                proptest::prop_assert!(!h.old.is_empty() || !h.new.is_empty(), "an empty hunk in {:?}", hunks);
-                proptest::prop_assert_eq!(&base[old_at..h.old.start], &new[new_at..h.new.start]);
-                patched.extend_from_slice(&base[old_at..h.old.start]);
-                patched.extend_from_slice(&new[h.new.clone()]);
-                (old_at, new_at) = (h.old.end, h.new.end);
-            }
-            proptest::prop_assert_eq!(&base[old_at..], &new[new_at..]);
-            patched.extend_from_slice(&base[old_at..]);
-            proptest::prop_assert_eq!(&patched, &new);
+            proptest::prop_assert!(hunks.iter().all(|h| !h.old.is_empty() || !h.new.is_empty()), "an empty hunk in {:?}", hunks);
+            put_in(&base, &new, hunks.iter().map(|h| (h.old.clone(), h.new.clone()))).map_err(proptest::test_runner::TestCaseError::fail)?;
             // Widened to whole lines: in order, apart, each starting and ending at a line's
             // start in both, the same outside, and the base with them put in gives the result.
             let regions = widen(&base, &new, &hunks, b"\n", |_, _| true).expect("hunks that fit");
             let line_start = |t: &[u8], at: usize| at == 0 || at == t.len() || t[at - 1] == b'\n';
-            let (mut old_at, mut new_at, mut patched) = (0, 0, Vec::new());
+            for (r, next) in regions.iter().zip(regions.iter().skip(1)) {
+                proptest::prop_assert!(next.old.start > r.old.end, "{:?}", regions);
+            }
             for r in &regions {
-                proptest::prop_assert!(r.old.start >= old_at && r.new.start >= new_at && (old_at == 0 || r.old.start > old_at), "{:?}", regions);
                 proptest::prop_assert!(line_start(&base, r.old.start) && line_start(&base, r.old.end), "{:?}", r);
                 proptest::prop_assert!(line_start(&new, r.new.start) && line_start(&new, r.new.end), "{:?}", r);
-                proptest::prop_assert_eq!(&base[old_at..r.old.start], &new[new_at..r.new.start]);
-                patched.extend_from_slice(&base[old_at..r.old.start]);
-                patched.extend_from_slice(&new[r.new.clone()]);
-                (old_at, new_at) = (r.old.end, r.new.end);
             }
-            proptest::prop_assert_eq!(&base[old_at..], &new[new_at..]);
-            patched.extend_from_slice(&base[old_at..]);
-            proptest::prop_assert_eq!(patched, new);
+            put_in(&base, &new, regions.iter().map(|r| (r.old.clone(), r.new.clone()))).map_err(proptest::test_runner::TestCaseError::fail)?;
         }
     }
 

@@ -178,7 +178,9 @@ pub fn decide(
     // order decides who gets a place under the cap). Every other pair stays on its hub, for a
     // reason that needs no rank; at 10,000 nodes they are nearly all of a million pairs, and
     // looking each up cost most of a publish run.
-    let mut ranked: Vec<(Standing, &Arc<str>, &Arc<str>, &Arc<str>)> = Vec::new();
+    // How a pair stands, and its two nodes and hub.
+    type Ranked<'n> = (Standing, &'n Arc<str>, &'n Arc<str>, &'n Arc<str>);
+    let mut ranked: Vec<Ranked> = Vec::new();
     let mut plain: Vec<Pair> = Vec::new();
     for (a_name, out) in &compiled.nodes {
         let a = &out.plan.node;
