@@ -124,6 +124,7 @@ fn main() {
                     result: trellis_proto::FileResult::Unchanged,
                 }],
                 at: 1_800_000_000,
+                unmanaged: false,
             }],
         };
         out.put("bodies", "evidence", &body(2, &evidence));
