@@ -287,7 +287,8 @@ fn median_change(changes: &[Value]) -> Value {
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied().unwrap_or(0.0)
     }
-    let runs: Vec<f64> = changes.iter().filter_map(|c| c["last_apply_ms"].as_f64()).collect();
+    // The agent times an apply in whole milliseconds: the median is one of them.
+    let runs: Vec<u64> = changes.iter().filter_map(|c| c["last_apply_ms"].as_u64()).collect();
     let mut phases = serde_json::Map::new();
     for name in changes.iter().filter_map(|c| c["last_apply_phases_ms"].as_object()).flat_map(|o| o.keys()) {
         if !phases.contains_key(name) {
@@ -296,7 +297,7 @@ fn median_change(changes: &[Value]) -> Value {
         }
     }
     json!({
-        "apply_ms": median(runs.clone()),
+        "apply_ms": median(runs.iter().map(|&r| r as f64).collect()) as u64,
         "runs_ms": runs,
         "phases_ms": phases,
         "peers_on_interface": changes.last().and_then(|c| c["peers"].as_array()).map(|p| p.len()),

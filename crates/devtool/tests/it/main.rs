@@ -127,7 +127,7 @@ fn bench_agent_reports_each_backends_applies_memory_and_dns() {
     if !trellis_testing::can_run(trellis_testing::Need::Root) {
         return;
     }
-    let f = figures(&["bench", "agent", "--peers", "20", "--queries", "3", "--json"]);
+    let f = figures(&["bench", "agent", "--peers", "20", "--queries", "3", "--changes", "3", "--json"]);
     let backends = f["backends"].as_array().unwrap();
     let names: Vec<&str> = backends.iter().map(|b| b["backend"].as_str().unwrap()).collect();
     assert_eq!(names, ["wireguard-go", "gotatun", "boringtun"], "{f}");
@@ -138,6 +138,10 @@ fn bench_agent_reports_each_backends_applies_memory_and_dns() {
                 assert!(b[run]["phases_ms"][phase].as_f64().is_some(), "{run} {phase}: {b}");
             }
         }
+        // Three changes timed, each undoing the one before; the median is one of them.
+        let runs: Vec<u64> = b["change"]["runs_ms"].as_array().unwrap().iter().map(|r| r.as_u64().unwrap()).collect();
+        assert_eq!(runs.len(), 3, "{b}");
+        assert!(runs.contains(&b["change"]["apply_ms"].as_u64().unwrap()), "{b}");
         // p-00001 removed and p-00020 added: still 20 peers on the interface.
         assert_eq!((b["first"]["peers_on_interface"].as_u64(), b["change"]["peers_on_interface"].as_u64()), (Some(20), Some(20)), "{b}");
         assert!(b["agent_rss_mib"].as_f64().unwrap() > 1.0, "{b}");
