@@ -163,9 +163,10 @@ pub fn delta_in(old: &str, new: &str, hunks: &[crate::delta::Hunk], chains: &str
     // Each set's elements in the regions, before and after, in the order the sets come.
     let mut sets: Vec<(&str, Vec<&str>, Vec<&str>)> = Vec::new();
     // A region the same in both (lines the edits sent again) changes nothing.
+    let (mut old_line, mut new_line) = (None, None);
     for r in regions.iter().filter(|r| old.as_bytes()[r.old.clone()] != new.as_bytes()[r.new.clone()]) {
-        let (name, was) = in_elements(old, r.old.clone())?;
-        let (other, now) = in_elements(new, r.new.clone())?;
+        let (name, was) = in_elements(old, r.old.clone(), &mut old_line)?;
+        let (other, now) = in_elements(new, r.new.clone(), &mut new_line)?;
         if name != other {
             return None;
         }
@@ -185,52 +186,96 @@ pub fn delta_in(old: &str, new: &str, hunks: &[crate::delta::Hunk], chains: &str
     Some(commands)
 }
 
+/// An element list's line, found once for the regions on it: its start and end in the text and
+/// its set's name. A set of 100,000 sources is one line; finding it again for each of thousands
+/// of regions on it would cost the line's length each time.
+#[derive(Clone, Copy)]
+struct ListLine<'a> {
+    start: usize,
+    end: usize,
+    name: &'a str,
+}
+
 /// The set whose element list holds the bytes `range` of `text` (one line, `\t\telements = { a,
-/// b }`), and the elements they list; `None` when they are not all inside one such list, or an
-/// element is no address or prefix.
-fn in_elements(text: &str, range: std::ops::Range<usize>) -> Option<(&str, Vec<&str>)> {
+/// b }`), and the elements they list, read as [`read`] reads a list (elements between `, `, the
+/// first right after the opening, the last right before the closing); `None` when they are not
+/// all inside one such list, or it is not written so, or an element is no address or prefix.
+/// `line`: the list line found last, taken again when the range is on it.
+fn in_elements<'a>(text: &'a str, range: std::ops::Range<usize>, line: &mut Option<ListLine<'a>>) -> Option<(&'a str, Vec<&'a str>)> {
     const OPEN: &str = "\t\telements = { ";
     const CLOSE: &str = " }\n";
-    let start = text[..range.start].rfind('\n').map_or(0, |i| i + 1);
-    let end = if range.end > range.start && text[..range.end].ends_with('\n') {
-        range.end
-    } else {
-        text[range.end..].find('\n').map_or(text.len(), |i| range.end + i + 1)
+    let on_line = line.filter(|l| l.start <= range.start && range.end <= l.end && (range.end < l.end || range.end > range.start));
+    let l = match on_line {
+        Some(l) => l,
+        None => {
+            let start = text[..range.start].rfind('\n').map_or(0, |i| i + 1);
+            let end = if range.end > range.start && text[..range.end].ends_with('\n') {
+                range.end
+            } else {
+                text[range.end..].find('\n').map_or(text.len(), |i| range.end + i + 1)
+            };
+            let whole = &text[start..end];
+            if !whole.starts_with(OPEN) || !whole.ends_with(CLOSE) {
+                return None;
+            }
+            // The set this list belongs to: two lines up, `\tset NAME {`, its `type` line between.
+            let (above, type_line) = text[..start].strip_suffix('\n')?.rsplit_once('\n')?;
+            if !type_line.starts_with("\t\ttype ") {
+                return None;
+            }
+            let set_line = above.rsplit_once('\n').map_or(above, |(_, l)| l);
+            let name = set_line.strip_prefix("\tset ")?.strip_suffix(" {")?;
+            if !plain(name) {
+                return None;
+            }
+            *line = Some(ListLine { start, end, name });
+            line.expect("just set")
+        }
     };
-    let line = &text[start..end];
-    if !line.starts_with(OPEN) || !line.ends_with(CLOSE) {
-        return None;
-    }
-    // The set this list belongs to: two lines up, `\tset NAME {`, its `type` line between.
-    let (above, type_line) = text[..start].strip_suffix('\n')?.rsplit_once('\n')?;
-    if !type_line.starts_with("\t\ttype ") {
-        return None;
-    }
-    let set_line = above.rsplit_once('\n').map_or(above, |(_, l)| l);
-    let name = set_line.strip_prefix("\tset ")?.strip_suffix(" {")?;
-    if !plain(name) {
-        return None;
-    }
-    // The region's bytes without the list's opening and closing (when it takes them in), each
-    // element between commas; no line ends inside it.
-    let mut part = &text[range.clone()];
-    if range.start == start {
+    // The region's bytes without the list's opening and closing (when it takes them in); no line
+    // ends inside it.
+    let (opens, closes) = (range.start == l.start, range.end == l.end);
+    let mut part = &text[range];
+    if opens {
         part = part.strip_prefix(OPEN)?;
     }
-    if range.end == end {
+    if closes {
         part = part.strip_suffix(CLOSE)?;
     }
-    if part.contains('\n') {
+    // A list is never empty and ends with an element (`{ }`, `a, }` are not lists `read` reads).
+    if part.contains('\n') || (closes && (part.is_empty() || part.ends_with(','))) {
         return None;
     }
     let mut elements = Vec::new();
-    for e in part.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+    let mut rest = part;
+    let mut first = opens;
+    while !rest.is_empty() {
+        // After a comma, one space; right after the opening, none.
+        if !first {
+            rest = rest.strip_prefix(' ')?;
+        }
+        first = false;
+        let (e, after, comma) = match rest.split_once(',') {
+            Some((e, after)) => (e, after, true),
+            None => (rest, "", false),
+        };
+        // The parsers take no space: an element with any around it is refused.
         if !(e.parse::<std::net::IpAddr>().is_ok() || e.parse::<ipnet::IpNet>().is_ok()) {
             return None;
         }
         elements.push(e);
+        if !comma {
+            if !closes {
+                return None;
+            }
+            break;
+        }
+        rest = after;
     }
-    Some((name, elements))
+    if opens && elements.is_empty() {
+        return None;
+    }
+    Some((l.name, elements))
 }
 
 /// The commands that put every chain of `ruleset` back as it writes it.
@@ -432,6 +477,20 @@ mod tests {
         let (_, hunks) =
             crate::delta::rebuild_with_hunks(old.as_bytes(), &crate::delta::edits(old.as_bytes(), bad.as_bytes()), bad.len(), "f").unwrap();
         assert_eq!(super::delta_in(&old, &bad, &hunks.unwrap(), &chains), None);
+        // A list `read` does not read (two commas, no element, space that is not ASCII): by
+        // regions as whole, refused (a review found these committed by regions).
+        for bad in [
+            old.replace("10.0.1.7, ", "10.0.1.7,, "),
+            old.replace("{ fd00::1, fd00::2 }", "{  }"),
+            old.replace(" 10.0.1.7,", " \u{3000}10.0.1.7,"),
+            old.replace("10.0.1.7, ", "10.0.1.7,"),
+        ] {
+            let (_, hunks) =
+                crate::delta::rebuild_with_hunks(old.as_bytes(), &crate::delta::edits(old.as_bytes(), bad.as_bytes()), bad.len(), "f")
+                    .unwrap();
+            assert_eq!(super::delta_in(&old, &bad, &hunks.unwrap(), &chains), None, "{bad}");
+            assert_eq!(delta(&old, &bad), None);
+        }
         // A set listing an element twice is never read by regions.
         assert_eq!(super::chains(&old.replace("10.0.0.2,", "10.0.0.1,")), None);
     }

@@ -358,7 +358,9 @@ impl Firewall for Nft {
                 Table::Unknown => {}
             }
         }
-        self.load_whole(new)
+        // Loaded whole, the text is read again for the next change by regions: a cache taken
+        // over from the text before (whose elements were listed once each) may not hold for it.
+        self.load_whole(Loaded { chains: None, ..new })
     }
 
     fn loaded(&self) -> bool {
@@ -564,6 +566,16 @@ mod tests {
         assert_eq!(apply(&ruleset(&fewer[1..], &["fd00::2"], 2222)), (5, by_regions + 1));
         assert_eq!(elements("src_ssh_1_v4").len(), fewer.len() - 1);
         assert!(!elements("src_ssh_1_v4").contains(&fewer[0].to_string()));
+        // A source listed twice (nft takes it once): the element created again is refused, and
+        // the file loaded whole. Back to the list without the repeat, the source stays: the
+        // text with the repeat is read whole, never by its regions (a review found that the
+        // regions deleted it, the kernel then lacking a source the file names).
+        let mut twice: Vec<&str> = fewer[1..].to_vec();
+        twice.push(fewer[1]);
+        assert_eq!(apply(&ruleset(&twice, &["fd00::2"], 2222)).0, 6, "an element created twice is refused: loaded whole");
+        apply(&ruleset(&fewer[1..], &["fd00::2"], 2222));
+        assert!(elements("src_ssh_1_v4").contains(&fewer[1].to_string()), "the source listed twice before is still held");
+        assert_eq!(elements("src_ssh_1_v4").len(), fewer.len() - 1);
         // A ruleset nft refuses is refused with its message, and the table stays.
         std::fs::write(&file, "table inet trellis {\n\tchain input {\n\t\tnonsense\n\t}\n}\n").unwrap();
         let e = nft.apply(&file, None).expect_err("refused").to_string();
