@@ -46,54 +46,67 @@ fn plain(name: &str) -> bool {
     !name.is_empty() && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
 
-/// The ruleset `text` holds, and whether it is one trellis writes.
+/// The ruleset `text` holds, and whether it is one trellis writes: each line is a set or chain
+/// opening, a closing, a set's element list, a chain's line, or anything else, kept as it is.
 fn shape(text: &str) -> (Ruleset<'_>, bool) {
-    let mut rest = Vec::new();
-    let mut sets: Vec<(&str, Vec<&str>)> = Vec::new();
-    let mut chains: Vec<Chain> = Vec::new();
+    let mut r = Ruleset { rest: Vec::new(), sets: Vec::new(), chains: Vec::new() };
     let mut valid = true;
     // Inside a set's or a chain's braces.
     let (mut in_set, mut in_chain) = (false, false);
     for line in text.lines() {
         if let Some(name) = line.strip_prefix("\tset ").and_then(|l| l.strip_suffix(" {")) {
             valid &= plain(name);
-            sets.push((name, Vec::new()));
+            r.sets.push((name, Vec::new()));
             in_set = true;
         } else if let Some(name) = line.strip_prefix("\tchain ").and_then(|l| l.strip_suffix(" {")) {
             valid &= plain(name);
-            chains.push(Chain { name, spec: None, rules: Vec::new() });
+            r.chains.push(Chain { name, spec: None, rules: Vec::new() });
             in_chain = true;
         } else if line == "\t}" {
             (in_set, in_chain) = (false, false);
         } else if in_set {
-            if let Some(elements) = line.strip_prefix("\t\telements = { ").and_then(|l| l.strip_suffix(" }")) {
-                let (_, list) = sets.last_mut().expect("a set is open");
+            let (_, list) = r.sets.last_mut().expect("a set is open");
+            if let Some(ok) = set_elements(line, list) {
                 // Left out of the shape, so that a set gaining its first element or losing its
                 // last (nft declares no empty list) changes its elements, not its shape.
-                for e in elements.split(", ") {
-                    valid &= e.parse::<std::net::IpAddr>().is_ok() || e.parse::<ipnet::IpNet>().is_ok();
-                    list.push(e);
-                }
+                valid &= ok;
                 continue;
             }
         } else if in_chain {
-            let chain = chains.last_mut().expect("a chain is open");
-            match line.strip_prefix("\t\t") {
-                Some(spec) if spec.starts_with("type ") => {
-                    valid &= !spec.contains(['{', '}', '"', '#']);
-                    chain.spec = Some(spec);
-                }
-                Some(comment) if comment.starts_with('#') => {}
-                Some(rule) if !rule.trim().is_empty() => {
-                    valid &= !rule.contains(';');
-                    chain.rules.push(rule);
-                }
-                _ => {}
-            }
+            valid &= chain_line(line, r.chains.last_mut().expect("a chain is open"));
         }
-        rest.push(line);
+        r.rest.push(line);
     }
-    (Ruleset { rest, sets, chains }, valid)
+    (r, valid)
+}
+
+/// A set's element list (`\t\telements = { a, b }`) taken into `list`: `None` when the line is
+/// none, else whether every element is an address or a prefix.
+fn set_elements<'a>(line: &'a str, list: &mut Vec<&'a str>) -> Option<bool> {
+    let elements = line.strip_prefix("\t\telements = { ")?.strip_suffix(" }")?;
+    let mut ok = true;
+    for e in elements.split(", ") {
+        ok &= e.parse::<std::net::IpAddr>().is_ok() || e.parse::<ipnet::IpNet>().is_ok();
+        list.push(e);
+    }
+    Some(ok)
+}
+
+/// A line inside a chain, taken into `chain` (its base specification, or a rule; comments and
+/// blank lines are neither): whether it is one trellis writes.
+fn chain_line<'a>(line: &'a str, chain: &mut Chain<'a>) -> bool {
+    match line.strip_prefix("\t\t") {
+        Some(spec) if spec.starts_with("type ") => {
+            chain.spec = Some(spec);
+            !spec.contains(['{', '}', '"', '#'])
+        }
+        Some(comment) if comment.starts_with('#') => true,
+        Some(rule) if !rule.trim().is_empty() => {
+            chain.rules.push(rule);
+            !rule.contains(';')
+        }
+        _ => true,
+    }
 }
 
 /// The nft commands that take a table loaded from `old` to `new`, if the two differ only in
