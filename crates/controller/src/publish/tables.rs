@@ -58,8 +58,7 @@ pub(crate) struct Publisher {
     /// The version each node was last answered with here (its bundle or a delta to it, or told
     /// that it is current): the version it holds, as far as this replica knows. A publish run
     /// keeps a large file's version before to make edits from only for a node that holds that
-    /// version (ADR 0035): at 100,000 nodes, the files before of every node that never asks
-    /// doubled the controller's memory.
+    /// version (ADR 0035): a node that holds another could not use the edits.
     pub(crate) served: Mutex<HashMap<String, i64>>,
     /// Every relayed pair, and whether it tries a direct path, as the last run decided.
     pub(crate) pairs: RwLock<Arc<Vec<trellis_core::paths::Pair>>>,
