@@ -338,8 +338,8 @@ impl Controller {
         let evidence = self.store.evidence_summary().await?;
         let mut ingress = self.ingress_states().await?;
         let path_reports = self.path_reports().await?;
-        let pairs = self.publisher.pairs.read().expect("pairs").clone();
-        let pairs = if paths { crate::paths::by_node(&pairs) } else { HashMap::new() };
+        let pairs = if paths { self.publisher.relayed_pairs().await } else { Vec::new() };
+        let pairs = crate::paths::by_node(&pairs);
         let t = self.now();
         Ok(roster
             .into_iter()

@@ -142,10 +142,11 @@ fn clock(t: i64) -> String {
 
 /// How many relayed pairs go each way of `metrics::PAIR_PATHS` (direct, trying, relayed), each
 /// pair counted from the side whose name sorts first, as `pair_paths` says them: what status
-/// shows, without a line of text for each of millions of pairs.
-pub(crate) fn path_counts(pairs: &[Pair], reports: &HashMap<String, proto::PathReport>) -> [usize; 3] {
-    let mut counts = [0; 3];
-    for p in pairs {
+/// shows, without a line of text for each of millions of pairs. `ranked` are the pairs a run
+/// ranked (`Relayed::ranked`); the `others` it did not rank stay on their hub.
+pub(crate) fn path_counts(ranked: &[Pair], others: usize, reports: &HashMap<String, proto::PathReport>) -> [usize; 3] {
+    let mut counts = [0, 0, others];
+    for p in ranked {
         let state = match &p.decision {
             Err(_) => None,
             Ok(_) => reports.get(&*p.a).and_then(|r| r.paths.iter().find(|s| *s.peer == *p.b)).map(|s| s.state.as_str()),
@@ -212,6 +213,7 @@ impl Controller {
         // The peers this node may report on: those the last run gave it as candidates.
         let pairs = self.publisher.pairs.read().expect("pairs").clone();
         let peers: HashSet<&str> = pairs
+            .ranked
             .iter()
             .filter(|p| p.decision.is_ok())
             .filter_map(|p| {
@@ -291,7 +293,8 @@ mod tests {
             ("b".to_string(), proto::PathReport { observed: vec![], paths: vec![state("a", "trying")] }),
         ]
         .into();
-        assert_eq!(path_counts(&pairs, &reports), [1, 1, 3]);
+        assert_eq!(path_counts(&pairs, 0, &reports), [1, 1, 3]);
+        assert_eq!(path_counts(&pairs, 2, &reports), [1, 1, 5], "pairs not ranked are relayed");
         let by = by_node(&pairs);
         let mut shown = [0; 3];
         for (node, list) in &by {

@@ -126,15 +126,100 @@ pub struct Pair {
 impl Decided {
     /// The endpoints of each pair that tries or is direct, for the next run's `last`.
     pub fn endpoints(&self) -> HashMap<(String, String), (SocketAddr, SocketAddr)> {
-        self.pairs.iter().filter_map(|p| Some(((p.a.to_string(), p.b.to_string()), p.decision.clone().ok()?))).collect()
+        self.relayed.ranked.iter().filter_map(|p| Some(((p.a.to_string(), p.b.to_string()), p.decision.clone().ok()?))).collect()
     }
 }
 
-/// What `decide` gives: each node's candidates (in peer name order) and every relayed pair.
+/// What `decide` gives: each node's candidates (in peer name order) and the relayed pairs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Decided {
     pub candidates: HashMap<String, Vec<Candidate>>,
-    pub pairs: Vec<Pair>,
+    pub relayed: Relayed,
+}
+
+/// Every relayed pair as a run decided it, without a value for each. At 100,000 nodes the
+/// relayed pairs are tens of millions, nearly all on their hub because it sees neither side (no
+/// agent reported from there yet): a run that made one value each spent seconds and gigabytes
+/// on them, for `trellis status` alone. The pairs a hub saw both sides of are ranked and kept,
+/// each with its decision; every other pair's reason follows from the declaration and what the
+/// hubs saw, kept here, and is made only when asked for (`all`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Relayed {
+    /// The pairs ranked for a place (their hub saw both sides, or they were kept direct from the
+    /// run before), each with its decision, in (a, b, hub) order.
+    pub ranked: Vec<Pair>,
+    /// How many relayed pairs are not ranked: each stays on its hub, for a reason `all` gives.
+    pub others: usize,
+    /// The nodes declared `direct = false`, on themselves or a network (`off`).
+    off: HashMap<String, Option<String>>,
+    /// The nodes each hub saw, by hub.
+    seen: HashMap<String, HashSet<String>>,
+}
+
+impl Relayed {
+    /// How many relayed pairs there are.
+    pub fn len(&self) -> usize {
+        self.ranked.len() + self.others
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every relayed pair of `compiled` (the output these pairs were decided on), in (a, b, hub)
+    /// order, with its decision: the ranked ones as decided, every other with why it stays on
+    /// its hub.
+    pub fn all(&self, compiled: &Compiled) -> Vec<Pair> {
+        let empty = HashSet::new();
+        let mut all = Vec::with_capacity(self.len());
+        let mut ranked = self.ranked.iter().peekable();
+        for (a_name, out) in &compiled.nodes {
+            let a = &out.plan.node;
+            debug_assert_eq!(**a, **a_name);
+            let from = all.len();
+            for hub in out.plan.peers.iter().filter(|p| !p.relays_for.is_empty()) {
+                let seen = self.seen.get(hub.name()).unwrap_or(&empty);
+                let seen_a = seen.contains(&**a);
+                for b in after(&hub.relays_for, a) {
+                    let b = &b.name;
+                    let why = match self.off.get(&**a).map(|w| (a, w)).or_else(|| self.off.get(&**b).map(|w| (b, w))) {
+                        Some((n, network)) => Why::Off { node: n.to_string(), network: network.clone() },
+                        None => Why::NotSeen { node: if seen_a { b } else { a }.clone() },
+                    };
+                    all.push(Pair { a: a.clone(), b: b.clone(), hub: hub.node.name.clone(), decision: Err(why) });
+                }
+            }
+            all[from..].sort_unstable_by(|x, y| (&x.b, &x.hub).cmp(&(&y.b, &y.hub)));
+            // The ranked pairs of this node take the place of theirs.
+            let mut mine = Vec::new();
+            while ranked.peek().is_some_and(|r| r.a == *a) {
+                mine.extend(ranked.next());
+            }
+            if !mine.is_empty() {
+                let theirs = all.split_off(from);
+                let mut mine = mine.into_iter().peekable();
+                for p in theirs {
+                    while mine.peek().is_some_and(|r| (&r.b, &r.hub) < (&p.b, &p.hub)) {
+                        all.extend(mine.next().cloned());
+                    }
+                    if mine.peek().is_some_and(|r| (&r.b, &r.hub) == (&p.b, &p.hub)) {
+                        all.extend(mine.next().cloned());
+                    } else {
+                        all.push(p);
+                    }
+                }
+                all.extend(mine.cloned());
+            }
+        }
+        all
+    }
+}
+
+/// The nodes of a hub's `relays_for` (in name order) whose names sort after `a`: the pairs `a`
+/// counts as its own.
+fn after<'l>(relays_for: &'l [Arc<crate::plan::NodeText>], a: &str) -> &'l [Arc<crate::plan::NodeText>] {
+    debug_assert!(relays_for.windows(2).all(|w| w[0].name < w[1].name), "relays_for is in name order");
+    &relays_for[relays_for.partition_point(|b| *b.name <= *a)..]
 }
 
 /// Why a node takes no direct paths: `direct = false` on it or on one of its networks.
@@ -160,6 +245,9 @@ pub fn off(decl: &Declaration) -> HashMap<&str, Option<&str>> {
 /// before's) when its hub no longer sees a side (the hub restarted, a node went quiet towards
 /// it): it does not need the hub, and withdrawing it would reach its two sides at different
 /// moments, each dropping what the other still sends directly.
+///
+/// Only pairs whose hub saw both sides, or kept from the run before, are looked at one by one;
+/// the others are counted (`Relayed`).
 pub fn decide(
     compiled: &Compiled,
     keys: &Keys,
@@ -176,39 +264,30 @@ pub fn decide(
     // Every relayed pair once (a < b), with its hub. Only a pair its hub saw both sides of, or
     // kept from the run before, can be a candidate: those are ranked by how they stand (their
     // order decides who gets a place under the cap). Every other pair stays on its hub, for a
-    // reason that needs no rank; at 10,000 nodes they are nearly all of a million pairs, and
-    // looking each up cost most of a publish run.
+    // reason that needs no rank, and is only counted.
     // How a pair stands, and its two nodes and hub.
     type Ranked<'n> = (Standing, &'n Arc<str>, &'n Arc<str>, &'n Arc<str>);
     let mut ranked: Vec<Ranked> = Vec::new();
-    let mut plain: Vec<Pair> = Vec::new();
+    let mut pairs = 0usize;
     for (a_name, out) in &compiled.nodes {
         let a = &out.plan.node;
         debug_assert_eq!(**a, **a_name);
-        let (a_off, a_kept) = (off.get(&**a), kept_nodes.contains(&**a));
-        let from = plain.len();
+        let a_kept = kept_nodes.contains(&**a);
         for hub in out.plan.peers.iter().filter(|p| !p.relays_for.is_empty()) {
+            let theirs = after(&hub.relays_for, a);
+            pairs += theirs.len();
             let seen = observed.by_hub.get(hub.name()).unwrap_or(&empty);
             let seen_a = seen.contains_key(&**a);
-            for b in hub.relays_for.iter().filter(|b| **a < *b.name) {
+            if !seen_a && !a_kept {
+                continue;
+            }
+            for b in theirs {
                 let b = &b.name;
-                let may_try = (seen_a && seen.contains_key(&**b)) || (a_kept && last.contains_key(&(a.to_string(), b.to_string())));
-                if may_try {
+                if (seen_a && seen.contains_key(&**b)) || (a_kept && last.contains_key(&(a.to_string(), b.to_string()))) {
                     ranked.push((standing(a, b), a, b, &hub.node.name));
-                    continue;
                 }
-                let b_off = || if off.is_empty() { None } else { off.get(&**b).map(|w| (b, w)) };
-                let why = match a_off.map(|w| (a, w)).or_else(b_off) {
-                    Some((n, network)) => Why::Off { node: n.to_string(), network: network.map(str::to_string) },
-                    None => Why::NotSeen { node: if seen_a { b } else { a }.clone() },
-                };
-                plain.push(Pair { a: a.clone(), b: b.clone(), hub: hub.node.name.clone(), decision: Err(why) });
             }
         }
-        // The nodes come in order: each one's pairs in (b, hub) order make the whole list in
-        // (a, b, hub) order, without sorting millions of pairs at once (most of a publish run at
-        // 100,000 nodes).
-        plain[from..].sort_unstable_by(|x, y| (&x.b, &x.hub).cmp(&(&y.b, &y.hub)));
     }
     ranked.sort();
     let allowed_of = |n: &str| compiled.nodes.get(n).map(|o| allowed_ips(o.plan.ipv4, o.plan.ipv6)).unwrap_or_default();
@@ -260,24 +339,15 @@ pub fn decide(
             decided.candidates.entry(a.to_string()).or_default().push(candidate(b, kb, *at_b));
             decided.candidates.entry(b.to_string()).or_default().push(candidate(a, ka, *at_a));
         }
-        decided.pairs.push(Pair { a: a_name.clone(), b: b_name.clone(), hub: hub_name.clone(), decision });
+        decided.relayed.ranked.push(Pair { a: a_name.clone(), b: b_name.clone(), hub: hub_name.clone(), decision });
     }
     for list in decided.candidates.values_mut() {
         list.sort_by(|x, y| x.peer.cmp(&y.peer));
     }
-    // The ranked pairs (a few per hub) merged into the plain ones, both in (a, b, hub) order.
-    decided.pairs.sort_unstable_by(|x, y| (&x.a, &x.b, &x.hub).cmp(&(&y.a, &y.b, &y.hub)));
-    let ranked = std::mem::take(&mut decided.pairs);
-    let mut all = Vec::with_capacity(ranked.len() + plain.len());
-    let mut ranked = ranked.into_iter().peekable();
-    for p in plain {
-        while ranked.peek().is_some_and(|r| (&r.a, &r.b, &r.hub) < (&p.a, &p.b, &p.hub)) {
-            all.extend(ranked.next());
-        }
-        all.push(p);
-    }
-    all.extend(ranked);
-    decided.pairs = all;
+    decided.relayed.ranked.sort_unstable_by(|x, y| (&x.a, &x.b, &x.hub).cmp(&(&y.a, &y.b, &y.hub)));
+    decided.relayed.others = pairs - decided.relayed.ranked.len();
+    decided.relayed.off = off.into_iter().map(|(n, w)| (n.to_string(), w.map(str::to_string))).collect();
+    decided.relayed.seen = observed.by_hub.iter().map(|(hub, nodes)| (hub.clone(), nodes.keys().cloned().collect())).collect();
     decided
 }
 

@@ -94,7 +94,7 @@ impl Run {
     /// Keeps what the next run compares with: the compiled output, who left, the hubs, the
     /// contents still compiled, the direct candidates and their endpoints; nothing lags behind
     /// another replica any more. Returns the plan's relayed pairs, for status.
-    pub(crate) fn keep(&mut self, plan: RunPlan) -> Vec<trellis_core::paths::Pair> {
+    pub(crate) fn keep(&mut self, plan: RunPlan) -> trellis_core::paths::Relayed {
         self.paths = plan.paths;
         self.candidates = plan.candidates;
         self.endpoints = plan.endpoints;
@@ -160,7 +160,7 @@ pub(crate) struct RunPlan<'r> {
     pub paths: HashMap<String, String>,
     pub candidates: HashMap<String, Vec<String>>,
     pub endpoints: HashMap<(String, String), (std::net::SocketAddr, std::net::SocketAddr)>,
-    pub pairs: Vec<trellis_core::paths::Pair>,
+    pub pairs: trellis_core::paths::Relayed,
 }
 
 /// Plans a run. Takes from `run` what the compile consumes (the previous output, and the keys,
@@ -241,7 +241,7 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
     let candidates = decided.candidates.iter().map(|(n, l)| (n.clone(), l.iter().map(|c| c.peer.clone()).collect())).collect();
     let endpoints = decided.endpoints();
     tracing::debug!(compile_ms, decide_ms, assemble_ms, rest_ms = at.elapsed().as_millis() as u64, "publish plan");
-    Ok(RunPlan { compiled, active, due, left, revocations, withdrawals, hubs, paths: texts, candidates, endpoints, pairs: decided.pairs })
+    Ok(RunPlan { compiled, active, due, left, revocations, withdrawals, hubs, paths: texts, candidates, endpoints, pairs: decided.relayed })
 }
 
 /// The nodes due this run: their plan was rendered again, their certificate, the trust or their

@@ -60,8 +60,9 @@ pub(crate) struct Publisher {
     /// keeps a large file's version before to make edits from only for a node that holds that
     /// version (ADR 0035): a node that holds another could not use the edits.
     pub(crate) served: Mutex<HashMap<String, i64>>,
-    /// Every relayed pair, and whether it tries a direct path, as the last run decided.
-    pub(crate) pairs: RwLock<Arc<Vec<trellis_core::paths::Pair>>>,
+    /// The relayed pairs as the last run decided them: the ranked ones (every candidate among
+    /// them) and a count of the others, whose reasons `relayed_pairs` makes when status asks.
+    pub(crate) pairs: RwLock<Arc<trellis_core::paths::Relayed>>,
     /// The pairs whose agents reported failed attempts, each until when it ranks last for a place
     /// under the cap (`paths::FAILED_HOLD_SECS`).
     pub(crate) failed_pairs: Mutex<HashMap<(String, String), i64>>,
@@ -126,6 +127,17 @@ impl Default for Publisher {
 }
 
 impl Publisher {
+    /// Every relayed pair, in (a, b, hub) order, as the last run decided it. The pairs it did not
+    /// rank are made from its compiled output, so this waits for a run in progress to end.
+    pub(crate) async fn relayed_pairs(&self) -> Vec<trellis_core::paths::Pair> {
+        let run = self.run.lock().await;
+        let pairs = self.pairs.read().expect("pairs").clone();
+        match &run.compiled {
+            Some(compiled) => pairs.all(compiled),
+            None => Vec::new(),
+        }
+    }
+
     pub fn current(&self, node: &str) -> Option<Arc<Published>> {
         self.table.read().expect("bundle table").get(node).cloned()
     }

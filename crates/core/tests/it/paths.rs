@@ -64,8 +64,10 @@ fn each_side_gets_the_endpoint_the_hub_saw_for_the_other() {
     let keys = keys(&decl);
     let compiled = compile(&decl, &keys);
     let decided = paths::decide(&compiled, &keys, &decl, &seen_all(&decl), &|_, _| Standing::Unknown, &HashMap::new());
-    assert_eq!(decided.pairs.len(), 1, "{:?}", decided.pairs);
-    assert_eq!(decided.pairs[0].decision, Ok((at("203.0.113.1:4000"), at("203.0.113.2:4001"))));
+    let pairs = decided.relayed.all(&compiled);
+    assert_eq!(pairs.len(), 1, "{pairs:?}");
+    assert_eq!(pairs, decided.relayed.ranked, "the hub saw both: the pair is ranked");
+    assert_eq!(pairs[0].decision, Ok((at("203.0.113.1:4000"), at("203.0.113.2:4001"))));
     let a = &decided.candidates["n-000"];
     assert_eq!(a.len(), 1);
     assert_eq!((a[0].peer.as_str(), a[0].endpoint, a[0].hub.as_str()), ("n-001", at("203.0.113.2:4001"), "hub-1"));
@@ -94,8 +96,8 @@ fn a_pair_stays_on_its_hub_and_says_why() {
     let seen = observed.by_hub["hub-1"]["n-001"];
     observed.by_hub.insert("hub-2".into(), HashMap::from([("n-001".to_string(), SocketAddr::new(seen.ip(), seen.port() + 517))]));
     let decided = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &HashMap::new());
-    let why =
-        |a: &str, b: &str| decided.pairs.iter().find(|p| *p.a == *a && *p.b == *b).map(|p| p.decision.clone()).expect("a relayed pair");
+    let pairs = decided.relayed.all(&compiled);
+    let why = |a: &str, b: &str| pairs.iter().find(|p| *p.a == *a && *p.b == *b).map(|p| p.decision.clone()).expect("a relayed pair");
     assert_eq!(why("n-000", "off-1"), Err(Why::Off { node: "off-1".into(), network: None }));
     assert_eq!(why("n-000", "phone-1"), Err(Why::Off { node: "phone-1".into(), network: Some("metered".into()) }));
     assert_eq!(why("n-000", "n-002"), Err(Why::NotSeen { node: "n-002".into() }));
@@ -108,9 +110,10 @@ fn a_pair_stays_on_its_hub_and_says_why() {
     let one = hub["n-000"].ip();
     hub.insert("n-001".into(), SocketAddr::new(one, 60_001));
     let decided = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &HashMap::new());
-    let pair = decided.pairs.iter().find(|p| (&*p.a, &*p.b) == ("n-000", "n-001")).unwrap();
+    let pairs = decided.relayed.all(&compiled);
+    let pair = pairs.iter().find(|p| (&*p.a, &*p.b) == ("n-000", "n-001")).unwrap();
     assert_eq!(pair.decision, Err(Why::OneAddress { ip: one }));
-    assert!(decided.pairs.iter().any(|p| &*p.a == "n-000" && &*p.b == "n-002" && p.decision.is_ok()));
+    assert!(pairs.iter().any(|p| &*p.a == "n-000" && &*p.b == "n-002" && p.decision.is_ok()));
     assert_eq!(
         Why::ByDestination { node: "b-1".into(), ports: vec![40001, 40517] }.to_string(),
         "b-1's NAT maps by destination (hubs saw ports 40001 and 40517)"
@@ -126,22 +129,23 @@ fn attempts_per_hub_are_capped() {
     let compiled = compile(&decl, &keys);
     let observed = seen_all(&decl);
     let all = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &HashMap::new());
-    assert_eq!(all.pairs.len(), 24 * 23 / 2);
-    let trying = |d: &paths::Decided| d.pairs.iter().filter(|p| p.decision.is_ok()).count();
+    assert_eq!(all.relayed.len(), 24 * 23 / 2);
+    let trying = |d: &paths::Decided| d.relayed.ranked.iter().filter(|p| p.decision.is_ok()).count();
     assert_eq!(trying(&all), ATTEMPTS_PER_HUB);
-    assert_eq!(all.pairs.iter().filter(|p| p.decision == Err(Why::Capped)).count(), 276 - ATTEMPTS_PER_HUB);
+    let pairs = all.relayed.all(&compiled);
+    assert_eq!(pairs.iter().filter(|p| p.decision == Err(Why::Capped)).count(), 276 - ATTEMPTS_PER_HUB);
     // The last pair in name order waited; once it is direct it keeps its place, and a failing
     // pair gives its place to a waiting one.
-    let last = all.pairs.last().unwrap().clone();
+    let last = pairs.last().unwrap().clone();
     assert_eq!(last.decision, Err(Why::Capped));
-    let first = all.pairs[0].clone();
+    let first = pairs[0].clone();
     let standing = |a: &str, b: &str| match (a, b) {
         _ if (a, b) == (&*last.a, &*last.b) => Standing::Direct,
         _ if (a, b) == (&*first.a, &*first.b) => Standing::Failing,
         _ => Standing::Unknown,
     };
     let again = paths::decide(&compiled, &keys, &decl, &observed, &standing, &HashMap::new());
-    let of = |a: &str, b: &str| again.pairs.iter().find(|p| *p.a == *a && *p.b == *b).unwrap().decision.clone();
+    let of = |a: &str, b: &str| again.relayed.ranked.iter().find(|p| *p.a == *a && *p.b == *b).unwrap().decision.clone();
     assert!(of(&last.a, &last.b).is_ok());
     assert_eq!(of(&first.a, &first.b), Err(Why::Capped));
     assert_eq!(trying(&again), ATTEMPTS_PER_HUB + 1, "the direct pair does not count against the cap");
@@ -178,10 +182,10 @@ fn a_direct_pair_outlives_its_hub_losing_sight_of_a_side() {
     let mut observed = seen_all(&decl);
     observed.by_hub.get_mut("hub-1").unwrap().remove("n-001");
     let direct = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Direct, &last);
-    assert_eq!(direct.pairs[0].decision, first.pairs[0].decision);
+    assert_eq!(direct.relayed.all(&compiled)[0].decision, first.relayed.all(&compiled)[0].decision);
     assert_eq!(direct.candidates, first.candidates);
     let trying = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &last);
-    assert_eq!(trying.pairs[0].decision, Err(Why::NotSeen { node: "n-001".into() }));
+    assert_eq!(trying.relayed.all(&compiled)[0].decision, Err(Why::NotSeen { node: "n-001".into() }));
 }
 
 proptest! {
@@ -200,12 +204,23 @@ proptest! {
         observed.by_hub.get_mut("hub-1").unwrap().retain(|node, _| seen[node[2..].parse::<usize>().unwrap()]);
         let decided = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &HashMap::new());
         let hub = &observed.by_hub["hub-1"];
-        // In (a, b, hub) order, each pair once: status and the next run read them so.
-        for w in decided.pairs.windows(2) {
+        let pairs = decided.relayed.all(&compiled);
+        // Every pair of nodes behind the hub, each once, in (a, b, hub) order: status and the
+        // next run read them so. The ranked ones are those the hub saw both sides of, and the
+        // count of the others is the rest.
+        prop_assert_eq!(pairs.len(), n * (n - 1) / 2);
+        prop_assert_eq!(decided.relayed.len(), pairs.len());
+        for w in pairs.windows(2) {
             prop_assert!((&w[0].a, &w[0].b, &w[0].hub) < (&w[1].a, &w[1].b, &w[1].hub), "{:?} before {:?}", (&w[0].a, &w[0].b), (&w[1].a, &w[1].b));
         }
-        for p in &decided.pairs {
+        let ranked: Vec<_> = pairs.iter().filter(|p| hub.contains_key(&*p.a) && hub.contains_key(&*p.b)).cloned().collect();
+        prop_assert_eq!(&ranked, &decided.relayed.ranked);
+        for p in &pairs {
             let both = hub.contains_key(&*p.a) && hub.contains_key(&*p.b);
+            if !both {
+                let unseen = if hub.contains_key(&*p.a) { &p.b } else { &p.a };
+                prop_assert_eq!(&p.decision, &Err(Why::NotSeen { node: unseen.clone() }));
+            }
             prop_assert_eq!(p.decision.is_ok(), both);
             let has = |x: &str, y: &str| decided.candidates.get(x).is_some_and(|l| l.iter().any(|c| c.peer == y && c.endpoint == hub[y]));
             prop_assert_eq!(has(&p.a, &p.b), both);

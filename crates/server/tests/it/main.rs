@@ -1007,6 +1007,14 @@ async fn only_a_hub_s_observations_become_direct_candidates() {
         let bundle = open(&a, &held);
         assert!(file(&bundle, "etc/trellis/wireguard.conf").contains(&key(1)), "a-1 peers with its hub");
         assert_eq!(paths_of(&bundle), None, "{url}: a node's own claim is never published");
+        // Status says why the pair stays on its hub: the run did not rank it (its hub saw
+        // neither side), and its reason is made when status asks.
+        let status = || async {
+            let nodes = r.admin_get("/v1/admin/status").await;
+            let a1 = nodes.as_array().unwrap().iter().find(|n| n["name"] == "a-1").unwrap().clone();
+            a1["paths"][0]["text"].as_str().unwrap_or_default().to_string()
+        };
+        assert_eq!(status().await, "relayed by hub-1: the hub has no session with a-1");
 
         // hub-1 saw both: each gets the other at the endpoint the hub saw.
         let (s, ack) = post(&hub, report(&[(2, "203.0.113.1:4001"), (3, "203.0.113.2:4002")], json!([]))).await;
@@ -1027,11 +1035,6 @@ async fn only_a_hub_s_observations_become_direct_candidates() {
         assert_eq!(same.status, 304, "{url}: a non-hub's observation moves no candidate");
 
         // What a-1 says of its path shows in status, from its side.
-        let status = || async {
-            let nodes = r.admin_get("/v1/admin/status").await;
-            let a1 = nodes.as_array().unwrap().iter().find(|n| n["name"] == "a-1").unwrap().clone();
-            a1["paths"][0]["text"].as_str().unwrap_or_default().to_string()
-        };
         assert_eq!(status().await, "relayed by hub-1, about to try a direct path");
         let (s, _) = post(&a, report(&[], json!([{"peer": "b-1", "state": "direct", "since": 43_200 + 3}]))).await;
         assert_eq!(s, 200);
