@@ -61,8 +61,11 @@ pub(crate) struct Run {
     /// The active nodes' keys, kept across runs and changed in place: the compiler reads only the
     /// names changed since the last run.
     pub(crate) keys: trellis_core::Keys,
-    /// Per node: the digest last published and the certificate it carried.
+    /// Per node: the digest last published and the serial of the certificate it carried.
     pub(crate) published: HashMap<String, (String, Option<String>)>,
+    /// Each node's certificate as last read, with its serial (`Store::cert_pems`): a run reads
+    /// the records without them, and only those whose serial moved (a new one is a new serial).
+    pub(crate) certs: HashMap<String, (String, String)>,
     pub(crate) audit_head: i64,
     /// Hashed file contents, kept across runs.
     pub(crate) contents: Contents,
@@ -127,6 +130,8 @@ pub(crate) struct Inputs<'r, 'a> {
     pub shared: &'a Shared,
     /// Whether a bundle of this node is held (in the table the long-polls read).
     pub held: &'a dyn Fn(&str) -> bool,
+    /// The node's certificate, which its bundle carries (the records are read without it).
+    pub cert: &'a dyn Fn(&str) -> Option<&'a str>,
     /// What hubs observed and how pairs stand, for direct paths (ADR 0032).
     pub paths: &'a crate::paths::PathInputs,
 }
@@ -167,7 +172,7 @@ pub(crate) struct RunPlan<'r> {
 /// changed in place) and hashes the due contents it does not hold yet into `run.contents`; the
 /// rest of `run` is the caller's to update once the plan is carried out.
 pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'r>> {
-    let Inputs { records, decl, revision, declared, unrecorded, allocation, trust, shared, held, paths } = input;
+    let Inputs { records, decl, revision, declared, unrecorded, allocation, trust, shared, held, cert, paths } = input;
     let active: Vec<&NodeRecord> = records
         .iter()
         .filter(|r| r.state == trellis_proto::EnrolledState::Active && declared.get(r.name.as_str()) == Some(&r.pool.as_deref()))
@@ -228,8 +233,7 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
         .into_iter()
         .map(|record| {
             let node_paths = texts.get(&record.name).map(String::as_str);
-            let files =
-                assemble(&compiled.nodes[&record.name].files, |c| run.contents.digest(c), shared, record.cert_pem.as_deref(), node_paths);
+            let files = assemble(&compiled.nodes[&record.name].files, |c| run.contents.digest(c), shared, cert(&record.name), node_paths);
             let digest = hex::encode(trellis_core::bundle::entries_digest(&entries(&files)));
             Due { record, files, digest }
         })
@@ -263,7 +267,7 @@ fn due<'r>(
         }
         let previous = run.published.get(&r.name);
         let unchanged = !trust_moved
-            && previous.is_some_and(|(_, cert)| *cert == r.cert_pem)
+            && previous.is_some_and(|(_, serial)| *serial == r.cert_serial)
             && !rendered.contains(r.name.as_str())
             && !run.lagging.contains(&r.name)
             && run.paths.get(&r.name) == paths.get(&r.name)
@@ -352,6 +356,7 @@ mod tests {
             let declared: HashMap<&str, Option<&str>> = self.decl.nodes.iter().map(|n| (n.name.as_str(), n.pool.as_deref())).collect();
             let shared = Shared::new("the mesh CA\n", &self.trust);
             let held = |n: &str| held.contains(n);
+            let cert = |n: &str| self.records.iter().find(|r| r.name == n).and_then(|r| r.cert_pem.as_deref());
             let paths = &self.paths;
             let inputs = Inputs {
                 records: &self.records,
@@ -363,6 +368,7 @@ mod tests {
                 trust: &self.trust,
                 shared: &shared,
                 held: &held,
+                cert: &cert,
                 paths,
             };
             plan(inputs, run).expect("a plan")
@@ -373,7 +379,7 @@ mod tests {
     /// is held, its digest kept, and the run keeps what the next plan compares with.
     fn carry_out(world: &World, run: &mut Run, plan: RunPlan, held: &mut HashSet<String>) -> HashMap<String, String> {
         for d in &plan.due {
-            run.published.insert(d.record.name.clone(), (d.digest.clone(), d.record.cert_pem.clone()));
+            run.published.insert(d.record.name.clone(), (d.digest.clone(), d.record.cert_serial.clone()));
             held.insert(d.record.name.clone());
         }
         let live: HashSet<&str> = plan.active.iter().map(|r| r.name.as_str()).collect();

@@ -460,6 +460,11 @@ async fn a_superseded_certificate_cannot_renew_and_lock_the_current_one_out() {
         let (s, renewed) = first.renew(&r.base).await;
         assert_eq!(s, 200, "{renewed}");
         let current = first.with_cert(renewed["node_cert_pem"].as_str().unwrap());
+        // The node's next bundle carries the new certificate: a run reads the certificates of
+        // the nodes whose serial moved only.
+        r.controller.settle(std::time::Duration::from_secs(10)).await.unwrap();
+        let held = first.fetch(&r.base, None, 0).await;
+        assert_eq!(file(&first.open(&held, "db-1"), "etc/trellis/node.pem"), renewed["node_cert_pem"].as_str().unwrap());
         assert_eq!(first.whoami(&r.base).await, 200, "the replaced certificate still authenticates");
         let (_, other_csr) = trellis_pki::node_key_and_csr("db-1").unwrap();
         let resp = first.http.post(format!("{}/v1/renew", r.base)).json(&json!({"csr_pem": other_csr})).send().await.unwrap();

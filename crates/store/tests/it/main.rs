@@ -239,6 +239,53 @@ async fn bundle_versions_rise_only_when_content_changes_even_across_replicas() {
     .await;
 }
 
+/// The bundles of some nodes, read by name in chunks, are what every bundle's read says of them;
+/// a node with none is left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bundles_read_by_name_are_those_of_the_whole_read() {
+    each_backend(|s| async move {
+        let changes: Vec<(String, String)> = (0..600).map(|i| (format!("n{i:03}"), format!("d{i}"))).collect();
+        let published = s.publish(&changes, 5).await.unwrap();
+        assert_eq!(published.len(), 600, "every published node's version is returned");
+        let all = s.bundles().await.unwrap();
+        let asked: Vec<String> = (0..600).step_by(2).map(|i| format!("n{i:03}")).chain(["nobody".to_string()]).collect();
+        let names: Vec<&str> = asked.iter().map(String::as_str).collect();
+        let some = s.bundles_of(&names).await.unwrap();
+        assert_eq!(some.len(), 300);
+        for (node, v) in &some {
+            assert_eq!(Some(v), all.get(node), "{node}");
+        }
+        assert!(!some.contains_key("nobody"));
+    })
+    .await;
+}
+
+/// A publish run's read of the records is the whole read without the certificates, and the
+/// certificates read by name come with the serial they are under, a renewal's too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_without_certificates_and_certificates_by_name() {
+    each_backend(|s| async move {
+        for (i, name) in ["a", "b", "c"].iter().enumerate() {
+            s.create_token(&token(&format!("t{i}"), name), &audit(AuditAction::TokenIssued)).await.unwrap();
+            let mut n = node(name, &format!("K{i}"));
+            n.cert_serial = Some(format!("0{i}"));
+            n.cert_pem = Some(format!("PEM of {name}"));
+            s.enrol(&format!("t{i}"), &n, &audit(AuditAction::NodeEnrolled)).await.unwrap();
+        }
+        let whole = s.nodes().await.unwrap();
+        let light = s.nodes_without_certificates().await.unwrap();
+        assert!(light.iter().all(|r| r.cert_pem.is_none()));
+        let with: Vec<_> = whole.into_iter().map(|r| NodeRecord { cert_pem: None, ..r }).collect();
+        assert_eq!(light, with);
+        let certs = s.cert_pems(&["a", "c", "nobody"]).await.unwrap();
+        assert_eq!(certs.len(), 2);
+        assert_eq!(certs["c"], ("02".to_string(), "PEM of c".to_string()));
+        s.renew("c", "02", "12", 9, "PEM of c, renewed", &audit(AuditAction::CertificateRenewed)).await.unwrap();
+        assert_eq!(s.cert_pems(&["c"]).await.unwrap()["c"], ("12".to_string(), "PEM of c, renewed".to_string()));
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_publishers_on_one_database_agree_on_versions() {
     let Some(url) = Database::postgres().await else { return };
