@@ -48,9 +48,43 @@ impl hickory_server::server::RequestHandler for Answering {
     }
 }
 
+/// The thread the server answers on, its own: the agent's runtime has one thread, which an
+/// apply, or the status of 50,000 peers read from the interface, holds for a second or more
+/// (a name went unanswered for 2 s at 50,000 peers while it shared that thread).
+struct Thread(Option<tokio::runtime::Runtime>);
+
+impl Thread {
+    fn new() -> Result<Thread> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("trellis-dns")
+            .enable_all()
+            .build()
+            .context("cannot start the resolver's thread")?;
+        Ok(Thread(Some(rt)))
+    }
+
+    /// Runs `f` on the resolver's thread (its sockets, and the tasks the server spawns, are
+    /// that thread's) and waits for it.
+    async fn run<T: Send + 'static>(&self, f: impl std::future::Future<Output = T> + Send + 'static) -> Result<T> {
+        self.0.as_ref().expect("a running thread").spawn(f).await.context("the resolver's thread stopped")
+    }
+}
+
+impl Drop for Thread {
+    fn drop(&mut self) {
+        // Dropped from inside the agent's runtime, where waiting for it is not allowed.
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct Hickory {
     server: Option<hickory_server::Server<Answering>>,
+    /// The thread the server answers on, from its first start.
+    thread: Option<Thread>,
     zones: Answering,
     listening: Vec<SocketAddr>,
     /// The zone served, which the next one is compared with.
@@ -243,17 +277,27 @@ impl Resolver for Hickory {
                 tracing::info!(load_ms = loaded.as_millis() as u64, "mesh zone served (the same sockets)");
                 return Ok(());
             }
+            if self.thread.is_none() {
+                self.thread = Some(Thread::new()?);
+            }
+            let thread = self.thread.as_ref().expect("started above");
             if let Some(mut old) = self.server.take() {
-                let _ = old.shutdown_gracefully().await;
+                let _ = thread.run(async move { old.shutdown_gracefully().await }).await;
             }
             let stopped = started.elapsed() - loaded;
-            let mut server = hickory_server::Server::new(self.zones.clone());
-            for addr in listen {
-                let udp = bind_udp(*addr).await.with_context(|| format!("cannot serve DNS on {addr} (udp)"))?;
-                server.register_socket(udp);
-                let tcp = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot serve DNS on {addr} (tcp)"))?;
-                server.register_listener(tcp, Duration::from_secs(5), 64 * 1024);
-            }
+            let (zones, addrs) = (self.zones.clone(), listen.to_vec());
+            let server = thread
+                .run(async move {
+                    let mut server = hickory_server::Server::new(zones);
+                    for addr in addrs {
+                        let udp = bind_udp(addr).await.with_context(|| format!("cannot serve DNS on {addr} (udp)"))?;
+                        server.register_socket(udp);
+                        let tcp = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot serve DNS on {addr} (tcp)"))?;
+                        server.register_listener(tcp, Duration::from_secs(5), 64 * 1024);
+                    }
+                    Ok::<_, anyhow::Error>(server)
+                })
+                .await??;
             self.server = Some(server);
             self.listening = listen.to_vec();
             self.starts += 1;
@@ -674,6 +718,37 @@ mod tests {
         let n = tokio::time::timeout(std::time::Duration::from_secs(5), socket.recv(&mut buf)).await.unwrap().unwrap();
         let answer = Message::from_bytes(&buf[..n]).unwrap();
         answer.answers.iter().map(|r| r.data.to_string()).collect()
+    }
+
+    /// The attack of a busy agent: its runtime's one thread held (an apply, or the status of
+    /// 50,000 peers read from the interface) while a name is asked. The resolver answers on a
+    /// thread of its own; before, it shared the agent's, and the name went unanswered.
+    #[tokio::test]
+    async fn the_resolver_answers_while_the_agents_thread_is_held() {
+        use super::Resolver;
+        use hickory_server::proto::op::{Message, Query};
+        use hickory_server::proto::serialize::binary::{BinDecodable, BinEncodable};
+        let dir = trellis_testing::TempDir::new("dns-busy");
+        let listen = free_listen();
+        let file = dir.join("mesh.zone");
+        std::fs::write(&file, "$ORIGIN t.mesh.\n$TTL 60\n@\tIN\tSOA\tns.t.mesh. hostmaster.t.mesh. 1 3600 600 86400 60\n@\tIN\tNS\tns.t.mesh.\nns\tIN\tA\t10.0.0.1\ndb-1\tIN\tA\t10.1.0.1\n").unwrap();
+        let mut dns = super::Hickory::default();
+        dns.apply(&file, "t.mesh", &listen, None).await.unwrap();
+        let server = listen[0];
+        let asker = std::thread::spawn(move || -> std::io::Result<Vec<String>> {
+            let mut m = Message::query();
+            m.add_query(Query::query(Name::from_str("db-1.t.mesh.").unwrap(), RecordType::A));
+            let socket = std::net::UdpSocket::bind("127.0.0.1:0")?;
+            socket.set_read_timeout(Some(std::time::Duration::from_secs(1)))?;
+            socket.send_to(&m.to_bytes().unwrap(), server)?;
+            let mut buf = [0u8; 4096];
+            let n = socket.recv(&mut buf)?;
+            Ok(Message::from_bytes(&buf[..n]).unwrap().answers.iter().map(|r| r.data.to_string()).collect())
+        });
+        // This test's runtime has one thread, as the agent's has: held here while the name is asked.
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        let answered = asker.join().unwrap().expect("the name is answered within a second while the agent's thread is held");
+        assert_eq!(answered, ["10.1.0.1"]);
     }
 
     /// A new zone on the same addresses is answered from the next query on, by the same server:
