@@ -1,13 +1,51 @@
 //! Enrolled nodes: enrolment (which redeems a token), state changes, certificate renewal and
 //! last contact.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use sqlx::any::AnyRow;
 use sqlx::Row;
 use trellis_proto::EnrolledState;
 
 use crate::{is_unique_violation, parse, Audit, Result, Store, StoreError};
+
+/// What `Store::node_changes` read: the change number it read up to, the records written since
+/// the number asked for (every record when `whole`), and the names deleted since.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeChanges {
+    pub seq: i64,
+    pub records: Vec<NodeRecord>,
+    pub gone: Vec<String>,
+    pub whole: bool,
+}
+
+impl NodeChanges {
+    /// `kept`, every record as of the read before (in name order), brought to this read: in name
+    /// order, each record written since in its place, each deleted since taken out.
+    pub fn onto(self, kept: Vec<NodeRecord>) -> Vec<NodeRecord> {
+        let mut fresh = self.records;
+        fresh.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        if self.whole {
+            return fresh;
+        }
+        // A name deleted and written again since is the record read (read after the deletions).
+        let gone: HashSet<String> = self.gone.into_iter().filter(|n| fresh.binary_search_by(|r| r.name.cmp(n)).is_err()).collect();
+        let mut out = Vec::with_capacity(kept.len() + fresh.len());
+        let mut fresh = fresh.into_iter().peekable();
+        for r in kept {
+            while fresh.peek().is_some_and(|f| f.name < r.name) {
+                out.extend(fresh.next());
+            }
+            if fresh.peek().is_some_and(|f| f.name == r.name) {
+                out.extend(fresh.next());
+            } else if !gone.contains(&r.name) {
+                out.push(r);
+            }
+        }
+        out.extend(fresh);
+        out
+    }
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeRecord {
@@ -169,6 +207,30 @@ impl Store {
         let columns = NODE_COLUMNS.replace("cert_pem", "CAST(NULL AS TEXT) AS cert_pem");
         let rows = sqlx::query(&format!("SELECT {columns} FROM nodes ORDER BY name")).fetch_all(&self.pool).await?;
         rows.iter().map(node_record).collect()
+    }
+
+    /// The records written since change number `since` (every record for `None`), without their
+    /// certificates, and the names deleted since (ADR 0036). Read in that order after the
+    /// number, so each record and deletion numbered up to it is among them; some numbered after
+    /// may be too, and are read again next time.
+    pub async fn node_changes(&self, since: Option<i64>) -> Result<NodeChanges> {
+        let seq: i64 = sqlx::query("SELECT seq FROM node_changes WHERE id = 1").fetch_one(&self.pool).await?.try_get("seq")?;
+        // A number below the one asked for is a database restored from a backup under a running
+        // controller: nothing kept is known to be of it.
+        let Some(since) = since.filter(|s| *s <= seq) else {
+            return Ok(NodeChanges { seq, records: self.nodes_without_certificates().await?, gone: Vec::new(), whole: true });
+        };
+        let gone = sqlx::query("SELECT name FROM nodes_gone WHERE changed > $1")
+            .bind(since)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|r| r.try_get("name"))
+            .collect::<std::result::Result<Vec<String>, _>>()?;
+        let columns = NODE_COLUMNS.replace("cert_pem", "CAST(NULL AS TEXT) AS cert_pem");
+        let rows = sqlx::query(&format!("SELECT {columns} FROM nodes WHERE changed > $1")).bind(since).fetch_all(&self.pool).await?;
+        let records = rows.iter().map(node_record).collect::<Result<Vec<_>>>()?;
+        Ok(NodeChanges { seq, records, gone, whole: false })
     }
 
     /// The serial and certificate of each of these nodes that has both, by name. A few are read

@@ -490,6 +490,72 @@ async fn a_member_takes_no_name_key_or_address_another_node_holds() {
     .await;
 }
 
+/// `kept` brought up to date by `changes`, read from change number `seq`, which moves to theirs.
+fn caught_up(seq: &mut i64, changes: trellis_store::NodeChanges, kept: Vec<NodeRecord>) -> Vec<NodeRecord> {
+    assert!(changes.seq >= *seq, "the number only rises");
+    *seq = changes.seq;
+    changes.onto(kept)
+}
+
+/// Every record kept from a read and brought up to date with the changes since is the whole read
+/// (ADR 0036): through enrolments, a member joining, an approval, a renewal, a revocation and a
+/// member removed; a contact alone is no change, and a database whose number went back (restored
+/// under a running controller) is read whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_brought_up_to_date_by_their_changes_are_the_whole_read() {
+    each_backend(|s| async move {
+        let light = |s: &Store| {
+            let s = s.clone();
+            async move {
+                let mut all = s.nodes_without_certificates().await.unwrap();
+                all.sort_by(|a, b| a.name.cmp(&b.name));
+                all
+            }
+        };
+        let first = s.node_changes(None).await.unwrap();
+        assert!(first.whole && first.records.is_empty());
+        let (mut seq, mut kept) = (first.seq, first.clone().onto(Vec::new()));
+        s.create_token(&token("t1", "db-1"), &audit(AuditAction::TokenIssued)).await.unwrap();
+        s.create_token(&TokenRecord { require_approval: true, ..token("t2", "api-1") }, &audit(AuditAction::TokenIssued)).await.unwrap();
+        s.enrol("t1", &node("db-1", "k1"), &audit(AuditAction::NodeEnrolled)).await.unwrap();
+        s.enrol("t2", &NodeRecord { state: EnrolledState::Pending, ..node("api-1", "k2") }, &audit(AuditAction::NodeEnrolled))
+            .await
+            .unwrap();
+        s.create_token(&pool_token("p", "ci", 10), &audit(AuditAction::TokenIssued)).await.unwrap();
+        s.enrol_member("p", 10, &member("ci-1", "k3", "10.0.0.3"), &audit(AuditAction::NodeEnrolled)).await.unwrap().unwrap();
+        let changes = s.node_changes(Some(seq)).await.unwrap();
+        assert_eq!((changes.whole, changes.records.len()), (false, 3));
+        kept = caught_up(&mut seq, changes, kept);
+        assert_eq!(kept, light(&s).await);
+        // A contact is no change.
+        s.touch_all(&[("db-1".to_string(), 5_000)]).await.unwrap();
+        let changes = s.node_changes(Some(seq)).await.unwrap();
+        assert!(changes.records.is_empty() && changes.gone.is_empty(), "{changes:?}");
+        kept = caught_up(&mut seq, changes, kept);
+        s.set_state("api-1", &[EnrolledState::Pending], EnrolledState::Active, &audit(AuditAction::NodeApproved)).await.unwrap();
+        s.renew("db-1", "aa", "bb", 9, "PEM 2", &audit(AuditAction::CertificateRenewed)).await.unwrap();
+        let changes = s.node_changes(Some(seq)).await.unwrap();
+        assert_eq!(changes.records.iter().map(|r| r.name.as_str()).collect::<std::collections::BTreeSet<_>>(), ["api-1", "db-1"].into());
+        kept = caught_up(&mut seq, changes, kept);
+        assert_eq!(kept, light(&s).await);
+        s.set_state("db-1", &[EnrolledState::Active], EnrolledState::Revoked, &audit(AuditAction::NodeRevoked)).await.unwrap();
+        assert!(s.remove_member("ci-1", i64::MAX, &audit(AuditAction::NodeRemoved)).await.unwrap());
+        let changes = s.node_changes(Some(seq)).await.unwrap();
+        assert_eq!(changes.gone, ["ci-1"]);
+        kept = caught_up(&mut seq, changes, kept);
+        assert_eq!(kept, light(&s).await);
+        assert_eq!(
+            kept.iter().map(|r| (r.name.as_str(), r.state)).collect::<Vec<_>>(),
+            [("api-1", EnrolledState::Active), ("db-1", EnrolledState::Revoked)]
+        );
+        // Asked from beyond the database's number: read whole.
+        let back = s.node_changes(Some(seq + 100)).await.unwrap();
+        assert!(back.whole);
+        assert_eq!(back.onto(Vec::new()), light(&s).await);
+    })
+    .await;
+}
+
 /// A member out of contact since before the cutoff is removed, with its evidence, once; one in
 /// contact since, or a declared node, is not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
