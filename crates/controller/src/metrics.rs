@@ -425,7 +425,7 @@ impl Controller {
         self.metrics.roster(status.as_deref().ok());
         if let Ok(reports) = self.path_reports().await {
             let pairs = self.publisher.pairs.read().expect("pairs").clone();
-            self.metrics.pairs(crate::paths::path_counts(&pairs.ranked, pairs.others, &reports));
+            self.metrics.pairs(crate::paths::path_counts(&pairs.relayed.ranked, pairs.relayed.others, &reports));
         }
         match self.service_certs().await {
             Ok(certs) => self.metrics.service_cert_expiries(&certs),

@@ -213,6 +213,7 @@ impl Controller {
         // The peers this node may report on: those the last run gave it as candidates.
         let pairs = self.publisher.pairs.read().expect("pairs").clone();
         let peers: HashSet<&str> = pairs
+            .relayed
             .ranked
             .iter()
             .filter(|p| p.decision.is_ok())

@@ -16,6 +16,7 @@ use toml::de::DeTable;
 
 use crate::decl::{Declaration, PublicKey};
 use crate::nodefile::quoted;
+use crate::plan::NodePlan;
 use crate::{Compiled, Keys};
 
 /// The most pairs one hub has trying at once (not yet direct): a burst of new nodes behind it
@@ -166,18 +167,17 @@ impl Relayed {
         self.len() == 0
     }
 
-    /// Every relayed pair of `compiled` (the output these pairs were decided on), in (a, b, hub)
-    /// order, with its decision: the ranked ones as decided, every other with why it stays on
-    /// its hub.
-    pub fn all(&self, compiled: &Compiled) -> Vec<Pair> {
+    /// Every relayed pair of `plans` (every node's, in name order, of the output these pairs
+    /// were decided on: `Compiled::plans`), in (a, b, hub) order, with its decision: the ranked
+    /// ones as decided, every other with why it stays on its hub.
+    pub fn all<'p>(&self, plans: impl IntoIterator<Item = &'p NodePlan>) -> Vec<Pair> {
         let empty = HashSet::new();
         let mut all = Vec::with_capacity(self.len());
         let mut ranked = self.ranked.iter().peekable();
-        for (a_name, out) in &compiled.nodes {
-            let a = &out.plan.node;
-            debug_assert_eq!(**a, **a_name);
+        for plan in plans {
+            let a = &plan.node;
             let from = all.len();
-            for hub in out.plan.peers.iter().filter(|p| !p.relays_for.is_empty()) {
+            for hub in plan.peers.iter().filter(|p| !p.relays_for.is_empty()) {
                 let seen = self.seen.get(hub.name()).unwrap_or(&empty);
                 let seen_a = seen.contains(&**a);
                 for b in after(&hub.relays_for, a) {

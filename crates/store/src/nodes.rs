@@ -47,6 +47,9 @@ impl NodeChanges {
     }
 }
 
+/// A node's certificate serial, and its certificate when one is on record.
+pub type SerialAndCert = (String, Option<String>);
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeRecord {
     pub name: String,
@@ -233,16 +236,16 @@ impl Store {
         Ok(NodeChanges { seq, records, gone, whole: false })
     }
 
-    /// The serial and certificate of each of these nodes that has both, by name. A few are read
-    /// by name; many, every node's.
-    pub async fn cert_pems(&self, nodes: &[&str]) -> Result<HashMap<String, (String, String)>> {
+    /// The serial and certificate of each of these nodes that has a serial, by name (a record
+    /// written before certificates were kept has none). A few are read by name; many, every
+    /// node's.
+    pub async fn cert_pems(&self, nodes: &[&str]) -> Result<HashMap<String, SerialAndCert>> {
         const BY_NAME: usize = 2_000;
-        let row = |r: &AnyRow| -> Result<Option<(String, (String, String))>> {
+        let row = |r: &AnyRow| -> Result<Option<(String, SerialAndCert)>> {
             let serial: Option<String> = r.try_get("cert_serial")?;
-            let pem: Option<String> = r.try_get("cert_pem")?;
-            Ok(match (serial, pem) {
-                (Some(serial), Some(pem)) => Some((r.try_get("name")?, (serial, pem))),
-                _ => None,
+            Ok(match serial {
+                Some(serial) => Some((r.try_get("name")?, (serial, r.try_get("cert_pem")?))),
+                None => None,
             })
         };
         let mut out = HashMap::with_capacity(nodes.len());

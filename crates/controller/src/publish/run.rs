@@ -75,7 +75,7 @@ impl Controller {
         let held = |node: &str| p.current(node).is_some();
         // The certificates bundles carry: read only for the nodes whose serial moved since.
         let certs = self.certificates(&read.records, std::mem::take(&mut run.certs)).await?;
-        let cert = |node: &str| certs.get(node).map(|(_, pem)| pem.as_str());
+        let cert = |node: &str| certs.get(node).and_then(|(_, pem)| pem.as_deref());
         let (records, unrecorded) = (&read.records, &read.unrecorded[..]);
         let hubs: HashSet<&str> = decl.nodes.iter().filter(|n| n.hub).map(|n| n.name.as_str()).collect();
         let failed = p.failed_pairs.lock().expect("failed pairs").clone();
@@ -119,7 +119,9 @@ impl Controller {
             "publish run"
         );
         self.follow(&plan, &versions, &stale, &trust, &published).await?;
-        *p.pairs.write().expect("pairs") = Arc::new(run.keep(plan));
+        let relayed = run.keep(plan);
+        let plans = run.compiled.as_ref().map(|c| c.nodes.values().map(|o| o.plan.clone()).collect()).unwrap_or_default();
+        *p.pairs.write().expect("pairs") = Arc::new(super::tables::Pairs { relayed, plans });
         run.revision = Some(*revision);
         run.trust = trust.text;
         run.records = Some((read.records_seq, read.records));
@@ -168,12 +170,16 @@ impl Controller {
     async fn certificates(
         &self,
         records: &[NodeRecord],
-        mut held: HashMap<String, (String, String)>,
-    ) -> Result<HashMap<String, (String, String)>> {
+        mut held: HashMap<String, (String, Option<String>)>,
+    ) -> Result<HashMap<String, (String, Option<String>)>> {
         let with: Vec<&NodeRecord> = records.iter().filter(|r| r.cert_serial.is_some()).collect();
         let missing: Vec<&str> =
             with.iter().filter(|r| held.get(&r.name).map(|(s, _)| s) != r.cert_serial.as_ref()).map(|r| r.name.as_str()).collect();
         if !missing.is_empty() {
+            // Those not read back (revoked or removed meanwhile) keep no certificate from before.
+            for name in &missing {
+                held.remove(*name);
+            }
             held.extend(self.store.cert_pems(&missing).await?);
         }
         if held.len() > with.len() {
@@ -224,7 +230,7 @@ impl Controller {
 /// Runs `f`, a long computation, where it does not hold up the runtime's other tasks: on a
 /// multi-threaded runtime the thread gives its tasks to another first (`block_in_place`); on a
 /// runtime of one thread (a test's) there is none to give them to, and it runs as it is.
-fn off_runtime<T>(f: impl FnOnce() -> T) -> T {
+pub(super) fn off_runtime<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
         _ => f(),

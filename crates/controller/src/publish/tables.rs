@@ -60,12 +60,22 @@ pub(crate) struct Publisher {
     /// keeps a large file's version before to make edits from only for a node that holds that
     /// version (ADR 0035): a node that holds another could not use the edits.
     pub(crate) served: Mutex<HashMap<String, i64>>,
-    /// The relayed pairs as the last run decided them: the ranked ones (every candidate among
-    /// them) and a count of the others, whose reasons `relayed_pairs` makes when status asks.
-    pub(crate) pairs: RwLock<Arc<trellis_core::paths::Relayed>>,
+    /// The relayed pairs as the last run decided them, and every node's plan they were decided
+    /// on: the ranked ones (every candidate among them) and a count of the others, whose
+    /// reasons `relayed_pairs` makes from the plans when status asks.
+    pub(crate) pairs: RwLock<Arc<Pairs>>,
     /// The pairs whose agents reported failed attempts, each until when it ranks last for a place
     /// under the cap (`paths::FAILED_HOLD_SECS`).
     pub(crate) failed_pairs: Mutex<HashMap<(String, String), i64>>,
+}
+
+/// The relayed pairs as a run decided them, with every node's plan (in name order) of the
+/// compiled output it decided them on. The plans are shared with the compiled output: holding
+/// them costs a pointer a node, and a status made from them holds up no run.
+#[derive(Default)]
+pub(crate) struct Pairs {
+    pub relayed: trellis_core::paths::Relayed,
+    pub plans: Vec<Arc<trellis_core::plan::NodePlan>>,
 }
 
 /// The most long-polls one node holds open at once. An agent holds one (two for a moment when it
@@ -127,15 +137,12 @@ impl Default for Publisher {
 }
 
 impl Publisher {
-    /// Every relayed pair, in (a, b, hub) order, as the last run decided it. The pairs it did not
-    /// rank are made from its compiled output, so this waits for a run in progress to end.
-    pub(crate) async fn relayed_pairs(&self) -> Vec<trellis_core::paths::Pair> {
-        let run = self.run.lock().await;
+    /// Every relayed pair, in (a, b, hub) order, as the last run decided it: the pairs it did
+    /// not rank are made from the plans it kept (millions at 100,000 nodes, seconds of CPU: off
+    /// the runtime's threads), without waiting for a run.
+    pub(crate) fn relayed_pairs(&self) -> Vec<trellis_core::paths::Pair> {
         let pairs = self.pairs.read().expect("pairs").clone();
-        match &run.compiled {
-            Some(compiled) => pairs.all(compiled),
-            None => Vec::new(),
-        }
+        super::run::off_runtime(|| pairs.relayed.all(pairs.plans.iter().map(|p| &**p)))
     }
 
     pub fn current(&self, node: &str) -> Option<Arc<Published>> {
@@ -258,5 +265,32 @@ impl Controller {
             *s = (t, Arc::from(base64::engine::general_purpose::STANDARD.encode(bytes)));
         }
         s.1.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Status's pairs are made from the plans the last run kept, while a run holds the run's
+    /// lock: before, status took that lock, so it waited for runs, and a status being made (the
+    /// picture asks every second) held every run up.
+    #[tokio::test]
+    async fn relayed_pairs_are_made_while_a_run_is_in_progress() {
+        let files: Vec<(String, String)> = trellis_testing::controller::lab_files("cgnat").into_iter().map(|f| (f.path, f.text)).collect();
+        let decl = Arc::new(trellis_core::load_relative(&files, |p| p.to_string()).declaration.expect("lab/cgnat loads"));
+        let mut keys = trellis_core::Keys::default();
+        keys.replace(decl.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), trellis_core::decl::PublicKey([i as u8 + 1; 32]))));
+        let compiled = trellis_core::compile(&decl, &keys, &Default::default(), None).expect("compiles");
+        let decided =
+            trellis_core::paths::decide(&compiled, &keys, &decl, &Default::default(), &|_, _| Default::default(), &HashMap::new());
+        assert!(decided.relayed.others > 0, "lab/cgnat relays pairs");
+        let p = Publisher::default();
+        let plans = compiled.nodes.values().map(|o| o.plan.clone()).collect();
+        *p.pairs.write().unwrap() = Arc::new(Pairs { relayed: decided.relayed.clone(), plans });
+        let _run = p.run.lock().await;
+        let pairs = p.relayed_pairs();
+        assert_eq!(pairs, decided.relayed.all(compiled.plans()));
+        assert_eq!(pairs.len(), decided.relayed.len());
     }
 }

@@ -38,7 +38,7 @@ pub(super) fn compile(decl: &Arc<Declaration>, topo: &Topology, allocation: Allo
             }
             None => previous.expect("only re-used with a previous compile").nodes[&name].files.clone(),
         };
-        nodes.insert(name, NodeOutput { plan, files });
+        nodes.insert(name, NodeOutput { plan: Arc::new(plan), files });
     }
     Compiled { allocation, nodes, diagnostics, rendered, rule_blocks, zone_blocks, cache: Some(Box::new(cache)) }
 }

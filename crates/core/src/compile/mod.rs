@@ -48,7 +48,9 @@ pub use warnings::no_path_message;
 /// One node's plan and the files rendered from it.
 #[derive(Clone, Debug)]
 pub struct NodeOutput {
-    pub plan: NodePlan,
+    /// Shared, so a status can hold every node's plan while the next compile runs: a plan the
+    /// compile changes in place is copied first if held (`Arc::make_mut`).
+    pub plan: Arc<NodePlan>,
     pub files: Vec<FileResource>,
 }
 
@@ -70,6 +72,13 @@ pub struct Compiled {
     pub zone_blocks: Vec<Arc<ZoneBlock>>,
     /// What the next compile starts from.
     cache: Option<Box<Cache>>,
+}
+
+impl Compiled {
+    /// Every node's plan, in name order.
+    pub fn plans(&self) -> impl Iterator<Item = &NodePlan> {
+        self.nodes.values().map(|o| &*o.plan)
+    }
 }
 
 /// Compiles every node. `previous` is the output of the last compile, if any: its allocation keeps
@@ -129,8 +138,8 @@ fn compile_from(
 /// keeps its files); else the files, keeping those whose inputs are the same.
 fn files_of(plan: &NodePlan, prior: Option<&NodeOutput>) -> Option<Vec<FileResource>> {
     match prior {
-        Some(o) if o.plan == *plan => None,
-        prior => Some(render::files(plan, prior.map(|o| (&o.plan, &o.files[..])))),
+        Some(o) if *o.plan == *plan => None,
+        prior => Some(render::files(plan, prior.map(|o| (&*o.plan, &o.files[..])))),
     }
 }
 

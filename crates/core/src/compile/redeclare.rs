@@ -60,7 +60,7 @@ pub(super) fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: 
     cache.route_blocks = shared.route_blocks.clone();
     let gone = old_to_new.iter().zip(&old.names).filter(|(a, _)| a.is_none()).map(|(_, name)| name);
     let (nodes, rendered) = outputs(topo, &shared, &cache, &affected, gone, std::mem::take(&mut previous.nodes));
-    let plans = || nodes.values().map(|o| &o.plan);
+    let plans = || nodes.values().map(|o| &*o.plan);
     let mut diagnostics = path_diagnostics(plans(), &cache);
     diagnostics.extend(left_out_diagnostics(plans(), |b| cache.loc(cache.index[b])));
     diag::sort(&mut diagnostics);
@@ -207,7 +207,7 @@ impl<'a, 'd> Redeclare<'a, 'd> {
         let (topo, old) = (self.topo, self.old);
         let reached = topo.modules_reached(sources);
         // The previous plans by old position (name order, as the outputs are kept).
-        let prior_plans: Vec<&NodePlan> = previous.nodes.values().map(|o| &o.plan).collect();
+        let prior_plans: Vec<&NodePlan> = previous.plans().collect();
         for a in 0..topo.nodes.len() {
             if affected[a] {
                 continue;
@@ -328,11 +328,11 @@ fn outputs<'n>(
     for ((a, plan), files) in fresh.into_iter().zip(made) {
         let name = &cache.names[a as usize];
         let Some(files) = files else {
-            nodes.get_mut(&**name).expect("a plan the same as before has an output").plan = plan;
+            nodes.get_mut(&**name).expect("a plan the same as before has an output").plan = Arc::new(plan);
             continue;
         };
         rendered.push(name.to_string());
-        nodes.insert(name.to_string(), NodeOutput { plan, files });
+        nodes.insert(name.to_string(), NodeOutput { plan: Arc::new(plan), files });
     }
     (nodes, rendered)
 }

@@ -124,18 +124,20 @@ fn edit_plans(cache: &Cache, pairs: &[(u32, u32)], nodes: &mut BTreeMap<String, 
     let mut edited: Vec<u32> = Vec::new();
     for (seen, (peers, left_out, no_path)) in many.iter().zip(remade) {
         let a = seen[0].0;
-        let plan = &mut nodes.get_mut(&*cache.names[a as usize]).expect("every node has an output").plan;
-        let lists = (&left_out, &no_path) != (&plan.left_out, &plan.no_path);
-        if !lists && peers == plan.peers {
+        let out = nodes.get_mut(&*cache.names[a as usize]).expect("every node has an output");
+        let lists = (&left_out, &no_path) != (&out.plan.left_out, &out.plan.no_path);
+        if !lists && peers == out.plan.peers {
             continue;
         }
         lists_changed |= lists;
+        // A plan another holder still shares (a status being made) is copied first.
+        let plan = Arc::make_mut(&mut out.plan);
         (plan.peers, plan.left_out, plan.no_path) = (peers, left_out, no_path);
         edited.push(a);
     }
     for seen in few {
         let a = seen[0].0;
-        let plan = &mut nodes.get_mut(&*cache.names[a as usize]).expect("every node has an output").plan;
+        let plan = Arc::make_mut(&mut nodes.get_mut(&*cache.names[a as usize]).expect("every node has an output").plan);
         let (peers, lists) = edit_peers(cache, a, seen, plan);
         lists_changed |= lists;
         if peers || lists {

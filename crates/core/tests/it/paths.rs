@@ -64,7 +64,7 @@ fn each_side_gets_the_endpoint_the_hub_saw_for_the_other() {
     let keys = keys(&decl);
     let compiled = compile(&decl, &keys);
     let decided = paths::decide(&compiled, &keys, &decl, &seen_all(&decl), &|_, _| Standing::Unknown, &HashMap::new());
-    let pairs = decided.relayed.all(&compiled);
+    let pairs = decided.relayed.all(compiled.plans());
     assert_eq!(pairs.len(), 1, "{pairs:?}");
     assert_eq!(pairs, decided.relayed.ranked, "the hub saw both: the pair is ranked");
     assert_eq!(pairs[0].decision, Ok((at("203.0.113.1:4000"), at("203.0.113.2:4001"))));
@@ -96,7 +96,7 @@ fn a_pair_stays_on_its_hub_and_says_why() {
     let seen = observed.by_hub["hub-1"]["n-001"];
     observed.by_hub.insert("hub-2".into(), HashMap::from([("n-001".to_string(), SocketAddr::new(seen.ip(), seen.port() + 517))]));
     let decided = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &HashMap::new());
-    let pairs = decided.relayed.all(&compiled);
+    let pairs = decided.relayed.all(compiled.plans());
     let why = |a: &str, b: &str| pairs.iter().find(|p| *p.a == *a && *p.b == *b).map(|p| p.decision.clone()).expect("a relayed pair");
     assert_eq!(why("n-000", "off-1"), Err(Why::Off { node: "off-1".into(), network: None }));
     assert_eq!(why("n-000", "phone-1"), Err(Why::Off { node: "phone-1".into(), network: Some("metered".into()) }));
@@ -110,7 +110,7 @@ fn a_pair_stays_on_its_hub_and_says_why() {
     let one = hub["n-000"].ip();
     hub.insert("n-001".into(), SocketAddr::new(one, 60_001));
     let decided = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &HashMap::new());
-    let pairs = decided.relayed.all(&compiled);
+    let pairs = decided.relayed.all(compiled.plans());
     let pair = pairs.iter().find(|p| (&*p.a, &*p.b) == ("n-000", "n-001")).unwrap();
     assert_eq!(pair.decision, Err(Why::OneAddress { ip: one }));
     assert!(pairs.iter().any(|p| &*p.a == "n-000" && &*p.b == "n-002" && p.decision.is_ok()));
@@ -132,7 +132,7 @@ fn attempts_per_hub_are_capped() {
     assert_eq!(all.relayed.len(), 24 * 23 / 2);
     let trying = |d: &paths::Decided| d.relayed.ranked.iter().filter(|p| p.decision.is_ok()).count();
     assert_eq!(trying(&all), ATTEMPTS_PER_HUB);
-    let pairs = all.relayed.all(&compiled);
+    let pairs = all.relayed.all(compiled.plans());
     assert_eq!(pairs.iter().filter(|p| p.decision == Err(Why::Capped)).count(), 276 - ATTEMPTS_PER_HUB);
     // The last pair in name order waited; once it is direct it keeps its place, and a failing
     // pair gives its place to a waiting one.
@@ -182,10 +182,10 @@ fn a_direct_pair_outlives_its_hub_losing_sight_of_a_side() {
     let mut observed = seen_all(&decl);
     observed.by_hub.get_mut("hub-1").unwrap().remove("n-001");
     let direct = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Direct, &last);
-    assert_eq!(direct.relayed.all(&compiled)[0].decision, first.relayed.all(&compiled)[0].decision);
+    assert_eq!(direct.relayed.all(compiled.plans())[0].decision, first.relayed.all(compiled.plans())[0].decision);
     assert_eq!(direct.candidates, first.candidates);
     let trying = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &last);
-    assert_eq!(trying.relayed.all(&compiled)[0].decision, Err(Why::NotSeen { node: "n-001".into() }));
+    assert_eq!(trying.relayed.all(compiled.plans())[0].decision, Err(Why::NotSeen { node: "n-001".into() }));
 }
 
 proptest! {
@@ -204,7 +204,7 @@ proptest! {
         observed.by_hub.get_mut("hub-1").unwrap().retain(|node, _| seen[node[2..].parse::<usize>().unwrap()]);
         let decided = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &HashMap::new());
         let hub = &observed.by_hub["hub-1"];
-        let pairs = decided.relayed.all(&compiled);
+        let pairs = decided.relayed.all(compiled.plans());
         // Every pair of nodes behind the hub, each once, in (a, b, hub) order: status and the
         // next run read them so. The ranked ones are those the hub saw both sides of, and the
         // count of the others is the rest.

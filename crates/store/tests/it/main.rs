@@ -279,9 +279,9 @@ async fn records_without_certificates_and_certificates_by_name() {
         assert_eq!(light, with);
         let certs = s.cert_pems(&["a", "c", "nobody"]).await.unwrap();
         assert_eq!(certs.len(), 2);
-        assert_eq!(certs["c"], ("02".to_string(), "PEM of c".to_string()));
+        assert_eq!(certs["c"], ("02".to_string(), Some("PEM of c".to_string())));
         s.renew("c", "02", "12", 9, "PEM of c, renewed", &audit(AuditAction::CertificateRenewed)).await.unwrap();
-        assert_eq!(s.cert_pems(&["c"]).await.unwrap()["c"], ("12".to_string(), "PEM of c, renewed".to_string()));
+        assert_eq!(s.cert_pems(&["c"]).await.unwrap()["c"], ("12".to_string(), Some("PEM of c, renewed".to_string())));
     })
     .await;
 }
