@@ -338,7 +338,7 @@ impl Controller {
         let evidence = self.store.evidence_summary().await?;
         let mut ingress = self.ingress_states().await?;
         let path_reports = self.path_reports().await?;
-        let pairs = if paths { self.publisher.relayed_pairs() } else { Vec::new() };
+        let pairs = if paths { self.publisher.relayed_pairs().await } else { Vec::new() };
         let pairs = crate::paths::by_node(&pairs);
         let t = self.now();
         Ok(roster

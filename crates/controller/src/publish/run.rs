@@ -97,6 +97,7 @@ impl Controller {
         // The plan and the seal are seconds of CPU at 100,000 nodes: off the runtime's threads,
         // so that the long-polls, enrolments and connections go on being answered meanwhile
         // (at 100,000 nodes with 19,400 agents, connections timed out while a run planned).
+        p.release_plans();
         let plan = off_runtime(|| plan(inputs, &mut run));
         run.certs = certs;
         let mut plan = plan?;
@@ -121,7 +122,7 @@ impl Controller {
         self.follow(&plan, &versions, &stale, &trust, &published).await?;
         let relayed = run.keep(plan);
         let plans = run.compiled.as_ref().map(|c| c.nodes.values().map(|o| o.plan.clone()).collect()).unwrap_or_default();
-        *p.pairs.write().expect("pairs") = Arc::new(super::tables::Pairs { relayed, plans });
+        *p.pairs.write().expect("pairs") = Arc::new(super::tables::Pairs { relayed, plans: Some(plans) });
         run.revision = Some(*revision);
         run.trust = trust.text;
         run.records = Some((read.records_seq, read.records));

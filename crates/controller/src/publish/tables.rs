@@ -71,11 +71,13 @@ pub(crate) struct Publisher {
 
 /// The relayed pairs as a run decided them, with every node's plan (in name order) of the
 /// compiled output it decided them on. The plans are shared with the compiled output: holding
-/// them costs a pointer a node, and a status made from them holds up no run.
+/// them costs a pointer a node, and a status made from them holds up no run. A run lets go of
+/// them while it compiles (`None`): a plan it changes in place that something else holds is
+/// copied first, and at 100,000 nodes that was every plan of a storm's runs twice.
 #[derive(Default)]
 pub(crate) struct Pairs {
     pub relayed: trellis_core::paths::Relayed,
-    pub plans: Vec<Arc<trellis_core::plan::NodePlan>>,
+    pub plans: Option<Vec<Arc<trellis_core::plan::NodePlan>>>,
 }
 
 /// The most long-polls one node holds open at once. An agent holds one (two for a moment when it
@@ -139,10 +141,24 @@ impl Default for Publisher {
 impl Publisher {
     /// Every relayed pair, in (a, b, hub) order, as the last run decided it: the pairs it did
     /// not rank are made from the plans it kept (millions at 100,000 nodes, seconds of CPU: off
-    /// the runtime's threads), without waiting for a run.
-    pub(crate) fn relayed_pairs(&self) -> Vec<trellis_core::paths::Pair> {
-        let pairs = self.pairs.read().expect("pairs").clone();
-        super::run::off_runtime(|| pairs.relayed.all(pairs.plans.iter().map(|p| &**p)))
+    /// the runtime's threads), holding no lock. While a run compiles, this waits for it to end;
+    /// after a run that failed, until another succeeds, there are none.
+    pub(crate) async fn relayed_pairs(&self) -> Vec<trellis_core::paths::Pair> {
+        let mut pairs = self.pairs.read().expect("pairs").clone();
+        if pairs.plans.is_none() {
+            drop(self.run.lock().await);
+            pairs = self.pairs.read().expect("pairs").clone();
+        }
+        let Some(plans) = &pairs.plans else { return Vec::new() };
+        super::run::off_runtime(|| pairs.relayed.all(plans.iter().map(|p| &**p)))
+    }
+
+    /// Lets go of the plans kept for status while a run compiles (see `Pairs`).
+    pub(super) fn release_plans(&self) {
+        let mut pairs = self.pairs.write().expect("pairs");
+        if pairs.plans.is_some() {
+            *pairs = Arc::new(Pairs { relayed: pairs.relayed.clone(), plans: None });
+        }
     }
 
     pub fn current(&self, node: &str) -> Option<Arc<Published>> {
@@ -285,12 +301,20 @@ mod tests {
         let decided =
             trellis_core::paths::decide(&compiled, &keys, &decl, &Default::default(), &|_, _| Default::default(), &HashMap::new());
         assert!(decided.relayed.others > 0, "lab/cgnat relays pairs");
-        let p = Publisher::default();
+        let p = Arc::new(Publisher::default());
         let plans = compiled.nodes.values().map(|o| o.plan.clone()).collect();
-        *p.pairs.write().unwrap() = Arc::new(Pairs { relayed: decided.relayed.clone(), plans });
-        let _run = p.run.lock().await;
-        let pairs = p.relayed_pairs();
+        *p.pairs.write().unwrap() = Arc::new(Pairs { relayed: decided.relayed.clone(), plans: Some(plans) });
+        let run = p.run.lock().await;
+        let pairs = p.relayed_pairs().await;
         assert_eq!(pairs, decided.relayed.all(compiled.plans()));
         assert_eq!(pairs.len(), decided.relayed.len());
+        // While the run compiles, status waits for it; a run that failed leaves none.
+        p.release_plans();
+        let q = p.clone();
+        let waiting = tokio::spawn(async move { q.relayed_pairs().await });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "status waits for the run that let go of the plans");
+        drop(run);
+        assert!(waiting.await.unwrap().is_empty());
     }
 }
