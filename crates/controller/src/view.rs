@@ -70,7 +70,9 @@ pub fn drawn(s: Shown) -> graph::State {
 impl Controller {
     /// The live picture: the current declaration's nodes and links, each node with its state.
     pub async fn graph(&self) -> Result<proto::MeshGraph> {
-        let status = self.status().await?;
+        // Every node's state, without its relayed pairs: the links' are looked up alone below
+        // (the picture asks every second, and at 100,000 nodes the pairs are millions).
+        let status = self.status_with(false).await?;
         let Some((revision, decl)) = self.current_mesh().await? else {
             return Ok(proto::MeshGraph { revision: None, nodes: Vec::new(), links: Vec::new() });
         };
@@ -86,6 +88,10 @@ impl Controller {
                 holds.entry(h.name.as_str()).or_default().push(r.node.clone());
             }
         }
+        let pairs = self.publisher.kept_pairs().await;
+        let reports = self.path_reports().await?;
+        let plans = pairs.plans.as_deref().unwrap_or_default();
+        let plan_of = |n: &str| plans.binary_search_by(|p| (*p.node).cmp(n)).ok().map(|i| &*plans[i]);
         let spots: HashMap<&str, &trellis_core::graph::Spot> = g.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
         let links = g
             .links
@@ -98,7 +104,11 @@ impl Controller {
                     trellis_core::graph::Reach::None => ("none", None),
                 };
                 // A relayed pair's path now, as status shows it from its first node.
-                let path = by_name.get(l.a.as_str()).and_then(|s| s.paths.iter().find(|p| p.peer == l.b)).map(|p| p.text.clone());
+                let path = hub
+                    .as_deref()
+                    .and_then(|h| pairs.relayed.pair(plan_of, &l.a, &l.b, h))
+                    .and_then(|p| crate::paths::pair_paths(&l.a, &[&p], reports.get(&l.a)).pop())
+                    .map(|p| p.text);
                 proto::GraphLink { a: l.a.clone(), b: l.b.clone(), reach: reach.to_string(), hub, path, d }
             })
             .collect();

@@ -181,12 +181,8 @@ impl Relayed {
                 let seen = self.seen.get(hub.name()).unwrap_or(&empty);
                 let seen_a = seen.contains(&**a);
                 for b in after(&hub.relays_for, a) {
-                    let b = &b.name;
-                    let why = match self.off.get(&**a).map(|w| (a, w)).or_else(|| self.off.get(&**b).map(|w| (b, w))) {
-                        Some((n, network)) => Why::Off { node: n.to_string(), network: network.clone() },
-                        None => Why::NotSeen { node: if seen_a { b } else { a }.clone() },
-                    };
-                    all.push(Pair { a: a.clone(), b: b.clone(), hub: hub.node.name.clone(), decision: Err(why) });
+                    let why = self.why(a, &b.name, seen_a);
+                    all.push(Pair { a: a.clone(), b: b.name.clone(), hub: hub.node.name.clone(), decision: Err(why) });
                 }
             }
             all[from..].sort_unstable_by(|x, y| (&x.b, &x.hub).cmp(&(&y.b, &y.hub)));
@@ -212,6 +208,30 @@ impl Relayed {
             }
         }
         all
+    }
+
+    /// The relayed pair of nodes `a` and `b` through `hub`, as `all` gives it, if the plans relay
+    /// it; `plan_of` finds a node's plan among them. A few lookups, where `all` walks every pair:
+    /// for the picture's links.
+    pub fn pair<'p>(&self, plan_of: impl Fn(&str) -> Option<&'p NodePlan>, a: &str, b: &str, hub: &str) -> Option<Pair> {
+        let (a, b) = if a < b { (a, b) } else { (b, a) };
+        if let Ok(i) = self.ranked.binary_search_by(|p| (&*p.a, &*p.b, &*p.hub).cmp(&(a, b, hub))) {
+            return Some(self.ranked[i].clone());
+        }
+        let plan = plan_of(a)?;
+        let through = plan.peers.iter().find(|p| p.name() == hub && !p.relays_for.is_empty())?;
+        let b = &through.relays_for[through.relays_for.binary_search_by(|t| (*t.name).cmp(b)).ok()?].name;
+        let seen_a = self.seen.get(hub).is_some_and(|s| s.contains(a));
+        Some(Pair { a: plan.node.clone(), b: b.clone(), hub: through.node.name.clone(), decision: Err(self.why(&plan.node, b, seen_a)) })
+    }
+
+    /// Why the pair of `a` and `b`, not ranked, stays on its hub: a side declared off, or else
+    /// the side the hub does not see.
+    fn why(&self, a: &Arc<str>, b: &Arc<str>, seen_a: bool) -> Why {
+        match self.off.get(&**a).map(|w| (a, w)).or_else(|| self.off.get(&**b).map(|w| (b, w))) {
+            Some((n, network)) => Why::Off { node: n.to_string(), network: network.clone() },
+            None => Why::NotSeen { node: if seen_a { b } else { a }.clone() },
+        }
     }
 }
 

@@ -144,13 +144,19 @@ impl Publisher {
     /// the runtime's threads), holding no lock. While a run compiles, this waits for it to end;
     /// after a run that failed, until another succeeds, there are none.
     pub(crate) async fn relayed_pairs(&self) -> Vec<trellis_core::paths::Pair> {
-        let mut pairs = self.pairs.read().expect("pairs").clone();
-        if pairs.plans.is_none() {
-            drop(self.run.lock().await);
-            pairs = self.pairs.read().expect("pairs").clone();
-        }
+        let pairs = self.kept_pairs().await;
         let Some(plans) = &pairs.plans else { return Vec::new() };
         super::run::off_runtime(|| pairs.relayed.all(plans.iter().map(|p| &**p)))
+    }
+
+    /// The pairs and plans the last run kept; while a run compiles, once it ended.
+    pub(crate) async fn kept_pairs(&self) -> Arc<Pairs> {
+        let pairs = self.pairs.read().expect("pairs").clone();
+        if pairs.plans.is_some() {
+            return pairs;
+        }
+        drop(self.run.lock().await);
+        self.pairs.read().expect("pairs").clone()
     }
 
     /// Lets go of the plans kept for status while a run compiles (see `Pairs`).

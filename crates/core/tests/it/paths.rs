@@ -99,6 +99,10 @@ fn a_pair_stays_on_its_hub_and_says_why() {
     let pairs = decided.relayed.all(compiled.plans());
     let why = |a: &str, b: &str| pairs.iter().find(|p| *p.a == *a && *p.b == *b).map(|p| p.decision.clone()).expect("a relayed pair");
     assert_eq!(why("n-000", "off-1"), Err(Why::Off { node: "off-1".into(), network: None }));
+    let plan_of = |n: &str| compiled.nodes.get(n).map(|o| &*o.plan);
+    for p in &pairs {
+        assert_eq!(decided.relayed.pair(plan_of, &p.b, &p.a, &p.hub).as_ref(), Some(p), "looked up alone");
+    }
     assert_eq!(why("n-000", "phone-1"), Err(Why::Off { node: "phone-1".into(), network: Some("metered".into()) }));
     assert_eq!(why("n-000", "n-002"), Err(Why::NotSeen { node: "n-002".into() }));
     let Err(Why::ByDestination { node, ports }) = why("n-000", "n-001") else { panic!("{:?}", why("n-000", "n-001")) };
@@ -213,6 +217,15 @@ proptest! {
         for w in pairs.windows(2) {
             prop_assert!((&w[0].a, &w[0].b, &w[0].hub) < (&w[1].a, &w[1].b, &w[1].hub), "{:?} before {:?}", (&w[0].a, &w[0].b), (&w[1].a, &w[1].b));
         }
+        // Each pair looked up alone (the picture's links) is the pair listed, from either side;
+        // a pair of a node with itself, or through a node that is no hub, is none.
+        let plan_of = |n: &str| compiled.nodes.get(n).map(|o| &*o.plan);
+        for p in &pairs {
+            prop_assert_eq!(decided.relayed.pair(plan_of, &p.a, &p.b, &p.hub), Some(p.clone()));
+            prop_assert_eq!(decided.relayed.pair(plan_of, &p.b, &p.a, &p.hub), Some(p.clone()));
+            prop_assert_eq!(decided.relayed.pair(plan_of, &p.a, &p.b, &p.a), None);
+        }
+        prop_assert_eq!(decided.relayed.pair(plan_of, "n-000", "n-000", "hub-1"), None);
         let ranked: Vec<_> = pairs.iter().filter(|p| hub.contains_key(&*p.a) && hub.contains_key(&*p.b)).cloned().collect();
         prop_assert_eq!(&ranked, &decided.relayed.ranked);
         for p in &pairs {

@@ -1044,6 +1044,25 @@ async fn only_a_hub_s_observations_become_direct_candidates() {
         let (s, _) = post(&a, report(&[], json!([{"peer": "b-1", "state": "direct", "since": 43_200 + 3}]))).await;
         assert_eq!(s, 200);
         assert_eq!(status().await, "direct since 12:00:03 (punched through hub-1)");
+        // The picture's link between them says what status says from the link's first node,
+        // looked up alone (the picture no longer asks status for every pair).
+        let graph = r.admin_get("/v1/admin/graph").await;
+        let link = graph["links"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| {
+                [l["a"].as_str(), l["b"].as_str()] == [Some("a-1"), Some("b-1")]
+                    || [l["a"].as_str(), l["b"].as_str()] == [Some("b-1"), Some("a-1")]
+            })
+            .expect("a link between a-1 and b-1")
+            .clone();
+        assert_eq!(link["reach"], "relayed", "{link}");
+        let nodes = r.admin_get("/v1/admin/status").await;
+        let first = nodes.as_array().unwrap().iter().find(|n| n["name"] == link["a"]).unwrap().clone();
+        let said = first["paths"].as_array().unwrap().iter().find(|p| p["peer"] == link["b"]).unwrap()["text"].clone();
+        assert!(said.as_str().is_some_and(|t| t.contains("hub-1")), "{said}");
+        assert_eq!(link["path"], said, "{link}");
         // A report beyond the bound is refused whole.
         let many: Vec<Value> =
             (0..=trellis_proto::paths::MAX_PATH_ITEMS).map(|_| json!({"public_key": key(3), "endpoint": "203.0.113.2:1"})).collect();
