@@ -136,19 +136,11 @@ impl Store {
             return self.bundles().await;
         }
         let mut out = HashMap::with_capacity(nodes.len());
-        for chunk in nodes.chunks(250) {
-            let marks: Vec<String> = (1..=chunk.len()).map(|i| format!("${i}")).collect();
-            let sql = format!("SELECT node, version, digest, issued_at FROM bundles WHERE node IN ({})", marks.join(", "));
-            let mut q = sqlx::query(&sql);
-            for node in chunk {
-                q = q.bind(*node);
-            }
-            for r in q.fetch_all(&self.pool).await? {
-                out.insert(
-                    r.try_get("node")?,
-                    BundleVersion { version: r.try_get("version")?, digest: r.try_get("digest")?, issued_at: r.try_get("issued_at")? },
-                );
-            }
+        for r in self.rows_named("SELECT node, version, digest, issued_at FROM bundles", "node", nodes).await? {
+            out.insert(
+                r.try_get("node")?,
+                BundleVersion { version: r.try_get("version")?, digest: r.try_get("digest")?, issued_at: r.try_get("issued_at")? },
+            );
         }
         Ok(out)
     }
