@@ -215,10 +215,10 @@ impl Relayed {
     /// for the picture's links.
     pub fn pair<'p>(&self, plan_of: impl Fn(&str) -> Option<&'p NodePlan>, a: &str, b: &str, hub: &str) -> Option<Pair> {
         let (a, b) = if a < b { (a, b) } else { (b, a) };
+        let plan = plan_of(a)?;
         if let Ok(i) = self.ranked.binary_search_by(|p| (&*p.a, &*p.b, &*p.hub).cmp(&(a, b, hub))) {
             return Some(self.ranked[i].clone());
         }
-        let plan = plan_of(a)?;
         let through = plan.peers.iter().find(|p| p.name() == hub && !p.relays_for.is_empty())?;
         let b = &through.relays_for[through.relays_for.binary_search_by(|t| (*t.name).cmp(b)).ok()?].name;
         let seen_a = self.seen.get(hub).is_some_and(|s| s.contains(a));

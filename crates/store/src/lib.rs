@@ -27,7 +27,7 @@ pub use audit::Audit;
 pub use bundles::BundleVersion;
 pub use certs::{HeldServiceCert, IssuedServiceCert, ServiceCertRecord};
 pub use evidence::{EvidenceRecord, EvidenceSummary, EVIDENCE_KEPT};
-pub use nodes::{NodeChanges, NodeRecord, SerialAndCert};
+pub use nodes::{NodeChanges, NodeRecord, RecordsRead, SerialAndCert};
 pub use pools::MemberRefusal;
 pub use revisions::{Addresses, Revision};
 pub use revocations::{HolderRecord, RevocationRecord};

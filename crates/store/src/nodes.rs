@@ -9,11 +9,19 @@ use trellis_proto::EnrolledState;
 
 use crate::{is_unique_violation, parse, Audit, Result, Store, StoreError};
 
-/// What `Store::node_changes` read: the change number it read up to, the records written since
-/// the number asked for (every record when `whole`), and the names deleted since.
+/// Where a read of the records stood: the change number, and the audit chain's head, which a
+/// database restored or failed over to another history no longer holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordsRead {
+    pub seq: i64,
+    pub head: Option<(i64, String)>,
+}
+
+/// What `Store::node_changes` read: where it stood, the records written since the read asked
+/// for (every record when `whole`), and the names deleted since.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeChanges {
-    pub seq: i64,
+    pub read: RecordsRead,
     pub records: Vec<NodeRecord>,
     pub gone: Vec<String>,
     pub whole: bool,
@@ -212,28 +220,44 @@ impl Store {
         rows.iter().map(node_record).collect()
     }
 
-    /// The records written since change number `since` (every record for `None`), without their
-    /// certificates, and the names deleted since (ADR 0036). Read in that order after the
-    /// number, so each record and deletion numbered up to it is among them; some numbered after
-    /// may be too, and are read again next time.
-    pub async fn node_changes(&self, since: Option<i64>) -> Result<NodeChanges> {
-        let seq: i64 = sqlx::query("SELECT seq FROM node_changes WHERE id = 1").fetch_one(&self.pool).await?.try_get("seq")?;
-        // A number below the one asked for is a database restored from a backup under a running
-        // controller: nothing kept is known to be of it.
-        let Some(since) = since.filter(|s| *s <= seq) else {
-            return Ok(NodeChanges { seq, records: self.nodes_without_certificates().await?, gone: Vec::new(), whole: true });
+    /// The records written since the read `since` (every record for `None`), without their
+    /// certificates, and the names deleted since (ADR 0036); all read in one snapshot. Every
+    /// record is read again when the database is not the one `since` was read from: the audit
+    /// chain no longer holds the head it had then (a restore, or a failover to a standby that
+    /// lost transactions; every write of a record is a decision with its audit record).
+    pub async fn node_changes(&self, since: Option<&RecordsRead>) -> Result<NodeChanges> {
+        let mut tx = self.pool.begin().await?;
+        if self.backend == crate::Backend::Postgres {
+            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY").execute(&mut *tx).await?;
+        }
+        let seq: i64 = sqlx::query("SELECT seq FROM node_changes WHERE id = 1").fetch_one(&mut *tx).await?.try_get("seq")?;
+        let head = sqlx::query("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetch_optional(&mut *tx).await?;
+        let head: Option<(i64, String)> = head.map(|r| Ok::<_, StoreError>((r.try_get("seq")?, r.try_get("hash")?))).transpose()?;
+        let read = RecordsRead { seq, head };
+        let same_history = match since {
+            Some(RecordsRead { seq: before, head: Some((at, hash)) }) if *before <= seq => {
+                let now = sqlx::query("SELECT hash FROM audit WHERE seq = $1").bind(*at).fetch_optional(&mut *tx).await?;
+                now.map(|r| r.try_get::<String, _>("hash")).transpose()?.as_ref() == Some(hash)
+            }
+            _ => false,
         };
-        let gone = sqlx::query("SELECT name FROM nodes_gone WHERE changed > $1")
-            .bind(since)
-            .fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(|r| r.try_get("name"))
-            .collect::<std::result::Result<Vec<String>, _>>()?;
         let columns = NODE_COLUMNS.replace("cert_pem", "CAST(NULL AS TEXT) AS cert_pem");
-        let rows = sqlx::query(&format!("SELECT {columns} FROM nodes WHERE changed > $1")).bind(since).fetch_all(&self.pool).await?;
-        let records = rows.iter().map(node_record).collect::<Result<Vec<_>>>()?;
-        Ok(NodeChanges { seq, records, gone, whole: false })
+        let changes = if let (true, Some(since)) = (same_history, since) {
+            let gone = sqlx::query("SELECT name FROM nodes_gone WHERE changed > $1")
+                .bind(since.seq)
+                .fetch_all(&mut *tx)
+                .await?
+                .iter()
+                .map(|r| r.try_get("name"))
+                .collect::<std::result::Result<Vec<String>, _>>()?;
+            let rows = sqlx::query(&format!("SELECT {columns} FROM nodes WHERE changed > $1")).bind(since.seq).fetch_all(&mut *tx).await?;
+            NodeChanges { read, records: rows.iter().map(node_record).collect::<Result<Vec<_>>>()?, gone, whole: false }
+        } else {
+            let rows = sqlx::query(&format!("SELECT {columns} FROM nodes")).fetch_all(&mut *tx).await?;
+            NodeChanges { read, records: rows.iter().map(node_record).collect::<Result<Vec<_>>>()?, gone: Vec::new(), whole: true }
+        };
+        tx.commit().await?;
+        Ok(changes)
     }
 
     /// The serial and certificate of each of these nodes that has a serial, by name (a record

@@ -68,7 +68,7 @@ pub(crate) struct Run {
     pub(crate) certs: HashMap<String, (String, Option<String>)>,
     /// Every node's record (without its certificate) as of a change number, kept from the last
     /// read (ADR 0036): the next run reads only the records written since.
-    pub(crate) records: Option<(i64, Vec<NodeRecord>)>,
+    pub(crate) records: Option<(trellis_store::RecordsRead, Vec<NodeRecord>)>,
     pub(crate) audit_head: i64,
     /// Hashed file contents, kept across runs.
     pub(crate) contents: Contents,

@@ -24,8 +24,8 @@ struct Read {
     /// Revocations and removals whose holders no run recorded yet.
     unrecorded: Vec<String>,
     records: Vec<NodeRecord>,
-    /// The change number the records are as of (`Store::node_changes`).
-    records_seq: i64,
+    /// Where the records' read stood (`Store::node_changes`).
+    records_read: trellis_store::RecordsRead,
     /// The current declaration with its pools' members, and its revision.
     declaration: Option<(i64, Arc<Declaration>)>,
     /// Every node's last path report (ADR 0032).
@@ -55,7 +55,7 @@ impl Controller {
             for node in &read.unrecorded {
                 self.store.record_holders(node, &[]).await?;
             }
-            run.records = Some((read.records_seq, read.records));
+            run.records = Some((read.records_read, read.records));
             p.finish(&mut run, head, upto);
             return Ok((0, read.head));
         };
@@ -125,7 +125,7 @@ impl Controller {
         *p.pairs.write().expect("pairs") = Arc::new(super::tables::Pairs { relayed, plans: Some(plans) });
         run.revision = Some(*revision);
         run.trust = trust.text;
-        run.records = Some((read.records_seq, read.records));
+        run.records = Some((read.records_read, read.records));
         p.finish(&mut run, head, upto);
         Ok((published.len(), read.head))
     }
@@ -133,7 +133,7 @@ impl Controller {
     /// The run's reads: the audit head, the revocations not recorded, every node's record and
     /// the current declaration with its members. Also what only these reads tell: the pools'
     /// members (whose long-polls count as contact), the mesh's name, the services CA's scope.
-    async fn read_run(&self, kept: Option<(i64, Vec<NodeRecord>)>) -> Result<Read> {
+    async fn read_run(&self, kept: Option<(trellis_store::RecordsRead, Vec<NodeRecord>)>) -> Result<Read> {
         let p = &self.publisher;
         let head = self.store.audit_head_hash().await?;
         // Read before the nodes: a revocation listed here is one the nodes read below show.
@@ -141,9 +141,9 @@ impl Controller {
         // Every record, kept from the run before and brought up to date with those written since
         // (ADR 0036): at 100,000 nodes, reading every record took a run 0.5 to 2 s.
         let at = std::time::Instant::now();
-        let (since, kept) = kept.map_or((None, Vec::new()), |(seq, records)| (Some(seq), records));
-        let changes = self.store.node_changes(since).await?;
-        let (records_seq, changed) = (changes.seq, changes.records.len());
+        let (since, kept) = kept.map_or((None, Vec::new()), |(read, records)| (Some(read), records));
+        let changes = self.store.node_changes(since.as_ref()).await?;
+        let (records_read, changed) = (changes.read.clone(), changes.records.len());
         let records = changes.onto(kept);
         let records_ms = at.elapsed().as_millis() as u64;
         *p.members.write().expect("members") = records.iter().filter(|r| r.pool.is_some()).map(|r| r.name.clone()).collect();
@@ -160,7 +160,7 @@ impl Controller {
         let at = std::time::Instant::now();
         let path_reports = self.store.path_reports().await?;
         tracing::debug!(records_ms, changed, reports_ms = at.elapsed().as_millis() as u64, "publish read");
-        Ok(Read { head, unrecorded, records, records_seq, declaration, path_reports })
+        Ok(Read { head, unrecorded, records, records_read, declaration, path_reports })
     }
 
     /// Every record's certificate with its serial, by name: those in `held` whose serial is the

@@ -491,9 +491,8 @@ async fn a_member_takes_no_name_key_or_address_another_node_holds() {
 }
 
 /// `kept` brought up to date by `changes`, read from change number `seq`, which moves to theirs.
-fn caught_up(seq: &mut i64, changes: trellis_store::NodeChanges, kept: Vec<NodeRecord>) -> Vec<NodeRecord> {
-    assert!(changes.seq >= *seq, "the number only rises");
-    *seq = changes.seq;
+fn caught_up(read: &mut trellis_store::RecordsRead, changes: trellis_store::NodeChanges, kept: Vec<NodeRecord>) -> Vec<NodeRecord> {
+    *read = changes.read.clone();
     changes.onto(kept)
 }
 
@@ -512,46 +511,60 @@ async fn records_brought_up_to_date_by_their_changes_are_the_whole_read() {
                 all
             }
         };
-        let first = s.node_changes(None).await.unwrap();
-        assert!(first.whole && first.records.is_empty());
-        let (mut seq, mut kept) = (first.seq, first.clone().onto(Vec::new()));
+        // A read of a database with no decision yet is whole again next time: it holds no head
+        // of the chain to be known by.
+        assert!(s.node_changes(Some(&s.node_changes(None).await.unwrap().read)).await.unwrap().whole);
         s.create_token(&token("t1", "db-1"), &audit(AuditAction::TokenIssued)).await.unwrap();
         s.create_token(&TokenRecord { require_approval: true, ..token("t2", "api-1") }, &audit(AuditAction::TokenIssued)).await.unwrap();
+        let first = s.node_changes(None).await.unwrap();
+        assert!(first.whole && first.records.is_empty());
+        let (mut read, mut kept) = (first.read.clone(), first.clone().onto(Vec::new()));
         s.enrol("t1", &node("db-1", "k1"), &audit(AuditAction::NodeEnrolled)).await.unwrap();
         s.enrol("t2", &NodeRecord { state: EnrolledState::Pending, ..node("api-1", "k2") }, &audit(AuditAction::NodeEnrolled))
             .await
             .unwrap();
         s.create_token(&pool_token("p", "ci", 10), &audit(AuditAction::TokenIssued)).await.unwrap();
         s.enrol_member("p", 10, &member("ci-1", "k3", "10.0.0.3"), &audit(AuditAction::NodeEnrolled)).await.unwrap().unwrap();
-        let changes = s.node_changes(Some(seq)).await.unwrap();
+        let changes = s.node_changes(Some(&read)).await.unwrap();
         assert_eq!((changes.whole, changes.records.len()), (false, 3));
-        kept = caught_up(&mut seq, changes, kept);
+        kept = caught_up(&mut read, changes, kept);
         assert_eq!(kept, light(&s).await);
         // A contact is no change.
         s.touch_all(&[("db-1".to_string(), 5_000)]).await.unwrap();
-        let changes = s.node_changes(Some(seq)).await.unwrap();
+        let changes = s.node_changes(Some(&read)).await.unwrap();
         assert!(changes.records.is_empty() && changes.gone.is_empty(), "{changes:?}");
-        kept = caught_up(&mut seq, changes, kept);
+        kept = caught_up(&mut read, changes, kept);
         s.set_state("api-1", &[EnrolledState::Pending], EnrolledState::Active, &audit(AuditAction::NodeApproved)).await.unwrap();
         s.renew("db-1", "aa", "bb", 9, "PEM 2", &audit(AuditAction::CertificateRenewed)).await.unwrap();
-        let changes = s.node_changes(Some(seq)).await.unwrap();
+        let changes = s.node_changes(Some(&read)).await.unwrap();
         assert_eq!(changes.records.iter().map(|r| r.name.as_str()).collect::<std::collections::BTreeSet<_>>(), ["api-1", "db-1"].into());
-        kept = caught_up(&mut seq, changes, kept);
+        kept = caught_up(&mut read, changes, kept);
         assert_eq!(kept, light(&s).await);
         s.set_state("db-1", &[EnrolledState::Active], EnrolledState::Revoked, &audit(AuditAction::NodeRevoked)).await.unwrap();
         assert!(s.remove_member("ci-1", i64::MAX, &audit(AuditAction::NodeRemoved)).await.unwrap());
-        let changes = s.node_changes(Some(seq)).await.unwrap();
+        let changes = s.node_changes(Some(&read)).await.unwrap();
         assert_eq!(changes.gone, ["ci-1"]);
-        kept = caught_up(&mut seq, changes, kept);
+        kept = caught_up(&mut read, changes, kept);
         assert_eq!(kept, light(&s).await);
         assert_eq!(
             kept.iter().map(|r| (r.name.as_str(), r.state)).collect::<Vec<_>>(),
             [("api-1", EnrolledState::Active), ("db-1", EnrolledState::Revoked)]
         );
-        // Asked from beyond the database's number: read whole.
-        let back = s.node_changes(Some(seq + 100)).await.unwrap();
-        assert!(back.whole);
-        assert_eq!(back.onto(Vec::new()), light(&s).await);
+        // The attack of a restore under a running controller: the database goes back to before
+        // its newest decision (here the chain's head and the counter's last step are lost), and
+        // a new decision (api-1 revoked) takes the counter back to the number the records were
+        // read at. The chain no longer holds the head they were read with: every record is read
+        // again, api-1 revoked. Before, the number alone said nothing had changed.
+        let (at, _) = read.head.clone().expect("decisions were made");
+        s.execute_raw(&format!("DELETE FROM audit WHERE seq = {at}")).await.unwrap();
+        s.execute_raw("UPDATE node_changes SET seq = seq - 1").await.unwrap();
+        s.set_state("api-1", &[EnrolledState::Active], EnrolledState::Revoked, &audit(AuditAction::NodeRevoked)).await.unwrap();
+        let back = s.node_changes(Some(&read)).await.unwrap();
+        assert_eq!(back.read.seq, read.seq, "the counter is back where the records were read");
+        assert!(back.whole, "another history: read whole");
+        kept = caught_up(&mut read, back, kept);
+        assert_eq!(kept, light(&s).await);
+        assert!(kept.iter().all(|r| r.state == EnrolledState::Revoked));
     })
     .await;
 }
