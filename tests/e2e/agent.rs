@@ -153,6 +153,26 @@ impl Site {
         }
     }
 
+    /// Each node's desired version now.
+    fn desired(&self, nodes: &[&str]) -> Vec<u64> {
+        let s = self.status();
+        nodes
+            .iter()
+            .map(|n| s.as_array().unwrap().iter().find(|x| x["name"] == *n).unwrap()["desired_version"].as_u64().unwrap_or(0))
+            .collect()
+    }
+
+    /// Waits until each node's desired version is past `before` (an apply returns before the
+    /// publish run it asks for), then until every one of them applied it.
+    fn converge_past(&self, nodes: &[&str], before: &[u64]) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.desired(nodes).iter().zip(before).any(|(now, was)| now <= was) {
+            assert!(Instant::now() < deadline, "no new version was published for {nodes:?}\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.converge(nodes);
+    }
+
     fn logs(&self) -> String {
         let mut s = String::new();
         for f in ["serve.log", "agent-api-1.log", "agent-db-1.log"] {
@@ -249,8 +269,9 @@ fn two_agents_bring_up_the_overlay_enforce_the_policy_and_survive_an_outage() {
     let mesh = std::fs::read_to_string(decl.path().join("mesh.toml")).unwrap();
     std::fs::write(decl.path().join("mesh.toml"), mesh + "\n[[node]]\nname = \"extra-1\"\n").unwrap();
     site.start_controller();
+    let before = site.desired(&["api-1", "db-1"]);
     site.admin(&["apply", decl.path().to_str().unwrap()]);
-    site.converge(&["api-1", "db-1"]);
+    site.converge_past(&["api-1", "db-1"], &before);
     let s = site.status();
     for n in ["api-1", "db-1"] {
         let e = s.as_array().unwrap().iter().find(|x| x["name"] == n).unwrap();
