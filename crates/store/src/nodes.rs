@@ -98,6 +98,11 @@ pub(crate) fn bind_enrolled<'q>(
         .bind(node.cert_pem.clone())
 }
 
+/// `NODE_COLUMNS` with the certificate read as NULL: what a publish run reads of every record.
+fn columns_without_certificate() -> String {
+    NODE_COLUMNS.replace("cert_pem", "CAST(NULL AS TEXT) AS cert_pem")
+}
+
 pub(crate) fn node_record(r: &AnyRow) -> Result<NodeRecord> {
     Ok(NodeRecord {
         name: r.try_get("name")?,
@@ -212,11 +217,11 @@ impl Store {
     }
 
     /// Every node's record as `nodes` reads it, but without its certificate (`cert_pem` is
-    /// `None`): a publish run reads every record, and at 100,000 nodes the certificates are 69
-    /// MB of the read. It takes those it has not seen from `cert_pems`.
+    /// `None`), as `node_changes` reads records for a publish run (at 100,000 nodes the
+    /// certificates are 69 MB of a whole read; a run takes those it has not seen from
+    /// `cert_pems`).
     pub async fn nodes_without_certificates(&self) -> Result<Vec<NodeRecord>> {
-        let columns = NODE_COLUMNS.replace("cert_pem", "CAST(NULL AS TEXT) AS cert_pem");
-        let rows = sqlx::query(&format!("SELECT {columns} FROM nodes ORDER BY name")).fetch_all(&self.pool).await?;
+        let rows = sqlx::query(&format!("SELECT {} FROM nodes ORDER BY name", columns_without_certificate())).fetch_all(&self.pool).await?;
         rows.iter().map(node_record).collect()
     }
 
@@ -241,7 +246,7 @@ impl Store {
             }
             _ => false,
         };
-        let columns = NODE_COLUMNS.replace("cert_pem", "CAST(NULL AS TEXT) AS cert_pem");
+        let columns = columns_without_certificate();
         let changes = if let (true, Some(since)) = (same_history, since) {
             let gone = sqlx::query("SELECT name FROM nodes_gone WHERE changed > $1")
                 .bind(since.seq)

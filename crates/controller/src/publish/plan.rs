@@ -65,7 +65,7 @@ pub(crate) struct Run {
     pub(crate) published: HashMap<String, (String, Option<String>)>,
     /// Each node's certificate as last read, with its serial (`Store::cert_pems`): a run reads
     /// the records without them, and only those whose serial moved (a new one is a new serial).
-    pub(crate) certs: HashMap<String, (String, Option<String>)>,
+    pub(crate) certs: HashMap<String, trellis_store::SerialAndCert>,
     /// Every node's record (without its certificate) as of a change number, kept from the last
     /// read (ADR 0036): the next run reads only the records written since.
     pub(crate) records: Option<(trellis_store::RecordsRead, Vec<NodeRecord>)>,

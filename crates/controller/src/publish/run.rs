@@ -171,8 +171,8 @@ impl Controller {
     async fn certificates(
         &self,
         records: &[NodeRecord],
-        mut held: HashMap<String, (String, Option<String>)>,
-    ) -> Result<HashMap<String, (String, Option<String>)>> {
+        mut held: HashMap<String, trellis_store::SerialAndCert>,
+    ) -> Result<HashMap<String, trellis_store::SerialAndCert>> {
         let with: Vec<&NodeRecord> = records.iter().filter(|r| r.cert_serial.is_some()).collect();
         let missing: Vec<&str> =
             with.iter().filter(|r| held.get(&r.name).map(|(s, _)| s) != r.cert_serial.as_ref()).map(|r| r.name.as_str()).collect();
