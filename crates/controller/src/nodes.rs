@@ -337,7 +337,8 @@ impl Controller {
         let bundles = self.store.bundles().await?;
         let evidence = self.store.evidence_summary().await?;
         let mut ingress = self.ingress_states().await?;
-        let path_reports = self.path_reports().await?;
+        // What the agents said of their paths matters only to the pairs listed.
+        let path_reports = if paths { self.path_reports().await? } else { HashMap::new() };
         let pairs = if paths { self.publisher.relayed_pairs().await } else { Vec::new() };
         let pairs = crate::paths::by_node(&pairs);
         let t = self.now();
