@@ -135,6 +135,25 @@ impl Reach {
         self.dials(a, b).is_some() || self.dials(b, a).is_some()
     }
 
+    /// The nodes by their rows: each node's class, and one node of each class. Whether two nodes
+    /// have a path (and which, without keys) follows from their rows alone (`dials` finds an
+    /// endpoint exactly when the networks meet the endpoints' union), so a question about every
+    /// pair of two sets can be asked once per pair of their classes.
+    pub fn classes(&self) -> (Vec<u32>, Vec<u32>) {
+        let n = self.rows.len() / (2 * self.words + self.keyed_hubs.0.len());
+        let mut seen: FastMap<&[u64], u32> = FastMap::default();
+        let mut first = Vec::new();
+        let class = (0..n)
+            .map(|a| {
+                *seen.entry(self.row(a)).or_insert_with(|| {
+                    first.push(a as u32);
+                    first.len() as u32 - 1
+                })
+            })
+            .collect();
+        (class, first)
+    }
+
     /// The path rule. With `need_keys`, only hubs whose key is known may relay.
     pub fn path(&self, a: u32, b: u32, need_keys: bool) -> Path {
         if self.dials(a, b).is_some() || self.dials(b, a).is_some() {

@@ -278,6 +278,29 @@ proptest! {
     }
 
     #[test]
+    fn the_check_warns_of_exactly_the_pairs_with_allowed_traffic_and_no_path(g in gen()) {
+        let d = declaration(&g);
+        let oracle = Oracle { d: &d };
+        let mut want = BTreeSet::new();
+        for a in &d.nodes {
+            for b in &d.nodes {
+                let (a, b) = (a.name.as_str(), b.name.as_str());
+                if a < b && (oracle.allowed(a, b) || oracle.allowed(b, a)) && !oracle.direct(a, b) && oracle.relay(a, b).is_none() {
+                    want.insert((a.to_string(), b.to_string()));
+                }
+            }
+        }
+        let got: BTreeSet<(String, String)> = trellis_core::explain::check(&d)
+            .iter()
+            .filter_map(|w| {
+                let (a, rest) = w.message.strip_prefix("no path between `")?.split_once("` and `")?;
+                Some((a.to_string(), rest.split_once('`')?.0.to_string()))
+            })
+            .collect();
+        prop_assert_eq!(got, want);
+    }
+
+    #[test]
     fn no_endpoint_is_given_to_a_node_that_cannot_dial_it(g in gen()) {
         let d = declaration(&g);
         let c = compile_all(&d);
