@@ -16,11 +16,21 @@ use crate::args::CompileArgs;
 use crate::figures::{cpu_time, median, ms, peak_rss_kib};
 use crate::meshgen::{generate, key, node_name};
 
-/// Whether two compiles give every node the same files, byte for byte.
-fn same_files(a: &Compiled, b: &Compiled) -> bool {
-    a.nodes.len() == b.nodes.len()
-        && a.nodes.iter().zip(b.nodes.iter()).all(|((na, oa), (nb, ob))| na == nb && oa.files == ob.files)
-        && a.diagnostics == b.diagnostics
+/// Where two compiles first differ (a node's file, the nodes, or the diagnostics), if they do
+/// not give every node the same files, byte for byte.
+fn difference(a: &Compiled, b: &Compiled) -> Option<String> {
+    if !a.nodes.keys().eq(b.nodes.keys()) {
+        return Some(format!("the nodes differ ({} and {})", a.nodes.len(), b.nodes.len()));
+    }
+    for ((name, oa), ob) in a.nodes.iter().zip(b.nodes.values()) {
+        if let Some(f) = oa.files.iter().zip(&ob.files).find(|(x, y)| x != y).map(|(x, _)| &x.path) {
+            return Some(format!("node {name}'s {f} differs"));
+        }
+        if oa.files.len() != ob.files.len() {
+            return Some(format!("node {name} has other files"));
+        }
+    }
+    (a.diagnostics != b.diagnostics).then(|| "the diagnostics differ".to_string())
 }
 
 pub fn run(args: &CompileArgs) -> Result<ExitCode> {
@@ -39,9 +49,9 @@ pub fn run(args: &CompileArgs) -> Result<ExitCode> {
     // Every node has enrolled except `late`, which enrols during the figures.
     let (target, late) = (node_name(a.hubs + 7, a.hubs), node_name(a.hubs + 8, a.hubs));
     let keys: Keys = (0..a.nodes).map(|i| (node_name(i, a.hubs), key(i))).filter(|(n, _)| *n != late).collect();
-    let run = |decl: &Arc<Declaration>, keys: &Keys, prev: Option<Compiled>| {
+    let run = |decl: &Arc<Declaration>, keys: &Keys, prev: Option<Compiled>, addresses: &trellis_core::Allocation| {
         let (t, cpu) = (Instant::now(), cpu_time());
-        let c = compile(decl, keys, &Default::default(), prev).map_err(|d| anyhow::anyhow!("{d}"))?;
+        let c = compile(decl, keys, addresses, prev).map_err(|d| anyhow::anyhow!("{d}"))?;
         Ok::<_, anyhow::Error>(((t.elapsed(), cpu_time() - cpu), c))
     };
     let mut times = Vec::new();
@@ -50,7 +60,7 @@ pub fn run(args: &CompileArgs) -> Result<ExitCode> {
     for _ in 0..args.runs {
         // The compile before is dropped first: two of them at once would be the peak.
         drop(last.take());
-        let ((took, cpu), c) = run(&decl, &keys, None)?;
+        let ((took, cpu), c) = run(&decl, &keys, None, &Default::default())?;
         times.push(took);
         cpus.push(cpu);
         last = Some(c);
@@ -101,6 +111,16 @@ pub fn run(args: &CompileArgs) -> Result<ExitCode> {
     let joined = Arc::new(pooled.with_members(&[member]).into_owned());
     let mut member_keys = keys.clone();
     member_keys.set("pool-1", Some(PublicKey([0xf0; 32])));
+    // The same, for a pool whose members' names sort among the declared nodes (`mid-1`, before
+    // every `node-`): every later node's position in name order moves by one.
+    let mut between = (*decl).clone();
+    let mut pool = pooled.pools.last().expect("pushed above").clone();
+    pool.name = "mid".into();
+    between.pools.push(pool);
+    let member = trellis_core::decl::Member { name: "mid-1".into(), pool: "mid".into(), address_ipv4: None, address_ipv6: None };
+    let between = Arc::new(between.with_members(&[member]).into_owned());
+    let mut between_keys = keys.clone();
+    between_keys.set("mid-1", Some(PublicKey([0xf1; 32])));
     /// A change to time: what it is for people, its JSON key, and the inputs after it.
     struct Case<'a> {
         what: &'static str,
@@ -113,6 +133,7 @@ pub fn run(args: &CompileArgs) -> Result<ExitCode> {
         Case { what: "one node enrols", key: "enrol_one_node", decl: &decl, keys: &enrolled },
         Case { what: "one node changes group", key: "regroup_one_node", decl: &moved, keys: &keys },
         Case { what: "a pool member joins", key: "pool_member_joins", decl: &joined, keys: &member_keys },
+        Case { what: "a member joins mid-mesh", key: "pool_member_joins_between", decl: &between, keys: &between_keys },
         Case { what: "no change", key: "no_change", decl: &decl, keys: &keys },
     ];
     let mut figures = Vec::new();
@@ -131,15 +152,17 @@ pub fn run(args: &CompileArgs) -> Result<ExitCode> {
         let mut c = None;
         for _ in 0..args.runs {
             let from = base.clone();
-            let ((t, u), out) = run(d, k, Some(from))?;
+            let ((t, u), out) = run(d, k, Some(from), &Default::default())?;
             took.push(t);
             cpu.push(u);
             c = Some(out);
         }
         let c = c.expect("runs >= 1");
-        let (_, full) = run(d, k, None)?;
-        if !same_files(&c, &full) {
-            bail!("{what}: the recompile differs from a full compile");
+        // From nothing but the addresses held before (a node placed among others would else
+        // take another's address: allocation is in name order).
+        let (_, full) = run(d, k, None, &base.allocation)?;
+        if let Some(difference) = difference(&c, &full) {
+            bail!("{what}: the recompile differs from a full compile: {difference}");
         }
         figures.push((what, key, median(took), median(cpu), c.rendered.len()));
     }

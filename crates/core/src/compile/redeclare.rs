@@ -128,14 +128,26 @@ impl<'a, 'd> Redeclare<'a, 'd> {
         }
         let identity = n == old.names.len() && new_to_old.iter().enumerate().all(|(a, o)| *o == Some(a as u32));
         let stable = old_to_new.iter().enumerate().all(|(o, a)| a.is_none_or(|a| a as usize == o));
-        // With the nodes that stayed in their places, only the nodes a change of a module's
-        // runners or sources reaches, and the new nodes, have their partners made again
-        // (`partners_touched`); else all do.
-        let touched = stable.then(|| partners_touched(topo, sources, old, &old_to_new)).flatten();
+        // Only the nodes a change of a module's runners or sources reaches, and the new nodes,
+        // have their partners made again (`partners_touched`); the others keep theirs, in their
+        // new positions when nodes came or went before them (a pool's member whose name sorts
+        // among the declared nodes). Positions are in name order both times, so a kept list
+        // renumbered is still in order.
+        let touched = partners_touched(topo, sources, old, &old_to_new);
         let fresh_partners: Vec<Option<NodeSet>> = match touched {
             Some(touched) => {
                 let reached = topo.modules_reached(sources);
-                par::map(n, |a| touched[a].then(|| topo.partners_of(a as u32, sources, &reached)))
+                par::map(n, |a| {
+                    if touched[a] {
+                        return Some(topo.partners_of(a as u32, sources, &reached));
+                    }
+                    if stable {
+                        return None;
+                    }
+                    let o = new_to_old[a].expect("new nodes are touched") as usize;
+                    let at = |q: &u32| old_to_new[*q as usize].expect("the partners of an untouched node stayed");
+                    Some(old.partners[o].iter().map(at).collect())
+                })
             }
             None => topo.partners().into_iter().map(Some).collect(),
         };
@@ -376,9 +388,10 @@ fn same_route(a: &crate::decl::Route, b: &crate::decl::Route) -> bool {
         && a.hosts.iter().zip(&b.hosts).all(|(x, y)| host(x, y))
 }
 
-/// Which nodes' partners may differ from those of `old`, for a topology where every node that
-/// stayed is in its old place (`old_to_new`, each old position's new one, is the identity on the
-/// nodes that stayed). A node's partners through a module are its sources if it runs it, its
+/// Which nodes' partners may differ from those of `old` (`old_to_new` is each old position's new
+/// one; both in name order, so it keeps the order of the nodes that stayed). Every partner of a
+/// node not touched stayed: one that left changed a module's runners or sources, which touches
+/// the node. A node's partners through a module are its sources if it runs it, its
 /// runners if it is a source; so a change of a module's runners touches the runners that came or
 /// went and every source, a change of its sources touches every runner and the sources that came
 /// or went, a change of both touches all of them. New nodes are touched too. `None` when the

@@ -98,7 +98,9 @@ pub(crate) fn apply(d: &mut Declaration, keys: &mut Keys, c: &Change, added: &mu
         }
         Change::AddNode(template) => {
             let mut node = d.nodes[template % n].clone();
-            node.name = format!("x{added}");
+            // Half the new nodes sort before every other (every position moves by one), half
+            // after (none does).
+            node.name = if template % 2 == 0 { format!("a{added}") } else { format!("x{added}") };
             *added += 1;
             node.public_key = None;
             d.nodes.push(node);
