@@ -47,13 +47,16 @@ pub fn load(mesh: &SourceFile, modules: &[SourceFile]) -> Loaded {
     load_parsed(parsed, diags, modules)
 }
 
-/// The `[[node]]` tables of the `mesh.toml` loaded last, parsed, by their text: a load through
-/// the cache parses only the node tables whose text it has not seen (and the rest of the file),
+/// The `[[node]]` tables of the `mesh.toml` loaded last, parsed, by their text, and the lines of
+/// its `[groups]`: a load through the cache parses only the node tables and group lines whose
+/// text it has not seen (and the rest of the file),
 /// and gives exactly what [`load`] gives (ADR 0034). It keeps the nodes of the last load only.
 #[derive(Default)]
 pub struct LoadCache {
     file: Option<String>,
     nodes: crate::FastMap<String, crate::decl::Node>,
+    /// The one-line groups of `[groups]`, by their line's text (lines counted from it).
+    groups: crate::FastMap<String, crate::decl::Group>,
     /// Node tables taken from the cache, parsed, and whole-file parses (the cut did not read
     /// the file, or it had something to say), since the cache was made.
     pub hits: usize,

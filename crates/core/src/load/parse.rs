@@ -102,6 +102,7 @@ pub(super) fn parse_mesh_cut(file: &SourceFile, cache: &mut super::LoadCache) ->
     }
     if cache.file.as_deref() != Some(file.path.as_str()) {
         cache.nodes.clear();
+        cache.groups.clear();
         cache.file = Some(file.path.clone());
     }
     let mut kept = crate::FastMap::with_capacity_and_hasher(cut.nodes.len(), Default::default());
@@ -127,7 +128,43 @@ pub(super) fn parse_mesh_cut(file: &SourceFile, cache: &mut super::LoadCache) ->
         kept.insert(key, node);
     }
     cache.nodes = kept;
+    if !cut.groups.is_empty() {
+        let mut kept = crate::FastMap::with_capacity_and_hasher(cut.groups.len(), Default::default());
+        for (line, text) in cut.groups {
+            let (key, group) = match cache.groups.remove_entry(text) {
+                Some(hit) => hit,
+                None => {
+                    let group = parse_group_alone(&SourceFile { path: file.path.clone(), text: text.to_string() }, &mut diags)?;
+                    if !diags.is_empty() {
+                        return None;
+                    }
+                    (text.to_string(), group)
+                }
+            };
+            let mut placed = group.clone();
+            placed.loc.line += line;
+            out.groups.push(placed);
+            kept.insert(key, group);
+        }
+        cache.groups = kept;
+        // In the order of the table's keys, as the whole parse gives them; a name given twice
+        // is the whole parse's to report.
+        out.groups.sort_by(|a, b| a.name.cmp(&b.name));
+        if out.groups.windows(2).any(|w| w[0].name == w[1].name) {
+            return None;
+        }
+    }
     Some(out)
+}
+
+/// One line of `[groups]` (`name = ["a", "b"]`) as a file of its own: the group, its line 1.
+fn parse_group_alone(file: &SourceFile, diags: &mut Vec<Diagnostic>) -> Option<Group> {
+    let doc = Doc::new(file);
+    let table = parse_document(&doc, &file.text, diags)?;
+    let [(key, value)] = table.get_ref().iter().collect::<Vec<_>>()[..] else { return None };
+    let name = key.get_ref().to_string();
+    let members = strings_of(&doc, value, &format!("group `{name}` in [groups]"), diags)?;
+    Some(Group { name, members: members.into_iter().map(|(m, _)| m).collect(), loc: doc.loc(&key.span()) })
 }
 
 /// One `[[node]]` table (with its parts) as a file of its own: the node, its lines counted from

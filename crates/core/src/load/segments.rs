@@ -7,10 +7,12 @@
 //! is an optimisation that must never change what a file means.
 
 /// A `mesh.toml` cut: the text of every `[[node]]` table (with its `[[node.endpoint]]` and other
-/// `node.` sub-tables) and the line it starts on (0-based), in order; and the rest of the file
-/// with those lines left empty, so its lines keep their numbers.
+/// `node.` sub-tables) and the line it starts on (0-based), in order; the lines of `[groups]`
+/// that each give a group's members whole (`name = ["a", "b"]`, the name a bare key), with their
+/// lines; and the rest of the file with those lines left empty, so its lines keep their numbers.
 pub(super) struct Cut<'a> {
     pub(super) nodes: Vec<(u32, &'a str)>,
+    pub(super) groups: Vec<(u32, &'a str)>,
     pub(super) rest: String,
 }
 
@@ -19,29 +21,40 @@ enum Header {
     None,
     Node,
     NodePart,
+    Groups,
     Other,
+}
+
+/// Whether a line starts with a bare key (no dots, no quotes) and its `=`.
+fn bare_key_line(line: &str) -> bool {
+    let t = line.trim_start_matches([' ', '\t']);
+    let key = t.bytes().take_while(|b| b.is_ascii_alphanumeric() || *b == b'_' || *b == b'-').count();
+    key > 0 && t[key..].trim_start_matches([' ', '\t']).starts_with('=')
 }
 
 /// Cuts `text`, or `None` when it holds something the cut does not read with certainty.
 pub(super) fn cut(text: &str) -> Option<Cut<'_>> {
     let mut nodes: Vec<(u32, usize, usize)> = Vec::new();
+    let mut groups: Vec<(u32, usize, usize)> = Vec::new();
     let mut state = State::Top;
     let mut depth = 0usize;
-    let mut in_node = false;
+    let (mut in_node, mut in_groups) = (false, false);
     let mut offset = 0usize;
     for (number, line) in text.split_inclusive('\n').enumerate() {
         let start = offset;
         offset += line.len();
-        if state == State::Top && depth == 0 {
+        let at_top = state == State::Top && depth == 0;
+        if at_top {
             match header(line)? {
                 Header::Node => {
                     nodes.push((number as u32, start, offset));
-                    in_node = true;
+                    (in_node, in_groups) = (true, false);
                 }
                 Header::NodePart if in_node => {}
                 // A `node.` table after something else: read whole.
                 Header::NodePart => return None,
-                Header::Other => in_node = false,
+                Header::Groups => (in_node, in_groups) = (false, true),
+                Header::Other => (in_node, in_groups) = (false, false),
                 Header::None => {}
             }
         }
@@ -49,19 +62,26 @@ pub(super) fn cut(text: &str) -> Option<Cut<'_>> {
             nodes.last_mut().expect("in a node").2 = offset;
         }
         scan(line, &mut state, &mut depth)?;
+        // A group's members on one line, closed on it: cut. One spread over lines stays.
+        if at_top && in_groups && state == State::Top && depth == 0 && bare_key_line(line) {
+            groups.push((number as u32, start, offset));
+        }
     }
     if state != State::Top || depth != 0 {
         return None;
     }
+    let mut cuts: Vec<(usize, usize)> = nodes.iter().chain(&groups).map(|&(_, from, to)| (from, to)).collect();
+    cuts.sort_unstable();
     let mut rest = String::with_capacity(text.len());
     let mut last = 0;
-    for &(_, from, to) in &nodes {
+    for (from, to) in cuts {
         rest.push_str(&text[last..from]);
         rest.extend(std::iter::repeat_n('\n', text[from..to].matches('\n').count()));
         last = to;
     }
     rest.push_str(&text[last..]);
-    Some(Cut { nodes: nodes.into_iter().map(|(line, from, to)| (line, &text[from..to])).collect(), rest })
+    let texts = |cut: Vec<(u32, usize, usize)>| cut.into_iter().map(|(line, from, to)| (line, &text[from..to])).collect();
+    Some(Cut { nodes: texts(nodes), groups: texts(groups), rest })
 }
 
 /// The header a line at the top level starts, if any; `None` (the cut gives up) for a header it
@@ -76,6 +96,9 @@ fn header(line: &str) -> Option<Header> {
     let head = t.split('#').next().unwrap_or("").trim_end_matches([' ', '\t']);
     if head == "[[node]]" {
         return Some(Header::Node);
+    }
+    if head == "[groups]" {
+        return Some(Header::Groups);
     }
     let name = head.trim_start_matches('[').trim_end_matches(']');
     let plain = |s: &str| s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.');
@@ -179,6 +202,14 @@ mod tests {
         );
         assert_eq!(c.rest, "[mesh]\nname = \"m\"\n\n\n\n\n\n\n[groups]\ng = [\n  \"a\",\n]\n\n\n");
         assert_eq!(c.rest.lines().count(), text.lines().count());
+    }
+
+    #[test]
+    fn groups_given_on_one_line_are_cut_and_the_others_stay() {
+        let text = "[groups]\ng = [\"a\"] # g\n  h-1 = [\"b\", \"c\"]\nj = [\n\"d\"]\n\"k\" = []\nl.m = []\n[[node]]\nname = \"a\"\n[mesh]\nn = [\"e\"]\n";
+        let c = cut(text).unwrap();
+        assert_eq!(c.groups, vec![(1, "g = [\"a\"] # g\n"), (2, "  h-1 = [\"b\", \"c\"]\n")]);
+        assert_eq!(c.rest, "[groups]\n\n\nj = [\n\"d\"]\n\"k\" = []\nl.m = []\n\n\n[mesh]\nn = [\"e\"]\n");
     }
 
     #[test]

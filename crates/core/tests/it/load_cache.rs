@@ -94,6 +94,13 @@ fn edit() -> impl Strategy<Value = Edit> {
                 "name = \"dup\"",
                 "[groups.x]",
                 "[[node]",
+                "gx = [\"n1\", \"n2\"] # one line",
+                "g0 = [\"n1\"]",
+                "g7 = [1]",
+                "\"g q\" = [\"n1\"]",
+                "a.b = [\"n1\"]",
+                "g8 = [\"n1\",\n\"n2\"]",
+                "[groups]",
             ])
         )
             .prop_map(|(at, l)| Edit::Insert(at, l)),
@@ -105,7 +112,10 @@ fn edit() -> impl Strategy<Value = Edit> {
                 ("\"n3\", ", ""),
                 ("g1 = [", "g1 = [\"n4\", "),
                 ("51820", "51821"),
-                ("[[node]]", "[[node]] # x")
+                ("[[node]]", "[[node]] # x"),
+                ("g2 = ", "g0 = "),
+                ("g1 = ", "  g1  =  "),
+                ("[groups]", "[groups] # the groups")
             ]),
             0..5usize
         )
