@@ -162,13 +162,23 @@ impl Controller {
         }
         files.sort();
         // Checked as `trellis check` checks, but allocated once: the addresses the check's
-        // topology needs are the ones this revision stores (ADR 0034).
+        // topology needs are the ones this revision stores (ADR 0034). Each stage is timed for
+        // the debug log, as a publish run's are.
+        let started = std::time::Instant::now();
+        let counts = |c: &trellis_core::load::LoadCache| (c.parsed, c.whole);
+        let before = counts(&self.load_cache.lock().expect("load cache"));
         let loaded = self.load(&files);
+        let load_ms = started.elapsed().as_millis();
+        let after = counts(&self.load_cache.lock().expect("load cache"));
+        let (parsed, whole) = (after.0 - before.0, after.1 - before.1);
         let mut diagnostics = loaded.diagnostics;
+        let (mut place_ms, mut check_ms) = (0, 0);
         let placed = match &loaded.declaration {
             Some(decl) if !diagnostics.iter().any(|d| d.is_error()) => match self.place(decl).await? {
                 Ok(p) => {
+                    place_ms = started.elapsed().as_millis() - load_ms;
                     diagnostics.extend(trellis_core::explain::check_allocated(decl, &p.allocation));
+                    check_ms = started.elapsed().as_millis() - load_ms - place_ms;
                     Some(p)
                 }
                 Err(exhausted) => {
@@ -219,7 +229,9 @@ impl Controller {
         let replaced: Vec<String> = replaced.iter().map(|m| m.name.clone()).collect();
         let allocation = Arc::new(allocation);
         let addresses = trellis_store::Addresses { allocation: allocation.clone(), held: Some((held_revision, previous)) };
+        let stored_at = std::time::Instant::now();
         let revision = self.store.apply(&files, &digest, addresses, expect_revision, &replaced, &audit).await?;
+        let store_ms = stored_at.elapsed().as_millis();
         {
             let mut cache = self.allocation.lock().await;
             if cache.as_ref().is_none_or(|(n, ..)| *n < revision) {
@@ -238,6 +250,7 @@ impl Controller {
             }
         }
         self.ask_publish();
+        tracing::debug!(revision, parsed, whole, load_ms, place_ms, check_ms, store_ms, ms = started.elapsed().as_millis(), "apply");
         Ok(proto::ApplyResponse { revision, diagnostics: out, unchanged: false })
     }
 }

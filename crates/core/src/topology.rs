@@ -154,7 +154,9 @@ impl Reach {
         (class, first)
     }
 
-    /// The path rule. With `need_keys`, only hubs whose key is known may relay.
+    /// The path rule. With `need_keys`, only hubs whose key is known may relay. It reads the two
+    /// nodes' rows and nothing else of them: `classes` relies on it (what else decides a path
+    /// goes into the rows).
     pub fn path(&self, a: u32, b: u32, need_keys: bool) -> Path {
         if self.dials(a, b).is_some() || self.dials(b, a).is_some() {
             return Path::Direct;
