@@ -14,7 +14,9 @@ pub struct Declaration {
     pub mesh: MeshSettings,
     pub networks: Vec<Network>,
     pub groups: Vec<Group>,
-    pub nodes: Vec<Node>,
+    /// Shared, so that a load taking nodes unchanged from the load before (ADR 0034), or a
+    /// declaration with its pool members added, copies no node.
+    pub nodes: Vec<std::sync::Arc<Node>>,
     pub modules: Vec<Module>,
     /// Prefixes beyond the overlay (a LAN, or the internet for an exit) reached through router
     /// nodes.
@@ -187,8 +189,8 @@ pub struct Node {
 
 impl Node {
     /// Every place in the node moved down by `lines` (a node table parsed as a file of its own,
-    /// placed where it stands in `mesh.toml`).
-    pub(crate) fn shift_lines(&mut self, lines: u32) {
+    /// placed where it stands in `mesh.toml`), or up for a negative count.
+    pub(crate) fn shift_lines(&mut self, lines: i64) {
         let all = std::iter::once(&mut self.loc)
             .chain(self.exit.iter_mut().map(|(_, l)| l))
             .chain(self.endpoints.iter_mut().map(|e| &mut e.loc))
@@ -196,7 +198,7 @@ impl Node {
             .chain(self.refs.groups.iter_mut())
             .chain(self.refs.modules.iter_mut());
         for loc in all {
-            loc.line += lines;
+            loc.line = u32::try_from(i64::from(loc.line) + lines).expect("a node's places stay in its file");
         }
     }
 }
@@ -486,7 +488,7 @@ pub struct PolicyTest {
 
 impl Declaration {
     pub fn node(&self, name: &str) -> Option<&Node> {
-        self.nodes.iter().find(|n| n.name == name)
+        self.nodes.iter().find(|n| n.name == name).map(|n| &**n)
     }
 
     pub fn module(&self, name: &str) -> Option<&Module> {
@@ -518,8 +520,10 @@ impl Declaration {
     /// pool is no longer declared, or whose name a declared node holds, is left out. Borrowed,
     /// not copied, when no member is added (at 100,000 nodes a copy is tens of milliseconds).
     pub fn with_members(&self, members: &[Member]) -> std::borrow::Cow<'_, Declaration> {
-        let added: Vec<Node> =
-            members.iter().filter_map(|m| self.pool(&m.pool).filter(|_| self.node(&m.name).is_none()).map(|pool| pool.member(m))).collect();
+        let added: Vec<std::sync::Arc<Node>> = members
+            .iter()
+            .filter_map(|m| self.pool(&m.pool).filter(|_| self.node(&m.name).is_none()).map(|pool| std::sync::Arc::new(pool.member(m))))
+            .collect();
         if added.is_empty() {
             return std::borrow::Cow::Borrowed(self);
         }
@@ -561,12 +565,12 @@ impl Indexed {
 
     /// The node of this name (what `Declaration::node` finds).
     pub fn node(&self, name: &str) -> Option<&Node> {
-        self.by_name.get(name).map(|&i| &self.decl.nodes[i as usize])
+        self.by_name.get(name).map(|&i| &*self.decl.nodes[i as usize])
     }
 
     /// The first node that declares `key` as its own (a node managed outside trellis).
     pub fn declared_holder(&self, key: &PublicKey) -> Option<&Node> {
-        self.by_key.get(key).map(|&i| &self.decl.nodes[i as usize])
+        self.by_key.get(key).map(|&i| &*self.decl.nodes[i as usize])
     }
 }
 

@@ -72,13 +72,32 @@ pub(crate) struct LineIndex {
     file: Arc<str>,
     starts: Vec<usize>,
     text_len: usize,
+    /// Lines taken out of the text, for a text that is a file with whole lines left out: at
+    /// each offset (a line start), how many lines were left out before it, counted from the
+    /// file's start. Empty for a whole file.
+    gaps: Vec<(usize, u32)>,
 }
 
 impl LineIndex {
     pub(crate) fn new(file: Arc<str>, text: &str) -> Self {
+        Self::with_gaps(file, text, Vec::new())
+    }
+
+    /// The index of a file from which whole lines were left out: `gaps` gives, in order, each
+    /// offset of `text` where lines were left out and how many, so that places are numbered as
+    /// in the file.
+    pub(crate) fn with_gaps(file: Arc<str>, text: &str, gaps: Vec<(usize, u32)>) -> Self {
         let mut starts = vec![0];
         starts.extend(text.match_indices('\n').map(|(i, _)| i + 1));
-        LineIndex { file, starts, text_len: text.len() }
+        let mut before = 0;
+        let gaps = gaps
+            .into_iter()
+            .map(|(at, lines)| {
+                before += lines;
+                (at, before)
+            })
+            .collect();
+        LineIndex { file, starts, text_len: text.len(), gaps }
     }
 
     pub(crate) fn loc(&self, text: &str, offset: usize) -> Loc {
@@ -86,6 +105,7 @@ impl LineIndex {
         let line = self.starts.partition_point(|&s| s <= offset) - 1;
         let start = self.starts[line];
         let col = text.get(start..offset).map_or(offset - start, |s| s.chars().count()) + 1;
-        Loc { file: self.file.clone(), line: line as u32 + 1, col: col as u32 }
+        let left_out = self.gaps.partition_point(|&(at, _)| at <= start).checked_sub(1).map_or(0, |g| self.gaps[g].1);
+        Loc { file: self.file.clone(), line: line as u32 + 1 + left_out, col: col as u32 }
     }
 }

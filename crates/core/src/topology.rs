@@ -320,7 +320,7 @@ impl<'d> Topology<'d> {
     pub fn new(decl: &'d Declaration, alloc: &Allocation, keys: &crate::keys::Keys) -> Self {
         let mut order: Vec<u32> = (0..decl.nodes.len() as u32).collect();
         order.sort_unstable_by(|&a, &b| decl.nodes[a as usize].name.cmp(&decl.nodes[b as usize].name));
-        let nodes: Vec<&Node> = order.iter().map(|&i| &decl.nodes[i as usize]).collect();
+        let nodes: Vec<&Node> = order.iter().map(|&i| &*decl.nodes[i as usize]).collect();
         let index: FastMap<&str, u32> = nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i as u32)).collect();
         let network_index: FastMap<&str, usize> = decl.networks.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
         let hubs: Vec<u32> = (0..nodes.len() as u32).filter(|&i| nodes[i as usize].hub).collect();

@@ -54,7 +54,10 @@ pub fn load(mesh: &SourceFile, modules: &[SourceFile]) -> Loaded {
 #[derive(Default)]
 pub struct LoadCache {
     file: Option<String>,
-    nodes: crate::FastMap<String, crate::decl::Node>,
+    /// The node tables of the last load, in order: each one's text, the line it started on and
+    /// the node as placed there. A load compares each table with the one at the same place
+    /// first, and looks the others up by their text.
+    nodes: Vec<(String, u32, std::sync::Arc<crate::decl::Node>)>,
     /// The one-line groups of `[groups]`, by their line's text (lines counted from it).
     groups: crate::FastMap<String, crate::decl::Group>,
     /// Node tables taken from the cache, parsed, and whole-file parses (the cut did not read

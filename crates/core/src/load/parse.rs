@@ -19,7 +19,7 @@ pub(super) struct Parsed {
     mesh: Option<MeshSettings>,
     networks: Vec<Network>,
     groups: Vec<Group>,
-    nodes: Vec<Node>,
+    nodes: Vec<std::sync::Arc<Node>>,
     pub(super) modules: Vec<Module>,
     routes: Vec<Route>,
     tests: Vec<PolicyTest>,
@@ -85,7 +85,7 @@ pub const SCHEMA: &[(&str, &[&str])] = &[
 ];
 
 pub(super) fn parse_mesh(file: &SourceFile, diags: &mut Vec<Diagnostic>) -> Parsed {
-    parse_mesh_parts(file, diags).0
+    parse_mesh_parts(file, Vec::new(), diags).0
 }
 
 /// `mesh.toml` from its cut (ADR 0034): the rest parsed, and each `[[node]]` table taken from
@@ -96,7 +96,7 @@ pub(super) fn parse_mesh_cut(file: &SourceFile, cache: &mut super::LoadCache) ->
     let cut = super::segments::cut(&file.text)?;
     let mut diags = Vec::new();
     let rest = SourceFile { path: file.path.clone(), text: cut.rest };
-    let (mut out, has_nodes) = parse_mesh_parts(&rest, &mut diags);
+    let (mut out, has_nodes) = parse_mesh_parts(&rest, cut.gaps, &mut diags);
     if has_nodes || !diags.is_empty() {
         return None;
     }
@@ -105,27 +105,59 @@ pub(super) fn parse_mesh_cut(file: &SourceFile, cache: &mut super::LoadCache) ->
         cache.groups.clear();
         cache.file = Some(file.path.clone());
     }
-    let mut kept = crate::FastMap::with_capacity_and_hasher(cut.nodes.len(), Default::default());
+    // Which table of the load before each one is: the one at the same place when its text is
+    // the same (a change of groups or of one node moves no table), else the one with its text.
+    let held = &cache.nodes;
+    let mut by_text: Option<crate::FastMap<&str, usize>> = None;
+    let found: Vec<Option<usize>> = cut
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, (_, text))| {
+            if held.get(i).is_some_and(|(t, ..)| t == text) {
+                return Some(i);
+            }
+            let by_text = by_text.get_or_insert_with(|| held.iter().enumerate().map(|(j, (t, ..))| (t.as_str(), j)).collect());
+            by_text.get(text).copied()
+        })
+        .collect();
+    drop(by_text);
+    let mut held = std::mem::take(&mut cache.nodes);
+    let mut kept = Vec::with_capacity(cut.nodes.len());
     out.nodes.reserve(cut.nodes.len());
-    for (line, text) in cut.nodes {
-        let (key, node) = match cache.nodes.remove_entry(text) {
-            Some(hit) => {
+    for ((line, text), found) in cut.nodes.into_iter().zip(found) {
+        let node = match found {
+            // Shared as it was placed, or a copy moved to where it now stands.
+            Some(j) => {
                 cache.hits += 1;
-                hit
+                let (_, was, node) = &held[j];
+                if *was == line {
+                    node.clone()
+                } else {
+                    let mut moved = crate::decl::Node::clone(node);
+                    moved.shift_lines(i64::from(line) - i64::from(*was));
+                    std::sync::Arc::new(moved)
+                }
             }
             None => {
-                let node = parse_node_alone(&SourceFile { path: file.path.clone(), text: text.to_string() }, &mut diags)?;
-                if !diags.is_empty() {
+                let parsed = parse_node_alone(&SourceFile { path: file.path.clone(), text: text.to_string() }, &mut diags);
+                let Some(mut node) = parsed.filter(|_| diags.is_empty()) else {
+                    // The whole parse says what is wrong; the tables held stay for the next load.
+                    cache.nodes = held;
                     return None;
-                }
+                };
                 cache.parsed += 1;
-                (text.to_string(), node)
+                node.shift_lines(i64::from(line));
+                std::sync::Arc::new(node)
             }
         };
-        let mut placed = node.clone();
-        placed.shift_lines(line);
-        out.nodes.push(placed);
-        kept.insert(key, node);
+        // The text kept is the held one when it is this table's (not copied again).
+        let key = match found {
+            Some(j) if !held[j].0.is_empty() => std::mem::take(&mut held[j].0),
+            _ => text.to_string(),
+        };
+        out.nodes.push(node.clone());
+        kept.push((key, line, node));
     }
     cache.nodes = kept;
     if !cut.groups.is_empty() {
@@ -181,9 +213,10 @@ fn parse_node_alone(file: &SourceFile, diags: &mut Vec<Diagnostic>) -> Option<No
     parse_node(&doc, &t, diags)
 }
 
-/// `mesh.toml`'s parts, and whether its top-level table has a `node` key at all.
-fn parse_mesh_parts(file: &SourceFile, diags: &mut Vec<Diagnostic>) -> (Parsed, bool) {
-    let doc = Doc::new(file);
+/// `mesh.toml`'s parts, and whether its top-level table has a `node` key at all; `gaps` says
+/// where whole lines of the file were left out of `file` (see `Doc::with_gaps`).
+fn parse_mesh_parts(file: &SourceFile, gaps: Vec<(usize, u32)>, diags: &mut Vec<Diagnostic>) -> (Parsed, bool) {
+    let doc = Doc::with_gaps(file, gaps);
     let mut out = Parsed::default();
     let Some(table) = parse_document(&doc, &file.text, diags) else {
         return (out, false);
@@ -225,7 +258,7 @@ fn parse_mesh_parts(file: &SourceFile, diags: &mut Vec<Diagnostic>) -> (Parsed, 
     for v in top.tables(&doc, "node", diags) {
         if let Some(t) = Table::new(&doc, "[[node]]", v, NODE_KEYS, diags) {
             if let Some(node) = parse_node(&doc, &t, diags) {
-                out.nodes.push(node);
+                out.nodes.push(std::sync::Arc::new(node));
             }
         }
     }

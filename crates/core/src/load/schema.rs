@@ -23,6 +23,13 @@ impl<'a> Doc<'a> {
         Doc { lines: LineIndex::new(name.clone(), &file.text), file: name, text: &file.text }
     }
 
+    /// A file from which whole lines were left out, its places numbered as in the file (see
+    /// `LineIndex::with_gaps`).
+    pub(super) fn with_gaps(file: &'a SourceFile, gaps: Vec<(usize, u32)>) -> Self {
+        let name: Arc<str> = Arc::from(file.path.as_str());
+        Doc { lines: LineIndex::with_gaps(name.clone(), &file.text, gaps), file: name, text: &file.text }
+    }
+
     pub(super) fn loc(&self, span: &Range<usize>) -> Loc {
         self.lines.loc(self.text, span.start)
     }

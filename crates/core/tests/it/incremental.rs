@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use trellis_core::decl::{PublicKey, Source};
+use trellis_core::decl::{Node, PublicKey, Source};
 use trellis_core::{compile, Compiled, Declaration, Keys};
 
 use crate::props::{declaration, gen};
@@ -67,7 +67,7 @@ pub(crate) fn apply(d: &mut Declaration, keys: &mut Keys, c: &Change, added: &mu
             if groups.is_empty() {
                 return false;
             }
-            let node = &mut d.nodes[i % n];
+            let node = Arc::make_mut(&mut d.nodes[i % n]);
             node.groups = vec![groups[g % groups.len()].clone()];
             node.refs.groups = vec![node.loc.clone()];
             for grp in &mut d.groups {
@@ -78,7 +78,7 @@ pub(crate) fn apply(d: &mut Declaration, keys: &mut Keys, c: &Change, added: &mu
         Change::ToggleModule(i, m) => {
             let modules: Vec<String> = d.modules.iter().map(|m| m.name.clone()).collect();
             let m = modules[m % modules.len()].clone();
-            let node = &mut d.nodes[i % n];
+            let node = Arc::make_mut(&mut d.nodes[i % n]);
             if let Some(at) = node.modules.iter().position(|x| *x == m) {
                 node.modules.remove(at);
                 node.refs.modules.remove(at);
@@ -89,7 +89,7 @@ pub(crate) fn apply(d: &mut Declaration, keys: &mut Keys, c: &Change, added: &mu
             true
         }
         Change::DropEndpoints(i) => {
-            let node = &mut d.nodes[i % n];
+            let node = Arc::make_mut(&mut d.nodes[i % n]);
             if node.hub {
                 return false;
             }
@@ -97,13 +97,13 @@ pub(crate) fn apply(d: &mut Declaration, keys: &mut Keys, c: &Change, added: &mu
             true
         }
         Change::AddNode(template) => {
-            let mut node = d.nodes[template % n].clone();
+            let mut node = Node::clone(&d.nodes[template % n]);
             // Half the new nodes sort before every other (every position moves by one), half
             // after (none does).
             node.name = if template % 2 == 0 { format!("a{added}") } else { format!("x{added}") };
             *added += 1;
             node.public_key = None;
-            d.nodes.push(node);
+            d.nodes.push(Arc::new(node));
             true
         }
         Change::RemoveNode(i) => {
@@ -124,7 +124,7 @@ pub(crate) fn apply(d: &mut Declaration, keys: &mut Keys, c: &Change, added: &mu
             if d.route("internet").is_none() {
                 return false;
             }
-            let node = &mut d.nodes[i % n];
+            let node = Arc::make_mut(&mut d.nodes[i % n]);
             node.exit = match node.exit {
                 Some(_) => None,
                 None => Some(("internet".to_string(), node.loc.clone())),
@@ -187,7 +187,7 @@ proptest! {
         }
         // Most nodes get their key by enrolling; a few keep a declared one.
         let mut keys = Keys::default();
-        for (i, node) in d.nodes.iter_mut().enumerate() {
+        for (i, node) in d.nodes.iter_mut().map(Arc::make_mut).enumerate() {
             if i % 5 != 0 {
                 let key = node.public_key.take().expect("generated with a key");
                 if enrolled[i % 32] {
@@ -255,7 +255,7 @@ pub(crate) fn add_routes(d: &mut Declaration) {
         hosts: Vec::new(),
         loc: loc.clone(),
     });
-    for (i, node) in d.nodes.iter_mut().enumerate() {
+    for (i, node) in d.nodes.iter_mut().map(Arc::make_mut).enumerate() {
         if i % 4 == 3 {
             node.exit = Some(("internet".into(), loc.clone()));
         }

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use proptest::prelude::*;
 use trellis_core::decl::{Declaration, Source};
@@ -136,7 +137,7 @@ pub(crate) fn declaration(g: &Gen) -> Declaration {
         .map(|i| trellis_core::decl::Member { name: format!("pl-{i}"), pool: "pl".into(), address_ipv4: None, address_ipv6: None })
         .collect();
     let mut d = valid(&mesh, &refs).with_members(&members).into_owned();
-    for (i, n) in d.nodes.iter_mut().filter(|n| n.pool.is_some()).enumerate() {
+    for (i, n) in d.nodes.iter_mut().filter(|n| n.pool.is_some()).map(Arc::make_mut).enumerate() {
         n.public_key = trellis_core::decl::PublicKey::parse(&key(200 + i));
     }
     d
@@ -240,10 +241,10 @@ proptest! {
         let gone = drop % d2.nodes.len();
         d2.nodes.remove(gone);
         for i in 0..extra {
-            let mut n = d.nodes[0].clone();
+            let mut n = trellis_core::decl::Node::clone(&d.nodes[0]);
             n.name = format!("new{i}");
             n.public_key = None;
-            d2.nodes.push(n);
+            d2.nodes.push(Arc::new(n));
         }
         let a2 = allocate(&d2, &a).unwrap();
         for n in &d2.nodes {

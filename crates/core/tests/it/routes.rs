@@ -413,7 +413,7 @@ mod props {
 fn a_new_route_user_leaves_the_other_users_plans_as_a_full_compile_makes_them() {
     let mut d = valid(MESH, &[]);
     let first = compile(&Arc::new(d.clone()), &keys(ALL), &Default::default(), None).unwrap();
-    let joining = d.nodes.iter_mut().find(|n| n.name == "guest-1").unwrap();
+    let joining = Arc::make_mut(d.nodes.iter_mut().find(|n| n.name == "guest-1").unwrap());
     joining.groups.push("ops".into());
     joining.refs.groups.push(joining.loc.clone());
     let d = Arc::new(d);
