@@ -232,6 +232,7 @@ impl Controller {
         let stored_at = std::time::Instant::now();
         let revision = self.store.apply(&files, &digest, addresses, expect_revision, &replaced, &audit).await?;
         let store_ms = stored_at.elapsed().as_millis();
+        let before_store_ms = (stored_at - started).as_millis() - load_ms - place_ms - check_ms;
         {
             let mut cache = self.allocation.lock().await;
             if cache.as_ref().is_none_or(|(n, ..)| *n < revision) {
@@ -250,7 +251,19 @@ impl Controller {
             }
         }
         self.ask_publish();
-        tracing::debug!(revision, parsed, whole, load_ms, place_ms, check_ms, store_ms, ms = started.elapsed().as_millis(), "apply");
+        tracing::debug!(
+            revision,
+            parsed,
+            whole,
+            load_ms,
+            place_ms,
+            check_ms,
+            before_store_ms,
+            store_ms,
+            after_store_ms = stored_at.elapsed().as_millis() - store_ms,
+            ms = started.elapsed().as_millis(),
+            "apply"
+        );
         Ok(proto::ApplyResponse { revision, diagnostics: out, unchanged: false })
     }
 }

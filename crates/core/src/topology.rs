@@ -19,16 +19,6 @@ impl Bits {
     fn set(&mut self, i: usize) {
         self.0[i / 64] |= 1 << (i % 64);
     }
-
-    fn meets(&self, other: &[u64]) -> bool {
-        meets(&self.0, other)
-    }
-
-    fn union(&mut self, other: &Bits) {
-        for (a, b) in self.0.iter_mut().zip(other.0.iter()) {
-            *a |= b;
-        }
-    }
 }
 
 /// Whether two sets of bits share one.
@@ -95,7 +85,11 @@ pub struct Reach {
     /// compile asks it of every pair of partners (19 million at 100,000 nodes).
     rows: Vec<u64>,
     words: usize,
-    endpoint_reach: Vec<Vec<Bits>>,
+    /// Each endpoint's `reachable_from` (`words` words of bits), node after node: node `a`'s
+    /// endpoints are those from `endpoint_start[a]` to `endpoint_start[a + 1]`. One vector, not
+    /// one per node and endpoint: at 100,000 nodes those were 300,000 allocations a topology.
+    endpoint_reach: Vec<u64>,
+    endpoint_start: Vec<u32>,
     pub hubs: Vec<u32>,
     /// The hubs whose key is known, as bits over `hubs`.
     keyed_hubs: Bits,
@@ -128,7 +122,8 @@ impl Reach {
         if !meets(nets, self.reach(b)) {
             return None;
         }
-        self.endpoint_reach[b].iter().position(|e| e.meets(nets))
+        let (from, to) = (self.endpoint_start[b] as usize, self.endpoint_start[b + 1] as usize);
+        self.endpoint_reach[from * self.words..to * self.words].chunks_exact(self.words).position(|e| meets(e, nets))
     }
 
     pub fn direct(&self, a: u32, b: u32) -> bool {
@@ -233,59 +228,70 @@ fn hubs_len_words(hubs: &[u32]) -> usize {
 /// them marked).
 fn reach_of(nodes: &[&Node], network_index: &FastMap<&str, usize>, networks: usize, hubs: Vec<u32>, keys: &[Option<PublicKey>]) -> Reach {
     let words = networks.div_ceil(64).max(1);
-    let bits_of = |names: &[String]| {
-        let mut b = Bits::new(words);
+    // The networks named, as bits set in `into` (`words` words).
+    let set_bits = |names: &[String], into: &mut [u64]| {
         for n in names {
             if let Some(&i) = network_index.get(n.as_str()) {
-                b.set(i);
+                into[i / 64] |= 1 << (i % 64);
             }
         }
-        b
     };
-    let endpoint_reach: Vec<Vec<Bits>> = nodes.iter().map(|n| n.endpoints.iter().map(|e| bits_of(&e.reachable_from)).collect()).collect();
+    let endpoints: usize = nodes.iter().map(|n| n.endpoints.len()).sum();
+    let mut endpoint_reach = vec![0u64; endpoints * words];
+    let mut endpoint_start = Vec::with_capacity(nodes.len() + 1);
     let hub_words = hubs_len_words(&hubs);
-    let mut rows = Vec::with_capacity(nodes.len() * (2 * words + hub_words));
-    for (n, eps) in nodes.iter().zip(&endpoint_reach) {
-        let mut reach = Bits::new(words);
-        eps.iter().for_each(|e| reach.union(e));
-        rows.extend_from_slice(&bits_of(&n.networks).0);
-        rows.extend_from_slice(&reach.0);
-        rows.extend(std::iter::repeat_n(0, hub_words));
+    let row = 2 * words + hub_words;
+    let mut rows = vec![0u64; nodes.len() * row];
+    let mut e = 0;
+    for (n, r) in nodes.iter().zip(rows.chunks_exact_mut(row)) {
+        endpoint_start.push(e as u32);
+        let (nets, rest) = r.split_at_mut(words);
+        set_bits(&n.networks, nets);
+        for endpoint in &n.endpoints {
+            let bits = &mut endpoint_reach[e * words..(e + 1) * words];
+            set_bits(&endpoint.reachable_from, bits);
+            for (a, b) in rest[..words].iter_mut().zip(bits.iter()) {
+                *a |= b;
+            }
+            e += 1;
+        }
     }
+    endpoint_start.push(e as u32);
     let mut keyed_hubs = Bits::new(hub_words);
     for (j, &h) in hubs.iter().enumerate() {
         if keys[h as usize].is_some() {
             keyed_hubs.set(j);
         }
     }
-    let mut r = Reach { rows, words, endpoint_reach, hubs, keyed_hubs };
-    let row = 2 * words + hub_words;
+    let mut r = Reach { rows, words, endpoint_reach, endpoint_start, hubs, keyed_hubs };
     // Whether a node and a hub are direct follows from the node's networks and its
     // endpoints' reach alone (`Reach::dials` finds an endpoint where their union meets the
     // networks): the nodes that share both, most of a fleet, are worked out once (at 100,000
     // nodes and 100 hubs, 10 million pairs were: a tenth of a recompile).
-    let link = |a: u32| {
-        let mut b = Bits::new(hub_words);
+    let link = |a: u32, into: &mut [u64]| {
         for (j, &h) in r.hubs.iter().enumerate() {
             if h != a && r.direct(a, h) {
-                b.set(j);
+                into[j / 64] |= 1 << (j % 64);
             }
         }
-        b
     };
-    let mut alike: FastMap<&[u64], Bits> = FastMap::default();
-    let links: Vec<Bits> = (0..nodes.len() as u32)
-        .map(|a| {
-            if nodes[a as usize].hub {
-                return link(a);
-            }
-            let start = a as usize * row;
-            alike.entry(&r.rows[start..start + 2 * words]).or_insert_with(|| link(a)).clone()
-        })
-        .collect();
+    // Each node's links, or the first node's alike with it.
+    let mut links = vec![0u64; nodes.len() * hub_words];
+    let mut alike: FastMap<&[u64], usize> = FastMap::default();
+    for a in 0..nodes.len() {
+        let start = a * row;
+        let first = if nodes[a].hub { a } else { *alike.entry(&r.rows[start..start + 2 * words]).or_insert(a) };
+        if first == a {
+            link(a as u32, &mut links[a * hub_words..(a + 1) * hub_words]);
+        } else {
+            links.copy_within(first * hub_words..(first + 1) * hub_words, a * hub_words);
+        }
+    }
     drop(alike);
-    for (a, b) in links.iter().enumerate() {
-        r.rows[a * row + 2 * words..(a + 1) * row].copy_from_slice(&b.0);
+    if hub_words > 0 {
+        for (a, b) in links.chunks_exact(hub_words).enumerate() {
+            r.rows[a * row + 2 * words..(a + 1) * row].copy_from_slice(b);
+        }
     }
     r
 }
@@ -318,8 +324,14 @@ impl<'d> Topology<'d> {
     /// Indexes a validated declaration. `keys` are the WireGuard keys known for nodes (enrolled
     /// or declared); a key declared in the mesh wins over one given here.
     pub fn new(decl: &'d Declaration, alloc: &Allocation, keys: &crate::keys::Keys) -> Self {
-        let mut order: Vec<u32> = (0..decl.nodes.len() as u32).collect();
-        order.sort_unstable_by(|&a, &b| decl.nodes[a as usize].name.cmp(&decl.nodes[b as usize].name));
+        // Sorted with the names at hand (a comparison reads no node), and not at all when the
+        // declaration lists its nodes in name order already.
+        let mut named: Vec<(&str, u32)> = decl.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i as u32)).collect();
+        if !named.is_sorted() {
+            named.sort_unstable();
+        }
+        let order: Vec<u32> = named.iter().map(|&(_, i)| i).collect();
+        drop(named);
         let nodes: Vec<&Node> = order.iter().map(|&i| &*decl.nodes[i as usize]).collect();
         let index: FastMap<&str, u32> = nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i as u32)).collect();
         let network_index: FastMap<&str, usize> = decl.networks.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();

@@ -46,6 +46,14 @@ fn admin_client(dir: &std::path::Path) -> anyhow::Result<trellis_client::AdminCl
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The controllers and agents a bench runs in this process log only when asked (`RUST_LOG`):
+    // an apply's stages, a publish run's, at debug.
+    if std::env::var_os("RUST_LOG").is_some() {
+        if let Err(e) = trellis_client::log::init(trellis_client::log::LogFormat::Text, "off") {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    }
     let result = match cli.command {
         Command::Bench { what } => bench::run(what),
         Command::Mesh(a) => meshgen::write_mesh(&a),
