@@ -60,7 +60,7 @@ impl Controller {
     /// for the requests that look nodes up (enrolments, tokens): parsed and indexed once per
     /// revision.
     pub(crate) async fn current_indexed(&self) -> Result<Option<(i64, Arc<Indexed>)>> {
-        let Some((number, _)) = self.store.current_revision_head().await? else {
+        let Some((number, digest)) = self.store.current_revision_head().await? else {
             return Ok(None);
         };
         let mut cache = self.declaration.lock().await;
@@ -68,6 +68,12 @@ impl Controller {
             if *n == number {
                 return Ok(Some((number, d.clone())));
             }
+        }
+        // The revision an apply has just stored: its files are the ones it parsed.
+        let applying = self.applying.lock().expect("applying").as_ref().filter(|(d, _)| *d == digest).map(|(_, decl)| decl.clone());
+        if let Some(decl) = applying {
+            *cache = Some((number, decl.clone()));
+            return Ok(Some((number, decl)));
         }
         let Some(rev) = self.store.current_revision().await? else {
             return Ok(None);
@@ -225,13 +231,26 @@ impl Controller {
             let named: Vec<String> = replaced.iter().map(|m| format!("{} (pool {})", m.name, m.pool)).collect();
             detail.push_str(&format!("; removed the pool members it names as declared nodes: {}", named.join(", ")));
         }
-        let audit = Audit { at: self.now(), actor: "admin", action: AuditAction::DeclarationApplied, subject: &decl.mesh.name, detail };
+        let subject = decl.mesh.name.clone();
+        let audit = Audit { at: self.now(), actor: "admin", action: AuditAction::DeclarationApplied, subject: &subject, detail };
         let replaced: Vec<String> = replaced.iter().map(|m| m.name.clone()).collect();
         let allocation = Arc::new(allocation);
         let addresses = trellis_store::Addresses { allocation: allocation.clone(), held: Some((held_revision, previous)) };
+        // Indexed before it is stored, and offered to whoever finds the revision current before
+        // this apply has put it in the cache (a publish run woken by the database would else
+        // parse the stored files again, holding the cache while this apply waits on it).
+        let indexed = Arc::new(Indexed::new(Arc::new(decl)));
+        *self.applying.lock().expect("applying") = Some((digest.clone(), indexed.clone()));
         let stored_at = std::time::Instant::now();
-        let revision = self.store.apply(&files, &digest, addresses, expect_revision, &replaced, &audit).await?;
+        let stored = self.store.apply(&files, &digest, addresses, expect_revision, &replaced, &audit).await;
         let store_ms = stored_at.elapsed().as_millis();
+        let revision = match stored {
+            Ok(revision) => revision,
+            Err(e) => {
+                self.applying.lock().expect("applying").take();
+                return Err(e.into());
+            }
+        };
         let before_store_ms = (stored_at - started).as_millis() - load_ms - place_ms - check_ms;
         {
             let mut cache = self.allocation.lock().await;
@@ -239,17 +258,23 @@ impl Controller {
                 *cache = Some((revision, digest.clone(), allocation));
             }
         }
-        // Before the answer, so that what the apply decided is all in the audit chain when it
-        // returns (publish runs look again, for a start on a declaration and a CA rotated).
-        self.scope_services_ca(&decl.mesh).await?;
         // The publish run that follows uses this declaration instead of parsing the stored files
         // again (the cache is keyed by revision, so a newer one elsewhere still wins).
         {
             let mut cache = self.declaration.lock().await;
             if cache.as_ref().is_none_or(|(n, _)| *n < revision) {
-                *cache = Some((revision, Arc::new(Indexed::new(Arc::new(decl)))));
+                *cache = Some((revision, indexed.clone()));
             }
         }
+        {
+            let mut applying = self.applying.lock().expect("applying");
+            if applying.as_ref().is_some_and(|(_, d)| Arc::ptr_eq(d, &indexed)) {
+                applying.take();
+            }
+        }
+        // Before the answer, so that what the apply decided is all in the audit chain when it
+        // returns (publish runs look again, for a start on a declaration and a CA rotated).
+        self.scope_services_ca(&indexed.decl().mesh).await?;
         self.ask_publish();
         tracing::debug!(
             revision,

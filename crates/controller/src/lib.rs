@@ -111,6 +111,10 @@ pub struct Controller {
     /// The parsed declaration of the newest revision seen, with its nodes indexed, keyed by its
     /// number. A cache only: the database says which revision is current.
     declaration: tokio::sync::Mutex<Option<(i64, Arc<trellis_core::decl::Indexed>)>>,
+    /// The declaration an apply is storing, by the digest of its files: a publish run (or any
+    /// request) that finds that revision current before the apply has put it in `declaration`
+    /// takes it from here instead of reading and parsing the stored files again.
+    applying: std::sync::Mutex<Option<(String, Arc<trellis_core::decl::Indexed>)>>,
     /// The address allocation stored with a revision, keyed by its number and digest: an apply
     /// allocates from it and writes the rows by difference, a pool member is placed around it,
     /// neither reading the whole addresses table. A cache only, like `declaration`.
@@ -181,6 +185,7 @@ impl Controller {
             server_names: Vec::new(),
             publisher: publish::Publisher::default(),
             declaration: Default::default(),
+            applying: Default::default(),
             allocation: Default::default(),
             load_cache: Default::default(),
             clock,

@@ -161,7 +161,8 @@ pub struct Group {
     pub loc: Loc,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+/// `Eq`, so that two declarations sharing a node (`Arc`) compare it by pointer first.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Node {
     pub name: String,
     pub hub: bool,
@@ -204,14 +205,14 @@ impl Node {
 }
 
 /// The places of a node's references.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeRefs {
     pub networks: Vec<Loc>,
     pub groups: Vec<Loc>,
     pub modules: Vec<Loc>,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Endpoint {
     pub address: SocketAddr,
     pub reachable_from: Vec<String>,
