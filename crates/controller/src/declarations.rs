@@ -46,7 +46,9 @@ fn digest(files: &[(String, String)]) -> String {
 struct Placed {
     held_revision: i64,
     previous: Arc<trellis_core::Allocation>,
-    allocation: trellis_core::Allocation,
+    /// `previous` itself when the declaration keeps the addressing of the revision it was
+    /// stored with.
+    allocation: Arc<trellis_core::Allocation>,
     members: Vec<trellis_core::decl::Member>,
 }
 
@@ -119,10 +121,20 @@ impl Controller {
     async fn place(&self, decl: &Declaration) -> Result<std::result::Result<Placed, trellis_core::Diagnostic>> {
         let (held_revision, previous) = self.current_allocation().await?;
         let members: Vec<trellis_core::decl::Member> = self.store.members().await?.iter().filter_map(crate::pools::member_of).collect();
+        // The same nodes, pins, overlays and mesh name as the revision the allocation is stored
+        // with: allocating again gives every declared node the address it holds (the members,
+        // placed around the allocation, are taken out before it is stored), so it is not done.
+        let kept = {
+            let cache = self.declaration.lock().await;
+            cache.as_ref().is_some_and(|(n, d)| *n == held_revision && trellis_core::alloc::same_addressing(d.decl(), decl))
+        };
+        if kept {
+            return Ok(Ok(Placed { held_revision, allocation: previous.clone(), previous, members }));
+        }
         Ok(trellis_core::allocate(&decl.with_members(&members), &previous).map(|allocation| Placed {
             held_revision,
             previous,
-            allocation,
+            allocation: Arc::new(allocation),
             members,
         }))
     }
@@ -223,8 +235,11 @@ impl Controller {
             if members.is_empty() { Default::default() } else { decl.nodes.iter().map(|n| n.name.as_str()).collect() };
         let (replaced, members): (Vec<_>, Vec<_>) = members.iter().partition(|m| declared.contains(m.name.as_str()));
         for m in members {
-            allocation.ipv4.remove(&m.name);
-            allocation.ipv6.remove(&m.name);
+            if allocation.ipv4.contains_key(&m.name) || allocation.ipv6.contains_key(&m.name) {
+                let allocation = Arc::make_mut(&mut allocation);
+                allocation.ipv4.remove(&m.name);
+                allocation.ipv6.remove(&m.name);
+            }
         }
         let mut detail = format!("sha256 {digest}");
         if !replaced.is_empty() {
@@ -234,7 +249,6 @@ impl Controller {
         let subject = decl.mesh.name.clone();
         let audit = Audit { at: self.now(), actor: "admin", action: AuditAction::DeclarationApplied, subject: &subject, detail };
         let replaced: Vec<String> = replaced.iter().map(|m| m.name.clone()).collect();
-        let allocation = Arc::new(allocation);
         let addresses = trellis_store::Addresses { allocation: allocation.clone(), held: Some((held_revision, previous)) };
         // Indexed before it is stored, and offered to whoever finds the revision current before
         // this apply has put it in the cache (a publish run woken by the database would else

@@ -24,6 +24,19 @@ pub struct Allocation {
     pub ipv6: BTreeMap<String, Ipv6Addr>,
 }
 
+/// Whether two declarations give the same addresses from the same previous allocation: the same
+/// mesh name and overlay pools, and the same nodes in the same order with the same pins (all
+/// that [`allocate`] reads of a declaration). Allocating is idempotent, so a declaration with
+/// the same addressing as the one an allocation was made for gets that allocation again. A node
+/// two declarations share (the same `Arc`) is not read.
+pub fn same_addressing(a: &Declaration, b: &Declaration) -> bool {
+    (&a.mesh.name, a.mesh.overlay_ipv4, a.mesh.overlay_ipv6) == (&b.mesh.name, b.mesh.overlay_ipv4, b.mesh.overlay_ipv6)
+        && a.nodes.len() == b.nodes.len()
+        && a.nodes.iter().zip(&b.nodes).all(|(x, y)| {
+            std::sync::Arc::ptr_eq(x, y) || (&x.name, x.address_ipv4, x.address_ipv6) == (&y.name, y.address_ipv4, y.address_ipv6)
+        })
+}
+
 /// Allocates addresses for every node of `decl`. Fails only when a pool is exhausted.
 pub fn allocate(decl: &Declaration, previous: &Allocation) -> Result<Allocation, Diagnostic> {
     let mut out = Allocation::default();

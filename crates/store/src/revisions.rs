@@ -87,7 +87,10 @@ impl Store {
                         Some((revision, held)) if *revision == current => held.clone(),
                         _ => Arc::new(read_allocation(&mut **tx).await?),
                     };
-                    write_changes(tx, &row_changes(&held, &addresses.allocation)).await?;
+                    // The allocation held itself (an apply that kept every address): nothing to write.
+                    if !Arc::ptr_eq(&held, &addresses.allocation) {
+                        write_changes(tx, &row_changes(&held, &addresses.allocation)).await?;
+                    }
                     Ok(next)
                 })
             })

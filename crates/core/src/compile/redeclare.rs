@@ -362,13 +362,7 @@ fn same_node(a: &crate::decl::Node, b: &crate::decl::Node) -> bool {
         && same_reach(a, b)
 }
 
-/// Whether two declarations give the same addresses from the same previous allocation: the same
-/// mesh name and overlay pools, and the same nodes in the same order with the same pins.
-pub(super) fn same_addressing(a: &Declaration, b: &Declaration) -> bool {
-    (&a.mesh.name, a.mesh.overlay_ipv4, a.mesh.overlay_ipv6) == (&b.mesh.name, b.mesh.overlay_ipv4, b.mesh.overlay_ipv6)
-        && a.nodes.len() == b.nodes.len()
-        && a.nodes.iter().zip(&b.nodes).all(|(x, y)| (&x.name, x.address_ipv4, x.address_ipv6) == (&y.name, y.address_ipv4, y.address_ipv6))
-}
+pub(super) use crate::alloc::same_addressing;
 
 /// Whether a node is reached the same way: the same networks and endpoints (not where written).
 fn same_reach(a: &crate::decl::Node, b: &crate::decl::Node) -> bool {

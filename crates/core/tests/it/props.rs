@@ -257,6 +257,40 @@ proptest! {
         prop_assert_eq!(v4.len(), d2.nodes.len());
     }
 
+    /// What lets an apply keep the allocation held (ADR 0034): allocating is idempotent, and
+    /// reads of a declaration only what `same_addressing` compares.
+    #[test]
+    fn a_declaration_with_the_same_addressing_gets_the_allocation_made_for_it_again(g in gen(), drop in 0usize..14) {
+        let d = declaration(&g);
+        // Made from the allocation of a declaration without one of its nodes, as an apply's is
+        // made from the one before.
+        let mut before = d.clone();
+        before.nodes.remove(drop % before.nodes.len());
+        let a = allocate(&d, &allocate(&before, &Allocation::default()).unwrap()).unwrap();
+        prop_assert_eq!(&allocate(&d, &a).unwrap(), &a);
+        // Its groups, modules and endpoints changed (copies of every node, none shared).
+        let mut other = d.clone();
+        for n in other.nodes.iter_mut() {
+            let mut copy = trellis_core::decl::Node::clone(n);
+            copy.groups.clear();
+            copy.refs.groups.clear();
+            copy.modules.reverse();
+            copy.endpoints.clear();
+            *n = Arc::new(copy);
+        }
+        prop_assert!(trellis_core::alloc::same_addressing(&d, &other));
+        prop_assert_eq!(&allocate(&other, &a).unwrap(), &a);
+        // A node renamed, or one of two swapped, is another addressing.
+        let mut renamed = d.clone();
+        Arc::make_mut(&mut renamed.nodes[drop % d.nodes.len()]).name.push('x');
+        prop_assert!(!trellis_core::alloc::same_addressing(&d, &renamed));
+        if d.nodes.len() > 1 {
+            let mut swapped = d.clone();
+            swapped.nodes.swap(0, 1);
+            prop_assert!(!trellis_core::alloc::same_addressing(&d, &swapped));
+        }
+    }
+
     #[test]
     fn peers_follow_the_path_rule_and_are_symmetric(g in gen()) {
         let d = declaration(&g);
