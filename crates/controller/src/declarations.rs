@@ -43,6 +43,29 @@ fn digest(files: &[(String, String)]) -> String {
 
 /// What an apply allocated: from the allocation stored with revision `held_revision`
 /// (`previous`), around the pools' `members`.
+/// A declaration offered in `Controller::applying` while its apply stores it, withdrawn when
+/// dropped (unless another apply has offered its own since).
+struct Offered<'a> {
+    slot: &'a std::sync::Mutex<Option<(String, Arc<Indexed>)>>,
+    decl: Arc<Indexed>,
+}
+
+impl<'a> Offered<'a> {
+    fn new(slot: &'a std::sync::Mutex<Option<(String, Arc<Indexed>)>>, digest: &str, decl: &Arc<Indexed>) -> Self {
+        *slot.lock().expect("applying") = Some((digest.to_string(), decl.clone()));
+        Offered { slot, decl: decl.clone() }
+    }
+}
+
+impl Drop for Offered<'_> {
+    fn drop(&mut self) {
+        let mut slot = self.slot.lock().expect("applying");
+        if slot.as_ref().is_some_and(|(_, d)| Arc::ptr_eq(d, &self.decl)) {
+            slot.take();
+        }
+    }
+}
+
 struct Placed {
     held_revision: i64,
     previous: Arc<trellis_core::Allocation>,
@@ -122,12 +145,23 @@ impl Controller {
         let (held_revision, previous) = self.current_allocation().await?;
         let members: Vec<trellis_core::decl::Member> = self.store.members().await?.iter().filter_map(crate::pools::member_of).collect();
         // The same nodes, pins, overlays and mesh name as the revision the allocation is stored
-        // with: allocating again gives every declared node the address it holds (the members,
-        // placed around the allocation, are taken out before it is stored), so it is not done.
-        let kept = {
-            let cache = self.declaration.lock().await;
-            cache.as_ref().is_some_and(|(n, d)| *n == held_revision && trellis_core::alloc::same_addressing(d.decl(), decl))
+        // with: allocating again gives every declared node the address it holds, so it is not
+        // done. Only when that is certain: the allocation is the one kept for the current
+        // revision (read with the head unmoved), it holds an address of each family for each
+        // declared node and nothing else, and no pool has a member (a member placed while an
+        // apply ran may hold a declared node's address: allocating moves the node, or says why
+        // it cannot). The declaration cache is not waited for: a publish run may be filling it.
+        let confirmed = self.allocation.lock().await.as_ref().is_some_and(|(n, _, a)| *n == held_revision && Arc::ptr_eq(a, &previous));
+        let complete = |v4: usize, v6: usize| {
+            let family = |pool: bool, held: usize| if pool { held == decl.nodes.len() } else { held == 0 };
+            family(decl.mesh.overlay_ipv4.is_some(), v4) && family(decl.mesh.overlay_ipv6.is_some(), v6)
         };
+        let kept = confirmed
+            && members.is_empty()
+            && complete(previous.ipv4.len(), previous.ipv6.len())
+            && self.declaration.try_lock().is_ok_and(|cache| {
+                cache.as_ref().is_some_and(|(n, d)| *n == held_revision && trellis_core::alloc::same_addressing(d.decl(), decl))
+            });
         if kept {
             return Ok(Ok(Placed { held_revision, allocation: previous.clone(), previous, members }));
         }
@@ -254,17 +288,11 @@ impl Controller {
         // this apply has put it in the cache (a publish run woken by the database would else
         // parse the stored files again, holding the cache while this apply waits on it).
         let indexed = Arc::new(Indexed::new(Arc::new(decl)));
-        *self.applying.lock().expect("applying") = Some((digest.clone(), indexed.clone()));
+        // Withdrawn however this request ends (stored, refused, or dropped while it waits).
+        let _offered = Offered::new(&self.applying, &digest, &indexed);
         let stored_at = std::time::Instant::now();
-        let stored = self.store.apply(&files, &digest, addresses, expect_revision, &replaced, &audit).await;
+        let revision = self.store.apply(&files, &digest, addresses, expect_revision, &replaced, &audit).await?;
         let store_ms = stored_at.elapsed().as_millis();
-        let revision = match stored {
-            Ok(revision) => revision,
-            Err(e) => {
-                self.applying.lock().expect("applying").take();
-                return Err(e.into());
-            }
-        };
         let before_store_ms = (stored_at - started).as_millis() - load_ms - place_ms - check_ms;
         {
             let mut cache = self.allocation.lock().await;
@@ -278,12 +306,6 @@ impl Controller {
             let mut cache = self.declaration.lock().await;
             if cache.as_ref().is_none_or(|(n, _)| *n < revision) {
                 *cache = Some((revision, indexed.clone()));
-            }
-        }
-        {
-            let mut applying = self.applying.lock().expect("applying");
-            if applying.as_ref().is_some_and(|(_, d)| Arc::ptr_eq(d, &indexed)) {
-                applying.take();
             }
         }
         // Before the answer, so that what the apply decided is all in the audit chain when it
