@@ -345,6 +345,30 @@ async fn a_pin_on_a_members_address_is_refused() {
     .await;
 }
 
+/// A member placed while an apply ran can hold the address that apply gave a declared node (its
+/// placement read the allocation before). The next apply that changes no name or pin moves the
+/// declared node off the member's address: with members, the allocation held is not kept
+/// (ADR 0034; an attacker's review of keeping it found this).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_node_on_a_members_address_is_moved_by_the_next_apply() {
+    on_both(|fx| async move {
+        let t = pool_token(&fx.c, 1).await;
+        assert_eq!(fx.c.enrol(member_request(&t.token, 51)).await.unwrap().node, "ci-1");
+        let address = |nodes: &[proto::NodeInfo], name: &str| nodes.iter().find(|n| n.name == name).and_then(|n| n.ipv4.clone());
+        let web = address(&fx.c.nodes().await.unwrap(), "web-1").expect("web-1 has an address");
+        // What the race leaves, made directly: the member holds web-1's address.
+        fx.c.store().execute_raw(&format!("UPDATE nodes SET ipv4 = '{web}' WHERE name = 'ci-1'")).await.unwrap();
+        // A change that keeps every name and pin.
+        let files = lab_pool(|path, text| if path == "mesh.toml" { format!("{text}\n# a comment\n") } else { text });
+        assert!(!fx.c.apply(&files, None).await.unwrap().unchanged);
+        let nodes = fx.c.nodes().await.unwrap();
+        assert_eq!(address(&nodes, "ci-1").as_deref(), Some(web.as_str()));
+        let moved = address(&nodes, "web-1").expect("web-1 has an address");
+        assert_ne!(moved, web, "web-1 still holds the address of the member ci-1");
+    })
+    .await;
+}
+
 /// The attack of a review: the pool `ci` is replaced by a declared node `ci-1` while the member
 /// `ci-1` is live. The member must take nothing of the declared node: the apply removes it in its
 /// own transaction (audited there), no bundle is published for it and its peers never get its
