@@ -52,38 +52,75 @@ fn shape(text: &str) -> (Ruleset<'_>, bool) {
     let mut r = Ruleset { rest: Vec::new(), sets: Vec::new(), chains: Vec::new() };
     let mut valid = true;
     // Inside a set's or a chain's braces.
-    let (mut in_set, mut in_chain) = (false, false);
+    let mut inside = Inside::Neither;
     for line in text.lines() {
-        if let Some(name) = line.strip_prefix("\tset ").and_then(|l| l.strip_suffix(" {")) {
-            valid &= plain(name);
-            r.sets.push((name, Vec::new()));
-            in_set = true;
-        } else if let Some(name) = line.strip_prefix("\tchain ").and_then(|l| l.strip_suffix(" {")) {
-            valid &= plain(name);
-            r.chains.push(Chain { name, spec: None, rules: Vec::new() });
-            in_chain = true;
-        } else if line == "\t}" {
-            (in_set, in_chain) = (false, false);
-        } else if in_set {
-            let (_, list) = r.sets.last_mut().expect("a set is open");
-            if let Some(ok) = set_elements(line, list) {
-                // Left out of the shape, so that a set gaining its first element or losing its
-                // last (nft declares no empty list) changes its elements, not its shape.
-                valid &= ok;
-                continue;
+        match (Line::of(line), inside) {
+            (Line::Set(name), _) => {
+                valid &= plain(name);
+                r.sets.push((name, Vec::new()));
+                inside = Inside::Set;
             }
-        } else if in_chain {
-            valid &= chain_line(line, r.chains.last_mut().expect("a chain is open"));
+            (Line::Chain(name), _) => {
+                valid &= plain(name);
+                r.chains.push(Chain { name, spec: None, rules: Vec::new() });
+                inside = Inside::Chain;
+            }
+            (Line::Close, _) => inside = Inside::Neither,
+            (Line::Other, Inside::Set) => {
+                let (_, list) = r.sets.last_mut().expect("a set is open");
+                if let Some(ok) = set_elements(line, list) {
+                    // Left out of the shape, so that a set gaining its first element or losing
+                    // its last (nft declares no empty list) changes its elements, not its shape.
+                    valid &= ok;
+                    continue;
+                }
+            }
+            (Line::Other, Inside::Chain) => valid &= chain_line(line, r.chains.last_mut().expect("a chain is open")),
+            (Line::Other, Inside::Neither) => {}
         }
         r.rest.push(line);
     }
     (r, valid)
 }
 
+/// Whose braces a line of the table is inside.
+#[derive(Clone, Copy)]
+enum Inside {
+    Neither,
+    Set,
+    Chain,
+}
+
+/// What a line of the table opens or closes.
+enum Line<'a> {
+    /// `\tset NAME {`
+    Set(&'a str),
+    /// `\tchain NAME {`
+    Chain(&'a str),
+    /// `\t}`
+    Close,
+    Other,
+}
+
+impl<'a> Line<'a> {
+    fn of(line: &'a str) -> Line<'a> {
+        let opening = |keyword: &str| line.strip_prefix(keyword).and_then(|l| l.strip_suffix(" {"));
+        if let Some(name) = opening("\tset ") {
+            Line::Set(name)
+        } else if let Some(name) = opening("\tchain ") {
+            Line::Chain(name)
+        } else if line == "\t}" {
+            Line::Close
+        } else {
+            Line::Other
+        }
+    }
+}
+
 /// A set's element list (`\t\telements = { a, b }`) taken into `list`: `None` when the line is
 /// none, else whether every element is an address or a prefix.
 fn set_elements<'a>(line: &'a str, list: &mut Vec<&'a str>) -> Option<bool> {
-    let elements = line.strip_prefix("\t\telements = { ")?.strip_suffix(" }")?;
+    let elements = line.strip_prefix(LIST_OPEN)?.strip_suffix(" }")?;
     let mut ok = true;
     for e in elements.split(", ") {
         ok &= e.parse::<std::net::IpAddr>().is_ok() || e.parse::<ipnet::IpNet>().is_ok();
@@ -215,46 +252,54 @@ struct ListLine<'a> {
 /// all inside one such list, or it is not written so, or an element is no address or prefix.
 /// `line`: the list line found last, taken again when the range is on it.
 fn in_elements<'a>(text: &'a str, range: std::ops::Range<usize>, line: &mut Option<ListLine<'a>>) -> Option<(&'a str, Vec<&'a str>)> {
-    const OPEN: &str = "\t\telements = { ";
-    const CLOSE: &str = " }\n";
     let on_line = line.filter(|l| l.start <= range.start && range.end <= l.end && (range.end < l.end || range.end > range.start));
     let l = match on_line {
         Some(l) => l,
-        None => {
-            let start = text[..range.start].rfind('\n').map_or(0, |i| i + 1);
-            let end = if range.end > range.start && text[..range.end].ends_with('\n') {
-                range.end
-            } else {
-                text[range.end..].find('\n').map_or(text.len(), |i| range.end + i + 1)
-            };
-            let whole = &text[start..end];
-            if !whole.starts_with(OPEN) || !whole.ends_with(CLOSE) {
-                return None;
-            }
-            // The set this list belongs to: two lines up, `\tset NAME {`, its `type` line between.
-            let (above, type_line) = text[..start].strip_suffix('\n')?.rsplit_once('\n')?;
-            if !type_line.starts_with("\t\ttype ") {
-                return None;
-            }
-            let set_line = above.rsplit_once('\n').map_or(above, |(_, l)| l);
-            let name = set_line.strip_prefix("\tset ")?.strip_suffix(" {")?;
-            if !plain(name) {
-                return None;
-            }
-            *line = Some(ListLine { start, end, name });
-            line.expect("just set")
-        }
+        None => *line.insert(list_line(text, &range)?),
     };
     // The region's bytes without the list's opening and closing (when it takes them in); no line
     // ends inside it.
     let (opens, closes) = (range.start == l.start, range.end == l.end);
     let mut part = &text[range];
     if opens {
-        part = part.strip_prefix(OPEN)?;
+        part = part.strip_prefix(LIST_OPEN)?;
     }
     if closes {
-        part = part.strip_suffix(CLOSE)?;
+        part = part.strip_suffix(LIST_CLOSE)?;
     }
+    Some((l.name, listed(part, opens, closes)?))
+}
+
+/// How an element list's line opens and closes.
+const LIST_OPEN: &str = "\t\telements = { ";
+const LIST_CLOSE: &str = " }\n";
+
+/// The element list's line around the bytes `range` of `text`, with its set's name; `None` when
+/// the line is no list or its set is not written as trellis writes one.
+fn list_line<'a>(text: &'a str, range: &std::ops::Range<usize>) -> Option<ListLine<'a>> {
+    let start = text[..range.start].rfind('\n').map_or(0, |i| i + 1);
+    let end = if range.end > range.start && text[..range.end].ends_with('\n') {
+        range.end
+    } else {
+        text[range.end..].find('\n').map_or(text.len(), |i| range.end + i + 1)
+    };
+    let whole = &text[start..end];
+    if !whole.starts_with(LIST_OPEN) || !whole.ends_with(LIST_CLOSE) {
+        return None;
+    }
+    // The set this list belongs to: two lines up, `\tset NAME {`, its `type` line between.
+    let (above, type_line) = text[..start].strip_suffix('\n')?.rsplit_once('\n')?;
+    if !type_line.starts_with("\t\ttype ") {
+        return None;
+    }
+    let set_line = above.rsplit_once('\n').map_or(above, |(_, l)| l);
+    let name = set_line.strip_prefix("\tset ")?.strip_suffix(" {")?;
+    plain(name).then_some(ListLine { start, end, name })
+}
+
+/// The elements `part` of a list lists (`opens`: it starts right after the opening; `closes`: it
+/// ends right before the closing), read as [`read`] reads a list; `None` for anything else.
+fn listed(part: &str, opens: bool, closes: bool) -> Option<Vec<&str>> {
     // A list is never empty and ends with an element (`{ }`, `a, }` are not lists `read` reads).
     if part.contains('\n') || (closes && (part.is_empty() || part.ends_with(','))) {
         return None;
@@ -288,7 +333,7 @@ fn in_elements<'a>(text: &'a str, range: std::ops::Range<usize>, line: &mut Opti
     if opens && elements.is_empty() {
         return None;
     }
-    Some((l.name, elements))
+    Some(elements)
 }
 
 /// The commands that put every chain of `ruleset` back as it writes it.
