@@ -41,8 +41,6 @@ fn digest(files: &[(String, String)]) -> String {
     hex::encode(h.finalize())
 }
 
-/// What an apply allocated: from the allocation stored with revision `held_revision`
-/// (`previous`), around the pools' `members`.
 /// A declaration offered in `Controller::applying` while its apply stores it, withdrawn when
 /// dropped (unless another apply has offered its own since).
 struct Offered<'a> {
@@ -66,6 +64,8 @@ impl Drop for Offered<'_> {
     }
 }
 
+/// What an apply allocated: from the allocation stored with revision `held_revision`
+/// (`previous`), around the pools' `members`.
 struct Placed {
     held_revision: i64,
     previous: Arc<trellis_core::Allocation>,
@@ -152,13 +152,11 @@ impl Controller {
         // apply ran may hold a declared node's address: allocating moves the node, or says why
         // it cannot). The declaration cache is not waited for: a publish run may be filling it.
         let confirmed = self.allocation.lock().await.as_ref().is_some_and(|(n, _, a)| *n == held_revision && Arc::ptr_eq(a, &previous));
-        let complete = |v4: usize, v6: usize| {
-            let family = |pool: bool, held: usize| if pool { held == decl.nodes.len() } else { held == 0 };
-            family(decl.mesh.overlay_ipv4.is_some(), v4) && family(decl.mesh.overlay_ipv6.is_some(), v6)
-        };
+        let complete = |pool: bool, held: usize| held == if pool { decl.nodes.len() } else { 0 };
         let kept = confirmed
             && members.is_empty()
-            && complete(previous.ipv4.len(), previous.ipv6.len())
+            && complete(decl.mesh.overlay_ipv4.is_some(), previous.ipv4.len())
+            && complete(decl.mesh.overlay_ipv6.is_some(), previous.ipv6.len())
             && self.declaration.try_lock().is_ok_and(|cache| {
                 cache.as_ref().is_some_and(|(n, d)| *n == held_revision && trellis_core::alloc::same_addressing(d.decl(), decl))
             });

@@ -6,9 +6,7 @@
 //! from SHA-256 of the mesh and node names, probing upward to the next free address. New nodes are
 //! placed in name order, so the same inputs always give the same addresses.
 
-use std::collections::{BTreeMap, HashSet};
-
-type FastSet<T> = HashSet<T, foldhash::fast::RandomState>;
+use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use ipnet::{Ipv4Net, Ipv6Net};
@@ -162,7 +160,7 @@ fn assign(
         return Err(Unassigned::Exhausted);
     }
     // Hashed with foldhash, not SipHash: two of these sets of 100,000 offsets are an apply's.
-    let mut used: FastSet<u128> = FastSet::with_capacity_and_hasher(decl.nodes.len(), Default::default());
+    let mut used: crate::FastSet<u128> = crate::FastSet::with_capacity_and_hasher(decl.nodes.len(), Default::default());
     let mut out: Vec<(String, u128)> = Vec::with_capacity(decl.nodes.len());
     let mut rest = Vec::new();
     for n in &decl.nodes {

@@ -42,3 +42,5 @@ pub use text::Text;
 /// A hash map for the compiler's maps by name: foldhash, randomly seeded per map, is several
 /// times faster than the default SipHash on short names, and names come from the declaration.
 pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+/// A set hashed as [`FastMap`] is.
+pub type FastSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;

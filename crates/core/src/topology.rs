@@ -324,12 +324,10 @@ impl<'d> Topology<'d> {
     /// Indexes a validated declaration. `keys` are the WireGuard keys known for nodes (enrolled
     /// or declared); a key declared in the mesh wins over one given here.
     pub fn new(decl: &'d Declaration, alloc: &Allocation, keys: &crate::keys::Keys) -> Self {
-        // Sorted with the names at hand (a comparison reads no node), and not at all when the
-        // declaration lists its nodes in name order already.
+        // Sorted with the names at hand: a comparison reads no node (and a list in name order
+        // already is one pass).
         let mut named: Vec<(&str, u32)> = decl.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i as u32)).collect();
-        if !named.is_sorted() {
-            named.sort_unstable();
-        }
+        named.sort_unstable();
         let order: Vec<u32> = named.iter().map(|&(_, i)| i).collect();
         drop(named);
         let nodes: Vec<&Node> = order.iter().map(|&i| &*decl.nodes[i as usize]).collect();

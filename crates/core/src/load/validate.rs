@@ -6,7 +6,7 @@
 // SipHash was a third of it at 100,000 nodes (nothing here is keyed by what an attacker sends
 // to a running service).
 type HashMap<K, V> = crate::FastMap<K, V>;
-type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
+type HashSet<K> = crate::FastSet<K>;
 use std::net::IpAddr;
 
 use crate::decl::*;
