@@ -133,7 +133,7 @@ struct Paths {
     book: crate::paths::Book,
     observe: bool,
     observed: Vec<trellis_proto::ObservedEndpoint>,
-    applied: Option<WgConf>,
+    applied: Option<Arc<WgConf>>,
     interface: String,
 }
 
@@ -295,8 +295,9 @@ impl Executor {
         // Applied when a path moved, and again after an apply that failed.
         let conf = if moved || paths.applied.is_none() { Some(paths.book.overlay(base)) } else { None };
         if let Some(conf) = conf.filter(|c| paths.applied.as_ref() != Some(c)) {
-            let applied =
-                std::fs::read_to_string(&self.key_path).context("cannot read wireguard.key").and_then(|key| wg.apply(&conf, key.trim()));
+            let applied = std::fs::read_to_string(&self.key_path)
+                .context("cannot read wireguard.key")
+                .and_then(|key| wg.apply(&conf, key.trim(), None));
             match applied {
                 Ok(()) => {
                     // A backend that changes a peer by removing and adding it again (kernel,
@@ -361,7 +362,8 @@ impl Executor {
         match action {
             Action::WriteFiles { files, remove } => return self.backends.files.write_all(files, remove),
             Action::EnableForwarding => self.backends.forwarding.enable()?,
-            Action::ConfigureWireguard { interface, conf, direct, observe } => {
+            Action::ConfigureWireguard { interface, read, edit, direct, observe } => {
+                let conf = read.conf();
                 let slot = self.wg.get_mut().expect("wireguard lock");
                 if slot.is_none() {
                     *slot = self.backends.wireguard.as_mut().and_then(|make| make(interface));
@@ -377,9 +379,9 @@ impl Executor {
                     paths.interface = interface.clone();
                     paths.applied = None;
                     let with_paths = paths.book.overlay(conf);
-                    wg.apply(&with_paths, private.trim())?;
+                    wg.apply(&with_paths, private.trim(), edit.as_deref())?;
                     paths.applied = Some(with_paths);
-                    self.configured = Some(Arc::new(conf.clone()));
+                    self.configured = Some(conf.clone());
                     self.report.interface = Some(wg.describe());
                     dropped = wg.take_sessions_dropped();
                 }
@@ -435,10 +437,14 @@ impl Executor {
             // By key, through sets: after a first apply ten thousand peers wait, and a
             // scan of every one for each took 400 ms of the next change.
             let mut peers = to.to_vec();
-            let configured: std::collections::HashSet<&str> =
-                self.configured.iter().flat_map(|c| c.peers.iter().map(|p| p.public_key.as_str())).collect();
+            let waiting = slot.take().map(|f| f.peers).unwrap_or_default();
+            // The interface's keys are looked up only when peers still wait.
+            let configured: std::collections::HashSet<&str> = match waiting.is_empty() {
+                true => Default::default(),
+                false => self.configured.iter().flat_map(|c| c.peers.iter().map(|p| p.public_key.as_str())).collect(),
+            };
             let mut listed: std::collections::HashSet<String> = peers.iter().map(|p| p.public_key.clone()).collect();
-            for old in slot.take().map(|f| f.peers).unwrap_or_default() {
+            for old in waiting {
                 if configured.contains(old.public_key.as_str()) && listed.insert(old.public_key.clone()) {
                     peers.push(old);
                 }

@@ -10,7 +10,7 @@ use trellis_core::bundle::{Bundle, Edited};
 use trellis_proto as proto;
 
 use crate::exec::Executor;
-use crate::plan::{plan, text_changes, Action, Changes, Held, Observed, Scope};
+use crate::plan::{plan, text_changes, Action, Changes, ConfRead, Held, Observed, Scope};
 use crate::state::Manifest;
 use crate::statedir::{HELD_HEAD, HELD_HEAD_NEXT, LAST_BUNDLE};
 
@@ -43,11 +43,13 @@ pub struct Installer {
     network: Option<(u64, [u8; 32])>,
     /// Milliseconds from the start of the last apply to its files written and network updated.
     pub last_apply_ms: Option<u64>,
+    /// The last `wireguard.conf` a plan read (ADR 0037).
+    read: Option<ConfRead>,
 }
 
 impl Installer {
     pub fn new(exec: Executor, scope: Scope, state_dir: &Path, manifest: Manifest, previous: Option<Bundle>) -> Installer {
-        Installer { exec, scope, state_dir: state_dir.to_path_buf(), manifest, previous, network: None, last_apply_ms: None }
+        Installer { exec, scope, state_dir: state_dir.to_path_buf(), manifest, previous, network: None, last_apply_ms: None, read: None }
     }
 
     pub fn manifest(&self) -> &Manifest {
@@ -70,12 +72,23 @@ impl Installer {
         &self.exec
     }
 
+    /// Keeps the `wireguard.conf` these actions bring the interface to, as read: the next plan
+    /// reads a change of it by its regions.
+    fn keep_read(&mut self, actions: &[Action]) {
+        for a in actions {
+            if let Action::ConfigureWireguard { read, .. } = a {
+                self.read = Some(read.clone());
+            }
+        }
+    }
+
     fn observed(&self) -> Observed {
         Observed {
             forwarding: self.exec.forwarding(),
             routing: self.exec.routing(),
             network: self.network,
             interface: self.exec.configured(),
+            read: self.read.clone(),
         }
     }
 
@@ -83,6 +96,7 @@ impl Installer {
     /// restart: the interface and ruleset lived in the previous process or were flushed).
     pub async fn resume(&mut self, bundle: &Bundle) -> Result<()> {
         let actions = plan(bundle, &Held::of(bundle), &self.observed(), &self.scope, &Changes::new())?;
+        self.keep_read(&actions);
         self.exec.run(&actions).await?;
         self.network = Some((bundle.version, bundle.content_digest()));
         Ok(())
@@ -116,6 +130,7 @@ impl Installer {
         let result = match plan(&bundle, &held, &observed, &self.scope, &changes) {
             Ok(actions) if actions.is_empty() => return None,
             Ok(actions) => {
+                self.keep_read(&actions);
                 // The new head goes first: should the agent stop after the files and before the
                 // head is replaced, the files on disk are the ones this head names. Not synced:
                 // a process that stops leaves it to the page cache; a machine that loses power
@@ -180,7 +195,10 @@ impl Installer {
         let Some(previous) = self.previous.clone() else { return };
         let observed = Observed { network: None, ..self.observed() };
         let actions = match plan(&previous, &Held::of(failed), &observed, &self.scope, &Changes::new()) {
-            Ok(actions) => actions,
+            Ok(actions) => {
+                self.keep_read(&actions);
+                actions
+            }
             Err(e) => {
                 tracing::error!("cannot re-apply the previous configuration: {e}");
                 return;
@@ -253,12 +271,22 @@ mod tests {
 
     /// Changes a peer as the embedded boringtun must: by removing it and adding it again (its
     /// session lost), which it reports.
-    struct Wg(Journal, Shaken, Option<WgConf>, Vec<String>);
+    /// The changes the fake interface made from a plan's edit (ADR 0037), one line each.
+    type Edits = Arc<Mutex<Vec<String>>>;
+
+    struct Wg(Journal, Shaken, Option<Arc<WgConf>>, Vec<String>, Edits);
     impl Wireguard for Wg {
-        fn apply(&mut self, conf: &WgConf, private_key: &str) -> Result<()> {
+        fn apply(&mut self, conf: &Arc<WgConf>, private_key: &str, edit: Option<&crate::plan::Edit>) -> Result<()> {
             note(&self.0, format!("wireguard {} key {private_key}", conf.addresses.join(",")));
             if let Some(old) = &self.2 {
-                let changed = crate::host::peer_changes(&old.peers, &conf.peers).changed;
+                if let Some(c) = edit.and_then(|e| e.between(old, conf)).filter(|c| !c.is_empty()) {
+                    let keys = |v: &mut dyn Iterator<Item = &Arc<trellis_core::wgconf::WgPeer>>| {
+                        v.map(|p| p.public_key[..1].to_string()).collect::<Vec<_>>().join(",")
+                    };
+                    let line = format!("gone {} changed {}", keys(&mut c.gone.iter()), keys(&mut c.changed.iter().map(|(p, _)| p)));
+                    self.4.lock().unwrap().push(line);
+                }
+                let changed = crate::host::traits::changes_from(old, conf, edit).into_owned().changed;
                 self.3 = changed.into_iter().filter(|(_, before)| before.is_some()).map(|(p, _)| p.public_key.clone()).collect();
             }
             self.2 = Some(conf.clone());
@@ -359,6 +387,7 @@ mod tests {
         /// Whether the fake prompter fails.
         prompts_fail: Arc<Mutex<bool>>,
         shaken: Shaken,
+        edits: Edits,
         dir: PathBuf,
         applier: Installer,
     }
@@ -380,10 +409,12 @@ mod tests {
         let j = journal.clone();
         let shaken = Shaken::default();
         let s = shaken.clone();
+        let edits = Edits::default();
+        let e = edits.clone();
         let backends = Backends {
             files: Box::new(Files(journal.clone(), disk.clone())),
             wireguard: Some(Box::new(move |_: &str| {
-                Some(Box::new(Wg(j.clone(), s.clone(), None, Vec::new())) as Box<dyn Wireguard + Send>)
+                Some(Box::new(Wg(j.clone(), s.clone(), None, Vec::new(), e.clone())) as Box<dyn Wireguard + Send>)
             })),
             firewall: Some(Box::new(Fw(journal.clone(), disk))),
             resolver: Some(Box::new(Dns(journal.clone()))),
@@ -394,7 +425,7 @@ mod tests {
         };
         let exec = Executor::new(backends, dir.join("root"), dir.join("wireguard.key"));
         let scope = Scope { files_only: false, wireguard: true, dns_port: 53 };
-        Fixture { applier: Installer::new(exec, scope, &dir, Manifest::default(), None), journal, prompts_fail, shaken, dir }
+        Fixture { applier: Installer::new(exec, scope, &dir, Manifest::default(), None), journal, prompts_fail, shaken, edits, dir }
     }
 
     impl Fixture {
@@ -671,6 +702,64 @@ mod tests {
             assert_eq!(ev.result, proto::EvidenceResult::Applied, "a prompt not sent is no failure: {ev:?}");
             assert_eq!(f.take().last().map(String::as_str), Some("prompt trellis0 10.88.0.9"));
             assert_eq!(f.applier.manifest().version, 5);
+        });
+    }
+
+    /// `wireguard.conf` came as edits of the file held: the peers change by the plan's edit, read
+    /// from the regions (ADR 0037), and the interface, prompts and files are what the whole read
+    /// gives. A second change goes on from the first's read; a bundle applied again (no edits)
+    /// and one whose edits are of another file are read whole.
+    #[test]
+    fn a_change_of_peers_in_edits_is_made_from_its_regions() {
+        rt().block_on(async {
+            let mut f = fixture("edits");
+            let peers: Vec<(char, Option<String>, String)> = ('A'..='P')
+                .enumerate()
+                .map(|(i, k)| (k, (i % 2 == 0).then(|| format!("192.0.2.{}:51820", 10 + i)), format!("10.88.0.{}", 10 + i)))
+                .collect();
+            fn view(p: &[(char, Option<String>, String)]) -> Vec<(char, Option<&str>, &str)> {
+                p.iter().map(|(k, e, ip)| (*k, e.as_deref(), ip.as_str())).collect()
+            }
+            let one = peered_bundle(1, &view(&peers));
+            f.apply(&one).await.unwrap();
+            f.take();
+            // C re-keyed as Z (dialled), G removed, Q added (dialled), K's endpoint moved.
+            let mut after = peers.clone();
+            after[2].0 = 'Z';
+            after.remove(6);
+            after.insert(12, ('Q', Some("192.0.2.99:51820".into()), "10.88.0.99".into()));
+            after[9].1 = Some("198.51.100.9:51820".into());
+            let two = peered_bundle(2, &view(&after));
+            let edited = |from: &Bundle, to: &Bundle| {
+                let (old, new) = (&from.files[1], &to.files[1]);
+                let edits = trellis_core::delta::edits(&old.content, &new.content);
+                let (_, hunks) = trellis_core::delta::rebuild_with_hunks(&old.content, &edits, new.content.len(), WIREGUARD_CONF).unwrap();
+                vec![Edited { path: WIREGUARD_CONF.into(), base: old.sha256, hunks: hunks.unwrap().into() }]
+            };
+            let ev = f.applier.apply(b"bundle 2", two.clone(), 7, false, &edited(&one, &two)).await.unwrap();
+            assert_eq!(ev.result, proto::EvidenceResult::Applied, "{ev:?}");
+            assert_eq!(std::mem::take(&mut *f.edits.lock().unwrap()), ["gone C,G changed Z,K,Q"]);
+            let journal = f.take();
+            let prompts: Vec<&String> = journal.iter().filter(|l| l.starts_with("prompt")).collect();
+            // K, whose endpoint moved, lost its session in the fake backend (prompted at once);
+            // then Z, K and Q, the peers new or moved that this node dials.
+            assert_eq!(prompts, ["prompt trellis0 10.88.0.20", "prompt trellis0 10.88.0.12 10.88.0.20 10.88.0.99"], "{journal:?}");
+            let whole = trellis_core::wgconf::parse(std::str::from_utf8(&two.files[1].content).unwrap()).unwrap();
+            assert_eq!(*f.applier.executor().configured().unwrap(), whole, "the edit gives the whole read");
+
+            // The next change goes on from this one's read.
+            let mut third = after.clone();
+            third.remove(0);
+            let three = peered_bundle(3, &view(&third));
+            f.applier.apply(b"bundle 3", three.clone(), 7, false, &edited(&two, &three)).await.unwrap();
+            assert_eq!(std::mem::take(&mut *f.edits.lock().unwrap()), ["gone A changed "]);
+            // Edits of a file other than the one held: read whole, and the interface still
+            // brought to exactly the new file.
+            let four = peered_bundle(4, &view(&peers));
+            f.applier.apply(b"bundle 4", four.clone(), 7, false, &edited(&one, &four)).await.unwrap();
+            assert!(f.edits.lock().unwrap().is_empty(), "edits of another base are not used");
+            let whole = trellis_core::wgconf::parse(std::str::from_utf8(&four.files[1].content).unwrap()).unwrap();
+            assert_eq!(*f.applier.executor().configured().unwrap(), whole);
         });
     }
 

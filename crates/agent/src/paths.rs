@@ -11,6 +11,7 @@
 //! from the hub's peer to it in one change of the interface.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use trellis_core::paths::Candidate;
 use trellis_core::wgconf::{WgConf, WgPeer};
@@ -158,10 +159,16 @@ impl Book {
     /// The interface's configuration: `base` (the bundle's `wireguard.conf`) with each pair as it
     /// stands. A candidate that `base` does not relay through its hub (the files disagree), or
     /// whose key `base` already holds as a peer, is left out.
-    pub fn overlay(&self, base: &WgConf) -> WgConf {
-        let mut conf = base.clone();
+    ///
+    /// With no pair to show, `base` itself (the same value: a plan's edit of it still applies).
+    pub fn overlay(&self, base: &Arc<WgConf>) -> Arc<WgConf> {
+        if self.entries.is_empty() {
+            return base.clone();
+        }
+        let mut conf = WgConf::clone(base);
         let index: std::collections::HashMap<String, usize> =
             conf.peers.iter().enumerate().map(|(i, p)| (p.public_key.clone(), i)).collect();
+        let mut shown = false;
         for (key, e) in &self.entries {
             let Some(&hub) = index.get(&e.candidate.hub_key.to_string()) else { continue };
             if index.contains_key(key) || !e.candidate.allowed_ips.iter().all(|a| conf.peers[hub].allowed_ips.contains(a)) {
@@ -173,16 +180,21 @@ impl Book {
                 State::BackingOff { .. } => continue,
             };
             if !allowed_ips.is_empty() {
-                conf.peers[hub].allowed_ips.retain(|a| !allowed_ips.contains(a));
+                Arc::make_mut(&mut conf.peers[hub]).allowed_ips.retain(|a| !allowed_ips.contains(a));
             }
-            conf.peers.push(WgPeer {
+            conf.peers.push(Arc::new(WgPeer {
                 public_key: key.clone(),
                 allowed_ips,
                 endpoint: Some(e.candidate.endpoint),
                 keepalive: Some(keepalive),
-            });
+            }));
+            shown = true;
         }
-        conf
+        if shown {
+            Arc::new(conf)
+        } else {
+            base.clone()
+        }
     }
 
     /// Each pair as the status file shows it.
@@ -258,17 +270,17 @@ mod tests {
     }
 
     /// This node's wireguard.conf: hub-1 relays for n-2 and n-3.
-    fn base() -> WgConf {
-        WgConf {
+    fn base() -> Arc<WgConf> {
+        Arc::new(WgConf {
             addresses: vec!["10.77.0.9/16".into()],
-            peers: vec![WgPeer {
+            peers: vec![Arc::new(WgPeer {
                 public_key: key(1).to_string(),
                 allowed_ips: vec!["10.77.0.1/32".into(), "10.77.0.2/32".into(), "10.77.0.3/32".into()],
                 endpoint: Some("198.51.100.10:51820".parse().unwrap()),
                 keepalive: Some(25),
-            }],
+            })],
             ..Default::default()
-        }
+        })
     }
 
     fn peer(b: u8, handshake: Option<u64>, rx: u64) -> PeerState {

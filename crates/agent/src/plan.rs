@@ -8,7 +8,7 @@ use std::sync::Arc;
 use trellis_core::bundle::{Bundle, BundleFile};
 use trellis_core::compile::{MESH_ZONE, NFTABLES_CONF, NODE_TOML, WIREGUARD_CONF};
 use trellis_core::nodefile::{NodeFile, NodeFileError};
-use trellis_core::wgconf::{WgConf, WgPeer};
+use trellis_core::wgconf::{PeerChanges, WgConf, WgPeer};
 
 /// One step of bringing the host to a bundle, in the order the plan lists them: files first
 /// (staged, then committed), then the network (WireGuard, routes, ruleset, forwarding, DNS,
@@ -22,7 +22,16 @@ pub enum Action {
     /// Bring the interface to this configuration, with the relayed peers of `direct` tried at
     /// the endpoints their hubs observed (ADR 0032); with `observe` (a hub), report the
     /// endpoints its peers send from.
-    ConfigureWireguard { interface: String, conf: WgConf, direct: Vec<trellis_core::paths::Candidate>, observe: bool },
+    /// `edit` is the changes of peers from the configuration the plan was made against, read from
+    /// the regions of a delta's edits (ADR 0037): a backend that holds that configuration makes
+    /// them without comparing ten thousand peers.
+    ConfigureWireguard {
+        interface: String,
+        read: ConfRead,
+        edit: Option<Arc<Edit>>,
+        direct: Vec<trellis_core::paths::Candidate>,
+        observe: bool,
+    },
     /// Send these prefixes into the interface, and with `exit` the default route too (by policy
     /// routing in table `table`, as wg-quick does), removing what a previous bundle had that
     /// this one has not.
@@ -48,6 +57,8 @@ pub enum Action {
 /// new content whole.
 #[derive(Clone, PartialEq, Eq)]
 pub struct TextChange {
+    /// The SHA-256 of `old`, as the held bundle names it.
+    pub base: [u8; 32],
     pub old: bytes::Bytes,
     pub new: bytes::Bytes,
     pub hunks: Arc<[trellis_core::delta::Hunk]>,
@@ -68,6 +79,7 @@ impl TextChange {
         let (built, hunks) = trellis_core::delta::rebuild_with_hunks(old.as_bytes(), &edits, new.len(), "f").expect("edits rebuild");
         assert_eq!(built, new.as_bytes());
         TextChange {
+            base: BundleFile::new("f", 0o644, old.as_bytes().to_vec()).sha256,
             old: bytes::Bytes::copy_from_slice(old.as_bytes()),
             new: bytes::Bytes::copy_from_slice(new.as_bytes()),
             hunks: hunks.expect("the controller's edits copy in order").into(),
@@ -87,9 +99,47 @@ pub fn text_changes(previous: Option<&Bundle>, bundle: &Bundle, edited: &[trelli
         .filter_map(|e| {
             let old = file(previous, &e.path).filter(|f| f.sha256 == e.base)?;
             let new = file(bundle, &e.path)?;
-            Some((e.path.clone(), TextChange { old: old.content.clone(), new: new.content.clone(), hunks: e.hunks.clone() }))
+            Some((e.path.clone(), TextChange { base: e.base, old: old.content.clone(), new: new.content.clone(), hunks: e.hunks.clone() }))
         })
         .collect()
+}
+
+/// A `wireguard.conf` as read, by the SHA-256 of its text: a bundle holding the same file uses
+/// it as it is, one holding edits of it reads only their regions (ADR 0037).
+#[derive(Clone, Debug)]
+pub struct ConfRead {
+    pub sha256: [u8; 32],
+    pub file: Arc<trellis_core::wgconf::Read>,
+}
+
+impl ConfRead {
+    pub fn conf(&self) -> &Arc<WgConf> {
+        &self.file.conf
+    }
+}
+
+/// Two reads of the same text are the same.
+impl PartialEq for ConfRead {
+    fn eq(&self, other: &Self) -> bool {
+        self.sha256 == other.sha256
+    }
+}
+impl Eq for ConfRead {}
+
+/// The changes of peers from one configuration to another, both as read: a backend holding
+/// exactly `from` (the same value in memory) that is brought to exactly `to` makes `changes`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Edit {
+    pub from: Arc<WgConf>,
+    pub to: Arc<WgConf>,
+    pub changes: PeerChanges,
+}
+
+impl Edit {
+    /// The changes, when this edit takes `current` to `conf`.
+    pub fn between(&self, current: &Arc<WgConf>, conf: &Arc<WgConf>) -> Option<&PeerChanges> {
+        (Arc::ptr_eq(&self.from, current) && Arc::ptr_eq(&self.to, conf)).then_some(&self.changes)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -148,6 +198,9 @@ pub struct Observed {
     /// The configuration this process last brought the interface to, if it did and nothing
     /// failed since: peers it already has at the same endpoint need no prompt.
     pub interface: Option<Arc<WgConf>>,
+    /// The last `wireguard.conf` read (whatever became of its bundle): the same file, or edits of
+    /// it, are read from it.
+    pub read: Option<ConfRead>,
 }
 
 /// What this agent manages, from its options.
@@ -208,9 +261,7 @@ pub fn plan(bundle: &Bundle, held: &Held, observed: &Observed, scope: &Scope, ch
 fn network(bundle: &Bundle, observed: &Observed, scope: &Scope, changes: &Changes) -> Result<Vec<Action>, PlanError> {
     let settings = settings(bundle)?;
     let conf = match file(bundle, WIREGUARD_CONF) {
-        Some(f) => Some(
-            trellis_core::wgconf::parse(std::str::from_utf8(&f.content).map_err(|_| PlanError::ConfNotUtf8)?).map_err(PlanError::Conf)?,
-        ),
+        Some(f) => Some(read_conf(f, observed.read.as_ref(), changes.get(WIREGUARD_CONF))?),
         None => None,
     };
     if scope.files_only {
@@ -219,7 +270,8 @@ fn network(bundle: &Bundle, observed: &Observed, scope: &Scope, changes: &Change
     let mut actions = Vec::new();
     let mut listen = Vec::new();
     let mut prompt = None;
-    if let (Some(conf), true) = (conf, scope.wireguard) {
+    if let (Some((read, edit)), true) = (conf, scope.wireguard) {
+        let conf = read.conf();
         // The zone is served on the overlay addresses of the interface the agent manages.
         listen = conf
             .addresses
@@ -233,7 +285,10 @@ fn network(bundle: &Bundle, observed: &Observed, scope: &Scope, changes: &Change
             ipv6: settings.exit && conf.peers.iter().any(|p| p.allowed_ips.iter().any(|a| a == "::/0")),
         };
         let table = u32::from(conf.listen_port.unwrap_or(trellis_core::decl::DEFAULT_PORT));
-        let to = prompts(&conf, observed.interface.as_deref());
+        let to = match (&edit, observed.interface.as_ref()) {
+            (Some(e), Some(before)) if Arc::ptr_eq(&e.from, before) => prompts_of(conf, &e.changes),
+            _ => prompts(conf, observed.interface.as_deref()),
+        };
         if !to.is_empty() {
             prompt = Some(Action::PromptHandshakes { interface: settings.interface.clone(), to });
         }
@@ -252,7 +307,13 @@ fn network(bundle: &Bundle, observed: &Observed, scope: &Scope, changes: &Change
             },
             None => Vec::new(),
         };
-        actions.push(Action::ConfigureWireguard { interface: settings.interface.clone(), conf, direct, observe: settings.hub });
+        actions.push(Action::ConfigureWireguard {
+            interface: settings.interface.clone(),
+            read,
+            edit: edit.map(Arc::new),
+            direct,
+            observe: settings.hub,
+        });
         if !settings.routes.is_empty() || exit.any() || observed.routing {
             actions.push(Action::ConfigureRoutes { interface: settings.interface.clone(), routes: settings.routes.clone(), exit, table });
         }
@@ -275,6 +336,42 @@ fn network(bundle: &Bundle, observed: &Observed, scope: &Scope, changes: &Change
     // Last, once the filter that guards the tunnel is loaded and everything else is in place.
     actions.extend(prompt);
     Ok(actions)
+}
+
+/// `wireguard.conf` read: the read held when it is that very file (with an edit that changes
+/// nothing), read by the regions of its edits when it came as edits of the file held (ADR 0037),
+/// whole otherwise.
+fn read_conf(f: &BundleFile, held: Option<&ConfRead>, change: Option<&TextChange>) -> Result<(ConfRead, Option<Edit>), PlanError> {
+    if let Some(h) = held {
+        if h.sha256 == f.sha256 {
+            let edit = Edit { from: h.conf().clone(), to: h.conf().clone(), changes: PeerChanges::default() };
+            return Ok((h.clone(), Some(edit)));
+        }
+        // The change's new text is the file's (the same bytes in memory: then no comparison).
+        let of_file = |c: &&TextChange| (c.new.as_ptr() == f.content.as_ptr() && c.new.len() == f.content.len()) || c.new == f.content;
+        if let Some(c) = change.filter(|c| c.base == h.sha256).filter(of_file) {
+            if let Some((read, changes)) = h.file.edit(&c.old, &c.new, &c.hunks) {
+                let file = Arc::new(read);
+                let edit = Edit { from: h.conf().clone(), to: file.conf.clone(), changes };
+                return Ok((ConfRead { sha256: f.sha256, file }, Some(edit)));
+            }
+        }
+    }
+    let text = std::str::from_utf8(&f.content).map_err(|_| PlanError::ConfNotUtf8)?;
+    let file = Arc::new(trellis_core::wgconf::read(text).map_err(PlanError::Conf)?);
+    Ok((ConfRead { sha256: f.sha256, file }, None))
+}
+
+/// The prompts of [`prompts`] from the changes of an edit of the interface's configuration: each
+/// peer new or changed that this node dials, unless it was dialled at the same endpoint before.
+fn prompts_of(conf: &WgConf, changes: &PeerChanges) -> Vec<Prompt> {
+    let overlay: Vec<ipnet::IpNet> = conf.addresses.iter().filter_map(|a| a.parse().ok()).collect();
+    changes
+        .changed
+        .iter()
+        .filter(|(p, before)| p.endpoint.is_some() && before.as_ref().is_none_or(|b| b.endpoint != p.endpoint))
+        .filter_map(|(p, _)| Some(Prompt { public_key: p.public_key.clone(), address: overlay_address(p, &overlay)? }))
+        .collect()
 }
 
 /// The overlay address of every peer to prompt: each peer this node dials (it has an
@@ -338,7 +435,12 @@ mod tests {
     }
 
     fn conf(peers: Vec<WgPeer>) -> WgConf {
-        WgConf { addresses: vec!["10.88.0.5/16".into(), "fd88::5/64".into()], listen_port: Some(51820), mtu: None, peers }
+        WgConf {
+            addresses: vec!["10.88.0.5/16".into(), "fd88::5/64".into()],
+            listen_port: Some(51820),
+            mtu: None,
+            peers: peers.into_iter().map(Arc::new).collect(),
+        }
     }
 
     /// The prompts the plan makes for `after` when the interface holds `before`.

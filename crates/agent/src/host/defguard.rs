@@ -8,7 +8,7 @@ use anyhow::Result;
 use defguard_wireguard_rs::{WGApi, WireguardInterfaceApi};
 use trellis_core::wgconf::{WgConf, WgPeer};
 
-use super::traits::{peer_changes, Wireguard};
+use super::traits::{changes_from, Wireguard};
 use crate::status::PeerState;
 
 /// One interface driven through defguard_wireguard_rs's API of kind `T` (the kernel module or its
@@ -16,7 +16,7 @@ use crate::status::PeerState;
 pub struct Defguard<T> {
     ifname: String,
     api: Option<WGApi<T>>,
-    current: Option<WgConf>,
+    current: Option<std::sync::Arc<WgConf>>,
     backend: &'static str,
     /// The peers the last apply removed and added again (see `take_sessions_dropped`).
     dropped: Vec<String>,
@@ -45,7 +45,7 @@ impl<T> Wireguard for Defguard<T>
 where
     WGApi<T>: WireguardInterfaceApi,
 {
-    fn apply(&mut self, conf: &WgConf, private_key: &str) -> Result<()> {
+    fn apply(&mut self, conf: &std::sync::Arc<WgConf>, private_key: &str, edit: Option<&crate::plan::Edit>) -> Result<()> {
         use defguard_wireguard_rs::{net::IpAddrMask, InterfaceConfiguration};
         let same_interface =
             self.current.as_ref().is_some_and(|c| c.addresses == conf.addresses && c.listen_port == conf.listen_port && c.mtu == conf.mtu);
@@ -54,12 +54,12 @@ where
             let api = self.api.as_ref().expect("interface exists");
             let old = self.current.as_ref().expect("configured");
             self.dropped.clear();
-            let changes = peer_changes(&old.peers, &conf.peers);
-            for gone in changes.gone {
+            let changes = changes_from(old, conf, edit);
+            for gone in &changes.gone {
                 let key = defguard_wireguard_rs::key::Key::from_str(&gone.public_key).map_err(|e| anyhow::anyhow!("{e}"))?;
                 api.remove_peer(&key).map_err(|e| anyhow::anyhow!("removing peer {}: {e}", gone.public_key))?;
             }
-            for (p, before) in changes.changed {
+            for (p, before) in &changes.changed {
                 // A peer whose settings changed is removed and added again: the embedded
                 // boringtun refuses (panics) to modify an existing peer in place.
                 if before.is_some() {
@@ -81,7 +81,7 @@ where
                 .iter()
                 .map(|a| IpAddrMask::from_str(a).map_err(|e| anyhow::anyhow!("address {a}: {e}")))
                 .collect::<Result<Vec<_>>>()?;
-            let peers = conf.peers.iter().map(dg_peer).collect::<Result<Vec<_>>>()?;
+            let peers = conf.peers.iter().map(|p| dg_peer(p)).collect::<Result<Vec<_>>>()?;
             let cfg = InterfaceConfiguration {
                 name: self.ifname.clone(),
                 prvkey: private_key.to_string(),

@@ -20,7 +20,7 @@ use gotatun::tun::tun_async_device::TunDevice;
 use gotatun::x25519::{PublicKey, StaticSecret};
 use trellis_core::wgconf::{WgConf, WgPeer};
 
-use super::traits::{peer_changes, Wireguard};
+use super::traits::{changes_from, Wireguard};
 use crate::status::PeerState;
 
 /// WireGuard's MTU where the configuration names none, as wireguard-go and wg-quick use.
@@ -35,7 +35,7 @@ pub struct Gotatun {
     /// The runtime the device's tasks run on; made with the first interface.
     rt: Option<tokio::runtime::Runtime>,
     device: Option<Arc<Dev>>,
-    current: Option<WgConf>,
+    current: Option<std::sync::Arc<WgConf>>,
 }
 
 impl Gotatun {
@@ -76,7 +76,7 @@ impl Gotatun {
         let key = StaticSecret::from(
             key_bytes(private_key).map_err(|_| anyhow::anyhow!("the private key is not a WireGuard key (base64 of 32 bytes)"))?,
         );
-        let peers = conf.peers.iter().map(peer).collect::<Result<Vec<_>>>()?;
+        let peers = conf.peers.iter().map(|p| peer(p)).collect::<Result<Vec<_>>>()?;
         let port = conf.listen_port.unwrap_or(51820);
         let mtu = match conf.mtu {
             None => DEFAULT_MTU,
@@ -156,7 +156,7 @@ impl Drop for Gotatun {
 }
 
 impl Wireguard for Gotatun {
-    fn apply(&mut self, conf: &WgConf, private_key: &str) -> Result<()> {
+    fn apply(&mut self, conf: &std::sync::Arc<WgConf>, private_key: &str, edit: Option<&crate::plan::Edit>) -> Result<()> {
         let same_interface = self.device.is_some()
             && self
                 .current
@@ -166,7 +166,7 @@ impl Wireguard for Gotatun {
             // Peers change in place: the interface and every session stay up, a changed peer's
             // too (gotatun updates a peer's endpoint, keepalive and allowed IPs where it is).
             let old = self.current.as_ref().expect("configured");
-            let changes = peer_changes(&old.peers, &conf.peers);
+            let changes = changes_from(old, conf, edit);
             // A device made without peers has no connection (no socket, no tasks) until one is
             // forced; clearing its (no) peers is what forces it.
             let first_peers = old.peers.is_empty() && !conf.peers.is_empty();
@@ -246,7 +246,7 @@ impl Wireguard for Gotatun {
 
     fn restart_handshakes(&self, public_keys: &[String]) -> Result<()> {
         let (Some(device), Some(current)) = (self.device(), &self.current) else { return Ok(()) };
-        let named = current.peers.iter().filter(|p| public_keys.contains(&p.public_key)).map(peer).collect::<Result<Vec<_>>>()?;
+        let named = current.peers.iter().filter(|p| public_keys.contains(&p.public_key)).map(|p| peer(p)).collect::<Result<Vec<_>>>()?;
         if named.is_empty() {
             return Ok(());
         }
@@ -337,15 +337,15 @@ mod tests {
         let (mut a, mut b) = (Gotatun::new("wgt0"), Gotatun::new("wgt0"));
 
         // b starts without peers; a has b (and its endpoint), whose first initiation b drops.
-        b_ns.enter(|| b.apply(&conf("10.77.0.2/24", 51820, vec![]), &b_priv)).unwrap();
+        b_ns.enter(|| b.apply(&conf("10.77.0.2/24", 51820, vec![]), &b_priv, None)).unwrap();
         let a_conf = conf("10.77.0.1/24", 51820, vec![wg_peer(&b_pub, Some("192.0.2.2:51820"), &["10.77.0.2/32"])]);
-        a_ns.enter(|| a.apply(&a_conf, &a_priv)).unwrap();
+        a_ns.enter(|| a.apply(&a_conf, &a_priv, None)).unwrap();
         assert_eq!(a.describe(), "wgt0 (gotatun)");
         assert!(a_ns.run(&["ip", "-o", "link", "show", "wgt0"]).unwrap().contains("mtu 1420"), "the default MTU");
         assert!(!a_ns.ping("10.77.0.2", 1), "b does not know a yet");
 
         // b gets a as its first peer; a's next initiation would wait for WireGuard's 5 s retry.
-        b_ns.enter(|| b.apply(&conf("10.77.0.2/24", 51820, vec![wg_peer(&a_pub, None, &["10.77.0.1/32"])]), &b_priv)).unwrap();
+        b_ns.enter(|| b.apply(&conf("10.77.0.2/24", 51820, vec![wg_peer(&a_pub, None, &["10.77.0.1/32"])]), &b_priv, None)).unwrap();
         assert!(!a_ns.ping("10.77.0.2", 1), "no initiation before the retry: the case restart_handshakes is for");
         a.restart_handshakes(std::slice::from_ref(&b_pub)).unwrap();
         assert!(a_ns.ping("10.77.0.2", 2), "a restarted handshake completes at once");
@@ -365,7 +365,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(1100));
         let mut changed = wg_peer(&b_pub, Some("192.0.2.2:51820"), &["10.77.0.2/32", "10.77.9.0/24"]);
         changed.keepalive = Some(25);
-        a_ns.enter(|| a.apply(&conf("10.77.0.1/24", 51820, vec![changed]), &a_priv)).unwrap();
+        a_ns.enter(|| a.apply(&conf("10.77.0.1/24", 51820, vec![changed]), &a_priv, None)).unwrap();
         assert!(a.take_sessions_dropped().is_empty());
         b_ns.run(&["ip", "addr", "add", "10.77.9.1/32", "dev", "wgt0"]).unwrap();
         a_ns.run(&["ip", "route", "add", "10.77.9.0/24", "dev", "wgt0"]).unwrap();
@@ -374,12 +374,12 @@ mod tests {
         assert_eq!(state(&b_peers, &a_pub).and_then(|p| p.last_handshake), Some(first), "the session survived the change: {b_peers:?}");
 
         // b's peer on a goes.
-        a_ns.enter(|| a.apply(&conf("10.77.0.1/24", 51820, vec![]), &a_priv)).unwrap();
+        a_ns.enter(|| a.apply(&conf("10.77.0.1/24", 51820, vec![]), &a_priv, None)).unwrap();
         assert!(a.peers().unwrap().is_empty());
         assert!(!a_ns.ping("10.77.0.2", 1), "no peer, no packet");
 
         // Another address makes another interface; the backend gone, so is its interface.
-        a_ns.enter(|| a.apply(&conf("10.77.0.11/24", 51820, vec![wg_peer(&b_pub, None, &["10.77.0.2/32"])]), &a_priv)).unwrap();
+        a_ns.enter(|| a.apply(&conf("10.77.0.11/24", 51820, vec![wg_peer(&b_pub, None, &["10.77.0.2/32"])]), &a_priv, None)).unwrap();
         let shown = a_ns.run(&["ip", "-o", "addr", "show", "wgt0"]).unwrap();
         assert!(shown.contains("10.77.0.11/24") && !shown.contains("10.77.0.1/24"), "{shown}");
         assert_eq!(a.peers().unwrap().len(), 1);

@@ -70,8 +70,9 @@ pub fn keypair() -> (String, String) {
     (b64(secret.as_bytes()), b64(public.as_bytes()))
 }
 
-pub fn conf(address: &str, port: u16, peers: Vec<WgPeer>) -> WgConf {
-    WgConf { addresses: vec![address.into()], listen_port: Some(port), mtu: None, peers }
+pub fn conf(address: &str, port: u16, peers: Vec<WgPeer>) -> std::sync::Arc<WgConf> {
+    let peers = peers.into_iter().map(std::sync::Arc::new).collect();
+    std::sync::Arc::new(WgConf { addresses: vec![address.into()], listen_port: Some(port), mtu: None, peers })
 }
 
 pub fn wg_peer(key: &str, endpoint: Option<&str>, ips: &[&str]) -> WgPeer {
@@ -132,8 +133,8 @@ mod tests {
                 endpoint: Some(endpoint.parse().unwrap()),
                 keepalive: Some(crate::paths::TRY_KEEPALIVE),
             };
-            b_ns.enter(|| b.apply(&conf("10.77.0.2/24", 51820, vec![tried(&a_pub, "192.0.2.1:51820")]), &b_priv)).unwrap();
-            a_ns.enter(|| a.apply(&conf("10.77.0.1/24", 51820, vec![tried(&b_pub, "192.0.2.2:51820")]), &a_priv)).unwrap();
+            b_ns.enter(|| b.apply(&conf("10.77.0.2/24", 51820, vec![tried(&a_pub, "192.0.2.1:51820")]), &b_priv, None)).unwrap();
+            a_ns.enter(|| a.apply(&conf("10.77.0.1/24", 51820, vec![tried(&b_pub, "192.0.2.2:51820")]), &a_priv, None)).unwrap();
             let shaken = |peers: &[PeerState], key: &str| state(peers, key).is_some_and(|p| p.last_handshake.is_some_and(|t| t > 0));
             let started = std::time::Instant::now();
             while !(shaken(&a.peers().unwrap(), &b_pub) && shaken(&b.peers().unwrap(), &a_pub)) {
@@ -146,8 +147,10 @@ mod tests {
             assert_eq!((seen[0].public_key.as_str(), seen[0].endpoint.as_str()), (a_pub.as_str(), "192.0.2.1:51820"), "{name}");
             // Promoted: the addresses go onto the peer, and packets pass.
             let direct = |key: &str, endpoint: &str, ip: &str| WgPeer { allowed_ips: vec![ip.into()], ..tried(key, endpoint) };
-            b_ns.enter(|| b.apply(&conf("10.77.0.2/24", 51820, vec![direct(&a_pub, "192.0.2.1:51820", "10.77.0.1/32")]), &b_priv)).unwrap();
-            a_ns.enter(|| a.apply(&conf("10.77.0.1/24", 51820, vec![direct(&b_pub, "192.0.2.2:51820", "10.77.0.2/32")]), &a_priv)).unwrap();
+            b_ns.enter(|| b.apply(&conf("10.77.0.2/24", 51820, vec![direct(&a_pub, "192.0.2.1:51820", "10.77.0.1/32")]), &b_priv, None))
+                .unwrap();
+            a_ns.enter(|| a.apply(&conf("10.77.0.1/24", 51820, vec![direct(&b_pub, "192.0.2.2:51820", "10.77.0.2/32")]), &a_priv, None))
+                .unwrap();
             assert!(a_ns.ping("10.77.0.2", 3), "{name}: the promoted peer passes packets");
             let a_peers = a.peers().unwrap();
             let p = state(&a_peers, &b_pub).unwrap();

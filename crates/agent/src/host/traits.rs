@@ -4,10 +4,11 @@
 
 use std::net::IpAddr;
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::Result;
 use trellis_core::bundle::BundleFile;
-use trellis_core::wgconf::{WgConf, WgPeer};
+use trellis_core::wgconf::WgConf;
 
 use crate::status::PeerState;
 
@@ -28,8 +29,9 @@ pub trait FileWriter {
 
 /// A WireGuard interface brought to a node's `wireguard.conf`, by one of the backends.
 pub trait Wireguard {
-    /// Brings the interface to this configuration: created on first use, peers changed in place.
-    fn apply(&mut self, conf: &WgConf, private_key: &str) -> Result<()>;
+    /// Brings the interface to this configuration: created on first use, peers changed in place,
+    /// by `edit`'s changes when it takes the configuration held to this one.
+    fn apply(&mut self, conf: &Arc<WgConf>, private_key: &str, edit: Option<&crate::plan::Edit>) -> Result<()>;
     fn peers(&self) -> Result<Vec<PeerState>>;
     fn describe(&self) -> String;
     /// Removes these peers and adds them again as configured, so that the next packet to each
@@ -45,28 +47,19 @@ pub trait Wireguard {
     }
 }
 
-/// What changes from the peers `old` to `new`: the peers gone, and each peer new or changed with
-/// the peer of its key before, if there was one. By key, through maps: an operator's node has
-/// ten thousand peers, and comparing every peer with every other took 300 ms of a one-peer
-/// change (`trellis-dev bench agent`).
-pub struct PeerChanges<'a> {
-    pub gone: Vec<&'a WgPeer>,
-    pub changed: Vec<(&'a WgPeer, Option<&'a WgPeer>)>,
-}
+pub use trellis_core::wgconf::{changes as peer_changes, PeerChanges};
 
-pub fn peer_changes<'a>(old: &'a [WgPeer], new: &'a [WgPeer]) -> PeerChanges<'a> {
-    use std::collections::HashMap;
-    let before: HashMap<&str, &WgPeer> = old.iter().map(|p| (p.public_key.as_str(), p)).collect();
-    let after: std::collections::HashSet<&str> = new.iter().map(|p| p.public_key.as_str()).collect();
-    PeerChanges {
-        gone: old.iter().filter(|o| !after.contains(o.public_key.as_str())).collect(),
-        changed: new
-            .iter()
-            .filter_map(|n| match before.get(n.public_key.as_str()) {
-                Some(o) if *o == n => None,
-                o => Some((n, o.copied())),
-            })
-            .collect(),
+/// The changes that take the interface from `current` to `conf`: the plan's edit when it takes
+/// exactly these two (ADR 0037: read from a delta's regions, no peer compared), found by key
+/// otherwise (after a failure, or with pairs tried directly, the interface holds another value).
+pub fn changes_from<'a>(
+    current: &Arc<WgConf>,
+    conf: &Arc<WgConf>,
+    edit: Option<&'a crate::plan::Edit>,
+) -> std::borrow::Cow<'a, PeerChanges> {
+    match edit.and_then(|e| e.between(current, conf)) {
+        Some(c) => std::borrow::Cow::Borrowed(c),
+        None => std::borrow::Cow::Owned(peer_changes(&current.peers, &conf.peers)),
     }
 }
 
@@ -103,10 +96,11 @@ pub trait Prompter {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use trellis_core::wgconf::WgPeer;
 
-    fn peer(key: &str, ip: &str) -> WgPeer {
-        WgPeer { public_key: key.into(), allowed_ips: vec![ip.into()], endpoint: None, keepalive: None }
+    fn peer(key: &str, ip: &str) -> Arc<WgPeer> {
+        Arc::new(WgPeer { public_key: key.into(), allowed_ips: vec![ip.into()], endpoint: None, keepalive: None })
     }
 
     /// Gone, new and changed peers by key; a peer the same as before is no change.
@@ -117,7 +111,7 @@ mod tests {
         let c = super::peer_changes(&old, &new);
         assert_eq!(c.gone.iter().map(|p| p.public_key.as_str()).collect::<Vec<_>>(), ["b"]);
         let changed: Vec<(&str, Option<&str>)> =
-            c.changed.iter().map(|(n, o)| (n.public_key.as_str(), o.map(|o| o.allowed_ips[0].as_str()))).collect();
+            c.changed.iter().map(|(n, o)| (n.public_key.as_str(), o.as_ref().map(|o| o.allowed_ips[0].as_str()))).collect();
         assert_eq!(changed, [("c", Some("10.0.0.3/32")), ("d", None)]);
         let same = super::peer_changes(&old, &old);
         assert!(same.gone.is_empty() && same.changed.is_empty());

@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use base64::Engine;
 use trellis_core::wgconf::{WgConf, WgPeer};
 
-use super::traits::{peer_changes, Wireguard};
+use super::traits::{changes_from, PeerChanges, Wireguard};
 use crate::status::PeerState;
 
 /// Where wireguard-go (like boringtun and `wg`) keeps its control sockets.
@@ -44,7 +44,7 @@ pub struct WireguardGo {
     ifname: String,
     socket: PathBuf,
     child: Option<Child>,
-    current: Option<WgConf>,
+    current: Option<std::sync::Arc<WgConf>>,
 }
 
 impl WireguardGo {
@@ -179,7 +179,7 @@ impl Drop for WireguardGo {
 }
 
 impl Wireguard for WireguardGo {
-    fn apply(&mut self, conf: &WgConf, private_key: &str) -> Result<()> {
+    fn apply(&mut self, conf: &std::sync::Arc<WgConf>, private_key: &str, edit: Option<&crate::plan::Edit>) -> Result<()> {
         let running = self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)));
         let same_interface = running
             && self
@@ -189,7 +189,7 @@ impl Wireguard for WireguardGo {
         if same_interface {
             // Peers change in place: the interface and the other peers' sessions stay up.
             let old = self.current.as_ref().expect("configured");
-            let body = set_peers(&old.peers, &conf.peers)?;
+            let body = set_peers(&changes_from(old, conf, edit))?;
             if !body.is_empty() {
                 self.set(&body)?;
             }
@@ -223,7 +223,7 @@ impl Wireguard for WireguardGo {
 }
 
 /// The `set=1` body that removes the named peers of `peers` and adds them again as they are.
-fn restart_peers(peers: &[WgPeer], public_keys: &[String]) -> Result<String> {
+fn restart_peers(peers: &[std::sync::Arc<WgPeer>], public_keys: &[String]) -> Result<String> {
     let mut out = String::new();
     for p in peers.iter().filter(|p| public_keys.contains(&p.public_key)) {
         out.push_str(&format!("public_key={}\nremove=true\n", hex_key(&p.public_key)?));
@@ -290,16 +290,15 @@ fn set_device(conf: &WgConf, private_key: &str) -> Result<String> {
     Ok(out)
 }
 
-/// The `set=1` body that takes the peers from `old` to `new` in place; empty when they are the
-/// same. A peer that loses its endpoint is removed and added again (UAPI cannot clear one).
-fn set_peers(old: &[WgPeer], new: &[WgPeer]) -> Result<String> {
+/// The `set=1` body that makes `changes` in place; empty when there are none. A peer that loses
+/// its endpoint is removed and added again (UAPI cannot clear one).
+fn set_peers(changes: &PeerChanges) -> Result<String> {
     let mut out = String::new();
-    let changes = peer_changes(old, new);
-    for gone in changes.gone {
+    for gone in &changes.gone {
         out.push_str(&format!("public_key={}\nremove=true\n", hex_key(&gone.public_key)?));
     }
-    for (p, before) in changes.changed {
-        if before.is_some_and(|o| o.endpoint.is_some() && p.endpoint.is_none()) {
+    for (p, before) in &changes.changed {
+        if before.as_ref().is_some_and(|o| o.endpoint.is_some() && p.endpoint.is_none()) {
             out.push_str(&format!("public_key={}\nremove=true\n", hex_key(&p.public_key)?));
         }
         peer_lines(p, &mut out)?;
@@ -354,13 +353,18 @@ mod tests {
     const B: &str = "YmJiYmJiYmJiYmJiYmJiYmJiYmJiYmJiYmJiYmJiYmI=";
     const C: &str = "Y2NjY2NjY2NjY2NjY2NjY2NjY2NjY2NjY2NjY2NjY2M=";
 
-    fn peer(key: &str, endpoint: Option<&str>, keepalive: Option<u16>, ips: &[&str]) -> WgPeer {
-        WgPeer {
+    fn peer(key: &str, endpoint: Option<&str>, keepalive: Option<u16>, ips: &[&str]) -> std::sync::Arc<WgPeer> {
+        std::sync::Arc::new(WgPeer {
             public_key: key.into(),
             allowed_ips: ips.iter().map(|s| s.to_string()).collect(),
             endpoint: endpoint.map(|e| e.parse().unwrap()),
             keepalive,
-        }
+        })
+    }
+
+    /// The body that takes the peers `old` to `new`.
+    fn set_between(old: &[std::sync::Arc<WgPeer>], new: &[std::sync::Arc<WgPeer>]) -> Result<String> {
+        set_peers(&trellis_core::wgconf::changes(old, new))
     }
 
     #[test]
@@ -387,20 +391,20 @@ mod tests {
     fn peers_change_in_place() {
         let (a, b) = (hex::encode([b'a'; 32]), hex::encode([b'b'; 32]));
         let old = vec![peer(A, Some("192.0.2.11:51820"), None, &["10.88.0.6/32"]), peer(B, None, None, &["10.88.0.7/32"])];
-        assert_eq!(set_peers(&old, &old).unwrap(), "", "nothing changed, nothing sent");
+        assert_eq!(set_between(&old, &old).unwrap(), "", "nothing changed, nothing sent");
         // B goes, A's allowed IPs change: A is updated, not removed.
         let new = vec![peer(A, Some("192.0.2.11:51820"), None, &["10.88.0.6/32", "10.88.0.9/32"])];
         assert_eq!(
-            set_peers(&old, &new).unwrap(),
+            set_between(&old, &new).unwrap(),
             format!("public_key={b}\nremove=true\npublic_key={a}\nendpoint=192.0.2.11:51820\npersistent_keepalive_interval=0\nreplace_allowed_ips=true\nallowed_ip=10.88.0.6/32\nallowed_ip=10.88.0.9/32\n")
         );
         // A loses its endpoint: removed and added again, since UAPI cannot clear an endpoint.
         let new = vec![peer(A, None, Some(25), &["10.88.0.6/32"]), old[1].clone()];
         assert_eq!(
-            set_peers(&old, &new).unwrap(),
+            set_between(&old, &new).unwrap(),
             format!("public_key={a}\nremove=true\npublic_key={a}\npersistent_keepalive_interval=25\nreplace_allowed_ips=true\nallowed_ip=10.88.0.6/32\n")
         );
-        assert!(set_peers(&[], &[peer("short", None, None, &[])]).unwrap_err().to_string().contains("is not a WireGuard key"));
+        assert!(set_between(&[], &[peer("short", None, None, &[])]).unwrap_err().to_string().contains("is not a WireGuard key"));
     }
 
     #[test]
