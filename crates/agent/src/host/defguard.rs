@@ -127,7 +127,7 @@ where
 
     fn restart_handshakes(&self, public_keys: &[String]) -> Result<()> {
         let (Some(api), Some(current)) = (&self.api, &self.current) else { return Ok(()) };
-        for p in current.peers.iter().filter(|p| public_keys.contains(&p.public_key)) {
+        for p in super::traits::named(&current.peers, public_keys) {
             let key = defguard_wireguard_rs::key::Key::from_str(&p.public_key).map_err(|e| anyhow::anyhow!("{e}"))?;
             api.remove_peer(&key).map_err(|e| anyhow::anyhow!("removing peer {} to restart its handshake: {e}", p.public_key))?;
             api.configure_peer(&dg_peer(p)?).map_err(|e| anyhow::anyhow!("adding peer {} again: {e}", p.public_key))?;

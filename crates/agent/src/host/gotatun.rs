@@ -246,7 +246,7 @@ impl Wireguard for Gotatun {
 
     fn restart_handshakes(&self, public_keys: &[String]) -> Result<()> {
         let (Some(device), Some(current)) = (self.device(), &self.current) else { return Ok(()) };
-        let named = current.peers.iter().filter(|p| public_keys.contains(&p.public_key)).map(|p| peer(p)).collect::<Result<Vec<_>>>()?;
+        let named = super::traits::named(&current.peers, public_keys).into_iter().map(|p| peer(p)).collect::<Result<Vec<_>>>()?;
         if named.is_empty() {
             return Ok(());
         }

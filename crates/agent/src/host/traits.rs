@@ -63,6 +63,17 @@ pub fn changes_from<'a>(
     }
 }
 
+/// The peers of `peers` whose keys `public_keys` names, in order: by a set, since up to 256 keys
+/// are followed up against ten thousand peers (a scan of the list for each took milliseconds of
+/// every follow-up).
+pub fn named<'a>(peers: &'a [Arc<trellis_core::wgconf::WgPeer>], public_keys: &[String]) -> Vec<&'a Arc<trellis_core::wgconf::WgPeer>> {
+    if public_keys.is_empty() {
+        return Vec::new();
+    }
+    let keys: std::collections::HashSet<&str> = public_keys.iter().map(String::as_str).collect();
+    peers.iter().filter(|p| keys.contains(p.public_key.as_str())).collect()
+}
+
 /// The node's inbound filter, loaded from its `nftables.conf`.
 pub trait Firewall {
     /// Loads the ruleset file in one transaction; on refusal nothing changes. With `change`, the

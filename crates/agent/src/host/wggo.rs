@@ -225,7 +225,7 @@ impl Wireguard for WireguardGo {
 /// The `set=1` body that removes the named peers of `peers` and adds them again as they are.
 fn restart_peers(peers: &[std::sync::Arc<WgPeer>], public_keys: &[String]) -> Result<String> {
     let mut out = String::new();
-    for p in peers.iter().filter(|p| public_keys.contains(&p.public_key)) {
+    for p in super::traits::named(peers, public_keys) {
         out.push_str(&format!("public_key={}\nremove=true\n", hex_key(&p.public_key)?));
         peer_lines(p, &mut out)?;
     }
