@@ -179,15 +179,16 @@ impl Executor {
             *slot = None;
             return Vec::new();
         };
-        let shaken: Vec<String> = match wg.peers() {
-            Ok(peers) => peers.into_iter().filter(|p| p.last_handshake.is_some_and(|t| t > 0)).map(|p| p.public_key).collect(),
-            Err(e) => {
-                tracing::warn!("reading the handshakes of {}: {e:#}", f.interface);
-                Vec::new()
+        // The peers still waiting: on the interface (a peer a later bundle removed is followed
+        // up no more) and without a handshake.
+        match wg.peers() {
+            Ok(peers) => {
+                let waiting: std::collections::HashSet<&str> =
+                    peers.iter().filter(|p| p.last_handshake.is_none_or(|t| t == 0)).map(|p| p.public_key.as_str()).collect();
+                f.peers.retain(|p| waiting.contains(p.public_key.as_str()));
             }
-        };
-        let shaken: std::collections::HashSet<String> = shaken.into_iter().collect();
-        f.peers.retain(|p| !shaken.contains(&p.public_key));
+            Err(e) => tracing::warn!("reading the handshakes of {}: {e:#}", f.interface),
+        }
         f.done += 1;
         if f.peers.is_empty() {
             *slot = None;
@@ -431,21 +432,15 @@ impl Executor {
             if let Err(e) = p.prompt(interface, &addresses) {
                 tracing::warn!("handshake prompts through {interface}: {e:#}");
             }
-            // Peers still waiting from an earlier prompt wait on, if the interface
-            // still has them; every one is followed up from now.
+            // Peers still waiting from an earlier prompt wait on; every one is followed up from
+            // now. One the interface no longer has is dropped at the follow-up, which reads the
+            // interface anyway: looking each up among the peers configured here cost a change
+            // a set of ten thousand keys.
             let mut slot = self.follow_up.lock().expect("follow-up lock");
-            // By key, through sets: after a first apply ten thousand peers wait, and a
-            // scan of every one for each took 400 ms of the next change.
             let mut peers = to.to_vec();
-            let waiting = slot.take().map(|f| f.peers).unwrap_or_default();
-            // The interface's keys are looked up only when peers still wait.
-            let configured: std::collections::HashSet<&str> = match waiting.is_empty() {
-                true => Default::default(),
-                false => self.configured.iter().flat_map(|c| c.peers.iter().map(|p| p.public_key.as_str())).collect(),
-            };
             let mut listed: std::collections::HashSet<String> = peers.iter().map(|p| p.public_key.clone()).collect();
-            for old in waiting {
-                if configured.contains(old.public_key.as_str()) && listed.insert(old.public_key.clone()) {
+            for old in slot.take().map(|f| f.peers).unwrap_or_default() {
+                if listed.insert(old.public_key.clone()) {
                     peers.push(old);
                 }
             }

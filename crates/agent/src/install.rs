@@ -295,9 +295,12 @@ mod tests {
         fn take_sessions_dropped(&mut self) -> Vec<String> {
             std::mem::take(&mut self.3)
         }
+        /// Every peer configured, as an interface lists them, with a handshake when it shook.
         fn peers(&self) -> Result<Vec<PeerState>> {
             let shaken = self.1.lock().unwrap();
-            Ok(shaken.iter().map(|k| PeerState::new(k.clone(), None, Some(1_700_000_000))).collect())
+            let configured = self.2.iter().flat_map(|c| c.peers.iter().map(|p| p.public_key.clone()));
+            let at = |k: &String| shaken.contains(k).then_some(1_700_000_000);
+            Ok(configured.map(|k| PeerState::new(k.clone(), None, at(&k))).collect())
         }
         fn describe(&self) -> String {
             "fake".into()
@@ -854,6 +857,22 @@ mod tests {
             f.shaken.lock().unwrap().push(key('C'));
             assert!(exec.follow_up().is_empty());
             assert_eq!(exec.next_follow_up(), None, "everyone has a handshake");
+
+            // D and E prompted and waiting; the next bundle removes D and adds F: D is followed
+            // up no more (the interface no longer has it), E and F are.
+            let (d, e) = (('D', Some("192.0.2.14:51820"), "10.88.0.9"), ('E', Some("192.0.2.15:51820"), "10.88.0.10"));
+            f.apply(&peered_bundle(3, &[a, b, c, d, e])).await.unwrap();
+            let f_peer = ('F', Some("192.0.2.16:51820"), "10.88.0.11");
+            f.apply(&peered_bundle(4, &[a, b, c, e, f_peer])).await.unwrap();
+            f.take();
+            let mut followed = f.applier.executor().follow_up();
+            followed.sort();
+            assert_eq!(followed, [key('E'), key('F')]);
+            assert_eq!(
+                f.take(),
+                lines(&["restart F E", "prompt trellis0 10.88.0.11 10.88.0.10"]),
+                "the new peer first, then those waiting"
+            );
         });
     }
 
