@@ -52,9 +52,11 @@ where
         if same_interface {
             // Peers change in place: the interface and its sessions stay up.
             let api = self.api.as_ref().expect("interface exists");
-            let old = self.current.as_ref().expect("configured");
+            // Whatever part of a failed change took, the interface is no longer what `current`
+            // says: forgotten, so that the next apply (the rollback's) makes it anew.
+            let old = self.current.take().expect("configured");
             self.dropped.clear();
-            let changes = changes_from(old, conf, edit);
+            let changes = changes_from(&old, conf, edit);
             for gone in &changes.gone {
                 let key = defguard_wireguard_rs::key::Key::from_str(&gone.public_key).map_err(|e| anyhow::anyhow!("{e}"))?;
                 api.remove_peer(&key).map_err(|e| anyhow::anyhow!("removing peer {}: {e}", gone.public_key))?;
@@ -70,7 +72,10 @@ where
                 api.configure_peer(&dg_peer(p)?).map_err(|e| anyhow::anyhow!("configuring peer {}: {e}", p.public_key))?;
             }
         } else {
-            if let Some(api) = self.api.as_mut() {
+            // The interface before goes first, its handle with it: the embedded boringtun's
+            // handle, dropped after the new one is made, took the new interface's socket away
+            // (it has the same path), and the new one answered nothing.
+            if let Some(mut api) = self.api.take() {
                 let _ = api.remove_interface();
             }
             let mut api = WGApi::<T>::new(self.ifname.clone()).map_err(|e| anyhow::anyhow!("{}: {e}", self.ifname))?;

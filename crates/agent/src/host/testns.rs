@@ -160,4 +160,43 @@ mod tests {
             b_ns.enter(|| drop(b));
         }
     }
+
+    /// On every backend here: a change the backend refuses part-way (a peer added, then an
+    /// allowed IP it cannot read) fails, and the rollback's apply of the configuration before
+    /// brings the interface back to exactly it. Before, wireguard-go and the kernel's driver kept
+    /// the configuration before as what they held, so the rollback changed nothing and the peer
+    /// added by the refused change stayed (a review's finding).
+    #[test]
+    fn a_change_refused_part_way_is_undone_by_the_next_apply() {
+        if !can_run(Need::Root) {
+            return;
+        }
+        let mut modes = vec![(WgMode::Gotatun, "gotatun"), (WgMode::Boringtun, "boringtun")];
+        if can_run(Need::Program("wireguard-go")) {
+            modes.push((WgMode::WireguardGo, "wireguard-go"));
+        }
+        for (mode, name) in modes {
+            let (a_ns, _b_ns) = pair(&format!("r{}", &name[..2]));
+            let (a_priv, _) = keypair();
+            let ((_, p1), (_, p2), (_, p3)) = (keypair(), keypair(), keypair());
+            let mut a = host::wireguard(mode, "wgtr0").unwrap();
+            let before = conf("10.77.0.1/24", 51820, vec![wg_peer(&p1, None, &["10.77.0.11/32"])]);
+            a_ns.enter(|| a.apply(&before, &a_priv, None)).unwrap();
+            let refused = conf(
+                "10.77.0.1/24",
+                51820,
+                vec![
+                    wg_peer(&p1, None, &["10.77.0.11/32"]),
+                    wg_peer(&p2, None, &["10.77.0.12/32"]),
+                    wg_peer(&p3, None, &["10.77.0.300/32"]),
+                ],
+            );
+            assert!(a_ns.enter(|| a.apply(&refused, &a_priv, None)).is_err(), "{name}: an allowed IP that is no address is refused");
+            a_ns.enter(|| a.apply(&before, &a_priv, None)).unwrap();
+            let keys: Vec<String> =
+                a_ns.enter(|| a.peers()).unwrap_or_else(|e| panic!("{name}: {e:#}")).into_iter().map(|p| p.public_key).collect();
+            assert_eq!(keys, [p1.clone()], "{name}: the interface is the configuration before, and only it");
+            a_ns.enter(|| drop(a));
+        }
+    }
 }

@@ -191,6 +191,10 @@ impl Wireguard for WireguardGo {
             let old = self.current.as_ref().expect("configured");
             let body = set_peers(&changes_from(old, conf, edit))?;
             if !body.is_empty() {
+                // wireguard-go takes a `set` line by line: whatever part of a refused one took,
+                // the device is no longer what `current` says. Forgotten, so that the next
+                // apply (the rollback's) makes the interface anew.
+                self.current = None;
                 self.set(&body)?;
             }
         } else {
