@@ -716,7 +716,8 @@ mod tests {
     fn a_change_of_peers_in_edits_is_made_from_its_regions() {
         rt().block_on(async {
             let mut f = fixture("edits");
-            let peers: Vec<(char, Option<String>, String)> = ('A'..='P')
+            let peers: Vec<(char, Option<String>, String)> = ('A'..='Z')
+                .chain('a'..='z')
                 .enumerate()
                 .map(|(i, k)| (k, (i % 2 == 0).then(|| format!("192.0.2.{}:51820", 10 + i)), format!("10.88.0.{}", 10 + i)))
                 .collect();
@@ -726,11 +727,11 @@ mod tests {
             let one = peered_bundle(1, &view(&peers));
             f.apply(&one).await.unwrap();
             f.take();
-            // C re-keyed as Z (dialled), G removed, Q added (dialled), K's endpoint moved.
+            // C re-keyed as 0 (dialled), G removed, 1 added (dialled), K's endpoint moved.
             let mut after = peers.clone();
-            after[2].0 = 'Z';
+            after[2].0 = '0';
             after.remove(6);
-            after.insert(12, ('Q', Some("192.0.2.99:51820".into()), "10.88.0.99".into()));
+            after.insert(12, ('1', Some("192.0.2.99:51820".into()), "10.88.0.99".into()));
             after[9].1 = Some("198.51.100.9:51820".into());
             let two = peered_bundle(2, &view(&after));
             let edited = |from: &Bundle, to: &Bundle| {
@@ -741,11 +742,11 @@ mod tests {
             };
             let ev = f.applier.apply(b"bundle 2", two.clone(), 7, false, &edited(&one, &two)).await.unwrap();
             assert_eq!(ev.result, proto::EvidenceResult::Applied, "{ev:?}");
-            assert_eq!(std::mem::take(&mut *f.edits.lock().unwrap()), ["gone C,G changed Z,K,Q"]);
+            assert_eq!(std::mem::take(&mut *f.edits.lock().unwrap()), ["gone C,G changed 0,K,1"]);
             let journal = f.take();
             let prompts: Vec<&String> = journal.iter().filter(|l| l.starts_with("prompt")).collect();
             // K, whose endpoint moved, lost its session in the fake backend (prompted at once);
-            // then Z, K and Q, the peers new or moved that this node dials.
+            // then 0, K and 1, the peers new or moved that this node dials.
             assert_eq!(prompts, ["prompt trellis0 10.88.0.20", "prompt trellis0 10.88.0.12 10.88.0.20 10.88.0.99"], "{journal:?}");
             let whole = trellis_core::wgconf::parse(std::str::from_utf8(&two.files[1].content).unwrap()).unwrap();
             assert_eq!(*f.applier.executor().configured().unwrap(), whole, "the edit gives the whole read");

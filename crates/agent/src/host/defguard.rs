@@ -75,7 +75,7 @@ where
             // The interface before goes first, its handle with it: the embedded boringtun's
             // handle, dropped after the new one is made, took the new interface's socket away
             // (it has the same path), and the new one answered nothing.
-            if let Some(mut api) = self.api.take() {
+            if let Some(api) = self.api.take() {
                 let _ = api.remove_interface();
             }
             let mut api = WGApi::<T>::new(self.ifname.clone()).map_err(|e| anyhow::anyhow!("{}: {e}", self.ifname))?;
