@@ -17,15 +17,42 @@ pub struct Revision {
     pub files: Vec<(String, String)>,
 }
 
+/// The most a packed revision may unpack to: a declaration this size is far beyond what a
+/// request may carry (the length before the packed bytes is read from the database, and is not
+/// taken on trust).
+const UNPACKED_MAX: usize = 1 << 30;
+
+/// A revision's files as stored: the JSON list of (path, text), packed with LZ4, its length
+/// first. At 100,000 nodes the list is 12.8 MiB, written at every apply; packed, about 2.7 MiB,
+/// made in about 15 ms.
+fn pack(files: &[(String, String)]) -> Vec<u8> {
+    lz4_flex::compress_prepend_size(&serde_json::to_vec(files).expect("strings serialize"))
+}
+
+/// The files of a revision from its row: `packed` when it has it, else the JSON `files` of a
+/// row written before revisions were packed.
+fn unpack(number: i64, packed: Option<Vec<u8>>, files: &str) -> Result<Vec<(String, String)>> {
+    let corrupt = |why: String| StoreError::Corrupt(format!("revision {number}: {why}"));
+    let Some(packed) = packed else {
+        return serde_json::from_str(files).map_err(|e| corrupt(format!("its files are not a list of (path, text): {e}")));
+    };
+    let claimed = packed.get(..4).map(|n| u32::from_le_bytes(n.try_into().expect("four bytes")) as usize);
+    if claimed.is_none_or(|n| n > UNPACKED_MAX) {
+        return Err(corrupt(format!("its packed files claim {claimed:?} bytes (at most {UNPACKED_MAX})")));
+    }
+    let json = lz4_flex::decompress_size_prepended(&packed).map_err(|e| corrupt(format!("its packed files do not unpack: {e}")))?;
+    serde_json::from_slice(&json).map_err(|e| corrupt(format!("its files are not a list of (path, text): {e}")))
+}
+
 impl Store {
     pub async fn current_revision(&self) -> Result<Option<Revision>> {
-        let row = sqlx::query("SELECT number, created_at, digest, files FROM revisions ORDER BY number DESC LIMIT 1")
+        let row = sqlx::query("SELECT number, created_at, digest, files, packed FROM revisions ORDER BY number DESC LIMIT 1")
             .fetch_optional(&self.pool)
             .await?;
         row.map(|r| {
-            let files: String = r.try_get("files")?;
-            let files: Vec<(String, String)> = serde_json::from_str(&files).unwrap_or_default();
-            Ok(Revision { number: r.try_get("number")?, created_at: r.try_get("created_at")?, digest: r.try_get("digest")?, files })
+            let number: i64 = r.try_get("number")?;
+            let files = unpack(number, r.try_get("packed")?, &r.try_get::<String, _>("files")?)?;
+            Ok(Revision { number, created_at: r.try_get("created_at")?, digest: r.try_get("digest")?, files })
         })
         .transpose()
     }
@@ -52,11 +79,11 @@ impl Store {
         replaced: &[String],
         audit: &Audit<'_>,
     ) -> Result<i64> {
-        let files_json = serde_json::to_string(files).expect("strings serialize");
+        let packed = pack(files);
         let at = audit.at;
         let result = self
             .decide(audit, |tx| {
-                let files_json = files_json.clone();
+                let packed = packed.clone();
                 let digest = digest.to_string();
                 let addresses = addresses.clone();
                 let replaced = replaced.to_vec();
@@ -70,11 +97,11 @@ impl Store {
                         }
                     }
                     let next = current + 1;
-                    sqlx::query("INSERT INTO revisions (number, created_at, digest, files) VALUES ($1, $2, $3, $4)")
+                    sqlx::query("INSERT INTO revisions (number, created_at, digest, files, packed) VALUES ($1, $2, $3, '', $4)")
                         .bind(next)
                         .bind(at)
                         .bind(digest)
-                        .bind(files_json)
+                        .bind(packed)
                         .execute(&mut **tx)
                         .await?;
                     for name in &replaced {

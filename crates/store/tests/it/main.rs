@@ -107,6 +107,47 @@ async fn an_apply_writes_the_allocation_it_was_given_whatever_was_there() {
     .await;
 }
 
+/// A revision's files are stored packed: a declaration of many nodes takes a fraction of its
+/// text in the database, and reads back the same. A row written before revisions were packed
+/// (its JSON `files`, no `packed`) still reads; a packed row that does not unpack, or claims more
+/// than a declaration could be, is an error naming the revision, not an empty declaration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revisions_are_stored_packed_and_read_back_whole() {
+    each_backend(|s| async move {
+        let nodes: String = (0..20_000).map(|i| format!("[nodes.n-{i}]\ngroups = [\"g-{}\"]\n\n", i % 50)).collect();
+        let files = vec![("mesh.toml".to_string(), nodes.clone()), ("modules/ssh.toml".to_string(), "name = \"ssh\"\n".to_string())];
+        s.apply(&files, "d1", Addresses::read(Allocation::default()), None, &[], &audit(AuditAction::DeclarationApplied)).await.unwrap();
+        assert_eq!(s.current_revision().await.unwrap().unwrap().files, files, "{:?}", s.backend);
+        // Packed in under a quarter of the text, and no text kept beside it (rows changed by a
+        // no-op update only when they are so).
+        let small =
+            format!("UPDATE revisions SET digest = digest WHERE number = 1 AND LENGTH(packed) * 4 < {} AND files = ''", nodes.len());
+        assert_eq!(s.execute_raw(&small).await.unwrap(), 1, "{:?}: the revision is packed", s.backend);
+
+        // A row from before: its files as JSON text.
+        s.execute_raw("INSERT INTO revisions (number, created_at, digest, files) VALUES (2, 2, 'd2', '[[\"mesh.toml\",\"old\"]]')")
+            .await
+            .unwrap();
+        assert_eq!(s.current_revision().await.unwrap().unwrap().files, [("mesh.toml".to_string(), "old".to_string())], "{:?}", s.backend);
+
+        // Packed bytes that do not unpack, and a claim of four gigabytes.
+        for (number, hex) in [(3, "0a000000ffffffff"), (4, "ffffffff00")] {
+            let literal = match s.backend {
+                trellis_store::Backend::Sqlite => format!("X'{hex}'"),
+                trellis_store::Backend::Postgres => format!("'\\x{hex}'::bytea"),
+            };
+            s.execute_raw(&format!(
+                "INSERT INTO revisions (number, created_at, digest, files, packed) VALUES ({number}, 3, 'd', '', {literal})"
+            ))
+            .await
+            .unwrap();
+            let e = s.current_revision().await.unwrap_err().to_string();
+            assert!(e.contains(&format!("revision {number}")) && e.contains("packed"), "{:?}: {e}", s.backend);
+        }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revisions_increase_and_expect_revision_detects_a_race() {
     each_backend(|s| async move {
