@@ -60,6 +60,10 @@ pub struct LoadCache {
     nodes: Vec<(String, u32, std::sync::Arc<crate::decl::Node>)>,
     /// The one-line groups of `[groups]`, by their line's text (lines counted from it).
     groups: crate::FastMap<String, crate::decl::Group>,
+    /// The rest of the file (without its node tables and one-line groups) as cut last, with its
+    /// gaps, and what it parsed to: a change of nodes or groups leaves it as it was, and it is
+    /// not parsed again.
+    rest: Option<(String, Vec<(usize, u32)>, parse::Parsed)>,
     /// Node tables taken from the cache, parsed, and whole-file parses (the cut did not read
     /// the file, or it had something to say), since the cache was made.
     pub hits: usize,

@@ -12,17 +12,29 @@ use crate::diag::Diagnostic;
 /// parsed, so that what it says is said exactly as ever.
 pub(in crate::load) fn parse_mesh_cut(file: &SourceFile, cache: &mut crate::load::LoadCache) -> Option<Parsed> {
     let cut = crate::load::segments::cut(&file.text)?;
-    let mut diags = Vec::new();
-    let rest = SourceFile { path: file.path.clone(), text: cut.rest };
-    let (mut out, has_nodes) = parse_mesh_parts(&rest, cut.gaps, &mut diags);
-    if has_nodes || !diags.is_empty() {
-        return None;
-    }
     if cache.file.as_deref() != Some(file.path.as_str()) {
         cache.nodes.clear();
         cache.groups.clear();
+        cache.rest = None;
         cache.file = Some(file.path.clone());
     }
+    // The rest as parsed before when it is the same text with the same gaps (its places are
+    // numbered through them): only a rest that parsed without a word is kept.
+    let mut out = match cache.rest.as_ref().filter(|(text, gaps, _)| *text == cut.rest && *gaps == cut.gaps) {
+        Some((_, _, parsed)) => parsed.clone(),
+        None => {
+            let mut diags = Vec::new();
+            let rest = SourceFile { path: file.path.clone(), text: cut.rest };
+            let (out, has_nodes) = parse_mesh_parts(&rest, cut.gaps.clone(), &mut diags);
+            if has_nodes || !diags.is_empty() {
+                cache.rest = None;
+                return None;
+            }
+            cache.rest = Some((rest.text, cut.gaps, out.clone()));
+            out
+        }
+    };
+    let mut diags = Vec::new();
     // Which table of the load before each one is: the one at the same place when its text is
     // the same (a change of groups or of one node moves no table), else the one with its text.
     let held = &cache.nodes;

@@ -23,7 +23,7 @@ use tables::*;
 
 /// What the parse produced before cross-references are checked. Parts that failed to parse
 /// are left out, and the error that says why is already reported.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub(super) struct Parsed {
     mesh: Option<MeshSettings>,
     networks: Vec<Network>,
