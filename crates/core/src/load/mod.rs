@@ -63,13 +63,16 @@ pub struct LoadCache {
     /// The rest of the file (without its node tables and one-line groups) as cut last, with its
     /// gaps, and what it parsed to: a change of nodes or groups leaves it as it was, and it is
     /// not parsed again.
-    rest: Option<(String, Vec<(usize, u32)>, parse::Parsed)>,
+    rest: Option<ParsedRest>,
     /// Node tables taken from the cache, parsed, and whole-file parses (the cut did not read
     /// the file, or it had something to say), since the cache was made.
     pub hits: usize,
     pub parsed: usize,
     pub whole: usize,
 }
+
+/// The rest of `mesh.toml` as cut (its text and gaps) and what it parsed to.
+type ParsedRest = (String, Vec<(usize, u32)>, parse::Parsed);
 
 /// [`load`], with `mesh.toml`'s node tables taken from `cache` where their text is unchanged.
 pub fn load_cached(mesh: &SourceFile, modules: &[SourceFile], cache: &mut LoadCache) -> Loaded {
