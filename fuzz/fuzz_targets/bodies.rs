@@ -1,7 +1,8 @@
 //! The JSON bodies of every endpoint that takes one, read as the server's `Body<T, MAX>` reads
 //! them (serde_json, unknown fields refused), then handed to the library functions the controller
 //! hands them to. The first byte chooses the endpoint: `/v1/enrol`, `/v1/renew`, `/v1/evidence`,
-//! `/v1/admin/apply`, `/v1/admin/tokens`.
+//! `/v1/admin/apply`, `/v1/admin/tokens`, and `/v1/admin/apply` in trellis's own form
+//! (`proto::declaration`: what decodes encodes back to the same bytes).
 //!
 //! Every body that reads writes back as JSON that reads as the same value. Every string the
 //! controller stores from a body and shows to an operator shows through `printable` without a
@@ -28,12 +29,13 @@ use trellis_proto::text::printable;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&which, body)) = data.split_first() else { return };
-    match which % 5 {
+    match which % 6 {
         0 => enrol(body),
         1 => renew(body),
         2 => evidence(body),
         3 => apply(body),
-        _ => token(body),
+        4 => token(body),
+        _ => apply_binary(body),
     }
 });
 
@@ -95,8 +97,21 @@ fn evidence(body: &[u8]) {
     }
 }
 
+/// The declaration in trellis's own form, as the server's `Declaration` reads it: one encoding
+/// of each request, so what decodes encodes back to the very bytes; then loaded as JSON's is.
+fn apply_binary(body: &[u8]) {
+    let Ok(req) = proto::declaration::decode(body) else { return };
+    assert_eq!(proto::declaration::encode(&req), body, "decoded and encoded again");
+    loaded(req);
+}
+
 fn apply(body: &[u8]) {
     let Some(req) = read::<proto::ApplyRequest>(body) else { return };
+    loaded(req);
+}
+
+/// A declaration loaded as the controller loads it, compiled twice alike.
+fn loaded(req: proto::ApplyRequest) {
     let files: Vec<(String, String)> = req.files.iter().map(|f| (f.path.clone(), f.text.clone())).collect();
     // As `declarations::load_files` loads a submitted or stored revision.
     let loaded = trellis_core::load_relative(&files, str::to_string);

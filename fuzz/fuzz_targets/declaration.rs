@@ -134,6 +134,7 @@ fn expected_wgconf(plan: &NodePlan, key_of: &dyn Fn(&str) -> PublicKey) -> WgCon
             endpoint: p.endpoint(),
             keepalive: p.keepalive().then_some(KEEPALIVE_SECS),
         })
+        .map(std::sync::Arc::new)
         .collect();
     WgConf { addresses, listen_port: Some(c.port), mtu: Some(u32::from(c.mtu)), peers }
 }

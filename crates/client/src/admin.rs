@@ -59,8 +59,19 @@ impl AdminClient {
         self.send(self.http.get(self.url(path))).await
     }
 
+    /// Sends the declaration in trellis's own form (`proto::declaration`: no JSON pass over
+    /// megabytes of TOML on either end); a controller that takes only JSON (an older one,
+    /// answering 415) is sent the JSON.
     pub async fn apply(&self, req: &proto::ApplyRequest) -> Result<proto::ApplyResponse, Error> {
-        self.post("/v1/admin/apply", req).await
+        let body = self
+            .http
+            .post(self.url("/v1/admin/apply"))
+            .header(reqwest::header::CONTENT_TYPE, proto::declaration::MEDIA_TYPE)
+            .body(proto::declaration::encode(req));
+        match self.send(body).await {
+            Err(e) if e.refused().is_some_and(|r| r.status == 415) => self.post("/v1/admin/apply", req).await,
+            other => other,
+        }
     }
 
     pub async fn create_token(&self, req: &proto::TokenRequest) -> Result<proto::TokenCreated, Error> {

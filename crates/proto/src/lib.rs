@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod audit;
 pub mod certs;
+pub mod declaration;
 pub mod etag;
 pub mod exposition;
 pub mod ingress;

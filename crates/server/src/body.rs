@@ -61,6 +61,46 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync, const MAX: usize> axum::ext
     }
 }
 
+/// `POST /v1/admin/apply`'s body: the JSON `ApplyRequest`, or the same in trellis's own form
+/// (`proto::declaration`, Content-Type `application/vnd.trellis.declaration`), which spares both
+/// ends a JSON pass over megabytes of TOML. Bounded in size and time as [`Body`] is.
+pub struct Declaration(pub trellis_proto::ApplyRequest);
+
+impl<S: Send + Sync> axum::extract::FromRequest<S> for Declaration {
+    type Rejection = ApiError;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        let binary =
+            req.headers().get(axum::http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|t| {
+                t.split(';').next().is_some_and(|t| t.trim().eq_ignore_ascii_case(trellis_proto::declaration::MEDIA_TYPE))
+            });
+        if !binary {
+            let Body(r) = Body::<trellis_proto::ApplyRequest, DECLARATION_BODY>::from_request(req, state).await?;
+            return Ok(Declaration(r));
+        }
+        let announced =
+            req.headers().get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+        if announced.is_some_and(|n| n > DECLARATION_BODY as u64) {
+            return Err(too_large());
+        }
+        let timeout = req.extensions().get::<crate::limits::Limits>().copied().unwrap_or_default().body_timeout;
+        let bytes = match tokio::time::timeout(timeout, axum::body::Bytes::from_request(req, state)).await {
+            Ok(Ok(b)) => b,
+            Ok(Err(_)) => return Err(too_large()),
+            Err(_) => {
+                return Err(ApiError::body(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "body_timeout",
+                    format!("the request body did not arrive within {} seconds", timeout.as_secs()),
+                ))
+            }
+        };
+        trellis_proto::declaration::decode(&bytes)
+            .map(Declaration)
+            .map_err(|e| ApiError::body(StatusCode::BAD_REQUEST, "bad_request", format!("the declaration body does not read: {e}")))
+    }
+}
+
 /// The innermost cause: serde's sentence without axum's wrapping.
 pub(crate) fn inner(e: &dyn std::error::Error) -> String {
     let mut e = e;

@@ -124,6 +124,22 @@ impl Running {
         String::from_utf8_lossy(&out).to_string()
     }
 
+    /// As `post_raw`, with the admin credential.
+    async fn admin_post_raw(&self, path: &str, content_type: &str, body: Vec<u8>) -> (u16, Value) {
+        let resp = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(&self.admin)
+            .header("content-type", content_type)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or_else(|_| panic!("answers are JSON, got {status}: {text}")))
+    }
+
     async fn post_raw(&self, path: &str, content_type: &str, body: Vec<u8>) -> (u16, Value) {
         let resp = self.http.post(format!("{}{path}", self.base)).header("content-type", content_type).body(body).send().await.unwrap();
         let status = resp.status().as_u16();
@@ -235,6 +251,40 @@ async fn bad_input_gets_a_4xx_sentence_and_changes_nothing() {
         let (s, b) = r.post_raw("/v1/enrol", "application/json", serde_json::to_vec(&good).unwrap()).await;
         assert_eq!(s, 200, "{b}");
     }
+}
+
+/// A declaration in trellis's own form (`proto::declaration`) applies as its JSON does: the same
+/// files are the same revision, a change is the next one with its expectation kept; a body that
+/// does not read is refused with a sentence that says where, and changes nothing; JSON is still
+/// taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declaration_in_trellis_own_form_applies_as_its_json_does() {
+    use trellis_proto::declaration::{encode, MEDIA_TYPE};
+    let r = start(Database::sqlite()).await;
+    let files: Vec<trellis_proto::DeclFile> = serde_json::from_value(json!(trellis_testing::controller::lab_files("basic"))).unwrap();
+    let req =
+        |files: Vec<trellis_proto::DeclFile>, expect: Option<i64>| encode(&trellis_proto::ApplyRequest { files, expect_revision: expect });
+    let (s, b) = r.admin_post_raw("/v1/admin/apply", MEDIA_TYPE, req(files.clone(), None)).await;
+    assert_eq!((s, b["revision"].as_i64(), b["unchanged"].as_bool()), (200, Some(1), Some(true)), "{b}");
+    let mut changed = files.clone();
+    let mesh = changed.iter_mut().find(|f| f.path == "mesh.toml").unwrap();
+    mesh.text.push_str("\n# one line more\n");
+    let (s, b) = r.admin_post_raw("/v1/admin/apply", MEDIA_TYPE, req(changed.clone(), Some(5))).await;
+    assert_eq!((s, b["code"].as_str()), (409, Some("revision_conflict")), "the expectation is read from the body: {b}");
+    let (s, b) = r.admin_post_raw("/v1/admin/apply", MEDIA_TYPE, req(changed.clone(), Some(1))).await;
+    assert_eq!((s, b["revision"].as_i64(), b["unchanged"].as_bool()), (200, Some(2), Some(false)), "{b}");
+    // Cut short, or not UTF-8: refused, saying where; the revision stays.
+    let whole = req(files.clone(), None);
+    let (s, b) = r.admin_post_raw("/v1/admin/apply", MEDIA_TYPE, whole[..whole.len() - 3].to_vec()).await;
+    assert_eq!(s, 400, "{b}");
+    assert!(b["error"].as_str().unwrap().contains("the declaration body does not read: the body ends at byte"), "{b}");
+    let (s, b) = r.admin_post_raw("/v1/admin/apply", MEDIA_TYPE, b"TRDECL1\n\x80".to_vec()).await;
+    assert_eq!(s, 400, "{b}");
+    let (s, b) = r.admin_post_raw("/v1/admin/apply", MEDIA_TYPE, req(changed, Some(2))).await;
+    assert_eq!((s, b["revision"].as_i64(), b["unchanged"].as_bool()), (200, Some(2), Some(true)), "revision 2 stands: {b}");
+    // JSON as ever.
+    let (s, b) = r.admin_post("/v1/admin/apply", json!({"files": files})).await;
+    assert_eq!((s, b["revision"].as_i64()), (200, Some(3)), "{b}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

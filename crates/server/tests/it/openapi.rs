@@ -502,6 +502,10 @@ fn the_document_describes_headers_content_types_and_bounds_and_is_valid() {
             assert!(bundle["responses"][status]["headers"][header].is_object(), "{status} {header}: {bundle:#}");
         }
     }
+    // The declaration is taken as JSON or in trellis's own form.
+    let apply = &doc["paths"]["/v1/admin/apply"]["post"]["requestBody"]["content"];
+    let types: Vec<&String> = apply.as_object().unwrap().keys().collect();
+    assert_eq!(types, ["application/json", proto::declaration::MEDIA_TYPE], "{apply:#}");
     let wait = bundle["parameters"].as_array().unwrap().iter().find(|p| p["name"] == "wait").unwrap();
     assert_eq!(wait["schema"]["maximum"], json!(trellis_controller::bundle::MAX_WAIT.as_secs()), "{wait:#}");
     let mut challenged = 0;
