@@ -108,6 +108,18 @@ mod tests {
     use crate::host::{self, WgMode};
     use trellis_testing::{can_run, Need};
 
+    /// Every backend this host can run, with its name; none without root.
+    fn backends() -> Vec<(WgMode, &'static str)> {
+        if !can_run(Need::Root) {
+            return Vec::new();
+        }
+        let mut modes = vec![(WgMode::Gotatun, "gotatun"), (WgMode::Boringtun, "boringtun")];
+        if can_run(Need::Program("wireguard-go")) {
+            modes.push((WgMode::WireguardGo, "wireguard-go"));
+        }
+        modes
+    }
+
     /// On every backend here: two interfaces that each hold the other as a peer being tried (an
     /// endpoint, a one-second keepalive, no AllowedIPs, as `paths::Book` configures it) complete a
     /// handshake with no packet sent into either, from the keepalive alone; then each reports
@@ -116,14 +128,7 @@ mod tests {
     /// packets.
     #[test]
     fn every_backend_handshakes_a_tried_peer_and_reports_where_it_sends_from() {
-        if !can_run(Need::Root) {
-            return;
-        }
-        let mut modes = vec![(WgMode::Gotatun, "gotatun"), (WgMode::Boringtun, "boringtun")];
-        if can_run(Need::Program("wireguard-go")) {
-            modes.push((WgMode::WireguardGo, "wireguard-go"));
-        }
-        for (mode, name) in modes {
+        for (mode, name) in backends() {
             let (a_ns, b_ns) = pair(&name[..3]);
             let ((a_priv, a_pub), (b_priv, b_pub)) = (keypair(), keypair());
             let (mut a, mut b) = (host::wireguard(mode, "wgta0").unwrap(), host::wireguard(mode, "wgtb0").unwrap());
@@ -168,14 +173,7 @@ mod tests {
     /// added by the refused change stayed (a review's finding).
     #[test]
     fn a_change_refused_part_way_is_undone_by_the_next_apply() {
-        if !can_run(Need::Root) {
-            return;
-        }
-        let mut modes = vec![(WgMode::Gotatun, "gotatun"), (WgMode::Boringtun, "boringtun")];
-        if can_run(Need::Program("wireguard-go")) {
-            modes.push((WgMode::WireguardGo, "wireguard-go"));
-        }
-        for (mode, name) in modes {
+        for (mode, name) in backends() {
             let (a_ns, _b_ns) = pair(&format!("r{}", &name[..2]));
             let (a_priv, _) = keypair();
             let ((_, p1), (_, p2), (_, p3)) = (keypair(), keypair(), keypair());
