@@ -300,6 +300,8 @@ fn median_change(changes: &[Value]) -> Value {
         "apply_ms": median(runs.iter().map(|&r| r as f64).collect()) as u64,
         "runs_ms": runs,
         "phases_ms": phases,
+        // Each change's phases, in order, so that an outlier shows where its time went.
+        "runs_phases_ms": changes.iter().map(|c| c["last_apply_phases_ms"].clone()).collect::<Vec<_>>(),
         "peers_on_interface": changes.last().and_then(|c| c["peers"].as_array()).map(|p| p.len()),
     })
 }
