@@ -154,3 +154,83 @@ impl AdminClient {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, SystemTime};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A controller that takes the declaration only as JSON (an older one): it answers the
+    /// declaration in trellis's own form 415, as axum's JSON extractor does, and the JSON with a
+    /// revision. Returns its address and the content types it was sent, in order.
+    async fn json_only_controller(ca: &trellis_pki::Ca) -> (String, Arc<Mutex<Vec<String>>>) {
+        let server = ca.server_cert(&["127.0.0.1".into()], SystemTime::now(), Duration::from_secs(3600), [2; 16]).unwrap();
+        let cfg = trellis_pki::tls::server_config(&server.cert_pem, &server.key_pem, ca.cert_pem(), ca.cert_pem()).unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let Ok(mut tls) = acceptor.accept(tcp).await else { continue };
+                let mut request = Vec::new();
+                let mut buf = [0u8; 64 * 1024];
+                // The head, then as many bytes as it says the body has.
+                let (head, start, length) = loop {
+                    let n = tls.read(&mut buf).await.unwrap();
+                    assert!(n > 0, "the request ended early");
+                    request.extend_from_slice(&buf[..n]);
+                    if let Some(end) = request.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&request[..end]).to_lowercase();
+                        let length =
+                            head.lines().find_map(|l| l.strip_prefix("content-length:")).map_or(0, |v| v.trim().parse::<usize>().unwrap());
+                        break (head, end + 4, end + 4 + length);
+                    }
+                };
+                while request.len() < length {
+                    let n = tls.read(&mut buf).await.unwrap();
+                    request.extend_from_slice(&buf[..n]);
+                }
+                let kind = head.lines().find_map(|l| l.strip_prefix("content-type:")).unwrap_or("").trim().to_string();
+                log.lock().unwrap().push(kind.clone());
+                let (status, body) = if kind == "application/json" {
+                    let sent: super::proto::ApplyRequest = serde_json::from_slice(&request[start..length]).unwrap();
+                    assert_eq!(sent.files.len(), 1);
+                    ("200 OK", r#"{"revision":7,"diagnostics":[],"unchanged":false}"#.to_string())
+                } else {
+                    (
+                        "415 Unsupported Media Type",
+                        r#"{"code":"content_type","error":"the request body must be JSON (Content-Type: application/json)"}"#.to_string(),
+                    )
+                };
+                let answer = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                tls.write_all(answer.as_bytes()).await.unwrap();
+                let _ = tls.shutdown().await;
+            }
+        });
+        (format!("https://{addr}"), seen)
+    }
+
+    /// `trellis apply` against a controller that takes only JSON: refused the declaration in
+    /// trellis's own form (415), it sends the JSON, and the apply goes through.
+    #[tokio::test]
+    async fn a_controller_that_takes_only_json_is_sent_json() {
+        let pair = trellis_pki::create_ca("t", SystemTime::now(), [1; 16]).unwrap();
+        let ca = trellis_pki::Ca::load(&pair.cert_pem, &pair.key_pem).unwrap();
+        let (base, seen) = json_only_controller(&ca).await;
+        let client = super::AdminClient::new(&base, ca.cert_pem(), "trellis-admin-x").unwrap();
+        let req = super::proto::ApplyRequest {
+            files: vec![super::proto::DeclFile { path: "mesh.toml".into(), text: "[mesh]\n".into() }],
+            expect_revision: None,
+        };
+        let answer = client.apply(&req).await.unwrap();
+        assert_eq!(answer.revision, 7);
+        assert_eq!(*seen.lock().unwrap(), [super::proto::declaration::MEDIA_TYPE, "application/json"]);
+    }
+}
