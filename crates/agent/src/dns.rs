@@ -211,13 +211,9 @@ impl<'t> Cut<'t> {
                 return None;
             }
             if let (Some(_), Some("IN"), Some("SOA")) = (name, class, kind) {
-                // The serial, the SOA's third field of data, is left out of the frame: the
-                // line before it and after it are in.
-                let field = line.split_whitespace().nth(5)?;
-                let from = field.as_ptr() as usize - line.as_ptr() as usize;
+                let (before, field, after) = soa_serial(line)?;
                 serial = Some(field);
-                frame.push(&line[..from]);
-                frame.push(&line[from + field.len()..]);
+                frame.extend([before, after]);
                 continue;
             }
             frame.push(line);
@@ -515,17 +511,23 @@ impl<'t> Lines<'t> {
                     out.records.push((name, *address.first()?));
                 }
                 (Some(_), Some("IN"), Some("SOA")) => {
-                    let field = line.split_whitespace().nth(5)?;
-                    let from = field.as_ptr() as usize - line.as_ptr() as usize;
+                    let (before, field, after) = soa_serial(line)?;
                     out.serial = Some(field);
-                    out.frame.push(&line[..from]);
-                    out.frame.push(&line[from + field.len()..]);
+                    out.frame.extend([before, after]);
                 }
                 _ => out.frame.push(line),
             }
         }
         Some(out)
     }
+}
+
+/// An SOA line cut around its serial (the third field of its data): the frame holds the line
+/// before and after it, so that a new serial alone is no change of the frame.
+fn soa_serial(line: &str) -> Option<(&str, &str, &str)> {
+    let field = line.split_whitespace().nth(5)?;
+    let from = field.as_ptr() as usize - line.as_ptr() as usize;
+    Some((&line[..from], field, &line[from + field.len()..]))
 }
 
 /// Whether a record's name is spelled as trellis spells names (relative, lower-case ASCII

@@ -252,10 +252,12 @@ impl Read {
         let mut peers: Vec<Arc<WgPeer>> = Vec::with_capacity(held.len() + listed.len());
         let mut starts: Vec<usize> = Vec::with_capacity(held.len() + listed.len());
         // The held peers of `range`, outside every region, where they now start.
-        let keep = |peers: &mut Vec<Arc<WgPeer>>, starts: &mut Vec<usize>, range: std::ops::Range<usize>, shift: isize| {
+        let keep = |peers: &mut Vec<Arc<WgPeer>>, starts: &mut Vec<usize>, range: std::ops::Range<usize>, shift: isize| -> Option<()> {
             peers.extend_from_slice(&held[range.clone()]);
-            let shifted = self.starts[range].iter().map(|s| s.checked_add_signed(shift));
-            shifted.map(|s| s.map(|s| starts.push(s))).collect::<Option<()>>()
+            for s in &self.starts[range] {
+                starts.push(s.checked_add_signed(shift)?);
+            }
+            Some(())
         };
         let (mut next, mut shift) = (0usize, 0isize);
         for ((r, i), (list, at)) in regions.iter().zip(&inside).zip(&now) {

@@ -16,6 +16,25 @@ pub const EVIDENCE_BODY: usize = 4 * 1024 * 1024;
 /// off by the route's `DefaultBodyLimit`.
 pub struct Body<T, const MAX: usize = SMALL_BODY>(pub T);
 
+/// Refuses a body announced as larger than `max` from its headers, before a byte of it is read;
+/// else how long it has to arrive (a request must not hold its connection for ever).
+fn bounds(req: &axum::extract::Request, max: usize) -> Result<std::time::Duration, ApiError> {
+    let announced = req.headers().get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > max as u64) {
+        return Err(too_large());
+    }
+    Ok(req.extensions().get::<crate::limits::Limits>().copied().unwrap_or_default().body_timeout)
+}
+
+/// A body that did not arrive within `timeout`.
+fn late(timeout: std::time::Duration) -> ApiError {
+    ApiError::body(
+        StatusCode::REQUEST_TIMEOUT,
+        "body_timeout",
+        format!("the request body did not arrive within {} seconds", timeout.as_secs()),
+    )
+}
+
 fn too_large() -> ApiError {
     ApiError::body(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "the request body is larger than this endpoint accepts")
 }
@@ -24,23 +43,9 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync, const MAX: usize> axum::ext
     type Rejection = ApiError;
 
     async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
-        let announced =
-            req.headers().get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-        if announced.is_some_and(|n| n > MAX as u64) {
-            return Err(too_large());
-        }
-        // A body that does not arrive in time is refused: a request must not hold its
-        // connection for ever.
-        let timeout = req.extensions().get::<crate::limits::Limits>().copied().unwrap_or_default().body_timeout;
-        let read = match tokio::time::timeout(timeout, Json::<T>::from_request(req, state)).await {
-            Ok(read) => read,
-            Err(_) => {
-                return Err(ApiError::body(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "body_timeout",
-                    format!("the request body did not arrive within {} seconds", timeout.as_secs()),
-                ))
-            }
+        let timeout = bounds(&req, MAX)?;
+        let Ok(read) = tokio::time::timeout(timeout, Json::<T>::from_request(req, state)).await else {
+            return Err(late(timeout));
         };
         match read {
             Ok(Json(v)) => Ok(Body(v)),
@@ -78,22 +83,11 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for Declaration {
             let Body(r) = Body::<trellis_proto::ApplyRequest, DECLARATION_BODY>::from_request(req, state).await?;
             return Ok(Declaration(r));
         }
-        let announced =
-            req.headers().get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-        if announced.is_some_and(|n| n > DECLARATION_BODY as u64) {
-            return Err(too_large());
-        }
-        let timeout = req.extensions().get::<crate::limits::Limits>().copied().unwrap_or_default().body_timeout;
+        let timeout = bounds(&req, DECLARATION_BODY)?;
         let bytes = match tokio::time::timeout(timeout, axum::body::Bytes::from_request(req, state)).await {
             Ok(Ok(b)) => b,
             Ok(Err(_)) => return Err(too_large()),
-            Err(_) => {
-                return Err(ApiError::body(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "body_timeout",
-                    format!("the request body did not arrive within {} seconds", timeout.as_secs()),
-                ))
-            }
+            Err(_) => return Err(late(timeout)),
         };
         trellis_proto::declaration::decode(&bytes)
             .map(Declaration)

@@ -156,6 +156,22 @@ pub(super) fn is_hostname(s: &str) -> bool {
     s.len() <= 253 && s.split('.').count() >= 2 && s.split('.').all(is_dns_label)
 }
 
+/// A table's `via`, the nodes it goes through, with where each is named: required, and not
+/// empty (`empty` says so for the table).
+fn via_of(doc: &Doc, t: &Table, empty: &str, diags: &mut Vec<Diagnostic>) -> (Vec<String>, Vec<Loc>) {
+    match t.strings(doc, "via", diags) {
+        None if t.get("via").is_none() => {
+            t.missing("via", diags);
+            (Vec::new(), Vec::new())
+        }
+        Some(list) if list.is_empty() => {
+            diags.push(Diagnostic::error(&t.loc, empty));
+            (Vec::new(), Vec::new())
+        }
+        other => other.unwrap_or_default().into_iter().unzip(),
+    }
+}
+
 pub(super) fn parse_expose(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> Option<Exposure> {
     let name = t.required_str(doc, "name", diags);
     let port_of = |key: &str, diags: &mut Vec<Diagnostic>| match t.int(doc, key, diags) {
@@ -194,17 +210,7 @@ pub(super) fn parse_expose(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) ->
         t.missing("port", diags);
     }
     let port = port_of("port", diags);
-    let (via, via_locs): (Vec<String>, Vec<Loc>) = match t.strings(doc, "via", diags) {
-        None if t.get("via").is_none() => {
-            t.missing("via", diags);
-            (Vec::new(), Vec::new())
-        }
-        Some(list) if list.is_empty() => {
-            diags.push(Diagnostic::error(&t.loc, "[[expose]] has an empty `via`: name the ingress node(s) that serve it"));
-            (Vec::new(), Vec::new())
-        }
-        other => other.unwrap_or_default().into_iter().unzip(),
-    };
+    let (via, via_locs) = via_of(doc, t, "[[expose]] has an empty `via`: name the ingress node(s) that serve it", diags);
     let listen = port_of("listen", diags).unwrap_or(DEFAULT_LISTEN);
     let (tls, tls_loc) = match t.str(doc, "tls", diags) {
         None => (Some(ExposeTls::Acme), t.loc.clone()),
@@ -342,17 +348,7 @@ pub(super) fn parse_route(doc: &Doc, t: &Table, diags: &mut Vec<Diagnostic>) -> 
             }
         }
     }
-    let (via, via_locs): (Vec<String>, Vec<Loc>) = match t.strings(doc, "via", diags) {
-        None if t.get("via").is_none() => {
-            t.missing("via", diags);
-            (Vec::new(), Vec::new())
-        }
-        Some(list) if list.is_empty() => {
-            diags.push(Diagnostic::error(&t.loc, "[[route]] has an empty `via`: name the node(s) that route to it"));
-            (Vec::new(), Vec::new())
-        }
-        other => other.unwrap_or_default().into_iter().unzip(),
-    };
+    let (via, via_locs) = via_of(doc, t, "[[route]] has an empty `via`: name the node(s) that route to it", diags);
     let masquerade = t.bool(doc, "masquerade", diags).unwrap_or(true);
     let mut allow = Vec::new();
     let rules = t.tables(doc, "allow", diags);
