@@ -767,6 +767,85 @@ mod tests {
         });
     }
 
+    /// ADR 0039: a node's peers in parts. The interface gets the peers of every part; a change
+    /// writes only the parts that changed and removes a part gone, and the plan's edit, from the
+    /// parts changed compared by key, is what comparing every peer gives: a peer moved to
+    /// another part unchanged is no change.
+    #[test]
+    fn peers_in_parts_change_by_the_parts_that_changed() {
+        use trellis_core::plan::wireguard_part;
+        type Peers<'a> = [(char, Option<&'a str>, &'a str)];
+        fn parted(version: u64, parts: &[(usize, &Peers)]) -> Bundle {
+            let mut b = bundle(version, false, "good1", &[]);
+            let conf = "[Interface]\nAddress = 10.88.0.5/16\nListenPort = 51820\n\n# 6 peers, in parts\n";
+            b.files[1] = BundleFile::new(WIREGUARD_CONF, 0o600, conf.as_bytes().to_vec());
+            for (i, peers) in parts {
+                let mut text = format!("# part {i}\n");
+                for (key, endpoint, ip) in *peers {
+                    text.push_str(&format!("\n[Peer]\nPublicKey = {}=\nAllowedIPs = {ip}/32\n", key.to_string().repeat(43)));
+                    if let Some(e) = endpoint {
+                        text.push_str(&format!("Endpoint = {e}\n"));
+                    }
+                }
+                b.files.push(BundleFile::new(wireguard_part(*i), 0o600, text.into_bytes()));
+            }
+            b
+        }
+        fn whole(b: &Bundle) -> WgConf {
+            let mut conf = trellis_core::wgconf::parse(std::str::from_utf8(&b.files[1].content).unwrap()).unwrap();
+            let mut parts: Vec<&BundleFile> = b.files.iter().filter(|f| trellis_core::plan::part_index(&f.path).is_some()).collect();
+            parts.sort_by_key(|f| f.path.clone());
+            for f in parts {
+                conf.peers.extend(
+                    trellis_core::wgconf::read_part(std::str::from_utf8(&f.content).unwrap(), &f.path).unwrap().conf.peers.iter().cloned(),
+                );
+            }
+            conf
+        }
+        rt().block_on(async {
+            let mut f = fixture("parts");
+            let (a, b, c) = (('A', Some("192.0.2.1:51820"), "10.88.0.6"), ('B', None, "10.88.0.7"), ('C', None, "10.88.0.8"));
+            let (d, e, g) = (('D', None, "10.88.0.9"), ('E', None, "10.88.0.10"), ('F', None, "10.88.0.11"));
+            let one = parted(1, &[(3, &[a, b, c]), (7, &[d, e]), (12, &[g])]);
+            let ev = f.apply(&one).await.unwrap();
+            assert_eq!(ev.result, proto::EvidenceResult::Applied, "{ev:?}");
+            assert_eq!(*f.applier.executor().configured().unwrap(), whole(&one));
+            assert_eq!(f.applier.executor().configured().unwrap().peers.len(), 6);
+            f.take();
+
+            // B dials another endpoint, part 7 goes (E with it), D moves to part 20 as it was,
+            // G comes in part 12.
+            let moved = ('B', Some("192.0.2.2:51820"), "10.88.0.7");
+            let new = ('G', Some("192.0.2.3:51820"), "10.88.0.12");
+            let two = parted(2, &[(3, &[a, moved, c]), (12, &[g, new]), (20, &[d])]);
+            let ev = f.apply(&two).await.unwrap();
+            assert_eq!(ev.result, proto::EvidenceResult::Applied, "{ev:?}");
+            assert_eq!(std::mem::take(&mut *f.edits.lock().unwrap()), ["gone E changed B,G"]);
+            assert_eq!(*f.applier.executor().configured().unwrap(), whole(&two), "the parts give the whole read");
+            let journal = f.take();
+            let files: Vec<&String> = journal.iter().filter(|l| l.starts_with("stage") || l.starts_with("remove")).collect();
+            let want = [wireguard_part(3), wireguard_part(12), wireguard_part(20)]
+                .map(|p| format!("stage {p}"))
+                .into_iter()
+                .chain([format!("remove {}", wireguard_part(7))]);
+            assert_eq!(files, want.collect::<Vec<_>>().iter().collect::<Vec<_>>(), "only the parts that changed: {journal:?}");
+            let prompts: Vec<&String> = journal.iter().filter(|l| l.starts_with("prompt")).collect();
+            // B lost its session in the fake backend (prompted at once), then B and G, the peers
+            // new or moved that this node dials.
+            assert_eq!(prompts, ["prompt trellis0 10.88.0.7", "prompt trellis0 10.88.0.7 10.88.0.12"], "{journal:?}");
+
+            // A part that holds an [Interface] is refused, naming it, and nothing is applied.
+            let mut bad = parted(3, &[(3, &[a, moved, c]), (12, &[g, new]), (20, &[d])]);
+            let at = bad.files.iter().position(|f| f.path == wireguard_part(20)).unwrap();
+            bad.files[at] = BundleFile::new(wireguard_part(20), 0o600, b"[Interface]\nListenPort = 1\n".to_vec());
+            let ev = f.apply(&bad).await.unwrap();
+            assert_eq!(ev.result, proto::EvidenceResult::Failed, "{ev:?}");
+            let said = ev.error.clone().unwrap_or_default();
+            assert!(said.contains("wireguard.d/peers-20.conf line 1") && said.contains("[Interface]"), "{said}");
+            assert_eq!(*f.applier.executor().configured().unwrap(), whole(&two));
+        });
+    }
+
     /// A peer the backend changed by removing and adding it again (the embedded boringtun) lost
     /// its session: if this node dials it, it is prompted at once, right after WireGuard. Before,
     /// a hub's peer changed by a relayed node's enrolment carried nothing from the hub until this

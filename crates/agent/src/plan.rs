@@ -104,24 +104,44 @@ pub fn text_changes(previous: Option<&Bundle>, bundle: &Bundle, edited: &[trelli
         .collect()
 }
 
-/// A `wireguard.conf` as read, by the SHA-256 of its text: a bundle holding the same file uses
-/// it as it is, one holding edits of it reads only their regions (ADR 0037).
+/// A node's WireGuard configuration as read: `wireguard.conf`, and its parts of the peers when
+/// it has them (ADR 0039), each by the SHA-256 of its text, and the configuration they make
+/// together. A bundle holding the same file uses its read as it is, one holding edits of it reads
+/// only their regions (ADR 0037), and a file not changed is not read at all.
 #[derive(Clone, Debug)]
 pub struct ConfRead {
+    /// `wireguard.conf` first, then the parts in the order of their paths.
+    pub files: Vec<FileRead>,
+    conf: Arc<WgConf>,
+}
+
+/// One file of a node's WireGuard configuration, as read.
+#[derive(Clone, Debug)]
+pub struct FileRead {
+    pub path: String,
     pub sha256: [u8; 32],
     pub file: Arc<trellis_core::wgconf::Read>,
 }
 
 impl ConfRead {
+    /// The configuration of a node whose peers are all in `wireguard.conf`.
+    pub fn whole(path: &str, sha256: [u8; 32], file: Arc<trellis_core::wgconf::Read>) -> ConfRead {
+        ConfRead { conf: file.conf.clone(), files: vec![FileRead { path: path.to_string(), sha256, file }] }
+    }
+
     pub fn conf(&self) -> &Arc<WgConf> {
-        &self.file.conf
+        &self.conf
+    }
+
+    fn file(&self, path: &str) -> Option<&FileRead> {
+        self.files.iter().find(|f| f.path == path)
     }
 }
 
-/// Two reads of the same text are the same.
+/// Two reads of the same texts are the same.
 impl PartialEq for ConfRead {
     fn eq(&self, other: &Self) -> bool {
-        self.sha256 == other.sha256
+        self.files.len() == other.files.len() && self.files.iter().zip(&other.files).all(|(a, b)| a.path == b.path && a.sha256 == b.sha256)
     }
 }
 impl Eq for ConfRead {}
@@ -221,8 +241,8 @@ pub enum PlanError {
     SettingsNotUtf8,
     #[error("{0}")]
     Settings(NodeFileError),
-    #[error("wireguard.conf is not UTF-8")]
-    ConfNotUtf8,
+    #[error("{0} is not UTF-8")]
+    ConfNotUtf8(String),
     #[error("{0}")]
     Conf(String),
 }
@@ -260,10 +280,7 @@ pub fn plan(bundle: &Bundle, held: &Held, observed: &Observed, scope: &Scope, ch
 /// The network half of a plan: forwarding for a hub, the interface, the ruleset, the zone.
 fn network(bundle: &Bundle, observed: &Observed, scope: &Scope, changes: &Changes) -> Result<Vec<Action>, PlanError> {
     let settings = settings(bundle)?;
-    let conf = match file(bundle, WIREGUARD_CONF) {
-        Some(f) => Some(read_conf(f, observed.read.as_ref(), changes.get(WIREGUARD_CONF))?),
-        None => None,
-    };
+    let conf = read_conf(bundle, observed.read.as_ref(), changes)?;
     if scope.files_only {
         return Ok(Vec::new());
     }
@@ -338,30 +355,119 @@ fn network(bundle: &Bundle, observed: &Observed, scope: &Scope, changes: &Change
     Ok(actions)
 }
 
-/// `wireguard.conf` read: the read held when it is that very file (with an edit that changes
-/// nothing), read by the regions of its edits when it came as edits of the file held (ADR 0037),
-/// whole otherwise.
-fn read_conf(f: &BundleFile, held: Option<&ConfRead>, change: Option<&TextChange>) -> Result<(ConfRead, Option<Edit>), PlanError> {
-    if let Some(h) = held {
-        if h.sha256 == f.sha256 {
-            let edit = Edit { from: h.conf().clone(), to: h.conf().clone(), changes: PeerChanges::default() };
-            return Ok((h.clone(), Some(edit)));
+/// A node's WireGuard configuration read from the bundle's `wireguard.conf` and parts: the read
+/// held when every file is that very file (with an edit that changes nothing); else each file
+/// the held read has as it is, a file that came as edits of the held one by the regions of its
+/// edits (ADR 0037), any other whole; with the changes of peers from the held configuration when
+/// each file changed gave them. `None` when the bundle has no `wireguard.conf`.
+fn read_conf(bundle: &Bundle, held: Option<&ConfRead>, changes: &Changes) -> Result<Option<(ConfRead, Option<Edit>)>, PlanError> {
+    let Some(main) = file(bundle, WIREGUARD_CONF) else { return Ok(None) };
+    let mut parts: Vec<(usize, &BundleFile)> =
+        bundle.files.iter().filter_map(|f| Some((trellis_core::plan::part_index(&f.path)?, f))).collect();
+    parts.sort_by_key(|(i, _)| *i);
+    let files: Vec<&BundleFile> = std::iter::once(main).chain(parts.into_iter().map(|(_, f)| f)).collect();
+    if let Some(h) =
+        held.filter(|h| h.files.len() == files.len() && h.files.iter().zip(&files).all(|(r, f)| r.path == f.path && r.sha256 == f.sha256))
+    {
+        let edit = Edit { from: h.conf().clone(), to: h.conf().clone(), changes: PeerChanges::default() };
+        return Ok(Some((h.clone(), Some(edit))));
+    }
+    let mut read = Vec::with_capacity(files.len());
+    // The changes of peers file by file, while every file changed gives them.
+    let mut found: Option<Vec<PeerChanges>> = held.map(|_| Vec::new());
+    for f in files {
+        let before = held.and_then(|h| h.file(&f.path));
+        if let Some(b) = before.filter(|b| b.sha256 == f.sha256) {
+            read.push(b.clone());
+            continue;
         }
+        let (file, changed) = read_file(f, before, changes.get(&f.path))?;
+        // A part read whole is compared with the part held by key (a few hundred peers at most);
+        // `wireguard.conf` read whole, with peers, is left to the interface's own comparison.
+        let held_peers = before.map_or(&[][..], |b| &b.file.conf.peers[..]);
+        let by_key = f.path != WIREGUARD_CONF || (held_peers.is_empty() && file.conf.peers.is_empty());
+        found = found.and_then(|mut v| {
+            v.push(changed.or_else(|| by_key.then(|| trellis_core::wgconf::changes(held_peers, &file.conf.peers)))?);
+            Some(v)
+        });
+        read.push(FileRead { path: f.path.clone(), sha256: f.sha256, file });
+    }
+    let conf = match &read[..] {
+        [one] => one.file.conf.clone(),
+        [main, ..] => Arc::new(WgConf {
+            addresses: main.file.conf.addresses.clone(),
+            listen_port: main.file.conf.listen_port,
+            mtu: main.file.conf.mtu,
+            peers: read.iter().flat_map(|r| r.file.conf.peers.iter().cloned()).collect(),
+        }),
+        [] => unreachable!("wireguard.conf is first"),
+    };
+    let edit = match (held, found) {
+        (Some(h), Some(mut per_file)) => {
+            // The peers of a part the bundle no longer has are gone.
+            for gone in h.files.iter().filter(|g| !read.iter().any(|r| r.path == g.path)) {
+                per_file.push(PeerChanges { gone: gone.file.conf.peers.clone(), changed: Vec::new() });
+            }
+            merge(per_file).map(|changes| Edit { from: h.conf().clone(), to: conf.clone(), changes })
+        }
+        _ => None,
+    };
+    Ok(Some((ConfRead { files: read, conf }, edit)))
+}
+
+/// One file of the WireGuard configuration read: by the regions of its edits when it came as
+/// edits of the file held at its path (with the changes of peers they make), whole otherwise.
+fn read_file(
+    f: &BundleFile,
+    before: Option<&FileRead>,
+    change: Option<&TextChange>,
+) -> Result<(Arc<trellis_core::wgconf::Read>, Option<PeerChanges>), PlanError> {
+    if let Some(b) = before {
         // The change's new text is the file's (the same bytes in memory: then no comparison).
         let of_file = |c: &&TextChange| (c.new.as_ptr() == f.content.as_ptr() && c.new.len() == f.content.len()) || c.new == f.content;
-        if let Some(c) = change.filter(|c| c.base == h.sha256).filter(of_file) {
-            if let Some((read, changes)) = h.file.edit(&c.old, &c.new, &c.hunks) {
-                let file = Arc::new(read);
-                let edit = Edit { from: h.conf().clone(), to: file.conf.clone(), changes };
-                return Ok((ConfRead { sha256: f.sha256, file }, Some(edit)));
+        if let Some(c) = change.filter(|c| c.base == b.sha256).filter(of_file) {
+            if let Some((read, changes)) = b.file.edit(&c.old, &c.new, &c.hunks) {
+                return Ok((Arc::new(read), Some(changes)));
             }
         }
     }
-    let text = std::str::from_utf8(&f.content).map_err(|_| PlanError::ConfNotUtf8)?;
-    let file = Arc::new(trellis_core::wgconf::read(text).map_err(PlanError::Conf)?);
-    Ok((ConfRead { sha256: f.sha256, file }, None))
+    let text = std::str::from_utf8(&f.content).map_err(|_| PlanError::ConfNotUtf8(f.path.clone()))?;
+    let read = match f.path == WIREGUARD_CONF {
+        true => trellis_core::wgconf::read(text),
+        false => trellis_core::wgconf::read_part(text, &f.path),
+    };
+    Ok((Arc::new(read.map_err(PlanError::Conf)?), None))
 }
 
+/// The changes of peers of several files as one: a key gone from one file and new in another
+/// (a part the peer's name moved to) is changed, or nothing when it is the same peer. `None`
+/// when a key is gone or changed twice, which the interface's own comparison sorts out.
+fn merge(mut per_file: Vec<PeerChanges>) -> Option<PeerChanges> {
+    if per_file.len() == 1 {
+        return per_file.pop();
+    }
+    let mut gone: std::collections::HashMap<String, Arc<WgPeer>> = std::collections::HashMap::new();
+    for p in per_file.iter().flat_map(|c| &c.gone) {
+        if gone.insert(p.public_key.clone(), p.clone()).is_some() {
+            return None;
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut changed = Vec::new();
+    for (p, before) in per_file.iter().flat_map(|c| &c.changed) {
+        if !seen.insert(p.public_key.as_str()) {
+            return None;
+        }
+        match (before, gone.remove(&p.public_key)) {
+            (Some(_), Some(_)) => return None,
+            (None, Some(moved)) if moved == *p => {}
+            (None, Some(moved)) => changed.push((p.clone(), Some(moved))),
+            (before, None) => changed.push((p.clone(), before.clone())),
+        }
+    }
+    let gone = per_file.iter().flat_map(|c| &c.gone).filter(|p| gone.contains_key(&p.public_key)).cloned().collect();
+    Some(PeerChanges { gone, changed })
+}
 /// The prompts of [`prompts`] from the changes of an edit of the interface's configuration: each
 /// peer new or changed that this node dials, unless it was dialled at the same endpoint before.
 fn prompts_of(conf: &WgConf, changes: &PeerChanges) -> Vec<Prompt> {

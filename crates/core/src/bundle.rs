@@ -158,7 +158,13 @@ impl std::fmt::Display for BundleError {
             BundleError::FileDigest { path } => write!(f, "file {path} does not match its SHA-256 in the bundle"),
             BundleError::Delta(e) => write!(f, "{e}"),
             BundleError::UnsafePath { path } => {
-                write!(f, "file path {path:?} is not one of the files trellis delivers ({})", crate::plan::DELIVERED.join(", "))
+                write!(
+                    f,
+                    "file path {path:?} is not one of the files trellis delivers ({}, {}/peers-00.conf .. peers-{:02}.conf)",
+                    crate::plan::DELIVERED.join(", "),
+                    crate::plan::WIREGUARD_DIR,
+                    crate::plan::WIREGUARD_PARTS - 1
+                )
             }
         }
     }
@@ -331,7 +337,7 @@ impl<'a> Reader<'a> {
 /// agent's own key) is refused even when the signature is good: a bundle describes the mesh, it
 /// does not administer the host.
 pub fn safe_path(p: &str) -> bool {
-    crate::plan::DELIVERED.contains(&p)
+    crate::plan::delivered(p).is_some()
 }
 
 /// What the verifier knows of the last bundle applied on this node.

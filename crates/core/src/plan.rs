@@ -14,6 +14,13 @@ pub const WIREGUARD_CONF: &str = "etc/trellis/wireguard.conf";
 pub const NFTABLES_CONF: &str = "etc/trellis/nftables.conf";
 pub const MESH_ZONE: &str = "etc/trellis/mesh.zone";
 pub const NODE_TOML: &str = "etc/trellis/node.toml";
+/// Where a node with more than [`PARTS_FROM`] peers has them (ADR 0039): `wireguard.conf` keeps
+/// the interface, and each peer's section is in the part its name hashes to, one of
+/// [`WIREGUARD_PARTS`] files `peers-00.conf` .. `peers-63.conf`, so that a change of one peer
+/// rewrites the part that holds it, not every peer's.
+pub const WIREGUARD_DIR: &str = "etc/trellis/wireguard.d";
+pub const WIREGUARD_PARTS: usize = 64;
+pub const PARTS_FROM: usize = 256;
 /// The mesh CA and the node's certificate, added to each bundle (`bundle::assemble`) beside the
 /// compiled files.
 pub const CA_PEM: &str = "etc/trellis/ca.pem";
@@ -34,9 +41,37 @@ pub const PATHS_TOML: &str = "etc/trellis/paths.toml";
 pub const DELIVERED: &[&str] =
     &[WIREGUARD_CONF, NFTABLES_CONF, MESH_ZONE, NODE_TOML, CA_PEM, NODE_PEM, TRAEFIK_YML, INGRESS_TOML, TRUST_TOML, PATHS_TOML];
 
-/// The delivered file `path` names (one of [`DELIVERED`]), if it names one.
+/// The delivered file `path` names (one of [`DELIVERED`], or a part of the peers), if it names
+/// one.
 pub fn delivered(path: &str) -> Option<&'static str> {
-    DELIVERED.iter().copied().find(|p| *p == path)
+    DELIVERED.iter().copied().find(|p| *p == path).or_else(|| part_index(path).map(wireguard_part))
+}
+
+/// The path of the part `i` (below [`WIREGUARD_PARTS`]) of a node's peers.
+pub fn wireguard_part(i: usize) -> &'static str {
+    static PATHS: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
+        (0..WIREGUARD_PARTS).map(|i| &*Box::leak(format!("{WIREGUARD_DIR}/peers-{i:02}.conf").into_boxed_str())).collect()
+    });
+    PATHS[i]
+}
+
+/// Which part of the peers `path` is, if it is one.
+pub fn part_index(path: &str) -> Option<usize> {
+    let n = path.strip_prefix(WIREGUARD_DIR)?.strip_prefix("/peers-")?.strip_suffix(".conf")?;
+    let i: usize = n.parse().ok().filter(|_| n.len() == 2 && n.bytes().all(|b| b.is_ascii_digit()))?;
+    (i < WIREGUARD_PARTS).then_some(i)
+}
+
+/// Whether `path` holds part of a node's WireGuard configuration: `wireguard.conf` or a part.
+pub fn is_wireguard(path: &str) -> bool {
+    path == WIREGUARD_CONF || part_index(path).is_some()
+}
+
+/// The part of the peers a node of this name is in: FNV-1a of the name, so every node and every
+/// compile puts it in the same one, whatever else the mesh holds.
+pub fn part_of(name: &str) -> u8 {
+    let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    (h % WIREGUARD_PARTS as u64) as u8
 }
 
 /// One file to write on a node, relative to the agent's root.
@@ -164,6 +199,8 @@ pub struct NodeText {
     /// Its lines under the `[Peer]` section of a hub that relays for it: its name in a comment
     /// and its addresses as one more `AllowedIPs` line.
     pub relay_lines: Arc<str>,
+    /// The part of the peers its section is in, on a node that has them in parts (`part_of`).
+    pub part: u8,
     /// Its `[Peer]` sections made so far (`NodeText::peer_block`), by how a peer has it (key,
     /// endpoint, keepalive): most nodes are held the same way by every node that peers with them.
     /// The newest few are kept.

@@ -12,8 +12,8 @@ use sha2::{Digest, Sha256};
 use crate::decl::{Proto, PublicKey, KEEPALIVE_SECS, NAMESERVER};
 use crate::nodefile::{Comments, NodeFile};
 use crate::plan::{
-    FileResource, NodePlan, NodeText, PeerPlan, RouteBlock, RouteUse, RuleBlock, INGRESS_TOML, MESH_ZONE, NFTABLES_CONF, NODE_TOML,
-    TRAEFIK_YML, WIREGUARD_CONF,
+    wireguard_part, FileResource, NodePlan, NodeText, PeerPlan, RouteBlock, RouteUse, RuleBlock, INGRESS_TOML, MESH_ZONE, NFTABLES_CONF,
+    NODE_TOML, PARTS_FROM, TRAEFIK_YML, WIREGUARD_CONF, WIREGUARD_DIR, WIREGUARD_PARTS,
 };
 use crate::text::{Runs, Text, TextBuilder};
 use crate::topology::{ResolvedRoute, ResolvedRule, Topology};
@@ -34,18 +34,26 @@ pub fn files(plan: &NodePlan, prior: Option<(&NodePlan, &[FileResource])>) -> Ve
     let toml_same: fn(&NodePlan, &NodePlan) -> bool = |p, q| (p.hub, &p.routes_for, &p.routed) == (q.hub, &q.routes_for, &q.routed);
     let file = |path: &str, mode: u32, content: Text| FileResource { path: path.into(), mode, content };
     let ingress_same: fn(&NodePlan, &NodePlan) -> bool = |p, q| (&p.ingress, &p.acme) == (&q.ingress, &q.acme);
-    let mut files = vec![
-        file(WIREGUARD_CONF, 0o600, kept(WIREGUARD_CONF, wireguard_same).unwrap_or_else(|| wireguard(plan, prior_file(WIREGUARD_CONF)))),
+    // The WireGuard files are kept together: `wireguard.conf` and its parts, if it has them.
+    let kept_wireguard = prior.filter(|(q, _)| plan.node == q.node && plan.common == q.common && wireguard_same(plan, q));
+    let mut files: Vec<FileResource> = match kept_wireguard {
+        Some((_, before)) => before.iter().filter(|f| crate::plan::is_wireguard(&f.path)).cloned().collect(),
+        None => wireguard_files(plan, prior_file),
+    };
+    files.extend([
         file(NFTABLES_CONF, 0o644, kept(NFTABLES_CONF, nftables_same).unwrap_or_else(|| nftables(plan))),
         file(MESH_ZONE, 0o644, kept(MESH_ZONE, zone_same).unwrap_or_else(|| zone(plan, prior_file(MESH_ZONE)))),
         file(NODE_TOML, 0o644, kept(NODE_TOML, toml_same).unwrap_or_else(|| node_toml(plan).into())),
-    ];
+    ]);
     // Only an ingress node has Traefik's files (ADR 0026).
     if !plan.ingress.is_empty() {
         let ingress = || crate::traefik::IngressFile::of(plan).write().into();
         files.push(file(INGRESS_TOML, 0o644, kept(INGRESS_TOML, ingress_same).unwrap_or_else(ingress)));
         files.push(file(TRAEFIK_YML, 0o644, kept(TRAEFIK_YML, ingress_same).unwrap_or_else(|| crate::traefik::dynamic(plan).into())));
     }
+    // The parts of the peers last, where a recompile of the peers alone puts them (`rekey`).
+    let parts: Vec<FileResource> = files.extract_if(.., |f| crate::plan::part_index(&f.path).is_some()).collect();
+    files.extend(parts);
     files
 }
 
@@ -72,16 +80,17 @@ pub fn node_toml(plan: &NodePlan) -> String {
     file.write(&comments)
 }
 
-/// A node's `wireguard.conf`. A peer that relays for no one is written the same way in every
-/// file that has it the same way (key, endpoint, keepalive), so that text is made once and
+/// A node's WireGuard configuration: `wireguard.conf`, and when it has more than `PARTS_FROM`
+/// peers the parts that hold them (ADR 0039), each made again from the same file of `before`
+/// (the node's files before, by path). A peer that relays for no one is written the same way in
+/// every file that has it the same way (key, endpoint, keepalive), so that text is made once and
 /// shared (`NodeText::peer_block`).
 ///
 /// The peers' sections are held in runs (`text::Chunk`) that end at peers, and at nodes a hub
-/// relays for, picked by their address in memory, about one in 64: a file made again with
-/// `before`, the node's file before, takes from it every run whose peers and sections are the
-/// same, so that one peer more or less in a list of ten thousand costs a run, not ten thousand
-/// references.
-pub fn wireguard(plan: &NodePlan, before: Option<&Text>) -> Text {
+/// relays for, picked by their address in memory, about one in 64: a file made again with its
+/// text before takes from it every run whose peers and sections are the same, so that one peer
+/// more or less in a list of ten thousand costs a run, not ten thousand references.
+pub fn wireguard_files<'b>(plan: &NodePlan, before: impl Fn(&str) -> Option<&'b Text>) -> Vec<FileResource> {
     let c = &plan.common;
     let mut s = TextBuilder::with_capacity(plan.peers.len() + 2, 256);
     let _ = writeln!(s, "# trellis: WireGuard overlay of node {} in mesh {}. Generated; do not edit.", plan.node, c.mesh);
@@ -97,9 +106,41 @@ pub fn wireguard(plan: &NodePlan, before: Option<&Text>) -> Text {
     let _ = writeln!(s, "Address = {}", addrs.join(", "));
     let _ = writeln!(s, "ListenPort = {}", c.port);
     let _ = writeln!(s, "MTU = {}", c.mtu);
+    let mut parts = Vec::new();
+    if plan.peers.len() > PARTS_FROM {
+        let _ = writeln!(s, "\n# {} peers, in {WIREGUARD_DIR}/peers-NN.conf: each in the part its name hashes to.", plan.peers.len());
+        let mut of_part: Vec<Vec<&PeerPlan>> = vec![Vec::new(); WIREGUARD_PARTS];
+        for p in &plan.peers {
+            of_part[usize::from(p.node.part)].push(p);
+        }
+        for (i, peers) in of_part.into_iter().enumerate().filter(|(_, p)| !p.is_empty()) {
+            let path = wireguard_part(i);
+            let mut t = TextBuilder::with_capacity(peers.len() + 1, 128);
+            let _ = writeln!(t, "# trellis: peers of node {} in mesh {}, part {i:02}. Generated; do not edit.", plan.node, c.mesh);
+            peer_sections(&mut t, peers.into_iter(), before(path));
+            parts.push(FileResource { path: path.into(), mode: 0o600, content: t.finish() });
+        }
+    } else {
+        peer_sections(&mut s, plan.peers.iter(), before(WIREGUARD_CONF));
+    }
+    if !plan.left_out.is_empty() {
+        let names: Vec<&str> = plan.left_out.iter().map(|n| &**n).collect();
+        let _ = writeln!(s, "\n# Left out until they enrol (no public key yet): {}", names.join(", "));
+    }
+    if !plan.no_path.is_empty() {
+        let names: Vec<&str> = plan.no_path.iter().map(|n| &**n).collect();
+        let _ = writeln!(s, "\n# No path (see `trellis explain`): {}", names.join(", "));
+    }
+    let mut files = vec![FileResource { path: WIREGUARD_CONF.into(), mode: 0o600, content: s.finish() }];
+    files.extend(parts);
+    files
+}
+
+/// The `[Peer]` sections of `peers`, in runs, taking from `before` every run that is the same.
+fn peer_sections<'p>(s: &mut TextBuilder, peers: impl Iterator<Item = &'p PeerPlan>, before: Option<&Text>) {
     let mut before = Runs::of(before);
     let mut run: Vec<&Arc<str>> = Vec::with_capacity(256);
-    for p in &plan.peers {
+    for p in peers {
         // A block is never empty (it starts with the blank line before the section).
         run.push(&p.block);
         for r in &p.relays_for {
@@ -121,15 +162,6 @@ pub fn wireguard(plan: &NodePlan, before: Option<&Text>) -> Text {
         }
     }
     s.push_run(&run, &mut before);
-    if !plan.left_out.is_empty() {
-        let names: Vec<&str> = plan.left_out.iter().map(|n| &**n).collect();
-        let _ = writeln!(s, "\n# Left out until they enrol (no public key yet): {}", names.join(", "));
-    }
-    if !plan.no_path.is_empty() {
-        let names: Vec<&str> = plan.no_path.iter().map(|n| &**n).collect();
-        let _ = writeln!(s, "\n# No path (see `trellis explain`): {}", names.join(", "));
-    }
-    s.finish()
 }
 
 /// Whether a run of peers' sections, or of a zone's records, ends after this node: for about one
@@ -195,7 +227,17 @@ impl NodeText {
         let records: Arc<str> = zone_records(std::iter::once((&*name, ipv4, ipv6))).into();
         let records_hash = Sha256::digest(records.as_bytes())[..8].try_into().expect("8 bytes");
         let relay_lines = relay_lines(&name, &allowed).into();
-        NodeText { name, ipv4, ipv6, allowed, records, records_hash, relay_lines, blocks: Default::default() }
+        NodeText {
+            part: crate::plan::part_of(&name),
+            name,
+            ipv4,
+            ipv6,
+            allowed,
+            records,
+            records_hash,
+            relay_lines,
+            blocks: Default::default(),
+        }
     }
 
     /// The head of this node's `[Peer]` section in the file of a node that has it with `key`,

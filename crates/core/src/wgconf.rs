@@ -99,6 +99,16 @@ fn list(value: &str) -> impl Iterator<Item = String> + '_ {
 
 /// The file read whole.
 pub fn read(text: &str) -> Result<Read, String> {
+    read_as(text, "wireguard.conf", true)
+}
+
+/// Reads a part of a node's peers (`wireguard.d/peers-NN.conf`, ADR 0039): `[Peer]` sections
+/// only; an error names the part by `name`.
+pub fn read_part(text: &str, name: &str) -> Result<Read, String> {
+    read_as(text, name, false)
+}
+
+fn read_as(text: &str, name: &str, interface_here: bool) -> Result<Read, String> {
     let mut conf = WgConf::default();
     let mut starts = Vec::new();
     let mut open: Option<WgPeer> = None;
@@ -113,7 +123,10 @@ pub fn read(text: &str) -> Result<Read, String> {
             continue;
         }
         let start = std::mem::replace(&mut said, at);
-        let here = |msg: &str| format!("wireguard.conf line {}: {msg}", n + 1);
+        let here = |msg: &str| format!("{name} line {}: {msg}", n + 1);
+        if line == "[Interface]" && !interface_here {
+            return Err(here("[Interface] belongs in wireguard.conf, not in a part of the peers"));
+        }
         if line == "[Interface]" || line == "[Peer]" {
             conf.peers.extend(open.take().map(Arc::new));
             interface = line == "[Interface]";
@@ -138,7 +151,7 @@ pub fn read(text: &str) -> Result<Read, String> {
     }
     conf.peers.extend(open.map(Arc::new));
     if conf.peers.iter().any(|p| p.public_key.is_empty()) {
-        return Err("wireguard.conf: a [Peer] has no PublicKey".into());
+        return Err(format!("{name}: a [Peer] has no PublicKey"));
     }
     let mut seen = HashSet::with_capacity(conf.peers.len());
     let plain = !late_interface && conf.peers.iter().all(|p| seen.insert(p.public_key.as_str()));

@@ -18,10 +18,10 @@ use crate::LabState;
 
 /// The overlay address of the first peer a node dials itself (one with an `Endpoint`), read with
 /// the core's `wireguard.conf` reader; none when the node has no file yet or dials no one.
-fn dialled_peer(conf: &Path) -> Result<Option<IpAddr>> {
-    let Ok(text) = std::fs::read_to_string(conf) else { return Ok(None) };
-    let wg = trellis_core::wgconf::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", conf.display()))?;
-    let Some(peer) = wg.peers.iter().find(|p| p.endpoint.is_some()) else { return Ok(None) };
+fn dialled_peer(root: &Path) -> Result<Option<IpAddr>> {
+    let Some(peers) = held_peers(root)? else { return Ok(None) };
+    let conf = root.join(trellis_core::compile::WIREGUARD_CONF);
+    let Some(peer) = peers.iter().find(|p| p.endpoint.is_some()) else { return Ok(None) };
     let Some(first) = peer.allowed_ips.first() else { return Ok(None) };
     let net: IpNet = first.parse().with_context(|| format!("{}: AllowedIPs entry {first:?} is not an address/prefix", conf.display()))?;
     Ok(Some(net.addr()))
@@ -47,7 +47,7 @@ impl FirstPackets {
     /// the node's wireguard.conf names a peer the node dials itself, then pings that peer's
     /// overlay address every 20 ms until the first answer.
     pub(crate) fn start(&mut self, node: &str, ns: &str, since: Instant, st: &LabState) {
-        let conf = st.dir.join(format!("root-{node}/{}", trellis_core::compile::WIREGUARD_CONF));
+        let conf = st.dir.join(format!("root-{node}"));
         let (node, ns, settled) = (node.to_string(), ns.to_string(), self.settled.clone());
         self.probes.push(std::thread::spawn(move || {
             let deadline = since + FIRST_PACKET_LIMIT;
@@ -253,20 +253,33 @@ pub(crate) fn removal(st: &LabState, host: &str, key: &str, since: Instant, limi
     }
 }
 
-/// The agents whose wireguard.conf, read with the core's reader, holds `key` as a peer.
+/// The peers a node's files under `root` hold, read with the core's reader: those of its
+/// `wireguard.conf` and of its parts (ADR 0039); `None` without a `wireguard.conf`.
+pub(crate) fn held_peers(root: &Path) -> Result<Option<Vec<std::sync::Arc<trellis_core::wgconf::WgPeer>>>> {
+    let conf = root.join(trellis_core::compile::WIREGUARD_CONF);
+    let Ok(text) = std::fs::read_to_string(&conf) else { return Ok(None) };
+    let mut peers = trellis_core::wgconf::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", conf.display()))?.peers;
+    for i in 0..trellis_core::plan::WIREGUARD_PARTS {
+        let part = root.join(trellis_core::plan::wireguard_part(i));
+        let Ok(text) = std::fs::read_to_string(&part) else { continue };
+        let read = trellis_core::wgconf::read_part(&text, &part.display().to_string()).map_err(|e| anyhow::anyhow!("{e}"))?;
+        peers.extend(read.conf.peers.iter().cloned());
+    }
+    Ok(Some(peers))
+}
+
+/// The agents whose WireGuard files, read with the core's reader, hold `key` as a peer.
 pub(crate) fn key_holders<'a>(st: &'a LabState, key: &str) -> Result<Vec<&'a str>> {
     let mut holding = Vec::new();
     for a in &st.agents {
-        let conf = st.dir.join(format!("root-{a}/{}", trellis_core::compile::WIREGUARD_CONF));
-        let Ok(text) = std::fs::read_to_string(&conf) else { continue };
-        let wg = trellis_core::wgconf::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", conf.display()))?;
+        let Some(peers) = held_peers(&st.dir.join(format!("root-{a}")))? else { continue };
         // A direct candidate (ADR 0032) is a peer of the interface too.
         let paths = st.dir.join(format!("root-{a}/{}", trellis_core::plan::PATHS_TOML));
         let direct = match std::fs::read_to_string(&paths) {
             Ok(text) => trellis_core::paths::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", paths.display()))?,
             Err(_) => Vec::new(),
         };
-        if wg.peers.iter().any(|p| p.public_key == key) || direct.iter().any(|c| c.public_key.to_string() == key) {
+        if peers.iter().any(|p| p.public_key == key) || direct.iter().any(|c| c.public_key.to_string() == key) {
             holding.push(a.as_str());
         }
     }

@@ -14,6 +14,10 @@ use crate::diag::Diagnostic;
 use crate::keys::Keys;
 use crate::par;
 use crate::plan::{NodePlan, NodeText, PeerPlan, WIREGUARD_CONF};
+
+fn is_part(path: &str) -> bool {
+    crate::plan::part_index(path).is_some()
+}
 use crate::render;
 use crate::topology::Path;
 
@@ -54,12 +58,17 @@ pub(super) fn rekey(decl: &Arc<Declaration>, keys: &Keys, mut previous: Compiled
     let outputs = &previous.nodes;
     let files = par::map(edited.len(), |i| {
         let out = &outputs[&*cache.names[edited[i] as usize]];
-        render::wireguard(&out.plan, out.files.iter().find(|f| f.path == WIREGUARD_CONF).map(|f| &f.content))
+        render::wireguard_files(&out.plan, |path| out.files.iter().find(|f| f.path == path).map(|f| &f.content))
     });
-    for (a, content) in edited.into_iter().zip(files) {
+    for (a, wireguard) in edited.into_iter().zip(files) {
         let name = &cache.names[a as usize];
         let out = previous.nodes.get_mut(&**name).expect("every node has an output");
-        out.files.iter_mut().find(|f| f.path == WIREGUARD_CONF).expect("every node has a wireguard.conf").content = content;
+        // `wireguard.conf` keeps its place; the parts are the node's last files.
+        let mut wireguard = wireguard.into_iter();
+        let conf = wireguard.next().expect("every node has a wireguard.conf");
+        out.files.retain(|f| !is_part(&f.path));
+        *out.files.iter_mut().find(|f| f.path == WIREGUARD_CONF).expect("every node has a wireguard.conf") = conf;
+        out.files.extend(wireguard);
         previous.rendered.push(name.to_string());
     }
     if lists_changed {

@@ -218,6 +218,78 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(12), .. ProptestConfig::default() })]
+
+    /// ADR 0039: the runners of a module open to every node have their peers in parts. A
+    /// recompile after each change gives the same files as a full compile, parts included, and
+    /// every node's parts hold exactly its peers, each in the part its name hashes to.
+    #[test]
+    fn peers_in_parts_recompile_as_a_full_compile_makes_them(changes in proptest::collection::vec(change(), 1..8)) {
+        let mut d = declaration(&crate::props::wide(trellis_core::plan::PARTS_FROM + 40, 3));
+        // Keys enrolled, so that a change of one is a re-key (`rekey`), except every fifth.
+        let mut keys = Keys::default();
+        for (i, node) in d.nodes.iter_mut().map(Arc::make_mut).enumerate() {
+            if i % 5 != 0 {
+                keys.set(&node.name, node.public_key.take());
+            }
+        }
+        let mut decl = Arc::new(d.clone());
+        let mut prev = compile(&decl, &keys, &Default::default(), None).unwrap();
+        prop_assert!(parts_hold_the_peers(&prev)? > 0, "no node had its peers in parts");
+        let mut added = 0;
+        for (step, c) in changes.iter().enumerate() {
+            if apply(&mut d, &mut keys, c, &mut added) {
+                decl = Arc::new(d.clone());
+            }
+            let before = prev.clone();
+            let inc = compile(&decl, &keys, &Default::default(), Some(prev)).unwrap();
+            let full = compile(&decl, &keys, &before.allocation, None).unwrap();
+            same(&inc, &full, &before, step)?;
+            parts_hold_the_peers(&inc)?;
+            prev = inc;
+        }
+    }
+}
+
+/// Each node's `wireguard.conf` and parts: a node of more than `PARTS_FROM` peers has none in
+/// `wireguard.conf`, and its parts, read as the agent reads them, hold its peers in its plan's
+/// order part by part, each in the part of its name; any other node has no parts. Gives how many
+/// nodes have parts.
+fn parts_hold_the_peers(c: &Compiled) -> Result<usize, TestCaseError> {
+    use trellis_core::plan::{part_index, part_of, PARTS_FROM, WIREGUARD_CONF};
+    let mut parted = 0;
+    for (name, out) in &c.nodes {
+        let conf = out.files.iter().find(|f| f.path == WIREGUARD_CONF).expect("a wireguard.conf");
+        let main = trellis_core::wgconf::read(&conf.content.to_string()).unwrap();
+        let parts: Vec<_> = out.files.iter().filter_map(|f| Some((part_index(&f.path)?, f))).collect();
+        if out.plan.peers.len() <= PARTS_FROM {
+            prop_assert!(parts.is_empty(), "{} has {} peers and parts", name, out.plan.peers.len());
+            prop_assert_eq!(main.conf.peers.len(), out.plan.peers.len());
+            continue;
+        }
+        parted += 1;
+        prop_assert!(main.conf.peers.is_empty(), "{} has peers in wireguard.conf beside its parts", name);
+        prop_assert!(parts.windows(2).all(|w| w[0].0 < w[1].0), "{}'s parts are in order", name);
+        let mut held = Vec::new();
+        for (i, f) in &parts {
+            prop_assert_eq!(f.mode, 0o600);
+            let read = trellis_core::wgconf::read_part(&f.content.to_string(), &f.path).unwrap();
+            prop_assert!(!read.conf.peers.is_empty(), "{} has an empty part {}", name, f.path);
+            held.extend(read.conf.peers.iter().map(|p| (*i, p.public_key.clone())));
+        }
+        let mut want: Vec<(usize, String)> = out
+            .plan
+            .peers
+            .iter()
+            .map(|p| (usize::from(part_of(p.name())), p.block.lines().find_map(|l| l.strip_prefix("PublicKey = ")).unwrap().to_string()))
+            .collect();
+        want.sort_by_key(|(i, _)| *i);
+        prop_assert_eq!(held, want, "{}'s parts hold its peers, each in its name's part", name);
+    }
+    Ok(parted)
+}
+
 /// A LAN route through two routers (the first two nodes), for a group and a node, and an exit
 /// through the second that every fourth node opts into.
 pub(crate) fn add_routes(d: &mut Declaration) {

@@ -36,6 +36,21 @@ struct GenRule {
     sources: Vec<(u8, usize)>,
 }
 
+/// A mesh where the runners of `m0` (the first `runners` of `nodes`) peer with every node: each
+/// node in `g0` on `net0` with an endpoint, `m0` open to `g0`. Its runners have more peers than
+/// `PARTS_FROM` when `nodes` is larger, and get them in parts (ADR 0039).
+pub(crate) fn wide(nodes: usize, runners: usize) -> Gen {
+    let node = |i: usize| GenNode {
+        networks: vec![0],
+        endpoints: vec![vec![0]],
+        hub: false,
+        groups: vec![0],
+        modules: if i < runners { vec![0] } else { Vec::new() },
+    };
+    let rule = GenRule { proto: 0, sources: vec![(1, 0)] };
+    Gen { networks: 1, nodes: (0..nodes).map(node).collect(), groups: 1, modules: vec![vec![rule]], members: 0 }
+}
+
 pub(crate) fn gen() -> impl Strategy<Value = Gen> {
     (1usize..4, 2usize..14, 1usize..4, 1usize..4).prop_flat_map(|(nets, n, groups, mods)| {
         let subset = move |k: usize| proptest::collection::vec(0..k, 0..=k.min(3));
@@ -55,6 +70,7 @@ fn key(i: usize) -> String {
     use base64::Engine as _;
     let mut b = [7u8; 32];
     b[0] = i as u8;
+    b[1] = 7 + (i >> 8) as u8;
     base64::engine::general_purpose::STANDARD.encode(b)
 }
 
@@ -65,8 +81,11 @@ fn render(g: &Gen) -> (String, Vec<(String, String)>) {
         v.dedup();
         v.iter().map(|i| format!("\"{prefix}{i}\"")).collect::<Vec<_>>().join(", ")
     };
-    let mut s = "[mesh]\nname = \"p\"\ndomain = \"p.mesh\"\noverlay_ipv4 = \"10.88.0.0/24\"\noverlay_ipv6 = \"fd88::/64\"\n[networks]\n"
-        .to_string();
+    // A mesh of more than 200 nodes (`wide`) needs a wider overlay.
+    let prefix = if g.nodes.len() > 200 { 16 } else { 24 };
+    let mut s = format!(
+        "[mesh]\nname = \"p\"\ndomain = \"p.mesh\"\noverlay_ipv4 = \"10.88.0.0/{prefix}\"\noverlay_ipv6 = \"fd88::/64\"\n[networks]\n"
+    );
     for i in 0..g.networks {
         s.push_str(&format!("net{i} = {{}}\n"));
     }
@@ -87,8 +106,9 @@ fn render(g: &Gen) -> (String, Vec<(String, String)>) {
         ));
         for (e, reach) in n.endpoints.iter().enumerate() {
             s.push_str(&format!(
-                "[[node.endpoint]]\naddress = \"192.0.2.{}:{}\"\nreachable_from = [{}]\n",
-                i + 1,
+                "[[node.endpoint]]\naddress = \"192.0.{}.{}:{}\"\nreachable_from = [{}]\n",
+                2 + i / 250,
+                i % 250 + 1,
                 51820 + e,
                 list("net", reach)
             ));
