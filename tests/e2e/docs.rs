@@ -440,6 +440,17 @@ fn docs_files() {
         .collect();
     let delivered: BTreeSet<String> = trellis_core::compile::DELIVERED.iter().map(|p| p.to_string()).collect();
     assert_eq!(documented, delivered, "{} and the files a bundle may carry differ", page.display());
+    // The parts of the peers, by their directory and their first and last names.
+    let text = read(&page);
+    let (first, last) =
+        (trellis_core::plan::wireguard_part(0), trellis_core::plan::wireguard_part(trellis_core::plan::WIREGUARD_PARTS - 1));
+    let dir = format!("- `{}/`", trellis_core::plan::WIREGUARD_DIR);
+    let named = |p: &str| text.contains(p.rsplit('/').next().unwrap());
+    assert!(
+        text.contains(&dir) && named(first) && named(last),
+        "{} names the parts of the peers ({dir}, {first} .. {last})",
+        page.display()
+    );
 }
 
 /// One command of a `console` block and the output it shows.
