@@ -98,6 +98,190 @@ impl Generation {
     }
 }
 
+/// The most bytes one batch of element messages may take: well under a netlink socket's default
+/// send buffer. A larger change goes through nft.
+const MAX_BATCH: usize = 128 * 1024;
+
+/// nf_tables' attributes of a set's element list (linux/netfilter/nf_tables.h).
+const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
+const NFTA_SET_ELEM_LIST_SET: u16 = 2;
+const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
+const NFTA_LIST_ELEM: u16 = 1;
+const NFTA_SET_ELEM_KEY: u16 = 1;
+const NFTA_DATA_VALUE: u16 = 1;
+const NLA_F_NESTED: u16 = 0x8000;
+const NFPROTO_INET: u8 = 1;
+
+/// A transaction of the kernel's own element messages (`NFT_MSG_DELSETELEM`, then
+/// `NFT_MSG_NEWSETELEM` with `NLM_F_EXCL`: each element deleted must be there and each created
+/// must not), as `nft` would send for `delete element` and `create element`, without nft reading
+/// the set's elements first (libnftables 1.0.6 lists a set of 50,000 sources for either, about
+/// 15 ms). Made by [`Generation::batch`].
+pub struct ElementBatch {
+    bytes: Vec<u8>,
+    /// The sequence numbers of its messages that the kernel answers (each but the batch's own
+    /// begin and end).
+    answered: Vec<u32>,
+}
+
+impl ElementBatch {
+    /// The batch that makes these changes to the sets of `inet trellis`; `None` when an element
+    /// is no address (a prefix, which only an interval set holds), or the batch would be large:
+    /// then nft makes the change.
+    fn of(table: &str, sets: &[trellis_core::ruleset::SetChange], seq: &mut u32) -> Option<ElementBatch> {
+        let table = table.strip_prefix("inet ")?;
+        let mut b = ElementBatch { bytes: Vec::new(), answered: Vec::new() };
+        let mut next = || {
+            *seq = seq.wrapping_add(1);
+            *seq
+        };
+        let batch_begin = libc::NLMSG_MIN_TYPE as u16;
+        b.message(batch_begin, libc::NLM_F_REQUEST as u16, next(), 0, libc::NFNL_SUBSYS_NFTABLES as u16, |_| Some(()))?;
+        for c in sets {
+            for (kind, flags, elements) in
+                [(libc::NFT_MSG_DELSETELEM, 0, &c.gone), (libc::NFT_MSG_NEWSETELEM, libc::NLM_F_CREATE | libc::NLM_F_EXCL, &c.came)]
+            {
+                if elements.is_empty() {
+                    continue;
+                }
+                let kind = ((libc::NFNL_SUBSYS_NFTABLES << 8) | kind) as u16;
+                let flags = (libc::NLM_F_REQUEST | libc::NLM_F_ACK | flags) as u16;
+                let n = next();
+                b.answered.push(n);
+                b.message(kind, flags, n, NFPROTO_INET, 0, |out| {
+                    attr(out, NFTA_SET_ELEM_LIST_TABLE, &[table.as_bytes(), b"\0"].concat());
+                    attr(out, NFTA_SET_ELEM_LIST_SET, &[c.set.as_bytes(), b"\0"].concat());
+                    nest(out, NFTA_SET_ELEM_LIST_ELEMENTS, |out| {
+                        for e in elements {
+                            let key = match e.parse::<std::net::IpAddr>().ok()? {
+                                std::net::IpAddr::V4(a) => a.octets().to_vec(),
+                                std::net::IpAddr::V6(a) => a.octets().to_vec(),
+                            };
+                            nest(out, NFTA_LIST_ELEM, |out| {
+                                nest(out, NFTA_SET_ELEM_KEY, |out| {
+                                    attr(out, NFTA_DATA_VALUE, &key);
+                                    Some(())
+                                })
+                            })?;
+                        }
+                        Some(())
+                    })
+                })?;
+                if b.bytes.len() > MAX_BATCH {
+                    return None;
+                }
+            }
+        }
+        b.message((libc::NLMSG_MIN_TYPE + 1) as u16, libc::NLM_F_REQUEST as u16, next(), 0, libc::NFNL_SUBSYS_NFTABLES as u16, |_| {
+            Some(())
+        })?;
+        Some(b)
+    }
+
+    /// One netlink message: its header, nfgenmsg (family, version 0, `res_id` big-endian), and
+    /// what `body` writes; `None` when `body` gives none.
+    fn message(
+        &mut self,
+        kind: u16,
+        flags: u16,
+        seq: u32,
+        family: u8,
+        res_id: u16,
+        body: impl FnOnce(&mut Vec<u8>) -> Option<()>,
+    ) -> Option<()> {
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(&[0; 4]);
+        self.bytes.extend_from_slice(&kind.to_ne_bytes());
+        self.bytes.extend_from_slice(&flags.to_ne_bytes());
+        self.bytes.extend_from_slice(&seq.to_ne_bytes());
+        self.bytes.extend_from_slice(&0u32.to_ne_bytes());
+        self.bytes.extend_from_slice(&[family, 0]);
+        self.bytes.extend_from_slice(&res_id.to_be_bytes());
+        body(&mut self.bytes)?;
+        let len = (self.bytes.len() - start) as u32;
+        self.bytes[start..start + 4].copy_from_slice(&len.to_ne_bytes());
+        Some(())
+    }
+}
+
+/// One attribute: its length and type, the value, padded to four bytes.
+fn attr(out: &mut Vec<u8>, kind: u16, value: &[u8]) {
+    out.extend_from_slice(&((4 + value.len()) as u16).to_ne_bytes());
+    out.extend_from_slice(&kind.to_ne_bytes());
+    out.extend_from_slice(value);
+    out.resize(out.len().next_multiple_of(4), 0);
+}
+
+/// A nested attribute holding what `inner` writes.
+fn nest(out: &mut Vec<u8>, kind: u16, inner: impl FnOnce(&mut Vec<u8>) -> Option<()>) -> Option<()> {
+    let start = out.len();
+    out.extend_from_slice(&[0; 2]);
+    out.extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
+    inner(out)?;
+    let len = (out.len() - start) as u16;
+    out[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+    Some(())
+}
+
+impl Generation {
+    /// The batch of element messages that makes these changes to `table`'s sets, numbered on
+    /// this socket ([`ElementBatch::of`]).
+    pub fn batch(&mut self, table: &str, sets: &[trellis_core::ruleset::SetChange]) -> Option<ElementBatch> {
+        ElementBatch::of(table, sets, &mut self.seq)
+    }
+
+    /// Commits `batch` in one transaction: all of it or, refused, none of it (the kernel's error,
+    /// such as `No such file or directory` for an element deleted that is not there).
+    pub fn commit(&mut self, batch: &ElementBatch) -> io::Result<()> {
+        // SAFETY: the buffer is valid for its length; an unconnected netlink socket sends to the
+        // kernel.
+        let sent = unsafe { libc::send(self.socket.as_raw_fd(), batch.bytes.as_ptr().cast(), batch.bytes.len(), 0) };
+        if sent < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if sent as usize != batch.bytes.len() {
+            return Err(io::Error::other("the element messages were not sent whole"));
+        }
+        // One answer for each element message: an acknowledgement, or the error that refused
+        // the transaction.
+        let mut waiting: std::collections::HashSet<u32> = batch.answered.iter().copied().collect();
+        let mut refused = None;
+        // An error carries the message it refuses: room for the largest batch.
+        let mut answer = vec![0u8; MAX_BATCH + 4096];
+        while !waiting.is_empty() {
+            // SAFETY: the buffer is valid for its length.
+            let got = unsafe { libc::recv(self.socket.as_raw_fd(), answer.as_mut_ptr().cast(), answer.len(), 0) };
+            if got < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            for (seq, errno) in acks(&answer[..got as usize]) {
+                if waiting.remove(&seq) && errno != 0 && refused.is_none() {
+                    refused = Some(io::Error::from_raw_os_error(-errno));
+                }
+            }
+        }
+        refused.map_or(Ok(()), Err)
+    }
+}
+
+/// Each acknowledgement or error in these messages: its sequence number and error (0: none).
+fn acks(mut messages: &[u8]) -> Vec<(u32, i32)> {
+    let word = |b: &[u8], at: usize| -> Option<u32> { Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?)) };
+    let mut out = Vec::new();
+    while messages.len() >= NLMSG_HEADER {
+        let (Some(len), Some(kind), Some(seq)) = (word(messages, 0), messages.get(4..6), word(messages, 8)) else { break };
+        let len = len as usize;
+        if len < NLMSG_HEADER || len > messages.len() {
+            break;
+        }
+        if u16::from_ne_bytes([kind[0], kind[1]]) == libc::NLMSG_ERROR as u16 {
+            out.push((seq, word(messages, NLMSG_HEADER).map_or(0, |e| e as i32)));
+        }
+        messages = &messages[len.next_multiple_of(4).min(messages.len())..];
+    }
+    out
+}
+
 /// The generation in the kernel's answer to request `seq`; `None` when these messages answer
 /// another request.
 fn parse(mut messages: &[u8], seq: u32) -> Option<io::Result<u32>> {

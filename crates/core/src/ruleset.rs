@@ -155,6 +155,13 @@ fn chain_line<'a>(line: &'a str, chain: &mut Chain<'a>) -> bool {
 /// whole load; a table or set that is gone fails the transaction, and the file is loaded whole.
 /// `None` when anything else differs, or when `new` is no text trellis writes.
 pub fn delta(old: &str, new: &str) -> Option<String> {
+    let (sets, chains) = changes(old, new)?;
+    Some(commands(&sets) + &chains)
+}
+
+/// What [`delta`] says, apart: the changes of the sets' elements, and the commands that put every
+/// chain back as `new` writes it.
+pub fn changes(old: &str, new: &str) -> Option<(Vec<SetChange>, String)> {
     let (Some(before), Some(after)) = (read(old), read(new)) else { return None };
     let same_shape = before.rest == after.rest
         && before.sets.len() == after.sets.len()
@@ -162,26 +169,43 @@ pub fn delta(old: &str, new: &str) -> Option<String> {
     if !same_shape {
         return None;
     }
-    let mut commands = String::new();
-    for ((name, was), (_, now)) in before.sets.iter().zip(&after.sets) {
-        element_commands(&mut commands, name, was, now);
-    }
-    commands.push_str(&chain_commands(&after));
-    Some(commands)
+    let sets = before.sets.iter().zip(&after.sets).filter_map(|((name, was), (_, now))| SetChange::of(name, was, now)).collect();
+    Some((sets, chain_commands(&after)))
 }
 
-/// The commands that take the set `name` from the elements `was` to `now`.
-fn element_commands(commands: &mut String, name: &str, was: &[&str], now: &[&str]) {
-    let was_set: HashSet<&str> = was.iter().copied().collect();
-    let now_set: HashSet<&str> = now.iter().copied().collect();
-    let gone: Vec<&str> = was.iter().copied().filter(|e| !now_set.contains(e)).collect();
-    let came: Vec<&str> = now.iter().copied().filter(|e| !was_set.contains(e)).collect();
-    if !gone.is_empty() {
-        commands.push_str(&format!("delete element {TABLE} {name} {{ {} }}\n", gone.join(", ")));
+/// The elements of one named set of the table that change: each gone deleted, each new created.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetChange {
+    pub set: String,
+    pub gone: Vec<String>,
+    pub came: Vec<String>,
+}
+
+impl SetChange {
+    /// The change of the set `name` from the elements `was` to `now`; `None` when none change.
+    fn of(name: &str, was: &[&str], now: &[&str]) -> Option<SetChange> {
+        let was_set: HashSet<&str> = was.iter().copied().collect();
+        let now_set: HashSet<&str> = now.iter().copied().collect();
+        let owned = |v: Vec<&str>| v.into_iter().map(str::to_string).collect();
+        let gone: Vec<&str> = was.iter().copied().filter(|e| !now_set.contains(e)).collect();
+        let came: Vec<&str> = now.iter().copied().filter(|e| !was_set.contains(e)).collect();
+        (!gone.is_empty() || !came.is_empty()).then(|| SetChange { set: name.to_string(), gone: owned(gone), came: owned(came) })
     }
-    if !came.is_empty() {
-        commands.push_str(&format!("create element {TABLE} {name} {{ {} }}\n", came.join(", ")));
+}
+
+/// The nft commands of these changes of elements, in order.
+pub fn commands(sets: &[SetChange]) -> String {
+    let mut commands = String::new();
+    for c in sets {
+        let name = &c.set;
+        if !c.gone.is_empty() {
+            commands.push_str(&format!("delete element {TABLE} {name} {{ {} }}\n", c.gone.join(", ")));
+        }
+        if !c.came.is_empty() {
+            commands.push_str(&format!("create element {TABLE} {name} {{ {} }}\n", c.came.join(", ")));
+        }
     }
+    commands
 }
 
 /// What [`delta_in`] needs of the ruleset loaded: the commands that put its chains back, when
@@ -209,6 +233,11 @@ pub fn chains(text: &str) -> Option<String> {
 /// texts is listed once in each (an element twice in the new one fails `create`, which the
 /// caller answers by loading the file whole).
 pub fn delta_in(old: &str, new: &str, hunks: &[crate::delta::Hunk], chains: &str) -> Option<String> {
+    Some(commands(&changes_in(old, new, hunks)?) + chains)
+}
+
+/// The changes of elements [`delta_in`] makes its commands of, without the chains.
+pub fn changes_in(old: &str, new: &str, hunks: &[crate::delta::Hunk]) -> Option<Vec<SetChange>> {
     let regions = crate::delta::widen(old.as_bytes(), new.as_bytes(), hunks, b",\n", |_, _| true)?;
     // Each set's elements in the regions, before and after, in the order the sets come.
     let mut sets: Vec<(&str, Vec<&str>, Vec<&str>)> = Vec::new();
@@ -228,12 +257,7 @@ pub fn delta_in(old: &str, new: &str, hunks: &[crate::delta::Hunk], chains: &str
             None => sets.push((name, was, now)),
         }
     }
-    let mut commands = String::new();
-    for (name, was, now) in &sets {
-        element_commands(&mut commands, name, was, now);
-    }
-    commands.push_str(chains);
-    Some(commands)
+    Some(sets.iter().filter_map(|(name, was, now)| SetChange::of(name, was, now)).collect())
 }
 
 /// An element list's line, found once for the regions on it: its start and end in the text and

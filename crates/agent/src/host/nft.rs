@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use trellis_core::ruleset::{delta, TABLE};
+use trellis_core::ruleset::TABLE;
 
 use super::traits::Firewall;
 
@@ -111,6 +111,13 @@ impl Nft {
             namespace: Some(namespace.to_string()),
             ..Nft::new()
         }
+    }
+
+    /// nft run as this program (a test's: one that is not nft at all).
+    #[cfg(test)]
+    fn with_program(mut self, program: &[&str]) -> Self {
+        self.via = Via::Program(program.iter().map(|w| w.to_string()).collect());
+        self
     }
 
     /// nft run through this helper (a test's).
@@ -249,6 +256,39 @@ impl Nft {
         }
     }
 
+    /// Changes the sets' elements of the table this process loaded, which `table` just found
+    /// the same, by the kernel's own element messages on the generation's socket
+    /// (`nftgen::ElementBatch`): nft is not run, so it does not read the sets first, and the
+    /// chains are not put back, since no commit came since the check. The generation says so: it
+    /// must be the one checked right before the batch and move by exactly one with it, else the
+    /// change is taken as refused (and the file loaded whole), whatever else was committed.
+    /// `None` when the batch cannot be made (no socket, an element that is no address, a
+    /// change of thousands): nft makes it.
+    fn elements(&mut self, sets: &[trellis_core::ruleset::SetChange]) -> Option<Result<()>> {
+        let Gen::Open(g) = &mut self.generation else { return None };
+        let batch = g.batch(TABLE, sets)?;
+        let checked = self.mark.generation;
+        let before = g.read().ok();
+        if before.is_none() || before != checked {
+            self.mark = Mark::default();
+            return Some(Err(anyhow::anyhow!("the kernel's ruleset changed since the table was checked")));
+        }
+        let sent = g.commit(&batch);
+        let after = g.read().ok();
+        let ours = before.is_some_and(|b| after == Some(crate::nftgen::following(b)));
+        match sent {
+            Ok(()) if ours => {
+                self.mark = Mark { generation: after, digest: None };
+                Some(Ok(()))
+            }
+            Ok(()) => {
+                self.mark = Mark::default();
+                Some(Err(anyhow::anyhow!("another commit came with the change of elements")))
+            }
+            Err(e) => Some(Err(anyhow::anyhow!("the kernel refused the change of elements: {e}"))),
+        }
+    }
+
     /// Loads a ruleset's text whole, in one transaction that replaces the table.
     fn load_whole(&mut self, ruleset: Loaded) -> Result<()> {
         if let Err(e) = self.commit(&ruleset.text, Some(&ruleset.path)) {
@@ -309,46 +349,65 @@ impl Firewall for Nft {
             (Some(last), Some(c)) if last.text.as_bytes() == &c.old[..] => {
                 let chains = last.chains.get_or_insert_with(|| trellis_core::ruleset::chains(&last.text)).clone();
                 std::str::from_utf8(&c.new).ok().and_then(|text| {
-                    let commands = trellis_core::ruleset::delta_in(&last.text, text, &c.hunks, chains.as_deref()?)?;
-                    Some((Loaded { path: ruleset.to_path_buf(), text: text.to_string(), chains: Some(chains) }, commands))
+                    let sets = trellis_core::ruleset::changes_in(&last.text, text, &c.hunks)?;
+                    let chains = chains?;
+                    Some((
+                        Loaded { path: ruleset.to_path_buf(), text: text.to_string(), chains: Some(Some(chains.clone())) },
+                        (sets, chains),
+                    ))
                 })
             }
             _ => None,
         };
-        let (new, commands) = match by_regions {
-            Some((new, commands)) => {
+        let (new, change) = match by_regions {
+            Some((new, change)) => {
                 self.by_regions += 1;
-                (new, Some(commands))
+                (new, Some(change))
             }
             None => {
                 let text = std::fs::read_to_string(ruleset).with_context(|| format!("cannot read {}", ruleset.display()))?;
-                let commands = self.last.as_ref().and_then(|old| delta(&old.text, &text));
-                (Loaded::new(ruleset, text), commands)
+                let change = self.last.as_ref().and_then(|old| trellis_core::ruleset::changes(&old.text, &text));
+                (Loaded::new(ruleset, text), change)
             }
         };
         // Only the elements that changed, when nothing else did, and only on the table this
         // process loaded: one changed behind its back (an element or a chain added, rules
         // flushed) is loaded whole, as a whole load would leave it, never patched.
-        if let Some(commands) = commands {
+        if let Some((sets, chains)) = change {
             match self.table(false) {
-                Table::Same if commands.is_empty() => {
+                Table::Same if sets.is_empty() => {
                     self.last = Some(new);
                     return Ok(());
                 }
-                Table::Same => match self.commit(&commands, None) {
-                    Ok(()) => {
-                        tracing::info!(commands = commands.lines().count(), "ruleset changed in its sets' elements");
+                Table::Same => match self.elements(&sets) {
+                    Some(Ok(())) => {
+                        tracing::info!(sets = sets.len(), "ruleset changed in its sets' elements");
                         self.last = Some(new);
                         return Ok(());
                     }
-                    // The helper gone, the apply fails (a refusal of the elements loads the file
-                    // whole instead).
-                    Err(e) if helper_ended(&e) => bail!("cannot change the sets' elements of {}: {e:#}", ruleset.display()),
-                    Err(e) => tracing::warn!(
+                    Some(Err(e)) => tracing::warn!(
                         error = %format!("{e:#}"),
                         "the loaded table refused a change of its sets' elements; loading {} whole",
                         ruleset.display()
                     ),
+                    None => {
+                        let commands = trellis_core::ruleset::commands(&sets) + &chains;
+                        match self.commit(&commands, None) {
+                            Ok(()) => {
+                                tracing::info!(commands = commands.lines().count(), "ruleset changed in its sets' elements");
+                                self.last = Some(new);
+                                return Ok(());
+                            }
+                            // The helper gone, the apply fails (a refusal of the elements loads
+                            // the file whole instead).
+                            Err(e) if helper_ended(&e) => bail!("cannot change the sets' elements of {}: {e:#}", ruleset.display()),
+                            Err(e) => tracing::warn!(
+                                error = %format!("{e:#}"),
+                                "the loaded table refused a change of its sets' elements; loading {} whole",
+                                ruleset.display()
+                            ),
+                        }
+                    }
                 },
                 Table::Changed => tracing::warn!(
                     "table {} is not the one the agent loaded (changed behind its back); loading {} whole",
@@ -620,6 +679,40 @@ mod tests {
     /// the agent's back survived every change of elements, where a whole load removes it. A
     /// table that is not what the agent loaded is loaded whole; one that is (another table
     /// changed) still takes the elements only.
+    #[test]
+    fn a_change_of_elements_runs_no_nft_and_a_moved_generation_loads_whole() {
+        both_ways("nonft", no_nft);
+    }
+
+    /// Loaded whole by nft, then given a program that is not nft (`false`): a change of elements
+    /// still goes into the kernel (the kernel's own element messages, no nft run, no chain put
+    /// back), and only a whole load needs nft. A commit of another table between two applies
+    /// moves the generation, and no listing was taken since the change: the table is not known
+    /// to be the one loaded, and the next change is a whole load.
+    fn no_nft(nft: Nft, ns: &str, _: bool) {
+        let dir = trellis_testing::TempDir::new("ruleset-no-nft");
+        let file = dir.path().join("nftables.conf");
+        let write = |v4: &[&str], port: u16| std::fs::write(&file, ruleset(v4, &["fd00::1"], port)).unwrap();
+        let mut nft = nft;
+        write(&["10.0.0.1", "10.0.0.2"], 22);
+        nft.apply(&file, None).unwrap();
+        let mut nft = nft.with_program(&["false"]);
+        write(&["10.0.0.2", "10.0.0.3"], 22);
+        nft.apply(&file, None).expect("elements without nft");
+        assert_eq!(elements_in(ns, "src_ssh_1_v4"), ["10.0.0.2", "10.0.0.3"]);
+        assert_eq!(nft.whole_loads(), 1);
+        // Another table's commit: loaded whole, which `false` refuses; the kernel keeps what it
+        // had.
+        nft_in(ns, &["add", "table", "inet", "other"]);
+        write(&["10.0.0.3"], 22);
+        assert!(nft.apply(&file, None).is_err(), "a whole load needs nft");
+        assert_eq!(elements_in(ns, "src_ssh_1_v4"), ["10.0.0.2", "10.0.0.3"], "a refused load changes nothing");
+        // A port: only nft can load it.
+        write(&["10.0.0.3"], 2222);
+        assert!(nft.apply(&file, None).is_err());
+        assert!(nft_in(ns, &["list", "chain", "inet", "trellis", "input"]).contains("dport 22 accept"));
+    }
+
     #[test]
     fn what_is_added_to_the_table_behind_the_agents_back_does_not_survive_a_change_of_elements() {
         both_ways("added", added);
