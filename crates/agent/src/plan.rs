@@ -121,12 +121,34 @@ pub struct FileRead {
     pub path: String,
     pub sha256: [u8; 32],
     pub file: Arc<trellis_core::wgconf::Read>,
+    /// Its peers' keys, when there is more than one file: whether a key a change touches is in
+    /// another file too is a lookup in each (ADR 0039).
+    keys: Option<Arc<std::collections::HashSet<String>>>,
+}
+
+impl FileRead {
+    fn new(path: &str, sha256: [u8; 32], file: Arc<trellis_core::wgconf::Read>) -> FileRead {
+        // A part holds a few hundred peers; `wireguard.conf` with more than `PARTS_FROM` is a node
+        // without parts, whose changes are its own (no set needed).
+        let peers = &file.conf.peers;
+        let keys = (peers.len() <= trellis_core::plan::PARTS_FROM || path != WIREGUARD_CONF)
+            .then(|| Arc::new(peers.iter().map(|p| p.public_key.clone()).collect()));
+        FileRead { path: path.to_string(), sha256, file, keys }
+    }
+
+    /// Whether this file lists `key`.
+    fn lists(&self, key: &str) -> bool {
+        match &self.keys {
+            Some(keys) => keys.contains(key),
+            None => self.file.conf.peers.iter().any(|p| p.public_key == key),
+        }
+    }
 }
 
 impl ConfRead {
     /// The configuration of a node whose peers are all in `wireguard.conf`.
     pub fn whole(path: &str, sha256: [u8; 32], file: Arc<trellis_core::wgconf::Read>) -> ConfRead {
-        ConfRead { conf: file.conf.clone(), files: vec![FileRead { path: path.to_string(), sha256, file }] }
+        ConfRead { conf: file.conf.clone(), files: vec![FileRead::new(path, sha256, file)] }
     }
 
     pub fn conf(&self) -> &Arc<WgConf> {
@@ -361,9 +383,14 @@ fn network(bundle: &Bundle, observed: &Observed, scope: &Scope, changes: &Change
 /// edits (ADR 0037), any other whole; with the changes of peers from the held configuration when
 /// each file changed gave them. `None` when the bundle has no `wireguard.conf`.
 fn read_conf(bundle: &Bundle, held: Option<&ConfRead>, changes: &Changes) -> Result<Option<(ConfRead, Option<Edit>)>, PlanError> {
-    let Some(main) = file(bundle, WIREGUARD_CONF) else { return Ok(None) };
     let mut parts: Vec<(usize, &BundleFile)> =
         bundle.files.iter().filter_map(|f| Some((trellis_core::plan::part_index(&f.path)?, f))).collect();
+    let Some(main) = file(bundle, WIREGUARD_CONF) else {
+        return match parts.first() {
+            Some((_, f)) => Err(PlanError::Conf(format!("the bundle has {} but no {WIREGUARD_CONF}", f.path))),
+            None => Ok(None),
+        };
+    };
     parts.sort_by_key(|(i, _)| *i);
     let files: Vec<&BundleFile> = std::iter::once(main).chain(parts.into_iter().map(|(_, f)| f)).collect();
     if let Some(h) =
@@ -390,7 +417,7 @@ fn read_conf(bundle: &Bundle, held: Option<&ConfRead>, changes: &Changes) -> Res
             v.push(changed.or_else(|| by_key.then(|| trellis_core::wgconf::changes(held_peers, &file.conf.peers)))?);
             Some(v)
         });
-        read.push(FileRead { path: f.path.clone(), sha256: f.sha256, file });
+        read.push(FileRead::new(&f.path, f.sha256, file));
     }
     let conf = match &read[..] {
         [one] => one.file.conf.clone(),
@@ -408,7 +435,12 @@ fn read_conf(bundle: &Bundle, held: Option<&ConfRead>, changes: &Changes) -> Res
             for gone in h.files.iter().filter(|g| !read.iter().any(|r| r.path == g.path)) {
                 per_file.push(PeerChanges { gone: gone.file.conf.peers.clone(), changed: Vec::new() });
             }
-            merge(per_file).map(|changes| Edit { from: h.conf().clone(), to: conf.clone(), changes })
+            let single = read.len() == 1 && h.files.len() == 1;
+            (single || once_each(&per_file, &h.files, &read)).then(|| merge(per_file)).flatten().map(|changes| Edit {
+                from: h.conf().clone(),
+                to: conf.clone(),
+                changes,
+            })
         }
         _ => None,
     };
@@ -437,6 +469,20 @@ fn read_file(
         false => trellis_core::wgconf::read_part(text, &f.path),
     };
     Ok((Arc::new(read.map_err(PlanError::Conf)?), None))
+}
+
+/// Whether every key the files' changes touch is listed once in all of `before` and once in all
+/// of `after`, and each file read anew lists each of its keys once: only then are the changes of
+/// the files the changes of the configuration. A key in two files (a bundle the compiler never
+/// makes, but one a signed bundle may hold) leaves the comparison to the interface. A lookup per
+/// touched key in each file, not a pass over every peer.
+fn once_each(per_file: &[PeerChanges], before: &[FileRead], after: &[FileRead]) -> bool {
+    if !after.iter().all(|f| f.file.plain()) {
+        return false;
+    }
+    let touched: std::collections::HashSet<&str> =
+        per_file.iter().flat_map(|c| c.gone.iter().chain(c.changed.iter().map(|(p, _)| p))).map(|p| p.public_key.as_str()).collect();
+    touched.iter().all(|k| before.iter().filter(|f| f.lists(k)).count() <= 1 && after.iter().filter(|f| f.lists(k)).count() <= 1)
 }
 
 /// The changes of peers of several files as one: a key gone from one file and new in another
@@ -547,6 +593,70 @@ mod tests {
             mtu: None,
             peers: peers.into_iter().map(Arc::new).collect(),
         }
+    }
+
+    /// A bundle of `wireguard.conf` (the interface) and these parts, each a list of (key, the
+    /// last byte of its address).
+    fn parted(parts: &[(usize, &[(&str, u8)])]) -> Bundle {
+        let mut files = vec![BundleFile::new(WIREGUARD_CONF, 0o600, b"[Interface]\nAddress = 10.88.0.5/16\n".to_vec())];
+        for (i, peers) in parts {
+            let text: String = peers.iter().map(|(k, ip)| format!("[Peer]\nPublicKey = {k}\nAllowedIPs = 10.88.0.{ip}/32\n")).collect();
+            files.push(BundleFile::new(trellis_core::plan::wireguard_part(*i), 0o600, text.into_bytes()));
+        }
+        Bundle { mesh: "m".into(), node: "n".into(), version: 1, issued_at: 1, files }
+    }
+
+    /// The review of ADR 0039's change: a key in two files made the edit wrong (a peer removed
+    /// that the new files still list, a peer already held taken for a new one, a move matched
+    /// against the wrong copy). Such a bundle has no edit: the interface compares by key. A key
+    /// in one file has one, and a part without `wireguard.conf` is refused.
+    #[test]
+    fn a_key_in_two_parts_leaves_the_changes_to_the_interface() {
+        let edit = |before: &Bundle, after: &Bundle| {
+            let (held, _) = read_conf(before, None, &Changes::new()).unwrap().unwrap();
+            let (read, edit) = read_conf(after, Some(&held), &Changes::new()).unwrap().unwrap();
+            let whole: Vec<String> = after
+                .files
+                .iter()
+                .flat_map(|f| {
+                    let text = std::str::from_utf8(&f.content).unwrap();
+                    let r = if f.path == WIREGUARD_CONF {
+                        trellis_core::wgconf::read(text)
+                    } else {
+                        trellis_core::wgconf::read_part(text, &f.path)
+                    };
+                    r.unwrap().conf.peers.iter().map(|p| p.public_key.clone()).collect::<Vec<_>>()
+                })
+                .collect();
+            let merged: Vec<String> = read.conf().peers.iter().map(|p| p.public_key.clone()).collect();
+            assert_eq!(merged, whole, "the parts read together are the whole read");
+            edit.map(|e| {
+                let letter = |k: &str| [(A, "A"), (B, "B"), (C, "C")].iter().find(|(key, _)| *key == k).map_or("?", |(_, l)| *l);
+                let keys = |v: Vec<&Arc<WgPeer>>| v.iter().map(|p| letter(&p.public_key)).collect::<Vec<_>>().join(",");
+                format!(
+                    "gone {} changed {}",
+                    keys(e.changes.gone.iter().collect()),
+                    keys(e.changes.changed.iter().map(|(p, _)| p).collect())
+                )
+            })
+        };
+        // K in parts 3 and 40; J goes from 7, K from 40: K is still in 3.
+        let before = parted(&[(3, &[(A, 1)]), (7, &[(B, 2)]), (40, &[(A, 1)])]);
+        assert_eq!(edit(&before, &parted(&[(3, &[(A, 1)])])), None);
+        // K held in 3, and 12 gains it with other addresses.
+        let before = parted(&[(3, &[(A, 1)])]);
+        assert_eq!(edit(&before, &parted(&[(3, &[(A, 1)]), (12, &[(A, 9)])])), None);
+        // K in 7 and 40; 7 goes and 3 gains it: which copy moved is not known.
+        let before = parted(&[(7, &[(A, 1)]), (40, &[(A, 3)])]);
+        assert_eq!(edit(&before, &parted(&[(3, &[(A, 2)]), (40, &[(A, 3)])])), None);
+        // Each key in one file: a move as it was is no change, a new peer and a gone one are.
+        let before = parted(&[(7, &[(A, 1), (B, 2)])]);
+        assert_eq!(edit(&before, &parted(&[(3, &[(A, 1)]), (7, &[(C, 3)])])).as_deref(), Some("gone B changed C"));
+        // Parts without wireguard.conf.
+        let mut odd = parted(&[(3, &[(A, 1)])]);
+        odd.files.remove(0);
+        let e = read_conf(&odd, None, &Changes::new()).unwrap_err().to_string();
+        assert_eq!(e, "the bundle has etc/trellis/wireguard.d/peers-03.conf but no etc/trellis/wireguard.conf");
     }
 
     /// The prompts the plan makes for `after` when the interface holds `before`.

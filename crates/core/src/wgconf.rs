@@ -43,6 +43,13 @@ pub struct Read {
     plain: bool,
 }
 
+impl Read {
+    /// Whether every peer has a key of its own and no `[Interface]` comes after a peer.
+    pub fn plain(&self) -> bool {
+        self.plain
+    }
+}
+
 /// What changes from one peer list to another: the peers gone, and each peer new or changed with
 /// the peer of its key before, if there was one; in the order of the lists.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
