@@ -363,6 +363,7 @@ impl Controller {
         ];
         let scope = ServiceScope { domain: mesh.domain.clone(), prefixes: prefixes.into_iter().flatten().collect() };
         let want = scope.name_constraints();
+        let _scoping = self.scoping.lock().await;
         let (services, issuer) = {
             let a = self.authority();
             let Some(services) = a.services.clone() else { return Ok(()) };

@@ -155,6 +155,9 @@ pub struct Controller {
     /// The services CA's certificate last looked at, with the name constraints it carries
     /// (`authority`).
     services_scope: std::sync::Mutex<Option<(String, Vec<u8>)>>,
+    /// Held while the services CA is scoped: an apply and a publish run both ask, and two that
+    /// found it unscoped at once would each certify it, write it and audit it.
+    scoping: tokio::sync::Mutex<()>,
     /// Service certificates issued, by node and module, and node certificates renewed, by node:
     /// each is audited, so each is held to a rate.
     cert_issues: refusals::Budget,
@@ -208,6 +211,7 @@ impl Controller {
                 sources: 100_000,
             }),
             services_scope: Default::default(),
+            scoping: Default::default(),
             cert_issues: refusals::Budget::new(ISSUES_PER_THIRD),
             renewals: refusals::Budget::new(ISSUES_PER_THIRD),
         }

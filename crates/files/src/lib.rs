@@ -32,8 +32,14 @@ pub fn create_new(path: &Path, content: &[u8], mode: u32) -> Result<(), FileErro
 
 /// Where `target` is staged before it is committed: beside it, so the rename stays on one
 /// filesystem.
+/// Where [`stage`] stages a file: beside its target, under a name of this process and this call,
+/// so that two writers of one file (two tasks of a controller) never take each other's staging
+/// file: each renames its own, and the last rename wins whole.
 fn stage_path(target: &Path) -> PathBuf {
-    target.with_file_name(staging_name(target.file_name().and_then(|n| n.to_str()).unwrap_or("file")))
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = staging_name(target.file_name().and_then(|n| n.to_str()).unwrap_or("file"));
+    target.with_file_name(format!("{name}.{}.{call}", std::process::id()))
 }
 
 /// The name a file is staged under, beside the file named `name`.
@@ -48,7 +54,7 @@ pub fn stage(target: &Path, content: &[u8], mode: u32) -> Result<PathBuf, FileEr
     let tmp = stage_path(target);
     let mut made = create_new(&tmp, content, mode);
     if made.as_ref().is_err_and(|e| e.source.kind() == std::io::ErrorKind::AlreadyExists) {
-        // Left by an earlier write that stopped before its commit.
+        // Left by an earlier process of the same id that stopped before its commit.
         let _ = std::fs::remove_file(&tmp);
         made = create_new(&tmp, content, mode);
     }
@@ -147,13 +153,42 @@ mod tests {
         let e = create_new(&path, b"three", 0o600).unwrap_err();
         assert!(e.to_string().starts_with(&format!("cannot create {}", path.display())), "{e}");
         // A staging file left by a write that stopped before its commit (open to all, other
-        // bytes) is replaced, not written into.
-        std::fs::write(stage_path(&path), b"stale and longer").unwrap();
-        std::fs::set_permissions(stage_path(&path), std::fs::Permissions::from_mode(0o666)).unwrap();
+        // bytes) is never written into: the next stage is a file of its own, with its mode.
+        let stale = dir.join(staging_name("key"));
+        std::fs::write(&stale, b"stale and longer").unwrap();
+        std::fs::set_permissions(&stale, std::fs::Permissions::from_mode(0o666)).unwrap();
         let staged = stage(&path, b"four", 0o600).unwrap();
+        assert_ne!(staged, stale);
         assert_eq!(std::fs::metadata(&staged).unwrap().permissions().mode() & 0o777, 0o600);
         commit(&staged, &path).unwrap();
         assert_eq!(read(&path).unwrap(), "four");
+        assert_eq!(std::fs::read(&stale).unwrap(), b"stale and longer");
+    }
+
+    /// The flake of 2026-12-06 (a first apply answered 500, "writing the state directory
+    /// failed"): two tasks of a controller replaced one file at once, and with one staging name
+    /// for both, one removed or renamed the other's staging file, which then failed. Two writers
+    /// of one file, many times over: every replace succeeds, the file is one of theirs, whole,
+    /// and no staging file is left.
+    #[test]
+    fn two_writers_of_one_file_both_succeed_and_leave_one_whole() {
+        let dir = trellis_testing::TempDir::new("files-race");
+        let path = dir.join("services-ca.pem");
+        let contents: [Vec<u8>; 2] = [vec![b'a'; 64 * 1024], vec![b'b'; 48 * 1024]];
+        std::thread::scope(|s| {
+            for c in &contents {
+                let path = &path;
+                s.spawn(move || {
+                    for i in 0..200 {
+                        replace(path, c, 0o644).unwrap_or_else(|e| panic!("replace {i}: {e}"));
+                    }
+                });
+            }
+        });
+        let held = std::fs::read(&path).unwrap();
+        assert!(contents.contains(&held), "the file is one writer's content, whole");
+        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["services-ca.pem"], "no staging file is left");
     }
 
     #[test]
