@@ -119,6 +119,9 @@ const NFPROTO_INET: u8 = 1;
 /// 15 ms). Made by [`Generation::batch`].
 pub struct ElementBatch {
     bytes: Vec<u8>,
+    /// The sequence number of the batch's begin: the kernel answers a commit that failed as a
+    /// whole (after every message was taken) under it.
+    begin: u32,
     /// The sequence numbers of its messages that the kernel answers (each but the batch's own
     /// begin and end).
     answered: Vec<u32>,
@@ -130,13 +133,13 @@ impl ElementBatch {
     /// then nft makes the change.
     fn of(table: &str, sets: &[trellis_core::ruleset::SetChange], seq: &mut u32) -> Option<ElementBatch> {
         let table = table.strip_prefix("inet ")?;
-        let mut b = ElementBatch { bytes: Vec::new(), answered: Vec::new() };
         let mut next = || {
             *seq = seq.wrapping_add(1);
             *seq
         };
+        let mut b = ElementBatch { bytes: Vec::new(), begin: next(), answered: Vec::new() };
         let batch_begin = libc::NLMSG_MIN_TYPE as u16;
-        b.message(batch_begin, libc::NLM_F_REQUEST as u16, next(), 0, libc::NFNL_SUBSYS_NFTABLES as u16, |_| Some(()))?;
+        b.message(batch_begin, libc::NLM_F_REQUEST as u16, b.begin, 0, libc::NFNL_SUBSYS_NFTABLES as u16, |_| Some(()))?;
         for c in sets {
             for (kind, flags, elements) in
                 [(libc::NFT_MSG_DELSETELEM, 0, &c.gone), (libc::NFT_MSG_NEWSETELEM, libc::NLM_F_CREATE | libc::NLM_F_EXCL, &c.came)]
@@ -218,7 +221,9 @@ fn nest(out: &mut Vec<u8>, kind: u16, inner: impl FnOnce(&mut Vec<u8>) -> Option
     out.extend_from_slice(&[0; 2]);
     out.extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
     inner(out)?;
-    let len = (out.len() - start) as u16;
+    // An attribute's length is 16 bits: a longer list (over 2,340 IPv6 elements of one set)
+    // would be cut short, and the kernel would take the part it read. nft makes such a change.
+    let len = u16::try_from(out.len() - start).ok()?;
     out[start..start + 2].copy_from_slice(&len.to_ne_bytes());
     Some(())
 }
@@ -255,7 +260,8 @@ impl Generation {
                 return Err(io::Error::last_os_error());
             }
             for (seq, errno) in acks(&answer[..got as usize]) {
-                if waiting.remove(&seq) && errno != 0 && refused.is_none() {
+                let ours = waiting.remove(&seq) || seq == batch.begin;
+                if ours && errno != 0 && refused.is_none() {
                     refused = Some(io::Error::from_raw_os_error(-errno));
                 }
             }

@@ -713,6 +713,29 @@ mod tests {
         assert!(nft_in(ns, &["list", "chain", "inet", "trellis", "input"]).contains("dport 22 accept"));
     }
 
+    /// The review of ADR 0040: one set's change of more than 2,340 IPv6 elements overflowed the
+    /// 16-bit length of its element list; the kernel took the part it read and acknowledged it,
+    /// so the table held 660 of 3,001 sources added, or kept 2,342 removed. Now such a change
+    /// goes through nft, and the kernel holds exactly the file's sources both ways.
+    #[test]
+    fn a_change_of_thousands_of_ipv6_sources_leaves_exactly_the_files() {
+        both_ways("many-v6", many_v6);
+    }
+
+    fn many_v6(mut nft: Nft, ns: &str, _: bool) {
+        let dir = trellis_testing::TempDir::new("ruleset-many-v6");
+        let file = dir.path().join("nftables.conf");
+        let many: Vec<String> = (1..=3000).map(|i| format!("fd00::1:{i:x}")).collect();
+        let mut all: Vec<&str> = vec!["fd00::1"];
+        all.extend(many.iter().map(String::as_str));
+        for (v6, want) in [(&["fd00::1"][..], 1), (&all[..], 3001), (&["fd00::1"][..], 1)] {
+            std::fs::write(&file, ruleset(&["10.0.0.1"], v6, 22)).unwrap();
+            nft.apply(&file, None).unwrap();
+            assert_eq!(elements_in(ns, "src_ssh_1_v6").len(), want, "the kernel holds exactly the file's sources");
+        }
+        assert_eq!(nft.whole_loads(), 1, "changes of elements, through nft");
+    }
+
     #[test]
     fn what_is_added_to_the_table_behind_the_agents_back_does_not_survive_a_change_of_elements() {
         both_ways("added", added);
