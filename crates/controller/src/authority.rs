@@ -384,15 +384,22 @@ impl Controller {
             };
             (services, issuer)
         };
-        let (pem, scoped) = {
+        {
+            // Under the lock a CA rotation adopts its new services CA with: one adopted since
+            // the services CA was read above is not put back by this one scoped (the review of
+            // 2026-12-06: the retired key signing again, beside a certificate not its own). The
+            // next run scopes the new one.
             let _changing = self.cert_changes.lock().expect("certificate changes");
-            services
+            if !self.authority().services.as_ref().is_some_and(|s| Arc::ptr_eq(s, &services)) {
+                return Ok(());
+            }
+            let (pem, scoped) = services
                 .scoped(&issuer, "trellis", &scope, self.system_time(), self.random())
-                .map_err(|e| Error::internal("scoping the services CA", e))?
-        };
-        self.keep(SERVICES_CA_CERT, pem.as_bytes(), 0o644)?;
-        *self.services_scope.lock().expect("services scope") = Some((scoped.cert_pem().to_string(), want));
-        self.authority.write().expect("authority").services = Some(Arc::new(scoped));
+                .map_err(|e| Error::internal("scoping the services CA", e))?;
+            self.keep(SERVICES_CA_CERT, pem.as_bytes(), 0o644)?;
+            *self.services_scope.lock().expect("services scope") = Some((scoped.cert_pem().to_string(), want));
+            self.authority.write().expect("authority").services = Some(Arc::new(scoped));
+        }
         let subject = format!("{} {}", mesh.domain, scope.prefixes.iter().map(|(a, l)| format!("{a}/{l}")).collect::<Vec<_>>().join(" "));
         let audit = Audit {
             at: self.now(),

@@ -30,37 +30,61 @@ pub fn create_new(path: &Path, content: &[u8], mode: u32) -> Result<(), FileErro
     f.sync_all().map_err(at("sync", path))
 }
 
-/// Where `target` is staged before it is committed: beside it, so the rename stays on one
-/// filesystem.
-/// Where [`stage`] stages a file: beside its target, under a name of this process and this call,
-/// so that two writers of one file (two tasks of a controller) never take each other's staging
+/// Where [`stage`] stages a file: beside its target (one file system, so the rename is atomic),
+/// under a name of its own for this call: the process, a count of its calls and a random part,
+/// so that two writers of one file (two tasks of a controller, or controllers in containers that
+/// share a state directory and may have the same process id) never take each other's staging
 /// file: each renames its own, and the last rename wins whole.
 fn stage_path(target: &Path) -> PathBuf {
+    use std::hash::BuildHasher;
     static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nonce = std::hash::RandomState::new().hash_one(call);
     let name = staging_name(target.file_name().and_then(|n| n.to_str()).unwrap_or("file"));
-    target.with_file_name(format!("{name}.{}.{call}", std::process::id()))
+    target.with_file_name(format!("{name}.{}.{call}.{nonce:016x}", std::process::id()))
 }
 
-/// The name a file is staged under, beside the file named `name`.
+/// The name a file is staged under, beside the file named `name` (with a suffix of its own, for
+/// [`stage`]).
 fn staging_name(name: &str) -> String {
     format!(".{name}.trellis-new")
 }
 
+/// How old a staging file of [`stage`]'s must be to be taken for one left by a writer that
+/// stopped before its commit, and removed.
+const STALE_SECS: u64 = 3600;
+
+/// Removes the staging files of `target` left an hour or more ago: a writer stopped between its
+/// stage and its commit (a crash) left them, under a name nobody will use again.
+fn sweep(target: &Path) {
+    let Some(name) = target.file_name().and_then(|n| n.to_str()) else { return };
+    let prefix = staging_name(name);
+    let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let left =
+            e.file_name().to_str().is_some_and(|n| n.strip_prefix(&prefix).is_some_and(|rest| rest.is_empty() || rest.starts_with('.')));
+        let old =
+            e.metadata().ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok()).is_some_and(|a| a.as_secs() >= STALE_SECS);
+        if left && old {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 /// Writes `content` to a staging file beside `target`, created with `mode`, and syncs it;
 /// returns its path. Nothing is visible at `target` until [`commit`], so several files can be
-/// staged before any of them is committed.
+/// staged before any of them is committed. Staging files of `target` left by a crash an hour or
+/// more ago are removed first.
 pub fn stage(target: &Path, content: &[u8], mode: u32) -> Result<PathBuf, FileError> {
+    sweep(target);
     let tmp = stage_path(target);
-    let mut made = create_new(&tmp, content, mode);
-    if made.as_ref().is_err_and(|e| e.source.kind() == std::io::ErrorKind::AlreadyExists) {
-        // Left by an earlier process of the same id that stopped before its commit.
-        let _ = std::fs::remove_file(&tmp);
-        made = create_new(&tmp, content, mode);
-    }
-    if let Err(e) = made {
-        // A full disk or a failed sync leaves no staging file behind.
-        let _ = std::fs::remove_file(&tmp);
+    if let Err(e) = create_new(&tmp, content, mode) {
+        // A full disk or a failed sync leaves no staging file behind; a name taken (never by
+        // this call's own) is another writer's, and left to it.
+        if e.source.kind() != std::io::ErrorKind::AlreadyExists {
+            let _ = std::fs::remove_file(&tmp);
+        }
         return Err(e);
     }
     Ok(tmp)
@@ -153,16 +177,27 @@ mod tests {
         let e = create_new(&path, b"three", 0o600).unwrap_err();
         assert!(e.to_string().starts_with(&format!("cannot create {}", path.display())), "{e}");
         // A staging file left by a write that stopped before its commit (open to all, other
-        // bytes) is never written into: the next stage is a file of its own, with its mode.
-        let stale = dir.join(staging_name("key"));
-        std::fs::write(&stale, b"stale and longer").unwrap();
-        std::fs::set_permissions(&stale, std::fs::Permissions::from_mode(0o666)).unwrap();
+        // bytes) is never written into: the next stage is a file of its own, with its mode. One
+        // left an hour ago or more is removed; a recent one (perhaps another writer's) is not.
+        let recent = dir.join(format!("{}.1.2.3", staging_name("key")));
+        let stale = dir.join(format!("{}.4.5.6", staging_name("key")));
+        for f in [&recent, &stale] {
+            std::fs::write(f, b"stale and longer").unwrap();
+            std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o666)).unwrap();
+        }
+        let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(STALE_SECS + 5);
+        std::fs::File::options().write(true).open(&stale).unwrap().set_modified(hour_ago).unwrap();
+        let other = dir.join(format!("{}.1.2.3", staging_name("keyring")));
+        std::fs::write(&other, b"not key's").unwrap();
+        std::fs::File::options().write(true).open(&other).unwrap().set_modified(hour_ago).unwrap();
         let staged = stage(&path, b"four", 0o600).unwrap();
-        assert_ne!(staged, stale);
+        assert!(staged != recent && staged != stale);
         assert_eq!(std::fs::metadata(&staged).unwrap().permissions().mode() & 0o777, 0o600);
         commit(&staged, &path).unwrap();
         assert_eq!(read(&path).unwrap(), "four");
-        assert_eq!(std::fs::read(&stale).unwrap(), b"stale and longer");
+        assert_eq!(std::fs::read(&recent).unwrap(), b"stale and longer", "a recent one is left");
+        assert!(!stale.exists(), "one an hour old is removed");
+        assert!(other.exists(), "another file's is not this file's to remove");
     }
 
     /// The flake of 2026-12-06 (a first apply answered 500, "writing the state directory
