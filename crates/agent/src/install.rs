@@ -793,7 +793,7 @@ mod tests {
         }
         fn whole(b: &Bundle) -> WgConf {
             let mut conf = trellis_core::wgconf::parse(std::str::from_utf8(&b.files[1].content).unwrap()).unwrap();
-            let mut parts: Vec<&BundleFile> = b.files.iter().filter(|f| trellis_core::plan::part_index(&f.path).is_some()).collect();
+            let mut parts: Vec<&BundleFile> = b.files.iter().filter(|f| trellis_core::plan::is_part(&f.path)).collect();
             parts.sort_by_key(|f| f.path.clone());
             for f in parts {
                 conf.peers.extend(

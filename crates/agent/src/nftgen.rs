@@ -70,32 +70,89 @@ impl Generation {
     pub fn read(&mut self) -> io::Result<u32> {
         self.seq = self.seq.wrapping_add(1);
         let kind = ((libc::NFNL_SUBSYS_NFTABLES << 8) | libc::NFT_MSG_GETGEN) as u16;
-        const LEN: usize = NLMSG_HEADER + NFGEN_HEADER;
-        let mut request = [0u8; LEN];
-        request[0..4].copy_from_slice(&(LEN as u32).to_ne_bytes());
-        request[4..6].copy_from_slice(&kind.to_ne_bytes());
-        request[6..8].copy_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
-        request[8..12].copy_from_slice(&self.seq.to_ne_bytes());
-        // The port id (0: the kernel fills it in), then nfgenmsg: AF_UNSPEC, NFNETLINK_V0, 0.
-        // SAFETY: the buffer is valid for its length; an unconnected netlink socket sends to the
-        // kernel.
-        let sent = unsafe { libc::send(self.socket.as_raw_fd(), request.as_ptr().cast(), request.len(), 0) };
-        if sent < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        // nfgenmsg: AF_UNSPEC, NFNETLINK_V0, 0.
+        let mut request = Vec::with_capacity(NLMSG_HEADER + NFGEN_HEADER);
+        message(&mut request, kind, libc::NLM_F_REQUEST as u16, self.seq, 0, 0, |_| Some(()));
+        self.send(&request)?;
         let mut answer = [0u8; 1024];
         loop {
-            // SAFETY: the buffer is valid for its length.
-            let got = unsafe { libc::recv(self.socket.as_raw_fd(), answer.as_mut_ptr().cast(), answer.len(), 0) };
-            if got < 0 {
-                return Err(io::Error::last_os_error());
-            }
+            let got = self.recv(&mut answer)?;
             // An answer to an earlier request that timed out is skipped.
-            if let Some(found) = parse(&answer[..got as usize], self.seq) {
+            if let Some(found) = parse(&answer[..got], self.seq) {
                 return found;
             }
         }
     }
+
+    /// Sends these messages to the kernel, whole.
+    fn send(&self, bytes: &[u8]) -> io::Result<()> {
+        // SAFETY: the buffer is valid for its length; an unconnected netlink socket sends to the
+        // kernel.
+        let sent = unsafe { libc::send(self.socket.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), 0) };
+        match sent {
+            n if n < 0 => Err(io::Error::last_os_error()),
+            n if n as usize != bytes.len() => Err(io::Error::other("the netlink messages were not sent whole")),
+            _ => Ok(()),
+        }
+    }
+
+    /// Receives the kernel's next datagram into `buf` (within the socket's one-second timeout);
+    /// its length.
+    fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        // SAFETY: the buffer is valid for its length.
+        let got = unsafe { libc::recv(self.socket.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if got < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(got as usize)
+    }
+}
+
+/// Appends one netlink message to `out`: its header (length, type, flags, sequence number, port
+/// 0: the kernel fills it in), nfgenmsg (family, version 0, `res_id` big-endian), and what `body`
+/// writes; `None` when `body` gives none.
+fn message(
+    out: &mut Vec<u8>,
+    kind: u16,
+    flags: u16,
+    seq: u32,
+    family: u8,
+    res_id: u16,
+    body: impl FnOnce(&mut Vec<u8>) -> Option<()>,
+) -> Option<()> {
+    let start = out.len();
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&kind.to_ne_bytes());
+    out.extend_from_slice(&flags.to_ne_bytes());
+    out.extend_from_slice(&seq.to_ne_bytes());
+    out.extend_from_slice(&0u32.to_ne_bytes());
+    out.extend_from_slice(&[family, 0]);
+    out.extend_from_slice(&res_id.to_be_bytes());
+    body(out)?;
+    let len = (out.len() - start) as u32;
+    out[start..start + 4].copy_from_slice(&len.to_ne_bytes());
+    Some(())
+}
+
+/// One netlink message of the kernel's: its type, its sequence number, its bytes.
+type Message<'b> = (u16, u32, &'b [u8]);
+
+/// The whole messages of a datagram from the kernel, and whether one was cut short (the rest are
+/// not read).
+fn messages(mut b: &[u8]) -> (Vec<Message<'_>>, bool) {
+    let mut out = Vec::new();
+    while b.len() >= NLMSG_HEADER {
+        let len = u32::from_ne_bytes(b[0..4].try_into().expect("four bytes")) as usize;
+        if len < NLMSG_HEADER || len > b.len() {
+            return (out, true);
+        }
+        let kind = u16::from_ne_bytes(b[4..6].try_into().expect("two bytes"));
+        let seq = u32::from_ne_bytes(b[8..12].try_into().expect("four bytes"));
+        out.push((kind, seq, &b[..len]));
+        // Each message is padded to four bytes.
+        b = &b[len.next_multiple_of(4).min(b.len())..];
+    }
+    (out, false)
 }
 
 /// The most bytes one batch of element messages may take: well under a netlink socket's default
@@ -139,7 +196,7 @@ impl ElementBatch {
         };
         let mut b = ElementBatch { bytes: Vec::new(), begin: next(), answered: Vec::new() };
         let batch_begin = libc::NLMSG_MIN_TYPE as u16;
-        b.message(batch_begin, libc::NLM_F_REQUEST as u16, b.begin, 0, libc::NFNL_SUBSYS_NFTABLES as u16, |_| Some(()))?;
+        message(&mut b.bytes, batch_begin, libc::NLM_F_REQUEST as u16, b.begin, 0, libc::NFNL_SUBSYS_NFTABLES as u16, |_| Some(()))?;
         for c in sets {
             for (kind, flags, elements) in
                 [(libc::NFT_MSG_DELSETELEM, 0, &c.gone), (libc::NFT_MSG_NEWSETELEM, libc::NLM_F_CREATE | libc::NLM_F_EXCL, &c.came)]
@@ -151,7 +208,7 @@ impl ElementBatch {
                 let flags = (libc::NLM_F_REQUEST | libc::NLM_F_ACK | flags) as u16;
                 let n = next();
                 b.answered.push(n);
-                b.message(kind, flags, n, NFPROTO_INET, 0, |out| {
+                message(&mut b.bytes, kind, flags, n, NFPROTO_INET, 0, |out| {
                     attr(out, NFTA_SET_ELEM_LIST_TABLE, &[table.as_bytes(), b"\0"].concat());
                     attr(out, NFTA_SET_ELEM_LIST_SET, &[c.set.as_bytes(), b"\0"].concat());
                     nest(out, NFTA_SET_ELEM_LIST_ELEMENTS, |out| {
@@ -175,35 +232,16 @@ impl ElementBatch {
                 }
             }
         }
-        b.message((libc::NLMSG_MIN_TYPE + 1) as u16, libc::NLM_F_REQUEST as u16, next(), 0, libc::NFNL_SUBSYS_NFTABLES as u16, |_| {
-            Some(())
-        })?;
+        message(
+            &mut b.bytes,
+            (libc::NLMSG_MIN_TYPE + 1) as u16,
+            libc::NLM_F_REQUEST as u16,
+            next(),
+            0,
+            libc::NFNL_SUBSYS_NFTABLES as u16,
+            |_| Some(()),
+        )?;
         Some(b)
-    }
-
-    /// One netlink message: its header, nfgenmsg (family, version 0, `res_id` big-endian), and
-    /// what `body` writes; `None` when `body` gives none.
-    fn message(
-        &mut self,
-        kind: u16,
-        flags: u16,
-        seq: u32,
-        family: u8,
-        res_id: u16,
-        body: impl FnOnce(&mut Vec<u8>) -> Option<()>,
-    ) -> Option<()> {
-        let start = self.bytes.len();
-        self.bytes.extend_from_slice(&[0; 4]);
-        self.bytes.extend_from_slice(&kind.to_ne_bytes());
-        self.bytes.extend_from_slice(&flags.to_ne_bytes());
-        self.bytes.extend_from_slice(&seq.to_ne_bytes());
-        self.bytes.extend_from_slice(&0u32.to_ne_bytes());
-        self.bytes.extend_from_slice(&[family, 0]);
-        self.bytes.extend_from_slice(&res_id.to_be_bytes());
-        body(&mut self.bytes)?;
-        let len = (self.bytes.len() - start) as u32;
-        self.bytes[start..start + 4].copy_from_slice(&len.to_ne_bytes());
-        Some(())
     }
 }
 
@@ -238,15 +276,7 @@ impl Generation {
     /// Commits `batch` in one transaction: all of it or, refused, none of it (the kernel's error,
     /// such as `No such file or directory` for an element deleted that is not there).
     pub fn commit(&mut self, batch: &ElementBatch) -> io::Result<()> {
-        // SAFETY: the buffer is valid for its length; an unconnected netlink socket sends to the
-        // kernel.
-        let sent = unsafe { libc::send(self.socket.as_raw_fd(), batch.bytes.as_ptr().cast(), batch.bytes.len(), 0) };
-        if sent < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if sent as usize != batch.bytes.len() {
-            return Err(io::Error::other("the element messages were not sent whole"));
-        }
+        self.send(&batch.bytes)?;
         // One answer for each element message: an acknowledgement, or the error that refused
         // the transaction.
         let mut waiting: std::collections::HashSet<u32> = batch.answered.iter().copied().collect();
@@ -254,15 +284,14 @@ impl Generation {
         // An error carries the message it refuses: room for the largest batch.
         let mut answer = vec![0u8; MAX_BATCH + 4096];
         while !waiting.is_empty() {
-            // SAFETY: the buffer is valid for its length.
-            let got = unsafe { libc::recv(self.socket.as_raw_fd(), answer.as_mut_ptr().cast(), answer.len(), 0) };
-            if got < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            for (seq, errno) in acks(&answer[..got as usize]) {
+            let got = self.recv(&mut answer)?;
+            for (kind, seq, m) in messages(&answer[..got]).0 {
+                if kind != libc::NLMSG_ERROR as u16 {
+                    continue;
+                }
                 let ours = waiting.remove(&seq) || seq == batch.begin;
-                if ours && errno != 0 && refused.is_none() {
-                    refused = Some(io::Error::from_raw_os_error(-errno));
+                if ours && errno(m) != 0 && refused.is_none() {
+                    refused = Some(io::Error::from_raw_os_error(-errno(m)));
                 }
             }
         }
@@ -270,49 +299,19 @@ impl Generation {
     }
 }
 
-/// Each acknowledgement or error in these messages: its sequence number and error (0: none).
-fn acks(mut messages: &[u8]) -> Vec<(u32, i32)> {
-    let word = |b: &[u8], at: usize| -> Option<u32> { Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?)) };
-    let mut out = Vec::new();
-    while messages.len() >= NLMSG_HEADER {
-        let (Some(len), Some(kind), Some(seq)) = (word(messages, 0), messages.get(4..6), word(messages, 8)) else { break };
-        let len = len as usize;
-        if len < NLMSG_HEADER || len > messages.len() {
-            break;
-        }
-        if u16::from_ne_bytes([kind[0], kind[1]]) == libc::NLMSG_ERROR as u16 {
-            out.push((seq, word(messages, NLMSG_HEADER).map_or(0, |e| e as i32)));
-        }
-        messages = &messages[len.next_multiple_of(4).min(messages.len())..];
-    }
-    out
-}
-
 /// The generation in the kernel's answer to request `seq`; `None` when these messages answer
 /// another request.
-fn parse(mut messages: &[u8], seq: u32) -> Option<io::Result<u32>> {
-    let word = |b: &[u8], at: usize| -> Option<u32> { Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?)) };
-    let half = |b: &[u8], at: usize| -> Option<u16> { Some(u16::from_ne_bytes(b.get(at..at + 2)?.try_into().ok()?)) };
+fn parse(datagram: &[u8], seq: u32) -> Option<io::Result<u32>> {
     let newgen = ((libc::NFNL_SUBSYS_NFTABLES << 8) | libc::NFT_MSG_NEWGEN) as u16;
-    while messages.len() >= NLMSG_HEADER {
-        let (Some(len), Some(kind), Some(their_seq)) = (word(messages, 0), half(messages, 4), word(messages, 8)) else { break };
-        let len = len as usize;
-        if len < NLMSG_HEADER || len > messages.len() {
-            return Some(Err(io::Error::other("the kernel's answer to NFT_MSG_GETGEN is cut short")));
-        }
-        let (message, rest) = messages.split_at(len);
-        // Each message is padded to four bytes.
-        messages = &rest[rest.len().min(len.next_multiple_of(4) - len)..];
-        if their_seq != seq {
-            continue;
-        }
+    let (whole, cut) = messages(datagram);
+    for (kind, _, message) in whole.into_iter().filter(|(_, their, _)| *their == seq) {
         if kind == libc::NLMSG_ERROR as u16 {
-            let errno = word(message, NLMSG_HEADER).map_or(0, |e| e as i32);
-            return Some(Err(io::Error::from_raw_os_error(-errno)));
+            return Some(Err(io::Error::from_raw_os_error(-errno(message))));
         }
         if kind != newgen {
             continue;
         }
+        let half = |b: &[u8], at: usize| -> Option<u16> { Some(u16::from_ne_bytes(b.get(at..at + 2)?.try_into().ok()?)) };
         let mut attrs = message.get(NLMSG_HEADER + NFGEN_HEADER..).unwrap_or_default();
         while attrs.len() >= 4 {
             let (Some(alen), Some(atype)) = (half(attrs, 0), half(attrs, 2)) else { break };
@@ -327,7 +326,12 @@ fn parse(mut messages: &[u8], seq: u32) -> Option<io::Result<u32>> {
         }
         return Some(Err(io::Error::other("the kernel's answer to NFT_MSG_GETGEN holds no generation")));
     }
-    None
+    cut.then(|| Err(io::Error::other("the kernel's answer to NFT_MSG_GETGEN is cut short")))
+}
+
+/// The error an `NLMSG_ERROR` message carries (0: an acknowledgement).
+fn errno(message: &[u8]) -> i32 {
+    message.get(NLMSG_HEADER..NLMSG_HEADER + 4).map_or(0, |e| i32::from_ne_bytes(e.try_into().expect("four bytes")))
 }
 
 /// The generation the kernel's next commit gives, after `g` (it skips 0).

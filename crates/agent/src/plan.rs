@@ -121,8 +121,9 @@ pub struct FileRead {
     pub path: String,
     pub sha256: [u8; 32],
     pub file: Arc<trellis_core::wgconf::Read>,
-    /// Its peers' keys, when there is more than one file: whether a key a change touches is in
-    /// another file too is a lookup in each (ADR 0039).
+    /// Its peers' keys (but for a `wireguard.conf` of more than `PARTS_FROM` peers, which has no
+    /// parts beside it): whether a key a change touches is in another file too is a lookup in
+    /// each (ADR 0039).
     keys: Option<Arc<std::collections::HashSet<String>>>,
 }
 
@@ -146,11 +147,6 @@ impl FileRead {
 }
 
 impl ConfRead {
-    /// The configuration of a node whose peers are all in `wireguard.conf`.
-    pub fn whole(path: &str, sha256: [u8; 32], file: Arc<trellis_core::wgconf::Read>) -> ConfRead {
-        ConfRead { conf: file.conf.clone(), files: vec![FileRead::new(path, sha256, file)] }
-    }
-
     pub fn conf(&self) -> &Arc<WgConf> {
         &self.conf
     }
@@ -436,7 +432,7 @@ fn read_conf(bundle: &Bundle, held: Option<&ConfRead>, changes: &Changes) -> Res
                 per_file.push(PeerChanges { gone: gone.file.conf.peers.clone(), changed: Vec::new() });
             }
             let single = read.len() == 1 && h.files.len() == 1;
-            (single || once_each(&per_file, &h.files, &read)).then(|| merge(per_file)).flatten().map(|changes| Edit {
+            (single || once_each(&per_file, &h.files, &read)).then(|| merge(per_file)).map(|changes| Edit {
                 from: h.conf().clone(),
                 to: conf.clone(),
                 changes,
@@ -485,35 +481,24 @@ fn once_each(per_file: &[PeerChanges], before: &[FileRead], after: &[FileRead]) 
     touched.iter().all(|k| before.iter().filter(|f| f.lists(k)).count() <= 1 && after.iter().filter(|f| f.lists(k)).count() <= 1)
 }
 
-/// The changes of peers of several files as one: a key gone from one file and new in another
-/// (a part the peer's name moved to) is changed, or nothing when it is the same peer. `None`
-/// when a key is gone or changed twice, which the interface's own comparison sorts out.
-fn merge(mut per_file: Vec<PeerChanges>) -> Option<PeerChanges> {
-    if per_file.len() == 1 {
-        return per_file.pop();
-    }
-    let mut gone: std::collections::HashMap<String, Arc<WgPeer>> = std::collections::HashMap::new();
-    for p in per_file.iter().flat_map(|c| &c.gone) {
-        if gone.insert(p.public_key.clone(), p.clone()).is_some() {
-            return None;
-        }
-    }
-    let mut seen = std::collections::HashSet::new();
+/// The changes of peers of several files as one, each key in one file before and one after
+/// (`once_each`): a key gone from one file and new in another (a part the peer's name moved to)
+/// is changed, or nothing when it is the same peer.
+fn merge(per_file: Vec<PeerChanges>) -> PeerChanges {
+    let mut gone: std::collections::HashMap<&str, &Arc<WgPeer>> =
+        per_file.iter().flat_map(|c| &c.gone).map(|p| (p.public_key.as_str(), p)).collect();
     let mut changed = Vec::new();
     for (p, before) in per_file.iter().flat_map(|c| &c.changed) {
-        if !seen.insert(p.public_key.as_str()) {
-            return None;
-        }
-        match (before, gone.remove(&p.public_key)) {
-            (Some(_), Some(_)) => return None,
-            (None, Some(moved)) if moved == *p => {}
-            (None, Some(moved)) => changed.push((p.clone(), Some(moved))),
-            (before, None) => changed.push((p.clone(), before.clone())),
+        match (before, gone.remove(p.public_key.as_str())) {
+            (None, Some(moved)) if moved == p => {}
+            (None, Some(moved)) => changed.push((p.clone(), Some(moved.clone()))),
+            (before, _) => changed.push((p.clone(), before.clone())),
         }
     }
-    let gone = per_file.iter().flat_map(|c| &c.gone).filter(|p| gone.contains_key(&p.public_key)).cloned().collect();
-    Some(PeerChanges { gone, changed })
+    let gone = per_file.iter().flat_map(|c| &c.gone).filter(|p| gone.contains_key(p.public_key.as_str())).cloned().collect();
+    PeerChanges { gone, changed }
 }
+
 /// The prompts of [`prompts`] from the changes of an edit of the interface's configuration: each
 /// peer new or changed that this node dials, unless it was dialled at the same endpoint before.
 fn prompts_of(conf: &WgConf, changes: &PeerChanges) -> Vec<Prompt> {

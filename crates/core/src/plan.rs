@@ -62,9 +62,14 @@ pub fn part_index(path: &str) -> Option<usize> {
     (i < WIREGUARD_PARTS).then_some(i)
 }
 
+/// Whether `path` is a part of a node's peers.
+pub fn is_part(path: &str) -> bool {
+    part_index(path).is_some()
+}
+
 /// Whether `path` holds part of a node's WireGuard configuration: `wireguard.conf` or a part.
 pub fn is_wireguard(path: &str) -> bool {
-    path == WIREGUARD_CONF || part_index(path).is_some()
+    path == WIREGUARD_CONF || is_part(path)
 }
 
 /// The part of the peers a node of this name is in: FNV-1a of the name, so every node and every

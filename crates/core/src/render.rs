@@ -40,6 +40,8 @@ pub fn files(plan: &NodePlan, prior: Option<(&NodePlan, &[FileResource])>) -> Ve
         Some((_, before)) => before.iter().filter(|f| crate::plan::is_wireguard(&f.path)).cloned().collect(),
         None => wireguard_files(plan, prior_file),
     };
+    // The parts of the peers go last, where a recompile of the peers alone puts them (`rekey`).
+    let parts = files.split_off(1);
     files.extend([
         file(NFTABLES_CONF, 0o644, kept(NFTABLES_CONF, nftables_same).unwrap_or_else(|| nftables(plan))),
         file(MESH_ZONE, 0o644, kept(MESH_ZONE, zone_same).unwrap_or_else(|| zone(plan, prior_file(MESH_ZONE)))),
@@ -51,8 +53,6 @@ pub fn files(plan: &NodePlan, prior: Option<(&NodePlan, &[FileResource])>) -> Ve
         files.push(file(INGRESS_TOML, 0o644, kept(INGRESS_TOML, ingress_same).unwrap_or_else(ingress)));
         files.push(file(TRAEFIK_YML, 0o644, kept(TRAEFIK_YML, ingress_same).unwrap_or_else(|| crate::traefik::dynamic(plan).into())));
     }
-    // The parts of the peers last, where a recompile of the peers alone puts them (`rekey`).
-    let parts: Vec<FileResource> = files.extract_if(.., |f| crate::plan::part_index(&f.path).is_some()).collect();
     files.extend(parts);
     files
 }

@@ -1,8 +1,10 @@
 //! The nftables backend: a ruleset that differs from the one loaded only in its named sets'
-//! elements is changed by `delete element`/`create element` (`trellis_core::ruleset::delta`),
-//! else loaded whole, through nftables' library in the agent's helper process (`crate::nfthelper`)
-//! or the `nft` program; the kernel's ruleset generation (`crate::nftgen`) and a digest of the
-//! table's listing say whether the table is still the one loaded (ADR 0031).
+//! elements is changed by those elements (`trellis_core::ruleset::changes`): nf_tables' own
+//! element messages (`crate::nftgen::ElementBatch`, ADR 0040), or `delete element`/`create
+//! element` where those cannot be made; else it is loaded whole, through nftables' library in
+//! the agent's helper process (`crate::nfthelper`) or the `nft` program. The kernel's ruleset
+//! generation (`crate::nftgen`) and a digest of the table's listing say whether the table is
+//! still the one loaded (ADR 0031).
 
 use std::path::{Path, PathBuf};
 
@@ -15,7 +17,7 @@ use super::traits::Firewall;
 pub struct Nft {
     loaded: bool,
     /// The ruleset this process loaded last, as it read it: the next is compared with it (one
-    /// that differs only in sets' elements is applied as those elements, `ruleset::delta`), and
+    /// that differs only in sets' elements is applied as those elements, `ruleset::changes`), and
     /// it is loaded again, whole, when the kernel's table is found not to be it.
     last: Option<Loaded>,
     /// What the kernel's table was known to be after this process's last commit.
@@ -289,6 +291,16 @@ impl Nft {
         }
     }
 
+    /// Changes the sets' elements of the table this process loaded: by the kernel's own element
+    /// messages (`elements`), or, where those cannot be made, by nft's commands with every chain
+    /// put back (`chains`) in the same transaction.
+    fn change_elements(&mut self, sets: &[trellis_core::ruleset::SetChange], chains: &str) -> Result<()> {
+        match self.elements(sets) {
+            Some(done) => done,
+            None => self.commit(&(trellis_core::ruleset::commands(sets) + chains), None),
+        }
+    }
+
     /// Loads a ruleset's text whole, in one transaction that replaces the table.
     fn load_whole(&mut self, ruleset: Loaded) -> Result<()> {
         if let Err(e) = self.commit(&ruleset.text, Some(&ruleset.path)) {
@@ -379,35 +391,20 @@ impl Firewall for Nft {
                     self.last = Some(new);
                     return Ok(());
                 }
-                Table::Same => match self.elements(&sets) {
-                    Some(Ok(())) => {
+                Table::Same => match self.change_elements(&sets, &chains) {
+                    Ok(()) => {
                         tracing::info!(sets = sets.len(), "ruleset changed in its sets' elements");
                         self.last = Some(new);
                         return Ok(());
                     }
-                    Some(Err(e)) => tracing::warn!(
+                    // The helper gone, the apply fails (a refusal of the elements loads the file
+                    // whole instead).
+                    Err(e) if helper_ended(&e) => bail!("cannot change the sets' elements of {}: {e:#}", ruleset.display()),
+                    Err(e) => tracing::warn!(
                         error = %format!("{e:#}"),
                         "the loaded table refused a change of its sets' elements; loading {} whole",
                         ruleset.display()
                     ),
-                    None => {
-                        let commands = trellis_core::ruleset::commands(&sets) + &chains;
-                        match self.commit(&commands, None) {
-                            Ok(()) => {
-                                tracing::info!(commands = commands.lines().count(), "ruleset changed in its sets' elements");
-                                self.last = Some(new);
-                                return Ok(());
-                            }
-                            // The helper gone, the apply fails (a refusal of the elements loads
-                            // the file whole instead).
-                            Err(e) if helper_ended(&e) => bail!("cannot change the sets' elements of {}: {e:#}", ruleset.display()),
-                            Err(e) => tracing::warn!(
-                                error = %format!("{e:#}"),
-                                "the loaded table refused a change of its sets' elements; loading {} whole",
-                                ruleset.display()
-                            ),
-                        }
-                    }
                 },
                 Table::Changed => tracing::warn!(
                     "table {} is not the one the agent loaded (changed behind its back); loading {} whole",

@@ -13,11 +13,7 @@ use crate::decl::{Declaration, PublicKey};
 use crate::diag::Diagnostic;
 use crate::keys::Keys;
 use crate::par;
-use crate::plan::{NodePlan, NodeText, PeerPlan, WIREGUARD_CONF};
-
-fn is_part(path: &str) -> bool {
-    crate::plan::part_index(path).is_some()
-}
+use crate::plan::{is_part, NodePlan, NodeText, PeerPlan, WIREGUARD_CONF};
 use crate::render;
 use crate::topology::Path;
 
