@@ -4,7 +4,8 @@
 //! are chosen at run time: the real host's by the binary, fakes by tests.
 //!
 //! Prompts are followed up: a peer still without a handshake a moment after its prompt has its
-//! handshake restarted and is prompted again, a few times (see [`FOLLOW_UP_DELAYS`]).
+//! handshake restarted and is prompted again, a few times from its prompt (see
+//! [`FOLLOW_UP_DELAYS`]), however many bundles come meanwhile.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -141,9 +142,10 @@ struct Paths {
 #[derive(Debug)]
 struct FollowUp {
     interface: String,
-    peers: Vec<Prompt>,
-    /// Follow-ups done so far.
-    done: u32,
+    /// Each peer waiting, with the follow-ups it had so far: its own count, so that a peer
+    /// carried over into a later prompt is not followed up anew (with bundles coming faster than
+    /// the follow-ups end, the same silent peers were restarted for as long as they came).
+    peers: Vec<(Prompt, u32)>,
     next: Instant,
 }
 
@@ -170,7 +172,7 @@ impl Executor {
     }
 
     /// Checks the prompted peers: those with a handshake are done; each other has its handshake
-    /// restarted and is prompted again, until [`FOLLOW_UPS`] follow-ups are spent. Returns the
+    /// restarted and is prompted again, until its [`FOLLOW_UPS`] follow-ups are spent. Returns the
     /// keys of the peers prompted again. A failure is logged: prompts only hasten a handshake.
     pub fn follow_up(&self) -> Vec<String> {
         let mut slot = self.follow_up.lock().expect("follow-up lock");
@@ -185,18 +187,17 @@ impl Executor {
             Ok(peers) => {
                 let waiting: std::collections::HashSet<&str> =
                     peers.iter().filter(|p| p.last_handshake.is_none_or(|t| t == 0)).map(|p| p.public_key.as_str()).collect();
-                f.peers.retain(|p| waiting.contains(p.public_key.as_str()));
+                f.peers.retain(|(p, _)| waiting.contains(p.public_key.as_str()));
             }
             Err(e) => tracing::warn!("reading the handshakes of {}: {e:#}", f.interface),
         }
-        f.done += 1;
         if f.peers.is_empty() {
             *slot = None;
             return Vec::new();
         }
-        let keys: Vec<String> = f.peers.iter().map(|p| p.public_key.clone()).collect();
-        let to: Vec<std::net::IpAddr> = f.peers.iter().map(|p| p.address).collect();
-        tracing::debug!(peers = keys.len(), follow_up = f.done, "no handshake yet: restarting it");
+        let keys: Vec<String> = f.peers.iter().map(|(p, _)| p.public_key.clone()).collect();
+        let to: Vec<std::net::IpAddr> = f.peers.iter().map(|(p, _)| p.address).collect();
+        tracing::debug!(peers = keys.len(), "no handshake yet: restarting it");
         if let Err(e) = wg.restart_handshakes(&keys) {
             tracing::warn!("restarting handshakes on {}: {e:#}", f.interface);
         }
@@ -205,8 +206,14 @@ impl Executor {
                 tracing::warn!("handshake prompts through {}: {e:#}", f.interface);
             }
         }
-        match FOLLOW_UP_DELAYS.get(f.done as usize) {
-            Some(delay) => f.next = Instant::now() + *delay,
+        // Each peer's count moves on; one whose follow-ups are spent is left to WireGuard's own
+        // retry. The next comes after the delay of the peer least followed up.
+        for (_, done) in &mut f.peers {
+            *done += 1;
+        }
+        f.peers.retain(|(_, done)| (*done as usize) < FOLLOW_UP_DELAYS.len());
+        match f.peers.iter().map(|(_, done)| *done).min() {
+            Some(done) => f.next = Instant::now() + FOLLOW_UP_DELAYS[done as usize],
             None => *slot = None,
         }
         keys
@@ -432,21 +439,21 @@ impl Executor {
             if let Err(e) = p.prompt(interface, &addresses) {
                 tracing::warn!("handshake prompts through {interface}: {e:#}");
             }
-            // Peers still waiting from an earlier prompt wait on; every one is followed up from
-            // now. One the interface no longer has is dropped at the follow-up, which reads the
-            // interface anyway: looking each up among the peers configured here cost a change
-            // a set of ten thousand keys.
+            // Peers still waiting from an earlier prompt wait on, with the follow-ups they had;
+            // the next comes at the new peers' first delay. One the interface no longer has is
+            // dropped at the follow-up, which reads the interface anyway: looking each up among
+            // the peers configured here cost a change a set of ten thousand keys.
             let mut slot = self.follow_up.lock().expect("follow-up lock");
-            let mut peers = to.to_vec();
-            let mut listed: std::collections::HashSet<String> = peers.iter().map(|p| p.public_key.clone()).collect();
-            for old in slot.take().map(|f| f.peers).unwrap_or_default() {
+            let mut peers: Vec<(Prompt, u32)> = to.iter().map(|p| (p.clone(), 0)).collect();
+            let mut listed: std::collections::HashSet<String> = peers.iter().map(|(p, _)| p.public_key.clone()).collect();
+            for (old, done) in slot.take().map(|f| f.peers).unwrap_or_default() {
                 if listed.insert(old.public_key.clone()) {
-                    peers.push(old);
+                    peers.push((old, done));
                 }
             }
             peers.truncate(FOLLOW_UP_MAX);
             let next = Instant::now() + FOLLOW_UP_DELAYS[0];
-            *slot = Some(FollowUp { interface: interface.to_string(), peers, done: 0, next });
+            *slot = Some(FollowUp { interface: interface.to_string(), peers, next });
         }
     }
 }

@@ -956,6 +956,38 @@ mod tests {
         });
     }
 
+    /// A peer still waiting when a later bundle prompts another is followed up only what is left
+    /// of its own follow-ups: with bundles coming faster than follow-ups end, the old way began
+    /// every waiting peer's again, and a node of ten thousand silent peers restarted the same
+    /// 256 for as long as bundles came (each restart a walk of every peer's addresses on
+    /// gotatun and boringtun).
+    #[test]
+    fn a_peer_carried_into_a_later_prompt_keeps_its_count_of_follow_ups() {
+        rt().block_on(async {
+            let mut f = fixture("follow-up-carried");
+            let key = |c: char| format!("{}=", c.to_string().repeat(43));
+            let b = ('B', Some("192.0.2.12:51820"), "10.88.0.7");
+            f.apply(&peered_bundle(1, &[b])).await.unwrap();
+            let exec = f.applier.executor();
+            for _ in 0..3 {
+                assert_eq!(exec.follow_up(), [key('B')]);
+            }
+            // A bundle adds C while B still waits: C has all its follow-ups, B what it had left.
+            let c = ('C', Some("192.0.2.13:51820"), "10.88.0.8");
+            f.apply(&peered_bundle(2, &[b, c])).await.unwrap();
+            let exec = f.applier.executor();
+            let mut restarts = std::collections::HashMap::<String, u32>::new();
+            while exec.next_follow_up().is_some() {
+                for k in exec.follow_up() {
+                    *restarts.entry(k).or_default() += 1;
+                }
+                assert!(restarts.values().all(|n| *n <= FOLLOW_UPS), "{restarts:?}");
+            }
+            assert_eq!(restarts.get(&key('C')), Some(&FOLLOW_UPS), "{restarts:?}");
+            assert_eq!(restarts.get(&key('B')), Some(&(FOLLOW_UPS - 3)), "{restarts:?}");
+        });
+    }
+
     #[test]
     fn files_only_touches_no_network() {
         let b = bundle(1, true, "good1", &[]);

@@ -52,6 +52,9 @@ pub fn report(st: &LabState, desired: &BTreeMap<String, i64>) -> Result<Vec<Stri
             (get("trellis_pairs{path=\"direct\"}"), get("trellis_pairs{path=\"trying\"}"), get("trellis_pairs{path=\"relayed\"}"));
         if direct + trying + relayed > 0.0 {
             println!("relayed pairs of controller {}: {direct} direct, {trying} trying, {relayed} on their hub", r.host);
+            for p in crate::path::unsettled(st) {
+                println!("a path neither direct nor trying: {p}");
+            }
         }
         if runs == 0.0 || sum <= 0.0 {
             wrong.push(format!("controller {}: no publish run timed", r.host));

@@ -59,6 +59,8 @@ pub(crate) struct Peer {
 pub(crate) struct AgentPath {
     pub public_key: String,
     #[serde(default)]
+    pub peer: String,
+    #[serde(default)]
     pub state: String,
     #[serde(default)]
     pub reason: Option<String>,
@@ -157,6 +159,21 @@ pub(crate) fn agent_view(from: &Status, to_key: &str) -> String {
 fn status(st: &LabState, host: &str) -> Status {
     let path = st.dir.join(format!("agent-{host}/agent-status.json"));
     std::fs::read(&path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
+}
+
+/// Every path an agent lists that is neither direct nor trying, as `from -> peer: state (reason)`:
+/// what the controller's `trellis_pairs` counts among the relayed, printed so that a run that
+/// counts fewer direct pairs than it should says which and why.
+pub(crate) fn unsettled(st: &LabState) -> Vec<String> {
+    let mut out = Vec::new();
+    for host in &st.agents {
+        for p in status(st, host).paths {
+            if p.state != "direct" && p.state != "trying" {
+                out.push(format!("{host} -> {}: {} ({})", p.peer, p.state, p.reason.as_deref().unwrap_or("no reason given")));
+            }
+        }
+    }
+    out
 }
 
 /// The moment (unix milliseconds) a path row between `from` and `to` is timed from: the step
