@@ -54,11 +54,12 @@ fn print(f: &Value) {
             .unwrap_or_default()
     };
     println!(
-        "{}: first apply of {} peers {} ms ({}); one peer re-keyed, one added, one removed: median {} ms of {} ({}; runs {})",
+        "{}: first apply of {} peers {} ms ({}); after {} s at rest, one peer re-keyed, one added, one removed: median {} ms of {} ({}; runs {})",
         f["backend"].as_str().unwrap_or(""),
         f["peers"],
         f["first"]["apply_ms"],
         phases(&f["first"]),
+        f["rest_s"],
         f["change"]["apply_ms"],
         f["change"]["runs_ms"].as_array().map_or(0, Vec::len),
         phases(&f["change"]),
@@ -200,7 +201,8 @@ impl Bench {
         let rss = crate::figures::memory_kib(pid, "VmRSS").unwrap_or(0) as f64 / 1024.0;
 
         // One peer re-keyed, one added, one removed; then undone, and so on: each is a
-        // three-peer change.
+        // three-peer change, timed on a node at rest (`--rest`).
+        std::thread::sleep(Duration::from_secs(a.rest));
         let mut held = first["version"].as_u64().unwrap_or(1);
         let mut changes = Vec::new();
         for i in 0..a.changes.max(1) {
@@ -246,6 +248,7 @@ impl Bench {
             "peers": n,
             "first": { "apply_ms": first["last_apply_ms"], "phases_ms": first["last_apply_phases_ms"], "peers_on_interface": first["peers"].as_array().map(|p| p.len()) },
             "change": change,
+            "rest_s": a.rest,
             "agent_rss_mib": rss.max(rss_after),
             "agent_peak_mib": peak,
             "wireguard_go_rss_mib": wg_go,

@@ -174,6 +174,11 @@ pub struct AgentArgs {
     /// each phase's median beside it)
     #[arg(long, default_value_t = 5)]
     pub changes: usize,
+    /// Seconds the node rests after its first bundle before the changes are timed: the first
+    /// bundle's handshake follow-ups (about 6 s, up to 256 peers restarted eight times) are the
+    /// first apply's cost, not a change's. 0 times the changes while they run.
+    #[arg(long, default_value_t = 8)]
+    pub rest: u64,
     /// Print the figures as JSON
     #[arg(long)]
     pub json: bool,
