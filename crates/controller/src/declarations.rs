@@ -222,12 +222,25 @@ impl Controller {
         let after = counts(&self.load_cache.lock().expect("load cache"));
         let (parsed, whole) = (after.0 - before.0, after.1 - before.1);
         let mut diagnostics = loaded.diagnostics;
+        let decl = loaded.declaration.map(Arc::new);
         let (mut place_ms, mut check_ms) = (0, 0);
-        let placed = match &loaded.declaration {
+        // What is stored with the revision (its digest, its files packed, the declaration
+        // indexed) is made beside the check, on the other core: none of it depends on what the
+        // check says, and all of it is thrown away when it refuses.
+        let mut made = None;
+        let placed = match &decl {
             Some(decl) if !diagnostics.iter().any(|d| d.is_error()) => match self.place(decl).await? {
                 Ok(p) => {
                     place_ms = started.elapsed().as_millis() - load_ms;
-                    diagnostics.extend(trellis_core::explain::check_allocated(decl, &p.allocation));
+                    let (checked, beside) = crate::publish::off_runtime(|| {
+                        std::thread::scope(|s| {
+                            let check = s.spawn(|| trellis_core::explain::check_allocated(decl, &p.allocation));
+                            let beside = (digest(&files), trellis_store::Packed::new(&files), Arc::new(Indexed::new(decl.clone())));
+                            (check.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)), beside)
+                        })
+                    });
+                    diagnostics.extend(checked);
+                    made = Some(beside);
                     check_ms = started.elapsed().as_millis() - load_ms - place_ms;
                     Some(p)
                 }
@@ -241,8 +254,8 @@ impl Controller {
         trellis_core::diag::sort(&mut diagnostics);
         let errors = diagnostics.iter().filter(|d| d.is_error()).count();
         let out: Vec<proto::Diagnostic> = diagnostics.iter().map(diagnostic).collect();
-        let (decl, Placed { held_revision, previous, mut allocation, members }) = match (loaded.declaration, placed) {
-            (Some(decl), Some(placed)) if errors == 0 => (decl, placed),
+        let (decl, Placed { held_revision, previous, mut allocation, members }, (digest, packed, indexed)) = match (decl, placed, made) {
+            (Some(decl), Some(placed), Some(made)) if errors == 0 => (decl, placed, made),
             _ => {
                 return Err(Error::InvalidDeclaration {
                     message: format!("the declaration has {errors} error(s); nothing was changed"),
@@ -253,7 +266,6 @@ impl Controller {
         if let Some(message) = self.controller_in_overlay(&decl).await? {
             return Err(Error::InvalidDeclaration { message, diagnostics: out });
         }
-        let digest = digest(&files);
         if let Some(cur) = self.store.current_revision_head().await? {
             // The store refuses a stale expectation too, inside the transaction; this answers an
             // unchanged declaration without writing anything.
@@ -282,14 +294,14 @@ impl Controller {
         let audit = Audit { at: self.now(), actor: "admin", action: AuditAction::DeclarationApplied, subject: &subject, detail };
         let replaced: Vec<String> = replaced.iter().map(|m| m.name.clone()).collect();
         let addresses = trellis_store::Addresses { allocation: allocation.clone(), held: Some((held_revision, previous)) };
-        // Indexed before it is stored, and offered to whoever finds the revision current before
-        // this apply has put it in the cache (a publish run woken by the database would else
-        // parse the stored files again, holding the cache while this apply waits on it).
-        let indexed = Arc::new(Indexed::new(Arc::new(decl)));
+        // Indexed before it is stored (beside the check), and offered to whoever finds the
+        // revision current before this apply has put it in the cache (a publish run woken by the
+        // database would else parse the stored files again, holding the cache while this apply
+        // waits on it).
         // Withdrawn however this request ends (stored, refused, or dropped while it waits).
         let _offered = Offered::new(&self.applying, &digest, &indexed);
         let stored_at = std::time::Instant::now();
-        let revision = self.store.apply(&files, &digest, addresses, expect_revision, &replaced, &audit).await?;
+        let revision = self.store.apply_packed(packed, &digest, addresses, expect_revision, &replaced, &audit).await?;
         let store_ms = stored_at.elapsed().as_millis();
         let before_store_ms = (stored_at - started).as_millis() - load_ms - place_ms - check_ms;
         {

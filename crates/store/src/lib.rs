@@ -29,7 +29,7 @@ pub use certs::{HeldServiceCert, IssuedServiceCert, ServiceCertRecord};
 pub use evidence::{EvidenceRecord, EvidenceSummary, EVIDENCE_KEPT};
 pub use nodes::{NodeChanges, NodeRecord, RecordsRead, SerialAndCert};
 pub use pools::MemberRefusal;
-pub use revisions::{Addresses, Revision};
+pub use revisions::{Addresses, Packed, Revision};
 pub use revocations::{HolderRecord, RevocationRecord};
 pub use tokens::TokenRecord;
 pub use trust::RotationRecord;

@@ -29,6 +29,16 @@ fn pack(files: &[(String, String)]) -> Vec<u8> {
     lz4_flex::compress_prepend_size(&serde_json::to_vec(files).expect("strings serialize"))
 }
 
+/// A revision's files packed as they are stored, made before the transaction (the controller
+/// packs them while its check runs beside).
+pub struct Packed(Vec<u8>);
+
+impl Packed {
+    pub fn new(files: &[(String, String)]) -> Packed {
+        Packed(pack(files))
+    }
+}
+
 /// The files of a revision from its row: `packed` when it has it, else the JSON `files` of a
 /// row written before revisions were packed.
 fn unpack(number: i64, packed: Option<Vec<u8>>, files: &str) -> Result<Vec<(String, String)>> {
@@ -79,7 +89,20 @@ impl Store {
         replaced: &[String],
         audit: &Audit<'_>,
     ) -> Result<i64> {
-        let packed = pack(files);
+        self.apply_packed(Packed::new(files), digest, addresses, expect, replaced, audit).await
+    }
+
+    /// [`Store::apply`] with the files packed already.
+    pub async fn apply_packed(
+        &self,
+        packed: Packed,
+        digest: &str,
+        addresses: Addresses,
+        expect: Option<i64>,
+        replaced: &[String],
+        audit: &Audit<'_>,
+    ) -> Result<i64> {
+        let Packed(packed) = packed;
         let at = audit.at;
         let result = self
             .decide(audit, |tx| {

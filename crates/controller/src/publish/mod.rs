@@ -23,6 +23,7 @@
 mod body;
 mod plan;
 mod run;
+pub(crate) use run::off_runtime;
 mod tables;
 
 use std::sync::atomic::{AtomicBool, Ordering};

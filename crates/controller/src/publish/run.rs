@@ -231,7 +231,7 @@ impl Controller {
 /// Runs `f`, a long computation, where it does not hold up the runtime's other tasks: on a
 /// multi-threaded runtime the thread gives its tasks to another first (`block_in_place`); on a
 /// runtime of one thread (a test's) there is none to give them to, and it runs as it is.
-pub(super) fn off_runtime<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn off_runtime<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
         _ => f(),
