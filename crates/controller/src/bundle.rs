@@ -235,6 +235,11 @@ impl Controller {
         self.publisher.runs()
     }
 
+    /// How many times every stored version was read to see whether another replica published.
+    pub fn version_reads(&self) -> u64 {
+        self.publisher.version_reads.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Counts `node` as long-polling until the guard drops, as a request waiting in
     /// [`Controller::bundle_answer`] is.
     #[cfg(feature = "testing")]

@@ -153,13 +153,16 @@ impl Controller {
         // it cannot). The declaration cache is not waited for: a publish run may be filling it.
         let confirmed = self.allocation.lock().await.as_ref().is_some_and(|(n, _, a)| *n == held_revision && Arc::ptr_eq(a, &previous));
         let complete = |pool: bool, held: usize| held == if pool { decl.nodes.len() } else { 0 };
-        let kept = confirmed
-            && members.is_empty()
-            && complete(decl.mesh.overlay_ipv4.is_some(), previous.ipv4.len())
-            && complete(decl.mesh.overlay_ipv6.is_some(), previous.ipv6.len())
-            && self.declaration.try_lock().is_ok_and(|cache| {
+        let complete = complete(decl.mesh.overlay_ipv4.is_some(), previous.ipv4.len())
+            && complete(decl.mesh.overlay_ipv6.is_some(), previous.ipv6.len());
+        let same =
+            self.declaration.try_lock().ok().map(|cache| {
                 cache.as_ref().is_some_and(|(n, d)| *n == held_revision && trellis_core::alloc::same_addressing(d.decl(), decl))
             });
+        let kept = confirmed && members.is_empty() && complete && same == Some(true);
+        if !kept {
+            tracing::debug!(confirmed, members = members.len(), complete, same = ?same, "allocating again");
+        }
         if kept {
             return Ok(Ok(Placed { held_revision, allocation: previous.clone(), previous, members }));
         }

@@ -19,12 +19,19 @@ pub enum MemberRefusal {
     Taken,
 }
 
+/// Where the members are read from (`Store::members`).
+const MEMBERS: &str = "FROM nodes WHERE pool >= ''";
+
 impl Store {
     /// The live members of every pool, by name.
     pub async fn members(&self) -> Result<Vec<NodeRecord>> {
-        let rows =
-            sqlx::query(&format!("SELECT {NODE_COLUMNS} FROM nodes WHERE pool IS NOT NULL ORDER BY name")).fetch_all(&self.pool).await?;
-        rows.iter().map(node_record).collect()
+        // `pool >= ''` is `pool IS NOT NULL` for text, said so that SQLite searches the pool's
+        // index; and sorted here, not by `ORDER BY name`, which had it walk every node in name
+        // order instead (70-200 ms at 100,000 nodes, in every apply and pool redemption).
+        let rows = sqlx::query(&format!("SELECT {NODE_COLUMNS} {MEMBERS}")).fetch_all(&self.pool).await?;
+        let mut members: Vec<NodeRecord> = rows.iter().map(node_record).collect::<Result<_>>()?;
+        members.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(members)
     }
 
     /// Redeems one use of pool token `token_id` (valid at `node.enrolled_at`) and records `node`,
@@ -155,5 +162,29 @@ impl Store {
             Err(StoreError::NotFound(_)) => Ok(false),
             Err(e) => Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::Row;
+
+    /// SQLite reads the members through the pool's index, not by walking every node: with
+    /// `pool IS NOT NULL ORDER BY name` it walked the names' index (70-200 ms at 100,000 nodes,
+    /// in every apply).
+    #[tokio::test]
+    async fn sqlite_reads_the_members_through_the_pool_s_index() {
+        let path = std::env::temp_dir().join(format!("trellis-members-plan-{}.db", std::process::id()));
+        let store = crate::Store::open(&format!("sqlite://{}?mode=rwc", path.display())).await.unwrap();
+        let rows = sqlx::query(&format!("EXPLAIN QUERY PLAN SELECT {} {}", super::NODE_COLUMNS, super::MEMBERS))
+            .fetch_all(&store.pool)
+            .await
+            .unwrap();
+        let plan: Vec<String> = rows.iter().map(|r| r.try_get::<String, _>("detail").unwrap()).collect();
+        drop(store);
+        for end in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{end}", path.display()));
+        }
+        assert!(plan.iter().any(|d| d.contains("USING INDEX nodes_pool")), "{plan:?}");
     }
 }

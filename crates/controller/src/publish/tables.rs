@@ -46,6 +46,8 @@ pub(crate) struct Publisher {
     pub(super) background: AtomicBool,
     /// Runs finished, for figures and tests.
     pub(super) runs: AtomicU64,
+    /// Reads of every stored version (`publish_if_moved`), for tests.
+    pub(crate) version_reads: AtomicU64,
     /// The long-polls open per node, oldest first (see `polling`).
     polling: Mutex<HashMap<String, Polls>>,
     /// The pools' members, as the last run read them: only their long-polls count as contact at
@@ -128,6 +130,7 @@ impl Default for Publisher {
             wake: tokio::sync::Notify::new(),
             background: AtomicBool::new(false),
             runs: AtomicU64::new(0),
+            version_reads: AtomicU64::new(0),
             polling: Default::default(),
             members: Default::default(),
             path_reports: Default::default(),
