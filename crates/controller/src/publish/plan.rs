@@ -76,6 +76,9 @@ pub(crate) struct Run {
     pub(crate) lagging: HashSet<String>,
     /// The stored versions (`Store::bundle_versions`) last seen to match the ones held here.
     pub(crate) versions_seen: Option<(i64, i64)>,
+    /// The declaration the auth table was last made with (`Publisher::set_auth`), from the
+    /// records as they were read then.
+    pub(crate) auth_for: Option<std::sync::Arc<trellis_core::Declaration>>,
     /// Who held the key of each node that left the compiled mesh in the last run.
     pub(crate) left: Left,
     /// The declaration revision the last run compiled, and its hubs: routes and hubs change
