@@ -99,6 +99,7 @@ impl Controller {
         // Compared while no run is under way (this holds the run's lock): the table then holds
         // every version this replica published itself.
         if run.versions_seen != Some(versions) {
+            tracing::debug!(seen = ?run.versions_seen, stored = ?versions, "reading every stored version");
             self.publisher.version_reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let stored = self.store.bundles().await?;
             let table = self.publisher.table.read().expect("bundle table");
