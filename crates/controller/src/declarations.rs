@@ -304,7 +304,7 @@ impl Controller {
         // Withdrawn however this request ends (stored, refused, or dropped while it waits).
         let _offered = Offered::new(&self.applying, &digest, &indexed);
         let stored_at = std::time::Instant::now();
-        let revision = self.store.apply_packed(packed, &digest, addresses, expect_revision, &replaced, &audit).await?;
+        let revision = self.store.apply(packed, &digest, addresses, expect_revision, &replaced, &audit).await?;
         let store_ms = stored_at.elapsed().as_millis();
         let before_store_ms = (stored_at - started).as_millis() - load_ms - place_ms - check_ms;
         {

@@ -29,8 +29,8 @@ fn pack(files: &[(String, String)]) -> Vec<u8> {
     lz4_flex::compress_prepend_size(&serde_json::to_vec(files).expect("strings serialize"))
 }
 
-/// A revision's files packed as they are stored, made before the transaction (the controller
-/// packs them while its check runs beside).
+/// A revision's files packed as they are stored (`Store::apply`), made before the transaction:
+/// the controller packs them while its check runs beside.
 pub struct Packed(Vec<u8>);
 
 impl Packed {
@@ -81,19 +81,6 @@ impl Store {
     /// `addresses.held` when it is the allocation of the revision still current (the table is
     /// not read), else from the table as read.
     pub async fn apply(
-        &self,
-        files: &[(String, String)],
-        digest: &str,
-        addresses: Addresses,
-        expect: Option<i64>,
-        replaced: &[String],
-        audit: &Audit<'_>,
-    ) -> Result<i64> {
-        self.apply_packed(Packed::new(files), digest, addresses, expect, replaced, audit).await
-    }
-
-    /// [`Store::apply`] with the files packed already.
-    pub async fn apply_packed(
         &self,
         packed: Packed,
         digest: &str,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use trellis_core::Allocation;
 use trellis_proto::{AuditAction, EnrolledState, EvidenceResult};
-use trellis_store::{verify_audit, Addresses, Audit, EvidenceRecord, MemberRefusal, NodeRecord, Store, StoreError, TokenRecord};
+use trellis_store::{verify_audit, Addresses, Audit, EvidenceRecord, MemberRefusal, NodeRecord, Packed, Store, StoreError, TokenRecord};
 use trellis_testing::Database;
 
 fn audit(action: AuditAction) -> Audit<'static> {
@@ -69,7 +69,9 @@ async fn an_apply_writes_the_allocation_it_was_given_whatever_was_there() {
                 first.ipv6.insert(format!("n{i}"), std::net::Ipv6Addr::from(0xfd00_u128 << 112 | i as u128));
             }
         }
-        s.apply(&files, "d1", Addresses::read(first.clone()), None, &[], &audit(AuditAction::DeclarationApplied)).await.unwrap();
+        s.apply(Packed::new(&files), "d1", Addresses::read(first.clone()), None, &[], &audit(AuditAction::DeclarationApplied))
+            .await
+            .unwrap();
         assert_eq!(s.allocation().await.unwrap(), first, "{:?}: 700 new rows, in batches", s.backend);
         let mut second = first.clone();
         second.ipv4.remove("n1");
@@ -78,7 +80,9 @@ async fn an_apply_writes_the_allocation_it_was_given_whatever_was_there() {
         second.ipv4.insert("n3".into(), "10.9.9.9".parse().unwrap());
         second.ipv6.insert("n5".into(), "fd00::5:5".parse().unwrap());
         second.ipv4.insert("fresh".into(), "10.8.8.8".parse().unwrap());
-        s.apply(&files, "d2", Addresses::read(second.clone()), None, &[], &audit(AuditAction::DeclarationApplied)).await.unwrap();
+        s.apply(Packed::new(&files), "d2", Addresses::read(second.clone()), None, &[], &audit(AuditAction::DeclarationApplied))
+            .await
+            .unwrap();
         assert_eq!(s.allocation().await.unwrap(), second, "{:?}: removed, moved, given a second family, added", s.backend);
         // Written by difference from what the caller holds as revision 2's, the table unread:
         // the caller says n7 is at its new address already, so its row is not written (a table
@@ -90,7 +94,7 @@ async fn an_apply_writes_the_allocation_it_was_given_whatever_was_there() {
         let mut said = second.clone();
         said.ipv4.insert("n7".into(), "10.5.5.5".parse().unwrap());
         let held = Addresses { allocation: Arc::new(third.clone()), held: Some((2, Arc::new(said))) };
-        s.apply(&files, "d3", held, None, &[], &audit(AuditAction::DeclarationApplied)).await.unwrap();
+        s.apply(Packed::new(&files), "d3", held, None, &[], &audit(AuditAction::DeclarationApplied)).await.unwrap();
         let mut expected = third.clone();
         expected.ipv4.insert("n7".into(), second.ipv4["n7"]);
         assert_eq!(s.allocation().await.unwrap(), expected, "{:?}: n9 moved and n11 gone, by difference", s.backend);
@@ -99,9 +103,11 @@ async fn an_apply_writes_the_allocation_it_was_given_whatever_was_there() {
         let mut fourth = third.clone();
         fourth.ipv4.insert("n13".into(), "10.6.6.6".parse().unwrap());
         let stale = Addresses { allocation: Arc::new(fourth.clone()), held: Some((2, Arc::new(Allocation::default()))) };
-        s.apply(&files, "d4", stale, None, &[], &audit(AuditAction::DeclarationApplied)).await.unwrap();
+        s.apply(Packed::new(&files), "d4", stale, None, &[], &audit(AuditAction::DeclarationApplied)).await.unwrap();
         assert_eq!(s.allocation().await.unwrap(), fourth, "{:?}: a stale held allocation is not trusted", s.backend);
-        s.apply(&files, "d5", Addresses::read(Allocation::default()), None, &[], &audit(AuditAction::DeclarationApplied)).await.unwrap();
+        s.apply(Packed::new(&files), "d5", Addresses::read(Allocation::default()), None, &[], &audit(AuditAction::DeclarationApplied))
+            .await
+            .unwrap();
         assert_eq!(s.allocation().await.unwrap(), Allocation::default(), "{:?}: every row removed", s.backend);
     })
     .await;
@@ -116,7 +122,9 @@ async fn revisions_are_stored_packed_and_read_back_whole() {
     each_backend(|s| async move {
         let nodes: String = (0..20_000).map(|i| format!("[nodes.n-{i}]\ngroups = [\"g-{}\"]\n\n", i % 50)).collect();
         let files = vec![("mesh.toml".to_string(), nodes.clone()), ("modules/ssh.toml".to_string(), "name = \"ssh\"\n".to_string())];
-        s.apply(&files, "d1", Addresses::read(Allocation::default()), None, &[], &audit(AuditAction::DeclarationApplied)).await.unwrap();
+        s.apply(Packed::new(&files), "d1", Addresses::read(Allocation::default()), None, &[], &audit(AuditAction::DeclarationApplied))
+            .await
+            .unwrap();
         assert_eq!(s.current_revision().await.unwrap().unwrap().files, files, "{:?}", s.backend);
         // Packed in under a quarter of the text, and no text kept beside it (rows changed by a
         // no-op update only when they are so).
@@ -156,14 +164,21 @@ async fn revisions_increase_and_expect_revision_detects_a_race() {
         let mut alloc = Allocation::default();
         alloc.ipv4.insert("a".into(), "10.0.0.1".parse().unwrap());
         assert_eq!(
-            s.apply(&files, "d1", Addresses::read(alloc.clone()), Some(0), &[], &audit(AuditAction::DeclarationApplied)).await.unwrap(),
+            s.apply(Packed::new(&files), "d1", Addresses::read(alloc.clone()), Some(0), &[], &audit(AuditAction::DeclarationApplied))
+                .await
+                .unwrap(),
             1
         );
         assert_eq!(
-            s.apply(&files, "d2", Addresses::read(alloc.clone()), None, &[], &audit(AuditAction::DeclarationApplied)).await.unwrap(),
+            s.apply(Packed::new(&files), "d2", Addresses::read(alloc.clone()), None, &[], &audit(AuditAction::DeclarationApplied))
+                .await
+                .unwrap(),
             2
         );
-        match s.apply(&files, "d3", Addresses::read(alloc.clone()), Some(1), &[], &audit(AuditAction::DeclarationApplied)).await {
+        match s
+            .apply(Packed::new(&files), "d3", Addresses::read(alloc.clone()), Some(1), &[], &audit(AuditAction::DeclarationApplied))
+            .await
+        {
             Err(StoreError::Conflict { current: 2, expected: 1 }) => {}
             other => panic!("{:?}: expected a conflict, got {other:?}", s.backend),
         }
@@ -179,8 +194,15 @@ async fn revisions_increase_and_expect_revision_detects_a_race() {
                 let files = files.clone();
                 let alloc = alloc.clone();
                 tokio::spawn(async move {
-                    s.apply(&files, &format!("r{i}"), Addresses::read(alloc.clone()), Some(2), &[], &audit(AuditAction::DeclarationApplied))
-                        .await
+                    s.apply(
+                        Packed::new(&files),
+                        &format!("r{i}"),
+                        Addresses::read(alloc.clone()),
+                        Some(2),
+                        &[],
+                        &audit(AuditAction::DeclarationApplied),
+                    )
+                    .await
                 })
             })
             .collect();
