@@ -159,13 +159,10 @@ impl Controller {
             self.declaration.try_lock().ok().map(|cache| {
                 cache.as_ref().is_some_and(|(n, d)| *n == held_revision && trellis_core::alloc::same_addressing(d.decl(), decl))
             });
-        let kept = confirmed && members.is_empty() && complete && same == Some(true);
-        if !kept {
-            tracing::debug!(confirmed, members = members.len(), complete, same = ?same, "allocating again");
-        }
-        if kept {
+        if confirmed && members.is_empty() && complete && same == Some(true) {
             return Ok(Ok(Placed { held_revision, allocation: previous.clone(), previous, members }));
         }
+        tracing::debug!(confirmed, members = members.len(), complete, same = ?same, "allocating again");
         Ok(trellis_core::allocate(&decl.with_members(&members), &previous).map(|allocation| Placed {
             held_revision,
             previous,
@@ -297,11 +294,10 @@ impl Controller {
         let audit = Audit { at: self.now(), actor: "admin", action: AuditAction::DeclarationApplied, subject: &subject, detail };
         let replaced: Vec<String> = replaced.iter().map(|m| m.name.clone()).collect();
         let addresses = trellis_store::Addresses { allocation: allocation.clone(), held: Some((held_revision, previous)) };
-        // Indexed before it is stored (beside the check), and offered to whoever finds the
-        // revision current before this apply has put it in the cache (a publish run woken by the
-        // database would else parse the stored files again, holding the cache while this apply
-        // waits on it).
-        // Withdrawn however this request ends (stored, refused, or dropped while it waits).
+        // The declaration indexed beside the check is offered to whoever finds the revision
+        // current before this apply has put it in the cache (a publish run woken by the database
+        // would else parse the stored files again, holding the cache while this apply waits on
+        // it); withdrawn however this request ends (stored, refused, or dropped while it waits).
         let _offered = Offered::new(&self.applying, &digest, &indexed);
         let stored_at = std::time::Instant::now();
         let revision = self.store.apply(packed, &digest, addresses, expect_revision, &replaced, &audit).await?;

@@ -23,8 +23,9 @@
 mod body;
 mod plan;
 mod run;
-pub(crate) use run::off_runtime;
 mod tables;
+
+pub(crate) use run::off_runtime;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -68,9 +68,9 @@ impl Controller {
         // search: 50 million comparisons a run at 10k).
         let at = std::time::Instant::now();
         let declared: HashMap<&str, Option<&str>> = decl.nodes.iter().map(|n| (n.name.as_str(), n.pool.as_deref())).collect();
-        // The table requests are authenticated by follows the records and the declaration (with
-        // its members, the same `Arc` while they stay): made again only when either moved (at
-        // 100,000 nodes, 150-200 ms of every run, those that publish nothing too).
+        // The table that node requests are authenticated by follows the records and the
+        // declaration (with its members, the same `Arc` while they stay): made again only when
+        // either moved (at 100,000 nodes, 150-200 ms of every run, those that publish nothing too).
         if !(read.unchanged && run.auth_for.as_ref().is_some_and(|d| Arc::ptr_eq(d, decl))) {
             p.set_auth(&read.records, Some(&declared));
             run.auth_for = Some(decl.clone());
@@ -229,9 +229,9 @@ impl Controller {
     /// another replica's content), when they were `seen` (matching the table) before it and the
     /// store holds exactly that now: then no other replica published meanwhile, and the table,
     /// once swapped to these versions, matches again. Read before the swap (the table still
-    /// holds the versions before). Else `None`, and the next `publish_if_moved` reads every stored version again,
-    /// as it did after every run before (100,000 rows, about a second at 100,000 nodes, under
-    /// the run's lock: a publish that came then waited for it).
+    /// holds the versions before). Else `None`, and the next `publish_if_moved` reads every
+    /// stored version again, as it did after every run before (100,000 rows, about a second at
+    /// 100,000 nodes, under the run's lock: a publish that came then waited for it).
     async fn versions_now_seen(&self, seen: Option<(i64, i64)>, versions: &HashMap<String, BundleVersion>) -> Result<Option<(i64, i64)>> {
         let Some((mut count, mut sum)) = seen else { return Ok(None) };
         if versions.is_empty() {

@@ -14,7 +14,6 @@ use trellis_testing::Database;
 
 mod certs;
 mod long_polls;
-mod paths;
 mod pools;
 mod restores;
 mod revocations;
