@@ -121,12 +121,13 @@ fn lab_throughput_on_wireguard_go() {
 }
 
 /// lab/nat on one backend: the homes' pair goes direct (again after home-a's router rebinds), the
-/// phones' pair behind symmetric NAT stays on the hub, and every path row says how long it took.
+/// phones' pair behind symmetric NAT stays on the hub, every path row says how long it took, and
+/// the homes' direct session stays the same direct session through 30 s without traffic.
 fn lab_nat_on(wireguard: &str) {
     let (stdout, _) = lab_run_with("lab/nat.toml", &["--wireguard", wireguard]);
     let paths: Vec<&str> = stdout.lines().filter(|l| l.contains(" path -> ")).collect();
-    // Three rows before the rebind and three after it.
-    assert_eq!(paths.len(), 6, "{stdout}");
+    // Three rows before the rebind, three after it and three after the quiet.
+    assert_eq!(paths.len(), 9, "{stdout}");
     for row in paths {
         let note = row.split(" yes ").nth(1).unwrap_or_else(|| panic!("not met: {row}"));
         assert!(note.starts_with("direct at ") || note.starts_with("relayed ("), "{row}");
@@ -134,6 +135,8 @@ fn lab_nat_on(wireguard: &str) {
     }
     assert!(stdout.contains("step 1: NAT router of home-a rebound: "), "{stdout}");
     assert!(stdout.contains("it maps UDP to port 40001 for every destination"), "{stdout}");
+    let quiet = "step 2: 30 s with no traffic in the overlay: every direct path stayed direct, the same session (home-1 -> home-2, home-2 -> home-1)";
+    assert!(stdout.contains(quiet), "{stdout}");
 }
 
 /// lab/nat with every agent on wireguard-go.

@@ -136,6 +136,7 @@ struct Paths {
     observed: Vec<trellis_proto::ObservedEndpoint>,
     applied: Option<Arc<WgConf>>,
     interface: String,
+    prober: crate::paths::Prober,
 }
 
 /// Prompted peers awaiting their first handshake.
@@ -299,6 +300,8 @@ impl Executor {
         }
         let moved = paths.book.step(&peers, now, wall);
         report |= moved;
+        let probes = paths.book.probes(now);
+        paths.prober.send(&probes);
         let mut prompts = Vec::new();
         // Applied when a path moved, and again after an apply that failed.
         let conf = if moved || paths.applied.is_none() { Some(paths.book.overlay(base)) } else { None };

@@ -26,8 +26,25 @@ pub const TRY_FOR_MS: u64 = 20_000;
 /// other at least this often, and a NAT keeps the mapping).
 pub const TRY_KEEPALIVE: u16 = 1;
 pub const DIRECT_KEEPALIVE: u16 = 5;
-/// A direct session from which nothing was received for this long is stale: three keepalives.
-pub const STALE_MS: u64 = 3 * DIRECT_KEEPALIVE as u64 * 1000 + 1000;
+/// How often each end sends every direct peer a probe: one small datagram through the tunnel
+/// (`Prober`), so that each end hears from the other at least this often on every backend.
+///
+/// A persistent keepalive does not do it. WireGuard (the kernel's and wireguard-go) starts that
+/// timer again on every packet received as well as sent: when one end's keepalive arrives just
+/// before the other's would have left, the other sends nothing, and it can go on that way for
+/// many intervals (16 s seen on a loaded machine, in CI). And gotatun counts only the data a
+/// packet carries in the bytes received, so a keepalive (no data) is never seen there at all.
+/// A probe is data: it moves the bytes received on every backend, whatever the peer's filter
+/// then does with it.
+pub const PROBE_EVERY_MS: u64 = DIRECT_KEEPALIVE as u64 * 1000;
+/// A direct session from which nothing was received for this long is stale: four probes' worth
+/// and a second (a probe is sent at the first check after it is due, and a check can be late on
+/// a busy machine).
+pub const STALE_MS: u64 = 4 * PROBE_EVERY_MS + 1000;
+/// The port a probe is sent to on the peer's overlay address: discard (RFC 863). What matters is
+/// that the peer's WireGuard decrypts a data packet; whether its filter then admits the datagram
+/// does not (it is dropped silently unless a rule names this node).
+pub const PROBE_PORT: u16 = 9;
 /// The pause after a direct session went stale before it is tried again (the hub sees the new
 /// endpoint meanwhile, if the node roamed or its NAT rebound).
 pub const AFTER_STALE_MS: u64 = 5_000;
@@ -50,8 +67,8 @@ pub enum State {
     /// Handshakes go to the observed endpoint; traffic goes through the hub.
     Trying { since: u64 },
     /// The peer's addresses are on its direct peer. `rx` is the bytes received from it when last
-    /// seen to move, at `heard`.
-    Direct { since: u64, rx: u64, heard: u64 },
+    /// seen to move, at `heard`; `probed`, when it was last probed (`probes`).
+    Direct { since: u64, rx: u64, heard: u64, probed: Option<u64> },
     /// Back on the hub until `until`, and why.
     BackingOff { since: u64, until: u64, reason: String },
 }
@@ -105,7 +122,7 @@ impl Book {
                     let fresh = |t: u64| t > 0 && t as i64 >= e.wall_since - 1;
                     if let Some(p) = seen.filter(|p| p.last_handshake.is_some_and(fresh)) {
                         e.failures = 0;
-                        Some(State::Direct { since: now, rx: p.rx_bytes, heard: now })
+                        Some(State::Direct { since: now, rx: p.rx_bytes, heard: now, probed: None })
                     } else if now.saturating_sub(*since) >= TRY_FOR_MS {
                         e.failures += 1;
                         let reason = format!(
@@ -119,9 +136,9 @@ impl Book {
                         None
                     }
                 }
-                State::Direct { since, rx, heard } => match seen {
+                State::Direct { since, rx, heard, probed } => match seen {
                     Some(p) if p.rx_bytes != *rx => {
-                        e.state = State::Direct { since: *since, rx: p.rx_bytes, heard: now };
+                        e.state = State::Direct { since: *since, rx: p.rx_bytes, heard: now, probed: *probed };
                         None
                     }
                     _ if now.saturating_sub(*heard) >= STALE_MS => Some(State::BackingOff {
@@ -140,6 +157,23 @@ impl Book {
             }
         }
         moved
+    }
+
+    /// The overlay addresses of the direct peers to probe at `now`, each marked probed: every
+    /// direct peer, once per `PROBE_EVERY_MS` (the first at once).
+    pub fn probes(&mut self, now: u64) -> Vec<std::net::IpAddr> {
+        let mut out = Vec::new();
+        for e in self.entries.values_mut() {
+            let State::Direct { probed, .. } = &mut e.state else { continue };
+            let due = probed.is_none_or(|p| now.saturating_sub(p) >= PROBE_EVERY_MS);
+            // The first host address it is allowed: its overlay address.
+            let address = e.candidate.allowed_ips.iter().find_map(|a| a.split('/').next()?.parse().ok());
+            if let (true, Some(address)) = (due, address) {
+                *probed = Some(now);
+                out.push(address);
+            }
+        }
+        out
     }
 
     /// When the interface is to be read next, in milliseconds from `now`: soon while a pair is
@@ -236,6 +270,34 @@ impl Book {
     }
 }
 
+/// Sends the probes: one socket per address family, bound once, so that a node's probes to a
+/// peer are one flow in its connection tracking, not one per probe.
+#[derive(Default)]
+pub struct Prober {
+    v4: Option<std::net::UdpSocket>,
+    v6: Option<std::net::UdpSocket>,
+}
+
+impl Prober {
+    /// One datagram to each of `addresses` at `PROBE_PORT`; one that cannot be sent is logged at
+    /// debug level (the staleness it would have prevented is reported).
+    pub fn send(&mut self, addresses: &[std::net::IpAddr]) {
+        for &address in addresses {
+            let (slot, any): (_, std::net::IpAddr) = match address {
+                std::net::IpAddr::V4(_) => (&mut self.v4, std::net::Ipv4Addr::UNSPECIFIED.into()),
+                std::net::IpAddr::V6(_) => (&mut self.v6, std::net::Ipv6Addr::UNSPECIFIED.into()),
+            };
+            let socket = match slot {
+                Some(s) => Ok(&*s),
+                None => std::net::UdpSocket::bind((any, 0)).map(|s| &*slot.insert(s)),
+            };
+            if let Err(e) = socket.and_then(|s| s.send_to(b"trellis: direct path probe", (address, PROBE_PORT))) {
+                tracing::debug!(%address, "probing a direct peer: {e}");
+            }
+        }
+    }
+}
+
 /// What a hub reports it observes: each peer it had a handshake with in the last three minutes
 /// (WireGuard's session lifetime), at the endpoint its packets come from.
 pub fn observed(peers: &[PeerState], wall: i64) -> Vec<trellis_proto::ObservedEndpoint> {
@@ -308,6 +370,30 @@ mod tests {
         assert_eq!(direct.peers[1].allowed_ips, ["10.77.0.2/32"]);
         assert_eq!(direct.peers[1].keepalive, Some(DIRECT_KEEPALIVE));
         assert_eq!(book.status()[0].state, "direct");
+    }
+
+    /// Every direct peer is probed at its overlay address once it is direct, then once per
+    /// interval, whether or not it was heard from (what the other end hears is not known here);
+    /// 16 s of quiet (what CI saw of keepalives held back) is not stale, `STALE_MS` is, and a
+    /// peer back on its hub is not probed.
+    #[test]
+    fn every_direct_peer_is_probed_each_interval_and_called_stale_only_after_four() {
+        let mut book = Book::default();
+        book.set(&[candidate(2, 4002)], 0, 100);
+        let none: [std::net::IpAddr; 0] = [];
+        assert_eq!(book.probes(5), none, "a pair being tried is not probed");
+        assert!(book.step(&[peer(2, Some(100), 100)], 10, 100), "n-2 promoted");
+        let overlay: std::net::IpAddr = "10.77.0.2".parse().unwrap();
+        assert_eq!(book.probes(10), [overlay], "probed at once, at its overlay address");
+        assert_eq!(book.probes(10 + PROBE_EVERY_MS - 1), none, "once per interval");
+        assert!(!book.step(&[peer(2, Some(100), 132)], 10 + PROBE_EVERY_MS - 1, 101), "heard");
+        assert_eq!(book.probes(10 + PROBE_EVERY_MS), [overlay], "probed though heard from");
+        let heard = 10 + PROBE_EVERY_MS - 1;
+        assert!(!book.step(&[peer(2, Some(100), 132)], heard + 16_000, 102), "16 s of quiet is not stale: {:?}", book.status());
+        assert!(!book.step(&[peer(2, Some(100), 132)], heard + STALE_MS - 1, 102));
+        assert!(book.step(&[peer(2, Some(100), 132)], heard + STALE_MS, 103), "stale");
+        assert_eq!(book.status()[0].state, "backing-off");
+        assert_eq!(book.probes(heard + STALE_MS + PROBE_EVERY_MS), none, "a peer on its hub is not probed");
     }
 
     /// A direct session that hears nothing for `STALE_MS` goes back to the hub, and is tried again

@@ -292,7 +292,8 @@ pub fn check(file: &Path, read_declaration: ReadDeclaration) -> Result<bool> {
                 | Action::Resume(_)
                 | Action::Renew(_)
                 | Action::Rotate(_)
-                | Action::Rebind(_) => None,
+                | Action::Rebind(_)
+                | Action::Quiet(_) => None,
             })
             .next_back()
             .unwrap_or_else(|| decl_dir.clone())

@@ -27,40 +27,11 @@ pub fn value(text: &str, series: &str) -> Option<f64> {
     text.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' '))).and_then(|v| v.trim().parse().ok())
 }
 
-/// A direct session that went stale (nothing heard for 16 s) waits 5 s on its hub before it is
-/// tried again (ADR 0032), and its agent says so to the controller: a scrape in that pause counts
-/// the pair among the relayed (`lab/fleet.toml` saw it under a loaded suite: "c-6 -> db-1:
-/// backing-off (the direct session went stale ...)"). The pairs are counted once no agent lists a
-/// stale path, waiting at most 30 s, and 3 s more for the agents' next reports; each path waited
-/// for is printed. A path that failed its attempt (no handshake) is not waited for.
-fn wait_for_stale_paths(st: &LabState) {
-    let started = std::time::Instant::now();
-    let mut waited: Vec<String> = Vec::new();
-    loop {
-        let stale: Vec<String> = crate::path::unsettled(st).into_iter().filter(|p| p.contains("went stale")).collect();
-        if stale.is_empty() || started.elapsed() > std::time::Duration::from_secs(30) {
-            break;
-        }
-        for p in stale {
-            if !waited.contains(&p) {
-                println!("waiting for a stale direct path to be tried again: {p}");
-                waited.push(p);
-            }
-        }
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
-    if !waited.is_empty() {
-        std::thread::sleep(std::time::Duration::from_secs(3));
-        println!("waited {:.1} s for {} stale direct path(s) to be tried again", started.elapsed().as_secs_f64(), waited.len());
-    }
-}
-
 /// Scrapes every running controller and every agent, prints one line for each, and says what
 /// does not hold. `desired`: each node's desired version, from `trellis status`.
 pub fn report(st: &LabState, desired: &BTreeMap<String, i64>) -> Result<Vec<String>> {
     let mut wrong = Vec::new();
     let mut enrolled = 0.0;
-    wait_for_stale_paths(st);
     for r in st.controllers.iter().filter(|r| !r.killed) {
         let text = scrape(&r.ns, CONTROLLER)?;
         let get = |s: &str| value(&text, s).unwrap_or(0.0);

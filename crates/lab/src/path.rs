@@ -62,6 +62,9 @@ pub(crate) struct AgentPath {
     pub peer: String,
     #[serde(default)]
     pub state: String,
+    /// Unix seconds when the path came to its state.
+    #[serde(default)]
+    pub since: i64,
     #[serde(default)]
     pub reason: Option<String>,
 }
@@ -159,6 +162,26 @@ pub(crate) fn agent_view(from: &Status, to_key: &str) -> String {
 fn status(st: &LabState, host: &str) -> Status {
     let path = st.dir.join(format!("agent-{host}/agent-status.json"));
     std::fs::read(&path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
+}
+
+/// Every path the agents list as direct, as (agent, peer) with the moment it became direct.
+pub(crate) fn direct_sessions(st: &LabState) -> std::collections::BTreeMap<(String, String), i64> {
+    let mut out = std::collections::BTreeMap::new();
+    for host in &st.agents {
+        for p in status(st, host).paths.into_iter().filter(|p| p.state == "direct") {
+            out.insert((host.clone(), p.peer), p.since);
+        }
+    }
+    out
+}
+
+/// What agent `from` says of its path to the peer named `to` (`agent_view`, by name).
+pub(crate) fn agent_view_of(st: &LabState, from: &str, to: &str) -> String {
+    let status = status(st, from);
+    match status.paths.iter().find(|p| p.peer == to) {
+        Some(p) => agent_view(&status, &p.public_key.clone()),
+        None => "lists no path".into(),
+    }
 }
 
 /// Every path an agent lists that is neither direct nor trying, as `from -> peer: state (reason)`:

@@ -1,6 +1,6 @@
 //! The lab file's steps, taken after the first round of `check`: one function per kind (kill,
-//! revoke, renew, rotate, pause, resume, stop, apply, rebind), each doing it and printing its
-//! figures.
+//! revoke, renew, rotate, pause, resume, stop, apply, rebind, quiet), each doing it and printing
+//! its figures.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -24,7 +24,38 @@ pub(crate) fn take_step(file: &Path, lab: &LabFile, st: &mut LabState, i: usize)
         Action::Stop(host) => stop_step(file, st, i, &host),
         Action::Apply(dir) => apply_step(lab, st, i, &dir),
         Action::Rebind(net) => rebind_step(lab, st, i, &net),
+        Action::Quiet(secs) => quiet_step(st, i, secs),
     }
+}
+
+/// A `quiet` step: the lab sends nothing into the overlay for `secs`; every path an agent listed
+/// as direct at the start must be the same direct session at the end.
+fn quiet_step(st: &LabState, i: usize, secs: u64) -> Result<()> {
+    let before = crate::path::direct_sessions(st);
+    if before.is_empty() {
+        bail!("step {}: no agent lists a direct path to keep through the quiet", i + 1);
+    }
+    let began = (crate::unix_ms() / 1000) as i64;
+    std::thread::sleep(Duration::from_secs(secs));
+    let after = crate::path::direct_sessions(st);
+    let lost: Vec<String> = before
+        .iter()
+        .filter(|(pair, since)| after.get(*pair) != Some(since))
+        .map(|(pair @ (from, to), _)| match after.get(pair) {
+            Some(since) => format!("{from} -> {to}: left direct and came back {} s into the quiet", since - began),
+            None => format!("{from} -> {to}: {}", crate::path::agent_view_of(st, from, to)),
+        })
+        .collect();
+    if !lost.is_empty() {
+        bail!("step {}: {} direct path(s) did not stay direct through {secs} s of quiet: {}", i + 1, lost.len(), lost.join("; "));
+    }
+    let pairs: Vec<String> = before.keys().map(|(from, to)| format!("{from} -> {to}")).collect();
+    println!(
+        "step {}: {secs} s with no traffic in the overlay: every direct path stayed direct, the same session ({})",
+        i + 1,
+        pairs.join(", ")
+    );
+    Ok(())
 }
 
 /// A `rebind` step: the net's NAT router forgets every mapping and maps to new ports.

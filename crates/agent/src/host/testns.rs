@@ -166,6 +166,43 @@ mod tests {
         }
     }
 
+    /// On every backend here: a probe (`paths::Prober`) from a direct peer moves the bytes this
+    /// end received from it, though this end's filter drops it; a keepalive does not on every
+    /// backend (gotatun counts only data), nor does it come at all when ours held it back
+    /// (wireguard-go, the kernel). Probes are what the agent hears a quiet direct peer by.
+    #[test]
+    fn every_backend_counts_a_probe_from_a_direct_peer_as_heard() {
+        for (mode, name) in backends() {
+            let (a_ns, b_ns) = pair(&format!("p{}", &name[..2]));
+            let ((a_priv, a_pub), (b_priv, b_pub)) = (keypair(), keypair());
+            let (mut a, mut b) = (host::wireguard(mode, "wgtpa0").unwrap(), host::wireguard(mode, "wgtpb0").unwrap());
+            let peer = |key: &str, endpoint: &str, ip: &str| WgPeer {
+                keepalive: Some(crate::paths::DIRECT_KEEPALIVE),
+                ..wg_peer(key, Some(endpoint), &[ip])
+            };
+            b_ns.enter(|| b.apply(&conf("10.77.0.2/24", 51820, vec![peer(&a_pub, "192.0.2.1:51820", "10.77.0.1/32")]), &b_priv, None))
+                .unwrap();
+            a_ns.enter(|| a.apply(&conf("10.77.0.1/24", 51820, vec![peer(&b_pub, "192.0.2.2:51820", "10.77.0.2/32")]), &a_priv, None))
+                .unwrap();
+            // a's filter drops the probe: only its WireGuard sees it.
+            let table = "add table inet probe; add chain inet probe input { type filter hook input priority 0; }; \
+                         add rule inet probe input udp dport 9 drop";
+            a_ns.run(&["nft", table]).unwrap();
+            assert!(b_ns.ping("10.77.0.1", 3), "{name}: the direct peer passes packets");
+            let rx = || state(&a.peers().unwrap(), &b_pub).map(|p| p.rx_bytes).unwrap_or(0);
+            std::thread::sleep(Duration::from_millis(300));
+            let before = rx();
+            b_ns.enter(|| crate::paths::Prober::default().send(&["10.77.0.1".parse().unwrap()]));
+            let started = std::time::Instant::now();
+            while rx() == before {
+                assert!(started.elapsed() < Duration::from_secs(3), "{name}: the probe was not counted as received");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            a_ns.enter(|| drop(a));
+            b_ns.enter(|| drop(b));
+        }
+    }
+
     /// On every backend here: a change the backend refuses part-way (a peer added, then an
     /// allowed IP it cannot read) fails, and the rollback's apply of the configuration before
     /// brings the interface back to exactly it. Before, wireguard-go and the kernel's driver kept

@@ -142,6 +142,11 @@ pub struct Step {
     /// outside ports from then on, as a home router does when it restarts or its lease changes;
     /// the expectations in force are checked again after, a path row timed from the step.
     pub rebind: Option<String>,
+    /// Seconds in which the lab sends nothing into the overlay: every path an agent lists as
+    /// direct when the step begins must still be direct, the same session (the same `since`),
+    /// when it ends, though only keepalives and the agents' probes crossed it (ADR 0032); the
+    /// expectations in force are checked again after.
+    pub quiet: Option<u64>,
     /// From this step on: each replaces the expectation with the same check (from, to, proto
     /// and port; or from and dns), or adds one.
     #[serde(default)]
@@ -160,6 +165,7 @@ pub enum Action {
     Renew(String),
     Rotate(String),
     Rebind(String),
+    Quiet(u64),
 }
 
 /// What an expectation sends (`proto`); tcp when unsaid.
@@ -288,6 +294,9 @@ impl LabFile {
         }
         if let Some(net) = &s.rebind {
             return Action::Rebind(net.clone());
+        }
+        if let Some(secs) = s.quiet {
+            return Action::Quiet(secs);
         }
         match (&s.kill, &s.apply, &s.stop, &s.revoke) {
             (Some(host), ..) => Action::Kill(host.clone()),

@@ -119,8 +119,8 @@ fn controllers_postgres_and_steps_are_checked() {
         ("kill-node", kill_node, "FILE: step 1 kills `web-1`, which is not a host with role = \"controller\""),
         ("kill-twice", kill_twice, "FILE: step 2 kills `ctl-1`, which an earlier step killed"),
         ("kill-both", kill_both, "FILE: step 2 kills `ctl-2`, the last controller running; a lab keeps one"),
-        ("both", both, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST`, `renew = NODE`, `rotate = \"signing-key\"` or `\"ca\"` and `rebind = NET`"),
-        ("neither", neither, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST`, `renew = NODE`, `rotate = \"signing-key\"` or `\"ca\"` and `rebind = NET`"),
+        ("both", both, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST`, `renew = NODE`, `rotate = \"signing-key\"` or `\"ca\"`, `rebind = NET` and `quiet = SECONDS`"),
+        ("neither", neither, "FILE: step 1 needs exactly one of `kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST`, `renew = NODE`, `rotate = \"signing-key\"` or `\"ca\"`, `rebind = NET` and `quiet = SECONDS`"),
         ("silent", silent_apply, "FILE: step 2 applies \"ha/metrics\" but names no expectation; give the ones it changes"),
         ("same", same, "FILE: step 2 expectation 1 is already in force; a step lists what it changes"),
         ("role", unknown_role, "unknown variant `database`, expected one of `node`, `controller`, `postgres`"),
@@ -377,6 +377,23 @@ fn a_rebind_step_names_a_net_with_nat() {
             "FILE: step 1 rebinds net `internet`, which has no `nat` router to forget its mappings",
         ),
         ("two", NAT.replace("rebind = \"home-a\"", "rebind = \"home-a\"\nkill = \"controller\""), "FILE: step 1 needs exactly one of"),
+    ] {
+        let err = load_text(tag, &text).unwrap_err();
+        assert!(err.starts_with(want), "{tag}: {err}");
+    }
+}
+
+/// A quiet step gives 1 to 600 seconds and no expectation; it is a step of its own.
+#[test]
+fn a_quiet_step_gives_its_seconds_and_no_expectation() {
+    let lab = load_text("nat", NAT).unwrap();
+    assert_eq!(lab.action(1, std::path::Path::new("lab")), super::Action::Quiet(30));
+    let row = "[[step.expect]]\nfrom = \"home-1\"\nto = \"home-2\"\nproto = \"icmp\"\nresult = \"open\"\n";
+    for (tag, text, want) in [
+        ("zero", NAT.replace("quiet = 30", "quiet = 0"), "FILE: step 2 is quiet for 0 s; give 1 to 600 seconds"),
+        ("long", NAT.replace("quiet = 30", "quiet = 601"), "FILE: step 2 is quiet for 601 s; give 1 to 600 seconds"),
+        ("expect", NAT.replace("quiet = 30", &format!("quiet = 30\n{row}")), "FILE: step 2 is quiet, which changes no traffic"),
+        ("two", NAT.replace("quiet = 30", "quiet = 30\nrebind = \"home-a\""), "FILE: step 2 needs exactly one of"),
     ] {
         let err = load_text(tag, &text).unwrap_err();
         assert!(err.starts_with(want), "{tag}: {err}");

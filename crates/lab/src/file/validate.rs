@@ -165,7 +165,7 @@ fn check_path(file: &Path, lab: &LabFile, what: &str, e: &Expect) -> Result<()> 
 }
 
 /// What every step does one of, as an error names them.
-const ONE_ACTION: &str = "`kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST`, `renew = NODE`, `rotate = \"signing-key\"` or `\"ca\"` and `rebind = NET`";
+const ONE_ACTION: &str = "`kill = HOST`, `apply = DIR`, `stop = HOST`, `revoke = NODE`, `pause = HOST`, `resume = HOST`, `renew = NODE`, `rotate = \"signing-key\"` or `\"ca\"`, `rebind = NET` and `quiet = SECONDS`";
 
 /// What the steps before the one checked left: the controllers still running, and the hosts
 /// stopped or paused.
@@ -191,6 +191,7 @@ fn check_steps(file: &Path, lab: &LabFile) -> Result<()> {
             s.renew.is_some(),
             s.rotate.is_some(),
             s.rebind.is_some(),
+            s.quiet.is_some(),
         ]
         .iter()
         .filter(|&&x| x)
@@ -206,6 +207,16 @@ fn check_steps(file: &Path, lab: &LabFile) -> Result<()> {
             check_rotate(file, lab, n, what)?;
         } else if let Some(net) = &s.rebind {
             check_rebind(file, lab, n, net)?;
+        } else if let Some(secs) = s.quiet {
+            if !(1..=600).contains(&secs) {
+                bail!("{}: step {n} is quiet for {secs} s; give 1 to 600 seconds", file.display());
+            }
+            if !s.expect.is_empty() {
+                bail!(
+                    "{}: step {n} is quiet, which changes no traffic; the expectations in force are checked again after it",
+                    file.display()
+                );
+            }
         } else if let Some(host) = &s.resume {
             check_resume(file, lab, n, host, &mut taken)?;
         } else if let Some(dir) = &s.apply {
