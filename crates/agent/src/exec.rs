@@ -136,7 +136,10 @@ struct Paths {
     observed: Vec<trellis_proto::ObservedEndpoint>,
     applied: Option<Arc<WgConf>>,
     interface: String,
-    prober: crate::paths::Prober,
+    /// Whether the last probes could not be sent: warned once, not every five seconds.
+    probes_failing: bool,
+    /// When the paths were last tended (milliseconds of the executor's clock).
+    tended: Option<u64>,
 }
 
 /// Prompted peers awaiting their first handshake.
@@ -262,13 +265,16 @@ impl Executor {
     }
 
     /// When the direct paths are next to be tended: soon while one is tried, every second while
-    /// one is direct, every two seconds on a hub (which watches its peers' endpoints).
+    /// one is direct, every two seconds on a hub (which watches its peers' endpoints), counted
+    /// from when they were last tended: the run loop asks again after every other wake-up (a
+    /// follow-up, a tick), and counted from then a check would be put off by each of them.
     pub fn next_path_check(&self) -> Option<Instant> {
         let paths = self.paths.lock().expect("paths lock");
         let (now, _) = self.clocks();
+        let from = paths.tended.map_or(now, |t| t.min(now));
         let hub = paths.observe.then_some(HUB_WATCH_MS);
-        let ms = paths.book.next_check(now).into_iter().chain(hub).min()?;
-        Some(Instant::now() + Duration::from_millis(ms))
+        let ms = paths.book.next_check(from).into_iter().chain(hub).min()?;
+        Some(Instant::now() + Duration::from_millis((from + ms).saturating_sub(now)))
     }
 
     /// Reads the interface and moves the direct paths on: a pair whose handshake completed is
@@ -290,6 +296,7 @@ impl Executor {
             }
         };
         let (now, wall) = self.clocks();
+        paths.tended = Some(now);
         let mut report = false;
         if paths.observe {
             let seen = crate::paths::observed(&peers, wall);
@@ -300,8 +307,6 @@ impl Executor {
         }
         let moved = paths.book.step(&peers, now, wall);
         report |= moved;
-        let probes = paths.book.probes(now);
-        paths.prober.send(&probes);
         let mut prompts = Vec::new();
         // Applied when a path moved, and again after an apply that failed.
         let conf = if moved || paths.applied.is_none() { Some(paths.book.overlay(base)) } else { None };
@@ -322,6 +327,14 @@ impl Executor {
                 }
             }
         }
+        // The direct peers' probes, through the configuration just applied (ADR 0032).
+        let probes = match &paths.applied {
+            Some(_) => {
+                let overlay: Vec<ipnet::IpNet> = base.addresses.iter().filter_map(|a| a.parse().ok()).collect();
+                paths.book.probes(now, &overlay)
+            }
+            None => Vec::new(),
+        };
         if moved {
             for s in paths.book.status() {
                 tracing::info!(peer = %s.peer, hub = %s.hub, endpoint = %s.endpoint, reason = s.reason.as_deref().unwrap_or(""), "path {}", s.state);
@@ -330,10 +343,45 @@ impl Executor {
         let interface = paths.interface.clone();
         drop(paths);
         drop(wg_slot);
+        if let (false, Some(p)) = (probes.is_empty(), self.backends.prompter.as_ref()) {
+            let sent = p.prompt(&interface, &probes);
+            let mut paths = self.paths.lock().expect("paths lock");
+            match &sent {
+                Err(e) if !paths.probes_failing => tracing::warn!("probing the direct peers through {interface}: {e:#}"),
+                Err(e) => tracing::debug!("probing the direct peers through {interface}: {e:#}"),
+                Ok(()) if paths.probes_failing => tracing::info!("probing the direct peers through {interface} again"),
+                Ok(()) => {}
+            }
+            paths.probes_failing = sent.is_err();
+        }
         if !prompts.is_empty() {
             self.prompt(&interface, &prompts);
         }
         report
+    }
+
+    /// Waits `d` as the run loop does between polls (a controller away: its backoff), the data
+    /// path tended as during a long-poll: direct paths (their probes, ADR 0032) and prompted
+    /// peers' follow-ups. A controller away takes no direct path down (ADR 0007); what moved is
+    /// reported after.
+    pub async fn rest(&self, d: Duration) {
+        let end = tokio::time::Instant::now() + d;
+        loop {
+            let (follow_up, paths) = (self.next_follow_up(), self.next_path_check());
+            let next = [follow_up, paths].into_iter().flatten().min().map(tokio::time::Instant::from_std);
+            let wake = next.map_or(end, |n| n.min(end));
+            tokio::time::sleep_until(wake).await;
+            if wake >= end {
+                return;
+            }
+            let wake = wake.into_std();
+            if paths.is_some_and(|t| t <= wake) {
+                self.tend_paths();
+            }
+            if follow_up.is_some_and(|t| t <= wake) {
+                self.follow_up();
+            }
+        }
     }
 
     /// The paths as the status file shows them.

@@ -299,7 +299,7 @@ mod tests {
         fn peers(&self) -> Result<Vec<PeerState>> {
             let shaken = self.1.lock().unwrap();
             let configured = self.2.iter().flat_map(|c| c.peers.iter().map(|p| p.public_key.clone()));
-            let at = |k: &String| shaken.contains(k).then_some(1_700_000_000);
+            let at = |k: &String| shaken.contains(k).then_some(crate::unix_now() as u64);
             Ok(configured.map(|k| PeerState::new(k.clone(), None, at(&k))).collect())
         }
         fn describe(&self) -> String {
@@ -765,6 +765,50 @@ mod tests {
             let whole = trellis_core::wgconf::parse(std::str::from_utf8(&four.files[1].content).unwrap()).unwrap();
             assert_eq!(*f.applier.executor().configured().unwrap(), whole);
         });
+    }
+
+    /// A relayed peer of `paths.toml` promoted on its handshake is probed through the interface
+    /// at once, at its overlay address, then once per interval, also in the rest between polls
+    /// and when the last probe could not be sent (ADR 0032): the executor sends what the book
+    /// asks for.
+    #[test]
+    fn a_direct_peer_is_probed_through_the_interface_each_interval() {
+        let mut f = fixture("probes");
+        let hub_key = trellis_core::decl::PublicKey([1; 32]);
+        let hub = hub_key.to_string();
+        let peer = trellis_core::decl::PublicKey([7; 32]);
+        let conf = format!(
+            "[Interface]\nAddress = 10.88.0.5/16\nListenPort = 51820\n\n[Peer]\nPublicKey = {hub}\nAllowedIPs = 10.88.0.1/32, 10.88.0.7/32\nEndpoint = 198.51.100.1:51820\n"
+        );
+        let candidate = trellis_core::paths::Candidate {
+            peer: "db-2".into(),
+            public_key: peer,
+            endpoint: "203.0.113.7:40000".parse().unwrap(),
+            hub: "hub-1".into(),
+            hub_key,
+            allowed_ips: vec!["10.88.0.7/32".into()],
+        };
+        let mut b = bundle(1, false, "good1", &[]);
+        b.files[1] = BundleFile::new(WIREGUARD_CONF, 0o600, conf.into_bytes());
+        b.files.push(BundleFile::new(trellis_core::plan::PATHS_TOML, 0o644, trellis_core::paths::write("db-1", &[candidate]).into_bytes()));
+        rt().block_on(f.apply(&b)).expect("applied");
+        f.shaken.lock().unwrap().push(peer.to_string());
+        f.take();
+        // The probe is a datagram to the peer alone; the promotion's change of the interface
+        // prompts handshakes (and follows them up) through the same prompter, with others.
+        let probes = |f: &Fixture| f.take().into_iter().filter(|l| l == "prompt trellis0 10.88.0.7").count();
+        let exec = f.applier.executor();
+        assert!(exec.tend_paths(), "promoted on the handshake");
+        assert_eq!(exec.path_status()[0].state, "direct");
+        assert_eq!(probes(&f), 1, "probed at once");
+        assert!(!exec.tend_paths());
+        assert_eq!(probes(&f), 0, "not again within the interval");
+        // The rest between polls (a controller away) tends the paths: the next probe goes out
+        // in it, sent or not.
+        *f.prompts_fail.lock().unwrap() = true;
+        rt().block_on(exec.rest(std::time::Duration::from_millis(crate::paths::PROBE_EVERY_MS + 1_500)));
+        assert_eq!(probes(&f), 1, "probed in the rest though the last failed");
+        assert_eq!(exec.path_status()[0].state, "direct", "a probe not sent moves no path");
     }
 
     /// ADR 0039: a node's peers in parts. The interface gets the peers of every part; a change

@@ -26,31 +26,43 @@ pub const TRY_FOR_MS: u64 = 20_000;
 /// other at least this often, and a NAT keeps the mapping).
 pub const TRY_KEEPALIVE: u16 = 1;
 pub const DIRECT_KEEPALIVE: u16 = 5;
-/// How often each end sends every direct peer a probe: one small datagram through the tunnel
-/// (`Prober`), so that each end hears from the other at least this often on every backend.
+/// How often each end sends every direct peer a probe: an empty UDP datagram through the tunnel
+/// to its overlay address (the executor's `Prompter`, the one that prompts handshakes), so that
+/// each end hears from the other at least this often on every backend.
 ///
 /// A persistent keepalive does not do it. WireGuard (the kernel's and wireguard-go) starts that
 /// timer again on every packet received as well as sent: when one end's keepalive arrives just
 /// before the other's would have left, the other sends nothing, and it can go on that way for
 /// many intervals (16 s seen on a loaded machine, in CI). And gotatun counts only the data a
 /// packet carries in the bytes received, so a keepalive (no data) is never seen there at all.
-/// A probe is data: it moves the bytes received on every backend, whatever the peer's filter
-/// then does with it.
+/// A probe is data (its IP and UDP headers): it moves the bytes received on every backend,
+/// whatever the peer's filter then does with it.
 pub const PROBE_EVERY_MS: u64 = DIRECT_KEEPALIVE as u64 * 1000;
 /// A direct session from which nothing was received for this long is stale: four probes' worth
-/// and a second (a probe is sent at the first check after it is due, and a check can be late on
-/// a busy machine).
+/// and a second (a probe leaves at the first check after it is due, and the other end sees it
+/// at its next check).
 pub const STALE_MS: u64 = 4 * PROBE_EVERY_MS + 1000;
-/// The port a probe is sent to on the peer's overlay address: discard (RFC 863). What matters is
-/// that the peer's WireGuard decrypts a data packet; whether its filter then admits the datagram
-/// does not (it is dropped silently unless a rule names this node).
-pub const PROBE_PORT: u16 = 9;
 /// The pause after a direct session went stale before it is tried again (the hub sees the new
 /// endpoint meanwhile, if the node roamed or its NAT rebound).
 pub const AFTER_STALE_MS: u64 = 5_000;
 /// The pause after the n-th failed attempt: 30 s doubling, at most an hour.
 pub fn backoff_ms(failures: u32) -> u64 {
     (30_000u64 << failures.saturating_sub(1).min(7)).min(3_600_000)
+}
+
+/// How long from `wall` (unix seconds) to the next attempt after the n-th failed one: to the
+/// next multiple of `backoff_ms(failures)` in unix time, not that long from now.
+///
+/// Through two NATs that filter, an attempt succeeds only while both ends send: each end's
+/// handshakes open its own NAT to the other. Pauses counted from each end's own failure let the
+/// two ends' attempts alternate and never meet (seen in `lab/nat.toml` after a rebind: one end
+/// tried while the other waited, by turns, each 20 s attempt followed by 30 s, then 60 s). On
+/// the clock's multiples they meet: every pause is 30 s times a power of two, so each multiple
+/// of the longer pause is one of the shorter; clocks a few seconds apart still overlap in a
+/// 20 s attempt.
+pub fn backoff_until_ms(failures: u32, wall: i64) -> u64 {
+    let period = backoff_ms(failures);
+    period - (wall.max(0) as u64 * 1000) % period
 }
 /// How often the interface is read in the first seconds of an attempt (the switch to direct
 /// happens within this of the handshake, on both ends: a ping every 20 ms loses at most one),
@@ -131,7 +143,7 @@ impl Book {
                             TRY_FOR_MS / 1000,
                             e.failures
                         );
-                        Some(State::BackingOff { since: now, until: now + backoff_ms(e.failures), reason })
+                        Some(State::BackingOff { since: now, until: now + backoff_until_ms(e.failures, wall), reason })
                     } else {
                         None
                     }
@@ -160,17 +172,28 @@ impl Book {
     }
 
     /// The overlay addresses of the direct peers to probe at `now`, each marked probed: every
-    /// direct peer, once per `PROBE_EVERY_MS` (the first at once).
-    pub fn probes(&mut self, now: u64) -> Vec<std::net::IpAddr> {
+    /// direct peer, once per `PROBE_EVERY_MS` (the first at once), at its overlay address: the
+    /// first of its AllowedIPs when that is one address inside `overlay` (this node's networks
+    /// on the interface), else it is not probed.
+    pub fn probes(&mut self, now: u64, overlay: &[ipnet::IpNet]) -> Vec<std::net::IpAddr> {
         let mut out = Vec::new();
         for e in self.entries.values_mut() {
             let State::Direct { probed, .. } = &mut e.state else { continue };
             let due = probed.is_none_or(|p| now.saturating_sub(p) >= PROBE_EVERY_MS);
-            // The first host address it is allowed: its overlay address.
-            let address = e.candidate.allowed_ips.iter().find_map(|a| a.split('/').next()?.parse().ok());
-            if let (true, Some(address)) = (due, address) {
-                *probed = Some(now);
-                out.push(address);
+            let address = e
+                .candidate
+                .allowed_ips
+                .first()
+                .and_then(|a| a.parse::<ipnet::IpNet>().ok())
+                .filter(|net| net.prefix_len() == net.max_prefix_len() && overlay.iter().any(|o| o.contains(&net.addr())));
+            if let (true, Some(net)) = (due, address) {
+                // On the interval's beat, not the check's: checks a second apart do not stretch
+                // it (a probe very late, after a pause, starts the beat again).
+                *probed = Some(match *probed {
+                    Some(p) if now.saturating_sub(p) < 2 * PROBE_EVERY_MS => p + PROBE_EVERY_MS,
+                    _ => now,
+                });
+                out.push(net.addr());
             }
         }
         out
@@ -270,34 +293,6 @@ impl Book {
     }
 }
 
-/// Sends the probes: one socket per address family, bound once, so that a node's probes to a
-/// peer are one flow in its connection tracking, not one per probe.
-#[derive(Default)]
-pub struct Prober {
-    v4: Option<std::net::UdpSocket>,
-    v6: Option<std::net::UdpSocket>,
-}
-
-impl Prober {
-    /// One datagram to each of `addresses` at `PROBE_PORT`; one that cannot be sent is logged at
-    /// debug level (the staleness it would have prevented is reported).
-    pub fn send(&mut self, addresses: &[std::net::IpAddr]) {
-        for &address in addresses {
-            let (slot, any): (_, std::net::IpAddr) = match address {
-                std::net::IpAddr::V4(_) => (&mut self.v4, std::net::Ipv4Addr::UNSPECIFIED.into()),
-                std::net::IpAddr::V6(_) => (&mut self.v6, std::net::Ipv6Addr::UNSPECIFIED.into()),
-            };
-            let socket = match slot {
-                Some(s) => Ok(&*s),
-                None => std::net::UdpSocket::bind((any, 0)).map(|s| &*slot.insert(s)),
-            };
-            if let Err(e) = socket.and_then(|s| s.send_to(b"trellis: direct path probe", (address, PROBE_PORT))) {
-                tracing::debug!(%address, "probing a direct peer: {e}");
-            }
-        }
-    }
-}
-
 /// What a hub reports it observes: each peer it had a handshake with in the last three minutes
 /// (WireGuard's session lifetime), at the endpoint its packets come from.
 pub fn observed(peers: &[PeerState], wall: i64) -> Vec<trellis_proto::ObservedEndpoint> {
@@ -381,19 +376,63 @@ mod tests {
         let mut book = Book::default();
         book.set(&[candidate(2, 4002)], 0, 100);
         let none: [std::net::IpAddr; 0] = [];
-        assert_eq!(book.probes(5), none, "a pair being tried is not probed");
+        let overlay: Vec<ipnet::IpNet> = vec!["10.77.0.0/16".parse().unwrap()];
+        assert_eq!(book.probes(5, &overlay), none, "a pair being tried is not probed");
         assert!(book.step(&[peer(2, Some(100), 100)], 10, 100), "n-2 promoted");
-        let overlay: std::net::IpAddr = "10.77.0.2".parse().unwrap();
-        assert_eq!(book.probes(10), [overlay], "probed at once, at its overlay address");
-        assert_eq!(book.probes(10 + PROBE_EVERY_MS - 1), none, "once per interval");
+        let address: std::net::IpAddr = "10.77.0.2".parse().unwrap();
+        assert_eq!(book.probes(10, &overlay), [address], "probed at once, at its overlay address");
+        assert_eq!(book.probes(10 + PROBE_EVERY_MS - 1, &overlay), none, "once per interval");
         assert!(!book.step(&[peer(2, Some(100), 132)], 10 + PROBE_EVERY_MS - 1, 101), "heard");
-        assert_eq!(book.probes(10 + PROBE_EVERY_MS), [overlay], "probed though heard from");
+        // A check 900 ms late: the beat is kept, the next is due 5 s after the last was due.
+        assert_eq!(book.probes(10 + PROBE_EVERY_MS + 900, &overlay), [address], "probed though heard from");
+        assert_eq!(book.probes(10 + 2 * PROBE_EVERY_MS, &overlay), [address], "on the interval's beat");
         let heard = 10 + PROBE_EVERY_MS - 1;
         assert!(!book.step(&[peer(2, Some(100), 132)], heard + 16_000, 102), "16 s of quiet is not stale: {:?}", book.status());
         assert!(!book.step(&[peer(2, Some(100), 132)], heard + STALE_MS - 1, 102));
         assert!(book.step(&[peer(2, Some(100), 132)], heard + STALE_MS, 103), "stale");
         assert_eq!(book.status()[0].state, "backing-off");
-        assert_eq!(book.probes(heard + STALE_MS + PROBE_EVERY_MS), none, "a peer on its hub is not probed");
+        assert_eq!(book.probes(heard + STALE_MS + PROBE_EVERY_MS, &overlay), none, "a peer on its hub is not probed");
+    }
+
+    /// Two ends that failed at different moments, and different numbers of times, try again
+    /// at the same moment: the next multiple of their pause in unix time (the longer pause's
+    /// multiples are the shorter's). Before, each waited its pause from its own failure, and
+    /// after a NAT rebind the two ends' attempts alternated without meeting.
+    #[test]
+    fn two_ends_backing_off_try_again_together() {
+        let (mut a, mut b) = (Book::default(), Book::default());
+        // a's first attempt ran from unix time 980 to 1000, and failed.
+        a.set(&[candidate(2, 4002)], 0, 980);
+        assert!(a.step(&[], TRY_FOR_MS, 1000));
+        // b's first ran from 945 to 965 and waited to 990 (a multiple of 30 s); its second ran
+        // from 990 to 1010, and failed.
+        b.set(&[candidate(3, 4003)], 0, 945);
+        assert!(b.step(&[], TRY_FOR_MS, 965));
+        assert_eq!(b.next_check(TRY_FOR_MS), Some(25_000));
+        assert!(b.step(&[], 45_000, 990));
+        assert!(b.step(&[], 65_000, 1010));
+        // a waits to 1020 (a multiple of 30 s), b to 1020 (of 60 s): both try at 1020.
+        assert_eq!(a.next_check(TRY_FOR_MS), Some(20_000));
+        assert_eq!(b.next_check(65_000), Some(10_000));
+        assert_eq!(backoff_until_ms(1, 1020), 30_000, "on the multiple itself: the next one");
+    }
+
+    /// A probe goes to one overlay address: not to a candidate's AllowedIPs that are a network
+    /// or outside this node's overlay (it would leave the interface for an address that is no
+    /// peer's); an IPv6 overlay address is probed like an IPv4 one.
+    #[test]
+    fn a_probe_goes_to_one_overlay_address_only() {
+        let mut book = Book::default();
+        let with = |b: u8, ips: &[&str]| Candidate { allowed_ips: ips.iter().map(|s| s.to_string()).collect(), ..candidate(b, 4000) };
+        book.set(
+            &[with(2, &["10.77.0.0/24"]), with(3, &["192.0.2.3/32"]), with(4, &["fd77::4/128", "10.77.0.4/32"]), with(5, &["0.0.0.0/0"])],
+            0,
+            100,
+        );
+        let shaken: Vec<PeerState> = (2..=5).map(|b| peer(b, Some(100), 100)).collect();
+        assert!(book.step(&shaken, 10, 100));
+        let overlay: Vec<ipnet::IpNet> = vec!["10.77.0.0/16".parse().unwrap(), "fd77::/64".parse().unwrap()];
+        assert_eq!(book.probes(10, &overlay), ["fd77::4".parse::<std::net::IpAddr>().unwrap()]);
     }
 
     /// A direct session that hears nothing for `STALE_MS` goes back to the hub, and is tried again
@@ -418,6 +457,7 @@ mod tests {
     /// is tried at once.
     #[test]
     fn failing_attempts_back_off_and_a_new_endpoint_is_tried_at_once() {
+        // At unix time 0 every pause ends on a multiple of itself: the pauses are whole.
         let mut book = Book::default();
         book.set(&[candidate(2, 4002)], 0, 100);
         let mut now = 0;

@@ -758,13 +758,12 @@ impl Agent {
                 return Ok(());
             }
             if failures > 0 {
-                // No CPU while waiting.
-                tokio::time::sleep(crate::backoff::delay(failures, self.opts.max_backoff, rand::random::<f64>())).await;
+                self.installer.executor().rest(crate::backoff::delay(failures, self.opts.max_backoff, rand::random::<f64>())).await;
             } else if redelivered {
                 // Answered at once with what it holds: whatever made the controller do so (a
                 // fault, a tag it cannot read), asking again at once would do it again, in a
                 // loop; the rest of the poll's wait is waited out here.
-                tokio::time::sleep(rest_of_wait(Duration::from_secs(self.opts.wait), asked.elapsed())).await;
+                self.installer.executor().rest(rest_of_wait(Duration::from_secs(self.opts.wait), asked.elapsed())).await;
             }
         }
     }

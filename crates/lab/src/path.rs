@@ -39,6 +39,9 @@ pub(crate) struct Status {
     pub peers: Vec<Peer>,
     #[serde(default)]
     pub paths: Vec<AgentPath>,
+    /// Unix seconds when the agent wrote it.
+    #[serde(default)]
+    pub updated_at: i64,
 }
 
 /// One peer as the interface reports it.
@@ -164,15 +167,21 @@ fn status(st: &LabState, host: &str) -> Status {
     std::fs::read(&path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
 }
 
-/// Every path the agents list as direct, as (agent, peer) with the moment it became direct.
+/// Every path the running agents list as direct, as (agent, peer) with the moment it became
+/// direct (a paused agent's status says nothing of now).
 pub(crate) fn direct_sessions(st: &LabState) -> std::collections::BTreeMap<(String, String), i64> {
     let mut out = std::collections::BTreeMap::new();
-    for host in &st.agents {
+    for host in st.agents.iter().filter(|h| !st.paused.contains(h)) {
         for p in status(st, host).paths.into_iter().filter(|p| p.state == "direct") {
             out.insert((host.clone(), p.peer), p.since);
         }
     }
     out
+}
+
+/// When host `host`'s agent last wrote its status (unix seconds; 0 for none).
+pub(crate) fn status_written(st: &LabState, host: &str) -> i64 {
+    status(st, host).updated_at
 }
 
 /// What agent `from` says of its path to the peer named `to` (`agent_view`, by name).

@@ -37,6 +37,18 @@ fn quiet_step(st: &LabState, i: usize, secs: u64) -> Result<()> {
     }
     let began = (crate::unix_ms() / 1000) as i64;
     std::thread::sleep(Duration::from_secs(secs));
+    // Each agent's status as written after the quiet ended (it is written every 10 s): one
+    // never written again would show the paths as they were.
+    let ended = began + secs as i64;
+    let deadline = Instant::now() + Duration::from_secs(12);
+    for (from, _) in before.keys() {
+        while crate::path::status_written(st, from) < ended {
+            if Instant::now() > deadline {
+                bail!("step {}: {from}'s agent wrote no status in the 12 s after the quiet ended", i + 1);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
     let after = crate::path::direct_sessions(st);
     let lost: Vec<String> = before
         .iter()

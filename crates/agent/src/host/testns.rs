@@ -166,10 +166,11 @@ mod tests {
         }
     }
 
-    /// On every backend here: a probe (`paths::Prober`) from a direct peer moves the bytes this
-    /// end received from it, though this end's filter drops it; a keepalive does not on every
-    /// backend (gotatun counts only data), nor does it come at all when ours held it back
-    /// (wireguard-go, the kernel). Probes are what the agent hears a quiet direct peer by.
+    /// On every backend here: a probe (an empty datagram, `host::Datagrams`) from a direct peer
+    /// moves the bytes this end received from it, though this end's filter drops it; a keepalive
+    /// does not on every backend (gotatun counts only data), nor does it come at all when ours
+    /// held it back (wireguard-go, the kernel). Probes are what the agent hears a quiet direct
+    /// peer by.
     #[test]
     fn every_backend_counts_a_probe_from_a_direct_peer_as_heard() {
         for (mode, name) in backends() {
@@ -192,7 +193,8 @@ mod tests {
             let rx = || state(&a.peers().unwrap(), &b_pub).map(|p| p.rx_bytes).unwrap_or(0);
             std::thread::sleep(Duration::from_millis(300));
             let before = rx();
-            b_ns.enter(|| crate::paths::Prober::default().send(&["10.77.0.1".parse().unwrap()]));
+            use crate::host::Prompter;
+            b_ns.enter(|| crate::host::Datagrams.prompt("wgtpb0", &["10.77.0.1".parse().unwrap()])).unwrap();
             let started = std::time::Instant::now();
             while rx() == before {
                 assert!(started.elapsed() < Duration::from_secs(3), "{name}: the probe was not counted as received");
