@@ -324,12 +324,29 @@ impl<'d> Topology<'d> {
     /// Indexes a validated declaration. `keys` are the WireGuard keys known for nodes (enrolled
     /// or declared); a key declared in the mesh wins over one given here.
     pub fn new(decl: &'d Declaration, alloc: &Allocation, keys: &crate::keys::Keys) -> Self {
-        // Sorted with the names at hand: a comparison reads no node (and a list in name order
-        // already is one pass).
-        let mut named: Vec<(&str, u32)> = decl.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i as u32)).collect();
-        named.sort_unstable();
-        let order: Vec<u32> = named.iter().map(|&(_, i)| i).collect();
-        drop(named);
+        Self::new_after(decl, alloc, keys, None)
+    }
+
+    /// `new`, given the declaration of the compile before and its nodes' order by name
+    /// (`order`): when this declaration names the same nodes in the same places, that order is
+    /// this one's, and the names are not sorted again (a change that adds, removes and renames
+    /// no node: a group move, a rule; 30 ms of 190 at 100,000 nodes).
+    pub fn new_after(decl: &'d Declaration, alloc: &Allocation, keys: &crate::keys::Keys, before: Option<(&Declaration, &[u32])>) -> Self {
+        let same_names = |(was, order): (&Declaration, &[u32])| {
+            was.nodes.len() == decl.nodes.len()
+                && order.len() == decl.nodes.len()
+                && was.nodes.iter().zip(&decl.nodes).all(|(a, b)| std::sync::Arc::ptr_eq(a, b) || a.name == b.name)
+        };
+        let order: Vec<u32> = match before.filter(|b| same_names(*b)) {
+            Some((_, order)) => order.to_vec(),
+            None => {
+                // Sorted with the names at hand: a comparison reads no node (and a list in name
+                // order already is one pass).
+                let mut named: Vec<(&str, u32)> = decl.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i as u32)).collect();
+                named.sort_unstable();
+                named.iter().map(|&(_, i)| i).collect()
+            }
+        };
         let nodes: Vec<&Node> = order.iter().map(|&i| &*decl.nodes[i as usize]).collect();
         let index: FastMap<&str, u32> = nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i as u32)).collect();
         let network_index: FastMap<&str, usize> = decl.networks.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();

@@ -120,7 +120,8 @@ fn compile_from(
         Some(p) if p.cache.as_ref().is_some_and(|c| redeclare::same_addressing(decl, &c.decl)) => std::mem::take(&mut p.allocation),
         _ => allocate(decl, previous.as_ref().map_or(previous_allocation, |p| &p.allocation))?,
     };
-    let topo = Topology::new(decl, &allocation, keys);
+    let before = previous.as_ref().and_then(|p| p.cache.as_ref()).map(|c| (&*c.decl, &c.order[..]));
+    let topo = Topology::new_after(decl, &allocation, keys, before);
     let previous = match previous {
         Some(p) => match redeclare::redeclare(decl, &topo, p) {
             Recompiled::Done(mut done) => {

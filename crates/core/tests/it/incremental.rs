@@ -362,3 +362,30 @@ fn add_exposure(d: &mut Declaration) {
         loc,
     });
 }
+
+/// The order by name of the compile before is taken only for the same names in the same places:
+/// the same nodes declared in another order are sorted again (taking the old order would put
+/// every node in another's place), and the order taken is the one a sort gives.
+#[test]
+fn the_order_before_is_taken_for_the_same_names_in_the_same_places_only() {
+    use trellis_core::topology::Topology;
+    let decl = crate::support::fixture("relay");
+    let alloc = trellis_core::allocate(&decl, &Default::default()).unwrap();
+    let keys = Keys::default();
+    let before = Topology::new(&decl, &alloc, &keys);
+    let names = |t: &Topology| (0..t.nodes.len() as u32).map(|i| t.name(i).to_string()).collect::<Vec<_>>();
+    let mut sorted = names(&before);
+    sorted.sort();
+    assert_eq!(names(&before), sorted);
+
+    let copy = decl.clone();
+    let kept = Topology::new_after(&copy, &alloc, &keys, Some((&decl, &before.order)));
+    assert_eq!((kept.order.clone(), names(&kept)), (before.order.clone(), sorted.clone()));
+
+    let mut reversed = decl.clone();
+    reversed.nodes.reverse();
+    assert!(reversed.nodes.len() > 2);
+    let again = Topology::new_after(&reversed, &alloc, &keys, Some((&decl, &before.order)));
+    assert_eq!(again.order, Topology::new(&reversed, &alloc, &keys).order);
+    assert_eq!(names(&again), sorted, "every node in its own place");
+}
