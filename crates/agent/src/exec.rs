@@ -328,13 +328,7 @@ impl Executor {
             }
         }
         // The direct peers' probes, through the configuration just applied (ADR 0032).
-        let probes = match &paths.applied {
-            Some(_) => {
-                let overlay: Vec<ipnet::IpNet> = base.addresses.iter().filter_map(|a| a.parse().ok()).collect();
-                paths.book.probes(now, &overlay)
-            }
-            None => Vec::new(),
-        };
+        let probes = if paths.applied.is_some() { paths.book.probes(now, &crate::plan::overlay_of(base)) } else { Vec::new() };
         if moved {
             for s in paths.book.status() {
                 tracing::info!(peer = %s.peer, hub = %s.hub, endpoint = %s.endpoint, reason = s.reason.as_deref().unwrap_or(""), "path {}", s.state);

@@ -172,28 +172,22 @@ impl Book {
     }
 
     /// The overlay addresses of the direct peers to probe at `now`, each marked probed: every
-    /// direct peer, once per `PROBE_EVERY_MS` (the first at once), at its overlay address: the
-    /// first of its AllowedIPs when that is one address inside `overlay` (this node's networks
-    /// on the interface), else it is not probed.
+    /// direct peer, once per `PROBE_EVERY_MS` (the first at once), at its overlay address as a
+    /// handshake prompt finds it (`plan::overlay_address`, in `overlay`: this node's networks on
+    /// the interface), else it is not probed.
     pub fn probes(&mut self, now: u64, overlay: &[ipnet::IpNet]) -> Vec<std::net::IpAddr> {
         let mut out = Vec::new();
         for e in self.entries.values_mut() {
             let State::Direct { probed, .. } = &mut e.state else { continue };
             let due = probed.is_none_or(|p| now.saturating_sub(p) >= PROBE_EVERY_MS);
-            let address = e
-                .candidate
-                .allowed_ips
-                .first()
-                .and_then(|a| a.parse::<ipnet::IpNet>().ok())
-                .filter(|net| net.prefix_len() == net.max_prefix_len() && overlay.iter().any(|o| o.contains(&net.addr())));
-            if let (true, Some(net)) = (due, address) {
+            if let (true, Some(address)) = (due, crate::plan::overlay_address(&e.candidate.allowed_ips, overlay)) {
                 // On the interval's beat, not the check's: checks a second apart do not stretch
                 // it (a probe very late, after a pause, starts the beat again).
                 *probed = Some(match *probed {
                     Some(p) if now.saturating_sub(p) < 2 * PROBE_EVERY_MS => p + PROBE_EVERY_MS,
                     _ => now,
                 });
-                out.push(net.addr());
+                out.push(address);
             }
         }
         out

@@ -502,12 +502,12 @@ fn merge(per_file: Vec<PeerChanges>) -> PeerChanges {
 /// The prompts of [`prompts`] from the changes of an edit of the interface's configuration: each
 /// peer new or changed that this node dials, unless it was dialled at the same endpoint before.
 fn prompts_of(conf: &WgConf, changes: &PeerChanges) -> Vec<Prompt> {
-    let overlay: Vec<ipnet::IpNet> = conf.addresses.iter().filter_map(|a| a.parse().ok()).collect();
+    let overlay = overlay_of(conf);
     changes
         .changed
         .iter()
         .filter(|(p, before)| p.endpoint.is_some() && before.as_ref().is_none_or(|b| b.endpoint != p.endpoint))
-        .filter_map(|(p, _)| Some(Prompt { public_key: p.public_key.clone(), address: overlay_address(p, &overlay)? }))
+        .filter_map(|(p, _)| Some(Prompt { public_key: p.public_key.clone(), address: overlay_address(&p.allowed_ips, &overlay)? }))
         .collect()
 }
 
@@ -521,11 +521,11 @@ fn prompts(conf: &WgConf, before: Option<&WgConf>) -> Vec<Prompt> {
     let endpoints: std::collections::HashMap<&str, Option<std::net::SocketAddr>> =
         before.iter().flat_map(|b| b.peers.iter().map(|o| (o.public_key.as_str(), o.endpoint))).collect();
     let held = |p: &WgPeer| endpoints.get(p.public_key.as_str()).is_some_and(|e| *e == p.endpoint);
-    let overlay: Vec<ipnet::IpNet> = conf.addresses.iter().filter_map(|a| a.parse().ok()).collect();
+    let overlay = overlay_of(conf);
     conf.peers
         .iter()
         .filter(|p| p.endpoint.is_some() && !held(p))
-        .filter_map(|p| Some(Prompt { public_key: p.public_key.clone(), address: overlay_address(p, &overlay)? }))
+        .filter_map(|p| Some(Prompt { public_key: p.public_key.clone(), address: overlay_address(&p.allowed_ips, &overlay)? }))
         .collect()
 }
 
@@ -536,20 +536,25 @@ pub(crate) fn prompts_for(conf: &WgConf, keys: &[String]) -> Vec<Prompt> {
         return Vec::new();
     }
     let keys: std::collections::HashSet<&str> = keys.iter().map(String::as_str).collect();
-    let overlay: Vec<ipnet::IpNet> = conf.addresses.iter().filter_map(|a| a.parse().ok()).collect();
+    let overlay = overlay_of(conf);
     conf.peers
         .iter()
         .filter(|p| p.endpoint.is_some() && keys.contains(p.public_key.as_str()))
-        .filter_map(|p| Some(Prompt { public_key: p.public_key.clone(), address: overlay_address(p, &overlay)? }))
+        .filter_map(|p| Some(Prompt { public_key: p.public_key.clone(), address: overlay_address(&p.allowed_ips, &overlay)? }))
         .collect()
 }
 
-/// A peer's own overlay address: the first of its AllowedIPs (`render` writes the peer's own
-/// addresses first, then the nodes a hub relays for and routes), if it is a single address
-/// inside the overlay the interface's addresses span. Never a route's prefix or an exit's
-/// default, so a prompt goes to the peer itself and nowhere else.
-fn overlay_address(peer: &WgPeer, overlay: &[ipnet::IpNet]) -> Option<IpAddr> {
-    let first: ipnet::IpNet = peer.allowed_ips.first()?.parse().ok()?;
+/// The overlay the interface's addresses span (`overlay_address`).
+pub(crate) fn overlay_of(conf: &WgConf) -> Vec<ipnet::IpNet> {
+    conf.addresses.iter().filter_map(|a| a.parse().ok()).collect()
+}
+
+/// A peer's own overlay address, from its AllowedIPs: the first of them (`render` writes the
+/// peer's own addresses first, then the nodes a hub relays for and routes), if it is a single
+/// address inside `overlay`. Never a route's prefix or an exit's default, so a prompt or a probe
+/// goes to the peer itself and nowhere else.
+pub(crate) fn overlay_address(allowed_ips: &[String], overlay: &[ipnet::IpNet]) -> Option<IpAddr> {
+    let first: ipnet::IpNet = allowed_ips.first()?.parse().ok()?;
     let single = first.prefix_len() == first.max_prefix_len();
     (single && overlay.iter().any(|net| net.contains(&first.addr()))).then(|| first.addr())
 }

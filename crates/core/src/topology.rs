@@ -330,7 +330,7 @@ impl<'d> Topology<'d> {
     /// `new`, given the declaration of the compile before and its nodes' order by name
     /// (`order`): when this declaration names the same nodes in the same places, that order is
     /// this one's, and the names are not sorted again (a change that adds, removes and renames
-    /// no node: a group move, a rule; 30 ms of 190 at 100,000 nodes).
+    /// no node: a group move, a rule; 55 ms of 193 at 100,000 nodes).
     pub fn new_after(decl: &'d Declaration, alloc: &Allocation, keys: &crate::keys::Keys, before: Option<(&Declaration, &[u32])>) -> Self {
         let same_names = |(was, order): (&Declaration, &[u32])| {
             was.nodes.len() == decl.nodes.len()

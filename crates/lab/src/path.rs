@@ -151,11 +151,14 @@ fn short(key: &str) -> &str {
 
 /// What the agent says of its path to `to_key`: its state, and why it is not direct.
 pub(crate) fn agent_view(from: &Status, to_key: &str) -> String {
-    match from.paths.iter().find(|p| p.public_key == to_key) {
-        Some(p) => match &p.reason {
-            Some(r) => format!("{} ({r})", p.state),
-            None => p.state.clone(),
-        },
+    view(from.paths.iter().find(|p| p.public_key == to_key))
+}
+
+/// A path as the agent lists it: its state, and why it is not direct.
+fn view(path: Option<&AgentPath>) -> String {
+    match path {
+        Some(AgentPath { state, reason: Some(r), .. }) => format!("{state} ({r})"),
+        Some(p) => p.state.clone(),
         None => "lists no path".into(),
     }
 }
@@ -186,11 +189,7 @@ pub(crate) fn status_written(st: &LabState, host: &str) -> i64 {
 
 /// What agent `from` says of its path to the peer named `to` (`agent_view`, by name).
 pub(crate) fn agent_view_of(st: &LabState, from: &str, to: &str) -> String {
-    let status = status(st, from);
-    match status.paths.iter().find(|p| p.peer == to) {
-        Some(p) => agent_view(&status, &p.public_key.clone()),
-        None => "lists no path".into(),
-    }
+    view(status(st, from).paths.iter().find(|p| p.peer == to))
 }
 
 /// Every path an agent lists that is neither direct nor trying, as `from -> peer: state (reason)`:

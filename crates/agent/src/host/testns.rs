@@ -173,6 +173,7 @@ mod tests {
     /// peer by.
     #[test]
     fn every_backend_counts_a_probe_from_a_direct_peer_as_heard() {
+        use crate::host::Prompter;
         for (mode, name) in backends() {
             let (a_ns, b_ns) = pair(&format!("p{}", &name[..2]));
             let ((a_priv, a_pub), (b_priv, b_pub)) = (keypair(), keypair());
@@ -193,7 +194,6 @@ mod tests {
             let rx = || state(&a.peers().unwrap(), &b_pub).map(|p| p.rx_bytes).unwrap_or(0);
             std::thread::sleep(Duration::from_millis(300));
             let before = rx();
-            use crate::host::Prompter;
             b_ns.enter(|| crate::host::Datagrams.prompt("wgtpb0", &["10.77.0.1".parse().unwrap()])).unwrap();
             let started = std::time::Instant::now();
             while rx() == before {
