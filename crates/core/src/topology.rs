@@ -2,6 +2,7 @@
 //! as node sets, rules with their sources resolved, and the path rule between two nodes.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 use crate::alloc::Allocation;
 use crate::decl::{Declaration, Exposure, Node, PortRange, Proto, PublicKey, Route, Rule, Source};
@@ -30,7 +31,7 @@ fn meets(a: &[u64], b: &[u64]) -> bool {
 pub type NodeSet = Vec<u32>;
 
 /// A rule of a module with its sources resolved to nodes.
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 pub struct ResolvedRule<'d> {
     pub module: &'d str,
     /// 1-based position of the rule in its manifest.
@@ -50,7 +51,7 @@ impl ResolvedRule<'_> {
 }
 
 /// A route with its routers and its rules' sources resolved to nodes.
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 pub struct ResolvedRoute<'d> {
     pub route: &'d Route,
     /// The routers in order of preference, as positions.
@@ -77,7 +78,7 @@ pub enum Path {
 
 /// Who can dial whom and which hubs can relay, by node position. Owns its data, so that a compile
 /// can keep it for the next one.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reach {
     /// Per node, one row: its networks (`words` words of bits), the networks any of its
     /// endpoints is reachable from (`words`), and the hubs it has a direct path with (bits over
@@ -149,6 +150,11 @@ impl Reach {
         (class, first)
     }
 
+    /// The same reach for nodes whose keys are now `keys`: only which hubs may relay follows them.
+    fn rekeyed(&self, keys: &[Option<PublicKey>]) -> Reach {
+        Reach { keyed_hubs: keyed(&self.hubs, keys), ..self.clone() }
+    }
+
     /// The path rule. With `need_keys`, only hubs whose key is known may relay. It reads the two
     /// nodes' rows and nothing else of them: `classes` relies on it (what else decides a path
     /// goes into the rows).
@@ -177,7 +183,13 @@ pub struct Topology<'d> {
     pub nodes: Vec<&'d Node>,
     /// Each position's index in `decl.nodes`.
     pub order: Vec<u32>,
-    pub index: FastMap<&'d str, u32>,
+    /// Each node's position by name (shared with `kept`).
+    pub index: Arc<FastMap<Arc<str>, u32>>,
+    /// The topology given to `new_after` named the same nodes in the same places: positions are
+    /// the same in both.
+    pub same_names: bool,
+    /// What the next topology over the same names starts from.
+    pub kept: Kept,
     pub ipv4: Vec<Option<Ipv4Addr>>,
     pub ipv6: Vec<Option<Ipv6Addr>>,
     pub keys: Vec<Option<PublicKey>>,
@@ -189,8 +201,9 @@ pub struct Topology<'d> {
     pub network_index: FastMap<&'d str, usize>,
     pub reach: Reach,
     pub hubs: Vec<u32>,
-    pub groups: FastMap<&'d str, NodeSet>,
-    pub runners: FastMap<&'d str, NodeSet>,
+    pub groups: FastMap<Arc<str>, NodeSet>,
+    /// Every declared module's runners (and any other module a node runs).
+    pub runners: Arc<FastMap<Arc<str>, NodeSet>>,
     pub rules: Vec<ResolvedRule<'d>>,
     /// The rules of each module, as a range of `rules`.
     pub module_rules: FastMap<&'d str, std::ops::Range<usize>>,
@@ -210,7 +223,7 @@ pub struct Topology<'d> {
 }
 
 /// An exposure with its ingress nodes and its module's runners as node sets.
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 pub struct ResolvedExposure<'d> {
     pub exposure: &'d Exposure,
     /// The ingress nodes.
@@ -221,6 +234,157 @@ pub struct ResolvedExposure<'d> {
 
 fn hubs_len_words(hubs: &[u32]) -> usize {
     hubs.len().div_ceil(64).max(1)
+}
+
+/// The hubs whose key is known, as bits over `hubs`.
+fn keyed(hubs: &[u32], keys: &[Option<PublicKey>]) -> Bits {
+    let mut bits = Bits::new(hubs_len_words(hubs));
+    for (j, &h) in hubs.iter().enumerate() {
+        if keys[h as usize].is_some() {
+            bits.set(j);
+        }
+    }
+    bits
+}
+
+/// What a topology keeps for the next one over the same names (`Topology::new_after`): the index
+/// by name, the groups as the nodes name them and as they are declared, and the modules' runners.
+/// Shared, so that a compile whose change touches none of them copies nothing, and one that does
+/// edits them where the changed nodes are.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Kept {
+    pub index: Arc<FastMap<Arc<str>, u32>>,
+    /// Per group name, the nodes that name it in their `groups`.
+    grouped: Arc<FastMap<Arc<str>, NodeSet>>,
+    /// Per declared group, in declaration order, its `members` that are nodes.
+    members: Arc<Vec<NodeSet>>,
+    /// Per module, declared or run, its runners.
+    running: Arc<FastMap<Arc<str>, NodeSet>>,
+}
+
+impl Kept {
+    /// Made from every node.
+    fn new(decl: &Declaration, nodes: &[&Node]) -> Kept {
+        let index: FastMap<Arc<str>, u32> = nodes.iter().enumerate().map(|(i, n)| (Arc::from(n.name.as_str()), i as u32)).collect();
+        let members =
+            decl.groups.iter().map(|g| set_of(g.members.iter().filter_map(|m| index.get(m.as_str()).copied()).collect())).collect();
+        // Gathered by the names at hand, then keyed by shared names (a few thousand groups).
+        let mut grouped: FastMap<&str, Vec<u32>> = FastMap::default();
+        let mut running: FastMap<&str, Vec<u32>> = decl.modules.iter().map(|m| (m.name.as_str(), Vec::new())).collect();
+        for (i, n) in nodes.iter().enumerate() {
+            for g in &n.groups {
+                grouped.entry(g.as_str()).or_default().push(i as u32);
+            }
+            for m in &n.modules {
+                running.entry(m.as_str()).or_default().push(i as u32);
+            }
+        }
+        let shared =
+            |m: FastMap<&str, Vec<u32>>| -> FastMap<Arc<str>, NodeSet> { m.into_iter().map(|(k, v)| (Arc::from(k), set_of(v))).collect() };
+        Kept { index: Arc::new(index), grouped: Arc::new(shared(grouped)), members: Arc::new(members), running: Arc::new(shared(running)) }
+    }
+
+    /// This one (made for `was`, whose nodes are in the same places) edited for `decl`: the nodes
+    /// at `changed` (positions, declared anew) leave the groups and modules they named and join
+    /// those they name now, and the declared groups whose members changed are resolved again.
+    /// `None` when the declared groups or modules are others (by name, in order).
+    fn edited(&self, decl: &Declaration, was: &Declaration, nodes: &[&Node], before: &[&Node], changed: &[u32]) -> Option<Kept> {
+        let names_same = |a: &mut dyn ExactSizeIterator<Item = &String>, b: &mut dyn ExactSizeIterator<Item = &String>| {
+            a.len() == b.len() && a.zip(b).all(|(x, y)| x == y)
+        };
+        if !names_same(&mut decl.groups.iter().map(|g| &g.name), &mut was.groups.iter().map(|g| &g.name))
+            || !names_same(&mut decl.modules.iter().map(|m| &m.name), &mut was.modules.iter().map(|m| &m.name))
+        {
+            return None;
+        }
+        let mut kept = self.clone();
+        // Leaves `a` in every set `from` names, joins it to every set `to` names; a set left empty
+        // goes unless `keep` holds for its name.
+        let edit = |map: &mut Arc<FastMap<Arc<str>, NodeSet>>, a: u32, from: &[String], to: &[String], keep: &dyn Fn(&str) -> bool| {
+            if from == to {
+                return;
+            }
+            let map = Arc::make_mut(map);
+            for name in from {
+                if let Some(set) = map.get_mut(name.as_str()) {
+                    if let Ok(i) = set.binary_search(&a) {
+                        set.remove(i);
+                    }
+                    if set.is_empty() && !keep(name) {
+                        map.remove(name.as_str());
+                    }
+                }
+            }
+            for name in to {
+                let set = match map.get_mut(name.as_str()) {
+                    Some(set) => set,
+                    None => map.entry(Arc::from(name.as_str())).or_default(),
+                };
+                if let Err(i) = set.binary_search(&a) {
+                    set.insert(i, a);
+                }
+            }
+        };
+        let declared: crate::FastSet<&str> = decl.modules.iter().map(|m| m.name.as_str()).collect();
+        for &a in changed {
+            let (now, was) = (nodes[a as usize], before[a as usize]);
+            edit(&mut kept.grouped, a, &was.groups, &now.groups, &|_| false);
+            edit(&mut kept.running, a, &was.modules, &now.modules, &|m| declared.contains(m));
+        }
+        for (i, (g, w)) in decl.groups.iter().zip(&was.groups).enumerate() {
+            if g.members != w.members {
+                Arc::make_mut(&mut kept.members)[i] =
+                    set_of(g.members.iter().filter_map(|m| kept.index.get(m.as_str()).copied()).collect());
+            }
+        }
+        Some(kept)
+    }
+
+    /// Every group's nodes: its declared members and the nodes that name it.
+    fn groups(&self, decl: &Declaration) -> FastMap<Arc<str>, NodeSet> {
+        let mut groups: FastMap<Arc<str>, NodeSet> =
+            decl.groups.iter().zip(self.members.iter()).map(|(g, m)| (Arc::from(g.name.as_str()), m.clone())).collect();
+        for (g, set) in self.grouped.iter() {
+            match groups.get_mut(g) {
+                Some(members) if !members.is_empty() => {
+                    members.extend_from_slice(set);
+                    members.sort_unstable();
+                    members.dedup();
+                }
+                Some(members) => members.clone_from(set),
+                None => {
+                    groups.insert(g.clone(), set.clone());
+                }
+            }
+        }
+        groups
+    }
+}
+
+/// Each position's addresses, IPv4 and IPv6.
+pub type Addresses<'c> = (&'c [Option<Ipv4Addr>], &'c [Option<Ipv6Addr>]);
+
+/// The topology of the compile before, for `Topology::new_after` (`Topology::before`, or what a
+/// compile kept of it).
+#[derive(Clone, Copy)]
+pub struct Before<'c> {
+    pub decl: &'c Declaration,
+    pub order: &'c [u32],
+    pub kept: &'c Kept,
+    /// Each position's addresses, when the allocation is the one that topology had.
+    pub addresses: Option<Addresses<'c>>,
+    /// Each position's key, and where that topology stood in its key set: the names changed
+    /// since are read again, the others kept. Without the second, every key is read again.
+    pub keys: (&'c [Option<PublicKey>], Option<crate::keys::KeysSeen>),
+    pub reach: &'c Reach,
+}
+
+/// Whether a node is reached the same way: the same networks and endpoints (not where written).
+pub(crate) fn same_reach(a: &Node, b: &Node) -> bool {
+    std::ptr::eq(a, b)
+        || (a.networks == b.networks
+            && a.endpoints.len() == b.endpoints.len()
+            && a.endpoints.iter().zip(&b.endpoints).all(|(x, y)| x.address == y.address && x.reachable_from == y.reachable_from))
 }
 
 /// The reach of `nodes`: each one's networks and its endpoints' reach as bits over the
@@ -257,12 +421,7 @@ fn reach_of(nodes: &[&Node], network_index: &FastMap<&str, usize>, networks: usi
         }
     }
     endpoint_start.push(e as u32);
-    let mut keyed_hubs = Bits::new(hub_words);
-    for (j, &h) in hubs.iter().enumerate() {
-        if keys[h as usize].is_some() {
-            keyed_hubs.set(j);
-        }
-    }
+    let keyed_hubs = keyed(&hubs, keys);
     let mut r = Reach { rows, words, endpoint_reach, endpoint_start, hubs, keyed_hubs };
     // Whether a node and a hub are direct follows from the node's networks and its
     // endpoints' reach alone (`Reach::dials` finds an endpoint where their union meets the
@@ -327,18 +486,22 @@ impl<'d> Topology<'d> {
         Self::new_after(decl, alloc, keys, None)
     }
 
-    /// `new`, given the declaration of the compile before and its nodes' order by name
-    /// (`order`): when this declaration names the same nodes in the same places, that order is
-    /// this one's, and the names are not sorted again (a change that adds, removes and renames
-    /// no node: a group move, a rule; 55 ms of 193 at 100,000 nodes).
-    pub fn new_after(decl: &'d Declaration, alloc: &Allocation, keys: &crate::keys::Keys, before: Option<(&Declaration, &[u32])>) -> Self {
-        let same_names = |(was, order): (&Declaration, &[u32])| {
-            was.nodes.len() == decl.nodes.len()
-                && order.len() == decl.nodes.len()
-                && was.nodes.iter().zip(&decl.nodes).all(|(a, b)| std::sync::Arc::ptr_eq(a, b) || a.name == b.name)
+    /// `new`, given the topology of the compile before (`before`). When this declaration names
+    /// the same nodes in the same places, that one's order by name is this one's (the names are
+    /// not sorted again) and what it kept is edited where nodes changed: the index by name, the
+    /// groups and runners, the addresses when the allocation is the same, the keys but those
+    /// changed since, and the reach when no node is reached another way. A change that adds,
+    /// removes and renames no node (a group move, a rule) costs what it changes there; at 100,000
+    /// nodes these were 190 ms of a group move.
+    pub fn new_after(decl: &'d Declaration, alloc: &Allocation, keys: &crate::keys::Keys, before: Option<Before<'_>>) -> Self {
+        let same_names = |b: &Before| {
+            b.decl.nodes.len() == decl.nodes.len()
+                && b.order.len() == decl.nodes.len()
+                && b.decl.nodes.iter().zip(&decl.nodes).all(|(a, b)| Arc::ptr_eq(a, b) || a.name == b.name)
         };
-        let order: Vec<u32> = match before.filter(|b| same_names(*b)) {
-            Some((_, order)) => order.to_vec(),
+        let before = before.filter(same_names);
+        let order: Vec<u32> = match before {
+            Some(b) => b.order.to_vec(),
             None => {
                 // Sorted with the names at hand: a comparison reads no node (and a list in name
                 // order already is one pass).
@@ -348,27 +511,23 @@ impl<'d> Topology<'d> {
             }
         };
         let nodes: Vec<&Node> = order.iter().map(|&i| &*decl.nodes[i as usize]).collect();
-        let index: FastMap<&str, u32> = nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i as u32)).collect();
+        // The same names in the same places: each node as it was, and the positions of those
+        // declared anew.
+        let was: Option<(Before, Vec<&Node>, Vec<u32>)> = before.map(|b| {
+            let was: Vec<&Node> = order.iter().map(|&i| &*b.decl.nodes[i as usize]).collect();
+            let changed = (0..nodes.len() as u32).filter(|&a| !std::ptr::eq(nodes[a as usize], was[a as usize])).collect();
+            (b, was, changed)
+        });
+        let kept = match &was {
+            Some((b, old, changed)) => b.kept.edited(decl, b.decl, &nodes, old, changed),
+            None => None,
+        }
+        .unwrap_or_else(|| Kept::new(decl, &nodes));
+        let index = kept.index.clone();
         let network_index: FastMap<&str, usize> = decl.networks.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
         let hubs: Vec<u32> = (0..nodes.len() as u32).filter(|&i| nodes[i as usize].hub).collect();
-
-        let mut groups: FastMap<&str, Vec<u32>> = decl
-            .groups
-            .iter()
-            .map(|g| (g.name.as_str(), g.members.iter().filter_map(|m| index.get(m.as_str()).copied()).collect()))
-            .collect();
-        let mut runners: FastMap<&str, Vec<u32>> = decl.modules.iter().map(|m| (m.name.as_str(), Vec::new())).collect();
-        for (i, n) in nodes.iter().enumerate() {
-            for g in &n.groups {
-                groups.entry(g.as_str()).or_default().push(i as u32);
-            }
-            for m in &n.modules {
-                runners.entry(m.as_str()).or_default().push(i as u32);
-            }
-        }
-        let groups: FastMap<&str, NodeSet> = groups.into_iter().map(|(k, v)| (k, set_of(v))).collect();
-        let runners: FastMap<&str, NodeSet> = runners.into_iter().map(|(k, v)| (k, set_of(v))).collect();
-
+        let groups = kept.groups(decl);
+        let runners = kept.running.clone();
         let all: NodeSet = (0..nodes.len() as u32).collect();
         let resolve = |from: &[Source]| {
             let mut sources = Vec::new();
@@ -422,13 +581,28 @@ impl<'d> Topology<'d> {
                 runners: runners.get(e.module.as_str()).cloned().unwrap_or_default(),
             })
             .collect();
-        let ipv4 = by_name(&nodes, &alloc.ipv4);
-        let ipv6 = by_name(&nodes, &alloc.ipv6);
-        let withdrawn: Vec<bool> = nodes.iter().map(|n| keys.is_withdrawn(&n.name)).collect();
+        let (ipv4, ipv6) = match was.as_ref().and_then(|(b, _, _)| b.addresses) {
+            Some((v4, v6)) => (v4.to_vec(), v6.to_vec()),
+            None => (by_name(&nodes, &alloc.ipv4), by_name(&nodes, &alloc.ipv6)),
+        };
+        let withdrawn: Vec<bool> = match keys.withdrawn().is_empty() {
+            true => vec![false; nodes.len()],
+            false => nodes.iter().map(|n| keys.is_withdrawn(&n.name)).collect(),
+        };
         let withdrawn_names = keys.withdrawn().clone();
-        let keys: Vec<Option<PublicKey>> = nodes.iter().map(|n| n.public_key.or_else(|| keys.get(&n.name))).collect();
+        let key_of = |n: &Node| n.public_key.or_else(|| keys.get(&n.name));
+        // The keys before, but those of the names changed since and of the nodes declared anew.
+        let kept_keys = was.as_ref().and_then(|(b, _, changed)| {
+            let names = keys.changed_since(b.keys.1.as_ref()?)?;
+            let mut kept = b.keys.0.to_vec();
+            for a in names.filter_map(|n| index.get(n)).chain(changed) {
+                kept[*a as usize] = key_of(nodes[*a as usize]);
+            }
+            Some(kept)
+        });
+        let keys: Vec<Option<PublicKey>> = kept_keys.unwrap_or_else(|| nodes.iter().map(|n| key_of(n)).collect());
         let mut module_names: Vec<(std::sync::Arc<str>, NodeSet)> =
-            runners.iter().filter(|(_, r)| !r.is_empty()).map(|(m, r)| (std::sync::Arc::from(*m), r.clone())).collect();
+            runners.iter().filter(|(_, r)| !r.is_empty()).map(|(m, r)| (m.clone(), r.clone())).collect();
         module_names.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let mut modules_of: Vec<Vec<u32>> = vec![Vec::new(); nodes.len()];
         for (m, (_, runners)) in module_names.iter().enumerate() {
@@ -444,12 +618,27 @@ impl<'d> Topology<'d> {
                 }
             }
         }
-        let r = reach_of(&nodes, &network_index, decl.networks.len(), hubs.clone(), &keys);
+        // The reach before holds when the networks are the same and every node declared anew is
+        // reached as it was and a hub as it was: only the hubs' keys are read again.
+        let reach_kept = was.as_ref().filter(|(b, old, changed)| {
+            decl.networks.len() == b.decl.networks.len()
+                && decl.networks.iter().zip(&b.decl.networks).all(|(x, y)| x.name == y.name)
+                && changed.iter().all(|&a| {
+                    let (now, was) = (nodes[a as usize], old[a as usize]);
+                    now.hub == was.hub && same_reach(now, was)
+                })
+        });
+        let r = match reach_kept {
+            Some((b, _, _)) => b.reach.rekeyed(&keys),
+            None => reach_of(&nodes, &network_index, decl.networks.len(), hubs.clone(), &keys),
+        };
         Topology {
             decl,
             nodes,
             order,
             index,
+            same_names: was.is_some(),
+            kept,
             ipv4,
             ipv6,
             keys,
@@ -471,8 +660,42 @@ impl<'d> Topology<'d> {
         }
     }
 
+    /// This topology as the one before the next (`new_after`), with where it stood in its key set
+    /// when that is known.
+    pub fn before(&self, keys_seen: Option<crate::keys::KeysSeen>) -> Before<'_> {
+        Before { decl: self.decl, order: &self.order, kept: &self.kept, addresses: None, keys: (&self.keys, keys_seen), reach: &self.reach }
+    }
+
     pub fn name(&self, i: u32) -> &'d str {
         &self.nodes[i as usize].name
+    }
+
+    /// The first part in which this topology differs from `other` (another index of the mesh, or
+    /// the same mesh indexed another way), by name; `None` when they are the same. For tests that
+    /// hold a topology made from the one before to one made afresh.
+    pub fn differs_from(&self, other: &Topology) -> Option<&'static str> {
+        let names = |t: &Topology| t.nodes.iter().map(|n| n.name.clone()).collect::<Vec<_>>();
+        let parts: [(&'static str, bool); 18] = [
+            ("nodes", names(self) == names(other)),
+            ("index", self.index == other.index),
+            ("ipv4", self.ipv4 == other.ipv4),
+            ("ipv6", self.ipv6 == other.ipv6),
+            ("keys", self.keys == other.keys),
+            ("withdrawn", self.withdrawn == other.withdrawn && self.withdrawn_names == other.withdrawn_names),
+            ("network_index", self.network_index == other.network_index),
+            ("reach", self.reach == other.reach),
+            ("hubs", self.hubs == other.hubs),
+            ("groups", self.groups == other.groups),
+            ("runners", self.runners == other.runners),
+            ("rules", self.rules == other.rules),
+            ("module_rules", self.module_rules == other.module_rules),
+            ("module_names", self.module_names == other.module_names),
+            ("routes", self.routes == other.routes && self.routes_of == other.routes_of),
+            ("exposures", self.exposures == other.exposures),
+            ("inbound", self.inbound == other.inbound),
+            ("modules_of", self.modules_of == other.modules_of),
+        ];
+        parts.iter().find(|(_, same)| !same).map(|(name, _)| *name)
     }
 
     /// The endpoint of `b` that `a` dials (see `Reach::dials`).

@@ -9,7 +9,7 @@ use crate::decl::{Declaration, PublicKey};
 use crate::keys::KeysSeen;
 use crate::par;
 use crate::plan::{NodeText, PeerPlan, RouteBlock};
-use crate::topology::{NodeSet, Path, Reach, Topology};
+use crate::topology::{Before, Kept, NodeSet, Path, Reach, Topology};
 
 /// What a compile keeps so that the next one recomputes only the nodes the change reaches
 /// (`rekey`, `redeclare`). Positions are node positions in name order.
@@ -21,7 +21,8 @@ pub(super) struct Cache {
     pub(super) texts: Vec<Arc<NodeText>>,
     /// Position in name order to index in `decl.nodes`.
     pub(super) order: Vec<u32>,
-    pub(super) index: crate::FastMap<Arc<str>, u32>,
+    /// What the topology kept for the next (its index by name among it).
+    pub(super) kept: Kept,
     pub(super) ipv4: Vec<Option<std::net::Ipv4Addr>>,
     pub(super) ipv6: Vec<Option<std::net::Ipv6Addr>>,
     pub(super) keys: Vec<Option<PublicKey>>,
@@ -64,13 +65,12 @@ pub(super) type Links = (Vec<NodeSet>, Vec<Vec<(u32, Path)>>, Vec<Vec<u32>>);
 
 impl Cache {
     /// `old` gives a node's text from the previous compile, kept when its name and addresses are
-    /// the same (so that plans compare it by pointer); `index`, the index by name when it is known.
+    /// the same (so that plans compare it by pointer).
     pub(super) fn new(
         decl: &Arc<Declaration>,
         topo: &Topology,
         (partners, paths, relayed_by): Links,
         module_sources: Vec<NodeSet>,
-        index: Option<crate::FastMap<Arc<str>, u32>>,
         old: impl Fn(usize) -> Option<Arc<NodeText>> + Sync,
     ) -> Cache {
         let mut router = vec![false; topo.nodes.len()];
@@ -94,7 +94,7 @@ impl Cache {
             texts,
             decl: decl.clone(),
             order: topo.order.clone(),
-            index: index.unwrap_or_else(|| names.iter().enumerate().map(|(i, n)| (n.clone(), i as u32)).collect()),
+            kept: topo.kept.clone(),
             names,
             ipv4: topo.ipv4.clone(),
             ipv6: topo.ipv6.clone(),
@@ -118,6 +118,19 @@ impl Cache {
             // Set by `compile`, which has the key set.
             keys_seen: None,
             withdrawn: topo.withdrawn_names.clone(),
+        }
+    }
+
+    /// The topology this cache was made with, for the next (`Topology::new_after`); its addresses
+    /// when `allocation_kept` (the next compile holds the same allocation).
+    pub(super) fn before(&self, allocation_kept: bool) -> Before<'_> {
+        Before {
+            decl: &self.decl,
+            order: &self.order,
+            kept: &self.kept,
+            addresses: allocation_kept.then_some((&self.ipv4[..], &self.ipv6[..])),
+            keys: (&self.keys, self.keys_seen),
+            reach: &self.reach,
         }
     }
 

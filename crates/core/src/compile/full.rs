@@ -23,7 +23,7 @@ pub(super) fn compile(decl: &Arc<Declaration>, topo: &Topology, allocation: Allo
     let (plans, shared, cache) = plan(decl, topo, previous);
     let Shared { rule_blocks, zone_blocks, .. } = shared;
     let mut diagnostics = path_diagnostics(plans.iter(), &cache);
-    diagnostics.extend(left_out_diagnostics(plans.iter(), |b| cache.loc(cache.index[b])));
+    diagnostics.extend(left_out_diagnostics(plans.iter(), |b| cache.loc(cache.kept.index[b])));
     diag::sort(&mut diagnostics);
 
     let files = par::map(plans.len(), |i| files_of(&plans[i], previous.and_then(|c| c.nodes.get(&*plans[i].node))));
@@ -264,7 +264,7 @@ fn plan(decl: &Arc<Declaration>, topo: &Topology, previous: Option<&Compiled>) -
     let paths: Vec<Vec<(u32, Path)>> = par::map(n, |a| partners[a].iter().map(|&b| (b, topo.path(a as u32, b, true))).collect());
     let relayed_by = relays(&paths);
     let shared = shared(topo, previous, previous.and_then(|p| p.cache.as_deref()), None);
-    let mut cache = Cache::new(decl, topo, (partners, paths, relayed_by), topo.module_sources(), None, |_| None);
+    let mut cache = Cache::new(decl, topo, (partners, paths, relayed_by), topo.module_sources(), |_| None);
     cache.route_blocks = shared.route_blocks.clone();
     let plans = par::map(n, |a| node_plan(topo, &shared, &cache, a));
     (plans, shared, cache)

@@ -116,11 +116,12 @@ fn compile_from(
     };
     // The same nodes with the same pins in the same pools hold the addresses they held: the
     // previous allocation is the one `allocate` would give again.
+    let kept = previous.as_ref().and_then(|p| p.cache.as_ref()).is_some_and(|c| redeclare::same_addressing(decl, &c.decl));
     let allocation = match previous.as_mut() {
-        Some(p) if p.cache.as_ref().is_some_and(|c| redeclare::same_addressing(decl, &c.decl)) => std::mem::take(&mut p.allocation),
+        Some(p) if kept => std::mem::take(&mut p.allocation),
         _ => allocate(decl, previous.as_ref().map_or(previous_allocation, |p| &p.allocation))?,
     };
-    let before = previous.as_ref().and_then(|p| p.cache.as_ref()).map(|c| (&*c.decl, &c.order[..]));
+    let before = previous.as_ref().and_then(|p| p.cache.as_ref()).map(|c| c.before(kept));
     let topo = Topology::new_after(decl, &allocation, keys, before);
     let previous = match previous {
         Some(p) => match redeclare::redeclare(decl, &topo, p) {

@@ -49,20 +49,18 @@ pub(super) fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: 
             affected[v as usize] = true;
         }
     }
-    let Redeclare { new_to_old, old_to_new, identity, fresh_partners, .. } = step;
+    let Redeclare { new_to_old, old_to_new, fresh_partners, .. } = step;
     let mut old_partners = std::mem::take(&mut old.partners);
     let partners: Vec<NodeSet> =
         fresh_partners.into_iter().enumerate().map(|(a, p)| p.unwrap_or_else(|| std::mem::take(&mut old_partners[a]))).collect();
-    // The same names in the same places: the index by name is the one before.
-    let index = identity.then(|| std::mem::take(&mut old.index));
     let mut cache =
-        Cache::new(decl, topo, (partners, paths, relayed_by), sources, index, |a| new_to_old[a].map(|o| old.texts[o as usize].clone()));
+        Cache::new(decl, topo, (partners, paths, relayed_by), sources, |a| new_to_old[a].map(|o| old.texts[o as usize].clone()));
     cache.route_blocks = shared.route_blocks.clone();
     let gone = old_to_new.iter().zip(&old.names).filter(|(a, _)| a.is_none()).map(|(_, name)| name);
     let (nodes, rendered) = outputs(topo, &shared, &cache, &affected, gone, std::mem::take(&mut previous.nodes));
     let plans = || nodes.values().map(|o| &*o.plan);
     let mut diagnostics = path_diagnostics(plans(), &cache);
-    diagnostics.extend(left_out_diagnostics(plans(), |b| cache.loc(cache.index[b])));
+    diagnostics.extend(left_out_diagnostics(plans(), |b| cache.loc(cache.kept.index[b])));
     diag::sort(&mut diagnostics);
     Recompiled::Done(Compiled {
         allocation: previous.allocation,
@@ -87,10 +85,10 @@ fn keeps_mesh(decl: &Declaration, topo: &Topology, old: &Cache) -> bool {
     let old_hubs: Vec<&Arc<str>> = old.reach.hubs.iter().map(|&h| &old.names[h as usize]).collect();
     let same_hubs = old_hubs.len() == topo.hubs.len()
         && topo.hubs.iter().zip(&old_hubs).all(|(&h, name)| {
-            let o = old.order[old.index[&***name] as usize] as usize;
+            let o = old.order[old.kept.index[&***name] as usize] as usize;
             topo.name(h) == &***name
                 && same_node(topo.nodes[h as usize], &od.nodes[o])
-                && topo.keys[h as usize] == old.keys[old.index[&***name] as usize]
+                && topo.keys[h as usize] == old.keys[old.kept.index[&***name] as usize]
         });
     let same_routes = decl.routes.len() == od.routes.len() && decl.routes.iter().zip(&od.routes).all(|(a, b)| same_route(a, b));
     same_settings && same_networks && same_hubs && same_routes && decl.same_exposures(od)
@@ -105,8 +103,6 @@ struct Redeclare<'a, 'd> {
     new_to_old: Vec<Option<u32>>,
     /// Each old position's node now; `None` for a node that left.
     old_to_new: Vec<Option<u32>>,
-    /// The same nodes in the same places.
-    identity: bool,
     /// Every node that stayed is where it was (nodes joined or left only after the last that
     /// stayed: a pool's member joining behind the declared nodes), so the old partners and paths
     /// of a node that stayed name the same positions.
@@ -119,14 +115,17 @@ impl<'a, 'd> Redeclare<'a, 'd> {
     /// Where each node was and is, by name, and the partners made again.
     fn new(topo: &'a Topology<'d>, old: &'a Cache, sources: &[NodeSet]) -> Self {
         let n = topo.nodes.len();
-        let new_to_old: Vec<Option<u32>> = topo.nodes.iter().map(|node| old.index.get(node.name.as_str()).copied()).collect();
+        // The same names in the same places (the topology knows): positions are the same.
+        let new_to_old: Vec<Option<u32>> = match topo.same_names {
+            true => (0..n as u32).map(Some).collect(),
+            false => topo.nodes.iter().map(|node| old.kept.index.get(node.name.as_str()).copied()).collect(),
+        };
         let mut old_to_new: Vec<Option<u32>> = vec![None; old.names.len()];
         for (a, o) in new_to_old.iter().enumerate() {
             if let Some(o) = o {
                 old_to_new[*o as usize] = Some(a as u32);
             }
         }
-        let identity = n == old.names.len() && new_to_old.iter().enumerate().all(|(a, o)| *o == Some(a as u32));
         let stable = old_to_new.iter().enumerate().all(|(o, a)| a.is_none_or(|a| a as usize == o));
         // Only the nodes a change of a module's runners or sources reaches, and the new nodes,
         // have their partners made again (`partners_touched`); the others keep theirs, in their
@@ -151,7 +150,7 @@ impl<'a, 'd> Redeclare<'a, 'd> {
             }
             None => topo.partners().into_iter().map(Some).collect(),
         };
-        Redeclare { topo, old, new_to_old, old_to_new, identity, stable, fresh_partners }
+        Redeclare { topo, old, new_to_old, old_to_new, stable, fresh_partners }
     }
 
     /// Node `a`'s partners now: made again, or kept from before.
@@ -351,25 +350,21 @@ fn outputs<'n>(
 
 /// Whether two declarations of a node are the same but for where they are written.
 fn same_node(a: &crate::decl::Node, b: &crate::decl::Node) -> bool {
-    a.name == b.name
-        && a.hub == b.hub
-        && a.groups == b.groups
-        && a.modules == b.modules
-        && a.address_ipv4 == b.address_ipv4
-        && a.address_ipv6 == b.address_ipv6
-        && a.public_key == b.public_key
-        && a.exit.as_ref().map(|e| &e.0) == b.exit.as_ref().map(|e| &e.0)
-        && same_reach(a, b)
+    std::ptr::eq(a, b)
+        || a.name == b.name
+            && a.hub == b.hub
+            && a.groups == b.groups
+            && a.modules == b.modules
+            && a.address_ipv4 == b.address_ipv4
+            && a.address_ipv6 == b.address_ipv6
+            && a.public_key == b.public_key
+            && a.exit.as_ref().map(|e| &e.0) == b.exit.as_ref().map(|e| &e.0)
+            && same_reach(a, b)
 }
 
 pub(super) use crate::alloc::same_addressing;
 
-/// Whether a node is reached the same way: the same networks and endpoints (not where written).
-fn same_reach(a: &crate::decl::Node, b: &crate::decl::Node) -> bool {
-    a.networks == b.networks
-        && a.endpoints.len() == b.endpoints.len()
-        && a.endpoints.iter().zip(&b.endpoints).all(|(x, y)| x.address == y.address && x.reachable_from == y.reachable_from)
-}
+use crate::topology::same_reach;
 
 /// Whether two declarations of a route are the same but for where they are written.
 fn same_route(a: &crate::decl::Route, b: &crate::decl::Route) -> bool {

@@ -80,7 +80,7 @@ fn changed_keys(cache: &Cache, keys: &Keys) -> Vec<(u32, Option<PublicKey>)> {
     let key_of = |a: usize| cache.declared_keys[a].or_else(|| keys.get(&cache.names[a]));
     match cache.keys_seen.as_ref().and_then(|seen| keys.changed_since(seen)) {
         Some(names) => {
-            let mut at: Vec<u32> = names.filter_map(|n| cache.index.get(n).copied()).collect();
+            let mut at: Vec<u32> = names.filter_map(|n| cache.kept.index.get(n).copied()).collect();
             at.sort_unstable();
             at.dedup();
             at.into_iter().map(|a| (a, key_of(a as usize))).filter(|&(a, k)| k != cache.keys[a as usize]).collect()

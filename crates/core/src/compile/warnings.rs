@@ -24,7 +24,7 @@ pub(super) fn path_diagnostics<'p>(plans: impl Iterator<Item = &'p NodePlan>, c:
     for p in plans {
         for b in &p.no_path {
             if *p.node < **b {
-                let (ia, ib) = (c.index[&p.node], c.index[b]);
+                let (ia, ib) = (c.kept.index[&p.node], c.kept.index[b]);
                 let message = no_path_text(&c.reach, &p.node, b, c.reach.path(ia, ib, false), |h| &c.names[h as usize]);
                 out.push(Diagnostic::warning(&c.loc(ia), message));
             }

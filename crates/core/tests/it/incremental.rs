@@ -379,13 +379,104 @@ fn the_order_before_is_taken_for_the_same_names_in_the_same_places_only() {
     assert_eq!(names(&before), sorted);
 
     let copy = decl.clone();
-    let kept = Topology::new_after(&copy, &alloc, &keys, Some((&decl, &before.order)));
+    let kept = Topology::new_after(&copy, &alloc, &keys, Some(before.before(None)));
     assert_eq!((kept.order.clone(), names(&kept)), (before.order.clone(), sorted.clone()));
 
     let mut reversed = decl.clone();
     reversed.nodes.reverse();
     assert!(reversed.nodes.len() > 2);
-    let again = Topology::new_after(&reversed, &alloc, &keys, Some((&decl, &before.order)));
+    let again = Topology::new_after(&reversed, &alloc, &keys, Some(before.before(None)));
     assert_eq!(again.order, Topology::new(&reversed, &alloc, &keys).order);
     assert_eq!(names(&again), sorted, "every node in its own place");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(100), .. ProptestConfig::default() })]
+
+    /// A topology made from the one before (`new_after`: the index, groups and runners edited
+    /// where nodes changed, the addresses, keys and reach kept where they hold) is the topology
+    /// made afresh, after any sequence of changes, whether the key set is the one changed in
+    /// place or a new one, and whether the allocation is the one before or not.
+    #[test]
+    fn a_topology_made_from_the_one_before_is_the_one_made_afresh(g in gen(), routed in any::<bool>(), exposed in any::<bool>(), changes in proptest::collection::vec((change(), any::<bool>(), any::<bool>()), 1..12)) {
+        use trellis_core::topology::{Before, Topology};
+        let mut d = declaration(&g);
+        if routed {
+            add_routes(&mut d);
+        }
+        if exposed {
+            add_exposure(&mut d);
+        }
+        let mut keys = Keys::default();
+        for node in d.nodes.iter_mut().map(Arc::make_mut).skip(1).step_by(2) {
+            let key = node.public_key.take().expect("generated with a key");
+            keys.set(&node.name, Some(key));
+        }
+        // Every step's declaration lives to the end of the case: each topology is made from
+        // the one before, which borrows its declaration.
+        let hold = |d: &Declaration| -> &'static Declaration { Box::leak(Box::new(d.clone())) };
+        let mut alloc = trellis_core::allocate(&d, &Default::default()).unwrap();
+        let mut decl = hold(&d);
+        let mut prev = Topology::new(decl, &alloc, &keys);
+        let mut seen = keys.seen();
+        let mut added = 0;
+        for (step, (c, afresh, group_members)) in changes.iter().enumerate() {
+            if apply(&mut d, &mut keys, c, &mut added) {
+                // Sometimes a group's declared members change as well.
+                if *group_members && !d.groups.is_empty() {
+                    let name = d.nodes[step % d.nodes.len()].name.clone();
+                    let at = step % d.groups.len();
+                    let members = &mut d.groups[at].members;
+                    match members.iter().position(|m| *m == name) {
+                        Some(i) => {
+                            members.remove(i);
+                        }
+                        None => members.push(name),
+                    }
+                }
+                decl = hold(&d);
+            }
+            if *afresh {
+                let mut fresh: Keys = keys.iter().map(|(n, k)| (n.to_string(), *k)).collect();
+                fresh.withdraw_only(keys.withdrawn().iter().map(String::as_str));
+                keys = fresh;
+            }
+            let now = trellis_core::allocate(decl, &alloc).unwrap();
+            let addresses = (now == alloc).then_some((&prev.ipv4[..], &prev.ipv6[..]));
+            let after = Topology::new_after(decl, &now, &keys, Some(Before { addresses, ..prev.before(Some(seen)) }));
+            prop_assert_eq!(after.differs_from(&Topology::new(decl, &now, &keys)), None, "step {}: {:?}", step, c);
+            (prev, alloc, seen) = (after, now, keys.seen());
+        }
+    }
+}
+
+/// A declared module whose last runner drops it keeps its (empty) runners in a topology made
+/// from the one before, as in one made afresh; a group no node names any more is gone from both.
+#[test]
+fn a_module_left_without_runners_is_still_declared_after_the_edit() {
+    use trellis_core::topology::Topology;
+    let decl = crate::support::fixture("relay");
+    let alloc = trellis_core::allocate(&decl, &Default::default()).unwrap();
+    let keys = Keys::default();
+    let before = Topology::new(&decl, &alloc, &keys);
+    let module = decl.modules[0].name.clone();
+    let mut d = decl.clone();
+    let mut dropped = 0;
+    for node in &mut d.nodes {
+        if node.modules.contains(&module) || !node.groups.is_empty() {
+            let node = Arc::make_mut(node);
+            if let Some(at) = node.modules.iter().position(|m| *m == module) {
+                node.modules.remove(at);
+                node.refs.modules.remove(at);
+                dropped += 1;
+            }
+            node.groups.clear();
+            node.refs.groups.clear();
+        }
+    }
+    assert!(dropped > 0, "the fixture runs {module}");
+    let after = Topology::new_after(&d, &alloc, &keys, Some(before.before(None)));
+    let afresh = Topology::new(&d, &alloc, &keys);
+    assert_eq!(after.runners.get(module.as_str()), Some(&Vec::new()));
+    assert_eq!(after.differs_from(&afresh), None);
 }
