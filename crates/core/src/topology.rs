@@ -77,20 +77,20 @@ pub enum Path {
 }
 
 /// Who can dial whom and which hubs can relay, by node position. Owns its data, so that a compile
-/// can keep it for the next one.
+/// can keep it for the next one; the rows are shared, so that keeping it copies nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reach {
     /// Per node, one row: its networks (`words` words of bits), the networks any of its
     /// endpoints is reachable from (`words`), and the hubs it has a direct path with (bits over
     /// `hubs`). Side by side, so that the path between two nodes reads one place for each: a
     /// compile asks it of every pair of partners (19 million at 100,000 nodes).
-    rows: Vec<u64>,
+    rows: Arc<[u64]>,
     words: usize,
     /// Each endpoint's `reachable_from` (`words` words of bits), node after node: node `a`'s
     /// endpoints are those from `endpoint_start[a]` to `endpoint_start[a + 1]`. One vector, not
     /// one per node and endpoint: at 100,000 nodes those were 300,000 allocations a topology.
-    endpoint_reach: Vec<u64>,
-    endpoint_start: Vec<u32>,
+    endpoint_reach: Arc<[u64]>,
+    endpoint_start: Arc<[u32]>,
     pub hubs: Vec<u32>,
     /// The hubs whose key is known, as bits over `hubs`.
     keyed_hubs: Bits,
@@ -422,7 +422,8 @@ fn reach_of(nodes: &[&Node], network_index: &FastMap<&str, usize>, networks: usi
     }
     endpoint_start.push(e as u32);
     let keyed_hubs = keyed(&hubs, keys);
-    let mut r = Reach { rows, words, endpoint_reach, endpoint_start, hubs, keyed_hubs };
+    let mut r =
+        Reach { rows: rows.into(), words, endpoint_reach: endpoint_reach.into(), endpoint_start: endpoint_start.into(), hubs, keyed_hubs };
     // Whether a node and a hub are direct follows from the node's networks and its
     // endpoints' reach alone (`Reach::dials` finds an endpoint where their union meets the
     // networks): the nodes that share both, most of a fleet, are worked out once (at 100,000
@@ -448,8 +449,9 @@ fn reach_of(nodes: &[&Node], network_index: &FastMap<&str, usize>, networks: usi
     }
     drop(alike);
     if hub_words > 0 {
+        let rows = Arc::get_mut(&mut r.rows).expect("made here");
         for (a, b) in links.chunks_exact(hub_words).enumerate() {
-            r.rows[a * row + 2 * words..(a + 1) * row].copy_from_slice(b);
+            rows[a * row + 2 * words..(a + 1) * row].copy_from_slice(b);
         }
     }
     r

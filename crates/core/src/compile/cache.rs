@@ -64,13 +64,14 @@ pub(super) struct Cache {
 pub(super) type Links = (Vec<NodeSet>, Vec<Vec<(u32, Path)>>, Vec<Vec<u32>>);
 
 impl Cache {
+    /// `module_sources` and `reached` are `Topology::module_sources` and `modules_reached` of them.
     /// `old` gives a node's text from the previous compile, kept when its name and addresses are
     /// the same (so that plans compare it by pointer).
     pub(super) fn new(
         decl: &Arc<Declaration>,
         topo: &Topology,
         (partners, paths, relayed_by): Links,
-        module_sources: Vec<NodeSet>,
+        (module_sources, reached): (Vec<NodeSet>, Vec<Vec<u32>>),
         old: impl Fn(usize) -> Option<Arc<NodeText>> + Sync,
     ) -> Cache {
         let mut router = vec![false; topo.nodes.len()];
@@ -104,7 +105,7 @@ impl Cache {
             partners,
             relayed_by,
             paths,
-            reached: topo.modules_reached(&module_sources),
+            reached,
             module_names: topo.module_names.clone(),
             module_sources,
             route_users: topo.routes.iter().map(|r| r.users.clone()).collect(),

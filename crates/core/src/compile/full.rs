@@ -264,7 +264,9 @@ fn plan(decl: &Arc<Declaration>, topo: &Topology, previous: Option<&Compiled>) -
     let paths: Vec<Vec<(u32, Path)>> = par::map(n, |a| partners[a].iter().map(|&b| (b, topo.path(a as u32, b, true))).collect());
     let relayed_by = relays(&paths);
     let shared = shared(topo, previous, previous.and_then(|p| p.cache.as_deref()), None);
-    let mut cache = Cache::new(decl, topo, (partners, paths, relayed_by), topo.module_sources(), |_| None);
+    let sources = topo.module_sources();
+    let reached = topo.modules_reached(&sources);
+    let mut cache = Cache::new(decl, topo, (partners, paths, relayed_by), (sources, reached), |_| None);
     cache.route_blocks = shared.route_blocks.clone();
     let plans = par::map(n, |a| node_plan(topo, &shared, &cache, a));
     (plans, shared, cache)

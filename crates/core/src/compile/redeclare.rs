@@ -35,10 +35,11 @@ pub(super) fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: 
     // that phase reads them.
     let old_paths = std::mem::take(&mut old.paths);
     let sources = topo.module_sources();
-    let step = Redeclare::new(topo, &old, &sources);
+    let reached = topo.modules_reached(&sources);
+    let step = Redeclare::new(topo, &old, &sources, &reached);
     let shared = shared(topo, Some(&previous), Some(&old), Some(&step.old_to_new));
     let (mut affected, moved) = step.reached_by_changes();
-    step.mark_changed_inputs(&shared, &previous, &sources, &mut affected);
+    step.mark_changed_inputs(&shared, &previous, &reached, &mut affected);
     let paths = step.paths(old_paths, &affected);
     let relayed_by = step.relayed_by(&paths, &affected);
     step.mark_hubs(&relayed_by, &moved, &mut affected);
@@ -54,7 +55,7 @@ pub(super) fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: 
     let partners: Vec<NodeSet> =
         fresh_partners.into_iter().enumerate().map(|(a, p)| p.unwrap_or_else(|| std::mem::take(&mut old_partners[a]))).collect();
     let mut cache =
-        Cache::new(decl, topo, (partners, paths, relayed_by), sources, |a| new_to_old[a].map(|o| old.texts[o as usize].clone()));
+        Cache::new(decl, topo, (partners, paths, relayed_by), (sources, reached), |a| new_to_old[a].map(|o| old.texts[o as usize].clone()));
     cache.route_blocks = shared.route_blocks.clone();
     let gone = old_to_new.iter().zip(&old.names).filter(|(a, _)| a.is_none()).map(|(_, name)| name);
     let (nodes, rendered) = outputs(topo, &shared, &cache, &affected, gone, std::mem::take(&mut previous.nodes));
@@ -113,7 +114,7 @@ struct Redeclare<'a, 'd> {
 
 impl<'a, 'd> Redeclare<'a, 'd> {
     /// Where each node was and is, by name, and the partners made again.
-    fn new(topo: &'a Topology<'d>, old: &'a Cache, sources: &[NodeSet]) -> Self {
+    fn new(topo: &'a Topology<'d>, old: &'a Cache, sources: &[NodeSet], reached: &[Vec<u32>]) -> Self {
         let n = topo.nodes.len();
         // The same names in the same places (the topology knows): positions are the same.
         let new_to_old: Vec<Option<u32>> = match topo.same_names {
@@ -134,20 +135,17 @@ impl<'a, 'd> Redeclare<'a, 'd> {
         // renumbered is still in order.
         let touched = partners_touched(topo, sources, old, &old_to_new);
         let fresh_partners: Vec<Option<NodeSet>> = match touched {
-            Some(touched) => {
-                let reached = topo.modules_reached(sources);
-                par::map(n, |a| {
-                    if touched[a] {
-                        return Some(topo.partners_of(a as u32, sources, &reached));
-                    }
-                    if stable {
-                        return None;
-                    }
-                    let o = new_to_old[a].expect("new nodes are touched") as usize;
-                    let at = |q: &u32| old_to_new[*q as usize].expect("the partners of an untouched node stayed");
-                    Some(old.partners[o].iter().map(at).collect())
-                })
-            }
+            Some(touched) => par::map(n, |a| {
+                if touched[a] {
+                    return Some(topo.partners_of(a as u32, sources, reached));
+                }
+                if stable {
+                    return None;
+                }
+                let o = new_to_old[a].expect("new nodes are touched") as usize;
+                let at = |q: &u32| old_to_new[*q as usize].expect("the partners of an untouched node stayed");
+                Some(old.partners[o].iter().map(at).collect())
+            }),
             None => topo.partners().into_iter().map(Some).collect(),
         };
         Redeclare { topo, old, new_to_old, old_to_new, stable, fresh_partners }
@@ -214,9 +212,8 @@ impl<'a, 'd> Redeclare<'a, 'd> {
     }
 
     /// Marks the nodes whose partners, module or filter blocks, routes or settings changed.
-    fn mark_changed_inputs(&self, shared: &Shared, previous: &Compiled, sources: &[NodeSet], affected: &mut [bool]) {
+    fn mark_changed_inputs(&self, shared: &Shared, previous: &Compiled, reached: &[Vec<u32>], affected: &mut [bool]) {
         let (topo, old) = (self.topo, self.old);
-        let reached = topo.modules_reached(sources);
         // The previous plans by old position (name order, as the outputs are kept).
         let prior_plans: Vec<&NodePlan> = previous.plans().collect();
         for a in 0..topo.nodes.len() {
@@ -328,11 +325,12 @@ fn outputs<'n>(
 ) -> (BTreeMap<String, NodeOutput>, Vec<String>) {
     // The affected nodes' plans are made again; of those, the files whose inputs changed, on
     // every core.
-    let fresh: Vec<Option<NodePlan>> = par::map(topo.nodes.len(), |a| affected[a].then(|| node_plan(topo, shared, cache, a)));
+    let at: Vec<u32> = (0..topo.nodes.len() as u32).filter(|&a| affected[a as usize]).collect();
+    let fresh: Vec<NodePlan> = par::map(at.len(), |i| node_plan(topo, shared, cache, at[i] as usize));
     for name in gone {
         nodes.remove(&**name);
     }
-    let fresh: Vec<(u32, NodePlan)> = fresh.into_iter().enumerate().filter_map(|(a, p)| Some((a as u32, p?))).collect();
+    let fresh: Vec<(u32, NodePlan)> = at.into_iter().zip(fresh).collect();
     let made: Vec<Option<Vec<FileResource>>> =
         par::map(fresh.len(), |i| files_of(&fresh[i].1, nodes.get(&*cache.names[fresh[i].0 as usize])));
     let mut rendered = Vec::new();
