@@ -9,7 +9,7 @@ use crate::decl::{Declaration, PublicKey};
 use crate::keys::KeysSeen;
 use crate::par;
 use crate::plan::{NodeText, PeerPlan, RouteBlock};
-use crate::topology::{Before, Kept, NodeSet, Path, Reach, Topology};
+use crate::topology::{Before, Kept, Lists, NodeSet, Path, Reach, Topology};
 
 /// What a compile keeps so that the next one recomputes only the nodes the change reaches
 /// (`rekey`, `redeclare`). Positions are node positions in name order.
@@ -33,7 +33,7 @@ pub(super) struct Cache {
     pub(super) paths: Vec<Vec<(u32, Path)>>,
     pub(super) relayed_by: Vec<Vec<u32>>,
     /// Per node, the modules it may reach, as positions in `Topology::module_names`.
-    pub(super) reached: Vec<Vec<u32>>,
+    pub(super) reached: Lists,
     /// `Topology::module_names`, and each module's sources (`Topology::module_sources`): what
     /// the partners come from.
     pub(super) module_names: Vec<(Arc<str>, NodeSet)>,
@@ -71,7 +71,7 @@ impl Cache {
         decl: &Arc<Declaration>,
         topo: &Topology,
         (partners, paths, relayed_by): Links,
-        (module_sources, reached): (Vec<NodeSet>, Vec<Vec<u32>>),
+        (module_sources, reached): (Vec<NodeSet>, Lists),
         old: impl Fn(usize) -> Option<Arc<NodeText>> + Sync,
     ) -> Cache {
         let mut router = vec![false; topo.nodes.len()];

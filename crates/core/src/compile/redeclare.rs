@@ -15,7 +15,7 @@ use crate::decl::Declaration;
 use crate::diag;
 use crate::par;
 use crate::plan::{FileResource, NodePlan};
-use crate::topology::{NodeSet, Path, Topology};
+use crate::topology::{Lists, NodeSet, Path, Topology};
 
 /// The recompile for a new declaration that keeps the mesh settings, the networks, the hubs and
 /// the routes as they were: nodes join, leave, change group, modules, endpoints or addresses, and
@@ -114,7 +114,7 @@ struct Redeclare<'a, 'd> {
 
 impl<'a, 'd> Redeclare<'a, 'd> {
     /// Where each node was and is, by name, and the partners made again.
-    fn new(topo: &'a Topology<'d>, old: &'a Cache, sources: &[NodeSet], reached: &[Vec<u32>]) -> Self {
+    fn new(topo: &'a Topology<'d>, old: &'a Cache, sources: &[NodeSet], reached: &Lists) -> Self {
         let n = topo.nodes.len();
         // The same names in the same places (the topology knows): positions are the same.
         let new_to_old: Vec<Option<u32>> = match topo.same_names {
@@ -211,11 +211,32 @@ impl<'a, 'd> Redeclare<'a, 'd> {
         (affected, moved)
     }
 
-    /// Marks the nodes whose partners, module or filter blocks, routes or settings changed.
-    fn mark_changed_inputs(&self, shared: &Shared, previous: &Compiled, reached: &[Vec<u32>], affected: &mut [bool]) {
+    /// Marks the nodes whose partners, module or filter blocks, routes or settings changed. Reads
+    /// what the cache and the blocks say of each node, not its plan (a hundred thousand plans read
+    /// were most of a group move's time here), but for the routers: a plan's module blocks are
+    /// those of the modules the cache lists for it, its filter blocks those of the modules it runs.
+    fn mark_changed_inputs(&self, shared: &Shared, previous: &Compiled, reached: &Lists, affected: &mut [bool]) {
         let (topo, old) = (self.topo, self.old);
-        // The previous plans by old position (name order, as the outputs are kept).
-        let prior_plans: Vec<&NodePlan> = previous.plans().collect();
+        // Another setting is in every plan.
+        if previous.plans().next().is_some_and(|p| !Arc::ptr_eq(&p.common, &shared.common)) {
+            affected.fill(true);
+            return;
+        }
+        // Per module now, whether its filter blocks are those it had, the same in number and in
+        // order (module blocks are interned: the same text is the same allocation).
+        let mut old_rules: crate::FastMap<&str, Vec<&Arc<crate::plan::RuleBlock>>> = crate::FastMap::default();
+        for ((module, ..), block) in old.rules.iter().zip(&previous.rule_blocks) {
+            old_rules.entry(&**module).or_default().push(block);
+        }
+        let rules_same: Vec<bool> = topo
+            .module_names
+            .iter()
+            .enumerate()
+            .map(|(m, (name, _))| {
+                let now = &shared.rule_blocks[topo.module_rules_of(m as u32)];
+                old_rules.get(&**name).is_some_and(|was| was.len() == now.len() && was.iter().zip(now).all(|(x, y)| Arc::ptr_eq(x, y)))
+            })
+            .collect();
         for a in 0..topo.nodes.len() {
             if affected[a] {
                 continue;
@@ -225,18 +246,23 @@ impl<'a, 'd> Redeclare<'a, 'd> {
                 now.len() == old.partners[o].len()
                     && now.iter().zip(&old.partners[o]).all(|(&p, &q)| self.old_to_new[q as usize] == Some(p))
             });
-            let prior = prior_plans[o];
-            // Module blocks are interned: the same records are the same allocation.
-            let same_modules = reached[a].len() == prior.zone_modules.len()
-                && reached[a].iter().zip(&prior.zone_modules).all(|(&m, b)| Arc::ptr_eq(&shared.zone_blocks[m as usize], b));
-            let same_rules = {
-                let mut now = topo.inbound_rules(a as u32).map(|(i, _)| &shared.rule_blocks[i]);
-                prior.rules.iter().all(|r| now.next().is_some_and(|x| Arc::ptr_eq(x, r))) && now.next().is_none()
+            let (now, was) = (&reached[a], &old.reached[o]);
+            let same_modules = now.len() == was.len()
+                && now.iter().zip(was).all(|(&m, &w)| Arc::ptr_eq(&shared.zone_blocks[m as usize], &previous.zone_blocks[w as usize]));
+            // The node is the same (else affected already): it runs the modules it ran.
+            let same_rules = topo.modules_run(a as u32).iter().all(|&m| rules_same[m as usize]);
+            let routes = topo.routes_of[a] == old.routes_of[o];
+            let same_route_use = routes && {
+                let routes_for = topo.routes.iter().filter(|r| r.via.contains(&(a as u32))).count();
+                match old.router[o] {
+                    false => routes_for == 0,
+                    true => {
+                        let prior = &previous.nodes[&*old.names[o]].plan;
+                        prior.routes_for.len() == routes_for && prior.routes_for.iter().all(|b| shared.route_blocks.iter().any(|x| x == b))
+                    }
+                }
             };
-            let same_route_use = topo.routes_of[a] == old.routes_of[o]
-                && prior.routes_for.len() == topo.routes.iter().filter(|r| r.via.contains(&(a as u32))).count()
-                && prior.routes_for.iter().all(|b| shared.route_blocks.iter().any(|x| x == b));
-            affected[a] = !(same_partners && same_modules && same_rules && same_route_use && Arc::ptr_eq(&prior.common, &shared.common));
+            affected[a] = !(same_partners && same_modules && same_rules && same_route_use);
         }
     }
 
