@@ -29,7 +29,7 @@ pub mod trust;
 pub mod wgconf;
 pub mod zone;
 
-pub use alloc::{allocate, Allocation};
+pub use alloc::{allocate, allocate_after, Allocation};
 pub use check::{check, Checked};
 pub use compile::{compile, Compiled};
 pub use decl::Declaration;

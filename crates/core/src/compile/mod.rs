@@ -30,7 +30,7 @@ mod warnings;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::alloc::{allocate, Allocation};
+use crate::alloc::{allocate, allocate_after, Allocation};
 use crate::decl::Declaration;
 use crate::diag::Diagnostic;
 use crate::keys::Keys;
@@ -119,7 +119,13 @@ fn compile_from(
     let kept = previous.as_ref().and_then(|p| p.cache.as_ref()).is_some_and(|c| redeclare::same_addressing(decl, &c.decl));
     let allocation = match previous.as_mut() {
         Some(p) if kept => std::mem::take(&mut p.allocation),
-        _ => allocate(decl, previous.as_ref().map_or(previous_allocation, |p| &p.allocation))?,
+        // The allocation before is that of the declaration before: nodes that joined are placed
+        // by difference (`allocate_after`).
+        Some(p) => match p.cache.as_ref() {
+            Some(c) => allocate_after(decl, &c.decl, std::mem::take(&mut p.allocation))?,
+            None => allocate(decl, &p.allocation)?,
+        },
+        None => allocate(decl, previous_allocation)?,
     };
     let before = previous.as_ref().and_then(|p| p.cache.as_ref()).map(|c| c.before(kept));
     let topo = Topology::new_after(decl, &allocation, keys, before);

@@ -60,3 +60,75 @@ fn a_full_pool_uses_every_usable_address_and_never_the_network_or_broadcast() {
     got.sort_unstable();
     assert_eq!(got, (1..=254).collect::<Vec<u8>>());
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 200, .. Default::default() })]
+
+    /// Allocating by difference (`allocate_after`: nodes joined or left, the others the same)
+    /// gives what allocating every node gives, in a small pool (30 addresses) where new nodes probe past taken
+    /// slots: nodes added with and without pins (a pin taken by another node too), removed,
+    /// declared anew under the same name, or removed and added back.
+    #[test]
+    fn an_allocation_by_difference_is_the_whole_allocation(
+        steps in proptest::collection::vec((0u8..5, 0usize..64, 0u8..70), 1..12),
+    ) {
+        use std::sync::Arc;
+        use trellis_core::allocate_after;
+        let names: Vec<String> = (0..16).map(|i| format!("n{i}")).collect();
+        let list: Vec<&str> = names.iter().map(String::as_str).collect();
+        let small = "[mesh]\nname = \"t\"\ndomain = \"t.mesh\"\noverlay_ipv4 = \"10.88.0.0/27\"\noverlay_ipv6 = \"fd88::/123\"\n";
+        let mut text = small.to_string();
+        for n in &list {
+            text.push_str(&format!("[[node]]\nname = \"{n}\"\n"));
+        }
+        let mut d = valid(&text, &[]);
+        let mut alloc = allocate(&d, &Allocation::default()).unwrap();
+        let mut added = 0;
+        for (kind, at, pin) in steps {
+            let was = d.clone();
+            let n = d.nodes.len();
+            match kind {
+                // Nodes join, one pinned or up to three not (a pin may be another node's
+                // address); their names sort in another order than they are declared.
+                0 | 1 => {
+                    for i in 0..if kind == 0 { 1 + pin % 3 } else { 1 } {
+                        let mut node = trellis_core::decl::Node::clone(&d.nodes[at % n]);
+                        node.name = format!("new{}", 99 - added - i);
+                        node.address_ipv4 = (kind == 1).then(|| std::net::Ipv4Addr::new(10, 88, 0, 1 + pin % 30));
+                        node.address_ipv6 = None;
+                        d.nodes.push(Arc::new(node));
+                    }
+                    added += 3;
+                }
+                // A node leaves, and another may join in the same change (into a slot it freed).
+                2 if n > 1 => {
+                    let node = d.nodes.remove(at % n);
+                    if pin % 2 == 0 {
+                        let mut node = trellis_core::decl::Node::clone(&node);
+                        node.name = format!("new{}", 99 - added);
+                        added += 3;
+                        d.nodes.push(Arc::new(node));
+                    }
+                }
+                // Declared anew under its name (another `Arc`).
+                3 => {
+                    let node = trellis_core::decl::Node::clone(&d.nodes[at % n]);
+                    d.nodes[at % n] = Arc::new(node);
+                }
+                // Left, and back under the same name.
+                _ => {
+                    let node = trellis_core::decl::Node::clone(&d.nodes[at % n]);
+                    d.nodes.remove(at % n);
+                    d.nodes.push(Arc::new(node));
+                }
+            }
+            let whole = allocate(&d, &alloc);
+            let by_difference = allocate_after(&d, &was, alloc.clone());
+            proptest::prop_assert_eq!(by_difference.as_ref().map_err(|e| e.to_string()), whole.as_ref().map_err(|e| e.to_string()));
+            match whole {
+                Ok(a) => alloc = a,
+                Err(_) => d = was,
+            }
+        }
+    }
+}
