@@ -26,8 +26,6 @@ pub(super) struct Cache {
     pub(super) ipv4: Vec<Option<std::net::Ipv4Addr>>,
     pub(super) ipv6: Vec<Option<std::net::Ipv6Addr>>,
     pub(super) keys: Vec<Option<PublicKey>>,
-    /// The keys the declaration itself gives (a node managed outside trellis), by position.
-    pub(super) declared_keys: Vec<Option<PublicKey>>,
     pub(super) reach: Reach,
     pub(super) partners: Vec<NodeSet>,
     pub(super) paths: Vec<Vec<(u32, Path)>>,
@@ -60,19 +58,27 @@ pub(super) struct Cache {
     pub(super) withdrawn: Arc<std::collections::BTreeSet<String>>,
 }
 
+/// The texts of the nodes before, for `Cache::new`.
+pub(super) enum Old<F> {
+    /// The texts and names of the cache before, whose nodes are these in the same places.
+    Texts(Vec<Arc<NodeText>>, Vec<Arc<str>>),
+    /// Each node's text before, if it had one.
+    Each(F),
+}
+
 /// Every node's partners, its paths to them, and for every hub the nodes it relays for.
 pub(super) type Links = (Vec<NodeSet>, Vec<Vec<(u32, Path)>>, Vec<Vec<u32>>);
 
 impl Cache {
     /// `module_sources` and `reached` are `Topology::module_sources` and `modules_reached` of them.
-    /// `old` gives a node's text from the previous compile, kept when its name and addresses are
-    /// the same (so that plans compare it by pointer).
+    /// `old` gives the nodes' texts from the previous compile, kept when its name and addresses are
+    /// the same (so that plans compare them by pointer).
     pub(super) fn new(
         decl: &Arc<Declaration>,
         topo: &Topology,
         (partners, paths, relayed_by): Links,
         (module_sources, reached): (Vec<NodeSet>, Lists),
-        old: impl Fn(usize) -> Option<Arc<NodeText>> + Sync,
+        old: Old<impl Fn(usize) -> Option<Arc<NodeText>> + Sync>,
     ) -> Cache {
         let mut router = vec![false; topo.nodes.len()];
         for r in &topo.routes {
@@ -86,11 +92,26 @@ impl Cache {
                 backend[r as usize] = true;
             }
         }
-        let texts: Vec<Arc<NodeText>> = par::map(topo.nodes.len(), |a| match old(a) {
-            Some(t) if *t.name == topo.nodes[a].name && t.ipv4 == topo.ipv4[a] && t.ipv6 == topo.ipv6[a] => t,
-            _ => Arc::new(NodeText::new(Arc::from(topo.nodes[a].name.as_str()), topo.ipv4[a], topo.ipv6[a])),
-        });
-        let names: Vec<Arc<str>> = texts.iter().map(|t| t.name.clone()).collect();
+        let text = |a: usize| Arc::new(NodeText::new(Arc::from(topo.nodes[a].name.as_str()), topo.ipv4[a], topo.ipv6[a]));
+        let (texts, names) = match old {
+            // The same names in the same places: the texts before, but where addresses moved.
+            Old::Texts(mut texts, names) => {
+                for (a, t) in texts.iter_mut().enumerate() {
+                    if t.ipv4 != topo.ipv4[a] || t.ipv6 != topo.ipv6[a] {
+                        *t = text(a);
+                    }
+                }
+                (texts, names)
+            }
+            Old::Each(old) => {
+                let texts: Vec<Arc<NodeText>> = par::map(topo.nodes.len(), |a| match old(a) {
+                    Some(t) if *t.name == topo.nodes[a].name && t.ipv4 == topo.ipv4[a] && t.ipv6 == topo.ipv6[a] => t,
+                    _ => text(a),
+                });
+                let names = texts.iter().map(|t| t.name.clone()).collect();
+                (texts, names)
+            }
+        };
         Cache {
             texts,
             decl: decl.clone(),
@@ -100,7 +121,6 @@ impl Cache {
             ipv4: topo.ipv4.clone(),
             ipv6: topo.ipv6.clone(),
             keys: topo.keys.clone(),
-            declared_keys: topo.nodes.iter().map(|n| n.public_key).collect(),
             reach: topo.reach.clone(),
             partners,
             relayed_by,

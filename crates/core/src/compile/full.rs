@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use super::cache::Cache;
+use super::cache::{Cache, Old};
 use super::warnings::{left_out_diagnostics, path_diagnostics};
 use super::{files_of, Compiled, NodeOutput};
 use crate::alloc::Allocation;
@@ -266,7 +266,7 @@ fn plan(decl: &Arc<Declaration>, topo: &Topology, previous: Option<&Compiled>) -
     let shared = shared(topo, previous, previous.and_then(|p| p.cache.as_deref()), None);
     let sources = topo.module_sources();
     let reached = topo.modules_reached(&sources);
-    let mut cache = Cache::new(decl, topo, (partners, paths, relayed_by), (sources, reached), |_| None);
+    let mut cache = Cache::new(decl, topo, (partners, paths, relayed_by), (sources, reached), Old::Each(|_| None));
     cache.route_blocks = shared.route_blocks.clone();
     let plans = par::map(n, |a| node_plan(topo, &shared, &cache, a));
     (plans, shared, cache)

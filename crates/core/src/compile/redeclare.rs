@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::cache::Cache;
+use super::cache::{Cache, Old};
 use super::full::{node_plan, shared, Shared};
 use super::warnings::{left_out_diagnostics, path_diagnostics};
 use super::{files_of, Compiled, NodeOutput, Recompiled};
@@ -54,8 +54,16 @@ pub(super) fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: 
     let mut old_partners = std::mem::take(&mut old.partners);
     let partners: Vec<NodeSet> =
         fresh_partners.into_iter().enumerate().map(|(a, p)| p.unwrap_or_else(|| std::mem::take(&mut old_partners[a]))).collect();
-    let mut cache =
-        Cache::new(decl, topo, (partners, paths, relayed_by), (sources, reached), |a| new_to_old[a].map(|o| old.texts[o as usize].clone()));
+    let mut cache = Cache::new(
+        decl,
+        topo,
+        (partners, paths, relayed_by),
+        (sources, reached),
+        match topo.same_names {
+            true => Old::Texts(std::mem::take(&mut old.texts), std::mem::take(&mut old.names)),
+            false => Old::Each(|a: usize| new_to_old[a].map(|o| old.texts[o as usize].clone())),
+        },
+    );
     cache.route_blocks = shared.route_blocks.clone();
     let gone = old_to_new.iter().zip(&old.names).filter(|(a, _)| a.is_none()).map(|(_, name)| name);
     let (nodes, rendered) = outputs(topo, &shared, &cache, &affected, gone, std::mem::take(&mut previous.nodes));

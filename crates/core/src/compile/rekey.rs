@@ -77,7 +77,7 @@ pub(super) fn rekey(decl: &Arc<Declaration>, keys: &Keys, mut previous: Compiled
 fn changed_keys(cache: &Cache, keys: &Keys) -> Vec<(u32, Option<PublicKey>)> {
     // From the names the key set changed since the last compile when it continues the set that
     // compile read, else from every name.
-    let key_of = |a: usize| cache.declared_keys[a].or_else(|| keys.get(&cache.names[a]));
+    let key_of = |a: usize| cache.decl.nodes[cache.order[a] as usize].public_key.or_else(|| keys.get(&cache.names[a]));
     match cache.keys_seen.as_ref().and_then(|seen| keys.changed_since(seen)) {
         Some(names) => {
             let mut at: Vec<u32> = names.filter_map(|n| cache.kept.index.get(n).copied()).collect();
