@@ -123,7 +123,8 @@ fn added_only(decl: &Declaration, was: &Declaration, previous: &Allocation) -> O
     };
     // A name that was there (declared anew, or left and came back) may keep its address: all of
     // it is for `allocate` to decide.
-    let known = |name: &str| previous.ipv4.contains_key(name) || previous.ipv6.contains_key(name) || gone.iter().any(|g| g == name);
+    let gone_names: crate::FastSet<&str> = gone.iter().map(String::as_str).collect();
+    let known = |name: &str| previous.ipv4.contains_key(name) || previous.ipv6.contains_key(name) || gone_names.contains(name);
     if added.iter().any(|n| known(&n.name)) {
         return None;
     }

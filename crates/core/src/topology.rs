@@ -343,6 +343,11 @@ impl Kept {
         {
             return None;
         }
+        // Each change moves the rest of a sorted set: past a few thousand changed nodes, making
+        // the sets again costs less than editing them.
+        if changed.len() > 4096.max(nodes.len() / 16) {
+            return None;
+        }
         let mut kept = self.clone();
         // Leaves `a` in every set `from` names, joins it to every set `to` names; a set left empty
         // goes unless `keep` holds for its name.
@@ -630,7 +635,13 @@ impl<'d> Topology<'d> {
             })
             .collect();
         let (ipv4, ipv6) = match was.as_ref().and_then(|(b, _, _)| b.addresses) {
-            Some((v4, v6)) => (v4.to_vec(), v6.to_vec()),
+            Some((v4, v6)) => {
+                debug_assert!(
+                    v4 == by_name(&nodes, &alloc.ipv4) && v6 == by_name(&nodes, &alloc.ipv6),
+                    "addresses given are the allocation's"
+                );
+                (v4.to_vec(), v6.to_vec())
+            }
             None => (by_name(&nodes, &alloc.ipv4), by_name(&nodes, &alloc.ipv6)),
         };
         let withdrawn: Vec<bool> = match keys.withdrawn().is_empty() {
@@ -713,8 +724,10 @@ impl<'d> Topology<'d> {
     /// hold a topology made from the one before to one made afresh.
     pub fn differs_from(&self, other: &Topology) -> Option<&'static str> {
         let names = |t: &Topology| t.nodes.iter().map(|n| n.name.clone()).collect::<Vec<_>>();
-        let parts: [(&'static str, bool); 18] = [
+        let parts: [(&'static str, bool); 20] = [
             ("nodes", names(self) == names(other)),
+            ("order", self.order == other.order),
+            ("kept", self.kept == other.kept),
             ("index", self.index == other.index),
             ("ipv4", self.ipv4 == other.ipv4),
             ("ipv6", self.ipv6 == other.ipv6),

@@ -242,7 +242,10 @@ impl<'a, 'd> Redeclare<'a, 'd> {
             .enumerate()
             .map(|(m, (name, _))| {
                 let now = &shared.rule_blocks[topo.module_rules_of(m as u32)];
-                old_rules.get(&**name).is_some_and(|was| was.len() == now.len() && was.iter().zip(now).all(|(x, y)| Arc::ptr_eq(x, y)))
+                // A module without rules had none before either, or it had the ones it has.
+                old_rules
+                    .get(&**name)
+                    .map_or(now.is_empty(), |was| was.len() == now.len() && was.iter().zip(now).all(|(x, y)| Arc::ptr_eq(x, y)))
             })
             .collect();
         for a in 0..topo.nodes.len() {

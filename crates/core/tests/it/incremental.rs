@@ -480,3 +480,31 @@ fn a_module_left_without_runners_is_still_declared_after_the_edit() {
     assert_eq!(after.runners.get(module.as_str()), Some(&Vec::new()));
     assert_eq!(after.differs_from(&afresh), None);
 }
+
+/// A module without rules (one that only asks for a certificate, say) run by every node keeps
+/// its (no) filter blocks across a recompile: a change that reaches no plan makes none again,
+/// not every runner of that module.
+#[test]
+fn a_module_without_rules_does_not_make_its_runners_again() {
+    let mut d = crate::support::fixture("relay");
+    d.modules.push(trellis_core::decl::Module { name: "bare".into(), allow: Vec::new(), certificate: None, loc: d.mesh.loc.clone() });
+    for node in &mut d.nodes {
+        let node = Arc::make_mut(node);
+        node.modules.push("bare".into());
+        node.refs.modules.push(node.loc.clone());
+    }
+    let keys: Keys = d.nodes.iter().filter_map(|n| Some((n.name.clone(), n.public_key?))).collect();
+    let decl = Arc::new(d.clone());
+    let first = compile(&decl, &keys, &Default::default(), None).unwrap();
+    // One node is written elsewhere: no plan changes, and none is made again.
+    let loc = d.mesh.loc.clone();
+    assert_ne!(d.nodes[0].loc, loc);
+    Arc::make_mut(&mut d.nodes[0]).loc = loc;
+    let moved = Arc::new(d);
+    let again = compile(&moved, &keys, &first.allocation, Some(first.clone())).unwrap();
+    let full = compile(&moved, &keys, &first.allocation, None).unwrap();
+    same(&again, &full, &first, 0).unwrap();
+    // A plan made again is another allocation, even when equal to the one before.
+    let remade = again.nodes.iter().filter(|(n, o)| !Arc::ptr_eq(&o.plan, &first.nodes[*n].plan)).count();
+    assert_eq!(remade, 0, "{remade} of {} plans made again", moved.nodes.len());
+}
