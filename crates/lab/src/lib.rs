@@ -427,10 +427,33 @@ pub fn down(file: &Path) -> Result<()> {
         pg::stop(pg);
     }
     net::remove(&st);
+    // The processes' logs outlive the lab for whoever asks (`TRELLIS_LAB_KEEP_LOGS=DIR`): a test
+    // that reads a figure the lab printed can show what the controller logged of it.
+    if let Some(keep) = std::env::var_os("TRELLIS_LAB_KEEP_LOGS") {
+        keep_logs(&st.dir, Path::new(&keep));
+    }
     let _ = std::fs::remove_dir_all(&st.dir);
     std::fs::remove_file(&sp).with_context(|| format!("cannot remove {}", sp.display()))?;
     progress(&format!("removed {} namespaces and their processes", st.namespaces.len()));
     Ok(())
+}
+
+/// Copies the `.log` files of `dir` into `to` (made if missing); says so, or why not.
+fn keep_logs(dir: &Path, to: &Path) {
+    let copied = std::fs::create_dir_all(to).and_then(|_| {
+        let mut n = 0;
+        for e in std::fs::read_dir(dir)?.flatten() {
+            if e.path().extension().is_some_and(|x| x == "log") {
+                std::fs::copy(e.path(), to.join(e.file_name()))?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    });
+    match copied {
+        Ok(n) => progress(&format!("{n} log(s) kept in {}", to.display())),
+        Err(e) => progress(&format!("cannot keep the logs in {}: {e}", to.display())),
+    }
 }
 
 /// `up` (agents on `--wireguard WIREGUARD`), `check` and `down`, taking the lab down on Ctrl-C
