@@ -532,6 +532,132 @@ fn set_of(mut v: Vec<u32>) -> NodeSet {
     v
 }
 
+/// The topology before over the same names in the same places: each node as it was declared
+/// there, and the positions of the nodes declared anew (another `Arc<Node>`).
+struct Previous<'b> {
+    before: Before<'b>,
+    nodes: Vec<&'b Node>,
+    changed: Vec<u32>,
+}
+
+impl<'b> Previous<'b> {
+    fn new(before: Before<'b>, order: &[u32], nodes: &[&Node]) -> Previous<'b> {
+        let was: Vec<&Node> = order.iter().map(|&i| &*before.decl.nodes[i as usize]).collect();
+        let changed = (0..nodes.len() as u32).filter(|&a| !std::ptr::eq(nodes[a as usize], was[a as usize])).collect();
+        Previous { before, nodes: was, changed }
+    }
+
+    /// Whether the reach before holds for `decl`: the same networks, and every node declared anew
+    /// (`nodes`, in the same places) reached as it was and a hub as it was (only the hubs' keys are
+    /// read again).
+    fn same_reach(&self, decl: &Declaration, nodes: &[&Node]) -> bool {
+        let nets = &self.before.decl.networks;
+        decl.networks.len() == nets.len()
+            && decl.networks.iter().zip(nets).all(|(x, y)| x.name == y.name)
+            && self.changed.iter().all(|&a| {
+                let (now, was) = (nodes[a as usize], self.nodes[a as usize]);
+                now.hub == was.hub && same_reach(now, was)
+            })
+    }
+}
+
+/// Each position's index in `decl.nodes`, in name order. Sorted with the names at hand: a
+/// comparison reads no node (and a list in name order already is one pass).
+fn order_by_name(decl: &Declaration) -> Vec<u32> {
+    let mut named: Vec<(&str, u32)> = decl.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i as u32)).collect();
+    named.sort_unstable();
+    named.iter().map(|&(_, i)| i).collect()
+}
+
+/// Every module's rules with their sources resolved, and each module's range of them.
+fn resolved_rules<'d>(
+    decl: &'d Declaration,
+    resolve: &dyn Fn(&[Source]) -> NodeSet,
+) -> (Vec<ResolvedRule<'d>>, FastMap<&'d str, std::ops::Range<usize>>) {
+    let mut rules = Vec::new();
+    let mut module_rules = FastMap::default();
+    for m in &decl.modules {
+        let start = rules.len();
+        for (i, rule) in m.allow.iter().enumerate() {
+            rules.push(ResolvedRule { module: &m.name, number: i + 1, rule, sources: resolve(&rule.from) });
+        }
+        module_rules.insert(m.name.as_str(), start..rules.len());
+    }
+    (rules, module_rules)
+}
+
+/// The routes with their routers, rules' sources and users resolved, and the routes each node
+/// uses.
+fn resolved_routes<'d>(
+    decl: &'d Declaration,
+    nodes: &[&Node],
+    index: &FastMap<Arc<str>, u32>,
+    resolve: &dyn Fn(&[Source]) -> NodeSet,
+) -> (Vec<ResolvedRoute<'d>>, Vec<Vec<u32>>) {
+    let mut routes_of: Vec<Vec<u32>> = vec![Vec::new(); nodes.len()];
+    let routes = decl
+        .routes
+        .iter()
+        .enumerate()
+        .map(|(r, route)| {
+            let via: Vec<u32> = route.via.iter().filter_map(|v| index.get(v.as_str()).copied()).collect();
+            let sources: Vec<NodeSet> = route.allow.iter().map(|rule| resolve(&rule.from)).collect();
+            let mut users: NodeSet = set_of(sources.iter().flatten().copied().collect());
+            users.retain(|u| {
+                !via.contains(u) && (!route.is_exit() || nodes[*u as usize].exit.as_ref().is_some_and(|(e, _)| *e == route.name))
+            });
+            for &u in &users {
+                routes_of[u as usize].push(r as u32);
+            }
+            ResolvedRoute { route, via, sources, users }
+        })
+        .collect();
+    (routes, routes_of)
+}
+
+/// Each node's addresses: those of the topology before when it was given them (the same
+/// allocation), else read from the allocation.
+fn addresses(nodes: &[&Node], alloc: &Allocation, was: Option<&Previous>) -> (Vec<Option<Ipv4Addr>>, Vec<Option<Ipv6Addr>>) {
+    match was.and_then(|w| w.before.addresses) {
+        Some((v4, v6)) => {
+            debug_assert!(v4 == by_name(nodes, &alloc.ipv4) && v6 == by_name(nodes, &alloc.ipv6), "addresses given are the allocation's");
+            (v4.to_vec(), v6.to_vec())
+        }
+        None => (by_name(nodes, &alloc.ipv4), by_name(nodes, &alloc.ipv6)),
+    }
+}
+
+/// Each node's key (declared, else from `keys`): those of the topology before but for the names
+/// changed since and the nodes declared anew, when it says where it stood in this key set.
+fn node_keys(nodes: &[&Node], keys: &crate::keys::Keys, index: &FastMap<Arc<str>, u32>, was: Option<&Previous>) -> Vec<Option<PublicKey>> {
+    let key_of = |n: &Node| n.public_key.or_else(|| keys.get(&n.name));
+    let kept = was.and_then(|w| {
+        let names = keys.changed_since(w.before.keys.1.as_ref()?)?;
+        let mut kept = w.before.keys.0.to_vec();
+        for a in names.filter_map(|n| index.get(n)).chain(&w.changed) {
+            kept[*a as usize] = key_of(nodes[*a as usize]);
+        }
+        Some(kept)
+    });
+    kept.unwrap_or_else(|| nodes.iter().map(|n| key_of(n)).collect())
+}
+
+/// The modules some node runs, in name order with their runners; each node's of them; and each
+/// one's rules (from `module_rules`).
+#[allow(clippy::type_complexity)]
+fn modules_run(
+    runners: &FastMap<Arc<str>, NodeSet>,
+    module_rules: &FastMap<&str, std::ops::Range<usize>>,
+    n: usize,
+) -> (Vec<(Arc<str>, NodeSet)>, Lists, Vec<std::ops::Range<usize>>) {
+    let mut names: Vec<(Arc<str>, NodeSet)> = runners.iter().filter(|(_, r)| !r.is_empty()).map(|(m, r)| (m.clone(), r.clone())).collect();
+    names.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let modules_of =
+        Lists::gather(n, || names.iter().enumerate().flat_map(|(m, (_, runners))| runners.iter().map(move |&r| (r, m as u32))));
+    let rules = names.iter().map(|(m, _)| module_rules[&**m].clone()).collect();
+    (names, modules_of, rules)
+}
+
 impl<'d> Topology<'d> {
     /// Indexes a validated declaration. `keys` are the WireGuard keys known for nodes (enrolled
     /// or declared); a key declared in the mesh wins over one given here.
@@ -547,35 +673,16 @@ impl<'d> Topology<'d> {
     /// removes and renames no node (a group move, a rule) costs what it changes there; at 100,000
     /// nodes these were 190 ms of a group move.
     pub fn new_after(decl: &'d Declaration, alloc: &Allocation, keys: &crate::keys::Keys, before: Option<Before<'_>>) -> Self {
-        let same_names = |b: &Before| {
+        let before = before.filter(|b| {
             b.decl.nodes.len() == decl.nodes.len()
                 && b.order.len() == decl.nodes.len()
                 && b.decl.nodes.iter().zip(&decl.nodes).all(|(a, b)| Arc::ptr_eq(a, b) || a.name == b.name)
-        };
-        let before = before.filter(same_names);
-        let order: Vec<u32> = match before {
-            Some(b) => b.order.to_vec(),
-            None => {
-                // Sorted with the names at hand: a comparison reads no node (and a list in name
-                // order already is one pass).
-                let mut named: Vec<(&str, u32)> = decl.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i as u32)).collect();
-                named.sort_unstable();
-                named.iter().map(|&(_, i)| i).collect()
-            }
-        };
-        let nodes: Vec<&Node> = order.iter().map(|&i| &*decl.nodes[i as usize]).collect();
-        // The same names in the same places: each node as it was, and the positions of those
-        // declared anew.
-        let was: Option<(Before, Vec<&Node>, Vec<u32>)> = before.map(|b| {
-            let was: Vec<&Node> = order.iter().map(|&i| &*b.decl.nodes[i as usize]).collect();
-            let changed = (0..nodes.len() as u32).filter(|&a| !std::ptr::eq(nodes[a as usize], was[a as usize])).collect();
-            (b, was, changed)
         });
-        let kept = match &was {
-            Some((b, old, changed)) => b.kept.edited(decl, b.decl, &nodes, old, changed),
-            None => None,
-        }
-        .unwrap_or_else(|| Kept::new(decl, &nodes));
+        let order = before.map_or_else(|| order_by_name(decl), |b| b.order.to_vec());
+        let nodes: Vec<&Node> = order.iter().map(|&i| &*decl.nodes[i as usize]).collect();
+        let was = before.map(|b| Previous::new(b, &order, &nodes));
+        let kept = was.as_ref().and_then(|w| w.before.kept.edited(decl, w.before.decl, &nodes, &w.nodes, &w.changed));
+        let kept = kept.unwrap_or_else(|| Kept::new(decl, &nodes));
         let index = kept.index.clone();
         let network_index: FastMap<&str, usize> = decl.networks.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
         let hubs: Vec<u32> = (0..nodes.len() as u32).filter(|&i| nodes[i as usize].hub).collect();
@@ -597,34 +704,8 @@ impl<'d> Topology<'d> {
             }
             set_of(sources)
         };
-        let mut rules = Vec::new();
-        let mut module_rules = FastMap::default();
-        for m in &decl.modules {
-            let start = rules.len();
-            for (i, rule) in m.allow.iter().enumerate() {
-                rules.push(ResolvedRule { module: &m.name, number: i + 1, rule, sources: resolve(&rule.from) });
-            }
-            module_rules.insert(m.name.as_str(), start..rules.len());
-        }
-        let mut routes_of: Vec<Vec<u32>> = vec![Vec::new(); nodes.len()];
-        let routes: Vec<ResolvedRoute> = decl
-            .routes
-            .iter()
-            .enumerate()
-            .map(|(r, route)| {
-                let via: Vec<u32> = route.via.iter().filter_map(|v| index.get(v.as_str()).copied()).collect();
-                let sources: Vec<NodeSet> = route.allow.iter().map(|rule| resolve(&rule.from)).collect();
-                let mut users: NodeSet = set_of(sources.iter().flatten().copied().collect());
-                users.retain(|u| {
-                    !via.contains(u) && (!route.is_exit() || nodes[*u as usize].exit.as_ref().is_some_and(|(e, _)| *e == route.name))
-                });
-                for &u in &users {
-                    routes_of[u as usize].push(r as u32);
-                }
-                ResolvedRoute { route, via, sources, users }
-            })
-            .collect();
-
+        let (rules, module_rules) = resolved_rules(decl, &resolve);
+        let (routes, routes_of) = resolved_routes(decl, &nodes, &index, &resolve);
         let exposures: Vec<ResolvedExposure> = decl
             .exposures
             .iter()
@@ -634,51 +715,16 @@ impl<'d> Topology<'d> {
                 runners: runners.get(e.module.as_str()).cloned().unwrap_or_default(),
             })
             .collect();
-        let (ipv4, ipv6) = match was.as_ref().and_then(|(b, _, _)| b.addresses) {
-            Some((v4, v6)) => {
-                debug_assert!(
-                    v4 == by_name(&nodes, &alloc.ipv4) && v6 == by_name(&nodes, &alloc.ipv6),
-                    "addresses given are the allocation's"
-                );
-                (v4.to_vec(), v6.to_vec())
-            }
-            None => (by_name(&nodes, &alloc.ipv4), by_name(&nodes, &alloc.ipv6)),
-        };
+        let (ipv4, ipv6) = addresses(&nodes, alloc, was.as_ref());
         let withdrawn: Vec<bool> = match keys.withdrawn().is_empty() {
             true => vec![false; nodes.len()],
             false => nodes.iter().map(|n| keys.is_withdrawn(&n.name)).collect(),
         };
         let withdrawn_names = keys.withdrawn().clone();
-        let key_of = |n: &Node| n.public_key.or_else(|| keys.get(&n.name));
-        // The keys before, but those of the names changed since and of the nodes declared anew.
-        let kept_keys = was.as_ref().and_then(|(b, _, changed)| {
-            let names = keys.changed_since(b.keys.1.as_ref()?)?;
-            let mut kept = b.keys.0.to_vec();
-            for a in names.filter_map(|n| index.get(n)).chain(changed) {
-                kept[*a as usize] = key_of(nodes[*a as usize]);
-            }
-            Some(kept)
-        });
-        let keys: Vec<Option<PublicKey>> = kept_keys.unwrap_or_else(|| nodes.iter().map(|n| key_of(n)).collect());
-        let mut module_names: Vec<(std::sync::Arc<str>, NodeSet)> =
-            runners.iter().filter(|(_, r)| !r.is_empty()).map(|(m, r)| (m.clone(), r.clone())).collect();
-        module_names.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let modules_of = Lists::gather(nodes.len(), || {
-            module_names.iter().enumerate().flat_map(|(m, (_, runners))| runners.iter().map(move |&r| (r, m as u32)))
-        });
-        let module_names_rules = module_names.iter().map(|(m, _)| module_rules[&**m].clone()).collect();
-        // The reach before holds when the networks are the same and every node declared anew is
-        // reached as it was and a hub as it was: only the hubs' keys are read again.
-        let reach_kept = was.as_ref().filter(|(b, old, changed)| {
-            decl.networks.len() == b.decl.networks.len()
-                && decl.networks.iter().zip(&b.decl.networks).all(|(x, y)| x.name == y.name)
-                && changed.iter().all(|&a| {
-                    let (now, was) = (nodes[a as usize], old[a as usize]);
-                    now.hub == was.hub && same_reach(now, was)
-                })
-        });
-        let r = match reach_kept {
-            Some((b, _, _)) => b.reach.rekeyed(&keys),
+        let keys = node_keys(&nodes, keys, &index, was.as_ref());
+        let (module_names, modules_of, module_names_rules) = modules_run(&runners, &module_rules, nodes.len());
+        let reach = match was.as_ref().filter(|w| w.same_reach(decl, &nodes)) {
+            Some(w) => w.before.reach.rekeyed(&keys),
             None => reach_of(&nodes, &network_index, decl.networks.len(), hubs.clone(), &keys),
         };
         Topology {
@@ -694,7 +740,7 @@ impl<'d> Topology<'d> {
             withdrawn,
             withdrawn_names,
             network_index,
-            reach: r,
+            reach,
             hubs,
             groups,
             runners,

@@ -151,6 +151,18 @@ pub(crate) fn apply(d: &mut Declaration, keys: &mut Keys, c: &Change, added: &mu
     }
 }
 
+/// A generated declaration, with routes and an exposure when asked.
+fn mesh(g: &crate::props::Gen, routed: bool, exposed: bool) -> Declaration {
+    let mut d = declaration(g);
+    if routed {
+        add_routes(&mut d);
+    }
+    if exposed {
+        add_exposure(&mut d);
+    }
+    d
+}
+
 fn same(inc: &Compiled, full: &Compiled, before: &Compiled, step: usize) -> Result<(), TestCaseError> {
     prop_assert_eq!(inc.nodes.keys().collect::<Vec<_>>(), full.nodes.keys().collect::<Vec<_>>(), "step {}: the nodes", step);
     for (name, out) in &inc.nodes {
@@ -178,13 +190,7 @@ proptest! {
 
     #[test]
     fn an_incremental_recompile_equals_a_full_compile(g in gen(), enrolled in proptest::collection::vec(any::<bool>(), 32), routed in any::<bool>(), exposed in any::<bool>(), changes in proptest::collection::vec((change(), any::<bool>(), proptest::option::of((0usize..32, proptest::option::of(any::<u8>())))), 1..10)) {
-        let mut d = declaration(&g);
-        if routed {
-            add_routes(&mut d);
-        }
-        if exposed {
-            add_exposure(&mut d);
-        }
+        let mut d = mesh(&g, routed, exposed);
         // Most nodes get their key by enrolling; a few keep a declared one.
         let mut keys = Keys::default();
         for (i, node) in d.nodes.iter_mut().map(Arc::make_mut).enumerate() {
@@ -404,13 +410,7 @@ proptest! {
     #[test]
     fn a_topology_made_from_the_one_before_is_the_one_made_afresh(g in gen(), routed in any::<bool>(), exposed in any::<bool>(), changes in proptest::collection::vec((change(), any::<bool>(), any::<bool>(), proptest::option::of((0usize..32, proptest::option::of(any::<u8>())))), 1..12)) {
         use trellis_core::topology::{Before, Topology};
-        let mut d = declaration(&g);
-        if routed {
-            add_routes(&mut d);
-        }
-        if exposed {
-            add_exposure(&mut d);
-        }
+        let mut d = mesh(&g, routed, exposed);
         let mut keys = Keys::default();
         for node in d.nodes.iter_mut().map(Arc::make_mut).skip(1).step_by(2) {
             let key = node.public_key.take().expect("generated with a key");
