@@ -122,6 +122,9 @@ pub struct Controller {
     /// `mesh.toml`'s node tables as last loaded, parsed, by their text: a load parses only the
     /// ones whose text changed (ADR 0034).
     load_cache: std::sync::Mutex<trellis_core::load::LoadCache>,
+    /// What the last apply's check held of its topology, with the allocation it was made with:
+    /// the next check edits it where the declaration changed (ADR 0034).
+    check_held: std::sync::Mutex<Option<(Arc<trellis_core::Allocation>, trellis_core::topology::Held)>>,
     clock: Arc<dyn Clock>,
     entropy: Arc<dyn Entropy>,
     /// Where the signed checkpoint of the audit head is kept, outside the database.
@@ -191,6 +194,7 @@ impl Controller {
             applying: Default::default(),
             allocation: Default::default(),
             load_cache: Default::default(),
+            check_held: Default::default(),
             clock,
             entropy,
             checkpoint: None,

@@ -258,11 +258,28 @@ pub fn check(decl: &crate::Declaration) -> Vec<Diagnostic> {
 /// [`check`] with the addresses already allocated (any allocation of every declared node: no
 /// diagnostic names an overlay address), as the controller's apply has them.
 pub fn check_allocated(decl: &crate::Declaration, alloc: &crate::Allocation) -> Vec<Diagnostic> {
-    let topo = Topology::new(decl, alloc, &Default::default());
-    let mut out = run_tests(&topo);
-    for (a, b) in pathless_pairs(&topo) {
+    checked(&Topology::new(decl, alloc, &Default::default()))
+}
+
+/// [`check_allocated`] given what the check before held (`held`, with whether `alloc` is the
+/// allocation it was made with): its topology is edited where the declaration changed instead
+/// of made again (`Topology::new_after`). Returns what this check holds for the next.
+pub fn check_after(
+    decl: &std::sync::Arc<crate::Declaration>,
+    alloc: &crate::Allocation,
+    held: Option<(&crate::topology::Held, bool)>,
+) -> (Vec<Diagnostic>, crate::topology::Held) {
+    let before = held.map(|(h, allocation_kept)| h.before(allocation_kept));
+    let topo = Topology::new_after(decl, alloc, &Default::default(), before);
+    (checked(&topo), topo.held(decl))
+}
+
+/// What a check says of a topology made with every declared node's addresses.
+fn checked(topo: &Topology) -> Vec<Diagnostic> {
+    let mut out = run_tests(topo);
+    for (a, b) in pathless_pairs(topo) {
         let (na, nb) = (topo.name(a), topo.name(b));
-        out.push(Diagnostic::warning(&topo.nodes[a as usize].loc, crate::compile::no_path_message(&topo, na, nb)));
+        out.push(Diagnostic::warning(&topo.nodes[a as usize].loc, crate::compile::no_path_message(topo, na, nb)));
     }
     for e in &topo.decl.exposures {
         if e.tls == crate::decl::ExposeTls::Acme && e.listen != 443 {

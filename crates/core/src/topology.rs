@@ -430,6 +430,39 @@ pub struct Before<'c> {
     pub reach: &'c Reach,
 }
 
+/// A topology's parts that the next one over the same names starts from (`Topology::held`),
+/// owned: for a process that checks one declaration after another (the controller's apply) and
+/// holds no compile of them.
+pub struct Held {
+    decl: Arc<Declaration>,
+    order: Vec<u32>,
+    kept: Kept,
+    ipv4: Vec<Option<Ipv4Addr>>,
+    ipv6: Vec<Option<Ipv6Addr>>,
+    keys: Vec<Option<PublicKey>>,
+    reach: Reach,
+}
+
+impl Held {
+    /// The declaration it was made from.
+    pub fn decl(&self) -> &Arc<Declaration> {
+        &self.decl
+    }
+
+    /// As the topology before; its addresses when `allocation_kept` (the next topology is made
+    /// with the allocation this one was). Every key is read again.
+    pub fn before(&self, allocation_kept: bool) -> Before<'_> {
+        Before {
+            decl: &self.decl,
+            order: &self.order,
+            kept: &self.kept,
+            addresses: allocation_kept.then_some((&self.ipv4[..], &self.ipv6[..])),
+            keys: (&self.keys, None),
+            reach: &self.reach,
+        }
+    }
+}
+
 /// Whether a node is reached the same way: the same networks and endpoints (not where written).
 pub(crate) fn same_reach(a: &Node, b: &Node) -> bool {
     std::ptr::eq(a, b)
@@ -759,6 +792,20 @@ impl<'d> Topology<'d> {
     /// when that is known.
     pub fn before(&self, keys_seen: Option<crate::keys::KeysSeen>) -> Before<'_> {
         Before { decl: self.decl, order: &self.order, kept: &self.kept, addresses: None, keys: (&self.keys, keys_seen), reach: &self.reach }
+    }
+
+    /// What the next topology over the same names starts from, owned; `decl` is this one's.
+    pub fn held(&self, decl: &Arc<Declaration>) -> Held {
+        debug_assert!(std::ptr::eq(&**decl, self.decl), "a topology is held with its own declaration");
+        Held {
+            decl: decl.clone(),
+            order: self.order.clone(),
+            kept: self.kept.clone(),
+            ipv4: self.ipv4.clone(),
+            ipv6: self.ipv6.clone(),
+            keys: self.keys.clone(),
+            reach: self.reach.clone(),
+        }
     }
 
     pub fn name(&self, i: u32) -> &'d str {

@@ -83,6 +83,13 @@ pub fn run(args: &CompileArgs) -> Result<ExitCode> {
         })
         .collect();
     let peers: usize = base.nodes.values().map(|o| o.plan.peers.len()).sum();
+    // What a publish run does after each compile: every relayed pair looked at for a direct path
+    // (none observed by a hub here, so every pair is counted and stays relayed).
+    let t = Instant::now();
+    let decided = trellis_core::paths::decide(&base, &keys, &decl, &Default::default(), &|_, _| Default::default(), &Default::default());
+    let decide_time = t.elapsed();
+    let relayed_pairs = decided.relayed.others + decided.relayed.ranked.len();
+    drop(decided);
     let max_peers = base.nodes.values().map(|o| o.plan.peers.len()).max().unwrap_or(0);
 
     // One-node changes, each from the base compile, each checked against a full compile.
@@ -186,6 +193,7 @@ pub fn run(args: &CompileArgs) -> Result<ExitCode> {
                 "full_compile_ms": {"median": ms(median(times.clone())), "cpu_median": ms(median(cpus.clone())), "runs": times.iter().map(|d| ms(*d)).collect::<Vec<_>>()},
                 "peers_total": peers, "peers_max": max_peers, "bytes": bytes, "zone_bytes": zone_bytes,
                 "largest": largest.iter().map(|(f, len, node)| (f.to_string(), json!({"bytes": len, "node": node}))).collect::<serde_json::Map<_, _>>(),
+                "paths_decided_ms": ms(decide_time), "relayed_pairs": relayed_pairs,
                 "changes": changes,
                 "peak_rss_kib": peak,
             }))?
@@ -207,6 +215,7 @@ pub fn run(args: &CompileArgs) -> Result<ExitCode> {
         );
         let largest: Vec<String> = largest.iter().map(|(f, len, node)| format!("{f} {:.0} KiB ({node})", *len as f64 / 1024.0)).collect();
         println!("largest files (wireguard.conf with its parts): {}", largest.join(", "));
+        println!("direct paths decided:        {:8.1} ms   {relayed_pairs} relayed pairs, none observed", ms(decide_time));
         for (what, _, took, cpu, rendered) in &figures {
             println!(
                 "{:<28} {:8.2} ms   cpu {:.2} ms; rendered {rendered} of {} nodes; equals a full compile",

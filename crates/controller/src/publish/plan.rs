@@ -179,6 +179,7 @@ pub(crate) struct RunPlan<'r> {
 /// rest of `run` is the caller's to update once the plan is carried out.
 pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'r>> {
     let Inputs { records, decl, revision, declared, unrecorded, allocation, trust, shared, held, cert, paths } = input;
+    let at = std::time::Instant::now();
     let active: Vec<&NodeRecord> = records
         .iter()
         .filter(|r| r.state == trellis_proto::EnrolledState::Active && declared.get(r.name.as_str()) == Some(&r.pool.as_deref()))
@@ -204,6 +205,8 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
         }
         left
     };
+    let left_ms = at.elapsed().as_millis() as u64;
+    let at = std::time::Instant::now();
     run.keys.replace(active.iter().filter_map(|r| r.wg_public_key.as_deref().and_then(PublicKey::parse).map(|k| (r.name.as_str(), k))));
     // A revoked node of the mesh is withdrawn for good: its names leave every zone.
     run.keys.withdraw_only(
@@ -212,6 +215,8 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
             .filter(|r| r.state == trellis_proto::EnrolledState::Revoked && declared.get(r.name.as_str()) == Some(&r.pool.as_deref()))
             .map(|r| r.name.as_str()),
     );
+    let keys_ms = at.elapsed().as_millis() as u64;
+    let at = std::time::Instant::now();
     let previous = run.compiled.take();
     // What each node sent through routers and hubs, when a new declaration may have taken
     // some of it away (ADR 0022): read before the compile consumes the previous one.
@@ -223,6 +228,7 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
         }
         _ => None,
     };
+    let carried_ms = at.elapsed().as_millis() as u64;
     let at = std::time::Instant::now();
     let compiled = trellis_core::compile(decl, &run.keys, &allocation, previous).map_err(|d| Error::internal("compiling", d))?;
     let compile_ms = at.elapsed().as_millis() as u64;
@@ -250,7 +256,16 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
     let revocations = revocation_holders(unrecorded, (&left, &run.left), &compiled, (decl, &run.keys, records))?;
     let candidates = decided.candidates.iter().map(|(n, l)| (n.clone(), l.iter().map(|c| c.peer.clone()).collect())).collect();
     let endpoints = decided.endpoints();
-    tracing::debug!(compile_ms, decide_ms, assemble_ms, rest_ms = at.elapsed().as_millis() as u64, "publish plan");
+    tracing::debug!(
+        left_ms,
+        keys_ms,
+        carried_ms,
+        compile_ms,
+        decide_ms,
+        assemble_ms,
+        rest_ms = at.elapsed().as_millis() as u64,
+        "publish plan"
+    );
     Ok(RunPlan { compiled, active, due, left, revocations, withdrawals, hubs, paths: texts, candidates, endpoints, pairs: decided.relayed })
 }
 

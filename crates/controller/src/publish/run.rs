@@ -148,10 +148,14 @@ impl Controller {
             swapped_ms = started.elapsed().as_millis() as u64,
             "publish run"
         );
+        let at = std::time::Instant::now();
         self.follow(&plan, &versions, &stale, &trust, &published).await?;
+        let follow_ms = at.elapsed().as_millis() as u64;
+        let at = std::time::Instant::now();
         let relayed = run.keep(plan);
         let plans = run.compiled.as_ref().map(|c| c.nodes.values().map(|o| o.plan.clone()).collect()).unwrap_or_default();
         *p.pairs.write().expect("pairs") = Arc::new(super::tables::Pairs { relayed, plans: Some(plans) });
+        tracing::debug!(follow_ms, kept_ms = at.elapsed().as_millis() as u64, "publish run followed");
         run.revision = Some(*revision);
         run.trust = trust.text;
         run.records = Some((read.records_read, read.records));

@@ -459,6 +459,49 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(100), .. ProptestConfig::default() })]
+
+    /// The controller's apply checks each declaration from what the check before held
+    /// (`check_after`): after any sequence of changes it says what a whole check says, and its
+    /// topology is the one made afresh, whether the allocation is the one before or not.
+    #[test]
+    fn a_check_from_the_one_before_says_what_a_whole_check_says(g in gen(), routed in any::<bool>(), exposed in any::<bool>(), changes in proptest::collection::vec((change(), any::<bool>()), 1..12)) {
+        use trellis_core::explain::{check_after, check_allocated};
+        use trellis_core::topology::Topology;
+        let mut d = mesh(&g, routed, exposed);
+        // A check knows the declared keys only: the key set of the changes is not its own.
+        let mut keys = Keys::default();
+        let mut alloc = Arc::new(trellis_core::allocate(&d, &Default::default()).unwrap());
+        let mut decl = Arc::new(d.clone());
+        let (first, mut held) = check_after(&decl, &alloc, None);
+        prop_assert_eq!(crate::support::lines(&first), crate::support::lines(&check_allocated(&decl, &alloc)));
+        let mut added = 0;
+        for (step, (c, reshuffled)) in changes.iter().enumerate() {
+            if apply(&mut d, &mut keys, c, &mut added) {
+                decl = Arc::new(d.clone());
+            }
+            let mut now = trellis_core::allocate(&decl, &alloc).unwrap();
+            // Sometimes the nodes hold one another's addresses (an allocation of the same names
+            // that is not the one before).
+            if *reshuffled {
+                now.ipv4 = now.ipv4.keys().cloned().zip(now.ipv4.values().rev().copied()).collect();
+            }
+            let kept = now == *alloc;
+            if !kept {
+                alloc = Arc::new(now);
+            }
+            let before = held.before(kept);
+            let topo = Topology::new_after(&decl, &alloc, &Keys::default(), Some(before));
+            prop_assert_eq!(topo.differs_from(&Topology::new(&decl, &alloc, &Keys::default())), None, "step {}: {:?}", step, c);
+            drop(topo);
+            let (said, next) = check_after(&decl, &alloc, Some((&held, kept)));
+            prop_assert_eq!(crate::support::lines(&said), crate::support::lines(&check_allocated(&decl, &alloc)), "step {}: {:?}", step, c);
+            held = next;
+        }
+    }
+}
+
 /// A declared module whose last runner drops it keeps its (empty) runners in a topology made
 /// from the one before, as in one made afresh; a group no node names any more is gone from both.
 #[test]
