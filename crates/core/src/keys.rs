@@ -134,7 +134,8 @@ impl Keys {
 
     /// Makes the set exactly these keys, noting only what changed (a name given twice keeps
     /// the last key given).
-    pub fn replace<'a>(&mut self, keys: impl IntoIterator<Item = (&'a str, PublicKey)>) {
+    /// Returns the names that had a key and are not given one now.
+    pub fn replace<'a>(&mut self, keys: impl IntoIterator<Item = (&'a str, PublicKey)>) -> Vec<String> {
         self.replaced += 1;
         for (name, key) in keys {
             self.set(name, Some(key));
@@ -142,9 +143,10 @@ impl Keys {
         // Every name given carries this replace's number: the others are gone.
         let now = self.replaced;
         let gone: Vec<String> = self.map.iter().filter(|(_, v)| v.1 != now).map(|(n, _)| n.clone()).collect();
-        for name in gone {
-            self.set(&name, None);
+        for name in &gone {
+            self.set(name, None);
         }
+        gone
     }
 
     fn note(&mut self, name: &str) {

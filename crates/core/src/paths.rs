@@ -242,6 +242,46 @@ fn after<'l>(relays_for: &'l [Arc<crate::plan::NodeText>], a: &str) -> &'l [Arc<
     &relays_for[relays_for.partition_point(|b| *b.name <= *a)..]
 }
 
+/// How many relayed pairs each node's plan names (the nodes after it by name that a hub relays
+/// for it), kept from one decision to the next: a recompile counts again only the plans it
+/// rendered. Counting every plan looked each node up in every relaying hub's list: 105 ms a
+/// publish run at 100,000 nodes (7.8 million pairs), for a count that a one-node change barely
+/// moves.
+#[derive(Clone, Debug, Default)]
+pub struct PairCounts {
+    by_node: crate::FastMap<Arc<str>, usize>,
+    total: usize,
+}
+
+impl PairCounts {
+    /// The relayed pairs `plan` names.
+    fn of(plan: &NodePlan) -> usize {
+        plan.peers.iter().filter(|p| !p.relays_for.is_empty()).map(|hub| after(&hub.relays_for, &plan.node).len()).sum()
+    }
+
+    /// Brought up to `compiled` and its total: when these counts are of the compile `compiled`
+    /// was made from, only the plans it rendered are counted again (a plan it did not render is
+    /// the one counted); else (another compile, a first one) every plan is.
+    pub fn update(&mut self, compiled: &Compiled) -> usize {
+        for name in &compiled.rendered {
+            let now = compiled.nodes.get(name).map(|o| Self::of(&o.plan));
+            let was = match now {
+                Some(n) => self.by_node.insert(Arc::from(name.as_str()), n),
+                None => self.by_node.remove(name.as_str()),
+            };
+            self.total = self.total - was.unwrap_or(0) + now.unwrap_or(0);
+        }
+        // Every node compiled is counted now (one it did not render was in the compile before,
+        // so counted); as many as compiled means no node left.
+        if self.by_node.len() != compiled.nodes.len() {
+            self.by_node = compiled.nodes.iter().map(|(n, o)| (Arc::from(n.as_str()), Self::of(&o.plan))).collect();
+            self.total = self.by_node.values().sum();
+        }
+        debug_assert_eq!(self.total, compiled.plans().map(Self::of).sum::<usize>(), "the counts follow the compiles");
+        self.total
+    }
+}
+
 /// Why a node takes no direct paths: `direct = false` on it or on one of its networks.
 pub fn off(decl: &Declaration) -> HashMap<&str, Option<&str>> {
     let off_networks: HashSet<&str> = decl.networks.iter().filter(|n| !n.direct).map(|n| n.name.as_str()).collect();
@@ -276,6 +316,21 @@ pub fn decide(
     standing: &dyn Fn(&str, &str) -> Standing,
     last: &HashMap<(String, String), (SocketAddr, SocketAddr)>,
 ) -> Decided {
+    decide_counted(compiled, keys, decl, observed, standing, last, &mut PairCounts::default())
+}
+
+/// [`decide`], with the relayed pairs counted from `counts` (the counts of the compile before, for
+/// a recompile: only the plans it rendered are counted again), brought up to `compiled`.
+pub fn decide_counted(
+    compiled: &Compiled,
+    keys: &Keys,
+    decl: &Declaration,
+    observed: &Observed,
+    standing: &dyn Fn(&str, &str) -> Standing,
+    last: &HashMap<(String, String), (SocketAddr, SocketAddr)>,
+    counts: &mut PairCounts,
+) -> Decided {
+    let pairs = counts.update(compiled);
     let off = off(decl);
     let by_destination = observed.by_destination();
     let empty = HashMap::new();
@@ -288,20 +343,20 @@ pub fn decide(
     // How a pair stands, and its two nodes and hub.
     type Ranked<'n> = (Standing, &'n Arc<str>, &'n Arc<str>, &'n Arc<str>);
     let mut ranked: Vec<Ranked> = Vec::new();
-    let mut pairs = 0usize;
-    for (a_name, out) in &compiled.nodes {
+    // Only a node some hub saw, or of a pair kept, can be the first of a ranked pair: only their
+    // plans are read (every pair is counted in `counts`).
+    let mut looked: std::collections::BTreeSet<&str> = kept_nodes.iter().copied().collect();
+    looked.extend(observed.by_hub.values().flat_map(|nodes| nodes.keys().map(String::as_str)));
+    for out in looked.into_iter().filter_map(|a| compiled.nodes.get(a)) {
         let a = &out.plan.node;
-        debug_assert_eq!(**a, **a_name);
         let a_kept = kept_nodes.contains(&**a);
         for hub in out.plan.peers.iter().filter(|p| !p.relays_for.is_empty()) {
-            let theirs = after(&hub.relays_for, a);
-            pairs += theirs.len();
             let seen = observed.by_hub.get(hub.name()).unwrap_or(&empty);
             let seen_a = seen.contains_key(&**a);
             if !seen_a && !a_kept {
                 continue;
             }
-            for b in theirs {
+            for b in after(&hub.relays_for, a) {
                 let b = &b.name;
                 if (seen_a && seen.contains_key(&**b)) || (a_kept && last.contains_key(&(a.to_string(), b.to_string()))) {
                     ranked.push((standing(a, b), a, b, &hub.node.name));

@@ -97,6 +97,8 @@ pub(crate) struct Run {
     /// The endpoints each pair that tried or was direct had: a direct pair keeps them when its
     /// hub loses sight of a side.
     pub(crate) endpoints: HashMap<(String, String), (std::net::SocketAddr, std::net::SocketAddr)>,
+    /// The relayed pairs each plan names, counted again only for the plans a compile rendered.
+    pub(crate) pair_counts: trellis_core::paths::PairCounts,
 }
 
 impl Run {
@@ -184,30 +186,35 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
         .iter()
         .filter(|r| r.state == trellis_proto::EnrolledState::Active && declared.get(r.name.as_str()) == Some(&r.pool.as_deref()))
         .collect();
-    // Who held the keys leaving the compiled mesh, while the previous compile still says.
-    let left = {
-        let now_active: HashSet<&str> = active.iter().map(|r| r.name.as_str()).collect();
-        let leaving: HashSet<&str> = run.keys.iter().map(|(n, _)| n).filter(|n| !now_active.contains(n)).collect();
-        let mut left = match &run.compiled {
-            Some(previous) if !leaving.is_empty() => holders_in(previous, &leaving),
-            _ => Default::default(),
-        };
-        // So did the nodes that may reach one directly (its key in their interface).
-        for (holder, peers) in &run.candidates {
-            for p in peers {
-                if let Some(list) = left.get_mut(p.as_str()) {
-                    if !list.contains(holder) {
-                        list.push(holder.clone());
-                        list.sort();
+    let active_ms = at.elapsed().as_millis() as u64;
+    let at = std::time::Instant::now();
+    let gone =
+        run.keys.replace(active.iter().filter_map(|r| r.wg_public_key.as_deref().and_then(PublicKey::parse).map(|k| (r.name.as_str(), k))));
+    let keys_ms = at.elapsed().as_millis() as u64;
+    let at = std::time::Instant::now();
+    // Who held the keys leaving the compiled mesh (that had a key and are not active now), while
+    // the previous compile still says. Most runs none leaves: nothing is walked then.
+    let left = match &run.compiled {
+        Some(previous) if !gone.is_empty() => {
+            let now_active: HashSet<&str> = active.iter().map(|r| r.name.as_str()).collect();
+            let leaving: HashSet<&str> = gone.iter().map(String::as_str).filter(|n| !now_active.contains(n)).collect();
+            let mut left = holders_in(previous, &leaving);
+            // So did the nodes that may reach one directly (its key in their interface).
+            for (holder, peers) in &run.candidates {
+                for p in peers {
+                    if let Some(list) = left.get_mut(p.as_str()) {
+                        if !list.contains(holder) {
+                            list.push(holder.clone());
+                            list.sort();
+                        }
                     }
                 }
             }
+            left
         }
-        left
+        _ => Default::default(),
     };
     let left_ms = at.elapsed().as_millis() as u64;
-    let at = std::time::Instant::now();
-    run.keys.replace(active.iter().filter_map(|r| r.wg_public_key.as_deref().and_then(PublicKey::parse).map(|k| (r.name.as_str(), k))));
     // A revoked node of the mesh is withdrawn for good: its names leave every zone.
     run.keys.withdraw_only(
         records
@@ -215,7 +222,6 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
             .filter(|r| r.state == trellis_proto::EnrolledState::Revoked && declared.get(r.name.as_str()) == Some(&r.pool.as_deref()))
             .map(|r| r.name.as_str()),
     );
-    let keys_ms = at.elapsed().as_millis() as u64;
     let at = std::time::Instant::now();
     let previous = run.compiled.take();
     // What each node sent through routers and hubs, when a new declaration may have taken
@@ -234,7 +240,15 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
     let compile_ms = at.elapsed().as_millis() as u64;
     // Direct paths: each relayed pair's candidates, from what its hub observed (ADR 0032).
     let at = std::time::Instant::now();
-    let decided = trellis_core::paths::decide(&compiled, &run.keys, decl, &paths.observed, &|a, b| paths.standing(a, b), &run.endpoints);
+    let decided = trellis_core::paths::decide_counted(
+        &compiled,
+        &run.keys,
+        decl,
+        &paths.observed,
+        &|a, b| paths.standing(a, b),
+        &run.endpoints,
+        &mut run.pair_counts,
+    );
     let decide_ms = at.elapsed().as_millis() as u64;
     let at = std::time::Instant::now();
     let texts: HashMap<String, String> =
@@ -257,6 +271,7 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
     let candidates = decided.candidates.iter().map(|(n, l)| (n.clone(), l.iter().map(|c| c.peer.clone()).collect())).collect();
     let endpoints = decided.endpoints();
     tracing::debug!(
+        active_ms,
         left_ms,
         keys_ms,
         carried_ms,

@@ -246,3 +246,58 @@ proptest! {
         }
     }
 }
+
+/// A publish run counts the relayed pairs from the counts of the compile before, counting again
+/// only the plans a recompile rendered: through a key that goes, one that comes back, nodes
+/// added and one removed, what it decides is what a decision afresh over a full compile says.
+#[test]
+fn pairs_counted_from_the_compile_before_are_the_pairs_counted_afresh() {
+    // Two groups behind one hub, each reaching only its own: a change in one renders its plans
+    // and the hub's, not the other group's.
+    let groups = |n: usize| {
+        let mut s = String::from("[mesh]\nname = \"m\"\ndomain = \"m.mesh\"\noverlay_ipv4 = \"10.77.0.0/16\"\n[groups]\nga = []\ngb = []\n[networks]\ninternet = {}\n");
+        for i in 0..n {
+            s.push_str(&format!("isp-{i} = {{}}\n"));
+        }
+        let reach: Vec<String> = (0..n).map(|i| format!("\"isp-{i}\"")).collect();
+        s.push_str(&format!("[[node]]\nname = \"hub-1\"\nhub = true\nnetworks = [\"internet\"]\n  [[node.endpoint]]\n  address = \"198.51.100.10:51820\"\n  reachable_from = [{}]\n", reach.join(", ")));
+        for i in 0..n {
+            let g = if i % 2 == 0 { "a" } else { "b" };
+            s.push_str(&format!("[[node]]\nname = \"n-{i:03}\"\nnetworks = [\"isp-{i}\"]\ngroups = [\"g{g}\"]\nmodules = [\"{g}\"]\n"));
+        }
+        let module = |m: &str| format!("[module]\nname = \"{m}\"\n[[allow]]\nproto = \"icmp\"\nfrom = [\"group:g{m}\"]\n");
+        valid(&s, &[("a.toml", &module("a")), ("b.toml", &module("b"))])
+    };
+    let (small, large) = (groups(6), groups(9));
+    let mut keys = keys(&large);
+    let mut counts = paths::PairCounts::default();
+    let mut previous: Option<Compiled> = None;
+    let mut rendered = Vec::new();
+    let steps: Vec<(&Declaration, Option<(&str, Option<PublicKey>)>)> = vec![
+        (&small, None),
+        (&small, Some(("n-002", None))),
+        (&small, Some(("n-002", Some(PublicKey([0x42; 32]))))),
+        (&large, None),
+        (&small, Some(("n-004", None))),
+        (&small, None),
+    ];
+    for (step, (decl, key)) in steps.into_iter().enumerate() {
+        if let Some((name, k)) = key {
+            keys.set(name, k);
+        }
+        let d = Arc::new(decl.clone());
+        let allocation = previous.as_ref().map(|p| p.allocation.clone()).unwrap_or_default();
+        let compiled = trellis_core::compile(&d, &keys, &allocation, previous.take()).expect("compiles");
+        let observed = seen_all(decl);
+        let counted = paths::decide_counted(&compiled, &keys, decl, &observed, &|_, _| Standing::Unknown, &HashMap::new(), &mut counts);
+        let full = trellis_core::compile(&d, &keys, &allocation, None).expect("compiles");
+        let afresh = paths::decide(&full, &keys, decl, &observed, &|_, _| Standing::Unknown, &HashMap::new());
+        assert_eq!(counted, afresh, "step {step}");
+        assert_eq!(counted.relayed.len(), afresh.relayed.all(full.plans()).len(), "step {step}");
+        assert!(!counted.relayed.is_empty(), "step {step}: the hub relays pairs");
+        rendered.push(compiled.rendered.len());
+        previous = Some(compiled);
+    }
+    // The key changes render the plans of the node's group and the hub's only (3 of 7).
+    assert_eq!(rendered[1..3], [3, 3], "{rendered:?}");
+}
