@@ -273,7 +273,9 @@ fn pairs_counted_from_the_compile_before_are_the_pairs_counted_afresh() {
     let mut counts = paths::PairCounts::default();
     let mut previous: Option<Compiled> = None;
     let mut rendered = Vec::new();
-    let steps: Vec<(&Declaration, Option<(&str, Option<PublicKey>)>)> = vec![
+    // Each step's declaration, and a key set (or taken away) before it.
+    type Step<'d> = (&'d Declaration, Option<(&'static str, Option<PublicKey>)>);
+    let steps: Vec<Step> = vec![
         (&small, None),
         (&small, Some(("n-002", None))),
         (&small, Some(("n-002", Some(PublicKey([0x42; 32]))))),
