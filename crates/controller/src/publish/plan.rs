@@ -99,6 +99,16 @@ pub(crate) struct Run {
     pub(crate) endpoints: HashMap<(String, String), (std::net::SocketAddr, std::net::SocketAddr)>,
     /// The relayed pairs each plan names, counted again only for the plans a compile rendered.
     pub(crate) pair_counts: trellis_core::paths::PairCounts,
+    /// The declaration the last plan was made with, and where its active nodes were among the
+    /// records it was given: the same records under a declaration of the same nodes (a group
+    /// moved, a rule changed) have the same active nodes, with the keys the set holds.
+    pub(crate) planned_for: Option<Arc<Declaration>>,
+    pub(crate) active_at: Vec<u32>,
+}
+
+/// Whether two declarations name the same nodes, each of the same pool, in the same places.
+fn same_nodes(a: &Declaration, b: &Declaration) -> bool {
+    a.nodes.len() == b.nodes.len() && a.nodes.iter().zip(&b.nodes).all(|(x, y)| Arc::ptr_eq(x, y) || (x.name == y.name && x.pool == y.pool))
 }
 
 impl Run {
@@ -123,6 +133,9 @@ impl Run {
 pub(crate) struct Inputs<'r, 'a> {
     /// Every node's record, as the run read them.
     pub records: &'r [NodeRecord],
+    /// Whether they are the records the last plan was given, in the same order (none written
+    /// since, read by difference).
+    pub records_unchanged: bool,
     /// The current declaration with its pools' members, and its revision.
     pub decl: &'a Arc<Declaration>,
     pub revision: i64,
@@ -180,16 +193,31 @@ pub(crate) struct RunPlan<'r> {
 /// changed in place) and hashes the due contents it does not hold yet into `run.contents`; the
 /// rest of `run` is the caller's to update once the plan is carried out.
 pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'r>> {
-    let Inputs { records, decl, revision, declared, unrecorded, allocation, trust, shared, held, cert, paths } = input;
+    let Inputs { records, records_unchanged, decl, revision, declared, unrecorded, allocation, trust, shared, held, cert, paths } = input;
     let at = std::time::Instant::now();
-    let active: Vec<&NodeRecord> = records
-        .iter()
-        .filter(|r| r.state == trellis_proto::EnrolledState::Active && declared.get(r.name.as_str()) == Some(&r.pool.as_deref()))
-        .collect();
+    // The same records under a declaration of the same nodes as the last plan's: the same nodes
+    // are active, with the keys the set holds, and neither is read again (at 100,000 nodes, 30
+    // and 60 ms of every run that follows an apply).
+    let same = records_unchanged
+        && run.planned_for.as_ref().is_some_and(|d| same_nodes(d, decl))
+        && run.active_at.last().is_none_or(|&i| (i as usize) < records.len());
+    run.planned_for = Some(decl.clone());
+    if !same {
+        run.active_at = (0..records.len() as u32)
+            .filter(|&i| {
+                let r = &records[i as usize];
+                r.state == trellis_proto::EnrolledState::Active && declared.get(r.name.as_str()) == Some(&r.pool.as_deref())
+            })
+            .collect();
+    }
+    let active: Vec<&NodeRecord> = run.active_at.iter().map(|&i| &records[i as usize]).collect();
     let active_ms = at.elapsed().as_millis() as u64;
     let at = std::time::Instant::now();
-    let gone =
-        run.keys.replace(active.iter().filter_map(|r| r.wg_public_key.as_deref().and_then(PublicKey::parse).map(|k| (r.name.as_str(), k))));
+    let gone = if same {
+        Vec::new()
+    } else {
+        run.keys.replace(active.iter().filter_map(|r| r.wg_public_key.as_deref().and_then(PublicKey::parse).map(|k| (r.name.as_str(), k))))
+    };
     let keys_ms = at.elapsed().as_millis() as u64;
     let at = std::time::Instant::now();
     // Who held the keys leaving the compiled mesh (that had a key and are not active now), while
@@ -216,12 +244,14 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
     };
     let left_ms = at.elapsed().as_millis() as u64;
     // A revoked node of the mesh is withdrawn for good: its names leave every zone.
-    run.keys.withdraw_only(
-        records
-            .iter()
-            .filter(|r| r.state == trellis_proto::EnrolledState::Revoked && declared.get(r.name.as_str()) == Some(&r.pool.as_deref()))
-            .map(|r| r.name.as_str()),
-    );
+    if !same {
+        run.keys.withdraw_only(
+            records
+                .iter()
+                .filter(|r| r.state == trellis_proto::EnrolledState::Revoked && declared.get(r.name.as_str()) == Some(&r.pool.as_deref()))
+                .map(|r| r.name.as_str()),
+        );
+    }
     let at = std::time::Instant::now();
     let previous = run.compiled.take();
     // What each node sent through routers and hubs, when a new declaration may have taken
@@ -375,6 +405,8 @@ mod tests {
         revision: i64,
         records: Vec<NodeRecord>,
         unrecorded: Vec<String>,
+        /// Whether the records are those the plan before was given.
+        records_unchanged: bool,
         trust: String,
         paths: crate::paths::PathInputs,
     }
@@ -384,7 +416,7 @@ mod tests {
             let decl = declaration(lab);
             let records = decl.nodes.iter().enumerate().map(|(i, n)| record(&n.name, i as u8 + 1, EnrolledState::Active)).collect();
             let paths = crate::paths::PathInputs { observed: Default::default(), standing: Default::default() };
-            World { decl, revision, records, unrecorded: Vec::new(), trust: "controllers = []\n".into(), paths }
+            World { decl, revision, records, unrecorded: Vec::new(), records_unchanged: false, trust: "controllers = []\n".into(), paths }
         }
 
         /// The plan of this world after `run`, with the bundles `held` in the table.
@@ -396,6 +428,7 @@ mod tests {
             let paths = &self.paths;
             let inputs = Inputs {
                 records: &self.records,
+                records_unchanged: self.records_unchanged,
                 decl: &self.decl,
                 revision: self.revision,
                 declared: &declared,
@@ -472,6 +505,46 @@ mod tests {
         let full: HashMap<String, String> = full.due.iter().map(|d| (d.record.name.clone(), d.digest.clone())).collect();
         assert_eq!(incremental, full, "every node's bundle, incrementally and in full");
         assert!(!full.contains_key("desk-1"));
+    }
+
+    /// The same records under a declaration of the same nodes (the route moved to another
+    /// router) take the active nodes and keys the run before found: the plan is the one a first
+    /// run makes. Records said unchanged under a declaration of other nodes are read again.
+    #[test]
+    fn the_same_records_under_the_same_nodes_plan_as_a_first_run() {
+        let (mut run, mut held) = (Run::default(), HashSet::new());
+        let before = World::new("routes", 1);
+        let first = before.plan(&mut run, Allocation::default(), &held);
+        let allocation = first.compiled.allocation.clone();
+        carry_out(&before, &mut run, first, &mut held);
+        let names = |p: &RunPlan| p.active.iter().map(|r| r.name.clone()).collect::<Vec<_>>();
+
+        let mut after = World::new("routes-gw-2", 2);
+        after.records = before.records.clone();
+        after.records_unchanged = true;
+        let planned = after.plan(&mut run, Allocation::default(), &held);
+        let (mut fresh, none) = (Run::default(), HashSet::new());
+        let full = after.plan(&mut fresh, allocation, &none);
+        assert_eq!(names(&planned), names(&full));
+        assert!(planned.withdrawals.get("gw-1").is_some_and(|h| !h.is_empty()), "{:?}", planned.withdrawals);
+        assert!(!planned.due.is_empty(), "the route moved: bundles change");
+        let digests = |p: &RunPlan| p.due.iter().map(|d| (d.record.name.clone(), d.digest.clone())).collect::<HashMap<_, _>>();
+        let full_digests = digests(&full);
+        for (name, digest) in digests(&planned) {
+            assert_eq!(Some(&digest), full_digests.get(&name), "{name}");
+        }
+        assert_eq!(run.keys, fresh.keys);
+        carry_out(&after, &mut run, planned, &mut held);
+
+        // Records said unchanged under another mesh: its nodes are found among them.
+        let mut other = World::new("nat", 3);
+        other.records_unchanged = true;
+        let planned = other.plan(&mut run, Allocation::default(), &held);
+        assert_eq!(names(&planned), other.records.iter().map(|r| r.name.clone()).collect::<Vec<_>>());
+        let (mut fresh, none) = (Run::default(), HashSet::new());
+        let full = other.plan(&mut fresh, Allocation::default(), &none);
+        assert_eq!(run.keys, fresh.keys);
+        assert_eq!(names(&planned), names(&full));
     }
 
     /// A node that may reach another directly holds its key: when that one is revoked, it is

@@ -103,6 +103,7 @@ impl Controller {
         let inputs_ms = at.elapsed().as_millis() as u64;
         let inputs = Inputs {
             records,
+            records_unchanged: read.unchanged,
             decl,
             revision: *revision,
             declared: &declared,
