@@ -318,6 +318,8 @@ pub(crate) fn holders_as_if_active(
 ) -> Result<Vec<String>> {
     let key =
         records.iter().find(|r| r.name == node).and_then(|r| r.wg_public_key.as_deref()).and_then(trellis_core::decl::PublicKey::parse);
+    // A node whose record has no key could be no node's peer: nobody held it (an empty list of
+    // holders, which completes the revocation at once; the record keeps its key when revoked).
     let Some(key) = key else { return Ok(Vec::new()) };
     let mut keys = keys.clone();
     keys.set(node, Some(key));

@@ -269,7 +269,7 @@ impl PairCounts {
                 Some(n) => self.by_node.insert(Arc::from(name.as_str()), n),
                 None => self.by_node.remove(name.as_str()),
             };
-            self.total = self.total - was.unwrap_or(0) + now.unwrap_or(0);
+            self.total = self.total + now.unwrap_or(0) - was.unwrap_or(0);
         }
         // Every node compiled is counted now (one it did not render was in the compile before,
         // so counted); as many as compiled means no node left.

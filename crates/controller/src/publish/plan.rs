@@ -134,7 +134,9 @@ pub(crate) struct Inputs<'r, 'a> {
     /// Every node's record, as the run read them.
     pub records: &'r [NodeRecord],
     /// Whether they are the records the last plan was given, in the same order (none written
-    /// since, read by difference).
+    /// since, read by difference). The records kept are those of the last run that finished,
+    /// which planned with them; a run without a declaration keeps its records without a plan
+    /// and forgets `Run::planned_for`, so the next plan reads them again.
     pub records_unchanged: bool,
     /// The current declaration with its pools' members, and its revision.
     pub decl: &'a Arc<Declaration>,
@@ -254,6 +256,11 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
     }
     let at = std::time::Instant::now();
     let previous = run.compiled.take();
+    // The relayed pairs are counted from the compile before: without one (a first run, or the
+    // run before failed once it had taken it), from nothing.
+    if previous.is_none() {
+        run.pair_counts = Default::default();
+    }
     // What each node sent through routers and hubs, when a new declaration may have taken
     // some of it away (ADR 0022): read before the compile consumes the previous one.
     let hubs: HashSet<String> = decl.nodes.iter().filter(|n| n.hub).map(|n| n.name.clone()).collect();

@@ -54,6 +54,8 @@ impl Controller {
         let Some((revision, decl)) = &read.declaration else {
             p.set_auth(&read.records, None);
             run.auth_for = None;
+            // These records are kept without a plan: the next plan finds its active nodes again.
+            run.planned_for = None;
             // Without a declaration nothing was published: nobody held a key.
             for node in &read.unrecorded {
                 self.store.record_holders(node, &[]).await?;

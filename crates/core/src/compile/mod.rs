@@ -63,7 +63,9 @@ pub struct Compiled {
     /// Warnings about the compiled mesh: pairs with no path, nodes left out for want of a key.
     pub diagnostics: Vec<Diagnostic>,
     /// Names of the nodes whose files were rendered by this compile (all of them on a first
-    /// compile; on a recompile, those whose plan changed).
+    /// compile; on a recompile, those whose plan changed). A node not named here has a plan equal
+    /// to the one the compile before gave it (a plan made again equal is not named): what
+    /// `paths::PairCounts` counts again follows from it.
     pub rendered: Vec<String>,
     /// The filter block of every rule, shared by the plans of the nodes that run its module.
     pub rule_blocks: Vec<Arc<crate::plan::RuleBlock>>,
