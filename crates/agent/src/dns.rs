@@ -792,9 +792,17 @@ mod tests {
     }
 
     /// A loopback address with a port free for the test's server.
+    /// A loopback port free for both UDP and TCP now: the resolver binds both (a port free for
+    /// UDP alone was once taken for TCP by another test: "Address already in use").
     fn free_listen() -> [std::net::SocketAddr; 1] {
-        let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        [std::net::SocketAddr::from(([127, 0, 0, 1], port))]
+        for _ in 0..100 {
+            let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let at = tcp.local_addr().unwrap();
+            if std::net::UdpSocket::bind(at).is_ok() {
+                return [at];
+            }
+        }
+        panic!("no loopback port free for both UDP and TCP in 100 tries");
     }
 
     /// One A query for `name` over UDP to `server`: the addresses answered.
