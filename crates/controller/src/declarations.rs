@@ -197,81 +197,21 @@ impl Controller {
     /// the current revision is not `expect_revision`. The same files as the current revision are
     /// answered as unchanged.
     pub async fn apply(&self, submitted: &[proto::DeclFile], expect_revision: Option<i64>) -> Result<proto::ApplyResponse> {
-        let mut files: Vec<(String, String)> = Vec::new();
-        for f in submitted {
-            if !valid_path(&f.path) {
-                return Err(Error::BadRequest(format!("file {:?} is neither mesh.toml nor modules/NAME.toml", f.path)));
-            }
-            if files.iter().any(|(p, _)| *p == f.path) {
-                return Err(Error::BadRequest(format!("file {:?} is sent twice", f.path)));
-            }
-            files.push((f.path.clone(), f.text.clone()));
-        }
-        if !files.iter().any(|(p, _)| p == trellis_core::load::MESH_FILE) {
-            return Err(Error::BadRequest("the declaration has no mesh.toml".into()));
-        }
-        files.sort();
         // What is stored with the revision and depends on its files only (their digest, and
         // the files packed) is made on a blocking thread while they are loaded and checked (the
         // load takes one core, then the check and the index by name both): at 100,000 nodes it is
         // 60-90 ms, and all of it is thrown away when the check refuses.
-        let files = Arc::new(files);
+        let files = Arc::new(submitted_files(submitted)?);
         let stored = {
             let files = files.clone();
             tokio::task::spawn_blocking(move || (digest(&files), trellis_store::Packed::new(&files)))
         };
-        // Checked as `trellis check` checks, but allocated once: the addresses the check's
-        // topology needs are the ones this revision stores (ADR 0034). Each stage is timed for
-        // the debug log, as a publish run's are.
         let started = std::time::Instant::now();
-        let counts = |c: &trellis_core::load::LoadCache| (c.parsed, c.whole);
-        let before = counts(&self.load_cache.lock().expect("load cache"));
-        let loaded = self.load(&files);
-        let load_ms = started.elapsed().as_millis();
-        let after = counts(&self.load_cache.lock().expect("load cache"));
-        let (parsed, whole) = (after.0 - before.0, after.1 - before.1);
-        let mut diagnostics = loaded.diagnostics;
-        let decl = loaded.declaration.map(Arc::new);
-        let (mut place_ms, mut check_ms) = (0, 0);
-        // The declaration indexed, as stored with the revision, is made beside the check: it
-        // does not depend on what the check says.
-        let mut made = None;
-        let placed = match &decl {
-            Some(decl) if !diagnostics.iter().any(|d| d.is_error()) => match self.place(decl).await? {
-                Ok(p) => {
-                    place_ms = started.elapsed().as_millis() - load_ms;
-                    // From what the check before held, when there is one (another apply running
-                    // at once checks whole).
-                    let held = self.check_held.lock().expect("check held").take();
-                    let (checked, beside) = crate::publish::off_runtime(|| {
-                        std::thread::scope(|s| {
-                            let check = s.spawn(|| {
-                                let before = held.as_ref().map(|(a, h)| (h, Arc::ptr_eq(a, &p.allocation)));
-                                let (checked, held) = trellis_core::explain::check_after(decl, &p.allocation, before);
-                                *self.check_held.lock().expect("check held") = Some((p.allocation.clone(), held));
-                                checked
-                            });
-                            let beside = Arc::new(Indexed::new(decl.clone()));
-                            (check.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)), beside)
-                        })
-                    });
-                    diagnostics.extend(checked);
-                    made = Some(beside);
-                    check_ms = started.elapsed().as_millis() - load_ms - place_ms;
-                    Some(p)
-                }
-                Err(exhausted) => {
-                    diagnostics.push(exhausted);
-                    None
-                }
-            },
-            _ => None,
-        };
-        trellis_core::diag::sort(&mut diagnostics);
+        let (diagnostics, accepted, t) = self.load_and_check(&files).await?;
         let errors = diagnostics.iter().filter(|d| d.is_error()).count();
         let out: Vec<proto::Diagnostic> = diagnostics.iter().map(diagnostic).collect();
-        let (decl, Placed { held_revision, previous, mut allocation, members }, indexed) = match (decl, placed, made) {
-            (Some(decl), Some(placed), Some(made)) if errors == 0 => (decl, placed, made),
+        let (decl, Placed { held_revision, previous, mut allocation, members }, indexed) = match accepted {
+            Some(accepted) if errors == 0 => accepted,
             _ => {
                 return Err(Error::InvalidDeclaration {
                     message: format!("the declaration has {errors} error(s); nothing was changed"),
@@ -290,26 +230,9 @@ impl Controller {
                 return Ok(proto::ApplyResponse { revision: cur.0, diagnostics: out, unchanged: true });
             }
         }
-        // A member whose name the declaration now gives a declared node (its pool gone or
-        // renamed) goes with this revision: a record of a pool is never taken for a declared node.
-        let declared: std::collections::HashSet<&str> =
-            if members.is_empty() { Default::default() } else { decl.nodes.iter().map(|n| n.name.as_str()).collect() };
-        let (replaced, members): (Vec<_>, Vec<_>) = members.iter().partition(|m| declared.contains(m.name.as_str()));
-        for m in members {
-            if allocation.ipv4.contains_key(&m.name) || allocation.ipv6.contains_key(&m.name) {
-                let allocation = Arc::make_mut(&mut allocation);
-                allocation.ipv4.remove(&m.name);
-                allocation.ipv6.remove(&m.name);
-            }
-        }
-        let mut detail = format!("sha256 {digest}");
-        if !replaced.is_empty() {
-            let named: Vec<String> = replaced.iter().map(|m| format!("{} (pool {})", m.name, m.pool)).collect();
-            detail.push_str(&format!("; removed the pool members it names as declared nodes: {}", named.join(", ")));
-        }
+        let (replaced, detail) = members_replaced(&decl, &members, &mut allocation, &digest);
         let subject = decl.mesh.name.clone();
         let audit = Audit { at: self.now(), actor: "admin", action: AuditAction::DeclarationApplied, subject: &subject, detail };
-        let replaced: Vec<String> = replaced.iter().map(|m| m.name.clone()).collect();
         let addresses = trellis_store::Addresses { allocation: allocation.clone(), held: Some((held_revision, previous)) };
         // The declaration indexed beside the check is offered to whoever finds the revision
         // current before this apply has put it in the cache (a publish run woken by the database
@@ -319,32 +242,19 @@ impl Controller {
         let stored_at = std::time::Instant::now();
         let revision = self.store.apply(packed, &digest, addresses, expect_revision, &replaced, &audit).await?;
         let store_ms = stored_at.elapsed().as_millis();
-        let before_store_ms = (stored_at - started).as_millis() - load_ms - place_ms - check_ms;
-        {
-            let mut cache = self.allocation.lock().await;
-            if cache.as_ref().is_none_or(|(n, ..)| *n < revision) {
-                *cache = Some((revision, digest.clone(), allocation));
-            }
-        }
-        // The publish run that follows uses this declaration instead of parsing the stored files
-        // again (the cache is keyed by revision, so a newer one elsewhere still wins).
-        {
-            let mut cache = self.declaration.lock().await;
-            if cache.as_ref().is_none_or(|(n, _)| *n < revision) {
-                *cache = Some((revision, indexed.clone()));
-            }
-        }
+        let before_store_ms = (stored_at - started).as_millis() - t.load_ms - t.place_ms - t.check_ms;
+        self.remember_stored(revision, &digest, allocation, &indexed).await;
         // Before the answer, so that what the apply decided is all in the audit chain when it
         // returns (publish runs look again, for a start on a declaration and a CA rotated).
         self.scope_services_ca(&indexed.decl().mesh).await?;
         self.ask_publish();
         tracing::debug!(
             revision,
-            parsed,
-            whole,
-            load_ms,
-            place_ms,
-            check_ms,
+            parsed = t.parsed,
+            whole = t.whole,
+            load_ms = t.load_ms,
+            place_ms = t.place_ms,
+            check_ms = t.check_ms,
             before_store_ms,
             store_ms,
             after_store_ms = stored_at.elapsed().as_millis() - store_ms,
@@ -353,4 +263,135 @@ impl Controller {
         );
         Ok(proto::ApplyResponse { revision, diagnostics: out, unchanged: false })
     }
+
+    /// The files loaded, placed and checked as `trellis check` checks them, but allocated once:
+    /// the addresses the check's topology needs are the ones this revision stores (ADR 0034).
+    /// Every diagnostic, sorted; the declaration with its placement and its index by name when
+    /// it loaded and was placed; each stage timed for the debug log, as a publish run's are.
+    async fn load_and_check(&self, files: &[(String, String)]) -> Result<(Vec<trellis_core::Diagnostic>, Option<Accepted>, Timings)> {
+        let started = std::time::Instant::now();
+        let counts = |c: &trellis_core::load::LoadCache| (c.parsed, c.whole);
+        let before = counts(&self.load_cache.lock().expect("load cache"));
+        let loaded = self.load(files);
+        let after = counts(&self.load_cache.lock().expect("load cache"));
+        let mut t =
+            Timings { parsed: after.0 - before.0, whole: after.1 - before.1, load_ms: started.elapsed().as_millis(), ..Timings::default() };
+        let mut diagnostics = loaded.diagnostics;
+        let mut accepted = None;
+        if let Some(decl) = loaded.declaration.map(Arc::new).filter(|_| !diagnostics.iter().any(|d| d.is_error())) {
+            match self.place(&decl).await? {
+                Ok(p) => {
+                    t.place_ms = started.elapsed().as_millis() - t.load_ms;
+                    let (checked, indexed) = self.check_beside(&decl, &p.allocation);
+                    diagnostics.extend(checked);
+                    t.check_ms = started.elapsed().as_millis() - t.load_ms - t.place_ms;
+                    accepted = Some((decl, p, indexed));
+                }
+                Err(exhausted) => diagnostics.push(exhausted),
+            }
+        }
+        trellis_core::diag::sort(&mut diagnostics);
+        Ok((diagnostics, accepted, t))
+    }
+
+    /// The check, from what the check before held when there is one (another apply running at
+    /// once checks whole), off the runtime's threads; beside it the declaration indexed, as
+    /// stored with the revision (it does not depend on what the check says).
+    fn check_beside(
+        &self,
+        decl: &Arc<Declaration>,
+        allocation: &Arc<trellis_core::Allocation>,
+    ) -> (Vec<trellis_core::Diagnostic>, Arc<Indexed>) {
+        let held = self.check_held.lock().expect("check held").take();
+        crate::publish::off_runtime(|| {
+            std::thread::scope(|s| {
+                let check = s.spawn(|| {
+                    let before = held.as_ref().map(|(a, h)| (h, Arc::ptr_eq(a, allocation)));
+                    let (checked, held) = trellis_core::explain::check_after(decl, allocation, before);
+                    *self.check_held.lock().expect("check held") = Some((allocation.clone(), held));
+                    checked
+                });
+                let indexed = Arc::new(Indexed::new(decl.clone()));
+                (check.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)), indexed)
+            })
+        })
+    }
+
+    /// Keeps what an apply stored for the requests after it: the allocation, from which the next
+    /// apply allocates, and the declaration indexed, which the publish run that follows uses
+    /// instead of parsing the stored files again (each cache keyed by revision, so a newer one
+    /// elsewhere still wins).
+    async fn remember_stored(&self, revision: i64, digest: &str, allocation: Arc<trellis_core::Allocation>, indexed: &Arc<Indexed>) {
+        {
+            let mut cache = self.allocation.lock().await;
+            if cache.as_ref().is_none_or(|(n, ..)| *n < revision) {
+                *cache = Some((revision, digest.to_string(), allocation));
+            }
+        }
+        let mut cache = self.declaration.lock().await;
+        if cache.as_ref().is_none_or(|(n, _)| *n < revision) {
+            *cache = Some((revision, indexed.clone()));
+        }
+    }
+}
+
+/// A declaration that loaded and was placed: with its placement and its index by name.
+type Accepted = (Arc<Declaration>, Placed, Arc<Indexed>);
+
+/// How long an apply's stages took, and what its load parsed, for the debug log.
+#[derive(Default)]
+struct Timings {
+    parsed: usize,
+    whole: usize,
+    load_ms: u128,
+    place_ms: u128,
+    check_ms: u128,
+}
+
+/// The files of an apply, in path order: each `mesh.toml` or `modules/NAME.toml`, once, with a
+/// `mesh.toml` among them.
+fn submitted_files(submitted: &[proto::DeclFile]) -> Result<Vec<(String, String)>> {
+    let mut files: Vec<(String, String)> = Vec::new();
+    for f in submitted {
+        if !valid_path(&f.path) {
+            return Err(Error::BadRequest(format!("file {:?} is neither mesh.toml nor modules/NAME.toml", f.path)));
+        }
+        if files.iter().any(|(p, _)| *p == f.path) {
+            return Err(Error::BadRequest(format!("file {:?} is sent twice", f.path)));
+        }
+        files.push((f.path.clone(), f.text.clone()));
+    }
+    if !files.iter().any(|(p, _)| p == trellis_core::load::MESH_FILE) {
+        return Err(Error::BadRequest("the declaration has no mesh.toml".into()));
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// The pool members a declaration names as declared nodes (their pool gone or renamed), which go
+/// with its revision (a record of a pool is never taken for a declared node), and the audit
+/// record's detail that says so beside the files' digest. The other members' addresses leave
+/// `allocation`.
+fn members_replaced(
+    decl: &Declaration,
+    members: &[trellis_core::decl::Member],
+    allocation: &mut Arc<trellis_core::Allocation>,
+    digest: &str,
+) -> (Vec<String>, String) {
+    let declared: std::collections::HashSet<&str> =
+        if members.is_empty() { Default::default() } else { decl.nodes.iter().map(|n| n.name.as_str()).collect() };
+    let (replaced, members): (Vec<_>, Vec<_>) = members.iter().partition(|m| declared.contains(m.name.as_str()));
+    for m in members {
+        if allocation.ipv4.contains_key(&m.name) || allocation.ipv6.contains_key(&m.name) {
+            let allocation = Arc::make_mut(allocation);
+            allocation.ipv4.remove(&m.name);
+            allocation.ipv6.remove(&m.name);
+        }
+    }
+    let mut detail = format!("sha256 {digest}");
+    if !replaced.is_empty() {
+        let named: Vec<String> = replaced.iter().map(|m| format!("{} (pool {})", m.name, m.pool)).collect();
+        detail.push_str(&format!("; removed the pool members it names as declared nodes: {}", named.join(", ")));
+    }
+    (replaced.iter().map(|m| m.name.clone()).collect(), detail)
 }
