@@ -307,21 +307,10 @@ pub fn off(decl: &Declaration) -> HashMap<&str, Option<&str>> {
 /// moments, each dropping what the other still sends directly.
 ///
 /// Only pairs whose hub saw both sides, or kept from the run before, are looked at one by one;
-/// the others are counted (`Relayed`).
+/// the others are counted (`Relayed`): from `counts`, the counts of the compile before for a
+/// recompile (only the plans it rendered are counted again; `PairCounts::default()` counts every
+/// plan), brought up to `compiled`.
 pub fn decide(
-    compiled: &Compiled,
-    keys: &Keys,
-    decl: &Declaration,
-    observed: &Observed,
-    standing: &dyn Fn(&str, &str) -> Standing,
-    last: &HashMap<(String, String), (SocketAddr, SocketAddr)>,
-) -> Decided {
-    decide_counted(compiled, keys, decl, observed, standing, last, &mut PairCounts::default())
-}
-
-/// [`decide`], with the relayed pairs counted from `counts` (the counts of the compile before, for
-/// a recompile: only the plans it rendered are counted again), brought up to `compiled`.
-pub fn decide_counted(
     compiled: &Compiled,
     keys: &Keys,
     decl: &Declaration,

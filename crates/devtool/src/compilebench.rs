@@ -86,7 +86,7 @@ pub fn run(args: &CompileArgs) -> Result<ExitCode> {
     // Direct paths as a publish run decides them after each compile, with no hub's
     // observations: every relayed pair is counted and stays on its hub.
     let decide = |c: &Compiled, k: &Keys, d: &Declaration, counts: &mut trellis_core::paths::PairCounts| {
-        trellis_core::paths::decide_counted(c, k, d, &Default::default(), &|_, _| Default::default(), &Default::default(), counts)
+        trellis_core::paths::decide(c, k, d, &Default::default(), &|_, _| Default::default(), &Default::default(), counts)
     };
     let t = Instant::now();
     let mut base_counts = trellis_core::paths::PairCounts::default();

@@ -277,7 +277,7 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
     let compile_ms = at.elapsed().as_millis() as u64;
     // Direct paths: each relayed pair's candidates, from what its hub observed (ADR 0032).
     let at = std::time::Instant::now();
-    let decided = trellis_core::paths::decide_counted(
+    let decided = trellis_core::paths::decide(
         &compiled,
         &run.keys,
         decl,

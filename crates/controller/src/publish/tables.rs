@@ -320,8 +320,15 @@ mod tests {
         let mut keys = trellis_core::Keys::default();
         keys.replace(decl.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), trellis_core::decl::PublicKey([i as u8 + 1; 32]))));
         let compiled = trellis_core::compile(&decl, &keys, &Default::default(), None).expect("compiles");
-        let decided =
-            trellis_core::paths::decide(&compiled, &keys, &decl, &Default::default(), &|_, _| Default::default(), &HashMap::new());
+        let decided = trellis_core::paths::decide(
+            &compiled,
+            &keys,
+            &decl,
+            &Default::default(),
+            &|_, _| Default::default(),
+            &HashMap::new(),
+            &mut Default::default(),
+        );
         assert!(decided.relayed.others > 0, "lab/cgnat relays pairs");
         let p = Arc::new(Publisher::default());
         let plans = compiled.nodes.values().map(|o| o.plan.clone()).collect();

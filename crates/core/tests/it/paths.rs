@@ -63,7 +63,8 @@ fn each_side_gets_the_endpoint_the_hub_saw_for_the_other() {
     let decl = mesh(2, "");
     let keys = keys(&decl);
     let compiled = compile(&decl, &keys);
-    let decided = paths::decide(&compiled, &keys, &decl, &seen_all(&decl), &|_, _| Standing::Unknown, &HashMap::new());
+    let decided =
+        paths::decide(&compiled, &keys, &decl, &seen_all(&decl), &|_, _| Standing::Unknown, &HashMap::new(), &mut Default::default());
     let pairs = decided.relayed.all(compiled.plans());
     assert_eq!(pairs.len(), 1, "{pairs:?}");
     assert_eq!(pairs, decided.relayed.ranked, "the hub saw both: the pair is ranked");
@@ -95,7 +96,7 @@ fn a_pair_stays_on_its_hub_and_says_why() {
     // A second hub saw n-001 at another port of the same address.
     let seen = observed.by_hub["hub-1"]["n-001"];
     observed.by_hub.insert("hub-2".into(), HashMap::from([("n-001".to_string(), SocketAddr::new(seen.ip(), seen.port() + 517))]));
-    let decided = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &HashMap::new());
+    let decided = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &HashMap::new(), &mut Default::default());
     let pairs = decided.relayed.all(compiled.plans());
     let why = |a: &str, b: &str| pairs.iter().find(|p| *p.a == *a && *p.b == *b).map(|p| p.decision.clone()).expect("a relayed pair");
     assert_eq!(why("n-000", "off-1"), Err(Why::Off { node: "off-1".into(), network: None }));
@@ -113,7 +114,7 @@ fn a_pair_stays_on_its_hub_and_says_why() {
     let hub = observed.by_hub.get_mut("hub-1").unwrap();
     let one = hub["n-000"].ip();
     hub.insert("n-001".into(), SocketAddr::new(one, 60_001));
-    let decided = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &HashMap::new());
+    let decided = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &HashMap::new(), &mut Default::default());
     let pairs = decided.relayed.all(compiled.plans());
     let pair = pairs.iter().find(|p| (&*p.a, &*p.b) == ("n-000", "n-001")).unwrap();
     assert_eq!(pair.decision, Err(Why::OneAddress { ip: one }));
@@ -132,7 +133,7 @@ fn attempts_per_hub_are_capped() {
     let keys = keys(&decl);
     let compiled = compile(&decl, &keys);
     let observed = seen_all(&decl);
-    let all = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &HashMap::new());
+    let all = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &HashMap::new(), &mut Default::default());
     assert_eq!(all.relayed.len(), 24 * 23 / 2);
     let trying = |d: &paths::Decided| d.relayed.ranked.iter().filter(|p| p.decision.is_ok()).count();
     assert_eq!(trying(&all), ATTEMPTS_PER_HUB);
@@ -148,7 +149,7 @@ fn attempts_per_hub_are_capped() {
         _ if (a, b) == (&*first.a, &*first.b) => Standing::Failing,
         _ => Standing::Unknown,
     };
-    let again = paths::decide(&compiled, &keys, &decl, &observed, &standing, &HashMap::new());
+    let again = paths::decide(&compiled, &keys, &decl, &observed, &standing, &HashMap::new(), &mut Default::default());
     let of = |a: &str, b: &str| again.relayed.ranked.iter().find(|p| *p.a == *a && *p.b == *b).unwrap().decision.clone();
     assert!(of(&last.a, &last.b).is_ok());
     assert_eq!(of(&first.a, &first.b), Err(Why::Capped));
@@ -181,14 +182,15 @@ fn a_direct_pair_outlives_its_hub_losing_sight_of_a_side() {
     let decl = mesh(2, "");
     let keys = keys(&decl);
     let compiled = compile(&decl, &keys);
-    let first = paths::decide(&compiled, &keys, &decl, &seen_all(&decl), &|_, _| Standing::Unknown, &HashMap::new());
+    let first =
+        paths::decide(&compiled, &keys, &decl, &seen_all(&decl), &|_, _| Standing::Unknown, &HashMap::new(), &mut Default::default());
     let last = first.endpoints();
     let mut observed = seen_all(&decl);
     observed.by_hub.get_mut("hub-1").unwrap().remove("n-001");
-    let direct = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Direct, &last);
+    let direct = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Direct, &last, &mut Default::default());
     assert_eq!(direct.relayed.all(compiled.plans())[0].decision, first.relayed.all(compiled.plans())[0].decision);
     assert_eq!(direct.candidates, first.candidates);
-    let trying = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &last);
+    let trying = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &last, &mut Default::default());
     assert_eq!(trying.relayed.all(compiled.plans())[0].decision, Err(Why::NotSeen { node: "n-001".into() }));
 }
 
@@ -206,7 +208,7 @@ proptest! {
         let compiled = compile(&decl, &keys);
         let mut observed = seen_all(&decl);
         observed.by_hub.get_mut("hub-1").unwrap().retain(|node, _| seen[node[2..].parse::<usize>().unwrap()]);
-        let decided = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &HashMap::new());
+        let decided = paths::decide(&compiled, &keys, &decl, &observed, &|_, _| Standing::Unknown, &HashMap::new(), &mut Default::default());
         let hub = &observed.by_hub["hub-1"];
         let pairs = decided.relayed.all(compiled.plans());
         // Every pair of nodes behind the hub, each once, in (a, b, hub) order: status and the
@@ -291,9 +293,9 @@ fn pairs_counted_from_the_compile_before_are_the_pairs_counted_afresh() {
         let allocation = previous.as_ref().map(|p| p.allocation.clone()).unwrap_or_default();
         let compiled = trellis_core::compile(&d, &keys, &allocation, previous.take()).expect("compiles");
         let observed = seen_all(decl);
-        let counted = paths::decide_counted(&compiled, &keys, decl, &observed, &|_, _| Standing::Unknown, &HashMap::new(), &mut counts);
+        let counted = paths::decide(&compiled, &keys, decl, &observed, &|_, _| Standing::Unknown, &HashMap::new(), &mut counts);
         let full = trellis_core::compile(&d, &keys, &allocation, None).expect("compiles");
-        let afresh = paths::decide(&full, &keys, decl, &observed, &|_, _| Standing::Unknown, &HashMap::new());
+        let afresh = paths::decide(&full, &keys, decl, &observed, &|_, _| Standing::Unknown, &HashMap::new(), &mut Default::default());
         assert_eq!(counted, afresh, "step {step}");
         assert_eq!(counted.relayed.len(), afresh.relayed.all(full.plans()).len(), "step {step}");
         assert!(!counted.relayed.is_empty(), "step {step}: the hub relays pairs");
