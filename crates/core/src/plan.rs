@@ -259,6 +259,9 @@ pub struct PeerPlan {
     /// The routes this node sends to this peer (it is their chosen router): their `lines`
     /// follow the relay lines.
     pub routes: Vec<Arc<RouteUse>>,
+    /// `node.part`, held here too: the peers of one part are found by a walk of the plan alone,
+    /// not of every peer's text (at 100,000 peers, each a read elsewhere in memory).
+    pub part: u8,
 }
 
 impl PeerPlan {

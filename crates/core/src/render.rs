@@ -91,8 +91,21 @@ pub fn node_toml(plan: &NodePlan) -> String {
 /// text before takes from it every run whose peers and sections are the same, so that one peer
 /// more or less in a list of ten thousand costs a run, not ten thousand references.
 pub fn wireguard_files<'b>(plan: &NodePlan, before: impl Fn(&str) -> Option<&'b Text>) -> Vec<FileResource> {
+    wireguard_files_changed(plan, before, None)
+}
+
+/// [`wireguard_files`] for a plan that has its peers in parts and had them in `before`, where
+/// only the parts of `changed` (bit `i` for part `i`) may hold other peers than before: every
+/// other part is the file of `before` (or, without one, still empty), not made again. A node of
+/// a hundred thousand peers with one changed writes one part, not all of them. `None` makes
+/// every part.
+pub fn wireguard_files_changed<'b>(plan: &NodePlan, before: impl Fn(&str) -> Option<&'b Text>, changed: Option<u64>) -> Vec<FileResource> {
+    const { assert!(WIREGUARD_PARTS <= 64, "a part is a bit of `changed`") };
+    let made = |i: usize| changed.is_none_or(|m| m >> i & 1 == 1);
     let c = &plan.common;
-    let mut s = TextBuilder::with_capacity(plan.peers.len() + 2, 256);
+    // With parts, `wireguard.conf` holds the interface and a few comments only.
+    let parted = plan.peers.len() > PARTS_FROM;
+    let mut s = TextBuilder::with_capacity(if parted { 4 } else { plan.peers.len() + 2 }, 256);
     let _ = writeln!(s, "# trellis: WireGuard overlay of node {} in mesh {}. Generated; do not edit.", plan.node, c.mesh);
     s.push_str("# The agent adds the PrivateKey it holds; the controller never sees it.\n");
     s.push_str("[Interface]\n");
@@ -107,14 +120,21 @@ pub fn wireguard_files<'b>(plan: &NodePlan, before: impl Fn(&str) -> Option<&'b 
     let _ = writeln!(s, "ListenPort = {}", c.port);
     let _ = writeln!(s, "MTU = {}", c.mtu);
     let mut parts = Vec::new();
-    if plan.peers.len() > PARTS_FROM {
+    if parted {
         let _ = writeln!(s, "\n# {} peers, in {WIREGUARD_DIR}/peers-NN.conf: each in the part its name hashes to.", plan.peers.len());
         let mut of_part: Vec<Vec<&PeerPlan>> = vec![Vec::new(); WIREGUARD_PARTS];
-        for p in &plan.peers {
-            of_part[usize::from(p.node.part)].push(p);
+        for p in plan.peers.iter().filter(|p| made(usize::from(p.part))) {
+            of_part[usize::from(p.part)].push(p);
         }
-        for (i, peers) in of_part.into_iter().enumerate().filter(|(_, p)| !p.is_empty()) {
+        for (i, peers) in of_part.into_iter().enumerate() {
             let path = wireguard_part(i);
+            if !made(i) {
+                parts.extend(before(path).map(|t| FileResource { path: path.into(), mode: 0o600, content: t.clone() }));
+                continue;
+            }
+            if peers.is_empty() {
+                continue;
+            }
             let mut t = TextBuilder::with_capacity(peers.len() + 1, 128);
             let _ = writeln!(t, "# trellis: peers of node {} in mesh {}, part {i:02}. Generated; do not edit.", plan.node, c.mesh);
             peer_sections(&mut t, peers.into_iter(), before(path));
@@ -268,7 +288,8 @@ impl PeerPlan {
         relays_for: Vec<Arc<NodeText>>,
     ) -> PeerPlan {
         let block = node.peer_block(key, endpoint, keepalive, !relays_for.is_empty());
-        PeerPlan { node, relays_for, block, routes: Vec::new() }
+        let part = node.part;
+        PeerPlan { node, relays_for, block, routes: Vec::new(), part }
     }
 }
 

@@ -13,7 +13,7 @@ use crate::decl::{Declaration, PublicKey};
 use crate::diag::Diagnostic;
 use crate::keys::Keys;
 use crate::par;
-use crate::plan::{is_part, NodePlan, NodeText, PeerPlan, WIREGUARD_CONF};
+use crate::plan::{is_part, NodePlan, NodeText, PeerPlan, PARTS_FROM, WIREGUARD_CONF};
 use crate::render;
 use crate::topology::Path;
 
@@ -49,14 +49,16 @@ pub(super) fn rekey(decl: &Arc<Declaration>, keys: &Keys, mut previous: Compiled
     let (changed, was): (Vec<u32>, Vec<Option<PublicKey>>) = changed.into_iter().unzip();
     let pairs = affected_pairs(cache, &changed, &was);
     let (mut edited, lists_changed) = edit_plans(cache, &pairs, &mut previous.nodes);
-    // Only the peers changed: the other files stay as they were.
+    // Only the peers changed: the other files stay as they were, and of the peers' parts, those
+    // where no changed peer is.
     edited.sort_unstable();
     let outputs = &previous.nodes;
     let files = par::map(edited.len(), |i| {
-        let out = &outputs[&*cache.names[edited[i] as usize]];
-        render::wireguard_files(&out.plan, |path| out.files.iter().find(|f| f.path == path).map(|f| &f.content))
+        let (a, parts) = edited[i];
+        let out = &outputs[&*cache.names[a as usize]];
+        render::wireguard_files_changed(&out.plan, |path| out.files.iter().find(|f| f.path == path).map(|f| &f.content), parts)
     });
-    for (a, wireguard) in edited.into_iter().zip(files) {
+    for ((a, _), wireguard) in edited.into_iter().zip(files) {
         let name = &cache.names[a as usize];
         let out = previous.nodes.get_mut(&**name).expect("every node has an output");
         // `wireguard.conf` keeps its place; the parts are the node's last files.
@@ -95,12 +97,13 @@ fn affected_pairs(cache: &Cache, changed: &[u32], was: &[Option<PublicKey>]) -> 
     // k, not its key, unless k gained or lost its key (left out, or not); a hub names the key of
     // every node it relays for.
     let mut pairs: Vec<(u32, u32)> = Vec::new();
+    // The path rule and the partners are symmetric (`Reach::path`, `Topology::partners_of`):
+    // k's own paths say how each partner reaches it, read in one list rather than a search of
+    // each partner's.
     for (&k, was) in changed.iter().zip(was) {
         let presence = cache.keys[k as usize].is_some() != was.is_some();
-        for &p in &cache.partners[k as usize] {
-            let list = &cache.paths[p as usize];
-            let direct = list.binary_search_by_key(&k, |&(b, _)| b).map_or(true, |i| matches!(list[i].1, Path::Direct));
-            if presence || direct {
+        for &(p, path) in &cache.paths[k as usize] {
+            if presence || path == Path::Direct {
                 pairs.push((p, k));
             }
         }
@@ -117,8 +120,11 @@ fn affected_pairs(cache: &Cache, changed: &[u32], was: &[Option<PublicKey>]) -> 
     pairs
 }
 
-/// Edits the affected plans; returns whose changed, and whether a left-out or no-path list did.
-fn edit_plans(cache: &Cache, pairs: &[(u32, u32)], nodes: &mut BTreeMap<String, NodeOutput>) -> (Vec<u32>, bool) {
+/// Edits the affected plans; returns whose changed, each with the parts of its peers that did
+/// (`render::wireguard_files_changed`; `None`: every part, or none), and whether a left-out or
+/// no-path list did.
+#[allow(clippy::type_complexity)]
+fn edit_plans(cache: &Cache, pairs: &[(u32, u32)], nodes: &mut BTreeMap<String, NodeOutput>) -> (Vec<(u32, Option<u64>)>, bool) {
     // Each plan is edited where the changed keys show (`edit_peers`): a node with ten thousand
     // peers costs what its changed peers cost. A node that sees many changed keys at once (a
     // burst of enrolments covered by one run) has its peer list made again instead, on every
@@ -126,7 +132,7 @@ fn edit_plans(cache: &Cache, pairs: &[(u32, u32)], nodes: &mut BTreeMap<String, 
     let (many, few): (Vec<_>, Vec<_>) = pairs.chunk_by(|x, y| x.0 == y.0).partition(|seen| remake(cache, seen));
     let remade = par::map(many.len(), |i| peers_of(cache, many[i][0].0));
     let mut lists_changed = false;
-    let mut edited: Vec<u32> = Vec::new();
+    let mut edited: Vec<(u32, Option<u64>)> = Vec::new();
     for (seen, (peers, left_out, no_path)) in many.iter().zip(remade) {
         let a = seen[0].0;
         let out = nodes.get_mut(&*cache.names[a as usize]).expect("every node has an output");
@@ -138,15 +144,18 @@ fn edit_plans(cache: &Cache, pairs: &[(u32, u32)], nodes: &mut BTreeMap<String, 
         // A plan another holder still shares (a status being made) is copied first.
         let plan = Arc::make_mut(&mut out.plan);
         (plan.peers, plan.left_out, plan.no_path) = (peers, left_out, no_path);
-        edited.push(a);
+        edited.push((a, None));
     }
     for seen in few {
         let a = seen[0].0;
         let plan = Arc::make_mut(&mut nodes.get_mut(&*cache.names[a as usize]).expect("every node has an output").plan);
-        let (peers, lists) = edit_peers(cache, a, seen, plan);
+        let had = plan.peers.len();
+        let (parts, lists) = edit_peers(cache, a, seen, plan);
         lists_changed |= lists;
-        if peers || lists {
-            edited.push(a);
+        if parts != 0 || lists {
+            // The peers in parts before and after: only the parts a changed peer is in.
+            let parted = had > PARTS_FROM && plan.peers.len() > PARTS_FROM;
+            edited.push((a, parted.then_some(parts)));
         }
     }
     (edited, lists_changed)
@@ -187,8 +196,9 @@ fn remake(cache: &Cache, seen: &[(u32, u32)]) -> bool {
 /// Edits the plan of node `a` for the changed nodes it sees (`seen`: pairs of `a` and a changed
 /// node) where their keys show: their entries, the entries of the hubs relaying to them, and
 /// the lists naming nodes without a key or without a path. The result is the plan `peers_of`
-/// would make. Returns whether the peers changed, and whether those lists did.
-fn edit_peers(cache: &Cache, a: u32, seen: &[(u32, u32)], plan: &mut NodePlan) -> (bool, bool) {
+/// would make. Returns the parts (`plan::part_of`, a bit each) whose peers changed, none when
+/// no peer did, and whether those lists did.
+fn edit_peers(cache: &Cache, a: u32, seen: &[(u32, u32)], plan: &mut NodePlan) -> (u64, bool) {
     let paths = &cache.paths[a as usize];
     let mut touched = Vec::new();
     let mut relayed = Vec::new();
@@ -211,7 +221,8 @@ fn edit_peers(cache: &Cache, a: u32, seen: &[(u32, u32)], plan: &mut NodePlan) -
     }
     touched.sort_unstable();
     touched.dedup();
-    let mut peers = false;
+    let mut parts = 0u64;
+    let part = |b: u32| 1u64 << cache.texts[b as usize].part;
     for t in touched {
         let at = plan.peers.binary_search_by(|p| (*p.node.name).cmp(&cache.names[t as usize]));
         match (at, peer_entry(cache, a, t)) {
@@ -220,7 +231,7 @@ fn edit_peers(cache: &Cache, a: u32, seen: &[(u32, u32)], plan: &mut NodePlan) -
             (Ok(i), None) => drop(plan.peers.remove(i)),
             (Err(i), Some(p)) => plan.peers.insert(i, p),
         }
-        peers = true;
+        parts |= part(t);
     }
     // A node reached through a hub joins or leaves that hub's list where its name sorts.
     for (hub, k) in relayed {
@@ -229,7 +240,7 @@ fn edit_peers(cache: &Cache, a: u32, seen: &[(u32, u32)], plan: &mut NodePlan) -
         let Ok(i) = at else {
             if let Some(p) = keyed.then(|| peer_entry(cache, a, hub)).flatten() {
                 plan.peers.insert(at.unwrap_err(), p);
-                peers = true;
+                parts |= part(hub);
             }
             continue;
         };
@@ -239,7 +250,7 @@ fn edit_peers(cache: &Cache, a: u32, seen: &[(u32, u32)], plan: &mut NodePlan) -
             (Err(j), true) => list.insert(j, cache.texts[k as usize].clone()),
             _ => continue,
         }
-        peers = true;
+        parts |= part(hub);
         // The first node relayed, or the last gone: the head of the hub's section says so, and
         // the hub may stop being a peer at all.
         if list.len() == usize::from(keyed) {
@@ -249,7 +260,7 @@ fn edit_peers(cache: &Cache, a: u32, seen: &[(u32, u32)], plan: &mut NodePlan) -
             }
         }
     }
-    (peers, lists)
+    (parts, lists)
 }
 
 /// Puts `name` into the sorted list `names` or takes it out; whether that changed the list.
