@@ -514,6 +514,44 @@ async fn a_replica_s_own_runs_need_no_read_of_every_stored_version() {
     .await;
 }
 
+/// A look that starts while a run of this replica is about to store compares what the store
+/// holds once that run is done, not before: it reads no stored version. Before, it read the
+/// count and sum before taking the run's lock, found them behind what the run had seen, read
+/// every version (100,000 rows at 100,000 nodes) and kept the stale sum, so that the next look
+/// read them all again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_look_during_a_run_reads_what_the_run_stored() {
+    on_both(|fx| async move {
+        let c = &fx.c;
+        enrol_and_publish(c, "db-1").await;
+        c.publish_if_moved().await.unwrap();
+        let reads = c.version_reads();
+        // api-1 enrols; its run waits behind a held lock, and a look comes in behind the run.
+        let created = c
+            .create_token(&proto::TokenRequest { node: "api-1".into(), ttl_secs: 600, require_approval: false, ..Default::default() })
+            .await
+            .unwrap();
+        c.enrol(enrol_request(&created.token).0).await.unwrap();
+        let runs = c.publish_runs();
+        let held = c.while_no_run(tokio::time::sleep(Duration::from_millis(300)));
+        let run = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            c.publish().await.unwrap()
+        };
+        let look = async {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            c.publish_if_moved().await.unwrap()
+        };
+        let ((), published, ()) = tokio::join!(held, run, look);
+        assert!(published > 0, "the run published api-1's bundle and its partners'");
+        assert_eq!(c.publish_runs(), runs + 1, "one run, the look found nothing to publish");
+        assert_eq!(c.version_reads(), reads, "the look read no stored version");
+        c.publish_if_moved().await.unwrap();
+        assert_eq!(c.version_reads(), reads, "nor did the next");
+    })
+    .await;
+}
+
 /// Replicas on one database apply in turn. An apply writes the address rows by difference from
 /// the allocation it holds, only while that is the current revision's: a replica holding an
 /// older one reads the table. Here `a` holds revision 1's, `b` adds x-1 (revision 2) and `a`
