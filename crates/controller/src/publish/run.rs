@@ -54,8 +54,10 @@ impl Controller {
         let Some((revision, decl)) = &read.declaration else {
             p.set_auth(&read.records, None);
             run.auth_for = None;
-            // These records are kept without a plan: the next plan finds its active nodes again.
+            // These records are kept without a plan: the next plan finds its active nodes again,
+            // and the certificates held are not theirs.
             run.planned_for = None;
+            run.certs_of_records = false;
             // Without a declaration nothing was published: nobody held a key.
             for node in &read.unrecorded {
                 self.store.record_holders(node, &[]).await?;
@@ -96,7 +98,8 @@ impl Controller {
         let allocation = if run.compiled.is_some() { Default::default() } else { self.store.allocation().await? };
         let held = |node: &str| p.current(node).is_some();
         // The certificates bundles carry: read only for the nodes whose serial moved since.
-        let certs = self.certificates(&read.records, std::mem::take(&mut run.certs)).await?;
+        let certs_kept = read.unchanged && std::mem::take(&mut run.certs_of_records);
+        let certs = self.certificates(&read.records, std::mem::take(&mut run.certs), certs_kept).await?;
         let cert = |node: &str| certs.get(node).and_then(|(_, pem)| pem.as_deref());
         let (records, unrecorded) = (&read.records, &read.unrecorded[..]);
         let hubs: HashSet<&str> = decl.nodes.iter().filter(|n| n.hub).map(|n| n.name.as_str()).collect();
@@ -162,6 +165,7 @@ impl Controller {
         run.revision = Some(*revision);
         run.trust = trust.text;
         run.records = Some((read.records_read, read.records));
+        run.certs_of_records = true;
         p.finish(&mut run, head, upto);
         Ok((published.len(), read.head))
     }
@@ -204,12 +208,17 @@ impl Controller {
     /// record's, and the rest read from the store (at 100,000 nodes, reading every certificate
     /// each run was 69 MB). A record read after a renewal may name the serial before; the
     /// certificate read is then the newer one, and the next run, seeing the serial move, checks
-    /// the bundle again.
+    /// the bundle again. `kept`: `held` are the certificates of these records already (the
+    /// records the last run finished with, none written since): nothing is looked up.
     async fn certificates(
         &self,
         records: &[NodeRecord],
         mut held: HashMap<String, trellis_store::SerialAndCert>,
+        kept: bool,
     ) -> Result<HashMap<String, trellis_store::SerialAndCert>> {
+        if kept {
+            return Ok(held);
+        }
         let with: Vec<&NodeRecord> = records.iter().filter(|r| r.cert_serial.is_some()).collect();
         let missing: Vec<&str> =
             with.iter().filter(|r| held.get(&r.name).map(|(s, _)| s) != r.cert_serial.as_ref()).map(|r| r.name.as_str()).collect();
