@@ -139,7 +139,7 @@ impl Controller {
         let at = std::time::Instant::now();
         let sealed = off_runtime(|| seal(p, due, &versions, &trust, &decl.mesh.name));
         let seal_ms = at.elapsed().as_millis() as u64;
-        let published = swap(p, &mut run, sealed, &plan.active);
+        let published = swap(p, &mut run, sealed, (&plan.active, plan.active_unchanged));
         // The table holds what was stored: seen, as it was before the run.
         run.versions_seen = seen;
         // Where a run's time goes, for whoever profiles delivery (`bench delivery` at scale).
@@ -376,8 +376,9 @@ fn seal<'r>(
 }
 
 /// Swaps the sealed bundles into the table the long-polls read, and drops those of nodes no
-/// longer active; returns each published node's version.
-fn swap(p: &Publisher, run: &mut Run, sealed: Vec<Sealed>, active: &[&NodeRecord]) -> Vec<(String, i64)> {
+/// longer active (none when the active nodes are those the run before swapped in:
+/// `active_unchanged`); returns each published node's version.
+fn swap(p: &Publisher, run: &mut Run, sealed: Vec<Sealed>, (active, active_unchanged): (&[&NodeRecord], bool)) -> Vec<(String, i64)> {
     let mut published = Vec::with_capacity(sealed.len());
     let mut table = HashMap::with_capacity(sealed.len());
     for (record, digest, bundle) in sealed {
@@ -385,12 +386,17 @@ fn swap(p: &Publisher, run: &mut Run, sealed: Vec<Sealed>, active: &[&NodeRecord
         run.published.insert(record.name.clone(), (digest, record.cert_serial.clone()));
         table.insert(record.name.clone(), Arc::new(bundle));
     }
+    // Made before the table's lock is taken: the long-polls read the table meanwhile.
+    let live: Option<trellis_core::FastSet<&str>> = (!active_unchanged).then(|| active.iter().map(|r| r.name.as_str()).collect());
     let mut t = p.table.write().expect("bundle table");
     t.extend(table);
-    let live: HashSet<&str> = active.iter().map(|r| r.name.as_str()).collect();
-    t.retain(|n, _| live.contains(n.as_str()));
+    if let Some(live) = &live {
+        t.retain(|n, _| live.contains(n.as_str()));
+    }
     drop(t);
-    p.served.lock().expect("served").retain(|n, _| live.contains(n.as_str()));
-    run.published.retain(|n, _| live.contains(n.as_str()));
+    if let Some(live) = &live {
+        p.served.lock().expect("served").retain(|n, _| live.contains(n.as_str()));
+        run.published.retain(|n, _| live.contains(n.as_str()));
+    }
     published
 }
