@@ -40,13 +40,18 @@ fn x25519_public(seed: u8) -> String {
     trellis_testing::controller::wireguard_key(seed.wrapping_add(100))
 }
 
-/// Enrols `node` with a token of its own (no approval) and publishes.
-async fn enrol_and_publish(c: &trellis_controller::Controller, node: &str) {
+/// Enrols `node` with a token of its own (no approval).
+async fn enrol(c: &trellis_controller::Controller, node: &str) {
     let created = c
         .create_token(&proto::TokenRequest { node: node.into(), ttl_secs: 600, require_approval: false, ..Default::default() })
         .await
         .unwrap();
     c.enrol(enrol_request(&created.token).0).await.unwrap();
+}
+
+/// Enrols `node` with a token of its own (no approval) and publishes.
+async fn enrol_and_publish(c: &trellis_controller::Controller, node: &str) {
+    enrol(c, node).await;
     c.publish().await.unwrap();
 }
 
@@ -527,11 +532,7 @@ async fn a_look_during_a_run_reads_what_the_run_stored() {
         c.publish_if_moved().await.unwrap();
         let reads = c.version_reads();
         // api-1 enrols; its run waits behind a held lock, and a look comes in behind the run.
-        let created = c
-            .create_token(&proto::TokenRequest { node: "api-1".into(), ttl_secs: 600, require_approval: false, ..Default::default() })
-            .await
-            .unwrap();
-        c.enrol(enrol_request(&created.token).0).await.unwrap();
+        enrol(c, "api-1").await;
         let runs = c.publish_runs();
         let held = c.while_no_run(tokio::time::sleep(Duration::from_millis(300)));
         let run = async {
