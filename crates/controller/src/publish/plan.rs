@@ -66,9 +66,6 @@ pub(crate) struct Run {
     /// Each node's certificate as last read, with its serial (`Store::cert_pems`): a run reads
     /// the records without them, and only those whose serial moved (a new one is a new serial).
     pub(crate) certs: HashMap<String, trellis_store::SerialAndCert>,
-    /// Whether `certs` are those of `records` (set by the run that kept both): a run whose
-    /// records are the same looks up none of them.
-    pub(crate) certs_of_records: bool,
     /// Every node's record (without its certificate) as of a change number, kept from the last
     /// read (ADR 0036): the next run reads only the records written since.
     pub(crate) records: Option<(trellis_store::RecordsRead, Vec<NodeRecord>)>,

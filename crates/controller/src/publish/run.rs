@@ -54,10 +54,8 @@ impl Controller {
         let Some((revision, decl)) = &read.declaration else {
             p.set_auth(&read.records, None);
             run.auth_for = None;
-            // These records are kept without a plan: the next plan finds its active nodes again,
-            // and the certificates held are not theirs.
+            // These records are kept without a plan: the next plan finds its active nodes again.
             run.planned_for = None;
-            run.certs_of_records = false;
             // Without a declaration nothing was published: nobody held a key.
             for node in &read.unrecorded {
                 self.store.record_holders(node, &[]).await?;
@@ -98,8 +96,10 @@ impl Controller {
         let allocation = if run.compiled.is_some() { Default::default() } else { self.store.allocation().await? };
         let held = |node: &str| p.current(node).is_some();
         // The certificates bundles carry: read only for the nodes whose serial moved since.
-        let certs_kept = read.unchanged && std::mem::take(&mut run.certs_of_records);
-        let certs = self.certificates(&read.records, std::mem::take(&mut run.certs), certs_kept).await?;
+        // Records unchanged are those the last finished run kept, and it held their certificates:
+        // a run with a declaration read them; one without has none to read (no token is made
+        // before a declaration, and revisions are never deleted).
+        let certs = self.certificates(&read.records, std::mem::take(&mut run.certs), read.unchanged).await?;
         let cert = |node: &str| certs.get(node).and_then(|(_, pem)| pem.as_deref());
         let (records, unrecorded) = (&read.records, &read.unrecorded[..]);
         let hubs: HashSet<&str> = decl.nodes.iter().filter(|n| n.hub).map(|n| n.name.as_str()).collect();
@@ -165,7 +165,6 @@ impl Controller {
         run.revision = Some(*revision);
         run.trust = trust.text;
         run.records = Some((read.records_read, read.records));
-        run.certs_of_records = true;
         p.finish(&mut run, head, upto);
         Ok((published.len(), read.head))
     }

@@ -332,9 +332,9 @@ pub(super) fn peers_of(c: &Cache, me: u32) -> (Vec<PeerPlan>, Vec<Arc<str>>, Vec
     }
     // Room for a few more: a recompile edits this list in place (`rekey`), and a list of
     // 100,000 peers made again to add one is 8 MB copied to fresh pages.
-    let mut made: Vec<PeerPlan> = Vec::with_capacity(peers.len() + peers.len() / 64);
-    made.extend(peers.into_iter().map(|(b, dials, dialled, relays_for)| c.peer(b, dials, dialled, relays_for)));
-    let mut peers = made;
+    let drafts = peers;
+    let mut peers: Vec<PeerPlan> = Vec::with_capacity(drafts.len() + drafts.len() / 64);
+    peers.extend(drafts.into_iter().map(|(b, dials, dialled, relays_for)| c.peer(b, dials, dialled, relays_for)));
     for &r in &c.routes_of[me as usize] {
         if let Some(v) = router_of(c, me, r) {
             if let Ok(i) = peers.binary_search_by(|p| (*p.node.name).cmp(&c.names[v as usize])) {
