@@ -91,7 +91,7 @@ pub fn node_toml(plan: &NodePlan) -> String {
 /// text before takes from it every run whose peers and sections are the same, so that one peer
 /// more or less in a list of ten thousand costs a run, not ten thousand references.
 pub fn wireguard_files<'b>(plan: &NodePlan, before: impl Fn(&str) -> Option<&'b Text>) -> Vec<FileResource> {
-    wireguard_files_changed(plan, before, None)
+    wireguard_files_changed(plan, before, None, None)
 }
 
 /// [`wireguard_files`] for a plan that has its peers in parts and had them in `before`, where
@@ -99,7 +99,17 @@ pub fn wireguard_files<'b>(plan: &NodePlan, before: impl Fn(&str) -> Option<&'b 
 /// other part is the file of `before` (or, without one, still empty), not made again. A node of
 /// a hundred thousand peers with one changed writes one part, not all of them. `None` makes
 /// every part.
-pub fn wireguard_files_changed<'b>(plan: &NodePlan, before: impl Fn(&str) -> Option<&'b Text>, changed: Option<u64>) -> Vec<FileResource> {
+///
+/// `relays_changed`, when given, promises that every hub relays for the same nodes as in
+/// `before`, in the same order, but for the nodes it names, which may have joined or
+/// left a hub's section (a re-key: the paths are the same, only keys came or went): the runs of
+/// a long section without them are then taken from `before` by their first and last lines.
+pub fn wireguard_files_changed<'b>(
+    plan: &NodePlan,
+    before: impl Fn(&str) -> Option<&'b Text>,
+    changed: Option<u64>,
+    relays_changed: Option<&[Arc<str>]>,
+) -> Vec<FileResource> {
     const { assert!(WIREGUARD_PARTS <= 64, "a part is a bit of `changed`") };
     let made = |i: usize| changed.is_none_or(|m| m >> i & 1 == 1);
     let c = &plan.common;
@@ -137,11 +147,11 @@ pub fn wireguard_files_changed<'b>(plan: &NodePlan, before: impl Fn(&str) -> Opt
             }
             let mut t = TextBuilder::with_capacity(peers.len() + 1, 128);
             let _ = writeln!(t, "# trellis: peers of node {} in mesh {}, part {i:02}. Generated; do not edit.", plan.node, c.mesh);
-            peer_sections(&mut t, peers.into_iter(), before(path));
+            peer_sections(&mut t, peers.into_iter(), before(path), relays_changed);
             parts.push(FileResource { path: path.into(), mode: 0o600, content: t.finish() });
         }
     } else {
-        peer_sections(&mut s, plan.peers.iter(), before(WIREGUARD_CONF));
+        peer_sections(&mut s, plan.peers.iter(), before(WIREGUARD_CONF), relays_changed);
     }
     if !plan.left_out.is_empty() {
         let names: Vec<&str> = plan.left_out.iter().map(|n| &**n).collect();
@@ -157,13 +167,41 @@ pub fn wireguard_files_changed<'b>(plan: &NodePlan, before: impl Fn(&str) -> Opt
 }
 
 /// The `[Peer]` sections of `peers`, in runs, taking from `before` every run that is the same.
-fn peer_sections<'p>(s: &mut TextBuilder, peers: impl Iterator<Item = &'p PeerPlan>, before: Option<&Text>) {
+/// With `relays_changed` (`wireguard_files_changed`), a run of a hub's relay lines is taken from
+/// `before` when its first and last lines and its length are those of a run there and no changed
+/// node's lines are among them, without reading each line of it: an operator's hub section of
+/// 100,000 relayed nodes with one more costs its runs, not its lines.
+fn peer_sections<'p>(
+    s: &mut TextBuilder,
+    peers: impl Iterator<Item = &'p PeerPlan>,
+    before: Option<&Text>,
+    relays_changed: Option<&[Arc<str>]>,
+) {
     let mut before = Runs::of(before);
     let mut run: Vec<&Arc<str>> = Vec::with_capacity(256);
+    let mut marks: Vec<usize> = Vec::new();
     for p in peers {
         // A block is never empty (it starts with the blank line before the section).
         run.push(&p.block);
-        for r in &p.relays_for {
+        let relays = &p.relays_for;
+        // Where the changed nodes' lines are in this section (a line that left is not found: the
+        // run that held it is shorter, or ends elsewhere, so no run before matches it).
+        marks.clear();
+        if let Some(names) = relays_changed.filter(|_| relays.len() > SKIP_FROM) {
+            marks.extend(names.iter().filter_map(|n| relays.binary_search_by(|t| (*t.name).cmp(n)).ok()));
+            marks.sort_unstable();
+        }
+        let skipping = relays_changed.is_some() && relays.len() > SKIP_FROM;
+        let mut i = 0;
+        while i < relays.len() {
+            if skipping && run.is_empty() {
+                let clean = marks.iter().find(|&&m| m >= i).map_or(relays.len(), |&m| m) - i;
+                if let Some(n) = s.push_same_run(&mut before, clean, |k| &relays[i + k].relay_lines) {
+                    i += n;
+                    continue;
+                }
+            }
+            let r = &relays[i];
             run.push(&r.relay_lines);
             // A hub's section names every node it relays for (nearly every node, in an
             // operator's file at 100,000 nodes): cut like the peers, so that one node more behind
@@ -172,6 +210,7 @@ fn peer_sections<'p>(s: &mut TextBuilder, peers: impl Iterator<Item = &'p PeerPl
                 s.push_run(&run, &mut before);
                 run.clear();
             }
+            i += 1;
         }
         for r in &p.routes {
             run.push(&r.lines);
@@ -183,6 +222,9 @@ fn peer_sections<'p>(s: &mut TextBuilder, peers: impl Iterator<Item = &'p PeerPl
     }
     s.push_run(&run, &mut before);
 }
+
+/// From how many relay lines a hub's section is read by its runs (`peer_sections`).
+const SKIP_FROM: usize = 256;
 
 /// Whether a run of peers' sections, or of a zone's records, ends after this node: for about one
 /// node in 64, the same as long as the node's text is held (a hash of its address).

@@ -69,6 +69,18 @@ impl<'t> Runs<'t> {
         self.next += at + 1;
         Some(&ahead[at])
     }
+
+    /// The chunk near where the last was taken that begins with `first`, if it holds at most
+    /// `most` pieces, and how far past the last it is.
+    fn starting_with(&self, first: &Arc<str>, most: usize) -> Option<(usize, &'t Chunk)> {
+        let ahead = self.chunks.get(self.next..)?;
+        ahead
+            .iter()
+            .take(LOOK_AHEAD)
+            .enumerate()
+            .find(|(_, c)| c.pieces().first().is_some_and(|p| Arc::ptr_eq(p, first)))
+            .filter(|(_, c)| c.pieces().len() <= most)
+    }
 }
 
 impl Text {
@@ -255,6 +267,27 @@ impl TextBuilder {
         self.chunks.push(chunk);
     }
 
+    /// A run of `before` taken whole where the caller knows its pieces are the same as there
+    /// but for those it names: the next `most` pieces are `piece(0)`, `piece(1)`, ..., and no
+    /// piece among them is new or in another place, only some may have gone (so a run of
+    /// `before` with the same first and last pieces and length is made of them). Reads two of
+    /// them, not each. Gives how many pieces it took; none when `before` has no such run there.
+    pub fn push_same_run<'a>(&mut self, before: &mut Runs, most: usize, piece: impl Fn(usize) -> &'a Arc<str>) -> Option<usize> {
+        if most == 0 {
+            return None;
+        }
+        let (at, chunk) = before.starting_with(piece(0), most)?;
+        let n = chunk.pieces().len();
+        if !Arc::ptr_eq(chunk.pieces().last().expect("a chunk is never empty"), piece(n - 1)) {
+            return None;
+        }
+        before.next += at + 1;
+        self.end_chunk();
+        self.len += chunk.len();
+        self.chunks.push(chunk.clone());
+        Some(n)
+    }
+
     fn flush(&mut self) {
         if !self.pending.is_empty() {
             let s = std::mem::take(&mut self.pending);
@@ -342,6 +375,32 @@ mod tests {
         assert!(Arc::ptr_eq(&r.chunks()[0].0, &t.chunks()[0].0), "the chunk without the piece is shared");
         assert_eq!(t.to_string(), "[0][1][2][3]", "the text replaced from is as it was");
         assert!(t.replace_first(|_| None).is_none());
+    }
+
+    #[test]
+    fn a_run_known_the_same_is_taken_by_its_ends() {
+        let pieces: Vec<Arc<str>> = (0..6).map(|i| Arc::from(format!("[{i}]"))).collect();
+        let mut none = Runs::of(None);
+        let mut b = TextBuilder::default();
+        b.push_run(&[&pieces[0], &pieces[1], &pieces[2]], &mut none);
+        b.push_run(&[&pieces[3], &pieces[4]], &mut none);
+        let first = b.finish();
+        // Taken: the same first and last pieces, and the length, within what may be taken.
+        let list = [&pieces[0], &pieces[1], &pieces[2], &pieces[3], &pieces[4]];
+        let mut before = Runs::of(Some(&first));
+        let mut b = TextBuilder::default();
+        assert_eq!(b.push_same_run(&mut before, 5, |k| list[k]), Some(3));
+        assert_eq!(b.push_same_run(&mut before, 2, |k| list[3 + k]), Some(2));
+        let second = b.finish();
+        assert_eq!(second.to_string(), "[0][1][2][3][4]");
+        assert!(Arc::ptr_eq(&second.chunks()[0].0, &first.chunks()[0].0));
+        // Not taken: a run longer than may be taken (a changed piece among its pieces), a run
+        // that ends elsewhere now (piece 1 gone), and no run beginning there.
+        let mut before = Runs::of(Some(&first));
+        assert_eq!(TextBuilder::default().push_same_run(&mut before, 2, |k| list[k]), None);
+        let gone = [&pieces[0], &pieces[2], &pieces[3]];
+        assert_eq!(TextBuilder::default().push_same_run(&mut before, 3, |k| gone[k]), None);
+        assert_eq!(TextBuilder::default().push_same_run(&mut before, 3, |_| &pieces[5]), None);
     }
 
     #[test]

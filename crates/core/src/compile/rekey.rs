@@ -53,10 +53,16 @@ pub(super) fn rekey(decl: &Arc<Declaration>, keys: &Keys, mut previous: Compiled
     // where no changed peer is.
     edited.sort_unstable();
     let outputs = &previous.nodes;
+    // A hub's section lists the nodes it relays for; only those whose key came or went joined or
+    // left one (the paths are the same), so the rest of each section is taken from the file
+    // before by its runs. Past a few such nodes, each section is read whole instead.
+    let relays_changed: Option<Vec<Arc<str>>> =
+        (changed.len() <= 64).then(|| changed.iter().map(|&k| cache.names[k as usize].clone()).collect());
     let files = par::map(edited.len(), |i| {
         let (a, parts) = edited[i];
         let out = &outputs[&*cache.names[a as usize]];
-        render::wireguard_files_changed(&out.plan, |path| out.files.iter().find(|f| f.path == path).map(|f| &f.content), parts)
+        let before = |path: &str| out.files.iter().find(|f| f.path == path).map(|f| &f.content);
+        render::wireguard_files_changed(&out.plan, before, parts, relays_changed.as_deref())
     });
     for ((a, _), wireguard) in edited.into_iter().zip(files) {
         let name = &cache.names[a as usize];

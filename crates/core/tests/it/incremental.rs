@@ -262,6 +262,49 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(24), .. ProptestConfig::default() })]
+
+    /// A hub's section in a runner's file names every node the hub relays for it, here more than
+    /// 256; a re-key takes the section's runs without a changed node from the file before
+    /// (`render::peer_sections`). Keys come and go, several in one compile (a node joining the
+    /// section and another leaving it in the same run of lines), and every recompile gives the
+    /// files a full compile gives.
+    #[test]
+    fn a_hub_section_of_many_relayed_nodes_recompiles_as_a_full_compile_makes_it(
+        steps in proptest::collection::vec((0usize..450, proptest::collection::vec((0usize..8, proptest::option::of(any::<u8>())), 1..5)), 1..6)
+    ) {
+        let d = declaration(&crate::props::wide_relayed(450, 2));
+        // Every third node without a key yet, so that keys come as well as go.
+        let mut keys = Keys::default();
+        for (i, node) in d.nodes.iter().enumerate() {
+            keys.set(&node.name, node.public_key.filter(|_| i % 3 != 1));
+        }
+        let mut d = d;
+        for node in d.nodes.iter_mut().map(Arc::make_mut) {
+            node.public_key = None;
+        }
+        let decl = Arc::new(d);
+        let mut prev = compile(&decl, &keys, &Default::default(), None).unwrap();
+        let runner = &prev.nodes[&decl.nodes[0].name].plan;
+        prop_assert!(runner.peers.iter().any(|p| p.relays_for.len() > 256), "a runner's hub section relays for more than 256 nodes");
+        for (step, (at, changes)) in steps.iter().enumerate() {
+            // Nodes near each other (n120, n121, ...: near in name order too), so that changes
+            // fall in the same run of the section.
+            for &(i, k) in changes {
+                // Node 449 is the hub: its key stays (a hub's key makes every plan again).
+                let name = &decl.nodes[(at + i) % 449].name;
+                keys.set(name, k.map(|b| PublicKey([b; 32])));
+            }
+            let before = prev.clone();
+            let inc = compile(&decl, &keys, &Default::default(), Some(prev)).unwrap();
+            let full = compile(&decl, &keys, &before.allocation, None).unwrap();
+            same(&inc, &full, &before, step)?;
+            prev = inc;
+        }
+    }
+}
+
 /// Each node's `wireguard.conf` and parts: a node of more than `PARTS_FROM` peers has none in
 /// `wireguard.conf`, and its parts, read as the agent reads them, hold its peers in its plan's
 /// order part by part, each in the part of its name; any other node has no parts. Gives how many

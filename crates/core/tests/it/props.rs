@@ -51,6 +51,19 @@ pub(crate) fn wide(nodes: usize, runners: usize) -> Gen {
     Gen { networks: 1, nodes: (0..nodes).map(node).collect(), groups: 1, modules: vec![vec![rule]], members: 0 }
 }
 
+/// `wide`, but no node has an endpoint but the last, a hub: every other pair is relayed by it,
+/// so the runners' section of the hub names every other node (more than `PARTS_FROM` when
+/// `nodes` is larger).
+pub(crate) fn wide_relayed(nodes: usize, runners: usize) -> Gen {
+    let mut g = wide(nodes, runners);
+    for n in &mut g.nodes {
+        n.endpoints.clear();
+    }
+    let hub = g.nodes.last_mut().expect("a node");
+    (hub.endpoints, hub.hub) = (vec![vec![0]], true);
+    g
+}
+
 pub(crate) fn gen() -> impl Strategy<Value = Gen> {
     (1usize..4, 2usize..14, 1usize..4, 1usize..4).prop_flat_map(|(nets, n, groups, mods)| {
         let subset = move |k: usize| proptest::collection::vec(0..k, 0..=k.min(3));
