@@ -10,6 +10,7 @@ pub mod error;
 pub mod handlers;
 pub mod limits;
 pub mod listener;
+pub mod memory;
 pub mod metrics;
 pub mod openapi;
 pub mod params;
