@@ -4,8 +4,8 @@
 /// `MALLOC_ARENA_MAX` is set (glibc read it at start). glibc gives each thread that allocates its
 /// own arena, up to eight per core, and an arena keeps what was freed in it for itself: a
 /// controller at 100,000 nodes compiles on short-lived threads and answers on many, and peaked at
-/// 5.6-6.1 GiB with the default, 4.4 GiB with two arenas (`trellis-dev bench delivery`). Call it
-/// before any thread starts. Gives the limit it set; `None` where it set none (the environment's
+/// 5.6-6.4 GiB with the default, 4.3 GiB with two arenas (`trellis-dev bench delivery`; its
+/// enrolment storm about 30 % slower, ADR 0041). Call it before any thread starts. Gives the limit it set; `None` where it set none (the environment's
 /// stands, or this is not glibc).
 pub fn limit_malloc_arenas() -> Option<usize> {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]

@@ -40,7 +40,7 @@ pub fn serve(
 ) -> Result<ExitCode> {
     // Before any thread allocates (the runtime's, the compiles').
     if let Some(n) = trellis_server::memory::limit_malloc_arenas() {
-        tracing::debug!("malloc arenas limited to {n}, one per core (MALLOC_ARENA_MAX sets another)");
+        tracing::info!("malloc arenas: at most {n}, one per core (MALLOC_ARENA_MAX sets another)");
     }
     let st = state::StateDir::load(dir)?;
     runtime().block_on(async {
