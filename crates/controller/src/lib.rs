@@ -16,6 +16,7 @@ mod housekeeping;
 mod ingress;
 pub mod layout;
 mod ledger;
+pub mod memory;
 pub mod metrics;
 mod nodes;
 mod paths;

@@ -167,10 +167,14 @@ pub fn wireguard_files_changed<'b>(
 }
 
 /// The `[Peer]` sections of `peers`, in runs, taking from `before` every run that is the same.
-/// With `relays_changed` (`wireguard_files_changed`), a run of a hub's relay lines is taken from
-/// `before` when its first and last lines and its length are those of a run there and no changed
-/// node's lines are among them, without reading each line of it: an operator's hub section of
-/// 100,000 relayed nodes with one more costs its runs, not its lines.
+/// With `relays_changed` (`wireguard_files_changed`), a run of `before` is taken for the next
+/// lines of a hub's section when it starts and ends with the same lines as they, and holds no
+/// more lines than come before the next changed node's, without reading the lines between: an
+/// operator's hub section of 100,000 relayed nodes with one more costs its runs, not its lines.
+/// That is the same text because each relay line is in one section of a file (one path, one
+/// hub), the section is in name order, and only the changed nodes joined or left it: the run
+/// before holds the same nodes between its ends, less those that left, and if any had left it
+/// would be longer than the lines now between the same ends.
 fn peer_sections<'p>(
     s: &mut TextBuilder,
     peers: impl Iterator<Item = &'p PeerPlan>,

@@ -272,7 +272,7 @@ impl TextBuilder {
     /// piece among them is new or in another place, only some may have gone (so a run of
     /// `before` with the same first and last pieces and length is made of them). Reads two of
     /// them, not each. Gives how many pieces it took; none when `before` has no such run there.
-    pub fn push_same_run<'a>(&mut self, before: &mut Runs, most: usize, piece: impl Fn(usize) -> &'a Arc<str>) -> Option<usize> {
+    pub(crate) fn push_same_run<'a>(&mut self, before: &mut Runs, most: usize, piece: impl Fn(usize) -> &'a Arc<str>) -> Option<usize> {
         if most == 0 {
             return None;
         }

@@ -10,7 +10,6 @@ pub mod error;
 pub mod handlers;
 pub mod limits;
 pub mod listener;
-pub mod memory;
 pub mod metrics;
 pub mod openapi;
 pub mod params;

@@ -38,10 +38,6 @@ pub fn serve(
     metrics_listen: Option<String>,
     restored: bool,
 ) -> Result<ExitCode> {
-    // Before any thread allocates (the runtime's, the compiles').
-    if let Some(n) = trellis_server::memory::limit_malloc_arenas() {
-        tracing::info!("malloc arenas: at most {n}, one per core (MALLOC_ARENA_MAX sets another)");
-    }
     let st = state::StateDir::load(dir)?;
     runtime().block_on(async {
         let mut server = trellis_server::Server::bind_restored(&st, database_url.as_deref(), listen.as_deref(), restored).await?;

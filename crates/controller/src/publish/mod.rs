@@ -146,6 +146,12 @@ impl Controller {
         self.metrics.publish_run(took, result.as_ref().map(|(n, _)| *n).map_err(|_| ()));
         if let Ok((bundles, audit_seq)) = &result {
             tracing::debug!(bundles, audit_seq, ms = took.as_millis() as u64, "publish run");
+            // What the run freed goes back to the system, off the runtime's threads (ADR 0041).
+            let trimmed = std::time::Instant::now();
+            if let Err(e) = tokio::task::spawn_blocking(crate::memory::release_freed).await {
+                tracing::error!("giving freed memory back failed: {e}");
+            }
+            tracing::debug!(ms = trimmed.elapsed().as_millis() as u64, "freed memory given back");
             // A run can complete a revocation (a holder left the mesh); evidence completes the
             // others.
             if let Err(e) = self.settle_revocations().await {

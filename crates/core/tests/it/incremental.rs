@@ -262,45 +262,73 @@ proptest! {
     }
 }
 
+/// Keys changed near each other in name order: a step names a node and changes to the keys of
+/// the nodes after it.
+type KeySteps = Vec<(usize, Vec<(usize, Option<u8>)>)>;
+
+fn key_steps(nodes: usize, most: usize) -> impl Strategy<Value = KeySteps> {
+    proptest::collection::vec(
+        (0..nodes, proptest::collection::vec((0usize..most, proptest::option::of(any::<u8>())), 1..most.min(90))),
+        1..6,
+    )
+}
+
+/// Compiles `g` with every third node's key missing, then re-keys it step by step (the last
+/// `hubs` nodes, its hubs, keep theirs: a hub's key makes every plan again); each recompile must
+/// give the files a full compile gives. A runner's file must have a hub section of more than 256
+/// relayed nodes, so that its runs are taken from the file before by their ends.
+fn rekeys_as_a_full_compile(g: &crate::props::Gen, hubs: usize, steps: &KeySteps) -> Result<(), TestCaseError> {
+    let mut d = declaration(g);
+    let mut keys = Keys::default();
+    for (i, node) in d.nodes.iter().enumerate() {
+        keys.set(&node.name, node.public_key.filter(|_| i % 3 != 1));
+    }
+    for node in d.nodes.iter_mut().map(Arc::make_mut) {
+        node.public_key = None;
+    }
+    let decl = Arc::new(d);
+    let mut prev = compile(&decl, &keys, &Default::default(), None).unwrap();
+    let runner = &prev.nodes[&decl.nodes[0].name].plan;
+    prop_assert!(runner.peers.iter().any(|p| p.relays_for.len() > 256), "a runner's hub section relays for more than 256 nodes");
+    let keyed = decl.nodes.len() - hubs;
+    for (step, (at, changes)) in steps.iter().enumerate() {
+        // Nodes near each other (n120, n121, ...: near in name order too), so that changes fall
+        // in the same run of the section.
+        for &(i, k) in changes {
+            keys.set(&decl.nodes[(at + i) % keyed].name, k.map(|b| PublicKey([b; 32])));
+        }
+        let before = prev.clone();
+        let inc = compile(&decl, &keys, &Default::default(), Some(prev)).unwrap();
+        let full = compile(&decl, &keys, &before.allocation, None).unwrap();
+        same(&inc, &full, &before, step)?;
+        prev = inc;
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(24), .. ProptestConfig::default() })]
 
     /// A hub's section in a runner's file names every node the hub relays for it, here more than
     /// 256; a re-key takes the section's runs without a changed node from the file before
     /// (`render::peer_sections`). Keys come and go, several in one compile (a node joining the
-    /// section and another leaving it in the same run of lines), and every recompile gives the
-    /// files a full compile gives.
+    /// section and another leaving it in the same run of lines).
     #[test]
-    fn a_hub_section_of_many_relayed_nodes_recompiles_as_a_full_compile_makes_it(
-        steps in proptest::collection::vec((0usize..450, proptest::collection::vec((0usize..8, proptest::option::of(any::<u8>())), 1..5)), 1..6)
+    fn a_hub_section_of_many_relayed_nodes_recompiles_as_a_full_compile_makes_it(steps in key_steps(450, 8)) {
+        rekeys_as_a_full_compile(&crate::props::wide_relayed(450, 2), 1, &steps)?;
+    }
+
+    /// The same with the runner's peers in parts (half the nodes dialled directly), and with two
+    /// hubs each relaying for more than 256; and with up to 89 keys changed in one compile, past
+    /// the 64 names `rekey` hands the sections and past the 32 that make a plan's peers again.
+    #[test]
+    fn long_hub_sections_in_parts_and_under_two_hubs_recompile_as_a_full_compile_makes_them(
+        two_hubs in any::<bool>(),
+        steps in prop_oneof![3 => key_steps(1000, 12), 1 => key_steps(1000, 90)],
     ) {
-        let d = declaration(&crate::props::wide_relayed(450, 2));
-        // Every third node without a key yet, so that keys come as well as go.
-        let mut keys = Keys::default();
-        for (i, node) in d.nodes.iter().enumerate() {
-            keys.set(&node.name, node.public_key.filter(|_| i % 3 != 1));
-        }
-        let mut d = d;
-        for node in d.nodes.iter_mut().map(Arc::make_mut) {
-            node.public_key = None;
-        }
-        let decl = Arc::new(d);
-        let mut prev = compile(&decl, &keys, &Default::default(), None).unwrap();
-        let runner = &prev.nodes[&decl.nodes[0].name].plan;
-        prop_assert!(runner.peers.iter().any(|p| p.relays_for.len() > 256), "a runner's hub section relays for more than 256 nodes");
-        for (step, (at, changes)) in steps.iter().enumerate() {
-            // Nodes near each other (n120, n121, ...: near in name order too), so that changes
-            // fall in the same run of the section.
-            for &(i, k) in changes {
-                // Node 449 is the hub: its key stays (a hub's key makes every plan again).
-                let name = &decl.nodes[(at + i) % 449].name;
-                keys.set(name, k.map(|b| PublicKey([b; 32])));
-            }
-            let before = prev.clone();
-            let inc = compile(&decl, &keys, &Default::default(), Some(prev)).unwrap();
-            let full = compile(&decl, &keys, &before.allocation, None).unwrap();
-            same(&inc, &full, &before, step)?;
-            prev = inc;
+        match two_hubs {
+            true => rekeys_as_a_full_compile(&crate::props::wide_two_hubs(1000, 2), 2, &steps)?,
+            false => rekeys_as_a_full_compile(&crate::props::wide_relayed_half(1000, 2), 1, &steps)?,
         }
     }
 }

@@ -64,6 +64,36 @@ pub(crate) fn wide_relayed(nodes: usize, runners: usize) -> Gen {
     g
 }
 
+/// `wide_relayed`, but every other node but the runners and the hub has an endpoint: the
+/// runners dial those directly (more than `PARTS_FROM` of them when `nodes` is larger, so in
+/// parts) and reach the others through the hub.
+pub(crate) fn wide_relayed_half(nodes: usize, runners: usize) -> Gen {
+    let mut g = wide_relayed(nodes, runners);
+    let last = g.nodes.len() - 1;
+    for (i, n) in g.nodes.iter_mut().enumerate() {
+        if i % 2 == 1 && i != last && i >= runners {
+            n.endpoints = vec![vec![0]];
+        }
+    }
+    g
+}
+
+/// Two hubs, the second to last dialled on `net0`, the last on `net1`; the runners and the hubs
+/// are on both networks, every other node on one, without an endpoint: the runners' files have
+/// two hub sections, each relaying for half the nodes.
+pub(crate) fn wide_two_hubs(nodes: usize, runners: usize) -> Gen {
+    let mut g = wide(nodes, runners);
+    g.networks = 2;
+    let n = g.nodes.len();
+    for (i, node) in g.nodes.iter_mut().enumerate() {
+        node.endpoints.clear();
+        node.networks = if i < runners || i >= n - 2 { vec![0, 1] } else { vec![i % 2] };
+    }
+    (g.nodes[n - 2].endpoints, g.nodes[n - 2].hub) = (vec![vec![0]], true);
+    (g.nodes[n - 1].endpoints, g.nodes[n - 1].hub) = (vec![vec![1]], true);
+    g
+}
+
 pub(crate) fn gen() -> impl Strategy<Value = Gen> {
     (1usize..4, 2usize..14, 1usize..4, 1usize..4).prop_flat_map(|(nets, n, groups, mods)| {
         let subset = move |k: usize| proptest::collection::vec(0..k, 0..=k.min(3));
