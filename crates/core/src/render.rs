@@ -190,12 +190,11 @@ fn peer_sections<'p>(
         let relays = &p.relays_for;
         // Where the changed nodes' lines are in this section (a line that left is not found: the
         // run that held it is shorter, or ends elsewhere, so no run before matches it).
+        let changed = relays_changed.filter(|_| relays.len() > SKIP_FROM);
+        let skipping = changed.is_some();
         marks.clear();
-        if let Some(names) = relays_changed.filter(|_| relays.len() > SKIP_FROM) {
-            marks.extend(names.iter().filter_map(|n| relays.binary_search_by(|t| (*t.name).cmp(n)).ok()));
-            marks.sort_unstable();
-        }
-        let skipping = relays_changed.is_some() && relays.len() > SKIP_FROM;
+        marks.extend(changed.into_iter().flatten().filter_map(|n| relays.binary_search_by(|t| (*t.name).cmp(n)).ok()));
+        marks.sort_unstable();
         let mut i = 0;
         while i < relays.len() {
             if skipping && run.is_empty() {

@@ -269,9 +269,11 @@ impl TextBuilder {
 
     /// A run of `before` taken whole where the caller knows its pieces are the same as there
     /// but for those it names: the next `most` pieces are `piece(0)`, `piece(1)`, ..., and no
-    /// piece among them is new or in another place, only some may have gone (so a run of
-    /// `before` with the same first and last pieces and length is made of them). Reads two of
-    /// them, not each. Gives how many pieces it took; none when `before` has no such run there.
+    /// piece among them is new or in another place, only some may have gone. A run of `before`
+    /// of at most `most` pieces that starts with `piece(0)` and whose last piece is the one at
+    /// its length is then made of exactly those pieces (had one gone from between its ends, the
+    /// same ends would be fewer pieces apart now). Reads two pieces, not each. Gives how many
+    /// pieces it took; none when `before` has no such run there.
     pub(crate) fn push_same_run<'a>(&mut self, before: &mut Runs, most: usize, piece: impl Fn(usize) -> &'a Arc<str>) -> Option<usize> {
         if most == 0 {
             return None;
@@ -385,7 +387,8 @@ mod tests {
         b.push_run(&[&pieces[0], &pieces[1], &pieces[2]], &mut none);
         b.push_run(&[&pieces[3], &pieces[4]], &mut none);
         let first = b.finish();
-        // Taken: the same first and last pieces, and the length, within what may be taken.
+        // Taken: a run that starts with the first piece and ends with the piece at its length,
+        // within what may be taken.
         let list = [&pieces[0], &pieces[1], &pieces[2], &pieces[3], &pieces[4]];
         let mut before = Runs::of(Some(&first));
         let mut b = TextBuilder::default();
