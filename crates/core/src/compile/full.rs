@@ -171,7 +171,7 @@ pub(super) fn shared(topo: &Topology, previous: Option<&Compiled>, old: Option<&
 }
 
 /// The filter blocks of the rules of the modules a node runs.
-fn rules_of(topo: &Topology, shared: &Shared, a: u32) -> Vec<Arc<RuleBlock>> {
+pub(super) fn rules_of(topo: &Topology, shared: &Shared, a: u32) -> Vec<Arc<RuleBlock>> {
     topo.inbound_rules(a).map(|(i, _)| shared.rule_blocks[i].clone()).collect()
 }
 

@@ -8,13 +8,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::cache::{Cache, Old};
-use super::full::{node_plan, shared, Shared};
+use super::full::{node_plan, rules_of, shared, Shared};
 use super::warnings::{left_out_diagnostics, path_diagnostics};
 use super::{files_of, Compiled, NodeOutput, Recompiled};
 use crate::decl::Declaration;
 use crate::diag;
 use crate::par;
-use crate::plan::{FileResource, NodePlan};
+use crate::plan::{FileResource, NodePlan, NFTABLES_CONF};
 use crate::topology::{Lists, NodeSet, Path, Topology};
 
 /// The recompile for a new declaration that keeps the mesh settings, the networks, the hubs and
@@ -39,7 +39,8 @@ pub(super) fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: 
     let step = Redeclare::new(topo, &old, &sources, &reached);
     let shared = shared(topo, Some(&previous), Some(&old), Some(&step.old_to_new));
     let (mut affected, moved) = step.reached_by_changes();
-    step.mark_changed_inputs(&shared, &previous, &reached, &mut affected);
+    let mut rules_only = vec![false; topo.nodes.len()];
+    step.mark_changed_inputs(&shared, &previous, &reached, &mut affected, &mut rules_only);
     let paths = step.paths(old_paths, &affected);
     let relayed_by = step.relayed_by(&paths, &affected);
     step.mark_hubs(&relayed_by, &moved, &mut affected);
@@ -49,6 +50,10 @@ pub(super) fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: 
         for &v in &e.via {
             affected[v as usize] = true;
         }
+    }
+    // A node made again for another reason is made whole.
+    for (only, &a) in rules_only.iter_mut().zip(&affected) {
+        *only &= !a;
     }
     let Redeclare { new_to_old, old_to_new, fresh_partners, .. } = step;
     let mut old_partners = std::mem::take(&mut old.partners);
@@ -66,7 +71,7 @@ pub(super) fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: 
     );
     cache.route_blocks = shared.route_blocks.clone();
     let gone = old_to_new.iter().zip(&old.names).filter(|(a, _)| a.is_none()).map(|(_, name)| name);
-    let (nodes, rendered) = outputs(topo, &shared, &cache, &affected, gone, std::mem::take(&mut previous.nodes));
+    let (nodes, rendered) = outputs(topo, &shared, &cache, (&affected, &rules_only), gone, std::mem::take(&mut previous.nodes));
     let plans = || nodes.values().map(|o| &*o.plan);
     let mut diagnostics = path_diagnostics(plans(), &cache);
     diagnostics.extend(left_out_diagnostics(plans(), |b| cache.loc(cache.kept.index[b])));
@@ -223,7 +228,9 @@ impl<'a, 'd> Redeclare<'a, 'd> {
     /// what the cache and the blocks say of each node, not its plan (a hundred thousand plans read
     /// were most of a group move's time here), but for the routers: a plan's module blocks are
     /// those of the modules the cache lists for it, its filter blocks those of the modules it runs.
-    fn mark_changed_inputs(&self, shared: &Shared, previous: &Compiled, reached: &Lists, affected: &mut [bool]) {
+    /// A node whose filter blocks alone changed is marked in `rules_only`, not `affected`: its
+    /// paths and the rest of its plan stand (`outputs`).
+    fn mark_changed_inputs(&self, shared: &Shared, previous: &Compiled, reached: &Lists, affected: &mut [bool], rules_only: &mut [bool]) {
         let (topo, old) = (self.topo, self.old);
         // Another setting is in every plan.
         if previous.plans().next().is_some_and(|p| !Arc::ptr_eq(&p.common, &shared.common)) {
@@ -273,7 +280,9 @@ impl<'a, 'd> Redeclare<'a, 'd> {
                     }
                 }
             };
-            affected[a] = !(same_partners && same_modules && same_rules && same_route_use);
+            let rest_same = same_partners && same_modules && same_route_use;
+            affected[a] = !rest_same;
+            rules_only[a] = rest_same && !same_rules;
         }
     }
 
@@ -351,12 +360,16 @@ impl<'a, 'd> Redeclare<'a, 'd> {
     }
 }
 
-/// The previous outputs, edited where nodes went, came or were recomputed; and whose files were made.
+/// The previous outputs, edited where nodes went, came or were recomputed; and whose files were
+/// made. A node of `rules_only` keeps its plan but for its filter blocks, and its files but for
+/// `nftables.conf`: a hub that runs a module whose rule lost a source keeps its hundred thousand
+/// peers as they were, rather than making them again and comparing them twice (two thirds of a
+/// group move's time at 100,000 nodes).
 fn outputs<'n>(
     topo: &Topology,
     shared: &Shared,
     cache: &Cache,
-    affected: &[bool],
+    (affected, rules_only): (&[bool], &[bool]),
     gone: impl Iterator<Item = &'n Arc<str>>,
     mut nodes: BTreeMap<String, NodeOutput>,
 ) -> (BTreeMap<String, NodeOutput>, Vec<String>) {
@@ -371,6 +384,17 @@ fn outputs<'n>(
     let made: Vec<Option<Vec<FileResource>>> =
         par::map(fresh.len(), |i| files_of(&fresh[i].1, nodes.get(&*cache.names[fresh[i].0 as usize])));
     let mut rendered = Vec::new();
+    // Edited in place: the compile holds the only reference to each plan (a publish run lets go
+    // of those it kept for status before it compiles).
+    for a in (0..topo.nodes.len() as u32).filter(|&a| rules_only[a as usize]) {
+        let name = &cache.names[a as usize];
+        let out = nodes.get_mut(&**name).expect("a node whose rules alone changed has an output");
+        let plan = Arc::make_mut(&mut out.plan);
+        plan.rules = rules_of(topo, shared, a);
+        let nftables = crate::render::nftables(plan);
+        out.files.iter_mut().find(|f| f.path == NFTABLES_CONF).expect("every node has an nftables.conf").content = nftables;
+        rendered.push(name.to_string());
+    }
     for ((a, plan), files) in fresh.into_iter().zip(made) {
         let name = &cache.names[a as usize];
         let Some(files) = files else {

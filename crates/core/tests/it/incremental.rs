@@ -631,3 +631,45 @@ fn a_module_without_rules_does_not_make_its_runners_again() {
     let remade = again.nodes.iter().filter(|(n, o)| !Arc::ptr_eq(&o.plan, &first.nodes[*n].plan)).count();
     assert_eq!(remade, 0, "{remade} of {} plans made again", moved.nodes.len());
 }
+
+/// A node whose filter rules alone change (a rule of a module it runs gains a source that was
+/// its partner already) keeps its plan's peers in place and its other files: only its
+/// `nftables.conf` is made again. At 100,000 nodes a hub of a hundred thousand peers that runs
+/// such a module was made again whole on a group move, two thirds of its time.
+#[test]
+fn a_node_whose_filter_rules_alone_change_keeps_its_peers_and_other_files() {
+    use trellis_core::plan::{MESH_ZONE, NFTABLES_CONF, NODE_TOML, WIREGUARD_CONF};
+    let mut d = crate::support::fixture("relay");
+    // hub-1 runs the resolver, open to the whole mesh; a second rule opens it to the admins.
+    let resolver = d.modules.iter_mut().find(|m| m.name == "resolver").expect("the fixture has a resolver");
+    let mut rule = resolver.allow[0].clone();
+    rule.proto = trellis_core::decl::Proto::Tcp;
+    rule.from = vec![Source::Group("admins".into())];
+    rule.from_locs = vec![rule.loc.clone()];
+    resolver.allow.push(rule);
+    let keys: Keys = d.nodes.iter().filter_map(|n| Some((n.name.clone(), n.public_key?))).collect();
+    let first = compile(&Arc::new(d.clone()), &keys, &Default::default(), None).unwrap();
+    // db-1 joins the admins: it was hub-1's partner already (through the mesh-wide rule).
+    let db = d.nodes.iter_mut().find(|n| n.name == "db-1").expect("the fixture has db-1");
+    let db = Arc::make_mut(db);
+    db.groups = vec!["admins".into()];
+    db.refs.groups = vec![db.loc.clone()];
+    let moved = Arc::new(d);
+    // The plans the compile before holds are its own, as a publish run's are.
+    let mut before = first.clone();
+    for o in before.nodes.values_mut() {
+        o.plan = Arc::new((*o.plan).clone());
+    }
+    let peers_at = before.nodes["hub-1"].plan.peers.as_ptr();
+    let again = compile(&moved, &keys, &first.allocation, Some(before)).unwrap();
+    let full = compile(&moved, &keys, &first.allocation, None).unwrap();
+    same(&again, &full, &first, 0).unwrap();
+    let (hub, was) = (&again.nodes["hub-1"], &first.nodes["hub-1"]);
+    let content = |o: &trellis_core::compile::NodeOutput, path: &str| o.files.iter().find(|f| f.path == path).expect(path).content.clone();
+    assert!(again.rendered.iter().any(|n| n == "hub-1"), "hub-1's files changed: {:?}", again.rendered);
+    assert_ne!(content(hub, NFTABLES_CONF).to_string(), content(was, NFTABLES_CONF).to_string(), "db-1 joined a set of hub-1's filter");
+    for path in [WIREGUARD_CONF, MESH_ZONE, NODE_TOML] {
+        assert_eq!(content(hub, path).id(), content(was, path).id(), "hub-1's {path} is kept as it was");
+    }
+    assert_eq!(hub.plan.peers.as_ptr(), peers_at, "hub-1's peers are kept in place, not made again");
+}
