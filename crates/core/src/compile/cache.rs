@@ -56,6 +56,9 @@ pub(super) struct Cache {
     /// The names withdrawn from the mesh (revoked) this compile left out of every zone: a
     /// recompile given another set makes every plan again (`full`).
     pub(super) withdrawn: Arc<std::collections::BTreeSet<String>>,
+    /// The nodes whose plans name a node left out for want of a key or one without a path: the
+    /// only plans the warnings come from (`warnings::Warned`).
+    pub(super) warned: std::collections::BTreeSet<Arc<str>>,
 }
 
 /// The texts of the nodes before, for `Cache::new`.
@@ -139,6 +142,8 @@ impl Cache {
             // Set by `compile`, which has the key set.
             keys_seen: None,
             withdrawn: topo.withdrawn_names.clone(),
+            // Set by the caller, from the plans.
+            warned: Default::default(),
         }
     }
 

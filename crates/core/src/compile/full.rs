@@ -20,7 +20,8 @@ use std::net::IpAddr;
 
 /// Every node's plan and output; a node whose plan is the same as in `previous` keeps its files.
 pub(super) fn compile(decl: &Arc<Declaration>, topo: &Topology, allocation: Allocation, previous: Option<&Compiled>) -> Compiled {
-    let (plans, shared, cache) = plan(decl, topo, previous);
+    let (plans, shared, mut cache) = plan(decl, topo, previous);
+    cache.warned = super::warnings::warned(plans.iter());
     let Shared { rule_blocks, zone_blocks, .. } = shared;
     let mut diagnostics = path_diagnostics(plans.iter(), &cache);
     diagnostics.extend(left_out_diagnostics(plans.iter(), |b| cache.loc(cache.kept.index[b])));

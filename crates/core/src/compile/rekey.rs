@@ -78,6 +78,8 @@ pub(super) fn rekey(decl: &Arc<Declaration>, keys: &Keys, mut previous: Compiled
     if lists_changed {
         edit_warnings(cache, &changed, &was, &mut previous.diagnostics);
     }
+    let cache = previous.cache.as_mut().expect("checked above");
+    super::warnings::rewarn(&mut cache.warned, &previous.nodes, &[], &previous.rendered);
     Recompiled::Done(previous)
 }
 

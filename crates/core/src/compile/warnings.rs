@@ -2,10 +2,49 @@
 //! nodes left out of peer lists for want of a key; made whole by a compile, or edited one by one
 //! by `rekey`.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
 use super::cache::Cache;
+use super::NodeOutput;
 use crate::diag::Diagnostic;
 use crate::plan::NodePlan;
 use crate::topology::{Path, Reach, Topology};
+
+/// Whether a plan names a node left out for want of a key, or one without a path: the warnings
+/// come from such plans only.
+fn warns(plan: &NodePlan) -> bool {
+    !plan.left_out.is_empty() || !plan.no_path.is_empty()
+}
+
+/// The nodes whose plans warn (`Cache::warned`), of every plan.
+pub(super) fn warned<'p>(plans: impl Iterator<Item = &'p NodePlan>) -> BTreeSet<Arc<str>> {
+    plans.filter(|p| warns(p)).map(|p| p.node.clone()).collect()
+}
+
+/// `warned` kept up to date after a recompile: the nodes that left (`gone`), and those whose
+/// plans were made again (`rendered`), are looked at; every other plan is the one before.
+pub(super) fn rewarn(warned: &mut BTreeSet<Arc<str>>, nodes: &BTreeMap<String, NodeOutput>, gone: &[&Arc<str>], rendered: &[String]) {
+    for name in gone {
+        warned.remove(&***name);
+    }
+    for name in rendered {
+        let plan = &nodes[name].plan;
+        match warns(plan) {
+            true => warned.insert(plan.node.clone()),
+            false => warned.remove(&*plan.node),
+        };
+    }
+}
+
+/// The warnings of a compiled mesh, from the plans of the nodes that warn (`warned`).
+pub(super) fn diagnostics(nodes: &BTreeMap<String, NodeOutput>, c: &Cache) -> Vec<Diagnostic> {
+    let plans = || c.warned.iter().map(|n| &*nodes[&**n].plan);
+    let mut diagnostics = path_diagnostics(plans(), c);
+    diagnostics.extend(left_out_diagnostics(plans(), |b| c.loc(c.kept.index[b])));
+    crate::diag::sort(&mut diagnostics);
+    diagnostics
+}
 
 /// Puts a warning into the sorted warnings (`diag::sort`) or takes it out.
 pub(super) fn set_diagnostic(diagnostics: &mut Vec<Diagnostic>, d: Diagnostic, present: bool) {
