@@ -6,6 +6,29 @@
 /// arena's next allocations: without this, `trellis serve` peaked at 5.9 GiB in the delivery
 /// bench's enrolment storm, with it at 4.7 GiB (ADR 0041). Takes about a millisecond after a small
 /// run, up to 0.8 s after a storm's; call it off the runtime's threads.
+/// How long after a small publish run what malloc holds freed is given back
+/// (`release_freed_soon`).
+pub const SOON: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `release_freed`, `SOON` from now on a blocking thread, unless that is asked already: after a
+/// small publish run, out of the way of the agents fetching what it published (after an
+/// enrolment storm at 100,000 nodes, giving back took 0.15-1 s of a core, the heap being
+/// fragmented). Call it on a tokio runtime.
+pub fn release_freed_soon() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static ASKED: AtomicBool = AtomicBool::new(false);
+    if ASKED.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    tokio::spawn(async {
+        tokio::time::sleep(SOON).await;
+        ASKED.store(false, Ordering::SeqCst);
+        if let Err(e) = tokio::task::spawn_blocking(release_freed).await {
+            tracing::error!("giving freed memory back failed: {e}");
+        }
+    });
+}
+
 pub fn release_freed() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: `malloc_trim` takes no pointer and only returns free pages to the system.

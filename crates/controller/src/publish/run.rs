@@ -117,6 +117,7 @@ impl Controller {
             trust: &trust.text,
             shared: &shared,
             held: &held,
+            held_count: p.held_count(),
             cert: &cert,
             paths: &paths,
         };
@@ -140,6 +141,16 @@ impl Controller {
         let sealed = off_runtime(|| seal(p, due, &versions, &trust, &decl.mesh.name));
         let seal_ms = at.elapsed().as_millis() as u64;
         let published = swap(p, &mut run, sealed, (&plan.active, plan.active_unchanged));
+        // The long-polls hear of the new bundles as soon as they are in the table, not once the
+        // run has kept what the next compares with (at 100,000 nodes, 80-100 ms more), when there
+        // is nothing to follow that the holders' answers could run ahead of: no revocation, no
+        // withdrawal of routes, no rotation announced. `finish` tells them again (they look
+        // again and find nothing newer).
+        let follows =
+            !plan.revocations.is_empty() || !plan.withdrawals.is_empty() || trust.announcing.is_some() || trust.announcing_ca.is_some();
+        if !published.is_empty() && !follows {
+            p.tell_polls();
+        }
         // The table holds what was stored: seen, as it was before the run.
         run.versions_seen = seen;
         // Where a run's time goes, for whoever profiles delivery (`bench delivery` at scale).

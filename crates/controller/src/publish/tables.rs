@@ -170,6 +170,11 @@ impl Publisher {
         }
     }
 
+    /// How many nodes' bundles the table holds: only active nodes' (`swap` drops the others).
+    pub(crate) fn held_count(&self) -> usize {
+        self.table.read().expect("bundle table").len()
+    }
+
     pub fn current(&self, node: &str) -> Option<Arc<Published>> {
         self.table.read().expect("bundle table").get(node).cloned()
     }
@@ -264,11 +269,16 @@ impl Publisher {
 
     /// A run is done: it covered every decision counted up to `upto`, at the audit head `head`;
     /// the long-polls look at the table again.
+    /// Wakes the long-polls: the table holds new bundles.
+    pub(super) fn tell_polls(&self) {
+        self.changes.send_modify(|g| *g += 1);
+    }
+
     pub(super) fn finish(&self, run: &mut Run, head: i64, upto: u64) {
         run.audit_head = head;
         self.runs.fetch_add(1, Ordering::SeqCst);
         self.covered.send_if_modified(|c| std::mem::replace(c, (*c).max(upto)) < upto);
-        self.changes.send_modify(|g| *g += 1);
+        self.tell_polls();
     }
 }
 
