@@ -104,6 +104,10 @@ pub(crate) struct Run {
     /// moved, a rule changed) have the same active nodes, with the keys the set holds.
     pub(crate) planned_for: Option<Arc<Declaration>>,
     pub(crate) active_at: Vec<u32>,
+    /// Whether the last run found another replica's content in force for a node it found due
+    /// (stale): that node was not swapped in, so what `published` holds of it (its certificate's
+    /// serial) is behind, and the next plan looks at every active node.
+    pub(crate) stale: bool,
 }
 
 /// Whether two declarations name the same nodes, each of the same pool, in the same places.
@@ -310,8 +314,9 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
     let texts: HashMap<String, String> =
         decided.candidates.iter().map(|(node, list)| (node.clone(), trellis_core::paths::write(node, list))).collect();
     // The active nodes of the run before, each holding a bundle this process published (the
-    // table and `published` hold active nodes only): only the nodes something named can be due.
-    let kept = same && held_count == active.len() && run.published.len() == active.len();
+    // table and `published` hold active nodes only) as `published` says, none stale: only the
+    // nodes something named can be due.
+    let kept = same && !run.stale && held_count == active.len() && run.published.len() == active.len();
     let due = due(run, (&active, kept), &compiled, run.trust != trust, held, &texts);
     run.contents.add(&compiled, &due.iter().map(|r| r.name.as_str()).collect::<Vec<_>>());
     let due = due
@@ -673,6 +678,29 @@ mod tests {
         assert_eq!(holders.iter().map(|(h, _)| h.as_str()).collect::<Vec<_>>(), ["a-1", "hub-1"]);
         let a = plan.due.iter().find(|d| d.record.name == "a-1").expect("a-1's bundle changes");
         assert!(a.files.iter().all(|f| f.path != "etc/trellis/paths.toml"), "no candidate left");
+    }
+
+    /// A node another replica published other content for (stale) is not swapped in, so what the
+    /// run keeps of it is behind: the next plan, though the records did not move, looks at every
+    /// active node and finds it due (its certificate's serial moved since it was published).
+    #[test]
+    fn a_stale_node_is_due_again_though_the_records_did_not_move() {
+        let (mut run, mut held) = (Run::default(), HashSet::new());
+        let mut world = World::new("basic", 1);
+        let first = world.plan(&mut run, Allocation::default(), &held);
+        carry_out(&world, &mut run, first, &mut held);
+        let x = world.records[0].name.clone();
+        let kept_before = run.published[&x].clone();
+        world.records[0].cert_serial = Some("ff".into());
+        let renewed = world.plan(&mut run, Allocation::default(), &held);
+        assert!(renewed.due.iter().any(|d| d.record.name == x), "{x} renewed: due");
+        carry_out(&world, &mut run, renewed, &mut held);
+        // Another replica's content was in force for x: it was not swapped in.
+        run.published.insert(x.clone(), kept_before);
+        run.stale = true;
+        world.records_unchanged = true;
+        let again = world.plan(&mut run, Allocation::default(), &held);
+        assert_eq!(again.due.iter().map(|d| d.record.name.as_str()).collect::<Vec<_>>(), [x.as_str()]);
     }
 
     /// A new `trust.toml` puts every node's bundle due, and it carries the new file.

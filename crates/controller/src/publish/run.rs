@@ -135,6 +135,9 @@ impl Controller {
         // on by what this run stores; unknown when the run fails on the way.
         let seen = run.versions_seen.take();
         let (versions, stale, due) = self.store_versions(std::mem::take(&mut plan.due)).await?;
+        // What `published` says of a stale node is behind (it was not swapped in): the next plan
+        // walks every active node.
+        run.stale = !stale.is_empty();
         let seen = if stale.is_empty() { self.versions_now_seen(seen, &versions).await? } else { None };
         let store_ms = at.elapsed().as_millis() as u64;
         let at = std::time::Instant::now();

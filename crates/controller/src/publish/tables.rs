@@ -267,13 +267,13 @@ impl Publisher {
         }
     }
 
-    /// A run is done: it covered every decision counted up to `upto`, at the audit head `head`;
-    /// the long-polls look at the table again.
     /// Wakes the long-polls: the table holds new bundles.
     pub(super) fn tell_polls(&self) {
         self.changes.send_modify(|g| *g += 1);
     }
 
+    /// A run is done: it covered every decision counted up to `upto`, at the audit head `head`;
+    /// the long-polls look at the table again.
     pub(super) fn finish(&self, run: &mut Run, head: i64, upto: u64) {
         run.audit_head = head;
         self.runs.fetch_add(1, Ordering::SeqCst);
