@@ -13,7 +13,7 @@ use trellis_core::decl::PublicKey;
 use trellis_core::{Allocation, Compiled, Declaration, Text};
 use trellis_store::NodeRecord;
 
-use crate::revocations::{carried, holders_as_if_active, holders_in, holds, withdrawn, Left};
+use crate::revocations::{carried, holders_as_if_active, holders_in, holds, withdrawn, Carried, Left};
 use crate::{Error, Result};
 
 /// Compiled file contents, each hashed once: an entry lives as long as the compiled output holds
@@ -160,10 +160,13 @@ pub(crate) struct Inputs<'r, 'a> {
     pub held: &'a dyn Fn(&str) -> bool,
     pub held_count: usize,
     /// The node's certificate, which its bundle carries (the records are read without it).
-    pub cert: &'a dyn Fn(&str) -> Option<&'a str>,
+    pub cert: Cert<'a>,
     /// What hubs observed and how pairs stand, for direct paths (ADR 0032).
     pub paths: &'a crate::paths::PathInputs,
 }
+
+/// A node's certificate by its name (the records are read without it).
+type Cert<'a> = &'a dyn Fn(&str) -> Option<&'a str>;
 
 /// A node due this run: its record, its bundle's files in the manifest's order, and the digest
 /// of their entries (of the zone as compiled: `bundle::number` gives it the version's serial).
@@ -202,7 +205,9 @@ pub(crate) struct RunPlan<'r> {
 
 /// Plans a run. Takes from `run` what the compile consumes (the previous output, and the keys,
 /// changed in place) and hashes the due contents it does not hold yet into `run.contents`; the
-/// rest of `run` is the caller's to update once the plan is carried out.
+/// rest of `run` is the caller's to update once the plan is carried out. In phases: the active
+/// nodes, their keys (and who held those leaving), what routers and hubs carried before, the
+/// compile, the direct paths, the due bundles assembled, and who must drop what.
 pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'r>> {
     let Inputs {
         records,
@@ -220,63 +225,11 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
         paths,
     } = input;
     let at = std::time::Instant::now();
-    // The same records under a declaration of the same nodes as the last plan's: the same nodes
-    // are active, with the keys the set holds, and neither is read again (at 100,000 nodes, 30
-    // and 60 ms of every run that follows an apply).
-    let same = records_unchanged
-        && run.planned_for.as_ref().is_some_and(|d| same_nodes(d, decl))
-        && run.active_at.last().is_none_or(|&i| (i as usize) < records.len());
-    run.planned_for = Some(decl.clone());
-    if !same {
-        run.active_at = (0..records.len() as u32)
-            .filter(|&i| {
-                let r = &records[i as usize];
-                r.state == trellis_proto::EnrolledState::Active && declared.get(r.name.as_str()) == Some(&r.pool.as_deref())
-            })
-            .collect();
-    }
-    let active: Vec<&NodeRecord> = run.active_at.iter().map(|&i| &records[i as usize]).collect();
+    let (active, same) = active_nodes(run, records, records_unchanged, decl, declared);
     let active_ms = at.elapsed().as_millis() as u64;
     let at = std::time::Instant::now();
-    let gone = if same {
-        Vec::new()
-    } else {
-        run.keys.replace(active.iter().filter_map(|r| r.wg_public_key.as_deref().and_then(PublicKey::parse).map(|k| (r.name.as_str(), k))))
-    };
+    let left = rekey(run, &active, same, records, declared);
     let keys_ms = at.elapsed().as_millis() as u64;
-    let at = std::time::Instant::now();
-    // Who held the keys leaving the compiled mesh (that had a key and are not active now), while
-    // the previous compile still says. Most runs none leaves: nothing is walked then.
-    let left = match &run.compiled {
-        Some(previous) if !gone.is_empty() => {
-            let now_active: HashSet<&str> = active.iter().map(|r| r.name.as_str()).collect();
-            let leaving: HashSet<&str> = gone.iter().map(String::as_str).filter(|n| !now_active.contains(n)).collect();
-            let mut left = holders_in(previous, &leaving);
-            // So did the nodes that may reach one directly (its key in their interface).
-            for (holder, peers) in &run.candidates {
-                for p in peers {
-                    if let Some(list) = left.get_mut(p.as_str()) {
-                        if !list.contains(holder) {
-                            list.push(holder.clone());
-                            list.sort();
-                        }
-                    }
-                }
-            }
-            left
-        }
-        _ => Default::default(),
-    };
-    let left_ms = at.elapsed().as_millis() as u64;
-    // A revoked node of the mesh is withdrawn for good: its names leave every zone.
-    if !same {
-        run.keys.withdraw_only(
-            records
-                .iter()
-                .filter(|r| r.state == trellis_proto::EnrolledState::Revoked && declared.get(r.name.as_str()) == Some(&r.pool.as_deref()))
-                .map(|r| r.name.as_str()),
-        );
-    }
     let at = std::time::Instant::now();
     let previous = run.compiled.take();
     // The relayed pairs are counted from the compile before: without one (a first run, or the
@@ -284,16 +237,8 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
     if previous.is_none() {
         run.pair_counts = Default::default();
     }
-    // What each node sent through routers and hubs, when a new declaration may have taken
-    // some of it away (ADR 0022): read before the compile consumes the previous one.
     let hubs: HashSet<String> = decl.nodes.iter().filter(|n| n.hub).map(|n| n.name.clone()).collect();
-    let carried_before = match (&previous, run.revision) {
-        (Some(before), Some(r)) if r != revision => {
-            let demoted: HashSet<&str> = run.hubs.iter().filter(|h| !hubs.contains(*h)).map(String::as_str).collect();
-            Some(carried(before, &demoted))
-        }
-        _ => None,
-    };
+    let carried_before = carried_before(run, previous.as_ref(), &hubs, revision);
     let carried_ms = at.elapsed().as_millis() as u64;
     let at = std::time::Instant::now();
     let compiled = trellis_core::compile(decl, &run.keys, &allocation, previous).map_err(|d| Error::internal("compiling", d))?;
@@ -318,16 +263,7 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
     // nodes something named can be due.
     let kept = same && !run.stale && held_count == active.len() && run.published.len() == active.len();
     let due = due(run, (&active, kept), &compiled, run.trust != trust, held, &texts);
-    run.contents.add(&compiled, &due.iter().map(|r| r.name.as_str()).collect::<Vec<_>>());
-    let due = due
-        .into_iter()
-        .map(|record| {
-            let node_paths = texts.get(&record.name).map(String::as_str);
-            let files = assemble(&compiled.nodes[&record.name].files, |c| run.contents.digest(c), shared, cert(&record.name), node_paths);
-            let digest = hex::encode(trellis_core::bundle::entries_digest(&entries(&files)));
-            Due { record, files, digest }
-        })
-        .collect();
+    let due = assembled(run, due, &compiled, (shared, cert, &texts));
     let assemble_ms = at.elapsed().as_millis() as u64;
     let at = std::time::Instant::now();
     let withdrawals = carried_before.map(|before| withdrawn(&before, &compiled)).unwrap_or_default();
@@ -336,7 +272,6 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
     let endpoints = decided.endpoints();
     tracing::debug!(
         active_ms,
-        left_ms,
         keys_ms,
         carried_ms,
         compile_ms,
@@ -359,6 +294,97 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
         pairs: decided.relayed,
         active_unchanged: same,
     })
+}
+
+/// The active nodes' records (of the kind declared), and whether they are those of the last plan:
+/// the same records under a declaration of the same nodes have the same active nodes, with the
+/// keys the set holds, and neither is read again (at 100,000 nodes, 30 and 60 ms of every run
+/// that follows an apply).
+fn active_nodes<'r>(
+    run: &mut Run,
+    records: &'r [NodeRecord],
+    records_unchanged: bool,
+    decl: &Arc<Declaration>,
+    declared: &HashMap<&str, Option<&str>>,
+) -> (Vec<&'r NodeRecord>, bool) {
+    let same = records_unchanged
+        && run.planned_for.as_ref().is_some_and(|d| same_nodes(d, decl))
+        && run.active_at.last().is_none_or(|&i| (i as usize) < records.len());
+    run.planned_for = Some(decl.clone());
+    if !same {
+        run.active_at = (0..records.len() as u32)
+            .filter(|&i| {
+                let r = &records[i as usize];
+                r.state == trellis_proto::EnrolledState::Active && declared.get(r.name.as_str()) == Some(&r.pool.as_deref())
+            })
+            .collect();
+    }
+    (run.active_at.iter().map(|&i| &records[i as usize]).collect(), same)
+}
+
+/// Brings the key set to the active nodes' keys (unless they are the last plan's: `same`) and
+/// withdraws the revoked nodes of the mesh for good (their names leave every zone). Returns who
+/// held the keys leaving the compiled mesh (had a key, not active now), while the previous
+/// compile still says; most runs none leaves, and nothing is walked then.
+fn rekey(run: &mut Run, active: &[&NodeRecord], same: bool, records: &[NodeRecord], declared: &HashMap<&str, Option<&str>>) -> Left {
+    if same {
+        return Left::default();
+    }
+    let gone =
+        run.keys.replace(active.iter().filter_map(|r| r.wg_public_key.as_deref().and_then(PublicKey::parse).map(|k| (r.name.as_str(), k))));
+    let mut left = Left::default();
+    if let Some(previous) = run.compiled.as_ref().filter(|_| !gone.is_empty()) {
+        let now_active: HashSet<&str> = active.iter().map(|r| r.name.as_str()).collect();
+        let leaving: HashSet<&str> = gone.iter().map(String::as_str).filter(|n| !now_active.contains(n)).collect();
+        left = holders_in(previous, &leaving);
+        // So did the nodes that may reach one directly (its key in their interface).
+        for (holder, peers) in &run.candidates {
+            for p in peers {
+                if let Some(list) = left.get_mut(p.as_str()) {
+                    if !list.contains(holder) {
+                        list.push(holder.clone());
+                        list.sort();
+                    }
+                }
+            }
+        }
+    }
+    run.keys.withdraw_only(
+        records
+            .iter()
+            .filter(|r| r.state == trellis_proto::EnrolledState::Revoked && declared.get(r.name.as_str()) == Some(&r.pool.as_deref()))
+            .map(|r| r.name.as_str()),
+    );
+    left
+}
+
+/// What each node sent through routers and hubs, when a new declaration (another revision than
+/// the run before's) may have taken some of it away (ADR 0022): read before the compile consumes
+/// the previous output.
+fn carried_before(run: &Run, previous: Option<&Compiled>, hubs: &HashSet<String>, revision: i64) -> Option<Carried> {
+    let before = previous.filter(|_| run.revision.is_some_and(|r| r != revision))?;
+    let demoted: HashSet<&str> = run.hubs.iter().filter(|h| !hubs.contains(*h)).map(String::as_str).collect();
+    Some(carried(before, &demoted))
+}
+
+/// The due nodes' bundles assembled: their files (the contents hashed once, into
+/// `run.contents`), `ca.pem`, `trust.toml`, the certificate and `paths.toml`, with the digest of
+/// their entries.
+fn assembled<'r, 'a>(
+    run: &mut Run,
+    due: Vec<&'r NodeRecord>,
+    compiled: &Compiled,
+    (shared, cert, texts): (&Shared, Cert<'a>, &HashMap<String, String>),
+) -> Vec<Due<'r>> {
+    run.contents.add(compiled, &due.iter().map(|r| r.name.as_str()).collect::<Vec<_>>());
+    due.into_iter()
+        .map(|record| {
+            let node_paths = texts.get(&record.name).map(String::as_str);
+            let files = assemble(&compiled.nodes[&record.name].files, |c| run.contents.digest(c), shared, cert(&record.name), node_paths);
+            let digest = hex::encode(trellis_core::bundle::entries_digest(&entries(&files)));
+            Due { record, files, digest }
+        })
+        .collect()
 }
 
 /// The nodes due this run: their plan was rendered again, their certificate, the trust or their
