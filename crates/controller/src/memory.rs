@@ -2,7 +2,7 @@
 
 /// How long after a small publish run what malloc holds freed is given back
 /// (`release_freed_soon`).
-pub const SOON: std::time::Duration = std::time::Duration::from_secs(2);
+const SOON: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// `release_freed`, `SOON` from now on a blocking thread, unless that is asked already: after a
 /// small publish run, out of the way of the agents fetching what it published (after an
@@ -25,10 +25,17 @@ pub fn release_freed_soon() {
         let asked = Asked;
         tokio::time::sleep(SOON).await;
         drop(asked);
-        if let Err(e) = tokio::task::spawn_blocking(release_freed).await {
-            tracing::error!("giving freed memory back failed: {e}");
-        }
+        give_back().await;
     });
+}
+
+/// `release_freed` on a blocking thread, off the runtime's, timed in the debug log.
+pub async fn give_back() {
+    let at = std::time::Instant::now();
+    if let Err(e) = tokio::task::spawn_blocking(release_freed).await {
+        tracing::error!("giving freed memory back failed: {e}");
+    }
+    tracing::debug!(ms = at.elapsed().as_millis() as u64, "freed memory given back");
 }
 
 /// Gives the memory malloc holds freed back to the system, in every arena (glibc's

@@ -154,11 +154,7 @@ impl Controller {
             tracing::debug!(bundles, audit_seq, ms = took.as_millis() as u64, "publish run");
             // What a large run freed goes back to the system, off the runtime's threads (ADR 0041).
             if *bundles >= GIVE_BACK_FROM {
-                let trimmed = std::time::Instant::now();
-                if let Err(e) = tokio::task::spawn_blocking(crate::memory::release_freed).await {
-                    tracing::error!("giving freed memory back failed: {e}");
-                }
-                tracing::debug!(ms = trimmed.elapsed().as_millis() as u64, "freed memory given back");
+                crate::memory::give_back().await;
             } else {
                 crate::memory::release_freed_soon();
             }

@@ -6,12 +6,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::cache::{Cache, Old};
-use super::warnings::{left_out_diagnostics, path_diagnostics};
 use super::{files_of, Compiled, NodeOutput};
 use crate::alloc::Allocation;
 use crate::decl::Declaration;
 use crate::decl::ExposeTls;
-use crate::diag;
 use crate::par;
 use crate::plan::{Common, ExposurePlan, NodePlan, NodeText, PeerPlan, RouteBlock, RuleBlock, ZoneBlock};
 use crate::render;
@@ -23,9 +21,7 @@ pub(super) fn compile(decl: &Arc<Declaration>, topo: &Topology, allocation: Allo
     let (plans, shared, mut cache) = plan(decl, topo, previous);
     cache.warned = super::warnings::warned(plans.iter());
     let Shared { rule_blocks, zone_blocks, .. } = shared;
-    let mut diagnostics = path_diagnostics(plans.iter(), &cache);
-    diagnostics.extend(left_out_diagnostics(plans.iter(), |b| cache.loc(cache.kept.index[b])));
-    diag::sort(&mut diagnostics);
+    let diagnostics = super::warnings::diagnostics(plans.iter(), &cache);
 
     let files = par::map(plans.len(), |i| files_of(&plans[i], previous.and_then(|c| c.nodes.get(&*plans[i].node))));
     let mut nodes = BTreeMap::new();

@@ -74,7 +74,7 @@ pub(super) fn redeclare(decl: &Arc<Declaration>, topo: &Topology, mut previous: 
     // The warnings come from the plans that warn, not from every plan (at 100,000 nodes, 5-8 ms).
     cache.warned = std::mem::take(&mut old.warned);
     rewarn(&mut cache.warned, &nodes, &gone, &rendered);
-    let diagnostics = diagnostics(&nodes, &cache);
+    let diagnostics = diagnostics(cache.warned.iter().map(|n| &*nodes[&**n].plan), &cache);
     Recompiled::Done(Compiled {
         allocation: previous.allocation,
         nodes,

@@ -37,11 +37,11 @@ pub(super) fn rewarn(warned: &mut BTreeSet<Arc<str>>, nodes: &BTreeMap<String, N
     }
 }
 
-/// The warnings of a compiled mesh, from the plans of the nodes that warn (`warned`).
-pub(super) fn diagnostics(nodes: &BTreeMap<String, NodeOutput>, c: &Cache) -> Vec<Diagnostic> {
-    let plans = || c.warned.iter().map(|n| &*nodes[&**n].plan);
-    let mut diagnostics = path_diagnostics(plans(), c);
-    diagnostics.extend(left_out_diagnostics(plans(), |b| c.loc(c.kept.index[b])));
+/// The warnings of a compiled mesh, sorted, from its plans: every plan, or those of the nodes
+/// that warn (`warned`).
+pub(super) fn diagnostics<'p>(plans: impl Iterator<Item = &'p NodePlan> + Clone, c: &Cache) -> Vec<Diagnostic> {
+    let mut diagnostics = path_diagnostics(plans.clone(), c);
+    diagnostics.extend(left_out_diagnostics(plans, |b| c.loc(c.kept.index[b])));
     crate::diag::sort(&mut diagnostics);
     diagnostics
 }
