@@ -157,7 +157,7 @@ pub struct Network {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Group {
     pub name: String,
-    pub members: Vec<String>,
+    pub members: std::sync::Arc<[String]>,
     pub loc: Loc,
 }
 

@@ -118,9 +118,9 @@ pub fn run(args: &CompileArgs) -> Result<ExitCode> {
     enrolled.set(&late, Some(PublicKey([0xef; 32])));
     let mut moved = (*decl).clone();
     for grp in &mut moved.groups {
-        grp.members.retain(|m| *m != target);
+        let joins = (grp.name == "grp-1").then(|| target.clone());
+        grp.members = grp.members.iter().filter(|m| **m != target).cloned().chain(joins).collect();
     }
-    moved.groups.iter_mut().find(|g| g.name == "grp-1").expect("generated").members.push(target.clone());
     let moved = Arc::new(moved);
     // A member of a pool joins (ADR 0019): the declaration gains a node the controller adds, in a
     // group and running a module, with its key.

@@ -44,7 +44,7 @@ impl Loaded {
 pub fn load(mesh: &SourceFile, modules: &[SourceFile]) -> Loaded {
     let mut diags = Vec::new();
     let parsed = parse_mesh(mesh, &mut diags);
-    load_parsed(parsed, diags, modules)
+    load_parsed(parsed, diags, modules, None).0
 }
 
 /// The `[[node]]` tables of the `mesh.toml` loaded last, parsed, by their text, and the lines of
@@ -54,21 +54,36 @@ pub fn load(mesh: &SourceFile, modules: &[SourceFile]) -> Loaded {
 #[derive(Default)]
 pub struct LoadCache {
     file: Option<String>,
-    /// The node tables of the last load, in order: each one's text, the line it started on and
-    /// the node as placed there. A load compares each table with the one at the same place
-    /// first, and looks the others up by their text.
-    nodes: Vec<(String, u32, std::sync::Arc<crate::decl::Node>)>,
+    /// The node tables of the last load, in order. A load takes those the cut knows, compares
+    /// each other table with the one at the same place, and looks the rest up by their text.
+    nodes: Vec<HeldNode>,
     /// The one-line groups of `[groups]`, by their line's text (lines counted from it).
     groups: crate::FastMap<String, crate::decl::Group>,
     /// The rest of the file (without its node tables and one-line groups) as cut last, with its
     /// gaps, and what it parsed to: a change of nodes or groups leaves it as it was, and it is
     /// not parsed again.
     rest: Option<ParsedRest>,
+    /// The text of the last load's `mesh.toml` and where its cut found its parts, so that the
+    /// next cut re-reads only around what changed (`segments::cut_again`). It describes the
+    /// tables of `nodes`, and is replaced with them.
+    cut: Option<(String, segments::Places)>,
+    /// What the checks of each node alone read besides the node, when the `quiet` of `nodes`
+    /// was found: a node whose table is one of those, under the same, is not checked again.
+    checked: Option<validate::NodeContext>,
     /// Node tables taken from the cache, parsed, and whole-file parses (the cut did not read
     /// the file, or it had something to say), since the cache was made.
     pub hits: usize,
     pub parsed: usize,
     pub whole: usize,
+}
+
+/// A node table of the last load: its text, the line it started on, the node as placed there,
+/// and whether the checks of the node alone said nothing of it (ADR 0034).
+struct HeldNode {
+    text: String,
+    line: u32,
+    node: std::sync::Arc<crate::decl::Node>,
+    quiet: bool,
 }
 
 /// The rest of `mesh.toml` as cut (its text and gaps) and what it parsed to.
@@ -77,30 +92,48 @@ type ParsedRest = (String, Vec<(usize, u32)>, parse::Parsed);
 /// [`load`], with `mesh.toml`'s node tables taken from `cache` where their text is unchanged.
 pub fn load_cached(mesh: &SourceFile, modules: &[SourceFile], cache: &mut LoadCache) -> Loaded {
     let mut diags = Vec::new();
-    let parsed = match parse::parse_mesh_cut(mesh, cache) {
-        Some(p) => p,
+    // Through the cut, the nodes parsed are those the cache holds, in order.
+    let (parsed, cut) = match parse::parse_mesh_cut(mesh, cache) {
+        Some(p) => (p, true),
         None => {
             cache.whole += 1;
-            parse_mesh(mesh, &mut diags)
+            (parse_mesh(mesh, &mut diags), false)
         }
     };
-    load_parsed(parsed, diags, modules)
+    let quiet: Vec<bool> = if cut { cache.nodes.iter().map(|h| h.quiet).collect() } else { Vec::new() };
+    let before = cache.checked.as_ref().filter(|_| cut).map(|c| (c, &quiet[..]));
+    let (r, checked) = load_parsed(parsed, diags, modules, before);
+    if let Some((context, quiet)) = checked.filter(|_| cut) {
+        for (held, quiet) in cache.nodes.iter_mut().zip(quiet) {
+            held.quiet = quiet;
+        }
+        cache.checked = Some(context);
+    }
+    r
 }
 
-fn load_parsed(mut parsed: parse::Parsed, mut diags: Vec<Diagnostic>, modules: &[SourceFile]) -> Loaded {
+/// What the checks of each node alone read besides it, and whether they said nothing of each.
+type NodeChecks = (validate::NodeContext, Vec<bool>);
+
+fn load_parsed(
+    mut parsed: parse::Parsed,
+    mut diags: Vec<Diagnostic>,
+    modules: &[SourceFile],
+    before: Option<(&validate::NodeContext, &[bool])>,
+) -> (Loaded, Option<NodeChecks>) {
     for file in modules {
         if let Some(m) = parse_module(file, &mut diags) {
             parsed.modules.push(m);
         }
     }
     if let Some(decl) = parsed.finish() {
-        validate(&decl, &mut diags);
+        let checked = validate(&decl, &mut diags, before);
         let has_errors = diags.iter().any(Diagnostic::is_error);
         diag::sort(&mut diags);
-        return Loaded { declaration: (!has_errors).then_some(decl), diagnostics: diags };
+        return (Loaded { declaration: (!has_errors).then_some(decl), diagnostics: diags }, Some(checked));
     }
     diag::sort(&mut diags);
-    Loaded { declaration: None, diagnostics: diags }
+    (Loaded { declaration: None, diagnostics: diags }, None)
 }
 
 /// The file of a declaration directory that holds the mesh; the others are `modules/NAME.toml`.

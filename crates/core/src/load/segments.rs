@@ -17,6 +17,38 @@ pub(super) struct Cut<'a> {
     pub(super) groups: Vec<(u32, &'a str)>,
     pub(super) rest: String,
     pub(super) gaps: Vec<(usize, u32)>,
+    /// For each node table, the one of the text cut before with the same text, where the cut
+    /// knows it ([`cut_again`]: every table outside the part re-read); empty from [`cut`].
+    pub(super) before: Vec<Option<usize>>,
+    /// Where each part is, kept with the text for the next [`cut_again`].
+    pub(super) places: Places,
+}
+
+/// Where a cut found each node table and one-line group of its text, in order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(super) struct Places {
+    nodes: Vec<Part>,
+    groups: Vec<Part>,
+}
+
+/// One part cut out: the line it starts on, its byte range and how many lines it spans.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Part {
+    line: u32,
+    from: usize,
+    to: usize,
+    lines: u32,
+}
+
+impl Part {
+    fn shifted(self, bytes: isize, lines: i64) -> Part {
+        Part {
+            line: (i64::from(self.line) + lines) as u32,
+            from: self.from.wrapping_add_signed(bytes),
+            to: self.to.wrapping_add_signed(bytes),
+            lines: self.lines,
+        }
+    }
 }
 
 /// What a line at the top level of the document starts.
@@ -37,20 +69,114 @@ fn bare_key_line(line: &str) -> bool {
 
 /// Cuts `text`, or `None` when it holds something the cut does not read with certainty.
 pub(super) fn cut(text: &str) -> Option<Cut<'_>> {
-    let mut nodes: Vec<(u32, usize, usize)> = Vec::new();
-    let mut groups: Vec<(u32, usize, usize)> = Vec::new();
+    let (places, _) = read(text, 0, 0, false, |_, _| None::<()>)?;
+    Some(assemble(text, places, Vec::new()))
+}
+
+/// Cuts `text` knowing that `before` was cut into `places`: only from the last part (a node
+/// table or a group's line) that starts in the common start, to the first part in the common
+/// end that was one in `before` too, read from the same state. What lies outside is the same
+/// text read from the same state, so it is cut as it was (moved by what the middle gained or
+/// lost). Gives exactly what [`cut`] gives.
+pub(super) fn cut_again<'a>(before: &str, places: &Places, text: &'a str) -> Option<Cut<'a>> {
+    let (old, new) = (before.as_bytes(), text.as_bytes());
+    let prefix = common(old, new, false);
+    let room = old.len().min(new.len()) - prefix;
+    let suffix = common(&old[old.len() - room..], &new[new.len() - room..], true);
+    // The restart: the last part whose first line lies whole in the common start (the state
+    // there is what the same text before it left: the top level, in a node or in `[groups]`).
+    let line_end = |from: usize| old[from..].iter().position(|&b| b == b'\n').map_or(old.len(), |e| from + e + 1);
+    let last_in = |parts: &[Part]| parts.partition_point(|p| line_end(p.from) <= prefix).checked_sub(1).map(|i| parts[i]);
+    let restart = match (last_in(&places.nodes), last_in(&places.groups)) {
+        (Some(n), Some(g)) if g.from > n.from => (g, true),
+        (Some(n), _) => (n, false),
+        (None, Some(g)) => (g, true),
+        (None, None) => return cut(text),
+    };
+    let (part, in_groups) = restart;
+    let (bytes, same_from) = (new.len() as isize - old.len() as isize, new.len() - suffix);
+    // Stops at a line in the common end where a part started before that starts one of the
+    // same kind now (so read from the same state), and gives where it was.
+    let stop = |at: usize, group: bool| {
+        let was = at.checked_add_signed(-bytes).filter(|_| at >= same_from)?;
+        let parts = if group { &places.groups } else { &places.nodes };
+        parts.binary_search_by_key(&was, |p| p.from).ok().map(|_| was)
+    };
+    let (middle, stopped) = read(text, part.from, part.line, in_groups, stop)?;
+    let kept = |parts: &[Part]| parts.iter().take_while(|p| p.from < part.from).copied().collect::<Vec<Part>>();
+    let (mut nodes, mut groups) = (kept(&places.nodes), kept(&places.groups));
+    let mut held: Vec<Option<usize>> = (0..nodes.len()).map(Some).collect();
+    held.extend(middle.nodes.iter().map(|_| None));
+    nodes.extend(middle.nodes);
+    groups.extend(middle.groups);
+    if let Some((was, line)) = stopped {
+        let lines = i64::from(line) - i64::from(places.line_at(was));
+        let m = places.nodes.partition_point(|n| n.from < was);
+        nodes.extend(places.nodes[m..].iter().map(|n| n.shifted(bytes, lines)));
+        held.extend((m..places.nodes.len()).map(Some));
+        groups.extend(places.groups.iter().filter(|g| g.from >= was).map(|g| g.shifted(bytes, lines)));
+    }
+    Some(assemble(text, Places { nodes, groups }, held))
+}
+
+/// How many bytes `a` and `b` start with in common (`from_end`: end with), compared a block at
+/// a time, then byte by byte in the block that differs.
+fn common(a: &[u8], b: &[u8], from_end: bool) -> usize {
+    const BLOCK: usize = 4096;
+    let n = a.len().min(b.len());
+    let (a, b) = if from_end { (&a[a.len() - n..], &b[b.len() - n..]) } else { (&a[..n], &b[..n]) };
+    // The range of the `len` bytes `i` in from the chosen side.
+    let span = |i: usize, len: usize| if from_end { n - i - len..n - i } else { i..i + len };
+    let mut i = 0;
+    while i + BLOCK <= n && a[span(i, BLOCK)] == b[span(i, BLOCK)] {
+        i += BLOCK;
+    }
+    while i < n && a[span(i, 1)] == b[span(i, 1)] {
+        i += 1;
+    }
+    i
+}
+
+impl Places {
+    /// The line of the part that starts at `at`.
+    fn line_at(&self, at: usize) -> u32 {
+        let find = |parts: &[Part]| parts.binary_search_by_key(&at, |p| p.from).ok().map(|i| parts[i].line);
+        find(&self.nodes).or_else(|| find(&self.groups)).expect("a part starts there")
+    }
+}
+
+/// Reads `text` from `from`, a line numbered `line` that starts at the top level (the file's
+/// start, a node table's header, or a group's line when `in_groups`), to its end or to a line
+/// that `stop` takes (told whether it reads `[groups]` there or the line is a node table's
+/// header; giving what it says of it, with the line's number): the parts found up to there.
+fn read<T>(
+    text: &str,
+    from: usize,
+    line: u32,
+    in_groups: bool,
+    stop: impl Fn(usize, bool) -> Option<T>,
+) -> Option<(Places, Option<(T, u32)>)> {
+    let mut places = Places::default();
     let mut state = State::Top;
     let mut depth = 0usize;
-    let (mut in_node, mut in_groups) = (false, false);
-    let mut offset = 0usize;
-    for (number, line) in text.split_inclusive('\n').enumerate() {
+    let (mut in_node, mut in_groups) = (false, in_groups);
+    let mut offset = from;
+    for (number, line_text) in text[from..].split_inclusive('\n').enumerate() {
+        let number = line + number as u32;
         let start = offset;
-        offset += line.len();
+        offset += line_text.len();
         let at_top = state == State::Top && depth == 0;
         if at_top {
-            match header(line)? {
+            let header = header(line_text)?;
+            let node = matches!(header, Header::Node);
+            if start > from && (node || (in_groups && matches!(header, Header::None))) {
+                if let Some(found) = stop(start, !node) {
+                    return Some((places, Some((found, number))));
+                }
+            }
+            match header {
                 Header::Node => {
-                    nodes.push((number as u32, start, offset));
+                    places.nodes.push(Part { line: number, from: start, to: offset, lines: 1 });
                     (in_node, in_groups) = (true, false);
                 }
                 Header::NodePart if in_node => {}
@@ -62,25 +188,31 @@ pub(super) fn cut(text: &str) -> Option<Cut<'_>> {
             }
         }
         if in_node {
-            nodes.last_mut().expect("in a node").2 = offset;
+            let node = places.nodes.last_mut().expect("in a node");
+            // A last line without its newline adds no line to number the rest by.
+            (node.to, node.lines) = (offset, number + u32::from(line_text.ends_with('\n')) - node.line);
         }
-        scan(line, &mut state, &mut depth)?;
+        scan(line_text, &mut state, &mut depth)?;
         // A group's members on one line, closed on it: cut. One spread over lines stays.
-        if at_top && in_groups && state == State::Top && depth == 0 && bare_key_line(line) {
-            groups.push((number as u32, start, offset));
+        if at_top && in_groups && state == State::Top && depth == 0 && bare_key_line(line_text) {
+            places.groups.push(Part { line: number, from: start, to: offset, lines: u32::from(line_text.ends_with('\n')) });
         }
     }
     if state != State::Top || depth != 0 {
         return None;
     }
-    let mut cuts: Vec<(usize, usize)> = nodes.iter().chain(&groups).map(|&(_, from, to)| (from, to)).collect();
+    Some((places, None))
+}
+
+/// The cut of `text` at `places`: the parts' texts, and the rest with its gaps.
+fn assemble(text: &str, places: Places, before: Vec<Option<usize>>) -> Cut<'_> {
+    let mut cuts: Vec<(usize, usize, u32)> = places.nodes.iter().chain(&places.groups).map(|p| (p.from, p.to, p.lines)).collect();
     cuts.sort_unstable();
     let mut rest = String::new();
     let mut gaps: Vec<(usize, u32)> = Vec::new();
     let mut last = 0;
-    for (from, to) in cuts {
+    for (from, to, lines) in cuts {
         rest.push_str(&text[last..from]);
-        let lines = text.as_bytes()[from..to].iter().filter(|&&b| b == b'\n').count() as u32;
         match gaps.last_mut() {
             // Cuts that meet are one gap.
             Some((at, n)) if *at == rest.len() => *n += lines,
@@ -89,8 +221,8 @@ pub(super) fn cut(text: &str) -> Option<Cut<'_>> {
         last = to;
     }
     rest.push_str(&text[last..]);
-    let texts = |cut: Vec<(u32, usize, usize)>| cut.into_iter().map(|(line, from, to)| (line, &text[from..to])).collect();
-    Some(Cut { nodes: texts(nodes), groups: texts(groups), rest, gaps })
+    let texts = |parts: &[Part]| parts.iter().map(|p| (p.line, &text[p.from..p.to])).collect();
+    Cut { nodes: texts(&places.nodes), groups: texts(&places.groups), rest, gaps, before, places }
 }
 
 /// The header a line at the top level starts, if any; `None` (the cut gives up) for a header it
@@ -264,4 +396,113 @@ mod tests {
             assert!(cut(text).is_none(), "{text:?}");
         }
     }
+
+    /// The same cut either way, and every table `cut_again` names as one of the text before has
+    /// that table's text.
+    fn cut_again_is_cut(before: &str, text: &str) -> Result<(), proptest::test_runner::TestCaseError> {
+        let Some(first) = cut(before) else { return Ok(()) };
+        let whole = cut(text);
+        let again = cut_again(before, &first.places, text);
+        proptest::prop_assert_eq!(whole.is_some(), again.is_some(), "{:?} -> {:?}", before, text);
+        let (Some(whole), Some(again)) = (whole, again) else { return Ok(()) };
+        proptest::prop_assert_eq!(&whole.nodes, &again.nodes);
+        proptest::prop_assert_eq!(&whole.groups, &again.groups);
+        proptest::prop_assert_eq!(&whole.rest, &again.rest);
+        proptest::prop_assert_eq!(&whole.gaps, &again.gaps);
+        proptest::prop_assert_eq!(&whole.places, &again.places);
+        // Empty when it read the whole text again.
+        proptest::prop_assert!(again.before.is_empty() || again.before.len() == again.nodes.len());
+        for (i, j) in again.before.iter().enumerate() {
+            if let Some(j) = j {
+                proptest::prop_assert_eq!(again.nodes[i].1, first.nodes[*j].1, "table {} named as {} before", i, j);
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_cut_again_reads_only_around_the_change_and_finds_every_table_as_before() {
+        let before = "[mesh]\nname = \"m\"\n[[node]]\nname = \"a\"\n[[node]]\nname = \"b\"\n[[node.endpoint]]\naddress = \"x\"\n[groups]\ng = [\"a\"]\n[[node]]\nname = \"c\"\n[[node]]\nname = \"d\"\n";
+        let text = before.replace("name = \"b\"\n", "name = \"b\"\nhub = true\n\n");
+        let first = cut(before).unwrap();
+        let again = cut_again(before, &first.places, &text).unwrap();
+        // a before the change, c and d after it: known; b re-read.
+        assert_eq!(again.before, vec![Some(0), None, Some(2), Some(3)]);
+        assert_eq!(again.nodes[3], (14, "[[node]]\nname = \"d\"\n"));
+        cut_again_is_cut(before, &text).unwrap();
+        // A change that opens a string across the rest: the whole is read again.
+        cut_again_is_cut(before, &before.replace("[groups]", "x = \"\"\"\n[groups]")).unwrap();
+        cut_again_is_cut(before, "").unwrap();
+        cut_again_is_cut(before, before).unwrap();
+        // The same line after `[groups]` and after another table is no group's.
+        cut_again_is_cut("[groups]\ng = []\nh = []\n", "[mesh]\ng = []\nh = []\n").unwrap();
+    }
+
+    #[test]
+    fn the_common_start_and_end_are_counted_across_blocks() {
+        let (a, b) = ("x".repeat(10_000) + "a" + &"y".repeat(9_000), "x".repeat(10_000) + "bc" + &"y".repeat(9_000));
+        assert_eq!(common(a.as_bytes(), b.as_bytes(), false), 10_000);
+        assert_eq!(common(a.as_bytes(), b.as_bytes(), true), 9_000);
+        assert_eq!(common(a.as_bytes(), a.as_bytes(), true), a.len());
+        assert_eq!(common(b"", a.as_bytes(), false), 0);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn a_cut_again_after_any_edit_is_the_cut(
+            blocks in proptest::collection::vec(proptest::sample::select(BLOCKS.to_vec()), 0..30),
+            edits in proptest::collection::vec((0usize..30, 0usize..3, proptest::sample::select(BLOCKS.iter().chain(LINES).copied().collect::<Vec<_>>())), 1..4),
+        ) {
+            let before: String = blocks.concat();
+            let mut after = blocks.clone();
+            for (at, how, part) in edits {
+                let at = at.min(after.len());
+                match how {
+                    0 => after.insert(at, part),
+                    1 if at < after.len() => { after.remove(at); }
+                    _ if at < after.len() => after[at] = part,
+                    _ => after.push(part),
+                }
+            }
+            cut_again_is_cut(&before, &after.concat())?;
+        }
+    }
+
+    /// Parts of a `mesh.toml` the cut reads.
+    const BLOCKS: &[&str] = &[
+        "[[node]]\nname = \"a\"\n",
+        "[[node]] # n\nname = \"b\"\n[[node.endpoint]]\naddress = \"x\"\n\n",
+        "[[node]]\nname = \"a\"\n",
+        "[[node]]\ny = '''[[node]]\n'''\n",
+        "[groups]\ng = [\"a\", \"b\"]\nh = [\n\"a\"]\nj = []\n",
+        "[mesh]\nname = \"m\"\n",
+        "\n",
+        "# [[node]]\n",
+        "[[route]]\nz = [\"[\"]\n",
+    ];
+
+    /// Lines a `mesh.toml` may hold, some of them ones that make the cut give up or read on.
+    const LINES: &[&str] = &[
+        "[[node]]\n",
+        "[[node]] # n\n",
+        "name = \"a\"\n",
+        "name = \"b\"\n",
+        "[[node.endpoint]]\n",
+        "address = \"x\"\n",
+        "[groups]\n",
+        "g = [\"a\", \"b\"]\n",
+        "h = [\n",
+        "\"a\"]\n",
+        "[mesh]\n",
+        "[[route]]\n",
+        "x = \"\"\"\n",
+        "\"\"\"\n",
+        "\n",
+        "# [[node]]\n",
+        "y = '''[[node]]\n",
+        "'''\n",
+        "z = [\"[\"]\n",
+        "[node.x]\n",
+        "name = \"c\"",
+    ];
 }

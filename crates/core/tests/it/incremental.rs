@@ -71,7 +71,7 @@ pub(crate) fn apply(d: &mut Declaration, keys: &mut Keys, c: &Change, added: &mu
             node.groups = vec![groups[g % groups.len()].clone()];
             node.refs.groups = vec![node.loc.clone()];
             for grp in &mut d.groups {
-                grp.members.retain(|m| *m != node.name);
+                grp.members = grp.members.iter().filter(|m| **m != node.name).cloned().collect();
             }
             true
         }
@@ -115,7 +115,7 @@ pub(crate) fn apply(d: &mut Declaration, keys: &mut Keys, c: &Change, added: &mu
             }
             d.nodes.remove(i % n);
             for grp in &mut d.groups {
-                grp.members.retain(|m| *m != name);
+                grp.members = grp.members.iter().filter(|m| **m != name).cloned().collect();
             }
             keys.set(&name, None);
             true
@@ -506,13 +506,14 @@ proptest! {
                 if *group_members && !d.groups.is_empty() {
                     let name = d.nodes[step % d.nodes.len()].name.clone();
                     let at = step % d.groups.len();
-                    let members = &mut d.groups[at].members;
+                    let mut members = d.groups[at].members.to_vec();
                     match members.iter().position(|m| *m == name) {
                         Some(i) => {
                             members.remove(i);
                         }
                         None => members.push(name),
                     }
+                    d.groups[at].members = members.into();
                 }
                 decl = hold(&d);
             }

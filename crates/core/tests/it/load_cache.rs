@@ -167,3 +167,25 @@ proptest! {
         }
     }
 }
+
+/// A node whose table did not change is not checked again only while what its checks read is
+/// the same: a network, a module or the overlay changed under it brings its errors back.
+#[test]
+fn an_unchanged_node_is_checked_again_when_what_it_names_changes() {
+    let web = vec![source("modules/web.toml", WEB)];
+    let text = mesh(6);
+    let mut cache = LoadCache::default();
+    for (text, modules, what) in [
+        (text.clone(), web.clone(), "the mesh"),
+        (text.replace("lan = {}\n", ""), web.clone(), "network lan gone"),
+        (text.clone(), web.clone(), "the mesh again"),
+        (text.clone(), Vec::new(), "module web gone"),
+        (text.replace("10.64.0.0/16", "192.0.2.0/24"), web.clone(), "endpoints inside the overlay"),
+    ] {
+        let whole = load(&source("mesh.toml", &text), &modules);
+        let parsed = cache.parsed;
+        same(&load_cached(&source("mesh.toml", &text), &modules, &mut cache), &whole, what);
+        assert_eq!(cache.parsed, parsed + if what == "the mesh" { 6 } else { 0 }, "{what}: node tables parsed");
+        assert_eq!(whole.errors().next().is_none(), what.starts_with("the mesh"), "{what}: {:?}", lines(&whole.diagnostics));
+    }
+}

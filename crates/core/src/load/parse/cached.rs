@@ -5,19 +5,24 @@ use super::super::schema::{parse_document, root, strings_of, Doc, Table};
 use super::super::SourceFile;
 use super::*;
 use crate::diag::Diagnostic;
+use crate::load::HeldNode;
 
 /// `mesh.toml` from its cut (ADR 0034): the rest parsed, and each `[[node]]` table taken from
 /// `cache` when its text is one parsed before, else parsed alone. `None` when the cut does not
 /// read the file, or any part of it has anything to say (a diagnostic): then the whole file is
 /// parsed, so that what it says is said exactly as ever.
 pub(in crate::load) fn parse_mesh_cut(file: &SourceFile, cache: &mut crate::load::LoadCache) -> Option<Parsed> {
-    let cut = crate::load::segments::cut(&file.text)?;
     if cache.file.as_deref() != Some(file.path.as_str()) {
         cache.nodes.clear();
         cache.groups.clear();
         cache.rest = None;
+        cache.cut = None;
         cache.file = Some(file.path.clone());
     }
+    let cut = match &cache.cut {
+        Some((before, places)) => crate::load::segments::cut_again(before, places, &file.text)?,
+        None => crate::load::segments::cut(&file.text)?,
+    };
     // The rest as parsed before when it is the same text with the same gaps (its places are
     // numbered through them): only a rest that parsed without a word is kept.
     let mut out = match cache.rest.as_ref().filter(|(text, gaps, _)| *text == cut.rest && *gaps == cut.gaps) {
@@ -44,10 +49,14 @@ pub(in crate::load) fn parse_mesh_cut(file: &SourceFile, cache: &mut crate::load
         .iter()
         .enumerate()
         .map(|(i, (_, text))| {
-            if held.get(i).is_some_and(|(t, ..)| t == text) {
+            // Known to the cut (a table outside what it read again), or compared.
+            if let Some(j) = cut.before.get(i).copied().flatten() {
+                return Some(j);
+            }
+            if held.get(i).is_some_and(|h| h.text == *text) {
                 return Some(i);
             }
-            let by_text = by_text.get_or_insert_with(|| held.iter().enumerate().map(|(j, (t, ..))| (t.as_str(), j)).collect());
+            let by_text = by_text.get_or_insert_with(|| held.iter().enumerate().map(|(j, h)| (h.text.as_str(), j)).collect());
             by_text.get(text).copied()
         })
         .collect();
@@ -60,7 +69,7 @@ pub(in crate::load) fn parse_mesh_cut(file: &SourceFile, cache: &mut crate::load
             // Shared as it was placed, or a copy moved to where it now stands.
             Some(j) => {
                 cache.hits += 1;
-                let (_, was, node) = &held[j];
+                let HeldNode { line: was, node, .. } = &held[j];
                 if *was == line {
                     node.clone()
                 } else {
@@ -83,13 +92,20 @@ pub(in crate::load) fn parse_mesh_cut(file: &SourceFile, cache: &mut crate::load
         };
         // The text kept is the held one when it is this table's (not copied again).
         let key = match found {
-            Some(j) if !held[j].0.is_empty() => std::mem::take(&mut held[j].0),
+            Some(j) if !held[j].text.is_empty() => std::mem::take(&mut held[j].text),
             _ => text.to_string(),
         };
+        // A table of the same text says what it said, wherever it stands.
+        let quiet = found.is_some_and(|j| held[j].quiet);
         out.nodes.push(node.clone());
-        kept.push((key, line, node));
+        kept.push(HeldNode { text: key, line, node, quiet });
     }
     cache.nodes = kept;
+    // The text kept in the buffer of the one before (a fresh 12 MB is as many page faults).
+    let mut text = cache.cut.take().map(|(t, _)| t).unwrap_or_default();
+    text.clear();
+    text.push_str(&file.text);
+    cache.cut = Some((text, cut.places));
     if !cut.groups.is_empty() {
         let mut kept = crate::FastMap::with_capacity_and_hasher(cut.groups.len(), Default::default());
         for (line, text) in cut.groups {
