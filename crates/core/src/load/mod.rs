@@ -44,7 +44,7 @@ impl Loaded {
 pub fn load(mesh: &SourceFile, modules: &[SourceFile]) -> Loaded {
     let mut diags = Vec::new();
     let parsed = parse_mesh(mesh, &mut diags);
-    load_parsed(parsed, diags, modules, None).0
+    load_parsed(parsed, diags, modules, None, None).0
 }
 
 /// The `[[node]]` tables of the `mesh.toml` loaded last, parsed, by their text, and the lines of
@@ -70,6 +70,9 @@ pub struct LoadCache {
     /// What the checks of each node alone read besides the node, when the `quiet` of `nodes`
     /// was found: a node whose table is one of those, under the same, is not checked again.
     checked: Option<validate::NodeContext>,
+    /// The names of the nodes of `nodes`, when they are all DNS labels and none is given twice:
+    /// edited by the parse as tables come and go, and then not made again by validation.
+    names: Option<crate::FastSet<String>>,
     /// Node tables taken from the cache, parsed, and whole-file parses (the cut did not read
     /// the file, or it had something to say), since the cache was made.
     pub hits: usize,
@@ -102,32 +105,34 @@ pub fn load_cached(mesh: &SourceFile, modules: &[SourceFile], cache: &mut LoadCa
     };
     let quiet: Vec<bool> = if cut { cache.nodes.iter().map(|h| h.quiet).collect() } else { Vec::new() };
     let before = cache.checked.as_ref().filter(|_| cut).map(|c| (c, &quiet[..]));
-    let (r, checked) = load_parsed(parsed, diags, modules, before);
-    if let Some((context, quiet)) = checked.filter(|_| cut) {
-        for (held, quiet) in cache.nodes.iter_mut().zip(quiet) {
+    let names = cache.names.as_ref().filter(|_| cut);
+    let (r, checked) = load_parsed(parsed, diags, modules, before, names);
+    if let Some(checked) = checked.filter(|_| cut) {
+        for (held, quiet) in cache.nodes.iter_mut().zip(checked.quiet) {
             held.quiet = quiet;
         }
-        cache.checked = Some(context);
+        cache.checked = Some(checked.context);
+        if cache.names.is_none() && checked.names_quiet {
+            cache.names = Some(cache.nodes.iter().map(|h| h.node.name.clone()).collect());
+        }
     }
     r
 }
-
-/// What the checks of each node alone read besides it, and whether they said nothing of each.
-type NodeChecks = (validate::NodeContext, Vec<bool>);
 
 fn load_parsed(
     mut parsed: parse::Parsed,
     mut diags: Vec<Diagnostic>,
     modules: &[SourceFile],
     before: Option<(&validate::NodeContext, &[bool])>,
-) -> (Loaded, Option<NodeChecks>) {
+    names: Option<&crate::FastSet<String>>,
+) -> (Loaded, Option<validate::Checked>) {
     for file in modules {
         if let Some(m) = parse_module(file, &mut diags) {
             parsed.modules.push(m);
         }
     }
     if let Some(decl) = parsed.finish() {
-        let checked = validate(&decl, &mut diags, before);
+        let checked = validate(&decl, &mut diags, before, names);
         let has_errors = diags.iter().any(Diagnostic::is_error);
         diag::sort(&mut diags);
         return (Loaded { declaration: (!has_errors).then_some(decl), diagnostics: diags }, Some(checked));

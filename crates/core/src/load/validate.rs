@@ -45,18 +45,29 @@ impl NodeContext {
     }
 }
 
+/// What validation found that the next load through the cache can start from (ADR 0034).
+pub(super) struct Checked {
+    /// What the checks of each node alone read besides it.
+    pub(super) context: NodeContext,
+    /// For each node, whether its checks alone said nothing.
+    pub(super) quiet: Vec<bool>,
+    /// Whether the nodes' names said nothing (each a DNS label, none given twice).
+    pub(super) names_quiet: bool,
+}
+
 /// Checks `decl`. `before` names, under the context it was found in, each node whose checks
 /// alone said nothing when a node of the same table was checked last (ADR 0034): under the same
-/// context they say nothing again, and are not run. Gives this load's context and, for each
-/// node, whether its checks said nothing.
+/// context they say nothing again, and are not run. `names`, when given, are the nodes' names,
+/// known to be DNS labels given once.
 pub(super) fn validate(
     decl: &Declaration,
     diags: &mut Vec<Diagnostic>,
     before: Option<(&NodeContext, &[bool])>,
-) -> (NodeContext, Vec<bool>) {
+    held_names: Option<&crate::FastSet<String>>,
+) -> Checked {
     // The sets of names are made once, as the names are checked, and every rule after reads
     // them (at 100,000 nodes each set of node names costs milliseconds to make).
-    let declared = names(decl, diags);
+    let (declared, names_quiet) = names(decl, held_names, diags);
     zone_names(decl, &declared.nodes, diags);
     groups(decl, &declared, diags);
     let context = NodeContext::of(decl);
@@ -80,7 +91,7 @@ pub(super) fn validate(
     tests(decl, &declared, diags);
     pools(decl, &declared, diags);
     exposures(decl, &declared, diags);
-    (context, quiet)
+    Checked { context, quiet, names_quiet }
 }
 
 /// What holds a name of the zone, as a diagnostic names it.
@@ -102,17 +113,40 @@ impl std::fmt::Display for Named<'_> {
 
 /// The names declared of each kind, for checking what refers to them.
 struct Declared<'d> {
-    networks: HashSet<&'d str>,
-    groups: HashSet<&'d str>,
-    nodes: HashSet<&'d str>,
-    modules: HashSet<&'d str>,
-    pools: HashSet<&'d str>,
-    exposures: HashSet<&'d str>,
+    networks: Names<'d>,
+    groups: Names<'d>,
+    nodes: Names<'d>,
+    modules: Names<'d>,
+    pools: Names<'d>,
+    exposures: Names<'d>,
+}
+
+/// The names declared of one kind: made from the declaration, or (the nodes') held by the load
+/// cache, which knows them to be this declaration's, each a DNS label given once (ADR 0034).
+enum Names<'d> {
+    Made(HashSet<&'d str>),
+    Held(&'d crate::FastSet<String>),
+}
+
+impl Names<'_> {
+    fn contains(&self, name: &str) -> bool {
+        match self {
+            Names::Made(set) => set.contains(name),
+            Names::Held(set) => set.contains(name),
+        }
+    }
+
+    fn iter(&self) -> Box<dyn Iterator<Item = &str> + '_> {
+        match self {
+            Names::Made(set) => Box::new(set.iter().copied()),
+            Names::Held(set) => Box::new(set.iter().map(String::as_str)),
+        }
+    }
 }
 
 /// The names of a set, for a diagnostic that says what could have been meant.
-fn listing(set: &HashSet<&str>) -> String {
-    let mut v: Vec<&str> = set.iter().copied().collect();
+fn listing(set: &Names) -> String {
+    let mut v: Vec<&str> = set.iter().collect();
     v.sort_unstable();
     if v.is_empty() {
         "none are declared".to_string()
@@ -122,15 +156,25 @@ fn listing(set: &HashSet<&str>) -> String {
 }
 
 /// Every name is a DNS label and unique within its kind; the names declared of each kind.
-fn names<'d>(decl: &'d Declaration, diags: &mut Vec<Diagnostic>) -> Declared<'d> {
-    Declared {
-        networks: names_of("network", decl.networks.iter().map(|n| (&n.name, &n.loc)), diags),
-        groups: names_of("group", decl.groups.iter().map(|g| (&g.name, &g.loc)), diags),
-        nodes: names_of("node", decl.nodes.iter().map(|n| (&n.name, &n.loc)), diags),
-        modules: names_of("module", decl.modules.iter().map(|m| (&m.name, &m.loc)), diags),
-        pools: decl.pools.iter().map(|p| p.name.as_str()).collect(),
-        exposures: decl.exposures.iter().map(|e| e.name.as_str()).collect(),
-    }
+/// The nodes' names are `held`'s when given. Also whether the nodes' names said nothing.
+fn names<'d>(decl: &'d Declaration, held: Option<&'d crate::FastSet<String>>, diags: &mut Vec<Diagnostic>) -> (Declared<'d>, bool) {
+    let networks = Names::Made(names_of("network", decl.networks.iter().map(|n| (&n.name, &n.loc)), diags));
+    let groups = Names::Made(names_of("group", decl.groups.iter().map(|g| (&g.name, &g.loc)), diags));
+    let said = diags.len();
+    let nodes = match held {
+        Some(held) => Names::Held(held),
+        None => Names::Made(names_of("node", decl.nodes.iter().map(|n| (&n.name, &n.loc)), diags)),
+    };
+    let quiet = diags.len() == said;
+    let declared = Declared {
+        networks,
+        groups,
+        nodes,
+        modules: Names::Made(names_of("module", decl.modules.iter().map(|m| (&m.name, &m.loc)), diags)),
+        pools: Names::Made(decl.pools.iter().map(|p| p.name.as_str()).collect()),
+        exposures: Names::Made(decl.exposures.iter().map(|e| e.name.as_str()).collect()),
+    };
+    (declared, quiet)
 }
 
 /// The names of `items`, each reported when it is no DNS label or was declared before (where
@@ -156,7 +200,7 @@ fn names_of<'d>(kind: &str, items: impl Iterator<Item = (&'d String, &'d Loc)> +
 /// No name in the zone is `NAMESERVER`, and a module may not take a node's name. Both become names in the mesh's DNS zone
 /// (`NAME.DOMAIN`), so one of them would shadow the other; the names of each kind are unique
 /// among themselves (`names`), and this is the one rule that spans two kinds.
-fn zone_names(decl: &Declaration, nodes: &HashSet<&str>, diags: &mut Vec<Diagnostic>) {
+fn zone_names(decl: &Declaration, nodes: &Names, diags: &mut Vec<Diagnostic>) {
     use crate::decl::NAMESERVER;
     // What is named, made into words only for the one that takes the name (a string for each
     // of 100,000 nodes was made before).

@@ -189,3 +189,35 @@ fn an_unchanged_node_is_checked_again_when_what_it_names_changes() {
         assert_eq!(whole.errors().next().is_none(), what.starts_with("the mesh"), "{what}: {:?}", lines(&whole.diagnostics));
     }
 }
+
+/// The nodes' names are kept by the cache as tables come and go: a node gone, renamed, given
+/// twice or named badly is reported as a whole load reports it.
+#[test]
+fn the_names_kept_follow_the_tables_that_come_and_go() {
+    let modules = vec![source("modules/web.toml", WEB)];
+    let text = mesh(6);
+    let n1 = "[[node]]\nname = \"n1\"\nnetworks = [\"lan\"]\nmodules = [\"web\"]\n";
+    let n5 = "[[node]]\nname = \"n5\"\nnetworks = [\"lan\"]\nmodules = [\"web\"]\n";
+    assert!(text.contains(n1) && text.ends_with(n5));
+    let mut cache = LoadCache::default();
+    for (text, what, errors) in [
+        (text.clone(), "the mesh", false),
+        (text.clone(), "the mesh again", false),
+        (text.replace(n5, ""), "n5 gone while g2 lists it", true),
+        (text.clone(), "the mesh", false),
+        (text.replace("name = \"n5\"", "name = \"n7\""), "n5 renamed", true),
+        (text.clone(), "the mesh", false),
+        // The copy of the same text as the first (its blank line after it too): both are taken
+        // from the cache as the one table held.
+        (format!("{text}\n{n1}\n"), "n1 given twice", true),
+        (text.clone(), "the mesh", false),
+        (text.replace("name = \"n5\"", "name = \"N_5\""), "a name that is no DNS label", true),
+        (text.clone(), "the mesh", false),
+        (format!("{text}\n[[node]]\nname = \"n9\"\nnetworks = [\"lan\"]\n"), "a node added", false),
+        (format!("{text}\n[[node]]\nname = \"n9\"\nnetworks = [\"lan\"]\n[[route]]\nname = \"r\"\nprefixes = [\"10.9.0.0/16\"]\nvia = [\"n9\"]\n"), "a route via the node added", false),
+    ] {
+        let whole = load(&source("mesh.toml", &text), &modules);
+        same(&load_cached(&source("mesh.toml", &text), &modules, &mut cache), &whole, what);
+        assert_eq!(whole.errors().next().is_some(), errors, "{what}: {:?}", lines(&whole.diagnostics));
+    }
+}

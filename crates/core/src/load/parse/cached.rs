@@ -17,6 +17,7 @@ pub(in crate::load) fn parse_mesh_cut(file: &SourceFile, cache: &mut crate::load
         cache.groups.clear();
         cache.rest = None;
         cache.cut = None;
+        cache.names = None;
         cache.file = Some(file.path.clone());
     }
     let cut = match &cache.cut {
@@ -64,7 +65,7 @@ pub(in crate::load) fn parse_mesh_cut(file: &SourceFile, cache: &mut crate::load
     let mut held = std::mem::take(&mut cache.nodes);
     let mut kept = Vec::with_capacity(cut.nodes.len());
     out.nodes.reserve(cut.nodes.len());
-    for ((line, text), found) in cut.nodes.into_iter().zip(found) {
+    for ((line, text), found) in cut.nodes.into_iter().zip(found.iter().copied()) {
         let node = match found {
             // Shared as it was placed, or a copy moved to where it now stands.
             Some(j) => {
@@ -100,6 +101,11 @@ pub(in crate::load) fn parse_mesh_cut(file: &SourceFile, cache: &mut crate::load
         out.nodes.push(node.clone());
         kept.push(HeldNode { text: key, line, node, quiet });
     }
+    if let Some(names) = &mut cache.names {
+        if !rename(names, &held, &out.nodes, &found) {
+            cache.names = None;
+        }
+    }
     cache.nodes = kept;
     // The text kept in the buffer of the one before (a fresh 12 MB is as many page faults).
     let mut text = cache.cut.take().map(|(t, _)| t).unwrap_or_default();
@@ -133,6 +139,28 @@ pub(in crate::load) fn parse_mesh_cut(file: &SourceFile, cache: &mut crate::load
         }
     }
     Some(out)
+}
+
+/// The names of `held` (the nodes of the load before) made those of `now`: each table gone takes
+/// its name away and each new one adds its own. `false` when the set cannot say what this load's
+/// names are without validation looking at them all (a table taken twice, a name given twice or
+/// one that is no DNS label).
+fn rename(names: &mut crate::FastSet<String>, held: &[HeldNode], now: &[std::sync::Arc<Node>], found: &[Option<usize>]) -> bool {
+    let mut used = vec![false; held.len()];
+    for &j in found.iter().flatten() {
+        if std::mem::replace(&mut used[j], true) {
+            return false;
+        }
+    }
+    for (h, _) in held.iter().zip(&used).filter(|(_, used)| !**used) {
+        names.remove(h.node.name.as_str());
+    }
+    for (n, _) in now.iter().zip(found).filter(|(_, found)| found.is_none()) {
+        if !crate::load::is_dns_label(&n.name) || !names.insert(n.name.clone()) {
+            return false;
+        }
+    }
+    true
 }
 
 /// One line of `[groups]` (`name = ["a", "b"]`) as a file of its own: the group, its line 1.
