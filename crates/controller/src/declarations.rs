@@ -282,7 +282,9 @@ impl Controller {
             match self.place(&decl).await? {
                 Ok(p) => {
                     t.place_ms = started.elapsed().as_millis() - t.load_ms;
-                    let (checked, indexed) = self.check_beside(&decl, &p.allocation);
+                    // The index of the revision held, if any and not being made, to make this one's from.
+                    let before = self.declaration.try_lock().ok().and_then(|held| held.as_ref().map(|(_, indexed)| indexed.clone()));
+                    let (checked, indexed) = self.check_beside(&decl, &p.allocation, before.as_deref());
                     diagnostics.extend(checked);
                     t.check_ms = started.elapsed().as_millis() - t.load_ms - t.place_ms;
                     accepted = Some((decl, p, indexed));
@@ -296,11 +298,13 @@ impl Controller {
 
     /// The check, from what the check before held when there is one (another apply running at
     /// once checks whole), off the runtime's threads; beside it the declaration indexed, as
-    /// stored with the revision (it does not depend on what the check says).
+    /// stored with the revision (it does not depend on what the check says), from the index of
+    /// the revision before when given.
     fn check_beside(
         &self,
         decl: &Arc<Declaration>,
         allocation: &Arc<trellis_core::Allocation>,
+        indexed_before: Option<&Indexed>,
     ) -> (Vec<trellis_core::Diagnostic>, Arc<Indexed>) {
         let held = self.check_held.lock().expect("check held").take();
         crate::publish::off_runtime(|| {
@@ -311,7 +315,10 @@ impl Controller {
                     *self.check_held.lock().expect("check held") = Some((allocation.clone(), held));
                     checked
                 });
-                let indexed = Arc::new(Indexed::new(decl.clone()));
+                let indexed = Arc::new(match indexed_before {
+                    Some(before) => Indexed::new_after(decl.clone(), before),
+                    None => Indexed::new(decl.clone()),
+                });
                 (check.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)), indexed)
             })
         })

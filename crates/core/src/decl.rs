@@ -542,8 +542,8 @@ impl Declaration {
 #[derive(Debug)]
 pub struct Indexed {
     decl: std::sync::Arc<Declaration>,
-    by_name: crate::FastMap<Box<str>, u32>,
-    by_key: crate::FastMap<PublicKey, u32>,
+    by_name: std::sync::Arc<crate::FastMap<Box<str>, u32>>,
+    by_key: std::sync::Arc<crate::FastMap<PublicKey, u32>>,
 }
 
 impl Indexed {
@@ -557,7 +557,26 @@ impl Indexed {
                 by_key.entry(k).or_insert(i as u32);
             }
         }
-        Indexed { decl, by_name, by_key }
+        Indexed { decl, by_name: by_name.into(), by_key: by_key.into() }
+    }
+
+    /// The index of `decl`, from `before`'s when every node stands where it stood there with the
+    /// same name and declared key (a change of groups, modules or rules moves none; the load
+    /// cache hands an unchanged node out as the same `Arc`): the maps are then the same, and
+    /// shared rather than made again (at 100,000 nodes, 100,000 names). Else made whole.
+    pub fn new_after(decl: std::sync::Arc<Declaration>, before: &Indexed) -> Indexed {
+        let was = &before.decl.nodes;
+        let same = decl.nodes.len() == was.len()
+            && decl.nodes.iter().zip(was).all(|(a, b)| std::sync::Arc::ptr_eq(a, b) || (a.name == b.name && a.public_key == b.public_key));
+        if !same {
+            return Indexed::new(decl);
+        }
+        Indexed { decl, by_name: before.by_name.clone(), by_key: before.by_key.clone() }
+    }
+
+    /// Whether the two indexes share their maps (one was made from the other, not again).
+    pub fn shares_maps_with(&self, other: &Indexed) -> bool {
+        std::sync::Arc::ptr_eq(&self.by_name, &other.by_name) && std::sync::Arc::ptr_eq(&self.by_key, &other.by_key)
     }
 
     pub fn decl(&self) -> &std::sync::Arc<Declaration> {

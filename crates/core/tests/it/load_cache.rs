@@ -221,3 +221,44 @@ fn the_names_kept_follow_the_tables_that_come_and_go() {
         assert_eq!(whole.errors().next().is_some(), errors, "{what}: {:?}", lines(&whole.diagnostics));
     }
 }
+
+/// An index by name made from the one before finds what an index made whole finds, and shares
+/// the maps only when every node stands where it stood with the same name and key.
+#[test]
+fn an_index_made_from_the_one_before_finds_what_a_whole_one_finds() {
+    use std::sync::Arc;
+    use trellis_core::decl::Indexed;
+    let modules = vec![source("modules/web.toml", WEB)];
+    let text = mesh(6);
+    let mut cache = LoadCache::default();
+    let mut load = |text: &str| Arc::new(load_cached(&source("mesh.toml", text), &modules, &mut cache).declaration.expect("loads"));
+    let mut before = Indexed::new(load(&text));
+    let n1 = "[[node]]\nname = \"n1\"\nnetworks = [\"lan\"]\nmodules = [\"web\"]\n";
+    let n3 = "[[node]]\nname = \"n3\"\nnetworks = [\"lan\"]\nmodules = [\"web\"]\n";
+    for (text, shared) in [
+        (text.replace("g0 = [\"n0\", ", "g0 = [").replace("g1 = [", "g1 = [\"n0\", "), true),
+        (
+            text.replace(
+                "[[node]]\nname = \"n1\"",
+                "[[node]]\npublic_key = \"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\"\nname = \"n1\"",
+            ),
+            false,
+        ),
+        (text.clone(), false),
+        (text.replace(n1, "@").replace(n3, n1).replace('@', n3), false),
+        (text.replace("name = \"n5\"", "name = \"n7\"").replace("\"n5\"", "\"n7\""), false),
+    ] {
+        let decl = load(&text);
+        let whole = Indexed::new(decl.clone());
+        let after = Indexed::new_after(decl.clone(), &before);
+        assert_eq!(after.shares_maps_with(&before), shared, "{text}");
+        for n in &decl.nodes {
+            assert_eq!(after.node(&n.name), whole.node(&n.name), "{}", n.name);
+            if let Some(k) = &n.public_key {
+                assert_eq!(after.declared_holder(k).map(|n| &n.name), whole.declared_holder(k).map(|n| &n.name));
+            }
+        }
+        assert!(after.node("n5").is_some() == whole.node("n5").is_some() && after.node("n7").is_some() == whole.node("n7").is_some());
+        before = after;
+    }
+}
