@@ -267,27 +267,59 @@ impl TextBuilder {
         self.chunks.push(chunk);
     }
 
-    /// A run of `before` taken whole where the caller knows its pieces are the same as there
+    /// Runs of `before` taken whole where the caller knows their pieces are the same as there
     /// but for those it names: the next `most` pieces are `piece(0)`, `piece(1)`, ..., and no
     /// piece among them is new or in another place, only some may have gone. A run of `before`
-    /// of at most `most` pieces that starts with `piece(0)` and whose last piece is the one at
-    /// its length is then made of exactly those pieces (had one gone from between its ends, the
-    /// same ends would be fewer pieces apart now). Reads two pieces, not each. Gives how many
-    /// pieces it took; none when `before` has no such run there.
+    /// of chunks that starts with `piece(0)`, holds at most `most` pieces and whose last piece is
+    /// the one at its length is then made of exactly those pieces (had one gone from between its
+    /// ends, the same ends would be fewer pieces apart now, and pieces are distinct). So whether
+    /// the chunks up to one are the same is known from that chunk's last piece alone, and it
+    /// stays unknown once a piece has gone: the longest such run is found by bisection, reading
+    /// a count of each chunk and the ends of a few, not each piece (an operator's hub section of
+    /// 100,000 relayed nodes is some 1,600 chunks). Gives how many pieces it took; none when
+    /// `before` has no such run there.
     pub(crate) fn push_same_run<'a>(&mut self, before: &mut Runs, most: usize, piece: impl Fn(usize) -> &'a Arc<str>) -> Option<usize> {
         if most == 0 {
             return None;
         }
-        let (at, chunk) = before.starting_with(piece(0), most)?;
-        let n = chunk.pieces().len();
-        if !Arc::ptr_eq(chunk.pieces().last().expect("a chunk is never empty"), piece(n - 1)) {
+        let (at, _) = before.starting_with(piece(0), most)?;
+        let from = before.next + at;
+        let chunks = &before.chunks[from..];
+        // The pieces up to the end of each chunk, as far as `most` allows (the first fits:
+        // `starting_with` says so).
+        let mut ends = Vec::new();
+        let mut total = 0;
+        for c in chunks {
+            total += c.pieces().len();
+            if total > most {
+                break;
+            }
+            ends.push(total);
+        }
+        let same = |k: usize| Arc::ptr_eq(chunks[k].pieces().last().expect("a chunk is never empty"), piece(ends[k] - 1));
+        if !same(0) {
             return None;
         }
-        before.next += at + 1;
+        // `same(lo)` holds; the last chunk that is the same is below `hi`.
+        let (mut lo, mut hi) = (0, ends.len());
+        if same(hi - 1) {
+            lo = hi - 1;
+        }
+        while hi - lo > 1 {
+            let mid = (lo + hi) / 2;
+            if same(mid) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        before.next = from + lo + 1;
         self.end_chunk();
-        self.len += chunk.len();
-        self.chunks.push(chunk.clone());
-        Some(n)
+        for c in &chunks[..=lo] {
+            self.len += c.len();
+            self.chunks.push(c.clone());
+        }
+        Some(ends[lo])
     }
 
     fn flush(&mut self) {
@@ -392,9 +424,16 @@ mod tests {
         let list = [&pieces[0], &pieces[1], &pieces[2], &pieces[3], &pieces[4]];
         let mut before = Runs::of(Some(&first));
         let mut b = TextBuilder::default();
-        assert_eq!(b.push_same_run(&mut before, 5, |k| list[k]), Some(3));
+        assert_eq!(b.push_same_run(&mut before, 4, |k| list[k]), Some(3));
         assert_eq!(b.push_same_run(&mut before, 2, |k| list[3 + k]), Some(2));
         let second = b.finish();
+        // Both runs at once, when both may be taken.
+        let mut again = Runs::of(Some(&first));
+        let mut b = TextBuilder::default();
+        assert_eq!(b.push_same_run(&mut again, 5, |k| list[k]), Some(5));
+        let both = b.finish();
+        assert_eq!(both.to_string(), "[0][1][2][3][4]");
+        assert!(Arc::ptr_eq(&both.chunks()[1].0, &first.chunks()[1].0));
         assert_eq!(second.to_string(), "[0][1][2][3][4]");
         assert!(Arc::ptr_eq(&second.chunks()[0].0, &first.chunks()[0].0));
         // Not taken: a run longer than may be taken (a changed piece among its pieces), a run
@@ -404,6 +443,39 @@ mod tests {
         let gone = [&pieces[0], &pieces[2], &pieces[3]];
         assert_eq!(TextBuilder::default().push_same_run(&mut before, 3, |k| gone[k]), None);
         assert_eq!(TextBuilder::default().push_same_run(&mut before, 3, |_| &pieces[5]), None);
+    }
+
+    #[test]
+    fn the_longest_run_known_the_same_ends_before_the_first_piece_gone() {
+        // Chunks of 1 to 5 pieces; each piece in turn gone from the list the run is taken for.
+        let pieces: Vec<Arc<str>> = (0..60).map(|i| Arc::from(format!("[{i}]"))).collect();
+        let mut none = Runs::of(None);
+        let mut b = TextBuilder::default();
+        let mut starts = Vec::new();
+        let mut at = 0;
+        for len in (0..).map(|k| 1 + k * 7 % 5) {
+            if at + len > pieces.len() {
+                break;
+            }
+            starts.push(at);
+            b.push_run(&pieces[at..at + len].iter().collect::<Vec<_>>(), &mut none);
+            at += len;
+        }
+        let (first, whole) = (b.finish(), at);
+        let all: Vec<&Arc<str>> = pieces[..whole].iter().collect();
+        let mut b = TextBuilder::default();
+        assert_eq!(b.push_same_run(&mut Runs::of(Some(&first)), whole, |k| all[k]), Some(whole), "nothing gone: every chunk");
+        assert_eq!(b.finish().to_string(), first.to_string());
+        for gone in 1..whole {
+            let list: Vec<&Arc<str>> = all.iter().copied().filter(|p| !Arc::ptr_eq(p, &pieces[gone])).collect();
+            // The chunks before the one that held the piece gone.
+            let kept = *starts.iter().rev().find(|&&s| s <= gone).expect("the first chunk starts at 0");
+            let mut b = TextBuilder::default();
+            let took = b.push_same_run(&mut Runs::of(Some(&first)), list.len(), |k| list[k]);
+            assert_eq!(took, (kept > 0).then_some(kept), "piece {gone} gone");
+            let expected: String = list[..kept].iter().map(|p| &***p).collect();
+            assert_eq!(b.finish().to_string(), expected, "piece {gone} gone");
+        }
     }
 
     #[test]
