@@ -2,8 +2,7 @@
 //! allocation, rules, zones and paths, and some nodes with another key or none. The plans that
 //! show a changed key are edited where it shows, and only their `wireguard.conf` is made again.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::cache::Cache;
 use super::full::{peers_of, router_of};
@@ -13,7 +12,7 @@ use crate::decl::{Declaration, PublicKey};
 use crate::diag::Diagnostic;
 use crate::keys::Keys;
 use crate::par;
-use crate::plan::{is_part, NodePlan, NodeText, PeerPlan, PARTS_FROM, WIREGUARD_CONF};
+use crate::plan::{is_part, Common, NodePlan, NodeText, PeerPlan, PARTS_FROM, WIREGUARD_CONF};
 use crate::render;
 use crate::topology::Path;
 
@@ -48,32 +47,50 @@ pub(super) fn rekey(decl: &Arc<Declaration>, keys: &Keys, mut previous: Compiled
     }
     let (changed, was): (Vec<u32>, Vec<Option<PublicKey>>) = changed.into_iter().unzip();
     let pairs = affected_pairs(cache, &changed, &was);
-    let (mut edited, lists_changed) = edit_plans(cache, &pairs, &mut previous.nodes);
-    // Only the peers changed: the other files stay as they were, and of the peers' parts, those
-    // where no changed peer is.
-    edited.sort_unstable();
-    let outputs = &previous.nodes;
     // A hub's section lists the nodes it relays for; only those whose key came or went joined or
     // left one (the paths are the same), so the rest of each section is taken from the file
     // before by its runs. Past a few such nodes, each section is read whole instead.
     let relays_changed: Option<Vec<Arc<str>>> =
         (changed.len() <= 64).then(|| changed.iter().map(|&k| cache.names[k as usize].clone()).collect());
-    let files = par::map(edited.len(), |i| {
-        let (a, parts) = edited[i];
-        let out = &outputs[&*cache.names[a as usize]];
-        let before = |path: &str| out.files.iter().find(|f| f.path == path).map(|f| &f.content);
-        render::wireguard_files_changed(&out.plan, before, parts, relays_changed.as_deref())
+    // Each affected node's output taken out of the map once (a stand-in holds its place), its
+    // plan edited and its peers' files made again on every core, then put back: at 100,000
+    // nodes an enrolment reaches some 280 nodes, and three searches of the map for each (edit,
+    // render, place) and their edits one after another were half its time.
+    let seen: Vec<&[(u32, u32)]> = pairs.chunk_by(|x, y| x.0 == y.0).collect();
+    let stand_in = seen.first().map(|s| stand_in(&previous.nodes[&*cache.names[s[0].0 as usize]].plan.common));
+    let taken: Vec<Mutex<NodeOutput>> = seen
+        .iter()
+        .map(|s| {
+            let out = previous.nodes.get_mut(&*cache.names[s[0].0 as usize]).expect("every node has an output");
+            let plan = stand_in.clone().expect("a node is affected");
+            Mutex::new(std::mem::replace(out, NodeOutput { plan, files: Vec::new() }))
+        })
+        .collect();
+    let done = par::map_each(seen.len(), |i| {
+        let mut out = taken[i].lock().expect("an output of its own");
+        let (edited, lists) = edit_plan(cache, seen[i], &mut out.plan);
+        if let Some(parts) = edited {
+            let out = &mut *out;
+            let files = &out.files;
+            let before = |path: &str| files.iter().find(|f| f.path == path).map(|f| &f.content);
+            let wireguard = render::wireguard_files_changed(&out.plan, before, parts, relays_changed.as_deref());
+            // `wireguard.conf` keeps its place; the parts are the node's last files.
+            let mut wireguard = wireguard.into_iter();
+            let conf = wireguard.next().expect("every node has a wireguard.conf");
+            out.files.retain(|f| !is_part(&f.path));
+            *out.files.iter_mut().find(|f| f.path == WIREGUARD_CONF).expect("every node has a wireguard.conf") = conf;
+            out.files.extend(wireguard);
+        }
+        (edited.is_some(), lists)
     });
-    for ((a, _), wireguard) in edited.into_iter().zip(files) {
-        let name = &cache.names[a as usize];
-        let out = previous.nodes.get_mut(&**name).expect("every node has an output");
-        // `wireguard.conf` keeps its place; the parts are the node's last files.
-        let mut wireguard = wireguard.into_iter();
-        let conf = wireguard.next().expect("every node has a wireguard.conf");
-        out.files.retain(|f| !is_part(&f.path));
-        *out.files.iter_mut().find(|f| f.path == WIREGUARD_CONF).expect("every node has a wireguard.conf") = conf;
-        out.files.extend(wireguard);
-        previous.rendered.push(name.to_string());
+    let mut lists_changed = false;
+    for ((s, out), (edited, lists)) in seen.iter().zip(taken).zip(done) {
+        let name = &cache.names[s[0].0 as usize];
+        *previous.nodes.get_mut(&**name).expect("every node has an output") = out.into_inner().expect("an output of its own");
+        if edited {
+            previous.rendered.push(name.to_string());
+        }
+        lists_changed |= lists;
     }
     if lists_changed {
         edit_warnings(cache, &changed, &was, &mut previous.diagnostics);
@@ -128,45 +145,57 @@ fn affected_pairs(cache: &Cache, changed: &[u32], was: &[Option<PublicKey>]) -> 
     pairs
 }
 
-/// Edits the affected plans; returns whose changed, each with the parts of its peers that did
-/// (`render::wireguard_files_changed`; `None`: every part, or none), and whether a left-out or
-/// no-path list did.
-#[allow(clippy::type_complexity)]
-fn edit_plans(cache: &Cache, pairs: &[(u32, u32)], nodes: &mut BTreeMap<String, NodeOutput>) -> (Vec<(u32, Option<u64>)>, bool) {
-    // Each plan is edited where the changed keys show (`edit_peers`): a node with ten thousand
+/// Edits the plan of node `seen[0].0` for the changed nodes it sees (pairs of it and a changed
+/// node). Returns whether its peers changed, with the parts of its peers that did
+/// (`render::wireguard_files_changed`; `None`: every part), and whether its left-out or no-path
+/// list did.
+fn edit_plan(cache: &Cache, seen: &[(u32, u32)], plan: &mut Arc<NodePlan>) -> (Option<Option<u64>>, bool) {
+    let a = seen[0].0;
+    // A plan is edited where the changed keys show (`edit_peers`): a node with ten thousand
     // peers costs what its changed peers cost. A node that sees many changed keys at once (a
-    // burst of enrolments covered by one run) has its peer list made again instead, on every
-    // core.
-    let (many, few): (Vec<_>, Vec<_>) = pairs.chunk_by(|x, y| x.0 == y.0).partition(|seen| remake(cache, seen));
-    let remade = par::map(many.len(), |i| peers_of(cache, many[i][0].0));
-    let mut lists_changed = false;
-    let mut edited: Vec<(u32, Option<u64>)> = Vec::new();
-    for (seen, (peers, left_out, no_path)) in many.iter().zip(remade) {
-        let a = seen[0].0;
-        let out = nodes.get_mut(&*cache.names[a as usize]).expect("every node has an output");
-        let lists = (&left_out, &no_path) != (&out.plan.left_out, &out.plan.no_path);
-        if !lists && peers == out.plan.peers {
-            continue;
+    // burst of enrolments covered by one run) has its peer list made again instead.
+    if remake(cache, seen) {
+        let (peers, left_out, no_path) = peers_of(cache, a);
+        let lists = (&left_out, &no_path) != (&plan.left_out, &plan.no_path);
+        if !lists && peers == plan.peers {
+            return (None, false);
         }
-        lists_changed |= lists;
         // A plan another holder still shares (a status being made) is copied first.
-        let plan = Arc::make_mut(&mut out.plan);
+        let plan = Arc::make_mut(plan);
         (plan.peers, plan.left_out, plan.no_path) = (peers, left_out, no_path);
-        edited.push((a, None));
+        return (Some(None), lists);
     }
-    for seen in few {
-        let a = seen[0].0;
-        let plan = Arc::make_mut(&mut nodes.get_mut(&*cache.names[a as usize]).expect("every node has an output").plan);
-        let had = plan.peers.len();
-        let (parts, lists) = edit_peers(cache, a, seen, plan);
-        lists_changed |= lists;
-        if parts != 0 || lists {
-            // The peers in parts before and after: only the parts a changed peer is in.
-            let parted = had > PARTS_FROM && plan.peers.len() > PARTS_FROM;
-            edited.push((a, parted.then_some(parts)));
-        }
+    let plan = Arc::make_mut(plan);
+    let had = plan.peers.len();
+    let (parts, lists) = edit_peers(cache, a, seen, plan);
+    if parts == 0 && !lists {
+        return (None, false);
     }
-    (edited, lists_changed)
+    // The peers in parts before and after: only the parts a changed peer is in.
+    let parted = had > PARTS_FROM && plan.peers.len() > PARTS_FROM;
+    (Some(parted.then_some(parts)), lists)
+}
+
+/// A plan that holds an output's place while its own is edited off the map (`rekey`).
+fn stand_in(common: &Arc<Common>) -> Arc<NodePlan> {
+    Arc::new(NodePlan {
+        node: Arc::from(""),
+        common: common.clone(),
+        hub: false,
+        ipv4: None,
+        ipv6: None,
+        peers: Vec::new(),
+        left_out: Vec::new(),
+        no_path: Vec::new(),
+        rules: Vec::new(),
+        zone: Vec::new(),
+        zone_modules: Vec::new(),
+        routes_for: Vec::new(),
+        routed: Vec::new(),
+        zone_routes: Vec::new(),
+        ingress: Vec::new(),
+        acme: None,
+    })
 }
 
 /// Edits the warnings where a node's key came or went.
