@@ -152,15 +152,12 @@ pub(crate) struct Inputs<'r, 'a> {
     pub unrecorded: &'a [String],
     /// The stored addresses, for a first compile (a recompile keeps its previous output's).
     pub allocation: Allocation,
-    /// The `trust.toml` this run delivers, and the files every bundle carries alike.
+    /// The `trust.toml` this run delivers.
     pub trust: &'a str,
-    pub shared: &'a Shared,
     /// Whether a bundle of this node is held (in the table the long-polls read), and how many
     /// are (the table holds active nodes' only).
     pub held: &'a dyn Fn(&str) -> bool,
     pub held_count: usize,
-    /// The node's certificate, which its bundle carries (the records are read without it).
-    pub cert: Cert<'a>,
     /// What hubs observed and how pairs stand, for direct paths (ADR 0032).
     pub paths: &'a crate::paths::PathInputs,
 }
@@ -181,7 +178,9 @@ pub(crate) struct RunPlan<'r> {
     pub compiled: Compiled,
     /// The records of the nodes of the compiled mesh: active, of the kind declared.
     pub active: Vec<&'r NodeRecord>,
-    pub due: Vec<Due<'r>>,
+    /// The records of the nodes due, in name order, their bundles not assembled yet
+    /// (`assembled`: the run assembles the nodes that hold none first).
+    pub due: Vec<&'r NodeRecord>,
     /// Who held the key of each node that left the compiled mesh in this run.
     pub left: Left,
     /// Per revocation or removal not recorded yet: who held the key, each with whether this
@@ -209,21 +208,7 @@ pub(crate) struct RunPlan<'r> {
 /// nodes, their keys (and who held those leaving), what routers and hubs carried before, the
 /// compile, the direct paths, the due bundles assembled, and who must drop what.
 pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'r>> {
-    let Inputs {
-        records,
-        records_unchanged,
-        decl,
-        revision,
-        declared,
-        unrecorded,
-        allocation,
-        trust,
-        shared,
-        held,
-        held_count,
-        cert,
-        paths,
-    } = input;
+    let Inputs { records, records_unchanged, decl, revision, declared, unrecorded, allocation, trust, held, held_count, paths, .. } = input;
     let at = std::time::Instant::now();
     let (active, same) = active_nodes(run, records, records_unchanged, decl, declared);
     let active_ms = at.elapsed().as_millis() as u64;
@@ -263,8 +248,7 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
     // nodes something named can be due.
     let kept = same && !run.stale && held_count == active.len() && run.published.len() == active.len();
     let due = due(run, (&active, kept), &compiled, run.trust != trust, held, &texts);
-    let due = assembled(run, due, &compiled, (shared, cert, &texts));
-    let assemble_ms = at.elapsed().as_millis() as u64;
+    let due_ms = at.elapsed().as_millis() as u64;
     let at = std::time::Instant::now();
     let withdrawals = carried_before.map(|before| withdrawn(&before, &compiled)).unwrap_or_default();
     let revocations = revocation_holders(unrecorded, (&left, &run.left), &compiled, (decl, &run.keys, records))?;
@@ -276,7 +260,7 @@ pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'
         carried_ms,
         compile_ms,
         decide_ms,
-        assemble_ms,
+        due_ms,
         rest_ms = at.elapsed().as_millis() as u64,
         "publish plan"
     );
@@ -370,7 +354,7 @@ fn carried_before(run: &Run, previous: Option<&Compiled>, hubs: &HashSet<String>
 /// The due nodes' bundles assembled: their files (the contents hashed once, into
 /// `run.contents`), `ca.pem`, `trust.toml`, the certificate and `paths.toml`, with the digest of
 /// their entries.
-fn assembled<'r, 'a>(
+pub(crate) fn assembled<'r, 'a>(
     run: &mut Run,
     due: Vec<&'r NodeRecord>,
     compiled: &Compiled,
@@ -532,7 +516,7 @@ mod tests {
         }
 
         /// The plan of this world after `run`, with the bundles `held` in the table.
-        fn plan(&self, run: &mut Run, allocation: Allocation, held: &HashSet<String>) -> RunPlan<'_> {
+        fn plan(&self, run: &mut Run, allocation: Allocation, held: &HashSet<String>) -> Planned<'_> {
             let declared: HashMap<&str, Option<&str>> = self.decl.nodes.iter().map(|n| (n.name.as_str(), n.pool.as_deref())).collect();
             let shared = Shared::new("the mesh CA\n", &self.trust);
             let held = |n: &str| held.contains(n);
@@ -547,19 +531,32 @@ mod tests {
                 unrecorded: &self.unrecorded,
                 allocation,
                 trust: &self.trust,
-                shared: &shared,
                 held: &held,
                 held_count: self.records.iter().filter(|r| held(&r.name)).count(),
-                cert: &cert,
                 paths,
             };
-            plan(inputs, run).expect("a plan")
+            let mut plan = plan(inputs, run).expect("a plan");
+            let due = assembled(run, std::mem::take(&mut plan.due), &plan.compiled, (&shared, &cert, &plan.paths));
+            Planned { plan, due }
+        }
+    }
+
+    /// A plan with its due bundles assembled, as a run carries it out.
+    struct Planned<'r> {
+        plan: RunPlan<'r>,
+        due: Vec<Due<'r>>,
+    }
+
+    impl<'r> std::ops::Deref for Planned<'r> {
+        type Target = RunPlan<'r>;
+        fn deref(&self) -> &RunPlan<'r> {
+            &self.plan
         }
     }
 
     /// What the shell does with a plan, but for the store and the signatures: each due bundle
     /// is held, its digest kept, and the run keeps what the next plan compares with.
-    fn carry_out(world: &World, run: &mut Run, plan: RunPlan, held: &mut HashSet<String>) -> HashMap<String, String> {
+    fn carry_out(world: &World, run: &mut Run, plan: Planned, held: &mut HashSet<String>) -> HashMap<String, String> {
         for d in &plan.due {
             run.published.insert(d.record.name.clone(), (d.digest.clone(), d.record.cert_serial.clone()));
             held.insert(d.record.name.clone());
@@ -569,7 +566,7 @@ mod tests {
         held.retain(|n| live.contains(n.as_str()));
         run.revision = Some(world.revision);
         run.trust = world.trust.clone();
-        run.keep(plan);
+        run.keep(plan.plan);
         run.published.iter().map(|(n, (d, _))| (n.clone(), d.clone())).collect()
     }
 
@@ -630,7 +627,7 @@ mod tests {
         let first = before.plan(&mut run, Allocation::default(), &held);
         let allocation = first.compiled.allocation.clone();
         carry_out(&before, &mut run, first, &mut held);
-        let names = |p: &RunPlan| p.active.iter().map(|r| r.name.clone()).collect::<Vec<_>>();
+        let names = |p: &Planned| p.active.iter().map(|r| r.name.clone()).collect::<Vec<_>>();
 
         let mut after = World::new("routes-gw-2", 2);
         after.records = before.records.clone();
@@ -652,7 +649,7 @@ mod tests {
         assert_eq!(planned.due.iter().map(|d| d.record.name.as_str()).collect::<Vec<_>>(), changed);
         assert!(planned.withdrawals.get("gw-1").is_some_and(|h| !h.is_empty()), "{:?}", planned.withdrawals);
         assert!(!planned.due.is_empty(), "the route moved: bundles change");
-        let digests = |p: &RunPlan| p.due.iter().map(|d| (d.record.name.clone(), d.digest.clone())).collect::<HashMap<_, _>>();
+        let digests = |p: &Planned| p.due.iter().map(|d| (d.record.name.clone(), d.digest.clone())).collect::<HashMap<_, _>>();
         let full_digests = digests(&full);
         for (name, digest) in digests(&planned) {
             assert_eq!(Some(&digest), full_digests.get(&name), "{name}");

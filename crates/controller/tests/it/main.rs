@@ -745,3 +745,46 @@ async fn an_overlay_that_holds_the_controllers_address_is_refused() {
     })
     .await;
 }
+
+/// A run gives the nodes that hold no bundle theirs before it stores, signs and swaps in the
+/// rest: in an enrolment storm at 100,000 nodes nearly every node is due in every run (each
+/// gains peers), and a node that had just enrolled waited for some 100,000 bundles to be stored
+/// and signed before its first. Here api-1 enrols beside db-1, whose bundle changes in the same
+/// run (api-1 reaches its postgres): while the run goes on, the table is seen holding api-1's
+/// first bundle and db-1's bundle before (with one swap of every bundle, never both at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_swaps_in_the_first_bundles_before_it_stores_the_rest() {
+    on_both(|fx| async move {
+        let c = Arc::new(fx.c);
+        enrol_and_publish(&c, "db-1").await;
+        let before = c.bundle("db-1").expect("db-1 holds a bundle").version;
+        enrol(&c, "api-1").await;
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watch = {
+            let (c, done) = (c.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                while !done.load(Ordering::SeqCst) {
+                    let sample = (c.bundle("api-1").is_some(), c.bundle("db-1").map(|b| b.version));
+                    if seen.last() != Some(&sample) {
+                        seen.push(sample);
+                    }
+                    tokio::task::yield_now().await;
+                }
+                seen
+            })
+        };
+        c.publish().await.unwrap();
+        done.store(true, Ordering::SeqCst);
+        let seen = watch.await.unwrap();
+        let after = c.bundle("db-1").expect("db-1 holds a bundle").version;
+        assert!(after > before, "api-1's enrolment changes db-1's bundle");
+        assert!(c.bundle("api-1").is_some());
+        assert!(
+            seen.contains(&(true, Some(before))),
+            "api-1's first bundle is in the table before db-1's new one: the table went through {seen:?}"
+        );
+        assert!(!seen.contains(&(false, Some(after))), "db-1's new bundle never came before api-1's first: {seen:?}");
+    })
+    .await;
+}
