@@ -24,7 +24,7 @@ mod tokens;
 mod trust;
 
 pub use audit::Audit;
-pub use bundles::BundleVersion;
+pub use bundles::{BundleVersion, BUNDLES_BY_NAME};
 pub use certs::{HeldServiceCert, IssuedServiceCert, ServiceCertRecord};
 pub use evidence::{EvidenceRecord, EvidenceSummary, EVIDENCE_KEPT};
 pub use nodes::{NodeChanges, NodeRecord, RecordsRead, SerialAndCert};

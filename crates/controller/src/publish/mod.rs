@@ -15,10 +15,11 @@
 //! can come back at a higher version with no move of the head. The signed bytes for one version
 //! are identical everywhere: the body is deterministic and ed25519 signatures are too.
 //!
-//! A run reads (`run`), decides (`plan`, pure: which nodes are due and their files), stores the
-//! versions, seals (numbers, signs, makes deltas), swaps the signed bundles into the table the
-//! long-polls read (`tables`, sent as `body` says) and follows what it published (revocations,
-//! withdrawals, rotations).
+//! A run reads (`run`), decides (`plan`, pure: which nodes are due), then in stages (the nodes
+//! that hold no bundle first, then the rest in slices, ADR 0042) assembles their files, stores
+//! the versions, seals (numbers, signs, makes deltas) and swaps the signed bundles into the
+//! table the long-polls read (`tables`, sent as `body` says), and follows what it published
+//! (revocations, withdrawals, rotations).
 
 mod body;
 mod plan;
@@ -126,6 +127,31 @@ impl Controller {
             self.publish().await?;
         }
         Ok(())
+    }
+
+    /// Sets how many of the rest's bundles a run carries out at a time and for how long before
+    /// it puts off what is left while decisions wait (ADR 0042; for tests).
+    #[doc(hidden)]
+    pub fn set_rest_slices(&self, slice: usize, budget: Duration) {
+        *self.publisher.rest.lock().expect("rest") = (slice, budget);
+    }
+
+    /// Counts a decision as made, asking for a run, as every decision does (for tests that
+    /// make one arrive while a run is under way).
+    #[doc(hidden)]
+    pub fn ask_publish_now(&self) {
+        self.ask_publish();
+    }
+
+    /// Holds the next run that has a first stage (ADR 0042) once that stage is in the table:
+    /// the first receiver hears when it is there, and the run goes on when the sender is used or
+    /// dropped (for tests that look at the table between the stages).
+    #[doc(hidden)]
+    pub fn hold_after_first_stage(&self) -> (tokio::sync::oneshot::Receiver<()>, tokio::sync::oneshot::Sender<()>) {
+        let (there, told) = tokio::sync::oneshot::channel();
+        let (go, gone) = tokio::sync::oneshot::channel();
+        *self.publisher.hold.lock().expect("hold") = Some((there, gone));
+        (told, go)
     }
 
     /// Runs `f` while no publish run can start (for tests that order a run among other work).

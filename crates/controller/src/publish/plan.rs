@@ -2,8 +2,9 @@
 //! the declaration with its pools' members, what the previous run kept and the trust in force, a
 //! `RunPlan`: the compiled mesh, which nodes are due (their plan was rendered again, their
 //! certificate or the trust moved, another replica's version is in force, or no bundle is held
-//! for them) with their bundles' files and digests, and who held what a revocation, a removal or
-//! a withdrawal of routes takes away. `run` reads its inputs and carries it out.
+//! for them, or the run before put them off), and who held what a revocation, a removal or a
+//! withdrawal of routes takes away. `run` reads its inputs and carries it out, assembling the due
+//! bundles' files and digests (`assembled`) in stages (ADR 0042).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -74,6 +75,9 @@ pub(crate) struct Run {
     pub(crate) contents: Contents,
     /// Nodes whose stored version is not the one held here: the next run publishes them again.
     pub(crate) lagging: HashSet<String>,
+    /// Nodes due whose bundles the run before put off while enrolments waited (ADR 0042), oldest
+    /// first: the next run publishes them, before the rest.
+    pub(crate) deferred: Vec<String>,
     /// The stored versions (`Store::bundle_versions`) last seen to match the ones held here.
     pub(crate) versions_seen: Option<(i64, i64)>,
     /// The declaration the auth table was last made with (`Publisher::set_auth`), from the
@@ -203,12 +207,12 @@ pub(crate) struct RunPlan<'r> {
 }
 
 /// Plans a run. Takes from `run` what the compile consumes (the previous output, and the keys,
-/// changed in place) and hashes the due contents it does not hold yet into `run.contents`; the
-/// rest of `run` is the caller's to update once the plan is carried out. In phases: the active
-/// nodes, their keys (and who held those leaving), what routers and hubs carried before, the
-/// compile, the direct paths, the due bundles assembled, and who must drop what.
+/// changed in place); the rest of `run` is the caller's to update once the plan is carried out
+/// (`assembled` hashes the due contents it does not hold yet into `run.contents`). In phases:
+/// the active nodes, their keys (and who held those leaving), what routers and hubs carried
+/// before, the compile, the direct paths, the nodes due, and who must drop what.
 pub(crate) fn plan<'r>(input: Inputs<'r, '_>, run: &mut Run) -> Result<RunPlan<'r>> {
-    let Inputs { records, records_unchanged, decl, revision, declared, unrecorded, allocation, trust, held, held_count, paths, .. } = input;
+    let Inputs { records, records_unchanged, decl, revision, declared, unrecorded, allocation, trust, held, held_count, paths } = input;
     let at = std::time::Instant::now();
     let (active, same) = active_nodes(run, records, records_unchanged, decl, declared);
     let active_ms = at.elapsed().as_millis() as u64;
@@ -372,8 +376,8 @@ pub(crate) fn assembled<'r, 'a>(
 }
 
 /// The nodes due this run: their plan was rendered again, their certificate, the trust or their
-/// direct candidates moved, their stored version is not the one held, or no bundle of theirs is
-/// held. `kept`: the active nodes and their records are those of the run before, and each holds
+/// direct candidates moved, their stored version is not the one held, the run before put them
+/// off, or no bundle of theirs is held. `kept`: the active nodes and their records are those of the run before, and each holds
 /// a bundle; then no certificate moved, and only the nodes rendered, whose candidates moved or
 /// that lag are looked at (at 100,000 nodes, the walk of every active node was 60 ms of the run
 /// after a group move).
@@ -402,7 +406,13 @@ fn due<'r>(
     // in another order are searched for.
     let in_order = active.windows(2).all(|w| w[0].name < w[1].name);
     if kept && in_order && !trust_moved {
-        let mut named: Vec<&str> = rendered.iter().chain(&paths_moved).copied().chain(run.lagging.iter().map(String::as_str)).collect();
+        let mut named: Vec<&str> = rendered
+            .iter()
+            .chain(&paths_moved)
+            .copied()
+            .chain(run.lagging.iter().map(String::as_str))
+            .chain(run.deferred.iter().map(String::as_str))
+            .collect();
         named.sort_unstable();
         named.dedup();
         return named
@@ -419,6 +429,7 @@ fn due<'r>(
         while names.next_if(|n| n.as_str() < name).is_some() {}
         names.peek().is_some_and(|n| n.as_str() == name)
     };
+    let deferred: trellis_core::FastSet<&str> = run.deferred.iter().map(String::as_str).collect();
     let mut due = Vec::new();
     for r in active {
         if !compiled_node(&r.name) {
@@ -430,6 +441,7 @@ fn due<'r>(
             && (rendered.is_empty() || !rendered.contains(r.name.as_str()))
             && (run.lagging.is_empty() || !run.lagging.contains(&r.name))
             && (paths_moved.is_empty() || !paths_moved.contains(r.name.as_str()))
+            && (deferred.is_empty() || !deferred.contains(r.name.as_str()))
             && held(&r.name);
         if !unchanged {
             due.push(*r);

@@ -69,7 +69,17 @@ pub(crate) struct Publisher {
     /// The pairs whose agents reported failed attempts, each until when it ranks last for a place
     /// under the cap (`paths::FAILED_HOLD_SECS`).
     pub(crate) failed_pairs: Mutex<HashMap<(String, String), i64>>,
+    /// How many of the rest's bundles a run carries out at a time, and for how long before it
+    /// puts off what is left while decisions wait (ADR 0042): `REST_SLICE` and `REST_BUDGET`,
+    /// smaller in tests.
+    pub(crate) rest: Mutex<(usize, std::time::Duration)>,
+    /// For tests: the next run, once its first stage is swapped in, says so on the first and
+    /// waits for the second before it goes on (`Controller::hold_after_first_stage`).
+    pub(crate) hold: Mutex<Option<StageHold>>,
 }
+
+/// Where a test holds a run between its stages: told when it is there, and when to go on.
+pub(crate) type StageHold = (tokio::sync::oneshot::Sender<()>, tokio::sync::oneshot::Receiver<()>);
 
 /// The relayed pairs as a run decided them, with every node's plan (in name order) of the
 /// compiled output it decided them on. The plans are shared with the compiled output: holding
@@ -137,6 +147,8 @@ impl Default for Publisher {
             served: Default::default(),
             pairs: Default::default(),
             failed_pairs: Default::default(),
+            rest: Mutex::new((super::run::REST_SLICE, super::run::REST_BUDGET)),
+            hold: Mutex::new(None),
         }
     }
 }

@@ -750,8 +750,9 @@ async fn an_overlay_that_holds_the_controllers_address_is_refused() {
 /// rest: in an enrolment storm at 100,000 nodes nearly every node is due in every run (each
 /// gains peers), and a node that had just enrolled waited for some 100,000 bundles to be stored
 /// and signed before its first. Here api-1 enrols beside db-1, whose bundle changes in the same
-/// run (api-1 reaches its postgres): while the run goes on, the table is seen holding api-1's
-/// first bundle and db-1's bundle before (with one swap of every bundle, never both at once).
+/// run (api-1 reaches its postgres): held after its first stage, the run has put api-1's first
+/// bundle in the table and not yet db-1's new one (with one swap of every bundle, the hold is
+/// never reached).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_swaps_in_the_first_bundles_before_it_stores_the_rest() {
     on_both(|fx| async move {
@@ -759,32 +760,86 @@ async fn a_run_swaps_in_the_first_bundles_before_it_stores_the_rest() {
         enrol_and_publish(&c, "db-1").await;
         let before = c.bundle("db-1").expect("db-1 holds a bundle").version;
         enrol(&c, "api-1").await;
-        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let watch = {
-            let (c, done) = (c.clone(), done.clone());
-            tokio::spawn(async move {
-                let mut seen = Vec::new();
-                while !done.load(Ordering::SeqCst) {
-                    let sample = (c.bundle("api-1").is_some(), c.bundle("db-1").map(|b| b.version));
-                    if seen.last() != Some(&sample) {
-                        seen.push(sample);
-                    }
-                    tokio::task::yield_now().await;
-                }
-                seen
-            })
-        };
+        let (there, go) = c.hold_after_first_stage();
+        let run = tokio::spawn({
+            let c = c.clone();
+            async move { c.publish().await.unwrap() }
+        });
+        tokio::time::timeout(Duration::from_secs(10), there).await.expect("the run reaches its first stage's end").unwrap();
+        assert!(c.bundle("api-1").is_some(), "api-1's first bundle is in the table after the first stage");
+        assert_eq!(c.bundle("db-1").unwrap().version, before, "db-1's new bundle is not, until the rest is carried out");
+        go.send(()).unwrap();
+        assert_eq!(run.await.unwrap(), 2, "the run publishes both");
+        assert!(c.bundle("db-1").unwrap().version > before, "api-1's enrolment changes db-1's bundle");
+    })
+    .await;
+}
+
+/// A mesh of `n` nodes on one LAN, every node reaching every other (ICMP from the mesh).
+fn everyone(n: usize) -> Vec<proto::DeclFile> {
+    let mut mesh =
+        String::from("[mesh]\nname = \"many\"\ndomain = \"many.mesh\"\noverlay_ipv4 = \"10.90.0.0/16\"\n\n[networks]\nlan = {}\n");
+    for i in 0..n {
+        mesh.push_str(&format!(
+            "\n[[node]]\nname = \"n-{i:02}\"\nnetworks = [\"lan\"]\nmodules = [\"ping\"]\n  [[node.endpoint]]\n  address = \"192.0.2.{}:51820\"\n  reachable_from = [\"lan\"]\n",
+            i + 10
+        ));
+    }
+    let ping = "[module]\nname = \"ping\"\n\n[[allow]]\nproto = \"icmp\"\nfrom = [\"mesh\"]\n";
+    vec![proto::DeclFile { path: "mesh.toml".into(), text: mesh }, proto::DeclFile { path: "modules/ping.toml".into(), text: ping.into() }]
+}
+
+/// Once a run has spent its budget on the bundles of nodes that hold one while a decision waits,
+/// it puts off the rest, and the next run publishes what it put off, though nothing changed
+/// since (ADR 0042). In each round a node enrols into a mesh where every node sees every other,
+/// so every node's bundle changes; the rest is carried out one bundle at a time with no budget,
+/// and a decision arrives once the new node's first bundle is in (the run held there). In the second round a node
+/// enrols to wait for approval between the two runs (its record moves, no bundle does), so the
+/// run after walks every active node rather than those named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_puts_off_the_rest_while_decisions_wait_and_the_next_publishes_it() {
+    on_both(|fx| async move {
+        let c = Arc::new(fx.c);
+        c.apply(&everyone(13), None).await.unwrap();
+        let mut old: Vec<String> = (0..10).map(|i| format!("n-{i:02}")).collect();
+        for n in &old {
+            enrol(&c, n).await;
+        }
         c.publish().await.unwrap();
-        done.store(true, Ordering::SeqCst);
-        let seen = watch.await.unwrap();
-        let after = c.bundle("db-1").expect("db-1 holds a bundle").version;
-        assert!(after > before, "api-1's enrolment changes db-1's bundle");
-        assert!(c.bundle("api-1").is_some());
-        assert!(
-            seen.contains(&(true, Some(before))),
-            "api-1's first bundle is in the table before db-1's new one: the table went through {seen:?}"
-        );
-        assert!(!seen.contains(&(false, Some(after))), "db-1's new bundle never came before api-1's first: {seen:?}");
+        let version = |n: &str| c.bundle(n).unwrap_or_else(|| panic!("{n} holds a bundle")).version;
+        for (new, record_moves) in [("n-10", false), ("n-11", true)] {
+            let before: Vec<i64> = old.iter().map(|n| version(n)).collect();
+            enrol(&c, new).await;
+            c.set_rest_slices(1, Duration::ZERO);
+            // A decision arrives while the run is under way: once its first stage is in.
+            let (there, go) = c.hold_after_first_stage();
+            let run = tokio::spawn({
+                let c = c.clone();
+                async move { c.publish().await.unwrap() }
+            });
+            tokio::time::timeout(Duration::from_secs(10), there).await.expect("the run reaches its first stage's end").unwrap();
+            c.ask_publish_now();
+            go.send(()).unwrap();
+            run.await.unwrap();
+            let after: Vec<i64> = old.iter().map(|n| version(n)).collect();
+            let put_off = old.iter().zip(before.iter().zip(&after)).filter(|(_, (b, a))| b == a).count();
+            assert!(put_off > 0, "{new}: a decision waited and the budget was spent, bundles are put off ({before:?} -> {after:?})");
+            assert!(put_off < old.len(), "{new}: the run carried out at least one slice of the rest");
+            c.set_rest_slices(4096, Duration::from_secs(1));
+            if record_moves {
+                let token = proto::TokenRequest { node: "n-12".into(), ttl_secs: 600, require_approval: true, ..Default::default() };
+                let pending = c.enrol(enrol_request(&c.create_token(&token).await.unwrap().token).0).await.unwrap();
+                assert_eq!(pending.state, EnrolledState::Pending);
+            }
+            // Nothing that changes a bundle happened since: the next run publishes what was put
+            // off, and only that.
+            assert_eq!(c.publish().await.unwrap(), put_off, "{new}: the run after publishes every bundle put off");
+            for (n, b) in old.iter().zip(&before) {
+                assert!(version(n) > *b, "{n} holds the bundle that names {new}");
+            }
+            assert_eq!(c.publish().await.unwrap(), 0, "{new}: nothing is put off any more");
+            old.push(new.to_string());
+        }
     })
     .await;
 }
