@@ -775,20 +775,6 @@ async fn a_run_swaps_in_the_first_bundles_before_it_stores_the_rest() {
     .await;
 }
 
-/// A mesh of `n` nodes on one LAN, every node reaching every other (ICMP from the mesh).
-fn everyone(n: usize) -> Vec<proto::DeclFile> {
-    let mut mesh =
-        String::from("[mesh]\nname = \"many\"\ndomain = \"many.mesh\"\noverlay_ipv4 = \"10.90.0.0/16\"\n\n[networks]\nlan = {}\n");
-    for i in 0..n {
-        mesh.push_str(&format!(
-            "\n[[node]]\nname = \"n-{i:02}\"\nnetworks = [\"lan\"]\nmodules = [\"ping\"]\n  [[node.endpoint]]\n  address = \"192.0.2.{}:51820\"\n  reachable_from = [\"lan\"]\n",
-            i + 10
-        ));
-    }
-    let ping = "[module]\nname = \"ping\"\n\n[[allow]]\nproto = \"icmp\"\nfrom = [\"mesh\"]\n";
-    vec![proto::DeclFile { path: "mesh.toml".into(), text: mesh }, proto::DeclFile { path: "modules/ping.toml".into(), text: ping.into() }]
-}
-
 /// Once a run has spent its budget on the bundles of nodes that hold one while a decision waits,
 /// it puts off the rest, and the next run publishes what it put off, though nothing changed
 /// since (ADR 0042). In each round a node enrols into a mesh where every node sees every other,
@@ -800,14 +786,14 @@ fn everyone(n: usize) -> Vec<proto::DeclFile> {
 async fn a_run_puts_off_the_rest_while_decisions_wait_and_the_next_publishes_it() {
     on_both(|fx| async move {
         let c = Arc::new(fx.c);
-        c.apply(&everyone(13), None).await.unwrap();
-        let mut old: Vec<String> = (0..10).map(|i| format!("n-{i:02}")).collect();
+        c.apply(&ping_mesh(13), None).await.unwrap();
+        let mut old: Vec<String> = (0..10).map(|i| format!("n-{i:03}")).collect();
         for n in &old {
             enrol(&c, n).await;
         }
         c.publish().await.unwrap();
         let version = |n: &str| c.bundle(n).unwrap_or_else(|| panic!("{n} holds a bundle")).version;
-        for (new, record_moves) in [("n-10", false), ("n-11", true)] {
+        for (new, record_moves) in [("n-010", false), ("n-011", true)] {
             let before: Vec<i64> = old.iter().map(|n| version(n)).collect();
             enrol(&c, new).await;
             c.set_rest_slices(1, Duration::ZERO);
@@ -827,7 +813,7 @@ async fn a_run_puts_off_the_rest_while_decisions_wait_and_the_next_publishes_it(
             assert!(put_off < old.len(), "{new}: the run carried out at least one slice of the rest");
             c.set_rest_slices(4096, Duration::from_secs(1));
             if record_moves {
-                let token = proto::TokenRequest { node: "n-12".into(), ttl_secs: 600, require_approval: true, ..Default::default() };
+                let token = proto::TokenRequest { node: "n-012".into(), ttl_secs: 600, require_approval: true, ..Default::default() };
                 let pending = c.enrol(enrol_request(&c.create_token(&token).await.unwrap().token).0).await.unwrap();
                 assert_eq!(pending.state, EnrolledState::Pending);
             }
