@@ -265,7 +265,11 @@ impl Controller {
         run.revision = Some(*revision);
         run.trust = trust.text;
         run.records = Some((read.records_read, read.records));
-        p.finish(&mut run, head, upto);
+        // A run that put bundles off has not covered the decisions it read: whoever waits for
+        // them (`settle`, an apply) waits for the run that publishes what was put off, and the
+        // background task runs again at once (a decision is waiting).
+        let covered = if run.deferred.is_empty() { upto } else { 0 };
+        p.finish(&mut run, head, covered);
         Ok((published.len(), read.head))
     }
 

@@ -829,3 +829,45 @@ async fn a_run_puts_off_the_rest_while_decisions_wait_and_the_next_publishes_it(
     })
     .await;
 }
+
+/// A run that put bundles off has not covered the decisions it read: `settle`, which an apply
+/// waits on, returns only once what was put off is published (by the run the background task
+/// starts at once). Here `settle` waits for n-010's enrolment while the run that reads it puts
+/// off the updates of the nodes that hold a bundle; when it returns, every one of them holds
+/// the bundle that names n-010. Counting the run as covering the enrolment, it returned first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_is_settled_only_once_what_a_run_put_off_is_published() {
+    on_both(|fx| async move {
+        let c = Arc::new(fx.c);
+        c.apply(&ping_mesh(11), None).await.unwrap();
+        let old: Vec<String> = (0..10).map(|i| format!("n-{i:03}")).collect();
+        for n in &old {
+            enrol(&c, n).await;
+        }
+        c.publish().await.unwrap();
+        let before: Vec<i64> = old.iter().map(|n| c.bundle(n).unwrap().version).collect();
+        let background = tokio::spawn(c.clone().publishing());
+        c.set_rest_slices(1, Duration::ZERO);
+        let (there, go) = c.hold_after_first_stage();
+        // The background task starts a run for it, held once n-010's first bundle is in.
+        enrol(&c, "n-010").await;
+        tokio::time::timeout(Duration::from_secs(10), there).await.expect("the run reaches its first stage's end").unwrap();
+        // Waiting for the enrolment (polled once, so that it counts the decisions made so far),
+        // then another decision arrives while the run is under way.
+        let settled = c.settle(Duration::from_secs(10));
+        tokio::pin!(settled);
+        tokio::select! {
+            biased;
+            _ = &mut settled => panic!("the enrolment is not published while its run is held"),
+            _ = std::future::ready(()) => {}
+        }
+        c.ask_publish_now();
+        go.send(()).unwrap();
+        settled.await.expect("settled within 10 s");
+        for (n, b) in old.iter().zip(&before) {
+            assert!(c.bundle(n).unwrap().version > *b, "settled, so {n}'s bundle that names n-010 is published");
+        }
+        background.abort();
+    })
+    .await;
+}
