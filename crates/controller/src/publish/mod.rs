@@ -97,6 +97,42 @@ impl Controller {
         }
     }
 
+    /// `settle` for a node that just enrolled, which also returns once the node's own bundle is
+    /// in the table: a run swaps in the first bundles before the rest, and may put the rest off
+    /// while decisions wait (ADR 0042). In an enrolment storm the run covering an enrolment can
+    /// be seconds behind the node's first bundle.
+    pub(crate) async fn settle_for(&self, node: &str, within: Duration) -> Result<()> {
+        let p = &self.publisher;
+        let target = p.asked.load(Ordering::SeqCst);
+        if *p.covered.borrow() >= target || p.current(node).is_some() {
+            return Ok(());
+        }
+        if !p.background.load(Ordering::SeqCst) {
+            self.publish().await?;
+            return Ok(());
+        }
+        let (mut covered, mut changes) = (p.covered.subscribe(), p.subscribe());
+        let held = async {
+            loop {
+                if *covered.borrow_and_update() >= target || p.current(node).is_some() {
+                    return;
+                }
+                // Either sender lives as long as the controller: an error is a controller gone.
+                let moved = tokio::select! {
+                    r = covered.changed() => r.is_ok(),
+                    r = changes.changed() => r.is_ok(),
+                };
+                if !moved {
+                    return;
+                }
+            }
+        };
+        match tokio::time::timeout(within, held).await {
+            Ok(()) => Ok(()),
+            Err(_) => Err(Error::PublishingBehind(within.as_secs())),
+        }
+    }
+
     /// Publishes if another replica decided something since the last run, or if a stored
     /// version is not the one held here (another replica published that node again).
     pub async fn publish_if_moved(&self) -> Result<()> {

@@ -871,3 +871,44 @@ async fn a_decision_is_settled_only_once_what_a_run_put_off_is_published() {
     })
     .await;
 }
+
+/// A node that just enrolled is answered its first bundle once that bundle is in the table, not
+/// once the run that covers its enrolment ends (ADR 0042). The node asks before the run starts
+/// (the run waits for the test), and the run is held after its first stage: the node is
+/// answered meanwhile. Waiting for the run to end, it was not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_node_is_answered_its_first_bundle_before_its_run_ends() {
+    use trellis_controller::{BundleAnswer, BundleRequest};
+    on_both(|fx| async move {
+        let c = Arc::new(fx.c);
+        enrol_and_publish(&c, "db-1").await;
+        let background = tokio::spawn(c.clone().publishing());
+        let (there, go) = c.hold_after_first_stage();
+        let mut asking = None;
+        c.while_no_run(async {
+            let req = proto::TokenRequest { node: "api-1".into(), ttl_secs: 600, ..Default::default() };
+            let enrolled = c.enrol(enrol_request(&c.create_token(&req).await.unwrap().token).0).await.unwrap();
+            let der = trellis_pki::pem_to_der(&enrolled.node_cert_pem, "CERTIFICATE").unwrap();
+            let who = c.authenticate_node(Some(&der)).await.unwrap();
+            let request = tokio::spawn({
+                let c = c.clone();
+                async move { c.bundle_answer(&who, BundleRequest::default()).await }
+            });
+            // The request waits for a bundle before the run covering the enrolment starts.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert!(!request.is_finished(), "api-1 has no bundle before a run");
+            asking = Some(request);
+        })
+        .await;
+        tokio::time::timeout(Duration::from_secs(10), there).await.expect("the run reaches its first stage's end").unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(5), asking.expect("asked"))
+            .await
+            .expect("answered while the run is held")
+            .unwrap()
+            .unwrap();
+        assert!(matches!(answer, BundleAnswer::Whole { .. }), "api-1 is sent its first bundle whole");
+        go.send(()).unwrap();
+        background.abort();
+    })
+    .await;
+}
