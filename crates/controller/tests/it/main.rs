@@ -775,23 +775,29 @@ async fn a_run_swaps_in_the_first_bundles_before_it_stores_the_rest() {
     .await;
 }
 
+/// Applies `ping_mesh(declared)`, enrols its first `enrolled` nodes and publishes; their names.
+async fn enrolled_ping_mesh(c: &trellis_controller::Controller, declared: usize, enrolled: usize) -> Vec<String> {
+    c.apply(&ping_mesh(declared), None).await.unwrap();
+    let names: Vec<String> = (0..enrolled).map(|i| format!("n-{i:03}")).collect();
+    for n in &names {
+        enrol(c, n).await;
+    }
+    c.publish().await.unwrap();
+    names
+}
+
 /// Once a run has spent its budget on the bundles of nodes that hold one while a decision waits,
 /// it puts off the rest, and the next run publishes what it put off, though nothing changed
 /// since (ADR 0042). In each round a node enrols into a mesh where every node sees every other,
 /// so every node's bundle changes; the rest is carried out one bundle at a time with no budget,
-/// and a decision arrives once the new node's first bundle is in (the run held there). In the second round a node
-/// enrols to wait for approval between the two runs (its record moves, no bundle does), so the
-/// run after walks every active node rather than those named.
+/// and a decision arrives once the new node's first bundle is in (the run held there). In the
+/// second round a node enrols to wait for approval between the two runs (its record moves, no
+/// bundle does), so the run after walks every active node rather than those named.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_puts_off_the_rest_while_decisions_wait_and_the_next_publishes_it() {
     on_both(|fx| async move {
         let c = Arc::new(fx.c);
-        c.apply(&ping_mesh(13), None).await.unwrap();
-        let mut old: Vec<String> = (0..10).map(|i| format!("n-{i:03}")).collect();
-        for n in &old {
-            enrol(&c, n).await;
-        }
-        c.publish().await.unwrap();
+        let mut old = enrolled_ping_mesh(&c, 13, 10).await;
         let version = |n: &str| c.bundle(n).unwrap_or_else(|| panic!("{n} holds a bundle")).version;
         for (new, record_moves) in [("n-010", false), ("n-011", true)] {
             let before: Vec<i64> = old.iter().map(|n| version(n)).collect();
@@ -839,12 +845,7 @@ async fn a_run_puts_off_the_rest_while_decisions_wait_and_the_next_publishes_it(
 async fn a_decision_is_settled_only_once_what_a_run_put_off_is_published() {
     on_both(|fx| async move {
         let c = Arc::new(fx.c);
-        c.apply(&ping_mesh(11), None).await.unwrap();
-        let old: Vec<String> = (0..10).map(|i| format!("n-{i:03}")).collect();
-        for n in &old {
-            enrol(&c, n).await;
-        }
-        c.publish().await.unwrap();
+        let old = enrolled_ping_mesh(&c, 11, 10).await;
         let before: Vec<i64> = old.iter().map(|n| c.bundle(n).unwrap().version).collect();
         let background = tokio::spawn(c.clone().publishing());
         c.set_rest_slices(1, Duration::ZERO);
