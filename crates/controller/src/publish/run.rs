@@ -47,8 +47,8 @@ pub(super) const REST_BUDGET: std::time::Duration = std::time::Duration::from_se
 type Sealed<'r> = (&'r NodeRecord, String, Published);
 
 impl Controller {
-    /// Publishes: read → plan → store → seal → swap → follow. Returns how many bundles changed
-    /// and the audit head it published at.
+    /// Publishes: read → plan → carry out in stages (assemble → store → seal → swap) → follow.
+    /// Returns how many bundles changed and the audit head it published at.
     pub(super) async fn publish_bundles(&self) -> Result<(usize, Option<(i64, String)>)> {
         let p = &self.publisher;
         let mut run = p.run.lock().await;
@@ -61,17 +61,7 @@ impl Controller {
         let read_ms = started.elapsed().as_millis() as u64;
         let head = read.head.as_ref().map_or(0, |(seq, _)| *seq);
         let Some((revision, decl)) = &read.declaration else {
-            p.set_auth(&read.records, None);
-            run.auth_for = None;
-            // These records are kept without a plan: the next plan finds its active nodes again.
-            run.planned_for = None;
-            // Without a declaration nothing was published: nobody held a key.
-            for node in &read.unrecorded {
-                self.store.record_holders(node, &[]).await?;
-            }
-            run.records = Some((read.records_read, read.records));
-            p.finish(&mut run, head, upto);
-            return Ok((0, read.head));
+            return self.publish_nothing(&mut run, read, upto).await;
         };
         // The mesh's nodes by name, with the pool of each member: a record is taken for the node
         // of its name only if it is of the same kind (a member of a pool that is gone is never
@@ -79,21 +69,7 @@ impl Controller {
         // search: 50 million comparisons a run at 10k).
         let at = std::time::Instant::now();
         let declared: HashMap<&str, Option<&str>> = decl.nodes.iter().map(|n| (n.name.as_str(), n.pool.as_deref())).collect();
-        // The table that node requests are authenticated by follows the records and the
-        // declaration (with its members, the same `Arc` while they stay): made again only when
-        // either moved (at 100,000 nodes, 150-200 ms of every run, those that publish nothing too).
-        match (read.unchanged, run.auth_for.as_ref()) {
-            (true, Some(d)) if Arc::ptr_eq(d, decl) => {}
-            // The same records under another declaration: only members' entries follow it.
-            (true, Some(_)) => {
-                p.set_auth_replaced(&read.records, &declared);
-                run.auth_for = Some(decl.clone());
-            }
-            _ => {
-                p.set_auth(&read.records, Some(&declared));
-                run.auth_for = Some(decl.clone());
-            }
-        }
+        refresh_auth(p, &mut run, &read, decl, &declared);
         let auth_ms = at.elapsed().as_millis() as u64;
         let at = std::time::Instant::now();
         // The controller list, the next signing key and the mesh CA (ADR 0027, 0028, 0029), the
@@ -110,18 +86,17 @@ impl Controller {
         // before a declaration, and revisions are never deleted).
         let certs = self.certificates(&read.records, std::mem::take(&mut run.certs), read.unchanged).await?;
         let cert = |node: &str| certs.get(node).and_then(|(_, pem)| pem.as_deref());
-        let (records, unrecorded) = (&read.records, &read.unrecorded[..]);
         let hubs: HashSet<&str> = decl.nodes.iter().filter(|n| n.hub).map(|n| n.name.as_str()).collect();
         let failed = p.failed_pairs.lock().expect("failed pairs").clone();
-        let paths = crate::paths::inputs(&read.path_reports, records, &hubs, &failed, self.now());
+        let paths = crate::paths::inputs(&read.path_reports, &read.records, &hubs, &failed, self.now());
         let inputs_ms = at.elapsed().as_millis() as u64;
         let inputs = Inputs {
-            records,
+            records: &read.records,
             records_unchanged: read.unchanged,
             decl,
             revision: *revision,
             declared: &declared,
-            unrecorded,
+            unrecorded: &read.unrecorded,
             allocation,
             trust: &trust.text,
             held: &held,
@@ -142,126 +117,35 @@ impl Controller {
             }
         };
         let plan_ms = at.elapsed().as_millis() as u64;
-        // The long-polls hear of the new bundles as soon as they are in the table, not once the
-        // run has kept what the next compares with (at 100,000 nodes, 80-100 ms more), when there
-        // is nothing to follow that the holders' answers could run ahead of: no revocation, no
-        // withdrawal of routes, no rotation announced. `finish` tells them again (they look
-        // again and find nothing newer).
+        let due = std::mem::take(&mut plan.due);
         let follows =
             !plan.revocations.is_empty() || !plan.withdrawals.is_empty() || trust.announcing.is_some() || trust.announcing_ca.is_some();
-        // In stages: first the nodes that hold no bundle (enrolled since the run before), then
-        // the rest in slices, each assembled, stored, sealed and swapped in (ADR 0042). In an
-        // enrolment storm nearly every node is due in every run (each gains peers): a node that
-        // enrolled waited for the store and the signatures of some 100,000 bundles before its
-        // first (at 100,000 nodes, 3-4 s of a run of 4-9 s), and then for as long again while
-        // the run it had missed finished them. Once the rest has taken `REST_BUDGET` while
-        // decisions wait, the slices left are put off to the next run, which publishes them
-        // before its own rest: every node is still published within a few runs.
-        let (first, mut rest): (Vec<_>, Vec<_>) = std::mem::take(&mut plan.due).into_iter().partition(|r| !held(&r.name));
-        if !run.deferred.is_empty() {
-            let before: trellis_core::FastSet<&str> = run.deferred.iter().map(String::as_str).collect();
-            let (was, now): (Vec<_>, Vec<_>) = rest.into_iter().partition(|r| before.contains(r.name.as_str()));
-            rest = was;
-            rest.extend(now);
-        }
-        let firsts = first.len();
-        let (slice, budget) = *p.rest.lock().expect("rest");
-        let mut batches: std::collections::VecDeque<Vec<&NodeRecord>> = rest.chunks(slice.max(1)).map(<[_]>::to_vec).collect();
-        if !first.is_empty() {
-            batches.push_front(first);
-        }
-        // The stored versions this replica had seen match its table (`publish_if_moved`), moved
-        // on by what this run stores; unknown when the run fails on the way.
-        let mut seen = run.versions_seen.take();
-        let (mut versions, mut stale, mut published) = (HashMap::new(), HashSet::new(), Vec::new());
-        let (mut assemble_ms, mut store_ms, mut seal_ms, mut first_swapped_ms) = (0, 0, 0, None);
-        let (mut rest_started, mut put_off, mut first_pending) = (None, Vec::new(), firsts > 0);
-        run.stale = false;
-        // Carried out apart from what follows, so that the certificates are kept when it fails.
-        let staged = async {
-            while let Some(due) = batches.pop_front() {
-                let first_stage = std::mem::take(&mut first_pending);
-                if !first_stage {
-                    rest_started.get_or_insert_with(std::time::Instant::now);
-                }
-                let at = std::time::Instant::now();
-                let due = off_runtime(|| assembled(&mut run, due, &plan.compiled, (&shared, &cert, &plan.paths)));
-                assemble_ms += at.elapsed().as_millis() as u64;
-                let at = std::time::Instant::now();
-                let (stored, stale_here, due) = self.store_versions(due).await?;
-                // What `published` says of a stale node is behind (it was not swapped in): the
-                // next plan walks every active node.
-                run.stale |= !stale_here.is_empty();
-                // The count and sum the store should hold, from the table before this swap.
-                seen = if stale_here.is_empty() { self.seen_after(seen, &stored) } else { None };
-                store_ms += at.elapsed().as_millis() as u64;
-                let at = std::time::Instant::now();
-                let sealed = off_runtime(|| seal(p, due, &stored, &trust, &decl.mesh.name));
-                seal_ms += at.elapsed().as_millis() as u64;
-                let swapped = swap(p, &mut run, sealed, (&[], true));
-                if !swapped.is_empty() && !follows {
-                    p.tell_polls();
-                }
-                if first_stage {
-                    first_swapped_ms = Some(started.elapsed().as_millis() as u64);
-                    let hold = p.hold.lock().expect("hold").take();
-                    if let Some((there, go)) = hold {
-                        let _ = there.send(());
-                        let _ = go.await;
-                    }
-                }
-                published.extend(swapped);
-                versions.extend(stored);
-                stale.extend(stale_here);
-                let waiting = p.asked.load(Ordering::SeqCst) > upto;
-                if !batches.is_empty() && !follows && waiting && rest_started.is_some_and(|t| t.elapsed() >= budget) {
-                    put_off = batches.drain(..).flatten().map(|r| r.name.clone()).collect();
-                }
-            }
-            // Drops the nodes no longer active (none when they are those the run before
-            // swapped in).
-            swap(p, &mut run, Vec::new(), (&plan.active, plan.active_unchanged));
-            Ok::<_, crate::Error>(())
-        };
-        let staged = staged.await;
+        let staging =
+            Staging { c: self, plan: &plan, shared: &shared, cert: &cert, trust: &trust, mesh: &decl.mesh.name, started, upto, follows };
+        // Kept whether or not the stages fail.
+        let carried = staging.carry_out(&mut run, due).await;
         run.certs = certs;
-        staged?;
-        run.deferred = put_off;
-        // Read once every stage has stored: the store holds what the table now holds, and
-        // nothing another replica stored meanwhile. Not read when nothing was stored. A hint
-        // only (`publish_if_moved` reads every version when it is unknown): a failed read does
-        // not fail a run whose bundles are in the table.
-        let seen = match seen {
-            Some(expected) if versions.is_empty() => Some(expected),
-            Some(expected) => self.store.bundle_versions().await.ok().filter(|now| *now == expected),
-            None => None,
-        };
-        // The table holds what was stored: seen, as it was before the run.
-        run.versions_seen = seen;
+        let mut carried = carried?;
+        run.deferred = std::mem::take(&mut carried.put_off);
+        run.versions_seen = self.versions_now_seen(&carried).await;
+        let t = &carried.times;
         // Where a run's time goes, for whoever profiles delivery (`bench delivery` at scale).
         tracing::debug!(
-            bundles = published.len(),
-            firsts,
+            bundles = carried.published.len(),
+            firsts = t.firsts,
             read_ms,
             auth_ms,
             inputs_ms,
             plan_ms,
-            assemble_ms,
-            store_ms,
-            seal_ms,
-            first_swapped_ms,
+            assemble_ms = t.assemble_ms,
+            store_ms = t.store_ms,
+            seal_ms = t.seal_ms,
+            first_swapped_ms = t.first_swapped_ms,
             put_off = run.deferred.len(),
             swapped_ms = started.elapsed().as_millis() as u64,
             "publish run"
         );
-        let at = std::time::Instant::now();
-        self.follow(&plan, &versions, &stale, &trust, &published).await?;
-        let follow_ms = at.elapsed().as_millis() as u64;
-        let at = std::time::Instant::now();
-        let relayed = run.keep(plan);
-        let plans = run.compiled.as_ref().map(|c| c.nodes.values().map(|o| o.plan.clone()).collect()).unwrap_or_default();
-        *p.pairs.write().expect("pairs") = Arc::new(super::tables::Pairs { relayed, plans: Some(plans) });
-        tracing::debug!(follow_ms, kept_ms = at.elapsed().as_millis() as u64, "publish run followed");
+        self.follow_and_keep(&mut run, plan, &carried, &trust).await?;
         run.revision = Some(*revision);
         run.trust = trust.text;
         run.records = Some((read.records_read, read.records));
@@ -270,7 +154,49 @@ impl Controller {
         // background task runs again at once (a decision is waiting).
         let covered = if run.deferred.is_empty() { upto } else { 0 };
         p.finish(&mut run, head, covered);
-        Ok((published.len(), read.head))
+        Ok((carried.published.len(), read.head))
+    }
+
+    /// The stored versions' count and sum the stages left the store with, read once every stage
+    /// has stored (`Carried::seen`): known when the store holds that, and nothing another
+    /// replica stored meanwhile. Not read when nothing was stored. A hint only
+    /// (`publish_if_moved` reads every version when it is unknown): a failed read does not fail
+    /// a run whose bundles are in the table.
+    async fn versions_now_seen(&self, carried: &Carried) -> Option<(i64, i64)> {
+        match carried.seen {
+            Some(expected) if carried.versions.is_empty() => Some(expected),
+            Some(expected) => self.store.bundle_versions().await.ok().filter(|now| *now == expected),
+            None => None,
+        }
+    }
+
+    /// Follows what the run published (`follow`), then keeps what the next run compares with
+    /// and the pairs and plans status reads.
+    async fn follow_and_keep(&self, run: &mut Run, plan: RunPlan<'_>, carried: &Carried, trust: &RunTrust) -> Result<()> {
+        let at = std::time::Instant::now();
+        self.follow(&plan, &carried.versions, &carried.stale, trust, &carried.published).await?;
+        let follow_ms = at.elapsed().as_millis() as u64;
+        let at = std::time::Instant::now();
+        let relayed = run.keep(plan);
+        let plans = run.compiled.as_ref().map(|c| c.nodes.values().map(|o| o.plan.clone()).collect()).unwrap_or_default();
+        *self.publisher.pairs.write().expect("pairs") = Arc::new(super::tables::Pairs { relayed, plans: Some(plans) });
+        tracing::debug!(follow_ms, kept_ms = at.elapsed().as_millis() as u64, "publish run followed");
+        Ok(())
+    }
+
+    /// A run without a declaration: nothing is published and nobody held a key; the records
+    /// are kept without a plan (the next plan finds its active nodes again).
+    async fn publish_nothing(&self, run: &mut Run, read: Read, upto: u64) -> Result<(usize, Option<(i64, String)>)> {
+        let p = &self.publisher;
+        p.set_auth(&read.records, None);
+        run.auth_for = None;
+        run.planned_for = None;
+        for node in &read.unrecorded {
+            self.store.record_holders(node, &[]).await?;
+        }
+        run.records = Some((read.records_read, read.records));
+        p.finish(run, read.head.as_ref().map_or(0, |(seq, _)| *seq), upto);
+        Ok((0, read.head))
     }
 
     /// The run's reads: the audit head, the revocations not recorded, every node's record and
@@ -396,6 +322,145 @@ impl Controller {
         for next in trust.announcing.iter().chain(&trust.announcing_ca) {
             self.follow_rotation(next, published).await?;
         }
+        Ok(())
+    }
+}
+
+/// The table that node requests are authenticated by follows the records and the declaration
+/// (with its members, the same `Arc` while they stay): made again only when either moved (at
+/// 100,000 nodes, 150-200 ms of every run, those that publish nothing too).
+fn refresh_auth(p: &Publisher, run: &mut Run, read: &Read, decl: &Arc<Declaration>, declared: &HashMap<&str, Option<&str>>) {
+    match (read.unchanged, run.auth_for.as_ref()) {
+        (true, Some(d)) if Arc::ptr_eq(d, decl) => return,
+        // The same records under another declaration: only members' entries follow it.
+        (true, Some(_)) => p.set_auth_replaced(&read.records, declared),
+        _ => p.set_auth(&read.records, Some(declared)),
+    }
+    run.auth_for = Some(decl.clone());
+}
+
+/// What every stage of a run shares: the plan, the files every bundle carries and how long the
+/// run has been going.
+struct Staging<'s, 'r> {
+    c: &'s Controller,
+    plan: &'s RunPlan<'r>,
+    shared: &'s Shared,
+    cert: &'s (dyn Fn(&str) -> Option<&'s str> + Sync),
+    trust: &'s RunTrust,
+    mesh: &'s str,
+    started: std::time::Instant,
+    /// The decisions the run read: one counted after it is waiting.
+    upto: u64,
+    /// The run has something to follow that the holders' answers could run ahead of (a
+    /// revocation, a withdrawal of routes, a rotation announced): the long-polls are told at
+    /// its end only, and nothing is put off.
+    follows: bool,
+}
+
+/// What the stages of a run carried out.
+struct Carried {
+    versions: HashMap<String, BundleVersion>,
+    /// The nodes for which another replica stored other content.
+    stale: HashSet<String>,
+    /// Each node swapped in, with its version.
+    published: Vec<(String, i64)>,
+    /// The stored versions' count and sum the store should hold now (`Controller::seen_after`).
+    seen: Option<(i64, i64)>,
+    /// The nodes whose bundles were put off to the next run.
+    put_off: Vec<String>,
+    times: StageTimes,
+}
+
+/// Where the stages' time went.
+#[derive(Default)]
+struct StageTimes {
+    firsts: usize,
+    assemble_ms: u64,
+    store_ms: u64,
+    seal_ms: u64,
+    first_swapped_ms: Option<u64>,
+}
+
+impl Staging<'_, '_> {
+    /// Carries out the due bundles in stages (ADR 0042): first the nodes that hold no bundle
+    /// (enrolled since the run before), then the rest in slices, each assembled, stored, sealed
+    /// and swapped in. In an enrolment storm nearly every node is due in every run (each gains
+    /// peers): a node that enrolled waited for the store and the signatures of some 100,000
+    /// bundles before its first (at 100,000 nodes, 3-4 s of a run of 4-9 s), and then for as
+    /// long again while the run it had missed finished them. Once the rest has taken its budget
+    /// while decisions wait, and nothing is to follow, the slices left are put off to the next
+    /// run, which publishes them before its own rest: every node is still published within a
+    /// few runs. Then the nodes no longer active are dropped from the table.
+    async fn carry_out(&self, run: &mut Run, due: Vec<&NodeRecord>) -> Result<Carried> {
+        let p = &self.c.publisher;
+        let (first, mut rest): (Vec<_>, Vec<_>) = due.into_iter().partition(|r| p.current(&r.name).is_none());
+        // What the run before put off goes first.
+        if !run.deferred.is_empty() {
+            let before: trellis_core::FastSet<&str> = run.deferred.iter().map(String::as_str).collect();
+            rest.sort_by_key(|r| !before.contains(r.name.as_str()));
+        }
+        let mut carried = Carried {
+            versions: HashMap::new(),
+            stale: HashSet::new(),
+            published: Vec::new(),
+            // The stored versions this replica had seen match its table (`publish_if_moved`),
+            // moved on by what this run stores; unknown when the run fails on the way.
+            seen: run.versions_seen.take(),
+            put_off: Vec::new(),
+            times: StageTimes { firsts: first.len(), ..Default::default() },
+        };
+        run.stale = false;
+        if !first.is_empty() {
+            self.stage(run, first, &mut carried).await?;
+            carried.times.first_swapped_ms = Some(self.started.elapsed().as_millis() as u64);
+            let hold = p.hold.lock().expect("hold").take();
+            if let Some((there, go)) = hold {
+                let _ = there.send(());
+                let _ = go.await;
+            }
+        }
+        let (slice, budget) = *p.rest.lock().expect("rest");
+        let slice = slice.max(1);
+        let rest_started = std::time::Instant::now();
+        for (i, due) in rest.chunks(slice).enumerate() {
+            let waiting = p.asked.load(Ordering::SeqCst) > self.upto;
+            if i > 0 && waiting && !self.follows && rest_started.elapsed() >= budget {
+                carried.put_off = rest[i * slice..].iter().map(|r| r.name.clone()).collect();
+                break;
+            }
+            self.stage(run, due.to_vec(), &mut carried).await?;
+        }
+        // Drops the nodes no longer active (none when they are those the run before swapped in).
+        swap(p, run, Vec::new(), (&self.plan.active, self.plan.active_unchanged));
+        Ok(carried)
+    }
+
+    /// One stage: its bundles assembled, their versions stored, sealed, swapped into the table,
+    /// and the long-polls told unless the run has something to follow that the holders'
+    /// answers could run ahead of (`finish` tells them again).
+    async fn stage(&self, run: &mut Run, due: Vec<&NodeRecord>, carried: &mut Carried) -> Result<()> {
+        let (p, plan, times) = (&self.c.publisher, self.plan, &mut carried.times);
+        let at = std::time::Instant::now();
+        let due = off_runtime(|| assembled(run, due, &plan.compiled, (self.shared, self.cert, &plan.paths)));
+        times.assemble_ms += at.elapsed().as_millis() as u64;
+        let at = std::time::Instant::now();
+        let (stored, stale, due) = self.c.store_versions(due).await?;
+        times.store_ms += at.elapsed().as_millis() as u64;
+        // What `published` says of a stale node is behind (it was not swapped in): the next plan
+        // walks every active node.
+        run.stale |= !stale.is_empty();
+        // The count and sum the store should hold, from the table before this swap.
+        carried.seen = if stale.is_empty() { self.c.seen_after(carried.seen, &stored) } else { None };
+        let at = std::time::Instant::now();
+        let sealed = off_runtime(|| seal(p, due, &stored, self.trust, self.mesh));
+        times.seal_ms += at.elapsed().as_millis() as u64;
+        let swapped = swap(p, run, sealed, (&[], true));
+        if !swapped.is_empty() && !self.follows {
+            p.tell_polls();
+        }
+        carried.published.extend(swapped);
+        carried.versions.extend(stored);
+        carried.stale.extend(stale);
         Ok(())
     }
 }
