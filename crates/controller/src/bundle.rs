@@ -107,7 +107,7 @@ impl Controller {
         if self.publisher.current(&who.name).is_none() {
             // A node that just enrolled: its first bundle follows the publish run that covers the
             // enrolment, which has not put it in the table yet.
-            self.settle_for(&who.name, SETTLE).await?;
+            self.settle_for(Some(&who.name), SETTLE).await?;
         }
         let mut open = (!ask.wait.is_zero()).then(|| (self.metrics.long_poll(), self.publisher.polling(&who.name)));
         let mut witnessed = false;

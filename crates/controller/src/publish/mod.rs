@@ -79,32 +79,18 @@ impl Controller {
     /// background task, or publishes in the caller when there is none. Gives up after `within`
     /// (the decisions stand; publishing is behind).
     pub async fn settle(&self, within: Duration) -> Result<()> {
-        let p = &self.publisher;
-        let target = p.asked.load(Ordering::SeqCst);
-        if *p.covered.borrow() >= target {
-            return Ok(());
-        }
-        if !p.background.load(Ordering::SeqCst) {
-            self.publish().await?;
-            return Ok(());
-        }
-        let mut covered = p.covered.subscribe();
-        let caught_up = tokio::time::timeout(within, covered.wait_for(|c| *c >= target)).await.is_ok();
-        if caught_up {
-            Ok(())
-        } else {
-            Err(Error::PublishingBehind(within.as_secs()))
-        }
+        self.settle_for(None, within).await
     }
 
-    /// `settle` for a node that just enrolled, which also returns once the node's own bundle is
-    /// in the table: a run swaps in the first bundles before the rest, and may put the rest off
-    /// while decisions wait (ADR 0042). In an enrolment storm the run covering an enrolment can
-    /// be seconds behind the node's first bundle.
-    pub(crate) async fn settle_for(&self, node: &str, within: Duration) -> Result<()> {
+    /// `settle`, and for a node that just enrolled (`node`), also returned once the node's own
+    /// bundle is in the table: a run swaps in the first bundles before the rest, and may put the
+    /// rest off while decisions wait (ADR 0042). In an enrolment storm the run covering an
+    /// enrolment can be seconds behind the node's first bundle.
+    pub(crate) async fn settle_for(&self, node: Option<&str>, within: Duration) -> Result<()> {
         let p = &self.publisher;
         let target = p.asked.load(Ordering::SeqCst);
-        if *p.covered.borrow() >= target || p.current(node).is_some() {
+        let held = || node.is_some_and(|n| p.current(n).is_some());
+        if *p.covered.borrow() >= target || held() {
             return Ok(());
         }
         if !p.background.load(Ordering::SeqCst) {
@@ -112,9 +98,9 @@ impl Controller {
             return Ok(());
         }
         let (mut covered, mut changes) = (p.covered.subscribe(), p.subscribe());
-        let held = async {
+        let settled = async {
             loop {
-                if *covered.borrow_and_update() >= target || p.current(node).is_some() {
+                if *covered.borrow_and_update() >= target || held() {
                     return;
                 }
                 // Either sender lives as long as the controller: an error is a controller gone.
@@ -127,7 +113,7 @@ impl Controller {
                 }
             }
         };
-        match tokio::time::timeout(within, held).await {
+        match tokio::time::timeout(within, settled).await {
             Ok(()) => Ok(()),
             Err(_) => Err(Error::PublishingBehind(within.as_secs())),
         }
