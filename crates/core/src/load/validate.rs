@@ -23,7 +23,6 @@ pub fn is_dns_label(s: &str) -> bool {
         && b[b.len() - 1] != b'-'
 }
 
-/// The checks that span the whole mesh, each adding its diagnostics; `load` sorts them.
 /// What the checks of each node alone (`node_references`, `endpoints`) read besides the node:
 /// the names of the networks, groups and modules declared, and the overlay's pools.
 #[derive(PartialEq)]
@@ -55,9 +54,10 @@ pub(super) struct Checked {
     pub(super) names_quiet: bool,
 }
 
-/// Checks `decl`. `before` names, under the context it was found in, each node whose checks
+/// The checks that span the whole mesh, each adding its diagnostics; `load` sorts them.
+/// `before` names, under the context it was found in, each node whose checks
 /// alone said nothing when a node of the same table was checked last (ADR 0034): under the same
-/// context they say nothing again, and are not run. `names`, when given, are the nodes' names,
+/// context they say nothing again, and are not run. `held_names`, when given, are the nodes' names,
 /// known to be DNS labels given once.
 pub(super) fn validate(
     decl: &Declaration,
