@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -14,12 +14,13 @@ use anyhow::{Context, Result};
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 pub trait Resolver: Send {
-    /// Serves the zone file on these addresses, replacing what was served before. With `change`,
-    /// the file came as edits of the one held (ADR 0035): when that is the zone served, only the
-    /// address records in its regions are read, and changed one by one (ADR 0037).
+    /// Serves the zone on these addresses, replacing what was served before: its files one after
+    /// the other (`mesh.zone` and its parts, ADR 0043) are the zone. With `change`, the zone came
+    /// as edits of the one held (ADR 0035): when that is the zone served, only the address
+    /// records in its regions are read, and changed one by one (ADR 0037).
     fn apply<'a>(
         &'a mut self,
-        zone: &'a Path,
+        zone: &'a [PathBuf],
         origin: &'a str,
         listen: &'a [SocketAddr],
         change: Option<&'a crate::plan::TextChange>,
@@ -105,11 +106,12 @@ struct Served {
     text: String,
     ttl: u32,
     nameserver: String,
-    /// Whether the text cuts into runs (`Cut::of`): each name in one run, spelled as trellis
-    /// does. Only then is a change read by its regions.
-    cut: bool,
-    /// How many times the text lists each address of each name, when it cuts: what a change read
-    /// from the lines of its regions is counted against (ADR 0037).
+    /// Whether every address record of the text reads as the whole read reads it, its name
+    /// spelled as trellis spells names (`counts_of`). Only then is a change read by its regions.
+    counted: bool,
+    /// How many times the text lists each address of each name, when counted: what a change read
+    /// from the lines of its regions is counted against (ADR 0037). A name may be in several
+    /// runs (a module's, in a zone in parts: ADR 0043).
     counts: Counts,
 }
 
@@ -118,13 +120,13 @@ struct Served {
 /// however many addresses the name has (a module's name has one per node that runs it).
 type Counts = std::collections::HashMap<(Box<str>, std::net::IpAddr), u32>;
 
-/// The counts of a zone that cuts; `None` when an address record does not read.
-fn counts_of(cut: &Cut) -> Option<Counts> {
-    let mut counts = Counts::with_capacity(cut.runs.len() + cut.runs.len() / 2);
-    for (&name, &run) in &cut.runs {
-        for a in addresses(run)? {
-            *counts.entry((name.into(), a)).or_default() += 1;
-        }
+/// The counts of a zone's text; `None` when an address record does not read as the whole read
+/// reads it, or its name is not spelled as trellis spells names.
+fn counts_of(text: &str) -> Option<Counts> {
+    let lines = Lines::of(text)?;
+    let mut counts = Counts::with_capacity(lines.records.len());
+    for (name, a) in lines.records {
+        *counts.entry((name.into(), a)).or_default() += 1;
     }
     Some(counts)
 }
@@ -228,7 +230,7 @@ impl<'t> Cut<'t> {
 impl Resolver for Hickory {
     fn apply<'a>(
         &'a mut self,
-        zone: &'a Path,
+        zone: &'a [PathBuf],
         origin: &'a str,
         listen: &'a [SocketAddr],
         change: Option<&'a crate::plan::TextChange>,
@@ -241,7 +243,7 @@ impl Resolver for Hickory {
             let running = self.server.is_some() && self.listening == listen;
             // By its regions, when the zone served is the one the edits were made from: the
             // address records of their lines, changed in place (ADR 0035, 0037).
-            if let Some(served) = self.served.as_mut().filter(|s| running && s.origin == name && s.cut) {
+            if let Some(served) = self.served.as_mut().filter(|s| running && s.origin == name && s.counted) {
                 let by_regions = change
                     .filter(|c| served.text.as_bytes() == &c.old[..])
                     .and_then(|c| Some((std::str::from_utf8(&c.new).ok()?, c)))
@@ -267,13 +269,16 @@ impl Resolver for Hickory {
                 }
             }
             // Read first: a zone that does not load leaves the running server as it is.
-            let text = std::fs::read_to_string(zone).with_context(|| format!("cannot read {}", zone.display()))?;
+            let mut text = String::new();
+            for f in zone {
+                text.push_str(&std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?);
+            }
             if let Some(served) = self.served.as_mut().filter(|s| running && s.origin == name) {
                 if let Some((serial, names, counts)) = changes(&served.text, &text) {
                     let read_ms = started.elapsed().as_millis() as u64;
                     if let Some(changed) = patch(served, serial, &names).await? {
                         served.text = text;
-                        served.cut = true;
+                        served.counted = true;
                         served.counts = counts;
                         tracing::info!(names = changed, read_ms, ms = started.elapsed().as_millis() as u64, "mesh zone changed in place");
                         return Ok(());
@@ -289,10 +294,10 @@ impl Resolver for Hickory {
             let old = std::mem::replace(&mut *self.zones.0 .0.write().expect("zones"), Arc::new(catalog));
             // The catalog replaced is dropped here, not under the lock.
             drop(old);
-            let counts = Cut::of(&text).as_ref().and_then(counts_of);
-            let cut = counts.is_some();
+            let counts = counts_of(&text);
+            let counted = counts.is_some();
             let counts = counts.unwrap_or_default();
-            self.served = Some(Served { handler, origin: name, ttl: read.ttl, nameserver: read.nameserver, text, cut, counts });
+            self.served = Some(Served { handler, origin: name, ttl: read.ttl, nameserver: read.nameserver, text, counted, counts });
             if running {
                 tracing::info!(load_ms = loaded.as_millis() as u64, "mesh zone served (the same sockets)");
                 return Ok(());
@@ -461,7 +466,7 @@ fn changes(old: &str, new: &str) -> Option<(u32, Vec<NameChange>, Counts)> {
     for &name in before.runs.keys().filter(|n| !after.runs.contains_key(*n)) {
         names.push((name.to_string(), Vec::new()));
     }
-    Some((serial, names, counts_of(&after)?))
+    Some((serial, names, counts_of(new)?))
 }
 
 /// A change of the zone read from the lines of its regions (ADR 0035, 0037), instead of from both
@@ -490,7 +495,8 @@ fn record_changes(old: &str, new: &str, hunks: &[trellis_core::delta::Hunk]) -> 
 type RecordLine = (Box<str>, std::net::IpAddr, i64);
 
 /// A run of a zone's lines as [`Cut`] sees them, without gathering names: its frame (the SOA's
-/// serial left out) and its address records, each read as the whole read reads it.
+/// serial left out, and the comments, which the whole read skips) and its address records,
+/// each read as the whole read reads it.
 struct Lines<'t> {
     frame: Vec<&'t str>,
     serial: Option<&'t str>,
@@ -515,6 +521,9 @@ impl<'t> Lines<'t> {
                     out.serial = Some(field);
                     out.frame.extend([before, after]);
                 }
+                // A comment or a blank line is no part of the zone, as the whole read reads it
+                // (a part of a zone in parts comes or goes with its comment line: ADR 0043).
+                _ if line.split(';').next().unwrap_or("").trim().is_empty() => {}
                 _ => out.frame.push(line),
             }
         }
@@ -838,7 +847,7 @@ mod tests {
         let file = dir.join("mesh.zone");
         std::fs::write(&file, "$ORIGIN t.mesh.\n$TTL 60\n@\tIN\tSOA\tns.t.mesh. hostmaster.t.mesh. 1 3600 600 86400 60\n@\tIN\tNS\tns.t.mesh.\nns\tIN\tA\t10.0.0.1\ndb-1\tIN\tA\t10.1.0.1\n").unwrap();
         let mut dns = super::Hickory::default();
-        dns.apply(&file, "t.mesh", &listen, None).await.unwrap();
+        dns.apply(std::slice::from_ref(&file), "t.mesh", &listen, None).await.unwrap();
         let server = listen[0];
         let asker = std::thread::spawn(move || -> std::io::Result<Vec<String>> {
             let mut m = Message::query();
@@ -870,17 +879,17 @@ mod tests {
         let file = dir.join("mesh.zone");
         std::fs::write(&file, zone(1, "")).unwrap();
         let mut dns = super::Hickory::default();
-        dns.apply(&file, "t.mesh", &listen, None).await.unwrap();
+        dns.apply(std::slice::from_ref(&file), "t.mesh", &listen, None).await.unwrap();
         assert_eq!(ask(listen[0], "db-1.t.mesh.").await, ["10.1.0.1"]);
         assert!(ask(listen[0], "db-2.t.mesh.").await.is_empty());
         assert_eq!(dns.starts, 1);
         std::fs::write(&file, zone(2, "db-2\tIN\tA\t10.1.0.2\n")).unwrap();
-        dns.apply(&file, "t.mesh", &listen, None).await.unwrap();
+        dns.apply(std::slice::from_ref(&file), "t.mesh", &listen, None).await.unwrap();
         assert_eq!(ask(listen[0], "db-2.t.mesh.").await, ["10.1.0.2"]);
         assert_eq!(dns.starts, 1, "the same server answers, its sockets bound once");
         // A zone that does not load leaves the one served.
         std::fs::write(&file, "not a zone").unwrap();
-        assert!(dns.apply(&file, "t.mesh", &listen, None).await.is_err());
+        assert!(dns.apply(std::slice::from_ref(&file), "t.mesh", &listen, None).await.is_err());
         assert_eq!(ask(listen[0], "db-2.t.mesh.").await, ["10.1.0.2"]);
     }
 
@@ -907,12 +916,12 @@ mod tests {
         let file = dir.join("mesh.zone");
         std::fs::write(&file, zone(1, 60, &format!("{many}db-1\tIN\tA\t10.2.0.1\ndb-3\tIN\tA\t10.2.0.3\n"))).unwrap();
         let mut dns = super::Hickory::default();
-        dns.apply(&file, "t.mesh", &listen, None).await.unwrap();
+        dns.apply(std::slice::from_ref(&file), "t.mesh", &listen, None).await.unwrap();
         assert_eq!(ask(listen[0], "db-3.t.mesh.").await, ["10.2.0.3"]);
         assert_eq!((dns.builds, dns.starts), (1, 1));
         std::fs::write(&file, zone(2, 60, &format!("{many}db-1\tIN\tA\t10.2.0.9\ndb-2\tIN\tA\t10.2.0.2\ndb-2\tIN\tAAAA\tfd00::2\n")))
             .unwrap();
-        dns.apply(&file, "t.mesh", &listen, None).await.unwrap();
+        dns.apply(std::slice::from_ref(&file), "t.mesh", &listen, None).await.unwrap();
         assert_eq!((dns.builds, dns.starts), (1, 1), "changed in place, by the same server");
         assert_eq!(ask(listen[0], "db-1.t.mesh.").await, ["10.2.0.9"]);
         assert_eq!(ask(listen[0], "db-2.t.mesh.").await, ["10.2.0.2"]);
@@ -923,17 +932,17 @@ mod tests {
         assert!(soa.len() == 1 && soa[0].contains(" 2 3600 600 86400 60"), "{soa:?}");
         // A changed name's line that is not an address record: read whole, and refused.
         std::fs::write(&file, zone(3, 60, &format!("{many}db-1\tIN\tA\t10.2.0.9 extra\n"))).unwrap();
-        assert!(dns.apply(&file, "t.mesh", &listen, None).await.is_err());
+        assert!(dns.apply(std::slice::from_ref(&file), "t.mesh", &listen, None).await.is_err());
         assert_eq!(ask(listen[0], "db-1.t.mesh.").await, ["10.2.0.9"], "the zone served stays");
         // Another TTL: built whole.
         std::fs::write(&file, zone(4, 30, "db-1\tIN\tA\t10.2.0.1\n")).unwrap();
-        dns.apply(&file, "t.mesh", &listen, None).await.unwrap();
+        dns.apply(std::slice::from_ref(&file), "t.mesh", &listen, None).await.unwrap();
         assert_eq!((dns.builds, dns.starts), (2, 1));
         assert_eq!(ask(listen[0], "db-1.t.mesh.").await, ["10.2.0.1"]);
         assert!(ask(listen[0], "db-2.t.mesh.").await.is_empty());
         // A name written in two runs (not as trellis writes): built whole, and answered.
         std::fs::write(&file, zone(5, 30, "db-1\tIN\tA\t10.2.0.1\ndb-2\tIN\tA\t10.2.0.2\ndb-1\tIN\tA\t10.2.0.7\n")).unwrap();
-        dns.apply(&file, "t.mesh", &listen, None).await.unwrap();
+        dns.apply(std::slice::from_ref(&file), "t.mesh", &listen, None).await.unwrap();
         assert_eq!((dns.builds, dns.starts), (3, 1));
         let mut both = ask(listen[0], "db-1.t.mesh.").await;
         both.sort();
@@ -977,13 +986,13 @@ mod tests {
         let first = zone(1, 3000, "db-1\tIN\tA\t10.2.0.1\n");
         std::fs::write(&file, &first).unwrap();
         let mut dns = super::Hickory::default();
-        dns.apply(&file, "t.mesh", &listen, None).await.unwrap();
+        dns.apply(std::slice::from_ref(&file), "t.mesh", &listen, None).await.unwrap();
         assert_eq!((dns.builds, dns.by_regions), (1, 0));
         // n-7 gone, n-1500 renumbered, db-2 come; the file on disk says otherwise, to show that
         // the regions, not the file, were read.
         let second = zone(2, 7, "db-1\tIN\tA\t10.2.0.1\ndb-2\tIN\tA\t10.2.0.2\n");
         std::fs::write(&file, "not read").unwrap();
-        dns.apply(&file, "t.mesh", &listen, Some(&change_of(&first, &second))).await.unwrap();
+        dns.apply(std::slice::from_ref(&file), "t.mesh", &listen, Some(&change_of(&first, &second))).await.unwrap();
         assert_eq!((dns.builds, dns.by_regions), (1, 1), "read by its regions");
         assert!(ask(listen[0], "n-7.t.mesh.").await.is_empty());
         assert_eq!(ask(listen[0], "n-1500.t.mesh.").await, ["10.1.6.200"]);
@@ -999,7 +1008,7 @@ mod tests {
         // lines all the same, and answered merged as the whole read answers it.
         let third = zone(3, 7, "db-1\tIN\tA\t10.2.0.1\ndb-2\tIN\tA\t10.2.0.2\nn-3\tIN\tA\t10.9.9.9\n");
         std::fs::write(&file, &third).unwrap();
-        dns.apply(&file, "t.mesh", &listen, Some(&change_of(&second, &third))).await.unwrap();
+        dns.apply(std::slice::from_ref(&file), "t.mesh", &listen, Some(&change_of(&second, &third))).await.unwrap();
         assert_eq!((dns.builds, dns.by_regions), (1, 2), "read by its lines");
         let mut both = ask(listen[0], "n-3.t.mesh.").await;
         both.sort();
@@ -1007,12 +1016,118 @@ mod tests {
         // Edits made from another zone than the one served: the file is read whole.
         let fourth = zone(4, 7, "db-1\tIN\tA\t10.2.0.4\n");
         std::fs::write(&file, &fourth).unwrap();
-        dns.apply(&file, "t.mesh", &listen, Some(&change_of(&second, &fourth))).await.unwrap();
+        dns.apply(std::slice::from_ref(&file), "t.mesh", &listen, Some(&change_of(&second, &fourth))).await.unwrap();
         assert_eq!((dns.builds, dns.by_regions), (2, 2));
         assert_eq!(module(&dns).await, held, "the whole read holds what the records did");
         assert_eq!(ask(listen[0], "db-1.t.mesh.").await, ["10.2.0.4"]);
         assert!(ask(listen[0], "db-2.t.mesh.").await.is_empty());
         assert_eq!(ask(listen[0], "n-3.t.mesh.").await, ["10.1.0.3"]);
+    }
+
+    /// ADR 0043: a zone in parts is served as `mesh.zone` and its parts one after the other. A
+    /// bundle that edits one part, drops another, adds a third and keeps the rest changes the
+    /// zone served by the regions of the files that changed (the files on disk are not read),
+    /// a module's name spread over every part losing one address of its set; and the zone then
+    /// served counts exactly what the new files hold, read whole.
+    #[tokio::test]
+    async fn a_zone_in_parts_is_served_as_one_and_changed_by_the_regions_of_its_files() {
+        use super::Resolver;
+        use trellis_core::bundle::{Bundle, BundleFile, Edited};
+        use trellis_core::plan::{zone_part, MESH_ZONE};
+        let dir = trellis_testing::TempDir::new("dns-parts");
+        let listen = free_listen();
+        let main = |serial: u32| {
+            format!("; zone\n$ORIGIN t.mesh.\n$TTL 60\n@\tIN\tSOA\tns.t.mesh. hostmaster.t.mesh. {serial} 3600 600 86400 60\n@\tIN\tNS\tns.t.mesh.\nns\tIN\tA\t10.0.0.1\n; names in parts\n")
+        };
+        // Part p holds the names n-i with i % 4 == p, then the module's address of each.
+        let part = |p: u32, skip: u32| {
+            let mut t = format!("; part {p:02}\n");
+            for i in (0..2000u32).filter(|i| i % 4 == p && *i != skip) {
+                t.push_str(&format!("n-{i}\tIN\tA\t10.1.{}.{}\n", i / 250, i % 250));
+            }
+            for i in (0..2000u32).filter(|i| i % 4 == p && *i != skip) {
+                t.push_str(&format!("ssh\tIN\tA\t10.1.{}.{}\n", i / 250, i % 250));
+            }
+            t
+        };
+        let bundle = |version: u64, files: Vec<(&str, String)>| Bundle {
+            mesh: "t".into(),
+            node: "a".into(),
+            version,
+            issued_at: 1,
+            files: files.into_iter().map(|(p, t)| BundleFile::new(p, 0o644, t.into_bytes())).collect(),
+        };
+        let first = bundle(
+            1,
+            vec![(MESH_ZONE, main(1)), (zone_part(0), part(0, 9999)), (zone_part(1), part(1, 9999)), (zone_part(2), part(2, 9999))],
+        );
+        // Part 1 loses n-5 (and its address of ssh) by edits; part 2 is gone; part 3 is new.
+        let edited_1 = part(1, 5);
+        let second = bundle(
+            2,
+            vec![(MESH_ZONE, main(2)), (zone_part(0), part(0, 9999)), (zone_part(1), edited_1.clone()), (zone_part(3), part(3, 9999))],
+        );
+        let paths = |b: &Bundle| -> Vec<std::path::PathBuf> { b.files.iter().map(|f| dir.join(&f.path)).collect() };
+        let write = |b: &Bundle| {
+            for f in &b.files {
+                std::fs::create_dir_all(dir.join(&f.path).parent().unwrap()).unwrap();
+                std::fs::write(dir.join(&f.path), &f.content).unwrap();
+            }
+        };
+        write(&first);
+        let mut dns = super::Hickory::default();
+        dns.apply(&paths(&first), "t.mesh", &listen, None).await.unwrap();
+        assert_eq!((dns.builds, dns.by_regions), (1, 0));
+        assert_eq!(ask(listen[0], "n-6.t.mesh.").await, ["10.1.0.6"]);
+        assert!(ask(listen[0], "n-7.t.mesh.").await.is_empty(), "part 3 is not held yet");
+        // The addresses of the module's name as the served zone holds them (more than an answer
+        // over UDP carries).
+        async fn module(dns: &super::Hickory) -> std::collections::BTreeSet<String> {
+            use hickory_server::proto::rr::{LowerName, Name, RrKey};
+            let key = RrKey::new(LowerName::from(Name::from_str("ssh.t.mesh.").unwrap()), RecordType::A);
+            let records = dns.served.as_ref().unwrap().handler.records().await;
+            records.get(&key).map(|set| set.records_without_rrsigs().map(|r| r.data.to_string()).collect()).unwrap_or_default()
+        }
+        assert_eq!(module(&dns).await.len(), 1500);
+
+        let of = |b: &Bundle, path: &str| b.files.iter().find(|f| f.path == path).unwrap().content.clone();
+        let main_change = change_of(&main(1), &main(2));
+        let part_change = change_of(&part(1, 9999), &edited_1);
+        let edited = [
+            Edited { path: MESH_ZONE.into(), base: main_change.base, hunks: main_change.hunks.clone() },
+            Edited { path: zone_part(1).into(), base: part_change.base, hunks: part_change.hunks.clone() },
+        ];
+        let changes = crate::plan::text_changes(Some(&first), &second, &edited);
+        let change = changes.get(crate::plan::ZONE_SERVED).expect("the zone in parts changed as one");
+        let joined = |b: &Bundle| b.files.iter().flat_map(|f| f.content.iter().copied()).collect::<Vec<u8>>();
+        assert_eq!((&change.old[..], &change.new[..]), (&joined(&first)[..], &joined(&second)[..]));
+        // The files on disk say otherwise: the regions, not the files, are read.
+        for f in &second.files {
+            std::fs::create_dir_all(dir.join(&f.path).parent().unwrap()).unwrap();
+            std::fs::write(dir.join(&f.path), "not read").unwrap();
+        }
+        dns.apply(&paths(&second), "t.mesh", &listen, Some(change)).await.unwrap();
+        assert_eq!((dns.builds, dns.by_regions), (1, 1), "read by the regions of its files");
+        assert!(ask(listen[0], "n-5.t.mesh.").await.is_empty(), "gone from part 1");
+        assert!(ask(listen[0], "n-6.t.mesh.").await.is_empty(), "part 2 is gone");
+        assert_eq!(ask(listen[0], "n-7.t.mesh.").await, ["10.1.0.7"], "part 3 came");
+        assert_eq!(ask(listen[0], "n-4.t.mesh.").await, ["10.1.0.4"], "part 0 as it was");
+        let ssh = module(&dns).await;
+        assert_eq!(ssh.len(), 1999 - 500, "part 1 lost one address, part 2's 500 went, part 3's 500 came");
+        assert!(!ssh.contains("10.1.0.5") && !ssh.contains("10.1.0.6") && ssh.contains("10.1.0.7"));
+        let soa = ask_for(listen[0], "t.mesh.", RecordType::SOA).await;
+        assert!(soa.len() == 1 && soa[0].contains(" 2 3600 600 86400 60"), "{soa:?}");
+        let whole = String::from_utf8(joined(&second)).unwrap();
+        assert_eq!(dns.served.as_ref().unwrap().counts, super::counts_of(&whole).unwrap(), "what the new files hold, counted whole");
+        assert_eq!(of(&second, zone_part(1)), edited_1.as_bytes());
+
+        // Read whole, the files on disk are the zone, one after the other.
+        write(&second);
+        let mut fresh = super::Hickory::default();
+        let other = free_listen();
+        fresh.apply(&paths(&second), "t.mesh", &other, None).await.unwrap();
+        assert_eq!(fresh.served.as_ref().unwrap().counts, dns.served.as_ref().unwrap().counts);
+        assert_eq!(ask(other[0], "n-7.t.mesh.").await, ["10.1.0.7"]);
     }
 
     /// Fields apart by any white space, as the zone's parser reads them: a run of one name whose
@@ -1043,7 +1158,7 @@ mod tests {
     fn by_lines(before: &str, after: &str) -> Option<super::Counts> {
         let c = change_of(before, after);
         let (_, lines) = super::record_changes(before, after, &c.hunks)?;
-        let mut counts = super::counts_of(&super::Cut::of(before).unwrap()).unwrap();
+        let mut counts = super::counts_of(before).unwrap();
         let tally = super::tally(&counts, &lines)?;
         for (key, n) in tally.counts {
             match n {

@@ -462,9 +462,10 @@ impl Executor {
                     self.report.ruleset_loaded = fw.loaded();
                 }
             }
-            Action::ServeZone { path, origin, listen, change } => {
+            Action::ServeZone { paths, origin, listen, change } => {
                 if let Some(dns) = self.backends.resolver.as_mut() {
-                    dns.apply(&self.root.join(path), origin, listen, change.as_ref()).await?;
+                    let files: Vec<std::path::PathBuf> = paths.iter().map(|p| self.root.join(p)).collect();
+                    dns.apply(&files, origin, listen, change.as_ref()).await?;
                     self.report.dns_serving = dns.serving().iter().map(|a| a.to_string()).collect();
                 }
             }

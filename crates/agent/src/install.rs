@@ -334,7 +334,7 @@ mod tests {
     impl Resolver for Dns {
         fn apply<'a>(
             &'a mut self,
-            _zone: &'a Path,
+            _zone: &'a [std::path::PathBuf],
             origin: &'a str,
             listen: &'a [SocketAddr],
             _: Option<&'a crate::plan::TextChange>,

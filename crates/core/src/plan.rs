@@ -21,6 +21,12 @@ pub const NODE_TOML: &str = "etc/trellis/node.toml";
 pub const WIREGUARD_DIR: &str = "etc/trellis/wireguard.d";
 pub const WIREGUARD_PARTS: usize = 64;
 pub const PARTS_FROM: usize = 256;
+/// Where a node whose zone names more than [`PARTS_FROM`] nodes has their records (ADR 0043):
+/// `mesh.zone` keeps the SOA, the NS and the routes' hosts, and each node's records, and a
+/// module's records of each node that runs it, are in the part the node's name hashes to (as
+/// its peer is, [`part_of`]), one of `names-00.zone` .. `names-63.zone`. The zone served is
+/// `mesh.zone` and its parts in order, one after the other.
+pub const ZONE_DIR: &str = "etc/trellis/zone.d";
 /// The mesh CA and the node's certificate, added to each bundle (`bundle::assemble`) beside the
 /// compiled files.
 pub const CA_PEM: &str = "etc/trellis/ca.pem";
@@ -41,10 +47,35 @@ pub const PATHS_TOML: &str = "etc/trellis/paths.toml";
 pub const DELIVERED: &[&str] =
     &[WIREGUARD_CONF, NFTABLES_CONF, MESH_ZONE, NODE_TOML, CA_PEM, NODE_PEM, TRAEFIK_YML, INGRESS_TOML, TRUST_TOML, PATHS_TOML];
 
-/// The delivered file `path` names (one of [`DELIVERED`], or a part of the peers), if it names
-/// one.
+/// The delivered file `path` names (one of [`DELIVERED`], a part of the peers or of the zone),
+/// if it names one.
 pub fn delivered(path: &str) -> Option<&'static str> {
-    DELIVERED.iter().copied().find(|p| *p == path).or_else(|| part_index(path).map(wireguard_part))
+    DELIVERED
+        .iter()
+        .copied()
+        .find(|p| *p == path)
+        .or_else(|| part_index(path).map(wireguard_part))
+        .or_else(|| zone_part_index(path).map(zone_part))
+}
+
+/// The path of the part `i` (below [`WIREGUARD_PARTS`]) of a node's zone (ADR 0043).
+pub fn zone_part(i: usize) -> &'static str {
+    static PATHS: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
+        (0..WIREGUARD_PARTS).map(|i| &*Box::leak(format!("{ZONE_DIR}/names-{i:02}.zone").into_boxed_str())).collect()
+    });
+    PATHS[i]
+}
+
+/// Which part of the zone `path` is, if it is one.
+pub fn zone_part_index(path: &str) -> Option<usize> {
+    let n = path.strip_prefix(ZONE_DIR)?.strip_prefix("/names-")?.strip_suffix(".zone")?;
+    let i: usize = n.parse().ok().filter(|_| n.len() == 2 && n.bytes().all(|b| b.is_ascii_digit()))?;
+    (i < WIREGUARD_PARTS).then_some(i)
+}
+
+/// Whether `path` holds part of a node's zone: `mesh.zone` or a part of it.
+pub fn is_zone(path: &str) -> bool {
+    path == MESH_ZONE || zone_part_index(path).is_some()
 }
 
 /// The path of the part `i` (below [`WIREGUARD_PARTS`]) of a node's peers.
@@ -185,6 +216,10 @@ pub struct ZoneBlock {
     pub records: Arc<str>,
     /// SHA-256 of `records`: a node's zone serial hashes these instead of the records.
     pub digest: [u8; 32],
+    /// `records` by the part of the node each line is of (ADR 0043), for the zones in parts:
+    /// (part, its lines), in part order, only the parts that have lines. Empty for the hosts of
+    /// a route, which are no node's and stay in `mesh.zone`.
+    pub parts: Box<[(u8, Arc<str>)]>,
 }
 
 /// A node as the files of other nodes name it, rendered once per compile: its name, its overlay

@@ -12,8 +12,8 @@ use sha2::{Digest, Sha256};
 use crate::decl::{Proto, PublicKey, KEEPALIVE_SECS, NAMESERVER};
 use crate::nodefile::{Comments, NodeFile};
 use crate::plan::{
-    wireguard_part, FileResource, NodePlan, NodeText, PeerPlan, RouteBlock, RouteUse, RuleBlock, INGRESS_TOML, MESH_ZONE, NFTABLES_CONF,
-    NODE_TOML, PARTS_FROM, TRAEFIK_YML, WIREGUARD_CONF, WIREGUARD_DIR, WIREGUARD_PARTS,
+    wireguard_part, zone_part, FileResource, NodePlan, NodeText, PeerPlan, RouteBlock, RouteUse, RuleBlock, INGRESS_TOML, MESH_ZONE,
+    NFTABLES_CONF, NODE_TOML, PARTS_FROM, TRAEFIK_YML, WIREGUARD_CONF, WIREGUARD_DIR, WIREGUARD_PARTS, ZONE_DIR,
 };
 use crate::text::{Runs, Text, TextBuilder};
 use crate::topology::{ResolvedRoute, ResolvedRule, Topology};
@@ -42,11 +42,13 @@ pub fn files(plan: &NodePlan, prior: Option<(&NodePlan, &[FileResource])>) -> Ve
     };
     // The parts of the peers go last, where a recompile of the peers alone puts them (`rekey`).
     let parts = files.split_off(1);
-    files.extend([
-        file(NFTABLES_CONF, 0o644, kept(NFTABLES_CONF, nftables_same).unwrap_or_else(|| nftables(plan))),
-        file(MESH_ZONE, 0o644, kept(MESH_ZONE, zone_same).unwrap_or_else(|| zone(plan, prior_file(MESH_ZONE)))),
-        file(NODE_TOML, 0o644, kept(NODE_TOML, toml_same).unwrap_or_else(|| node_toml(plan).into())),
-    ]);
+    files.push(file(NFTABLES_CONF, 0o644, kept(NFTABLES_CONF, nftables_same).unwrap_or_else(|| nftables(plan))));
+    // The zone's files are kept together too: `mesh.zone` and its parts, if it has them.
+    match prior.filter(|(q, _)| plan.node == q.node && plan.common == q.common && zone_same(plan, q)) {
+        Some((_, before)) => files.extend(before.iter().filter(|f| crate::plan::is_zone(&f.path)).cloned()),
+        None => files.extend(zone_files(plan, prior_file)),
+    }
+    files.push(file(NODE_TOML, 0o644, kept(NODE_TOML, toml_same).unwrap_or_else(|| node_toml(plan).into())));
     // Only an ingress node has Traefik's files (ADR 0026).
     if !plan.ingress.is_empty() {
         let ingress = || crate::traefik::IngressFile::of(plan).write().into();
@@ -695,6 +697,84 @@ pub fn zone_records<'n>(names: impl Iterator<Item = (&'n str, Option<Ipv4Addr>, 
 /// takes from it every run of the same names, and the zones of a mesh share the records instead
 /// of copying them (at 100,000 nodes they name about 19 million nodes in all).
 pub fn zone(plan: &NodePlan, before: Option<&Text>) -> Text {
+    let mut s = zone_head(plan);
+    let mut before = Runs::of(before);
+    let mut run: Vec<&Arc<str>> = Vec::with_capacity(128);
+    for z in &plan.zone {
+        run.push(&z.records);
+        if ends_run(z) {
+            s.push_run(&run, &mut before);
+            run.clear();
+        }
+    }
+    s.push_run(&run, &mut before);
+    for m in plan.zone_modules.iter().chain(&plan.zone_routes) {
+        s.push_shared(&m.records);
+    }
+    s.finish()
+}
+
+/// A node's zone files: `mesh.zone` as [`zone`] makes it, or, when the zone names more than
+/// [`PARTS_FROM`] nodes, `mesh.zone` with the SOA, the NS and the routes' hosts, and the parts
+/// (ADR 0043): each node's records, and a module's records of each node that runs it, in the
+/// part the node's name hashes to (its peer's part), each part made again from the same path's
+/// text in `before` (its runs taken over). `mesh.zone` and its parts in order, one after the
+/// other, are the zone: the same records as the one file would hold, in another order.
+pub fn zone_files<'b>(plan: &NodePlan, before: impl Fn(&str) -> Option<&'b Text>) -> Vec<FileResource> {
+    let file = |path: &str, content: Text| FileResource { path: path.into(), mode: 0o644, content };
+    if plan.zone.len() <= PARTS_FROM {
+        return vec![file(MESH_ZONE, zone(plan, before(MESH_ZONE)))];
+    }
+    let mut s = zone_head(plan);
+    let _ = writeln!(
+        s,
+        "; {} names, in {ZONE_DIR}/names-NN.zone by the part each hashes to: this file and its parts, one after the other, are the zone.",
+        plan.zone.len()
+    );
+    for m in &plan.zone_routes {
+        s.push_shared(&m.records);
+    }
+    let mut files = vec![file(MESH_ZONE, s.finish())];
+    let mut names: Vec<Vec<&Arc<NodeText>>> = vec![Vec::new(); WIREGUARD_PARTS];
+    for z in &plan.zone {
+        names[usize::from(z.part)].push(z);
+    }
+    let mut modules: Vec<Vec<&Arc<str>>> = vec![Vec::new(); WIREGUARD_PARTS];
+    for (i, records) in plan.zone_modules.iter().flat_map(|m| m.parts.iter()) {
+        modules[usize::from(*i)].push(records);
+    }
+    for (i, (names, modules)) in names.into_iter().zip(modules).enumerate() {
+        if names.is_empty() && modules.is_empty() {
+            continue;
+        }
+        let path = zone_part(i);
+        let mut t = TextBuilder::with_capacity(names.len() / 32 + modules.len() + 2, 128);
+        let _ = writeln!(
+            t,
+            "; trellis: names of zone {} of mesh {} as node {} sees them, part {i:02}. Generated; do not edit.",
+            plan.common.domain, plan.common.mesh, plan.node
+        );
+        let mut before = Runs::of(before(path));
+        let mut run: Vec<&Arc<str>> = Vec::with_capacity(128);
+        for z in names {
+            run.push(&z.records);
+            if ends_run(z) {
+                t.push_run(&run, &mut before);
+                run.clear();
+            }
+        }
+        t.push_run(&run, &mut before);
+        for records in modules {
+            t.push_shared(records);
+        }
+        files.push(file(path, t.finish()));
+    }
+    files
+}
+
+/// The head of a node's zone: its comment, origin and TTL, the SOA with the serial derived from
+/// the records, the NS and the name server's own addresses.
+fn zone_head(plan: &NodePlan) -> TextBuilder {
     let domain = &plan.common.domain;
     let mut hash = Sha256::new();
     for z in &plan.zone {
@@ -714,20 +794,25 @@ pub fn zone(plan: &NodePlan, before: Option<&Text>) -> Text {
     let _ = writeln!(s, "@\tIN\tNS\t{NAMESERVER}.{domain}.");
     // The name server is the node's own resolver, which the agent serves on its overlay addresses.
     s.push_str(&zone_records(std::iter::once((NAMESERVER, plan.ipv4, plan.ipv6))));
-    let mut before = Runs::of(before);
-    let mut run: Vec<&Arc<str>> = Vec::with_capacity(128);
-    for z in &plan.zone {
-        run.push(&z.records);
-        if ends_run(z) {
-            s.push_run(&run, &mut before);
-            run.clear();
-        }
+    s
+}
+
+/// A module's address records, one line for each address of each node that runs it (`runners`:
+/// name and addresses), and the same lines by the part of the runner's name (ADR 0043), in part
+/// order, only the parts that have lines.
+pub fn module_records<'n>(
+    module: &str,
+    runners: impl Iterator<Item = (&'n str, Option<Ipv4Addr>, Option<Ipv6Addr>)>,
+) -> (String, Box<[(u8, Arc<str>)]>) {
+    let mut records = String::new();
+    let mut parts: Vec<String> = vec![String::new(); WIREGUARD_PARTS];
+    for (name, v4, v6) in runners {
+        let lines = zone_records(std::iter::once((module, v4, v6)));
+        parts[usize::from(crate::plan::part_of(name))].push_str(&lines);
+        records.push_str(&lines);
     }
-    s.push_run(&run, &mut before);
-    for m in plan.zone_modules.iter().chain(&plan.zone_routes) {
-        s.push_shared(&m.records);
-    }
-    s.finish()
+    let parts = parts.into_iter().enumerate().filter(|(_, p)| !p.is_empty()).map(|(i, p)| (i as u8, Arc::from(p))).collect();
+    (records, parts)
 }
 
 /// The SOA record of a zone of `domain` with `serial`.

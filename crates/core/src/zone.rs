@@ -133,6 +133,31 @@ pub fn parse(text: &str) -> Result<Zone, ZoneError> {
     Ok(zone)
 }
 
+/// Checks a part of a zone (ADR 0043) as `render::zone_files` writes it: comments and address
+/// records (`NAME IN A|AAAA ADDRESS`) only. The zone served is `mesh.zone` and its parts one
+/// after the other, so a part that set the origin or the TTL, or held an SOA or NS record,
+/// would change what the rest of the zone means: refused, naming the part's path and line.
+pub fn check_part(text: &str, path: &str) -> Result<(), String> {
+    for (n, raw) in text.lines().enumerate() {
+        let line = raw.split(';').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let record = match line.split_whitespace().collect::<Vec<_>>()[..] {
+            [name, "IN", "A", a] => !name.starts_with('$') && a.parse::<Ipv4Addr>().is_ok(),
+            [name, "IN", "AAAA", a] => !name.starts_with('$') && a.parse::<Ipv6Addr>().is_ok(),
+            _ => false,
+        };
+        if !record {
+            return Err(format!(
+                "{path} line {}: a part of the zone holds address records only (NAME IN A|AAAA ADDRESS), not `{line}`",
+                n + 1
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl Zone {
     /// The name server's name relative to the origin (`ns` for `ns.lab.mesh.` in `lab.mesh`), when
     /// the NS record names a name inside the zone.

@@ -83,14 +83,17 @@ pub fn run(args: &CompileArgs) -> Result<ExitCode> {
     let peak = peak_rss_kib();
     let bytes: usize = base.nodes.values().flat_map(|o| o.files.iter()).map(|f| f.content.len()).sum();
     let zone_bytes: usize =
-        base.nodes.values().flat_map(|o| o.files.iter()).filter(|f| f.path.ends_with("mesh.zone")).map(|f| f.content.len()).sum();
+        base.nodes.values().flat_map(|o| o.files.iter()).filter(|f| trellis_core::plan::is_zone(&f.path)).map(|f| f.content.len()).sum();
     // The largest file of each kind, and whose it is: the files that grow with the mesh.
     let largest: Vec<(&str, usize, &str)> = [WIREGUARD_CONF, MESH_ZONE, NFTABLES_CONF]
         .into_iter()
         .map(|path| {
-            // A node's WireGuard configuration is `wireguard.conf` and its parts (ADR 0039).
+            // A node's WireGuard configuration is `wireguard.conf` and its parts (ADR 0039), its zone
+            // `mesh.zone` and its parts (ADR 0043).
             let of = move |f: &&trellis_core::plan::FileResource| {
-                f.path == path || (path == WIREGUARD_CONF && trellis_core::plan::is_wireguard(&f.path))
+                f.path == path
+                    || (path == WIREGUARD_CONF && trellis_core::plan::is_wireguard(&f.path))
+                    || (path == MESH_ZONE && trellis_core::plan::is_zone(&f.path))
             };
             let sizes = base.nodes.iter().map(|(n, o)| (o.files.iter().filter(of).map(|f| f.content.len()).sum::<usize>(), n.as_str()));
             let (len, node) = sizes.max().unwrap_or((0, ""));

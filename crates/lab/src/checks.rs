@@ -46,7 +46,13 @@ pub(crate) fn overlay_addresses(dir: &Path, decl: &trellis_core::Declaration, ag
     names.dedup();
     for name in names {
         let path = dir.join(format!("root-{name}/{}", trellis_core::compile::MESH_ZONE));
-        let Ok(text) = std::fs::read_to_string(&path) else { continue };
+        let Ok(mut text) = std::fs::read_to_string(&path) else { continue };
+        // A zone in parts is `mesh.zone` and its parts, one after the other (ADR 0043).
+        for i in 0..trellis_core::plan::WIREGUARD_PARTS {
+            if let Ok(part) = std::fs::read_to_string(dir.join(format!("root-{name}/{}", trellis_core::plan::zone_part(i)))) {
+                text.push_str(&part);
+            }
+        }
         let zone = trellis_core::zone::parse(&text).with_context(|| format!("cannot read the zone in {}", path.display()))?;
         for (name, addrs) in zone.addresses() {
             let known = out.entry(name.to_string()).or_default();

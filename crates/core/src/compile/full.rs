@@ -137,15 +137,18 @@ pub(super) fn shared(topo: &Topology, previous: Option<&Compiled>, old: Option<&
             }
             // A withdrawn (revoked) runner answers for its module no more.
             let live = runners.iter().filter(|&&r| !topo.withdrawn[r as usize]);
-            let records = render::zone_records(live.map(|&r| (&**module, topo.ipv4[r as usize], topo.ipv6[r as usize])));
+            let (records, parts) = render::module_records(
+                module,
+                live.map(|&r| (&*topo.nodes[r as usize].name, topo.ipv4[r as usize], topo.ipv6[r as usize])),
+            );
             let old_zones = old_zones
                 .get_or_init(|| previous.into_iter().flat_map(|c| c.zone_blocks.iter()).map(|b| ((&*b.module, &*b.records), b)).collect());
-            match old_zones.get(&(&**module, records.as_str())) {
+            match old_zones.get(&(&**module, records.as_str())).filter(|b| b.parts == parts) {
                 Some(b) => (*b).clone(),
                 None => {
                     use sha2::Digest;
                     let digest = sha2::Sha256::digest(records.as_bytes()).into();
-                    Arc::new(ZoneBlock { module: module.clone(), records: records.into(), digest })
+                    Arc::new(ZoneBlock { module: module.clone(), records: records.into(), digest, parts })
                 }
             }
         })
@@ -161,7 +164,7 @@ pub(super) fn shared(topo: &Topology, previous: Option<&Compiled>, old: Option<&
             }
             let records = render::host_records(&r.route.hosts);
             let digest = sha2::Sha256::digest(records.as_bytes()).into();
-            Some(Arc::new(ZoneBlock { module: Arc::from(r.route.name.as_str()), records: records.into(), digest }))
+            Some(Arc::new(ZoneBlock { module: Arc::from(r.route.name.as_str()), records: records.into(), digest, parts: Box::new([]) }))
         })
         .collect();
     Shared { common, rule_blocks, zone_blocks, route_blocks, route_zones }

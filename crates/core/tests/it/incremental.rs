@@ -247,6 +247,7 @@ proptest! {
         let mut decl = Arc::new(d.clone());
         let mut prev = compile(&decl, &keys, &Default::default(), None).unwrap();
         prop_assert!(parts_hold_the_peers(&prev)? > 0, "no node had its peers in parts");
+        prop_assert!(zone_parts_hold_the_names(&prev)? > 0, "no node had its zone in parts");
         let mut added = 0;
         for (step, c) in changes.iter().enumerate() {
             if apply(&mut d, &mut keys, c, &mut added) {
@@ -257,6 +258,7 @@ proptest! {
             let full = compile(&decl, &keys, &before.allocation, None).unwrap();
             same(&inc, &full, &before, step)?;
             parts_hold_the_peers(&inc)?;
+            zone_parts_hold_the_names(&inc)?;
             prev = inc;
         }
     }
@@ -367,6 +369,66 @@ fn parts_hold_the_peers(c: &Compiled) -> Result<usize, TestCaseError> {
             .collect();
         want.sort_by_key(|(i, _)| *i);
         prop_assert_eq!(held, want, "{}'s parts hold its peers, each in its name's part", name);
+    }
+    Ok(parted)
+}
+
+/// Each node's zone files (ADR 0043): a node whose zone names more than `PARTS_FROM` nodes has
+/// their records in parts, in order, each holding address records only, each node's records in
+/// the part of its name; `mesh.zone` and the parts one after the other are the zone the one
+/// file (`render::zone`) is: the same origin, serial, name server and names with the same
+/// addresses. Any other node has no parts. Gives how many nodes have parts.
+fn zone_parts_hold_the_names(c: &Compiled) -> Result<usize, TestCaseError> {
+    use trellis_core::plan::{part_of, zone_part_index, MESH_ZONE, PARTS_FROM};
+    let mut parted = 0;
+    for (name, out) in &c.nodes {
+        let main = out.files.iter().find(|f| f.path == MESH_ZONE).expect("a mesh.zone");
+        let parts: Vec<_> = out.files.iter().filter_map(|f| Some((zone_part_index(&f.path)?, f))).collect();
+        let one = trellis_core::zone::parse(&trellis_core::render::zone(&out.plan, None).to_string()).unwrap();
+        if out.plan.zone.len() <= PARTS_FROM {
+            prop_assert!(parts.is_empty(), "{} names {} nodes and has zone parts", name, out.plan.zone.len());
+            continue;
+        }
+        parted += 1;
+        prop_assert!(parts.windows(2).all(|w| w[0].0 < w[1].0), "{}'s zone parts are in order", name);
+        let mut joined = main.content.to_string();
+        let names: std::collections::HashSet<&str> = out.plan.zone.iter().map(|z| &*z.name).collect();
+        for (i, f) in &parts {
+            prop_assert_eq!(f.mode, 0o644);
+            let text = f.content.to_string();
+            prop_assert!(
+                trellis_core::zone::check_part(&text, &f.path).is_ok(),
+                "{}: {:?}",
+                name,
+                trellis_core::zone::check_part(&text, &f.path)
+            );
+            for record in text.lines().filter(|l| !l.starts_with(';')) {
+                let n = record.split('\t').next().unwrap();
+                prop_assert!(!names.contains(n) || usize::from(part_of(n)) == *i, "{}: {} is in part {}", name, n, i);
+            }
+            joined.push_str(&text);
+        }
+        let in_main = trellis_core::zone::parse(&main.content.to_string()).unwrap();
+        prop_assert!(
+            in_main.records.iter().all(|r| !names.contains(r.name.as_str())),
+            "{} has node records in mesh.zone beside its parts",
+            name
+        );
+        let whole = trellis_core::zone::parse(&joined).unwrap();
+        prop_assert_eq!(
+            (&whole.origin, whole.serial, &whole.nameserver, &whole.nameserver_addresses),
+            (&one.origin, one.serial, &one.nameserver, &one.nameserver_addresses)
+        );
+        let sorted = |z: &trellis_core::zone::Zone| -> std::collections::BTreeMap<String, Vec<std::net::IpAddr>> {
+            z.addresses()
+                .into_iter()
+                .map(|(n, mut a)| {
+                    a.sort();
+                    (n.to_string(), a)
+                })
+                .collect()
+        };
+        prop_assert_eq!(sorted(&whole), sorted(&one), "{}'s zone in parts is the zone", name);
     }
     Ok(parted)
 }
