@@ -3,7 +3,6 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -11,20 +10,16 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
+use crate::plan::ZoneFile;
+
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 pub trait Resolver: Send {
     /// Serves the zone on these addresses, replacing what was served before: its files one after
-    /// the other (`mesh.zone` and its parts, ADR 0043) are the zone. With `change`, the zone came
-    /// as edits of the one held (ADR 0035): when that is the zone served, only the address
-    /// records in its regions are read, and changed one by one (ADR 0037).
-    fn apply<'a>(
-        &'a mut self,
-        zone: &'a [PathBuf],
-        origin: &'a str,
-        listen: &'a [SocketAddr],
-        change: Option<&'a crate::plan::TextChange>,
-    ) -> BoxFuture<'a, Result<()>>;
+    /// the other (`mesh.zone` and its parts, ADR 0043) are the zone. Only the files that differ
+    /// from those served are read, by the regions of their edits when they came as edits of the
+    /// file served (ADR 0035), and their address records changed one by one (ADR 0037).
+    fn apply<'a>(&'a mut self, zone: &'a [ZoneFile], origin: &'a str, listen: &'a [SocketAddr]) -> BoxFuture<'a, Result<()>>;
     fn serving(&self) -> Vec<SocketAddr>;
 }
 
@@ -99,11 +94,11 @@ pub struct Hickory {
 }
 
 /// The zone being answered: its handler, which a new zone that differs in some names' addresses
-/// only changes in place, and the text it was made from.
+/// only changes in place, and the files it was made from (path, SHA-256, content).
 struct Served {
     handler: Arc<hickory_server::store::in_memory::InMemoryZoneHandler>,
     origin: hickory_server::proto::rr::Name,
-    text: String,
+    files: Vec<(String, [u8; 32], bytes::Bytes)>,
     ttl: u32,
     nameserver: String,
     /// Whether every address record of the text reads as the whole read reads it, its name
@@ -228,28 +223,20 @@ impl<'t> Cut<'t> {
 }
 
 impl Resolver for Hickory {
-    fn apply<'a>(
-        &'a mut self,
-        zone: &'a [PathBuf],
-        origin: &'a str,
-        listen: &'a [SocketAddr],
-        change: Option<&'a crate::plan::TextChange>,
-    ) -> BoxFuture<'a, Result<()>> {
+    fn apply<'a>(&'a mut self, zone: &'a [ZoneFile], origin: &'a str, listen: &'a [SocketAddr]) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             use hickory_server::proto::rr::{LowerName, Name};
             use hickory_server::zone_handler::Catalog;
             let name = Name::from_str(&format!("{}.", origin.trim_end_matches('.'))).with_context(|| format!("zone origin {origin:?}"))?;
             let started = std::time::Instant::now();
             let running = self.server.is_some() && self.listening == listen;
-            // By its regions, when the zone served is the one the edits were made from: the
-            // address records of their lines, changed in place (ADR 0035, 0037).
+            let held = || zone.iter().map(|f| (f.path.clone(), f.sha256, f.content.clone())).collect::<Vec<_>>();
+            // By the regions of the files that differ from those served: the address records of
+            // their lines, changed in place (ADR 0035, 0037, 0043).
             if let Some(served) = self.served.as_mut().filter(|s| running && s.origin == name && s.counted) {
-                let by_regions = change
-                    .filter(|c| served.text.as_bytes() == &c.old[..])
-                    .and_then(|c| Some((std::str::from_utf8(&c.new).ok()?, c)))
-                    .and_then(|(text, c)| Some((text, record_changes(&served.text, text, &c.hunks)?)))
-                    .and_then(|(text, (serial, lines))| Some((text, serial, tally(&served.counts, &lines)?)));
-                if let Some((text, serial, tally)) = by_regions {
+                let by_regions =
+                    file_changes(&served.files, zone).and_then(|(serial, lines)| Some((serial, tally(&served.counts, &lines)?)));
+                if let Some((serial, tally)) = by_regions {
                     if let Some(changed) = patch_records(served, serial, &tally).await? {
                         for (key, n) in tally.counts {
                             match n {
@@ -257,7 +244,7 @@ impl Resolver for Hickory {
                                 n => served.counts.insert(key, n),
                             };
                         }
-                        served.text = text.to_string();
+                        served.files = held();
                         self.by_regions += 1;
                         tracing::info!(
                             records = changed,
@@ -269,15 +256,18 @@ impl Resolver for Hickory {
                 }
             }
             // Read first: a zone that does not load leaves the running server as it is.
-            let mut text = String::new();
+            let mut text = String::with_capacity(zone.iter().map(|f| f.content.len()).sum());
             for f in zone {
-                text.push_str(&std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?);
+                text.push_str(
+                    std::str::from_utf8(&f.content).map_err(|_| anyhow::anyhow!("the mesh zone does not load: {} is not UTF-8", f.path))?,
+                );
             }
             if let Some(served) = self.served.as_mut().filter(|s| running && s.origin == name) {
-                if let Some((serial, names, counts)) = changes(&served.text, &text) {
+                let before: String = served.files.iter().map(|f| String::from_utf8_lossy(&f.2)).collect();
+                if let Some((serial, names, counts)) = changes(&before, &text) {
                     let read_ms = started.elapsed().as_millis() as u64;
                     if let Some(changed) = patch(served, serial, &names).await? {
-                        served.text = text;
+                        served.files = held();
                         served.counted = true;
                         served.counts = counts;
                         tracing::info!(names = changed, read_ms, ms = started.elapsed().as_millis() as u64, "mesh zone changed in place");
@@ -297,7 +287,8 @@ impl Resolver for Hickory {
             let counts = counts_of(&text);
             let counted = counts.is_some();
             let counts = counts.unwrap_or_default();
-            self.served = Some(Served { handler, origin: name, ttl: read.ttl, nameserver: read.nameserver, text, counted, counts });
+            self.served =
+                Some(Served { handler, origin: name, ttl: read.ttl, nameserver: read.nameserver, files: held(), counted, counts });
             if running {
                 tracing::info!(load_ms = loaded.as_millis() as u64, "mesh zone served (the same sockets)");
                 return Ok(());
@@ -475,7 +466,7 @@ fn changes(old: &str, new: &str) -> Option<(u32, Vec<NameChange>, Counts)> {
 /// of addresses a name has. `None` when the regions differ in anything but address records and
 /// the SOA's serial, or a record does not read as the whole read reads it, or a name is spelled
 /// as trellis does not: the zone is read whole, which names what is wrong and where.
-fn record_changes(old: &str, new: &str, hunks: &[trellis_core::delta::Hunk]) -> Option<(u32, Vec<RecordLine>)> {
+fn record_changes(old: &str, new: &str, hunks: &[trellis_core::delta::Hunk]) -> Option<(Option<u32>, Vec<RecordLine>)> {
     let regions = trellis_core::delta::widen(old.as_bytes(), new.as_bytes(), hunks, b"\n", |_, _| true)?;
     let mut serial = None;
     let mut lines = Vec::new();
@@ -488,7 +479,46 @@ fn record_changes(old: &str, new: &str, hunks: &[trellis_core::delta::Hunk]) -> 
         lines.extend(o.records.into_iter().map(|(name, a)| (name.into(), a, -1)));
         lines.extend(n.records.into_iter().map(|(name, a)| (name.into(), a, 1)));
     }
-    Some((serial?.parse().ok()?, lines))
+    let serial = match serial {
+        Some(s) => Some(s.parse().ok()?),
+        None => None,
+    };
+    Some((serial, lines))
+}
+
+/// The change from the zone's files served to `files` (ADR 0043), read from the regions of each
+/// file that differs (`record_changes`): a file that came as edits of the one served by their
+/// hunks, any other that differs, new or gone as a whole. A file served as it is (its SHA-256)
+/// is not read at all, so that a change of one part costs that part. The new serial, and the
+/// record lines; `None` when a file does not read so, or no region gives a serial: the zone is
+/// read whole.
+fn file_changes(served: &[(String, [u8; 32], bytes::Bytes)], files: &[ZoneFile]) -> Option<(u32, Vec<RecordLine>)> {
+    use trellis_core::delta::Hunk;
+    let (mut serial, mut lines) = (None, Vec::new());
+    let mut read = |old: &[u8], new: &[u8], hunks: &[Hunk]| -> Option<()> {
+        let (s, l) = record_changes(std::str::from_utf8(old).ok()?, std::str::from_utf8(new).ok()?, hunks)?;
+        serial = s.or(serial);
+        lines.extend(l);
+        Some(())
+    };
+    for f in files {
+        match served.iter().find(|(path, ..)| *path == f.path) {
+            Some((_, sha, _)) if *sha == f.sha256 => {}
+            Some((_, sha, old)) => {
+                let whole = [Hunk { old: 0..old.len(), new: 0..f.content.len() }];
+                let of_file = |c: &&crate::plan::TextChange| {
+                    c.base == *sha && ((c.new.as_ptr() == f.content.as_ptr() && c.new.len() == f.content.len()) || c.new == f.content)
+                };
+                let hunks = f.change.as_ref().filter(of_file).map_or(&whole[..], |c| &c.hunks[..]);
+                read(old, &f.content, hunks)?;
+            }
+            None => read(b"", &f.content, &[Hunk { old: 0..0, new: 0..f.content.len() }])?,
+        }
+    }
+    for (_, _, old) in served.iter().filter(|(path, ..)| !files.iter().any(|f| f.path == *path)) {
+        read(old, b"", &[Hunk { old: 0..old.len(), new: 0..0 }])?;
+    }
+    Some((serial?, lines))
 }
 
 /// An address record line a change takes away (-1) or brings (+1): its name and address.
@@ -847,7 +877,7 @@ mod tests {
         let file = dir.join("mesh.zone");
         std::fs::write(&file, "$ORIGIN t.mesh.\n$TTL 60\n@\tIN\tSOA\tns.t.mesh. hostmaster.t.mesh. 1 3600 600 86400 60\n@\tIN\tNS\tns.t.mesh.\nns\tIN\tA\t10.0.0.1\ndb-1\tIN\tA\t10.1.0.1\n").unwrap();
         let mut dns = super::Hickory::default();
-        dns.apply(std::slice::from_ref(&file), "t.mesh", &listen, None).await.unwrap();
+        dns.apply(&on_disk(&file), "t.mesh", &listen).await.unwrap();
         let server = listen[0];
         let asker = std::thread::spawn(move || -> std::io::Result<Vec<String>> {
             let mut m = Message::query();
@@ -879,17 +909,17 @@ mod tests {
         let file = dir.join("mesh.zone");
         std::fs::write(&file, zone(1, "")).unwrap();
         let mut dns = super::Hickory::default();
-        dns.apply(std::slice::from_ref(&file), "t.mesh", &listen, None).await.unwrap();
+        dns.apply(&on_disk(&file), "t.mesh", &listen).await.unwrap();
         assert_eq!(ask(listen[0], "db-1.t.mesh.").await, ["10.1.0.1"]);
         assert!(ask(listen[0], "db-2.t.mesh.").await.is_empty());
         assert_eq!(dns.starts, 1);
         std::fs::write(&file, zone(2, "db-2\tIN\tA\t10.1.0.2\n")).unwrap();
-        dns.apply(std::slice::from_ref(&file), "t.mesh", &listen, None).await.unwrap();
+        dns.apply(&on_disk(&file), "t.mesh", &listen).await.unwrap();
         assert_eq!(ask(listen[0], "db-2.t.mesh.").await, ["10.1.0.2"]);
         assert_eq!(dns.starts, 1, "the same server answers, its sockets bound once");
         // A zone that does not load leaves the one served.
         std::fs::write(&file, "not a zone").unwrap();
-        assert!(dns.apply(std::slice::from_ref(&file), "t.mesh", &listen, None).await.is_err());
+        assert!(dns.apply(&on_disk(&file), "t.mesh", &listen).await.is_err());
         assert_eq!(ask(listen[0], "db-2.t.mesh.").await, ["10.1.0.2"]);
     }
 
@@ -916,12 +946,12 @@ mod tests {
         let file = dir.join("mesh.zone");
         std::fs::write(&file, zone(1, 60, &format!("{many}db-1\tIN\tA\t10.2.0.1\ndb-3\tIN\tA\t10.2.0.3\n"))).unwrap();
         let mut dns = super::Hickory::default();
-        dns.apply(std::slice::from_ref(&file), "t.mesh", &listen, None).await.unwrap();
+        dns.apply(&on_disk(&file), "t.mesh", &listen).await.unwrap();
         assert_eq!(ask(listen[0], "db-3.t.mesh.").await, ["10.2.0.3"]);
         assert_eq!((dns.builds, dns.starts), (1, 1));
         std::fs::write(&file, zone(2, 60, &format!("{many}db-1\tIN\tA\t10.2.0.9\ndb-2\tIN\tA\t10.2.0.2\ndb-2\tIN\tAAAA\tfd00::2\n")))
             .unwrap();
-        dns.apply(std::slice::from_ref(&file), "t.mesh", &listen, None).await.unwrap();
+        dns.apply(&on_disk(&file), "t.mesh", &listen).await.unwrap();
         assert_eq!((dns.builds, dns.starts), (1, 1), "changed in place, by the same server");
         assert_eq!(ask(listen[0], "db-1.t.mesh.").await, ["10.2.0.9"]);
         assert_eq!(ask(listen[0], "db-2.t.mesh.").await, ["10.2.0.2"]);
@@ -932,18 +962,19 @@ mod tests {
         assert!(soa.len() == 1 && soa[0].contains(" 2 3600 600 86400 60"), "{soa:?}");
         // A changed name's line that is not an address record: read whole, and refused.
         std::fs::write(&file, zone(3, 60, &format!("{many}db-1\tIN\tA\t10.2.0.9 extra\n"))).unwrap();
-        assert!(dns.apply(std::slice::from_ref(&file), "t.mesh", &listen, None).await.is_err());
+        assert!(dns.apply(&on_disk(&file), "t.mesh", &listen).await.is_err());
         assert_eq!(ask(listen[0], "db-1.t.mesh.").await, ["10.2.0.9"], "the zone served stays");
         // Another TTL: built whole.
         std::fs::write(&file, zone(4, 30, "db-1\tIN\tA\t10.2.0.1\n")).unwrap();
-        dns.apply(std::slice::from_ref(&file), "t.mesh", &listen, None).await.unwrap();
+        dns.apply(&on_disk(&file), "t.mesh", &listen).await.unwrap();
         assert_eq!((dns.builds, dns.starts), (2, 1));
         assert_eq!(ask(listen[0], "db-1.t.mesh.").await, ["10.2.0.1"]);
         assert!(ask(listen[0], "db-2.t.mesh.").await.is_empty());
-        // A name written in two runs (not as trellis writes): built whole, and answered.
+        // A name written in two runs (a module's name is in every part of a zone in parts, ADR
+        // 0043): changed in place by its lines all the same, and answered merged.
         std::fs::write(&file, zone(5, 30, "db-1\tIN\tA\t10.2.0.1\ndb-2\tIN\tA\t10.2.0.2\ndb-1\tIN\tA\t10.2.0.7\n")).unwrap();
-        dns.apply(std::slice::from_ref(&file), "t.mesh", &listen, None).await.unwrap();
-        assert_eq!((dns.builds, dns.starts), (3, 1));
+        dns.apply(&on_disk(&file), "t.mesh", &listen).await.unwrap();
+        assert_eq!((dns.builds, dns.starts), (2, 1));
         let mut both = ask(listen[0], "db-1.t.mesh.").await;
         both.sort();
         assert_eq!(both, ["10.2.0.1", "10.2.0.7"]);
@@ -952,12 +983,31 @@ mod tests {
         crate::plan::TextChange::between(old, new)
     }
 
+    /// The zone as one `mesh.zone` of this content, not edits of any.
+    fn whole(content: &[u8]) -> Vec<crate::plan::ZoneFile> {
+        let f = trellis_core::bundle::BundleFile::new(trellis_core::plan::MESH_ZONE, 0o644, content.to_vec());
+        vec![crate::plan::ZoneFile { path: f.path, sha256: f.sha256, content: f.content, change: None }]
+    }
+
+    /// The zone as the `mesh.zone` written at `file`.
+    fn on_disk(file: &std::path::Path) -> Vec<crate::plan::ZoneFile> {
+        whole(&std::fs::read(file).unwrap())
+    }
+
+    /// The zone as one `mesh.zone` that came as these edits.
+    fn edits(change: crate::plan::TextChange) -> Vec<crate::plan::ZoneFile> {
+        let mut files = whole(&change.new);
+        files[0].change = Some(change);
+        files
+    }
+
     /// A change that came as edits of the zone served is read from its regions only: the names
     /// there changed in place, answered from the next query on. A name given a second run
-    /// outside them (not as trellis writes) is read whole and answered merged, as hickory's
-    /// whole read does; edits of another zone than the one served are read whole.
+    /// outside them is read by its lines and answered merged, as hickory's whole read does;
+    /// edits of another zone than the one served are not taken for edits of it (the file is
+    /// compared with the one served whole).
     #[tokio::test]
-    async fn a_change_by_its_regions_is_changed_in_place_and_anything_else_is_read_whole() {
+    async fn a_change_by_its_regions_is_changed_in_place_and_edits_of_another_zone_are_not_taken() {
         use super::Resolver;
         let dir = trellis_testing::TempDir::new("dns-regions");
         let listen = free_listen();
@@ -986,13 +1036,13 @@ mod tests {
         let first = zone(1, 3000, "db-1\tIN\tA\t10.2.0.1\n");
         std::fs::write(&file, &first).unwrap();
         let mut dns = super::Hickory::default();
-        dns.apply(std::slice::from_ref(&file), "t.mesh", &listen, None).await.unwrap();
+        dns.apply(&on_disk(&file), "t.mesh", &listen).await.unwrap();
         assert_eq!((dns.builds, dns.by_regions), (1, 0));
         // n-7 gone, n-1500 renumbered, db-2 come; the file on disk says otherwise, to show that
         // the regions, not the file, were read.
         let second = zone(2, 7, "db-1\tIN\tA\t10.2.0.1\ndb-2\tIN\tA\t10.2.0.2\n");
         std::fs::write(&file, "not read").unwrap();
-        dns.apply(std::slice::from_ref(&file), "t.mesh", &listen, Some(&change_of(&first, &second))).await.unwrap();
+        dns.apply(&edits(change_of(&first, &second)), "t.mesh", &listen).await.unwrap();
         assert_eq!((dns.builds, dns.by_regions), (1, 1), "read by its regions");
         assert!(ask(listen[0], "n-7.t.mesh.").await.is_empty());
         assert_eq!(ask(listen[0], "n-1500.t.mesh.").await, ["10.1.6.200"]);
@@ -1008,16 +1058,17 @@ mod tests {
         // lines all the same, and answered merged as the whole read answers it.
         let third = zone(3, 7, "db-1\tIN\tA\t10.2.0.1\ndb-2\tIN\tA\t10.2.0.2\nn-3\tIN\tA\t10.9.9.9\n");
         std::fs::write(&file, &third).unwrap();
-        dns.apply(std::slice::from_ref(&file), "t.mesh", &listen, Some(&change_of(&second, &third))).await.unwrap();
+        dns.apply(&edits(change_of(&second, &third)), "t.mesh", &listen).await.unwrap();
         assert_eq!((dns.builds, dns.by_regions), (1, 2), "read by its lines");
         let mut both = ask(listen[0], "n-3.t.mesh.").await;
         both.sort();
         assert_eq!(both, ["10.1.0.3", "10.9.9.9"]);
-        // Edits made from another zone than the one served: the file is read whole.
+        // Edits made from another zone than the one served are not taken for edits of it: the
+        // file is compared with the one served as a whole, and still changed in place.
         let fourth = zone(4, 7, "db-1\tIN\tA\t10.2.0.4\n");
         std::fs::write(&file, &fourth).unwrap();
-        dns.apply(std::slice::from_ref(&file), "t.mesh", &listen, Some(&change_of(&second, &fourth))).await.unwrap();
-        assert_eq!((dns.builds, dns.by_regions), (2, 2));
+        dns.apply(&edits(change_of(&second, &fourth)), "t.mesh", &listen).await.unwrap();
+        assert_eq!((dns.builds, dns.by_regions), (1, 3));
         assert_eq!(module(&dns).await, held, "the whole read holds what the records did");
         assert_eq!(ask(listen[0], "db-1.t.mesh.").await, ["10.2.0.4"]);
         assert!(ask(listen[0], "db-2.t.mesh.").await.is_empty());
@@ -1026,7 +1077,7 @@ mod tests {
 
     /// ADR 0043: a zone in parts is served as `mesh.zone` and its parts one after the other. A
     /// bundle that edits one part, drops another, adds a third and keeps the rest changes the
-    /// zone served by the regions of the files that changed (the files on disk are not read),
+    /// zone served by the regions of the files that changed (a part served as it is is not read),
     /// a module's name spread over every part losing one address of its set; and the zone then
     /// served counts exactly what the new files hold, read whole.
     #[tokio::test]
@@ -1034,7 +1085,6 @@ mod tests {
         use super::Resolver;
         use trellis_core::bundle::{Bundle, BundleFile, Edited};
         use trellis_core::plan::{zone_part, MESH_ZONE};
-        let dir = trellis_testing::TempDir::new("dns-parts");
         let listen = free_listen();
         let main = |serial: u32| {
             format!("; zone\n$ORIGIN t.mesh.\n$TTL 60\n@\tIN\tSOA\tns.t.mesh. hostmaster.t.mesh. {serial} 3600 600 86400 60\n@\tIN\tNS\tns.t.mesh.\nns\tIN\tA\t10.0.0.1\n; names in parts\n")
@@ -1067,16 +1117,8 @@ mod tests {
             2,
             vec![(MESH_ZONE, main(2)), (zone_part(0), part(0, 9999)), (zone_part(1), edited_1.clone()), (zone_part(3), part(3, 9999))],
         );
-        let paths = |b: &Bundle| -> Vec<std::path::PathBuf> { b.files.iter().map(|f| dir.join(&f.path)).collect() };
-        let write = |b: &Bundle| {
-            for f in &b.files {
-                std::fs::create_dir_all(dir.join(&f.path).parent().unwrap()).unwrap();
-                std::fs::write(dir.join(&f.path), &f.content).unwrap();
-            }
-        };
-        write(&first);
         let mut dns = super::Hickory::default();
-        dns.apply(&paths(&first), "t.mesh", &listen, None).await.unwrap();
+        dns.apply(&crate::plan::zone_of(&first, &Default::default()), "t.mesh", &listen).await.unwrap();
         assert_eq!((dns.builds, dns.by_regions), (1, 0));
         assert_eq!(ask(listen[0], "n-6.t.mesh.").await, ["10.1.0.6"]);
         assert!(ask(listen[0], "n-7.t.mesh.").await.is_empty(), "part 3 is not held yet");
@@ -1098,15 +1140,12 @@ mod tests {
             Edited { path: zone_part(1).into(), base: part_change.base, hunks: part_change.hunks.clone() },
         ];
         let changes = crate::plan::text_changes(Some(&first), &second, &edited);
-        let change = changes.get(crate::plan::ZONE_SERVED).expect("the zone in parts changed as one");
-        let joined = |b: &Bundle| b.files.iter().flat_map(|f| f.content.iter().copied()).collect::<Vec<u8>>();
-        assert_eq!((&change.old[..], &change.new[..]), (&joined(&first)[..], &joined(&second)[..]));
-        // The files on disk say otherwise: the regions, not the files, are read.
-        for f in &second.files {
-            std::fs::create_dir_all(dir.join(&f.path).parent().unwrap()).unwrap();
-            std::fs::write(dir.join(&f.path), "not read").unwrap();
-        }
-        dns.apply(&paths(&second), "t.mesh", &listen, Some(change)).await.unwrap();
+        let files = crate::plan::zone_of(&second, &changes);
+        assert_eq!(
+            files.iter().map(|f| (f.path.as_str(), f.change.is_some())).collect::<Vec<_>>(),
+            [(MESH_ZONE, true), (zone_part(0), false), (zone_part(1), true), (zone_part(3), false)]
+        );
+        dns.apply(&files, "t.mesh", &listen).await.unwrap();
         assert_eq!((dns.builds, dns.by_regions), (1, 1), "read by the regions of its files");
         assert!(ask(listen[0], "n-5.t.mesh.").await.is_empty(), "gone from part 1");
         assert!(ask(listen[0], "n-6.t.mesh.").await.is_empty(), "part 2 is gone");
@@ -1117,15 +1156,15 @@ mod tests {
         assert!(!ssh.contains("10.1.0.5") && !ssh.contains("10.1.0.6") && ssh.contains("10.1.0.7"));
         let soa = ask_for(listen[0], "t.mesh.", RecordType::SOA).await;
         assert!(soa.len() == 1 && soa[0].contains(" 2 3600 600 86400 60"), "{soa:?}");
+        let joined = |b: &Bundle| b.files.iter().flat_map(|f| f.content.iter().copied()).collect::<Vec<u8>>();
         let whole = String::from_utf8(joined(&second)).unwrap();
         assert_eq!(dns.served.as_ref().unwrap().counts, super::counts_of(&whole).unwrap(), "what the new files hold, counted whole");
         assert_eq!(of(&second, zone_part(1)), edited_1.as_bytes());
 
-        // Read whole, the files on disk are the zone, one after the other.
-        write(&second);
+        // Read whole, the files are the zone, one after the other.
         let mut fresh = super::Hickory::default();
         let other = free_listen();
-        fresh.apply(&paths(&second), "t.mesh", &other, None).await.unwrap();
+        fresh.apply(&crate::plan::zone_of(&second, &Default::default()), "t.mesh", &other).await.unwrap();
         assert_eq!(fresh.served.as_ref().unwrap().counts, dns.served.as_ref().unwrap().counts);
         assert_eq!(ask(other[0], "n-7.t.mesh.").await, ["10.1.0.7"]);
     }

@@ -462,10 +462,9 @@ impl Executor {
                     self.report.ruleset_loaded = fw.loaded();
                 }
             }
-            Action::ServeZone { paths, origin, listen, change } => {
+            Action::ServeZone { files, origin, listen } => {
                 if let Some(dns) = self.backends.resolver.as_mut() {
-                    let files: Vec<std::path::PathBuf> = paths.iter().map(|p| self.root.join(p)).collect();
-                    dns.apply(&files, origin, listen, change.as_ref()).await?;
+                    dns.apply(files, origin, listen).await?;
                     self.report.dns_serving = dns.serving().iter().map(|a| a.to_string()).collect();
                 }
             }

@@ -334,12 +334,19 @@ mod tests {
     impl Resolver for Dns {
         fn apply<'a>(
             &'a mut self,
-            _zone: &'a [std::path::PathBuf],
+            zone: &'a [crate::plan::ZoneFile],
             origin: &'a str,
             listen: &'a [SocketAddr],
-            _: Option<&'a crate::plan::TextChange>,
         ) -> BoxFuture<'a, Result<()>> {
-            note(&self.0, format!("dns {origin} on {}", listen.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(",")));
+            let mut line = format!("dns {origin} on {}", listen.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(","));
+            // A zone in parts (ADR 0043): its files in the order served, those that came as edits
+            // marked.
+            if zone.len() > 1 {
+                let files: Vec<String> =
+                    zone.iter().map(|f| format!("{}{}", f.path, if f.change.is_some() { " (edits)" } else { "" })).collect();
+                line.push_str(&format!(" from {}", files.join(", ")));
+            }
+            note(&self.0, line);
             Box::pin(async { Ok(()) })
         }
         fn serving(&self) -> Vec<SocketAddr> {
@@ -887,6 +894,73 @@ mod tests {
             let said = ev.error.clone().unwrap_or_default();
             assert!(said.contains("wireguard.d/peers-20.conf line 1") && said.contains("[Interface]"), "{said}");
             assert_eq!(*f.applier.executor().configured().unwrap(), whole(&two));
+        });
+    }
+
+    /// ADR 0043: a zone in parts. The resolver is given `mesh.zone` and its parts in order; a
+    /// change writes only the parts that changed; a part that holds anything but address records,
+    /// or parts without `mesh.zone`, are refused, naming the part, and nothing is written.
+    #[test]
+    fn a_zone_in_parts_writes_the_parts_that_changed_and_a_part_not_of_records_is_refused() {
+        use trellis_core::plan::zone_part;
+        let main = "$ORIGIN basic.mesh.\n$TTL 60\n@\tIN\tSOA\tns.basic.mesh. hostmaster.basic.mesh. 1 3600 600 86400 60\n@\tIN\tNS\tns.basic.mesh.\n";
+        fn zoned(version: u64, main: Option<&str>, parts: &[(usize, &str)]) -> Bundle {
+            let mut b = bundle(version, false, "good1", &[]);
+            b.files.retain(|f| f.path != MESH_ZONE);
+            b.files.extend(main.map(|m| BundleFile::new(MESH_ZONE, 0o644, m.as_bytes().to_vec())));
+            for (i, text) in parts {
+                b.files.push(BundleFile::new(zone_part(*i), 0o644, text.as_bytes().to_vec()));
+            }
+            b
+        }
+        rt().block_on(async {
+            let mut f = fixture("zone-parts");
+            let one = zoned(1, Some(main), &[(5, "; part 05\nn-5\tIN\tA\t10.88.0.5\n"), (0, "; part 00\nn-0\tIN\tA\t10.88.0.6\n")]);
+            let ev = f.apply(&one).await.unwrap();
+            assert_eq!(ev.result, proto::EvidenceResult::Applied, "{ev:?}");
+            let journal = f.take();
+            let dns: Vec<&String> = journal.iter().filter(|l| l.starts_with("dns")).collect();
+            assert_eq!(
+                dns,
+                [&format!("dns basic.mesh on 10.88.0.5:53 from {MESH_ZONE}, {}, {}", zone_part(0), zone_part(5))],
+                "{journal:?}"
+            );
+
+            // Part 5 changed, part 9 came, part 0 as it was.
+            let two = zoned(
+                2,
+                Some(main),
+                &[(5, "; part 05\nn-5\tIN\tA\t10.88.0.7\n"), (0, "; part 00\nn-0\tIN\tA\t10.88.0.6\n"), (9, "n-9\tIN\tA\t10.88.0.9\n")],
+            );
+            let ev = f.apply(&two).await.unwrap();
+            assert_eq!(ev.result, proto::EvidenceResult::Applied, "{ev:?}");
+            let journal = f.take();
+            let staged: Vec<&String> = journal.iter().filter(|l| l.starts_with("stage") || l.starts_with("remove")).collect();
+            assert_eq!(
+                staged,
+                [&format!("stage {}", zone_part(5)), &format!("stage {}", zone_part(9))],
+                "only the parts that changed: {journal:?}"
+            );
+
+            // A part that sets the origin is refused, naming it and its line; nothing is written.
+            let bad = zoned(
+                3,
+                Some(main),
+                &[(5, "; part 05\nn-5\tIN\tA\t10.88.0.7\n"), (0, "; part 00\nn-0\tIN\tA\t10.88.0.6\n"), (9, "; part 09\n$ORIGIN evil.\n")],
+            );
+            let ev = f.apply(&bad).await.unwrap();
+            assert_eq!(ev.result, proto::EvidenceResult::Failed, "{ev:?}");
+            let said = ev.error.clone().unwrap_or_default();
+            assert!(said.contains("zone.d/names-09.zone line 2") && said.contains("$ORIGIN evil."), "{said}");
+            assert!(!f.take().iter().any(|l| l.starts_with("stage")), "nothing is written");
+
+            // Parts without mesh.zone: refused, naming a part.
+            let headless = zoned(4, None, &[(5, "n-5\tIN\tA\t10.88.0.7\n")]);
+            let ev = f.apply(&headless).await.unwrap();
+            assert_eq!(ev.result, proto::EvidenceResult::Failed, "{ev:?}");
+            let said = ev.error.clone().unwrap_or_default();
+            assert!(said.contains(zone_part(5)) && said.contains("no etc/trellis/mesh.zone"), "{said}");
+            assert!(!f.take().iter().any(|l| l.starts_with("stage")), "nothing is written");
         });
     }
 

@@ -39,9 +39,9 @@ pub enum Action {
     /// Load the ruleset written at this path (relative to the root) in one transaction.
     /// With `change`, the file came as edits of the one held, and may be read by its regions.
     LoadRuleset { path: String, change: Option<TextChange> },
-    /// Serve the zone written at these paths (relative to the root; `mesh.zone` and its parts,
-    /// ADR 0043, one after the other) on these addresses.
-    ServeZone { paths: Vec<String>, origin: String, listen: Vec<SocketAddr>, change: Option<TextChange> },
+    /// Serve the zone, `mesh.zone` and its parts one after the other (ADR 0043), on these
+    /// addresses.
+    ServeZone { files: Vec<ZoneFile>, origin: String, listen: Vec<SocketAddr> },
     /// Send one empty datagram through the interface to each of these overlay addresses, one
     /// per peer the interface just got or now dials at another endpoint: WireGuard starts the
     /// handshake at once, so whichever end comes up second completes it, and a first packet
@@ -88,84 +88,46 @@ impl TextChange {
     }
 }
 
-/// The files of a bundle known to have changed from the held ones in hunks only, by path; and,
-/// under [`ZONE_SERVED`], the zone's files as the resolver serves them.
+/// The files of a bundle known to have changed from the held ones in hunks only, by path.
 pub type Changes = std::collections::HashMap<String, TextChange>;
 
-/// Where [`Changes`] holds the change of a zone in parts (ADR 0043) as it is served: `mesh.zone`
-/// and its parts one after the other, as one text. No file has this path.
-pub const ZONE_SERVED: &str = "(mesh.zone and its parts, as served)";
+/// One file of the zone (`mesh.zone` or a part of it, ADR 0043) as the bundle has it, and, when
+/// it came as edits of the file held at its path, the change (ADR 0035): the resolver serves the
+/// zone's files one after the other, and reads a change by the regions of the files that differ
+/// from those it serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ZoneFile {
+    pub path: String,
+    pub sha256: [u8; 32],
+    pub content: bytes::Bytes,
+    pub change: Option<TextChange>,
+}
 
-/// A bundle's zone files in the order they are served: `mesh.zone`, then its parts by number.
-fn zone_files(bundle: &Bundle) -> Vec<&BundleFile> {
+/// A bundle's zone files as the resolver is given them: `mesh.zone`, then its parts by number
+/// (ADR 0043), each with its change when it came as edits.
+pub(crate) fn zone_of(bundle: &Bundle, changes: &Changes) -> Vec<ZoneFile> {
     let mut parts: Vec<(usize, &BundleFile)> =
         bundle.files.iter().filter_map(|f| Some((trellis_core::plan::zone_part_index(&f.path)?, f))).collect();
     parts.sort_by_key(|(i, _)| *i);
-    file(bundle, MESH_ZONE).into_iter().chain(parts.into_iter().map(|(_, f)| f)).collect()
-}
-
-/// The change of the zone as it is served (`mesh.zone` and its parts one after the other), when
-/// either bundle has it in parts (ADR 0043): each file's own hunks where it came as edits of the
-/// one held, a file changed otherwise, new or gone as one hunk of its own, a file held as it was
-/// none. The resolver then reads only the regions of the files that changed. `None` when
-/// neither has parts (the resolver takes `mesh.zone`'s own change) or `previous` has no zone.
-fn zone_change(previous: &Bundle, bundle: &Bundle, files: &Changes) -> Option<TextChange> {
-    let (before, after) = (zone_files(previous), zone_files(bundle));
-    if before.len() <= 1 && after.len() <= 1 || before.first()?.path != MESH_ZONE {
-        return None;
-    }
-    let order = |f: &BundleFile| trellis_core::plan::zone_part_index(&f.path).map_or(0, |i| i + 1);
-    let mut old = Vec::with_capacity(before.iter().map(|f| f.content.len()).sum());
-    let mut new = Vec::with_capacity(after.iter().map(|f| f.content.len()).sum());
-    let mut hunks: Vec<trellis_core::delta::Hunk> = Vec::new();
-    let (mut b, mut a) = (before.into_iter().peekable(), after.into_iter().peekable());
-    loop {
-        let (o, n) = match (b.peek().map(|f| order(f)), a.peek().map(|f| order(f))) {
-            (None, None) => break,
-            (Some(x), Some(y)) if x == y => (b.next(), a.next()),
-            (Some(x), Some(y)) if x < y => (b.next(), None),
-            (Some(_), None) => (b.next(), None),
-            _ => (None, a.next()),
-        };
-        let (at_old, at_new) = (old.len(), new.len());
-        old.extend_from_slice(o.map_or(&[][..], |f| &f.content[..]));
-        new.extend_from_slice(n.map_or(&[][..], |f| &f.content[..]));
-        match (o, n) {
-            (Some(o), Some(n)) if o.sha256 == n.sha256 => {}
-            (Some(o), Some(n)) => match files.get(&n.path).filter(|c| c.base == o.sha256 && c.new == n.content) {
-                Some(c) => hunks.extend(c.hunks.iter().map(|h| trellis_core::delta::Hunk {
-                    old: h.old.start + at_old..h.old.end + at_old,
-                    new: h.new.start + at_new..h.new.end + at_new,
-                })),
-                None => hunks.push(trellis_core::delta::Hunk { old: at_old..old.len(), new: at_new..new.len() }),
-            },
-            _ => hunks.push(trellis_core::delta::Hunk { old: at_old..old.len(), new: at_new..new.len() }),
-        }
-    }
-    Some(TextChange {
-        base: previous.files.iter().find(|f| f.path == MESH_ZONE)?.sha256,
-        old: old.into(),
-        new: new.into(),
-        hunks: hunks.into(),
-    })
+    file(bundle, MESH_ZONE)
+        .into_iter()
+        .chain(parts.into_iter().map(|(_, f)| f))
+        .map(|f| ZoneFile { path: f.path.clone(), sha256: f.sha256, content: f.content.clone(), change: changes.get(&f.path).cloned() })
+        .collect()
 }
 
 /// The changes a delta's edits make to the files `previous` holds: each file edited from the one
 /// held at its path (by its SHA-256), with the held content and the new one.
 pub fn text_changes(previous: Option<&Bundle>, bundle: &Bundle, edited: &[trellis_core::bundle::Edited]) -> Changes {
     let Some(previous) = previous else { return Changes::new() };
-    let mut changes: Changes = edited
+    edited
         .iter()
         .filter_map(|e| {
             let old = file(previous, &e.path).filter(|f| f.sha256 == e.base)?;
             let new = file(bundle, &e.path)?;
             Some((e.path.clone(), TextChange { base: e.base, old: old.content.clone(), new: new.content.clone(), hunks: e.hunks.clone() }))
         })
-        .collect();
-    if let Some(zone) = zone_change(previous, bundle, &changes) {
-        changes.insert(ZONE_SERVED.to_string(), zone);
-    }
-    changes
+        .collect()
 }
 
 /// A node's WireGuard configuration as read: `wireguard.conf`, and its parts of the peers when
@@ -426,13 +388,7 @@ fn network(bundle: &Bundle, observed: &Observed, scope: &Scope, changes: &Change
         actions.push(Action::EnableForwarding);
     }
     if file(bundle, MESH_ZONE).is_some() && !listen.is_empty() {
-        let paths: Vec<String> = zone_files(bundle).into_iter().map(|f| f.path.clone()).collect();
-        // A zone in parts is served as one text: its own change, never `mesh.zone`'s alone.
-        let change = match paths.len() {
-            1 => changes.get(MESH_ZONE),
-            _ => changes.get(ZONE_SERVED),
-        };
-        actions.push(Action::ServeZone { paths, origin: settings.zone, listen, change: change.cloned() });
+        actions.push(Action::ServeZone { files: zone_of(bundle, changes), origin: settings.zone, listen });
     }
     // Last, once the filter that guards the tunnel is loaded and everything else is in place.
     actions.extend(prompt);

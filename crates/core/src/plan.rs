@@ -219,8 +219,11 @@ pub struct ZoneBlock {
     /// `records` by the part of the node each line is of (ADR 0043), for the zones in parts:
     /// (part, its lines), in part order, only the parts that have lines. Empty for the hosts of
     /// a route, which are no node's and stay in `mesh.zone`.
-    pub parts: Box<[(u8, Arc<str>)]>,
+    pub parts: ZoneParts,
 }
+
+/// Lines of a zone by part (ADR 0043): (part, its lines), in part order, only parts with lines.
+pub type ZoneParts = Box<[(u8, Arc<str>)]>;
 
 /// A node as the files of other nodes name it, rendered once per compile: its name, its overlay
 /// addresses as AllowedIPs entries, its zone records, and its `[Peer]` sections as others hold

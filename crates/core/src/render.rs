@@ -803,7 +803,7 @@ fn zone_head(plan: &NodePlan) -> TextBuilder {
 pub fn module_records<'n>(
     module: &str,
     runners: impl Iterator<Item = (&'n str, Option<Ipv4Addr>, Option<Ipv6Addr>)>,
-) -> (String, Box<[(u8, Arc<str>)]>) {
+) -> (String, crate::plan::ZoneParts) {
     let mut records = String::new();
     let mut parts: Vec<String> = vec![String::new(); WIREGUARD_PARTS];
     for (name, v4, v6) in runners {
