@@ -160,9 +160,11 @@ impl std::fmt::Display for BundleError {
             BundleError::UnsafePath { path } => {
                 write!(
                     f,
-                    "file path {path:?} is not one of the files trellis delivers ({}, {}/peers-00.conf .. peers-{:02}.conf)",
+                    "file path {path:?} is not one of the files trellis delivers ({}, {}/peers-00.conf .. peers-{:02}.conf, {}/names-00.zone .. names-{:02}.zone)",
                     crate::plan::DELIVERED.join(", "),
                     crate::plan::WIREGUARD_DIR,
+                    crate::plan::WIREGUARD_PARTS - 1,
+                    crate::plan::ZONE_DIR,
                     crate::plan::WIREGUARD_PARTS - 1
                 )
             }

@@ -325,3 +325,34 @@ impl PeerPlan {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The parts of the peers and of the zone are delivered by their exact names, numbered 00 to
+    /// 63; anything else under their directories, or another spelling, is not a file trellis
+    /// delivers (the verifier refuses a bundle naming it, the writer never writes it).
+    #[test]
+    fn the_parts_delivered_are_the_numbered_ones_and_no_other_name() {
+        use super::*;
+        for i in [0, 7, WIREGUARD_PARTS - 1] {
+            assert_eq!(delivered(wireguard_part(i)), Some(wireguard_part(i)));
+            assert_eq!(delivered(zone_part(i)), Some(zone_part(i)));
+            assert_eq!(zone_part_index(zone_part(i)), Some(i));
+            assert!(is_zone(zone_part(i)) && !is_wireguard(zone_part(i)) && !is_zone(wireguard_part(i)));
+        }
+        for bad in [
+            "etc/trellis/zone.d/names-64.zone",
+            "etc/trellis/zone.d/names-7.zone",
+            "etc/trellis/zone.d/names-007.zone",
+            "etc/trellis/zone.d/names-+1.zone",
+            "etc/trellis/zone.d/names-00.conf",
+            "etc/trellis/zone.d/../mesh.zone",
+            "etc/trellis/zone.d/x",
+            "etc/trellis/wireguard.d/names-00.zone",
+            "etc/trellis/zone.d/peers-00.conf",
+        ] {
+            assert_eq!(delivered(bad), None, "{bad}");
+        }
+        assert_eq!(zone_part(12), "etc/trellis/zone.d/names-12.zone");
+    }
+}
