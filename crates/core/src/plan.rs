@@ -21,12 +21,16 @@ pub const NODE_TOML: &str = "etc/trellis/node.toml";
 pub const WIREGUARD_DIR: &str = "etc/trellis/wireguard.d";
 pub const WIREGUARD_PARTS: usize = 64;
 pub const PARTS_FROM: usize = 256;
-/// Where a node whose zone names more than [`PARTS_FROM`] nodes has their records (ADR 0043):
-/// `mesh.zone` keeps the SOA, the NS and the routes' hosts, and each node's records, and a
+/// Where a node whose zone's records take more than [`ZONE_PARTS_FROM`] bytes has them (ADR
+/// 0043): `mesh.zone` keeps the SOA, the NS and the routes' hosts, and each node's records, and a
 /// module's records of each node that runs it, are in the part the node's name hashes to (as
 /// its peer is, [`part_of`]), one of `names-00.zone` .. `names-63.zone`. The zone served is
 /// `mesh.zone` and its parts in order, one after the other.
 pub const ZONE_DIR: &str = "etc/trellis/zone.d";
+/// From how many bytes of records a node's zone is in parts: a smaller zone costs less to write
+/// whole than its parts cost to hold (at 100,000 nodes, 30,000 nodes name more than 256 nodes,
+/// with zones of 16 to 64 KiB; twenty name more than 1,024, each a zone of megabytes).
+pub const ZONE_PARTS_FROM: usize = 64 * 1024;
 /// The mesh CA and the node's certificate, added to each bundle (`bundle::assemble`) beside the
 /// compiled files.
 pub const CA_PEM: &str = "etc/trellis/ca.pem";

@@ -714,15 +714,23 @@ pub fn zone(plan: &NodePlan, before: Option<&Text>) -> Text {
     s.finish()
 }
 
-/// A node's zone files: `mesh.zone` as [`zone`] makes it, or, when the zone names more than
-/// [`PARTS_FROM`] nodes, `mesh.zone` with the SOA, the NS and the routes' hosts, and the parts
+/// Whether `plan`'s zone is in parts (ADR 0043): its records take more than
+/// [`crate::plan::ZONE_PARTS_FROM`] bytes.
+pub fn zone_parted(plan: &NodePlan) -> bool {
+    let names: usize = plan.zone.iter().map(|z| z.records.len()).sum();
+    let modules: usize = plan.zone_modules.iter().map(|m| m.records.len()).sum();
+    names + modules > crate::plan::ZONE_PARTS_FROM
+}
+
+/// A node's zone files: `mesh.zone` as [`zone`] makes it, or, when its records take more than
+/// [`crate::plan::ZONE_PARTS_FROM`] bytes, `mesh.zone` with the SOA, the NS and the routes' hosts, and the parts
 /// (ADR 0043): each node's records, and a module's records of each node that runs it, in the
 /// part the node's name hashes to (its peer's part), each part made again from the same path's
 /// text in `before` (its runs taken over). `mesh.zone` and its parts in order, one after the
 /// other, are the zone: the same records as the one file would hold, in another order.
 pub fn zone_files<'b>(plan: &NodePlan, before: impl Fn(&str) -> Option<&'b Text>) -> Vec<FileResource> {
     let file = |path: &str, content: Text| FileResource { path: path.into(), mode: 0o644, content };
-    if plan.zone.len() <= PARTS_FROM {
+    if !zone_parted(plan) {
         return vec![file(MESH_ZONE, zone(plan, before(MESH_ZONE)))];
     }
     let mut s = zone_head(plan);

@@ -247,7 +247,7 @@ proptest! {
         let mut decl = Arc::new(d.clone());
         let mut prev = compile(&decl, &keys, &Default::default(), None).unwrap();
         prop_assert!(parts_hold_the_peers(&prev)? > 0, "no node had its peers in parts");
-        prop_assert!(zone_parts_hold_the_names(&prev)? > 0, "no node had its zone in parts");
+        zone_parts_hold_the_names(&prev)?;
         let mut added = 0;
         for (step, c) in changes.iter().enumerate() {
             if apply(&mut d, &mut keys, c, &mut added) {
@@ -258,6 +258,39 @@ proptest! {
             let full = compile(&decl, &keys, &before.allocation, None).unwrap();
             same(&inc, &full, &before, step)?;
             parts_hold_the_peers(&inc)?;
+            zone_parts_hold_the_names(&inc)?;
+            prev = inc;
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(4), .. ProptestConfig::default() })]
+
+    /// ADR 0043: the runners of a module open to every node have zones of more than 64 KiB (each
+    /// node's A and AAAA records). A recompile after each change gives the same files as a full
+    /// compile, the zone's parts included, and every zone in parts is the zone the one file is.
+    #[test]
+    fn zones_in_parts_recompile_as_a_full_compile_makes_them(changes in proptest::collection::vec(change(), 1..6)) {
+        let mut d = declaration(&crate::props::wide(1540, 3));
+        let mut keys = Keys::default();
+        for (i, node) in d.nodes.iter_mut().map(Arc::make_mut).enumerate() {
+            if i % 5 != 0 {
+                keys.set(&node.name, node.public_key.take());
+            }
+        }
+        let mut decl = Arc::new(d.clone());
+        let mut prev = compile(&decl, &keys, &Default::default(), None).unwrap();
+        prop_assert!(zone_parts_hold_the_names(&prev)? > 0, "no node had its zone in parts");
+        let mut added = 0;
+        for (step, c) in changes.iter().enumerate() {
+            if apply(&mut d, &mut keys, c, &mut added) {
+                decl = Arc::new(d.clone());
+            }
+            let before = prev.clone();
+            let inc = compile(&decl, &keys, &Default::default(), Some(prev)).unwrap();
+            let full = compile(&decl, &keys, &before.allocation, None).unwrap();
+            same(&inc, &full, &before, step)?;
             zone_parts_hold_the_names(&inc)?;
             prev = inc;
         }
@@ -373,19 +406,19 @@ fn parts_hold_the_peers(c: &Compiled) -> Result<usize, TestCaseError> {
     Ok(parted)
 }
 
-/// Each node's zone files (ADR 0043): a node whose zone names more than `PARTS_FROM` nodes has
-/// their records in parts, in order, each holding address records only, each node's records in
-/// the part of its name; `mesh.zone` and the parts one after the other are the zone the one
-/// file (`render::zone`) is: the same origin, serial, name server and names with the same
-/// addresses. Any other node has no parts. Gives how many nodes have parts.
+/// Each node's zone files (ADR 0043): a node whose zone's records take more than
+/// `ZONE_PARTS_FROM` bytes has them in parts, in order, each holding address records only, each
+/// node's records in the part of its name; `mesh.zone` and the parts one after the other are
+/// the zone the one file (`render::zone`) is: the same origin, serial, name server and names
+/// with the same addresses. Any other node has no parts. Gives how many nodes have parts.
 fn zone_parts_hold_the_names(c: &Compiled) -> Result<usize, TestCaseError> {
-    use trellis_core::plan::{part_of, zone_part_index, MESH_ZONE, PARTS_FROM};
+    use trellis_core::plan::{part_of, zone_part_index, MESH_ZONE};
     let mut parted = 0;
     for (name, out) in &c.nodes {
         let main = out.files.iter().find(|f| f.path == MESH_ZONE).expect("a mesh.zone");
         let parts: Vec<_> = out.files.iter().filter_map(|f| Some((zone_part_index(&f.path)?, f))).collect();
         let one = trellis_core::zone::parse(&trellis_core::render::zone(&out.plan, None).to_string()).unwrap();
-        if out.plan.zone.len() <= PARTS_FROM {
+        if !trellis_core::render::zone_parted(&out.plan) {
             prop_assert!(parts.is_empty(), "{} names {} nodes and has zone parts", name, out.plan.zone.len());
             continue;
         }
