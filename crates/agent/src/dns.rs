@@ -137,8 +137,10 @@ struct Read {
 }
 
 impl Read {
-    fn of(text: &str, origin: &hickory_server::proto::rr::Name) -> Result<Read> {
-        let parsed = trellis_core::zone::parse(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+    /// The zone `text`, the files of `zone` one after the other, read; an error names the file
+    /// and its line.
+    fn of(text: &str, zone: &[ZoneFile], origin: &hickory_server::proto::rr::Name) -> Result<Read> {
+        let parsed = trellis_core::zone::parse(text).map_err(|e| anyhow::anyhow!("{}", located(zone, &e)))?;
         let wanted = format!("{}.", parsed.origin);
         if !origin.to_ascii().eq_ignore_ascii_case(&wanted) {
             anyhow::bail!("the zone's origin is {wanted}, not {origin}");
@@ -157,6 +159,20 @@ impl Read {
             names,
         })
     }
+}
+
+/// A line of the zone's text (the files of `zone` one after the other) that does not read, named
+/// by its file and its line there.
+fn located(zone: &[ZoneFile], e: &trellis_core::zone::ZoneError) -> String {
+    let mut first = 1;
+    for (i, f) in zone.iter().enumerate() {
+        let lines = f.content.iter().filter(|&&b| b == b'\n').count() + usize::from(!f.content.is_empty() && !f.content.ends_with(b"\n"));
+        if e.line < first + lines || i + 1 == zone.len() {
+            return format!("{} line {}: {}", f.path, (e.line + 1).saturating_sub(first).max(1), e.problem);
+        }
+        first += lines;
+    }
+    e.to_string()
 }
 
 /// A zone's text as its frame (every line that is not an address record, the SOA's serial left
@@ -186,7 +202,9 @@ impl<'t> Cut<'t> {
         for line in text.split_inclusive('\n') {
             let start = at;
             at += line.len();
-            let mut fields = line.split_whitespace();
+            // A comment is no record and no SOA (the whole read skips it), whatever it says.
+            let commented = line.split(';').next().unwrap_or("").trim().is_empty();
+            let mut fields = line.split_whitespace().filter(|_| !commented);
             let (name, class, kind) = (fields.next(), fields.next(), fields.next());
             if let (Some(name), Some("IN"), Some("A" | "AAAA")) = (name, class, kind) {
                 // Only names as trellis spells them (relative, lower-case ASCII labels): a name
@@ -275,7 +293,7 @@ impl Resolver for Hickory {
                     }
                 }
             }
-            let read = Read::of(&text, &name).map_err(|e| anyhow::anyhow!("the mesh zone does not load: {e}"))?;
+            let read = Read::of(&text, zone, &name).map_err(|e| anyhow::anyhow!("the mesh zone does not load: {e}"))?;
             let handler = Arc::new(build(&read, &name).map_err(|e| anyhow::anyhow!("the mesh zone does not load: {e}"))?);
             self.builds += 1;
             let loaded = started.elapsed();
@@ -495,9 +513,14 @@ fn record_changes(old: &str, new: &str, hunks: &[trellis_core::delta::Hunk]) -> 
 fn file_changes(served: &[(String, [u8; 32], bytes::Bytes)], files: &[ZoneFile]) -> Option<(u32, Vec<RecordLine>)> {
     use trellis_core::delta::Hunk;
     let (mut serial, mut lines) = (None, Vec::new());
-    let mut read = |old: &[u8], new: &[u8], hunks: &[Hunk]| -> Option<()> {
+    // The serial is `mesh.zone`'s: a part that gives one is read whole (and refused there).
+    let mut read = |path: &str, old: &[u8], new: &[u8], hunks: &[Hunk]| -> Option<()> {
         let (s, l) = record_changes(std::str::from_utf8(old).ok()?, std::str::from_utf8(new).ok()?, hunks)?;
-        serial = s.or(serial);
+        match (s, path == trellis_core::plan::MESH_ZONE) {
+            (Some(_), false) => return None,
+            (Some(s), true) => serial = Some(s),
+            (None, _) => {}
+        }
         lines.extend(l);
         Some(())
     };
@@ -510,13 +533,13 @@ fn file_changes(served: &[(String, [u8; 32], bytes::Bytes)], files: &[ZoneFile])
                     c.base == *sha && ((c.new.as_ptr() == f.content.as_ptr() && c.new.len() == f.content.len()) || c.new == f.content)
                 };
                 let hunks = f.change.as_ref().filter(of_file).map_or(&whole[..], |c| &c.hunks[..]);
-                read(old, &f.content, hunks)?;
+                read(&f.path, old, &f.content, hunks)?;
             }
-            None => read(b"", &f.content, &[Hunk { old: 0..0, new: 0..f.content.len() }])?,
+            None => read(&f.path, b"", &f.content, &[Hunk { old: 0..0, new: 0..f.content.len() }])?,
         }
     }
-    for (_, _, old) in served.iter().filter(|(path, ..)| !files.iter().any(|f| f.path == *path)) {
-        read(old, b"", &[Hunk { old: 0..old.len(), new: 0..0 }])?;
+    for (path, _, old) in served.iter().filter(|(path, ..)| !files.iter().any(|f| f.path == *path)) {
+        read(path, old, b"", &[Hunk { old: 0..old.len(), new: 0..0 }])?;
     }
     Some((serial?, lines))
 }
@@ -537,6 +560,12 @@ impl<'t> Lines<'t> {
     fn of(text: &'t str) -> Option<Lines<'t>> {
         let mut out = Lines { frame: Vec::new(), serial: None, records: Vec::new() };
         for line in text.split_inclusive('\n') {
+            // A comment or a blank line is no part of the zone, as the whole read reads it
+            // (a part of a zone in parts comes or goes with its comment line: ADR 0043); a
+            // commented SOA is no SOA.
+            if line.split(';').next().unwrap_or("").trim().is_empty() {
+                continue;
+            }
             let mut fields = line.split_whitespace();
             match (fields.next(), fields.next(), fields.next()) {
                 (Some(name), Some("IN"), Some("A" | "AAAA")) => {
@@ -551,9 +580,6 @@ impl<'t> Lines<'t> {
                     out.serial = Some(field);
                     out.frame.extend([before, after]);
                 }
-                // A comment or a blank line is no part of the zone, as the whole read reads it
-                // (a part of a zone in parts comes or goes with its comment line: ADR 0043).
-                _ if line.split(';').next().unwrap_or("").trim().is_empty() => {}
                 _ => out.frame.push(line),
             }
         }
@@ -741,7 +767,7 @@ mod tests {
         zone.push_str("ssh\tIN\tA\t10.1.0.0\n");
         zone.push_str("n-0\tIN\tAAAA\tfd00::1\n");
         let origin = Name::from_str("t.mesh.").unwrap();
-        let mut handler = super::build(&super::Read::of(&zone, &origin).unwrap(), &origin).unwrap();
+        let mut handler = super::build(&super::Read::of(&zone, &[], &origin).unwrap(), &origin).unwrap();
         let records = handler.records_get_mut();
         let set = |name: &str, kind: RecordType| records.get(&RrKey::new(LowerName::from(&Name::from_str(name).unwrap()), kind)).cloned();
         let soa = set("t.mesh.", RecordType::SOA).unwrap();
@@ -754,7 +780,7 @@ mod tests {
         assert!(set("nosuch.t.mesh.", RecordType::A).is_none());
         // Another origin than the one served is refused.
         let other = Name::from_str("u.mesh.").unwrap();
-        let refused = super::Read::of(&zone, &other).err().expect("another origin is refused").to_string();
+        let refused = super::Read::of(&zone, &[], &other).err().expect("another origin is refused").to_string();
         assert!(refused.contains("origin is t.mesh."), "{refused}");
     }
 
@@ -1167,6 +1193,25 @@ mod tests {
         fresh.apply(&crate::plan::zone_of(&second, &Default::default()), "t.mesh", &other).await.unwrap();
         assert_eq!(fresh.served.as_ref().unwrap().counts, dns.served.as_ref().unwrap().counts);
         assert_eq!(ask(other[0], "n-7.t.mesh.").await, ["10.1.0.7"]);
+
+        // A part's comment that reads like an SOA is a comment: the serial is mesh.zone's.
+        let mut commented = part(0, 9999);
+        commented.push_str(";x\tIN\tSOA\tns.t.mesh. hostmaster.t.mesh. 777 3600 600 86400 60\n");
+        let third = bundle(
+            3,
+            vec![(MESH_ZONE, main(3)), (zone_part(0), commented), (zone_part(1), edited_1.clone()), (zone_part(3), part(3, 9999))],
+        );
+        dns.apply(&crate::plan::zone_of(&third, &Default::default()), "t.mesh", &listen).await.unwrap();
+        assert_eq!((dns.builds, dns.by_regions), (1, 2));
+        let soa = ask_for(listen[0], "t.mesh.", RecordType::SOA).await;
+        assert!(soa.len() == 1 && soa[0].contains(" 3 3600 600 86400 60"), "{soa:?}");
+
+        // A zone that does not load, read whole, names the file and its line there.
+        let broken =
+            bundle(4, vec![(MESH_ZONE, main(4)), (zone_part(1), "; part 01\nn-1\tIN\tA\t10.1.0.1\nn-5\tIN\tA\tnot-an-address\n".into())]);
+        let e = fresh.apply(&crate::plan::zone_of(&broken, &Default::default()), "t.mesh", &other).await.unwrap_err().to_string();
+        assert!(e.contains("etc/trellis/zone.d/names-01.zone line 3:"), "{e}");
+        assert_eq!(ask(other[0], "n-7.t.mesh.").await, ["10.1.0.7"], "the zone served stays");
     }
 
     /// Fields apart by any white space, as the zone's parser reads them: a run of one name whose

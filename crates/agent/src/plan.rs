@@ -395,12 +395,20 @@ fn network(bundle: &Bundle, observed: &Observed, scope: &Scope, changes: &Change
     Ok(actions)
 }
 
-/// Refuses a bundle whose zone has parts without `mesh.zone`, or a part not held as it is that
-/// holds anything but address records (ADR 0043), naming the part and its line.
+/// Refuses a bundle whose zone has parts without `mesh.zone` or after a `mesh.zone` whose last
+/// line is not ended, or a part not held as it is that holds anything but ended lines of address
+/// records (ADR 0043), naming the part and its line.
 fn check_zone_parts(bundle: &Bundle, held: &Held) -> Result<(), PlanError> {
     let mut parts = bundle.files.iter().filter(|f| trellis_core::plan::zone_part_index(&f.path).is_some()).peekable();
-    if let Some(f) = parts.peek().filter(|_| file(bundle, MESH_ZONE).is_none()) {
-        return Err(PlanError::Conf(format!("the bundle has {} but no {MESH_ZONE}", f.path)));
+    if let Some(f) = parts.peek() {
+        // The parts follow `mesh.zone`'s last line: it must be ended.
+        match file(bundle, MESH_ZONE) {
+            None => return Err(PlanError::Conf(format!("the bundle has {} but no {MESH_ZONE}", f.path))),
+            Some(main) if !main.content.ends_with(b"\n") => {
+                return Err(PlanError::Conf(format!("{MESH_ZONE} has parts and its last line is not ended (a newline)")))
+            }
+            Some(_) => {}
+        }
     }
     for f in parts.filter(|f| !held.holds(f)) {
         let text = std::str::from_utf8(&f.content).map_err(|_| PlanError::ConfNotUtf8(f.path.clone()))?;

@@ -134,18 +134,24 @@ pub fn parse(text: &str) -> Result<Zone, ZoneError> {
 }
 
 /// Checks a part of a zone (ADR 0043) as `render::zone_files` writes it: comments and address
-/// records (`NAME IN A|AAAA ADDRESS`) only. The zone served is `mesh.zone` and its parts one
-/// after the other, so a part that set the origin or the TTL, or held an SOA or NS record,
-/// would change what the rest of the zone means: refused, naming the part's path and line.
+/// records (`NAME IN A|AAAA ADDRESS`) of the nodes' and modules' names only, each line ended. The
+/// zone served is `mesh.zone` and its parts one after the other, so a part that set the origin
+/// or the TTL, held an SOA or NS record, named the zone itself (`@`) or its name server, or ran
+/// its last line on into the next file, would change what the rest of the zone means: refused,
+/// naming the part's path and line.
 pub fn check_part(text: &str, path: &str) -> Result<(), String> {
+    if !text.is_empty() && !text.ends_with('\n') {
+        return Err(format!("{path} line {}: a part of the zone ends with its last line ended (a newline)", text.lines().count()));
+    }
     for (n, raw) in text.lines().enumerate() {
         let line = raw.split(';').next().unwrap_or("").trim();
         if line.is_empty() {
             continue;
         }
+        let named = |name: &str| !name.starts_with('$') && name != "@" && name != crate::decl::NAMESERVER;
         let record = match line.split_whitespace().collect::<Vec<_>>()[..] {
-            [name, "IN", "A", a] => !name.starts_with('$') && a.parse::<Ipv4Addr>().is_ok(),
-            [name, "IN", "AAAA", a] => !name.starts_with('$') && a.parse::<Ipv6Addr>().is_ok(),
+            [name, "IN", "A", a] => named(name) && a.parse::<Ipv4Addr>().is_ok(),
+            [name, "IN", "AAAA", a] => named(name) && a.parse::<Ipv6Addr>().is_ok(),
             _ => false,
         };
         if !record {
@@ -263,5 +269,31 @@ mod tests {
         let outside = super::parse("$ORIGIN z.mesh.\n@ IN NS ns.y.mesh.\nns IN A 10.0.0.1\n").unwrap();
         assert!(outside.nameserver_addresses.is_empty());
         assert_eq!(outside.records.len(), 1);
+    }
+
+    /// ADR 0043: a part of a zone holds ended lines of address records of the nodes' and modules'
+    /// names, and comments; anything that would change what the rest of the zone means is
+    /// refused, naming the part and the line.
+    #[test]
+    fn a_part_of_the_zone_is_ended_lines_of_records_and_nothing_else() {
+        let path = "etc/trellis/zone.d/names-03.zone";
+        let ok = "; part 03\nn-1\tIN\tA\t10.0.0.1\nn-1\tIN\tAAAA\tfd00::1\n; x IN SOA a. b. 7 1 1 1 1\n\nssh IN A 10.0.0.2 ; a comment\n";
+        assert_eq!(super::check_part(ok, path), Ok(()));
+        assert_eq!(super::check_part("", path), Ok(()));
+        for (bad, line) in [
+            ("n-1\tIN\tA\t10.0.0.1", 1),
+            ("n-1\tIN\tA\t10.0.0.1\n$ORIGIN evil.\n", 2),
+            ("$TTL 5\n", 1),
+            ("@\tIN\tSOA\tns.t. h.t. 7 1 1 1 1\n", 1),
+            ("@\tIN\tNS\tns.t.\n", 1),
+            ("@\tIN\tA\t10.0.0.9\n", 1),
+            ("ns\tIN\tA\t10.0.0.9\n", 1),
+            ("n-1\tIN\tA\tfd00::1\n", 1),
+            ("n-1\tIN\tTXT\tx\n", 1),
+            ("n-1\tIN\tA\t10.0.0.1 10.0.0.2\n", 1),
+        ] {
+            let e = super::check_part(bad, path).expect_err(bad);
+            assert!(e.starts_with(&format!("{path} line {line}:")), "{bad:?}: {e}");
+        }
     }
 }

@@ -128,7 +128,9 @@ pub(super) fn shared(topo: &Topology, previous: Option<&Compiled>, old: Option<&
         .iter()
         .enumerate()
         .map(|(i, (module, runners))| {
-            if let Some((c, p)) = old {
+            // The same positions are the same names only with a renumbering (by name) or the
+            // same names in the same places: a block's parts follow its runners' names (ADR 0043).
+            if let Some((c, p)) = old.filter(|_| renumber.is_some() || topo.same_names) {
                 if c.module_names.get(i).is_some_and(|(m, r)| m == module && same_nodes(c, r, runners))
                     && p.zone_blocks.len() == c.module_names.len()
                 {
