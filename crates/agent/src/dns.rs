@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use crate::plan::ZoneFile;
+use crate::plan::TextFile;
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -19,7 +19,7 @@ pub trait Resolver: Send {
     /// the other (`mesh.zone` and its parts, ADR 0043) are the zone. Only the files that differ
     /// from those served are read, by the regions of their edits when they came as edits of the
     /// file served (ADR 0035), and their address records changed one by one (ADR 0037).
-    fn apply<'a>(&'a mut self, zone: &'a [ZoneFile], origin: &'a str, listen: &'a [SocketAddr]) -> BoxFuture<'a, Result<()>>;
+    fn apply<'a>(&'a mut self, zone: &'a [TextFile], origin: &'a str, listen: &'a [SocketAddr]) -> BoxFuture<'a, Result<()>>;
     fn serving(&self) -> Vec<SocketAddr>;
 }
 
@@ -139,7 +139,7 @@ struct Read {
 impl Read {
     /// The zone `text`, the files of `zone` one after the other, read; an error names the file
     /// and its line.
-    fn of(text: &str, zone: &[ZoneFile], origin: &hickory_server::proto::rr::Name) -> Result<Read> {
+    fn of(text: &str, zone: &[TextFile], origin: &hickory_server::proto::rr::Name) -> Result<Read> {
         let parsed = trellis_core::zone::parse(text).map_err(|e| anyhow::anyhow!("{}", located(zone, &e)))?;
         let wanted = format!("{}.", parsed.origin);
         if !origin.to_ascii().eq_ignore_ascii_case(&wanted) {
@@ -163,7 +163,7 @@ impl Read {
 
 /// A line of the zone's text (the files of `zone` one after the other) that does not read, named
 /// by its file and its line there.
-fn located(zone: &[ZoneFile], e: &trellis_core::zone::ZoneError) -> String {
+fn located(zone: &[TextFile], e: &trellis_core::zone::ZoneError) -> String {
     let mut first = 1;
     for (i, f) in zone.iter().enumerate() {
         let lines = f.content.iter().filter(|&&b| b == b'\n').count() + usize::from(!f.content.is_empty() && !f.content.ends_with(b"\n"));
@@ -241,7 +241,7 @@ impl<'t> Cut<'t> {
 }
 
 impl Resolver for Hickory {
-    fn apply<'a>(&'a mut self, zone: &'a [ZoneFile], origin: &'a str, listen: &'a [SocketAddr]) -> BoxFuture<'a, Result<()>> {
+    fn apply<'a>(&'a mut self, zone: &'a [TextFile], origin: &'a str, listen: &'a [SocketAddr]) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             use hickory_server::proto::rr::{LowerName, Name};
             use hickory_server::zone_handler::Catalog;
@@ -510,7 +510,7 @@ fn record_changes(old: &str, new: &str, hunks: &[trellis_core::delta::Hunk]) -> 
 /// is not read at all, so that a change of one part costs that part. The new serial, and the
 /// record lines; `None` when a file does not read so, or no region gives a serial: the zone is
 /// read whole.
-fn file_changes(served: &[(String, [u8; 32], bytes::Bytes)], files: &[ZoneFile]) -> Option<(u32, Vec<RecordLine>)> {
+fn file_changes(served: &[(String, [u8; 32], bytes::Bytes)], files: &[TextFile]) -> Option<(u32, Vec<RecordLine>)> {
     use trellis_core::delta::Hunk;
     let (mut serial, mut lines) = (None, Vec::new());
     // The serial is `mesh.zone`'s: a part that gives one is read whole (and refused there).
@@ -1010,18 +1010,18 @@ mod tests {
     }
 
     /// The zone as one `mesh.zone` of this content, not edits of any.
-    fn whole(content: &[u8]) -> Vec<crate::plan::ZoneFile> {
+    fn whole(content: &[u8]) -> Vec<crate::plan::TextFile> {
         let f = trellis_core::bundle::BundleFile::new(trellis_core::plan::MESH_ZONE, 0o644, content.to_vec());
-        vec![crate::plan::ZoneFile { path: f.path, sha256: f.sha256, content: f.content, change: None }]
+        vec![crate::plan::TextFile { path: f.path, sha256: f.sha256, content: f.content, change: None }]
     }
 
     /// The zone as the `mesh.zone` written at `file`.
-    fn on_disk(file: &std::path::Path) -> Vec<crate::plan::ZoneFile> {
+    fn on_disk(file: &std::path::Path) -> Vec<crate::plan::TextFile> {
         whole(&std::fs::read(file).unwrap())
     }
 
     /// The zone as one `mesh.zone` that came as these edits.
-    fn edits(change: crate::plan::TextChange) -> Vec<crate::plan::ZoneFile> {
+    fn edits(change: crate::plan::TextChange) -> Vec<crate::plan::TextFile> {
         let mut files = whole(&change.new);
         files[0].change = Some(change);
         files

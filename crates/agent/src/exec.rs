@@ -73,8 +73,6 @@ pub struct HostReport {
 
 pub struct Executor {
     backends: Backends,
-    /// Where file resources are written; the ruleset and zone are loaded from under it.
-    root: PathBuf,
     /// The node's WireGuard private key, read when the interface is configured.
     key_path: PathBuf,
     /// The interface's backend, behind a lock so that the run loop tends direct paths while a
@@ -154,11 +152,12 @@ struct FollowUp {
 }
 
 impl Executor {
-    pub fn new(mut backends: Backends, root: PathBuf, key_path: PathBuf) -> Executor {
+    /// An executor over `backends` (the files are written where `backends.files` writes them;
+    /// the ruleset and the zone are given to theirs as the bundle holds them).
+    pub fn new(mut backends: Backends, key_path: PathBuf) -> Executor {
         Executor {
             firewall: Mutex::new(backends.firewall.take()),
             backends,
-            root,
             key_path,
             wg: Mutex::new(None),
             configured: None,
@@ -456,9 +455,9 @@ impl Executor {
                     self.routed = Some(action.clone());
                 }
             }
-            Action::LoadRuleset { path, change } => {
+            Action::LoadRuleset { files } => {
                 if let Some(fw) = self.firewall.get_mut().expect("firewall lock").as_mut() {
-                    fw.apply(&self.root.join(path), change.as_ref())?;
+                    fw.apply(files)?;
                     self.report.ruleset_loaded = fw.loaded();
                 }
             }

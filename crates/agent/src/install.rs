@@ -315,12 +315,14 @@ mod tests {
     /// Loads the committed ruleset unless it says "bad".
     struct Fw(Journal, Disk);
     impl Firewall for Fw {
-        fn apply(&mut self, ruleset: &Path, _: Option<&crate::plan::TextChange>) -> Result<()> {
-            assert!(ruleset.ends_with(NFTABLES_CONF), "{}", ruleset.display());
+        fn apply(&mut self, ruleset: &[crate::plan::TextFile]) -> Result<()> {
+            assert_eq!(ruleset[0].path, NFTABLES_CONF);
+            // What the files committed hold: the ruleset given is theirs.
             let text = self.1.lock().unwrap().get(NFTABLES_CONF).cloned().unwrap_or_default();
+            assert_eq!(text.as_bytes(), &ruleset[0].content[..]);
             if text == "bad" {
                 note(&self.0, "ruleset refused".into());
-                anyhow::bail!("nft refused {}: syntax error", ruleset.display());
+                anyhow::bail!("nft refused {}: syntax error", ruleset[0].path);
             }
             note(&self.0, format!("ruleset {text}"));
             Ok(())
@@ -334,7 +336,7 @@ mod tests {
     impl Resolver for Dns {
         fn apply<'a>(
             &'a mut self,
-            zone: &'a [crate::plan::ZoneFile],
+            zone: &'a [crate::plan::TextFile],
             origin: &'a str,
             listen: &'a [SocketAddr],
         ) -> BoxFuture<'a, Result<()>> {
@@ -433,7 +435,7 @@ mod tests {
             prompter: Some(Box::new(Prompts(journal.clone(), prompts_fail.clone()))),
             reloader: None,
         };
-        let exec = Executor::new(backends, dir.join("root"), dir.join("wireguard.key"));
+        let exec = Executor::new(backends, dir.join("wireguard.key"));
         let scope = Scope { files_only: false, wireguard: true, dns_port: 53 };
         Fixture { applier: Installer::new(exec, scope, &dir, Manifest::default(), None), journal, prompts_fail, shaken, edits, dir }
     }
@@ -960,6 +962,17 @@ mod tests {
             assert_eq!(ev.result, proto::EvidenceResult::Failed, "{ev:?}");
             let said = ev.error.clone().unwrap_or_default();
             assert!(said.contains(zone_part(5)) && said.contains("no etc/trellis/mesh.zone"), "{said}");
+            assert!(!f.take().iter().any(|l| l.starts_with("stage")), "nothing is written");
+
+            // The ruleset's parts likewise (ADR 0044): a part that flushes the ruleset is refused.
+            let mut flushing = zoned(5, Some(main), &[(0, "; part 00\nn-0\tIN\tA\t10.88.0.6\n")]);
+            flushing.files.retain(|f| f.path != NFTABLES_CONF);
+            flushing.files.push(BundleFile::new(NFTABLES_CONF, 0o644, b"table inet trellis {\n}\n".to_vec()));
+            flushing.files.push(BundleFile::new(trellis_core::plan::ruleset_part(3), 0o644, b"# part 03\nflush ruleset\n".to_vec()));
+            let ev = f.apply(&flushing).await.unwrap();
+            assert_eq!(ev.result, proto::EvidenceResult::Failed, "{ev:?}");
+            let said = ev.error.clone().unwrap_or_default();
+            assert!(said.contains("nftables.d/sources-03.nft line 2") && said.contains("flush ruleset"), "{said}");
             assert!(!f.take().iter().any(|l| l.starts_with("stage")), "nothing is written");
         });
     }

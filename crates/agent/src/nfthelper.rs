@@ -490,8 +490,9 @@ mod tests {
     }
 
     fn apply(nft: &mut Nft, file: &std::path::Path, sources: &[&str], port: u16) -> anyhow::Result<()> {
-        std::fs::write(file, ruleset(sources, port)).unwrap();
-        nft.apply(file, None)
+        let text = ruleset(sources, port);
+        let f = trellis_core::bundle::BundleFile::new(trellis_core::plan::NFTABLES_CONF, 0o644, text.into_bytes());
+        nft.apply(&[crate::plan::TextFile { path: file.display().to_string(), sha256: f.sha256, content: f.content, change: None }])
     }
 
     fn kill(pid: u32) {

@@ -36,12 +36,12 @@ pub enum Action {
     /// routing in table `table`, as wg-quick does), removing what a previous bundle had that
     /// this one has not.
     ConfigureRoutes { interface: String, routes: Vec<ipnet::IpNet>, exit: Exit, table: u32 },
-    /// Load the ruleset written at this path (relative to the root) in one transaction.
-    /// With `change`, the file came as edits of the one held, and may be read by its regions.
-    LoadRuleset { path: String, change: Option<TextChange> },
+    /// Load the ruleset, `nftables.conf` and its parts one after the other (ADR 0044), in one
+    /// transaction; a file that came as edits of the one held may be read by its regions.
+    LoadRuleset { files: Vec<TextFile> },
     /// Serve the zone, `mesh.zone` and its parts one after the other (ADR 0043), on these
     /// addresses.
-    ServeZone { files: Vec<ZoneFile>, origin: String, listen: Vec<SocketAddr> },
+    ServeZone { files: Vec<TextFile>, origin: String, listen: Vec<SocketAddr> },
     /// Send one empty datagram through the interface to each of these overlay addresses, one
     /// per peer the interface just got or now dials at another endpoint: WireGuard starts the
     /// handshake at once, so whichever end comes up second completes it, and a first packet
@@ -91,12 +91,13 @@ impl TextChange {
 /// The files of a bundle known to have changed from the held ones in hunks only, by path.
 pub type Changes = std::collections::HashMap<String, TextChange>;
 
-/// One file of the zone (`mesh.zone` or a part of it, ADR 0043) as the bundle has it, and, when
-/// it came as edits of the file held at its path, the change (ADR 0035): the resolver serves the
-/// zone's files one after the other, and reads a change by the regions of the files that differ
-/// from those it serves.
+/// One file of a text delivered in parts (the zone, ADR 0043; the ruleset, ADR 0044) as the
+/// bundle has it, and, when it came as edits of the file held at its path, the change (ADR
+/// 0035): the resolver serves the zone's files one after the other, the firewall loads the
+/// ruleset's so, and each reads a change by the regions of the files that differ from those it
+/// holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ZoneFile {
+pub struct TextFile {
     pub path: String,
     pub sha256: [u8; 32],
     pub content: bytes::Bytes,
@@ -105,14 +106,24 @@ pub struct ZoneFile {
 
 /// A bundle's zone files as the resolver is given them: `mesh.zone`, then its parts by number
 /// (ADR 0043), each with its change when it came as edits.
-pub(crate) fn zone_of(bundle: &Bundle, changes: &Changes) -> Vec<ZoneFile> {
-    let mut parts: Vec<(usize, &BundleFile)> =
-        bundle.files.iter().filter_map(|f| Some((trellis_core::plan::zone_part_index(&f.path)?, f))).collect();
+pub(crate) fn zone_of(bundle: &Bundle, changes: &Changes) -> Vec<TextFile> {
+    in_parts(bundle, MESH_ZONE, trellis_core::plan::zone_part_index, changes)
+}
+
+/// A bundle's ruleset files as the firewall is given them: `nftables.conf`, then its parts by
+/// number (ADR 0044), each with its change when it came as edits.
+pub(crate) fn ruleset_of(bundle: &Bundle, changes: &Changes) -> Vec<TextFile> {
+    in_parts(bundle, NFTABLES_CONF, trellis_core::plan::ruleset_part_index, changes)
+}
+
+/// The file `main` of a bundle and its parts by number (`part`), each with its change.
+fn in_parts(bundle: &Bundle, main: &str, part: fn(&str) -> Option<usize>, changes: &Changes) -> Vec<TextFile> {
+    let mut parts: Vec<(usize, &BundleFile)> = bundle.files.iter().filter_map(|f| Some((part(&f.path)?, f))).collect();
     parts.sort_by_key(|(i, _)| *i);
-    file(bundle, MESH_ZONE)
+    file(bundle, main)
         .into_iter()
         .chain(parts.into_iter().map(|(_, f)| f))
-        .map(|f| ZoneFile { path: f.path.clone(), sha256: f.sha256, content: f.content.clone(), change: changes.get(&f.path).cloned() })
+        .map(|f| TextFile { path: f.path.clone(), sha256: f.sha256, content: f.content.clone(), change: changes.get(&f.path).cloned() })
         .collect()
 }
 
@@ -314,7 +325,7 @@ pub fn plan(bundle: &Bundle, held: &Held, observed: &Observed, scope: &Scope, ch
         let files = bundle.files.iter().filter(|f| !held.holds(f)).cloned().collect();
         actions.push(Action::WriteFiles { files, remove });
     }
-    check_zone_parts(bundle, held)?;
+    check_parts(bundle, held)?;
     let network = network(bundle, observed, scope, changes)?;
     if !(same && observed.network == Some((bundle.version, digest))) {
         actions.extend(network);
@@ -381,7 +392,7 @@ fn network(bundle: &Bundle, observed: &Observed, scope: &Scope, changes: &Change
         }
     }
     if file(bundle, NFTABLES_CONF).is_some() {
-        actions.push(Action::LoadRuleset { path: NFTABLES_CONF.to_string(), change: changes.get(NFTABLES_CONF).cloned() });
+        actions.push(Action::LoadRuleset { files: ruleset_of(bundle, changes) });
     }
     // Forwarding goes on once the filter that says what may be forwarded is loaded.
     if (settings.hub || settings.router) && !observed.forwarding {
@@ -395,24 +406,32 @@ fn network(bundle: &Bundle, observed: &Observed, scope: &Scope, changes: &Change
     Ok(actions)
 }
 
-/// Refuses a bundle whose zone has parts without `mesh.zone` or after a `mesh.zone` whose last
-/// line is not ended, or a part not held as it is that holds anything but ended lines of address
-/// records (ADR 0043), naming the part and its line.
-fn check_zone_parts(bundle: &Bundle, held: &Held) -> Result<(), PlanError> {
-    let mut parts = bundle.files.iter().filter(|f| trellis_core::plan::zone_part_index(&f.path).is_some()).peekable();
-    if let Some(f) = parts.peek() {
-        // The parts follow `mesh.zone`'s last line: it must be ended.
-        match file(bundle, MESH_ZONE) {
-            None => return Err(PlanError::Conf(format!("the bundle has {} but no {MESH_ZONE}", f.path))),
-            Some(main) if !main.content.ends_with(b"\n") => {
-                return Err(PlanError::Conf(format!("{MESH_ZONE} has parts and its last line is not ended (a newline)")))
+/// Refuses a bundle whose zone or ruleset has parts (ADR 0043, 0044) without its `mesh.zone` or
+/// `nftables.conf`, or after one whose last line is not ended, or a part not held as it is that
+/// holds anything but ended lines of address records (the zone) or of elements added to the
+/// table's sets (the ruleset), naming the part and its line.
+fn check_parts(bundle: &Bundle, held: &Held) -> Result<(), PlanError> {
+    type Check = fn(&str, &str) -> Result<(), String>;
+    let kinds: [(&str, fn(&str) -> Option<usize>, Check); 2] = [
+        (MESH_ZONE, trellis_core::plan::zone_part_index, trellis_core::zone::check_part),
+        (NFTABLES_CONF, trellis_core::plan::ruleset_part_index, trellis_core::ruleset::check_part),
+    ];
+    for (main, part, check) in kinds {
+        let mut parts = bundle.files.iter().filter(|f| part(&f.path).is_some()).peekable();
+        if let Some(f) = parts.peek() {
+            // The parts follow the main file's last line: it must be ended.
+            match file(bundle, main) {
+                None => return Err(PlanError::Conf(format!("the bundle has {} but no {main}", f.path))),
+                Some(m) if !m.content.ends_with(b"\n") => {
+                    return Err(PlanError::Conf(format!("{main} has parts and its last line is not ended (a newline)")))
+                }
+                Some(_) => {}
             }
-            Some(_) => {}
         }
-    }
-    for f in parts.filter(|f| !held.holds(f)) {
-        let text = std::str::from_utf8(&f.content).map_err(|_| PlanError::ConfNotUtf8(f.path.clone()))?;
-        trellis_core::zone::check_part(text, &f.path).map_err(PlanError::Conf)?;
+        for f in parts.filter(|f| !held.holds(f)) {
+            let text = std::str::from_utf8(&f.content).map_err(|_| PlanError::ConfNotUtf8(f.path.clone()))?;
+            check(text, &f.path).map_err(PlanError::Conf)?;
+        }
     }
     Ok(())
 }

@@ -178,7 +178,7 @@ impl Agent {
         let keys = id.signing_keys()?;
         let manifest = Manifest::load(&opts.state_dir);
         let scope = Scope { files_only: opts.files_only, wireguard: backends.wireguard.is_some(), dns_port: opts.dns_port };
-        let exec = Executor::new(backends, opts.root.clone(), opts.state_dir.join(statedir::WIREGUARD_KEY));
+        let exec = Executor::new(backends, opts.state_dir.join(statedir::WIREGUARD_KEY));
         // What an apply that fails falls back to.
         let previous = match last_bundle(&opts.state_dir, &opts.root, &keys, &id) {
             Ok(p) => p,

@@ -27,6 +27,14 @@ pub const PARTS_FROM: usize = 256;
 /// its peer is, [`part_of`]), one of `names-00.zone` .. `names-63.zone`. The zone served is
 /// `mesh.zone` and its parts in order, one after the other.
 pub const ZONE_DIR: &str = "etc/trellis/zone.d";
+/// Where a node whose filter's sources take more than [`RULESET_PARTS_FROM`] bytes has them
+/// (ADR 0044): `nftables.conf` declares the sets (and holds the routes' sets whole), and each
+/// source's address is added to its set in the part its node's name hashes to ([`part_of`]), by
+/// an `add element` line, one of `sources-00.nft` .. `sources-63.nft`. The ruleset loaded is
+/// `nftables.conf` and its parts in order, one after the other, in one transaction.
+pub const NFTABLES_DIR: &str = "etc/trellis/nftables.d";
+/// From how many bytes of its rules' sources' addresses a node's ruleset is in parts.
+pub const RULESET_PARTS_FROM: usize = 64 * 1024;
 /// From how many bytes of records a node's zone is in parts: a smaller zone costs less to write
 /// whole than its parts cost to hold (at 100,000 nodes, 30,000 nodes name more than 256 nodes,
 /// with zones of 16 to 64 KiB; twenty name more than 1,024, each a zone of megabytes).
@@ -60,6 +68,27 @@ pub fn delivered(path: &str) -> Option<&'static str> {
         .find(|p| *p == path)
         .or_else(|| part_index(path).map(wireguard_part))
         .or_else(|| zone_part_index(path).map(zone_part))
+        .or_else(|| ruleset_part_index(path).map(ruleset_part))
+}
+
+/// The path of the part `i` (below [`WIREGUARD_PARTS`]) of a node's ruleset (ADR 0044).
+pub fn ruleset_part(i: usize) -> &'static str {
+    static PATHS: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
+        (0..WIREGUARD_PARTS).map(|i| &*Box::leak(format!("{NFTABLES_DIR}/sources-{i:02}.nft").into_boxed_str())).collect()
+    });
+    PATHS[i]
+}
+
+/// Which part of the ruleset `path` is, if it is one.
+pub fn ruleset_part_index(path: &str) -> Option<usize> {
+    let n = path.strip_prefix(NFTABLES_DIR)?.strip_prefix("/sources-")?.strip_suffix(".nft")?;
+    let i: usize = n.parse().ok().filter(|_| n.len() == 2 && n.bytes().all(|b| b.is_ascii_digit()))?;
+    (i < WIREGUARD_PARTS).then_some(i)
+}
+
+/// Whether `path` holds part of a node's ruleset: `nftables.conf` or a part of it.
+pub fn is_ruleset(path: &str) -> bool {
+    path == NFTABLES_CONF || ruleset_part_index(path).is_some()
 }
 
 /// The path of the part `i` (below [`WIREGUARD_PARTS`]) of a node's zone (ADR 0043).
@@ -184,6 +213,20 @@ pub struct RuleBlock {
     pub sets: Arc<str>,
     /// Its comment and filter lines.
     pub lines: Arc<str>,
+    /// For a ruleset in parts (ADR 0044): its sets declared without elements, and the
+    /// `add element` lines of each part (the addresses of the sources whose names hash to it).
+    pub parted: PartedSets,
+}
+
+/// A rule's sets as a ruleset in parts holds them (ADR 0044).
+#[derive(Debug, Default, PartialEq, Eq, Hash)]
+pub struct PartedSets {
+    /// The sets declared, without elements.
+    pub declared: Arc<str>,
+    /// By part, in part order, only parts with lines: `add element inet trellis SET { .. }`.
+    pub parts: ZoneParts,
+    /// How many bytes the sets' elements take (what decides whether a ruleset is in parts).
+    pub bytes: usize,
 }
 
 /// A route as the files of its routers hold it, rendered once per compile.
@@ -358,5 +401,12 @@ mod tests {
             assert_eq!(delivered(bad), None, "{bad}");
         }
         assert_eq!(zone_part(12), "etc/trellis/zone.d/names-12.zone");
+        assert_eq!(ruleset_part(5), "etc/trellis/nftables.d/sources-05.nft");
+        assert_eq!(delivered(ruleset_part(63)), Some(ruleset_part(63)));
+        assert_eq!(ruleset_part_index(ruleset_part(17)), Some(17));
+        assert!(is_ruleset(ruleset_part(0)) && !is_zone(ruleset_part(0)));
+        for bad in ["etc/trellis/nftables.d/sources-64.nft", "etc/trellis/nftables.d/sources-1.nft", "etc/trellis/nftables.d/x.nft"] {
+            assert_eq!(delivered(bad), None, "{bad}");
+        }
     }
 }

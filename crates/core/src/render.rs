@@ -42,7 +42,11 @@ pub fn files(plan: &NodePlan, prior: Option<(&NodePlan, &[FileResource])>) -> Ve
     };
     // The parts of the peers go last, where a recompile of the peers alone puts them (`rekey`).
     let parts = files.split_off(1);
-    files.push(file(NFTABLES_CONF, 0o644, kept(NFTABLES_CONF, nftables_same).unwrap_or_else(|| nftables(plan))));
+    // The ruleset's files are kept together: `nftables.conf` and its parts, if it has them.
+    match prior.filter(|(q, _)| plan.node == q.node && plan.common == q.common && nftables_same(plan, q)) {
+        Some((_, before)) => files.extend(before.iter().filter(|f| crate::plan::is_ruleset(&f.path)).cloned()),
+        None => files.extend(nftables_files(plan)),
+    }
     // The zone's files are kept together too: `mesh.zone` and its parts, if it has them.
     match prior.filter(|(q, _)| plan.node == q.node && plan.common == q.common && zone_same(plan, q)) {
         Some((_, before)) => files.extend(before.iter().filter(|f| crate::plan::is_zone(&f.path)).cloned()),
@@ -341,17 +345,63 @@ impl PeerPlan {
 }
 
 pub fn nftables(plan: &NodePlan) -> Text {
+    nftables_text(plan, false)
+}
+
+/// Whether `plan`'s ruleset is in parts (ADR 0044): its rules' sources' addresses take more than
+/// [`crate::plan::RULESET_PARTS_FROM`] bytes.
+pub fn ruleset_parted(plan: &NodePlan) -> bool {
+    plan.rules.iter().map(|r| r.parted.bytes).sum::<usize>() > crate::plan::RULESET_PARTS_FROM
+}
+
+/// A node's ruleset files: `nftables.conf` as [`nftables`] makes it, or, when its rules' sources
+/// take more than [`crate::plan::RULESET_PARTS_FROM`] bytes, `nftables.conf` with the rules' sets
+/// declared without elements, and the parts (ADR 0044): each source's address added to its set
+/// by an `add element` line in the part its node's name hashes to. `nftables.conf` and its parts
+/// in order, one after the other, are the ruleset, loaded in one transaction: the same table as
+/// the one file makes.
+pub fn nftables_files(plan: &NodePlan) -> Vec<FileResource> {
+    let file = |path: &str, content: Text| FileResource { path: path.into(), mode: 0o644, content };
+    if !ruleset_parted(plan) {
+        return vec![file(NFTABLES_CONF, nftables(plan))];
+    }
+    let mut files = vec![file(NFTABLES_CONF, nftables_text(plan, true))];
+    let mut pieces: Vec<Vec<&Arc<str>>> = vec![Vec::new(); WIREGUARD_PARTS];
+    for (i, lines) in plan.rules.iter().flat_map(|r| r.parted.parts.iter()) {
+        pieces[usize::from(*i)].push(lines);
+    }
+    for (i, pieces) in pieces.into_iter().enumerate().filter(|(_, p)| !p.is_empty()) {
+        let mut t = TextBuilder::with_capacity(pieces.len() + 1, 128);
+        let _ = writeln!(
+            t,
+            "# trellis: sources of the inbound filter of node {} in mesh {}, part {i:02}. Generated; do not edit.",
+            plan.node, plan.common.mesh
+        );
+        for lines in pieces {
+            t.push_shared(lines);
+        }
+        files.push(file(crate::plan::ruleset_part(i), t.finish()));
+    }
+    files
+}
+
+/// `nftables.conf`: with `parted`, the rules' sets declared without their elements, which the
+/// parts add (ADR 0044).
+fn nftables_text(plan: &NodePlan, parted: bool) -> Text {
     let iface = &plan.common.interface;
     let mut s = TextBuilder::with_capacity(plan.rules.len() * 4 + 2, 512);
     let _ = writeln!(s, "# trellis: inbound filter of node {} in mesh {}. Generated; do not edit.", plan.node, plan.common.mesh);
     s.push_str("# Loaded with `nft -f`: the whole file is one transaction, so the table is replaced atomically.\n");
     s.push_str("# The agent changes only the elements of a named set when nothing else differs (ADR 0031).\n");
+    if parted {
+        s.push_str("# The rules' sources are added to their sets by nftables.d/sources-NN.nft, loaded after this file in the same transaction (ADR 0044).\n");
+    }
     s.push_str("table inet trellis {\n}\ndelete table inet trellis\n\n");
     s.push_str("table inet trellis {\n");
     // Each rule's sources are a named set, so that a node coming or going changes its elements,
     // not the table.
     for r in &plan.rules {
-        s.push_shared(&r.sets);
+        s.push_shared(if parted { &r.parted.declared } else { &r.sets });
     }
     for r in &plan.routes_for {
         s.push_shared(&r.sets);
@@ -640,18 +690,33 @@ pub fn rule_block(topo: &Topology, r: &ResolvedRule) -> RuleBlock {
     let mut s = String::new();
     let _ = writeln!(s, "\t\t# module {}, rule {}: {what} from {from}", r.module, r.number);
     let comment = truncate(format!("{} rule {}: from {from}", r.module, r.number));
-    let mut v4: Vec<_> = r.sources.iter().filter_map(|&i| topo.ipv4[i as usize]).collect();
-    let mut v6: Vec<_> = r.sources.iter().filter_map(|&i| topo.ipv6[i as usize]).collect();
+    // Each source's address with the part of its name (ADR 0044), by address.
+    let mut v4: Vec<_> = r.sources.iter().filter_map(|&i| Some((topo.ipv4[i as usize]?, i))).collect();
+    let mut v6: Vec<_> = r.sources.iter().filter_map(|&i| Some((topo.ipv6[i as usize]?, i))).collect();
     v4.sort_unstable();
     v6.sort_unstable();
     if v4.is_empty() && v6.is_empty() {
         s.push_str("\t\t# its sources name no node: nothing is accepted\n");
-        return RuleBlock { sets: Arc::from(""), lines: s.into() };
+        return RuleBlock { sets: Arc::from(""), lines: s.into(), parted: Default::default() };
     }
     let mut sets = String::new();
-    let mut family = |fam: &str, kind: &str, l4: &str, addrs: &[String]| {
+    let mut declared = String::new();
+    let mut parts: Vec<String> = vec![String::new(); WIREGUARD_PARTS];
+    let mut bytes = 0;
+    let mut family = |fam: &str, kind: &str, l4: &str, addrs: Vec<(String, u32)>| {
         let set = format!("src_{}_{}_{}", r.module, r.number, if fam == "ip" { "v4" } else { "v6" });
-        let _ = writeln!(sets, "\tset {set} {{\n\t\ttype {kind}\n\t\telements = {{ {} }}\n\t}}", addrs.join(", "));
+        let list: Vec<&str> = addrs.iter().map(|(a, _)| a.as_str()).collect();
+        let list = list.join(", ");
+        bytes += list.len();
+        let _ = writeln!(sets, "\tset {set} {{\n\t\ttype {kind}\n\t\telements = {{ {list} }}\n\t}}");
+        let _ = writeln!(declared, "\tset {set} {{\n\t\ttype {kind}\n\t}}");
+        let mut of_part: Vec<Vec<&str>> = vec![Vec::new(); WIREGUARD_PARTS];
+        for (a, i) in &addrs {
+            of_part[usize::from(crate::plan::part_of(&topo.nodes[*i as usize].name))].push(a);
+        }
+        for (i, list) in of_part.into_iter().enumerate().filter(|(_, l)| !l.is_empty()) {
+            let _ = writeln!(parts[i], "add element {} {set} {{ {} }}", crate::ruleset::TABLE, list.join(", "));
+        }
         let _ = write!(s, "\t\tiifname \"{iface}\" {fam} saddr @{set} ");
         match r.rule.proto {
             Proto::Icmp => {
@@ -664,12 +729,13 @@ pub fn rule_block(topo: &Topology, r: &ResolvedRule) -> RuleBlock {
         let _ = writeln!(s, " accept comment \"{comment}\"");
     };
     if !v4.is_empty() {
-        family("ip", "ipv4_addr", "icmp", &v4.iter().map(|a| a.to_string()).collect::<Vec<_>>());
+        family("ip", "ipv4_addr", "icmp", v4.iter().map(|(a, i)| (a.to_string(), *i)).collect());
     }
     if !v6.is_empty() {
-        family("ip6", "ipv6_addr", "ipv6-icmp", &v6.iter().map(|a| a.to_string()).collect::<Vec<_>>());
+        family("ip6", "ipv6_addr", "ipv6-icmp", v6.iter().map(|(a, i)| (a.to_string(), *i)).collect());
     }
-    RuleBlock { sets: sets.into(), lines: s.into() }
+    let parts = parts.into_iter().enumerate().filter(|(_, p)| !p.is_empty()).map(|(i, p)| (i as u8, Arc::from(p))).collect();
+    RuleBlock { sets: sets.into(), lines: s.into(), parted: crate::plan::PartedSets { declared: declared.into(), parts, bytes } }
 }
 
 /// Address records, one line each, for names with their addresses.

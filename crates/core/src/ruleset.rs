@@ -76,7 +76,17 @@ fn shape(text: &str) -> (Ruleset<'_>, bool) {
                 }
             }
             (Line::Other, Inside::Chain) => valid &= chain_line(line, r.chains.last_mut().expect("a chain is open")),
-            (Line::Other, Inside::Neither) => {}
+            (Line::Other, Inside::Neither) => {
+                // A set's elements added after the table (a ruleset in parts, ADR 0044): the set's
+                // elements as if listed in it, left out of the shape as they are.
+                if let Some((name, list)) = added(line) {
+                    match r.sets.iter_mut().find(|(n, _)| *n == name) {
+                        Some((_, elements)) => valid &= set_elements_listed(list, elements),
+                        None => valid = false,
+                    }
+                    continue;
+                }
+            }
         }
         r.rest.push(line);
     }
@@ -121,12 +131,52 @@ impl<'a> Line<'a> {
 /// none, else whether every element is an address or a prefix.
 fn set_elements<'a>(line: &'a str, list: &mut Vec<&'a str>) -> Option<bool> {
     let elements = line.strip_prefix(LIST_OPEN)?.strip_suffix(" }")?;
+    Some(set_elements_listed(elements, list))
+}
+
+/// The elements `a, b` taken into `list`: whether every one is an address or a prefix.
+fn set_elements_listed<'a>(elements: &'a str, list: &mut Vec<&'a str>) -> bool {
     let mut ok = true;
     for e in elements.split(", ") {
         ok &= e.parse::<std::net::IpAddr>().is_ok() || e.parse::<ipnet::IpNet>().is_ok();
         list.push(e);
     }
-    Some(ok)
+    ok
+}
+
+/// How a part of a ruleset adds elements to a set of the table (ADR 0044).
+const ADD_OPEN: &str = "add element inet trellis ";
+
+/// A line that adds elements to a set of the table (`add element inet trellis NAME { a, b }`):
+/// the set's name and the elements as listed.
+fn added(line: &str) -> Option<(&str, &str)> {
+    let (name, list) = line.strip_prefix(ADD_OPEN)?.split_once(" { ")?;
+    Some((name, list.strip_suffix(" }")?)).filter(|(name, _)| plain(name))
+}
+
+/// Checks a part of a ruleset (ADR 0044) as `render::nftables_files` writes it: comments and
+/// lines that add addresses to a set of the table (`add element inet trellis NAME { a, b }`)
+/// only, each line ended. The ruleset loaded is `nftables.conf` and its parts one after the
+/// other, so anything else in a part (a rule, a table, a flush) would change the table beyond
+/// its sets' elements: refused, naming the part's path and line.
+pub fn check_part(text: &str, path: &str) -> Result<(), String> {
+    if !text.is_empty() && !text.ends_with('\n') {
+        return Err(format!("{path} line {}: a part of the ruleset ends with its last line ended (a newline)", text.lines().count()));
+    }
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let ok = added(line)
+            .is_some_and(|(_, list)| list.split(", ").all(|e| e.parse::<std::net::IpAddr>().is_ok() || e.parse::<ipnet::IpNet>().is_ok()));
+        if !ok {
+            return Err(format!(
+                "{path} line {}: a part of the ruleset adds addresses to the table's sets only (add element inet trellis SET {{ ADDRESS, .. }}), not `{line}`",
+                n + 1
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A line inside a chain, taken into `chain` (its base specification, or a rule; comments and
@@ -244,20 +294,42 @@ pub fn changes_in(old: &str, new: &str, hunks: &[crate::delta::Hunk]) -> Option<
     // A region the same in both (lines the edits sent again) changes nothing.
     let (mut old_line, mut new_line) = (None, None);
     for r in regions.iter().filter(|r| old.as_bytes()[r.old.clone()] != new.as_bytes()[r.new.clone()]) {
-        let (name, was) = in_elements(old, r.old.clone(), &mut old_line)?;
-        let (other, now) = in_elements(new, r.new.clone(), &mut new_line)?;
-        if name != other {
-            return None;
-        }
-        match sets.last_mut().filter(|(n, ..)| *n == name) {
-            Some((_, w, n)) => {
-                w.extend(was);
-                n.extend(now);
+        // A region may run over several lists' lines (a part of a ruleset adds a node's v4 and
+        // v6 addresses on lines one after the other, ADR 0044): each set's elements in it,
+        // before and after. Outside the regions the texts are the same.
+        let mut pieces: Vec<(&str, Vec<&str>, bool)> =
+            in_lists(old, r.old.clone(), &mut old_line)?.into_iter().map(|(n, e)| (n, e, false)).collect();
+        pieces.extend(in_lists(new, r.new.clone(), &mut new_line)?.into_iter().map(|(n, e)| (n, e, true)));
+        for (name, elements, after) in pieces {
+            let at = match sets.iter().position(|(n, ..)| *n == name) {
+                Some(at) => at,
+                None => {
+                    sets.push((name, Vec::new(), Vec::new()));
+                    sets.len() - 1
+                }
+            };
+            match after {
+                false => sets[at].1.extend(elements),
+                true => sets[at].2.extend(elements),
             }
-            None => sets.push((name, was, now)),
         }
     }
     Some(sets.iter().filter_map(|(name, was, now)| SetChange::of(name, was, now)).collect())
+}
+
+/// The sets' elements the bytes `range` of `text` hold, line by line (`in_elements` of each
+/// line's piece); `None` when a piece is not inside one list.
+fn in_lists<'a>(text: &'a str, range: std::ops::Range<usize>, line: &mut Option<ListLine<'a>>) -> Option<Vec<(&'a str, Vec<&'a str>)>> {
+    let mut out = Vec::new();
+    let mut at = range.start;
+    loop {
+        let end = text.get(at..range.end)?.find('\n').map_or(range.end, |i| at + i + 1);
+        out.push(in_elements(text, at..end, line)?);
+        if end >= range.end {
+            return Some(out);
+        }
+        at = end;
+    }
 }
 
 /// An element list's line, found once for the regions on it: its start and end in the text and
@@ -268,6 +340,9 @@ struct ListLine<'a> {
     start: usize,
     end: usize,
     name: &'a str,
+    /// How many bytes its opening takes (`\t\telements = { `, or `add element inet trellis
+    /// NAME { ` in a part, ADR 0044).
+    open: usize,
 }
 
 /// The set whose element list holds the bytes `range` of `text` (one line, `\t\telements = { a,
@@ -284,9 +359,13 @@ fn in_elements<'a>(text: &'a str, range: std::ops::Range<usize>, line: &mut Opti
     // The region's bytes without the list's opening and closing (when it takes them in); no line
     // ends inside it.
     let (opens, closes) = (range.start == l.start, range.end == l.end);
+    // A region starting inside the opening is none of the list's.
+    if range.start > l.start && range.start < l.start + l.open {
+        return None;
+    }
     let mut part = &text[range];
     if opens {
-        part = part.strip_prefix(LIST_OPEN)?;
+        part = part.get(l.open..)?;
     }
     if closes {
         part = part.strip_suffix(LIST_CLOSE)?;
@@ -308,7 +387,14 @@ fn list_line<'a>(text: &'a str, range: &std::ops::Range<usize>) -> Option<ListLi
         text[range.end..].find('\n').map_or(text.len(), |i| range.end + i + 1)
     };
     let whole = &text[start..end];
-    if !whole.starts_with(LIST_OPEN) || !whole.ends_with(LIST_CLOSE) {
+    if !whole.ends_with(LIST_CLOSE) {
+        return None;
+    }
+    // A part's line that adds elements names its set itself (ADR 0044).
+    if let Some((name, _)) = added(whole.strip_suffix('\n')?) {
+        return Some(ListLine { start, end, name, open: ADD_OPEN.len() + name.len() + " { ".len() });
+    }
+    if !whole.starts_with(LIST_OPEN) {
         return None;
     }
     // The set this list belongs to: two lines up, `\tset NAME {`, its `type` line between.
@@ -318,7 +404,7 @@ fn list_line<'a>(text: &'a str, range: &std::ops::Range<usize>) -> Option<ListLi
     }
     let set_line = above.rsplit_once('\n').map_or(above, |(_, l)| l);
     let name = set_line.strip_prefix("\tset ")?.strip_suffix(" {")?;
-    plain(name).then_some(ListLine { start, end, name })
+    plain(name).then_some(ListLine { start, end, name, open: LIST_OPEN.len() })
 }
 
 /// The elements `part` of a list lists (`opens`: it starts right after the opening; `closes`: it
@@ -603,6 +689,61 @@ mod tests {
             if let Some(commands) = super::delta_in(&old, &new, &hunks.unwrap(), &chains) {
                 proptest::prop_assert_eq!(Some(commands), delta(&old, &new));
             }
+        }
+    }
+
+    /// ADR 0044: a ruleset in parts reads as the one file does, its sets' elements added after
+    /// the table by `add element` lines; a change in a part's lines, even over a v4 and a v6
+    /// line one after the other, is read from its regions as elements; a part is lines that add
+    /// elements, and comments, each ended.
+    #[test]
+    fn a_ruleset_in_parts_reads_as_one_file_and_a_part_changes_by_its_regions() {
+        let one = ruleset(&["10.0.0.1", "10.0.0.2", "10.0.0.3"], &["fd00::1", "fd00::2"], 22);
+        let main = ruleset(&[], &[], 22);
+        let part = |v4: &str, v6: &str| {
+            format!("# part\nadd element inet trellis src_ssh_1_v4 {{ {v4} }}\nadd element inet trellis src_ssh_1_v6 {{ {v6} }}\n")
+        };
+        let (a, b) = (part("10.0.0.1, 10.0.0.2", "fd00::1"), part("10.0.0.3", "fd00::2"));
+        let parted = format!("{main}{a}{b}");
+        let sets = |r: super::Ruleset| {
+            r.sets
+                .iter()
+                .map(|(n, e)| {
+                    (n.to_string(), {
+                        let mut e: Vec<&str> = e.clone();
+                        e.sort();
+                        e.iter().map(|e| e.to_string()).collect::<Vec<_>>()
+                    })
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(sets(read(&parted).unwrap()), sets(read(&one).unwrap()));
+        assert_eq!(read(&parted).unwrap().chains, read(&one).unwrap().chains);
+        // An element added to a set the table does not declare: not a ruleset trellis writes.
+        assert!(read(&format!("{main}add element inet trellis src_other_v4 {{ 10.0.0.9 }}\n")).is_none());
+        // 10.0.0.2 and fd00::1 gone from the first part, on two lines one after the other.
+        let a2 = part("10.0.0.1", "fd00::7");
+        let edits = crate::delta::edits(a.as_bytes(), a2.as_bytes());
+        let (_, hunks) = crate::delta::rebuild_with_hunks(a.as_bytes(), &edits, a2.len(), "p").unwrap();
+        let changes = super::changes_in(&a, &a2, &hunks.unwrap()).expect("elements only");
+        let by_set: Vec<(String, Vec<String>, Vec<String>)> = changes.into_iter().map(|c| (c.set, c.gone, c.came)).collect();
+        assert_eq!(
+            by_set,
+            [
+                ("src_ssh_1_v4".to_string(), vec!["10.0.0.2".to_string()], vec![]),
+                ("src_ssh_1_v6".to_string(), vec!["fd00::1".to_string()], vec!["fd00::7".to_string()]),
+            ]
+        );
+        assert_eq!(super::check_part(&a, "p"), Ok(()));
+        for (bad, line) in [
+            (format!("{a}flush ruleset\n"), 4),
+            ("add element inet trellis src_ssh_1_v4 { 10.0.0.1 }".to_string(), 1),
+            ("add element inet other src_ssh_1_v4 { 10.0.0.1 }\n".to_string(), 1),
+            ("add element inet trellis src_ssh_1_v4 { 10.0.0.1; flush ruleset }\n".to_string(), 1),
+            ("table inet trellis {\n".to_string(), 1),
+        ] {
+            let e = super::check_part(&bad, "p").expect_err(&bad);
+            assert!(e.starts_with(&format!("p line {line}:")), "{bad:?}: {e}");
         }
     }
 }

@@ -89,11 +89,12 @@ pub fn run(args: &CompileArgs) -> Result<ExitCode> {
         .into_iter()
         .map(|path| {
             // A node's WireGuard configuration is `wireguard.conf` and its parts (ADR 0039), its zone
-            // `mesh.zone` and its parts (ADR 0043).
+            // `mesh.zone` and its parts (ADR 0043), its ruleset `nftables.conf` and its parts (ADR 0044).
             let of = move |f: &&trellis_core::plan::FileResource| {
                 f.path == path
                     || (path == WIREGUARD_CONF && trellis_core::plan::is_wireguard(&f.path))
                     || (path == MESH_ZONE && trellis_core::plan::is_zone(&f.path))
+                    || (path == NFTABLES_CONF && trellis_core::plan::is_ruleset(&f.path))
             };
             let sizes = base.nodes.iter().map(|(n, o)| (o.files.iter().filter(of).map(|f| f.content.len()).sum::<usize>(), n.as_str()));
             let (len, node) = sizes.max().unwrap_or((0, ""));

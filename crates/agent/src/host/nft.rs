@@ -6,12 +6,11 @@
 //! generation (`crate::nftgen`) and a digest of the table's listing say whether the table is
 //! still the one loaded (ADR 0031).
 
-use std::path::{Path, PathBuf};
-
 use anyhow::{bail, Context, Result};
 use trellis_core::ruleset::TABLE;
 
 use super::traits::Firewall;
+use crate::plan::TextFile;
 
 /// nftables on a real host: one `table inet trellis`, loaded from the bundle's ruleset.
 pub struct Nft {
@@ -38,20 +37,100 @@ pub struct Nft {
     pub by_regions: u32,
 }
 
-/// A ruleset as this process read and loaded it.
+/// A ruleset as this process was given and loaded it: its files (`nftables.conf` and its parts,
+/// ADR 0044), each with its SHA-256.
 #[derive(Clone)]
 struct Loaded {
-    path: PathBuf,
-    text: String,
+    files: Vec<(String, [u8; 32], bytes::Bytes)>,
     /// The commands that put its chains back, when a change may be read from its regions
     /// (`ruleset::chains`); read at the first change by regions, and kept.
     chains: Option<Option<String>>,
 }
 
 impl Loaded {
-    fn new(path: &Path, text: String) -> Loaded {
-        Loaded { path: path.to_path_buf(), text, chains: None }
+    fn new(files: &[TextFile]) -> Loaded {
+        Loaded { files: files.iter().map(|f| (f.path.clone(), f.sha256, f.content.clone())).collect(), chains: None }
     }
+
+    /// The ruleset: its files one after the other.
+    fn text(&self) -> String {
+        self.files.iter().map(|(_, _, c)| String::from_utf8_lossy(c)).collect()
+    }
+
+    /// The file named in messages: `nftables.conf`.
+    fn path(&self) -> &str {
+        self.files.first().map_or("the ruleset", |(p, ..)| p.as_str())
+    }
+}
+
+/// The changes of the sets' elements from the files `loaded` to `files`, read from the regions
+/// of each file that differs (ADR 0035, 0044): by its edits when it came as edits of the file
+/// loaded, else compared with it as one hunk. A file loaded as it is (its SHA-256) is not read.
+/// `None` when a file came or went, or a region is anything but elements: the ruleset is loaded
+/// whole.
+fn file_changes(loaded: &[(String, [u8; 32], bytes::Bytes)], files: &[TextFile]) -> Option<Vec<trellis_core::ruleset::SetChange>> {
+    use trellis_core::delta::Hunk;
+    if loaded.len() != files.len() || loaded.iter().zip(files).any(|((path, ..), f)| *path != f.path) {
+        return None;
+    }
+    let mut sets: Vec<trellis_core::ruleset::SetChange> = Vec::new();
+    for ((_, sha, old), f) in loaded.iter().zip(files).filter(|((_, sha, _), f)| *sha != f.sha256) {
+        let whole = [Hunk { old: 0..old.len(), new: 0..f.content.len() }];
+        let of_file = |c: &&crate::plan::TextChange| {
+            c.base == *sha && ((c.new.as_ptr() == f.content.as_ptr() && c.new.len() == f.content.len()) || c.new == f.content)
+        };
+        let hunks = f.change.as_ref().filter(of_file).map_or(&whole[..], |c| &c.hunks[..]);
+        let changed = trellis_core::ruleset::changes_in(std::str::from_utf8(old).ok()?, std::str::from_utf8(&f.content).ok()?, hunks)?;
+        for c in changed {
+            match sets.iter_mut().find(|s| s.set == c.set) {
+                Some(s) => {
+                    s.gone.extend(c.gone);
+                    s.came.extend(c.came);
+                }
+                None => sets.push(c),
+            }
+        }
+    }
+    // An address gone from one part and come in another (a node renamed at its address) is no
+    // change of the set.
+    for s in &mut sets {
+        let came: std::collections::HashSet<String> = s.came.iter().cloned().collect();
+        let gone: std::collections::HashSet<String> = s.gone.iter().cloned().collect();
+        s.gone.retain(|e| !came.contains(e));
+        s.came.retain(|e| !gone.contains(e));
+    }
+    sets.retain(|s| !s.gone.is_empty() || !s.came.is_empty());
+    Some(sets)
+}
+
+/// nft's message about the text it was given (`/dev/stdin:LINE:`), with each place named by its
+/// file and line there.
+fn located(message: &str, files: &[(String, [u8; 32], bytes::Bytes)]) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find("/dev/stdin:") {
+        out.push_str(&rest[..at]);
+        rest = &rest[at + "/dev/stdin:".len()..];
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let Ok(line) = rest[..digits].parse::<usize>() else {
+            out.push_str("/dev/stdin:");
+            continue;
+        };
+        let mut first = 1;
+        let mut named = None;
+        for (i, (path, _, content)) in files.iter().enumerate() {
+            let lines = content.iter().filter(|&&b| b == b'\n').count();
+            if line < first + lines || i + 1 == files.len() {
+                named = Some(format!("{path}:{}", (line + 1).saturating_sub(first).max(1)));
+                break;
+            }
+            first += lines;
+        }
+        out.push_str(&named.unwrap_or_else(|| format!("/dev/stdin:{line}")));
+        rest = &rest[digits..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The kernel's table as this process's last commit left it: the generation right after the
@@ -147,13 +226,13 @@ impl Nft {
     }
 
     /// Runs these commands (changes of elements, a listing) as one transaction, or, with the
-    /// ruleset's path as `whole`, a whole ruleset's text as nft loads a file. Always the text:
-    /// a ruleset is loaded as the agent read it, never from its path read a second time (the
-    /// file may have changed between the two reads). What nft printed; the error is nft's
-    /// message, which names the ruleset's path and line. A helper that ended fails this batch,
+    /// ruleset's files as `whole`, a whole ruleset's text (its files one after the other) as nft
+    /// loads a file. Always the text: a ruleset is loaded as the agent was given it, never from
+    /// its path. What nft printed; the error is nft's message, which names the file and line
+    /// at fault. A helper that ended fails this batch,
     /// and every later one of the same apply or check: nothing more is sent until the next,
     /// which starts another helper.
-    fn run(&mut self, commands: &str, whole: Option<&Path>) -> Result<String> {
+    fn run(&mut self, commands: &str, whole: Option<&[(String, [u8; 32], bytes::Bytes)]>) -> Result<String> {
         use crate::nfthelper::{HelperError, Request};
         if let Some(ended) = &self.ended {
             return Err(HelperError::Ended(ended.clone()).into());
@@ -162,14 +241,13 @@ impl Nft {
             self.via = Via::Helper(crate::nfthelper::Helper::default());
         }
         if let Via::Helper(helper) = &mut self.via {
-            let name = whole.map(|p| p.display().to_string());
-            let request = match &name {
-                Some(name) => Request::Load { text: commands, name },
+            let request = match whole {
+                Some(_) => Request::Load { text: commands, name: STDIN },
                 None => Request::Run(commands),
             };
             match helper.run(request) {
                 Ok(out) => return Ok(out),
-                Err(HelperError::Refused(message)) => bail!("{message}"),
+                Err(HelperError::Refused(message)) => bail!("{}", whole.map_or(message.clone(), |files| located(&message, files))),
                 Err(HelperError::NoLibrary(why)) => {
                     tracing::info!(error = %why, "nftables' library does not load: the agent runs `nft`");
                     self.via = Via::Program(vec!["nft".into()]);
@@ -187,7 +265,10 @@ impl Nft {
             }
         }
         let Via::Program(program) = &self.via else { unreachable!("the helper answered above") };
-        program_run(program, commands, whole)
+        program_run(program, commands).map_err(|e| match whole {
+            Some(files) => anyhow::anyhow!("{}", located(&format!("{e:#}"), files)),
+            None => e,
+        })
     }
 
     /// The kernel's ruleset generation in nft's namespace; `None` when it cannot be read.
@@ -222,7 +303,7 @@ impl Nft {
 
     /// Runs commands that change the table, and marks what the kernel holds after them as this
     /// process's. A refused transaction changes nothing in the kernel, nor the mark.
-    fn commit(&mut self, commands: &str, whole: Option<&Path>) -> Result<()> {
+    fn commit(&mut self, commands: &str, whole: Option<&[(String, [u8; 32], bytes::Bytes)]>) -> Result<()> {
         let before = self.generation();
         self.run(commands, whole)?;
         let after = self.generation();
@@ -303,11 +384,11 @@ impl Nft {
 
     /// Loads a ruleset's text whole, in one transaction that replaces the table.
     fn load_whole(&mut self, ruleset: Loaded) -> Result<()> {
-        if let Err(e) = self.commit(&ruleset.text, Some(&ruleset.path)) {
+        if let Err(e) = self.commit(&ruleset.text(), Some(&ruleset.files)) {
             if helper_ended(&e) {
-                bail!("cannot load {}: {e:#}", ruleset.path.display());
+                bail!("cannot load {}: {e:#}", ruleset.path());
             }
-            bail!("nft refused {}: {e:#}", ruleset.path.display());
+            bail!("nft refused {}: {e:#}", ruleset.path());
         }
         self.last = Some(ruleset);
         self.loaded = true;
@@ -327,8 +408,11 @@ fn helper_ended(e: &anyhow::Error) -> bool {
     matches!(e.downcast_ref(), Some(crate::nfthelper::HelperError::Ended(_)))
 }
 
+/// What nft calls the text it was given, in its messages.
+const STDIN: &str = "/dev/stdin";
+
 /// Runs `nft -f -` (after the command's other words) with these commands on its standard input.
-fn program_run(program: &[String], commands: &str, whole: Option<&Path>) -> Result<String> {
+fn program_run(program: &[String], commands: &str) -> Result<String> {
     use std::io::Write;
     let mut cmd = std::process::Command::new(&program[0]);
     cmd.args(&program[1..]).args(["-f", "-"]);
@@ -341,45 +425,39 @@ fn program_run(program: &[String], commands: &str, whole: Option<&Path>) -> Resu
     // message says why.
     let out = child.wait_with_output().context("cannot run nft")?;
     if !out.status.success() {
-        let message = String::from_utf8_lossy(&out.stderr);
-        let message = match whole {
-            Some(path) => message.replace("/dev/stdin:", &format!("{}:", path.display())),
-            None => message.into_owned(),
-        };
-        bail!("{}", message.trim());
+        bail!("{}", String::from_utf8_lossy(&out.stderr).trim());
     }
     written.context("cannot give nft its commands")?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 impl Firewall for Nft {
-    fn apply(&mut self, ruleset: &Path, change: Option<&crate::plan::TextChange>) -> Result<()> {
+    fn apply(&mut self, ruleset: &[TextFile]) -> Result<()> {
         self.ended = None;
-        // By its regions, when the text loaded is the one the edits were made from (ADR 0035):
-        // the elements there, and the chains of the text loaded.
-        let by_regions = match (self.last.as_mut(), change) {
-            (Some(last), Some(c)) if last.text.as_bytes() == &c.old[..] => {
-                let chains = last.chains.get_or_insert_with(|| trellis_core::ruleset::chains(&last.text)).clone();
-                std::str::from_utf8(&c.new).ok().and_then(|text| {
-                    let sets = trellis_core::ruleset::changes_in(&last.text, text, &c.hunks)?;
-                    let chains = chains?;
-                    Some((
-                        Loaded { path: ruleset.to_path_buf(), text: text.to_string(), chains: Some(Some(chains.clone())) },
-                        (sets, chains),
-                    ))
-                })
+        if let Some(f) = ruleset.iter().find(|f| std::str::from_utf8(&f.content).is_err()) {
+            bail!("cannot load {}: it is not UTF-8", f.path);
+        }
+        // By the regions of the files that differ from those loaded (ADR 0035, 0044): the
+        // elements there, and the chains of the text loaded.
+        let by_regions = match self.last.as_mut() {
+            Some(last) => {
+                let chains = match &last.chains {
+                    Some(c) => c.clone(),
+                    None => last.chains.insert(trellis_core::ruleset::chains(&last.text())).clone(),
+                };
+                file_changes(&last.files, ruleset).and_then(|sets| Some((sets, chains?)))
             }
-            _ => None,
+            None => None,
         };
         let (new, change) = match by_regions {
-            Some((new, change)) => {
+            Some((sets, chains)) => {
                 self.by_regions += 1;
-                (new, Some(change))
+                (Loaded { chains: Some(Some(chains.clone())), ..Loaded::new(ruleset) }, Some((sets, chains)))
             }
             None => {
-                let text = std::fs::read_to_string(ruleset).with_context(|| format!("cannot read {}", ruleset.display()))?;
-                let change = self.last.as_ref().and_then(|old| trellis_core::ruleset::changes(&old.text, &text));
-                (Loaded::new(ruleset, text), change)
+                let new = Loaded::new(ruleset);
+                let change = self.last.as_ref().and_then(|old| trellis_core::ruleset::changes(&old.text(), &new.text()));
+                (new, change)
             }
         };
         // Only the elements that changed, when nothing else did, and only on the table this
@@ -399,17 +477,17 @@ impl Firewall for Nft {
                     }
                     // The helper gone, the apply fails (a refusal of the elements loads the file
                     // whole instead).
-                    Err(e) if helper_ended(&e) => bail!("cannot change the sets' elements of {}: {e:#}", ruleset.display()),
+                    Err(e) if helper_ended(&e) => bail!("cannot change the sets' elements of {}: {e:#}", new.path()),
                     Err(e) => tracing::warn!(
                         error = %format!("{e:#}"),
                         "the loaded table refused a change of its sets' elements; loading {} whole",
-                        ruleset.display()
+                        new.path()
                     ),
                 },
                 Table::Changed => tracing::warn!(
                     "table {} is not the one the agent loaded (changed behind its back); loading {} whole",
                     TABLE,
-                    ruleset.display()
+                    new.path()
                 ),
                 Table::Unknown => {}
             }
@@ -431,9 +509,9 @@ impl Firewall for Nft {
         }
         let last = self.last.clone().expect("checked");
         tracing::warn!(
-            "table {} is not the one the agent loaded (flushed, deleted or changed behind its back); loading {} again, as read at its last apply",
+            "table {} is not the one the agent loaded (flushed, deleted or changed behind its back); loading {} again, as given at its last apply",
             TABLE,
-            last.path.display()
+            last.path()
         );
         self.load_whole(last)?;
         Ok(true)
@@ -509,6 +587,18 @@ mod tests {
         )
     }
 
+    /// The ruleset as one `nftables.conf` of this text, named by `file` in messages, with the
+    /// change that brought it if it came as edits.
+    fn given(file: &std::path::Path, text: &str, change: Option<crate::plan::TextChange>) -> Vec<crate::plan::TextFile> {
+        let f = trellis_core::bundle::BundleFile::new(trellis_core::plan::NFTABLES_CONF, 0o644, text.as_bytes().to_vec());
+        vec![crate::plan::TextFile { path: file.display().to_string(), sha256: f.sha256, content: f.content, change }]
+    }
+
+    /// The ruleset as the `nftables.conf` written at `file`.
+    fn on_disk(file: &std::path::Path) -> Vec<crate::plan::TextFile> {
+        given(file, &std::fs::read_to_string(file).unwrap(), None)
+    }
+
     /// Runs `scenario` on a real table in a network namespace of its own, twice: through `nft`,
     /// and through nftables' library in the agent's own process (as `in_process`).
     fn both_ways(tag: &str, scenario: fn(Nft, &str, bool)) {
@@ -578,9 +668,8 @@ mod tests {
         // brings it.
         let mut before: Option<String> = None;
         let mut apply = |text: &str| {
-            std::fs::write(&file, text).unwrap();
             let change = before.as_deref().map(|b| crate::plan::TextChange::between(b, text));
-            nft.apply(&file, change.as_ref()).unwrap();
+            nft.apply(&given(&file, text, change)).unwrap();
             before = Some(text.to_string());
             (nft.whole_loads(), nft.by_regions)
         };
@@ -633,8 +722,10 @@ mod tests {
         assert!(elements("src_ssh_1_v4").contains(&fewer[1].to_string()), "the source listed twice before is still held");
         assert_eq!(elements("src_ssh_1_v4").len(), fewer.len() - 1);
         // A ruleset nft refuses is refused with its message, and the table stays.
-        std::fs::write(&file, "table inet trellis {\n\tchain input {\n\t\tnonsense\n\t}\n}\n").unwrap();
-        let e = nft.apply(&file, None).expect_err("refused").to_string();
+        let e = nft
+            .apply(&given(&file, "table inet trellis {\n\tchain input {\n\t\tnonsense\n\t}\n}\n", None))
+            .expect_err("refused")
+            .to_string();
         // Its message names the file and the line at fault, though nft read the text in memory.
         assert!(e.starts_with("nft refused") && e.contains("nonsense") && e.contains(&format!("{}:3:", file.display())), "{e}");
         assert_eq!(elements("src_ssh_1_v4").len(), fewer.len() - 1);
@@ -653,8 +744,7 @@ mod tests {
     fn flushed(mut nft: Nft, ns: &str, _: bool) {
         let dir = trellis_testing::TempDir::new("ruleset-flushed");
         let file = dir.path().join("nftables.conf");
-        std::fs::write(&file, ruleset(&["10.0.0.1", "10.0.0.2"], &["fd00::1"], 22)).unwrap();
-        nft.apply(&file, None).unwrap();
+        nft.apply(&given(&file, &ruleset(&["10.0.0.1", "10.0.0.2"], &["fd00::1"], 22), None)).unwrap();
         assert!(!nft.reconcile().unwrap(), "the table is as loaded");
         nft_in(ns, &["add", "table", "inet", "other"]);
         assert!(!nft.reconcile().unwrap(), "a commit to another table loads nothing again");
@@ -692,21 +782,21 @@ mod tests {
         let write = |v4: &[&str], port: u16| std::fs::write(&file, ruleset(v4, &["fd00::1"], port)).unwrap();
         let mut nft = nft;
         write(&["10.0.0.1", "10.0.0.2"], 22);
-        nft.apply(&file, None).unwrap();
+        nft.apply(&on_disk(&file)).unwrap();
         let mut nft = nft.with_program(&["false"]);
         write(&["10.0.0.2", "10.0.0.3"], 22);
-        nft.apply(&file, None).expect("elements without nft");
+        nft.apply(&on_disk(&file)).expect("elements without nft");
         assert_eq!(elements_in(ns, "src_ssh_1_v4"), ["10.0.0.2", "10.0.0.3"]);
         assert_eq!(nft.whole_loads(), 1);
         // Another table's commit: loaded whole, which `false` refuses; the kernel keeps what it
         // had.
         nft_in(ns, &["add", "table", "inet", "other"]);
         write(&["10.0.0.3"], 22);
-        assert!(nft.apply(&file, None).is_err(), "a whole load needs nft");
+        assert!(nft.apply(&on_disk(&file)).is_err(), "a whole load needs nft");
         assert_eq!(elements_in(ns, "src_ssh_1_v4"), ["10.0.0.2", "10.0.0.3"], "a refused load changes nothing");
         // A port: only nft can load it.
         write(&["10.0.0.3"], 2222);
-        assert!(nft.apply(&file, None).is_err());
+        assert!(nft.apply(&on_disk(&file)).is_err());
         assert!(nft_in(ns, &["list", "chain", "inet", "trellis", "input"]).contains("dport 22 accept"));
     }
 
@@ -727,7 +817,7 @@ mod tests {
         all.extend(many.iter().map(String::as_str));
         for (v6, want) in [(&["fd00::1"][..], 1), (&all[..], 3001), (&["fd00::1"][..], 1)] {
             std::fs::write(&file, ruleset(&["10.0.0.1"], v6, 22)).unwrap();
-            nft.apply(&file, None).unwrap();
+            nft.apply(&on_disk(&file)).unwrap();
             assert_eq!(elements_in(ns, "src_ssh_1_v6").len(), want, "the kernel holds exactly the file's sources");
         }
         assert_eq!(nft.whole_loads(), 1, "changes of elements, through nft");
@@ -743,7 +833,7 @@ mod tests {
         let file = dir.path().join("nftables.conf");
         let apply = |nft: &mut Nft, v4: &[&str]| {
             std::fs::write(&file, ruleset(v4, &["fd00::1"], 22)).unwrap();
-            nft.apply(&file, None).unwrap();
+            nft.apply(&on_disk(&file)).unwrap();
             nft.whole_loads()
         };
         assert_eq!(apply(&mut nft, &["10.0.0.1", "10.0.0.2"]), 1);
@@ -769,49 +859,64 @@ mod tests {
         assert_eq!(elements_in(ns, "src_ssh_1_v4"), ["10.0.0.1", "10.0.0.5"]);
     }
 
-    /// Review finding 10: a whole load had nft read the path the agent had just read, so a file
-    /// changed between the two reads was loaded while the agent remembered the other text, and
-    /// later changes of elements started from the wrong one. Here the path is a FIFO that gives
-    /// another text to a second reader.
+    /// ADR 0044: a ruleset in parts, `nftables.conf` declaring the sets and each part adding
+    /// the addresses of its sources, is loaded as one text; a change of one part's sources (a
+    /// node's v4 and v6 addresses, on lines one after the other) is made by its elements, read
+    /// from that part's regions; a part gone is a whole load; a part nft refuses is named with
+    /// its line.
     #[test]
-    fn a_whole_load_is_the_text_the_agent_read_not_the_path_read_again() {
-        both_ways("reread", reread);
+    fn a_ruleset_in_parts_is_loaded_as_one_and_changed_by_the_parts_that_changed() {
+        both_ways("parts", parts);
     }
 
-    fn reread(mut nft: Nft, ns: &str, _: bool) {
-        use std::sync::atomic::{AtomicBool, Ordering};
-        let dir = trellis_testing::TempDir::new("ruleset-reread");
-        let fifo = dir.path().join("nftables.conf");
-        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-        // SAFETY: a NUL-terminated path that outlives the call.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "{}", std::io::Error::last_os_error());
-        let (read, other) = (ruleset(&["10.0.0.1"], &["fd00::1"], 22), ruleset(&["10.0.0.1", "10.66.6.6"], &["fd00::1"], 22));
-        let done = std::sync::Arc::new(AtomicBool::new(false));
-        let writer = {
-            let (fifo, done) = (fifo.clone(), done.clone());
-            std::thread::spawn(move || {
-                use std::io::Write;
-                use std::os::unix::fs::OpenOptionsExt;
-                // The agent's read.
-                std::fs::write(&fifo, read).unwrap();
-                // Its descriptor closed before a second reader is looked for.
-                std::thread::sleep(std::time::Duration::from_millis(200));
-                while !done.load(Ordering::SeqCst) {
-                    match std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&fifo) {
-                        Ok(mut f) => {
-                            f.write_all(other.as_bytes()).unwrap();
-                            return true;
-                        }
-                        Err(_) => std::thread::sleep(std::time::Duration::from_millis(1)),
-                    }
-                }
-                false
-            })
+    fn parts(mut nft: Nft, ns: &str, _: bool) {
+        use trellis_core::plan::{ruleset_part, NFTABLES_CONF};
+        let main = ruleset(&[], &[], 22).replace("# trellis\n", "# trellis, in parts\n");
+        // Part i adds the v4 and v6 addresses of the sources n with n % 4 == i.
+        let part = |i: usize, skip: usize| {
+            let mut t = format!("# part {i:02}\n");
+            let n: Vec<usize> = (0..400).filter(|n| n % 4 == i && *n != skip).collect();
+            let v4: Vec<String> = n.iter().map(|n| format!("10.1.{}.{}", n / 200, n % 200 + 1)).collect();
+            let v6: Vec<String> = n.iter().map(|n| format!("fd00::1:{n:x}")).collect();
+            t.push_str(&format!(
+                "add element inet trellis src_ssh_1_v4 {{ {} }}\nadd element inet trellis src_ssh_1_v6 {{ {} }}\n",
+                v4.join(", "),
+                v6.join(", ")
+            ));
+            t
         };
-        nft.apply(&fifo, None).unwrap();
-        done.store(true, Ordering::SeqCst);
-        let read_again = writer.join().unwrap();
-        assert_eq!(elements_in(ns, "src_ssh_1_v4"), ["10.0.0.1"], "the kernel holds the text the agent read");
-        assert!(!read_again, "nothing read the file a second time");
+        let file = |path: &str, text: &str, before: Option<&str>| {
+            let f = trellis_core::bundle::BundleFile::new(path, 0o644, text.as_bytes().to_vec());
+            let change = before.map(|b| crate::plan::TextChange::between(b, text));
+            crate::plan::TextFile { path: path.to_string(), sha256: f.sha256, content: f.content, change }
+        };
+        let one: Vec<crate::plan::TextFile> =
+            std::iter::once(file(NFTABLES_CONF, &main, None)).chain((0..3).map(|i| file(ruleset_part(i), &part(i, 999), None))).collect();
+        nft.apply(&one).unwrap();
+        assert_eq!((nft.whole_loads(), nft.by_regions), (1, 0));
+        assert_eq!(elements_in(ns, "src_ssh_1_v4").len(), 300);
+        assert_eq!(elements_in(ns, "src_ssh_1_v6").len(), 300);
+
+        // Source 5 (part 1) gone, v4 and v6: part 1 came as edits; the others as they were.
+        let two: Vec<crate::plan::TextFile> =
+            vec![one[0].clone(), one[1].clone(), file(ruleset_part(1), &part(1, 5), Some(&part(1, 999))), one[3].clone()];
+        nft.apply(&two).unwrap();
+        assert_eq!((nft.whole_loads(), nft.by_regions), (1, 1), "changed by its elements, read from part 1's regions");
+        let v4 = elements_in(ns, "src_ssh_1_v4");
+        assert!(v4.len() == 299 && !v4.contains(&"10.1.0.6".to_string()), "{}", v4.len());
+        assert!(!elements_in(ns, "src_ssh_1_v6").contains(&"fd00::1:5".to_string()));
+
+        // Part 2 gone: loaded whole, and the kernel holds what the files say.
+        let three: Vec<crate::plan::TextFile> = vec![two[0].clone(), two[1].clone(), two[2].clone()];
+        nft.apply(&three).unwrap();
+        assert_eq!(nft.whole_loads(), 2);
+        assert_eq!(elements_in(ns, "src_ssh_1_v4").len(), 199);
+
+        // A part nft refuses (an element of no set): named with its line, and the table stays.
+        let mut bad = three.clone();
+        bad.push(file(ruleset_part(7), "# part 07\nadd element inet trellis src_nothing_v4 { 10.9.9.9 }\n", None));
+        let e = nft.apply(&bad).expect_err("refused").to_string();
+        assert!(e.contains(&format!("{}:2:", ruleset_part(7))), "{e}");
+        assert_eq!(elements_in(ns, "src_ssh_1_v4").len(), 199);
     }
 }

@@ -3,7 +3,6 @@
 //! executor and the tests talk only to these; each backend has a file of its own beside this one.
 
 use std::net::IpAddr;
-use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Result;
@@ -74,12 +73,12 @@ pub fn named<'a>(peers: &'a [Arc<trellis_core::wgconf::WgPeer>], public_keys: &[
     peers.iter().filter(|p| keys.contains(p.public_key.as_str())).collect()
 }
 
-/// The node's inbound filter, loaded from its `nftables.conf`.
+/// The node's inbound filter, loaded from its `nftables.conf` (and its parts, ADR 0044).
 pub trait Firewall {
-    /// Loads the ruleset file in one transaction; on refusal nothing changes. With `change`, the
-    /// file came as edits of the one held (ADR 0035): when that is the text loaded, the change
-    /// may be read from its regions only.
-    fn apply(&mut self, ruleset: &Path, change: Option<&crate::plan::TextChange>) -> Result<()>;
+    /// Loads the ruleset, its files one after the other, in one transaction; on refusal nothing
+    /// changes. Only the files that differ from those loaded are read, each by the regions of its
+    /// edits when it came as edits of the file loaded (ADR 0035).
+    fn apply(&mut self, ruleset: &[crate::plan::TextFile]) -> Result<()>;
     fn loaded(&self) -> bool;
     /// Loads the ruleset loaded last again, whole, when the kernel's table is no longer it
     /// (flushed, deleted or changed behind the agent's back); whether it did. The run loop

@@ -431,8 +431,11 @@ fn outputs(
         let out = nodes.get_mut(&**name).expect("a node whose rules alone changed has an output");
         let plan = Arc::make_mut(&mut out.plan);
         plan.rules = rules_of(topo, shared, a);
-        let nftables = crate::render::nftables(plan);
-        out.files.iter_mut().find(|f| f.path == NFTABLES_CONF).expect("every node has an nftables.conf").content = nftables;
+        // The ruleset's files in the place of the ones before: `nftables.conf` and its parts
+        // (ADR 0044).
+        let at = out.files.iter().position(|f| f.path == NFTABLES_CONF).expect("every node has an nftables.conf");
+        out.files.retain(|f| !crate::plan::is_ruleset(&f.path));
+        out.files.splice(at..at, crate::render::nftables_files(plan));
         rendered.push(name.to_string());
     }
     for ((a, plan), files) in fresh.into_iter().zip(made) {

@@ -13,15 +13,70 @@ use trellis_core::{compile, Compiled, Keys};
 use crate::incremental::{add_routes, apply, change};
 use crate::props::{declaration, gen};
 
-/// Each node's `nftables.conf`.
+/// Each node's ruleset: `nftables.conf` and its parts one after the other (ADR 0044).
 fn rulesets(c: &Compiled) -> BTreeMap<String, String> {
-    c.nodes
+    c.nodes.iter().map(|(node, out)| (node.to_string(), joined(out))).collect()
+}
+
+/// A node's ruleset files one after the other.
+fn joined(out: &trellis_core::compile::NodeOutput) -> String {
+    let main = out.files.iter().find(|f| f.path == NFTABLES_CONF).expect("a ruleset");
+    let mut parts: Vec<_> = out.files.iter().filter_map(|f| Some((trellis_core::plan::ruleset_part_index(&f.path)?, f))).collect();
+    parts.sort_by_key(|(i, _)| *i);
+    std::iter::once(main).chain(parts.into_iter().map(|(_, f)| f)).map(|f| f.content.to_string()).collect()
+}
+
+/// ADR 0044: a runner of a module open to a group of 3,500 dual-stack nodes has more than 64 KiB
+/// of sources: its ruleset is `nftables.conf`, declaring the sets, and parts that add each
+/// source's addresses in the part of its name. One after the other they are the ruleset of the
+/// one file, set by set; each part holds only lines that add elements; and after a node leaves
+/// the group, a recompile gives what a full compile gives, and the change between the two is
+/// elements only.
+#[test]
+fn a_ruleset_in_parts_one_after_the_other_is_the_ruleset_of_one_file() {
+    let keys = Keys::default();
+    let before = compile(&crate::zones::grouped(3500, "a-1", 1420), &keys, &Default::default(), None).unwrap();
+    let out = &before.nodes["a-0"];
+    let parts: Vec<_> = out.files.iter().filter(|f| trellis_core::plan::ruleset_part_index(&f.path).is_some()).collect();
+    assert!(parts.len() > 32, "a-0's ruleset is in parts: {}", parts.len());
+    let text = joined(out);
+    let one = trellis_core::render::nftables(&out.plan).to_string();
+    assert_eq!(sets(&read(&text).expect("the parts read")), sets(&read(&one).unwrap()), "the sets' elements");
+    assert_eq!(read(&text).unwrap().chains, read(&one).unwrap().chains, "the chains");
+    // Each source's addresses are in the part of its name.
+    let name_of: BTreeMap<String, &str> = out
+        .plan
+        .zone
         .iter()
-        .map(|(node, out)| {
-            let file = out.files.iter().find(|f| f.path == NFTABLES_CONF).expect("a ruleset");
-            (node.to_string(), file.content.to_string())
-        })
-        .collect()
+        .flat_map(|z| [z.ipv4.map(|a| (a.to_string(), &*z.name)), z.ipv6.map(|a| (a.to_string(), &*z.name))])
+        .flatten()
+        .collect();
+    for f in &parts {
+        let i = trellis_core::plan::ruleset_part_index(&f.path).unwrap();
+        let content = f.content.to_string();
+        assert_eq!(trellis_core::ruleset::check_part(&content, &f.path), Ok(()));
+        for line in content.lines().filter(|l| l.starts_with("add element")) {
+            let list = line.split_once(" { ").unwrap().1.strip_suffix(" }").unwrap();
+            for a in list.split(", ") {
+                assert_eq!(usize::from(trellis_core::plan::part_of(name_of[a])), i, "{a} of {} in {}", name_of[a], f.path);
+            }
+        }
+    }
+    // A node that runs nothing has a ruleset of one file.
+    assert!(before.nodes["n-00007"].files.iter().all(|f| trellis_core::plan::ruleset_part_index(&f.path).is_none()));
+
+    let after = crate::zones::grouped(3499, "a-1", 1420);
+    let full = compile(&after, &keys, &before.allocation, None).unwrap();
+    let old = joined(&before.nodes["a-0"]);
+    let allocation = before.allocation.clone();
+    let inc = compile(&after, &keys, &allocation, Some(before)).unwrap();
+    for (node, out) in &full.nodes {
+        assert_eq!(inc.nodes[node].files, out.files, "{node}'s files");
+    }
+    let commands = delta(&old, &joined(&inc.nodes["a-0"])).expect("elements only");
+    let elements: Vec<&str> = commands.lines().filter(|l| l.contains(" element ")).collect();
+    assert_eq!(elements.len(), 2, "the node's v4 and v6 address deleted: {elements:?}");
+    assert!(elements.iter().all(|l| l.starts_with(&format!("delete element {TABLE} src_ssh_1_"))), "{elements:?}");
 }
 
 /// Each set's elements, as a set.

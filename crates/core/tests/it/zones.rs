@@ -149,7 +149,7 @@ fn a_revoked_node_s_names_leave_every_zone() {
 /// `a-0`.. so they sort first, the second pinned at `10.7.9.9` and `fd07::9:9`) that admits the group: each
 /// runner's zone names every node, more than 64 KiB of records from about 1,500 nodes. `mtu`
 /// and the second runner's name vary.
-fn grouped(n: usize, second: &str, mtu: u16) -> std::sync::Arc<trellis_core::Declaration> {
+pub(crate) fn grouped(n: usize, second: &str, mtu: u16) -> std::sync::Arc<trellis_core::Declaration> {
     use std::fmt::Write;
     let mut mesh = format!(
         "[mesh]\nname = \"z\"\ndomain = \"z.mesh\"\noverlay_ipv4 = \"10.7.0.0/16\"\noverlay_ipv6 = \"fd07::/64\"\nmtu = {mtu}\n\n[networks]\nlan = {{}}\n\n[groups]\nall = [{}]\n",
