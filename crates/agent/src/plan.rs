@@ -412,7 +412,8 @@ fn network(bundle: &Bundle, observed: &Observed, scope: &Scope, changes: &Change
 /// table's sets (the ruleset), naming the part and its line.
 fn check_parts(bundle: &Bundle, held: &Held) -> Result<(), PlanError> {
     type Check = fn(&str, &str) -> Result<(), String>;
-    let kinds: [(&str, fn(&str) -> Option<usize>, Check); 2] = [
+    type PartOf = fn(&str) -> Option<usize>;
+    let kinds: [(&str, PartOf, Check); 2] = [
         (MESH_ZONE, trellis_core::plan::zone_part_index, trellis_core::zone::check_part),
         (NFTABLES_CONF, trellis_core::plan::ruleset_part_index, trellis_core::ruleset::check_part),
     ];
