@@ -50,7 +50,8 @@ fn plain(name: &str) -> bool {
 /// opening, a closing, a set's element list, a chain's line, or anything else, kept as it is.
 fn shape(text: &str) -> (Ruleset<'_>, bool) {
     let mut r = Ruleset { rest: Vec::new(), sets: Vec::new(), chains: Vec::new() };
-    let mut valid = true;
+    // Lines end with a newline alone: a carriage return, which this reader drops, nft reads.
+    let mut valid = !text.contains('\r');
     // Inside a set's or a chain's braces.
     let mut inside = Inside::Neither;
     for line in text.lines() {
@@ -134,14 +135,22 @@ fn set_elements<'a>(line: &'a str, list: &mut Vec<&'a str>) -> Option<bool> {
     Some(set_elements_listed(elements, list))
 }
 
-/// The elements `a, b` taken into `list`: whether every one is an address or a prefix.
+/// The elements `a, b` taken into `list`: whether every one is an address or a prefix, written
+/// as trellis writes it.
 fn set_elements_listed<'a>(elements: &'a str, list: &mut Vec<&'a str>) -> bool {
     let mut ok = true;
     for e in elements.split(", ") {
-        ok &= e.parse::<std::net::IpAddr>().is_ok() || e.parse::<ipnet::IpNet>().is_ok();
+        ok &= element(e);
         list.push(e);
     }
     ok
+}
+
+/// Whether `e` is an address or a prefix written one way only, as trellis writes it: nft holds
+/// `FD00::1` and `fd00::1` as one element, which two strings would take for two (a review found
+/// one deleted that another part still listed).
+fn element(e: &str) -> bool {
+    e.parse::<std::net::IpAddr>().is_ok_and(|a| a.to_string() == e) || e.parse::<ipnet::IpNet>().is_ok_and(|n| n.to_string() == e)
 }
 
 /// How a part of a ruleset adds elements to a set of the table (ADR 0044).
@@ -163,12 +172,16 @@ pub fn check_part(text: &str, path: &str) -> Result<(), String> {
     if !text.is_empty() && !text.ends_with('\n') {
         return Err(format!("{path} line {}: a part of the ruleset ends with its last line ended (a newline)", text.lines().count()));
     }
-    for (n, line) in text.lines().enumerate() {
-        if line.trim().is_empty() || line.starts_with('#') {
+    for (n, line) in text.split_terminator('\n').enumerate() {
+        // nft and this reader must read the same lines: no carriage return, no other control.
+        if let Some(c) = line.chars().find(|c| c.is_control()) {
+            return Err(format!("{path} line {}: a part of the ruleset holds the control character {c:?}", n + 1));
+        }
+        if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let ok = added(line)
-            .is_some_and(|(_, list)| list.split(", ").all(|e| e.parse::<std::net::IpAddr>().is_ok() || e.parse::<ipnet::IpNet>().is_ok()));
+        let ok =
+            added(line).is_some_and(|(_, list)| list.split(", ").all(|e| e.parse::<std::net::IpAddr>().is_ok_and(|a| a.to_string() == e)));
         if !ok {
             return Err(format!(
                 "{path} line {}: a part of the ruleset adds addresses to the table's sets only (add element inet trellis SET {{ ADDRESS, .. }}), not `{line}`",
@@ -297,9 +310,16 @@ pub fn changes_in(old: &str, new: &str, hunks: &[crate::delta::Hunk]) -> Option<
         // A region may run over several lists' lines (a part of a ruleset adds a node's v4 and
         // v6 addresses on lines one after the other, ADR 0044): each set's elements in it,
         // before and after. Outside the regions the texts are the same.
-        let mut pieces: Vec<(&str, Vec<&str>, bool)> =
-            in_lists(old, r.old.clone(), &mut old_line)?.into_iter().map(|(n, e)| (n, e, false)).collect();
-        pieces.extend(in_lists(new, r.new.clone(), &mut new_line)?.into_iter().map(|(n, e)| (n, e, true)));
+        let (was, was_open) = in_lists(old, r.old.clone(), &mut old_line)?;
+        let (now, now_open) = in_lists(new, r.new.clone(), &mut new_line)?;
+        // The rest of the line a region ends inside is the same bytes in both texts, and the
+        // elements of the set its line names: the same set in both, or they moved without being
+        // read (a part's line that names another set, ADR 0044).
+        if was_open != now_open {
+            return None;
+        }
+        let mut pieces: Vec<(&str, Vec<&str>, bool)> = was.into_iter().map(|(n, e)| (n, e, false)).collect();
+        pieces.extend(now.into_iter().map(|(n, e)| (n, e, true)));
         for (name, elements, after) in pieces {
             let at = match sets.iter().position(|(n, ..)| *n == name) {
                 Some(at) => at,
@@ -318,15 +338,18 @@ pub fn changes_in(old: &str, new: &str, hunks: &[crate::delta::Hunk]) -> Option<
 }
 
 /// The sets' elements the bytes `range` of `text` hold, line by line (`in_elements` of each
-/// line's piece); `None` when a piece is not inside one list.
-fn in_lists<'a>(text: &'a str, range: std::ops::Range<usize>, line: &mut Option<ListLine<'a>>) -> Option<Vec<(&'a str, Vec<&'a str>)>> {
+/// line's piece), and the set of the line the range ends inside, if it ends inside one (the rest
+/// of that line, after the range, is that set's); `None` when a piece is not inside one list.
+type Pieces<'a> = (Vec<(&'a str, Vec<&'a str>)>, Option<&'a str>);
+fn in_lists<'a>(text: &'a str, range: std::ops::Range<usize>, line: &mut Option<ListLine<'a>>) -> Option<Pieces<'a>> {
     let mut out = Vec::new();
     let mut at = range.start;
     loop {
         let end = text.get(at..range.end)?.find('\n').map_or(range.end, |i| at + i + 1);
-        out.push(in_elements(text, at..end, line)?);
+        let (name, elements, closes) = in_elements(text, at..end, line)?;
+        out.push((name, elements));
         if end >= range.end {
-            return Some(out);
+            return Some((out, (!closes).then_some(name)));
         }
         at = end;
     }
@@ -350,7 +373,7 @@ struct ListLine<'a> {
 /// first right after the opening, the last right before the closing); `None` when they are not
 /// all inside one such list, or it is not written so, or an element is no address or prefix.
 /// `line`: the list line found last, taken again when the range is on it.
-fn in_elements<'a>(text: &'a str, range: std::ops::Range<usize>, line: &mut Option<ListLine<'a>>) -> Option<(&'a str, Vec<&'a str>)> {
+fn in_elements<'a>(text: &'a str, range: std::ops::Range<usize>, line: &mut Option<ListLine<'a>>) -> Option<(&'a str, Vec<&'a str>, bool)> {
     let on_line = line.filter(|l| l.start <= range.start && range.end <= l.end && (range.end < l.end || range.end > range.start));
     let l = match on_line {
         Some(l) => l,
@@ -370,7 +393,7 @@ fn in_elements<'a>(text: &'a str, range: std::ops::Range<usize>, line: &mut Opti
     if closes {
         part = part.strip_suffix(LIST_CLOSE)?;
     }
-    Some((l.name, listed(part, opens, closes)?))
+    Some((l.name, listed(part, opens, closes)?, closes))
 }
 
 /// How an element list's line opens and closes.
@@ -428,7 +451,7 @@ fn listed(part: &str, opens: bool, closes: bool) -> Option<Vec<&str>> {
             None => (rest, "", false),
         };
         // The parsers take no space: an element with any around it is refused.
-        if !(e.parse::<std::net::IpAddr>().is_ok() || e.parse::<ipnet::IpNet>().is_ok()) {
+        if !element(e) {
             return None;
         }
         elements.push(e);
@@ -571,7 +594,7 @@ mod tests {
         ) {
             use std::collections::BTreeSet;
             let v4 = |s: &BTreeSet<u16>| s.iter().map(|i| format!("10.0.{}.{}", i / 256, i % 256)).collect::<Vec<_>>();
-            let v6 = |s: &BTreeSet<u16>| s.iter().map(|i| format!("fd00::{i:x}")).collect::<Vec<_>>();
+            let v6 = |s: &BTreeSet<u16>| s.iter().map(|i| std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, *i).to_string()).collect::<Vec<_>>();
             let (o4, n4, o6, n6) = (v4(&old4), v4(&new4), v6(&old6), v6(&new6));
             fn refs(v: &[String]) -> Vec<&str> {
                 v.iter().map(String::as_str).collect()
@@ -678,7 +701,7 @@ mod tests {
             let new4: std::collections::BTreeSet<u16> = old4.iter().copied().skip(cut).chain(new4.into_iter().take(cut / 8)).collect();
             let new6: std::collections::BTreeSet<u16> = old6.iter().copied().take(old6.len().saturating_sub(2)).chain(new6.into_iter().take(2)).collect();
             let v4 = |s: &std::collections::BTreeSet<u16>| s.iter().map(|i| format!("10.0.{}.{}", i / 256, i % 256)).collect::<Vec<_>>();
-            let v6 = |s: &std::collections::BTreeSet<u16>| s.iter().map(|i| format!("fd00::{i:x}")).collect::<Vec<_>>();
+            let v6 = |s: &std::collections::BTreeSet<u16>| s.iter().map(|i| std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, *i).to_string()).collect::<Vec<_>>();
             fn refs(v: &[String]) -> Vec<&str> {
                 v.iter().map(String::as_str).collect()
             }
@@ -719,8 +742,11 @@ mod tests {
         };
         assert_eq!(sets(read(&parted).unwrap()), sets(read(&one).unwrap()));
         assert_eq!(read(&parted).unwrap().chains, read(&one).unwrap().chains);
-        // An element added to a set the table does not declare: not a ruleset trellis writes.
+        // An element added to a set the table does not declare, an address spelled otherwise than
+        // trellis spells it, a carriage return: not a ruleset trellis writes.
         assert!(read(&format!("{main}add element inet trellis src_other_v4 {{ 10.0.0.9 }}\n")).is_none());
+        assert!(read(&format!("{main}add element inet trellis src_ssh_1_v6 {{ FD00::1 }}\n")).is_none());
+        assert!(read(&format!("{main}add element inet trellis src_ssh_1_v4 {{ 10.0.0.9 }}\r\n")).is_none());
         // 10.0.0.2 and fd00::1 gone from the first part, on two lines one after the other.
         let a2 = part("10.0.0.1", "fd00::7");
         let edits = crate::delta::edits(a.as_bytes(), a2.as_bytes());
@@ -741,6 +767,12 @@ mod tests {
             ("add element inet other src_ssh_1_v4 { 10.0.0.1 }\n".to_string(), 1),
             ("add element inet trellis src_ssh_1_v4 { 10.0.0.1; flush ruleset }\n".to_string(), 1),
             ("table inet trellis {\n".to_string(), 1),
+            ("# part\r\nadd element inet trellis src_ssh_1_v4 { 10.0.0.1 }\r\n".to_string(), 1),
+            ("# a \u{0} in a comment\n".to_string(), 1),
+            ("\u{b}\n".to_string(), 1),
+            ("add element inet trellis src_ssh_1_v4 { 10.0.0.0/24 }\n".to_string(), 1),
+            ("add element inet trellis src_ssh_1_v6 { FD00::1 }\n".to_string(), 1),
+            ("add element inet trellis src_ssh_1_v6 { fd00:0:0:0:0:0:0:1 }\n".to_string(), 1),
         ] {
             let e = super::check_part(&bad, "p").expect_err(&bad);
             assert!(e.starts_with(&format!("p line {line}:")), "{bad:?}: {e}");

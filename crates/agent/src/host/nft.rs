@@ -92,10 +92,14 @@ fn file_changes(loaded: &[(String, [u8; 32], bytes::Bytes)], files: &[TextFile])
         }
     }
     // An address gone from one part and come in another (a node renamed at its address) is no
-    // change of the set.
+    // change of the set. An address gone, or come, twice is not known to be one change: the
+    // ruleset would list it twice (a review found it deleted while another part still listed it).
     for s in &mut sets {
-        let came: std::collections::HashSet<String> = s.came.iter().cloned().collect();
-        let gone: std::collections::HashSet<String> = s.gone.iter().cloned().collect();
+        let mut came = std::collections::HashSet::new();
+        let mut gone = std::collections::HashSet::new();
+        if !s.came.iter().all(|e| came.insert(e.clone())) || !s.gone.iter().all(|e| gone.insert(e.clone())) {
+            return None;
+        }
         s.gone.retain(|e| !came.contains(e));
         s.came.retain(|e| !gone.contains(e));
     }
@@ -918,5 +922,112 @@ mod tests {
         let e = nft.apply(&bad).expect_err("refused").to_string();
         assert!(e.contains(&format!("{}:2:", ruleset_part(7))), "{e}");
         assert_eq!(elements_in(ns, "src_ssh_1_v4").len(), 199);
+    }
+
+    /// A file of a ruleset in parts, as the bundle gives it, with the change that brought it.
+    fn part_file(path: &str, text: &str, before: Option<&str>) -> crate::plan::TextFile {
+        let f = trellis_core::bundle::BundleFile::new(path, 0o644, text.as_bytes().to_vec());
+        let change = before.map(|b| crate::plan::TextChange::between(b, text));
+        crate::plan::TextFile { path: path.to_string(), sha256: f.sha256, content: f.content, change }
+    }
+
+    /// `nftables.conf` in parts, declaring `src_ssh_1_*` and `src_ssh_2_v4` without elements.
+    fn parted_main() -> String {
+        ruleset(&[], &[], 22).replace(
+            "table inet trellis {\n\tset src_ssh_1_v4",
+            "table inet trellis {\n\tset src_ssh_2_v4 {\n\t\ttype ipv4_addr\n\t}\n\tset src_ssh_1_v4",
+        )
+    }
+
+    fn adds(set: &str, e: &[&str]) -> String {
+        format!("add element inet trellis {set} {{ {} }}\n", e.join(", "))
+    }
+
+    /// An attacker's review of ADR 0044 found four ways a change read from a part's regions left
+    /// the kernel's table other than a whole load of the same files would, the apply reporting
+    /// success: each is performed here, on a real table, and the kernel must hold what the files
+    /// say (or, for a part nft refuses, what it held).
+    #[test]
+    fn a_change_of_a_ruleset_in_parts_leaves_the_kernel_as_a_whole_load_would() {
+        both_ways("pt-rename", renamed_on_its_line);
+        both_ways("pt-twice", listed_twice_across_parts);
+        both_ways("pt-spelled", spelled_two_ways);
+        both_ways("pt-crlf", crlf);
+    }
+
+    /// A part's line that names another set: its elements all move, not only the first.
+    fn renamed_on_its_line(mut nft: Nft, ns: &str, _: bool) {
+        use trellis_core::plan::{ruleset_part, NFTABLES_CONF};
+        let p0 = format!("# p0\n{}", adds("src_ssh_1_v4", &["10.0.0.1", "10.0.0.2", "10.0.0.3"]));
+        let p1 = format!("# p1\n{}{}", adds("src_ssh_2_v4", &["10.0.1.1"]), adds("src_ssh_1_v4", &["10.0.1.2"]));
+        let one = vec![
+            part_file(NFTABLES_CONF, &parted_main(), None),
+            part_file(ruleset_part(0), &p0, None),
+            part_file(ruleset_part(1), &p1, None),
+        ];
+        nft.apply(&one).unwrap();
+        let p0b = format!("# p0\n{}", adds("src_ssh_2_v4", &["10.0.0.1", "10.0.0.2", "10.0.0.3"]));
+        nft.apply(&[one[0].clone(), part_file(ruleset_part(0), &p0b, Some(&p0)), one[2].clone()]).unwrap();
+        assert_eq!(elements_in(ns, "src_ssh_1_v4"), ["10.0.1.2"]);
+        assert_eq!(elements_in(ns, "src_ssh_2_v4"), ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.1.1"]);
+    }
+
+    /// An address gone from one part and come in two others, then gone from one of them: it is
+    /// still listed, and still held.
+    fn listed_twice_across_parts(mut nft: Nft, ns: &str, _: bool) {
+        use trellis_core::plan::{ruleset_part, NFTABLES_CONF};
+        let p = |i: usize, e: &[&str]| format!("# p{i}\n{}", adds("src_ssh_1_v4", e));
+        let (a1, b1, c1) = (p(0, &["10.0.0.1", "10.0.0.9"]), p(1, &["10.0.0.2"]), p(2, &["10.0.0.3"]));
+        let main = part_file(NFTABLES_CONF, &parted_main(), None);
+        nft.apply(&[
+            main.clone(),
+            part_file(ruleset_part(0), &a1, None),
+            part_file(ruleset_part(1), &b1, None),
+            part_file(ruleset_part(2), &c1, None),
+        ])
+        .unwrap();
+        let (a2, b2, c2) = (p(0, &["10.0.0.1"]), p(1, &["10.0.0.2", "10.0.0.9"]), p(2, &["10.0.0.3", "10.0.0.9"]));
+        let two = [
+            main.clone(),
+            part_file(ruleset_part(0), &a2, Some(&a1)),
+            part_file(ruleset_part(1), &b2, Some(&b1)),
+            part_file(ruleset_part(2), &c2, Some(&c1)),
+        ];
+        nft.apply(&two).unwrap();
+        let c3 = p(2, &["10.0.0.3"]);
+        nft.apply(&[main, two[1].clone(), two[2].clone(), part_file(ruleset_part(2), &c3, Some(&c2))]).unwrap();
+        assert_eq!(elements_in(ns, "src_ssh_1_v4"), ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.9"]);
+    }
+
+    /// One address spelled two ways (one element to nft): one spelling gone, the address stays.
+    fn spelled_two_ways(mut nft: Nft, ns: &str, _: bool) {
+        use trellis_core::plan::{ruleset_part, NFTABLES_CONF};
+        let a = format!("# p0\n{}", adds("src_ssh_1_v6", &["fd00::1"]));
+        let b1 = format!("# p1\n{}", adds("src_ssh_1_v6", &["FD00::1", "fd00::2"]));
+        let one = vec![
+            part_file(NFTABLES_CONF, &parted_main(), None),
+            part_file(ruleset_part(0), &a, None),
+            part_file(ruleset_part(1), &b1, None),
+        ];
+        nft.apply(&one).unwrap();
+        let b2 = format!("# p1\n{}", adds("src_ssh_1_v6", &["fd00::2"]));
+        nft.apply(&[one[0].clone(), one[1].clone(), part_file(ruleset_part(1), &b2, Some(&b1))]).unwrap();
+        assert_eq!(elements_in(ns, "src_ssh_1_v6"), ["fd00::1", "fd00::2"]);
+    }
+
+    /// A part with carriage returns, which nft refuses: refused by the check, refused by nft when
+    /// given anyway (never applied as elements), and the table a flush took is put back.
+    fn crlf(mut nft: Nft, ns: &str, _: bool) {
+        use trellis_core::plan::{ruleset_part, NFTABLES_CONF};
+        let a = format!("# p0\n{}", adds("src_ssh_1_v4", &["10.0.0.1"]));
+        let one = vec![part_file(NFTABLES_CONF, &parted_main(), None), part_file(ruleset_part(0), &a, None)];
+        nft.apply(&one).unwrap();
+        let a2 = format!("# p0\r\n{}", adds("src_ssh_1_v4", &["10.0.0.1", "10.0.0.2"]).replace('\n', "\r\n"));
+        assert!(trellis_core::ruleset::check_part(&a2, "p0").is_err());
+        assert!(nft.apply(&[one[0].clone(), part_file(ruleset_part(0), &a2, Some(&a))]).is_err());
+        assert_eq!(elements_in(ns, "src_ssh_1_v4"), ["10.0.0.1"]);
+        nft_in(ns, &["flush", "ruleset"]);
+        assert!(nft.reconcile().unwrap(), "the last ruleset loaded is loaded again");
+        assert_eq!(elements_in(ns, "src_ssh_1_v4"), ["10.0.0.1"]);
     }
 }
