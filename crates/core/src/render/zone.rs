@@ -1,0 +1,196 @@
+//! `mesh.zone` and the parts of its names (ADR 0043): the address records of the names a node
+//! may resolve, the modules' and the routes' hosts'.
+
+use std::fmt::Write;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+use super::ends_run;
+use crate::decl::NAMESERVER;
+use crate::plan::{zone_part, FileResource, NodePlan, NodeText, MESH_ZONE, WIREGUARD_PARTS, ZONE_DIR};
+use crate::text::{Runs, Text, TextBuilder};
+
+/// Address records of a route's named hosts.
+pub fn host_records(hosts: &[crate::decl::RouteHost]) -> String {
+    let mut records = String::new();
+    for h in hosts {
+        let kind = if h.address.is_ipv4() { "A" } else { "AAAA" };
+        let _ = writeln!(records, "{}\tIN\t{kind}\t{}", h.name, h.address);
+    }
+    records
+}
+
+/// Address records, one line each, for names with their addresses.
+pub fn zone_records<'n>(names: impl Iterator<Item = (&'n str, Option<Ipv4Addr>, Option<Ipv6Addr>)>) -> String {
+    let mut records = String::new();
+    for (name, v4, v6) in names {
+        if let Some(a) = v4 {
+            let _ = writeln!(records, "{name}\tIN\tA\t{a}");
+        }
+        if let Some(a) = v6 {
+            let _ = writeln!(records, "{name}\tIN\tAAAA\t{a}");
+        }
+    }
+    records
+}
+
+/// A node's zone: the names it may resolve (see `NodePlan::zone`) and nothing else, with its name
+/// server `ns` at the node's own addresses. The serial written here is derived from the records
+/// (the module blocks by their digests), so it changes when they do but does not rise: the
+/// controller gives each bundle's zone the bundle's version as its serial (`with_serial`), which
+/// rises whenever the bundle's content changes (ADR 0010); an offline compile keeps this one.
+///
+/// The names' records are the nodes' own (`NodeText::records`), held by reference in runs as
+/// `wireguard` holds peers' sections: a zone made again with `before`, the node's zone before,
+/// takes from it every run of the same names, and the zones of a mesh share the records instead
+/// of copying them (at 100,000 nodes they name about 19 million nodes in all).
+pub fn zone(plan: &NodePlan, before: Option<&Text>) -> Text {
+    let mut s = zone_head(plan);
+    let mut before = Runs::of(before);
+    let mut run: Vec<&Arc<str>> = Vec::with_capacity(128);
+    for z in &plan.zone {
+        run.push(&z.records);
+        if ends_run(z) {
+            s.push_run(&run, &mut before);
+            run.clear();
+        }
+    }
+    s.push_run(&run, &mut before);
+    for m in plan.zone_modules.iter().chain(&plan.zone_routes) {
+        s.push_shared(&m.records);
+    }
+    s.finish()
+}
+
+/// Whether `plan`'s zone is in parts (ADR 0043): its records take more than
+/// [`crate::plan::ZONE_PARTS_FROM`] bytes.
+pub fn zone_parted(plan: &NodePlan) -> bool {
+    let names: usize = plan.zone.iter().map(|z| z.records.len()).sum();
+    let modules: usize = plan.zone_modules.iter().map(|m| m.records.len()).sum();
+    names + modules > crate::plan::ZONE_PARTS_FROM
+}
+
+/// A node's zone files: `mesh.zone` as [`zone`] makes it, or, when its records take more than
+/// [`crate::plan::ZONE_PARTS_FROM`] bytes, `mesh.zone` with the SOA, the NS and the routes' hosts, and the parts
+/// (ADR 0043): each node's records, and a module's records of each node that runs it, in the
+/// part the node's name hashes to (its peer's part), each part made again from the same path's
+/// text in `before` (its runs taken over). `mesh.zone` and its parts in order, one after the
+/// other, are the zone: the same records as the one file would hold, in another order.
+pub fn zone_files<'b>(plan: &NodePlan, before: impl Fn(&str) -> Option<&'b Text>) -> Vec<FileResource> {
+    let file = |path: &str, content: Text| FileResource { path: path.into(), mode: 0o644, content };
+    if !zone_parted(plan) {
+        return vec![file(MESH_ZONE, zone(plan, before(MESH_ZONE)))];
+    }
+    let mut s = zone_head(plan);
+    let _ = writeln!(
+        s,
+        "; {} names, in {ZONE_DIR}/names-NN.zone by the part each hashes to: this file and its parts, one after the other, are the zone.",
+        plan.zone.len()
+    );
+    for m in &plan.zone_routes {
+        s.push_shared(&m.records);
+    }
+    let mut files = vec![file(MESH_ZONE, s.finish())];
+    let mut names: Vec<Vec<&Arc<NodeText>>> = vec![Vec::new(); WIREGUARD_PARTS];
+    for z in &plan.zone {
+        names[usize::from(z.part)].push(z);
+    }
+    let mut modules: Vec<Vec<&Arc<str>>> = vec![Vec::new(); WIREGUARD_PARTS];
+    for (i, records) in plan.zone_modules.iter().flat_map(|m| m.parts.iter()) {
+        modules[usize::from(*i)].push(records);
+    }
+    for (i, (names, modules)) in names.into_iter().zip(modules).enumerate() {
+        if names.is_empty() && modules.is_empty() {
+            continue;
+        }
+        let path = zone_part(i);
+        let mut t = TextBuilder::with_capacity(names.len() / 32 + modules.len() + 2, 128);
+        let _ = writeln!(
+            t,
+            "; trellis: names of zone {} of mesh {} as node {} sees them, part {i:02}. Generated; do not edit.",
+            plan.common.domain, plan.common.mesh, plan.node
+        );
+        let mut before = Runs::of(before(path));
+        let mut run: Vec<&Arc<str>> = Vec::with_capacity(128);
+        for z in names {
+            run.push(&z.records);
+            if ends_run(z) {
+                t.push_run(&run, &mut before);
+                run.clear();
+            }
+        }
+        t.push_run(&run, &mut before);
+        for records in modules {
+            t.push_shared(records);
+        }
+        files.push(file(path, t.finish()));
+    }
+    files
+}
+
+/// The head of a node's zone: its comment, origin and TTL, the SOA with the serial derived from
+/// the records, the NS and the name server's own addresses.
+fn zone_head(plan: &NodePlan) -> TextBuilder {
+    let domain = &plan.common.domain;
+    let mut hash = Sha256::new();
+    for z in &plan.zone {
+        hash.update(z.records_hash);
+    }
+    for m in plan.zone_modules.iter().chain(&plan.zone_routes) {
+        hash.update(m.digest);
+    }
+    let digest = hash.finalize();
+    let serial = u32::from_be_bytes(digest[..4].try_into().expect("4 bytes")) & 0x7fff_ffff;
+    let mut s = TextBuilder::with_capacity(plan.zone_modules.len() + 2, 512);
+    let _ = writeln!(s, "; trellis: zone {domain} of mesh {} as node {} sees it. Generated; do not edit.", plan.common.mesh, plan.node);
+    let _ = writeln!(s, "$ORIGIN {domain}.");
+    s.push_str("$TTL 60\n");
+    // A piece of its own, so that `with_serial` replaces it and shares the rest.
+    s.push_shared(&Arc::from(soa(domain, serial)));
+    let _ = writeln!(s, "@\tIN\tNS\t{NAMESERVER}.{domain}.");
+    // The name server is the node's own resolver, which the agent serves on its overlay addresses.
+    s.push_str(&zone_records(std::iter::once((NAMESERVER, plan.ipv4, plan.ipv6))));
+    s
+}
+
+/// A module's address records, one line for each address of each node that runs it (`runners`:
+/// name and addresses), and the same lines by the part of the runner's name (ADR 0043), in part
+/// order, only the parts that have lines.
+pub fn module_records<'n>(
+    module: &str,
+    runners: impl Iterator<Item = (&'n str, Option<Ipv4Addr>, Option<Ipv6Addr>)>,
+) -> (String, crate::plan::ZoneParts) {
+    let mut records = String::new();
+    let mut parts: Vec<String> = vec![String::new(); WIREGUARD_PARTS];
+    for (name, v4, v6) in runners {
+        let lines = zone_records(std::iter::once((module, v4, v6)));
+        parts[usize::from(crate::plan::part_of(name))].push_str(&lines);
+        records.push_str(&lines);
+    }
+    let parts = parts.into_iter().enumerate().filter(|(_, p)| !p.is_empty()).map(|(i, p)| (i as u8, Arc::from(p))).collect();
+    (records, parts)
+}
+
+/// The SOA record of a zone of `domain` with `serial`.
+fn soa(domain: &str, serial: u32) -> String {
+    format!("@\tIN\tSOA\t{NAMESERVER}.{domain}. hostmaster.{domain}. {serial} 3600 600 86400 60\n")
+}
+
+/// `zone` (as `zone` makes it) with the serial `serial` in its SOA record, sharing the rest.
+pub fn with_serial(zone: &Text, serial: u32) -> Text {
+    let soa_of = |p: &str| -> Option<String> {
+        let rest = p.strip_prefix("@\tIN\tSOA\t")?.strip_suffix('\n')?;
+        let f: Vec<&str> = rest.split(' ').collect();
+        let domain = f.first()?.strip_prefix(&format!("{NAMESERVER}."))?.strip_suffix('.')?;
+        (f.len() == 7 && !rest.contains('\n')).then(|| soa(domain, serial))
+    };
+    if let Some(text) = zone.replace_first(soa_of) {
+        return text;
+    }
+    // A zone cut another way: line by line.
+    let text = zone.to_string();
+    let lines: Vec<String> = text.lines().map(|l| soa_of(&format!("{l}\n")).unwrap_or_else(|| format!("{l}\n"))).collect();
+    Text::from(lines.concat())
+}
