@@ -71,19 +71,28 @@ pub fn delivered(path: &str) -> Option<&'static str> {
         .or_else(|| ruleset_part_index(path).map(ruleset_part))
 }
 
+/// The paths of a kind of part, numbered 00 to 63 (`DIR/STEM-NN.EXT`), made once.
+fn numbered(dir: &str, stem: &str, ext: &str) -> Vec<&'static str> {
+    (0..WIREGUARD_PARTS).map(|i| &*Box::leak(format!("{dir}/{stem}-{i:02}.{ext}").into_boxed_str())).collect()
+}
+
+/// Which of the parts `DIR/STEM-NN.EXT` `path` is, if it is one: two digits, below
+/// [`WIREGUARD_PARTS`], nothing else.
+fn numbered_index(path: &str, dir: &str, stem: &str, ext: &str) -> Option<usize> {
+    let n = path.strip_prefix(dir)?.strip_prefix('/')?.strip_prefix(stem)?.strip_prefix('-')?.strip_suffix(ext)?.strip_suffix('.')?;
+    let i: usize = n.parse().ok().filter(|_| n.len() == 2 && n.bytes().all(|b| b.is_ascii_digit()))?;
+    (i < WIREGUARD_PARTS).then_some(i)
+}
+
 /// The path of the part `i` (below [`WIREGUARD_PARTS`]) of a node's ruleset (ADR 0044).
 pub fn ruleset_part(i: usize) -> &'static str {
-    static PATHS: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
-        (0..WIREGUARD_PARTS).map(|i| &*Box::leak(format!("{NFTABLES_DIR}/sources-{i:02}.nft").into_boxed_str())).collect()
-    });
+    static PATHS: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| numbered(NFTABLES_DIR, "sources", "nft"));
     PATHS[i]
 }
 
 /// Which part of the ruleset `path` is, if it is one.
 pub fn ruleset_part_index(path: &str) -> Option<usize> {
-    let n = path.strip_prefix(NFTABLES_DIR)?.strip_prefix("/sources-")?.strip_suffix(".nft")?;
-    let i: usize = n.parse().ok().filter(|_| n.len() == 2 && n.bytes().all(|b| b.is_ascii_digit()))?;
-    (i < WIREGUARD_PARTS).then_some(i)
+    numbered_index(path, NFTABLES_DIR, "sources", "nft")
 }
 
 /// Whether `path` holds part of a node's ruleset: `nftables.conf` or a part of it.
@@ -93,17 +102,13 @@ pub fn is_ruleset(path: &str) -> bool {
 
 /// The path of the part `i` (below [`WIREGUARD_PARTS`]) of a node's zone (ADR 0043).
 pub fn zone_part(i: usize) -> &'static str {
-    static PATHS: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
-        (0..WIREGUARD_PARTS).map(|i| &*Box::leak(format!("{ZONE_DIR}/names-{i:02}.zone").into_boxed_str())).collect()
-    });
+    static PATHS: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| numbered(ZONE_DIR, "names", "zone"));
     PATHS[i]
 }
 
 /// Which part of the zone `path` is, if it is one.
 pub fn zone_part_index(path: &str) -> Option<usize> {
-    let n = path.strip_prefix(ZONE_DIR)?.strip_prefix("/names-")?.strip_suffix(".zone")?;
-    let i: usize = n.parse().ok().filter(|_| n.len() == 2 && n.bytes().all(|b| b.is_ascii_digit()))?;
-    (i < WIREGUARD_PARTS).then_some(i)
+    numbered_index(path, ZONE_DIR, "names", "zone")
 }
 
 /// Whether `path` holds part of a node's zone: `mesh.zone` or a part of it.
@@ -113,17 +118,13 @@ pub fn is_zone(path: &str) -> bool {
 
 /// The path of the part `i` (below [`WIREGUARD_PARTS`]) of a node's peers.
 pub fn wireguard_part(i: usize) -> &'static str {
-    static PATHS: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
-        (0..WIREGUARD_PARTS).map(|i| &*Box::leak(format!("{WIREGUARD_DIR}/peers-{i:02}.conf").into_boxed_str())).collect()
-    });
+    static PATHS: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| numbered(WIREGUARD_DIR, "peers", "conf"));
     PATHS[i]
 }
 
 /// Which part of the peers `path` is, if it is one.
 pub fn part_index(path: &str) -> Option<usize> {
-    let n = path.strip_prefix(WIREGUARD_DIR)?.strip_prefix("/peers-")?.strip_suffix(".conf")?;
-    let i: usize = n.parse().ok().filter(|_| n.len() == 2 && n.bytes().all(|b| b.is_ascii_digit()))?;
-    (i < WIREGUARD_PARTS).then_some(i)
+    numbered_index(path, WIREGUARD_DIR, "peers", "conf")
 }
 
 /// Whether `path` is a part of a node's peers.
