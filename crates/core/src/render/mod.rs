@@ -34,24 +34,19 @@ pub fn files(plan: &NodePlan, prior: Option<(&NodePlan, &[FileResource])>) -> Ve
     let toml_same: fn(&NodePlan, &NodePlan) -> bool = |p, q| (p.hub, &p.routes_for, &p.routed) == (q.hub, &q.routes_for, &q.routed);
     let file = |path: &str, mode: u32, content: Text| FileResource { path: path.into(), mode, content };
     let ingress_same: fn(&NodePlan, &NodePlan) -> bool = |p, q| (&p.ingress, &p.acme) == (&q.ingress, &q.acme);
-    // The WireGuard files are kept together: `wireguard.conf` and its parts, if it has them.
-    let kept_wireguard = prior.filter(|(q, _)| plan.node == q.node && plan.common == q.common && wireguard_same(plan, q));
-    let mut files: Vec<FileResource> = match kept_wireguard {
-        Some((_, before)) => before.iter().filter(|f| crate::plan::is_wireguard(&f.path)).cloned().collect(),
-        None => wireguard_files(plan, prior_file),
+    // A file in parts is kept together (ADR 0039, 0043, 0044): the main file and its parts, when
+    // the previous plan gave the same inputs to them all, else all made.
+    let together = |same: fn(&NodePlan, &NodePlan) -> bool, of: fn(&str) -> bool, make: &dyn Fn() -> Vec<FileResource>| match prior
+        .filter(|(q, _)| plan.node == q.node && plan.common == q.common && same(plan, q))
+    {
+        Some((_, before)) => before.iter().filter(|f| of(&f.path)).cloned().collect(),
+        None => make(),
     };
+    let mut files = together(wireguard_same, crate::plan::is_wireguard, &|| wireguard_files(plan, prior_file));
     // The parts of the peers go last, where a recompile of the peers alone puts them (`rekey`).
     let parts = files.split_off(1);
-    // The ruleset's files are kept together: `nftables.conf` and its parts, if it has them.
-    match prior.filter(|(q, _)| plan.node == q.node && plan.common == q.common && nftables_same(plan, q)) {
-        Some((_, before)) => files.extend(before.iter().filter(|f| crate::plan::is_ruleset(&f.path)).cloned()),
-        None => files.extend(nftables_files(plan)),
-    }
-    // The zone's files are kept together too: `mesh.zone` and its parts, if it has them.
-    match prior.filter(|(q, _)| plan.node == q.node && plan.common == q.common && zone_same(plan, q)) {
-        Some((_, before)) => files.extend(before.iter().filter(|f| crate::plan::is_zone(&f.path)).cloned()),
-        None => files.extend(zone_files(plan, prior_file)),
-    }
+    files.extend(together(nftables_same, crate::plan::is_ruleset, &|| nftables_files(plan)));
+    files.extend(together(zone_same, crate::plan::is_zone, &|| zone_files(plan, prior_file)));
     files.push(file(NODE_TOML, 0o644, kept(NODE_TOML, toml_same).unwrap_or_else(|| node_toml(plan).into())));
     // Only an ingress node has Traefik's files (ADR 0026).
     if !plan.ingress.is_empty() {
