@@ -164,15 +164,10 @@ impl Read {
 /// A line of the zone's text (the files of `zone` one after the other) that does not read, named
 /// by its file and its line there.
 fn located(zone: &[TextFile], e: &trellis_core::zone::ZoneError) -> String {
-    let mut first = 1;
-    for (i, f) in zone.iter().enumerate() {
-        let lines = f.content.iter().filter(|&&b| b == b'\n').count() + usize::from(!f.content.is_empty() && !f.content.ends_with(b"\n"));
-        if e.line < first + lines || i + 1 == zone.len() {
-            return format!("{} line {}: {}", f.path, (e.line + 1).saturating_sub(first).max(1), e.problem);
-        }
-        first += lines;
+    match crate::plan::place_of(zone.iter().map(|f| (f.path.as_str(), &f.content[..])), e.line) {
+        Some((path, line)) => format!("{path} line {line}: {}", e.problem),
+        None => e.to_string(),
     }
-    e.to_string()
 }
 
 /// A zone's text as its frame (every line that is not an address record, the SOA's serial left
@@ -527,14 +522,7 @@ fn file_changes(served: &[(String, [u8; 32], bytes::Bytes)], files: &[TextFile])
     for f in files {
         match served.iter().find(|(path, ..)| *path == f.path) {
             Some((_, sha, _)) if *sha == f.sha256 => {}
-            Some((_, sha, old)) => {
-                let whole = [Hunk { old: 0..old.len(), new: 0..f.content.len() }];
-                let of_file = |c: &&crate::plan::TextChange| {
-                    c.base == *sha && ((c.new.as_ptr() == f.content.as_ptr() && c.new.len() == f.content.len()) || c.new == f.content)
-                };
-                let hunks = f.change.as_ref().filter(of_file).map_or(&whole[..], |c| &c.hunks[..]);
-                read(&f.path, old, &f.content, hunks)?;
-            }
+            Some((_, sha, old)) => read(&f.path, old, &f.content, &f.hunks_from(sha, old.len()))?,
             None => read(&f.path, b"", &f.content, &[Hunk { old: 0..0, new: 0..f.content.len() }])?,
         }
     }
@@ -1158,7 +1146,6 @@ mod tests {
         }
         assert_eq!(module(&dns).await.len(), 1500);
 
-        let of = |b: &Bundle, path: &str| b.files.iter().find(|f| f.path == path).unwrap().content.clone();
         let main_change = change_of(&main(1), &main(2));
         let part_change = change_of(&part(1, 9999), &edited_1);
         let edited = [
@@ -1185,7 +1172,6 @@ mod tests {
         let joined = |b: &Bundle| b.files.iter().flat_map(|f| f.content.iter().copied()).collect::<Vec<u8>>();
         let whole = String::from_utf8(joined(&second)).unwrap();
         assert_eq!(dns.served.as_ref().unwrap().counts, super::counts_of(&whole).unwrap(), "what the new files hold, counted whole");
-        assert_eq!(of(&second, zone_part(1)), edited_1.as_bytes());
 
         // Read whole, the files are the zone, one after the other.
         let mut fresh = super::Hickory::default();

@@ -65,6 +65,41 @@ pub struct TextChange {
     pub hunks: Arc<[trellis_core::delta::Hunk]>,
 }
 
+impl TextChange {
+    /// Whether this change brought `content` from the file whose SHA-256 is `base` (the same
+    /// bytes in memory, then no comparison): only then are its hunks where the two differ.
+    pub fn takes(&self, base: &[u8; 32], content: &bytes::Bytes) -> bool {
+        self.base == *base && ((self.new.as_ptr() == content.as_ptr() && self.new.len() == content.len()) || self.new == *content)
+    }
+}
+
+impl TextFile {
+    /// Where this file differs from the one held (its SHA-256 `sha`, `held` bytes long): its
+    /// change's hunks when it came as edits of that file, else the two whole, as one hunk.
+    pub fn hunks_from(&self, sha: &[u8; 32], held: usize) -> std::borrow::Cow<'_, [trellis_core::delta::Hunk]> {
+        match self.change.as_ref().filter(|c| c.takes(sha, &self.content)) {
+            Some(c) => std::borrow::Cow::Borrowed(&c.hunks[..]),
+            None => std::borrow::Cow::Owned(vec![trellis_core::delta::Hunk { old: 0..held, new: 0..self.content.len() }]),
+        }
+    }
+}
+
+/// Where line `line` (1-based) of a text made of `files` one after the other is: the file's path
+/// and its line there (a line past the end is the last file's). `None` without files.
+pub fn place_of<'f>(files: impl IntoIterator<Item = (&'f str, &'f [u8])>, line: usize) -> Option<(&'f str, usize)> {
+    let mut first = 1;
+    let mut last = None;
+    for (path, content) in files {
+        let lines = content.iter().filter(|&&b| b == b'\n').count();
+        if line < first + lines {
+            return Some((path, line + 1 - first));
+        }
+        last = Some((path, first));
+        first += lines;
+    }
+    last.map(|(path, first)| (path, (line + 1).saturating_sub(first).max(1)))
+}
+
 impl std::fmt::Debug for TextChange {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "TextChange {{ {} bytes to {} in {} hunks }}", self.old.len(), self.new.len(), self.hunks.len())
@@ -515,9 +550,7 @@ fn read_file(
     change: Option<&TextChange>,
 ) -> Result<(Arc<trellis_core::wgconf::Read>, Option<PeerChanges>), PlanError> {
     if let Some(b) = before {
-        // The change's new text is the file's (the same bytes in memory: then no comparison).
-        let of_file = |c: &&TextChange| (c.new.as_ptr() == f.content.as_ptr() && c.new.len() == f.content.len()) || c.new == f.content;
-        if let Some(c) = change.filter(|c| c.base == b.sha256).filter(of_file) {
+        if let Some(c) = change.filter(|c| c.takes(&b.sha256, &f.content)) {
             if let Some((read, changes)) = b.file.edit(&c.old, &c.new, &c.hunks) {
                 return Ok((Arc::new(read), Some(changes)));
             }
@@ -625,6 +658,16 @@ pub(crate) fn overlay_address(allowed_ips: &[String], overlay: &[ipnet::IpNet]) 
 
 #[cfg(test)]
 mod tests {
+    /// A line of files one after the other is named by its file and its line there; a line past
+    /// the end by the last file.
+    #[test]
+    fn a_line_of_files_one_after_the_other_is_named_by_its_file() {
+        let files = [("a", &b"1\n2\n"[..]), ("b", &b""[..]), ("c", &b"3\n4\n5\n"[..])];
+        let at = |line| super::place_of(files.iter().copied(), line);
+        assert_eq!([at(1), at(2), at(3), at(5), at(9)], [Some(("a", 1)), Some(("a", 2)), Some(("c", 1)), Some(("c", 3)), Some(("c", 7))]);
+        assert_eq!(super::place_of(std::iter::empty(), 1), None);
+    }
+
     use super::*;
 
     const A: &str = "YWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWE=";

@@ -69,18 +69,13 @@ impl Loaded {
 /// `None` when a file came or went, or a region is anything but elements: the ruleset is loaded
 /// whole.
 fn file_changes(loaded: &[(String, [u8; 32], bytes::Bytes)], files: &[TextFile]) -> Option<Vec<trellis_core::ruleset::SetChange>> {
-    use trellis_core::delta::Hunk;
     if loaded.len() != files.len() || loaded.iter().zip(files).any(|((path, ..), f)| *path != f.path) {
         return None;
     }
     let mut sets: Vec<trellis_core::ruleset::SetChange> = Vec::new();
     for ((_, sha, old), f) in loaded.iter().zip(files).filter(|((_, sha, _), f)| *sha != f.sha256) {
-        let whole = [Hunk { old: 0..old.len(), new: 0..f.content.len() }];
-        let of_file = |c: &&crate::plan::TextChange| {
-            c.base == *sha && ((c.new.as_ptr() == f.content.as_ptr() && c.new.len() == f.content.len()) || c.new == f.content)
-        };
-        let hunks = f.change.as_ref().filter(of_file).map_or(&whole[..], |c| &c.hunks[..]);
-        let changed = trellis_core::ruleset::changes_in(std::str::from_utf8(old).ok()?, std::str::from_utf8(&f.content).ok()?, hunks)?;
+        let hunks = f.hunks_from(sha, old.len());
+        let changed = trellis_core::ruleset::changes_in(std::str::from_utf8(old).ok()?, std::str::from_utf8(&f.content).ok()?, &hunks)?;
         for c in changed {
             match sets.iter_mut().find(|s| s.set == c.set) {
                 Some(s) => {
@@ -120,17 +115,10 @@ fn located(message: &str, files: &[(String, [u8; 32], bytes::Bytes)]) -> String 
             out.push_str("/dev/stdin:");
             continue;
         };
-        let mut first = 1;
-        let mut named = None;
-        for (i, (path, _, content)) in files.iter().enumerate() {
-            let lines = content.iter().filter(|&&b| b == b'\n').count();
-            if line < first + lines || i + 1 == files.len() {
-                named = Some(format!("{path}:{}", (line + 1).saturating_sub(first).max(1)));
-                break;
-            }
-            first += lines;
+        match crate::plan::place_of(files.iter().map(|(path, _, content)| (path.as_str(), &content[..])), line) {
+            Some((path, line)) => out.push_str(&format!("{path}:{line}")),
+            None => out.push_str(&format!("/dev/stdin:{line}")),
         }
-        out.push_str(&named.unwrap_or_else(|| format!("/dev/stdin:{line}")));
         rest = &rest[digits..];
     }
     out.push_str(rest);
