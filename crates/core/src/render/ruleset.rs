@@ -369,7 +369,7 @@ pub fn rule_block(topo: &Topology, r: &ResolvedRule) -> RuleBlock {
         let _ = writeln!(declared, "\tset {set} {{\n\t\ttype {kind}\n\t}}");
         let mut of_part: Vec<Vec<&str>> = vec![Vec::new(); WIREGUARD_PARTS];
         for (a, i) in &addrs {
-            of_part[usize::from(crate::plan::part_of(&topo.nodes[*i as usize].name))].push(a);
+            of_part[usize::from(topo.kept.parts[*i as usize])].push(a);
         }
         for (i, list) in of_part.into_iter().enumerate().filter(|(_, l)| !l.is_empty()) {
             let _ = writeln!(parts[i], "add element {} {set} {{ {} }}", crate::ruleset::TABLE, list.join(", "));

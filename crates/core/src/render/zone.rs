@@ -156,21 +156,88 @@ fn zone_head(plan: &NodePlan) -> TextBuilder {
 }
 
 /// A module's address records, one line for each address of each node that runs it (`runners`:
-/// name and addresses), and the same lines by the part of the runner's name (ADR 0043), in part
-/// order, only the parts that have lines.
-pub fn module_records<'n>(
+/// the part of its name, `plan::part_of`, and its addresses), and the same lines by the part of
+/// the runner's name (ADR 0043), in part order, only the parts that have lines.
+pub fn module_records(
     module: &str,
-    runners: impl Iterator<Item = (&'n str, Option<Ipv4Addr>, Option<Ipv6Addr>)>,
+    runners: impl Iterator<Item = (u8, Option<Ipv4Addr>, Option<Ipv6Addr>)>,
 ) -> (String, crate::plan::ZoneParts) {
     let mut records = String::new();
     let mut parts: Vec<String> = vec![String::new(); WIREGUARD_PARTS];
-    for (name, v4, v6) in runners {
-        let lines = zone_records(std::iter::once((module, v4, v6)));
-        parts[usize::from(crate::plan::part_of(name))].push_str(&lines);
-        records.push_str(&lines);
+    // Each runner's lines are written once, into its part, and copied from there.
+    for (part, v4, v6) in runners {
+        let part = &mut parts[usize::from(part)];
+        let from = part.len();
+        if let Some(a) = v4 {
+            let _ = writeln!(part, "{module}\tIN\tA\t{a}");
+        }
+        if let Some(a) = v6 {
+            let _ = writeln!(part, "{module}\tIN\tAAAA\t{a}");
+        }
+        records.push_str(&part[from..]);
     }
     let parts = parts.into_iter().enumerate().filter(|(_, p)| !p.is_empty()).map(|(i, p)| (i as u8, Arc::from(p))).collect();
     (records, parts)
+}
+
+/// A runner of a module as its block before holds it, for [`module_records_from`]: where it is
+/// now if its lines are the same (it stayed, at the same addresses), how many lines it has there,
+/// and the part of its name.
+pub struct RunnerBefore {
+    pub now: Option<u32>,
+    pub lines: u8,
+    pub part: u8,
+}
+
+/// What [`module_records`] gives for the runners `now` (position, addresses, in order), made from
+/// the module's records before (`before`, the lines of the runners `was`, in order): the lines of
+/// a runner that stayed are copied from there, only those of a runner new or moved are written
+/// (`part_of` gives the part of such a runner's name). A module run by most of 100,000 nodes is
+/// one runner's lines more instead of all of them written again. Positions are in name order both
+/// times, so the runners that stayed are in the same order. `None` when `before` does not hold
+/// the lines `was` says it does.
+pub fn module_records_from(
+    module: &str,
+    before: &str,
+    was: impl Iterator<Item = RunnerBefore>,
+    now: impl Iterator<Item = (u32, Option<Ipv4Addr>, Option<Ipv6Addr>)>,
+    part_of: impl Fn(u32) -> u8,
+) -> Option<(String, Vec<String>)> {
+    let mut records = String::with_capacity(before.len() + 256);
+    let mut parts: Vec<String> = vec![String::new(); WIREGUARD_PARTS];
+    let mut was = was.peekable();
+    let mut at = 0;
+    for (a, v4, v6) in now {
+        let mut copied = false;
+        while let Some(r) = was.next_if(|r| r.now.is_none_or(|n| n <= a)) {
+            let mut end = at;
+            for _ in 0..r.lines {
+                end += before.get(end..)?.find('\n')? + 1;
+            }
+            if r.now == Some(a) {
+                let lines = &before[at..end];
+                parts[usize::from(r.part)].push_str(lines);
+                records.push_str(lines);
+                copied = true;
+            }
+            at = end;
+            if copied {
+                break;
+            }
+        }
+        if !copied {
+            let part = &mut parts[usize::from(part_of(a))];
+            let from = part.len();
+            if let Some(a) = v4 {
+                let _ = writeln!(part, "{module}\tIN\tA\t{a}");
+            }
+            if let Some(a) = v6 {
+                let _ = writeln!(part, "{module}\tIN\tAAAA\t{a}");
+            }
+            records.push_str(&part[from..]);
+        }
+    }
+    Some((records, parts))
 }
 
 /// The SOA record of a zone of `domain` with `serial`.
@@ -193,4 +260,59 @@ pub fn with_serial(zone: &Text, serial: u32) -> Text {
     let text = zone.to_string();
     let lines: Vec<String> = text.lines().map(|l| soa_of(&format!("{l}\n")).unwrap_or_else(|| format!("{l}\n"))).collect();
     Text::from(lines.concat())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `module_records_from` gives what `module_records` gives for the runners now, whatever came,
+    /// went or moved address: runners are (name, v4, v6), in name order.
+    #[test]
+    fn a_module_s_records_made_from_those_before_are_those_made_whole() {
+        type Runner = (String, Option<Ipv4Addr>, Option<Ipv6Addr>);
+        let runner = |i: u32, v6: bool, bump: u32| -> Runner {
+            let v4 = Ipv4Addr::from(0x0a58_0000 + i + bump);
+            (format!("n{i:04}"), Some(v4), v6.then(|| Ipv6Addr::from(0xfd88_u128 << 112 | u128::from(i + bump))))
+        };
+        let whole = |rs: &[Runner]| module_records("svc", rs.iter().map(|(n, a, b)| (crate::plan::part_of(n), *a, *b)));
+        let was: Vec<Runner> = (0..400).map(|i| runner(i * 2, i % 3 != 0, 0)).collect();
+        let (before, _) = whole(&was);
+        // Some go (every 37th), some come (odd names, between), some move address (every 41st),
+        // and one comes before every other name.
+        let mut now: Vec<Runner> = Vec::new();
+        for (i, r) in was.iter().enumerate() {
+            if i % 37 == 5 {
+                continue;
+            }
+            if i % 53 == 7 {
+                now.push(runner(i as u32 * 2 + 1, i % 2 == 0, 0));
+            }
+            now.push(if i % 41 == 3 { runner(i as u32 * 2, i % 3 != 0, 5000) } else { r.clone() });
+        }
+        now.insert(0, ("a".into(), Some(Ipv4Addr::new(10, 88, 255, 1)), None));
+        let at = |name: &str| now.iter().position(|r| r.0 == name).map(|a| a as u32);
+        let from = module_records_from(
+            "svc",
+            &before,
+            was.iter().map(|(n, a, b)| RunnerBefore {
+                now: at(n).filter(|&k| (now[k as usize].1, now[k as usize].2) == (*a, *b)),
+                lines: u8::from(a.is_some()) + u8::from(b.is_some()),
+                part: crate::plan::part_of(n),
+            }),
+            now.iter().enumerate().map(|(k, (_, a, b))| (k as u32, *a, *b)),
+            |k| crate::plan::part_of(&now[k as usize].0),
+        )
+        .expect("the records before hold the runners' lines");
+        let (records, parts) = whole(&now);
+        assert_eq!(from.0, records);
+        let from_parts: Vec<(u8, Arc<str>)> =
+            from.1.into_iter().enumerate().filter(|(_, p)| !p.is_empty()).map(|(i, p)| (i as u8, Arc::from(p))).collect();
+        assert_eq!(from_parts, parts.to_vec());
+        // Records that do not hold the lines said are refused, not read past.
+        let short = &before[..before.len() / 2];
+        let was_all =
+            was.iter().map(|(n, a, b)| RunnerBefore { now: at(n), lines: u8::from(a.is_some()) + u8::from(b.is_some()), part: 0 });
+        assert!(module_records_from("svc", short, was_all, now.iter().enumerate().map(|(k, r)| (k as u32, r.1, r.2)), |_| 0).is_none());
+    }
 }

@@ -19,6 +19,9 @@ pub struct Kept {
     pub(super) members: Arc<Vec<NodeSet>>,
     /// Per module, declared or run, its runners.
     pub(super) running: Arc<FastMap<Arc<str>, NodeSet>>,
+    /// Per position, the part of its name (`plan::part_of`, ADR 0039): read in order where a
+    /// module's or rule's nodes are split by part, without going to each name.
+    pub parts: Arc<Vec<u8>>,
 }
 
 impl Kept {
@@ -40,7 +43,14 @@ impl Kept {
         }
         let shared =
             |m: FastMap<&str, Vec<u32>>| -> FastMap<Arc<str>, NodeSet> { m.into_iter().map(|(k, v)| (Arc::from(k), set_of(v))).collect() };
-        Kept { index: Arc::new(index), grouped: Arc::new(shared(grouped)), members: Arc::new(members), running: Arc::new(shared(running)) }
+        let parts = nodes.iter().map(|n| crate::plan::part_of(&n.name)).collect();
+        Kept {
+            index: Arc::new(index),
+            grouped: Arc::new(shared(grouped)),
+            members: Arc::new(members),
+            running: Arc::new(shared(running)),
+            parts: Arc::new(parts),
+        }
     }
 
     /// This one (made for `was`, whose nodes are in the same places) edited for `decl`: the nodes

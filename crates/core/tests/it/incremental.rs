@@ -44,6 +44,18 @@ pub(crate) fn change() -> impl Strategy<Value = Change> {
     ]
 }
 
+/// The changes that move a module's runners: nodes come and go, leave or join it, are revoked,
+/// change group.
+fn runner_change() -> impl Strategy<Value = Change> {
+    prop_oneof![
+        (0usize..32).prop_map(Change::AddNode),
+        (0usize..32).prop_map(Change::RemoveNode),
+        (0usize..32).prop_map(|i| Change::ToggleModule(i, 0)),
+        (0usize..32).prop_map(Change::Withdraw),
+        (0usize..32, 0usize..4).prop_map(|(i, g)| Change::MoveGroup(i, g)),
+    ]
+}
+
 /// Applies a change; returns whether the declaration changed.
 pub(crate) fn apply(d: &mut Declaration, keys: &mut Keys, c: &Change, added: &mut usize) -> bool {
     let n = d.nodes.len();
@@ -254,6 +266,15 @@ proptest! {
     fn zones_in_parts_recompile_as_a_full_compile_makes_them(changes in proptest::collection::vec(change(), 1..6)) {
         let first = compiles_in_parts(&crate::props::wide(1540, 3), &changes, zone_parts_hold_the_names)?;
         prop_assert!(first > 0, "no node had its zone in parts");
+    }
+
+    /// A module of more runners than a recompile writes again whole (`EDIT_RECORDS_FROM`, 256):
+    /// runners that come (before every other name, or after), leave it, go, are revoked or change
+    /// group change its records by their own lines, and its block, records and parts, is the one a
+    /// full compile makes (`same`). The changes name the first 32 nodes, all runners.
+    #[test]
+    fn a_module_of_many_runners_recompiles_as_a_full_compile_makes_it(changes in proptest::collection::vec(runner_change(), 1..6)) {
+        compiles_in_parts(&crate::props::wide(330, 300), &changes, |_| Ok(0))?;
     }
 }
 
