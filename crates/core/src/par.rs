@@ -14,6 +14,19 @@ pub fn map_each<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
     map_from(n, 2, f)
 }
 
+/// `a` and `b`, the second on a thread of its own when there is a core for it: the results are
+/// those of running one after the other.
+pub fn join<A, B: Send>(a: impl FnOnce() -> A, b: impl FnOnce() -> B + Send) -> (A, B) {
+    if thread::available_parallelism().map_or(1, |p| p.get()) <= 1 {
+        return (a(), b());
+    }
+    thread::scope(|s| {
+        let other = s.spawn(b);
+        let first = a();
+        (first, other.join().expect("a worker thread panicked"))
+    })
+}
+
 fn map_from<R: Send>(n: usize, min: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
     let threads = thread::available_parallelism().map_or(1, |p| p.get()).min(8);
     if threads <= 1 || n < min {

@@ -112,7 +112,9 @@ pub(super) fn shared(topo: &Topology, previous: Option<&Compiled>, old: Option<&
         .map(|r| {
             let was = old.and_then(|(c, p)| old_rules.get(&(r.module, r.number)).map(|&i| (c, &p.rule_blocks[i], i)));
             if let Some((c, block, i)) = was {
-                if c.rules[i].2 == *r.rule && same_nodes(c, &c.rules[i].3, &r.sources) {
+                // The same positions are the same names only with a renumbering or the same names
+                // in the same places: a block's parts follow its sources' names (ADR 0044).
+                if c.rules[i].2 == *r.rule && (renumber.is_some() || topo.same_names) && same_nodes(c, &c.rules[i].3, &r.sources) {
                     return block.clone();
                 }
             }

@@ -212,10 +212,28 @@ impl<'d> Topology<'d> {
         let nodes: Vec<&Node> = order.iter().map(|&i| &*decl.nodes[i as usize]).collect();
         let was = before.map(|b| Previous::new(b, &order, &nodes));
         let kept = was.as_ref().and_then(|w| w.before.kept.edited(decl, w.before.decl, &nodes, &w.nodes, &w.changed));
-        let kept = kept.unwrap_or_else(|| Kept::new(decl, &nodes));
-        let index = kept.index.clone();
         let network_index: FastMap<&str, usize> = decl.networks.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
         let hubs: Vec<u32> = (0..nodes.len() as u32).filter(|&i| nodes[i as usize].hub).collect();
+        // Made afresh (a full compile, or names that came or went), the index and the addresses,
+        // keys and reach need nothing of each other: made at once, on two cores (at 100,000
+        // nodes, 60 and 70 ms one after the other).
+        let (kept, fresh) = match (kept, &was) {
+            (Some(kept), _) => (kept, None),
+            (None, Some(_)) => (Kept::new(decl, &nodes), None),
+            (None, None) => {
+                let (kept, fresh) = crate::par::join(
+                    || Kept::new(decl, &nodes),
+                    || {
+                        let addresses = addresses(&nodes, alloc, None);
+                        let keys = node_keys(&nodes, keys, &FastMap::default(), None);
+                        let reach = reach_of(&nodes, &network_index, decl.networks.len(), hubs.clone(), &keys);
+                        (addresses, keys, reach)
+                    },
+                );
+                (kept, Some(fresh))
+            }
+        };
+        let index = kept.index.clone();
         let groups = kept.groups(decl);
         let runners = kept.running.clone();
         let all: NodeSet = (0..nodes.len() as u32).collect();
@@ -245,18 +263,24 @@ impl<'d> Topology<'d> {
                 runners: runners.get(e.module.as_str()).cloned().unwrap_or_default(),
             })
             .collect();
-        let (ipv4, ipv6) = addresses(&nodes, alloc, was.as_ref());
         let withdrawn: Vec<bool> = match keys.withdrawn().is_empty() {
             true => vec![false; nodes.len()],
             false => nodes.iter().map(|n| keys.is_withdrawn(&n.name)).collect(),
         };
         let withdrawn_names = keys.withdrawn().clone();
-        let keys = node_keys(&nodes, keys, &index, was.as_ref());
-        let (module_names, modules_of, module_names_rules) = modules_run(&runners, &module_rules, nodes.len());
-        let reach = match was.as_ref().filter(|w| w.same_reach(decl, &nodes)) {
-            Some(w) => w.before.reach.rekeyed(&keys),
-            None => reach_of(&nodes, &network_index, decl.networks.len(), hubs.clone(), &keys),
+        let ((ipv4, ipv6), keys, reach) = match fresh {
+            Some(fresh) => fresh,
+            None => {
+                let addresses = addresses(&nodes, alloc, was.as_ref());
+                let keys = node_keys(&nodes, keys, &index, was.as_ref());
+                let reach = match was.as_ref().filter(|w| w.same_reach(decl, &nodes)) {
+                    Some(w) => w.before.reach.rekeyed(&keys),
+                    None => reach_of(&nodes, &network_index, decl.networks.len(), hubs.clone(), &keys),
+                };
+                (addresses, keys, reach)
+            }
         };
+        let (module_names, modules_of, module_names_rules) = modules_run(&runners, &module_rules, nodes.len());
         Topology {
             decl,
             nodes,

@@ -171,3 +171,41 @@ proptest! {
         }
     }
 }
+
+/// A source renamed in place (pinned, so it keeps its address; between the same names, so it
+/// keeps its position) in a change that makes every plan again (the MTU): its address is in the
+/// part of its new name in the rule's sets (ADR 0044), as a full compile puts it, not kept in its
+/// old name's part with the block before.
+#[test]
+fn a_source_renamed_in_place_has_its_address_in_its_new_name_s_part() {
+    use std::fmt::Write;
+    let (old, new) = ("s-1", "s-10");
+    assert_ne!(trellis_core::plan::part_of(old), trellis_core::plan::part_of(new), "the names hash to other parts");
+    let mesh = |source: &str, mtu: u16| {
+        let mut mesh = format!(
+            "[mesh]\nname = \"r\"\ndomain = \"r.mesh\"\noverlay_ipv4 = \"10.7.0.0/16\"\noverlay_ipv6 = \"fd07::/64\"\nmtu = {mtu}\n\n[networks]\nlan = {{}}\n\n[groups]\nall = [\"{source}\", {}]\n",
+            (0..30).map(|i| format!("\"n-{i:02}\"")).collect::<Vec<_>>().join(", ")
+        );
+        let _ = write!(mesh, "\n[[node]]\nname = \"a-0\"\nnetworks = [\"lan\"]\nmodules = [\"ssh\"]\n");
+        let _ = write!(
+            mesh,
+            "\n[[node]]\nname = \"{source}\"\nnetworks = [\"lan\"]\naddress_ipv4 = \"10.7.9.9\"\naddress_ipv6 = \"fd07::9:9\"\n"
+        );
+        for i in 0..30 {
+            let _ = write!(mesh, "\n[[node]]\nname = \"n-{i:02}\"\nnetworks = [\"lan\"]\n");
+        }
+        let module = "[module]\nname = \"ssh\"\n\n[[allow]]\nproto = \"tcp\"\nports = [\"22\"]\nfrom = [\"group:all\"]\n";
+        let loaded = crate::support::load_text(&mesh, &[("ssh.toml", module)]);
+        Arc::new(loaded.declaration.expect("the mesh loads"))
+    };
+    let keys = Keys::default();
+    let before = compile(&mesh(old, 1420), &keys, &Default::default(), None).unwrap();
+    let after = mesh(new, 1380);
+    let full = compile(&after, &keys, &before.allocation, None).unwrap();
+    let allocation = before.allocation.clone();
+    let inc = compile(&after, &keys, &allocation, Some(before)).unwrap();
+    assert_eq!(inc.rule_blocks, full.rule_blocks, "the rule's sets have the parts of its sources' names");
+    for (node, out) in &full.nodes {
+        assert_eq!(inc.nodes[node].files, out.files, "{node}'s files");
+    }
+}
