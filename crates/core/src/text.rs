@@ -51,6 +51,47 @@ pub struct Runs<'t> {
     next: usize,
 }
 
+/// A piece of a run as `TextBuilder::push_run` reads it: the shared text, and the address of its
+/// bytes, by which runs are compared.
+pub trait RunPiece {
+    fn piece(&self) -> &Arc<str>;
+
+    fn at(&self) -> *const u8 {
+        Arc::as_ptr(self.piece()).cast()
+    }
+}
+
+impl RunPiece for &Arc<str> {
+    fn piece(&self) -> &Arc<str> {
+        self
+    }
+}
+
+/// A piece whose address was read once, where it is held (a node's records, in the node's text):
+/// a run of them is compared with the runs before without going back to where each is held (a
+/// zone of 100,000 names would read 100,000 texts far apart in memory once more).
+#[derive(Clone, Copy)]
+pub struct HeldPiece<'a> {
+    piece: &'a Arc<str>,
+    at: *const u8,
+}
+
+impl<'a> HeldPiece<'a> {
+    pub fn of(piece: &'a Arc<str>) -> HeldPiece<'a> {
+        HeldPiece { piece, at: Arc::as_ptr(piece).cast() }
+    }
+}
+
+impl RunPiece for HeldPiece<'_> {
+    fn piece(&self) -> &Arc<str> {
+        self.piece
+    }
+
+    fn at(&self) -> *const u8 {
+        self.at
+    }
+}
+
 /// How far past the last run taken `Runs` looks for the next one.
 const LOOK_AHEAD: usize = 8;
 
@@ -60,12 +101,11 @@ impl<'t> Runs<'t> {
     }
 
     /// The chunk holding exactly these pieces (by address), if it is near where the last was.
-    fn take(&mut self, run: &[&Arc<str>]) -> Option<&'t Chunk> {
+    fn take<P: RunPiece>(&mut self, run: &[P]) -> Option<&'t Chunk> {
         let ahead = self.chunks.get(self.next..)?;
-        let at = ahead
-            .iter()
-            .take(LOOK_AHEAD)
-            .position(|c| c.pieces().len() == run.len() && c.pieces().iter().zip(run).all(|(a, b)| Arc::ptr_eq(a, b)))?;
+        let at = ahead.iter().take(LOOK_AHEAD).position(|c| {
+            c.pieces().len() == run.len() && c.pieces().iter().zip(run).all(|(a, b)| std::ptr::eq(Arc::as_ptr(a).cast::<u8>(), b.at()))
+        })?;
         self.next += at + 1;
         Some(&ahead[at])
     }
@@ -254,14 +294,14 @@ impl TextBuilder {
 
     /// A run of shared pieces (none empty) as a chunk of its own: the chunk of the text before
     /// that holds exactly these pieces, if there is one where `before` looks, else a new one.
-    pub fn push_run(&mut self, run: &[&Arc<str>], before: &mut Runs) {
+    pub fn push_run<P: RunPiece>(&mut self, run: &[P], before: &mut Runs) {
         self.end_chunk();
         if run.is_empty() {
             return;
         }
         let chunk = match before.take(run) {
             Some(c) => c.clone(),
-            None => Chunk::new(run.iter().map(|p| (*p).clone()).collect()),
+            None => Chunk::new(run.iter().map(|p| p.piece().clone()).collect()),
         };
         self.len += chunk.len();
         self.chunks.push(chunk);

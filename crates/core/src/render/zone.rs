@@ -9,8 +9,8 @@ use sha2::{Digest, Sha256};
 
 use super::ends_run;
 use crate::decl::NAMESERVER;
-use crate::plan::{zone_part, FileResource, NodePlan, NodeText, MESH_ZONE, WIREGUARD_PARTS, ZONE_DIR};
-use crate::text::{Runs, Text, TextBuilder};
+use crate::plan::{zone_part, FileResource, NodePlan, MESH_ZONE, WIREGUARD_PARTS, ZONE_DIR};
+use crate::text::{HeldPiece, Runs, Text, TextBuilder};
 
 /// Address records of a route's named hosts.
 pub fn host_records(hosts: &[crate::decl::RouteHost]) -> String {
@@ -47,21 +47,58 @@ pub fn zone_records<'n>(names: impl Iterator<Item = (&'n str, Option<Ipv4Addr>, 
 /// takes from it every run of the same names, and the zones of a mesh share the records instead
 /// of copying them (at 100,000 nodes they name about 19 million nodes in all).
 pub fn zone(plan: &NodePlan, before: Option<&Text>) -> Text {
-    let mut s = zone_head(plan);
-    let mut before = Runs::of(before);
-    let mut run: Vec<&Arc<str>> = Vec::with_capacity(128);
-    for z in &plan.zone {
-        run.push(&z.records);
-        if ends_run(z) {
-            s.push_run(&run, &mut before);
-            run.clear();
-        }
-    }
-    s.push_run(&run, &mut before);
+    let (names, _, hash) = walk(plan);
+    zone_of(plan, &names, hash, before)
+}
+
+/// [`zone`] of the names as `walk` read them.
+fn zone_of(plan: &NodePlan, names: &[Name], hash: Sha256, before: Option<&Text>) -> Text {
+    let mut s = zone_head(plan, hash);
+    push_names(&mut s, names.iter(), &mut Runs::of(before));
     for m in plan.zone_modules.iter().chain(&plan.zone_routes) {
         s.push_shared(&m.records);
     }
     s.finish()
+}
+
+/// A name of a zone as `walk` reads it: its records, whether a run of names ends after it
+/// (`ends_run`), and the part of its name.
+#[derive(Clone, Copy)]
+struct Name<'p> {
+    records: HeldPiece<'p>,
+    ends: bool,
+    part: u8,
+}
+
+/// The names of `plan`'s zone read in one walk: each as a `Name`, the bytes their records take,
+/// and the hash of their records that the serial starts from (`zone_head`). Each name's text is
+/// read once: at 100,000 names, each walk of them reads 100,000 texts far apart in memory.
+fn walk(plan: &NodePlan) -> (Vec<Name<'_>>, usize, Sha256) {
+    let mut hash = Sha256::new();
+    let mut bytes = 0;
+    let names = plan
+        .zone
+        .iter()
+        .map(|z| {
+            hash.update(z.records_hash);
+            bytes += z.records.len();
+            Name { records: HeldPiece::of(&z.records), ends: ends_run(z), part: z.part }
+        })
+        .collect();
+    (names, bytes, hash)
+}
+
+/// The names' records in runs, each run taken from `before` where it holds the same.
+fn push_names<'p>(t: &mut TextBuilder, names: impl Iterator<Item = &'p Name<'p>>, before: &mut Runs) {
+    let mut run: Vec<HeldPiece> = Vec::with_capacity(128);
+    for n in names {
+        run.push(n.records);
+        if n.ends {
+            t.push_run(&run, before);
+            run.clear();
+        }
+    }
+    t.push_run(&run, before);
 }
 
 /// Whether `plan`'s zone is in parts (ADR 0043): its records take more than
@@ -80,10 +117,12 @@ pub fn zone_parted(plan: &NodePlan) -> bool {
 /// other, are the zone: the same records as the one file would hold, in another order.
 pub fn zone_files<'b>(plan: &NodePlan, before: impl Fn(&str) -> Option<&'b Text>) -> Vec<FileResource> {
     let file = |path: &str, content: Text| FileResource { path: path.into(), mode: 0o644, content };
-    if !zone_parted(plan) {
-        return vec![file(MESH_ZONE, zone(plan, before(MESH_ZONE)))];
+    let (names, bytes, hash) = walk(plan);
+    let modules: usize = plan.zone_modules.iter().map(|m| m.records.len()).sum();
+    if bytes + modules <= crate::plan::ZONE_PARTS_FROM {
+        return vec![file(MESH_ZONE, zone_of(plan, &names, hash, before(MESH_ZONE)))];
     }
-    let mut s = zone_head(plan);
+    let mut s = zone_head(plan, hash);
     let _ = writeln!(
         s,
         "; {} names, in {ZONE_DIR}/names-NN.zone by the part each hashes to: this file and its parts, one after the other, are the zone.",
@@ -93,15 +132,15 @@ pub fn zone_files<'b>(plan: &NodePlan, before: impl Fn(&str) -> Option<&'b Text>
         s.push_shared(&m.records);
     }
     let mut files = vec![file(MESH_ZONE, s.finish())];
-    let mut names: Vec<Vec<&Arc<NodeText>>> = vec![Vec::new(); WIREGUARD_PARTS];
-    for z in &plan.zone {
-        names[usize::from(z.part)].push(z);
+    let mut by_part: Vec<Vec<&Name>> = vec![Vec::new(); WIREGUARD_PARTS];
+    for n in &names {
+        by_part[usize::from(n.part)].push(n);
     }
     let mut modules: Vec<Vec<&Arc<str>>> = vec![Vec::new(); WIREGUARD_PARTS];
     for (i, records) in plan.zone_modules.iter().flat_map(|m| m.parts.iter()) {
         modules[usize::from(*i)].push(records);
     }
-    for (i, (names, modules)) in names.into_iter().zip(modules).enumerate() {
+    for (i, (names, modules)) in by_part.into_iter().zip(modules).enumerate() {
         if names.is_empty() && modules.is_empty() {
             continue;
         }
@@ -112,16 +151,7 @@ pub fn zone_files<'b>(plan: &NodePlan, before: impl Fn(&str) -> Option<&'b Text>
             "; trellis: names of zone {} of mesh {} as node {} sees them, part {i:02}. Generated; do not edit.",
             plan.common.domain, plan.common.mesh, plan.node
         );
-        let mut before = Runs::of(before(path));
-        let mut run: Vec<&Arc<str>> = Vec::with_capacity(128);
-        for z in names {
-            run.push(&z.records);
-            if ends_run(z) {
-                t.push_run(&run, &mut before);
-                run.clear();
-            }
-        }
-        t.push_run(&run, &mut before);
+        push_names(&mut t, names.into_iter(), &mut Runs::of(before(path)));
         for records in modules {
             t.push_shared(records);
         }
@@ -132,12 +162,8 @@ pub fn zone_files<'b>(plan: &NodePlan, before: impl Fn(&str) -> Option<&'b Text>
 
 /// The head of a node's zone: its comment, origin and TTL, the SOA with the serial derived from
 /// the records, the NS and the name server's own addresses.
-fn zone_head(plan: &NodePlan) -> TextBuilder {
+fn zone_head(plan: &NodePlan, mut hash: Sha256) -> TextBuilder {
     let domain = &plan.common.domain;
-    let mut hash = Sha256::new();
-    for z in &plan.zone {
-        hash.update(z.records_hash);
-    }
     for m in plan.zone_modules.iter().chain(&plan.zone_routes) {
         hash.update(m.digest);
     }
