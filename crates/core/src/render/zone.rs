@@ -190,20 +190,24 @@ pub fn module_records(
 ) -> (String, crate::plan::ZoneParts) {
     let mut records = String::new();
     let mut parts: Vec<String> = vec![String::new(); WIREGUARD_PARTS];
-    // Each runner's lines are written once, into its part, and copied from there.
     for (part, v4, v6) in runners {
-        let part = &mut parts[usize::from(part)];
-        let from = part.len();
-        if let Some(a) = v4 {
-            let _ = writeln!(part, "{module}\tIN\tA\t{a}");
-        }
-        if let Some(a) = v6 {
-            let _ = writeln!(part, "{module}\tIN\tAAAA\t{a}");
-        }
-        records.push_str(&part[from..]);
+        runner_lines(module, (v4, v6), &mut parts[usize::from(part)], &mut records);
     }
     let parts = parts.into_iter().enumerate().filter(|(_, p)| !p.is_empty()).map(|(i, p)| (i as u8, Arc::from(p))).collect();
     (records, parts)
+}
+
+/// A runner's lines of `module`'s records, written once into its part and copied from there to
+/// the records.
+fn runner_lines(module: &str, (v4, v6): (Option<Ipv4Addr>, Option<Ipv6Addr>), part: &mut String, records: &mut String) {
+    let from = part.len();
+    if let Some(a) = v4 {
+        let _ = writeln!(part, "{module}\tIN\tA\t{a}");
+    }
+    if let Some(a) = v6 {
+        let _ = writeln!(part, "{module}\tIN\tAAAA\t{a}");
+    }
+    records.push_str(&part[from..]);
 }
 
 /// A runner of a module as its block before holds it, for [`module_records_from`]: where it is
@@ -252,15 +256,7 @@ pub fn module_records_from(
             }
         }
         if !copied {
-            let part = &mut parts[usize::from(part_of(a))];
-            let from = part.len();
-            if let Some(a) = v4 {
-                let _ = writeln!(part, "{module}\tIN\tA\t{a}");
-            }
-            if let Some(a) = v6 {
-                let _ = writeln!(part, "{module}\tIN\tAAAA\t{a}");
-            }
-            records.push_str(&part[from..]);
+            runner_lines(module, (v4, v6), &mut parts[usize::from(part_of(a))], &mut records);
         }
     }
     Some((records, parts))
