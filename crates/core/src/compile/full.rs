@@ -89,16 +89,24 @@ pub(super) fn shared(topo: &Topology, previous: Option<&Compiled>, old: Option<&
         }
         (_, p) => (None, p),
     };
-    // Whether a set of old positions is the same nodes at the same addresses as one of new ones.
+    // Where each old position's node is now: known by a renumbering (by name), or the same place
+    // when the names are the same in the same places; else not known (the same positions may be
+    // other names, and blocks split by part follow their nodes' names, ADR 0043, 0044).
+    let now_of = |o: usize| match renumber {
+        Some(map) => map[o],
+        None => topo.same_names.then_some(o as u32),
+    };
+    // Whether a set of old positions is the same nodes at the same addresses as one of new ones
+    // (without a renumbering, `old` holds only when every position's addresses are the same).
     let same_nodes = |c: &Cache, was: &[u32], now: &[u32]| match renumber {
-        Some(map) => {
+        Some(_) => {
             was.len() == now.len()
                 && was.iter().zip(now).all(|(&o, &a)| {
                     let (o, a2) = (o as usize, a as usize);
-                    map[o] == Some(a) && c.ipv4[o] == topo.ipv4[a2] && c.ipv6[o] == topo.ipv6[a2]
+                    now_of(o) == Some(a) && c.ipv4[o] == topo.ipv4[a2] && c.ipv6[o] == topo.ipv6[a2]
                 })
         }
-        None => was == now,
+        None => topo.same_names && was == now,
     };
     let old_rules: HashMap<(&str, usize), usize> =
         old.into_iter().flat_map(|(c, _)| c.rules.iter().enumerate()).map(|(i, r)| ((&*r.0, r.1), i)).collect();
@@ -112,9 +120,7 @@ pub(super) fn shared(topo: &Topology, previous: Option<&Compiled>, old: Option<&
         .map(|r| {
             let was = old.and_then(|(c, p)| old_rules.get(&(r.module, r.number)).map(|&i| (c, &p.rule_blocks[i], i)));
             if let Some((c, block, i)) = was {
-                // The same positions are the same names only with a renumbering or the same names
-                // in the same places: a block's parts follow its sources' names (ADR 0044).
-                if c.rules[i].2 == *r.rule && (renumber.is_some() || topo.same_names) && same_nodes(c, &c.rules[i].3, &r.sources) {
+                if c.rules[i].2 == *r.rule && same_nodes(c, &c.rules[i].3, &r.sources) {
                     return block.clone();
                 }
             }
@@ -137,9 +143,7 @@ pub(super) fn shared(topo: &Topology, previous: Option<&Compiled>, old: Option<&
         .iter()
         .enumerate()
         .map(|(i, (module, runners))| {
-            // The same positions are the same names only with a renumbering (by name) or the
-            // same names in the same places: a block's parts follow its runners' names (ADR 0043).
-            if let Some((c, p)) = old.filter(|_| renumber.is_some() || topo.same_names) {
+            if let Some((c, p)) = old {
                 if c.module_names.get(i).is_some_and(|(m, r)| m == module && same_nodes(c, r, runners))
                     && p.zone_blocks.len() == c.module_names.len()
                 {
@@ -148,9 +152,7 @@ pub(super) fn shared(topo: &Topology, previous: Option<&Compiled>, old: Option<&
             }
             // A withdrawn (revoked) runner answers for its module no more.
             let live = runners.iter().filter(|&&r| !topo.withdrawn[r as usize]);
-            let edited = old
-                .filter(|_| renumber.is_some() || topo.same_names)
-                .and_then(|(c, p)| edited_block(topo, c, p, renumber, module, runners));
+            let edited = old.and_then(|(c, p)| edited_block(topo, (c, p), &now_of, module, runners));
             let (records, parts) = edited.unwrap_or_else(|| {
                 render::module_records(module, live.map(|&r| (topo.kept.parts[r as usize], topo.ipv4[r as usize], topo.ipv6[r as usize])))
             });
@@ -188,12 +190,11 @@ const EDIT_RECORDS_FROM: usize = 256;
 
 /// The records and parts of `module`, run now by `runners`, made from its block before
 /// (`render::module_records_from`) when it had one and many runners: the parts whose lines are
-/// the same are the parts before. `renumber` is each old position's new one (`None`: the same).
+/// the same are the parts before. `now_of` gives where each old position's node is now, if known.
 fn edited_block(
     topo: &Topology,
-    c: &Cache,
-    p: &Compiled,
-    renumber: Option<&[Option<u32>]>,
+    (c, p): (&Cache, &Compiled),
+    now_of: &dyn Fn(usize) -> Option<u32>,
     module: &str,
     runners: &[u32],
 ) -> Option<(String, crate::plan::ZoneParts)> {
@@ -206,28 +207,15 @@ fn edited_block(
     let (v4, v6) = (&c.ipv4, &c.ipv6);
     let was = c.module_names[j].1.iter().filter(|&&o| !withdrawn(o)).map(|&o| {
         let o = o as usize;
-        let now = match renumber {
-            Some(map) => map[o],
-            None => Some(o as u32),
-        };
         render::RunnerBefore {
-            now: now.filter(|&a| (topo.ipv4[a as usize], topo.ipv6[a as usize]) == (v4[o], v6[o]) && !topo.withdrawn[a as usize]),
+            now: now_of(o).filter(|&a| (topo.ipv4[a as usize], topo.ipv6[a as usize]) == (v4[o], v6[o]) && !topo.withdrawn[a as usize]),
             lines: u8::from(v4[o].is_some()) + u8::from(v6[o].is_some()),
             part: c.kept.parts[o],
         }
     });
     let now = runners.iter().filter(|&&a| !topo.withdrawn[a as usize]).map(|&a| (a, topo.ipv4[a as usize], topo.ipv6[a as usize]));
     let (records, parts) = render::module_records_from(module, &before.records, was, now, |a| topo.kept.parts[a as usize])?;
-    let parts = parts
-        .into_iter()
-        .enumerate()
-        .filter(|(_, t)| !t.is_empty())
-        .map(|(i, t)| match before.parts.iter().find(|(k, _)| usize::from(*k) == i).filter(|(_, b)| **b == *t) {
-            Some((_, b)) => (i as u8, b.clone()),
-            None => (i as u8, Arc::from(t)),
-        })
-        .collect();
-    Some((records, parts))
+    Some((records, render::zone_parts(parts, &before.parts)))
 }
 
 /// The filter blocks of the rules of the modules a node runs.

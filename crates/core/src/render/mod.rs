@@ -16,7 +16,9 @@ mod zone;
 
 pub use ruleset::{nftables, nftables_files, route_block, rule_block, ruleset_parted};
 pub use wireguard::{peer_block, relay_lines, wireguard_files, wireguard_files_changed};
-pub use zone::{host_records, module_records, module_records_from, with_serial, zone, zone_files, zone_parted, zone_records, RunnerBefore};
+pub use zone::{
+    host_records, module_records, module_records_from, with_serial, zone, zone_files, zone_parted, zone_parts, zone_records, RunnerBefore,
+};
 
 /// The files of `plan`, given the node's previous plan and files if there are any: a file whose
 /// inputs are the same as before is kept, the others are made.

@@ -104,7 +104,11 @@ fn push_names<'p>(t: &mut TextBuilder, names: impl Iterator<Item = &'p Name<'p>>
 /// Whether `plan`'s zone is in parts (ADR 0043): its records take more than
 /// [`crate::plan::ZONE_PARTS_FROM`] bytes.
 pub fn zone_parted(plan: &NodePlan) -> bool {
-    let names: usize = plan.zone.iter().map(|z| z.records.len()).sum();
+    parted(plan.zone.iter().map(|z| z.records.len()).sum(), plan)
+}
+
+/// Whether a zone whose names' records take `names` bytes is in parts, with `plan`'s modules'.
+fn parted(names: usize, plan: &NodePlan) -> bool {
     let modules: usize = plan.zone_modules.iter().map(|m| m.records.len()).sum();
     names + modules > crate::plan::ZONE_PARTS_FROM
 }
@@ -118,8 +122,7 @@ pub fn zone_parted(plan: &NodePlan) -> bool {
 pub fn zone_files<'b>(plan: &NodePlan, before: impl Fn(&str) -> Option<&'b Text>) -> Vec<FileResource> {
     let file = |path: &str, content: Text| FileResource { path: path.into(), mode: 0o644, content };
     let (names, bytes, hash) = walk(plan);
-    let modules: usize = plan.zone_modules.iter().map(|m| m.records.len()).sum();
-    if bytes + modules <= crate::plan::ZONE_PARTS_FROM {
+    if !parted(bytes, plan) {
         return vec![file(MESH_ZONE, zone_of(plan, &names, hash, before(MESH_ZONE)))];
     }
     let mut s = zone_head(plan, hash);
@@ -193,8 +196,22 @@ pub fn module_records(
     for (part, v4, v6) in runners {
         runner_lines(module, (v4, v6), &mut parts[usize::from(part)], &mut records);
     }
-    let parts = parts.into_iter().enumerate().filter(|(_, p)| !p.is_empty()).map(|(i, p)| (i as u8, Arc::from(p))).collect();
-    (records, parts)
+    (records, zone_parts(parts, &[]))
+}
+
+/// Lines by part (`WIREGUARD_PARTS` of them, by index) as a block holds them: the parts that have
+/// lines, each the same text as `before`'s part of that index taken from it (shared, so that the
+/// zones holding it compare it by address).
+pub fn zone_parts(parts: Vec<String>, before: &[(u8, Arc<str>)]) -> crate::plan::ZoneParts {
+    parts
+        .into_iter()
+        .enumerate()
+        .filter(|(_, t)| !t.is_empty())
+        .map(|(i, t)| match before.iter().find(|(k, b)| usize::from(*k) == i && **b == *t) {
+            Some((_, b)) => (i as u8, b.clone()),
+            None => (i as u8, Arc::from(t)),
+        })
+        .collect()
 }
 
 /// A runner's lines of `module`'s records, written once into its part and copied from there to
@@ -328,9 +345,7 @@ mod tests {
         .expect("the records before hold the runners' lines");
         let (records, parts) = whole(&now);
         assert_eq!(from.0, records);
-        let from_parts: Vec<(u8, Arc<str>)> =
-            from.1.into_iter().enumerate().filter(|(_, p)| !p.is_empty()).map(|(i, p)| (i as u8, Arc::from(p))).collect();
-        assert_eq!(from_parts, parts.to_vec());
+        assert_eq!(zone_parts(from.1, &[]), parts);
         // Records that do not hold the lines said are refused, not read past.
         let short = &before[..before.len() / 2];
         let was_all =
